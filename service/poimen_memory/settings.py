@@ -1,0 +1,106 @@
+"""Every tunable in one place, read from the environment (documented in docs/configuration.md)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _default_home() -> Path:
+    # The embedded cluster runs as the postgres user, which cannot read /root.
+    if os.geteuid() == 0:
+        return Path("/var/lib/poimen-memory")
+    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "poimen-memory"
+
+
+def _int(env: Mapping[str, str], key: str, default: int) -> int:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ValueError(f"{key} must be an integer, got {raw!r}") from exc
+
+
+def _float(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ValueError(f"{key} must be a number, got {raw!r}") from exc
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str | None = None
+    home: Path = field(default_factory=_default_home)
+    pg_port: int = 54329
+    pg_data_dir: Path | None = None
+    pg_socket_dir: Path | None = None
+    pg_bin_dir: Path | None = None
+    pool_min: int = 1
+    pool_max: int = 8
+    opensearch_url: str | None = None
+    opensearch_index: str = "poimen-memory"
+    opensearch_timeout_s: float = 2.0
+    max_query_chars: int = 2000
+    default_limit: int = 5
+    max_limit: int = 50
+    default_timeout_s: float = 5.0
+    max_timeout_s: float = 30.0
+    candidates: int = 50
+    cascade_candidates: int = 200
+    rrf_k: int = 60
+    rerank_depth_factor: int = 3
+    rerank_min_remaining_s: float = 0.25
+    ingest_batch: int = 64
+
+    @property
+    def data_dir(self) -> Path:
+        return self.pg_data_dir or self.home / "pgdata"
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.pg_socket_dir or self.home / "run"
+
+    @property
+    def plpython_root(self) -> Path:
+        return self.home / "plpython"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        e = os.environ if env is None else env
+        home = Path(e["POIMEN_HOME"]) if e.get("POIMEN_HOME") else _default_home()
+
+        def path(key: str) -> Path | None:
+            return Path(e[key]) if e.get(key) else None
+
+        return cls(
+            database_url=e.get("POIMEN_DATABASE_URL") or None,
+            home=home,
+            pg_port=_int(e, "POIMEN_PG_PORT", 54329),
+            pg_data_dir=path("POIMEN_PG_DATA_DIR"),
+            pg_socket_dir=path("POIMEN_PG_SOCKET_DIR"),
+            pg_bin_dir=path("POIMEN_PG_BIN_DIR"),
+            pool_min=_int(e, "POIMEN_POOL_MIN", 1),
+            pool_max=_int(e, "POIMEN_POOL_MAX", 8),
+            opensearch_url=e.get("POIMEN_OPENSEARCH_URL") or None,
+            opensearch_index=e.get("POIMEN_OPENSEARCH_INDEX", "poimen-memory"),
+            opensearch_timeout_s=_float(e, "POIMEN_OPENSEARCH_TIMEOUT_S", 2.0),
+            max_query_chars=_int(e, "POIMEN_MAX_QUERY_CHARS", 2000),
+            default_limit=_int(e, "POIMEN_DEFAULT_LIMIT", 5),
+            max_limit=_int(e, "POIMEN_MAX_LIMIT", 50),
+            default_timeout_s=_float(e, "POIMEN_DEFAULT_TIMEOUT_S", 5.0),
+            max_timeout_s=_float(e, "POIMEN_MAX_TIMEOUT_S", 30.0),
+            candidates=_int(e, "POIMEN_CANDIDATES", 50),
+            cascade_candidates=_int(e, "POIMEN_CASCADE_CANDIDATES", 200),
+            rrf_k=_int(e, "POIMEN_RRF_K", 60),
+            rerank_depth_factor=_int(e, "POIMEN_RERANK_DEPTH_FACTOR", 3),
+            rerank_min_remaining_s=_float(e, "POIMEN_RERANK_MIN_REMAINING_S", 0.25),
+            ingest_batch=_int(e, "POIMEN_INGEST_BATCH", 64),
+        )

@@ -1,0 +1,112 @@
+-- Configuration helpers: projects, levels and the embedding model.
+
+CREATE OR REPLACE FUNCTION memory.project_id(project text)
+RETURNS integer
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE pid integer;
+BEGIN
+    IF project IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT p.id INTO pid FROM memory.projects p WHERE p.name = project;
+    IF pid IS NULL THEN
+        RAISE EXCEPTION 'unknown project "%"', project
+            USING ERRCODE = 'PM404',
+                  DETAIL = 'No row in memory.projects has this name.',
+                  HINT = 'List projects with SELECT name FROM memory.projects, or ingest into it first.';
+    END IF;
+    RETURN pid;
+END $$;
+COMMENT ON FUNCTION memory.project_id(text) IS
+    'Resolves a project name to its id; NULL stays NULL (no filter); an unknown name raises PM404.';
+
+CREATE OR REPLACE FUNCTION memory.check_levels(levels text[])
+RETURNS text[]
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF levels IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF cardinality(levels) = 0 OR NOT levels <@ ARRAY['L0', 'L1', 'L2'] OR array_position(levels, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid levels %', levels
+            USING ERRCODE = '22023',
+                  DETAIL = 'levels must be a non-empty subset of {L0,L1,L2}.',
+                  HINT = 'For example ARRAY[''L1'',''L2''] (the default) or ARRAY[''L0''].';
+    END IF;
+    RETURN levels;
+END $$;
+COMMENT ON FUNCTION memory.check_levels(text[]) IS
+    'Validates a level filter: NULL means all levels; otherwise a non-empty subset of {L0,L1,L2} (22023).';
+
+CREATE OR REPLACE FUNCTION memory.configure_embedding(model text, dim integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+DECLARE cur memory.embedding_model;
+BEGIN
+    IF model IS NULL OR model = '' OR dim IS NULL OR dim < 1 OR dim > 2000 THEN
+        RAISE EXCEPTION 'invalid embedding configuration (model %, dim %)', model, dim
+            USING ERRCODE = '22023', HINT = 'dim must be 1..2000 (the HNSW limit for vector).';
+    END IF;
+    SELECT * INTO cur FROM memory.embedding_model;
+    IF FOUND THEN
+        IF cur.model = model AND cur.dim = dim THEN
+            RETURN;
+        END IF;
+        RAISE EXCEPTION 'database is configured for embedding model % (% dims), not % (% dims)',
+                cur.model, cur.dim, model, dim
+            USING ERRCODE = 'PM409',
+                  DETAIL = 'Mixing embedding models would make cosine scores meaningless.',
+                  HINT = 'Use the configured model, or run `poimen-memory reembed` to switch.';
+    END IF;
+    INSERT INTO memory.embedding_model (model, dim) VALUES (model, dim);
+    EXECUTE format('ALTER TABLE memory.nodes ALTER COLUMN embedding TYPE vector(%s)', dim);
+    -- m=16, ef_construction=64 are pgvector''s defaults, written out so DBAs can see them.
+    EXECUTE 'CREATE INDEX IF NOT EXISTS nodes_embedding_hnsw ON memory.nodes
+             USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)';
+END $$;
+COMMENT ON FUNCTION memory.configure_embedding(text, integer) IS
+    'Records the embedding model and dimension once; types nodes.embedding as vector(dim) and builds the HNSW index. A different model raises PM409.';
+
+CREATE OR REPLACE FUNCTION memory.reset_embedding(model text, dim integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+BEGIN
+    DROP INDEX IF EXISTS memory.nodes_embedding_hnsw;
+    UPDATE memory.nodes SET embedding = NULL WHERE embedding IS NOT NULL;
+    ALTER TABLE memory.nodes ALTER COLUMN embedding TYPE vector;
+    DELETE FROM memory.embedding_model;
+    PERFORM memory.configure_embedding(model, dim);
+END $$;
+COMMENT ON FUNCTION memory.reset_embedding(text, integer) IS
+    'Switches the embedding model: clears every stored embedding and re-creates the column and HNSW index. Used by `poimen-memory reembed`.';
+
+CREATE OR REPLACE FUNCTION memory.check_embedding(query_embedding vector)
+RETURNS vector
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+DECLARE d integer;
+BEGIN
+    IF query_embedding IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT dim INTO d FROM memory.embedding_model;
+    IF d IS NULL THEN
+        RAISE EXCEPTION 'no embedding model is configured'
+            USING ERRCODE = 'PM412', HINT = 'Ingest nodes first, or call memory.configure_embedding(model, dim).';
+    END IF;
+    IF vector_dims(query_embedding) <> d THEN
+        RAISE EXCEPTION 'query embedding has % dimensions, the database stores %', vector_dims(query_embedding), d
+            USING ERRCODE = 'PM409', HINT = 'Embed the query with the model recorded in memory.embedding_model.';
+    END IF;
+    RETURN query_embedding;
+END $$;
+COMMENT ON FUNCTION memory.check_embedding(vector) IS
+    'Returns the embedding unchanged if its dimension matches the configured model; otherwise PM409/PM412.';

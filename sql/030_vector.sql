@@ -1,0 +1,117 @@
+-- Vector recall. Both functions order by the cosine distance operator with a LIMIT, so the
+-- planner can serve semantic_search from the HNSW index and search_by_ids from the PK.
+
+CREATE OR REPLACE FUNCTION memory.semantic_search(
+    query_embedding vector,
+    project text DEFAULT NULL,
+    levels text[] DEFAULT NULL,
+    k integer DEFAULT 50,
+    ef_search integer DEFAULT NULL
+)
+RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+-- relaxed_order keeps scanning the graph until k rows pass the filter (pgvector #259);
+-- these settings are restored when the function returns.
+SET hnsw.iterative_scan = 'relaxed_order'
+SET hnsw.ef_search = 100
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    pid integer := memory.project_id(project);
+    lv text[] := memory.check_levels(levels);
+    q vector := memory.check_embedding(query_embedding);
+BEGIN
+    IF q IS NULL THEN
+        RAISE EXCEPTION 'query_embedding must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    IF k IS NULL OR k < 1 OR k > 1000 THEN
+        RAISE EXCEPTION 'k must be 1..1000, got %', k USING ERRCODE = '22023';
+    END IF;
+    IF ef_search IS NOT NULL THEN
+        PERFORM set_config('hnsw.ef_search', greatest(ef_search, 1)::text, true);
+    END IF;
+    -- relaxed_order may return near-ties slightly out of order: re-sort the materialised
+    -- top-k by exact distance, as the pgvector documentation recommends.
+    RETURN QUERY
+    WITH hits AS MATERIALIZED (
+        SELECT n.id, n.embedding <=> q AS distance
+        FROM memory.nodes n
+        WHERE (pid IS NULL OR n.project_id = pid) AND (lv IS NULL OR n.level = ANY (lv))
+        ORDER BY n.embedding <=> q
+        LIMIT k
+    )
+    SELECT h.id, (row_number() OVER (ORDER BY h.distance, h.id))::integer, 1 - h.distance
+    FROM hits h
+    ORDER BY h.distance, h.id;
+END $$;
+COMMENT ON FUNCTION memory.semantic_search(vector, text, text[], integer, integer) IS
+    'HNSW top-k by cosine distance with optional project/level filters (iterative scan fills k under selective filters). query_score = 1 - cosine distance.';
+
+CREATE OR REPLACE FUNCTION memory.exact_search(
+    query_embedding vector,
+    project text DEFAULT NULL,
+    levels text[] DEFAULT NULL,
+    k integer DEFAULT 50
+)
+RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+-- Disabling index scans makes this the brute-force recall reference for the HNSW path.
+SET enable_indexscan = off
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    pid integer := memory.project_id(project);
+    lv text[] := memory.check_levels(levels);
+    q vector := memory.check_embedding(query_embedding);
+BEGIN
+    IF q IS NULL THEN
+        RAISE EXCEPTION 'query_embedding must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+    SELECT n.id, (row_number() OVER (ORDER BY n.embedding <=> q, n.id))::integer,
+           1 - (n.embedding <=> q)
+    FROM memory.nodes n
+    WHERE n.embedding IS NOT NULL
+      AND (pid IS NULL OR n.project_id = pid) AND (lv IS NULL OR n.level = ANY (lv))
+    ORDER BY n.embedding <=> q, n.id
+    LIMIT k;
+END $$;
+COMMENT ON FUNCTION memory.exact_search(vector, text, text[], integer) IS
+    'Exact cosine top-k without the HNSW index: the recall reference for benchmarks.';
+
+CREATE OR REPLACE FUNCTION memory.search_by_ids(
+    query_embedding vector,
+    ids bigint[],
+    project text DEFAULT NULL,
+    levels text[] DEFAULT NULL,
+    k integer DEFAULT 50
+)
+RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    pid integer := memory.project_id(project);
+    lv text[] := memory.check_levels(levels);
+    q vector := memory.check_embedding(query_embedding);
+BEGIN
+    IF q IS NULL THEN
+        RAISE EXCEPTION 'query_embedding must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    IF ids IS NULL OR cardinality(ids) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT n.id, (row_number() OVER (ORDER BY n.embedding <=> q, n.id))::integer,
+           1 - (n.embedding <=> q)
+    FROM memory.nodes n
+    WHERE n.id = ANY (ids) AND n.embedding IS NOT NULL
+      AND (pid IS NULL OR n.project_id = pid) AND (lv IS NULL OR n.level = ANY (lv))
+    ORDER BY n.embedding <=> q, n.id
+    LIMIT k;
+END $$;
+COMMENT ON FUNCTION memory.search_by_ids(vector, bigint[], text, text[], integer) IS
+    'Exact cosine ranking restricted to the given node ids (the second stage of the LexicalFirst cascade). Unknown ids are ignored.';

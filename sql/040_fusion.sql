@@ -1,0 +1,73 @@
+-- Rank fusion of two or more ranked lists.
+
+CREATE OR REPLACE FUNCTION memory.fuse(
+    lists jsonb,
+    method text DEFAULT 'rrf',
+    k integer DEFAULT 60,
+    final_k integer DEFAULT 50
+)
+RETURNS TABLE (node_id bigint, ranks integer[], scores double precision[],
+               fused_score double precision, fusion_method text)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+#variable_conflict use_column
+DECLARE
+    n_lists integer;
+BEGIN
+    IF lists IS NULL OR jsonb_typeof(lists) <> 'array' OR jsonb_array_length(lists) < 1 THEN
+        RAISE EXCEPTION 'lists must be a JSON array of ranked lists'
+            USING ERRCODE = '22023',
+                  HINT = 'e.g. ''[{"ids":[3,1,2]},{"ids":[2,5],"weight":0.5}]''; "scores" is needed for method convex.';
+    END IF;
+    IF method NOT IN ('rrf', 'convex') THEN
+        RAISE EXCEPTION 'unknown fusion method "%"', method
+            USING ERRCODE = '22023', HINT = 'Use rrf or convex.';
+    END IF;
+    IF k IS NULL OR k < 0 OR final_k IS NULL OR final_k < 1 THEN
+        RAISE EXCEPTION 'k must be >= 0 and final_k >= 1 (got %, %)', k, final_k USING ERRCODE = '22023';
+    END IF;
+    n_lists := jsonb_array_length(lists);
+    RETURN QUERY
+    WITH l AS (
+        SELECT (li.ord - 1)::integer AS list_no,
+               coalesce((li.item ->> 'weight')::double precision, 1.0) AS weight,
+               li.item
+        FROM jsonb_array_elements(lists) WITH ORDINALITY AS li(item, ord)
+    ), entries AS (
+        -- First occurrence wins when an id repeats within a list.
+        SELECT DISTINCT ON (l.list_no, e.id::bigint)
+               l.list_no, l.weight, e.id::bigint AS id, e.pos::integer AS rank,
+               (l.item -> 'scores' ->> (e.pos::integer - 1))::double precision AS score
+        FROM l, jsonb_array_elements_text(coalesce(l.item -> 'ids', '[]')) WITH ORDINALITY AS e(id, pos)
+        ORDER BY l.list_no, e.id::bigint, e.pos
+    ), normed AS (
+        SELECT e.*,
+               CASE WHEN max(e.score) OVER w = min(e.score) OVER w THEN 1.0
+                    ELSE (e.score - min(e.score) OVER w) / (max(e.score) OVER w - min(e.score) OVER w)
+               END AS norm
+        FROM entries e
+        WINDOW w AS (PARTITION BY e.list_no)
+    ), fused AS (
+        SELECT n.id,
+               array_agg(n.rank ORDER BY n.list_no) AS rank_by_list,
+               array_agg(n.list_no ORDER BY n.list_no) AS list_nos,
+               array_agg(n.score ORDER BY n.list_no) AS score_by_list,
+               CASE WHEN method = 'rrf' THEN sum(n.weight / (k + n.rank))
+                    ELSE sum(n.weight * coalesce(n.norm, 0)) END AS fused,
+               min(n.rank) AS best_rank
+        FROM normed n
+        GROUP BY n.id
+    )
+    SELECT f.id,
+           -- Expand to one slot per input list, NULL where the id was absent.
+           ARRAY(SELECT f.rank_by_list[array_position(f.list_nos, i)] FROM generate_series(0, n_lists - 1) i),
+           ARRAY(SELECT f.score_by_list[array_position(f.list_nos, i)] FROM generate_series(0, n_lists - 1) i),
+           f.fused::double precision,
+           method
+    FROM fused f
+    -- Deterministic ties: higher score, then best single-list rank, then lower id.
+    ORDER BY f.fused DESC, f.best_rank, f.id
+    LIMIT final_k;
+END $$;
+COMMENT ON FUNCTION memory.fuse(jsonb, text, integer, integer) IS
+    'Fuses ranked lists [{"ids":[..],"scores":[..],"weight":w},..]. rrf: sum of w/(k+rank). convex: sum of w*minmax(score) per list. Returns per-id ranks/scores (one slot per list, NULL if absent); ties break by best rank, then id.';

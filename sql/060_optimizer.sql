@@ -1,0 +1,34 @@
+-- The query optimizer inside PostgreSQL: a shim into the same stdlib-only module the
+-- service imports (plpython/poimen_core), installed by `poimen-memory migrate`.
+
+CREATE OR REPLACE FUNCTION memory.plpython_path()
+RETURNS text
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $$
+DECLARE p text;
+BEGIN
+    SELECT value INTO p FROM memory.config WHERE key = 'plpython_path';
+    IF p IS NULL THEN
+        RAISE EXCEPTION 'the PL/Python module path is not configured'
+            USING ERRCODE = 'PM503',
+                  HINT = 'Run `poimen-memory migrate` on the database host, or set it: INSERT INTO memory.config VALUES (''plpython_path'', ''/path/containing/poimen_core'').';
+    END IF;
+    RETURN p;
+END $$;
+COMMENT ON FUNCTION memory.plpython_path() IS
+    'Directory holding the poimen_core package for PL/Python (content-hashed per version).';
+
+CREATE OR REPLACE FUNCTION memory.optimize_query(query text)
+RETURNS jsonb
+LANGUAGE plpython3u STABLE PARALLEL SAFE
+AS $$
+import sys
+path = plpy.execute("SELECT memory.plpython_path() AS p")[0]["p"]
+if GD.get("poimen_path") != path:  # new deploy: drop the stale module, import the new one
+    for m in [m for m in sys.modules if m.split(".")[0] == "poimen_core"]: del sys.modules[m]
+    sys.path[:] = [path] + [p for p in sys.path if p != GD.get("poimen_path")]; GD["poimen_path"] = path
+from poimen_core.plentry import plan_for_sql
+return plan_for_sql(plpy, query)
+$$;
+COMMENT ON FUNCTION memory.optimize_query(text) IS
+    'Routes a raw query: question type, search strategy (LexicalOnly, LexicalFirst, Hybrid), confidence and the reasons, as jsonb. Same module as the HTTP service.';

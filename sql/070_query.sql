@@ -1,0 +1,167 @@
+-- memory.query: the SQL user's entry point, composed from the stage functions.
+
+CREATE OR REPLACE FUNCTION memory.hydrate(
+    ids bigint[],
+    query_embedding vector DEFAULT NULL,
+    max_depth integer DEFAULT 4
+)
+RETURNS TABLE (node_id bigint, level text, sha256 text, project text, title text, text text,
+               source text, breadcrumb text[], "timestamp" timestamptz,
+               query_score double precision, provenance jsonb)
+LANGUAGE sql STABLE PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT n.id, n.level, encode(n.sha256, 'hex'), p.name, n.title, n.text, n.source,
+           n.breadcrumb, n.ts,
+           CASE WHEN query_embedding IS NULL OR n.embedding IS NULL THEN NULL
+                ELSE 1 - (n.embedding <=> query_embedding) END,
+           memory.provenance_tree(n.id, max_depth)
+    FROM unnest(ids) WITH ORDINALITY AS i(id, ord)
+    JOIN memory.nodes n ON n.id = i.id
+    JOIN memory.projects p ON p.id = n.project_id
+    ORDER BY i.ord;
+END;
+COMMENT ON FUNCTION memory.hydrate(bigint[], vector, integer) IS
+    'Node rows for the given ids, in input order, with query_score (if an embedding is given) and provenance down to L0 as nested jsonb. One round trip for a whole result page.';
+
+CREATE OR REPLACE FUNCTION memory.run_query(
+    p_query text,
+    p_embedding vector,
+    p_project text,
+    p_levels text[],
+    p_limit integer,
+    p_strategy text,
+    p_fusion text,
+    p_rrf_k integer,
+    p_candidates integer
+)
+RETURNS TABLE (rank integer, level text, sha256 text, project text, title text, text text,
+               source text, breadcrumb text[], "timestamp" timestamptz,
+               query_score double precision, lexical_score double precision,
+               final_score double precision, semantic_rank integer, lexical_rank integer,
+               fusion_method text, search_strategy text, provenance jsonb)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    lim integer := least(greatest(coalesce(p_limit, 5), 1), 50);
+    lv text[] := memory.check_levels(coalesce(p_levels, ARRAY['L1', 'L2']));
+    strat text;
+    sem jsonb := '{"ids":[],"scores":[]}';
+    lex jsonb := '{"ids":[],"scores":[]}';
+    fused_ids bigint[];
+BEGIN
+    IF p_query IS NULL OR btrim(p_query) = '' THEN
+        RAISE EXCEPTION 'query must not be empty'
+            USING ERRCODE = '22023', HINT = 'Pass the text to search for, e.g. memory_query(''kong body buffer'').';
+    END IF;
+    PERFORM memory.project_id(p_project);
+    PERFORM memory.check_embedding(p_embedding);
+    strat := coalesce(p_strategy, memory.optimize_query(p_query) ->> 'search_strategy');
+    IF strat NOT IN ('LexicalOnly', 'LexicalFirst', 'Hybrid', 'SemanticOnly') THEN
+        RAISE EXCEPTION 'unknown strategy "%"', strat
+            USING ERRCODE = '22023', HINT = 'Use LexicalOnly, LexicalFirst, Hybrid, SemanticOnly or NULL (optimizer decides).';
+    END IF;
+    IF p_embedding IS NULL THEN
+        strat := 'LexicalOnly';  -- without an embedding only the lexical leg can run
+    END IF;
+
+    IF strat IN ('LexicalOnly', 'LexicalFirst', 'Hybrid') THEN
+        SELECT jsonb_build_object('ids', coalesce(jsonb_agg(l.node_id ORDER BY l.rank), '[]'),
+                                  'scores', coalesce(jsonb_agg(l.lexical_score ORDER BY l.rank), '[]'))
+          INTO lex
+          FROM memory.lexical_search(p_query, p_project, lv,
+                                     CASE strat WHEN 'LexicalFirst' THEN greatest(p_candidates, 200)
+                                                WHEN 'Hybrid' THEN p_candidates ELSE lim END) l;
+    END IF;
+    IF strat IN ('SemanticOnly', 'Hybrid') THEN
+        SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
+                                  'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
+          INTO sem
+          FROM memory.semantic_search(p_embedding, p_project, lv,
+                                      CASE strat WHEN 'Hybrid' THEN p_candidates ELSE lim END) s;
+    ELSIF strat = 'LexicalFirst' THEN
+        SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
+                                  'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
+          INTO sem
+          FROM memory.search_by_ids(p_embedding,
+                                    ARRAY(SELECT jsonb_array_elements_text(lex -> 'ids')::bigint),
+                                    p_project, lv, lim) s;
+    END IF;
+
+    RETURN QUERY
+    WITH ranked AS (
+        SELECT f.node_id, f.ranks, f.scores, f.fused_score, f.fusion_method,
+               row_number() OVER (ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]), f.node_id) AS pos
+        FROM memory.fuse(
+            jsonb_build_array(sem || jsonb_build_object('weight', CASE WHEN strat = 'LexicalOnly' THEN 0 ELSE 1 END),
+                              lex || jsonb_build_object('weight', CASE WHEN strat IN ('SemanticOnly', 'LexicalFirst') THEN 0 ELSE 1 END)),
+            CASE WHEN strat = 'Hybrid' THEN p_fusion ELSE 'rrf' END, p_rrf_k, lim) f
+        -- A cascade keeps only ids the by-ids stage ranked.
+        WHERE strat <> 'LexicalFirst' OR f.ranks[1] IS NOT NULL
+    )
+    SELECT r.pos::integer, h.level, h.sha256, h.project, h.title, h.text, h.source, h.breadcrumb,
+           h."timestamp", h.query_score, r.scores[2], r.fused_score, r.ranks[1], r.ranks[2],
+           CASE strat WHEN 'Hybrid' THEN r.fusion_method WHEN 'LexicalFirst' THEN 'cascade'
+                      ELSE 'none' END,
+           strat, h.provenance
+    FROM ranked r
+    JOIN memory.hydrate(ARRAY(SELECT r2.node_id FROM ranked r2 ORDER BY r2.pos), p_embedding) h
+      ON h.node_id = r.node_id
+    ORDER BY r.pos;
+END $$;
+COMMENT ON FUNCTION memory.run_query(text, vector, text, text[], integer, text, text, integer, integer) IS
+    'Implementation of memory.query (positional parameters; call memory.query instead).';
+
+CREATE OR REPLACE FUNCTION memory.query(
+    query text,
+    query_embedding vector DEFAULT NULL,
+    project text DEFAULT NULL,
+    levels text[] DEFAULT ARRAY['L1', 'L2'],
+    "limit" integer DEFAULT 5,
+    strategy text DEFAULT NULL,
+    fusion text DEFAULT 'rrf',
+    rrf_k integer DEFAULT 60,
+    candidates integer DEFAULT 50
+)
+RETURNS TABLE (rank integer, level text, sha256 text, project text, title text, text text,
+               source text, breadcrumb text[], "timestamp" timestamptz,
+               query_score double precision, lexical_score double precision,
+               final_score double precision, semantic_rank integer, lexical_rank integer,
+               fusion_method text, search_strategy text, provenance jsonb)
+LANGUAGE sql STABLE PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT * FROM memory.run_query(query, query_embedding, project, levels, "limit", strategy,
+                                   fusion, rrf_k, candidates);
+END;
+COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer) IS
+    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses (rrf or convex), and returns the top "limit" (1..50) nodes with scores, ranks and provenance down to L0.';
+
+-- Entry points on the default search_path, so `SELECT * FROM memory_query('...')` works.
+CREATE OR REPLACE FUNCTION public.memory_query(
+    query text,
+    query_embedding vector DEFAULT NULL,
+    project text DEFAULT NULL,
+    levels text[] DEFAULT ARRAY['L1', 'L2'],
+    "limit" integer DEFAULT 5,
+    strategy text DEFAULT NULL,
+    fusion text DEFAULT 'rrf'
+)
+RETURNS TABLE (rank integer, level text, sha256 text, project text, title text, text text,
+               source text, breadcrumb text[], "timestamp" timestamptz,
+               query_score double precision, lexical_score double precision,
+               final_score double precision, semantic_rank integer, lexical_rank integer,
+               fusion_method text, search_strategy text, provenance jsonb)
+LANGUAGE sql STABLE PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT * FROM memory.query(query, query_embedding, project, levels, "limit", strategy, fusion);
+END;
+COMMENT ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text) IS
+    'Alias of memory.query on the default search_path. See docs/sql-api.md.';
+
+CREATE OR REPLACE FUNCTION public.memory_optimize_query(query text)
+RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN memory.optimize_query(query);
+COMMENT ON FUNCTION public.memory_optimize_query(text) IS
+    'Alias of memory.optimize_query on the default search_path.';

@@ -1,0 +1,24 @@
+-- Grants last, after every function exists. Access goes through two roles:
+-- memory_reader (query functions) and memory_writer (reader + table writes).
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'memory_reader') THEN
+        CREATE ROLE memory_reader NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'memory_writer') THEN
+        CREATE ROLE memory_writer NOLOGIN IN ROLE memory_reader;
+    END IF;
+END $$;
+
+REVOKE ALL ON SCHEMA memory FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA memory FROM PUBLIC;
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA memory FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION public.memory_optimize_query(text) FROM PUBLIC;
+
+GRANT USAGE ON SCHEMA memory TO memory_reader;
+GRANT SELECT ON ALL TABLES IN SCHEMA memory TO memory_reader;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA memory TO memory_reader;
+GRANT EXECUTE ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text) TO memory_reader;
+GRANT EXECUTE ON FUNCTION public.memory_optimize_query(text) TO memory_reader;
+GRANT INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA memory TO memory_writer;
