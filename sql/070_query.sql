@@ -9,7 +9,9 @@ RETURNS TABLE (node_id bigint, level text, sha256 text, project text, title text
                source text, breadcrumb text[], "timestamp" timestamptz,
                query_score double precision, provenance jsonb)
 LANGUAGE sql STABLE PARALLEL SAFE
-BEGIN ATOMIC
+-- A string body (not BEGIN ATOMIC): an atomic body would pin nodes.embedding's type,
+-- which memory.configure_embedding must be able to change.
+AS $$
     SELECT n.id, n.level, encode(n.sha256, 'hex'), p.name, n.title, n.text, n.source,
            n.breadcrumb, n.ts,
            CASE WHEN query_embedding IS NULL OR n.embedding IS NULL THEN NULL
@@ -19,7 +21,7 @@ BEGIN ATOMIC
     JOIN memory.nodes n ON n.id = i.id
     JOIN memory.projects p ON p.id = n.project_id
     ORDER BY i.ord;
-END;
+$$;
 COMMENT ON FUNCTION memory.hydrate(bigint[], vector, integer) IS
     'Node rows for the given ids, in input order, with query_score (if an embedding is given) and provenance down to L0 as nested jsonb. One round trip for a whole result page.';
 

@@ -1,0 +1,148 @@
+"""The memory-node JSONL format (see docs/ingest.md) and its content-addressed key."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+LEVELS = ("L0", "L1", "L2")
+HASH_VERSION = "poimen-node/1"
+MAX_TEXT_CHARS = 100_000
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    line_no: int
+    project: str
+    level: str
+    text: str
+    external_id: str | None = None
+    title: str | None = None
+    source: str | None = None
+    timestamp: datetime | None = None
+    breadcrumb: tuple[str, ...] = ()
+    parents: tuple[str, ...] = ()
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sha256(self) -> bytes:
+        return node_sha256(self.project, self.level, self.external_id, self.source, self.title,
+                           self.text)  # fmt: skip
+
+
+def node_sha256(project: str, level: str, external_id: str | None, source: str | None,
+                title: str | None, text: str) -> bytes:  # fmt: skip
+    """Canonical form: the UTF-8 of the compact JSON array
+    ["poimen-node/1", project, level, external_id, source, title, NFC(text)], with nulls as "".
+
+    Identical input gives the identical key (re-ingest is a no-op); the external id and
+    source keep two equal texts from different places distinct.
+    """
+    canonical = [HASH_VERSION, project, level, external_id or "", source or "", title or "",
+                 unicodedata.normalize("NFC", text)]  # fmt: skip
+    data = json.dumps(canonical, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return hashlib.sha256(data).digest()
+
+
+@dataclass(frozen=True)
+class LineError:
+    line_no: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line_no}: field '{self.field}': {self.message}"
+
+
+def _opt_str(obj: dict[str, Any], key: str, line_no: int, errors: list[LineError]) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        errors.append(LineError(line_no, key, f"must be a string or null, got {type(value).__name__}"))
+        return None
+    return value
+
+
+def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecord | list[LineError]:
+    errors: list[LineError] = []
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return [LineError(line_no, "<json>", f"not valid JSON: {exc.msg} at column {exc.colno}")]
+    if not isinstance(obj, dict):
+        return [LineError(line_no, "<json>", "each line must be a JSON object")]
+    text = obj.get("text")
+    if not isinstance(text, str) or not text.strip():
+        errors.append(LineError(line_no, "text", "required, a non-empty string"))
+    elif len(text) > MAX_TEXT_CHARS:
+        errors.append(LineError(line_no, "text", f"longer than {MAX_TEXT_CHARS} characters"))
+    level = obj.get("level")
+    if level not in LEVELS:
+        errors.append(LineError(line_no, "level", f"must be one of L0, L1, L2, got {level!r}"))
+    project = _opt_str(obj, "project", line_no, errors) or default_project
+    if not project:
+        errors.append(LineError(line_no, "project", "required (or pass --project)"))
+    ext_id = obj.get("id")
+    if ext_id is not None and not isinstance(ext_id, str | int):
+        errors.append(LineError(line_no, "id", "must be a string"))
+    ts: datetime | None = None
+    raw_ts = obj.get("timestamp")
+    if raw_ts is not None:
+        if not isinstance(raw_ts, str):
+            errors.append(LineError(line_no, "timestamp", "must be an ISO 8601 string or null"))
+        else:
+            try:
+                ts = datetime.fromisoformat(raw_ts.replace("Z", "+00:00"))
+            except ValueError:
+                errors.append(LineError(line_no, "timestamp", f"not ISO 8601: {raw_ts!r}"))
+    parents = obj.get("parents") or []
+    if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
+        errors.append(LineError(line_no, "parents", "must be a list of node ids"))
+        parents = []
+    breadcrumb = obj.get("breadcrumb") or []
+    if not isinstance(breadcrumb, list) or not all(isinstance(b, str) for b in breadcrumb):
+        errors.append(LineError(line_no, "breadcrumb", "must be a list of strings"))
+        breadcrumb = []
+    metadata = obj.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        errors.append(LineError(line_no, "metadata", "must be a JSON object"))
+        metadata = {}
+    title = _opt_str(obj, "title", line_no, errors)
+    source = _opt_str(obj, "source", line_no, errors)
+    if errors:
+        return errors
+    assert isinstance(text, str) and isinstance(level, str) and project
+    return NodeRecord(
+        line_no=line_no,
+        project=project,
+        level=level,
+        text=text,
+        external_id=None if ext_id is None else str(ext_id),
+        title=title,
+        source=source,
+        timestamp=ts,
+        breadcrumb=tuple(breadcrumb),
+        parents=tuple(parents),
+        metadata=metadata,
+    )
+
+
+def parse_lines(lines: Iterable[str], default_project: str | None = None,
+                first_line: int = 1) -> tuple[list[NodeRecord], list[LineError]]:  # fmt: skip
+    records: list[NodeRecord] = []
+    errors: list[LineError] = []
+    for i, raw in enumerate(lines, start=first_line):
+        if not raw.strip():
+            continue
+        parsed = parse_line(raw, i, default_project)
+        if isinstance(parsed, list):
+            errors.extend(parsed)
+        else:
+            records.append(parsed)
+    return records, errors

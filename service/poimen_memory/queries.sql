@@ -1,0 +1,114 @@
+-- Every SQL statement the Python code sends, by name (loaded by queries.py).
+-- Retrieval logic lives in sql/; these are thin calls into it plus the write path.
+
+-- name: configure_embedding
+SELECT memory.configure_embedding(%(model)s, %(dim)s);
+
+-- name: embedding_model
+SELECT model, dim FROM memory.embedding_model;
+
+-- name: ensure_projects
+INSERT INTO memory.projects (name)
+SELECT DISTINCT unnest(%(names)s::text[]) ORDER BY 1
+ON CONFLICT (name) DO NOTHING;
+
+-- name: project_ids
+SELECT name, id FROM memory.projects WHERE name = ANY(%(names)s::text[]);
+
+-- name: project_exists
+SELECT EXISTS (SELECT 1 FROM memory.projects WHERE name = %(name)s);
+
+-- name: existing_sha256
+SELECT sha256, id FROM memory.nodes WHERE sha256 = ANY(%(shas)s::bytea[]);
+
+-- name: insert_node
+INSERT INTO memory.nodes
+    (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts, metadata, embedding)
+VALUES (%(sha256)s, %(project_id)s, %(level)s, %(external_id)s, %(title)s, %(breadcrumb)s,
+        %(text)s, %(source)s, %(ts)s, %(metadata)s, %(embedding)s)
+ON CONFLICT (sha256) DO NOTHING
+RETURNING id, sha256;
+
+-- name: ids_by_external_id
+SELECT p.name, n.external_id, n.id
+FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
+WHERE (p.name, n.external_id) IN (SELECT * FROM unnest(%(projects)s::text[], %(external_ids)s::text[]));
+
+-- name: insert_edges
+INSERT INTO memory.edges (child_id, parent_id, precedence)
+SELECT * FROM unnest(%(child)s::bigint[], %(parent)s::bigint[], %(precedence)s::int[])
+ON CONFLICT (child_id, parent_id) DO NOTHING;
+
+-- name: enqueue_outbox
+INSERT INTO memory.opensearch_outbox (node_id, op)
+SELECT unnest(%(ids)s::bigint[]), 'index';
+
+-- name: nodes_for_reembed
+SELECT id, text FROM memory.nodes WHERE id > %(after)s ORDER BY id LIMIT %(limit)s;
+
+-- name: update_embedding
+UPDATE memory.nodes SET embedding = %(embedding)s WHERE id = %(id)s;
+
+-- name: reset_embedding
+SELECT memory.reset_embedding(%(model)s, %(dim)s);
+
+-- name: count_nodes
+SELECT count(*) FROM memory.nodes;
+
+-- name: semantic_search
+SELECT node_id, rank, query_score
+FROM memory.semantic_search(%(embedding)s, %(project)s, %(levels)s, %(k)s, %(ef_search)s);
+
+-- name: exact_search
+SELECT node_id, rank, query_score
+FROM memory.exact_search(%(embedding)s, %(project)s, %(levels)s, %(k)s);
+
+-- name: lexical_search
+SELECT node_id, rank, lexical_score
+FROM memory.lexical_search(%(query)s, %(project)s, %(levels)s, %(k)s);
+
+-- name: search_by_ids
+SELECT node_id, rank, query_score
+FROM memory.search_by_ids(%(embedding)s, %(ids)s, %(project)s, %(levels)s, %(k)s);
+
+-- name: ids_for_sha256
+SELECT encode(sha256, 'hex'), id FROM memory.nodes WHERE sha256 = ANY(%(shas)s::bytea[]);
+
+-- name: fuse
+SELECT node_id, ranks, scores, fused_score, fusion_method
+FROM memory.fuse(%(lists)s, %(method)s, %(k)s, %(final_k)s);
+
+-- name: hydrate
+SELECT node_id, level, sha256, project, title, text, source, breadcrumb, "timestamp",
+       query_score, provenance
+FROM memory.hydrate(%(ids)s, %(embedding)s);
+
+-- name: provenance_l0
+SELECT w.root_id, n.external_id, encode(n.sha256, 'hex')
+FROM memory.provenance_walk(%(ids)s, 4) w
+JOIN memory.nodes n ON n.id = w.parent_id
+WHERE n.level = 'L0';
+
+-- name: set_statement_timeout
+SELECT set_config('statement_timeout', %(ms)s, true);
+
+-- name: outbox_batch
+SELECT o.id, o.node_id, o.op, encode(n.sha256, 'hex') AS sha256, n.text, n.title, n.breadcrumb,
+       n.source, n.level, p.name AS project
+FROM memory.opensearch_outbox o
+LEFT JOIN memory.nodes n ON n.id = o.node_id
+LEFT JOIN memory.projects p ON p.id = n.project_id
+ORDER BY o.id
+LIMIT %(limit)s
+FOR UPDATE OF o SKIP LOCKED;
+
+-- name: outbox_done
+DELETE FROM memory.opensearch_outbox WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: outbox_failed
+UPDATE memory.opensearch_outbox
+SET attempts = attempts + 1, last_error = %(error)s
+WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: outbox_depth
+SELECT count(*) FROM memory.opensearch_outbox;

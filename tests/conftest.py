@@ -1,0 +1,107 @@
+"""Shared fixtures: one throwaway PostgreSQL cluster per test session, a migrated template
+database loaded with tests/fixtures/memory_nodes.jsonl, and per-test clones of it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from poimen_memory.cluster import Cluster, find_pg_bin
+from poimen_memory.db import connect
+from poimen_memory.ingest import ingest
+from poimen_memory.local_embedder import LocalEmbedder
+from poimen_memory.migrate import migrate
+from poimen_memory.nodes import parse_lines
+
+FIXTURE = Path(__file__).parent / "fixtures" / "memory_nodes.jsonl"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def work_dir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="poimen-test-"))
+    d.chmod(0o755)  # the server runs as postgres and must reach its data and PL/Python code
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster(work_dir: Path) -> Iterator[Cluster]:
+    c = Cluster(work_dir / "data", work_dir / "run", _free_port(), find_pg_bin())
+    c.start(fast=True)
+    yield c
+    c.destroy()
+
+
+@pytest.fixture(scope="session")
+def plpython_root(work_dir: Path) -> Path:
+    return work_dir / "plpython"
+
+
+@pytest.fixture(scope="session")
+def admin(cluster: Cluster) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(cluster.url("postgres"), autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture(scope="session")
+def embedder() -> LocalEmbedder:
+    e = LocalEmbedder.from_env(os.environ)
+    e.load()
+    return e
+
+
+@pytest.fixture(scope="session")
+def template_db(cluster: Cluster, admin: psycopg.Connection[Any], plpython_root: Path,
+                embedder: LocalEmbedder) -> str:  # fmt: skip
+    name = "tmpl_fixture"
+    admin.execute(f"DROP DATABASE IF EXISTS {name}")
+    admin.execute(f"CREATE DATABASE {name}")
+    with connect(cluster.url(name), autocommit=True) as conn:
+        migrate(conn, plpython_root)
+        records, errors = parse_lines(FIXTURE.read_text().splitlines())
+        assert not errors
+        report = ingest(conn, records, embedder, progress=False)
+        assert report.inserted == len(records) and not report.unresolved
+    return name
+
+
+def _clone(cluster: Cluster, admin: psycopg.Connection[Any], template: str | None) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
+    try:
+        yield cluster.url(name)
+    finally:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def fixture_url(cluster: Cluster, admin: psycopg.Connection[Any], template_db: str) -> Iterator[str]:
+    """A private copy of the migrated, fixture-loaded database."""
+    yield from _clone(cluster, admin, template_db)
+
+
+@pytest.fixture
+def empty_url(cluster: Cluster, admin: psycopg.Connection[Any]) -> Iterator[str]:
+    """A brand-new database with nothing installed."""
+    yield from _clone(cluster, admin, None)
+
+
+@pytest.fixture
+def conn(fixture_url: str) -> Iterator[psycopg.Connection[Any]]:
+    with connect(fixture_url, autocommit=True) as c:
+        yield c

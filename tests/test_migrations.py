@@ -1,0 +1,97 @@
+"""Migrations apply once, re-apply as a no-op, refuse edited files, and match a fresh install."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from poimen_memory import migrate as migrate_mod
+from poimen_memory.cluster import Cluster
+from poimen_memory.db import connect
+from poimen_memory.errors import MigrationError
+from poimen_memory.migrate import migrate
+
+
+def _schema_dump(cluster: Cluster, url: str) -> str:
+    dbname = url.split("?")[0].rsplit("/", 1)[-1]
+    out = subprocess.run(
+        [str(cluster.bin_dir / "pg_dump"), "--schema-only", "--no-owner", "-h",
+         str(cluster.socket_dir), "-p", str(cluster.port), "-U", "postgres", dbname],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return "\n".join(line for line in out.stdout.splitlines() if not line.startswith(("--", "\\restrict", "\\unrestrict")))
+
+
+def test_migrate_twice_is_noop(cluster: Cluster, empty_url: str, plpython_root: Path) -> None:
+    with connect(empty_url, autocommit=True) as conn:
+        first = migrate(conn, plpython_root)
+        assert first.applied == ["0001_initial"]
+        before = _schema_dump(cluster, empty_url)
+        second = migrate(conn, plpython_root)
+        assert second.applied == [] and second.already == ["0001_initial"]
+        assert _schema_dump(cluster, empty_url) == before
+
+
+def test_sql_reapply_changes_nothing_and_keeps_data(cluster: Cluster, fixture_url: str,
+                                                   plpython_root: Path) -> None:  # fmt: skip
+    with connect(fixture_url, autocommit=True) as conn:
+        before_rows = conn.execute("SELECT count(*) FROM memory.nodes").fetchone()
+        before = _schema_dump(cluster, fixture_url)
+        migrate(conn, plpython_root)
+        assert _schema_dump(cluster, fixture_url) == before
+        assert conn.execute("SELECT count(*) FROM memory.nodes").fetchone() == before_rows
+
+
+def test_edited_migration_is_refused(empty_url: str, plpython_root: Path,
+                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    with connect(empty_url, autocommit=True) as conn:
+        migrate(conn, plpython_root)
+        edited = tmp_path / "migrations"
+        edited.mkdir()
+        src = migrate_mod.MIGRATIONS_DIR / "0001_initial.sql"
+        (edited / src.name).write_text(src.read_text() + "\n-- edited\n")
+        monkeypatch.setattr(migrate_mod, "MIGRATIONS_DIR", edited)
+        with pytest.raises(MigrationError, match="edited after it was applied"):
+            migrate(conn, plpython_root)
+
+
+def test_failed_migration_rolls_back_everything(empty_url: str, plpython_root: Path,
+                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    migs = tmp_path / "migrations"
+    migs.mkdir()
+    src = migrate_mod.MIGRATIONS_DIR / "0001_initial.sql"
+    (migs / src.name).write_text(src.read_text())
+    (migs / "0002_broken.sql").write_text("CREATE TABLE memory.broken (x int); SELECT 1/0;")
+    monkeypatch.setattr(migrate_mod, "MIGRATIONS_DIR", migs)
+    with connect(empty_url, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            migrate(conn, plpython_root)
+        assert conn.execute("SELECT to_regclass('memory.nodes')").fetchone() == (None,)
+
+
+def test_incremental_equals_fresh_install(cluster: Cluster, admin: psycopg.Connection[Any],
+                                          empty_url: str, plpython_root: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Applying migrations one deploy at a time builds the same schema as all at once."""
+    all_migs = sorted(migrate_mod.MIGRATIONS_DIR.glob("*.sql"))
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    monkeypatch.setattr(migrate_mod, "MIGRATIONS_DIR", staged)
+    with connect(empty_url, autocommit=True) as conn:
+        for m in all_migs:
+            (staged / m.name).write_text(m.read_text())
+            migrate(conn, plpython_root)
+    monkeypatch.undo()
+    other = "t_fresh_install"
+    admin.execute(f"DROP DATABASE IF EXISTS {other}")
+    admin.execute(f"CREATE DATABASE {other}")
+    try:
+        with connect(cluster.url(other), autocommit=True) as conn:
+            migrate(conn, plpython_root)
+        assert _schema_dump(cluster, cluster.url(other)) == _schema_dump(cluster, empty_url)
+    finally:
+        admin.execute(f"DROP DATABASE IF EXISTS {other} WITH (FORCE)")
