@@ -186,6 +186,21 @@ class EmbeddingServer:
     requests: list[LoggedRequest] = field(default_factory=list)
     failures_served: int = 0
     closing: threading.Event = field(default_factory=threading.Event)
+    rng: random.Random = field(default_factory=random.Random)
+
+    def __post_init__(self) -> None:
+        self.rng.seed(self.knobs.seed)
+
+    def reset(self, **knobs: Any) -> None:
+        """Replace all knobs (unnamed ones back to defaults) and forget the request log.
+
+        Lets a module-scoped server serve many tests; requests in flight keep
+        the knobs they started with.
+        """
+        self.knobs = EmbeddingServerKnobs(**knobs)
+        self.requests.clear()
+        self.failures_served = 0
+        self.rng.seed(self.knobs.seed)
 
     @property
     def endpoint(self) -> str:
@@ -205,8 +220,6 @@ class EmbeddingServer:
 
 
 def _build_app(state: EmbeddingServer) -> Starlette:
-    rng = random.Random(state.knobs.seed)
-
     async def embeddings(request: Request) -> Response:
         body = await log_request(request, state.requests)
         knobs = state.knobs
@@ -241,7 +254,7 @@ def _build_app(state: EmbeddingServer) -> Starlette:
             )
             data.append({"object": "embedding", "index": index, "embedding": embedding})
         if knobs.shuffle:
-            rng.shuffle(data)
+            state.rng.shuffle(data)
             if len(data) > 1 and [d["index"] for d in data] == list(range(len(data))):
                 data.reverse()  # a shuffle test must never get the identity order
         tokens = sum(len(str(t).split()) for t in inputs)

@@ -15,6 +15,7 @@ order, delay and failures are knobs, changeable while it runs.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import threading
@@ -79,6 +80,21 @@ class RerankServer:
     requests: list[LoggedRequest] = field(default_factory=list)
     failures_served: int = 0
     closing: threading.Event = field(default_factory=threading.Event)
+    rng: random.Random = field(default_factory=random.Random)
+
+    def __post_init__(self) -> None:
+        self.rng.seed(self.knobs.seed)
+
+    def reset(self, **knobs: Any) -> None:
+        """Replace all knobs (unnamed ones back to defaults) and forget the request log.
+
+        Lets a module-scoped server serve many tests; requests in flight keep
+        the knobs they started with.
+        """
+        self.knobs = RerankServerKnobs(**knobs)
+        self.requests.clear()
+        self.failures_served = 0
+        self.rng.seed(self.knobs.seed)
 
     @property
     def endpoint(self) -> str:
@@ -97,9 +113,14 @@ class RerankServer:
         return relevance
 
 
-def _build_app(state: RerankServer) -> Starlette:
-    rng = random.Random(state.knobs.seed)
+class _LaxJSONResponse(JSONResponse):
+    """Lets a test send NaN/Infinity scores, as some Python servers do."""
 
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, allow_nan=True, separators=(",", ":")).encode("utf-8")
+
+
+def _build_app(state: RerankServer) -> Starlette:
     async def rerank(request: Request) -> Response:
         body = await log_request(request, state.requests)
         knobs = state.knobs
@@ -137,14 +158,14 @@ def _build_app(state: RerankServer) -> Starlette:
         if knobs.order == "desc":
             items.sort(key=lambda i: -float(i[knobs.score_field]))
         elif knobs.order == "shuffled":
-            rng.shuffle(items)
+            state.rng.shuffle(items)
         top_n = body.get("top_n")
         if knobs.honour_top_n and isinstance(top_n, int):
             items = sorted(items, key=lambda i: -float(i[knobs.score_field]))[:top_n]
         if knobs.response_shape == "array":
-            return JSONResponse(items)
+            return _LaxJSONResponse(items)
         extra = {"model": body.get("model"), "usage": {"total_tokens": 0}}
-        return JSONResponse({knobs.response_shape: items, **extra})
+        return _LaxJSONResponse({knobs.response_shape: items, **extra})
 
     async def not_found(request: Request) -> Response:
         await log_request(request, state.requests)

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from doubles.embedding_server import run_embedding_server
 from poimen_memory.embedding import EmbeddingConfigError, EmbeddingUnavailable
 from poimen_memory.embedding_cache import QueryEmbeddingCache
 from poimen_memory.remote_embedder import RemoteEmbedder
-
-# tests/ is the import root of the shared doubles (ruff's `src` says so); pytest puts it
-# on sys.path only once a tests/conftest.py exists, so make sure of it here.
-if str(Path(__file__).resolve().parents[1]) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from doubles.embedding_server import run_embedding_server  # noqa: E402
 
 NOMIC = "nomic-ai/nomic-embed-text-v2-moe"
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import socket
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
+from doubles.embedding_server import run_embedding_server
 from poimen_memory.embedding import (
     Embedder,
     EmbeddingConfigError,
@@ -23,13 +22,6 @@ from poimen_memory.remote_embedder import (
     known_dim,
     prefixes_for_model,
 )
-
-# tests/ is the import root of the shared doubles (ruff's `src` says so); pytest puts it
-# on sys.path only once a tests/conftest.py exists, so make sure of it here.
-if str(Path(__file__).resolve().parents[1]) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from doubles.embedding_server import run_embedding_server  # noqa: E402
 
 NOMIC = "nomic-ai/nomic-embed-text-v2-moe"
 TEXTS = ["alpha beta", "gamma delta", "epsilon zeta eta", "theta", "iota kappa lambda mu"]
@@ -294,7 +286,9 @@ def test_from_env_settings() -> None:
     assert embedder.endpoint == "http://127.0.0.1:9/v1/embeddings"
     assert known_dim(NOMIC) == 768
     with pytest.raises(EmbeddingConfigError, match="POIMEN_EMBEDDINGS_DIM"):
-        RemoteEmbedder.from_env({"POIMEN_EMBEDDINGS_URL": "http://h", "POIMEN_EMBEDDINGS_MODEL": "x"})
+        RemoteEmbedder.from_env(
+            {"POIMEN_EMBEDDINGS_URL": "http://h", "POIMEN_EMBEDDINGS_MODEL": "x"}
+        )
     with pytest.raises(EmbeddingConfigError, match="TIMEOUT"):
         RemoteEmbedder.from_env({**env, "POIMEN_EMBEDDINGS_TIMEOUT_S": "0"})
     with pytest.raises(EmbeddingConfigError, match="http"):

@@ -1,0 +1,109 @@
+"""memory_query(), the SQL user's entry point, and the optimizer inside PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from poimen_core.optimizer import optimize_query
+from poimen_memory.local_embedder import LocalEmbedder
+
+Conn = psycopg.Connection[Any]
+
+
+def test_default_search_path_lexical_answer(conn: Conn) -> None:
+    conn.execute("RESET search_path")
+    rows = conn.execute("SELECT level, text, search_strategy, fusion_method, provenance "
+                        "FROM memory_query('kong body buffer')").fetchall()  # fmt: skip
+    assert rows and all(r[0] in ("L1", "L2") for r in rows)
+    assert rows[0][2] == "LexicalOnly"  # no embedding given: only the lexical leg can run
+    top_provenance = rows[0][4]
+    l0 = [p for p in top_provenance if p["level"] == "L0"]
+    assert any("client_body_buffer_size" in p["text"] or "body buffer" in p["text"] for p in l0)
+
+
+def test_hybrid_with_embedding_fuses_both_legs(conn: Conn, embedder: LocalEmbedder) -> None:
+    q = "how do I fix uploads over 10KB failing through the kong gateway"
+    rows = conn.execute("SELECT sha256, semantic_rank, lexical_rank, final_score, query_score, "
+                        "fusion_method, search_strategy, project FROM memory_query(%s, %s, 'poimen')",
+                        (q, embedder.embed_query(q))).fetchall()  # fmt: skip
+    assert rows[0][6] == "Hybrid" and rows[0][5] == "rrf"
+    assert any(r[1] is not None and r[2] is not None for r in rows)
+    assert [r[3] for r in rows] == sorted((r[3] for r in rows), reverse=True)
+    assert all(r[7] == "poimen" for r in rows) and all(0 <= r[4] <= 1 for r in rows)
+
+
+def test_cascade_only_returns_lexical_hits(conn: Conn, embedder: LocalEmbedder) -> None:
+    q = "kong buffer incidents in 2024"
+    lexical = {r[0] for r in conn.execute(
+        "SELECT encode(n.sha256, 'hex') FROM memory.lexical_search(%s, NULL, '{L1,L2}', 200) l "
+        "JOIN memory.nodes n ON n.id = l.node_id", (q,)).fetchall()}  # fmt: skip
+    rows = conn.execute("SELECT sha256, search_strategy, fusion_method, query_score "
+                        "FROM memory_query(%s, %s)", (q, embedder.embed_query(q))).fetchall()  # fmt: skip
+    assert rows and rows[0][1] == "LexicalFirst" and rows[0][2] == "cascade"
+    assert {r[0] for r in rows} <= lexical
+    assert [r[3] for r in rows] == sorted((r[3] for r in rows), reverse=True)
+
+
+def test_levels_limit_and_project(conn: Conn) -> None:
+    l0 = conn.execute("SELECT level FROM memory_query('kong', levels => '{L0}')").fetchall()
+    assert l0 and {r[0] for r in l0} == {"L0"}
+    assert len(conn.execute("SELECT 1 FROM memory_query('kong', \"limit\" => 1)").fetchall()) == 1
+    many = conn.execute("SELECT 1 FROM memory_query('postgres kong', levels => '{L0,L1,L2}', "
+                        "\"limit\" => 500)").fetchall()  # fmt: skip
+    assert 1 < len(many) <= 50
+    atlas = conn.execute("SELECT DISTINCT project FROM memory_query('kong', project => 'atlas')").fetchall()
+    assert atlas == [("atlas",)]
+
+
+@pytest.mark.parametrize(
+    ("call", "sqlstate"),
+    [
+        ("SELECT * FROM memory_query('')", "22023"),
+        ("SELECT * FROM memory_query(NULL)", "22023"),
+        ("SELECT * FROM memory_query('kong', project => 'nope')", "PM404"),
+        ("SELECT * FROM memory_query('kong', levels => '{L9}')", "22023"),
+        ("SELECT * FROM memory_query('kong', levels => '{}')", "22023"),
+        ("SELECT * FROM memory_query('kong', strategy => 'Magic')", "22023"),
+        ("SELECT * FROM memory_query('kong', '[1,2]'::vector)", "PM409"),
+    ],
+)
+def test_errors_have_sqlstate_and_hint(conn: Conn, call: str, sqlstate: str) -> None:
+    with pytest.raises(psycopg.Error) as exc:
+        conn.execute(call)
+    assert exc.value.sqlstate == sqlstate
+    assert exc.value.diag.message_primary
+
+
+@pytest.mark.parametrize("query", ["deployment failures in 2024", "fix port",
+                                   "How do I fix kubernetes port 8080?", "#networking @devops policy",
+                                   "Compare Docker and Kubernetes", "where is the TLS runbook"])  # fmt: skip
+def test_sql_optimizer_matches_python(conn: Conn, query: str) -> None:
+    in_db = conn.execute("SELECT memory_optimize_query(%s)", (query,)).fetchone()[0]  # type: ignore[index]
+    assert in_db == optimize_query(query).to_dict()
+
+
+def test_sql_optimizer_error_is_typed(conn: Conn) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as exc:
+        conn.execute("SELECT memory_optimize_query('   ')")
+    assert exc.value.diag.message_hint
+
+
+def test_stale_plpython_module_is_reloaded(conn: Conn, work_dir: Any) -> None:
+    """After a deploy moves the module path, a live backend re-imports instead of reusing it."""
+    import shutil
+
+    from poimen_memory.migrate import PLPYTHON_SRC
+
+    conn.execute("SELECT memory_optimize_query('warm up the cache')")
+    new = work_dir / "stale-test"
+    shutil.copytree(PLPYTHON_SRC, new / "poimen_core")
+    opt = new / "poimen_core" / "optimizer.py"
+    opt.write_text(opt.read_text().replace('OPTIMIZER_VERSION = "', 'OPTIMIZER_VERSION = "stale-test-'))
+    for p in (new, new / "poimen_core"):
+        p.chmod(0o755)
+    conn.execute("UPDATE memory.config SET value = %s WHERE key = 'plpython_path'", (str(new),))
+    out = conn.execute("SELECT memory_optimize_query('after the deploy')").fetchone()[0]  # type: ignore[index]
+    assert out["optimizer_version"].startswith("stale-test-")

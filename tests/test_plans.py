@@ -1,0 +1,140 @@
+"""Plans a DBA can read: the HNSW, primary-key and BM25 btree indexes are really used, and the
+iterative scan keeps a selective filter from starving the HNSW result (pgvector #259)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+
+from poimen_memory.db import connect
+from poimen_memory.migrate import migrate
+
+Conn = psycopg.Connection[Any]
+DIM = 32
+N = 6000
+
+
+@pytest.fixture(scope="module")
+def synthetic(cluster: Any, admin: Conn, plpython_root: Path) -> Iterator[Conn]:
+    """6,000 random unit vectors; project 'rare' holds 1% of them, spread over the graph."""
+    name = "t_plans"
+    admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    admin.execute(f"CREATE DATABASE {name}")
+    with connect(cluster.url(name), autocommit=True) as conn:
+        migrate(conn, plpython_root)
+        conn.execute("SELECT memory.configure_embedding('synthetic', %s)", (DIM,))
+        conn.execute("INSERT INTO memory.projects (name) VALUES ('big'), ('rare')")
+        rng = np.random.default_rng(7)
+        vecs = rng.normal(size=(N, DIM)).astype(np.float32)
+        vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+        with conn.cursor().copy(
+            "COPY memory.nodes (sha256, project_id, level, text, embedding) FROM STDIN"
+        ) as copy:
+            for i, v in enumerate(vecs):
+                project = 2 if i % 100 == 0 else 1
+                level = ("L0", "L1", "L2")[i % 3]
+                words = f"topic{i % 50} word{i % 7} item{i}"
+                vec = "[" + ",".join(f"{x:.6f}" for x in v) + "]"
+                copy.write_row((i.to_bytes(32, "big"), project, level, words, vec))
+        conn.execute("ANALYZE memory.nodes")
+        conn.execute("ANALYZE memory.postings")
+        yield conn
+    admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def _nested_plans(conn: Conn, sql: str, params: tuple[Any, ...]) -> list[str]:
+    """Run ``sql`` with auto_explain so the plans of the statements *inside* our functions
+    come back as NOTICEs, exactly as a DBA would capture them (docs/sql-api.md)."""
+    notices: list[str] = []
+    def handler(d: psycopg.errors.Diagnostic) -> None:
+        notices.append(d.message_primary or "")
+
+    conn.add_notice_handler(handler)
+    with conn.transaction():
+        conn.execute("LOAD 'auto_explain'")
+        for k, v in [("log_min_duration", "0"), ("log_nested_statements", "on"),
+                     ("log_level", "notice"), ("log_format", "json")]:  # fmt: skip
+            conn.execute(f"SET LOCAL auto_explain.{k} = '{v}'")
+        conn.execute("SET LOCAL client_min_messages = notice")
+        conn.execute(sql, params).fetchall()
+    conn.remove_notice_handler(handler)
+    return notices
+
+
+def _index_names(plans: list[str]) -> set[str]:
+    import json
+
+    found: set[str] = set()
+
+    def walk(node: dict[str, Any]) -> None:
+        if "Index Name" in node:
+            found.add(node["Index Name"])
+        for child in node.get("Plans", []):
+            walk(child)
+
+    for text in plans:
+        body = text[text.index("{"):] if "{" in text else ""
+        if body:
+            walk(json.loads(body)["Plan"])
+    return found
+
+
+def _query_vec(seed: int) -> str:
+    v = np.random.default_rng(seed).normal(size=DIM)
+    return "[" + ",".join(str(x) for x in v / np.linalg.norm(v)) + "]"
+
+
+def test_semantic_search_uses_hnsw(synthetic: Conn) -> None:
+    plans = _nested_plans(synthetic, "SELECT * FROM memory.semantic_search(%s::vector, NULL, NULL, 10)",
+                          (_query_vec(1),))  # fmt: skip
+    assert "nodes_embedding_hnsw" in _index_names(plans)
+
+
+def test_explain_format_json_of_the_recall_statement(synthetic: Conn) -> None:
+    """The same ORDER BY distance LIMIT k statement, through plain EXPLAIN (FORMAT JSON)."""
+    plan = synthetic.execute(
+        "EXPLAIN (FORMAT JSON) SELECT id FROM memory.nodes ORDER BY embedding <=> %s::vector LIMIT 10",
+        (_query_vec(2),)).fetchone()[0]  # type: ignore[index]  # fmt: skip
+    assert "nodes_embedding_hnsw" in _index_names([__import__("json").dumps(plan[0])])
+
+
+def test_search_by_ids_uses_primary_key(synthetic: Conn) -> None:
+    plans = _nested_plans(synthetic, "SELECT * FROM memory.search_by_ids(%s::vector, %s)",
+                          (_query_vec(3), list(range(1, 200, 7))))  # fmt: skip
+    assert "nodes_pkey" in _index_names(plans)
+
+
+def test_lexical_search_uses_postings_btree(synthetic: Conn) -> None:
+    plans = _nested_plans(synthetic, "SELECT * FROM memory.lexical_search('topic7 item42', 'rare')", ())
+    assert "postings_pkey" in _index_names(plans)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_selective_filter_still_fills_limit(synthetic: Conn, seed: int) -> None:
+    matching = synthetic.execute("SELECT count(*) FROM memory.nodes WHERE project_id = 2").fetchone()
+    assert matching == (N // 100,)  # 1% of rows
+    rows = synthetic.execute(
+        "SELECT node_id FROM memory.semantic_search(%s::vector, 'rare', NULL, 50)", (_query_vec(seed),)
+    ).fetchall()  # fmt: skip
+    assert len(rows) == 50
+    exact = synthetic.execute(
+        "SELECT node_id FROM memory.exact_search(%s::vector, 'rare', NULL, 50)", (_query_vec(seed),)
+    ).fetchall()  # fmt: skip
+    assert len({r[0] for r in rows} & {r[0] for r in exact}) >= 45  # recall@50 >= 0.9
+
+
+def test_without_iterative_scan_the_filter_starves(synthetic: Conn) -> None:
+    """The failure mode our function avoids: plain HNSW + filter returns far fewer rows."""
+    with synthetic.transaction():
+        synthetic.execute("SET LOCAL hnsw.iterative_scan = off")
+        synthetic.execute("SET LOCAL enable_seqscan = off")
+        synthetic.execute("SET LOCAL enable_bitmapscan = off")
+        rows = synthetic.execute(
+            "SELECT id FROM memory.nodes WHERE project_id = 2 ORDER BY embedding <=> %s::vector LIMIT 50",
+            (_query_vec(0),)).fetchall()  # fmt: skip
+    assert len(rows) < 50
