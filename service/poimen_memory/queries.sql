@@ -112,3 +112,21 @@ WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: outbox_depth
 SELECT count(*) FROM memory.opensearch_outbox;
+
+-- name: outbox_batch_after
+-- Keyset variant of outbox_batch: one drain pass walks the queue once, so rows that just
+-- failed are not picked up again in the same pass.
+SELECT o.id, o.node_id, o.op, encode(n.sha256, 'hex') AS sha256, n.text, n.title, n.breadcrumb,
+       n.source, n.level, p.name AS project
+FROM memory.opensearch_outbox o
+LEFT JOIN memory.nodes n ON n.id = o.node_id
+LEFT JOIN memory.projects p ON p.id = n.project_id
+WHERE o.id > %(after)s
+ORDER BY o.id
+LIMIT %(limit)s
+FOR UPDATE OF o SKIP LOCKED;
+
+-- name: opensearch_docs
+SELECT encode(n.sha256, 'hex'), n.text, n.title, n.breadcrumb, n.source, n.level, p.name
+FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
+ORDER BY n.id;

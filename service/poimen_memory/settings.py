@@ -35,6 +35,17 @@ def _float(env: Mapping[str, str], key: str, default: float) -> float:
         raise ValueError(f"{key} must be a number, got {raw!r}") from exc
 
 
+def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{key} must be true or false, got {raw!r}")
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str | None = None
@@ -48,6 +59,12 @@ class Settings:
     opensearch_url: str | None = None
     opensearch_index: str = "poimen-memory"
     opensearch_timeout_s: float = 2.0
+    opensearch_bulk_timeout_s: float = 30.0
+    opensearch_verify_certs: bool = True
+    opensearch_ca_certs: Path | None = None
+    opensearch_sync_batch: int = 500
+    opensearch_max_attempts: int = 5
+    opensearch_backoff_s: float = 0.5
     max_query_chars: int = 2000
     default_limit: int = 5
     max_limit: int = 50
@@ -92,6 +109,12 @@ class Settings:
             opensearch_url=e.get("POIMEN_OPENSEARCH_URL") or None,
             opensearch_index=e.get("POIMEN_OPENSEARCH_INDEX", "poimen-memory"),
             opensearch_timeout_s=_float(e, "POIMEN_OPENSEARCH_TIMEOUT_S", 2.0),
+            opensearch_bulk_timeout_s=_float(e, "POIMEN_OPENSEARCH_BULK_TIMEOUT_S", 30.0),
+            opensearch_verify_certs=_bool(e, "POIMEN_OPENSEARCH_VERIFY_CERTS", True),
+            opensearch_ca_certs=path("POIMEN_OPENSEARCH_CA_CERTS"),
+            opensearch_sync_batch=_int(e, "POIMEN_OPENSEARCH_SYNC_BATCH", 500),
+            opensearch_max_attempts=_int(e, "POIMEN_OPENSEARCH_MAX_ATTEMPTS", 5),
+            opensearch_backoff_s=_float(e, "POIMEN_OPENSEARCH_BACKOFF_S", 0.5),
             max_query_chars=_int(e, "POIMEN_MAX_QUERY_CHARS", 2000),
             default_limit=_int(e, "POIMEN_DEFAULT_LIMIT", 5),
             max_limit=_int(e, "POIMEN_MAX_LIMIT", 50),
