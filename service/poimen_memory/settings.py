@@ -76,6 +76,8 @@ class Settings:
     rerank_depth_factor: int = 3
     rerank_min_remaining_s: float = 0.25
     ingest_batch: int = 64
+    pg_lexical: bool = True
+    default_fusion: str = "rrf"
 
     @property
     def data_dir(self) -> Path:
@@ -126,4 +128,6 @@ class Settings:
             rerank_depth_factor=_int(e, "POIMEN_RERANK_DEPTH_FACTOR", 3),
             rerank_min_remaining_s=_float(e, "POIMEN_RERANK_MIN_REMAINING_S", 0.25),
             ingest_batch=_int(e, "POIMEN_INGEST_BATCH", 64),
+            pg_lexical=e.get("POIMEN_PG_LEXICAL", "on").lower() not in ("off", "0", "false", "no"),
+            default_fusion=e.get("POIMEN_FUSION", "rrf"),
         )

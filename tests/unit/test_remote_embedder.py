@@ -293,3 +293,15 @@ def test_from_env_settings() -> None:
         RemoteEmbedder.from_env({**env, "POIMEN_EMBEDDINGS_TIMEOUT_S": "0"})
     with pytest.raises(EmbeddingConfigError, match="http"):
         RemoteEmbedder.from_env({**env, "POIMEN_EMBEDDINGS_URL": "h:8080"})
+
+
+@pytest.mark.anyio
+async def test_spent_deadline_fails_without_waiting() -> None:
+    with run_embedding_server() as server:
+        embedder = RemoteEmbedder(server.url, NOMIC)
+        try:
+            with pytest.raises(EmbeddingUnavailable) as info:
+                await embedder.aembed_query("q", timeout=0)
+        finally:
+            await embedder.aclose()
+    assert info.value.reason == "timeout"

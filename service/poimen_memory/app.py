@@ -1,0 +1,218 @@
+"""The HTTP layer: validation, JSON errors, and the shared clients built in the lifespan.
+Everything retrieval-related happens in retrieval.py and in SQL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from .db import configure_async, connect, database_url, translate
+from .embedding import Embedder, embedder_from_env
+from .embedding_cache import QueryEmbeddingCache
+from .errors import DatabaseUnavailable, PoimenError, ValidationError
+from .ingest import ingest
+from .nodes import parse_lines
+from .openapi import openapi_spec
+from .rerank import RerankClient, reranker_from_env
+from .retrieval import LEVELS, QueryRequest, Retriever
+from .settings import Settings
+
+
+@dataclass
+class State:
+    settings: Settings
+    url: str
+    pool: AsyncConnectionPool[Any]
+    embedder: Embedder | None
+    cache: QueryEmbeddingCache
+    reranker: RerankClient | None
+    opensearch: Any | None
+    retriever: Retriever
+
+
+def _error(err: PoimenError) -> JSONResponse:
+    return JSONResponse(err.to_json(), status_code=err.http_status)
+
+
+def _parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
+    query = params.get("query", "")
+    if not query.strip():
+        raise ValidationError("query is required and must not be empty")
+    if len(query) > s.max_query_chars:
+        raise ValidationError(f"query is longer than {s.max_query_chars} characters",
+                              hint="POIMEN_MAX_QUERY_CHARS sets the cap")  # fmt: skip
+    levels = tuple(x.strip() for x in params.get("level", "L1,L2").split(",") if x.strip())
+    if not levels or any(lv not in LEVELS for lv in levels):
+        raise ValidationError(f"level must be a comma-separated subset of L0,L1,L2, got "
+                              f"{params.get('level')!r}")  # fmt: skip
+
+    def number(name: str, default: float, lo: float, hi: float, cast: type) -> Any:
+        raw = params.get(name)
+        if raw is None or raw == "":
+            return cast(default)
+        try:
+            value = cast(raw)
+        except ValueError as exc:
+            raise ValidationError(f"{name} must be a number, got {raw!r}") from exc
+        return cast(min(max(value, lo), hi))  # clamped, as documented
+
+    fusion = params.get("fusion") or s.default_fusion
+    if fusion not in ("rrf", "convex"):
+        raise ValidationError(f"fusion must be rrf or convex, got {fusion!r}")
+    strategy = params.get("strategy") or None
+    if strategy not in (None, "LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly"):
+        raise ValidationError(f"unknown strategy {strategy!r}")
+    return QueryRequest(
+        query=query,
+        project=params.get("project") or None,
+        levels=tuple(dict.fromkeys(levels)),
+        limit=number("limit", s.default_limit, 1, s.max_limit, int),
+        timeout_s=number("timeout_seconds", s.default_timeout_s, 1, s.max_timeout_s, float),
+        fusion=fusion,
+        strategy=strategy,
+    )
+
+
+async def memory_query(request: Request) -> JSONResponse:
+    state: State = request.app.state.poimen
+    try:
+        req = _parse_query(request.query_params, state.settings)
+        return JSONResponse(await state.retriever.query(req))
+    except PoimenError as err:
+        return _error(err)
+    except psycopg.OperationalError as exc:
+        return _error(DatabaseUnavailable("database unavailable", detail=str(exc)))
+    except psycopg.Error as exc:
+        return _error(translate(exc))
+
+
+async def post_nodes(request: Request) -> JSONResponse:
+    """Ingest JSON nodes (an array, or NDJSON) through the same code as the CLI."""
+    state: State = request.app.state.poimen
+    body = (await request.body()).decode("utf-8", errors="replace")
+    stripped = body.lstrip()
+    if stripped.startswith("["):
+        try:
+            items = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            return _error(ValidationError(f"body is not valid JSON: {exc.msg}"))
+        lines = [json.dumps(i) for i in items] if isinstance(items, list) else []
+    else:
+        lines = body.splitlines()
+    records, invalid = parse_lines(lines, request.query_params.get("project"))
+    if not records and not invalid:
+        return _error(ValidationError("no nodes in the request body"))
+    if state.embedder is None:
+        return _error(ValidationError("no embedder configured; cannot ingest"))
+    embedder = state.embedder
+
+    def run() -> dict[str, Any]:
+        with connect(state.url) as conn:
+            report = ingest(conn, records, embedder, invalid=invalid,
+                            skip_invalid=request.query_params.get("skip_invalid") == "true",
+                            batch_size=state.settings.ingest_batch,
+                            outbox=state.opensearch is not None, progress=False)  # fmt: skip
+            return report.to_json()
+
+    try:
+        return JSONResponse(await asyncio.to_thread(run), status_code=201)
+    except PoimenError as err:
+        return _error(err)
+    except psycopg.OperationalError as exc:
+        return _error(DatabaseUnavailable("database unavailable", detail=str(exc)))
+    except psycopg.Error as exc:
+        return _error(translate(exc))
+
+
+async def healthz(request: Request) -> JSONResponse:
+    state: State = request.app.state.poimen
+    checks: dict[str, Any] = {}
+    try:
+        async with state.pool.connection(timeout=2) as conn:
+            cur = await conn.execute("SELECT (SELECT count(*) FROM memory.nodes), "
+                                     "(SELECT model FROM memory.embedding_model)")  # fmt: skip
+            row = await cur.fetchone()
+            checks["database"] = {"ok": True, "nodes": row[0] if row else None,
+                                  "embedding_model": row[1] if row else None}  # fmt: skip
+    except Exception as exc:
+        checks["database"] = {"ok": False, "error": type(exc).__name__}
+    checks["embedder"] = ({"ok": True, "model": state.embedder.model_name, "dim": state.embedder.dim}
+                          if state.embedder else {"ok": False, "error": "not_configured"})  # fmt: skip
+    checks["reranker"] = ({"ok": True, "endpoint": state.reranker.endpoint}
+                          if state.reranker else {"ok": None, "status": "not_configured"})  # fmt: skip
+    if state.opensearch is not None:
+        healthy = await asyncio.to_thread(state.opensearch.healthy, 1.0)
+        checks["opensearch"] = {"ok": healthy}
+    else:
+        checks["opensearch"] = {"ok": None, "status": "not_configured"}
+    checks["embedding_cache"] = state.cache.stats()
+    engines = {
+        "lexical": "opensearch" if checks["opensearch"].get("ok") else (
+            "postgres-bm25" if state.settings.pg_lexical else None),
+        "semantic": "hnsw" if state.embedder else None,
+        "rerank": "remote" if state.reranker else None,
+    }  # fmt: skip
+    ok = bool(checks["database"]["ok"])
+    return JSONResponse({"status": "ok" if ok else "degraded", "checks": checks, "engines": engines},
+                        status_code=200 if ok else 503)  # fmt: skip
+
+
+async def openapi(request: Request) -> JSONResponse:
+    return JSONResponse(openapi_spec())
+
+
+def create_app(settings: Settings | None = None, env: Mapping[str, str] | None = None,
+               *, embedder: Embedder | None = None) -> Starlette:  # fmt: skip
+    environ = os.environ if env is None else env
+    cfg = settings or Settings.from_env(environ)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        url = database_url(cfg)
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            url, min_size=cfg.pool_min, max_size=cfg.pool_max, configure=configure_async,
+            open=False, kwargs={"autocommit": True})  # fmt: skip
+        await pool.open(wait=False)
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(pool.close)
+            http = await stack.enter_async_context(httpx.AsyncClient())
+            http_sync = stack.enter_context(httpx.Client())
+            emb = embedder or embedder_from_env(environ, client=http_sync, async_client=http)
+            load = getattr(emb, "load", None)
+            if callable(load):
+                await asyncio.to_thread(load)  # fail at start-up, not on the first request
+            reranker = reranker_from_env(environ, client=http)
+            opensearch = None
+            if cfg.opensearch_url:
+                from .opensearch import engine_from_settings
+
+                opensearch = engine_from_settings(cfg)
+                if opensearch is not None:
+                    stack.callback(opensearch.close)
+            cache = QueryEmbeddingCache.from_env(environ)
+            retriever = Retriever(pool, emb, cache, cfg, reranker=reranker, opensearch=opensearch)
+            app.state.poimen = State(cfg, url, pool, emb, cache, reranker, opensearch, retriever)
+            yield
+
+    return Starlette(
+        routes=[
+            Route("/memory/query", memory_query, methods=["GET"]),
+            Route("/memory/nodes", post_nodes, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/openapi.json", openapi, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
