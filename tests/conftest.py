@@ -66,8 +66,9 @@ def embedder() -> LocalEmbedder:
 
 
 @pytest.fixture(scope="session")
-def template_db(cluster: Cluster, admin: psycopg.Connection[Any], plpython_root: Path,
-                embedder: LocalEmbedder) -> str:  # fmt: skip
+def template_db(
+    cluster: Cluster, admin: psycopg.Connection[Any], plpython_root: Path, embedder: LocalEmbedder
+) -> str:
     name = "tmpl_fixture"
     admin.execute(f"DROP DATABASE IF EXISTS {name}")
     admin.execute(f"CREATE DATABASE {name}")
@@ -90,7 +91,9 @@ def _clone(cluster: Cluster, admin: psycopg.Connection[Any], template: str | Non
 
 
 @pytest.fixture
-def fixture_url(cluster: Cluster, admin: psycopg.Connection[Any], template_db: str) -> Iterator[str]:
+def fixture_url(
+    cluster: Cluster, admin: psycopg.Connection[Any], template_db: str
+) -> Iterator[str]:
     """A private copy of the migrated, fixture-loaded database."""
     yield from _clone(cluster, admin, template_db)
 

@@ -15,8 +15,10 @@ Conn = psycopg.Connection[Any]
 
 def test_default_search_path_lexical_answer(conn: Conn) -> None:
     conn.execute("RESET search_path")
-    rows = conn.execute("SELECT level, text, search_strategy, fusion_method, provenance "
-                        "FROM memory_query('kong body buffer')").fetchall()  # fmt: skip
+    rows = conn.execute(
+        "SELECT level, text, search_strategy, fusion_method, provenance "
+        "FROM memory_query('kong body buffer')"
+    ).fetchall()
     assert rows and all(r[0] in ("L1", "L2") for r in rows)
     assert rows[0][2] == "LexicalOnly"  # no embedding given: only the lexical leg can run
     top_provenance = rows[0][4]
@@ -26,9 +28,11 @@ def test_default_search_path_lexical_answer(conn: Conn) -> None:
 
 def test_hybrid_with_embedding_fuses_both_legs(conn: Conn, embedder: LocalEmbedder) -> None:
     q = "how do I fix uploads over 10KB failing through the kong gateway"
-    rows = conn.execute("SELECT sha256, semantic_rank, lexical_rank, final_score, query_score, "
-                        "fusion_method, search_strategy, project FROM memory_query(%s, %s, 'poimen')",
-                        (q, embedder.embed_query(q))).fetchall()  # fmt: skip
+    rows = conn.execute(
+        "SELECT sha256, semantic_rank, lexical_rank, final_score, query_score, "
+        "fusion_method, search_strategy, project FROM memory_query(%s, %s, 'poimen')",
+        (q, embedder.embed_query(q)),
+    ).fetchall()
     assert rows[0][6] == "Hybrid" and rows[0][5] == "rrf"
     assert any(r[1] is not None and r[2] is not None for r in rows)
     assert [r[3] for r in rows] == sorted((r[3] for r in rows), reverse=True)
@@ -37,11 +41,18 @@ def test_hybrid_with_embedding_fuses_both_legs(conn: Conn, embedder: LocalEmbedd
 
 def test_cascade_only_returns_lexical_hits(conn: Conn, embedder: LocalEmbedder) -> None:
     q = "kong buffer incidents in 2024"
-    lexical = {r[0] for r in conn.execute(
-        "SELECT encode(n.sha256, 'hex') FROM memory.lexical_search(%s, NULL, '{L1,L2}', 200) l "
-        "JOIN memory.nodes n ON n.id = l.node_id", (q,)).fetchall()}  # fmt: skip
-    rows = conn.execute("SELECT sha256, search_strategy, fusion_method, query_score "
-                        "FROM memory_query(%s, %s)", (q, embedder.embed_query(q))).fetchall()  # fmt: skip
+    lexical = {
+        r[0]
+        for r in conn.execute(
+            "SELECT encode(n.sha256, 'hex') FROM memory.lexical_search(%s, NULL, '{L1,L2}', 200) l "
+            "JOIN memory.nodes n ON n.id = l.node_id",
+            (q,),
+        ).fetchall()
+    }
+    rows = conn.execute(
+        "SELECT sha256, search_strategy, fusion_method, query_score FROM memory_query(%s, %s)",
+        (q, embedder.embed_query(q)),
+    ).fetchall()
     assert rows and rows[0][1] == "LexicalFirst" and rows[0][2] == "cascade"
     assert {r[0] for r in rows} <= lexical
     assert [r[3] for r in rows] == sorted((r[3] for r in rows), reverse=True)
@@ -51,10 +62,13 @@ def test_levels_limit_and_project(conn: Conn) -> None:
     l0 = conn.execute("SELECT level FROM memory_query('kong', levels => '{L0}')").fetchall()
     assert l0 and {r[0] for r in l0} == {"L0"}
     assert len(conn.execute("SELECT 1 FROM memory_query('kong', \"limit\" => 1)").fetchall()) == 1
-    many = conn.execute("SELECT 1 FROM memory_query('postgres kong', levels => '{L0,L1,L2}', "
-                        "\"limit\" => 500)").fetchall()  # fmt: skip
+    many = conn.execute(
+        "SELECT 1 FROM memory_query('postgres kong', levels => '{L0,L1,L2}', \"limit\" => 500)"
+    ).fetchall()
     assert 1 < len(many) <= 50
-    atlas = conn.execute("SELECT DISTINCT project FROM memory_query('kong', project => 'atlas')").fetchall()
+    atlas = conn.execute(
+        "SELECT DISTINCT project FROM memory_query('kong', project => 'atlas')"
+    ).fetchall()
     assert atlas == [("atlas",)]
 
 
@@ -77,9 +91,17 @@ def test_errors_have_sqlstate_and_hint(conn: Conn, call: str, sqlstate: str) -> 
     assert exc.value.diag.message_primary
 
 
-@pytest.mark.parametrize("query", ["deployment failures in 2024", "fix port",
-                                   "How do I fix kubernetes port 8080?", "#networking @devops policy",
-                                   "Compare Docker and Kubernetes", "where is the TLS runbook"])  # fmt: skip
+@pytest.mark.parametrize(
+    "query",
+    [
+        "deployment failures in 2024",
+        "fix port",
+        "How do I fix kubernetes port 8080?",
+        "#networking @devops policy",
+        "Compare Docker and Kubernetes",
+        "where is the TLS runbook",
+    ],
+)
 def test_sql_optimizer_matches_python(conn: Conn, query: str) -> None:
     in_db = conn.execute("SELECT memory_optimize_query(%s)", (query,)).fetchone()[0]  # type: ignore[index]
     assert in_db == optimize_query(query).to_dict()
@@ -101,7 +123,9 @@ def test_stale_plpython_module_is_reloaded(conn: Conn, work_dir: Any) -> None:
     new = work_dir / "stale-test"
     shutil.copytree(PLPYTHON_SRC, new / "poimen_core")
     opt = new / "poimen_core" / "optimizer.py"
-    opt.write_text(opt.read_text().replace('OPTIMIZER_VERSION = "', 'OPTIMIZER_VERSION = "stale-test-'))
+    opt.write_text(
+        opt.read_text().replace('OPTIMIZER_VERSION = "', 'OPTIMIZER_VERSION = "stale-test-')
+    )
     for p in (new, new / "poimen_core"):
         p.chmod(0o755)
     conn.execute("UPDATE memory.config SET value = %s WHERE key = 'plpython_path'", (str(new),))

@@ -19,11 +19,27 @@ from poimen_memory.migrate import migrate
 def _schema_dump(cluster: Cluster, url: str) -> str:
     dbname = url.split("?")[0].rsplit("/", 1)[-1]
     out = subprocess.run(
-        [str(cluster.bin_dir / "pg_dump"), "--schema-only", "--no-owner", "-h",
-         str(cluster.socket_dir), "-p", str(cluster.port), "-U", "postgres", dbname],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return "\n".join(line for line in out.stdout.splitlines() if not line.startswith(("--", "\\restrict", "\\unrestrict")))
+        [
+            str(cluster.bin_dir / "pg_dump"),
+            "--schema-only",
+            "--no-owner",
+            "-h",
+            str(cluster.socket_dir),
+            "-p",
+            str(cluster.port),
+            "-U",
+            "postgres",
+            dbname,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return "\n".join(
+        line
+        for line in out.stdout.splitlines()
+        if not line.startswith(("--", "\\restrict", "\\unrestrict"))
+    )
 
 
 def test_migrate_twice_is_noop(cluster: Cluster, empty_url: str, plpython_root: Path) -> None:
@@ -36,8 +52,9 @@ def test_migrate_twice_is_noop(cluster: Cluster, empty_url: str, plpython_root: 
         assert _schema_dump(cluster, empty_url) == before
 
 
-def test_sql_reapply_changes_nothing_and_keeps_data(cluster: Cluster, fixture_url: str,
-                                                   plpython_root: Path) -> None:  # fmt: skip
+def test_sql_reapply_changes_nothing_and_keeps_data(
+    cluster: Cluster, fixture_url: str, plpython_root: Path
+) -> None:
     with connect(fixture_url, autocommit=True) as conn:
         before_rows = conn.execute("SELECT count(*) FROM memory.nodes").fetchone()
         before = _schema_dump(cluster, fixture_url)
@@ -46,8 +63,9 @@ def test_sql_reapply_changes_nothing_and_keeps_data(cluster: Cluster, fixture_ur
         assert conn.execute("SELECT count(*) FROM memory.nodes").fetchone() == before_rows
 
 
-def test_edited_migration_is_refused(empty_url: str, plpython_root: Path,
-                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_edited_migration_is_refused(
+    empty_url: str, plpython_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with connect(empty_url, autocommit=True) as conn:
         migrate(conn, plpython_root)
         edited = tmp_path / "migrations"
@@ -59,8 +77,9 @@ def test_edited_migration_is_refused(empty_url: str, plpython_root: Path,
             migrate(conn, plpython_root)
 
 
-def test_failed_migration_rolls_back_everything(empty_url: str, plpython_root: Path,
-                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_failed_migration_rolls_back_everything(
+    empty_url: str, plpython_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     migs = tmp_path / "migrations"
     migs.mkdir()
     src = migrate_mod.MIGRATIONS_DIR / "0001_initial.sql"
@@ -73,9 +92,14 @@ def test_failed_migration_rolls_back_everything(empty_url: str, plpython_root: P
         assert conn.execute("SELECT to_regclass('memory.nodes')").fetchone() == (None,)
 
 
-def test_incremental_equals_fresh_install(cluster: Cluster, admin: psycopg.Connection[Any],
-                                          empty_url: str, plpython_root: Path, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_incremental_equals_fresh_install(
+    cluster: Cluster,
+    admin: psycopg.Connection[Any],
+    empty_url: str,
+    plpython_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Applying migrations one deploy at a time builds the same schema as all at once."""
     all_migs = sorted(migrate_mod.MIGRATIONS_DIR.glob("*.sql"))
     staged = tmp_path / "staged"

@@ -51,14 +51,19 @@ def _nested_plans(conn: Conn, sql: str, params: tuple[Any, ...]) -> list[str]:
     """Run ``sql`` with auto_explain so the plans of the statements *inside* our functions
     come back as NOTICEs, exactly as a DBA would capture them (docs/sql-api.md)."""
     notices: list[str] = []
+
     def handler(d: psycopg.errors.Diagnostic) -> None:
         notices.append(d.message_primary or "")
 
     conn.add_notice_handler(handler)
     with conn.transaction():
         conn.execute("LOAD 'auto_explain'")
-        for k, v in [("log_min_duration", "0"), ("log_nested_statements", "on"),
-                     ("log_level", "notice"), ("log_format", "json")]:  # fmt: skip
+        for k, v in [
+            ("log_min_duration", "0"),
+            ("log_nested_statements", "on"),
+            ("log_level", "notice"),
+            ("log_format", "json"),
+        ]:
             conn.execute(f"SET LOCAL auto_explain.{k} = '{v}'")
         conn.execute("SET LOCAL client_min_messages = notice")
         conn.execute(sql, params).fetchall()
@@ -78,7 +83,7 @@ def _index_names(plans: list[str]) -> set[str]:
             walk(child)
 
     for text in plans:
-        body = text[text.index("{"):] if "{" in text else ""
+        body = text[text.index("{") :] if "{" in text else ""
         if body:
             walk(json.loads(body)["Plan"])
     return found
@@ -90,41 +95,54 @@ def _query_vec(seed: int) -> str:
 
 
 def test_semantic_search_uses_hnsw(synthetic: Conn) -> None:
-    plans = _nested_plans(synthetic, "SELECT * FROM memory.semantic_search(%s::vector, NULL, NULL, 10)",
-                          (_query_vec(1),))  # fmt: skip
+    plans = _nested_plans(
+        synthetic,
+        "SELECT * FROM memory.semantic_search(%s::vector, NULL, NULL, 10)",
+        (_query_vec(1),),
+    )
     assert "nodes_embedding_hnsw" in _index_names(plans)
 
 
 def test_explain_format_json_of_the_recall_statement(synthetic: Conn) -> None:
     """The same ORDER BY distance LIMIT k statement, through plain EXPLAIN (FORMAT JSON)."""
     plan = synthetic.execute(
-        "EXPLAIN (FORMAT JSON) SELECT id FROM memory.nodes ORDER BY embedding <=> %s::vector LIMIT 10",
-        (_query_vec(2),)).fetchone()[0]  # type: ignore[index]  # fmt: skip
+        "EXPLAIN (FORMAT JSON) SELECT id FROM memory.nodes"
+        " ORDER BY embedding <=> %s::vector LIMIT 10",
+        (_query_vec(2),),
+    ).fetchone()[0]  # type: ignore[index]
     assert "nodes_embedding_hnsw" in _index_names([__import__("json").dumps(plan[0])])
 
 
 def test_search_by_ids_uses_primary_key(synthetic: Conn) -> None:
-    plans = _nested_plans(synthetic, "SELECT * FROM memory.search_by_ids(%s::vector, %s)",
-                          (_query_vec(3), list(range(1, 200, 7))))  # fmt: skip
+    plans = _nested_plans(
+        synthetic,
+        "SELECT * FROM memory.search_by_ids(%s::vector, %s)",
+        (_query_vec(3), list(range(1, 200, 7))),
+    )
     assert "nodes_pkey" in _index_names(plans)
 
 
 def test_lexical_search_uses_postings_btree(synthetic: Conn) -> None:
-    plans = _nested_plans(synthetic, "SELECT * FROM memory.lexical_search('topic7 item42', 'rare')", ())
+    plans = _nested_plans(
+        synthetic, "SELECT * FROM memory.lexical_search('topic7 item42', 'rare')", ()
+    )
     assert "postings_pkey" in _index_names(plans)
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_selective_filter_still_fills_limit(synthetic: Conn, seed: int) -> None:
-    matching = synthetic.execute("SELECT count(*) FROM memory.nodes WHERE project_id = 2").fetchone()
+    matching = synthetic.execute(
+        "SELECT count(*) FROM memory.nodes WHERE project_id = 2"
+    ).fetchone()
     assert matching == (N // 100,)  # 1% of rows
     rows = synthetic.execute(
-        "SELECT node_id FROM memory.semantic_search(%s::vector, 'rare', NULL, 50)", (_query_vec(seed),)
-    ).fetchall()  # fmt: skip
+        "SELECT node_id FROM memory.semantic_search(%s::vector, 'rare', NULL, 50)",
+        (_query_vec(seed),),
+    ).fetchall()
     assert len(rows) == 50
     exact = synthetic.execute(
         "SELECT node_id FROM memory.exact_search(%s::vector, 'rare', NULL, 50)", (_query_vec(seed),)
-    ).fetchall()  # fmt: skip
+    ).fetchall()
     assert len({r[0] for r in rows} & {r[0] for r in exact}) >= 45  # recall@50 >= 0.9
 
 
@@ -135,6 +153,8 @@ def test_without_iterative_scan_the_filter_starves(synthetic: Conn) -> None:
         synthetic.execute("SET LOCAL enable_seqscan = off")
         # project_id + 0 hides the btree, so only the HNSW path is left to the planner.
         rows = synthetic.execute(
-            "SELECT id FROM memory.nodes WHERE project_id + 0 = 2 ORDER BY embedding <=> %s::vector LIMIT 50",
-            (_query_vec(0),)).fetchall()  # fmt: skip
+            "SELECT id FROM memory.nodes WHERE project_id + 0 = 2"
+            " ORDER BY embedding <=> %s::vector LIMIT 50",
+            (_query_vec(0),),
+        ).fetchall()
     assert len(rows) < 50

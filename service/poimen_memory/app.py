@@ -52,12 +52,15 @@ def _parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
     if not query.strip():
         raise ValidationError("query is required and must not be empty")
     if len(query) > s.max_query_chars:
-        raise ValidationError(f"query is longer than {s.max_query_chars} characters",
-                              hint="POIMEN_MAX_QUERY_CHARS sets the cap")  # fmt: skip
+        raise ValidationError(
+            f"query is longer than {s.max_query_chars} characters",
+            hint="POIMEN_MAX_QUERY_CHARS sets the cap",
+        )
     levels = tuple(x.strip() for x in params.get("level", "L1,L2").split(",") if x.strip())
     if not levels or any(lv not in LEVELS for lv in levels):
-        raise ValidationError(f"level must be a comma-separated subset of L0,L1,L2, got "
-                              f"{params.get('level')!r}")  # fmt: skip
+        raise ValidationError(
+            f"level must be a comma-separated subset of L0,L1,L2, got {params.get('level')!r}"
+        )
 
     def number(name: str, default: float, lo: float, hi: float, cast: type) -> Any:
         raw = params.get(name)
@@ -121,10 +124,16 @@ async def post_nodes(request: Request) -> JSONResponse:
 
     def run() -> dict[str, Any]:
         with connect(state.url) as conn:
-            report = ingest(conn, records, embedder, invalid=invalid,
-                            skip_invalid=request.query_params.get("skip_invalid") == "true",
-                            batch_size=state.settings.ingest_batch,
-                            outbox=state.opensearch is not None, progress=False)  # fmt: skip
+            report = ingest(
+                conn,
+                records,
+                embedder,
+                invalid=invalid,
+                skip_invalid=request.query_params.get("skip_invalid") == "true",
+                batch_size=state.settings.ingest_batch,
+                outbox=state.opensearch is not None,
+                progress=False,
+            )
             return report.to_json()
 
     try:
@@ -142,17 +151,28 @@ async def healthz(request: Request) -> JSONResponse:
     checks: dict[str, Any] = {}
     try:
         async with state.pool.connection(timeout=2) as conn:
-            cur = await conn.execute("SELECT (SELECT count(*) FROM memory.nodes), "
-                                     "(SELECT model FROM memory.embedding_model)")  # fmt: skip
+            cur = await conn.execute(
+                "SELECT (SELECT count(*) FROM memory.nodes), "
+                "(SELECT model FROM memory.embedding_model)"
+            )
             row = await cur.fetchone()
-            checks["database"] = {"ok": True, "nodes": row[0] if row else None,
-                                  "embedding_model": row[1] if row else None}  # fmt: skip
+            checks["database"] = {
+                "ok": True,
+                "nodes": row[0] if row else None,
+                "embedding_model": row[1] if row else None,
+            }
     except Exception as exc:
         checks["database"] = {"ok": False, "error": type(exc).__name__}
-    checks["embedder"] = ({"ok": True, "model": state.embedder.model_name, "dim": state.embedder.dim}
-                          if state.embedder else {"ok": False, "error": "not_configured"})  # fmt: skip
-    checks["reranker"] = ({"ok": True, "endpoint": state.reranker.endpoint}
-                          if state.reranker else {"ok": None, "status": "not_configured"})  # fmt: skip
+    checks["embedder"] = (
+        {"ok": True, "model": state.embedder.model_name, "dim": state.embedder.dim}
+        if state.embedder
+        else {"ok": False, "error": "not_configured"}
+    )
+    checks["reranker"] = (
+        {"ok": True, "endpoint": state.reranker.endpoint}
+        if state.reranker
+        else {"ok": None, "status": "not_configured"}
+    )
     if state.opensearch is not None:
         healthy = await asyncio.to_thread(state.opensearch.healthy, 1.0)
         checks["opensearch"] = {"ok": healthy}
@@ -160,22 +180,29 @@ async def healthz(request: Request) -> JSONResponse:
         checks["opensearch"] = {"ok": None, "status": "not_configured"}
     checks["embedding_cache"] = state.cache.stats()
     engines = {
-        "lexical": "opensearch" if checks["opensearch"].get("ok") else (
-            "postgres-bm25" if state.settings.pg_lexical else None),
+        "lexical": "opensearch"
+        if checks["opensearch"].get("ok")
+        else ("postgres-bm25" if state.settings.pg_lexical else None),
         "semantic": "hnsw" if state.embedder else None,
         "rerank": "remote" if state.reranker else None,
-    }  # fmt: skip
+    }
     ok = bool(checks["database"]["ok"])
-    return JSONResponse({"status": "ok" if ok else "degraded", "checks": checks, "engines": engines},
-                        status_code=200 if ok else 503)  # fmt: skip
+    return JSONResponse(
+        {"status": "ok" if ok else "degraded", "checks": checks, "engines": engines},
+        status_code=200 if ok else 503,
+    )
 
 
 async def openapi(request: Request) -> JSONResponse:
     return JSONResponse(openapi_spec())
 
 
-def create_app(settings: Settings | None = None, env: Mapping[str, str] | None = None,
-               *, embedder: Embedder | None = None) -> Starlette:  # fmt: skip
+def create_app(
+    settings: Settings | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    embedder: Embedder | None = None,
+) -> Starlette:
     environ = os.environ if env is None else env
     cfg = settings or Settings.from_env(environ)
 
@@ -183,8 +210,13 @@ def create_app(settings: Settings | None = None, env: Mapping[str, str] | None =
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         url = database_url(cfg)
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            url, min_size=cfg.pool_min, max_size=cfg.pool_max, configure=configure_async,
-            open=False, kwargs={"autocommit": True})  # fmt: skip
+            url,
+            min_size=cfg.pool_min,
+            max_size=cfg.pool_max,
+            configure=configure_async,
+            open=False,
+            kwargs={"autocommit": True},
+        )
         await pool.open(wait=False)
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(pool.close)

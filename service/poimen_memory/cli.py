@@ -7,18 +7,18 @@ import os
 # Before numpy/onnxruntime load: competing BLAS and ORT threads doubled query latency on 2 cores.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
-import psycopg  # noqa: E402
+import psycopg
 
-from .db import connect, database_url, embedded_cluster, translate  # noqa: E402
-from .errors import PoimenError  # noqa: E402
-from .settings import Settings  # noqa: E402
+from .db import connect, database_url, embedded_cluster, translate
+from .errors import PoimenError
+from .settings import Settings
 
 
 def _settings() -> Settings:
@@ -52,8 +52,10 @@ def cmd_db(args: argparse.Namespace) -> int:
         print("stopped")
     elif args.action == "status":
         up = cluster.initialized() and cluster.running()
-        print(f"{'running' if up else 'stopped'}: data {cluster.data_dir}, port {cluster.port}, "
-              f"socket {cluster.socket_dir}")  # fmt: skip
+        print(
+            f"{'running' if up else 'stopped'}: data {cluster.data_dir}, port {cluster.port}, "
+            f"socket {cluster.socket_dir}"
+        )
         return 0 if up else 3
     return 0
 
@@ -65,8 +67,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     root = None if args.no_plpython else s.plpython_root
     with connect(_url(s), autocommit=True) as conn:
         report = migrate(conn, root)
-    print(f"migrations applied: {report.applied or 'none'}; already: {len(report.already)}; "
-          f"sql files: {len(report.sql_files)}; plpython: {report.plpython_path}")  # fmt: skip
+    print(
+        f"migrations applied: {report.applied or 'none'}; already: {len(report.already)}; "
+        f"sql files: {len(report.sql_files)}; plpython: {report.plpython_path}"
+    )
     return 0
 
 
@@ -91,9 +95,16 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     embedder = _embedder(s)
     with connect(_url(s), autocommit=True) as conn:
         migrate(conn, s.plpython_root)
-        report = ingest(conn, records, embedder, invalid=invalid, skip_invalid=args.skip_invalid,
-                        batch_size=args.batch or s.ingest_batch,
-                        outbox=s.opensearch_url is not None, progress=not args.quiet)  # fmt: skip
+        report = ingest(
+            conn,
+            records,
+            embedder,
+            invalid=invalid,
+            skip_invalid=args.skip_invalid,
+            batch_size=args.batch or s.ingest_batch,
+            outbox=s.opensearch_url is not None,
+            progress=not args.quiet,
+        )
     for err in report.invalid[:20]:
         print(f"skipped {err}", file=sys.stderr)
     for line_no, parent in report.unresolved[:20]:
@@ -120,13 +131,17 @@ def cmd_reembed(args: argparse.Namespace) -> int:
         after = 0
         with Progress(total, "reembed", "nodes") as bar:
             while True:
-                rows = conn.execute(q("nodes_for_reembed"), {"after": after, "limit": 256}).fetchall()
+                rows = conn.execute(
+                    q("nodes_for_reembed"), {"after": after, "limit": 256}
+                ).fetchall()
                 if not rows:
                     break
                 vecs = embedder.embed_documents([r[1] for r in rows])
                 with conn.transaction(), conn.cursor() as cur:
-                    cur.executemany(q("update_embedding"),
-                                    [{"id": r[0], "embedding": v} for r, v in zip(rows, vecs, strict=True)])  # fmt: skip
+                    cur.executemany(
+                        q("update_embedding"),
+                        [{"id": r[0], "embedding": v} for r, v in zip(rows, vecs, strict=True)],
+                    )
                 after = rows[-1][0]
                 bar.update(len(rows))
     print(f"re-embedded {total} nodes with {embedder.model_name} ({embedder.dim} dims)")
@@ -142,13 +157,19 @@ def cmd_query(args: argparse.Namespace) -> int:
     if args.url:
         import httpx
 
-        params = {"query": args.text, "level": args.level, "limit": str(args.limit),
-                  "timeout_seconds": str(args.timeout)}  # fmt: skip
+        params = {
+            "query": args.text,
+            "level": args.level,
+            "limit": str(args.limit),
+            "timeout_seconds": str(args.timeout),
+        }
         if args.project:
             params["project"] = args.project
         if args.fusion:
             params["fusion"] = args.fusion
-        r = httpx.get(f"{args.url.rstrip('/')}/memory/query", params=params, timeout=args.timeout + 5)
+        r = httpx.get(
+            f"{args.url.rstrip('/')}/memory/query", params=params, timeout=args.timeout + 5
+        )
         body = r.json()
         if r.status_code != 200:
             print(f"HTTP {r.status_code}: {json.dumps(body)}", file=sys.stderr)
@@ -165,13 +186,18 @@ def cmd_query(args: argparse.Namespace) -> int:
         from .retrieval import QueryRequest, Retriever
 
         embedder = _embedder(s)
-        async with AsyncConnectionPool(url, min_size=2, max_size=4, configure=configure_async,
-                                       kwargs={"autocommit": True}) as pool:  # fmt: skip
+        async with AsyncConnectionPool(
+            url, min_size=2, max_size=4, configure=configure_async, kwargs={"autocommit": True}
+        ) as pool:
             r = Retriever(pool, embedder, QueryEmbeddingCache(), s)
-            req = QueryRequest(query=args.text, project=args.project,
-                               levels=tuple(args.level.split(",")),
-                               limit=max(1, min(args.limit, s.max_limit)),
-                               timeout_s=args.timeout, fusion=args.fusion)  # fmt: skip
+            req = QueryRequest(
+                query=args.text,
+                project=args.project,
+                levels=tuple(args.level.split(",")),
+                limit=max(1, min(args.limit, s.max_limit)),
+                timeout_s=args.timeout,
+                fusion=args.fusion,
+            )
             return await r.query(req)
 
     resp = asyncio.run(run())
@@ -219,13 +245,18 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("action", choices=["start", "stop", "status", "url"])
     db.set_defaults(func=cmd_db)
     mg = sub.add_parser("migrate", help="apply migrations, then sql/ (one transaction)")
-    mg.add_argument("--no-plpython", action="store_true",
-                    help="do not install the PL/Python module (remote database server)")  # fmt: skip
+    mg.add_argument(
+        "--no-plpython",
+        action="store_true",
+        help="do not install the PL/Python module (remote database server)",
+    )
     mg.set_defaults(func=cmd_migrate)
     ing = sub.add_parser("ingest", help="load a nodes.jsonl file (idempotent)")
     ing.add_argument("file")
     ing.add_argument("--project", help="project for lines that name none")
-    ing.add_argument("--skip-invalid", action="store_true", help="skip bad lines instead of aborting")
+    ing.add_argument(
+        "--skip-invalid", action="store_true", help="skip bad lines instead of aborting"
+    )
     ing.add_argument("--batch", type=int, help="nodes per embed/insert batch")
     ing.add_argument("--quiet", action="store_true")
     ing.add_argument("--json", action="store_true", help="also print the report as JSON")
@@ -271,10 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"hint: {err.hint}", file=sys.stderr)
         return 1
     except psycopg.Error as exc:
-        err = translate(exc)
-        print(f"error ({exc.sqlstate}): {err.message}", file=sys.stderr)
-        if err.hint:
-            print(f"hint: {err.hint}", file=sys.stderr)
+        db_err = translate(exc)
+        print(f"error ({exc.sqlstate}): {db_err.message}", file=sys.stderr)
+        if db_err.hint:
+            print(f"hint: {db_err.hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

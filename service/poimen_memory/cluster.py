@@ -110,20 +110,25 @@ class Cluster:
             _chown_postgres(p)
         self._run(
             str(self.bin_dir / "initdb"),
-            "-D", str(tmp),
-            "-U", "postgres",
-            "-E", "UTF8",
+            "-D",
+            str(tmp),
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
             "--locale=C.UTF-8",
             "--auth-local=trust",
             "--auth-host=trust",
-        )  # fmt: skip
+        )
         try:
             tmp.rename(target)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
 
     def running(self) -> bool:
-        proc = self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "status", check=False)
+        proc = self._run(
+            str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "status", check=False
+        )
         return proc.returncode == 0
 
     def start(self, *, fast: bool = False) -> None:
@@ -147,26 +152,47 @@ class Cluster:
         _chown_postgres(self.log_file)
         self._run(
             str(self.bin_dir / "pg_ctl"),
-            "-D", str(self.data_dir),
-            "-l", str(self.log_file),
-            "-o", " ".join(opts),
-            "-w", "-t", "60",
+            "-D",
+            str(self.data_dir),
+            "-l",
+            str(self.log_file),
+            "-o",
+            " ".join(opts),
+            "-w",
+            "-t",
+            "60",
             "start",
-        )  # fmt: skip
+        )
         self._ensure_database()
 
     def _ensure_database(self) -> None:
         psql = str(self.bin_dir / "psql")
-        base = [psql, "-X", "-q", "-h", str(self.socket_dir), "-p", str(self.port), "-U", "postgres"]
-        exists = self._run(*base, "-d", "postgres", "-tAc",
-                           f"SELECT 1 FROM pg_database WHERE datname = '{DB_NAME}'")  # fmt: skip
+        base = [
+            psql,
+            "-X",
+            "-q",
+            "-h",
+            str(self.socket_dir),
+            "-p",
+            str(self.port),
+            "-U",
+            "postgres",
+        ]
+        exists = self._run(
+            *base,
+            "-d",
+            "postgres",
+            "-tAc",
+            f"SELECT 1 FROM pg_database WHERE datname = '{DB_NAME}'",
+        )
         if exists.stdout.strip() != "1":
             self._run(*base, "-d", "postgres", "-c", f"CREATE DATABASE {DB_NAME}")
 
     def stop(self) -> None:
         if self.initialized() and self.running():
-            self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w",
-                      "stop")  # fmt: skip
+            self._run(
+                str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"
+            )
 
     def destroy(self) -> None:
         self.stop()

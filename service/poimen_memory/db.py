@@ -3,6 +3,7 @@ with pgvector's types registered."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import psycopg
@@ -30,10 +31,9 @@ def database_url(settings: Settings) -> str:
 
 def connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
     conn = psycopg.connect(url, **kwargs)
-    try:
+    # The vector extension does not exist until the first migrate.
+    with contextlib.suppress(psycopg.ProgrammingError):
         register_vector(conn)
-    except psycopg.ProgrammingError:
-        pass  # the vector extension does not exist until the first migrate
     return conn
 
 

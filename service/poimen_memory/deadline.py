@@ -29,5 +29,7 @@ class Deadline:
 
     def check(self, stage: str) -> None:
         if self.remaining() <= 0:
-            raise DeadlineExceeded(f"deadline of {self.budget_s:g}s passed during {stage}",
-                                   hint="raise timeout_seconds (max 30)")  # fmt: skip
+            raise DeadlineExceeded(
+                f"deadline of {self.budget_s:g}s passed during {stage}",
+                hint="raise timeout_seconds (max 30)",
+            )

@@ -85,8 +85,9 @@ SQLSTATE_CLASS_TABLE: dict[str, SqlStateRule] = {
 }
 
 
-def from_sqlstate(sqlstate: str | None, message: str, detail: str | None = None,
-                  hint: str | None = None) -> PoimenError:  # fmt: skip
+def from_sqlstate(
+    sqlstate: str | None, message: str, detail: str | None = None, hint: str | None = None
+) -> PoimenError:
     """Translate a database error into our typed error with the mapped code and status."""
     rule = None
     if sqlstate:

@@ -87,14 +87,17 @@ def ingest(
     ensure_embedding_model(conn, embedder)
     with conn.transaction():
         conn.execute(q("ensure_projects"), {"names": sorted({r.project for r in records})})
-    project_ids = dict(conn.execute(q("project_ids"),
-                                    {"names": sorted({r.project for r in records})}).fetchall())  # fmt: skip
+    project_ids = dict(
+        conn.execute(q("project_ids"), {"names": sorted({r.project for r in records})}).fetchall()
+    )
 
     # Duplicates (already stored, or repeated within the input) are never re-embedded.
     shas = [r.sha256 for r in records]
     stored: dict[bytes, int] = {}
     for i in range(0, len(shas), 5000):
-        stored.update(dict(conn.execute(q("existing_sha256"), {"shas": shas[i : i + 5000]}).fetchall()))
+        stored.update(
+            dict(conn.execute(q("existing_sha256"), {"shas": shas[i : i + 5000]}).fetchall())
+        )
     todo: list[NodeRecord] = []
     seen: set[bytes] = set(stored)
     for r, sha in zip(records, shas, strict=True):
@@ -148,8 +151,9 @@ def ingest(
     return report
 
 
-def _write_edges(conn: psycopg.Connection[Any], records: Sequence[NodeRecord],
-                 stored: dict[bytes, int]) -> tuple[int, list[tuple[int, str]]]:  # fmt: skip
+def _write_edges(
+    conn: psycopg.Connection[Any], records: Sequence[NodeRecord], stored: dict[bytes, int]
+) -> tuple[int, list[tuple[int, str]]]:
     """Resolve parents by external id: first within the input, then among stored nodes."""
     by_ext: dict[tuple[str, str], int] = {}
     for r in records:
@@ -157,8 +161,10 @@ def _write_edges(conn: psycopg.Connection[Any], records: Sequence[NodeRecord],
             by_ext.setdefault((r.project, r.external_id), stored[r.sha256])
     wanted = sorted({(r.project, p) for r in records for p in r.parents} - set(by_ext))
     if wanted:
-        rows = conn.execute(q("ids_by_external_id"), {
-            "projects": [w[0] for w in wanted], "external_ids": [w[1] for w in wanted]}).fetchall()  # fmt: skip
+        rows = conn.execute(
+            q("ids_by_external_id"),
+            {"projects": [w[0] for w in wanted], "external_ids": [w[1] for w in wanted]},
+        ).fetchall()
         by_ext.update({(proj, ext): nid for proj, ext, nid in rows})
     child: list[int] = []
     parent: list[int] = []
@@ -177,8 +183,13 @@ def _write_edges(conn: psycopg.Connection[Any], records: Sequence[NodeRecord],
     written = 0
     for i in range(0, len(child), 10_000):
         with conn.transaction():
-            cur = conn.execute(q("insert_edges"), {"child": child[i : i + 10_000],
-                               "parent": parent[i : i + 10_000],
-                               "precedence": precedence[i : i + 10_000]})  # fmt: skip
+            cur = conn.execute(
+                q("insert_edges"),
+                {
+                    "child": child[i : i + 10_000],
+                    "parent": parent[i : i + 10_000],
+                    "precedence": precedence[i : i + 10_000],
+                },
+            )
             written += cur.rowcount
     return written, unresolved

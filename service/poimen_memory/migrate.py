@@ -63,8 +63,9 @@ def install_plpython(root: Path) -> Path:
     if not (pkg / "__init__.py").exists():
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(PLPYTHON_SRC, tmp / "poimen_core",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))  # fmt: skip
+        shutil.copytree(
+            PLPYTHON_SRC, tmp / "poimen_core", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
         for d in (tmp, tmp / "poimen_core"):
             d.chmod(0o755)
         for f in (tmp / "poimen_core").iterdir():
@@ -90,9 +91,8 @@ def migrate(conn: psycopg.Connection[object], plpython_root: Path | None) -> Mig
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         conn.execute(_LEDGER)
-        recorded = dict(
-            conn.execute("SELECT version, checksum FROM memory.schema_migrations").fetchall()  # type: ignore[arg-type]
-        )
+        rows = conn.execute("SELECT version, checksum FROM memory.schema_migrations").fetchall()
+        recorded: dict[str, str] = {str(r[0]): str(r[1]) for r in rows}  # type: ignore[index]
         for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
             version, checksum = path.stem, _checksum(path)
             if version in recorded:
@@ -104,7 +104,7 @@ def migrate(conn: psycopg.Connection[object], plpython_root: Path | None) -> Mig
                     )
                 already.append(version)
                 continue
-            conn.execute(path.read_text())  # type: ignore[call-overload]
+            conn.execute(path.read_text().encode())
             conn.execute(
                 "INSERT INTO memory.schema_migrations (version, checksum) VALUES (%s, %s)",
                 (version, checksum),
@@ -126,5 +126,5 @@ def migrate(conn: psycopg.Connection[object], plpython_root: Path | None) -> Mig
             )
         sql_files = sorted(SQL_DIR.glob("*.sql"))
         for path in sql_files:
-            conn.execute(path.read_text())  # type: ignore[call-overload]
+            conn.execute(path.read_text().encode())
     return MigrateReport(applied, already, [p.name for p in sql_files], py_path)

@@ -31,20 +31,34 @@ class NodeRecord:
 
     @property
     def sha256(self) -> bytes:
-        return node_sha256(self.project, self.level, self.external_id, self.source, self.title,
-                           self.text)  # fmt: skip
+        return node_sha256(
+            self.project, self.level, self.external_id, self.source, self.title, self.text
+        )
 
 
-def node_sha256(project: str, level: str, external_id: str | None, source: str | None,
-                title: str | None, text: str) -> bytes:  # fmt: skip
+def node_sha256(
+    project: str,
+    level: str,
+    external_id: str | None,
+    source: str | None,
+    title: str | None,
+    text: str,
+) -> bytes:
     """Canonical form: the UTF-8 of the compact JSON array
     ["poimen-node/1", project, level, external_id, source, title, NFC(text)], with nulls as "".
 
     Identical input gives the identical key (re-ingest is a no-op); the external id and
     source keep two equal texts from different places distinct.
     """
-    canonical = [HASH_VERSION, project, level, external_id or "", source or "", title or "",
-                 unicodedata.normalize("NFC", text)]  # fmt: skip
+    canonical = [
+        HASH_VERSION,
+        project,
+        level,
+        external_id or "",
+        source or "",
+        title or "",
+        unicodedata.normalize("NFC", text),
+    ]
     data = json.dumps(canonical, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     return hashlib.sha256(data).digest()
 
@@ -64,7 +78,9 @@ def _opt_str(obj: dict[str, Any], key: str, line_no: int, errors: list[LineError
     if value is None:
         return None
     if not isinstance(value, str):
-        errors.append(LineError(line_no, key, f"must be a string or null, got {type(value).__name__}"))
+        errors.append(
+            LineError(line_no, key, f"must be a string or null, got {type(value).__name__}")
+        )
         return None
     return value
 
@@ -133,8 +149,9 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
     )
 
 
-def parse_lines(lines: Iterable[str], default_project: str | None = None,
-                first_line: int = 1) -> tuple[list[NodeRecord], list[LineError]]:  # fmt: skip
+def parse_lines(
+    lines: Iterable[str], default_project: str | None = None, first_line: int = 1
+) -> tuple[list[NodeRecord], list[LineError]]:
     records: list[NodeRecord] = []
     errors: list[LineError] = []
     for i, raw in enumerate(lines, start=first_line):

@@ -8,40 +8,64 @@ _ERROR = {
     "type": "object",
     "required": ["error", "detail"],
     "properties": {
-        "error": {"type": "string", "examples": ["invalid_parameter", "unknown_project", "timeout",
-                                                 "embedding_service_unavailable",
-                                                 "database_unavailable"]},
+        "error": {
+            "type": "string",
+            "examples": [
+                "invalid_parameter",
+                "unknown_project",
+                "timeout",
+                "embedding_service_unavailable",
+                "database_unavailable",
+            ],
+        },
         "detail": {"type": "string"},
         "context": {"type": "string"},
         "hint": {"type": "string"},
     },
-}  # fmt: skip
+}
 
 
 def _err(desc: str) -> dict[str, Any]:
-    return {"description": desc,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    return {
+        "description": desc,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
 
 
 _PARENT: dict[str, Any] = {
     "type": "object",
-    "properties": {k: {"type": ["string", "null"]} for k in
-                   ("level", "sha256", "source", "title", "text", "timestamp")}
+    "properties": {
+        k: {"type": ["string", "null"]}
+        for k in ("level", "sha256", "source", "title", "text", "timestamp")
+    }
     | {"parents": {"type": "array", "items": {"$ref": "#/components/schemas/Parent"}}},
-}  # fmt: skip
+}
 
 _RESULT: dict[str, Any] = {
     "type": "object",
     "properties": {
-        **{k: {"type": ["string", "null"]} for k in
-           ("level", "sha256", "project", "title", "text", "source", "timestamp", "fusion_method")},
+        **{
+            k: {"type": ["string", "null"]}
+            for k in (
+                "level",
+                "sha256",
+                "project",
+                "title",
+                "text",
+                "source",
+                "timestamp",
+                "fusion_method",
+            )
+        },
         "breadcrumb": {"type": "array", "items": {"type": "string"}},
-        **{k: {"type": ["number", "null"]} for k in
-           ("query_score", "lexical_score", "final_score", "rerank_score")},
+        **{
+            k: {"type": ["number", "null"]}
+            for k in ("query_score", "lexical_score", "final_score", "rerank_score")
+        },
         **{k: {"type": ["integer", "null"]} for k in ("semantic_rank", "lexical_rank")},
         "parents": {"type": "array", "items": {"$ref": "#/components/schemas/Parent"}},
     },
-}  # fmt: skip
+}
 
 
 def openapi_spec() -> dict[str, Any]:
@@ -49,60 +73,123 @@ def openapi_spec() -> dict[str, Any]:
         ("query", True, {"type": "string", "maxLength": 2000}, "Text to search for."),
         ("project", False, {"type": "string"}, "Restrict to one project; unknown → 404."),
         ("level", False, {"type": "string", "default": "L1,L2"}, "Subset of L0,L1,L2."),
-        ("limit", False, {"type": "integer", "default": 5, "minimum": 1, "maximum": 50},
-         "Clamped to [1, 50]."),
-        ("timeout_seconds", False, {"type": "number", "default": 5, "minimum": 1, "maximum": 30},
-         "One deadline for the whole request; clamped to [1, 30]."),
+        (
+            "limit",
+            False,
+            {"type": "integer", "default": 5, "minimum": 1, "maximum": 50},
+            "Clamped to [1, 50].",
+        ),
+        (
+            "timeout_seconds",
+            False,
+            {"type": "number", "default": 5, "minimum": 1, "maximum": 30},
+            "One deadline for the whole request; clamped to [1, 30].",
+        ),
         ("fusion", False, {"type": "string", "enum": ["rrf", "convex"]}, "Fusion for Hybrid."),
-        ("strategy", False, {"type": "string",
-                             "enum": ["LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly"]},
-         "Override the optimizer's routing."),
-    ]  # fmt: skip
+        (
+            "strategy",
+            False,
+            {"type": "string", "enum": ["LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly"]},
+            "Override the optimizer's routing.",
+        ),
+    ]
     return {
         "openapi": "3.1.0",
-        "info": {"title": "poimen-memory", "version": "0.1.0",
-                 "description": "Three-level memory retrieval with provenance to L0 evidence."},
-        "paths": {
-            "/memory/query": {"get": {
-                "summary": "Best L1/L2 memories with their L0 evidence",
-                "parameters": [{"name": n, "in": "query", "required": r, "schema": s,
-                                "description": d} for n, r, s, d in q],
-                "responses": {
-                    "200": {"description": "Results, plan, metrics, degraded stages",
-                            "content": {"application/json": {"schema": {
-                                "$ref": "#/components/schemas/QueryResponse"}}}},
-                    "400": _err("invalid_parameter: missing/empty query, bad level, bad number"),
-                    "404": _err("unknown_project"),
-                    "503": _err("timeout, embedding_service_unavailable or database_unavailable"),
-                }}},
-            "/memory/nodes": {"post": {
-                "summary": "Ingest nodes (JSON array or NDJSON, the nodes.jsonl format)",
-                "parameters": [{"name": "project", "in": "query", "schema": {"type": "string"}},
-                               {"name": "skip_invalid", "in": "query",
-                                "schema": {"type": "boolean"}}],
-                "responses": {
-                    "201": {"description": "Ingest report (inserted, duplicates, edges, ...)"},
-                    "400": _err("invalid_node: a line failed validation; nothing written"),
-                    "409": _err("embedding_model_mismatch"),
-                    "503": _err("database_unavailable or embedding_service_unavailable"),
-                }}},
-            "/healthz": {"get": {"summary": "Each dependency and the active engines",
-                                 "responses": {"200": {"description": "healthy"},
-                                               "503": {"description": "database down"}}}},
-            "/openapi.json": {"get": {"summary": "This document",
-                                      "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+        "info": {
+            "title": "poimen-memory",
+            "version": "0.1.0",
+            "description": "Three-level memory retrieval with provenance to L0 evidence.",
         },
-        "components": {"schemas": {
-            "Error": _ERROR, "Parent": _PARENT, "Result": _RESULT,
-            "QueryResponse": {"type": "object", "properties": {
-                "query": {"type": "string"}, "project": {"type": ["string", "null"]},
-                "level_filter": {"type": "array", "items": {"type": "string"}},
-                "search_strategy": {"type": "string"}, "plan": {"type": "object"},
-                "results": {"type": "array", "items": {"$ref": "#/components/schemas/Result"}},
-                "metrics": {"type": "object"}, "latency_ms": {"type": "number"},
-                "notes": {"type": "string"},
-                "degraded": {"type": "array", "items": {"type": "object", "properties": {
-                    "stage": {"type": "string"}, "reason": {"type": "string"}}}},
-            }},
-        }},
-    }  # fmt: skip
+        "paths": {
+            "/memory/query": {
+                "get": {
+                    "summary": "Best L1/L2 memories with their L0 evidence",
+                    "parameters": [
+                        {"name": n, "in": "query", "required": r, "schema": s, "description": d}
+                        for n, r, s, d in q
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "Results, plan, metrics, degraded stages",
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/QueryResponse"}
+                                }
+                            },
+                        },
+                        "400": _err(
+                            "invalid_parameter: missing/empty query, bad level, bad number"
+                        ),
+                        "404": _err("unknown_project"),
+                        "503": _err(
+                            "timeout, embedding_service_unavailable or database_unavailable"
+                        ),
+                    },
+                }
+            },
+            "/memory/nodes": {
+                "post": {
+                    "summary": "Ingest nodes (JSON array or NDJSON, the nodes.jsonl format)",
+                    "parameters": [
+                        {"name": "project", "in": "query", "schema": {"type": "string"}},
+                        {"name": "skip_invalid", "in": "query", "schema": {"type": "boolean"}},
+                    ],
+                    "responses": {
+                        "201": {"description": "Ingest report (inserted, duplicates, edges, ...)"},
+                        "400": _err("invalid_node: a line failed validation; nothing written"),
+                        "409": _err("embedding_model_mismatch"),
+                        "503": _err("database_unavailable or embedding_service_unavailable"),
+                    },
+                }
+            },
+            "/healthz": {
+                "get": {
+                    "summary": "Each dependency and the active engines",
+                    "responses": {
+                        "200": {"description": "healthy"},
+                        "503": {"description": "database down"},
+                    },
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "responses": {"200": {"description": "OpenAPI 3.1"}},
+                }
+            },
+        },
+        "components": {
+            "schemas": {
+                "Error": _ERROR,
+                "Parent": _PARENT,
+                "Result": _RESULT,
+                "QueryResponse": {
+                    "type": "object",
+                    "properties": {
+                        "query": {"type": "string"},
+                        "project": {"type": ["string", "null"]},
+                        "level_filter": {"type": "array", "items": {"type": "string"}},
+                        "search_strategy": {"type": "string"},
+                        "plan": {"type": "object"},
+                        "results": {
+                            "type": "array",
+                            "items": {"$ref": "#/components/schemas/Result"},
+                        },
+                        "metrics": {"type": "object"},
+                        "latency_ms": {"type": "number"},
+                        "notes": {"type": "string"},
+                        "degraded": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "stage": {"type": "string"},
+                                    "reason": {"type": "string"},
+                                },
+                            },
+                        },
+                    },
+                },
+            }
+        },
+    }

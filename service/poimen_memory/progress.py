@@ -11,8 +11,16 @@ from tqdm import tqdm
 
 
 class Progress:
-    def __init__(self, total: int, desc: str, unit: str = "it", *, stream: TextIO | None = None,
-                 every_s: float = 5.0, enabled: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        unit: str = "it",
+        *,
+        stream: TextIO | None = None,
+        every_s: float = 5.0,
+        enabled: bool = True,
+    ) -> None:
         self.total, self.desc, self.unit = total, desc, unit
         self.stream = stream or sys.stderr
         self.every_s = every_s
@@ -22,7 +30,9 @@ class Progress:
         self._last = self._start
         self._bar: tqdm[object] | None = None
         if enabled and self.stream.isatty():
-            self._bar = tqdm(total=total, desc=desc, unit=unit, file=self.stream, dynamic_ncols=True)
+            self._bar = tqdm(
+                total=total, desc=desc, unit=unit, file=self.stream, dynamic_ncols=True
+            )
 
     def update(self, n: int) -> None:
         self.done += n
@@ -37,8 +47,12 @@ class Progress:
     def _line(self, now: float) -> None:
         rate = self.done / max(now - self._start, 1e-9)
         eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-        print(f"{self.desc}: {self.done}/{self.total} {self.unit} ({rate:.1f} {self.unit}/s, "
-              f"ETA {eta:.0f}s)", file=self.stream, flush=True)  # fmt: skip
+        print(
+            f"{self.desc}: {self.done}/{self.total} {self.unit} ({rate:.1f} {self.unit}/s, "
+            f"ETA {eta:.0f}s)",
+            file=self.stream,
+            flush=True,
+        )
 
     def close(self) -> None:
         if self._bar is not None:
@@ -49,6 +63,7 @@ class Progress:
     def __enter__(self) -> Progress:
         return self
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()

@@ -15,12 +15,14 @@ _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 def _all() -> dict[str, str]:
     text = (Path(__file__).with_name("queries.sql")).read_text()
     parts = _NAME.split(text)
-    return {name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    return {
+        name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2], strict=True)
+    }
 
 
 def q(name: str) -> sql.SQL:
     """The statement called ``name``; a typo is a KeyError at first use, caught by tests."""
-    return sql.SQL(_all()[name])  # type: ignore[arg-type]
+    return sql.SQL(_all()[name])
 
 
 def names() -> list[str]:

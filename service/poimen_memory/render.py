@@ -13,15 +13,19 @@ def _short(text: str, width: int) -> str:
 def _citations(parents: list[dict[str, Any]], depth: int, out: list[str]) -> None:
     for p in parents:
         pad = "    " * depth
-        out.append(f"{pad}└─ [{p['level']}] {p.get('source') or p['sha256'][:12]}: "
-                   f"{_short(p['text'], 100)}")  # fmt: skip
+        out.append(
+            f"{pad}└─ [{p['level']}] {p.get('source') or p['sha256'][:12]}: "
+            f"{_short(p['text'], 100)}"
+        )
         _citations(p.get("parents") or [], depth + 1, out)
 
 
 def render_response(resp: dict[str, Any]) -> str:
     plan = resp["plan"]
-    out = [f"query: {resp['query']!r}  strategy: {resp['search_strategy']} "
-           f"({plan['question_type']}, confidence {plan['confidence']:.2f})"]  # fmt: skip
+    out = [
+        f"query: {resp['query']!r}  strategy: {resp['search_strategy']} "
+        f"({plan['question_type']}, confidence {plan['confidence']:.2f})"
+    ]
     for i, r in enumerate(resp["results"], 1):
         scores = [f"final {r['final_score']:.4f}"]
         if r["query_score"] is not None:
@@ -30,14 +34,20 @@ def render_response(resp: dict[str, Any]) -> str:
             scores.append(f"bm25 {r['lexical_score']:.2f}")
         if r["rerank_score"] is not None:
             scores.append(f"rerank {r['rerank_score']:.3f}")
-        out.append(f"\n{i}. [{r['level']}] {r['project']} {r.get('source') or r['sha256'][:12]}  "
-                   f"({', '.join(scores)})")  # fmt: skip
+        out.append(
+            f"\n{i}. [{r['level']}] {r['project']} {r.get('source') or r['sha256'][:12]}  "
+            f"({', '.join(scores)})"
+        )
         out.append(f"   {_short(r['text'], 160)}")
         _citations(r["parents"], 1, out)
     m = resp["metrics"]
-    out.append(f"\n{resp['notes']}. {m['total_time_ms']:.0f} ms total "
-               f"(embed {m['embed_time_ms']:.0f}, semantic {m['semantic_time_ms']:.0f}, "
-               f"lexical {m['lexical_time_ms']:.0f}, provenance {m['provenance_time_ms']:.0f})")  # fmt: skip
+    out.append(
+        f"\n{resp['notes']}. {m['total_time_ms']:.0f} ms total "
+        f"(embed {m['embed_time_ms']:.0f}, semantic {m['semantic_time_ms']:.0f}, "
+        f"lexical {m['lexical_time_ms']:.0f}, provenance {m['provenance_time_ms']:.0f})"
+    )
     if resp["degraded"]:
-        out.append("degraded: " + ", ".join(f"{d['stage']}={d['reason']}" for d in resp["degraded"]))
+        out.append(
+            "degraded: " + ", ".join(f"{d['stage']}={d['reason']}" for d in resp["degraded"])
+        )
     return "\n".join(out)

@@ -20,8 +20,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from poimen_core.optimizer import QueryContext, QueryOptimizerError, optimize_query
 
-from .deadline import Deadline
 from .db import translate
+from .deadline import Deadline
 from .embedding import Embedder, EmbeddingUnavailable
 from .embedding_cache import QueryEmbeddingCache
 from .errors import DeadlineExceeded, PoimenError, UnknownProject, ValidationError
@@ -69,9 +69,16 @@ class Trace:
 
 
 class Retriever:
-    def __init__(self, pool: AsyncConnectionPool[Any], embedder: Embedder | None,
-                 cache: QueryEmbeddingCache, settings: Settings, *,
-                 reranker: RerankClient | None = None, opensearch: Any | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        embedder: Embedder | None,
+        cache: QueryEmbeddingCache,
+        settings: Settings,
+        *,
+        reranker: RerankClient | None = None,
+        opensearch: Any | None = None,
+    ) -> None:
         self.pool, self.embedder, self.cache, self.settings = pool, embedder, cache, settings
         self.reranker, self.opensearch = reranker, opensearch
 
@@ -81,17 +88,23 @@ class Retriever:
 
     # -- SQL helpers ---------------------------------------------------------------------
 
-    async def _sql(self, deadline: Deadline, stage: str, name: str,
-                   params: dict[str, Any]) -> list[tuple[Any, ...]]:  # fmt: skip
+    async def _sql(
+        self, deadline: Deadline, stage: str, name: str, params: dict[str, Any]
+    ) -> list[tuple[Any, ...]]:
         deadline.check(stage)
         try:
-            async with self.pool.connection(timeout=max(deadline.remaining(), 0.001)) as conn, \
-                    conn.transaction():  # fmt: skip
+            async with (
+                self.pool.connection(timeout=max(deadline.remaining(), 0.001)) as conn,
+                conn.transaction(),
+            ):
                 await conn.execute(q("set_statement_timeout"), {"ms": str(deadline.remaining_ms())})
                 cur = await conn.execute(q(name), params)
-                return await cur.fetchall()
+                rows: list[tuple[Any, ...]] = await cur.fetchall()
+                return rows
         except psycopg.errors.QueryCanceled as exc:
-            raise DeadlineExceeded(f"deadline passed during {stage}; the query was cancelled") from exc
+            raise DeadlineExceeded(
+                f"deadline passed during {stage}; the query was cancelled"
+            ) from exc
         except psycopg.Error as exc:
             raise translate(exc) from exc
 
@@ -104,8 +117,10 @@ class Retriever:
             async with asyncio.timeout(req.timeout_s + 0.05):
                 return await self._query(req, deadline, trace)
         except TimeoutError as exc:
-            raise DeadlineExceeded(f"no result within timeout_seconds={req.timeout_s:g}",
-                                   hint="raise timeout_seconds (max 30)") from exc  # fmt: skip
+            raise DeadlineExceeded(
+                f"no result within timeout_seconds={req.timeout_s:g}",
+                hint="raise timeout_seconds (max 30)",
+            ) from exc
 
     async def _query(self, req: QueryRequest, deadline: Deadline, trace: Trace) -> dict[str, Any]:
         try:
@@ -115,8 +130,10 @@ class Retriever:
         if req.project is not None:
             rows = await self._sql(deadline, "validate", "project_exists", {"name": req.project})
             if not rows[0][0]:
-                raise UnknownProject(f"unknown project {req.project!r}",
-                                     hint="GET /healthz lists nothing per project; ingest into it first")  # fmt: skip
+                raise UnknownProject(
+                    f"unknown project {req.project!r}",
+                    hint="GET /healthz lists nothing per project; ingest into it first",
+                )
         strategy = self._route(req, ctx, trace)
         levels = list(req.levels)
         rerank_k = req.limit * self.settings.rerank_depth_factor if self.reranker else req.limit
@@ -124,8 +141,10 @@ class Retriever:
         # The lexical leg needs no embedding, so it starts while the query is embedded.
         lex_task: asyncio.Task[Leg] | None = None
         if strategy in ("Hybrid", "LexicalFirst", "LexicalOnly"):
-            depth = {"Hybrid": self.settings.candidates,
-                     "LexicalFirst": self.settings.cascade_candidates}.get(strategy, rerank_k)  # fmt: skip
+            depth = {
+                "Hybrid": self.settings.candidates,
+                "LexicalFirst": self.settings.cascade_candidates,
+            }.get(strategy, rerank_k)
             lex_task = asyncio.create_task(self._lexical(req, levels, depth, deadline, trace))
         embedding: np.ndarray[Any, Any] | None = None
         try:
@@ -135,29 +154,50 @@ class Retriever:
             trace.degraded.append({"stage": "embed", "reason": exc.reason})
             if not self.has_lexical:
                 raise EmbeddingServiceUnavailable(
-                    f"embedding service unavailable ({exc.reason}) and no lexical engine to fall back to",
-                    detail=str(exc)) from exc  # fmt: skip
+                    f"embedder unavailable ({exc.reason}) and no lexical engine to fall back to",
+                    detail=str(exc),
+                ) from exc
             deadline.check("embed")
             trace.why.append(f"embedder unavailable ({exc.reason}): fell back to LexicalOnly")
             strategy = "LexicalOnly"
             if lex_task is None:
-                lex_task = asyncio.create_task(self._lexical(req, levels, rerank_k, deadline, trace))
+                lex_task = asyncio.create_task(
+                    self._lexical(req, levels, rerank_k, deadline, trace)
+                )
         try:
-            sem, lex = await self._legs(strategy, req, levels, embedding, lex_task, rerank_k,
-                                        deadline, trace)  # fmt: skip
+            sem, lex = await self._legs(
+                strategy, req, levels, embedding, lex_task, rerank_k, deadline, trace
+            )
         finally:
             if lex_task is not None and not lex_task.done():
                 lex_task.cancel()
 
         t0 = time.monotonic()
         fusion = req.fusion or "rrf"
-        fused = await self._sql(deadline, "fusion", "fuse", {
-            "lists": json.dumps([{"ids": sem.ids, "scores": sem.scores,
-                                  "weight": 0 if strategy == "LexicalOnly" else 1},
-                                 {"ids": lex.ids, "scores": lex.scores,
-                                  "weight": 0 if strategy in ("SemanticOnly", "LexicalFirst") else 1}]),
-            "method": fusion if strategy == "Hybrid" else "rrf",
-            "k": self.settings.rrf_k, "final_k": rerank_k})  # fmt: skip
+        fused = await self._sql(
+            deadline,
+            "fusion",
+            "fuse",
+            {
+                "lists": json.dumps(
+                    [
+                        {
+                            "ids": sem.ids,
+                            "scores": sem.scores,
+                            "weight": 0 if strategy == "LexicalOnly" else 1,
+                        },
+                        {
+                            "ids": lex.ids,
+                            "scores": lex.scores,
+                            "weight": 0 if strategy in ("SemanticOnly", "LexicalFirst") else 1,
+                        },
+                    ]
+                ),
+                "method": fusion if strategy == "Hybrid" else "rrf",
+                "k": self.settings.rrf_k,
+                "final_k": rerank_k,
+            },
+        )
         if strategy == "LexicalFirst":
             fused = [f for f in fused if f[1][0] is not None]
         trace.timed("fusion_time_ms", t0)
@@ -170,42 +210,65 @@ class Retriever:
         order = order[: req.limit]
 
         t0 = time.monotonic()
-        hydrated = await self._sql(deadline, "provenance", "hydrate",
-                                   {"ids": order, "embedding": embedding})  # fmt: skip
+        hydrated = await self._sql(
+            deadline, "provenance", "hydrate", {"ids": order, "embedding": embedding}
+        )
         trace.timed("provenance_time_ms", t0)
         by_fused = {f[0]: f for f in fused}
         results = []
         for row in hydrated:
             nid, level, sha, project, title, text, source, breadcrumb, ts, qscore, prov = row
             f = by_fused[nid]
-            results.append({
-                "level": level, "sha256": sha, "project": project, "title": title, "text": text,
-                "source": source, "breadcrumb": breadcrumb,
-                "timestamp": ts.isoformat() if ts else None,
-                "query_score": _clip01(qscore),
-                "lexical_score": f[2][1], "final_score": f[3],
-                "rerank_score": rerank_scores.get(nid) if rerank_scores is not None else None,
-                "semantic_rank": f[1][0], "lexical_rank": f[1][1], "fusion_method": method,
-                "parents": prov,
-            })  # fmt: skip
-        trace.metrics.update({
-            "semantic_candidates": len(sem.ids), "lexical_candidates": len(lex.ids),
-            "final_count": len(results),
-            "total_time_ms": round(deadline.elapsed_ms(), 3)})  # fmt: skip
+            results.append(
+                {
+                    "level": level,
+                    "sha256": sha,
+                    "project": project,
+                    "title": title,
+                    "text": text,
+                    "source": source,
+                    "breadcrumb": breadcrumb,
+                    "timestamp": ts.isoformat() if ts else None,
+                    "query_score": _clip01(qscore),
+                    "lexical_score": f[2][1],
+                    "final_score": f[3],
+                    "rerank_score": rerank_scores.get(nid) if rerank_scores is not None else None,
+                    "semantic_rank": f[1][0],
+                    "lexical_rank": f[1][1],
+                    "fusion_method": method,
+                    "parents": prov,
+                }
+            )
+        trace.metrics.update(
+            {
+                "semantic_candidates": len(sem.ids),
+                "lexical_candidates": len(lex.ids),
+                "final_count": len(results),
+                "total_time_ms": round(deadline.elapsed_ms(), 3),
+            }
+        )
         for key in ("embed_time_ms", "semantic_time_ms", "lexical_time_ms", "rerank_time_ms"):
             trace.metrics.setdefault(key, 0.0)
         trace.metrics.setdefault("embedding_cache_hit", False)
         return {
-            "query": req.query, "project": req.project, "level_filter": levels,
+            "query": req.query,
+            "project": req.project,
+            "level_filter": levels,
             "search_strategy": strategy,
-            "plan": {"question_type": ctx.question_type.value, "confidence": ctx.confidence,
-                     "reasons": list(ctx.reasons), "optimizer_strategy": ctx.search_strategy.value,
-                     "engines": trace.engines, "why": trace.why},
-            "results": results, "metrics": trace.metrics,
+            "plan": {
+                "question_type": ctx.question_type.value,
+                "confidence": ctx.confidence,
+                "reasons": list(ctx.reasons),
+                "optimizer_strategy": ctx.search_strategy.value,
+                "engines": trace.engines,
+                "why": trace.why,
+            },
+            "results": results,
+            "metrics": trace.metrics,
             "latency_ms": round(deadline.elapsed_ms(), 3),
             "notes": _notes(results, trace, rerank_scores is not None, len(fused)),
             "degraded": trace.degraded,
-        }  # fmt: skip
+        }
 
     def _route(self, req: QueryRequest, ctx: QueryContext, trace: Trace) -> str:
         strategy = req.strategy or ctx.search_strategy.value
@@ -239,17 +302,26 @@ class Retriever:
         finally:
             trace.timed(key, t0)
 
-    async def _lexical(self, req: QueryRequest, levels: list[str], k: int, deadline: Deadline,
-                       trace: Trace) -> Leg:  # fmt: skip
+    async def _lexical(
+        self, req: QueryRequest, levels: list[str], k: int, deadline: Deadline, trace: Trace
+    ) -> Leg:
         t0 = time.monotonic()
         try:
             if self.opensearch is not None:
                 try:
-                    hits = await self.opensearch.asearch(req.query, req.project, levels, k,
-                                                         min(deadline.remaining(),
-                                                             self.settings.opensearch_timeout_s))  # fmt: skip
-                    rows = await self._sql(deadline, "lexical", "ids_for_sha256",
-                                           {"shas": [bytes.fromhex(h.sha256) for h in hits]})  # fmt: skip
+                    hits = await self.opensearch.asearch(
+                        req.query,
+                        req.project,
+                        levels,
+                        k,
+                        min(deadline.remaining(), self.settings.opensearch_timeout_s),
+                    )
+                    rows = await self._sql(
+                        deadline,
+                        "lexical",
+                        "ids_for_sha256",
+                        {"shas": [bytes.fromhex(h.sha256) for h in hits]},
+                    )
                     ids = dict(rows)
                     leg = Leg(engine="opensearch")
                     for h in hits:
@@ -258,7 +330,9 @@ class Retriever:
                             leg.scores.append(h.score)
                     trace.engines["lexical"] = "opensearch"
                     return leg
-                except Exception as exc:  # any OpenSearch failure falls back, never fails the request
+                except (
+                    Exception
+                ) as exc:  # any OpenSearch failure falls back, never fails the request
                     if isinstance(exc, DeadlineExceeded | asyncio.CancelledError):
                         raise
                     reason = getattr(exc, "reason", type(exc).__name__)
@@ -266,47 +340,93 @@ class Retriever:
                     trace.why.append("OpenSearch unavailable, used Postgres lexical")
                     if not self.settings.pg_lexical:
                         return Leg()
-            rows = await self._sql(deadline, "lexical", "lexical_search",
-                                   {"query": req.query, "project": req.project, "levels": levels, "k": k})  # fmt: skip
+            rows = await self._sql(
+                deadline,
+                "lexical",
+                "lexical_search",
+                {"query": req.query, "project": req.project, "levels": levels, "k": k},
+            )
             trace.engines["lexical"] = "postgres-bm25"
             return Leg([r[0] for r in rows], [r[2] for r in rows], "postgres-bm25")
         finally:
             trace.timed("lexical_time_ms", t0)
 
-    async def _semantic(self, req: QueryRequest, levels: list[str], embedding: Any, k: int,
-                        deadline: Deadline, trace: Trace) -> Leg:  # fmt: skip
-        rows = await self._timed("semantic_time_ms", trace, self._sql(
-            deadline, "semantic", "semantic_search",
-            {"embedding": embedding, "project": req.project, "levels": levels, "k": k,
-             "ef_search": None}))  # fmt: skip
+    async def _semantic(
+        self,
+        req: QueryRequest,
+        levels: list[str],
+        embedding: Any,
+        k: int,
+        deadline: Deadline,
+        trace: Trace,
+    ) -> Leg:
+        rows = await self._timed(
+            "semantic_time_ms",
+            trace,
+            self._sql(
+                deadline,
+                "semantic",
+                "semantic_search",
+                {
+                    "embedding": embedding,
+                    "project": req.project,
+                    "levels": levels,
+                    "k": k,
+                    "ef_search": None,
+                },
+            ),
+        )
         trace.engines["semantic"] = "hnsw"
         return Leg([r[0] for r in rows], [r[2] for r in rows], "hnsw")
 
-    async def _legs(self, strategy: str, req: QueryRequest, levels: list[str], embedding: Any,
-                    lex_task: asyncio.Task[Leg] | None, rerank_k: int, deadline: Deadline,
-                    trace: Trace) -> tuple[Leg, Leg]:  # fmt: skip
+    async def _legs(
+        self,
+        strategy: str,
+        req: QueryRequest,
+        levels: list[str],
+        embedding: Any,
+        lex_task: asyncio.Task[Leg] | None,
+        rerank_k: int,
+        deadline: Deadline,
+        trace: Trace,
+    ) -> tuple[Leg, Leg]:
         if strategy == "LexicalOnly":
             assert lex_task is not None
             return Leg(), await lex_task
         if strategy == "SemanticOnly":
-            return await self._semantic(req, levels, embedding, max(rerank_k, req.limit),
-                                        deadline, trace), Leg()  # fmt: skip
+            return await self._semantic(
+                req, levels, embedding, max(rerank_k, req.limit), deadline, trace
+            ), Leg()
         assert lex_task is not None
         if strategy == "Hybrid":
             sem, lex = await asyncio.gather(
                 self._semantic(req, levels, embedding, self.settings.candidates, deadline, trace),
-                lex_task)  # fmt: skip
+                lex_task,
+            )
             return sem, lex
         lex = await lex_task  # LexicalFirst: rank exactly the lexical ids by cosine
-        rows = await self._timed("semantic_time_ms", trace, self._sql(
-            deadline, "semantic", "search_by_ids",
-            {"embedding": embedding, "ids": lex.ids, "project": req.project, "levels": levels,
-             "k": rerank_k}))  # fmt: skip
+        rows = await self._timed(
+            "semantic_time_ms",
+            trace,
+            self._sql(
+                deadline,
+                "semantic",
+                "search_by_ids",
+                {
+                    "embedding": embedding,
+                    "ids": lex.ids,
+                    "project": req.project,
+                    "levels": levels,
+                    "k": rerank_k,
+                },
+            ),
+        )
         trace.engines["semantic"] = "by-ids"
         return Leg([r[0] for r in rows], [r[2] for r in rows], "by-ids"), lex
 
-    async def _rerank(self, req: QueryRequest, ids: list[int], deadline: Deadline,
-                      trace: Trace) -> dict[int, float] | None:  # fmt: skip
+    async def _rerank(
+        self, req: QueryRequest, ids: list[int], deadline: Deadline, trace: Trace
+    ) -> dict[int, float] | None:
         if self.reranker is None:
             trace.engines["rerank"] = None
             trace.degraded.append({"stage": "rerank", "reason": "not_configured"})
@@ -319,8 +439,9 @@ class Retriever:
         t0 = time.monotonic()
         try:
             texts = dict(await self._sql(deadline, "rerank", "node_texts", {"ids": ids}))
-            results = await self.reranker.arerank(req.query, [texts[i] for i in ids],
-                                                  top_n=len(ids), timeout=deadline.remaining())  # fmt: skip
+            results = await self.reranker.arerank(
+                req.query, [texts[i] for i in ids], top_n=len(ids), timeout=deadline.remaining()
+            )
         except RerankUnavailable as exc:
             trace.degraded.append({"stage": "rerank", "reason": exc.reason})
             trace.why.append(f"reranker failed ({exc.reason}): kept the fused order")
