@@ -1,0 +1,85 @@
+"""The CLI end to end: its own embedded cluster, migrate, ingest twice, query, db lifecycle."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURE, _free_port
+
+CLI = [sys.executable, "-m", "poimen_memory.cli"]
+
+
+@pytest.fixture(scope="module")
+def cli_env() -> Iterator[dict[str, str]]:
+    home = Path(tempfile.mkdtemp(prefix="poimen-cli-"))
+    home.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
+    env.update(POIMEN_HOME=str(home), POIMEN_PG_PORT=str(_free_port()))
+    yield env
+    subprocess.run([*CLI, "db", "stop"], env=env, capture_output=True, check=False)
+    subprocess.run(["rm", "-rf", str(home)], check=False)
+
+
+def run(env: dict[str, str], *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=300)
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_db_lifecycle_and_sql_user(cli_env: dict[str, str]) -> None:
+    assert run(cli_env, "db", "status", ok=False).returncode == 3
+    run(cli_env, "db", "start")
+    assert run(cli_env, "db", "status").stdout.startswith("running")
+    url = run(cli_env, "db", "url").stdout.strip()
+    assert cli_env["POIMEN_HOME"] in url and cli_env["POIMEN_PG_PORT"] in url
+    run(cli_env, "migrate")
+    first = run(cli_env, "ingest", str(FIXTURE), "--json")
+    report = json.loads(first.stdout.strip().splitlines()[-1])
+    assert report["inserted"] == 21 and report["edges"] == 17
+    second = json.loads(run(cli_env, "ingest", str(FIXTURE), "--json").stdout.splitlines()[-1])
+    assert (second["inserted"], second["duplicates"], second["edges"]) == (0, 21, 0)
+    # A SQL user with the default search_path, through psql, sees an HNSW scan.
+    psql = subprocess.run(
+        ["psql", url, "-XtAc",
+         "SET enable_seqscan = off; EXPLAIN SELECT id FROM memory.nodes "
+         "ORDER BY embedding <=> (SELECT embedding FROM memory.nodes LIMIT 1) LIMIT 5"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "nodes_embedding_hnsw" in psql.stdout
+    rows = subprocess.run(
+        ["psql", url, "-XtAc", "SELECT level FROM memory_query('kong body buffer')"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    assert rows and set(rows) <= {"L1", "L2"}
+
+
+def test_query_prints_citations(cli_env: dict[str, str]) -> None:
+    out = run(cli_env, "query", "why did requests over 10KB fail", "--project", "poimen").stdout
+    assert "[L1] poimen poimen:mem:1" in out and "└─ [L0] poimen:chat:2" in out
+    js = json.loads(run(cli_env, "query", "kong body buffer", "--json").stdout)
+    assert js["results"] and js["metrics"]["total_time_ms"] > 0
+
+
+def test_errors_are_clear(cli_env: dict[str, str]) -> None:
+    missing = run(cli_env, "ingest", "/nonexistent.jsonl", ok=False)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    bad = Path(cli_env["POIMEN_HOME"]) / "bad.jsonl"
+    bad.write_text('{"level": "L0", "project": "p"}\n')
+    proc = run(cli_env, "ingest", str(bad), ok=False)
+    assert proc.returncode == 1 and "line 1: field 'text'" in proc.stderr
+    unknown = run(cli_env, "query", "kong", "--project", "nope", ok=False)
+    assert unknown.returncode == 1 and "unknown project" in unknown.stderr
+
+
+def test_stop(cli_env: dict[str, str]) -> None:
+    run(cli_env, "db", "stop")
+    assert run(cli_env, "db", "status", ok=False).returncode == 3

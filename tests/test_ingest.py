@@ -1,0 +1,128 @@
+"""Ingestion: idempotent by content hash, parents resolved, bad input never half-applied."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+import pytest
+
+from poimen_memory.db import connect
+from poimen_memory.errors import IngestError
+from poimen_memory.ingest import ingest
+from poimen_memory.local_embedder import LocalEmbedder
+from poimen_memory.nodes import node_sha256, parse_lines
+
+Conn = psycopg.Connection[Any]
+
+
+def _lines(*nodes: dict[str, Any]) -> list[str]:
+    return [json.dumps(n) for n in nodes]
+
+
+def test_reingest_is_a_noop(conn: Conn, embedder: LocalEmbedder) -> None:
+    from conftest import FIXTURE
+
+    records, _errors = parse_lines(FIXTURE.read_text().splitlines())
+    before = conn.execute("SELECT count(*), (SELECT count(*) FROM memory.edges) FROM memory.nodes")
+    counts = before.fetchone()
+    report = ingest(conn, records, embedder, progress=False)
+    assert (report.inserted, report.duplicates, report.edges) == (0, len(records), 0)
+    after = conn.execute("SELECT count(*), (SELECT count(*) FROM memory.edges) FROM memory.nodes")
+    assert after.fetchone() == counts
+
+
+def test_levels_and_edges_match_the_file(conn: Conn) -> None:
+    from conftest import FIXTURE
+
+    lines = [json.loads(x) for x in FIXTURE.read_text().splitlines()]
+    want = {lv: sum(1 for n in lines if n["level"] == lv) for lv in ("L0", "L1", "L2")}
+    got = dict(conn.execute("SELECT level, count(*) FROM memory.nodes GROUP BY 1").fetchall())
+    assert got == want
+    assert conn.execute("SELECT count(*) FROM memory.edges").fetchone() == (
+        sum(len(n["parents"]) for n in lines),
+    )
+
+
+def test_parents_resolve_within_file_and_to_stored_nodes(
+    conn: Conn, embedder: LocalEmbedder
+) -> None:
+    # The child comes before its in-file parent, and also cites an already stored node.
+    records, _ = parse_lines(
+        _lines(
+            {"id": "n:child", "level": "L1", "project": "poimen", "text": "derived memory",
+             "parents": ["n:parent", "poimen:chat:1"]},
+            {"id": "n:parent", "level": "L0", "project": "poimen", "text": "raw turn"},
+        )
+    )  # fmt: skip
+    report = ingest(conn, records, embedder, progress=False)
+    assert report.inserted == 2 and report.edges == 2 and not report.unresolved
+    parents = conn.execute(
+        "SELECT p.external_id FROM memory.edges e JOIN memory.nodes c ON c.id = e.child_id"
+        " JOIN memory.nodes p ON p.id = e.parent_id WHERE c.external_id = 'n:child'"
+        " ORDER BY e.precedence"
+    ).fetchall()
+    assert [r[0] for r in parents] == ["n:parent", "poimen:chat:1"]
+
+
+def test_unresolved_parents_are_reported(conn: Conn, embedder: LocalEmbedder) -> None:
+    records, _ = parse_lines(
+        _lines({"id": "x", "level": "L1", "project": "poimen", "text": "t", "parents": ["ghost"]})
+    )
+    report = ingest(conn, records, embedder, progress=False)
+    assert report.inserted == 1 and report.unresolved == [(1, "ghost")]
+    assert "unresolved parents 1" in report.summary()
+
+
+def test_invalid_line_aborts_with_line_and_field(conn: Conn, embedder: LocalEmbedder) -> None:
+    records, errors = parse_lines(
+        [
+            *_lines(
+                {"id": "ok", "level": "L0", "project": "poimen", "text": "fine"},
+                {"id": "bad", "level": "L7", "project": "poimen", "text": "wrong level"},
+            ),
+            "{not json",
+        ]
+    )
+    assert [(e.line_no, e.field) for e in errors] == [(2, "level"), (3, "<json>")]
+    count = conn.execute("SELECT count(*) FROM memory.nodes").fetchone()
+    with pytest.raises(IngestError) as exc:
+        ingest(conn, records, embedder, invalid=errors, progress=False)
+    assert "line 2: field 'level'" in (exc.value.detail or "")
+    assert conn.execute("SELECT count(*) FROM memory.nodes").fetchone() == count
+    report = ingest(conn, records, embedder, invalid=errors, skip_invalid=True, progress=False)
+    assert report.inserted == 1 and len(report.invalid) == 2
+
+
+@pytest.mark.parametrize(
+    ("node", "field"),
+    [
+        ({"level": "L0", "project": "p"}, "text"),
+        ({"level": "L0", "project": "p", "text": "   "}, "text"),
+        ({"level": "L0", "text": "t"}, "project"),
+        ({"level": "L0", "project": "p", "text": "t", "timestamp": "yesterday"}, "timestamp"),
+        ({"level": "L0", "project": "p", "text": "t", "parents": "a"}, "parents"),
+        ({"level": "L0", "project": "p", "text": "t", "title": 5}, "title"),
+    ],
+)
+def test_field_validation(node: dict[str, Any], field: str) -> None:
+    _, errors = parse_lines(_lines(node))
+    assert [e.field for e in errors] == [field]
+
+
+def test_hash_is_canonical_and_distinguishes_sources() -> None:
+    a = node_sha256("p", "L0", "id1", "src", None, "caf\u00e9")
+    assert a == node_sha256("p", "L0", "id1", "src", None, "cafe\u0301")  # NFC-equal text
+    assert a != node_sha256("p", "L0", "id1", "other-src", None, "caf\u00e9")
+    assert a != node_sha256("p", "L1", "id1", "src", None, "caf\u00e9")
+    assert len(a) == 32
+
+
+def test_embedding_model_mismatch_is_refused(fixture_url: str) -> None:
+    other = LocalEmbedder()
+    other.model_name = "some-other-model"
+    records, _ = parse_lines(_lines({"level": "L0", "project": "poimen", "text": "new text"}))
+    with connect(fixture_url, autocommit=True) as conn, pytest.raises(psycopg.Error) as exc:
+        ingest(conn, records, other, progress=False)
+    assert exc.value.sqlstate == "PM409"
