@@ -231,10 +231,17 @@ def cmd_opensearch(args: argparse.Namespace) -> int:
         return 2
     with connect(_url(s), autocommit=True) as conn:
         if args.action == "sync":
-            report = sync_outbox(conn, engine)
+            report = sync_outbox(
+                conn,
+                engine,
+                batch_size=s.opensearch_sync_batch,
+                max_attempts=s.opensearch_max_attempts,
+                backoff_base_s=s.opensearch_backoff_s,
+            )
             print(report)
-        else:
-            print(f"reindexed {reindex(conn, engine)} nodes")
+            return 0 if report.remaining == 0 else 4
+        n = reindex(conn, engine, batch_size=s.opensearch_sync_batch)
+        print(f"reindexed {n} nodes")
     return 0
 
 

@@ -24,7 +24,13 @@ from .db import translate
 from .deadline import Deadline
 from .embedding import Embedder, EmbeddingUnavailable
 from .embedding_cache import QueryEmbeddingCache
-from .errors import DeadlineExceeded, PoimenError, UnknownProject, ValidationError
+from .errors import (
+    DatabaseUnavailable,
+    DeadlineExceeded,
+    PoimenError,
+    UnknownProject,
+    ValidationError,
+)
 from .queries import q
 from .rerank import RerankClient, RerankUnavailable
 from .settings import Settings
@@ -105,6 +111,10 @@ class Retriever:
             raise DeadlineExceeded(
                 f"deadline passed during {stage}; the query was cancelled"
             ) from exc
+        except psycopg.OperationalError as exc:
+            if exc.sqlstate is None:  # no connection: refused, lost, or none from the pool
+                raise DatabaseUnavailable("database unavailable", detail=str(exc)) from exc
+            raise translate(exc) from exc
         except psycopg.Error as exc:
             raise translate(exc) from exc
 
@@ -140,35 +150,38 @@ class Retriever:
 
         # The lexical leg needs no embedding, so it starts while the query is embedded.
         lex_task: asyncio.Task[Leg] | None = None
-        if strategy in ("Hybrid", "LexicalFirst", "LexicalOnly"):
-            depth = {
-                "Hybrid": self.settings.candidates,
-                "LexicalFirst": self.settings.cascade_candidates,
-            }.get(strategy, rerank_k)
-            lex_task = asyncio.create_task(self._lexical(req, levels, depth, deadline, trace))
         embedding: np.ndarray[Any, Any] | None = None
         try:
-            if strategy != "LexicalOnly":
-                embedding = await self._embed(req.query, deadline, trace)
-        except EmbeddingUnavailable as exc:
-            trace.degraded.append({"stage": "embed", "reason": exc.reason})
-            if not self.has_lexical:
-                raise EmbeddingServiceUnavailable(
-                    f"embedder unavailable ({exc.reason}) and no lexical engine to fall back to",
-                    detail=str(exc),
-                ) from exc
-            deadline.check("embed")
-            trace.why.append(f"embedder unavailable ({exc.reason}): fell back to LexicalOnly")
-            strategy = "LexicalOnly"
-            if lex_task is None:
-                lex_task = asyncio.create_task(
-                    self._lexical(req, levels, rerank_k, deadline, trace)
-                )
-        try:
+            if strategy in ("Hybrid", "LexicalFirst", "LexicalOnly"):
+                depth = {
+                    "Hybrid": self.settings.candidates,
+                    "LexicalFirst": self.settings.cascade_candidates,
+                }.get(strategy, rerank_k)
+                lex_task = asyncio.create_task(self._lexical(req, levels, depth, deadline, trace))
+            try:
+                if strategy != "LexicalOnly":
+                    embedding = await self._embed(req.query, deadline, trace)
+            except EmbeddingUnavailable as exc:
+                trace.degraded.append({"stage": "embed", "reason": exc.reason})
+                if not self.has_lexical:
+                    raise EmbeddingServiceUnavailable(
+                        f"embedder unavailable ({exc.reason}) "
+                        "and no lexical engine to fall back to",
+                        detail=str(exc),
+                    ) from exc
+                deadline.check("embed")
+                trace.why.append(f"embedder unavailable ({exc.reason}): fell back to LexicalOnly")
+                strategy = "LexicalOnly"
+                if lex_task is None:
+                    lex_task = asyncio.create_task(
+                        self._lexical(req, levels, rerank_k, deadline, trace)
+                    )
             sem, lex = await self._legs(
                 strategy, req, levels, embedding, lex_task, rerank_k, deadline, trace
             )
         finally:
+            # Also on an embedding failure or timeout: an orphaned leg would keep its pooled
+            # connection busy and die later with an exception nobody retrieves.
             if lex_task is not None and not lex_task.done():
                 lex_task.cancel()
 
@@ -206,7 +219,12 @@ class Retriever:
         order = [f[0] for f in fused]
         rerank_scores = await self._rerank(req, order, deadline, trace)
         if rerank_scores is not None:
-            order = sorted(order, key=lambda i: (-rerank_scores[i], order.index(i)))
+            # Candidates the reranker left unscored (it may return fewer than asked) go last,
+            # in fused order.
+            order = sorted(
+                order,
+                key=lambda i: (i not in rerank_scores, -rerank_scores.get(i, 0.0), order.index(i)),
+            )
         order = order[: req.limit]
 
         t0 = time.monotonic()
@@ -335,7 +353,7 @@ class Retriever:
                 ) as exc:  # any OpenSearch failure falls back, never fails the request
                     if isinstance(exc, DeadlineExceeded | asyncio.CancelledError):
                         raise
-                    reason = getattr(exc, "reason", type(exc).__name__)
+                    reason = getattr(exc, "kind", None) or type(exc).__name__
                     trace.degraded.append({"stage": "lexical", "reason": f"opensearch_{reason}"})
                     trace.why.append("OpenSearch unavailable, used Postgres lexical")
                     if not self.settings.pg_lexical:
@@ -439,8 +457,18 @@ class Retriever:
         t0 = time.monotonic()
         try:
             texts = dict(await self._sql(deadline, "rerank", "node_texts", {"ids": ids}))
+            # The configured rerank timeout applies, and rerank_min_remaining_s of the
+            # deadline stays for hydrating the results, so a slow reranker degrades to the
+            # fused order instead of timing the whole request out.
+            budget = min(
+                self.reranker.timeout_s,
+                deadline.remaining() - self.settings.rerank_min_remaining_s,
+            )
+            if budget <= 0:
+                trace.degraded.append({"stage": "rerank", "reason": "insufficient_time"})
+                return None
             results = await self.reranker.arerank(
-                req.query, [texts[i] for i in ids], top_n=len(ids), timeout=deadline.remaining()
+                req.query, [texts[i] for i in ids], top_n=len(ids), timeout=budget
             )
         except RerankUnavailable as exc:
             trace.degraded.append({"stage": "rerank", "reason": exc.reason})

@@ -1,0 +1,197 @@
+"""Runs evaluation queries through the real query path (Retriever.query, as behind
+GET /memory/query) and, for depth-100 measures, through the stage SQL functions.
+
+Which path each mode uses:
+
+| mode | top-`limit` ranking and latency | depth-100 ranking (recall@100) |
+|---|---|---|
+| lexical | Retriever, strategy LexicalOnly | memory.lexical_search(k=100) |
+| semantic | Retriever, strategy SemanticOnly | memory.semantic_search(k=100) |
+| hybrid | Retriever, strategy Hybrid, fusion rrf | lexical + semantic at max(candidates, 100), memory.fuse(rrf, rrf_k, final_k=100) |
+| hybrid-convex | Retriever, strategy Hybrid, fusion convex | as hybrid, memory.fuse(convex) |
+| cascade | Retriever, strategy LexicalFirst | lexical top cascade_candidates, memory.search_by_ids(k=100) |
+| auto | Retriever, strategy chosen by the optimizer | the deep path of the strategy it chose |
+| hybrid-rerank | Retriever with the reranker (POIMEN_RERANK_URL) | none (recall@100 omitted) |
+| exact | query embedding + memory.exact_search(k=limit) | memory.exact_search(k=100) |
+
+The query-embedding cache is disabled, so every mode pays for embedding its query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from psycopg_pool import AsyncConnectionPool
+
+from .embedding import Embedder
+from .errors import PoimenError
+from .eval_data import Query
+from .queries import q
+from .retrieval import QueryRequest, Retriever
+from .settings import Settings
+
+
+@dataclass(frozen=True)
+class Mode:
+    strategy: str | None
+    fusion: str | None = None
+    rerank: bool = False
+    exact: bool = False
+
+
+MODES: dict[str, Mode] = {
+    "lexical": Mode("LexicalOnly"),
+    "semantic": Mode("SemanticOnly"),
+    "exact": Mode(None, exact=True),
+    "hybrid": Mode("Hybrid", "rrf"),
+    "hybrid-convex": Mode("Hybrid", "convex"),
+    "cascade": Mode("LexicalFirst"),
+    "auto": Mode(None),
+    "hybrid-rerank": Mode("Hybrid", "rrf", rerank=True),
+}
+DEEP_PATHS = {
+    "lexical": "memory.lexical_search(k=depth)",
+    "semantic": "memory.semantic_search(k=depth)",
+    "exact": "memory.exact_search(k=depth)",
+    "hybrid": "lexical_search + semantic_search at max(candidates, depth), memory.fuse(rrf)",
+    "hybrid-convex": "lexical_search + semantic_search at max(candidates, depth), memory.fuse(convex)",
+    "cascade": "lexical_search(k=cascade_candidates) then memory.search_by_ids(k=depth)",
+    "auto": "the deep path of the strategy the optimizer chose",
+}
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Maps between the database's ids/hashes and the input files' external ids."""
+
+    by_sha: dict[str, str]
+    by_db_id: dict[int, str]
+    l2_of: dict[str, set[str]] = field(default_factory=dict)
+    """For each node, the L2 syntheses above it (walking the parents edges upwards)."""
+
+
+@dataclass
+class Outcome:
+    ranked: list[str] = field(default_factory=list)
+    deep: list[str] | None = None
+    latency_ms: float = 0.0
+    strategy: str | None = None
+    error: str | None = None
+    evidence: list[tuple[str, frozenset[str]]] | None = None
+    """Top results at levels L1,L2: (external id, L0 external ids its provenance cites)."""
+
+
+def _l0_citations(parents: Sequence[dict[str, Any]], by_sha: dict[str, str]) -> set[str]:
+    out: set[str] = set()
+    stack = list(parents)
+    while stack:
+        node = stack.pop()
+        if node.get("level") == "L0" and node.get("sha256") in by_sha:
+            out.add(by_sha[node["sha256"]])
+        stack.extend(node.get("parents") or [])
+    return out
+
+
+class Runner:
+    def __init__(self, pool: AsyncConnectionPool[Any], embedder: Embedder, settings: Settings,
+                 corpus: Corpus, *, levels: tuple[str, ...], limit: int, depth: int,
+                 retriever: Retriever, rerank_retriever: Retriever | None = None) -> None:  # fmt: skip
+        self.pool, self.embedder, self.settings, self.corpus = pool, embedder, settings, corpus
+        self.levels, self.limit, self.depth = levels, limit, depth
+        self.retriever, self.rerank_retriever = retriever, rerank_retriever
+        self._vectors: dict[str, np.ndarray[Any, Any]] = {}
+
+    async def _rows(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(q(name), params)
+            return await cur.fetchall()
+
+    async def vector(self, query: Query) -> np.ndarray[Any, Any]:
+        """The query embedding for the untimed depth-100 path (computed once per query)."""
+        if query.id not in self._vectors:
+            self._vectors[query.id] = await asyncio.to_thread(self.embedder.embed_query, query.text)
+        return self._vectors[query.id]
+
+    def _ext(self, ids: Sequence[int]) -> list[str]:
+        return [self.corpus.by_db_id[i] for i in ids if i in self.corpus.by_db_id]
+
+    async def run(self, mode_name: str, query: Query, *, evidence_k: int = 0) -> Outcome:
+        mode = MODES[mode_name]
+        out = Outcome()
+        try:
+            if mode.exact:
+                t0 = time.perf_counter()
+                vec = await asyncio.to_thread(self.embedder.embed_query, query.text)
+                rows = await self._rows("exact_search", {"embedding": vec, "project": query.project,
+                                        "levels": list(self.levels), "k": self.limit})  # fmt: skip
+                out.latency_ms = (time.perf_counter() - t0) * 1000
+                out.ranked = self._ext([r[0] for r in rows])
+                out.strategy = "exact"
+            else:
+                t0 = time.perf_counter()
+                resp = await self._query(mode, query, self.levels, self.limit)
+                out.latency_ms = (time.perf_counter() - t0) * 1000
+                out.strategy = resp["search_strategy"]
+                out.ranked = [self.corpus.by_sha[r["sha256"]] for r in resp["results"]
+                              if r["sha256"] in self.corpus.by_sha]  # fmt: skip
+            if not mode.rerank:
+                out.deep = await self.deep(mode_name, out.strategy or "", query)
+            if evidence_k and not mode.exact:
+                out.evidence = await self._evidence(mode, query, evidence_k)
+        except PoimenError as err:
+            out.error = f"{err.code}: {err.message}"
+        return out
+
+    async def _query(self, mode: Mode, query: Query, levels: tuple[str, ...],
+                     limit: int) -> dict[str, Any]:  # fmt: skip
+        retriever = self.rerank_retriever if mode.rerank else self.retriever
+        assert retriever is not None
+        req = QueryRequest(query=query.text, project=query.project, levels=levels, limit=limit,
+                           timeout_s=self.settings.max_timeout_s, fusion=mode.fusion,
+                           strategy=mode.strategy)  # fmt: skip
+        return await retriever.query(req)
+
+    async def _evidence(self, mode: Mode, query: Query,
+                        k: int) -> list[tuple[str, frozenset[str]]]:  # fmt: skip
+        resp = await self._query(mode, query, ("L1", "L2"), k)
+        by_sha = self.corpus.by_sha
+        return [(by_sha[r["sha256"]], frozenset(_l0_citations(r["parents"] or [], by_sha)))
+                for r in resp["results"] if r["sha256"] in by_sha]  # fmt: skip
+
+    async def deep(self, mode_name: str, strategy: str, query: Query) -> list[str]:
+        """The depth-``depth`` ranking of a mode through the stage SQL functions."""
+        d, s = self.depth, self.settings
+        base = {"project": query.project, "levels": list(self.levels)}
+        if mode_name == "auto":
+            mode_name = {"LexicalOnly": "lexical", "SemanticOnly": "semantic", "Hybrid": "hybrid",
+                         "LexicalFirst": "cascade"}[strategy]  # fmt: skip
+        if mode_name == "lexical":
+            rows = await self._rows("lexical_search", {**base, "query": query.text, "k": d})
+            return self._ext([r[0] for r in rows])
+        vec = await self.vector(query)
+        if mode_name in ("semantic", "exact"):
+            name = "exact_search" if mode_name == "exact" else "semantic_search"
+            rows = await self._rows(name, {**base, "embedding": vec, "k": d, "ef_search": None})
+            return self._ext([r[0] for r in rows])
+        if mode_name == "cascade":
+            lex = await self._rows("lexical_search", {**base, "query": query.text,
+                                                      "k": s.cascade_candidates})  # fmt: skip
+            rows = await self._rows("search_by_ids", {**base, "embedding": vec,
+                                                      "ids": [r[0] for r in lex], "k": d})  # fmt: skip
+            return self._ext([r[0] for r in rows])
+        depth = max(s.candidates, d)
+        lex = await self._rows("lexical_search", {**base, "query": query.text, "k": depth})
+        sem = await self._rows("semantic_search", {**base, "embedding": vec, "k": depth,
+                                                   "ef_search": None})  # fmt: skip
+        lists = [{"ids": [r[0] for r in sem], "scores": [r[2] for r in sem]},
+                 {"ids": [r[0] for r in lex], "scores": [r[2] for r in lex]}]  # fmt: skip
+        method = "convex" if mode_name == "hybrid-convex" else "rrf"
+        rows = await self._rows("fuse", {"lists": json.dumps(lists), "method": method,
+                                         "k": s.rrf_k, "final_k": d})  # fmt: skip
+        return self._ext([r[0] for r in rows])
