@@ -57,7 +57,9 @@ def test_db_lifecycle_and_sql_user(cli_env: dict[str, str]) -> None:
     assert "nodes_embedding_hnsw" in psql.stdout
     rows = subprocess.run(
         ["psql", url, "-XtAc", "SELECT level FROM memory_query('kong body buffer')"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     assert rows and set(rows) <= {"L1", "L2"}
 
@@ -78,6 +80,25 @@ def test_errors_are_clear(cli_env: dict[str, str]) -> None:
     assert proc.returncode == 1 and "line 1: field 'text'" in proc.stderr
     unknown = run(cli_env, "query", "kong", "--project", "nope", ok=False)
     assert unknown.returncode == 1 and "unknown project" in unknown.stderr
+
+
+def test_reembed_rebuilds_every_vector(cli_env: dict[str, str]) -> None:
+    run(cli_env, "db", "start")
+    url = run(cli_env, "db", "url").stdout.strip()
+
+    def psql(sql: str) -> str:
+        out = subprocess.run(
+            ["psql", url, "-XtAc", sql], capture_output=True, text=True, check=True
+        )
+        return out.stdout.strip()
+
+    before = psql("SELECT embedding::text FROM memory.nodes WHERE external_id = 'poimen:mem:1'")
+    out = run(cli_env, "reembed").stdout
+    assert "re-embedded 21 nodes" in out
+    assert psql("SELECT count(*) FROM memory.nodes WHERE embedding IS NULL") == "0"
+    assert psql("SELECT count(*) FROM pg_indexes WHERE indexname = 'nodes_embedding_hnsw'") == "1"
+    after = psql("SELECT embedding::text FROM memory.nodes WHERE external_id = 'poimen:mem:1'")
+    assert after == before  # same model: the same vectors come back
 
 
 def test_stop(cli_env: dict[str, str]) -> None:

@@ -72,8 +72,8 @@ def _parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
             raise ValidationError(f"{name} must be a number, got {raw!r}") from exc
         return cast(min(max(value, lo), hi))  # clamped, as documented
 
-    fusion = params.get("fusion") or s.default_fusion
-    if fusion not in ("rrf", "convex"):
+    fusion = params.get("fusion") or None  # None: per question type, then POIMEN_FUSION
+    if fusion not in (None, "rrf", "convex"):
         raise ValidationError(f"fusion must be rrf or convex, got {fusion!r}")
     strategy = params.get("strategy") or None
     if strategy not in (None, "LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly"):

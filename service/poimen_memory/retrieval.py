@@ -186,7 +186,11 @@ class Retriever:
                 lex_task.cancel()
 
         t0 = time.monotonic()
-        fusion = req.fusion or "rrf"
+        fusion = (
+            req.fusion
+            or self.settings.fusion_by_type.get(ctx.question_type.value)
+            or self.settings.default_fusion
+        )
         fused = await self._sql(
             deadline,
             "fusion",

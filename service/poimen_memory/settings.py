@@ -46,6 +46,26 @@ def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:
     raise ValueError(f"{key} must be true or false, got {raw!r}")
 
 
+QUESTION_TYPES = ("Factual", "Procedural", "Comparative", "Troubleshooting", "Navigational", "Open")
+
+
+def _fusion(value: str, key: str) -> str:
+    if value not in ("rrf", "convex"):
+        raise ValueError(f"{key} must be rrf or convex, got {value!r}")
+    return value
+
+
+def _fusion_by_type(raw: str) -> dict[str, str]:
+    """Parse "Factual:convex,Open:rrf" into {question type: fusion method}."""
+    out: dict[str, str] = {}
+    for item in filter(None, (x.strip() for x in raw.split(","))):
+        qtype, _, method = item.partition(":")
+        if qtype not in QUESTION_TYPES:
+            raise ValueError(f"POIMEN_FUSION_BY_TYPE: unknown question type {qtype!r}")
+        out[qtype] = _fusion(method, "POIMEN_FUSION_BY_TYPE")
+    return out
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str | None = None
@@ -78,6 +98,7 @@ class Settings:
     ingest_batch: int = 64
     pg_lexical: bool = True
     default_fusion: str = "rrf"
+    fusion_by_type: dict[str, str] = field(default_factory=dict)
 
     @property
     def data_dir(self) -> Path:
@@ -129,5 +150,6 @@ class Settings:
             rerank_min_remaining_s=_float(e, "POIMEN_RERANK_MIN_REMAINING_S", 0.25),
             ingest_batch=_int(e, "POIMEN_INGEST_BATCH", 64),
             pg_lexical=e.get("POIMEN_PG_LEXICAL", "on").lower() not in ("off", "0", "false", "no"),
-            default_fusion=e.get("POIMEN_FUSION", "rrf"),
+            default_fusion=_fusion(e.get("POIMEN_FUSION", "rrf"), "POIMEN_FUSION"),
+            fusion_by_type=_fusion_by_type(e.get("POIMEN_FUSION_BY_TYPE", "")),
         )
