@@ -1,0 +1,357 @@
+"""The HTTP surface around retrieval: parameter validation and clamping, error bodies,
+POST /memory/nodes, GET /healthz and GET /openapi.json, through the real app."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import psycopg
+import pytest
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from doubles.embedding_server import EmbeddingServer, run_embedding_server
+from doubles.opensearch_server import run_opensearch_server
+from doubles.rerank_server import run_rerank_server
+from poimen_memory.app import create_app
+from poimen_memory.embedding import Embedder
+from poimen_memory.local_embedder import LocalEmbedder
+from poimen_memory.settings import Settings
+
+KONG = "how do I fix uploads over 10KB failing through the kong gateway"  # routes Hybrid
+ERROR_KEYS = {"error", "detail", "context", "hint"}  # the Error schema's properties
+
+
+def make_app(env: Mapping[str, str], embedder: Embedder | None = None) -> Any:
+    return create_app(Settings.from_env(env), env=env, embedder=embedder)
+
+
+@pytest.fixture
+def client(fixture_url: str, embedder: LocalEmbedder) -> Iterator[TestClient]:
+    with TestClient(make_app({"POIMEN_DATABASE_URL": fixture_url}, embedder)) as c:
+        yield c
+
+
+def error(response: Any, status: int, code: str) -> dict[str, Any]:
+    """Assert an error response has the documented shape and return its body."""
+    assert response.status_code == status, response.text
+    body: dict[str, Any] = response.json()
+    assert body["error"] == code
+    assert isinstance(body["detail"], str) and body["detail"]
+    assert set(body) <= ERROR_KEYS and all(isinstance(v, str) for v in body.values())
+    return body
+
+
+# -- validation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("params", [{}, {"query": ""}, {"query": "   \t "}, {"level": "L0"}])
+def test_missing_or_empty_query_is_400(client: TestClient, params: dict[str, str]) -> None:
+    body = error(client.get("/memory/query", params=params), 400, "invalid_parameter")
+    assert body["detail"] == "query is required and must not be empty"
+
+
+def test_overlong_query_is_400(fixture_url: str, embedder: LocalEmbedder) -> None:
+    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_MAX_QUERY_CHARS": "20"}
+    with TestClient(make_app(env, embedder)) as client:
+        body = error(
+            client.get("/memory/query", params={"query": "x" * 21}), 400, "invalid_parameter"
+        )
+        assert client.get("/memory/query", params={"query": "kong body buffer"}).status_code == 200
+    assert "longer than 20 characters" in body["detail"]
+    assert "POIMEN_MAX_QUERY_CHARS" in body["hint"]
+
+
+def test_unknown_project_is_404(client: TestClient) -> None:
+    response = client.get("/memory/query", params={"query": KONG, "project": "nope"})
+    body = error(response, 404, "unknown_project")
+    assert "'nope'" in body["detail"]
+
+
+@pytest.mark.parametrize("level", ["L9", "L0,L3", "l1", ",", "", "L1;L2"])
+def test_bad_level_is_400(client: TestClient, level: str) -> None:
+    response = client.get("/memory/query", params={"query": KONG, "level": level})
+    body = error(response, 400, "invalid_parameter")
+    assert "level must be a comma-separated subset of L0,L1,L2" in body["detail"]
+
+
+def test_level_list_is_trimmed_and_deduplicated(client: TestClient) -> None:
+    body = client.get("/memory/query", params={"query": KONG, "level": " L0 , L0,"}).json()
+    assert body["level_filter"] == ["L0"] and {r["level"] for r in body["results"]} == {"L0"}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("limit", "many", "limit must be a number"),
+        ("limit", "2.5", "limit must be a number"),
+        ("timeout_seconds", "soon", "timeout_seconds must be a number"),
+        ("fusion", "borda", "fusion must be rrf or convex"),
+        ("strategy", "Magic", "unknown strategy"),
+    ],
+)
+def test_bad_parameters_are_400(client: TestClient, name: str, value: str, message: str) -> None:
+    response = client.get("/memory/query", params={"query": KONG, name: value})
+    assert message in error(response, 400, "invalid_parameter")["detail"]
+
+
+def test_strategy_override(client: TestClient) -> None:
+    body = client.get("/memory/query", params={"query": KONG, "strategy": "LexicalOnly"}).json()
+    assert body["plan"]["optimizer_strategy"] == "Hybrid"
+    assert body["search_strategy"] == "LexicalOnly"
+    assert "strategy LexicalOnly forced by the request" in body["notes"]
+    assert all(r["semantic_rank"] is None for r in body["results"])
+
+
+# -- clamping -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("limit", "expected"), [("0", 1), ("-7", 1), ("1", 1), ("40", 4)])
+def test_limit_is_clamped(
+    fixture_url: str, embedder: LocalEmbedder, limit: str, expected: int
+) -> None:
+    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_MAX_LIMIT": "4"}
+    with TestClient(make_app(env, embedder)) as client:
+        params = {"query": KONG, "level": "L0,L1,L2", "limit": limit}
+        body = client.get("/memory/query", params=params).json()
+    assert len(body["results"]) == body["metrics"]["final_count"] == expected
+
+
+@pytest.fixture(scope="module")
+def slow_embeddings() -> Iterator[EmbeddingServer]:
+    with run_embedding_server(dim=384) as server:
+        yield server
+
+
+def remote_env(url: str, server: EmbeddingServer, **extra: str) -> dict[str, str]:
+    return {
+        "POIMEN_DATABASE_URL": url,
+        "POIMEN_EMBEDDINGS_URL": server.url,
+        "POIMEN_EMBEDDINGS_MODEL": "test-bag-of-words",
+        "POIMEN_EMBEDDINGS_DIM": "384",
+        **extra,
+    }
+
+
+def test_tiny_timeout_is_raised_to_the_minimum(
+    fixture_url: str, slow_embeddings: EmbeddingServer
+) -> None:
+    slow_embeddings.reset(dim=384, delay_s=0.3)
+    with TestClient(make_app(remote_env(fixture_url, slow_embeddings))) as client:
+        response = client.get("/memory/query", params={"query": KONG, "timeout_seconds": "0.01"})
+    # Unclamped, 10 ms could not cover a 300 ms embedding; clamped to 1 s it does.
+    assert response.status_code == 200, response.text
+    assert response.json()["metrics"]["embed_time_ms"] >= 300
+
+
+def test_huge_timeout_is_capped(fixture_url: str, slow_embeddings: EmbeddingServer) -> None:
+    slow_embeddings.reset(dim=384, delay_s=5)
+    env = remote_env(fixture_url, slow_embeddings, POIMEN_MAX_TIMEOUT_S="1")
+    with TestClient(make_app(env)) as client:
+        started = time.monotonic()
+        response = client.get("/memory/query", params={"query": KONG, "timeout_seconds": "600"})
+        elapsed = time.monotonic() - started
+    body = error(response, 503, "timeout")
+    assert "deadline of 1s" in body["detail"]
+    assert elapsed < 1.3
+
+
+# -- POST /memory/nodes ---------------------------------------------------------------------
+
+NEW_NODES: list[dict[str, Any]] = [
+    {
+        "id": "zeta:chat:1",
+        "level": "L0",
+        "title": "zeta standup",
+        "text": "Ivan: the zeppelin telemetry exporter drops samples when the queue exceeds 4096.",
+        "source": "zeta:chat:1",
+        "timestamp": "2025-01-10T09:00:00Z",
+    },
+    {
+        "id": "zeta:chat:2",
+        "level": "L0",
+        "title": "zeta standup",
+        "text": "Judy: raising the zeppelin exporter queue to 16384 stopped the dropped samples.",
+        "source": "zeta:chat:2",
+        "timestamp": "2025-01-10T09:05:00Z",
+    },
+    {
+        "id": "zeta:mem:1",
+        "level": "L1",
+        "text": "Zeppelin telemetry samples were dropped by a full exporter queue; 16384 fixed it.",
+        "source": "zeta:mem:1",
+        "timestamp": "2025-01-10T10:00:00Z",
+        "parents": ["zeta:chat:1", "zeta:chat:2"],
+    },
+]
+
+
+def ndjson(nodes: list[dict[str, Any]]) -> str:
+    return "\n".join(json.dumps(n) for n in nodes) + "\n"
+
+
+def counts(url: str) -> tuple[int, int, list[str]]:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM memory.nodes), (SELECT count(*) FROM memory.edges), "
+            "ARRAY(SELECT name FROM memory.projects ORDER BY name)"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), list(row[2])
+
+
+def test_post_nodes_ingests_and_is_idempotent(client: TestClient, fixture_url: str) -> None:
+    nodes0, edges0, projects0 = counts(fixture_url)
+    created = client.post("/memory/nodes", params={"project": "zeta"}, content=ndjson(NEW_NODES))
+    assert created.status_code == 201, created.text
+    report = created.json()
+    assert report["inserted"] == 3 and report["duplicates"] == 0 and report["edges"] == 2
+    assert report["invalid"] == [] and report["unresolved"] == []
+    assert counts(fixture_url) == (nodes0 + 3, edges0 + 2, sorted([*projects0, "zeta"]))
+
+    # The new memory is searchable at once, with its evidence.
+    body = client.get(
+        "/memory/query", params={"query": "zeppelin exporter dropped samples", "project": "zeta"}
+    ).json()
+    top = body["results"][0]
+    assert top["source"] == "zeta:mem:1" and top["project"] == "zeta"
+    assert [p["source"] for p in top["parents"]] == ["zeta:chat:1", "zeta:chat:2"]
+    assert "16384 stopped the dropped samples" in top["parents"][1]["text"]
+
+    # The same nodes again, this time as a JSON array: nothing new.
+    again = client.post("/memory/nodes", params={"project": "zeta"}, content=json.dumps(NEW_NODES))
+    assert again.status_code == 201, again.text
+    assert again.json()["inserted"] == 0 and again.json()["duplicates"] == 3
+    assert again.json()["edges"] == 0
+    assert counts(fixture_url) == (nodes0 + 3, edges0 + 2, sorted([*projects0, "zeta"]))
+
+
+def test_post_invalid_node_writes_nothing(client: TestClient, fixture_url: str) -> None:
+    before = counts(fixture_url)
+    bad = [NEW_NODES[0], {**NEW_NODES[1], "level": "L7"}, NEW_NODES[2]]
+    response = client.post("/memory/nodes", params={"project": "zeta"}, content=ndjson(bad))
+    body = error(response, 400, "invalid_node")
+    assert "1 invalid line(s); nothing was written" in body["detail"]
+    assert body["context"] == "line 2: field 'level': must be one of L0, L1, L2, got 'L7'"
+    assert "--skip-invalid" in body["hint"]
+    assert counts(fixture_url) == before  # not even the project was created
+
+
+def test_post_nodes_skip_invalid(client: TestClient, fixture_url: str) -> None:
+    nodes0, _, _ = counts(fixture_url)
+    bad: list[dict[str, Any]] = [NEW_NODES[0], {"level": "L0", "text": ""}]
+    response = client.post(
+        "/memory/nodes", params={"project": "zeta", "skip_invalid": "true"}, content=ndjson(bad)
+    )
+    assert response.status_code == 201, response.text
+    assert response.json()["inserted"] == 1
+    assert response.json()["invalid"] == ["line 2: field 'text': required, a non-empty string"]
+    assert counts(fixture_url)[0] == nodes0 + 1
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("", "no nodes in the request body"),
+        ("\n\n", "no nodes in the request body"),
+        ("[{", "body is not valid JSON"),
+    ],
+)
+def test_post_nodes_empty_or_broken_body(client: TestClient, content: str, message: str) -> None:
+    body = error(client.post("/memory/nodes", content=content), 400, "invalid_parameter")
+    assert message in body["detail"]
+
+
+def test_post_node_without_project_names_the_field(client: TestClient) -> None:
+    response = client.post("/memory/nodes", content=json.dumps({"level": "L0", "text": "orphan"}))
+    body = error(response, 400, "invalid_node")
+    assert body["context"] == "line 1: field 'project': required (or pass --project)"
+
+
+# -- GET /healthz ---------------------------------------------------------------------------
+
+
+def test_healthz_minimal(client: TestClient, embedder: LocalEmbedder) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "ok"
+    checks = body["checks"]
+    assert checks["database"] == {"ok": True, "nodes": 21, "embedding_model": embedder.model_name}
+    assert checks["embedder"] == {"ok": True, "model": embedder.model_name, "dim": 384}
+    assert checks["reranker"] == {"ok": None, "status": "not_configured"}
+    assert checks["opensearch"] == {"ok": None, "status": "not_configured"}
+    assert checks["embedding_cache"]["max_entries"] == 1024
+    assert checks["embedding_cache"]["size"] == 0
+    assert body["engines"] == {"lexical": "postgres-bm25", "semantic": "hnsw", "rerank": None}
+
+
+def test_healthz_with_every_dependency(fixture_url: str, embedder: LocalEmbedder) -> None:
+    with run_rerank_server() as rerank, run_opensearch_server() as opensearch:
+        env = {
+            "POIMEN_DATABASE_URL": fixture_url,
+            "POIMEN_RERANK_URL": rerank.url,
+            "POIMEN_OPENSEARCH_URL": opensearch.url,
+            "POIMEN_EMBED_CACHE_SIZE": "7",
+        }
+        with TestClient(make_app(env, embedder)) as client:
+            up = client.get("/healthz").json()
+            opensearch.down = True
+            down = client.get("/healthz")
+    assert up["checks"]["reranker"] == {"ok": True, "endpoint": rerank.url + "/v1/rerank"}
+    assert up["checks"]["opensearch"] == {"ok": True}
+    assert up["checks"]["embedding_cache"]["max_entries"] == 7
+    assert up["engines"] == {"lexical": "opensearch", "semantic": "hnsw", "rerank": "remote"}
+    # OpenSearch down is not the service down: queries fall back to Postgres lexical.
+    assert down.status_code == 200 and down.json()["status"] == "ok"
+    assert down.json()["checks"]["opensearch"] == {"ok": False}
+    assert down.json()["engines"]["lexical"] == "postgres-bm25"
+
+
+def test_healthz_without_lexical_engine(fixture_url: str, embedder: LocalEmbedder) -> None:
+    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_PG_LEXICAL": "off"}
+    with TestClient(make_app(env, embedder)) as client:
+        assert client.get("/healthz").json()["engines"]["lexical"] is None
+
+
+# -- GET /openapi.json ----------------------------------------------------------------------
+
+
+def test_openapi_lists_every_route_and_the_error_schema(
+    fixture_url: str, embedder: LocalEmbedder
+) -> None:
+    app = make_app({"POIMEN_DATABASE_URL": fixture_url}, embedder)
+    with TestClient(app) as client:
+        response = client.get("/openapi.json")
+        sample = client.get("/memory/query", params={"query": KONG}).json()
+    assert response.status_code == 200
+    spec = response.json()
+    assert spec["openapi"].startswith("3.1")
+    routes = {
+        r.path: {m.lower() for m in (r.methods or ()) if m != "HEAD"}
+        for r in app.routes
+        if isinstance(r, Route)
+    }
+    assert {path: set(ops) for path, ops in spec["paths"].items()} == routes
+    schemas = spec["components"]["schemas"]
+    error_schema = schemas["Error"]
+    assert error_schema["required"] == ["error", "detail"]
+    assert set(error_schema["properties"]) == ERROR_KEYS
+    for path, ops in spec["paths"].items():
+        for op in ops.values():
+            for status, resp in op["responses"].items():
+                if status.startswith(("4", "5")) and "content" in resp:
+                    ref = resp["content"]["application/json"]["schema"]["$ref"]
+                    assert ref == "#/components/schemas/Error", (path, status)
+    query_errors = spec["paths"]["/memory/query"]["get"]["responses"]
+    assert {"400", "404", "503"} <= set(query_errors)
+    params = {p["name"] for p in spec["paths"]["/memory/query"]["get"]["parameters"]}
+    assert params == {"query", "project", "level", "limit", "timeout_seconds", "fusion", "strategy"}
+    # The documented response shapes cover what the service really returns.
+    assert set(sample) <= set(schemas["QueryResponse"]["properties"])
+    assert set(sample["results"][0]) <= set(schemas["Result"]["properties"])
+    parent = sample["results"][0]["parents"][0]
+    assert set(parent) <= set(schemas["Parent"]["properties"])

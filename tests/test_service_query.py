@@ -1,0 +1,430 @@
+"""GET /memory/query through the real app (Starlette TestClient) against the test cluster:
+result content, level/project/limit filters, provenance, scores, fusion, the cascade's
+by-ids stage, reranking and the query-embedding cache."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from pgvector.psycopg import register_vector
+from starlette.testclient import TestClient
+
+from doubles.embedding_server import EmbeddingServer, run_embedding_server
+from doubles.rerank_server import RerankServer, run_rerank_server
+from poimen_memory.app import create_app
+from poimen_memory.embedding import Embedder
+from poimen_memory.local_embedder import LocalEmbedder
+from poimen_memory.settings import Settings
+
+KONG = "how do I fix uploads over 10KB failing through the kong gateway"  # routes Hybrid
+CASCADE = "kong buffer incidents in 2024"  # a year: routes LexicalFirst
+KONG_MEMORY = "poimen:mem:1"  # the L1 memory about Kong's body buffer
+
+
+@contextmanager
+def serve(env: Mapping[str, str], embedder: Embedder | None = None) -> Iterator[TestClient]:
+    app = create_app(Settings.from_env(env), env=env, embedder=embedder)
+    with TestClient(app) as client:
+        yield client
+
+
+def query(client: TestClient, **params: Any) -> dict[str, Any]:
+    response = client.get("/memory/query", params=params)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def sources(body: dict[str, Any]) -> list[str]:
+    return [r["source"] for r in body["results"]]
+
+
+@pytest.fixture(scope="module")
+def rerank_double() -> Iterator[RerankServer]:
+    with run_rerank_server() as server:
+        yield server
+
+
+@pytest.fixture
+def rerank(rerank_double: RerankServer) -> RerankServer:
+    rerank_double.reset()
+    return rerank_double
+
+
+@pytest.fixture
+def client(fixture_url: str, embedder: LocalEmbedder) -> Iterator[TestClient]:
+    with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as c:
+        yield c
+
+
+# -- a1, a3-a7: basic results, provenance, filters -----------------------------------------
+
+
+def test_basic_query_finds_the_kong_memory(client: TestClient) -> None:
+    body = query(client, query=KONG)
+    assert body["search_strategy"] == "Hybrid"
+    assert body["query"] == KONG and body["level_filter"] == ["L1", "L2"]
+    top = body["results"][0]
+    assert top["source"] == KONG_MEMORY and top["level"] == "L1"
+    assert "client_body_buffer_size to 64k" in top["text"]
+    assert len(top["sha256"]) == 64
+    assert body["notes"].startswith(f"{len(body['results'])} results")
+
+
+def test_l1_result_carries_its_l0_evidence(client: TestClient) -> None:
+    body = query(client, query=KONG)
+    kong = next(r for r in body["results"] if r["source"] == KONG_MEMORY)
+    parents = kong["parents"]
+    # Ordered by edge precedence: the chat turns in the order the memory cites them.
+    assert [p["source"] for p in parents] == ["poimen:chat:1", "poimen:chat:2", "poimen:chat:3"]
+    assert all(p["level"] == "L0" and p["parents"] == [] for p in parents)
+    assert parents[0]["text"].startswith("Alice: Uploads larger than 10KB are failing with a 413")
+    assert "client_body_buffer_size defaults to 8k" in parents[1]["text"]
+    assert "nginx_http_client_body_buffer_size to 64k" in parents[2]["text"]
+    assert parents[1]["title"] == "incident 2024-03-04"
+    assert parents[1]["timestamp"].startswith("2024-03-04T09:20:00")
+
+
+def test_l2_result_provenance_reaches_l0_through_l1(client: TestClient) -> None:
+    body = query(client, query=KONG)
+    synthesis = next(r for r in body["results"] if r["source"] == "poimen:syn:1")
+    assert synthesis["level"] == "L2"
+    l1 = synthesis["parents"]
+    assert [p["source"] for p in l1] == ["poimen:mem:1", "poimen:mem:2"]
+    assert all(p["level"] == "L1" for p in l1)
+    evidence = {g["source"]: g["text"] for p in l1 for g in p["parents"]}
+    assert set(evidence) == {f"poimen:chat:{i}" for i in range(1, 6)}
+    assert "pgbouncer in transaction mode" in evidence["poimen:chat:5"]
+
+
+def test_level_l0_returns_only_evidence(client: TestClient) -> None:
+    body = query(client, query=KONG, level="L0")
+    assert body["level_filter"] == ["L0"]
+    assert body["results"] and {r["level"] for r in body["results"]} == {"L0"}
+    # The chat turn that names the setting is among the evidence found.
+    assert "poimen:chat:2" in sources(body)
+
+
+def test_levels_l1_l2_exclude_evidence(client: TestClient) -> None:
+    body = query(client, query=KONG, level="L1,L2", limit=10)
+    levels = {r["level"] for r in body["results"]}
+    assert body["results"] and "L0" not in levels and levels == {"L1", "L2"}
+
+
+def test_project_filter(client: TestClient) -> None:
+    unfiltered = query(client, query=KONG, limit=10)
+    assert {r["project"] for r in unfiltered["results"]} == {"poimen", "atlas"}
+    poimen = query(client, query=KONG, project="poimen", limit=10)
+    assert poimen["project"] == "poimen"
+    assert poimen["results"] and {r["project"] for r in poimen["results"]} == {"poimen"}
+    atlas = query(client, query=KONG, project="atlas", limit=10)
+    assert atlas["results"] and {r["project"] for r in atlas["results"]} == {"atlas"}
+    assert atlas["results"][0]["source"] == "atlas:mem:1"
+
+
+def test_limit(client: TestClient) -> None:
+    body = query(client, query=KONG, limit=3)
+    assert len(body["results"]) == 3
+    assert body["metrics"]["final_count"] == 3
+    assert len(query(client, query=KONG, limit=1)["results"]) == 1
+
+
+# -- hybrid and cascade ----------------------------------------------------------------
+
+
+def test_hybrid_fuses_both_legs(client: TestClient, fixture_url: str) -> None:
+    body = query(client, query=KONG, limit=10)
+    assert body["plan"]["engines"] == {
+        "lexical": "postgres-bm25",
+        "semantic": "hnsw",
+        "rerank": None,
+    }
+    results = body["results"]
+    assert any(r["semantic_rank"] is not None and r["lexical_rank"] is not None for r in results)
+    assert all(r["fusion_method"] == "rrf" for r in results)
+    # Ranks are those of the SQL legs.
+    with psycopg.connect(fixture_url) as conn:
+        lexical = conn.execute(
+            "SELECT encode(n.sha256, 'hex'), l.rank "
+            "FROM memory.lexical_search(%s, NULL, '{L1,L2}', 50) l "
+            "JOIN memory.nodes n ON n.id = l.node_id",
+            (KONG,),
+        ).fetchall()
+    assert {r["sha256"]: r["lexical_rank"] for r in results if r["lexical_rank"]} == dict(lexical)
+    # No reranker: the fused score decided the order.
+    finals = [r["final_score"] for r in results]
+    assert finals == sorted(finals, reverse=True)
+    assert all(r["rerank_score"] is None for r in results)
+    k = 60
+    for r in results:
+        expected = sum(1 / (k + rank) for rank in (r["semantic_rank"], r["lexical_rank"]) if rank)
+        assert r["final_score"] == pytest.approx(expected)
+
+
+def test_convex_fusion_on_request(client: TestClient) -> None:
+    body = query(client, query=KONG, fusion="convex", limit=10)
+    assert {r["fusion_method"] for r in body["results"]} == {"convex"}
+    finals = [r["final_score"] for r in body["results"]]
+    assert finals == sorted(finals, reverse=True) and max(finals) <= 2.0
+
+
+BY_IDS_SPY = """
+ALTER FUNCTION memory.search_by_ids(vector, bigint[], text, text[], integer)
+    RENAME TO search_by_ids_real;
+CREATE TABLE memory.by_ids_calls (call serial PRIMARY KEY, ids bigint[], project text,
+                                  levels text[], k integer);
+CREATE FUNCTION memory.search_by_ids(query_embedding vector, ids bigint[],
+                                     project text DEFAULT NULL, levels text[] DEFAULT NULL,
+                                     k integer DEFAULT 50)
+RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    INSERT INTO memory.by_ids_calls (ids, project, levels, k) VALUES (ids, project, levels, k);
+    RETURN QUERY SELECT * FROM memory.search_by_ids_real(query_embedding, ids, project, levels, k);
+END $$;
+"""
+
+
+@pytest.mark.parametrize("project", [None, "poimen"])
+def test_cascade_ranks_exactly_the_lexical_ids(
+    fixture_url: str, embedder: LocalEmbedder, project: str | None
+) -> None:
+    with psycopg.connect(fixture_url, autocommit=True) as conn:
+        conn.execute(BY_IDS_SPY)
+        lexical = [
+            r[0]
+            for r in conn.execute(
+                "SELECT node_id FROM memory.lexical_search(%s, %s, '{L1,L2}', 200) ORDER BY rank",
+                (CASCADE, project),
+            )
+        ]
+    params = {"query": CASCADE} | ({"project": project} if project else {})
+    with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as client:
+        body = query(client, **params)
+    assert body["search_strategy"] == "LexicalFirst"
+    assert body["plan"]["engines"]["semantic"] == "by-ids"
+    with psycopg.connect(fixture_url) as conn:
+        calls = conn.execute("SELECT ids, project, levels FROM memory.by_ids_calls").fetchall()
+        lexical_shas: set[str] = {
+            r[0]
+            for r in conn.execute(
+                "SELECT encode(sha256, 'hex') FROM memory.nodes WHERE id = ANY(%s)", (lexical,)
+            )
+        }
+    assert len(lexical) >= 2
+    assert calls == [(lexical, project, ["L1", "L2"])]  # one call, exactly the lexical leg's ids
+    results = body["results"]
+    assert results and all(r["fusion_method"] == "cascade" for r in results)
+    assert {r["sha256"] for r in results} <= lexical_shas
+    # The cascade's order is the by-ids cosine order.
+    assert [r["semantic_rank"] for r in results] == list(range(1, len(results) + 1))
+    scores = [r["query_score"] for r in results]
+    assert scores == sorted(scores, reverse=True)
+
+
+# -- scores, metrics ----------------------------------------------------------------------
+
+
+def stored_vectors(url: str, shas: list[str]) -> dict[str, np.ndarray[Any, Any]]:
+    with psycopg.connect(url) as conn:
+        register_vector(conn)
+        rows = conn.execute(
+            "SELECT encode(sha256, 'hex'), embedding FROM memory.nodes "
+            "WHERE encode(sha256, 'hex') = ANY(%s)",
+            (shas,),
+        ).fetchall()
+    return {sha: np.asarray(vec.to_numpy(), dtype=np.float64) for sha, vec in rows}
+
+
+def cosine(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_query_score_is_the_cosine_of_query_and_stored_vector(
+    client: TestClient, fixture_url: str, embedder: LocalEmbedder
+) -> None:
+    body = query(client, query=KONG, level="L0,L1,L2", limit=8)
+    q = embedder.embed_query(KONG).astype(np.float64)
+    vectors = stored_vectors(fixture_url, [r["sha256"] for r in body["results"]])
+    for r in body["results"]:
+        assert r["query_score"] == pytest.approx(cosine(q, vectors[r["sha256"]]), abs=1e-5)
+
+
+def test_metrics_are_populated(client: TestClient) -> None:
+    body = query(client, query=KONG)
+    m = body["metrics"]
+    stages = ("embed_time_ms", "lexical_time_ms", "semantic_time_ms", "fusion_time_ms")
+    assert all(isinstance(m[k], float) and m[k] > 0 for k in (*stages, "total_time_ms"))
+    assert m["total_time_ms"] >= max(m[k] for k in stages)
+    assert body["latency_ms"] >= m["total_time_ms"]
+    assert m["rerank_time_ms"] == 0.0  # no reranker configured
+    assert m["final_count"] == len(body["results"]) <= 5
+    assert m["semantic_candidates"] == 10  # every L1/L2 node with an embedding (limit 50)
+    assert m["lexical_candidates"] > 0
+    assert m["embedding_cache_hit"] is False
+
+
+# -- reranking (rerank double) ---------------------------------------------------------------
+
+
+def rerank_env(url: str, server: RerankServer, **extra: str) -> dict[str, str]:
+    return {"POIMEN_DATABASE_URL": url, "POIMEN_RERANK_URL": server.url, **extra}
+
+
+def test_reranked_scores_are_in_unit_interval(
+    fixture_url: str, embedder: LocalEmbedder, rerank: RerankServer
+) -> None:
+    with serve(rerank_env(fixture_url, rerank), embedder) as client:
+        body = query(client, query=KONG)
+    assert body["plan"]["engines"]["rerank"] == "remote"
+    assert not [d for d in body["degraded"] if d["stage"] == "rerank"]
+    assert len(body["results"]) == 5
+    for r in body["results"]:
+        for key in ("query_score", "rerank_score"):
+            assert isinstance(r[key], float) and 0.0 <= r[key] <= 1.0, (key, r[key])
+
+
+def test_reranker_reorders_the_fused_list(
+    fixture_url: str, embedder: LocalEmbedder, rerank: RerankServer
+) -> None:
+    limit = 3
+    rerank.reset(scores=[0.5] * 50)  # all equal: the fused order survives, and we see it
+    with serve(rerank_env(fixture_url, rerank), embedder) as client:
+        baseline = query(client, query=KONG, limit=limit)
+        fused_docs = rerank.requests[-1].body["documents"]
+        n = len(fused_docs)
+        assert n == limit * 3  # the reranker sees limit x POIMEN_RERANK_DEPTH_FACTOR candidates
+        assert [r["text"] for r in baseline["results"]] == fused_docs[:limit]
+        # Now the last fused candidate gets the best score, the others keep their order.
+        scores = [0.6 - 0.05 * i for i in range(n - 1)] + [0.95]
+        rerank.reset(scores=scores)
+        body = query(client, query=KONG, limit=limit)
+    assert rerank.requests[-1].body["documents"] == fused_docs
+    results = body["results"]
+    assert [r["text"] for r in results] == [fused_docs[-1], fused_docs[0], fused_docs[1]]
+    assert [r["rerank_score"] for r in results] == pytest.approx([0.95, 0.6, 0.55])
+    # Order follows rerank_score, not the fused score: the new top was fused last.
+    assert results[0]["final_score"] < results[1]["final_score"]
+    assert body["metrics"]["final_count"] == limit
+    assert f"reranker reduced {n} candidates to {limit}" in body["notes"]
+    # query_score stays the pre-rerank cosine.
+    q = embedder.embed_query(KONG).astype(np.float64)
+    vectors = stored_vectors(fixture_url, [r["sha256"] for r in results])
+    for r in results:
+        assert r["query_score"] == pytest.approx(cosine(q, vectors[r["sha256"]]), abs=1e-5)
+
+
+def test_reranked_results_sorted_by_rerank_score_and_depth(
+    fixture_url: str, embedder: LocalEmbedder, rerank: RerankServer
+) -> None:
+    with serve(rerank_env(fixture_url, rerank), embedder) as client:
+        for text, limit, level in (
+            (KONG, 2, "L1,L2"),
+            (KONG, 4, "L0,L1,L2"),
+            ("kong", 2, "L1,L2"),  # LexicalOnly
+            (CASCADE, 2, "L1,L2"),  # LexicalFirst
+        ):
+            body = query(client, query=text, limit=limit, level=level)
+            sent = rerank.requests[-1].body
+            assert sent["query"] == text and sent["top_n"] == len(sent["documents"])
+            assert limit <= len(sent["documents"]) <= limit * 3
+            results = body["results"]
+            assert len(results) == body["metrics"]["final_count"] <= limit
+            scores = [r["rerank_score"] for r in results]
+            assert scores == sorted(scores, reverse=True), (text, limit, level)
+            assert body["metrics"]["rerank_time_ms"] > 0
+
+
+def _sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+@pytest.mark.parametrize(
+    ("scale", "expected"),
+    [("unit", lambda raw: raw), ("percent", lambda raw: raw / 100), ("logit", _sigmoid)],
+)
+def test_rerank_scale_is_normalised_by_the_service(
+    fixture_url: str, embedder: LocalEmbedder, rerank: RerankServer, scale: str, expected: Any
+) -> None:
+    rerank.reset(score_scale=scale)
+    q = "kong body buffer upload limits"
+    with serve(rerank_env(fixture_url, rerank), embedder) as client:
+        body = query(client, query=q, limit=4, level="L0,L1,L2")
+    docs = rerank.requests[-1].body["documents"]
+    raw_batch = sorted((rerank.raw_score(q, d) for d in docs), reverse=True)
+    # Each batch is on its own scale; the auto-detection needs these to tell them apart.
+    assert {"unit": raw_batch[0] <= 1, "percent": raw_batch[0] > 1, "logit": raw_batch[-1] < 0}[
+        scale
+    ]
+    results = body["results"]
+    raw = [rerank.raw_score(q, r["text"]) for r in results]
+    assert raw == raw_batch[: len(results)]  # the best raw scores won
+    for r, x in zip(results, raw, strict=True):
+        assert 0.0 <= r["rerank_score"] <= 1.0
+        assert r["rerank_score"] == pytest.approx(expected(x))
+    # Monotone: a higher raw score never gets a lower normalised one.
+    pairs = sorted(zip(raw, (r["rerank_score"] for r in results), strict=True))
+    assert [s for _, s in pairs] == sorted(s for _, s in pairs)
+
+
+# -- the query-embedding cache --------------------------------------------------------------
+
+
+def test_embedding_cache_with_local_embedder(fixture_url: str, embedder: LocalEmbedder) -> None:
+    with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as client:
+        first = query(client, query=KONG)
+        second = query(client, query=KONG)
+        stats = client.get("/healthz").json()["checks"]["embedding_cache"]
+    assert first["metrics"]["embedding_cache_hit"] is False
+    assert second["metrics"]["embedding_cache_hit"] is True
+    assert sources(first) == sources(second)
+    assert [r["query_score"] for r in first["results"]] == [
+        r["query_score"] for r in second["results"]
+    ]
+    assert stats["hits"] == 1 and stats["misses"] == 1 and stats["size"] == 1
+
+
+@pytest.fixture
+def embedding_double() -> Iterator[EmbeddingServer]:
+    # dim 384 matches the fixture database's configured model, so the SQL accepts the
+    # vectors (they are hashed bags of words: rankings are meaningless, plumbing is not).
+    with run_embedding_server(dim=384) as server:
+        yield server
+
+
+def test_embedding_cache_skips_the_remote_embedder(
+    fixture_url: str, embedding_double: EmbeddingServer
+) -> None:
+    env = {
+        "POIMEN_DATABASE_URL": fixture_url,
+        "POIMEN_EMBEDDINGS_URL": embedding_double.url,
+        "POIMEN_EMBEDDINGS_MODEL": "test-bag-of-words",
+        "POIMEN_EMBEDDINGS_DIM": "384",
+    }
+    with serve(env) as client:
+        first = query(client, query=KONG)
+        second = query(client, query=KONG)
+        assert len(embedding_double.embedding_requests) == 1
+        other = query(client, query="postgres connection pool exhausted during deploys")
+        health = client.get("/healthz").json()["checks"]
+    assert first["search_strategy"] == second["search_strategy"] == "Hybrid"
+    assert first["metrics"]["embedding_cache_hit"] is False
+    assert second["metrics"]["embedding_cache_hit"] is True
+    assert other["metrics"]["embedding_cache_hit"] is False
+    inputs = [r.body["input"] for r in embedding_double.embedding_requests]
+    assert inputs == [[KONG], ["postgres connection pool exhausted during deploys"]]
+    assert health["embedder"] == {"ok": True, "model": "test-bag-of-words", "dim": 384}
+    # The remote vector is what the query was scored with.
+    vec = embedding_double.vector_for(KONG).astype(np.float64)
+    vectors = stored_vectors(fixture_url, [r["sha256"] for r in first["results"]])
+    for r in first["results"]:
+        assert r["query_score"] == pytest.approx(
+            min(1.0, max(0.0, cosine(vec, vectors[r["sha256"]]))), abs=1e-5
+        )
