@@ -355,3 +355,14 @@ def test_openapi_lists_every_route_and_the_error_schema(
     assert set(sample["results"][0]) <= set(schemas["Result"]["properties"])
     parent = sample["results"][0]["parents"][0]
     assert set(parent) <= set(schemas["Parent"]["properties"])
+
+
+def test_healthz_flags_an_embedding_model_mismatch(fixture_url: str, embedder: Any) -> None:
+    with psycopg.connect(fixture_url, autocommit=True) as conn:
+        conn.execute("UPDATE memory.embedding_model SET model = 'another-384-dim-model'")
+    env = {"POIMEN_DATABASE_URL": fixture_url}
+    with TestClient(create_app(Settings.from_env(env), env=env, embedder=embedder)) as client:
+        body = client.get("/healthz").json()
+    assert body["checks"]["embedder"]["ok"] is False
+    assert body["checks"]["embedder"]["error"] == "model_mismatch"
+    assert body["checks"]["embedder"]["database_model"] == "another-384-dim-model"

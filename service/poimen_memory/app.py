@@ -168,6 +168,10 @@ async def healthz(request: Request) -> JSONResponse:
         if state.embedder
         else {"ok": False, "error": "not_configured"}
     )
+    stored_model = checks["database"].get("embedding_model")
+    if state.embedder and stored_model and stored_model != state.embedder.model_name:
+        # Same dimension but another model would give meaningless cosine scores.
+        checks["embedder"].update(ok=False, error="model_mismatch", database_model=stored_model)
     checks["reranker"] = (
         {"ok": True, "endpoint": state.reranker.endpoint}
         if state.reranker
