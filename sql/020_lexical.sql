@@ -1,5 +1,7 @@
 -- In-database BM25. Term statistics (postings, document frequencies, corpus sizes) are
--- kept exact by statement-level triggers, so inserts and deletes never drift the IDF.
+-- kept exact by statement-level triggers, so inserts, updates, deletes and TRUNCATE never
+-- drift the IDF. Term frequencies come from tsvector positions, which PostgreSQL caps at
+-- 256 per lexeme (and positions at 16383): beyond that a term's tf is under-counted.
 
 CREATE OR REPLACE FUNCTION memory.lexical_document(title text, breadcrumb text[], body text)
 RETURNS tsvector
@@ -22,6 +24,8 @@ END $$;
 CREATE OR REPLACE FUNCTION memory.nodes_lexical_insert()
 RETURNS trigger
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     INSERT INTO memory.postings (lexeme, project_id, node_id, level, tf, dl)
@@ -43,6 +47,8 @@ END $$;
 CREATE OR REPLACE FUNCTION memory.nodes_lexical_delete()
 RETURNS trigger
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     DELETE FROM memory.postings p USING old_rows o WHERE p.node_id = o.id;
@@ -60,29 +66,57 @@ END $$;
 CREATE OR REPLACE FUNCTION memory.nodes_lexical_update()
 RETURNS trigger
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    changed bigint[];
 BEGIN
+    -- Only rows whose lexical content, project or level changed: an embedding-only update
+    -- (reembed) must not rewrite postings. Column lists are not allowed with transition
+    -- tables, hence the comparison here.
+    SELECT array_agg(o.id) INTO changed
+    FROM old_rows o JOIN new_rows n ON n.id = o.id
+    WHERE (o.tsv, o.project_id, o.level, o.lex_len) IS DISTINCT FROM (n.tsv, n.project_id, n.level, n.lex_len);
+    IF changed IS NULL THEN
+        RETURN NULL;
+    END IF;
     -- An update is a delete of the old statistics followed by an insert of the new ones.
-    DELETE FROM memory.postings p USING old_rows o WHERE p.node_id = o.id;
+    DELETE FROM memory.postings p WHERE p.node_id = ANY (changed);
     UPDATE memory.term_stats t SET df = t.df - d.cnt
     FROM (SELECT o.project_id, u.lexeme, count(*) AS cnt
-          FROM old_rows o, unnest(o.tsv) u GROUP BY 1, 2 ORDER BY 1, 2) d
+          FROM old_rows o, unnest(o.tsv) u WHERE o.id = ANY (changed)
+          GROUP BY 1, 2 ORDER BY 1, 2) d
     WHERE t.project_id = d.project_id AND t.lexeme = d.lexeme;
     UPDATE memory.corpus_stats c SET n_docs = c.n_docs - d.cnt, total_len = c.total_len - d.len
-    FROM (SELECT project_id, count(*) AS cnt, sum(lex_len) AS len FROM old_rows GROUP BY 1) d
+    FROM (SELECT project_id, count(*) AS cnt, sum(lex_len) AS len FROM old_rows
+          WHERE id = ANY (changed) GROUP BY 1) d
     WHERE c.project_id = d.project_id;
     INSERT INTO memory.postings (lexeme, project_id, node_id, level, tf, dl)
     SELECT u.lexeme, n.project_id, n.id, n.level, cardinality(u.positions), n.lex_len
-    FROM new_rows n, unnest(n.tsv) u;
+    FROM new_rows n, unnest(n.tsv) u WHERE n.id = ANY (changed);
     INSERT INTO memory.term_stats AS t (project_id, lexeme, df)
     SELECT n.project_id, u.lexeme, count(*) FROM new_rows n, unnest(n.tsv) u
+    WHERE n.id = ANY (changed)
     GROUP BY 1, 2 ORDER BY 1, 2
     ON CONFLICT (project_id, lexeme) DO UPDATE SET df = t.df + EXCLUDED.df;
     DELETE FROM memory.term_stats WHERE df = 0;
     INSERT INTO memory.corpus_stats AS c (project_id, n_docs, total_len)
-    SELECT project_id, count(*), sum(lex_len) FROM new_rows GROUP BY 1 ORDER BY 1
+    SELECT project_id, count(*), sum(lex_len) FROM new_rows WHERE id = ANY (changed)
+    GROUP BY 1 ORDER BY 1
     ON CONFLICT (project_id) DO UPDATE
         SET n_docs = c.n_docs + EXCLUDED.n_docs, total_len = c.total_len + EXCLUDED.total_len;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION memory.nodes_lexical_truncate()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    TRUNCATE memory.postings, memory.term_stats, memory.corpus_stats;
     RETURN NULL;
 END $$;
 
@@ -98,6 +132,9 @@ CREATE OR REPLACE TRIGGER nodes_lexical_delete
 CREATE OR REPLACE TRIGGER nodes_lexical_update
     AFTER UPDATE ON memory.nodes REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_update();
+CREATE OR REPLACE TRIGGER nodes_lexical_truncate
+    AFTER TRUNCATE ON memory.nodes
+    FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_truncate();
 
 CREATE OR REPLACE FUNCTION memory.lexical_search(
     query text,

@@ -37,7 +37,8 @@ BEGIN
     WITH hits AS MATERIALIZED (
         SELECT n.id, n.embedding <=> q AS distance
         FROM memory.nodes n
-        WHERE (pid IS NULL OR n.project_id = pid) AND (lv IS NULL OR n.level = ANY (lv))
+        WHERE n.embedding IS NOT NULL
+          AND (pid IS NULL OR n.project_id = pid) AND (lv IS NULL OR n.level = ANY (lv))
         ORDER BY n.embedding <=> q
         LIMIT k
     )

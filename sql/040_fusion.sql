@@ -19,7 +19,7 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'e.g. ''[{"ids":[3,1,2]},{"ids":[2,5],"weight":0.5}]''; "scores" is needed for method convex.';
     END IF;
-    IF method NOT IN ('rrf', 'convex') THEN
+    IF method IS NULL OR method NOT IN ('rrf', 'convex') THEN
         RAISE EXCEPTION 'unknown fusion method "%"', method
             USING ERRCODE = '22023', HINT = 'Use rrf or convex.';
     END IF;
@@ -39,6 +39,7 @@ BEGIN
                l.list_no, l.weight, e.id::bigint AS id, e.pos::integer AS rank,
                (l.item -> 'scores' ->> (e.pos::integer - 1))::double precision AS score
         FROM l, jsonb_array_elements_text(coalesce(l.item -> 'ids', '[]')) WITH ORDINALITY AS e(id, pos)
+        WHERE e.id IS NOT NULL
         ORDER BY l.list_no, e.id::bigint, e.pos
     ), normed AS (
         SELECT e.*,

@@ -21,4 +21,8 @@ GRANT SELECT ON ALL TABLES IN SCHEMA memory TO memory_reader;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA memory TO memory_reader;
 GRANT EXECUTE ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text) TO memory_reader;
 GRANT EXECUTE ON FUNCTION public.memory_optimize_query(text) TO memory_reader;
-GRANT INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA memory TO memory_writer;
+-- Writers change content only. memory.config holds the path PL/Python imports code from
+-- (as the server's OS user), so it, the ledger and the statistics stay owner-only; the
+-- statistics triggers are SECURITY DEFINER for that reason.
+GRANT INSERT, UPDATE, DELETE ON memory.nodes, memory.edges, memory.projects,
+    memory.opensearch_outbox TO memory_writer;

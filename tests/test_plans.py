@@ -158,3 +158,37 @@ def test_without_iterative_scan_the_filter_starves(synthetic: Conn) -> None:
             (_query_vec(0),),
         ).fetchall()
     assert len(rows) < 50
+
+
+def test_iterative_scan_fills_limit_on_the_hnsw_path(synthetic: Conn) -> None:
+    """With the btrees out of the way the 1% filter is served by HNSW itself, and the
+    iterative scan still returns the full limit (the failure case above returns less).
+    Everything is rolled back afterwards."""
+    plans: list[str] = []
+    rows: list[tuple[Any, ...]] = []
+
+    class Rollback(Exception):
+        pass
+
+    with pytest.raises(Rollback), synthetic.transaction():
+        # Leave the planner no other path: no btree with project_id first, no seq scan.
+        synthetic.execute("DROP INDEX memory.nodes_project_level_idx")
+        synthetic.execute(
+            "ALTER TABLE memory.nodes DROP CONSTRAINT nodes_project_id_external_id_key"
+        )
+        synthetic.execute("SET LOCAL enable_seqscan = off")
+        plans = _nested_plans(
+            synthetic,
+            "SELECT * FROM memory.semantic_search(%s::vector, 'rare', NULL, 50)",
+            (_query_vec(0),),
+        )
+        rows = synthetic.execute(
+            "SELECT node_id FROM memory.semantic_search(%s::vector, 'rare', NULL, 50)",
+            (_query_vec(0),),
+        ).fetchall()
+        raise Rollback
+    assert "nodes_embedding_hnsw" in _index_names(plans)
+    assert len(rows) == 50
+    assert synthetic.execute(
+        "SELECT count(*) FROM pg_indexes WHERE indexname = 'nodes_project_level_idx'"
+    ).fetchone() == (1,)

@@ -366,3 +366,30 @@ def test_healthz_flags_an_embedding_model_mismatch(fixture_url: str, embedder: A
     assert body["checks"]["embedder"]["ok"] is False
     assert body["checks"]["embedder"]["error"] == "model_mismatch"
     assert body["checks"]["embedder"]["database_model"] == "another-384-dim-model"
+
+
+def test_unknown_route_and_method_answer_in_json(client: TestClient) -> None:
+    error(client.get("/nope"), 404, "not_found")
+    error(client.delete("/memory/query"), 405, "method_not_allowed")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_numbers_are_rejected(client: TestClient, value: str) -> None:
+    body = error(client.get("/memory/query", params={"query": "kong", "timeout_seconds": value}),
+                 400, "invalid_parameter")  # fmt: skip
+    assert "finite" in body["detail"]
+
+
+@pytest.mark.parametrize(
+    ("node", "field"),
+    [
+        ({"level": "L0", "project": "bad name!", "text": "t"}, "project"),
+        ({"level": "L0", "project": "poimen", "text": "nul \u0000 inside"}, "<json>"),
+        ({"level": "L0", "project": "poimen", "text": "t", "id": True}, "id"),
+    ],
+)
+def test_post_nodes_rejects_what_postgres_cannot_store(
+    client: TestClient, node: dict[str, Any], field: str
+) -> None:
+    body = error(client.post("/memory/nodes", content=json.dumps([node])), 400, "invalid_node")
+    assert f"field '{field}'" in body.get("context", "")

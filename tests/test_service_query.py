@@ -408,6 +408,9 @@ def test_embedding_cache_skips_the_remote_embedder(
         "POIMEN_EMBEDDINGS_MODEL": "test-bag-of-words",
         "POIMEN_EMBEDDINGS_DIM": "384",
     }
+    with psycopg.connect(fixture_url, autocommit=True) as conn:
+        # The double stands in for the model the vectors were stored with (same 384 dims).
+        conn.execute("UPDATE memory.embedding_model SET model = 'test-bag-of-words'")
     with serve(env) as client:
         first = query(client, query=KONG)
         second = query(client, query=KONG)

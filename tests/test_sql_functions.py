@@ -274,7 +274,10 @@ def test_provenance_walk_survives_cycles_and_respects_depth(conn: Conn) -> None:
     assert shallow == (1,)
     tree = conn.execute("SELECT memory.provenance_tree(%s)", (syn,)).fetchone()[0]  # type: ignore[index]
     assert tree[0]["level"] == "L1"
-    assert conn.execute("SELECT memory.provenance_tree(%s)", (chat,)).fetchone() is not None
+    # Through the cycle chat:1 -> syn:1 -> mem:1 -> chat:1, the walk stops before revisiting.
+    cyc = conn.execute("SELECT memory.provenance_tree(%s)", (chat,)).fetchone()[0]  # type: ignore[index]
+    assert [p["source"] for p in cyc] == ["poimen:syn:1"]
+    assert "poimen:chat:1" not in json.dumps(cyc)
 
 
 def test_provenance_of_l0_and_unknown_is_empty(conn: Conn) -> None:
@@ -282,3 +285,65 @@ def test_provenance_of_l0_and_unknown_is_empty(conn: Conn) -> None:
         "SELECT memory.provenance_tree(%s)", (node_id(conn, "poimen:chat:1"),)
     ).fetchone() == ([],)
     assert conn.execute("SELECT memory.provenance_tree(-1)").fetchone() == ([],)
+
+
+def _stats_match(conn: Conn) -> None:
+    stored = set(conn.execute("SELECT project_id, lexeme, df FROM memory.term_stats").fetchall())
+    recomputed = set(
+        conn.execute(
+            "SELECT n.project_id, u.lexeme, count(*) FROM memory.nodes n, unnest(n.tsv) u"
+            " GROUP BY 1, 2"
+        ).fetchall()
+    )
+    assert stored == recomputed
+    postings = set(conn.execute("SELECT node_id, lexeme, project_id, level FROM memory.postings"))
+    truth = set(
+        conn.execute(
+            "SELECT n.id, u.lexeme, n.project_id, n.level FROM memory.nodes n, unnest(n.tsv) u"
+        )
+    )
+    assert postings == truth
+
+
+def test_stats_follow_project_and_level_changes(conn: Conn) -> None:
+    atlas = conn.execute("SELECT id FROM memory.projects WHERE name = 'atlas'").fetchone()
+    conn.execute(
+        "UPDATE memory.nodes SET project_id = %s, level = 'L0' WHERE external_id = 'poimen:mem:1'",
+        (atlas[0] if atlas else None,),
+    )
+    _stats_match(conn)
+    rows = conn.execute("SELECT node_id FROM memory.lexical_search('client_body_buffer_size', "
+                        "'atlas', '{L0}')").fetchall()  # fmt: skip
+    assert node_id(conn, "poimen:mem:1") in {r[0] for r in rows}
+
+
+def test_embedding_only_update_leaves_postings_alone(conn: Conn) -> None:
+    before = conn.execute("SELECT xmin::text, node_id, lexeme FROM memory.postings").fetchall()
+    conn.execute("UPDATE memory.nodes SET embedding = embedding")
+    assert (
+        conn.execute("SELECT xmin::text, node_id, lexeme FROM memory.postings").fetchall() == before
+    )
+
+
+def test_truncate_resets_statistics(conn: Conn) -> None:
+    conn.execute("TRUNCATE memory.nodes CASCADE")
+    for table in ("postings", "term_stats", "corpus_stats"):
+        assert conn.execute(f"SELECT count(*) FROM memory.{table}").fetchone() == (0,)
+
+
+def test_semantic_search_skips_nodes_without_embedding(conn: Conn, embedder: LocalEmbedder) -> None:
+    conn.execute("UPDATE memory.nodes SET embedding = NULL WHERE project_id = "
+                 "(SELECT id FROM memory.projects WHERE name = 'poimen')")  # fmt: skip
+    with conn.transaction():
+        conn.execute("SET LOCAL enable_indexscan = off")  # the plan that used to leak NULLs
+        rows = conn.execute("SELECT node_id, query_score FROM memory.semantic_search(%s, NULL, "
+                            "NULL, 50)", (embedder.embed_query("kong"),)).fetchall()  # fmt: skip
+    assert rows and all(score is not None for _, score in rows)
+    assert {r[0] for r in rows}.isdisjoint({node_id(conn, "poimen:mem:1")})
+
+
+def test_fuse_rejects_null_method_and_ignores_null_ids(conn: Conn) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        conn.execute("SELECT * FROM memory.fuse('[{\"ids\":[1]}]', NULL)")
+    rows = fuse(conn, [{"ids": [None, 4]}])
+    assert [r[0] for r in rows] == [4]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import math
 import os
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ import httpx
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -29,6 +32,8 @@ from .openapi import openapi_spec
 from .rerank import RerankClient, reranker_from_env
 from .retrieval import LEVELS, QueryRequest, Retriever
 from .settings import Settings
+
+log = logging.getLogger("poimen_memory")
 
 
 @dataclass
@@ -70,6 +75,8 @@ def _parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
             value = cast(raw)
         except ValueError as exc:
             raise ValidationError(f"{name} must be a number, got {raw!r}") from exc
+        if not math.isfinite(value):
+            raise ValidationError(f"{name} must be a finite number, got {raw!r}")
         return cast(min(max(value, lo), hi))  # clamped, as documented
 
     fusion = params.get("fusion") or None  # None: per question type, then POIMEN_FUSION
@@ -123,7 +130,8 @@ async def post_nodes(request: Request) -> JSONResponse:
     embedder = state.embedder
 
     def run() -> dict[str, Any]:
-        with connect(state.url) as conn:
+        # autocommit: each ingest batch is its own transaction, as documented.
+        with connect(state.url, autocommit=True) as conn:
             report = ingest(
                 conn,
                 records,
@@ -197,6 +205,19 @@ async def healthz(request: Request) -> JSONResponse:
     )
 
 
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    """Unknown routes and wrong methods answer in the same JSON shape as every other error."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return JSONResponse({"error": code, "detail": str(exc.detail)}, status_code=exc.status_code,
+                        headers=exc.headers)  # fmt: skip
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return JSONResponse({"error": "internal_error", "detail": type(exc).__name__}, status_code=500)
+
+
 async def openapi(request: Request) -> JSONResponse:
     return JSONResponse(openapi_spec())
 
@@ -244,6 +265,7 @@ def create_app(
             yield
 
     return Starlette(
+        exception_handlers={HTTPException: _http_error, Exception: _unexpected},
         routes=[
             Route("/memory/query", memory_query, methods=["GET"]),
             Route("/memory/nodes", post_nodes, methods=["POST"]),

@@ -31,5 +31,5 @@ class Deadline:
         if self.remaining() <= 0:
             raise DeadlineExceeded(
                 f"deadline of {self.budget_s:g}s passed during {stage}",
-                hint="raise timeout_seconds (max 30)",
+                hint="raise timeout_seconds (clamped to POIMEN_MAX_TIMEOUT_S)",
             )

@@ -77,12 +77,18 @@ def install_plpython(root: Path) -> Path:
     p = root
     while p != p.parent:  # every ancestor must be traversable by the postgres user
         if p.exists() and (p.stat().st_mode & 0o001) == 0 and os.geteuid() == 0:
-            p.chmod(p.stat().st_mode | 0o011)
+            p.chmod(p.stat().st_mode | 0o001)  # o+x: traverse only, nothing readable
         p = p.parent
     return target
 
 
 def migrate(conn: psycopg.Connection[object], plpython_root: Path | None) -> MigrateReport:
+    for d in (MIGRATIONS_DIR, SQL_DIR):
+        if not d.is_dir():
+            raise MigrationError(
+                f"{d} does not exist",
+                hint="run from a source checkout (pip install -e .); the SQL ships beside the code",
+            )
     applied: list[str] = []
     already: list[str] = []
     py_path: str | None = None

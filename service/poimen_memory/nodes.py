@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from typing import Any
 
 LEVELS = ("L0", "L1", "L2")
 HASH_VERSION = "poimen-node/1"
+PROJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")  # as memory.projects CHECK
 MAX_TEXT_CHARS = 100_000
 
 
@@ -73,6 +75,16 @@ class LineError:
         return f"line {self.line_no}: field '{self.field}': {self.message}"
 
 
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
 def _opt_str(obj: dict[str, Any], key: str, line_no: int, errors: list[LineError]) -> str | None:
     value = obj.get(key)
     if value is None:
@@ -104,8 +116,13 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
     project = _opt_str(obj, "project", line_no, errors) or default_project
     if not project:
         errors.append(LineError(line_no, "project", "required (or pass --project)"))
+    elif not PROJECT_NAME.fullmatch(project):
+        errors.append(
+            LineError(line_no, "project", f"{project!r} is not a valid project name "
+                      "(letters, digits, _ . : -; at most 128; starts alphanumeric)")
+        )  # fmt: skip
     ext_id = obj.get("id")
-    if ext_id is not None and not isinstance(ext_id, str | int):
+    if ext_id is not None and (isinstance(ext_id, bool) or not isinstance(ext_id, str | int)):
         errors.append(LineError(line_no, "id", "must be a string"))
     ts: datetime | None = None
     raw_ts = obj.get("timestamp")
@@ -131,6 +148,9 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
         metadata = {}
     title = _opt_str(obj, "title", line_no, errors)
     source = _opt_str(obj, "source", line_no, errors)
+    if _has_nul(obj):
+        # PostgreSQL text and jsonb cannot store NUL; say so instead of failing mid-batch.
+        errors.append(LineError(line_no, "<json>", "contains a NUL character (\\u0000)"))
     if errors:
         return errors
     assert isinstance(text, str) and isinstance(level, str) and project

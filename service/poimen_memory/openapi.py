@@ -121,6 +121,8 @@ def openapi_spec() -> dict[str, Any]:
                             "invalid_parameter: missing/empty query, bad level, bad number"
                         ),
                         "404": _err("unknown_project"),
+                        "409": _err("embedding_model_mismatch: query vector dimension differs"),
+                        "412": _err("embedding_not_configured: nothing ingested yet"),
                         "503": _err(
                             "timeout, embedding_service_unavailable or database_unavailable"
                         ),

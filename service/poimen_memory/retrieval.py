@@ -129,7 +129,7 @@ class Retriever:
         except TimeoutError as exc:
             raise DeadlineExceeded(
                 f"no result within timeout_seconds={req.timeout_s:g}",
-                hint="raise timeout_seconds (max 30)",
+                hint="raise timeout_seconds (clamped to POIMEN_MAX_TIMEOUT_S)",
             ) from exc
 
     async def _query(self, req: QueryRequest, deadline: Deadline, trace: Trace) -> dict[str, Any]:
@@ -421,11 +421,16 @@ class Retriever:
             ), Leg()
         assert lex_task is not None
         if strategy == "Hybrid":
-            sem, lex = await asyncio.gather(
-                self._semantic(req, levels, embedding, self.settings.candidates, deadline, trace),
-                lex_task,
+            sem_task = asyncio.create_task(
+                self._semantic(req, levels, embedding, self.settings.candidates, deadline, trace)
             )
-            return sem, lex
+            try:
+                return await sem_task, await lex_task
+            finally:
+                # If one leg failed, the other must not keep its pooled connection busy.
+                for t in (sem_task, lex_task):
+                    if not t.done():
+                        t.cancel()
         lex = await lex_task  # LexicalFirst: rank exactly the lexical ids by cosine
         rows = await self._timed(
             "semantic_time_ms",
