@@ -92,7 +92,7 @@ echo "$N" > "$STATE_DIR/pg_major"
 if ! venv_ok; then
   log "creating venv at $VENV"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+  "$VENV/bin/python" -m pip install -q "pip==26.3" >/dev/null
   "$VENV/bin/python" -m pip install -q -c "$ROOT/requirements.lock" -e "$ROOT[dev]"
   cat "$ROOT/pyproject.toml" "$ROOT/requirements.lock" | sha256sum | cut -d' ' -f1 > "$VENV/.poimen-deps"
 fi
