@@ -16,7 +16,10 @@ from pathlib import Path
 
 from .errors import ClusterError
 
-SETUP_STATE = Path("/var/cache/poimen-memory/setup/pg_major")
+# Written by scripts/setup.sh (same POIMEN_SETUP_STATE override).
+SETUP_STATE = (
+    Path(os.environ.get("POIMEN_SETUP_STATE", "/var/cache/poimen-memory/setup")) / "pg_major"
+)
 INITDB_CACHE = Path("/var/cache/poimen-memory/initdb")
 DB_NAME = "poimen"
 
