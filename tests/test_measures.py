@@ -60,8 +60,10 @@ def test_missing_and_empty_runs_count_as_zero() -> None:
     qrels = {"a": {"x": 1}, "b": {"y": 1}, "c": {"z": 1}}
     run = {"a": ["x"], "b": []}
     assert evaluate(qrels, run, ["recall@10", "mrr@10", "ndcg@10"]) == {
-        "recall@10": pytest.approx(1 / 3), "mrr@10": pytest.approx(1 / 3),
-        "ndcg@10": pytest.approx(1 / 3)}  # fmt: skip
+        "recall@10": pytest.approx(1 / 3),
+        "mrr@10": pytest.approx(1 / 3),
+        "ndcg@10": pytest.approx(1 / 3),
+    }
 
 
 def test_hand_computed_values() -> None:

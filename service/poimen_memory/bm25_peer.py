@@ -14,7 +14,8 @@ import numpy as np
 import psycopg
 
 NODES_SQL = """
-SELECT n.id, n.project_id, n.level, coalesce(array_agg(p.lexeme) FILTER (WHERE p.lexeme IS NOT NULL), '{}'),
+SELECT n.id, n.project_id, n.level,
+       coalesce(array_agg(p.lexeme) FILTER (WHERE p.lexeme IS NOT NULL), '{}'),
        coalesce(array_agg(p.tf) FILTER (WHERE p.lexeme IS NOT NULL), '{}')
 FROM memory.nodes n LEFT JOIN memory.postings p ON p.node_id = n.id
 WHERE n.project_id = ANY(%(projects)s::int[])
@@ -37,45 +38,59 @@ class _Index:
 class PgLexemeBM25:
     """bm25s over the database's own lexemes; ``search`` mirrors memory.lexical_search."""
 
-    def __init__(self, conn: psycopg.Connection[Any], projects: Sequence[str], *,
-                 k1: float = 1.2, b: float = 0.75) -> None:  # fmt: skip
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        projects: Sequence[str],
+        *,
+        k1: float = 1.2,
+        b: float = 0.75,
+    ) -> None:
         import bm25s
 
         self.conn = conn
         pids = dict(conn.execute(PROJECT_IDS_SQL, {"names": list(projects)}).fetchall())
         rows = conn.execute(NODES_SQL, {"projects": list(pids.values())}).fetchall()
         t0 = time.perf_counter()
-        self.indexes: dict[str, _Index] = {}
-        for name, pid in pids.items():
-            mine = [r for r in rows if r[1] == pid]
-            corpus = [[lex for lex, tf in zip(r[3], r[4], strict=True) for _ in range(tf)]
-                      for r in mine]  # fmt: skip
+        # Per project, and one over all of them for queries without a project: with no
+        # project filter, lexical_search sums the statistics of every project.
+        self.indexes: dict[str | None, _Index] = {}
+        groups: list[tuple[str | None, list[tuple[Any, ...]]]] = [
+            (name, [r for r in rows if r[1] == pid]) for name, pid in pids.items()
+        ]
+        if len(pids) > 1:
+            groups.append((None, rows))
+        for name, mine in groups:
+            corpus = [
+                [lex for lex, tf in zip(r[3], r[4], strict=True) for _ in range(tf)] for r in mine
+            ]
             model = bm25s.BM25(k1=k1, b=b, method="lucene")
             model.index(corpus, show_progress=False)
-            self.indexes[name] = _Index(model, np.array([r[0] for r in mine], dtype=np.int64),
-                                        np.array([r[2] for r in mine]))  # fmt: skip
+            self.indexes[name] = _Index(
+                model,
+                np.array([r[0] for r in mine], dtype=np.int64),
+                np.array([r[2] for r in mine]),
+            )
         self.index_seconds = time.perf_counter() - t0
 
     def query_lexemes(self, texts: Sequence[str]) -> list[list[str]]:
         """to_tsvector lexemes, deduplicated as lexical_search does (tsvector keeps each once)."""
         return [list(r[0]) for r in self.conn.execute(QUERY_LEXEMES_SQL, {"texts": list(texts)})]
 
-    def search(self, lexemes: Sequence[str], project: str | None, levels: Sequence[str] | None,
-               k: int) -> list[int]:  # fmt: skip
+    def search(
+        self, lexemes: Sequence[str], project: str | None, levels: Sequence[str] | None, k: int
+    ) -> list[int]:
         """Node ids by descending score; only nodes matching a query lexeme, like ours."""
         hits: list[tuple[float, int]] = []
-        for name, ix in self.indexes.items():
-            if project is not None and name != project:
-                continue
-            tokens = [t for t in lexemes if t in ix.model.vocab_dict]
-            if not tokens:
-                continue
-            mask = None
-            if levels is not None:
-                mask = np.isin(ix.levels, list(levels)).astype(np.float32)
-            docs, scores = ix.model.retrieve([tokens], k=min(k, len(ix.ids)), show_progress=False,
-                                             weight_mask=mask)  # fmt: skip
-            hits.extend((float(s), int(ix.ids[d])) for d, s in zip(docs[0], scores[0], strict=True)
-                        if s > 0)  # fmt: skip
+        ix = self.indexes.get(project) or self.indexes[next(iter(self.indexes))]
+        tokens = [t for t in lexemes if t in ix.model.vocab_dict]
+        if tokens:
+            mask = None if levels is None else np.isin(ix.levels, list(levels)).astype(np.float32)
+            docs, scores = ix.model.retrieve(
+                [tokens], k=min(k, len(ix.ids)), show_progress=False, weight_mask=mask
+            )
+            hits = [
+                (float(s), int(ix.ids[d])) for d, s in zip(docs[0], scores[0], strict=True) if s > 0
+            ]
         hits.sort(key=lambda h: (-h[0], h[1]))
         return [nid for _, nid in hits[:k]]

@@ -111,23 +111,39 @@ def load_nodes(path: Path) -> list[NodeRecord]:
     return records
 
 
-def _check_against_corpus(name: str, qrels: dict[str, dict[str, int]], corpus: set[str],
-                          queries: set[str], warnings: list[str]) -> dict[str, dict[str, int]]:  # fmt: skip
+def _check_against_corpus(
+    name: str,
+    qrels: dict[str, dict[str, int]],
+    corpus: set[str],
+    queries: set[str],
+    warnings: list[str],
+) -> dict[str, dict[str, int]]:
     total = sum(len(j) for j in qrels.values())
     missing = sum(1 for j in qrels.values() for d in j if d not in corpus)
     if missing and missing > MOST * total:
-        raise EvalInputError(f"{name}: {missing} of {total} judgements name nodes that are not in "
-                             "the nodes file: wrong files?")  # fmt: skip
+        raise EvalInputError(
+            f"{name}: {missing} of {total} judgements name nodes that are not in "
+            "the nodes file: wrong files?"
+        )
     if missing:
         warnings.append(f"{name}: {missing} of {total} judgements name unknown nodes (ignored)")
     orphans = len(set(qrels) - queries)
     if orphans:
         warnings.append(f"{name}: {orphans} judged query ids are not in the queries file (ignored)")
-    return {q: {d: r for d, r in j.items() if d in corpus} for q, j in qrels.items() if q in queries}
+    return {
+        q: {d: r for d, r in j.items() if d in corpus} for q, j in qrels.items() if q in queries
+    }
 
 
-def load(nodes: Path, queries: Path, qrels: Path, *, session_qrels: Path | None = None,
-         dataset: str | None = None, limit_queries: int | None = None) -> EvalData:  # fmt: skip
+def load(
+    nodes: Path,
+    queries: Path,
+    qrels: Path,
+    *,
+    session_qrels: Path | None = None,
+    dataset: str | None = None,
+    limit_queries: int | None = None,
+) -> EvalData:
     records = load_nodes(nodes)
     qs = load_queries(queries)
     corpus = {r.external_id for r in records if r.external_id is not None}
@@ -136,8 +152,9 @@ def load(nodes: Path, queries: Path, qrels: Path, *, session_qrels: Path | None 
     judged = _check_against_corpus(str(qrels), load_qrels(qrels), corpus, qids, warnings)
     sessions: dict[str, dict[str, int]] = {}
     if session_qrels is not None:
-        sessions = _check_against_corpus(str(session_qrels), load_qrels(session_qrels), corpus,
-                                         qids, warnings)  # fmt: skip
+        sessions = _check_against_corpus(
+            str(session_qrels), load_qrels(session_qrels), corpus, qids, warnings
+        )
     if limit_queries is not None:
         qs = qs[:limit_queries]
         kept = {q.id for q in qs}

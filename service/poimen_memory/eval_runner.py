@@ -1,18 +1,18 @@
 """Runs evaluation queries through the real query path (Retriever.query, as behind
 GET /memory/query) and, for depth-100 measures, through the stage SQL functions.
 
-Which path each mode uses:
+Which path each mode uses (top-`limit` ranking and latency; then the depth-100 ranking
+behind recall@100, which the Retriever cannot give because POIMEN_MAX_LIMIT caps it at 50):
 
-| mode | top-`limit` ranking and latency | depth-100 ranking (recall@100) |
-|---|---|---|
-| lexical | Retriever, strategy LexicalOnly | memory.lexical_search(k=100) |
-| semantic | Retriever, strategy SemanticOnly | memory.semantic_search(k=100) |
-| hybrid | Retriever, strategy Hybrid, fusion rrf | lexical + semantic at max(candidates, 100), memory.fuse(rrf, rrf_k, final_k=100) |
-| hybrid-convex | Retriever, strategy Hybrid, fusion convex | as hybrid, memory.fuse(convex) |
-| cascade | Retriever, strategy LexicalFirst | lexical top cascade_candidates, memory.search_by_ids(k=100) |
-| auto | Retriever, strategy chosen by the optimizer | the deep path of the strategy it chose |
-| hybrid-rerank | Retriever with the reranker (POIMEN_RERANK_URL) | none (recall@100 omitted) |
-| exact | query embedding + memory.exact_search(k=limit) | memory.exact_search(k=100) |
+- lexical: Retriever, LexicalOnly; memory.lexical_search(k=100).
+- semantic: Retriever, SemanticOnly; memory.semantic_search(k=100).
+- hybrid / hybrid-convex: Retriever, Hybrid, fusion rrf / convex; lexical_search and
+  semantic_search at max(candidates, 100), then memory.fuse(rrf or convex, final_k=100).
+- cascade: Retriever, LexicalFirst; lexical_search(k=cascade_candidates), then
+  memory.search_by_ids(k=100).
+- auto: Retriever, strategy chosen by the optimizer; the deep path of that strategy.
+- hybrid-rerank: Retriever with the reranker (POIMEN_RERANK_URL); no deep path.
+- exact: query embedding + memory.exact_search(k=limit); memory.exact_search(k=100).
 
 The query-embedding cache is disabled, so every mode pays for embedding its query.
 """
@@ -59,8 +59,8 @@ DEEP_PATHS = {
     "lexical": "memory.lexical_search(k=depth)",
     "semantic": "memory.semantic_search(k=depth)",
     "exact": "memory.exact_search(k=depth)",
-    "hybrid": "lexical_search + semantic_search at max(candidates, depth), memory.fuse(rrf)",
-    "hybrid-convex": "lexical_search + semantic_search at max(candidates, depth), memory.fuse(convex)",
+    "hybrid": "lexical + semantic_search at max(candidates, depth), memory.fuse(rrf)",
+    "hybrid-convex": "lexical + semantic_search at max(candidates, depth), memory.fuse(convex)",
     "cascade": "lexical_search(k=cascade_candidates) then memory.search_by_ids(k=depth)",
     "auto": "the deep path of the strategy the optimizer chose",
 }
@@ -83,6 +83,8 @@ class Outcome:
     latency_ms: float = 0.0
     strategy: str | None = None
     error: str | None = None
+    stages: dict[str, float] = field(default_factory=dict)
+    """The response's per-stage timings (embed/lexical/semantic/fusion/provenance, ms)."""
     evidence: list[tuple[str, frozenset[str]]] | None = None
     """Top results at levels L1,L2: (external id, L0 external ids its provenance cites)."""
 
@@ -99,9 +101,19 @@ def _l0_citations(parents: Sequence[dict[str, Any]], by_sha: dict[str, str]) -> 
 
 
 class Runner:
-    def __init__(self, pool: AsyncConnectionPool[Any], embedder: Embedder, settings: Settings,
-                 corpus: Corpus, *, levels: tuple[str, ...], limit: int, depth: int,
-                 retriever: Retriever, rerank_retriever: Retriever | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        embedder: Embedder,
+        settings: Settings,
+        corpus: Corpus,
+        *,
+        levels: tuple[str, ...],
+        limit: int,
+        depth: int,
+        retriever: Retriever,
+        rerank_retriever: Retriever | None = None,
+    ) -> None:
         self.pool, self.embedder, self.settings, self.corpus = pool, embedder, settings, corpus
         self.levels, self.limit, self.depth = levels, limit, depth
         self.retriever, self.rerank_retriever = retriever, rerank_retriever
@@ -110,7 +122,8 @@ class Runner:
     async def _rows(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         async with self.pool.connection() as conn:
             cur = await conn.execute(q(name), params)
-            return await cur.fetchall()
+            rows: list[tuple[Any, ...]] = await cur.fetchall()
+            return rows
 
     async def vector(self, query: Query) -> np.ndarray[Any, Any]:
         """The query embedding for the untimed depth-100 path (computed once per query)."""
@@ -128,8 +141,15 @@ class Runner:
             if mode.exact:
                 t0 = time.perf_counter()
                 vec = await asyncio.to_thread(self.embedder.embed_query, query.text)
-                rows = await self._rows("exact_search", {"embedding": vec, "project": query.project,
-                                        "levels": list(self.levels), "k": self.limit})  # fmt: skip
+                rows = await self._rows(
+                    "exact_search",
+                    {
+                        "embedding": vec,
+                        "project": query.project,
+                        "levels": list(self.levels),
+                        "k": self.limit,
+                    },
+                )
                 out.latency_ms = (time.perf_counter() - t0) * 1000
                 out.ranked = self._ext([r[0] for r in rows])
                 out.strategy = "exact"
@@ -138,8 +158,16 @@ class Runner:
                 resp = await self._query(mode, query, self.levels, self.limit)
                 out.latency_ms = (time.perf_counter() - t0) * 1000
                 out.strategy = resp["search_strategy"]
-                out.ranked = [self.corpus.by_sha[r["sha256"]] for r in resp["results"]
-                              if r["sha256"] in self.corpus.by_sha]  # fmt: skip
+                out.stages = {
+                    k.removesuffix("_time_ms"): float(v)
+                    for k, v in resp["metrics"].items()
+                    if k.endswith("_time_ms") and isinstance(v, int | float)
+                }
+                out.ranked = [
+                    self.corpus.by_sha[r["sha256"]]
+                    for r in resp["results"]
+                    if r["sha256"] in self.corpus.by_sha
+                ]
             if not mode.rerank:
                 out.deep = await self.deep(mode_name, out.strategy or "", query)
             if evidence_k and not mode.exact:
@@ -148,29 +176,42 @@ class Runner:
             out.error = f"{err.code}: {err.message}"
         return out
 
-    async def _query(self, mode: Mode, query: Query, levels: tuple[str, ...],
-                     limit: int) -> dict[str, Any]:  # fmt: skip
+    async def _query(
+        self, mode: Mode, query: Query, levels: tuple[str, ...], limit: int
+    ) -> dict[str, Any]:
         retriever = self.rerank_retriever if mode.rerank else self.retriever
         assert retriever is not None
-        req = QueryRequest(query=query.text, project=query.project, levels=levels, limit=limit,
-                           timeout_s=self.settings.max_timeout_s, fusion=mode.fusion,
-                           strategy=mode.strategy)  # fmt: skip
+        req = QueryRequest(
+            query=query.text,
+            project=query.project,
+            levels=levels,
+            limit=limit,
+            timeout_s=self.settings.max_timeout_s,
+            fusion=mode.fusion,
+            strategy=mode.strategy,
+        )
         return await retriever.query(req)
 
-    async def _evidence(self, mode: Mode, query: Query,
-                        k: int) -> list[tuple[str, frozenset[str]]]:  # fmt: skip
+    async def _evidence(self, mode: Mode, query: Query, k: int) -> list[tuple[str, frozenset[str]]]:
         resp = await self._query(mode, query, ("L1", "L2"), k)
         by_sha = self.corpus.by_sha
-        return [(by_sha[r["sha256"]], frozenset(_l0_citations(r["parents"] or [], by_sha)))
-                for r in resp["results"] if r["sha256"] in by_sha]  # fmt: skip
+        return [
+            (by_sha[r["sha256"]], frozenset(_l0_citations(r["parents"] or [], by_sha)))
+            for r in resp["results"]
+            if r["sha256"] in by_sha
+        ]
 
     async def deep(self, mode_name: str, strategy: str, query: Query) -> list[str]:
         """The depth-``depth`` ranking of a mode through the stage SQL functions."""
         d, s = self.depth, self.settings
         base = {"project": query.project, "levels": list(self.levels)}
         if mode_name == "auto":
-            mode_name = {"LexicalOnly": "lexical", "SemanticOnly": "semantic", "Hybrid": "hybrid",
-                         "LexicalFirst": "cascade"}[strategy]  # fmt: skip
+            mode_name = {
+                "LexicalOnly": "lexical",
+                "SemanticOnly": "semantic",
+                "Hybrid": "hybrid",
+                "LexicalFirst": "cascade",
+            }[strategy]
         if mode_name == "lexical":
             rows = await self._rows("lexical_search", {**base, "query": query.text, "k": d})
             return self._ext([r[0] for r in rows])
@@ -180,18 +221,24 @@ class Runner:
             rows = await self._rows(name, {**base, "embedding": vec, "k": d, "ef_search": None})
             return self._ext([r[0] for r in rows])
         if mode_name == "cascade":
-            lex = await self._rows("lexical_search", {**base, "query": query.text,
-                                                      "k": s.cascade_candidates})  # fmt: skip
-            rows = await self._rows("search_by_ids", {**base, "embedding": vec,
-                                                      "ids": [r[0] for r in lex], "k": d})  # fmt: skip
+            lex = await self._rows(
+                "lexical_search", {**base, "query": query.text, "k": s.cascade_candidates}
+            )
+            rows = await self._rows(
+                "search_by_ids", {**base, "embedding": vec, "ids": [r[0] for r in lex], "k": d}
+            )
             return self._ext([r[0] for r in rows])
         depth = max(s.candidates, d)
         lex = await self._rows("lexical_search", {**base, "query": query.text, "k": depth})
-        sem = await self._rows("semantic_search", {**base, "embedding": vec, "k": depth,
-                                                   "ef_search": None})  # fmt: skip
-        lists = [{"ids": [r[0] for r in sem], "scores": [r[2] for r in sem]},
-                 {"ids": [r[0] for r in lex], "scores": [r[2] for r in lex]}]  # fmt: skip
+        sem = await self._rows(
+            "semantic_search", {**base, "embedding": vec, "k": depth, "ef_search": None}
+        )
+        lists = [
+            {"ids": [r[0] for r in sem], "scores": [r[2] for r in sem]},
+            {"ids": [r[0] for r in lex], "scores": [r[2] for r in lex]},
+        ]
         method = "convex" if mode_name == "hybrid-convex" else "rrf"
-        rows = await self._rows("fuse", {"lists": json.dumps(lists), "method": method,
-                                         "k": s.rrf_k, "final_k": d})  # fmt: skip
+        rows = await self._rows(
+            "fuse", {"lists": json.dumps(lists), "method": method, "k": s.rrf_k, "final_k": d}
+        )
         return self._ext([r[0] for r in rows])

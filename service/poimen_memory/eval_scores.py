@@ -15,11 +15,14 @@ def _relevant(judged: Mapping[str, int]) -> set[str]:
     return {d for d, r in judged.items() if r >= 1}
 
 
-def retrieval(data: EvalData, queries: Sequence[Query], outcomes: Mapping[str, Outcome],
-              *, l0_only: bool) -> dict[str, float]:  # fmt: skip
+def retrieval(
+    data: EvalData, queries: Sequence[Query], outcomes: Mapping[str, Outcome], *, l0_only: bool
+) -> dict[str, float]:
     qrels = {qy.id: data.qrels[qy.id] for qy in queries}
     ranked = {qy.id: outcomes[qy.id].ranked for qy in queries}
-    out = {name: mean(per_query(qrels, ranked, name)) for name in ("ndcg@10", "recall@10", "mrr@10")}
+    out = {
+        name: mean(per_query(qrels, ranked, name)) for name in ("ndcg@10", "recall@10", "mrr@10")
+    }
     if all(outcomes[qy.id].deep is not None for qy in queries):
         deep = {qy.id: outcomes[qy.id].deep or [] for qy in queries}
         out["recall@100"] = mean(per_query(qrels, deep, "recall@100"))
@@ -28,8 +31,12 @@ def retrieval(data: EvalData, queries: Sequence[Query], outcomes: Mapping[str, O
     return out
 
 
-def evidence(data: EvalData, queries: Sequence[Query], outcomes: Mapping[str, Outcome],
-             l2_of: Mapping[str, set[str]]) -> dict[str, float]:  # fmt: skip
+def evidence(
+    data: EvalData,
+    queries: Sequence[Query],
+    outcomes: Mapping[str, Outcome],
+    l2_of: Mapping[str, set[str]],
+) -> dict[str, float]:
     """Evidence recall@k: gold L0 turns covered by the provenance of the top-k L1/L2 results.
     Session recall@k: gold L2 sessions returned, or reached from a returned node below them."""
     if any(outcomes[qy.id].evidence is None for qy in queries):
@@ -60,12 +67,16 @@ def latency(outcomes: Mapping[str, Outcome]) -> dict[str, float]:
     return {"p50_ms": percentile(ms, 50), "p95_ms": percentile(ms, 95)}
 
 
-def score_mode(data: EvalData, outcomes: Mapping[str, Outcome], l2_of: Mapping[str, set[str]],
-               *, l0_only: bool) -> tuple[dict[str, float], dict[str, dict[str, float]]]:  # fmt: skip
+def score_mode(
+    data: EvalData, outcomes: Mapping[str, Outcome], l2_of: Mapping[str, set[str]], *, l0_only: bool
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """(overall measures, {category: measures}) for one mode."""
     judged = [qy for qy in data.judged if qy.id in outcomes]
-    overall = {**retrieval(data, judged, outcomes, l0_only=l0_only),
-               **evidence(data, judged, outcomes, l2_of), **latency(outcomes)}  # fmt: skip
+    overall = {
+        **retrieval(data, judged, outcomes, l0_only=l0_only),
+        **evidence(data, judged, outcomes, l2_of),
+        **latency(outcomes),
+    }
     errors = sum(1 for o in outcomes.values() if o.error is not None)
     if errors:
         overall["errors"] = float(errors)
@@ -73,8 +84,10 @@ def score_mode(data: EvalData, outcomes: Mapping[str, Outcome], l2_of: Mapping[s
     cats = sorted({qy.category for qy in judged if qy.category is not None})
     for cat in cats:
         subset = [qy for qy in judged if qy.category == cat]
-        by_cat[cat] = {"queries": float(len(subset)),
-                       **retrieval(data, subset, outcomes, l0_only=l0_only),
-                       **evidence(data, subset, outcomes, l2_of),
-                       **latency({qy.id: outcomes[qy.id] for qy in subset})}  # fmt: skip
+        by_cat[cat] = {
+            "queries": float(len(subset)),
+            **retrieval(data, subset, outcomes, l0_only=l0_only),
+            **evidence(data, subset, outcomes, l2_of),
+            **latency({qy.id: outcomes[qy.id] for qy in subset}),
+        }
     return overall, by_cat

@@ -19,10 +19,11 @@ from .db import configure_async, connect
 from .embedding import Embedder, embedder_from_env
 from .embedding_cache import QueryEmbeddingCache
 from .eval_data import EvalData, EvalInputError, load
-from .eval_report import bar_chart, category_table, modes_table
+from .eval_report import bar_chart, category_table, modes_table, table
 from .eval_runner import DEEP_PATHS, MODES, Corpus, Outcome, Runner
 from .eval_scores import EVIDENCE_KS, score_mode
 from .ingest import ingest
+from .measures import percentile
 from .migrate import migrate
 from .nodes import NodeRecord
 from .progress import Progress
@@ -49,33 +50,64 @@ def _levels(raw: str) -> tuple[str, ...]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("eval", help="measure retrieval quality and latency on a labelled data set",
-                       description=__doc__)  # fmt: skip
+    p = sub.add_parser(
+        "eval",
+        help="measure retrieval quality and latency on a labelled data set",
+        description=__doc__,
+    )
     p.add_argument("--nodes", type=Path, required=True, help="nodes.jsonl (ingested first)")
     p.add_argument("--queries", type=Path, required=True, help="queries.jsonl")
     p.add_argument("--qrels", type=Path, required=True, help="qrels.jsonl (relevant node ids)")
-    p.add_argument("--qrels-sessions", type=Path,
-                   help="gold L2 sessions for --evidence (default: qrels_sessions.jsonl beside "
-                        "--qrels, if present)")  # fmt: skip
-    p.add_argument("--modes", type=_modes, help=f"comma-separated, from {', '.join(MODES)} "
-                   f"(default: {','.join(DEFAULT_MODES)}, plus hybrid-rerank when POIMEN_RERANK_URL "
-                   "is set)")  # fmt: skip
-    p.add_argument("--evidence", action="store_true",
-                   help="also query levels L1,L2 and measure the L0 evidence their provenance "
-                        "cites (evidence_recall@5/@10, session_recall); default --levels L0")  # fmt: skip
-    p.add_argument("--levels", type=_levels,
-                   help="level filter of the ranked runs (default L0,L1,L2; L0 with --evidence)")
-    p.add_argument("--limit", type=int, default=10,
-                   help="results per real-path query (<= POIMEN_MAX_LIMIT; default 10)")
+    p.add_argument(
+        "--qrels-sessions",
+        type=Path,
+        help="gold L2 sessions for --evidence (default: qrels_sessions.jsonl beside "
+        "--qrels, if present)",
+    )
+    p.add_argument(
+        "--modes",
+        type=_modes,
+        help=f"comma-separated, from {', '.join(MODES)} "
+        f"(default: {','.join(DEFAULT_MODES)}, plus hybrid-rerank when POIMEN_RERANK_URL "
+        "is set)",
+    )
+    p.add_argument(
+        "--evidence",
+        action="store_true",
+        help="also query levels L1,L2 and measure the L0 evidence their provenance "
+        "cites (evidence_recall@5/@10, session_recall); default --levels L0",
+    )
+    p.add_argument(
+        "--levels",
+        type=_levels,
+        help="level filter of the ranked runs (default L0,L1,L2; L0 with --evidence)",
+    )
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=10,
+        help="results per real-path query (<= POIMEN_MAX_LIMIT; default 10)",
+    )
     p.add_argument("--depth", type=int, default=100, help="depth of the recall@100 runs")
     p.add_argument("--limit-queries", type=int, help="only the first N queries")
     p.add_argument("--dataset", help="name in the report (default: the nodes file's folder)")
-    p.add_argument("--embed-sample", type=int, default=256,
-                   help="nodes embedded alone to measure raw embedder throughput (0: skip)")
-    p.add_argument("--bm25s", action="store_true",
-                   help="add a bm25s row: the bm25s library on PostgreSQL's own lexemes")
-    p.add_argument("--sweep", type=Path, metavar="OUT.png",
-                   help="also sweep RRF k, candidate depths and convex weights; chart to OUT.png")
+    p.add_argument(
+        "--embed-sample",
+        type=int,
+        default=256,
+        help="nodes embedded alone to measure raw embedder throughput (0: skip)",
+    )
+    p.add_argument(
+        "--bm25s",
+        action="store_true",
+        help="add a bm25s row: the bm25s library on PostgreSQL's own lexemes",
+    )
+    p.add_argument(
+        "--sweep",
+        type=Path,
+        metavar="OUT.png",
+        help="also sweep RRF k, candidate depths and convex weights; chart to OUT.png",
+    )
     p.add_argument("--json", type=Path, metavar="OUT", help="write the results as JSON")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="bar chart of the modes")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -111,20 +143,32 @@ def _corpus(conn: psycopg.Connection[Any], records: list[NodeRecord]) -> Corpus:
     return Corpus(by_sha, by_db_id, l2_of)
 
 
-def _ingest(conn: psycopg.Connection[Any], data: EvalData, embedder: Embedder, s: Settings,
-            sample: int, quiet: bool) -> dict[str, Any]:  # fmt: skip
+def _ingest(
+    conn: psycopg.Connection[Any],
+    data: EvalData,
+    embedder: Embedder,
+    s: Settings,
+    sample: int,
+    quiet: bool,
+) -> dict[str, Any]:
     migrate(conn, s.plpython_root)
     load_fn = getattr(embedder, "load", None)
     if callable(load_fn):
         load_fn()  # model loading is neither ingest nor embedding throughput
     report = ingest(conn, data.records, embedder, batch_size=s.ingest_batch, progress=not quiet)
-    out: dict[str, Any] = {"nodes": len(data.records), "inserted": report.inserted,
-                           "duplicates": report.duplicates, "seconds": round(report.seconds, 2)}  # fmt: skip
+    out: dict[str, Any] = {
+        "nodes": len(data.records),
+        "inserted": report.inserted,
+        "duplicates": report.duplicates,
+        "seconds": round(report.seconds, 2),
+    }
     if report.inserted:
         out["nodes_per_s"] = round(report.rate, 2)
         out["embed_nodes_per_s_in_ingest"] = round(report.inserted / report.embed_seconds, 2)
     if sample > 0:
-        texts = [r.text for r in random.Random(0).sample(data.records, min(sample, len(data.records)))]
+        texts = [
+            r.text for r in random.Random(0).sample(data.records, min(sample, len(data.records)))
+        ]
         t0 = time.perf_counter()
         embedder.embed_documents(texts)
         out["raw_embed_sample"] = len(texts)
@@ -132,31 +176,50 @@ def _ingest(conn: psycopg.Connection[Any], data: EvalData, embedder: Embedder, s
     return out
 
 
-async def _run_all(url: str, s: Settings, embedder: Embedder, corpus: Corpus, data: EvalData,
-                   modes: list[str], args: argparse.Namespace,
-                   levels: tuple[str, ...]) -> dict[str, dict[str, Outcome]]:  # fmt: skip
-    from psycopg_pool import AsyncConnectionPool
-
+async def _run_all(
+    url: str,
+    s: Settings,
+    embedder: Embedder,
+    corpus: Corpus,
+    data: EvalData,
+    modes: list[str],
+    args: argparse.Namespace,
+    levels: tuple[str, ...],
+) -> dict[str, dict[str, Outcome]]:
     import httpx
+    from psycopg_pool import AsyncConnectionPool
 
     from .rerank import reranker_from_env
 
-    async with AsyncConnectionPool(url, min_size=2, max_size=4, configure=configure_async,
-                                   kwargs={"autocommit": True}) as pool,\
-            httpx.AsyncClient() as http:  # fmt: skip
+    async with (
+        AsyncConnectionPool(
+            url, min_size=2, max_size=4, configure=configure_async, kwargs={"autocommit": True}
+        ) as pool,
+        httpx.AsyncClient() as http,
+    ):
         cache = QueryEmbeddingCache(max_entries=0)
         retriever = Retriever(pool, embedder, cache, s)
         reranker = reranker_from_env(os.environ, client=http)
         rr = Retriever(pool, embedder, cache, s, reranker=reranker) if reranker else None
-        runner = Runner(pool, embedder, s, corpus, levels=levels, limit=args.limit,
-                        depth=args.depth, retriever=retriever, rerank_retriever=rr)  # fmt: skip
+        runner = Runner(
+            pool,
+            embedder,
+            s,
+            corpus,
+            levels=levels,
+            limit=args.limit,
+            depth=args.depth,
+            retriever=retriever,
+            rerank_retriever=rr,
+        )
         ev_k = max(EVIDENCE_KS) if args.evidence else 0
         for mode in modes:  # warm-up: connections, plans and caches; not measured
             for qy in data.queries[:3]:
                 await runner.run(mode, qy)
         results: dict[str, dict[str, Outcome]] = {}
-        with Progress(len(modes) * len(data.judged), "eval", "queries",
-                      enabled=not args.quiet) as bar:  # fmt: skip
+        with Progress(
+            len(modes) * len(data.judged), "eval", "queries", enabled=not args.quiet
+        ) as bar:
             for mode in modes:
                 results[mode] = {}
                 for qy in data.judged:
@@ -170,8 +233,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.evidence and args.qrels_sessions is None:
             beside = args.qrels.with_name("qrels_sessions.jsonl")
             args.qrels_sessions = beside if beside.is_file() else None
-        data = load(args.nodes, args.queries, args.qrels, session_qrels=args.qrels_sessions,
-                    dataset=args.dataset, limit_queries=args.limit_queries)  # fmt: skip
+        data = load(
+            args.nodes,
+            args.queries,
+            args.qrels,
+            session_qrels=args.qrels_sessions,
+            dataset=args.dataset,
+            limit_queries=args.limit_queries,
+        )
     except EvalInputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -199,6 +268,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {"dataset": data.dataset, "queries": len(data.judged), "modes": {}}
     by_category: dict[str, dict[str, dict[str, float]]] = {}
     strategies: dict[str, dict[str, int]] = {}
+    stages: dict[str, dict[str, float]] = {}
     for mode, outs in outcomes.items():
         overall, cats = score_mode(data, outs, corpus.l2_of, l0_only=levels == ("L0",))
         result["modes"][mode] = {k: round(v, 4) for k, v in overall.items()}
@@ -208,21 +278,42 @@ def cmd_eval(args: argparse.Namespace) -> int:
         for o in outs.values():
             counts[o.strategy or "error"] = counts.get(o.strategy or "error", 0) + 1
         strategies[mode] = counts
+        stage_names = sorted({k for o in outs.values() for k in o.stages})
+        if stage_names:
+            stages[mode] = {
+                k: round(percentile([o.stages.get(k, 0.0) for o in outs.values()], 50), 3)
+                for k in stage_names
+            }
     extra: dict[str, Any] = {}
     if args.bm25s or args.sweep:
         from .eval_extras import run_extras
 
         with connect(url, autocommit=True) as conn:
-            extra = run_extras(conn, s, embedder, corpus, data, levels, args)
+            extra = run_extras(
+                conn, embedder, corpus, data, levels, args, default=(s.rrf_k, s.candidates)
+            )
         result["modes"].update(extra.pop("modes", {}))
-    result.update({
-        "by_category": by_category, "strategies": strategies, "ingest": ingest_info,
-        "paths": {m: DEEP_PATHS.get(m, "none") for m in result["modes"]},
-        "settings": {"levels": list(levels), "limit": args.limit, "depth": args.depth,
-                     "rrf_k": s.rrf_k, "candidates": s.candidates,
-                     "cascade_candidates": s.cascade_candidates,
-                     "embedder": embedder.model_name, "evidence_ks": list(EVIDENCE_KS)},
-        "warnings": data.warnings, **extra})  # fmt: skip
+    result.update(
+        {
+            "by_category": by_category,
+            "strategies": strategies,
+            "stage_p50_ms": stages,
+            "ingest": ingest_info,
+            "paths": {m: DEEP_PATHS.get(m, "none") for m in result["modes"]},
+            "settings": {
+                "levels": list(levels),
+                "limit": args.limit,
+                "depth": args.depth,
+                "rrf_k": s.rrf_k,
+                "candidates": s.candidates,
+                "cascade_candidates": s.cascade_candidates,
+                "embedder": embedder.model_name,
+                "evidence_ks": list(EVIDENCE_KS),
+            },
+            "warnings": data.warnings,
+            **extra,
+        }
+    )
     _print(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -233,8 +324,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _print(result: dict[str, Any]) -> None:
-    print(f"{result['dataset']}: {result['queries']} judged queries, levels "
-          f"{','.join(result['settings']['levels'])}")  # fmt: skip
+    print(
+        f"{result['dataset']}: {result['queries']} judged queries, levels "
+        f"{','.join(result['settings']['levels'])}"
+    )
     print(modes_table(result["modes"]))
     for measure in ("evidence_recall@10", "l0_recall@10", "ndcg@10"):
         t = category_table(result["by_category"], measure) if result["by_category"] else None
@@ -244,4 +337,10 @@ def _print(result: dict[str, Any]) -> None:
     sweep = result.get("sweep")
     if sweep:
         print()
-        print("fusion sweep (best by ndcg@10): " + json.dumps(sweep.get("best", {})))
+        print("fusion sweep, best by ndcg@10: " + json.dumps(sweep["best"]))
+        rows = [
+            [label, d["diff"], d["ci95_low"], d["ci95_high"]]
+            for label, d in sweep["vs_default_ndcg@10"].items()
+        ]
+        print(f"\nnDCG@10 minus the default's ({sweep['default']}), paired bootstrap 95% CI")
+        print(table(rows, ["configuration", "diff", "ci95_low", "ci95_high"]))

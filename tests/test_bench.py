@@ -1,0 +1,106 @@
+"""`poimen-memory bench` on a tiny synthetic corpus (the HTTP part is covered separately)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+
+from poimen_memory import synthetic
+from poimen_memory.bench_ann import matched, recall
+from poimen_memory.cli import main
+
+
+@pytest.fixture
+def env(empty_url: str, work_dir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("POIMEN_DATABASE_URL", empty_url)
+    monkeypatch.setenv("POIMEN_HOME", str(work_dir))
+    monkeypatch.delenv("POIMEN_EMBEDDINGS_URL", raising=False)
+    return empty_url
+
+
+def _databases(admin: psycopg.Connection[Any]) -> set[str]:
+    return {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
+
+
+def test_tiny_bench_end_to_end(
+    env: str, tmp_path: Path, admin: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = _databases(admin)
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    args = [
+        "bench",
+        "--nodes",
+        "500",
+        "--queries",
+        "20",
+        "--no-http",
+        "--ingest-nodes",
+        "8",
+        "--json",
+        str(out),
+        "--plot",
+        str(png),
+    ]
+    assert main(args) == 0
+    r = json.loads(out.read_text())
+    assert r["nodes"] == 500 and r["load"]["hnsw_build_seconds"] > 0 and r["load"]["edges"] > 0
+    for label in ("unfiltered", "filtered_1pct"):
+        a = r["ann"][label]
+        assert [x["ef_search"] for x in a["ours"]] == [x["ef_search"] for x in a["hnswlib"]]
+        # At ef_search 400 both graphs are searched exhaustively at this size.
+        assert a["ours"][-1]["recall@10"] >= 0.95
+        assert a["numpy"]["recall@10"] >= 0.95  # numpy and exact_search agree (up to ties)
+        assert a["matched"] and all(x["p50_ms"] > 0 for x in a["ours"])
+    assert r["ann"]["filtered_1pct"]["filter_nodes"] < 20
+    lx = r["lexical"]
+    assert lx["identical_top10"] >= 0.9 and lx["lexical_search"]["p50_ms"] > 0
+    assert r["fuse_rrf_2x50"]["p50_ms"] > 0 and r["provenance_walk_10"]["p50_ms"] > 0
+    assert r["l0_reached_per_query"] > 0
+    assert r["ingest"]["nodes"] == 8 and r["ingest"]["ingest_nodes_per_s"] > 0
+    assert "http" not in r and "lexical_search_over_bm25s_p50" in r["ratios"]
+    assert png.stat().st_size > 0
+    assert "recall@10" in capsys.readouterr().out
+    assert _databases(admin) == before  # the benchmark database was dropped
+
+
+def test_synthetic_corpus_shape() -> None:
+    c = synthetic.generate(2000, 16, 10, seed=3)
+    assert c.vectors.shape == (2000, 16) and c.query_vectors.shape == (10, 16)
+    assert np.allclose(np.linalg.norm(c.vectors, axis=1), 1, atol=1e-5)
+    share = {lv: c.levels.count(lv) / 2000 for lv in ("L0", "L1", "L2")}
+    assert 0.6 < share["L0"] < 0.8 and 0.02 < share["L2"] < 0.09
+    assert 0 < c.projects.count(synthetic.SMALL) < 60
+    for i, ps in enumerate(c.parents):
+        below = {"L0": None, "L1": "L0", "L2": "L1"}[c.levels[i]]
+        assert all(c.levels[p] == below and c.projects[p] == c.projects[i] for p in ps)
+    assert any(c.parents[i] for i in range(2000) if c.levels[i] == "L2")
+    again = synthetic.generate(2000, 16, 10, seed=3)
+    assert again.texts == c.texts and np.array_equal(again.vectors, c.vectors)
+
+
+def test_matched_recall_and_recall() -> None:
+    assert recall([[1, 2, 3]], [[1, 2, 4]]) == pytest.approx(2 / 3)
+    ours = [
+        {"ef_search": 10, "recall@10": 0.9, "p50_ms": 2.0},
+        {"ef_search": 40, "recall@10": 0.99, "p50_ms": 4.0},
+    ]
+    peer = [{"ef_search": 10, "recall@10": 0.95, "p50_ms": 0.1}]
+    rows = {m["target_recall"]: m for m in matched(ours, peer)}
+    assert rows[0.9]["ratio_ours_over_peer"] == 20.0 and rows[0.95]["ours_ef"] == 40
+    assert "peer_ef" not in rows[0.99] and "ratio_ours_over_peer" not in rows[0.99]
+
+
+def test_http_load_against_the_fixture_database(fixture_url: str) -> None:
+    from poimen_memory.bench_http import run
+
+    texts = [f"kong upload body buffer incident number {i}" for i in range(5 + 2 * 4)]
+    rows = run(fixture_url, texts, concurrency=(1, 2), requests=4)
+    assert [r["clients"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["errors"] == 0 and r["requests"] == 4 and r["req_per_s"] > 0
+        assert 0 < r["p50_ms"] <= r["p95_ms"] and sum(r["strategies"].values()) == 4
