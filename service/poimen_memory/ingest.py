@@ -24,6 +24,8 @@ from .nodes import LineError, NodeRecord
 from .progress import Progress
 from .queries import q
 
+VACUUM_AFTER = 1000  # inserted nodes that make a bulk load worth a VACUUM ANALYZE
+
 
 @dataclass
 class IngestReport:
@@ -147,6 +149,11 @@ def ingest(
             bar.update(len(batch))
 
     report.edges, report.unresolved = _write_edges(conn, records, stored)
+    if report.inserted >= VACUUM_AFTER and conn.autocommit:
+        # Fresh statistics for the planner, and a visibility map so BM25 scoring can use
+        # index-only scans of the postings (VACUUM cannot run inside a transaction).
+        conn.execute("VACUUM (ANALYZE) memory.postings")
+        conn.execute("ANALYZE memory.nodes")
     report.seconds = time.monotonic() - started
     return report
 
