@@ -18,6 +18,7 @@ from starlette.testclient import TestClient
 from doubles.embedding_server import EmbeddingServer, run_embedding_server
 from doubles.rerank_server import RerankServer, run_rerank_server
 from poimen_memory.app import create_app
+from poimen_memory.db import connect
 from poimen_memory.embedding import Embedder
 from poimen_memory.local_embedder import LocalEmbedder
 from poimen_memory.settings import Settings
@@ -139,7 +140,7 @@ def test_limit(client: TestClient) -> None:
 
 
 def test_hybrid_fuses_both_legs(client: TestClient, fixture_url: str) -> None:
-    body = query(client, query=KONG, limit=10)
+    body = query(client, query=KONG, limit=10, fusion="rrf")
     assert body["plan"]["engines"] == {
         "lexical": "postgres-bm25",
         "semantic": "hnsw",
@@ -161,17 +162,47 @@ def test_hybrid_fuses_both_legs(client: TestClient, fixture_url: str) -> None:
     finals = [r["final_score"] for r in results]
     assert finals == sorted(finals, reverse=True)
     assert all(r["rerank_score"] is None for r in results)
-    k = 60
+    k = Settings().rrf_k
     for r in results:
         expected = sum(1 / (k + rank) for rank in (r["semantic_rank"], r["lexical_rank"]) if rank)
         assert r["final_score"] == pytest.approx(expected)
+
+
+def _minmax(scores: dict[str, float]) -> dict[str, float]:
+    lo, hi = min(scores.values()), max(scores.values())
+    return {k: 1.0 if hi == lo else (v - lo) / (hi - lo) for k, v in scores.items()}
+
+
+def test_default_fusion_is_lexical_leaning_convex(client: TestClient, fixture_url: str) -> None:
+    """The measured default (docs/benchmarks.md): convex, dense weight 0.4, lexical 0.6."""
+    body = query(client, query=KONG, limit=10)
+    results = body["results"]
+    assert {r["fusion_method"] for r in results} == {"convex"}
+    with psycopg.connect(fixture_url) as conn:
+        lexical = dict(
+            conn.execute(
+                "SELECT encode(n.sha256, 'hex'), l.lexical_score "
+                "FROM memory.lexical_search(%s, NULL, '{L1,L2}', 50) l "
+                "JOIN memory.nodes n ON n.id = l.node_id",
+                (KONG,),
+            ).fetchall()
+        )
+    lex_norm = _minmax(lexical)
+    w = Settings().dense_weight
+    assert w == pytest.approx(0.4)
+    for r in results:
+        lex_part = (1 - w) * lex_norm.get(r["sha256"], 0.0)
+        # The semantic part is w * minmax(cosine) over the semantic leg: bounded by w.
+        assert lex_part - 1e-9 <= r["final_score"] <= lex_part + w + 1e-9
+    finals = [r["final_score"] for r in results]
+    assert finals == sorted(finals, reverse=True)
 
 
 def test_convex_fusion_on_request(client: TestClient) -> None:
     body = query(client, query=KONG, fusion="convex", limit=10)
     assert {r["fusion_method"] for r in body["results"]} == {"convex"}
     finals = [r["final_score"] for r in body["results"]]
-    assert finals == sorted(finals, reverse=True) and max(finals) <= 2.0
+    assert finals == sorted(finals, reverse=True) and max(finals) <= 1.0
 
 
 BY_IDS_SPY = """
@@ -205,7 +236,8 @@ def test_cascade_ranks_exactly_the_lexical_ids(
                 (CASCADE, project),
             )
         ]
-    params = {"query": CASCADE} | ({"project": project} if project else {})
+    # fusion=rrf: the classic cascade, the by-ids cosine order alone.
+    params = {"query": CASCADE, "fusion": "rrf"} | ({"project": project} if project else {})
     with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as client:
         body = query(client, **params)
     assert body["search_strategy"] == "LexicalFirst"
@@ -227,6 +259,34 @@ def test_cascade_ranks_exactly_the_lexical_ids(
     assert [r["semantic_rank"] for r in results] == list(range(1, len(results) + 1))
     scores = [r["query_score"] for r in results]
     assert scores == sorted(scores, reverse=True)
+
+
+def test_convex_cascade_blends_cosine_and_bm25_over_the_lexical_ids(
+    client: TestClient, fixture_url: str, embedder: LocalEmbedder
+) -> None:
+    body = query(client, query=CASCADE, limit=10)
+    assert body["search_strategy"] == "LexicalFirst"
+    results = body["results"]
+    assert results and {r["fusion_method"] for r in results} == {"cascade+convex"}
+    with connect(fixture_url) as conn:
+        lex = conn.execute(
+            "SELECT l.node_id, encode(n.sha256, 'hex'), l.lexical_score "
+            "FROM memory.lexical_search(%s, NULL, '{L1,L2}', 200) l "
+            "JOIN memory.nodes n ON n.id = l.node_id",
+            (CASCADE,),
+        ).fetchall()
+        cos = conn.execute(
+            "SELECT encode(n.sha256, 'hex'), b.query_score FROM memory.search_by_ids(%s, %s) b "
+            "JOIN memory.nodes n ON n.id = b.node_id",
+            (embedder.embed_query(CASCADE), [r[0] for r in lex]),
+        ).fetchall()
+    w = Settings().dense_weight
+    lex_n, cos_n = _minmax({r[1]: r[2] for r in lex}), _minmax(dict(cos))
+    expected = {sha: w * cos_n[sha] + (1 - w) * lex_n[sha] for sha in lex_n}
+    for r in results:
+        assert r["final_score"] == pytest.approx(expected[r["sha256"]], abs=1e-6)
+    want = sorted(expected, key=lambda sha: -expected[sha])[: len(results)]
+    assert [r["sha256"] for r in results] == want
 
 
 # -- scores, metrics ----------------------------------------------------------------------

@@ -55,6 +55,12 @@ def _fusion(value: str, key: str) -> str:
     return value
 
 
+def _unit(value: float, key: str) -> float:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{key} must be within [0, 1], got {value}")
+    return value
+
+
 def _fusion_by_type(raw: str) -> dict[str, str]:
     """Parse "Factual:convex,Open:rrf" into {question type: fusion method}."""
     out: dict[str, str] = {}
@@ -92,12 +98,13 @@ class Settings:
     max_timeout_s: float = 30.0
     candidates: int = 50
     cascade_candidates: int = 200
-    rrf_k: int = 60
+    rrf_k: int = 10
     rerank_depth_factor: int = 3
     rerank_min_remaining_s: float = 0.25
     ingest_batch: int = 64
     pg_lexical: bool = True
-    default_fusion: str = "rrf"
+    default_fusion: str = "convex"
+    dense_weight: float = 0.4
     fusion_by_type: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -145,11 +152,12 @@ class Settings:
             max_timeout_s=_float(e, "POIMEN_MAX_TIMEOUT_S", 30.0),
             candidates=_int(e, "POIMEN_CANDIDATES", 50),
             cascade_candidates=_int(e, "POIMEN_CASCADE_CANDIDATES", 200),
-            rrf_k=_int(e, "POIMEN_RRF_K", 60),
+            rrf_k=_int(e, "POIMEN_RRF_K", 10),
             rerank_depth_factor=_int(e, "POIMEN_RERANK_DEPTH_FACTOR", 3),
             rerank_min_remaining_s=_float(e, "POIMEN_RERANK_MIN_REMAINING_S", 0.25),
             ingest_batch=_int(e, "POIMEN_INGEST_BATCH", 64),
             pg_lexical=e.get("POIMEN_PG_LEXICAL", "on").lower() not in ("off", "0", "false", "no"),
-            default_fusion=_fusion(e.get("POIMEN_FUSION", "rrf"), "POIMEN_FUSION"),
+            default_fusion=_fusion(e.get("POIMEN_FUSION", "convex"), "POIMEN_FUSION"),
+            dense_weight=_unit(_float(e, "POIMEN_DENSE_WEIGHT", 0.4), "POIMEN_DENSE_WEIGHT"),
             fusion_by_type=_fusion_by_type(e.get("POIMEN_FUSION_BY_TYPE", "")),
         )
