@@ -72,6 +72,10 @@ def test_all_modes_json_plot_and_extras(
     assert cmp_["bm25s"]["ndcg@10"] == pytest.approx(cmp_["postgres_sql"]["ndcg@10"], abs=1e-3)
     assert cmp_["identical_top10"] >= 0.75
     assert {"rrf", "convex", "cascade", "by_group"} <= set(result["sweep"]["best"])
+    # The service's defaults (convex 0.4 or rrf 10, 50 candidates) are on the sweep's grid.
+    assert result["sweep"]["vs_default_ndcg@10"]
+    for d in result["sweep"]["vs_default_ndcg@10"].values():
+        assert d["ci95_low"] <= d["diff"] <= d["ci95_high"]
     assert png.stat().st_size > 0 and sweep.stat().st_size > 0
     printed = capsys.readouterr().out
     assert "ndcg@10" in printed and "hybrid-convex" in printed
@@ -199,3 +203,56 @@ def test_unknown_mode_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
         main(_eval("--modes", "lexical,magic"))
     assert exc.value.code == 2
     assert "unknown mode" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("default_fusion", ["convex", "rrf"])
+def test_depth_100_path_agrees_with_the_real_path(fixture_url: str, default_fusion: str) -> None:
+    """With every node a candidate (21 nodes), the stage-SQL ranking behind recall@100 must
+    start with exactly what Retriever.query returned, whatever the service's fusion."""
+    import asyncio
+    import dataclasses
+
+    from psycopg_pool import AsyncConnectionPool
+
+    from poimen_memory.db import configure_async, connect
+    from poimen_memory.embedding import embedder_from_env
+    from poimen_memory.embedding_cache import QueryEmbeddingCache
+    from poimen_memory.eval_data import load
+    from poimen_memory.eval_runner import MODES, Runner
+    from poimen_memory.evaluate import _corpus
+    from poimen_memory.retrieval import LEVELS, Retriever
+    from poimen_memory.settings import Settings
+
+    settings = dataclasses.replace(Settings.from_env({}), default_fusion=default_fusion)
+    data = load(NODES, QUERIES, QRELS)
+    embedder = embedder_from_env({})
+    with connect(fixture_url, autocommit=True) as conn:
+        corpus = _corpus(conn, data.records)
+
+    async def check() -> None:
+        async with AsyncConnectionPool(
+            fixture_url,
+            min_size=1,
+            max_size=4,
+            configure=configure_async,
+            kwargs={"autocommit": True},
+        ) as pool:
+            retriever = Retriever(pool, embedder, QueryEmbeddingCache(0), settings)
+            runner = Runner(
+                pool,
+                embedder,
+                settings,
+                corpus,
+                levels=LEVELS,
+                limit=10,
+                depth=100,
+                retriever=retriever,
+            )
+            for mode in (m for m in MODES if m != "hybrid-rerank"):
+                for qy in data.queries:
+                    out = await runner.run(mode, qy)
+                    assert out.error is None and out.deep is not None
+                    assert out.ranked, (mode, qy.id)
+                    assert out.deep[: len(out.ranked)] == out.ranked, (mode, qy.id, out.fusion)
+
+    asyncio.run(check())

@@ -78,8 +78,9 @@ def bm25_comparison(
     }
 
 
-def _group(qy: Query) -> str:
-    if qy.category is not None:
+def _group(qy: Query, by: str) -> str:
+    """The sweep's per-query group: the query's category, or the optimizer's question type."""
+    if by == "category" and qy.category is not None:
         return f"category {qy.category}"
     try:
         return optimize_query(qy.text).question_type.value
@@ -95,7 +96,7 @@ def run_extras(
     levels: tuple[str, ...],
     args: argparse.Namespace,
     *,
-    default: tuple[int, int] = (60, 50),
+    default: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"modes": {}}
     if args.bm25s:
@@ -108,7 +109,7 @@ def run_extras(
         ) as bar:
             vectors = {qy.id: embedder.embed_query(qy.text) for qy in data.judged}
             cands = fetch(conn, data.judged, vectors, levels, lambda: bar.update(1))
-        groups = {qy.id: _group(qy) for qy in data.judged}
+        groups = {qy.id: _group(qy, args.sweep_groups) for qy in data.judged}
         result = sweep(conn, cands, data.qrels, corpus.by_db_id, groups, default=default)
         out["sweep"] = result
         plot(args.sweep, result, f"{data.dataset}: fusion sweep over {result['queries']} queries")

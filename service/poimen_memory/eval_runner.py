@@ -7,9 +7,11 @@ behind recall@100, which the Retriever cannot give because POIMEN_MAX_LIMIT caps
 - lexical: Retriever, LexicalOnly; memory.lexical_search(k=100).
 - semantic: Retriever, SemanticOnly; memory.semantic_search(k=100).
 - hybrid / hybrid-convex: Retriever, Hybrid, fusion rrf / convex; lexical_search and
-  semantic_search at max(candidates, 100), then memory.fuse(rrf or convex, final_k=100).
-- cascade: Retriever, LexicalFirst; lexical_search(k=cascade_candidates), then
-  memory.search_by_ids(k=100).
+  semantic_search at max(candidates, 100), then memory.fuse(final_k=100) with the
+  service's weights (rrf: 1 and 1, k=POIMEN_RRF_K; convex: POIMEN_DENSE_WEIGHT and 1 - it).
+- cascade: Retriever, LexicalFirst (fusion as the service defaults); lexical_search(k=
+  cascade_candidates), then memory.search_by_ids: its first 100 (classic cascade), or all
+  of them blended with the BM25 scores by memory.fuse(convex) (convex cascade).
 - auto: Retriever, strategy chosen by the optimizer; the deep path of that strategy.
 - hybrid-rerank: Retriever with the reranker (POIMEN_RERANK_URL); no deep path.
 - exact: query embedding + memory.exact_search(k=limit); memory.exact_search(k=100).
@@ -61,7 +63,7 @@ DEEP_PATHS = {
     "exact": "memory.exact_search(k=depth)",
     "hybrid": "lexical + semantic_search at max(candidates, depth), memory.fuse(rrf)",
     "hybrid-convex": "lexical + semantic_search at max(candidates, depth), memory.fuse(convex)",
-    "cascade": "lexical_search(k=cascade_candidates) then memory.search_by_ids(k=depth)",
+    "cascade": "lexical_search(k=cascade_candidates), search_by_ids, as the service fuses them",
     "auto": "the deep path of the strategy the optimizer chose",
 }
 
@@ -82,6 +84,8 @@ class Outcome:
     deep: list[str] | None = None
     latency_ms: float = 0.0
     strategy: str | None = None
+    fusion: str | None = None
+    """The fusion_method the response reports (rrf, convex, cascade, cascade+convex, none)."""
     error: str | None = None
     stages: dict[str, float] = field(default_factory=dict)
     """The response's per-stage timings (embed/lexical/semantic/fusion/provenance, ms)."""
@@ -158,6 +162,8 @@ class Runner:
                 resp = await self._query(mode, query, self.levels, self.limit)
                 out.latency_ms = (time.perf_counter() - t0) * 1000
                 out.strategy = resp["search_strategy"]
+                if resp["results"]:
+                    out.fusion = resp["results"][0]["fusion_method"]
                 out.stages = {
                     k.removesuffix("_time_ms"): float(v)
                     for k, v in resp["metrics"].items()
@@ -169,7 +175,7 @@ class Runner:
                     if r["sha256"] in self.corpus.by_sha
                 ]
             if not mode.rerank:
-                out.deep = await self.deep(mode_name, out.strategy or "", query)
+                out.deep = await self.deep(mode_name, out.strategy or "", out.fusion, query)
             if evidence_k and not mode.exact:
                 out.evidence = await self._evidence(mode, query, evidence_k)
         except PoimenError as err:
@@ -201,44 +207,68 @@ class Runner:
             if r["sha256"] in by_sha
         ]
 
-    async def deep(self, mode_name: str, strategy: str, query: Query) -> list[str]:
-        """The depth-``depth`` ranking of a mode through the stage SQL functions."""
+    async def deep(
+        self, mode_name: str, strategy: str, fusion: str | None, query: Query
+    ) -> list[str]:
+        """The depth-``depth`` ranking of a mode through the stage SQL functions, fused the
+        way the response says the service fused it (``fusion``)."""
         d, s = self.depth, self.settings
         base = {"project": query.project, "levels": list(self.levels)}
-        if mode_name == "auto":
-            mode_name = {
-                "LexicalOnly": "lexical",
-                "SemanticOnly": "semantic",
-                "Hybrid": "hybrid",
-                "LexicalFirst": "cascade",
-            }[strategy]
-        if mode_name == "lexical":
+        if mode_name == "exact" or strategy == "SemanticOnly":
+            name = "exact_search" if mode_name == "exact" else "semantic_search"
+            vec = await self.vector(query)
+            rows = await self._rows(name, {**base, "embedding": vec, "k": d, "ef_search": None})
+            return self._ext([r[0] for r in rows])
+        if strategy == "LexicalOnly":
             rows = await self._rows("lexical_search", {**base, "query": query.text, "k": d})
             return self._ext([r[0] for r in rows])
         vec = await self.vector(query)
-        if mode_name in ("semantic", "exact"):
-            name = "exact_search" if mode_name == "exact" else "semantic_search"
-            rows = await self._rows(name, {**base, "embedding": vec, "k": d, "ef_search": None})
-            return self._ext([r[0] for r in rows])
-        if mode_name == "cascade":
+        mode = MODES[mode_name]
+        if fusion not in ("rrf", "convex", "cascade", "cascade+convex"):
+            fusion = mode.fusion or s.default_fusion  # no results to read it from
+        if strategy == "LexicalFirst":
             lex = await self._rows(
                 "lexical_search", {**base, "query": query.text, "k": s.cascade_candidates}
             )
-            rows = await self._rows(
-                "search_by_ids", {**base, "embedding": vec, "ids": [r[0] for r in lex], "k": d}
+            ids = [r[0] for r in lex]
+            convex = fusion in ("convex", "cascade+convex")
+            sem = await self._rows(
+                "search_by_ids",
+                {**base, "embedding": vec, "ids": ids, "k": max(len(ids), 1) if convex else d},
             )
-            return self._ext([r[0] for r in rows])
+            if not convex:
+                return self._ext([r[0] for r in sem])
+            rows = await self._fuse(sem, lex, "convex", d)
+            return self._ext([r[0] for r in rows if r[1][0] is not None])
         depth = max(s.candidates, d)
         lex = await self._rows("lexical_search", {**base, "query": query.text, "k": depth})
         sem = await self._rows(
             "semantic_search", {**base, "embedding": vec, "k": depth, "ef_search": None}
         )
-        lists = [
-            {"ids": [r[0] for r in sem], "scores": [r[2] for r in sem]},
-            {"ids": [r[0] for r in lex], "scores": [r[2] for r in lex]},
-        ]
-        method = "convex" if mode_name == "hybrid-convex" else "rrf"
-        rows = await self._rows(
-            "fuse", {"lists": json.dumps(lists), "method": method, "k": s.rrf_k, "final_k": d}
-        )
+        rows = await self._fuse(sem, lex, "convex" if fusion == "convex" else "rrf", d)
         return self._ext([r[0] for r in rows])
+
+    async def _fuse(
+        self,
+        sem: Sequence[tuple[Any, ...]],
+        lex: Sequence[tuple[Any, ...]],
+        method: str,
+        final_k: int,
+    ) -> list[tuple[Any, ...]]:
+        """memory.fuse with the service's weights: rrf 1 and 1; convex the dense weight."""
+        w = self.settings.dense_weight if method == "convex" else 1.0
+        lists = [
+            {"ids": [r[0] for r in sem], "scores": [r[2] for r in sem], "weight": w},
+            {
+                "ids": [r[0] for r in lex],
+                "scores": [r[2] for r in lex],
+                "weight": 1.0 - w if method == "convex" else 1.0,
+            },
+        ]
+        params = {
+            "lists": json.dumps(lists),
+            "method": method,
+            "k": self.settings.rrf_k,
+            "final_k": final_k,
+        }
+        return await self._rows("fuse", params)

@@ -22,6 +22,7 @@ from .eval_data import EvalData, EvalInputError, load
 from .eval_report import bar_chart, category_table, modes_table, table
 from .eval_runner import DEEP_PATHS, MODES, Corpus, Outcome, Runner
 from .eval_scores import EVIDENCE_KS, score_mode
+from .fusion_sweep import default_config
 from .ingest import ingest
 from .measures import percentile
 from .migrate import migrate
@@ -107,6 +108,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         type=Path,
         metavar="OUT.png",
         help="also sweep RRF k, candidate depths and convex weights; chart to OUT.png",
+    )
+    p.add_argument(
+        "--sweep-groups",
+        choices=["category", "type"],
+        default="category",
+        help="break the sweep down by the queries' category (default, when they have one) or "
+        "by the optimizer's question type (what POIMEN_FUSION_BY_TYPE selects on)",
     )
     p.add_argument("--json", type=Path, metavar="OUT", help="write the results as JSON")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="bar chart of the modes")
@@ -290,7 +298,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         with connect(url, autocommit=True) as conn:
             extra = run_extras(
-                conn, embedder, corpus, data, levels, args, default=(s.rrf_k, s.candidates)
+                conn, embedder, corpus, data, levels, args, default=default_config(s)
             )
         result["modes"].update(extra.pop("modes", {}))
     result.update(
@@ -305,6 +313,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 "limit": args.limit,
                 "depth": args.depth,
                 "rrf_k": s.rrf_k,
+                "default_fusion": s.default_fusion,
+                "dense_weight": s.dense_weight,
                 "candidates": s.candidates,
                 "cascade_candidates": s.cascade_candidates,
                 "embedder": embedder.model_name,

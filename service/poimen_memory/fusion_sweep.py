@@ -114,10 +114,12 @@ def sweep(
     to_ext: Mapping[int, str],
     groups: Mapping[str, str],
     *,
-    default: tuple[int, int] = (60, 50),
+    default: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Every configuration's measures, overall and per query group (category or question
-    type), and paired differences in nDCG@10 against the default (rrf, k, depth)."""
+    type), and paired differences in nDCG@10 against ``default`` (a configuration of the
+    grid: the service's settings, see default_config)."""
+    default = default or {"method": "rrf", "k": 60, "depth": 50}
     qids = list(cands)
     group_names = sorted(set(groups.values()))
     judged = {qid: qrels[qid] for qid in qids}
@@ -171,11 +173,13 @@ def sweep(
     best = _best(
         configs, group_names, {g: sum(1 for v in groups.values() if v == g) for g in group_names}
     )
-    base_label = _label({"method": "rrf", "k": default[0], "depth": default[1]})
+    base_label = _label(default)
     vs_default: dict[str, Any] = {}
     if base_label in ndcg_by_label:
         at_depth = [
-            _label(c) for c in configs if c["method"] != "cascade" and c["depth"] == default[1]
+            _label(c)
+            for c in configs
+            if c["method"] != "cascade" and c["depth"] == default["depth"]
         ]
         best_labels = [best[m]["config"] for m in ("rrf", "convex", "cascade")]
         for label in dict.fromkeys([*at_depth, *best_labels, "lexical", "semantic"]):
@@ -190,6 +194,17 @@ def sweep(
         "queries": len(qids),
         "groups": {g: sum(1 for v in groups.values() if v == g) for g in group_names},
     }
+
+
+def default_config(settings: Any) -> dict[str, Any]:
+    """The service's fusion defaults as a sweep configuration."""
+    if settings.default_fusion == "convex":
+        return {
+            "method": "convex",
+            "dense_weight": settings.dense_weight,
+            "depth": settings.candidates,
+        }
+    return {"method": "rrf", "k": settings.rrf_k, "depth": settings.candidates}
 
 
 def paired(a: Sequence[float], b: Sequence[float], *, resamples: int = 2000) -> dict[str, float]:
