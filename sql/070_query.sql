@@ -51,7 +51,11 @@ DECLARE
     strat text;
     sem jsonb := '{"ids":[],"scores":[]}';
     lex jsonb := '{"ids":[],"scores":[]}';
-    fused_ids bigint[];
+    -- convex weights: the measured lexical-leaning split (docs/benchmarks.md); a
+    -- memory.config row 'dense_weight' overrides it.
+    dw double precision := coalesce(
+        (SELECT c.value::double precision FROM memory.config c WHERE c.key = 'dense_weight'), 0.4);
+    blend boolean := p_fusion = 'convex';
 BEGIN
     IF p_query IS NULL OR btrim(p_query) = '' THEN
         RAISE EXCEPTION 'query must not be empty'
@@ -88,7 +92,10 @@ BEGIN
           INTO sem
           FROM memory.search_by_ids(p_embedding,
                                     ARRAY(SELECT jsonb_array_elements_text(lex -> 'ids')::bigint),
-                                    p_project, lv, lim) s;
+                                    p_project, lv,
+                                    -- a convex cascade blends cosine with BM25 over every lexical id
+                                    CASE WHEN blend THEN greatest(jsonb_array_length(lex -> 'ids'), 1)
+                                         ELSE lim END) s;
     END IF;
 
     RETURN QUERY
@@ -96,15 +103,22 @@ BEGIN
         SELECT f.node_id, f.ranks, f.scores, f.fused_score, f.fusion_method,
                row_number() OVER (ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]), f.node_id) AS pos
         FROM memory.fuse(
-            jsonb_build_array(sem || jsonb_build_object('weight', CASE WHEN strat = 'LexicalOnly' THEN 0 ELSE 1 END),
-                              lex || jsonb_build_object('weight', CASE WHEN strat IN ('SemanticOnly', 'LexicalFirst') THEN 0 ELSE 1 END)),
-            CASE WHEN strat = 'Hybrid' THEN p_fusion ELSE 'rrf' END, p_rrf_k, lim) f
+            jsonb_build_array(
+                sem || jsonb_build_object('weight', CASE WHEN strat = 'LexicalOnly' THEN 0
+                                                         WHEN blend AND strat IN ('Hybrid', 'LexicalFirst') THEN dw
+                                                         ELSE 1 END),
+                lex || jsonb_build_object('weight', CASE WHEN strat = 'SemanticOnly' THEN 0
+                                                         WHEN blend AND strat IN ('Hybrid', 'LexicalFirst') THEN 1 - dw
+                                                         WHEN strat = 'LexicalFirst' THEN 0
+                                                         ELSE 1 END)),
+            CASE WHEN strat IN ('Hybrid', 'LexicalFirst') THEN p_fusion ELSE 'rrf' END, p_rrf_k, lim) f
         -- A cascade keeps only ids the by-ids stage ranked.
         WHERE strat <> 'LexicalFirst' OR f.ranks[1] IS NOT NULL
     )
     SELECT r.pos::integer, h.level, h.sha256, h.project, h.title, h.text, h.source, h.breadcrumb,
            h."timestamp", h.query_score, r.scores[2], r.fused_score, r.ranks[1], r.ranks[2],
-           CASE strat WHEN 'Hybrid' THEN r.fusion_method WHEN 'LexicalFirst' THEN 'cascade'
+           CASE strat WHEN 'Hybrid' THEN r.fusion_method
+                      WHEN 'LexicalFirst' THEN CASE WHEN blend THEN 'cascade+convex' ELSE 'cascade' END
                       ELSE 'none' END,
            strat, h.provenance
     FROM ranked r

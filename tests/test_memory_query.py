@@ -131,3 +131,34 @@ def test_stale_plpython_module_is_reloaded(conn: Conn, work_dir: Any) -> None:
     conn.execute("UPDATE memory.config SET value = %s WHERE key = 'plpython_path'", (str(new),))
     out = conn.execute("SELECT memory_optimize_query('after the deploy')").fetchone()[0]  # type: ignore[index]
     assert out["optimizer_version"].startswith("stale-test-")
+
+
+def test_sql_convex_uses_the_lexical_leaning_weights(conn: Conn, embedder: LocalEmbedder) -> None:
+    q = "how do I fix uploads over 10KB failing through the kong gateway"
+    emb = embedder.embed_query(q)
+    rows = conn.execute(
+        "SELECT sha256, final_score, fusion_method FROM memory_query(%s, %s, 'poimen', "
+        "fusion => 'convex', \"limit\" => 10)",
+        (q, emb),
+    ).fetchall()
+    assert rows and {r[2] for r in rows} == {"convex"}
+    lex = dict(conn.execute(
+        "SELECT encode(n.sha256, 'hex'), l.lexical_score FROM memory.lexical_search(%s, 'poimen', "
+        "'{L1,L2}', 50) l JOIN memory.nodes n ON n.id = l.node_id", (q,)).fetchall())  # fmt: skip
+    sem = dict(conn.execute(
+        "SELECT encode(n.sha256, 'hex'), s.query_score FROM memory.semantic_search(%s, 'poimen', "
+        "'{L1,L2}', 50) s JOIN memory.nodes n ON n.id = s.node_id", (emb,)).fetchall())  # fmt: skip
+
+    def norm(d: dict[str, float]) -> dict[str, float]:
+        lo, hi = min(d.values()), max(d.values())
+        return {k: 1.0 if hi == lo else (v - lo) / (hi - lo) for k, v in d.items()}
+
+    ln, sn = norm(lex), norm(sem)
+    for sha, score, _ in rows:
+        assert score == pytest.approx(0.4 * sn.get(sha, 0.0) + 0.6 * ln.get(sha, 0.0), abs=1e-9)
+    conn.execute("INSERT INTO memory.config VALUES ('dense_weight', '1.0')")
+    only_dense = conn.execute(
+        "SELECT sha256 FROM memory_query(%s, %s, 'poimen', fusion => 'convex', \"limit\" => 3)",
+        (q, emb),
+    ).fetchall()
+    assert [r[0] for r in only_dense] == sorted(sn, key=lambda k: -sn[k])[:3]
