@@ -52,6 +52,22 @@ def _error(err: PoimenError) -> JSONResponse:
     return JSONResponse(err.to_json(), status_code=err.http_status)
 
 
+# Routes raise; these turn typed and database errors into the one JSON error shape. Starlette
+# picks the handler by the exception's MRO, so OperationalError wins over psycopg.Error.
+async def _poimen_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, PoimenError)
+    return _error(exc)
+
+
+async def _db_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    return _error(DatabaseUnavailable("database unavailable", detail=str(exc)))
+
+
+async def _db_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, psycopg.Error)
+    return _error(translate(exc))
+
+
 def _parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
     query = params.get("query", "")
     if not query.strip():
@@ -98,15 +114,8 @@ def _parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
 
 async def memory_query(request: Request) -> JSONResponse:
     state: State = request.app.state.poimen
-    try:
-        req = _parse_query(request.query_params, state.settings)
-        return JSONResponse(await state.retriever.query(req))
-    except PoimenError as err:
-        return _error(err)
-    except psycopg.OperationalError as exc:
-        return _error(DatabaseUnavailable("database unavailable", detail=str(exc)))
-    except psycopg.Error as exc:
-        return _error(translate(exc))
+    req = _parse_query(request.query_params, state.settings)
+    return JSONResponse(await state.retriever.query(req))
 
 
 async def post_nodes(request: Request) -> JSONResponse:
@@ -144,14 +153,7 @@ async def post_nodes(request: Request) -> JSONResponse:
             )
             return report.to_json()
 
-    try:
-        return JSONResponse(await asyncio.to_thread(run), status_code=201)
-    except PoimenError as err:
-        return _error(err)
-    except psycopg.OperationalError as exc:
-        return _error(DatabaseUnavailable("database unavailable", detail=str(exc)))
-    except psycopg.Error as exc:
-        return _error(translate(exc))
+    return JSONResponse(await asyncio.to_thread(run), status_code=201)
 
 
 async def healthz(request: Request) -> JSONResponse:
@@ -265,7 +267,13 @@ def create_app(
             yield
 
     return Starlette(
-        exception_handlers={HTTPException: _http_error, Exception: _unexpected},
+        exception_handlers={
+            PoimenError: _poimen_error,
+            psycopg.OperationalError: _db_unavailable,
+            psycopg.Error: _db_error,
+            HTTPException: _http_error,
+            Exception: _unexpected,
+        },
         routes=[
             Route("/memory/query", memory_query, methods=["GET"]),
             Route("/memory/nodes", post_nodes, methods=["POST"]),
