@@ -29,6 +29,7 @@ from .errors import DatabaseUnavailable, PoimenError, ValidationError
 from .ingest import ingest
 from .nodes import parse_lines
 from .openapi import openapi_spec
+from .queries import q
 from .rerank import RerankClient, reranker_from_env
 from .retrieval import LEVELS, QueryRequest, Retriever
 from .settings import Settings
@@ -161,10 +162,7 @@ async def healthz(request: Request) -> JSONResponse:
     checks: dict[str, Any] = {}
     try:
         async with state.pool.connection(timeout=2) as conn:
-            cur = await conn.execute(
-                "SELECT (SELECT count(*) FROM memory.nodes), "
-                "(SELECT model FROM memory.embedding_model)"
-            )
+            cur = await conn.execute(q("health"))
             row = await cur.fetchone()
             checks["database"] = {
                 "ok": True,

@@ -152,8 +152,8 @@ def ingest(
     if report.inserted >= VACUUM_AFTER and conn.autocommit:
         # Fresh statistics for the planner, and a visibility map so BM25 scoring can use
         # index-only scans of the postings (VACUUM cannot run inside a transaction).
-        conn.execute("VACUUM (ANALYZE) memory.postings")
-        conn.execute("ANALYZE memory.nodes")
+        conn.execute(q("vacuum_postings"))
+        conn.execute(q("analyze_nodes"))
     report.seconds = time.monotonic() - started
     return report
 

@@ -133,3 +133,12 @@ ORDER BY n.id;
 
 -- name: node_texts
 SELECT id, text FROM memory.nodes WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: health
+SELECT (SELECT count(*) FROM memory.nodes), (SELECT model FROM memory.embedding_model);
+
+-- name: vacuum_postings
+VACUUM (ANALYZE) memory.postings;
+
+-- name: analyze_nodes
+ANALYZE memory.nodes;
