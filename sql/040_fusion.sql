@@ -72,3 +72,43 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION memory.fuse(jsonb, text, integer, integer) IS
     'Fuses ranked lists [{"ids":[..],"scores":[..],"weight":w},..]. rrf: sum of w/(k+rank). convex: sum of w*minmax(score) per list. Returns per-id ranks/scores (one slot per list, NULL if absent); ties break by best rank, then id.';
+
+CREATE OR REPLACE FUNCTION memory.fuse_legs(
+    semantic jsonb,
+    lexical jsonb,
+    strategy text,
+    fusion text DEFAULT 'rrf',
+    dense_weight double precision DEFAULT 0.4,
+    k integer DEFAULT 60,
+    final_k integer DEFAULT 50
+)
+RETURNS TABLE (node_id bigint, ranks integer[], scores double precision[],
+               fused_score double precision, fusion_method text)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+-- One place decides how a routed strategy weighs its legs, for memory.query and the service.
+-- Convex leans lexical (dense_weight 0.4 measured best); RRF keeps equal weights; the
+-- classic cascade (rrf) is the cosine order of the lexical ids alone.
+AS $$
+    SELECT f.node_id, f.ranks, f.scores, f.fused_score,
+           CASE strategy WHEN 'Hybrid' THEN f.fusion_method
+                         WHEN 'LexicalFirst' THEN CASE WHEN fusion = 'convex' THEN 'cascade+convex'
+                                                       ELSE 'cascade' END
+                         ELSE 'none' END
+    FROM memory.fuse(
+        jsonb_build_array(
+            semantic || jsonb_build_object('weight',
+                CASE WHEN strategy = 'LexicalOnly' THEN 0
+                     WHEN fusion = 'convex' AND strategy IN ('Hybrid', 'LexicalFirst') THEN dense_weight
+                     ELSE 1 END),
+            lexical || jsonb_build_object('weight',
+                CASE WHEN strategy = 'SemanticOnly' THEN 0
+                     WHEN fusion = 'convex' AND strategy IN ('Hybrid', 'LexicalFirst') THEN 1 - dense_weight
+                     WHEN strategy = 'LexicalFirst' THEN 0
+                     ELSE 1 END)),
+        CASE WHEN strategy IN ('Hybrid', 'LexicalFirst') THEN fusion ELSE 'rrf' END,
+        k, final_k) f
+    -- A cascade keeps only ids the by-ids stage ranked.
+    WHERE strategy <> 'LexicalFirst' OR f.ranks[1] IS NOT NULL
+$$;
+COMMENT ON FUNCTION memory.fuse_legs(jsonb, jsonb, text, text, double precision, integer, integer) IS
+    'Fuses a semantic and a lexical leg ({"ids":[..],"scores":[..]}) the way the routed strategy needs: weights, method, the cascade filter and the reported fusion_method.';

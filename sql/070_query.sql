@@ -102,24 +102,11 @@ BEGIN
     WITH ranked AS (
         SELECT f.node_id, f.ranks, f.scores, f.fused_score, f.fusion_method,
                row_number() OVER (ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]), f.node_id) AS pos
-        FROM memory.fuse(
-            jsonb_build_array(
-                sem || jsonb_build_object('weight', CASE WHEN strat = 'LexicalOnly' THEN 0
-                                                         WHEN blend AND strat IN ('Hybrid', 'LexicalFirst') THEN dw
-                                                         ELSE 1 END),
-                lex || jsonb_build_object('weight', CASE WHEN strat = 'SemanticOnly' THEN 0
-                                                         WHEN blend AND strat IN ('Hybrid', 'LexicalFirst') THEN 1 - dw
-                                                         WHEN strat = 'LexicalFirst' THEN 0
-                                                         ELSE 1 END)),
-            CASE WHEN strat IN ('Hybrid', 'LexicalFirst') THEN p_fusion ELSE 'rrf' END, p_rrf_k, lim) f
-        -- A cascade keeps only ids the by-ids stage ranked.
-        WHERE strat <> 'LexicalFirst' OR f.ranks[1] IS NOT NULL
+        FROM memory.fuse_legs(sem, lex, strat, p_fusion, dw, p_rrf_k, lim) f
     )
     SELECT r.pos::integer, h.level, h.sha256, h.project, h.title, h.text, h.source, h.breadcrumb,
            h."timestamp", h.query_score, r.scores[2], r.fused_score, r.ranks[1], r.ranks[2],
-           CASE strat WHEN 'Hybrid' THEN r.fusion_method
-                      WHEN 'LexicalFirst' THEN CASE WHEN blend THEN 'cascade+convex' ELSE 'cascade' END
-                      ELSE 'none' END,
+           r.fusion_method,
            strat, h.provenance
     FROM ranked r
     JOIN memory.hydrate(ARRAY(SELECT r2.node_id FROM ranked r2 ORDER BY r2.pos), p_embedding) h

@@ -142,3 +142,8 @@ VACUUM (ANALYZE) memory.postings;
 
 -- name: analyze_nodes
 ANALYZE memory.nodes;
+
+-- name: fuse_legs
+SELECT node_id, ranks, scores, fused_score, fusion_method
+FROM memory.fuse_legs(%(semantic)s::jsonb, %(lexical)s::jsonb, %(strategy)s, %(fusion)s,
+                      %(dense_weight)s, %(k)s, %(final_k)s);

@@ -191,30 +191,21 @@ class Retriever:
                 lex_task.cancel()
 
         t0 = time.monotonic()
-        w_sem, w_lex, method_sql = _fusion_weights(strategy, fusion, self.settings.dense_weight)
         fused = await self._sql(
             deadline,
             "fusion",
-            "fuse",
+            "fuse_legs",
             {
-                "lists": json.dumps(
-                    [
-                        {"ids": sem.ids, "scores": sem.scores, "weight": w_sem},
-                        {"ids": lex.ids, "scores": lex.scores, "weight": w_lex},
-                    ]
-                ),
-                "method": method_sql,
+                "semantic": json.dumps({"ids": sem.ids, "scores": sem.scores}),
+                "lexical": json.dumps({"ids": lex.ids, "scores": lex.scores}),
+                "strategy": strategy,
+                "fusion": fusion,
+                "dense_weight": self.settings.dense_weight,
                 "k": self.settings.rrf_k,
                 "final_k": rerank_k,
             },
         )
-        if strategy == "LexicalFirst":
-            fused = [f for f in fused if f[1][0] is not None]
         trace.timed("fusion_time_ms", t0)
-        method = {
-            "Hybrid": fusion,
-            "LexicalFirst": "cascade" if method_sql == "rrf" else "cascade+convex",
-        }.get(strategy, "none")
 
         order = [f[0] for f in fused]
         rerank_scores = await self._rerank(req, order, deadline, trace)
@@ -253,7 +244,7 @@ class Retriever:
                     "rerank_score": rerank_scores.get(nid) if rerank_scores is not None else None,
                     "semantic_rank": f[1][0],
                     "lexical_rank": f[1][1],
-                    "fusion_method": method,
+                    "fusion_method": f[4],
                     "parents": prov,
                 }
             )
@@ -486,23 +477,6 @@ class Retriever:
             trace.timed("rerank_time_ms", t0)
         trace.engines["rerank"] = self.reranker.model or "remote"
         return {ids[r.index]: r.score for r in results}
-
-
-def _fusion_weights(strategy: str, fusion: str, dense_weight: float) -> tuple[float, float, str]:
-    """(semantic weight, lexical weight, SQL method) for memory.fuse.
-
-    Convex weights lean lexical (dense_weight 0.4 by default): measured best on SciFact and
-    LoCoMo, where equal-weight RRF cannot down-weight the weaker dense leg.
-    """
-    if strategy == "LexicalOnly":
-        return 0.0, 1.0, "rrf"
-    if strategy == "SemanticOnly":
-        return 1.0, 0.0, "rrf"
-    if fusion == "convex":
-        return dense_weight, 1.0 - dense_weight, "convex"
-    if strategy == "LexicalFirst":
-        return 1.0, 0.0, "rrf"  # the classic cascade: the cosine order of the lexical ids
-    return 1.0, 1.0, "rrf"
 
 
 def _clip01(x: float | None) -> float | None:
