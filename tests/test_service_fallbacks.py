@@ -6,44 +6,25 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
-from starlette.testclient import TestClient
 
 from doubles.embedding_server import EmbeddingServer, run_embedding_server
 from doubles.opensearch_server import OpenSearchServer, run_opensearch_server
 from doubles.rerank_server import RerankServer, run_rerank_server
-from poimen_memory.app import create_app
 from poimen_memory.db import connect
-from poimen_memory.embedding import Embedder
 from poimen_memory.local_embedder import LocalEmbedder
 from poimen_memory.opensearch import OpenSearchEngine
 from poimen_memory.outbox import reindex
-from poimen_memory.settings import Settings
+from service_client import KONG, query, serve
 
-KONG = "how do I fix uploads over 10KB failing through the kong gateway"  # routes Hybrid
 INDEX = "poimen-service-test"
 
 Conn = psycopg.Connection[Any]
-
-
-@contextmanager
-def serve(env: Mapping[str, str], embedder: Embedder | None = None) -> Iterator[TestClient]:
-    app = create_app(Settings.from_env(env), env=env, embedder=embedder)
-    with TestClient(app) as client:
-        yield client
-
-
-def ok(client: TestClient, **params: Any) -> dict[str, Any]:
-    response = client.get("/memory/query", params=params)
-    assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
 
 
 def degraded(body: dict[str, Any], stage: str) -> list[str]:
@@ -124,7 +105,7 @@ def test_legs_run_in_parallel(fixture_url: str, embedder: LocalEmbedder) -> None
     slow_down(fixture_url, "semantic_search", 0.4)
     with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as client:
         started = time.monotonic()
-        body = ok(client, query=KONG)
+        body = query(client, query=KONG)
         wall = time.monotonic() - started
     m = body["metrics"]
     assert body["search_strategy"] == "Hybrid"
@@ -193,7 +174,7 @@ def test_slow_sql_is_cancelled_at_the_deadline(
         response = client.get("/memory/query", params={"query": KONG, "timeout_seconds": 1})
         elapsed = time.monotonic() - started
         assert busy_backends(admin, fixture_url) == []
-        assert ok(client, query="kong")["results"]  # LexicalOnly: no semantic leg, still works
+        assert query(client, query="kong")["results"]  # LexicalOnly: no semantic leg, still works
     assert response.status_code == 503 and response.json()["error"] == "timeout"
     assert 0.95 <= elapsed < 1.2
 
@@ -206,7 +187,7 @@ def test_embedder_failure_falls_back_to_lexical_only(
 ) -> None:
     embeddings.reset(dim=384, fail_status=500)
     with serve(remote_env(fixture_url, embeddings)) as client:
-        body = ok(client, query=KONG, limit=10)
+        body = query(client, query=KONG, limit=10)
     assert body["plan"]["optimizer_strategy"] == "Hybrid"
     assert body["search_strategy"] == "LexicalOnly"
     assert degraded(body, "embed") == ["http_status"]
@@ -239,7 +220,7 @@ def test_without_opensearch_postgres_does_the_lexical_leg(
     fixture_url: str, embedder: LocalEmbedder
 ) -> None:
     with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as client:
-        body = ok(client, query=KONG, limit=10)
+        body = query(client, query=KONG, limit=10)
     assert body["search_strategy"] == "Hybrid"
     assert body["plan"]["engines"]["lexical"] == "postgres-bm25"
     assert not degraded(body, "lexical")
@@ -254,7 +235,7 @@ def test_no_lexical_engine_means_semantic_only(
 ) -> None:
     env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_PG_LEXICAL": "off"}
     with serve(env, embedder) as client:
-        body = ok(client, query=text)
+        body = query(client, query=text)
         engines = client.get("/healthz").json()["engines"]
     assert body["search_strategy"] == "SemanticOnly"
     assert degraded(body, "lexical") == ["no_lexical_engine"]
@@ -294,7 +275,7 @@ def test_opensearch_does_the_lexical_leg_with_the_seed_body(
     fixture_url: str, embedder: LocalEmbedder, opensearch: OpenSearchServer
 ) -> None:
     with serve(opensearch_env(fixture_url, opensearch), embedder) as client:
-        body = ok(client, query=KONG, project="poimen", limit=10)
+        body = query(client, query=KONG, project="poimen", limit=10)
     assert body["plan"]["engines"]["lexical"] == "opensearch"
     assert not degraded(body, "lexical")
     searches = opensearch.requests_to("/_search")
@@ -337,13 +318,13 @@ def test_opensearch_failure_falls_back_to_postgres(
 ) -> None:
     env = opensearch_env(fixture_url, opensearch, POIMEN_OPENSEARCH_TIMEOUT_S="0.3")
     with serve(env, embedder) as client:
-        assert ok(client, query=KONG)["plan"]["engines"]["lexical"] == "opensearch"
+        assert query(client, query=KONG)["plan"]["engines"]["lexical"] == "opensearch"
         if failure == "down":
             opensearch.down = True
         else:
             opensearch.delay_s = 3.0
         started = time.monotonic()
-        body = ok(client, query=KONG, limit=10)
+        body = query(client, query=KONG, limit=10)
         elapsed = time.monotonic() - started
     assert degraded(body, "lexical") == [
         "opensearch_http_503" if failure == "down" else "opensearch_timeout"
@@ -363,7 +344,7 @@ def test_opensearch_down_and_no_postgres_lexical(
     opensearch.down = True
     env = opensearch_env(fixture_url, opensearch, POIMEN_PG_LEXICAL="off")
     with serve(env, embedder) as client:
-        body = ok(client, query=KONG)
+        body = query(client, query=KONG)
     assert body["search_strategy"] == "Hybrid"
     assert degraded(body, "lexical") == ["opensearch_http_503"]
     assert body["results"] and all(r["lexical_rank"] is None for r in body["results"])
@@ -387,7 +368,7 @@ def rerank(rerank_double: RerankServer) -> RerankServer:
 
 def test_rerank_not_configured(fixture_url: str, embedder: LocalEmbedder) -> None:
     with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as client:
-        body = ok(client, query=KONG)
+        body = query(client, query=KONG)
     assert degraded(body, "rerank") == ["not_configured"]
     assert body["plan"]["engines"]["rerank"] is None
     assert all(r["rerank_score"] is None for r in body["results"])
@@ -396,7 +377,7 @@ def test_rerank_not_configured(fixture_url: str, embedder: LocalEmbedder) -> Non
 
 def fused_order(url: str, embedder: LocalEmbedder, **params: Any) -> list[str]:
     with serve({"POIMEN_DATABASE_URL": url}, embedder) as client:
-        return [r["sha256"] for r in ok(client, **params)["results"]]
+        return [r["sha256"] for r in query(client, **params)["results"]]
 
 
 @pytest.mark.parametrize(
@@ -425,7 +406,7 @@ def test_rerank_failure_keeps_the_fused_order(
     full_env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_RERANK_URL": rerank.url, **env}
     with serve(full_env, embedder) as client:
         started = time.monotonic()
-        body = ok(client, query=KONG, timeout_seconds=timeout_s)
+        body = query(client, query=KONG, timeout_seconds=timeout_s)
         elapsed = time.monotonic() - started
     assert degraded(body, "rerank") == [reason]
     assert f"reranker failed ({reason}): kept the fused order" in body["notes"]
@@ -446,7 +427,7 @@ def test_rerank_scores_missing_for_some_candidates(
     rerank.reset(scores=[0.2, 0.9])  # only the first two documents get a score
     env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_RERANK_URL": rerank.url}
     with serve(env, embedder) as client:
-        body = ok(client, query=KONG, limit=3)
+        body = query(client, query=KONG, limit=3)
     got = [(r["sha256"], r["rerank_score"]) for r in body["results"]]
     assert got == [(expected[1], 0.9), (expected[0], 0.2), (expected[2], None)]
 

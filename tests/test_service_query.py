@@ -5,8 +5,7 @@ by-ids stage, reranking and the query-embedding cache."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -17,29 +16,13 @@ from starlette.testclient import TestClient
 
 from doubles.embedding_server import EmbeddingServer, run_embedding_server
 from doubles.rerank_server import RerankServer, run_rerank_server
-from poimen_memory.app import create_app
 from poimen_memory.db import connect
-from poimen_memory.embedding import Embedder
 from poimen_memory.local_embedder import LocalEmbedder
 from poimen_memory.settings import Settings
+from service_client import KONG, query, serve
 
-KONG = "how do I fix uploads over 10KB failing through the kong gateway"  # routes Hybrid
 CASCADE = "kong buffer incidents in 2024"  # a year: routes LexicalFirst
 KONG_MEMORY = "poimen:mem:1"  # the L1 memory about Kong's body buffer
-
-
-@contextmanager
-def serve(env: Mapping[str, str], embedder: Embedder | None = None) -> Iterator[TestClient]:
-    app = create_app(Settings.from_env(env), env=env, embedder=embedder)
-    with TestClient(app) as client:
-        yield client
-
-
-def query(client: TestClient, **params: Any) -> dict[str, Any]:
-    response = client.get("/memory/query", params=params)
-    assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
 
 
 def sources(body: dict[str, Any]) -> list[str]:

@@ -1,0 +1,30 @@
+"""Shared helpers for the service tests: the real app behind Starlette's TestClient."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from starlette.testclient import TestClient
+
+from poimen_memory.app import create_app
+from poimen_memory.embedding import Embedder
+from poimen_memory.settings import Settings
+
+KONG = "how do I fix uploads over 10KB failing through the kong gateway"  # routes Hybrid
+
+
+@contextmanager
+def serve(env: Mapping[str, str], embedder: Embedder | None = None) -> Iterator[TestClient]:
+    app = create_app(Settings.from_env(env), env=env, embedder=embedder)
+    with TestClient(app) as client:
+        yield client
+
+
+def query(client: TestClient, **params: Any) -> dict[str, Any]:
+    """GET /memory/query, asserting 200, and return the body."""
+    response = client.get("/memory/query", params=params)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
