@@ -15,12 +15,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from poimen_memory.cluster import Cluster, find_pg_bin
-from poimen_memory.db import connect
-from poimen_memory.ingest import ingest
-from poimen_memory.local_embedder import LocalEmbedder
-from poimen_memory.migrate import migrate
-from poimen_memory.nodes import parse_lines
+from poimen_memory.db.cluster import Cluster, find_pg_bin
+from poimen_memory.db.connect import connect
+from poimen_memory.db.migrate import migrate
+from poimen_memory.embedders.local import LocalEmbedder
+from poimen_memory.ingest.nodes import parse_lines
+from poimen_memory.ingest.writer import ingest
 
 FIXTURE = Path(__file__).parent / "fixtures" / "memory_nodes.jsonl"
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from poimen_memory.app import create_app
-from poimen_memory.embedding import Embedder
+from poimen_memory.api.app import create_app
+from poimen_memory.embedders.base import Embedder
 from poimen_memory.settings import Settings
 
 KONG = "how do I fix uploads over 10KB failing through the kong gateway"  # routes Hybrid

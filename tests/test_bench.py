@@ -10,9 +10,9 @@ import numpy as np
 import psycopg
 import pytest
 
-from poimen_memory import synthetic
-from poimen_memory.bench_ann import matched, recall
-from poimen_memory.cli import main
+from poimen_lab.bench import synthetic
+from poimen_lab.bench.ann import matched, recall
+from poimen_memory.cli.main import main
 
 
 @pytest.fixture
@@ -96,7 +96,7 @@ def test_matched_recall_and_recall() -> None:
 
 
 def test_http_load_against_the_fixture_database(fixture_url: str) -> None:
-    from poimen_memory.bench_http import run
+    from poimen_lab.bench.http import run
 
     texts = [f"kong upload body buffer incident number {i}" for i in range(5 + 2 * 4)]
     rows = run(fixture_url, texts, concurrency=(1, 2), requests=4)

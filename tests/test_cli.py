@@ -14,7 +14,7 @@ import pytest
 
 from conftest import FIXTURE, _free_port
 
-CLI = [sys.executable, "-m", "poimen_memory.cli"]
+CLI = [sys.executable, "-m", "poimen_memory.cli.main"]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from poimen_memory.cli import main
+from poimen_memory.cli.main import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NODES = FIXTURES / "memory_nodes.jsonl"
@@ -214,13 +214,13 @@ def test_depth_100_path_agrees_with_the_real_path(fixture_url: str, default_fusi
 
     from psycopg_pool import AsyncConnectionPool
 
-    from poimen_memory.db import configure_async, connect
-    from poimen_memory.embedding import embedder_from_env
-    from poimen_memory.embedding_cache import QueryEmbeddingCache
-    from poimen_memory.eval_data import load
-    from poimen_memory.eval_runner import MODES, Runner
-    from poimen_memory.evaluate import _corpus
-    from poimen_memory.retrieval import LEVELS, Retriever
+    from poimen_lab.eval.command import _corpus
+    from poimen_lab.eval.data import load
+    from poimen_lab.eval.runner import MODES, Runner
+    from poimen_memory.db.connect import configure_async, connect
+    from poimen_memory.embedders.base import embedder_from_env
+    from poimen_memory.embedders.cache import QueryEmbeddingCache
+    from poimen_memory.retrieval.pipeline import LEVELS, Retriever
     from poimen_memory.settings import Settings
 
     settings = dataclasses.replace(Settings.from_env({}), default_fusion=default_fusion)

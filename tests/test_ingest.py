@@ -8,11 +8,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from poimen_memory.db import connect
+from poimen_memory.db.connect import connect
+from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.errors import IngestError
-from poimen_memory.ingest import ingest
-from poimen_memory.local_embedder import LocalEmbedder
-from poimen_memory.nodes import node_sha256, parse_lines
+from poimen_memory.ingest.nodes import node_sha256, parse_lines
+from poimen_memory.ingest.writer import ingest
 
 Conn = psycopg.Connection[Any]
 

@@ -8,7 +8,7 @@ import ir_measures
 import pytest
 from ir_measures import RR, R, nDCG
 
-from poimen_memory.measures import MEASURES, coverage, evaluate, per_query, percentile
+from poimen_lab.measures import MEASURES, coverage, evaluate, per_query, percentile
 
 IR = {"ndcg@10": nDCG @ 10, "recall@10": R @ 10, "recall@100": R @ 100, "mrr@10": RR @ 10}
 

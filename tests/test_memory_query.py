@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from poimen_core.optimizer import optimize_query
-from poimen_memory.local_embedder import LocalEmbedder
+from poimen_memory.embedders.local import LocalEmbedder
 
 Conn = psycopg.Connection[Any]
 
@@ -117,7 +117,7 @@ def test_stale_plpython_module_is_reloaded(conn: Conn, work_dir: Any) -> None:
     """After a deploy moves the module path, a live backend re-imports instead of reusing it."""
     import shutil
 
-    from poimen_memory.migrate import PLPYTHON_SRC
+    from poimen_memory.db.migrate import PLPYTHON_SRC
 
     conn.execute("SELECT memory_optimize_query('warm up the cache')")
     new = work_dir / "stale-test"

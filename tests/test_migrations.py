@@ -9,11 +9,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from poimen_memory import migrate as migrate_mod
-from poimen_memory.cluster import Cluster
-from poimen_memory.db import connect
+from poimen_memory.db.cluster import Cluster
+from poimen_memory.db.connect import connect
+from poimen_memory.db import migrate as migrate_mod
+from poimen_memory.db.migrate import migrate
 from poimen_memory.errors import MigrationError
-from poimen_memory.migrate import migrate
 
 ALL_VERSIONS = sorted(p.stem for p in migrate_mod.MIGRATIONS_DIR.glob("*.sql"))
 

@@ -13,15 +13,15 @@ import psycopg
 import pytest
 
 from doubles.opensearch_server import OpenSearchServer, run_opensearch_server
-from poimen_memory.opensearch import (
+from poimen_memory.db.queries import q
+from poimen_memory.ingest.outbox import SyncReport, reindex, sync_outbox
+from poimen_memory.settings import Settings
+from poimen_memory.upstreams.opensearch import (
     OpenSearchEngine,
     OpenSearchUnavailable,
     engine_from_settings,
     search_body,
 )
-from poimen_memory.outbox import SyncReport, reindex, sync_outbox
-from poimen_memory.queries import q
-from poimen_memory.settings import Settings
 
 INDEX = "poimen-test"
 

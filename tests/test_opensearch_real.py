@@ -11,10 +11,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from poimen_memory.opensearch import OpenSearchEngine, engine_from_settings
-from poimen_memory.outbox import reindex
-from poimen_memory.queries import q
+from poimen_memory.db.queries import q
+from poimen_memory.ingest.outbox import reindex
 from poimen_memory.settings import Settings
+from poimen_memory.upstreams.opensearch import OpenSearchEngine, engine_from_settings
 
 pytestmark = [
     pytest.mark.opensearch,

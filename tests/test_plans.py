@@ -11,8 +11,8 @@ import numpy as np
 import psycopg
 import pytest
 
-from poimen_memory.db import connect
-from poimen_memory.migrate import migrate
+from poimen_memory.db.connect import connect
+from poimen_memory.db.migrate import migrate
 
 Conn = psycopg.Connection[Any]
 DIM = 32

@@ -16,10 +16,10 @@ from psycopg.conninfo import conninfo_to_dict
 from doubles.embedding_server import EmbeddingServer, run_embedding_server
 from doubles.opensearch_server import OpenSearchServer, run_opensearch_server
 from doubles.rerank_server import RerankServer, run_rerank_server
-from poimen_memory.db import connect
-from poimen_memory.local_embedder import LocalEmbedder
-from poimen_memory.opensearch import OpenSearchEngine
-from poimen_memory.outbox import reindex
+from poimen_memory.db.connect import connect
+from poimen_memory.embedders.local import LocalEmbedder
+from poimen_memory.ingest.outbox import reindex
+from poimen_memory.upstreams.opensearch import OpenSearchEngine
 from service_client import KONG, query, serve
 
 INDEX = "poimen-service-test"

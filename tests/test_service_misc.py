@@ -16,9 +16,9 @@ from starlette.testclient import TestClient
 from doubles.embedding_server import EmbeddingServer, run_embedding_server
 from doubles.opensearch_server import run_opensearch_server
 from doubles.rerank_server import run_rerank_server
-from poimen_memory.app import create_app
-from poimen_memory.embedding import Embedder
-from poimen_memory.local_embedder import LocalEmbedder
+from poimen_memory.api.app import create_app
+from poimen_memory.embedders.base import Embedder
+from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.settings import Settings
 
 KONG = "how do I fix uploads over 10KB failing through the kong gateway"  # routes Hybrid

@@ -16,8 +16,8 @@ from starlette.testclient import TestClient
 
 from doubles.embedding_server import EmbeddingServer, run_embedding_server
 from doubles.rerank_server import RerankServer, run_rerank_server
-from poimen_memory.db import connect
-from poimen_memory.local_embedder import LocalEmbedder
+from poimen_memory.db.connect import connect
+from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.settings import Settings
 from service_client import KONG, query, serve
 

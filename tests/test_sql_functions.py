@@ -11,7 +11,7 @@ import numpy as np
 import psycopg
 import pytest
 
-from poimen_memory.local_embedder import LocalEmbedder
+from poimen_memory.embedders.local import LocalEmbedder
 
 Conn = psycopg.Connection[Any]
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from doubles.embedding_server import run_embedding_server
-from poimen_memory.embedding import EmbeddingConfigError, EmbeddingUnavailable
-from poimen_memory.embedding_cache import QueryEmbeddingCache
-from poimen_memory.remote_embedder import RemoteEmbedder
+from poimen_memory.embedders.base import EmbeddingConfigError, EmbeddingUnavailable
+from poimen_memory.embedders.cache import QueryEmbeddingCache
+from poimen_memory.embedders.remote import RemoteEmbedder
 
 NOMIC = "nomic-ai/nomic-embed-text-v2-moe"
 

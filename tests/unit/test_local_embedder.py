@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from poimen_memory.embedding import (
+from poimen_memory.embedders.base import (
     Embedder,
     EmbeddingConfigError,
     EmbeddingModelError,
     EmbeddingUnavailable,
     embedder_from_env,
 )
-from poimen_memory.local_embedder import (
+from poimen_memory.embedders.local import (
     LOCAL_DIM,
     LOCAL_MODEL_NAME,
     TOKENIZER_SHA256,
@@ -32,7 +32,7 @@ from poimen_memory.local_embedder import (
     default_tokenizer_path,
     sha256_file,
 )
-from poimen_memory.remote_embedder import RemoteEmbedder
+from poimen_memory.embedders.remote import RemoteEmbedder
 
 REFERENCE: dict[str, Any] = json.loads(
     (Path(__file__).parent / "data" / "minilm_reference.json").read_text()

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from doubles.embedding_server import run_embedding_server
-from poimen_memory.embedding import (
+from poimen_memory.embedders.base import (
     Embedder,
     EmbeddingConfigError,
     EmbeddingUnavailable,
     embedder_from_env,
 )
-from poimen_memory.remote_embedder import (
+from poimen_memory.embedders.remote import (
     RemoteEmbedder,
     embeddings_endpoint,
     known_dim,

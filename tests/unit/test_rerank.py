@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from doubles.rerank_server import RerankServer, run_rerank_server, word_overlap
-from poimen_memory.embedding import EmbeddingConfigError
-from poimen_memory.rerank import (
+from poimen_memory.embedders.base import EmbeddingConfigError
+from poimen_memory.upstreams.rerank import (
     RerankClient,
     RerankResult,
     RerankUnavailable,

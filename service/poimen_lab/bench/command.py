@@ -1,0 +1,387 @@
+"""`poimen-memory bench`: a synthetic corpus COPY-loaded into a fresh database, then HNSW
+build and ef_search sweeps (with and without a 1% filter) beside hnswlib and numpy on the
+same vectors, bm25s beside memory.lexical_search, fusion and provenance latency, the HTTP
+service end to end, and ingest against raw embedder throughput."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from poimen_lab.bench import synthetic
+from poimen_lab.bench.ann import AnnBench, matched
+from poimen_lab.bm25_peer import PgLexemeBM25
+from poimen_lab.measures import percentile
+from poimen_lab.report import table
+from poimen_memory.db.connect import connect
+from poimen_memory.db.migrate import migrate
+from poimen_memory.db.queries import q
+from poimen_memory.settings import Settings
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "bench",
+        help="synthetic-corpus benchmark against hnswlib, numpy, bm25s",
+        description=__doc__,
+    )
+    p.add_argument("--nodes", type=int, default=100_000)
+    p.add_argument("--dim", type=int, default=384)
+    p.add_argument("--queries", type=int, default=500)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hnswlib-threads", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument(
+        "--http-requests",
+        type=int,
+        default=200,
+        help="requests per concurrency level (1 and 8 clients)",
+    )
+    p.add_argument("--no-http", action="store_true", help="skip the end-to-end HTTP part")
+    p.add_argument(
+        "--ingest-nodes",
+        type=int,
+        default=256,
+        help="nodes ingested with the local embedder (0: skip)",
+    )
+    p.add_argument("--keep-db", action="store_true", help="keep the benchmark database")
+    p.add_argument("--json", type=Path, metavar="OUT")
+    p.add_argument("--plot", type=Path, metavar="OUT.png")
+    p.set_defaults(func=cmd_bench)
+
+
+def _lat(ms: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(percentile(ms, 50), 3), "p95_ms": round(percentile(ms, 95), 3)}
+
+
+def _fresh_database(url: str) -> tuple[str, str]:
+    name = f"poimen_bench_{uuid.uuid4().hex[:8]}"
+    admin = make_conninfo(url, dbname="postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return name, make_conninfo(url, dbname=name)
+
+
+def _drop_database(url: str, name: str) -> None:
+    with psycopg.connect(make_conninfo(url, dbname="postgres"), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def _ann(
+    conn: psycopg.Connection[Any],
+    corpus: synthetic.Corpus,
+    db_ids: np.ndarray[Any, Any],
+    threads: int,
+) -> dict[str, Any]:
+    bench = AnnBench(conn, corpus.vectors, db_ids, corpus.query_vectors)
+    index, build_s = bench.hnswlib(threads)
+    out: dict[str, Any] = {"hnswlib_build_seconds": round(build_s, 3), "hnswlib_threads": threads}
+    small = np.array([i for i, p in enumerate(corpus.projects) if p == synthetic.SMALL])
+    for label, project, subset in (
+        ("unfiltered", None, None),
+        ("filtered_1pct", synthetic.SMALL, small),
+    ):
+        truth, exact_ms = bench.exact(project)
+        ours = bench.ours(project, truth)
+        allowed = None if subset is None else {int(i) for i in subset}
+        peer = bench.hnswlib_sweep(index, truth, allowed)
+        brute = bench.numpy(subset, truth)
+        out[label] = {
+            "exact_search": _lat(exact_ms),
+            "numpy": brute,
+            "ours": ours,
+            "hnswlib": peer,
+            "matched": matched(ours, peer),
+            "filter_nodes": len(corpus.vectors) if subset is None else len(subset),
+        }
+    return out
+
+
+def _lexical(conn: psycopg.Connection[Any], corpus: synthetic.Corpus) -> dict[str, Any]:
+    peer = PgLexemeBM25(conn, [synthetic.MAIN, synthetic.SMALL])
+    lexemes = peer.query_lexemes(corpus.query_texts)
+    ours_ms, peer_ms, same = [], [], 0
+    sql = q("lexical_search")
+    for text, lx in zip(corpus.query_texts, lexemes, strict=True):
+        t0 = time.perf_counter()
+        rows = conn.execute(
+            sql, {"query": text, "project": None, "levels": None, "k": 10}
+        ).fetchall()
+        ours_ms.append((time.perf_counter() - t0) * 1000)
+        t0 = time.perf_counter()
+        ids = peer.search(lx, None, None, 10)
+        peer_ms.append((time.perf_counter() - t0) * 1000)
+        same += [r[0] for r in rows] == ids
+    a, b = _lat(ours_ms), _lat(peer_ms)
+    return {
+        "lexical_search": a,
+        "bm25s": b,
+        "identical_top10": round(same / len(lexemes), 4),
+        "bm25s_index_seconds": round(peer.index_seconds, 3),
+        "ratio_p50_ours_over_bm25s": round(a["p50_ms"] / max(b["p50_ms"], 1e-9), 1),
+    }
+
+
+def _fusion_provenance(conn: psycopg.Connection[Any], corpus: synthetic.Corpus) -> dict[str, Any]:
+    fuse_ms, hydrate_ms, walk_ms, l0 = [], [], [], []
+    for text, vec in zip(corpus.query_texts, corpus.query_vectors, strict=True):
+        base = {"project": None, "levels": None, "k": 50}
+        sem = conn.execute(
+            q("semantic_search"), {**base, "embedding": vec, "ef_search": None}
+        ).fetchall()
+        lex = conn.execute(q("lexical_search"), {**base, "query": text}).fetchall()
+        lists = json.dumps(
+            [
+                {"ids": [r[0] for r in sem], "scores": [r[2] for r in sem]},
+                {"ids": [r[0] for r in lex], "scores": [r[2] for r in lex]},
+            ]
+        )
+        t0 = time.perf_counter()
+        conn.execute(
+            q("fuse"), {"lists": lists, "method": "rrf", "k": 60, "final_k": 10}
+        ).fetchall()
+        fuse_ms.append((time.perf_counter() - t0) * 1000)
+        top = conn.execute(
+            q("semantic_search"),
+            {**base, "embedding": vec, "k": 10, "levels": ["L1", "L2"], "ef_search": None},
+        )
+        ids = [r[0] for r in top.fetchall()]
+        t0 = time.perf_counter()
+        conn.execute(q("hydrate"), {"ids": ids, "embedding": vec}).fetchall()
+        hydrate_ms.append((time.perf_counter() - t0) * 1000)
+        t0 = time.perf_counter()
+        rows = conn.execute(q("provenance_l0"), {"ids": ids}).fetchall()
+        walk_ms.append((time.perf_counter() - t0) * 1000)
+        l0.append(len(rows))
+    floor = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        conn.execute("SELECT 1").fetchall()
+        floor.append((time.perf_counter() - t0) * 1000)
+    return {
+        "sql_roundtrip_floor": _lat(floor),
+        "fuse_rrf_2x50": _lat(fuse_ms),
+        "hydrate_10_with_provenance": _lat(hydrate_ms),
+        "provenance_walk_10": _lat(walk_ms),
+        "l0_reached_per_query": round(sum(l0) / max(len(l0), 1), 1),
+    }
+
+
+def _ingest(
+    conn: psycopg.Connection[Any], embedder: Any, n: int, seed: int, s: Settings
+) -> dict[str, Any]:
+    from poimen_memory.ingest.nodes import NodeRecord
+    from poimen_memory.ingest.writer import ingest
+
+    rng = np.random.default_rng(seed + 1)
+    words = synthetic.vocabulary(5000, np.random.default_rng(seed))
+    texts = [" ".join(rng.choice(words, int(rng.integers(15, 50)))) for _ in range(n)]
+    embedder.load()
+    embedder.embed_documents(texts[:16])  # warm-up: first runs are slower
+    t0 = time.perf_counter()
+    embedder.embed_documents(texts)
+    raw = n / (time.perf_counter() - t0)
+    records = [
+        NodeRecord(
+            line_no=i + 1, project="bench-ingest", level="L0", text=t, external_id=f"i{seed}-{i}"
+        )
+        for i, t in enumerate(texts)
+    ]
+    report = ingest(conn, records, embedder, batch_size=s.ingest_batch, progress=False)
+    return {
+        "nodes": n,
+        "raw_embed_nodes_per_s": round(raw, 2),
+        "ingest_nodes_per_s": round(report.rate, 2),
+        "ingest_over_raw": round(report.rate / raw, 3),
+    }
+
+
+def _http_texts(n: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed + 2)
+    words = synthetic.vocabulary(5000, np.random.default_rng(seed))
+    return [" ".join(rng.choice(words, int(rng.integers(4, 8)))) + f" {i}" for i in range(n)]
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from poimen_memory.cli.main import _url
+
+    if args.nodes < 100 or args.queries < 1 or not 1 <= args.dim <= 2000:
+        print(
+            "error: --nodes >= 100, --queries >= 1 and --dim 1..2000 are required", file=sys.stderr
+        )
+        return 2
+    s = Settings.from_env()
+    server_url = _url(s)
+    embedder: Any = None
+    model = f"synthetic-{args.dim}"
+    if not args.no_http or args.ingest_nodes:
+        from poimen_memory.embedders.base import embedder_from_env
+
+        embedder = embedder_from_env(os.environ)
+        if embedder.dim == args.dim:
+            model = embedder.model_name
+        else:
+            print(
+                f"note: --dim {args.dim} differs from the embedder's {embedder.dim}: "
+                "HTTP and ingest parts skipped",
+                file=sys.stderr,
+            )
+            embedder = None
+    name, url = _fresh_database(server_url)
+    result: dict[str, Any] = {
+        "nodes": args.nodes,
+        "dim": args.dim,
+        "queries": args.queries,
+        "database": conninfo_to_dict(url).get("dbname"),
+    }
+    try:
+        with connect(url, autocommit=True) as conn:
+            migrate(conn, s.plpython_root)
+            t0 = time.perf_counter()
+            corpus = synthetic.generate(args.nodes, args.dim, args.queries, seed=args.seed)
+            gen_s = time.perf_counter() - t0
+            print(f"bench: generated {args.nodes} nodes in {gen_s:.1f}s; loading", file=sys.stderr)
+            load = synthetic.load(conn, corpus, model)
+            db_ids = load.pop("db_ids")
+            result["load"] = {
+                k: round(v, 3) if isinstance(v, float) else v for k, v in load.items()
+            }
+            print("bench: vector search", file=sys.stderr)
+            result["ann"] = _ann(conn, corpus, db_ids, args.hnswlib_threads)
+            print("bench: lexical, fusion, provenance", file=sys.stderr)
+            result["lexical"] = _lexical(conn, corpus)
+            result.update(_fusion_provenance(conn, corpus))
+            if embedder is not None and args.ingest_nodes:
+                print("bench: ingest", file=sys.stderr)
+                result["ingest"] = _ingest(conn, embedder, args.ingest_nodes, args.seed, s)
+        if embedder is not None and not args.no_http:
+            from poimen_lab.bench.http import run
+
+            print("bench: HTTP end to end", file=sys.stderr)
+            texts = _http_texts(5 + 2 * args.http_requests, args.seed)
+            result["http"] = run(url, texts, requests=args.http_requests)
+    finally:
+        if not args.keep_db:
+            _drop_database(server_url, name)
+    result["ratios"] = _ratios(result)
+    _print(result)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.plot:
+        from poimen_lab.bench.plot import plot
+
+        plot(args.plot, result)
+    return 0
+
+
+def _ratios(r: dict[str, Any]) -> dict[str, Any]:
+    ann = r["ann"]
+    out: dict[str, Any] = {
+        "hnsw_build_ours_over_hnswlib": round(
+            r["load"]["hnsw_build_seconds"] / max(ann["hnswlib_build_seconds"], 1e-9), 2
+        ),
+        "exact_search_over_numpy_p50": round(
+            ann["unfiltered"]["exact_search"]["p50_ms"]
+            / max(ann["unfiltered"]["numpy"]["p50_ms"], 1e-9),
+            1,
+        ),
+        "lexical_search_over_bm25s_p50": r["lexical"]["ratio_p50_ours_over_bm25s"],
+    }
+    for label in ("unfiltered", "filtered_1pct"):
+        for m in ann[label]["matched"]:
+            if "ratio_ours_over_peer" in m:
+                out[f"ann_{label}_recall{m['target_recall']}_ours_over_hnswlib_p50"] = m[
+                    "ratio_ours_over_peer"
+                ]
+    return out
+
+
+def _print(r: dict[str, Any]) -> None:
+    load, ann = r["load"], r["ann"]
+    print(f"synthetic corpus: {r['nodes']} nodes x {r['dim']} dims, {r['queries']} queries")
+    print(
+        f"COPY {load['copy_seconds']:.1f}s ({load['copy_nodes_per_s']:.0f} nodes/s, lexical "
+        f"triggers included); edges {load['edges']} in {load['edges_seconds']:.1f}s"
+    )
+    print(
+        f"HNSW build {load['hnsw_build_seconds']:.1f}s (pgvector, "
+        f"{load['parallel_maintenance_workers']} parallel workers), index "
+        f"{load['hnsw_index_mb']:.1f} MiB; hnswlib {ann['hnswlib_build_seconds']:.1f}s "
+        f"({ann['hnswlib_threads']} threads)"
+    )
+    for label in ("unfiltered", "filtered_1pct"):
+        a = ann[label]
+        print(
+            f"\nvector search top-10, {label} ({a['filter_nodes']} candidate nodes); exact_search "
+            f"p50 {a['exact_search']['p50_ms']:.2f} ms"
+        )
+        rows = [
+            [x["engine"], x["ef_search"], x["recall@10"], x["p50_ms"], x["p95_ms"]]
+            for x in [*a["ours"], *a["hnswlib"], a["numpy"]]
+        ]
+        print(table(rows, ["engine", "ef_search", "recall@10", "p50_ms", "p95_ms"]))
+        print(
+            table(
+                [
+                    [
+                        m["target_recall"],
+                        m.get("ours_ef"),
+                        m.get("ours_p50_ms"),
+                        m.get("peer_ef"),
+                        m.get("peer_p50_ms"),
+                        m.get("ratio_ours_over_peer"),
+                    ]
+                    for m in a["matched"]
+                ],
+                ["recall>=", "ours ef", "ours p50", "hnswlib ef", "hnswlib p50", "ratio"],
+            )
+        )
+    lx = r["lexical"]
+    print(
+        f"\nlexical top-10: lexical_search p50 {lx['lexical_search']['p50_ms']:.2f} ms, p95 "
+        f"{lx['lexical_search']['p95_ms']:.2f}; bm25s p50 {lx['bm25s']['p50_ms']:.3f} ms, p95 "
+        f"{lx['bm25s']['p95_ms']:.3f}; ratio {lx['ratio_p50_ours_over_bm25s']}x; identical "
+        f"top-10 {lx['identical_top10']:.0%}"
+    )
+    for key in (
+        "sql_roundtrip_floor",
+        "fuse_rrf_2x50",
+        "hydrate_10_with_provenance",
+        "provenance_walk_10",
+    ):
+        print(f"{key}: p50 {r[key]['p50_ms']:.2f} ms, p95 {r[key]['p95_ms']:.2f} ms")
+    if "ingest" in r:
+        i = r["ingest"]
+        print(
+            f"ingest {i['ingest_nodes_per_s']:.1f} nodes/s vs raw embedder "
+            f"{i['raw_embed_nodes_per_s']:.1f} nodes/s ({i['ingest_over_raw']:.0%})"
+        )
+    if "http" in r:
+        print("\nGET /memory/query end to end (local embedder, no reranker)")
+        print(
+            table(
+                [
+                    [
+                        h["clients"],
+                        h["requests"],
+                        h["errors"],
+                        h["p50_ms"],
+                        h["p95_ms"],
+                        h["req_per_s"],
+                    ]
+                    for h in r["http"]
+                ],
+                ["clients", "requests", "errors", "p50_ms", "p95_ms", "req/s"],
+            )
+        )
+    print("\nratios: " + json.dumps(r["ratios"]))

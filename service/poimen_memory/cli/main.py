@@ -1,0 +1,320 @@
+"""`poimen-memory`: the embedded cluster, migrations, ingest, queries and the server."""
+
+from __future__ import annotations
+
+import os
+
+# Before numpy/onnxruntime load: competing BLAS and ORT threads doubled query latency on 2 cores.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from poimen_memory.db.connect import connect, database_url, embedded_cluster, translate
+from poimen_memory.errors import PoimenError
+from poimen_memory.settings import Settings
+
+
+def _settings() -> Settings:
+    return Settings.from_env()
+
+
+def _url(s: Settings) -> str:
+    """The database URL, starting the embedded cluster first when none is configured."""
+    if s.database_url:
+        return s.database_url
+    cluster = embedded_cluster(s)
+    if not cluster.running():
+        cluster.start()
+    return cluster.url()
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    s = _settings()
+    if s.database_url and args.action != "url":
+        print("POIMEN_DATABASE_URL is set: the embedded cluster is not used", file=sys.stderr)
+        return 2
+    if args.action == "url":
+        print(database_url(s))
+        return 0
+    cluster = embedded_cluster(s)
+    if args.action == "start":
+        cluster.start()
+        print(f"running: {cluster.url()}  (data {cluster.data_dir}, log {cluster.log_file})")
+    elif args.action == "stop":
+        cluster.stop()
+        print("stopped")
+    elif args.action == "status":
+        up = cluster.initialized() and cluster.running()
+        print(
+            f"{'running' if up else 'stopped'}: data {cluster.data_dir}, port {cluster.port}, "
+            f"socket {cluster.socket_dir}"
+        )
+        return 0 if up else 3
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from poimen_memory.db.migrate import migrate
+
+    s = _settings()
+    root = None if args.no_plpython else s.plpython_root
+    with connect(_url(s), autocommit=True) as conn:
+        report = migrate(conn, root)
+    print(
+        f"migrations applied: {report.applied or 'none'}; already: {len(report.already)}; "
+        f"sql files: {len(report.sql_files)}; plpython: {report.plpython_path}"
+    )
+    return 0
+
+
+def _embedder(s: Settings) -> Any:
+    from poimen_memory.embedders.base import embedder_from_env
+
+    return embedder_from_env(os.environ)
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from poimen_memory.db.migrate import migrate
+    from poimen_memory.ingest.nodes import parse_lines
+    from poimen_memory.ingest.writer import ingest
+
+    s = _settings()
+    path = Path(args.file)
+    if not path.exists():
+        print(f"error: {path} does not exist", file=sys.stderr)
+        return 2
+    with path.open(encoding="utf-8") as f:
+        records, invalid = parse_lines(f, args.project)
+    embedder = _embedder(s)
+    with connect(_url(s), autocommit=True) as conn:
+        migrate(conn, s.plpython_root)
+        report = ingest(
+            conn,
+            records,
+            embedder,
+            invalid=invalid,
+            skip_invalid=args.skip_invalid,
+            batch_size=args.batch or s.ingest_batch,
+            outbox=s.opensearch_url is not None,
+            progress=not args.quiet,
+        )
+    for err in report.invalid[:20]:
+        print(f"skipped {err}", file=sys.stderr)
+    for line_no, parent in report.unresolved[:20]:
+        print(f"unresolved parent on line {line_no}: {parent!r}", file=sys.stderr)
+    print(report.summary())
+    if args.json:
+        print(json.dumps(report.to_json()))
+    return 0
+
+
+def cmd_reembed(args: argparse.Namespace) -> int:
+    from poimen_memory.db.queries import q
+    from poimen_memory.progress import Progress
+
+    s = _settings()
+    embedder = _embedder(s)
+    with connect(_url(s), autocommit=True) as conn:
+        total = conn.execute(q("count_nodes")).fetchone()[0]  # type: ignore[index]
+        with conn.transaction():
+            conn.execute(q("reset_embedding"), {"model": embedder.model_name, "dim": embedder.dim})
+        from pgvector.psycopg import register_vector
+
+        register_vector(conn)
+        after = 0
+        with Progress(total, "reembed", "nodes") as bar:
+            while True:
+                rows = conn.execute(
+                    q("nodes_for_reembed"), {"after": after, "limit": 256}
+                ).fetchall()
+                if not rows:
+                    break
+                vecs = embedder.embed_documents([r[1] for r in rows])
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.executemany(
+                        q("update_embedding"),
+                        [{"id": r[0], "embedding": v} for r, v in zip(rows, vecs, strict=True)],
+                    )
+                after = rows[-1][0]
+                bar.update(len(rows))
+    print(f"re-embedded {total} nodes with {embedder.model_name} ({embedder.dim} dims)")
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from poimen_memory.cli.render import render_response
+
+    s = _settings()
+    if args.url:
+        import httpx
+
+        params = {
+            "query": args.text,
+            "level": args.level,
+            "limit": str(args.limit),
+            "timeout_seconds": str(args.timeout),
+        }
+        if args.project:
+            params["project"] = args.project
+        if args.fusion:
+            params["fusion"] = args.fusion
+        r = httpx.get(
+            f"{args.url.rstrip('/')}/memory/query", params=params, timeout=args.timeout + 5
+        )
+        body = r.json()
+        if r.status_code != 200:
+            print(f"HTTP {r.status_code}: {json.dumps(body)}", file=sys.stderr)
+            return 1
+        print(json.dumps(body, indent=2) if args.json else render_response(body))
+        return 0
+    url = _url(s)
+
+    async def run() -> dict[str, Any]:
+        from psycopg_pool import AsyncConnectionPool
+
+        from poimen_memory.db.connect import configure_async
+        from poimen_memory.embedders.cache import QueryEmbeddingCache
+        from poimen_memory.retrieval.pipeline import QueryRequest, Retriever
+
+        embedder = _embedder(s)
+        async with AsyncConnectionPool(
+            url, min_size=2, max_size=4, configure=configure_async, kwargs={"autocommit": True}
+        ) as pool:
+            r = Retriever(pool, embedder, QueryEmbeddingCache(), s)
+            req = QueryRequest(
+                query=args.text,
+                project=args.project,
+                levels=tuple(args.level.split(",")),
+                limit=max(1, min(args.limit, s.max_limit)),
+                timeout_s=args.timeout,
+                fusion=args.fusion,
+            )
+            return await r.query(req)
+
+    resp = asyncio.run(run())
+    if args.json:
+        print(json.dumps(resp, indent=2, default=str))
+    else:
+        print(render_response(resp))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from poimen_memory.api.app import create_app
+
+    s = _settings()
+    if not s.database_url:
+        os.environ["POIMEN_DATABASE_URL"] = _url(s)
+    uvicorn.run(create_app(), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def cmd_opensearch(args: argparse.Namespace) -> int:
+    from poimen_memory.ingest.outbox import reindex, sync_outbox
+    from poimen_memory.upstreams.opensearch import engine_from_settings
+
+    s = _settings()
+    engine = engine_from_settings(s)
+    if engine is None:
+        print("error: POIMEN_OPENSEARCH_URL is not set", file=sys.stderr)
+        return 2
+    with connect(_url(s), autocommit=True) as conn:
+        if args.action == "sync":
+            report = sync_outbox(
+                conn,
+                engine,
+                batch_size=s.opensearch_sync_batch,
+                max_attempts=s.opensearch_max_attempts,
+                backoff_base_s=s.opensearch_backoff_s,
+            )
+            print(report)
+            return 0 if report.remaining == 0 else 4
+        n = reindex(conn, engine, batch_size=s.opensearch_sync_batch)
+        print(f"reindexed {n} nodes")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="poimen-memory", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    db = sub.add_parser("db", help="the embedded PostgreSQL cluster")
+    db.add_argument("action", choices=["start", "stop", "status", "url"])
+    db.set_defaults(func=cmd_db)
+    mg = sub.add_parser("migrate", help="apply migrations, then sql/ (one transaction)")
+    mg.add_argument(
+        "--no-plpython",
+        action="store_true",
+        help="do not install the PL/Python module (remote database server)",
+    )
+    mg.set_defaults(func=cmd_migrate)
+    ing = sub.add_parser("ingest", help="load a nodes.jsonl file (idempotent)")
+    ing.add_argument("file")
+    ing.add_argument("--project", help="project for lines that name none")
+    ing.add_argument(
+        "--skip-invalid", action="store_true", help="skip bad lines instead of aborting"
+    )
+    ing.add_argument("--batch", type=int, help="nodes per embed/insert batch")
+    ing.add_argument("--quiet", action="store_true")
+    ing.add_argument("--json", action="store_true", help="also print the report as JSON")
+    ing.set_defaults(func=cmd_ingest)
+    re_ = sub.add_parser("reembed", help="re-embed every node after an embedding model change")
+    re_.set_defaults(func=cmd_reembed)
+    qy = sub.add_parser("query", help="query and print results with their citations")
+    qy.add_argument("text")
+    qy.add_argument("--project")
+    qy.add_argument("--level", default="L1,L2")
+    qy.add_argument("--limit", type=int, default=5)
+    qy.add_argument("--timeout", type=float, default=10.0, help="seconds (server clamps to 1-30)")
+    qy.add_argument("--fusion", choices=["rrf", "convex"], default=None)
+    qy.add_argument("--json", action="store_true")
+    qy.add_argument("--url", help="query a running server (e.g. http://127.0.0.1:8765) instead")
+    qy.set_defaults(func=cmd_query)
+    sv = sub.add_parser("serve", help="run the HTTP service (uvicorn)")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--log-level", default="info")
+    sv.set_defaults(func=cmd_serve)
+    os_ = sub.add_parser("opensearch", help="OpenSearch dual-write maintenance")
+    os_.add_argument("action", choices=["sync", "reindex"])
+    os_.set_defaults(func=cmd_opensearch)
+    # Commands from other installed packages (the lab's eval and bench), by entry point.
+    for ep in entry_points(group="poimen_memory.commands"):
+        ep.load()(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except PoimenError as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        if err.detail:
+            print(err.detail, file=sys.stderr)
+        if err.hint:
+            print(f"hint: {err.hint}", file=sys.stderr)
+        return 1
+    except psycopg.Error as exc:
+        db_err = translate(exc)
+        print(f"error ({exc.sqlstate}): {db_err.message}", file=sys.stderr)
+        if db_err.hint:
+            print(f"hint: {db_err.hint}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

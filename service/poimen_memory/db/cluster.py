@@ -1,0 +1,211 @@
+"""The embedded PostgreSQL cluster: initdb/start/stop/status for a private data directory.
+
+Used by the CLI when POIMEN_DATABASE_URL is unset, and by the tests for throwaway
+clusters. As root, every server binary runs as the ``postgres`` user (initdb refuses
+root), so the data directory must live outside /root.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from poimen_memory.errors import ClusterError
+
+# Written by scripts/setup.sh (same POIMEN_SETUP_STATE override).
+SETUP_STATE = (
+    Path(os.environ.get("POIMEN_SETUP_STATE", "/var/cache/poimen-memory/setup")) / "pg_major"
+)
+INITDB_CACHE = Path("/var/cache/poimen-memory/initdb")
+DB_NAME = "poimen"
+
+
+def find_pg_bin(explicit: Path | None = None) -> Path:
+    """Pick the server that `make setup` prepared (it has plpython3u and pgvector)."""
+    if explicit is not None:
+        return explicit
+    if SETUP_STATE.exists():
+        major = SETUP_STATE.read_text().strip()
+        candidate = Path(f"/usr/lib/postgresql/{major}/bin")
+        if (candidate / "postgres").exists():
+            return candidate
+    majors = sorted(
+        (p for p in Path("/usr/lib/postgresql").glob("*") if (p / "bin/postgres").exists()),
+        key=lambda p: int(p.name) if p.name.isdigit() else 0,
+        reverse=True,
+    )
+    for m in majors:
+        if Path(f"/usr/share/postgresql/{m.name}/extension/vector.control").exists():
+            return m / "bin"
+    raise ClusterError(
+        "no PostgreSQL server with pgvector found",
+        hint="run `make setup` (as root) or set POIMEN_PG_BIN_DIR / POIMEN_DATABASE_URL",
+    )
+
+
+def _as_postgres() -> list[str]:
+    if os.geteuid() != 0:
+        return []
+    return ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"]
+
+
+def _chown_postgres(path: Path) -> None:
+    if os.geteuid() == 0:
+        shutil.chown(path, "postgres", "postgres")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    data_dir: Path
+    socket_dir: Path
+    port: int
+    bin_dir: Path
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir.parent / f"{self.data_dir.name}.log"
+
+    def url(self, dbname: str = DB_NAME) -> str:
+        return f"postgresql://postgres@/{dbname}?host={self.socket_dir}&port={self.port}"
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ, LC_ALL="C.UTF-8", LANG="C.UTF-8")
+        # Server-side PL/Python must not pick up the venv's interpreter settings.
+        env.pop("PYTHONPATH", None)
+        env.pop("PYTHONHOME", None)
+        proc = subprocess.run(
+            [*_as_postgres(), *args], env=env, capture_output=True, text=True, check=False
+        )
+        if check and proc.returncode != 0:
+            raise ClusterError(
+                f"{Path(args[0]).name} failed (exit {proc.returncode})",
+                detail=(proc.stderr or proc.stdout).strip()[-2000:],
+                hint=f"see {self.log_file}",
+            )
+        return proc
+
+    def initialized(self) -> bool:
+        return (self.data_dir / "PG_VERSION").exists()
+
+    def init(self) -> None:
+        """initdb once per server version into a cache, then copy (about 10x faster)."""
+        if self.initialized():
+            return
+        major = self.bin_dir.parent.name
+        template = INITDB_CACHE / major
+        if not (template / "PG_VERSION").exists():
+            self._initdb_into(template)
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(template, self.data_dir, symlinks=True)
+        if os.geteuid() == 0:
+            subprocess.run(["chown", "-R", "postgres:postgres", str(self.data_dir)], check=True)
+        self.data_dir.chmod(0o700)
+
+    def _initdb_into(self, target: Path) -> None:
+        tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for p in (tmp, tmp.parent, tmp.parent.parent):
+            _chown_postgres(p)
+        self._run(
+            str(self.bin_dir / "initdb"),
+            "-D",
+            str(tmp),
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--locale=C.UTF-8",
+            "--auth-local=trust",
+            "--auth-host=trust",
+        )
+        try:
+            tmp.rename(target)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
+
+    def running(self) -> bool:
+        proc = self._run(
+            str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "status", check=False
+        )
+        return proc.returncode == 0
+
+    def start(self, *, fast: bool = False) -> None:
+        """Start if not running. ``fast`` trades durability for speed (tests only)."""
+        self.init()
+        if self.running():
+            return
+        self.socket_dir.mkdir(parents=True, exist_ok=True)
+        _chown_postgres(self.socket_dir)
+        opts = [
+            f"-p {self.port}",
+            f"-k {self.socket_dir}",
+            "-c listen_addresses=''",
+            "-c max_connections=100",
+            "-c shared_buffers=256MB",
+            "-c maintenance_work_mem=512MB",
+        ]
+        if fast:
+            opts += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+        self.log_file.touch()
+        _chown_postgres(self.log_file)
+        self._run(
+            str(self.bin_dir / "pg_ctl"),
+            "-D",
+            str(self.data_dir),
+            "-l",
+            str(self.log_file),
+            "-o",
+            " ".join(opts),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
+        self._ensure_database()
+
+    def _ensure_database(self) -> None:
+        psql = str(self.bin_dir / "psql")
+        base = [
+            psql,
+            "-X",
+            "-q",
+            "-h",
+            str(self.socket_dir),
+            "-p",
+            str(self.port),
+            "-U",
+            "postgres",
+        ]
+        exists = self._run(
+            *base,
+            "-d",
+            "postgres",
+            "-tAc",
+            f"SELECT 1 FROM pg_database WHERE datname = '{DB_NAME}'",
+        )
+        if exists.stdout.strip() != "1":
+            self._run(*base, "-d", "postgres", "-c", f"CREATE DATABASE {DB_NAME}")
+
+    def stop(self) -> None:
+        if self.initialized() and self.running():
+            self._run(
+                str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"
+            )
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.log_file.unlink(missing_ok=True)
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.running():
+                return
+            time.sleep(0.05)
+        raise ClusterError("cluster did not become ready", hint=f"see {self.log_file}")

@@ -1,0 +1,361 @@
+"""An embedder that calls an OpenAI-compatible ``POST /v1/embeddings`` server.
+
+Works with OpenAI, vLLM, TEI, llama.cpp, Infinity, LocalAI and the like:
+request ``{"model", "input": [...]}``, response ``{"data": [{"index",
+"embedding"}]}`` where ``embedding`` is a float list or, with
+``encoding_format: base64``, little-endian float32 bytes in base64.
+
+Ingest batches (`embed_documents`) are retried with exponential backoff on
+timeouts, transport errors, 408, 429 and 5xx; query embeddings are not, because
+the caller's deadline is shorter than any useful retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import fnmatch
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+import numpy as np
+
+from poimen_memory.embedders.base import (
+    EmbeddingConfigError,
+    EmbeddingUnavailable,
+    Vector,
+    Vectors,
+    env_float,
+    env_int,
+    env_str,
+    l2_normalise,
+)
+
+__all__ = [
+    "DEFAULT_REMOTE_MODEL",
+    "KNOWN_MODEL_DIMS",
+    "MODEL_PREFIXES",
+    "ModelPrefixes",
+    "RemoteEmbedder",
+    "embeddings_endpoint",
+    "known_dim",
+    "prefixes_for_model",
+]
+
+DEFAULT_REMOTE_MODEL = "nomic-ai/nomic-embed-text-v2-moe"
+
+_RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPrefixes:
+    query: str
+    document: str
+
+
+_NO_PREFIXES = ModelPrefixes("", "")
+_BGE_QUERY = "Represent this sentence for searching relevant passages: "
+
+MODEL_PREFIXES: tuple[tuple[str, ModelPrefixes], ...] = (
+    ("*nomic-embed-text*", ModelPrefixes("search_query: ", "search_document: ")),
+    ("*multilingual-e5-*instruct*", _NO_PREFIXES),
+    ("*e5-*", ModelPrefixes("query: ", "passage: ")),
+    ("*bge-*-en-v1.5*", ModelPrefixes(_BGE_QUERY, "")),
+    ("*mxbai-embed-large*", ModelPrefixes(_BGE_QUERY, "")),
+)
+"""Instruction prefixes the model was trained with, matched in order as shell patterns
+against the lower-cased model name (so ``nomic-ai/…``, ``nomic-embed-text:latest``
+and GGUF file names all match). Models not listed get no prefix. The instruct e5
+variants need a task-specific ``Instruct: …\\nQuery: `` prompt, so they get none
+here and must be configured by hand."""
+
+KNOWN_MODEL_DIMS: tuple[tuple[str, int], ...] = (
+    ("*nomic-embed-text*", 768),
+    ("*all-minilm-l6-v2*", 384),
+    ("*bge-small-*", 384),
+    ("*bge-base-*", 768),
+    ("*bge-large-*", 1024),
+    ("*bge-m3*", 1024),
+    ("*e5-small*", 384),
+    ("*e5-base*", 768),
+    ("*e5-large*", 1024),
+    ("*mxbai-embed-large*", 1024),
+    ("text-embedding-3-small", 1536),
+    ("text-embedding-3-large", 3072),
+    ("text-embedding-ada-002", 1536),
+)
+"""Output sizes of common models, so ``POIMEN_EMBEDDINGS_DIM`` is only needed for others."""
+
+
+def prefixes_for_model(model: str) -> ModelPrefixes:
+    name = model.lower()
+    for pattern, prefixes in MODEL_PREFIXES:
+        if fnmatch.fnmatchcase(name, pattern):
+            return prefixes
+    return _NO_PREFIXES
+
+
+def known_dim(model: str) -> int | None:
+    name = model.lower()
+    for pattern, dim in KNOWN_MODEL_DIMS:
+        if fnmatch.fnmatchcase(name, pattern):
+            return dim
+    return None
+
+
+def embeddings_endpoint(url: str) -> str:
+    """Accept a base URL, a ``…/v1`` URL or the full ``…/v1/embeddings`` endpoint."""
+    base = url.strip().rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise EmbeddingConfigError(f"embeddings URL {url!r} must start with http:// or https://")
+    if base.endswith("/embeddings"):
+        return base
+    if base.endswith("/v1"):
+        return base + "/embeddings"
+    return base + "/v1/embeddings"
+
+
+class RemoteEmbedder:
+    """Embeddings from an OpenAI-compatible HTTP server.
+
+    ``client``/``async_client`` may be shared clients owned by the caller; they
+    are then never closed here. Otherwise clients are created on first use
+    and closed by `close`/`aclose`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        model: str = DEFAULT_REMOTE_MODEL,
+        *,
+        api_key: str | None = None,
+        dim: int | None = None,
+        query_prefix: str | None = None,
+        document_prefix: str | None = None,
+        timeout_s: float = 10.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        batch_size: int = 64,
+        encoding_format: Literal["float", "base64"] | None = None,
+        client: httpx.Client | None = None,
+        async_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.endpoint = embeddings_endpoint(url)
+        self.model_name = model
+        resolved_dim = dim if dim is not None else known_dim(model)
+        if resolved_dim is None:
+            raise EmbeddingConfigError(
+                f"unknown output size for embedding model {model!r}: set POIMEN_EMBEDDINGS_DIM"
+            )
+        if resolved_dim < 1:
+            raise EmbeddingConfigError("embedding dim must be >= 1")
+        self.dim = resolved_dim
+        defaults = prefixes_for_model(model)
+        self.query_prefix = defaults.query if query_prefix is None else query_prefix
+        self.document_prefix = defaults.document if document_prefix is None else document_prefix
+        if timeout_s <= 0 or batch_size < 1 or max_retries < 0 or backoff_s < 0:
+            raise ValueError("timeout_s > 0, batch_size >= 1, max_retries >= 0, backoff_s >= 0")
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.batch_size = batch_size
+        self.encoding_format = encoding_format
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = client
+        self._owns_client = client is None
+        self._async_client = async_client
+        self._owns_async_client = async_client is None
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str],
+        *,
+        client: httpx.Client | None = None,
+        async_client: httpx.AsyncClient | None = None,
+    ) -> RemoteEmbedder:
+        url = env_str(env, "POIMEN_EMBEDDINGS_URL")
+        if url is None:
+            raise EmbeddingConfigError("POIMEN_EMBEDDINGS_URL is not set")
+        dim_raw = env_str(env, "POIMEN_EMBEDDINGS_DIM")
+        encoding = env_str(env, "POIMEN_EMBEDDINGS_ENCODING")
+        encoding_format: Literal["float", "base64"] | None
+        if encoding is None:
+            encoding_format = None
+        elif encoding == "float":
+            encoding_format = "float"
+        elif encoding == "base64":
+            encoding_format = "base64"
+        else:
+            raise EmbeddingConfigError(
+                f"POIMEN_EMBEDDINGS_ENCODING={encoding!r}: use float or base64"
+            )
+        return cls(
+            url,
+            env_str(env, "POIMEN_EMBEDDINGS_MODEL") or DEFAULT_REMOTE_MODEL,
+            api_key=env_str(env, "POIMEN_EMBEDDINGS_API_KEY"),
+            dim=env_int(env, "POIMEN_EMBEDDINGS_DIM", 0, minimum=1) if dim_raw else None,
+            # Presence, not truthiness: an empty value deliberately turns a prefix off.
+            query_prefix=env.get("POIMEN_EMBEDDINGS_QUERY_PREFIX"),
+            document_prefix=env.get("POIMEN_EMBEDDINGS_DOCUMENT_PREFIX"),
+            timeout_s=env_float(env, "POIMEN_EMBEDDINGS_TIMEOUT_S", 10.0),
+            max_retries=env_int(env, "POIMEN_EMBEDDINGS_RETRIES", 3),
+            batch_size=env_int(env, "POIMEN_EMBEDDINGS_BATCH_SIZE", 64, minimum=1),
+            encoding_format=encoding_format,
+            client=client,
+            async_client=async_client,
+        )
+
+    # -- public API -------------------------------------------------------
+
+    def embed_documents(self, texts: Sequence[str]) -> Vectors:
+        if isinstance(texts, str):
+            raise TypeError("embed_documents takes a sequence of texts, not one str")
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(texts), self.batch_size):
+            batch = [self.document_prefix + t for t in texts[start : start + self.batch_size]]
+            out[start : start + len(batch)] = self._post_with_retries(batch)
+        return out
+
+    def embed_query(self, text: str) -> Vector:
+        vectors = self._post_once(self._sync_client(), [self.query_prefix + text], self.timeout_s)
+        first: Vector = vectors[0]
+        return first
+
+    async def aembed_query(self, text: str, timeout: float) -> Vector:
+        payload = self._payload([self.query_prefix + text])
+        client = self._async()
+        try:
+            # httpx timeouts bound each phase; the outer one bounds the whole call,
+            # so a server that trickles bytes cannot overrun the deadline.
+            async with asyncio.timeout(timeout):
+                response = await client.post(
+                    self.endpoint, json=payload, headers=self._headers, timeout=timeout
+                )
+        except (TimeoutError, httpx.TimeoutException):
+            raise EmbeddingUnavailable(
+                f"embedding server did not answer within {timeout:.3g}s", reason="timeout"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise EmbeddingUnavailable(
+                f"embedding server unreachable: {exc!r}", reason="transport"
+            ) from exc
+        first: Vector = self._parse(response, 1)[0]
+        return first
+
+    def close(self) -> None:
+        if self._owns_client and self._client is not None:
+            self._client.close()
+            self._client = None
+
+    async def aclose(self) -> None:
+        self.close()
+        if self._owns_async_client and self._async_client is not None:
+            await self._async_client.aclose()
+            self._async_client = None
+
+    # -- internals --------------------------------------------------------
+
+    def _sync_client(self) -> httpx.Client:
+        if self._client is None:
+            self._client = httpx.Client()
+        return self._client
+
+    def _async(self) -> httpx.AsyncClient:
+        if self._async_client is None:
+            self._async_client = httpx.AsyncClient()
+        return self._async_client
+
+    def _payload(self, inputs: list[str]) -> dict[str, Any]:
+        payload: dict[str, Any] = {"model": self.model_name, "input": inputs}
+        if self.encoding_format is not None:
+            payload["encoding_format"] = self.encoding_format
+        return payload
+
+    def _post_once(self, client: httpx.Client, inputs: list[str], timeout: float) -> Vectors:
+        try:
+            response = client.post(
+                self.endpoint, json=self._payload(inputs), headers=self._headers, timeout=timeout
+            )
+        except httpx.TimeoutException:
+            raise EmbeddingUnavailable(
+                f"embedding server did not answer within {timeout:.3g}s", reason="timeout"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise EmbeddingUnavailable(
+                f"embedding server unreachable: {exc!r}", reason="transport"
+            ) from exc
+        return self._parse(response, len(inputs))
+
+    def _post_with_retries(self, inputs: list[str]) -> Vectors:
+        client = self._sync_client()
+        attempt = 0
+        while True:
+            try:
+                return self._post_once(client, inputs, self.timeout_s)
+            except EmbeddingUnavailable as exc:
+                retryable = exc.reason in ("timeout", "transport") or (
+                    exc.reason == "http_status" and exc.status in _RETRYABLE_STATUS
+                )
+                if not retryable or attempt >= self.max_retries:
+                    raise
+            # Full jitter keeps several ingest workers from retrying in lockstep.
+            time.sleep(random.uniform(0, self.backoff_s * (2**attempt)))
+            attempt += 1
+
+    def _parse(self, response: httpx.Response, expected: int) -> Vectors:
+        if response.status_code >= 400:
+            raise EmbeddingUnavailable(
+                f"embedding server answered {response.status_code}: {response.text[:200]!r}",
+                reason="http_status",
+                status=response.status_code,
+            )
+        try:
+            body = response.json()
+            items = body["data"]
+            if not isinstance(items, list) or len(items) != expected:
+                raise ValueError(f"expected {expected} embeddings, got {len(items)}")
+            out = np.empty((expected, self.dim), dtype=np.float32)
+            seen: set[int] = set()
+            for position, item in enumerate(items):
+                # Servers may answer out of order; `index` says which input a row is.
+                index = item.get("index", position)
+                if not isinstance(index, int) or not 0 <= index < expected or index in seen:
+                    raise ValueError(f"bad or duplicate index {index!r}")
+                seen.add(index)
+                out[index] = self._decode(item["embedding"])
+        except EmbeddingUnavailable:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise EmbeddingUnavailable(
+                f"malformed embedding response: {exc}", reason="bad_response"
+            ) from exc
+        return l2_normalise(out)
+
+    def _decode(self, embedding: object) -> Vector:
+        if isinstance(embedding, str):
+            try:
+                raw = base64.b64decode(embedding, validate=True)
+            except binascii.Error as exc:
+                raise ValueError(f"bad base64 embedding: {exc}") from exc
+            if len(raw) % 4:
+                raise ValueError("base64 embedding is not a whole number of float32s")
+            vector = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        elif isinstance(embedding, list):
+            vector = np.asarray(embedding, dtype=np.float32)
+        else:
+            raise ValueError(f"embedding is a {type(embedding).__name__}")
+        if vector.shape != (self.dim,):
+            raise EmbeddingUnavailable(
+                f"embedding server returned {vector.shape[0] if vector.ndim else 0} dims, "
+                f"expected {self.dim} (check POIMEN_EMBEDDINGS_DIM / POIMEN_EMBEDDINGS_MODEL)",
+                reason="bad_response",
+            )
+        if not np.all(np.isfinite(vector)):
+            raise ValueError("embedding contains NaN or infinity")
+        return vector

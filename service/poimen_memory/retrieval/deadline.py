@@ -1,0 +1,35 @@
+"""One wall-clock deadline per request, shared by every stage."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from poimen_memory.errors import DeadlineExceeded
+
+
+@dataclass
+class Deadline:
+    budget_s: float
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def at(self) -> float:
+        return self.started + self.budget_s
+
+    def remaining(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+    def remaining_ms(self) -> int:
+        """Milliseconds left for a statement_timeout; never 0, which would mean 'no limit'."""
+        return max(1, int(self.remaining() * 1000))
+
+    def elapsed_ms(self) -> float:
+        return (time.monotonic() - self.started) * 1000
+
+    def check(self, stage: str) -> None:
+        if self.remaining() <= 0:
+            raise DeadlineExceeded(
+                f"deadline of {self.budget_s:g}s passed during {stage}",
+                hint="raise timeout_seconds (clamped to POIMEN_MAX_TIMEOUT_S)",
+            )
