@@ -1,20 +1,25 @@
-# The two commands a fresh machine needs: `make demo` and `make test`. Both run `make setup`
-# first, which installs only what is missing (well under a second when nothing is).
+# The two commands a fresh machine needs: `make demo` and `make test`. Each runs its set-up
+# first, which installs only what is missing (a few milliseconds when nothing is):
+#   setup      the product (PostgreSQL, plpython3u, pgvector, the venv): no compiler needed
+#   setup-dev  the product plus the [dev] and [lab] extras (g++ and Python headers for hnswlib)
 SHELL := /bin/bash
 VENV  := .venv
 BIN   := $(VENV)/bin
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: setup test lint unit demo demo-stop clean-db
+.PHONY: setup setup-dev test lint demo demo-stop clean-db fresh-debian
 
 setup:
 	@bash scripts/setup.sh
 
-lint: setup
+setup-dev:
+	@bash scripts/setup.sh --dev
+
+lint: setup-dev
 	$(BIN)/ruff check service plpython tests
 	$(BIN)/mypy
 
-test: setup lint
+test: setup-dev lint
 	$(BIN)/pytest -q
 
 demo: setup
@@ -25,3 +30,7 @@ demo-stop: setup
 
 clean-db: setup
 	$(BIN)/poimen-memory db stop || true
+
+# Contributors: the README's two commands in minimal Debian 12 and 13 roots (docs/fresh-debian.md).
+fresh-debian:
+	@bash scripts/fresh-debian.sh

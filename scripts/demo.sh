@@ -5,6 +5,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PM="$ROOT/.venv/bin/poimen-memory"
+PY="$ROOT/.venv/bin/python"
 HOST="${POIMEN_DEMO_HOST:-127.0.0.1}"
 PORT="${POIMEN_DEMO_PORT:-8765}"
 STATE="${POIMEN_DEMO_STATE:-/tmp/poimen-demo}"
@@ -27,20 +28,49 @@ echo "== 3. load the sample corpus (tests/fixtures/memory_nodes.jsonl, written f
 "$PM" ingest "$ROOT/tests/fixtures/memory_nodes.jsonl" --quiet
 
 URL="http://$HOST:$PORT"
-if ! curl -fsS "$URL/healthz" >/dev/null 2>&1; then
+# GET /healthz with the venv's python (no curl needed), bypassing any HTTP proxy.
+# Exit 0: healthy (2xx); 2: the server answered with an error (body printed); 1: no answer.
+health() {
+  "$PY" - "$URL/healthz" <<'PYEOF'
+import sys, urllib.error, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+try:
+    opener.open(sys.argv[1], timeout=2).read()
+except urllib.error.HTTPError as err:
+    print(f"GET {sys.argv[1]} -> {err.code}: {err.read().decode(errors='replace')[:2000]}")
+    sys.exit(2)
+except OSError:
+    sys.exit(1)
+PYEOF
+}
+server_failed() {
+  echo "ERROR: the demo server $1; last lines of $STATE/server.log:" >&2
+  tail -n 30 "$STATE/server.log" >&2 || true
+  exit 1
+}
+
+if health >/dev/null; then
+  echo "== 4. server already running on $URL"
+else
   echo "== 4. start the server on $URL (log: $STATE/server.log)"
   nohup "$PM" serve --host "$HOST" --port "$PORT" --log-level warning >"$STATE/server.log" 2>&1 &
-  echo $! > "$STATE/server.pid"
-  for _ in $(seq 1 100); do
-    curl -fsS "$URL/healthz" >/dev/null 2>&1 && break
+  pid=$!
+  echo "$pid" > "$STATE/server.pid"
+  rc=1
+  for _ in $(seq 1 150); do   # up to ~30 s
+    rc=0; out="$(health)" || rc=$?
+    [ "$rc" = 1 ] || break
+    kill -0 "$pid" 2>/dev/null || { rm -f "$STATE/server.pid"; server_failed "exited before answering"; }
     sleep 0.2
   done
-  curl -fsS "$URL/healthz" >/dev/null || { echo "server did not start; see $STATE/server.log"; exit 1; }
-else
-  echo "== 4. server already running on $URL"
+  case "$rc" in
+    0) ;;
+    2) echo "$out" >&2; server_failed "started but /healthz reports a problem" ;;
+    *) server_failed "did not answer on $URL within 30 s (pid $pid still running)" ;;
+  esac
 fi
 echo "== 5. GET /memory/query?query=why+did+requests+over+10KB+fail&project=poimen"
 "$PM" query --url "$URL" "why did requests over 10KB fail" --project poimen
 echo
-echo "== 6. the server keeps running at $URL (try: curl '$URL/memory/query?query=kong+body+buffer')"
+echo "== 6. the server keeps running at $URL (try: $URL/memory/query?query=kong+body+buffer)"
 echo "      stop it, and the embedded cluster, with: make demo-stop"

@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Installs what poimen-memory needs on Debian 12/13, as root: a PostgreSQL server
-# with plpython3u and pgvector >= 0.8, then the project venv. Idempotent: when
-# nothing is missing it only runs a few file tests and exits.
+# Installs what poimen-memory needs on Debian 12/13, as root: a PostgreSQL server with
+# plpython3u and pgvector >= 0.8, then the project venv (python3 and python3-venv come
+# from apt when missing). Two profiles:
+#   setup.sh         product: what `make demo` needs. Every Python package has a wheel,
+#                    so no compiler is installed (Debian 12 builds pgvector, see below).
+#   setup.sh --dev   product + [dev] + [lab]: what `make test` needs. The lab's hnswlib has
+#                    no wheel on PyPI, so g++ and the Python headers are installed too.
+# Idempotent: when nothing is missing it only runs a few file tests and exits. A venv
+# left half-made (no working pip, or its interpreter gone) is rebuilt from scratch.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -10,9 +16,18 @@ PGVECTOR_VERSION_MIN="0.8.0"
 PGVECTOR_SOURCE_SUITE="${POIMEN_PGVECTOR_SUITE:-trixie}"
 STATE_DIR="${POIMEN_SETUP_STATE:-/var/cache/poimen-memory/setup}"
 PYTHON="${POIMEN_PYTHON:-python3}"
+PIP_VERSION="26.3"
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+PROFILE=product
+case "${1:-}" in
+  "" | --product) ;;
+  --dev) PROFILE=dev ;;
+  *) die "usage: setup.sh [--dev]" ;;
+esac
+EXTRAS=""; [ "$PROFILE" = dev ] && EXTRAS="[dev,lab]"
 
 version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
 
@@ -25,10 +40,15 @@ pg_ok() {  # $1 = major version: server, plpython3u and pgvector>=0.8 all presen
   version_ge "$v" "$PGVECTOR_VERSION_MIN"
 }
 
-venv_ok() {
-  local stamp="$VENV/.poimen-deps"
-  [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && \
-    [ "$(cat "$stamp")" = "$(cat "$ROOT/pyproject.toml" "$ROOT/requirements.lock" | sha256sum | cut -d' ' -f1)" ]
+# One stamp per profile, written only after a complete install: the hash of what decides
+# the venv's contents. The dev venv is a superset, so its stamp satisfies the product too.
+stamp_file() { echo "$VENV/.poimen-deps-$1"; }
+stamp_value() { { cat "$ROOT/pyproject.toml" "$ROOT/requirements.lock"; echo "profile=$1"; } | sha256sum | cut -d' ' -f1; }
+stamp_ok() { local f; f="$(stamp_file "$1")"; [ -f "$f" ] && [ "$(cat "$f")" = "$(stamp_value "$1")" ]; }
+venv_ok() {  # -x follows the interpreter symlink: a venv whose base python is gone fails here
+  [ -x "$VENV/bin/python" ] || return 1
+  stamp_ok dev && return 0
+  [ "$PROFILE" = product ] && stamp_ok product
 }
 
 installed_majors() { ls /usr/lib/postgresql 2>/dev/null | sort -rn; }
@@ -41,15 +61,21 @@ if [ -n "$fast_major" ] && venv_ok; then
   exit 0
 fi
 
-[ "$(id -u)" = 0 ] || die "run as root (apt-get installs are needed); or install PostgreSQL+plpython3u+pgvector yourself"
+is_root() { [ "$(id -u)" = 0 ]; }
 export DEBIAN_FRONTEND=noninteractive
-mkdir -p "$STATE_DIR"
 
 apt_updated=0
 apt_update() { if [ "$apt_updated" = 0 ]; then log "apt-get update"; apt-get update -qq; apt_updated=1; fi; }
 has_candidate() { local c; c="$(apt-cache policy "$1" 2>/dev/null | sed -n 's/^ *Candidate: *//p')"; [ -n "$c" ] && [ "$c" != "(none)" ]; }
-installed_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || true; }
+pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok installed'; }
+apt_install() {  # installs the named Debian packages (as root), or says what to install
+  is_root || die "missing: $* (run as root, or: apt-get install $*)"
+  apt_update
+  log "apt-get install $*"
+  apt-get install -y -qq "$@" >/dev/null
+}
 
+# ---------------------------------------------------------------- PostgreSQL + extensions
 choose_major() {
   local cands n default
   default="$(apt-cache depends postgresql 2>/dev/null | sed -n 's/.*Depends: postgresql-\([0-9][0-9]*\)$/\1/p' | head -n1)"
@@ -70,30 +96,85 @@ choose_major() {
 if [ -n "$fast_major" ]; then
   N="$fast_major"
 else
+  is_root || die "run as root (apt-get installs are needed); or install PostgreSQL+plpython3u+pgvector yourself"
   apt_update
   N="$(choose_major)" || die "no PostgreSQL major version in this apt suite offers a server, postgresql-plpython3-N and pgvector>=$PGVECTOR_VERSION_MIN (binary or buildable via postgresql-server-dev-N); checked: $(installed_majors) and the suite default"
   log "using PostgreSQL $N"
   pkgs=()
   [ -x "/usr/lib/postgresql/$N/bin/postgres" ] || pkgs+=("postgresql-$N")
   [ -f "/usr/share/postgresql/$N/extension/plpython3u.control" ] || pkgs+=("postgresql-plpython3-$N")
-  if [ ${#pkgs[@]} -gt 0 ]; then log "apt-get install ${pkgs[*]}"; apt-get install -y -qq "${pkgs[@]}" >/dev/null; fi
+  [ ${#pkgs[@]} -eq 0 ] || apt_install "${pkgs[@]}"
   if ! pg_ok "$N"; then
     if has_candidate "postgresql-$N-pgvector" && version_ge "$(apt-cache policy "postgresql-$N-pgvector" | sed -n 's/^ *Candidate: *//p' | cut -d- -f1)" "$PGVECTOR_VERSION_MIN"; then
-      log "apt-get install postgresql-$N-pgvector"
-      apt-get install -y -qq "postgresql-$N-pgvector" >/dev/null
+      apt_install "postgresql-$N-pgvector"
     else
       "$ROOT/scripts/build-pgvector.sh" "$N" "$PGVECTOR_SOURCE_SUITE"
     fi
   fi
   pg_ok "$N" || die "PostgreSQL $N is still missing plpython3u or pgvector>=$PGVECTOR_VERSION_MIN after install"
 fi
+mkdir -p "$STATE_DIR"
 echo "$N" > "$STATE_DIR/pg_major"
-
-if ! venv_ok; then
-  log "creating venv at $VENV"
-  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q "pip==26.3" >/dev/null
-  "$VENV/bin/python" -m pip install -q -c "$ROOT/requirements.lock" -e "$ROOT[dev]"
-  cat "$ROOT/pyproject.toml" "$ROOT/requirements.lock" | sha256sum | cut -d' ' -f1 > "$VENV/.poimen-deps"
+# As root the embedded cluster runs its server binaries through setpriv (util-linux).
+if is_root && ! command -v setpriv >/dev/null 2>&1; then
+  apt_update
+  if has_candidate setpriv; then apt_install setpriv; else apt_install util-linux; fi
 fi
-log "ready: PostgreSQL $N, venv $VENV"
+
+if venv_ok; then log "ready: PostgreSQL $N, venv $VENV ($PROFILE)"; exit 0; fi
+
+# ---------------------------------------------------------------- Python and the venv
+# The interpreter itself: Debian's python3 when the default name is missing.
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+  [ "$PYTHON" = python3 ] || die "POIMEN_PYTHON=$PYTHON not found"
+  apt_install python3
+fi
+PYVER="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+# Debian's interpreters carry venv's pip bootstrap in a separate package (pythonX.Y-venv).
+debian_python() { case "$(readlink -f "$(command -v "$PYTHON")")" in /usr/bin/*) pkg_installed "python$PYVER";; *) return 1;; esac; }
+ensure_venv_support() {
+  if debian_python && ! pkg_installed "python$PYVER-venv"; then
+    if [ "$PYTHON" = python3 ]; then apt_install python3-venv; else apt_install "python$PYVER-venv"; fi
+  fi
+  "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || die "$PYTHON cannot create a venv (no ensurepip)"
+}
+
+# A venv is kept only if its interpreter runs, is the same X.Y as $PYTHON, and has pip.
+venv_usable() {
+  [ -x "$VENV/bin/python" ] || return 1
+  [ "$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" = "$PYVER" ] || return 1
+  "$VENV/bin/python" -m pip --version >/dev/null 2>&1
+}
+create_venv() {
+  ensure_venv_support
+  log "creating venv at $VENV (python $PYVER)"
+  rm -rf "$VENV"
+  "$PYTHON" -m venv "$VENV" || { rm -rf "$VENV"; die "python3 -m venv $VENV failed"; }
+  venv_usable || { rm -rf "$VENV"; die "the new venv at $VENV has no working pip"; }
+}
+if [ -e "$VENV" ] && ! venv_usable; then
+  log "venv at $VENV is incomplete or from another interpreter: rebuilding it"
+  create_venv
+elif [ ! -e "$VENV" ]; then
+  create_venv
+fi
+
+if [ "$PROFILE" = dev ]; then
+  # hnswlib (lab) is built from source: a C++ compiler and this interpreter's headers.
+  need=()
+  command -v g++ >/dev/null 2>&1 || need+=(g++)
+  inc="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+  if [ ! -f "$inc/Python.h" ]; then
+    debian_python || die "no Python.h in $inc for $PYTHON (install its headers)"
+    need+=("python$PYVER-dev")
+  fi
+  [ ${#need[@]} -eq 0 ] || apt_install "${need[@]}"
+fi
+
+log "installing the $PROFILE profile into $VENV (pip -c requirements.lock)"
+rm -f "$(stamp_file product)" "$(stamp_file dev)"
+"$VENV/bin/python" -m pip install -q "pip==$PIP_VERSION" >/dev/null
+"$VENV/bin/python" -m pip install -q -c "$ROOT/requirements.lock" -e "$ROOT$EXTRAS"
+stamp_value "$PROFILE" > "$(stamp_file "$PROFILE")"
+rm -f "$VENV/.poimen-deps"  # the single stamp of earlier versions of this script
+log "ready: PostgreSQL $N, venv $VENV ($PROFILE)"
