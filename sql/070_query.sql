@@ -25,6 +25,11 @@ $$;
 COMMENT ON FUNCTION memory.hydrate(bigint[], vector, integer) IS
     'Node rows for the given ids, in input order, with query_score (if an embedding is given) and provenance down to L0 as nested jsonb. One round trip for a whole result page.';
 
+-- The signatures changed (policy-driven defaults, dense_weight): drop the old ones first.
+DROP FUNCTION IF EXISTS public.memory_query(text, vector, text, text[], integer, text, text);
+DROP FUNCTION IF EXISTS memory.query(text, vector, text, text[], integer, text, text, integer, integer);
+DROP FUNCTION IF EXISTS memory.run_query(text, vector, text, text[], integer, text, text, integer, integer);
+
 CREATE OR REPLACE FUNCTION memory.run_query(
     p_query text,
     p_embedding vector,
@@ -34,7 +39,8 @@ CREATE OR REPLACE FUNCTION memory.run_query(
     p_strategy text,
     p_fusion text,
     p_rrf_k integer,
-    p_candidates integer
+    p_candidates integer,
+    p_dense_weight double precision
 )
 RETURNS TABLE (rank integer, level text, sha256 text, project text, title text, text text,
                source text, breadcrumb text[], "timestamp" timestamptz,
@@ -48,22 +54,36 @@ AS $$
 DECLARE
     lim integer := least(greatest(coalesce(p_limit, 5), 1), 50);
     lv text[] := memory.check_levels(coalesce(p_levels, ARRAY['L1', 'L2']));
+    pol record;
+    plan jsonb;
     strat text;
+    fus text;
+    cand integer;
     sem jsonb := '{"ids":[],"scores":[]}';
     lex jsonb := '{"ids":[],"scores":[]}';
-    -- convex weights: the measured lexical-leaning split (docs/benchmarks.md); a
-    -- memory.config row 'dense_weight' overrides it.
-    dw double precision := coalesce(
-        (SELECT c.value::double precision FROM memory.config c WHERE c.key = 'dense_weight'), 0.4);
-    blend boolean := p_fusion = 'convex';
 BEGIN
     IF p_query IS NULL OR btrim(p_query) = '' THEN
         RAISE EXCEPTION 'query must not be empty'
             USING ERRCODE = '22023', HINT = 'Pass the text to search for, e.g. memory_query(''kong body buffer'').';
     END IF;
+    IF p_fusion IS NOT NULL AND p_fusion NOT IN ('rrf', 'convex') THEN
+        RAISE EXCEPTION 'unknown fusion "%"', p_fusion
+            USING ERRCODE = '22023', HINT = 'Use rrf, convex or NULL (the policy decides: memory.policy()).';
+    END IF;
+    IF p_dense_weight IS NOT NULL AND NOT (p_dense_weight BETWEEN 0 AND 1) THEN
+        RAISE EXCEPTION 'dense_weight must be within [0, 1], got %', p_dense_weight USING ERRCODE = '22023';
+    END IF;
+    IF p_rrf_k IS NOT NULL AND p_rrf_k < 0 OR p_candidates IS NOT NULL AND p_candidates NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'rrf_k must be >= 0 and candidates within 1..1000 (got %, %)', p_rrf_k, p_candidates
+            USING ERRCODE = '22023';
+    END IF;
     PERFORM memory.project_id(p_project);
     PERFORM memory.check_embedding(p_embedding);
-    strat := coalesce(p_strategy, memory.optimize_query(p_query) ->> 'search_strategy');
+    SELECT * INTO pol FROM memory.policy();
+    IF p_strategy IS NULL OR (p_fusion IS NULL AND pol.fusion_by_type <> '{}'::jsonb) THEN
+        plan := memory.optimize_query(p_query);
+    END IF;
+    strat := coalesce(p_strategy, plan ->> 'search_strategy');
     IF strat NOT IN ('LexicalOnly', 'LexicalFirst', 'Hybrid', 'SemanticOnly') THEN
         RAISE EXCEPTION 'unknown strategy "%"', strat
             USING ERRCODE = '22023', HINT = 'Use LexicalOnly, LexicalFirst, Hybrid, SemanticOnly or NULL (optimizer decides).';
@@ -71,21 +91,23 @@ BEGIN
     IF p_embedding IS NULL THEN
         strat := 'LexicalOnly';  -- without an embedding only the lexical leg can run
     END IF;
+    fus := coalesce(p_fusion, pol.fusion_by_type ->> (plan ->> 'question_type'), pol.fusion);
+    cand := coalesce(p_candidates, pol.candidates);
 
     IF strat IN ('LexicalOnly', 'LexicalFirst', 'Hybrid') THEN
         SELECT jsonb_build_object('ids', coalesce(jsonb_agg(l.node_id ORDER BY l.rank), '[]'),
                                   'scores', coalesce(jsonb_agg(l.lexical_score ORDER BY l.rank), '[]'))
           INTO lex
           FROM memory.lexical_search(p_query, p_project, lv,
-                                     CASE strat WHEN 'LexicalFirst' THEN greatest(p_candidates, 200)
-                                                WHEN 'Hybrid' THEN p_candidates ELSE lim END) l;
+                                     CASE strat WHEN 'LexicalFirst' THEN pol.cascade_candidates
+                                                WHEN 'Hybrid' THEN cand ELSE lim END) l;
     END IF;
     IF strat IN ('SemanticOnly', 'Hybrid') THEN
         SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
                                   'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
           INTO sem
           FROM memory.semantic_search(p_embedding, p_project, lv,
-                                      CASE strat WHEN 'Hybrid' THEN p_candidates ELSE lim END) s;
+                                      CASE strat WHEN 'Hybrid' THEN cand ELSE lim END) s;
     ELSIF strat = 'LexicalFirst' THEN
         SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
                                   'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
@@ -94,7 +116,7 @@ BEGIN
                                     ARRAY(SELECT jsonb_array_elements_text(lex -> 'ids')::bigint),
                                     p_project, lv,
                                     -- a convex cascade blends cosine with BM25 over every lexical id
-                                    CASE WHEN blend THEN greatest(jsonb_array_length(lex -> 'ids'), 1)
+                                    CASE WHEN fus = 'convex' THEN greatest(jsonb_array_length(lex -> 'ids'), 1)
                                          ELSE lim END) s;
     END IF;
 
@@ -102,7 +124,8 @@ BEGIN
     WITH ranked AS (
         SELECT f.node_id, f.ranks, f.scores, f.fused_score, f.fusion_method,
                row_number() OVER (ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]), f.node_id) AS pos
-        FROM memory.fuse_legs(sem, lex, strat, p_fusion, dw, p_rrf_k, lim) f
+        FROM memory.fuse_legs(sem, lex, strat, fus, coalesce(p_dense_weight, pol.dense_weight),
+                              coalesce(p_rrf_k, pol.rrf_k), lim) f
     )
     SELECT r.pos::integer, h.level, h.sha256, h.project, h.title, h.text, h.source, h.breadcrumb,
            h."timestamp", h.query_score, r.scores[2], r.fused_score, r.ranks[1], r.ranks[2],
@@ -113,7 +136,7 @@ BEGIN
       ON h.node_id = r.node_id
     ORDER BY r.pos;
 END $$;
-COMMENT ON FUNCTION memory.run_query(text, vector, text, text[], integer, text, text, integer, integer) IS
+COMMENT ON FUNCTION memory.run_query(text, vector, text, text[], integer, text, text, integer, integer, double precision) IS
     'Implementation of memory.query (positional parameters; call memory.query instead).';
 
 CREATE OR REPLACE FUNCTION memory.query(
@@ -123,9 +146,10 @@ CREATE OR REPLACE FUNCTION memory.query(
     levels text[] DEFAULT ARRAY['L1', 'L2'],
     "limit" integer DEFAULT 5,
     strategy text DEFAULT NULL,
-    fusion text DEFAULT 'rrf',
-    rrf_k integer DEFAULT 60,
-    candidates integer DEFAULT 50
+    fusion text DEFAULT NULL,
+    rrf_k integer DEFAULT NULL,
+    candidates integer DEFAULT NULL,
+    dense_weight double precision DEFAULT NULL
 )
 RETURNS TABLE (rank integer, level text, sha256 text, project text, title text, text text,
                source text, breadcrumb text[], "timestamp" timestamptz,
@@ -135,10 +159,10 @@ RETURNS TABLE (rank integer, level text, sha256 text, project text, title text, 
 LANGUAGE sql STABLE PARALLEL SAFE
 BEGIN ATOMIC
     SELECT * FROM memory.run_query(query, query_embedding, project, levels, "limit", strategy,
-                                   fusion, rrf_k, candidates);
+                                   fusion, rrf_k, candidates, dense_weight);
 END;
-COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer) IS
-    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses (rrf or convex), and returns the top "limit" (1..50) nodes with scores, ranks and provenance down to L0.';
+COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision) IS
+    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top "limit" (1..50) nodes with scores, ranks and provenance down to L0. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads.';
 
 -- Entry points on the default search_path, so `SELECT * FROM memory_query('...')` works.
 CREATE OR REPLACE FUNCTION public.memory_query(
@@ -148,7 +172,10 @@ CREATE OR REPLACE FUNCTION public.memory_query(
     levels text[] DEFAULT ARRAY['L1', 'L2'],
     "limit" integer DEFAULT 5,
     strategy text DEFAULT NULL,
-    fusion text DEFAULT 'rrf'
+    fusion text DEFAULT NULL,
+    rrf_k integer DEFAULT NULL,
+    candidates integer DEFAULT NULL,
+    dense_weight double precision DEFAULT NULL
 )
 RETURNS TABLE (rank integer, level text, sha256 text, project text, title text, text text,
                source text, breadcrumb text[], "timestamp" timestamptz,
@@ -157,9 +184,10 @@ RETURNS TABLE (rank integer, level text, sha256 text, project text, title text, 
                fusion_method text, search_strategy text, provenance jsonb)
 LANGUAGE sql STABLE PARALLEL SAFE
 BEGIN ATOMIC
-    SELECT * FROM memory.query(query, query_embedding, project, levels, "limit", strategy, fusion);
+    SELECT * FROM memory.query(query, query_embedding, project, levels, "limit", strategy, fusion,
+                               rrf_k, candidates, dense_weight);
 END;
-COMMENT ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text) IS
+COMMENT ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision) IS
     'Alias of memory.query on the default search_path. See docs/sql-api.md.';
 
 CREATE OR REPLACE FUNCTION public.memory_optimize_query(query text)

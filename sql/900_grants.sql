@@ -13,13 +13,15 @@ END $$;
 REVOKE ALL ON SCHEMA memory FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA memory FROM PUBLIC;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA memory FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION public.memory_optimize_query(text) FROM PUBLIC;
 
 GRANT USAGE ON SCHEMA memory TO memory_reader;
 GRANT SELECT ON ALL TABLES IN SCHEMA memory TO memory_reader;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA memory TO memory_reader;
-GRANT EXECUTE ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text) TO memory_reader;
+-- The policy is the DBA's (owner's) to change; readers and writers only read it.
+REVOKE EXECUTE ON FUNCTION memory.set_policy(text, text), memory.reset_policy(text) FROM memory_reader;
+GRANT EXECUTE ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision) TO memory_reader;
 GRANT EXECUTE ON FUNCTION public.memory_optimize_query(text) TO memory_reader;
 -- Writers change content only. memory.config holds the path PL/Python imports code from
 -- (as the server's OS user), so it, the ledger and the statistics stay owner-only; the

@@ -21,6 +21,7 @@ from poimen_memory.db.migrate import migrate
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.ingest.nodes import parse_lines
 from poimen_memory.ingest.writer import ingest
+from poimen_memory.settings import Settings
 
 FIXTURE = Path(__file__).parent / "fixtures" / "memory_nodes.jsonl"
 
@@ -60,7 +61,7 @@ def admin(cluster: Cluster) -> Iterator[psycopg.Connection[Any]]:
 
 @pytest.fixture(scope="session")
 def embedder() -> LocalEmbedder:
-    e = LocalEmbedder.from_env(os.environ)
+    e = LocalEmbedder.from_settings(Settings.from_env(os.environ).embedding)
     e.load()
     return e
 

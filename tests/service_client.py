@@ -17,7 +17,7 @@ KONG = "how do I fix uploads over 10KB failing through the kong gateway"  # rout
 
 @contextmanager
 def serve(env: Mapping[str, str], embedder: Embedder | None = None) -> Iterator[TestClient]:
-    app = create_app(Settings.from_env(env), env=env, embedder=embedder)
+    app = create_app(Settings.from_env(env), embedder=embedder)
     with TestClient(app) as client:
         yield client
 

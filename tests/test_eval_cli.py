@@ -210,43 +210,40 @@ def test_depth_100_path_agrees_with_the_real_path(fixture_url: str, default_fusi
     """With every node a candidate (21 nodes), the stage-SQL ranking behind recall@100 must
     start with exactly what Retriever.query returned, whatever the service's fusion."""
     import asyncio
-    import dataclasses
-
-    from psycopg_pool import AsyncConnectionPool
 
     from poimen_lab.eval.command import _corpus
     from poimen_lab.eval.data import load
     from poimen_lab.eval.runner import MODES, Runner
-    from poimen_memory.db.connect import configure_async, connect
-    from poimen_memory.embedders.base import embedder_from_env
-    from poimen_memory.embedders.cache import QueryEmbeddingCache
-    from poimen_memory.retrieval.pipeline import LEVELS, Retriever
+    from poimen_memory.db.connect import connect
+    from poimen_memory.db.queries import q
+    from poimen_memory.embedders.factory import build_embedder
+    from poimen_memory.retrieval.models import LEVELS
+    from poimen_memory.retrieval.policy import read_policy
+    from poimen_memory.services import open_services
     from poimen_memory.settings import Settings
 
-    settings = dataclasses.replace(Settings.from_env({}), default_fusion=default_fusion)
+    settings = Settings.from_env({})
     data = load(NODES, QUERIES, QRELS)
-    embedder = embedder_from_env({})
+    embedder = build_embedder(settings.embedding)
     with connect(fixture_url, autocommit=True) as conn:
+        # The policy is the database's: set the default fusion there, as a DBA would.
+        conn.execute(q("set_policy"), {"key": "fusion", "value": default_fusion})
         corpus = _corpus(conn, data.records)
+        policy = read_policy(conn)
+    assert policy.fusion == default_fusion
 
     async def check() -> None:
-        async with AsyncConnectionPool(
-            fixture_url,
-            min_size=1,
-            max_size=4,
-            configure=configure_async,
-            kwargs={"autocommit": True},
-        ) as pool:
-            retriever = Retriever(pool, embedder, QueryEmbeddingCache(0), settings)
+        async with open_services(settings, url=fixture_url, embedder=embedder, wait=True) as svc:
             runner = Runner(
-                pool,
+                svc.pool,
                 embedder,
                 settings,
                 corpus,
                 levels=LEVELS,
                 limit=10,
                 depth=100,
-                retriever=retriever,
+                retriever=svc.retriever,
+                policy=policy,
             )
             for mode in (m for m in MODES if m != "hybrid-rerank"):
                 for qy in data.queries:

@@ -33,7 +33,8 @@ def test_hybrid_with_embedding_fuses_both_legs(conn: Conn, embedder: LocalEmbedd
         "fusion_method, search_strategy, project FROM memory_query(%s, %s, 'poimen')",
         (q, embedder.embed_query(q)),
     ).fetchall()
-    assert rows[0][6] == "Hybrid" and rows[0][5] == "rrf"
+    # The fusion comes from memory.policy(): convex by default, as over HTTP.
+    assert rows[0][6] == "Hybrid" and rows[0][5] == "convex"
     assert any(r[1] is not None and r[2] is not None for r in rows)
     assert [r[3] for r in rows] == sorted((r[3] for r in rows), reverse=True)
     assert all(r[7] == "poimen" for r in rows) and all(0 <= r[4] <= 1 for r in rows)
@@ -50,9 +51,11 @@ def test_cascade_only_returns_lexical_hits(conn: Conn, embedder: LocalEmbedder) 
         ).fetchall()
     }
     rows = conn.execute(
-        "SELECT sha256, search_strategy, fusion_method, query_score FROM memory_query(%s, %s)",
+        "SELECT sha256, search_strategy, fusion_method, query_score "
+        "FROM memory_query(%s, %s, fusion => 'rrf')",
         (q, embedder.embed_query(q)),
     ).fetchall()
+    # fusion rrf: the classic cascade, the cosine order of the lexical ids alone.
     assert rows and rows[0][1] == "LexicalFirst" and rows[0][2] == "cascade"
     assert {r[0] for r in rows} <= lexical
     assert [r[3] for r in rows] == sorted((r[3] for r in rows), reverse=True)
@@ -156,9 +159,33 @@ def test_sql_convex_uses_the_lexical_leaning_weights(conn: Conn, embedder: Local
     ln, sn = norm(lex), norm(sem)
     for sha, score, _ in rows:
         assert score == pytest.approx(0.4 * sn.get(sha, 0.0) + 0.6 * ln.get(sha, 0.0), abs=1e-9)
-    conn.execute("INSERT INTO memory.config VALUES ('dense_weight', '1.0')")
+    conn.execute("SELECT memory.set_policy('dense_weight', '1.0')")
     only_dense = conn.execute(
         "SELECT sha256 FROM memory_query(%s, %s, 'poimen', fusion => 'convex', \"limit\" => 3)",
         (q, emb),
     ).fetchall()
     assert [r[0] for r in only_dense] == sorted(sn, key=lambda k: -sn[k])[:3]
+
+
+def test_policy_is_validated_and_applies_to_memory_query(
+    conn: Conn, embedder: LocalEmbedder
+) -> None:
+    """memory.set_policy rejects bad values with 22023; a valid one changes memory.query."""
+    for key, value in (
+        ("fusion", "borda"),
+        ("dense_weight", "1.5"),
+        ("rrf_k", "-1"),
+        ("nope", "1"),
+    ):
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            conn.execute("SELECT memory.set_policy(%s, %s)", (key, value))
+    q = "how do I fix uploads over 10KB failing through the kong gateway"
+    conn.execute("SELECT memory.set_policy('fusion', 'rrf')")
+    rows = conn.execute(
+        "SELECT fusion_method FROM memory_query(%s, %s, 'poimen')", (q, embedder.embed_query(q))
+    ).fetchall()
+    assert {r[0] for r in rows} == {"rrf"}
+    conn.execute("SELECT memory.reset_policy()")
+    assert conn.execute("SELECT fusion FROM memory.policy()").fetchone() == ("convex",)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="unknown fusion"):
+        conn.execute("SELECT * FROM memory_query(%s, fusion => 'borda')", (q,))

@@ -9,9 +9,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from poimen_memory.db import migrate as migrate_mod
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect
-from poimen_memory.db import migrate as migrate_mod
 from poimen_memory.db.migrate import migrate
 from poimen_memory.errors import MigrationError
 

@@ -14,11 +14,11 @@ import pytest
 
 from doubles.opensearch_server import OpenSearchServer, run_opensearch_server
 from poimen_memory.db.queries import q
+from poimen_memory.errors import OpenSearchUnavailable
 from poimen_memory.ingest.outbox import SyncReport, reindex, sync_outbox
 from poimen_memory.settings import Settings
 from poimen_memory.upstreams.opensearch import (
     OpenSearchEngine,
-    OpenSearchUnavailable,
     engine_from_settings,
     search_body,
 )
@@ -217,11 +217,12 @@ def test_search_sends_the_seed_body_and_hits_map_to_postgres(
     }
     assert hits and [h.rank for h in hits] == list(range(1, len(hits) + 1))
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
-    ids = dict(
-        conn.execute(
+    ids = {
+        key: node_id
+        for node_id, key in conn.execute(
             q("ids_for_sha256"), {"shas": [bytes.fromhex(h.sha256) for h in hits]}
         ).fetchall()
-    )
+    }
     assert set(ids) == {h.sha256 for h in hits}
     rows = conn.execute(
         "SELECT p.name, n.level FROM memory.nodes n JOIN memory.projects p "
@@ -265,7 +266,7 @@ def test_search_failures_are_typed_and_never_retried(
 ):
     with pytest.raises(OpenSearchUnavailable) as missing:
         engine.search("kong", None, None, 3, 1.0)
-    assert (missing.value.status, missing.value.kind) == (404, "http_404")
+    assert (missing.value.status, missing.value.tag) == (404, "http_404")
     engine.ensure_index()
     server.fail_next(1, 503)
     before = len(server.requests)
@@ -276,7 +277,7 @@ def test_search_failures_are_typed_and_never_retried(
     started = time.monotonic()
     with pytest.raises(OpenSearchUnavailable, match="timed out") as late:
         engine.search("kong", None, None, 3, 0.2)
-    assert late.value.kind == "timeout"
+    assert late.value.reason == "timeout"
     assert time.monotonic() - started < 1.5
 
 
@@ -295,18 +296,18 @@ def test_healthy_is_false_when_down_and_never_raises(
             assert not dead.healthy(0.5)
             with pytest.raises(OpenSearchUnavailable, match="connection failed") as refused:
                 dead.bulk_delete(["00" * 32])
-            assert refused.value.kind == "connection"
+            assert refused.value.reason == "transport"
 
 
 def test_engine_from_settings():
-    assert engine_from_settings(Settings.from_env({})) is None
+    assert engine_from_settings(Settings.from_env({}).opensearch) is None
     env = {
         "POIMEN_OPENSEARCH_URL": "http://127.0.0.1:9",
         "POIMEN_OPENSEARCH_INDEX": "x",
         "POIMEN_OPENSEARCH_TIMEOUT_S": "0.7",
         "POIMEN_OPENSEARCH_BULK_TIMEOUT_S": "9",
     }
-    engine = engine_from_settings(Settings.from_env(env))
+    engine = engine_from_settings(Settings.from_env(env).opensearch)
     assert engine is not None
     with engine:
         assert (engine.index, engine.timeout_s, engine.bulk_timeout_s) == ("x", 0.7, 9.0)

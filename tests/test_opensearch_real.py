@@ -27,7 +27,8 @@ pytestmark = [
 @pytest.fixture
 def engine() -> Iterator[OpenSearchEngine]:
     # A throwaway index, so the test never touches a configured one.
-    settings = replace(Settings.from_env(), opensearch_index=f"poimen-test-{uuid.uuid4().hex[:8]}")
+    base = Settings.from_env()
+    settings = replace(base.opensearch, index=f"poimen-test-{uuid.uuid4().hex[:8]}")
     engine = engine_from_settings(settings)
     assert engine is not None
     try:
@@ -45,8 +46,9 @@ def test_reindex_then_search_ranks_a_poimen_node_first(
     assert total is not None and reindex(conn, engine, progress=False) == total[0]
     hits = engine.search("kong body buffer", "poimen", None, 5, 5.0)
     assert hits
-    ids = dict(conn.execute(q("ids_for_sha256"), {"shas": [bytes.fromhex(hits[0].sha256)]}))
-    [node_id] = ids.values()
+    [(node_id, _)] = conn.execute(
+        q("ids_for_sha256"), {"shas": [bytes.fromhex(hits[0].sha256)]}
+    ).fetchall()
     row = conn.execute(
         "SELECT p.name, n.text FROM memory.nodes n JOIN memory.projects p "
         "ON p.id = n.project_id WHERE n.id = %s",

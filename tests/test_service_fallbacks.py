@@ -190,8 +190,8 @@ def test_embedder_failure_falls_back_to_lexical_only(
         body = query(client, query=KONG, limit=10)
     assert body["plan"]["optimizer_strategy"] == "Hybrid"
     assert body["search_strategy"] == "LexicalOnly"
-    assert degraded(body, "embed") == ["http_status"]
-    assert "embedder unavailable (http_status): fell back to LexicalOnly" in body["notes"]
+    assert degraded(body, "embed") == ["http_500"]
+    assert "embedder unavailable (http_500): fell back to LexicalOnly" in body["notes"]
     results = body["results"]
     assert results and results[0]["source"] == "poimen:mem:1"
     assert all(r["query_score"] is None and r["semantic_rank"] is None for r in results)
@@ -387,7 +387,7 @@ def fused_order(url: str, embedder: LocalEmbedder, **params: Any) -> list[str]:
         ({"delay_s": 5.0}, {"POIMEN_RERANK_TIMEOUT_S": "0.3"}, 5, "timeout", 0.8),
         # A short request deadline: the rerank gives up in time to still answer.
         ({"delay_s": 5.0}, {}, 1, "timeout", 1.2),
-        ({"fail_status": 500}, {}, 5, "http_status", 0.8),
+        ({"fail_status": 500}, {}, 5, "http_500", 0.8),
         ({"malformed": True}, {}, 5, "bad_response", 0.8),
     ],
 )

@@ -26,7 +26,7 @@ ERROR_KEYS = {"error", "detail", "context", "hint"}  # the Error schema's proper
 
 
 def make_app(env: Mapping[str, str], embedder: Embedder | None = None) -> Any:
-    return create_app(Settings.from_env(env), env=env, embedder=embedder)
+    return create_app(Settings.from_env(env), embedder=embedder)
 
 
 @pytest.fixture
@@ -361,7 +361,7 @@ def test_healthz_flags_an_embedding_model_mismatch(fixture_url: str, embedder: A
     with psycopg.connect(fixture_url, autocommit=True) as conn:
         conn.execute("UPDATE memory.embedding_model SET model = 'another-384-dim-model'")
     env = {"POIMEN_DATABASE_URL": fixture_url}
-    with TestClient(create_app(Settings.from_env(env), env=env, embedder=embedder)) as client:
+    with TestClient(create_app(Settings.from_env(env), embedder=embedder)) as client:
         body = client.get("/healthz").json()
     assert body["checks"]["embedder"]["ok"] is False
     assert body["checks"]["embedder"]["error"] == "model_mismatch"

@@ -18,7 +18,7 @@ from doubles.embedding_server import EmbeddingServer, run_embedding_server
 from doubles.rerank_server import RerankServer, run_rerank_server
 from poimen_memory.db.connect import connect
 from poimen_memory.embedders.local import LocalEmbedder
-from poimen_memory.settings import Settings
+from poimen_memory.retrieval.policy import read_policy
 from service_client import KONG, query, serve
 
 CASCADE = "kong buffer incidents in 2024"  # a year: routes LexicalFirst
@@ -145,7 +145,8 @@ def test_hybrid_fuses_both_legs(client: TestClient, fixture_url: str) -> None:
     finals = [r["final_score"] for r in results]
     assert finals == sorted(finals, reverse=True)
     assert all(r["rerank_score"] is None for r in results)
-    k = Settings().rrf_k
+    with connect(fixture_url) as conn:
+        k = read_policy(conn).rrf_k
     for r in results:
         expected = sum(1 / (k + rank) for rank in (r["semantic_rank"], r["lexical_rank"]) if rank)
         assert r["final_score"] == pytest.approx(expected)
@@ -171,7 +172,8 @@ def test_default_fusion_is_lexical_leaning_convex(client: TestClient, fixture_ur
             ).fetchall()
         )
     lex_norm = _minmax(lexical)
-    w = Settings().dense_weight
+    with connect(fixture_url) as conn:
+        w = read_policy(conn).dense_weight
     assert w == pytest.approx(0.4)
     for r in results:
         lex_part = (1 - w) * lex_norm.get(r["sha256"], 0.0)
@@ -263,7 +265,7 @@ def test_convex_cascade_blends_cosine_and_bm25_over_the_lexical_ids(
             "JOIN memory.nodes n ON n.id = b.node_id",
             (embedder.embed_query(CASCADE), [r[0] for r in lex]),
         ).fetchall()
-    w = Settings().dense_weight
+        w = read_policy(conn).dense_weight
     lex_n, cos_n = _minmax({r[1]: r[2] for r in lex}), _minmax(dict(cos))
     expected = {sha: w * cos_n[sha] + (1 - w) * lex_n[sha] for sha in lex_n}
     for r in results:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 
 class PoimenError(Exception):
     """Base class: every error carries a stable code, a detail and a hint."""
@@ -16,6 +14,7 @@ class PoimenError(Exception):
         self.message = message
         self.detail = detail
         self.hint = hint
+        self.sqlstate: str | None = None
 
     def to_json(self) -> dict[str, str]:
         body = {"error": self.code, "detail": self.message}
@@ -59,44 +58,118 @@ class IngestError(PoimenError):
     http_status = 400
 
 
-@dataclass(frozen=True)
-class SqlStateRule:
-    error: type[PoimenError]
-    code: str
-    http_status: int
+class ConfigError(PoimenError, ValueError):
+    """A setting (environment variable) has an unusable value; the message names it."""
+
+    code = "config_error"
 
 
-# The single SQLSTATE -> (exception, API code, HTTP status) table. Codes in class PM are
-# raised by our own SQL functions (see sql/); others come from PostgreSQL itself.
-SQLSTATE_TABLE: dict[str, SqlStateRule] = {
-    "PM404": SqlStateRule(UnknownProject, "unknown_project", 404),
-    "PM409": SqlStateRule(PoimenError, "embedding_model_mismatch", 409),
-    "PM412": SqlStateRule(PoimenError, "embedding_not_configured", 412),
-    "22023": SqlStateRule(ValidationError, "invalid_parameter", 400),
-    "22P02": SqlStateRule(ValidationError, "invalid_parameter", 400),
-    "22000": SqlStateRule(ValidationError, "invalid_parameter", 400),
-    "57014": SqlStateRule(DeadlineExceeded, "timeout", 503),
-    "57P01": SqlStateRule(DatabaseUnavailable, "database_unavailable", 503),
-    "53300": SqlStateRule(DatabaseUnavailable, "database_unavailable", 503),
-}
-SQLSTATE_CLASS_TABLE: dict[str, SqlStateRule] = {
-    "08": SqlStateRule(DatabaseUnavailable, "database_unavailable", 503),
-    "53": SqlStateRule(DatabaseUnavailable, "database_unavailable", 503),
+class EmbeddingModelMismatch(PoimenError):
+    code = "embedding_model_mismatch"
+    http_status = 409
+
+
+class EmbeddingNotConfigured(PoimenError):
+    code = "embedding_not_configured"
+    http_status = 412
+
+
+class ComponentUnavailable(PoimenError):
+    """A part of the database install is missing on this host (PM503: the PL/Python module)."""
+
+    code = "component_unavailable"
+    http_status = 503
+
+
+class UpstreamUnavailable(PoimenError):
+    """An upstream server (embedder, reranker, OpenSearch) gave no usable answer.
+
+    ``reason`` is one short stable tag, the same vocabulary for every upstream, used in
+    ``degraded`` entries, logs and metrics: ``timeout``, ``transport`` (refused, reset, DNS),
+    ``http_status`` (with ``status``), ``bad_response``, ``model`` (local model files),
+    ``deadline`` (no time left to try). The message is for humans and names the URL.
+    """
+
+    code = "upstream_unavailable"
+    http_status = 503
+    upstream = "upstream"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        status: int | None = None,
+        detail: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, detail=detail, hint=hint)
+        self.reason = reason
+        self.status = status
+
+    @property
+    def tag(self) -> str:
+        """``reason``, with the status folded in (``http_503``) where there is one."""
+        return (
+            f"http_{self.status}" if self.reason == "http_status" and self.status else self.reason
+        )
+
+
+class EmbeddingUnavailable(UpstreamUnavailable):
+    code = "embedding_service_unavailable"
+    upstream = "embedder"
+
+
+class EmbeddingModelError(EmbeddingUnavailable):
+    """The local model or tokenizer file is missing or fails its sha256 check: permanent, so
+    the service loads the embedder at start-up and refuses to start instead."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="model")
+
+
+class RerankUnavailable(UpstreamUnavailable):
+    code = "rerank_unavailable"
+    upstream = "reranker"
+
+
+class OpenSearchUnavailable(UpstreamUnavailable):
+    code = "opensearch_unavailable"
+    upstream = "opensearch"
+
+
+class DatabaseError(PoimenError):
+    """A database error the table below does not name."""
+
+    code = "database_error"
+
+
+# The single SQLSTATE -> error class table; each class carries its API code and HTTP status.
+# Codes in class PM are raised by our own SQL functions (see sql/); the rest are
+# PostgreSQL's own. A full code wins over its two-letter class.
+SQLSTATE_TABLE: dict[str, type[PoimenError]] = {
+    "PM404": UnknownProject,
+    "PM409": EmbeddingModelMismatch,
+    "PM412": EmbeddingNotConfigured,
+    "PM503": ComponentUnavailable,
+    "22023": ValidationError,
+    "22P02": ValidationError,
+    "22000": ValidationError,
+    "57014": DeadlineExceeded,
+    "57P01": DatabaseUnavailable,
+    "53300": DatabaseUnavailable,
+    "08": DatabaseUnavailable,
+    "53": DatabaseUnavailable,
 }
 
 
 def from_sqlstate(
     sqlstate: str | None, message: str, detail: str | None = None, hint: str | None = None
 ) -> PoimenError:
-    """Translate a database error into our typed error with the mapped code and status."""
-    rule = None
+    """Translate a database error into our typed error (unknown codes: `DatabaseError`)."""
+    cls: type[PoimenError] = DatabaseError
     if sqlstate:
-        rule = SQLSTATE_TABLE.get(sqlstate) or SQLSTATE_CLASS_TABLE.get(sqlstate[:2])
-    if rule is None:
-        err = PoimenError(message, detail=detail, hint=hint)
-        err.code = "database_error"
-        return err
-    err = rule.error(message, detail=detail, hint=hint)
-    err.code = rule.code
-    err.http_status = rule.http_status
+        cls = SQLSTATE_TABLE.get(sqlstate) or SQLSTATE_TABLE.get(sqlstate[:2]) or DatabaseError
+    err = cls(message, detail=detail, hint=hint)
+    err.sqlstate = sqlstate
     return err

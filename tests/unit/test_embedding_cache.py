@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from doubles.embedding_server import run_embedding_server
-from poimen_memory.embedders.base import EmbeddingConfigError, EmbeddingUnavailable
 from poimen_memory.embedders.cache import QueryEmbeddingCache
 from poimen_memory.embedders.remote import RemoteEmbedder
+from poimen_memory.errors import ConfigError, EmbeddingUnavailable
+from poimen_memory.settings import Settings
 
 NOMIC = "nomic-ai/nomic-embed-text-v2-moe"
 
@@ -118,7 +119,14 @@ def test_clear_and_len() -> None:
 
 
 def test_from_env() -> None:
-    assert QueryEmbeddingCache.from_env({}).max_entries == 1024
-    assert QueryEmbeddingCache.from_env({"POIMEN_EMBED_CACHE_SIZE": "7"}).max_entries == 7
-    with pytest.raises(EmbeddingConfigError):
-        QueryEmbeddingCache.from_env({"POIMEN_EMBED_CACHE_SIZE": "-1"})
+    assert QueryEmbeddingCache(Settings.from_env({}).embedding.cache_size).max_entries == 1024
+    assert (
+        QueryEmbeddingCache(
+            Settings.from_env({"POIMEN_EMBED_CACHE_SIZE": "7"}).embedding.cache_size
+        ).max_entries
+        == 7
+    )
+    with pytest.raises(ConfigError):
+        QueryEmbeddingCache(
+            Settings.from_env({"POIMEN_EMBED_CACHE_SIZE": "-1"}).embedding.cache_size
+        )

@@ -19,11 +19,10 @@ import pytest
 
 from poimen_memory.embedders.base import (
     Embedder,
-    EmbeddingConfigError,
     EmbeddingModelError,
     EmbeddingUnavailable,
-    embedder_from_env,
 )
+from poimen_memory.embedders.factory import build_embedder
 from poimen_memory.embedders.local import (
     LOCAL_DIM,
     LOCAL_MODEL_NAME,
@@ -33,6 +32,8 @@ from poimen_memory.embedders.local import (
     sha256_file,
 )
 from poimen_memory.embedders.remote import RemoteEmbedder
+from poimen_memory.errors import ConfigError
+from poimen_memory.settings import Settings
 
 REFERENCE: dict[str, Any] = json.loads(
     (Path(__file__).parent / "data" / "minilm_reference.json").read_text()
@@ -174,12 +175,16 @@ async def test_aembed_query_deadline(embedder: LocalEmbedder) -> None:
 
 
 def test_from_env_and_factory() -> None:
-    local = embedder_from_env({"POIMEN_EMBED_THREADS": "1", "POIMEN_EMBED_BATCH_SIZE": "8"})
+    local = build_embedder(
+        Settings.from_env({"POIMEN_EMBED_THREADS": "1", "POIMEN_EMBED_BATCH_SIZE": "8"}).embedding
+    )
     assert isinstance(local, LocalEmbedder)
     assert (local.threads, local.batch_size, local.loaded) == (1, 8, False)
-    remote = embedder_from_env({"POIMEN_EMBEDDINGS_URL": "http://127.0.0.1:9"})
+    remote = build_embedder(
+        Settings.from_env({"POIMEN_EMBEDDINGS_URL": "http://127.0.0.1:9"}).embedding
+    )
     assert isinstance(remote, RemoteEmbedder)
-    with pytest.raises(EmbeddingConfigError, match="POIMEN_EMBED_THREADS"):
-        embedder_from_env({"POIMEN_EMBED_THREADS": "many"})
-    with pytest.raises(EmbeddingConfigError, match="POIMEN_EMBED_BATCH_SIZE"):
-        embedder_from_env({"POIMEN_EMBED_BATCH_SIZE": "0"})
+    with pytest.raises(ConfigError, match="POIMEN_EMBED_THREADS"):
+        build_embedder(Settings.from_env({"POIMEN_EMBED_THREADS": "many"}).embedding)
+    with pytest.raises(ConfigError, match="POIMEN_EMBED_BATCH_SIZE"):
+        build_embedder(Settings.from_env({"POIMEN_EMBED_BATCH_SIZE": "0"}).embedding)

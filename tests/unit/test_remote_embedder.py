@@ -12,16 +12,17 @@ import pytest
 from doubles.embedding_server import run_embedding_server
 from poimen_memory.embedders.base import (
     Embedder,
-    EmbeddingConfigError,
     EmbeddingUnavailable,
-    embedder_from_env,
 )
+from poimen_memory.embedders.factory import build_embedder
 from poimen_memory.embedders.remote import (
     RemoteEmbedder,
     embeddings_endpoint,
     known_dim,
     prefixes_for_model,
 )
+from poimen_memory.errors import ConfigError
+from poimen_memory.settings import Settings
 
 NOMIC = "nomic-ai/nomic-embed-text-v2-moe"
 TEXTS = ["alpha beta", "gamma delta", "epsilon zeta eta", "theta", "iota kappa lambda mu"]
@@ -108,7 +109,7 @@ def test_prefix_table_and_env_overrides() -> None:
         "POIMEN_EMBEDDINGS_QUERY_PREFIX": "",
         "POIMEN_EMBEDDINGS_DOCUMENT_PREFIX": "doc: ",
     }
-    embedder = RemoteEmbedder.from_env(env)
+    embedder = RemoteEmbedder.from_settings(Settings.from_env(env).embedding)
     assert embedder.model_name == NOMIC
     assert (embedder.query_prefix, embedder.document_prefix) == ("", "doc: ")
 
@@ -242,8 +243,8 @@ async def test_injected_clients_are_used_and_left_open() -> None:
     with run_embedding_server() as server:
         async with httpx.AsyncClient() as shared_async:
             with httpx.Client() as shared_sync:
-                embedder = embedder_from_env(
-                    {"POIMEN_EMBEDDINGS_URL": server.url + "/v1"},
+                embedder = build_embedder(
+                    Settings.from_env({"POIMEN_EMBEDDINGS_URL": server.url + "/v1"}).embedding,
                     client=shared_sync,
                     async_client=shared_async,
                 )
@@ -280,19 +281,25 @@ def test_from_env_settings() -> None:
         "POIMEN_EMBEDDINGS_TIMEOUT_S": "2.5",
         "POIMEN_EMBEDDINGS_RETRIES": "0",
     }
-    embedder = RemoteEmbedder.from_env(env)
+    embedder = RemoteEmbedder.from_settings(Settings.from_env(env).embedding)
     assert (embedder.model_name, embedder.dim, embedder.timeout_s) == ("my-model", 256, 2.5)
     assert embedder.max_retries == 0
     assert embedder.endpoint == "http://127.0.0.1:9/v1/embeddings"
     assert known_dim(NOMIC) == 768
-    with pytest.raises(EmbeddingConfigError, match="POIMEN_EMBEDDINGS_DIM"):
-        RemoteEmbedder.from_env(
-            {"POIMEN_EMBEDDINGS_URL": "http://h", "POIMEN_EMBEDDINGS_MODEL": "x"}
+    with pytest.raises(ConfigError, match="POIMEN_EMBEDDINGS_DIM"):
+        RemoteEmbedder.from_settings(
+            Settings.from_env(
+                {"POIMEN_EMBEDDINGS_URL": "http://h", "POIMEN_EMBEDDINGS_MODEL": "x"}
+            ).embedding
         )
-    with pytest.raises(EmbeddingConfigError, match="TIMEOUT"):
-        RemoteEmbedder.from_env({**env, "POIMEN_EMBEDDINGS_TIMEOUT_S": "0"})
-    with pytest.raises(EmbeddingConfigError, match="http"):
-        RemoteEmbedder.from_env({**env, "POIMEN_EMBEDDINGS_URL": "h:8080"})
+    with pytest.raises(ConfigError, match="TIMEOUT"):
+        RemoteEmbedder.from_settings(
+            Settings.from_env({**env, "POIMEN_EMBEDDINGS_TIMEOUT_S": "0"}).embedding
+        )
+    with pytest.raises(ConfigError, match="http"):
+        RemoteEmbedder.from_settings(
+            Settings.from_env({**env, "POIMEN_EMBEDDINGS_URL": "h:8080"}).embedding
+        )
 
 
 @pytest.mark.anyio

@@ -12,15 +12,16 @@ import httpx
 import pytest
 
 from doubles.rerank_server import RerankServer, run_rerank_server, word_overlap
-from poimen_memory.embedders.base import EmbeddingConfigError
+from poimen_memory.errors import ConfigError
+from poimen_memory.settings import Settings
 from poimen_memory.upstreams.rerank import (
     RerankClient,
     RerankResult,
     RerankUnavailable,
+    build_reranker,
     detect_scale,
     normalise_scores,
     rerank_endpoint,
-    reranker_from_env,
 )
 
 QUERY = "red apple pie recipe"
@@ -240,7 +241,9 @@ async def test_no_documents_means_no_call(server: RerankServer) -> None:
 @pytest.mark.anyio
 async def test_shared_client_is_left_open(server: RerankServer) -> None:
     async with httpx.AsyncClient() as shared:
-        reranker = reranker_from_env({"POIMEN_RERANK_URL": server.url}, client=shared)
+        reranker = build_reranker(
+            Settings.from_env({"POIMEN_RERANK_URL": server.url}).rerank, client=shared
+        )
         assert reranker is not None
         await reranker.arerank(QUERY, DOCS)
         await reranker.aclose()
@@ -261,8 +264,8 @@ def test_endpoint_rules(given: str, endpoint: str) -> None:
 
 
 def test_factory_and_env() -> None:
-    assert reranker_from_env({}) is None
-    assert reranker_from_env({"POIMEN_RERANK_URL": "  "}) is None
+    assert build_reranker(Settings.from_env({}).rerank) is None
+    assert build_reranker(Settings.from_env({"POIMEN_RERANK_URL": "  "}).rerank) is None
     env = {
         "POIMEN_RERANK_URL": "http://h:8080/rerank",
         "POIMEN_RERANK_MODEL": "m",
@@ -270,7 +273,7 @@ def test_factory_and_env() -> None:
         "POIMEN_RERANK_SCORE_SCALE": "percent",
         "POIMEN_RERANK_TIMEOUT_S": "1.5",
     }
-    reranker = reranker_from_env(env)
+    reranker = build_reranker(Settings.from_env(env).rerank)
     assert reranker is not None
     assert (reranker.endpoint, reranker.model, reranker.dialect) == (
         "http://h:8080/rerank",
@@ -278,7 +281,7 @@ def test_factory_and_env() -> None:
         "tei",
     )
     assert (reranker.score_scale, reranker.timeout_s) == ("percent", 1.5)
-    with pytest.raises(EmbeddingConfigError, match="DIALECT"):
-        reranker_from_env({**env, "POIMEN_RERANK_DIALECT": "openai"})
-    with pytest.raises(EmbeddingConfigError, match="SCORE_SCALE"):
-        reranker_from_env({**env, "POIMEN_RERANK_SCORE_SCALE": "zscore"})
+    with pytest.raises(ConfigError, match="DIALECT"):
+        build_reranker(Settings.from_env({**env, "POIMEN_RERANK_DIALECT": "openai"}).rerank)
+    with pytest.raises(ConfigError, match="SCORE_SCALE"):
+        build_reranker(Settings.from_env({**env, "POIMEN_RERANK_SCORE_SCALE": "zscore"}).rerank)

@@ -212,7 +212,7 @@ def _http_texts(n: int, seed: int) -> list[str]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from poimen_memory.cli.main import _url
+    from poimen_memory.db.connect import database_url
 
     if args.nodes < 100 or args.queries < 1 or not 1 <= args.dim <= 2000:
         print(
@@ -220,13 +220,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
         return 2
     s = Settings.from_env()
-    server_url = _url(s)
+    server_url = database_url(s, start=True)
     embedder: Any = None
     model = f"synthetic-{args.dim}"
     if not args.no_http or args.ingest_nodes:
-        from poimen_memory.embedders.base import embedder_from_env
+        from poimen_memory.embedders.factory import build_embedder
 
-        embedder = embedder_from_env(os.environ)
+        embedder = build_embedder(s.embedding)
         if embedder.dim == args.dim:
             model = embedder.model_name
         else:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
-import os
 import random
 import sys
 import time
@@ -21,15 +21,16 @@ from poimen_lab.eval.runner import DEEP_PATHS, MODES, Corpus, Outcome, Runner
 from poimen_lab.eval.scores import EVIDENCE_KS, score_mode
 from poimen_lab.measures import percentile
 from poimen_lab.report import bar_chart, category_table, modes_table, table
-from poimen_memory.db.connect import configure_async, connect
+from poimen_memory.db.connect import connect, database_url
 from poimen_memory.db.migrate import migrate
 from poimen_memory.db.queries import q
-from poimen_memory.embedders.base import Embedder, embedder_from_env
-from poimen_memory.embedders.cache import QueryEmbeddingCache
+from poimen_memory.embedders.base import Embedder
+from poimen_memory.embedders.factory import build_embedder
 from poimen_memory.ingest.nodes import NodeRecord
 from poimen_memory.ingest.writer import ingest
 from poimen_memory.progress import Progress
-from poimen_memory.retrieval.pipeline import LEVELS, Retriever
+from poimen_memory.retrieval.pipeline import LEVELS
+from poimen_memory.retrieval.policy import aread_policy, read_policy
 from poimen_memory.settings import Settings
 
 DEFAULT_MODES = ("lexical", "semantic", "exact", "hybrid", "hybrid-convex", "cascade", "auto")
@@ -123,9 +124,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def _url(s: Settings) -> str:
-    from poimen_memory.cli.main import _url as cli_url
-
-    return cli_url(s)
+    return database_url(s, start=True)
 
 
 def _corpus(conn: psycopg.Connection[Any], records: list[NodeRecord]) -> Corpus:
@@ -194,30 +193,29 @@ async def _run_all(
     args: argparse.Namespace,
     levels: tuple[str, ...],
 ) -> dict[str, dict[str, Outcome]]:
-    import httpx
-    from psycopg_pool import AsyncConnectionPool
+    from dataclasses import replace
 
-    from poimen_memory.upstreams.rerank import reranker_from_env
+    from poimen_memory.services import open_services
 
+    small = replace(s, pool_min=2, pool_max=4, embedding=replace(s.embedding, cache_size=0))
+    # The one wiring function, twice: without the reranker, and (for hybrid-rerank) with it.
     async with (
-        AsyncConnectionPool(
-            url, min_size=2, max_size=4, configure=configure_async, kwargs={"autocommit": True}
-        ) as pool,
-        httpx.AsyncClient() as http,
+        open_services(small, url=url, embedder=embedder, rerank=False, wait=True) as svc,
+        open_services(small, url=url, embedder=embedder, wait=True) as with_rerank,
     ):
-        cache = QueryEmbeddingCache(max_entries=0)
-        retriever = Retriever(pool, embedder, cache, s)
-        reranker = reranker_from_env(os.environ, client=http)
-        rr = Retriever(pool, embedder, cache, s, reranker=reranker) if reranker else None
+        async with svc.pool.connection() as conn:
+            policy = await aread_policy(conn)
+        rr = with_rerank.retriever if with_rerank.reranker else None
         runner = Runner(
-            pool,
+            svc.pool,
             embedder,
             s,
             corpus,
             levels=levels,
             limit=args.limit,
             depth=args.depth,
-            retriever=retriever,
+            retriever=svc.retriever,
+            policy=policy,
             rerank_retriever=rr,
         )
         ev_k = max(EVIDENCE_KS) if args.evidence else 0
@@ -258,17 +256,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not 1 <= args.limit <= s.max_limit:
         print(f"error: --limit must be 1..{s.max_limit}", file=sys.stderr)
         return 2
-    rerank = bool(os.environ.get("POIMEN_RERANK_URL"))
+    rerank = s.rerank.url is not None
     modes: list[str] = args.modes or [*DEFAULT_MODES, *(["hybrid-rerank"] if rerank else [])]
     if "hybrid-rerank" in modes and not rerank:
         print("warning: hybrid-rerank skipped: POIMEN_RERANK_URL is not set", file=sys.stderr)
         modes.remove("hybrid-rerank")
     levels: tuple[str, ...] = args.levels or (("L0",) if args.evidence else LEVELS)
-    embedder = embedder_from_env(os.environ)
+    embedder = build_embedder(s.embedding)
     url = _url(s)
     with connect(url, autocommit=True) as conn:
         ingest_info = _ingest(conn, data, embedder, s, args.embed_sample, args.quiet)
         corpus = _corpus(conn, data.records)
+        policy = read_policy(conn)
     if not args.quiet:
         print(f"ingest: {json.dumps(ingest_info)}", file=sys.stderr)
     outcomes = asyncio.run(_run_all(url, s, embedder, corpus, data, modes, args, levels))
@@ -298,7 +297,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         with connect(url, autocommit=True) as conn:
             extra = run_extras(
-                conn, embedder, corpus, data, levels, args, default=default_config(s)
+                conn, embedder, corpus, data, levels, args, default=default_config(policy)
             )
         result["modes"].update(extra.pop("modes", {}))
     result.update(
@@ -312,11 +311,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 "levels": list(levels),
                 "limit": args.limit,
                 "depth": args.depth,
-                "rrf_k": s.rrf_k,
-                "default_fusion": s.default_fusion,
-                "dense_weight": s.dense_weight,
-                "candidates": s.candidates,
-                "cascade_candidates": s.cascade_candidates,
+                "policy": dataclasses.asdict(policy),
                 "embedder": embedder.model_name,
                 "evidence_ks": list(EVIDENCE_KS),
             },

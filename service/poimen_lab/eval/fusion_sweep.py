@@ -196,15 +196,11 @@ def sweep(
     }
 
 
-def default_config(settings: Any) -> dict[str, Any]:
-    """The service's fusion defaults as a sweep configuration."""
-    if settings.default_fusion == "convex":
-        return {
-            "method": "convex",
-            "dense_weight": settings.dense_weight,
-            "depth": settings.candidates,
-        }
-    return {"method": "rrf", "k": settings.rrf_k, "depth": settings.candidates}
+def default_config(policy: Any) -> dict[str, Any]:
+    """The database's fusion policy (memory.policy()) as a sweep configuration."""
+    if policy.fusion == "convex":
+        return {"method": "convex", "dense_weight": policy.dense_weight, "depth": policy.candidates}
+    return {"method": "rrf", "k": policy.rrf_k, "depth": policy.candidates}
 
 
 def paired(a: Sequence[float], b: Sequence[float], *, resamples: int = 2000) -> dict[str, float]:

@@ -7,8 +7,8 @@ behind recall@100, which the Retriever cannot give because POIMEN_MAX_LIMIT caps
 - lexical: Retriever, LexicalOnly; memory.lexical_search(k=100).
 - semantic: Retriever, SemanticOnly; memory.semantic_search(k=100).
 - hybrid / hybrid-convex: Retriever, Hybrid, fusion rrf / convex; lexical_search and
-  semantic_search at max(candidates, 100), then memory.fuse(final_k=100) with the
-  service's weights (rrf: 1 and 1, k=POIMEN_RRF_K; convex: POIMEN_DENSE_WEIGHT and 1 - it).
+  semantic_search at max(candidates, 100), then memory.fuse_legs(final_k=100) at the
+  database's policy (memory.policy(): RRF k, dense weight), as the service fuses.
 - cascade: Retriever, LexicalFirst (fusion as the service defaults); lexical_search(k=
   cascade_candidates), then memory.search_by_ids: its first 100 (classic cascade), or all
   of them blended with the BM25 scores by memory.fuse(convex) (convex cascade).
@@ -36,6 +36,7 @@ from poimen_memory.db.queries import q
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import PoimenError
 from poimen_memory.retrieval.pipeline import QueryRequest, Retriever
+from poimen_memory.retrieval.policy import Policy
 from poimen_memory.settings import Settings
 
 
@@ -116,9 +117,11 @@ class Runner:
         limit: int,
         depth: int,
         retriever: Retriever,
+        policy: Policy,
         rerank_retriever: Retriever | None = None,
     ) -> None:
         self.pool, self.embedder, self.settings, self.corpus = pool, embedder, settings, corpus
+        self.policy = policy
         self.levels, self.limit, self.depth = levels, limit, depth
         self.retriever, self.rerank_retriever = retriever, rerank_retriever
         self._vectors: dict[str, np.ndarray[Any, Any]] = {}
@@ -212,7 +215,7 @@ class Runner:
     ) -> list[str]:
         """The depth-``depth`` ranking of a mode through the stage SQL functions, fused the
         way the response says the service fused it (``fusion``)."""
-        d, s = self.depth, self.settings
+        d, s = self.depth, self.policy
         base = {"project": query.project, "levels": list(self.levels)}
         if mode_name == "exact" or strategy == "SemanticOnly":
             name = "exact_search" if mode_name == "exact" else "semantic_search"
@@ -225,7 +228,7 @@ class Runner:
         vec = await self.vector(query)
         mode = MODES[mode_name]
         if fusion not in ("rrf", "convex", "cascade", "cascade+convex"):
-            fusion = mode.fusion or s.default_fusion  # no results to read it from
+            fusion = mode.fusion or s.fusion  # no results to read it from
         if strategy == "LexicalFirst":
             lex = await self._rows(
                 "lexical_search", {**base, "query": query.text, "k": s.cascade_candidates}
@@ -238,37 +241,32 @@ class Runner:
             )
             if not convex:
                 return self._ext([r[0] for r in sem])
-            rows = await self._fuse(sem, lex, "convex", d)
-            return self._ext([r[0] for r in rows if r[1][0] is not None])
+            rows = await self._fuse(sem, lex, "LexicalFirst", "convex", d)
+            return self._ext([r[0] for r in rows])
         depth = max(s.candidates, d)
         lex = await self._rows("lexical_search", {**base, "query": query.text, "k": depth})
         sem = await self._rows(
             "semantic_search", {**base, "embedding": vec, "k": depth, "ef_search": None}
         )
-        rows = await self._fuse(sem, lex, "convex" if fusion == "convex" else "rrf", d)
+        rows = await self._fuse(sem, lex, "Hybrid", "convex" if fusion == "convex" else "rrf", d)
         return self._ext([r[0] for r in rows])
 
     async def _fuse(
         self,
         sem: Sequence[tuple[Any, ...]],
         lex: Sequence[tuple[Any, ...]],
-        method: str,
+        strategy: str,
+        fusion: str,
         final_k: int,
     ) -> list[tuple[Any, ...]]:
-        """memory.fuse with the service's weights: rrf 1 and 1; convex the dense weight."""
-        w = self.settings.dense_weight if method == "convex" else 1.0
-        lists = [
-            {"ids": [r[0] for r in sem], "scores": [r[2] for r in sem], "weight": w},
-            {
-                "ids": [r[0] for r in lex],
-                "scores": [r[2] for r in lex],
-                "weight": 1.0 - w if method == "convex" else 1.0,
-            },
-        ]
+        """memory.fuse_legs, the function the service fuses with, at the policy's weights."""
         params = {
-            "lists": json.dumps(lists),
-            "method": method,
-            "k": self.settings.rrf_k,
+            "semantic": json.dumps({"ids": [r[0] for r in sem], "scores": [r[2] for r in sem]}),
+            "lexical": json.dumps({"ids": [r[0] for r in lex], "scores": [r[2] for r in lex]}),
+            "strategy": strategy,
+            "fusion": fusion,
+            "dense_weight": self.policy.dense_weight,
+            "k": self.policy.rrf_k,
             "final_k": final_k,
         }
-        return await self._rows("fuse", params)
+        return await self._rows("fuse_legs", params)

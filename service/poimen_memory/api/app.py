@@ -7,15 +7,10 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
-import os
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -23,30 +18,18 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from poimen_memory.api.openapi import openapi_spec
-from poimen_memory.db.connect import configure_async, connect, database_url, translate
+from poimen_memory.api.params import parse_query
+from poimen_memory.db.connect import connect
 from poimen_memory.db.queries import q
-from poimen_memory.embedders.base import Embedder, embedder_from_env
-from poimen_memory.embedders.cache import QueryEmbeddingCache
-from poimen_memory.errors import DatabaseUnavailable, PoimenError, ValidationError
+from poimen_memory.db.wrap import translate
+from poimen_memory.embedders.base import Embedder
+from poimen_memory.errors import PoimenError, ValidationError
 from poimen_memory.ingest.nodes import parse_lines
 from poimen_memory.ingest.writer import ingest
-from poimen_memory.retrieval.pipeline import LEVELS, QueryRequest, Retriever
+from poimen_memory.services import Services, open_services
 from poimen_memory.settings import Settings
-from poimen_memory.upstreams.rerank import RerankClient, reranker_from_env
 
 log = logging.getLogger("poimen_memory")
-
-
-@dataclass
-class State:
-    settings: Settings
-    url: str
-    pool: AsyncConnectionPool[Any]
-    embedder: Embedder | None
-    cache: QueryEmbeddingCache
-    reranker: RerankClient | None
-    opensearch: Any | None
-    retriever: Retriever
 
 
 def _error(err: PoimenError) -> JSONResponse:
@@ -60,68 +43,20 @@ async def _poimen_error(request: Request, exc: Exception) -> JSONResponse:
     return _error(exc)
 
 
-async def _db_unavailable(request: Request, exc: Exception) -> JSONResponse:
-    return _error(DatabaseUnavailable("database unavailable", detail=str(exc)))
-
-
 async def _db_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, psycopg.Error)
     return _error(translate(exc))
 
 
-def _parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
-    query = params.get("query", "")
-    if not query.strip():
-        raise ValidationError("query is required and must not be empty")
-    if len(query) > s.max_query_chars:
-        raise ValidationError(
-            f"query is longer than {s.max_query_chars} characters",
-            hint="POIMEN_MAX_QUERY_CHARS sets the cap",
-        )
-    levels = tuple(x.strip() for x in params.get("level", "L1,L2").split(",") if x.strip())
-    if not levels or any(lv not in LEVELS for lv in levels):
-        raise ValidationError(
-            f"level must be a comma-separated subset of L0,L1,L2, got {params.get('level')!r}"
-        )
-
-    def number(name: str, default: float, lo: float, hi: float, cast: type) -> Any:
-        raw = params.get(name)
-        if raw is None or raw == "":
-            return cast(default)
-        try:
-            value = cast(raw)
-        except ValueError as exc:
-            raise ValidationError(f"{name} must be a number, got {raw!r}") from exc
-        if not math.isfinite(value):
-            raise ValidationError(f"{name} must be a finite number, got {raw!r}")
-        return cast(min(max(value, lo), hi))  # clamped, as documented
-
-    fusion = params.get("fusion") or None  # None: per question type, then POIMEN_FUSION
-    if fusion not in (None, "rrf", "convex"):
-        raise ValidationError(f"fusion must be rrf or convex, got {fusion!r}")
-    strategy = params.get("strategy") or None
-    if strategy not in (None, "LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly"):
-        raise ValidationError(f"unknown strategy {strategy!r}")
-    return QueryRequest(
-        query=query,
-        project=params.get("project") or None,
-        levels=tuple(dict.fromkeys(levels)),
-        limit=number("limit", s.default_limit, 1, s.max_limit, int),
-        timeout_s=number("timeout_seconds", s.default_timeout_s, 1, s.max_timeout_s, float),
-        fusion=fusion,
-        strategy=strategy,
-    )
-
-
 async def memory_query(request: Request) -> JSONResponse:
-    state: State = request.app.state.poimen
-    req = _parse_query(request.query_params, state.settings)
+    state: Services = request.app.state.poimen
+    req = parse_query(request.query_params, state.settings)
     return JSONResponse(await state.retriever.query(req))
 
 
 async def post_nodes(request: Request) -> JSONResponse:
     """Ingest JSON nodes (an array, or NDJSON) through the same code as the CLI."""
-    state: State = request.app.state.poimen
+    state: Services = request.app.state.poimen
     body = (await request.body()).decode("utf-8", errors="replace")
     stripped = body.lstrip()
     if stripped.startswith("["):
@@ -158,7 +93,7 @@ async def post_nodes(request: Request) -> JSONResponse:
 
 
 async def healthz(request: Request) -> JSONResponse:
-    state: State = request.app.state.poimen
+    state: Services = request.app.state.poimen
     checks: dict[str, Any] = {}
     try:
         async with state.pool.connection(timeout=2) as conn:
@@ -222,52 +157,18 @@ async def openapi(request: Request) -> JSONResponse:
     return JSONResponse(openapi_spec())
 
 
-def create_app(
-    settings: Settings | None = None,
-    env: Mapping[str, str] | None = None,
-    *,
-    embedder: Embedder | None = None,
-) -> Starlette:
-    environ = os.environ if env is None else env
-    cfg = settings or Settings.from_env(environ)
+def create_app(settings: Settings | None = None, *, embedder: Embedder | None = None) -> Starlette:
+    cfg = settings or Settings.from_env()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        url = database_url(cfg)
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            url,
-            min_size=cfg.pool_min,
-            max_size=cfg.pool_max,
-            configure=configure_async,
-            open=False,
-            kwargs={"autocommit": True},
-        )
-        await pool.open(wait=False)
-        async with contextlib.AsyncExitStack() as stack:
-            stack.push_async_callback(pool.close)
-            http = await stack.enter_async_context(httpx.AsyncClient())
-            http_sync = stack.enter_context(httpx.Client())
-            emb = embedder or embedder_from_env(environ, client=http_sync, async_client=http)
-            load = getattr(emb, "load", None)
-            if callable(load):
-                await asyncio.to_thread(load)  # fail at start-up, not on the first request
-            reranker = reranker_from_env(environ, client=http)
-            opensearch = None
-            if cfg.opensearch_url:
-                from poimen_memory.upstreams.opensearch import engine_from_settings
-
-                opensearch = engine_from_settings(cfg)
-                if opensearch is not None:
-                    stack.callback(opensearch.close)
-            cache = QueryEmbeddingCache.from_env(environ)
-            retriever = Retriever(pool, emb, cache, cfg, reranker=reranker, opensearch=opensearch)
-            app.state.poimen = State(cfg, url, pool, emb, cache, reranker, opensearch, retriever)
+        async with open_services(cfg, embedder=embedder) as services:
+            app.state.poimen = services
             yield
 
     return Starlette(
         exception_handlers={
             PoimenError: _poimen_error,
-            psycopg.OperationalError: _db_unavailable,
             psycopg.Error: _db_error,
             HTTPException: _http_error,
             Exception: _unexpected,

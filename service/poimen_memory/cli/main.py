@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
-# Before numpy/onnxruntime load: competing BLAS and ORT threads doubled query latency on 2 cores.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
 import argparse
 import json
 import sys
@@ -17,7 +12,8 @@ from typing import Any
 
 import psycopg
 
-from poimen_memory.db.connect import connect, database_url, embedded_cluster, translate
+from poimen_memory.db.connect import connect, database_url, embedded_cluster
+from poimen_memory.db.wrap import translate
 from poimen_memory.errors import PoimenError
 from poimen_memory.settings import Settings
 
@@ -28,12 +24,7 @@ def _settings() -> Settings:
 
 def _url(s: Settings) -> str:
     """The database URL, starting the embedded cluster first when none is configured."""
-    if s.database_url:
-        return s.database_url
-    cluster = embedded_cluster(s)
-    if not cluster.running():
-        cluster.start()
-    return cluster.url()
+    return database_url(s, start=True)
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -76,9 +67,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _embedder(s: Settings) -> Any:
-    from poimen_memory.embedders.base import embedder_from_env
+    from poimen_memory.embedders.factory import build_embedder
 
-    return embedder_from_env(os.environ)
+    return build_embedder(s.embedding)
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -103,7 +94,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             invalid=invalid,
             skip_invalid=args.skip_invalid,
             batch_size=args.batch or s.ingest_batch,
-            outbox=s.opensearch_url is not None,
+            outbox=s.opensearch.url is not None,
             progress=not args.quiet,
         )
     for err in report.invalid[:20]:
@@ -177,20 +168,17 @@ def cmd_query(args: argparse.Namespace) -> int:
             return 1
         print(json.dumps(body, indent=2) if args.json else render_response(body))
         return 0
+    from dataclasses import replace
+
+    from poimen_memory.retrieval.models import QueryRequest
+    from poimen_memory.services import open_services
+
     url = _url(s)
 
     async def run() -> dict[str, Any]:
-        from psycopg_pool import AsyncConnectionPool
-
-        from poimen_memory.db.connect import configure_async
-        from poimen_memory.embedders.cache import QueryEmbeddingCache
-        from poimen_memory.retrieval.pipeline import QueryRequest, Retriever
-
-        embedder = _embedder(s)
-        async with AsyncConnectionPool(
-            url, min_size=2, max_size=4, configure=configure_async, kwargs={"autocommit": True}
-        ) as pool:
-            r = Retriever(pool, embedder, QueryEmbeddingCache(), s)
+        # The same wiring as the server (reranker and OpenSearch included), on a small pool.
+        small = replace(s, pool_min=1, pool_max=4)
+        async with open_services(small, url=url, wait=True) as svc:
             req = QueryRequest(
                 query=args.text,
                 project=args.project,
@@ -199,7 +187,7 @@ def cmd_query(args: argparse.Namespace) -> int:
                 timeout_s=args.timeout,
                 fusion=args.fusion,
             )
-            return await r.query(req)
+            return await svc.retriever.query(req)
 
     resp = asyncio.run(run())
     if args.json:
@@ -210,14 +198,16 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     import uvicorn
 
     from poimen_memory.api.app import create_app
 
     s = _settings()
-    if not s.database_url:
-        os.environ["POIMEN_DATABASE_URL"] = _url(s)
-    uvicorn.run(create_app(), host=args.host, port=args.port, log_level=args.log_level)
+    # Start the embedded cluster (when no URL is configured) before serving.
+    app = create_app(replace(s, database_url=_url(s)))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 
@@ -226,7 +216,7 @@ def cmd_opensearch(args: argparse.Namespace) -> int:
     from poimen_memory.upstreams.opensearch import engine_from_settings
 
     s = _settings()
-    engine = engine_from_settings(s)
+    engine = engine_from_settings(s.opensearch)
     if engine is None:
         print("error: POIMEN_OPENSEARCH_URL is not set", file=sys.stderr)
         return 2
@@ -235,13 +225,13 @@ def cmd_opensearch(args: argparse.Namespace) -> int:
             report = sync_outbox(
                 conn,
                 engine,
-                batch_size=s.opensearch_sync_batch,
-                max_attempts=s.opensearch_max_attempts,
-                backoff_base_s=s.opensearch_backoff_s,
+                batch_size=s.opensearch.sync_batch,
+                max_attempts=s.opensearch.max_attempts,
+                backoff_base_s=s.opensearch.backoff_s,
             )
             print(report)
             return 0 if report.remaining == 0 else 4
-        n = reindex(conn, engine, batch_size=s.opensearch_sync_batch)
+        n = reindex(conn, engine, batch_size=s.opensearch.sync_batch)
         print(f"reindexed {n} nodes")
     return 0
 
@@ -299,21 +289,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except PoimenError as err:
-        print(f"error: {err.message}", file=sys.stderr)
-        if err.detail:
-            print(err.detail, file=sys.stderr)
-        if err.hint:
-            print(f"hint: {err.hint}", file=sys.stderr)
-        return 1
     except psycopg.Error as exc:
-        db_err = translate(exc)
-        print(f"error ({exc.sqlstate}): {db_err.message}", file=sys.stderr)
-        if db_err.hint:
-            print(f"hint: {db_err.hint}", file=sys.stderr)
-        return 1
+        return _report(translate(exc))
+    except PoimenError as err:
+        return _report(err)
     except KeyboardInterrupt:
         return 130
+
+
+def _report(err: PoimenError) -> int:
+    """One typed error as a few lines on stderr: what, the context, and what to do."""
+    where = f" ({err.sqlstate})" if err.sqlstate else ""
+    print(f"error{where}: {err.message}", file=sys.stderr)
+    if err.detail:
+        print(err.detail, file=sys.stderr)
+    if err.hint:
+        print(f"hint: {err.hint}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

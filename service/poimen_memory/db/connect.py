@@ -1,5 +1,5 @@
-"""Connection helpers: the database URL (explicit or the embedded cluster) and connections
-with pgvector's types registered."""
+"""Connections: the database URL (explicit or the embedded cluster), plain connections and
+the service's pool, all with pgvector's types registered."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import psycopg
 from pgvector.psycopg import register_vector, register_vector_async
+from psycopg_pool import AsyncConnectionPool
 
 from poimen_memory.db.cluster import Cluster, find_pg_bin
-from poimen_memory.errors import PoimenError, from_sqlstate
 from poimen_memory.settings import Settings
 
 
@@ -23,10 +23,14 @@ def embedded_cluster(settings: Settings) -> Cluster:
     )
 
 
-def database_url(settings: Settings) -> str:
+def database_url(settings: Settings, *, start: bool = False) -> str:
+    """The configured URL; otherwise the embedded cluster's (started first when ``start``)."""
     if settings.database_url:
         return settings.database_url
-    return embedded_cluster(settings).url()
+    cluster = embedded_cluster(settings)
+    if start and not cluster.running():
+        cluster.start()
+    return cluster.url()
 
 
 def connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
@@ -41,8 +45,15 @@ async def configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
     await register_vector_async(conn)
 
 
-def translate(exc: psycopg.Error) -> PoimenError:
-    diag = exc.diag
-    return from_sqlstate(
-        exc.sqlstate, diag.message_primary or str(exc), diag.message_detail, diag.message_hint
+def open_pool(url: str, *, min_size: int, max_size: int) -> AsyncConnectionPool[Any]:
+    """An autocommit pool (statements open their own short transactions) that checks a
+    connection before lending it, so one killed by a server restart is replaced, not used."""
+    return AsyncConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        configure=configure_async,
+        check=AsyncConnectionPool.check_connection,
+        open=False,
+        kwargs={"autocommit": True},
     )

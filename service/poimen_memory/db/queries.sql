@@ -56,23 +56,23 @@ SELECT memory.reset_embedding(%(model)s, %(dim)s);
 SELECT count(*) FROM memory.nodes;
 
 -- name: semantic_search
-SELECT node_id, rank, query_score
+SELECT node_id, rank, query_score AS score
 FROM memory.semantic_search(%(embedding)s, %(project)s, %(levels)s, %(k)s, %(ef_search)s);
 
 -- name: exact_search
-SELECT node_id, rank, query_score
+SELECT node_id, rank, query_score AS score
 FROM memory.exact_search(%(embedding)s, %(project)s, %(levels)s, %(k)s);
 
 -- name: lexical_search
-SELECT node_id, rank, lexical_score
+SELECT node_id, rank, lexical_score AS score
 FROM memory.lexical_search(%(query)s, %(project)s, %(levels)s, %(k)s);
 
 -- name: search_by_ids
-SELECT node_id, rank, query_score
+SELECT node_id, rank, query_score AS score
 FROM memory.search_by_ids(%(embedding)s, %(ids)s, %(project)s, %(levels)s, %(k)s);
 
 -- name: ids_for_sha256
-SELECT encode(sha256, 'hex'), id FROM memory.nodes WHERE sha256 = ANY(%(shas)s::bytea[]);
+SELECT id AS node_id, encode(sha256, 'hex') AS key FROM memory.nodes WHERE sha256 = ANY(%(shas)s::bytea[]);
 
 -- name: fuse
 SELECT node_id, ranks, scores, fused_score, fusion_method
@@ -132,7 +132,7 @@ FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
 ORDER BY n.id;
 
 -- name: node_texts
-SELECT id, text FROM memory.nodes WHERE id = ANY(%(ids)s::bigint[]);
+SELECT id AS node_id, text AS key FROM memory.nodes WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: health
 SELECT (SELECT count(*) FROM memory.nodes), (SELECT model FROM memory.embedding_model);
@@ -147,3 +147,17 @@ ANALYZE memory.nodes;
 SELECT node_id, ranks, scores, fused_score, fusion_method
 FROM memory.fuse_legs(%(semantic)s::jsonb, %(lexical)s::jsonb, %(strategy)s, %(fusion)s,
                       %(dense_weight)s, %(k)s, %(final_k)s);
+
+-- name: query_context
+-- The retrieval policy and the project check in one round trip.
+SELECT p.fusion, p.rrf_k, p.dense_weight, p.candidates, p.cascade_candidates, p.fusion_by_type,
+       (%(project)s::text IS NULL
+        OR EXISTS (SELECT 1 FROM memory.projects WHERE name = %(project)s::text)) AS project_exists
+FROM memory.policy() p;
+
+-- name: policy
+SELECT fusion, rrf_k, dense_weight, candidates, cascade_candidates, fusion_by_type
+FROM memory.policy();
+
+-- name: set_policy
+SELECT memory.set_policy(%(key)s, %(value)s);

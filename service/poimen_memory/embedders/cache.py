@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
 
 import numpy as np
 
-from poimen_memory.embedders.base import Embedder, Vector, env_int
+from poimen_memory.embedders.base import Embedder, Vector
 
 __all__ = ["DEFAULT_CACHE_SIZE", "QueryEmbeddingCache"]
 
@@ -39,11 +38,6 @@ class QueryEmbeddingCache:
         self._hits = 0
         self._misses = 0
         self._evictions = 0
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> QueryEmbeddingCache:
-        """``POIMEN_EMBED_CACHE_SIZE`` entries (default 1024, 0 disables)."""
-        return cls(env_int(env, "POIMEN_EMBED_CACHE_SIZE", DEFAULT_CACHE_SIZE))
 
     def get(self, model_name: str, text: str) -> Vector | None:
         """The cached vector (counted as a hit) or None (counted as a miss)."""

@@ -16,7 +16,7 @@ import importlib.resources
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,9 @@ from poimen_memory.embedders.base import (
     EmbeddingUnavailable,
     Vector,
     Vectors,
-    env_int,
     l2_normalise,
 )
+from poimen_memory.settings import EmbeddingSettings
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -141,12 +141,8 @@ class LocalEmbedder:
         self.load_seconds: float | None = None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> LocalEmbedder:
-        """``POIMEN_EMBED_THREADS`` (default 2), ``POIMEN_EMBED_BATCH_SIZE`` (default 16)."""
-        return cls(
-            threads=env_int(env, "POIMEN_EMBED_THREADS", min(2, os.cpu_count() or 1), minimum=1),
-            batch_size=env_int(env, "POIMEN_EMBED_BATCH_SIZE", DEFAULT_BATCH_SIZE, minimum=1),
-        )
+    def from_settings(cls, settings: EmbeddingSettings) -> LocalEmbedder:
+        return cls(threads=settings.threads, batch_size=settings.local_batch_size)
 
     @property
     def loaded(self) -> bool:

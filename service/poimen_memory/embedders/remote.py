@@ -18,7 +18,7 @@ import binascii
 import fnmatch
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,15 +26,13 @@ import httpx
 import numpy as np
 
 from poimen_memory.embedders.base import (
-    EmbeddingConfigError,
     EmbeddingUnavailable,
     Vector,
     Vectors,
-    env_float,
-    env_int,
-    env_str,
     l2_normalise,
 )
+from poimen_memory.errors import ConfigError
+from poimen_memory.settings import EmbeddingSettings
 
 __all__ = [
     "DEFAULT_REMOTE_MODEL",
@@ -112,7 +110,7 @@ def embeddings_endpoint(url: str) -> str:
     """Accept a base URL, a ``…/v1`` URL or the full ``…/v1/embeddings`` endpoint."""
     base = url.strip().rstrip("/")
     if not base.startswith(("http://", "https://")):
-        raise EmbeddingConfigError(f"embeddings URL {url!r} must start with http:// or https://")
+        raise ConfigError(f"embeddings URL {url!r} must start with http:// or https://")
     if base.endswith("/embeddings"):
         return base
     if base.endswith("/v1"):
@@ -149,11 +147,11 @@ class RemoteEmbedder:
         self.model_name = model
         resolved_dim = dim if dim is not None else known_dim(model)
         if resolved_dim is None:
-            raise EmbeddingConfigError(
+            raise ConfigError(
                 f"unknown output size for embedding model {model!r}: set POIMEN_EMBEDDINGS_DIM"
             )
         if resolved_dim < 1:
-            raise EmbeddingConfigError("embedding dim must be >= 1")
+            raise ConfigError("embedding dim must be >= 1")
         self.dim = resolved_dim
         defaults = prefixes_for_model(model)
         self.query_prefix = defaults.query if query_prefix is None else query_prefix
@@ -172,41 +170,29 @@ class RemoteEmbedder:
         self._owns_async_client = async_client is None
 
     @classmethod
-    def from_env(
+    def from_settings(
         cls,
-        env: Mapping[str, str],
+        settings: EmbeddingSettings,
         *,
         client: httpx.Client | None = None,
         async_client: httpx.AsyncClient | None = None,
     ) -> RemoteEmbedder:
-        url = env_str(env, "POIMEN_EMBEDDINGS_URL")
-        if url is None:
-            raise EmbeddingConfigError("POIMEN_EMBEDDINGS_URL is not set")
-        dim_raw = env_str(env, "POIMEN_EMBEDDINGS_DIM")
-        encoding = env_str(env, "POIMEN_EMBEDDINGS_ENCODING")
-        encoding_format: Literal["float", "base64"] | None
-        if encoding is None:
-            encoding_format = None
-        elif encoding == "float":
-            encoding_format = "float"
-        elif encoding == "base64":
-            encoding_format = "base64"
-        else:
-            raise EmbeddingConfigError(
-                f"POIMEN_EMBEDDINGS_ENCODING={encoding!r}: use float or base64"
-            )
+        if settings.url is None:
+            raise ConfigError("POIMEN_EMBEDDINGS_URL is not set")
+        encoding: Literal["float", "base64"] | None = (
+            "base64" if settings.encoding == "base64" else "float" if settings.encoding else None
+        )
         return cls(
-            url,
-            env_str(env, "POIMEN_EMBEDDINGS_MODEL") or DEFAULT_REMOTE_MODEL,
-            api_key=env_str(env, "POIMEN_EMBEDDINGS_API_KEY"),
-            dim=env_int(env, "POIMEN_EMBEDDINGS_DIM", 0, minimum=1) if dim_raw else None,
-            # Presence, not truthiness: an empty value deliberately turns a prefix off.
-            query_prefix=env.get("POIMEN_EMBEDDINGS_QUERY_PREFIX"),
-            document_prefix=env.get("POIMEN_EMBEDDINGS_DOCUMENT_PREFIX"),
-            timeout_s=env_float(env, "POIMEN_EMBEDDINGS_TIMEOUT_S", 10.0),
-            max_retries=env_int(env, "POIMEN_EMBEDDINGS_RETRIES", 3),
-            batch_size=env_int(env, "POIMEN_EMBEDDINGS_BATCH_SIZE", 64, minimum=1),
-            encoding_format=encoding_format,
+            settings.url,
+            settings.model or DEFAULT_REMOTE_MODEL,
+            api_key=settings.api_key,
+            dim=settings.dim,
+            query_prefix=settings.query_prefix,
+            document_prefix=settings.document_prefix,
+            timeout_s=settings.timeout_s,
+            max_retries=settings.retries,
+            batch_size=settings.remote_batch_size,
+            encoding_format=encoding,
             client=client,
             async_client=async_client,
         )

@@ -17,8 +17,9 @@ from typing import Any
 import psycopg
 
 from poimen_memory.db.queries import q
+from poimen_memory.errors import OpenSearchUnavailable
 from poimen_memory.progress import Progress
-from poimen_memory.upstreams.opensearch import BulkOp, Doc, OpenSearchEngine, OpenSearchUnavailable
+from poimen_memory.upstreams.opensearch import BulkOp, Doc, OpenSearchEngine
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,8 @@ def _push(
         engine.ensure_index()
         results = engine.bulk(list(pending.values()))
     except OpenSearchUnavailable as exc:
-        _failed(conn, list(pending), exc.reason)
-        return {}, pending, exc.reason
+        _failed(conn, list(pending), str(exc))
+        return {}, pending, str(exc)
     done: dict[int, BulkOp] = {}
     retry: dict[int, BulkOp] = {}
     errors: dict[str, list[int]] = {}

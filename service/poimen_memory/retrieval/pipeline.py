@@ -1,8 +1,11 @@
 """The query pipeline behind GET /memory/query: optimize, embed, run the routed strategy
 (legs in parallel on separate pooled connections), fuse in SQL, rerank, walk provenance.
 
-Each SQL statement runs in its own short transaction under SET LOCAL statement_timeout with
-the time the request has left, so a deadline really cancels work inside PostgreSQL.
+Only I/O orchestration lives here. The policy (depths, fusion, RRF k, dense weight) comes
+from the database (memory.policy()), fusion is memory.fuse_legs, provenance memory.hydrate:
+the same functions memory.query composes, so SQL and HTTP rank alike. Each statement runs
+in its own short transaction under SET LOCAL statement_timeout with the time the request
+has left, so a deadline really cancels work inside PostgreSQL.
 """
 
 from __future__ import annotations
@@ -10,67 +13,54 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
 
 import numpy as np
-import psycopg
+from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool
 
 from poimen_core.optimizer import QueryContext, QueryOptimizerError, optimize_query
-from poimen_memory.db.connect import translate
 from poimen_memory.db.queries import q
-from poimen_memory.embedders.base import Embedder, EmbeddingUnavailable
+from poimen_memory.db.wrap import wrap_exceptions
+from poimen_memory.embedders.base import Embedder
 from poimen_memory.embedders.cache import QueryEmbeddingCache
 from poimen_memory.errors import (
-    DatabaseUnavailable,
     DeadlineExceeded,
-    PoimenError,
+    EmbeddingUnavailable,
+    RerankUnavailable,
     UnknownProject,
     ValidationError,
 )
 from poimen_memory.retrieval.deadline import Deadline
+from poimen_memory.retrieval.models import (
+    LEVELS,
+    FusedRow,
+    HydratedRow,
+    IdRow,
+    Leg,
+    PolicyRow,
+    QueryRequest,
+    RankedRow,
+    Trace,
+)
 from poimen_memory.settings import Settings
-from poimen_memory.upstreams.rerank import RerankClient, RerankUnavailable
+from poimen_memory.upstreams.rerank import RerankClient
+
+__all__ = ["LEVELS", "QueryRequest", "Retriever"]
 
 T = TypeVar("T")
-LEVELS = ("L0", "L1", "L2")
-FUSION_METHODS = ("rrf", "convex")
+R = TypeVar("R")
 
 
-class EmbeddingServiceUnavailable(PoimenError):
-    code = "embedding_service_unavailable"
-    http_status = 503
-
-
-@dataclass(frozen=True)
-class QueryRequest:
-    query: str
-    project: str | None = None
-    levels: tuple[str, ...] = ("L1", "L2")
-    limit: int = 5
-    timeout_s: float = 5.0
-    fusion: str | None = None
-    strategy: str | None = None
-
-
-@dataclass
-class Leg:
-    ids: list[int] = field(default_factory=list)
-    scores: list[float] = field(default_factory=list)
-    engine: str | None = None
-
-
-@dataclass
-class Trace:
-    metrics: dict[str, Any] = field(default_factory=dict)
-    degraded: list[dict[str, str]] = field(default_factory=list)
-    engines: dict[str, str | None] = field(default_factory=dict)
-    why: list[str] = field(default_factory=list)
-
-    def timed(self, key: str, started: float) -> None:
-        self.metrics[key] = round((time.monotonic() - started) * 1000, 3)
+async def _settle(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel what still runs and retrieve every outcome, so no task outlives the request
+    with a pooled connection or dies later with an exception nobody retrieves."""
+    pending = [t for t in tasks if t is not None]
+    for t in pending:
+        if not t.done():
+            t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 class Retriever:
@@ -91,31 +81,27 @@ class Retriever:
     def has_lexical(self) -> bool:
         return self.settings.pg_lexical or self.opensearch is not None
 
-    # -- SQL helpers ---------------------------------------------------------------------
+    # -- SQL ---------------------------------------------------------------------------
 
     async def _sql(
-        self, deadline: Deadline, stage: str, name: str, params: dict[str, Any]
-    ) -> list[tuple[Any, ...]]:
+        self,
+        deadline: Deadline,
+        stage: str,
+        name: str,
+        params: dict[str, Any],
+        row: type[R],
+    ) -> list[R]:
         deadline.check(stage)
-        try:
+        with wrap_exceptions(stage):
             async with (
                 self.pool.connection(timeout=max(deadline.remaining(), 0.001)) as conn,
                 conn.transaction(),
             ):
                 await conn.execute(q("set_statement_timeout"), {"ms": str(deadline.remaining_ms())})
-                cur = await conn.execute(q(name), params)
-                rows: list[tuple[Any, ...]] = await cur.fetchall()
-                return rows
-        except psycopg.errors.QueryCanceled as exc:
-            raise DeadlineExceeded(
-                f"deadline passed during {stage}; the query was cancelled"
-            ) from exc
-        except psycopg.OperationalError as exc:
-            if exc.sqlstate is None:  # no connection: refused, lost, or none from the pool
-                raise DatabaseUnavailable("database unavailable", detail=str(exc)) from exc
-            raise translate(exc) from exc
-        except psycopg.Error as exc:
-            raise translate(exc) from exc
+                async with conn.cursor(row_factory=class_row(row)) as cur:
+                    await cur.execute(q(name), params)
+                    rows: list[R] = await cur.fetchall()
+                    return rows
 
     # -- pipeline ------------------------------------------------------------------------
 
@@ -136,58 +122,67 @@ class Retriever:
             ctx = optimize_query(req.query)
         except QueryOptimizerError as exc:
             raise ValidationError(str(exc)) from exc
-        if req.project is not None:
-            rows = await self._sql(deadline, "validate", "project_exists", {"name": req.project})
-            if not rows[0][0]:
-                raise UnknownProject(
-                    f"unknown project {req.project!r}",
-                    hint="GET /healthz lists nothing per project; ingest into it first",
-                )
-        strategy = self._route(req, ctx, trace)
-        fusion = (
-            req.fusion
-            or self.settings.fusion_by_type.get(ctx.question_type.value)
-            or self.settings.default_fusion
+        (policy,) = await self._sql(
+            deadline, "validate", "query_context", {"project": req.project}, PolicyRow
         )
+        if not policy.project_exists:
+            raise UnknownProject(
+                f"unknown project {req.project!r}",
+                hint="SELECT name FROM memory.projects lists them; ingest into it first",
+            )
+        strategy = self._route(req, ctx, trace)
+        fusion = req.fusion or policy.fusion_by_type.get(ctx.question_type.value) or policy.fusion
+        candidates = req.candidates or policy.candidates
         levels = list(req.levels)
         rerank_k = req.limit * self.settings.rerank_depth_factor if self.reranker else req.limit
 
         # The lexical leg needs no embedding, so it starts while the query is embedded.
         lex_task: asyncio.Task[Leg] | None = None
+        sem_task: asyncio.Task[Leg] | None = None
         embedding: np.ndarray[Any, Any] | None = None
         try:
             if strategy in ("Hybrid", "LexicalFirst", "LexicalOnly"):
-                depth = {
-                    "Hybrid": self.settings.candidates,
-                    "LexicalFirst": self.settings.cascade_candidates,
-                }.get(strategy, rerank_k)
+                depth = {"Hybrid": candidates, "LexicalFirst": policy.cascade_candidates}.get(
+                    strategy, rerank_k
+                )
                 lex_task = asyncio.create_task(self._lexical(req, levels, depth, deadline, trace))
             try:
                 if strategy != "LexicalOnly":
                     embedding = await self._embed(req.query, deadline, trace)
             except EmbeddingUnavailable as exc:
-                trace.degraded.append({"stage": "embed", "reason": exc.reason})
+                trace.degraded.append({"stage": "embed", "reason": exc.tag})
                 if not self.has_lexical:
-                    raise EmbeddingServiceUnavailable(
-                        f"embedder unavailable ({exc.reason}) "
-                        "and no lexical engine to fall back to",
+                    raise EmbeddingUnavailable(
+                        f"embedder unavailable ({exc.tag}) and no lexical engine to fall back to",
+                        reason=exc.reason,
+                        status=exc.status,
                         detail=str(exc),
                     ) from exc
                 deadline.check("embed")
-                trace.why.append(f"embedder unavailable ({exc.reason}): fell back to LexicalOnly")
+                trace.why.append(f"embedder unavailable ({exc.tag}): fell back to LexicalOnly")
                 strategy = "LexicalOnly"
                 if lex_task is None:
                     lex_task = asyncio.create_task(
                         self._lexical(req, levels, rerank_k, deadline, trace)
                     )
-            sem, lex = await self._legs(
-                strategy, req, levels, embedding, lex_task, rerank_k, fusion, deadline, trace
-            )
+            if strategy == "Hybrid":
+                sem_task = asyncio.create_task(
+                    self._semantic(req, levels, embedding, candidates, deadline, trace)
+                )
+                sem, lex = await sem_task, await _required(lex_task)
+            elif strategy == "SemanticOnly":
+                k = max(rerank_k, req.limit)
+                sem, lex = await self._semantic(req, levels, embedding, k, deadline, trace), Leg()
+            elif strategy == "LexicalFirst":
+                lex = await _required(lex_task)
+                sem = await self._by_ids(
+                    req, levels, embedding, lex, rerank_k, fusion, deadline, trace
+                )
+            else:
+                sem, lex = Leg(), await _required(lex_task)
         finally:
-            # Also on an embedding failure or timeout: an orphaned leg would keep its pooled
-            # connection busy and die later with an exception nobody retrieves.
-            if lex_task is not None and not lex_task.done():
-                lex_task.cancel()
+            # On every path, failures and timeouts included.
+            await _settle(t for t in (lex_task, sem_task) if t is not None)
 
         t0 = time.monotonic()
         fused = await self._sql(
@@ -195,18 +190,21 @@ class Retriever:
             "fusion",
             "fuse_legs",
             {
-                "semantic": json.dumps({"ids": sem.ids, "scores": sem.scores}),
-                "lexical": json.dumps({"ids": lex.ids, "scores": lex.scores}),
+                "semantic": json.dumps(sem.as_json()),
+                "lexical": json.dumps(lex.as_json()),
                 "strategy": strategy,
                 "fusion": fusion,
-                "dense_weight": self.settings.dense_weight,
-                "k": self.settings.rrf_k,
+                "dense_weight": req.dense_weight
+                if req.dense_weight is not None
+                else policy.dense_weight,
+                "k": req.rrf_k if req.rrf_k is not None else policy.rrf_k,
                 "final_k": rerank_k,
             },
+            FusedRow,
         )
         trace.timed("fusion_time_ms", t0)
 
-        order = [f[0] for f in fused]
+        order = [f.node_id for f in fused]
         rerank_scores = await self._rerank(req, order, deadline, trace)
         if rerank_scores is not None:
             # Candidates the reranker left unscored (it may return fewer than asked) go last,
@@ -219,34 +217,14 @@ class Retriever:
 
         t0 = time.monotonic()
         hydrated = await self._sql(
-            deadline, "provenance", "hydrate", {"ids": order, "embedding": embedding}
+            deadline, "provenance", "hydrate", {"ids": order, "embedding": embedding}, HydratedRow
         )
         trace.timed("provenance_time_ms", t0)
-        by_fused = {f[0]: f for f in fused}
-        results = []
-        for row in hydrated:
-            nid, level, sha, project, title, text, source, breadcrumb, ts, qscore, prov = row
-            f = by_fused[nid]
-            results.append(
-                {
-                    "level": level,
-                    "sha256": sha,
-                    "project": project,
-                    "title": title,
-                    "text": text,
-                    "source": source,
-                    "breadcrumb": breadcrumb,
-                    "timestamp": ts.isoformat() if ts else None,
-                    "query_score": _clip01(qscore),
-                    "lexical_score": f[2][1],
-                    "final_score": f[3],
-                    "rerank_score": rerank_scores.get(nid) if rerank_scores is not None else None,
-                    "semantic_rank": f[1][0],
-                    "lexical_rank": f[1][1],
-                    "fusion_method": f[4],
-                    "parents": prov,
-                }
-            )
+        by_fused = {f.node_id: f for f in fused}
+        results = [
+            _result(h, by_fused[h.node_id], rerank_scores.get(h.node_id) if rerank_scores else None)
+            for h in hydrated
+        ]
         trace.metrics.update(
             {
                 "semantic_candidates": len(sem.ids),
@@ -288,7 +266,9 @@ class Retriever:
             strategy = "SemanticOnly"
         if self.embedder is None and strategy != "LexicalOnly":
             if not self.has_lexical:
-                raise EmbeddingServiceUnavailable("no embedder and no lexical engine configured")
+                raise EmbeddingUnavailable(
+                    "no embedder and no lexical engine configured", reason="not_configured"
+                )
             trace.why.append("no embedder configured: LexicalOnly")
             strategy = "LexicalOnly"
         return strategy
@@ -317,47 +297,43 @@ class Retriever:
         try:
             if self.opensearch is not None:
                 try:
-                    hits = await self.opensearch.asearch(
-                        req.query,
-                        req.project,
-                        levels,
-                        k,
-                        min(deadline.remaining(), self.settings.opensearch_timeout_s),
-                    )
-                    rows = await self._sql(
-                        deadline,
-                        "lexical",
-                        "ids_for_sha256",
-                        {"shas": [bytes.fromhex(h.sha256) for h in hits]},
-                    )
-                    ids = dict(rows)
-                    leg = Leg(engine="opensearch")
-                    for h in hits:
-                        if h.sha256 in ids:
-                            leg.ids.append(ids[h.sha256])
-                            leg.scores.append(h.score)
-                    trace.engines["lexical"] = "opensearch"
-                    return leg
-                except (
-                    Exception
-                ) as exc:  # any OpenSearch failure falls back, never fails the request
+                    return await self._opensearch(req, levels, k, deadline, trace)
+                except Exception as exc:  # any OpenSearch failure falls back, never fails
                     if isinstance(exc, DeadlineExceeded | asyncio.CancelledError):
                         raise
-                    reason = getattr(exc, "kind", None) or type(exc).__name__
+                    reason = getattr(exc, "tag", None) or type(exc).__name__
                     trace.degraded.append({"stage": "lexical", "reason": f"opensearch_{reason}"})
                     trace.why.append("OpenSearch unavailable, used Postgres lexical")
                     if not self.settings.pg_lexical:
                         return Leg()
-            rows = await self._sql(
-                deadline,
-                "lexical",
-                "lexical_search",
-                {"query": req.query, "project": req.project, "levels": levels, "k": k},
-            )
+            params = {"query": req.query, "project": req.project, "levels": levels, "k": k}
+            rows = await self._sql(deadline, "lexical", "lexical_search", params, RankedRow)
             trace.engines["lexical"] = "postgres-bm25"
-            return Leg([r[0] for r in rows], [r[2] for r in rows], "postgres-bm25")
+            return Leg.of(rows, "postgres-bm25")
         finally:
             trace.timed("lexical_time_ms", t0)
+
+    async def _opensearch(
+        self, req: QueryRequest, levels: list[str], k: int, deadline: Deadline, trace: Trace
+    ) -> Leg:
+        assert self.opensearch is not None
+        hits = await self.opensearch.asearch(
+            req.query,
+            req.project,
+            levels,
+            k,
+            min(deadline.remaining(), self.settings.opensearch.timeout_s),
+        )
+        shas = [bytes.fromhex(h.sha256) for h in hits]
+        rows = await self._sql(deadline, "lexical", "ids_for_sha256", {"shas": shas}, IdRow)
+        ids = {r.key: r.node_id for r in rows}
+        leg = Leg(engine="opensearch")
+        for h in hits:
+            if h.sha256 in ids:
+                leg.ids.append(ids[h.sha256])
+                leg.scores.append(h.score)
+        trace.engines["lexical"] = "opensearch"
+        return leg
 
     async def _semantic(
         self,
@@ -368,77 +344,48 @@ class Retriever:
         deadline: Deadline,
         trace: Trace,
     ) -> Leg:
+        params = {
+            "embedding": embedding,
+            "project": req.project,
+            "levels": levels,
+            "k": k,
+            "ef_search": None,
+        }
         rows = await self._timed(
             "semantic_time_ms",
             trace,
-            self._sql(
-                deadline,
-                "semantic",
-                "semantic_search",
-                {
-                    "embedding": embedding,
-                    "project": req.project,
-                    "levels": levels,
-                    "k": k,
-                    "ef_search": None,
-                },
-            ),
+            self._sql(deadline, "semantic", "semantic_search", params, RankedRow),
         )
         trace.engines["semantic"] = "hnsw"
-        return Leg([r[0] for r in rows], [r[2] for r in rows], "hnsw")
+        return Leg.of(rows, "hnsw")
 
-    async def _legs(
+    async def _by_ids(
         self,
-        strategy: str,
         req: QueryRequest,
         levels: list[str],
         embedding: Any,
-        lex_task: asyncio.Task[Leg] | None,
+        lex: Leg,
         rerank_k: int,
         fusion: str,
         deadline: Deadline,
         trace: Trace,
-    ) -> tuple[Leg, Leg]:
-        if strategy == "LexicalOnly":
-            assert lex_task is not None
-            return Leg(), await lex_task
-        if strategy == "SemanticOnly":
-            return await self._semantic(
-                req, levels, embedding, max(rerank_k, req.limit), deadline, trace
-            ), Leg()
-        assert lex_task is not None
-        if strategy == "Hybrid":
-            sem_task = asyncio.create_task(
-                self._semantic(req, levels, embedding, self.settings.candidates, deadline, trace)
-            )
-            try:
-                return await sem_task, await lex_task
-            finally:
-                # If one leg failed, the other must not keep its pooled connection busy.
-                for t in (sem_task, lex_task):
-                    if not t.done():
-                        t.cancel()
-        lex = await lex_task  # LexicalFirst: rank exactly the lexical ids by cosine
-        # A convex cascade blends cosine with BM25 over all lexical ids, so it needs them all.
-        by_ids_k = max(len(lex.ids), 1) if fusion == "convex" else rerank_k
+    ) -> Leg:
+        """LexicalFirst: rank exactly the lexical ids by cosine. A convex cascade blends
+        cosine with BM25 over all lexical ids, so it needs them all."""
+        params = {
+            "embedding": embedding,
+            "ids": lex.ids,
+            "project": req.project,
+            "levels": levels,
+            "k": max(len(lex.ids), 1) if fusion == "convex" else rerank_k,
+        }
         rows = await self._timed(
             "semantic_time_ms",
             trace,
-            self._sql(
-                deadline,
-                "semantic",
-                "search_by_ids",
-                {
-                    "embedding": embedding,
-                    "ids": lex.ids,
-                    "project": req.project,
-                    "levels": levels,
-                    "k": by_ids_k,
-                },
-            ),
+            self._sql(deadline, "semantic", "search_by_ids", params, RankedRow),
         )
         trace.engines["semantic"] = "by-ids"
-        return Leg([r[0] for r in rows], [r[2] for r in rows], "by-ids"), lex
+        return Leg.of(rows, "by-ids")
 
     async def _rerank(
         self, req: QueryRequest, ids: list[int], deadline: Deadline, trace: Trace
@@ -454,7 +401,8 @@ class Retriever:
             return None
         t0 = time.monotonic()
         try:
-            texts = dict(await self._sql(deadline, "rerank", "node_texts", {"ids": ids}))
+            rows = await self._sql(deadline, "rerank", "node_texts", {"ids": ids}, IdRow)
+            texts = {r.node_id: r.key for r in rows}
             # The configured rerank timeout applies, and rerank_min_remaining_s of the
             # deadline stays for hydrating the results, so a slow reranker degrades to the
             # fused order instead of timing the whole request out.
@@ -469,13 +417,39 @@ class Retriever:
                 req.query, [texts[i] for i in ids], top_n=len(ids), timeout=budget
             )
         except RerankUnavailable as exc:
-            trace.degraded.append({"stage": "rerank", "reason": exc.reason})
-            trace.why.append(f"reranker failed ({exc.reason}): kept the fused order")
+            trace.degraded.append({"stage": "rerank", "reason": exc.tag})
+            trace.why.append(f"reranker failed ({exc.tag}): kept the fused order")
             return None
         finally:
             trace.timed("rerank_time_ms", t0)
         trace.engines["rerank"] = self.reranker.model or "remote"
         return {ids[r.index]: r.score for r in results}
+
+
+async def _required(task: asyncio.Task[Leg] | None) -> Leg:
+    assert task is not None, "the routed strategy needs the lexical leg"
+    return await task
+
+
+def _result(h: HydratedRow, f: FusedRow, rerank_score: float | None) -> dict[str, Any]:
+    return {
+        "level": h.level,
+        "sha256": h.sha256,
+        "project": h.project,
+        "title": h.title,
+        "text": h.text,
+        "source": h.source,
+        "breadcrumb": h.breadcrumb,
+        "timestamp": h.timestamp.isoformat() if h.timestamp else None,
+        "query_score": _clip01(h.query_score),
+        "lexical_score": f.scores[1],
+        "final_score": f.fused_score,
+        "rerank_score": rerank_score,
+        "semantic_rank": f.ranks[0],
+        "lexical_rank": f.ranks[1],
+        "fusion_method": f.fusion_method,
+        "parents": h.provenance,
+    }
 
 
 def _clip01(x: float | None) -> float | None:

@@ -23,7 +23,8 @@ from opensearchpy.exceptions import (
     TransportError,
 )
 
-from poimen_memory.settings import Settings
+from poimen_memory.errors import OpenSearchUnavailable
+from poimen_memory.settings import OpenSearchSettings
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +50,6 @@ MAPPINGS: dict[str, Any] = {
 
 # Item statuses worth another try: the cluster was busy, not the document wrong.
 RETRIABLE_STATUSES = frozenset({429, 502, 503, 504})
-
-
-class OpenSearchUnavailable(Exception):
-    """OpenSearch could not answer (connection, timeout, HTTP error); callers fall back.
-
-    ``reason`` is for humans; ``kind`` is a short stable code for traces and metrics:
-    timeout, connection, http_<status>, malformed or deadline."""
-
-    def __init__(self, reason: str, *, kind: str = "error", status: int | None = None) -> None:
-        super().__init__(reason)
-        self.reason, self.kind, self.status = reason, kind, status
 
 
 @dataclass(frozen=True)
@@ -142,16 +132,16 @@ def search_body(
 
 def _unavailable(exc: OpenSearchException, what: str) -> OpenSearchUnavailable:
     if isinstance(exc, ConnectionTimeout):
-        return OpenSearchUnavailable(f"{what}: timed out", kind="timeout")
+        return OpenSearchUnavailable(f"{what}: timed out", reason="timeout")
     if isinstance(exc, ConnectionError):
-        return OpenSearchUnavailable(f"{what}: connection failed ({exc.info})", kind="connection")
+        return OpenSearchUnavailable(f"{what}: connection failed ({exc.info})", reason="transport")
     if isinstance(exc, TransportError) and isinstance(exc.status_code, int):
         return OpenSearchUnavailable(
             f"{what}: HTTP {exc.status_code} {exc.error}",
-            kind=f"http_{exc.status_code}",
+            reason="http_status",
             status=exc.status_code,
         )
-    return OpenSearchUnavailable(f"{what}: {exc}")
+    return OpenSearchUnavailable(f"{what}: {exc}", reason="transport")
 
 
 def _item_error(error: Any) -> str:
@@ -242,7 +232,7 @@ class OpenSearchEngine:
         items = resp.get("items") if isinstance(resp, dict) else None
         if not isinstance(items, list) or len(items) != len(ops):
             reason = f"bulk: malformed response ({str(resp)[:200]})"
-            raise OpenSearchUnavailable(reason, kind="malformed")
+            raise OpenSearchUnavailable(reason, reason="bad_response")
         results: list[BulkResult] = []
         for op, item in zip(ops, items, strict=True):
             body = item.get(op.op, {}) if isinstance(item, dict) else {}
@@ -265,7 +255,9 @@ class OpenSearchEngine:
         if k <= 0 or not query.strip():
             return []
         if timeout_s <= 0:
-            raise OpenSearchUnavailable("search: no time left before the deadline", kind="deadline")
+            raise OpenSearchUnavailable(
+                "search: no time left before the deadline", reason="deadline"
+            )
         try:
             # _source=false keeps the payload small without touching the seed body.
             resp = self._client.search(
@@ -284,7 +276,7 @@ class OpenSearchEngine:
             ]
         except (KeyError, TypeError, ValueError) as exc:
             reason = f"search: malformed response ({exc!r})"
-            raise OpenSearchUnavailable(reason, kind="malformed") from exc
+            raise OpenSearchUnavailable(reason, reason="bad_response") from exc
 
     async def asearch(
         self, query: str, project: str | None, levels: list[str] | None, k: int, timeout_s: float
@@ -301,16 +293,16 @@ class OpenSearchEngine:
         return isinstance(health, dict) and health.get("status") in ("green", "yellow")
 
 
-def engine_from_settings(settings: Settings) -> OpenSearchEngine | None:
-    if not settings.opensearch_url:
+def engine_from_settings(settings: OpenSearchSettings) -> OpenSearchEngine | None:
+    if not settings.url:
         return None
-    if not settings.opensearch_verify_certs:
+    if not settings.verify_certs:
         log.warning("OpenSearch TLS certificates are not verified (POIMEN_OPENSEARCH_VERIFY_CERTS)")
     return OpenSearchEngine(
-        settings.opensearch_url,
-        settings.opensearch_index,
-        timeout_s=settings.opensearch_timeout_s,
-        bulk_timeout_s=settings.opensearch_bulk_timeout_s,
-        verify_certs=settings.opensearch_verify_certs,
-        ca_certs=str(settings.opensearch_ca_certs) if settings.opensearch_ca_certs else None,
+        settings.url,
+        settings.index,
+        timeout_s=settings.timeout_s,
+        bulk_timeout_s=settings.bulk_timeout_s,
+        verify_certs=settings.verify_certs,
+        ca_certs=str(settings.ca_certs) if settings.ca_certs else None,
     )

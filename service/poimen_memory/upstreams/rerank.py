@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
 
-from poimen_memory.embedders.base import EmbeddingConfigError, env_float, env_str
+from poimen_memory.errors import ConfigError, RerankUnavailable
+from poimen_memory.settings import RerankSettings
 
 __all__ = [
     "Dialect",
@@ -34,10 +35,10 @@ __all__ = [
     "RerankResult",
     "RerankUnavailable",
     "ScoreScale",
+    "build_reranker",
     "detect_scale",
     "normalise_scores",
     "rerank_endpoint",
-    "reranker_from_env",
 ]
 
 Dialect = Literal["tei", "cohere"]
@@ -51,19 +52,6 @@ _SCALES: dict[str, ScoreScale] = {
     "percent": "percent",
     "logit": "logit",
 }
-
-
-class RerankUnavailable(Exception):
-    """The reranker failed (timeout, upstream error, malformed response).
-
-    ``reason`` is ``timeout``, ``http_status``, ``transport`` or ``bad_response``;
-    ``status`` is the upstream HTTP status when there was one.
-    """
-
-    def __init__(self, message: str, *, reason: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +109,7 @@ def rerank_endpoint(url: str) -> str:
     """Use a URL ending in ``/rerank`` as given; otherwise append ``/v1/rerank``."""
     base = url.strip().rstrip("/")
     if not base.startswith(("http://", "https://")):
-        raise EmbeddingConfigError(f"rerank URL {url!r} must start with http:// or https://")
+        raise ConfigError(f"rerank URL {url!r} must start with http:// or https://")
     if base.endswith("/rerank"):
         return base
     return base + "/v1/rerank"
@@ -146,9 +134,9 @@ class RerankClient:
         client: httpx.AsyncClient | None = None,
     ) -> None:
         if dialect not in _DIALECTS:
-            raise EmbeddingConfigError(f"unknown rerank dialect {dialect!r}: use tei or cohere")
+            raise ConfigError(f"unknown rerank dialect {dialect!r}: use tei or cohere")
         if score_scale not in _SCALES:
-            raise EmbeddingConfigError(
+            raise ConfigError(
                 f"unknown rerank score scale {score_scale!r}: use auto, unit, percent or logit"
             )
         if timeout_s <= 0:
@@ -165,27 +153,18 @@ class RerankClient:
         """The scale applied to the latest batch, for diagnostics."""
 
     @classmethod
-    def from_env(
-        cls, env: Mapping[str, str], *, client: httpx.AsyncClient | None = None
+    def from_settings(
+        cls, settings: RerankSettings, *, client: httpx.AsyncClient | None = None
     ) -> RerankClient:
-        url = env_str(env, "POIMEN_RERANK_URL")
-        if url is None:
-            raise EmbeddingConfigError("POIMEN_RERANK_URL is not set")
-        dialect_raw = (env_str(env, "POIMEN_RERANK_DIALECT") or "cohere").lower()
-        scale_raw = (env_str(env, "POIMEN_RERANK_SCORE_SCALE") or "auto").lower()
-        if dialect_raw not in _DIALECTS:
-            raise EmbeddingConfigError(f"POIMEN_RERANK_DIALECT={dialect_raw!r}: use tei or cohere")
-        if scale_raw not in _SCALES:
-            raise EmbeddingConfigError(
-                f"POIMEN_RERANK_SCORE_SCALE={scale_raw!r}: use auto, unit, percent or logit"
-            )
+        if settings.url is None:
+            raise ConfigError("POIMEN_RERANK_URL is not set")
         return cls(
-            url,
-            model=env_str(env, "POIMEN_RERANK_MODEL"),
-            api_key=env_str(env, "POIMEN_RERANK_API_KEY"),
-            dialect=_DIALECTS[dialect_raw],
-            score_scale=_SCALES[scale_raw],
-            timeout_s=env_float(env, "POIMEN_RERANK_TIMEOUT_S", 10.0),
+            settings.url,
+            model=settings.model,
+            api_key=settings.api_key,
+            dialect=_DIALECTS[settings.dialect],
+            score_scale=_SCALES[settings.score_scale],
+            timeout_s=settings.timeout_s,
             client=client,
         )
 
@@ -293,10 +272,10 @@ def _parse_items(body: object, n_documents: int) -> list[tuple[int, float]]:
     return pairs
 
 
-def reranker_from_env(
-    env: Mapping[str, str], *, client: httpx.AsyncClient | None = None
+def build_reranker(
+    settings: RerankSettings, *, client: httpx.AsyncClient | None = None
 ) -> RerankClient | None:
     """A `RerankClient` when ``POIMEN_RERANK_URL`` is set, else None (rerank not configured)."""
-    if env_str(env, "POIMEN_RERANK_URL") is None:
+    if settings.url is None:
         return None
-    return RerankClient.from_env(env, client=client)
+    return RerankClient.from_settings(settings, client=client)

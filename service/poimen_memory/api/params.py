@@ -1,0 +1,61 @@
+"""GET /memory/query parameters: parsed and validated once, clamped where documented."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+from poimen_memory.errors import ValidationError
+from poimen_memory.retrieval.models import FUSION_METHODS, LEVELS, STRATEGIES, QueryRequest
+from poimen_memory.settings import Settings
+
+N = TypeVar("N", int, float)
+
+
+def _number(
+    params: Mapping[str, str], name: str, default: N, lo: N, hi: N, cast: Callable[[str], N]
+) -> N:
+    raw = params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = cast(raw)
+    except ValueError as exc:
+        raise ValidationError(f"{name} must be a number, got {raw!r}") from exc
+    if not math.isfinite(value):
+        raise ValidationError(f"{name} must be a finite number, got {raw!r}")
+    return min(max(value, lo), hi)  # clamped, as documented
+
+
+def parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
+    query = params.get("query", "")
+    if not query.strip():
+        raise ValidationError("query is required and must not be empty")
+    if len(query) > s.max_query_chars:
+        raise ValidationError(
+            f"query is longer than {s.max_query_chars} characters",
+            hint="POIMEN_MAX_QUERY_CHARS sets the cap",
+        )
+    levels = tuple(x.strip() for x in params.get("level", "L1,L2").split(",") if x.strip())
+    if not levels or any(lv not in LEVELS for lv in levels):
+        raise ValidationError(
+            f"level must be a comma-separated subset of L0,L1,L2, got {params.get('level')!r}"
+        )
+    fusion = params.get("fusion") or None  # None: the database's policy decides
+    if fusion is not None and fusion not in FUSION_METHODS:
+        raise ValidationError(f"fusion must be rrf or convex, got {fusion!r}")
+    strategy = params.get("strategy") or None
+    if strategy is not None and strategy not in STRATEGIES:
+        raise ValidationError(f"unknown strategy {strategy!r}")
+    return QueryRequest(
+        query=query,
+        project=params.get("project") or None,
+        levels=tuple(dict.fromkeys(levels)),
+        limit=_number(params, "limit", s.default_limit, 1, s.max_limit, int),
+        timeout_s=_number(
+            params, "timeout_seconds", s.default_timeout_s, 1.0, s.max_timeout_s, float
+        ),
+        fusion=fusion,
+        strategy=strategy,
+    )

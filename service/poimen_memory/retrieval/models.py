@@ -1,0 +1,104 @@
+"""What goes into and comes out of the pipeline: the request, the policy the database
+hands out, and one typed row class per statement (psycopg ``class_row``)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+LEVELS = ("L0", "L1", "L2")
+FUSION_METHODS = ("rrf", "convex")
+STRATEGIES = ("LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly")
+
+
+@dataclass(frozen=True)
+class QueryRequest:
+    query: str
+    project: str | None = None
+    levels: tuple[str, ...] = ("L1", "L2")
+    limit: int = 5
+    timeout_s: float = 5.0
+    strategy: str | None = None
+    # None: memory.policy() decides (the same policy memory.query applies).
+    fusion: str | None = None
+    rrf_k: int | None = None
+    dense_weight: float | None = None
+    candidates: int | None = None
+
+
+@dataclass(frozen=True)
+class PolicyRow:
+    """memory.policy(), plus whether the requested project exists (one round trip)."""
+
+    fusion: str
+    rrf_k: int
+    dense_weight: float
+    candidates: int
+    cascade_candidates: int
+    fusion_by_type: dict[str, str]
+    project_exists: bool
+
+
+@dataclass(frozen=True)
+class RankedRow:
+    node_id: int
+    rank: int
+    score: float
+
+
+@dataclass(frozen=True)
+class FusedRow:
+    node_id: int
+    ranks: list[int | None]
+    """[semantic rank, lexical rank]; None where the node was not in that leg."""
+    scores: list[float | None]
+    fused_score: float
+    fusion_method: str
+
+
+@dataclass(frozen=True)
+class HydratedRow:
+    node_id: int
+    level: str
+    sha256: str
+    project: str
+    title: str | None
+    text: str
+    source: str | None
+    breadcrumb: list[str] | None
+    timestamp: datetime | None
+    query_score: float | None
+    provenance: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class IdRow:
+    node_id: int
+    key: str
+
+
+@dataclass
+class Leg:
+    ids: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    engine: str | None = None
+
+    @classmethod
+    def of(cls, rows: list[RankedRow], engine: str) -> Leg:
+        return cls([r.node_id for r in rows], [r.score for r in rows], engine)
+
+    def as_json(self) -> dict[str, list[Any]]:
+        return {"ids": self.ids, "scores": self.scores}
+
+
+@dataclass
+class Trace:
+    metrics: dict[str, Any] = field(default_factory=dict)
+    degraded: list[dict[str, str]] = field(default_factory=list)
+    engines: dict[str, str | None] = field(default_factory=dict)
+    why: list[str] = field(default_factory=list)
+
+    def timed(self, key: str, started: float) -> None:
+        self.metrics[key] = round((time.monotonic() - started) * 1000, 3)

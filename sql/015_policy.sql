@@ -1,0 +1,87 @@
+-- Retrieval policy: the one home of leg depths, the fusion default, RRF k and the dense
+-- weight. memory.query and the HTTP service both read it here, so SQL and HTTP rank alike.
+-- The defaults are the measured ones (docs/benchmarks.md); a DBA changes them with
+-- memory.set_policy, which validates the value and records it in memory.config.
+
+CREATE OR REPLACE FUNCTION memory.policy()
+RETURNS TABLE (fusion text, rrf_k integer, dense_weight double precision, candidates integer,
+               cascade_candidates integer, fusion_by_type jsonb)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH c AS (
+        SELECT coalesce(jsonb_object_agg(c.key, c.value), '{}'::jsonb) AS v
+        FROM memory.config c
+        WHERE c.key IN ('fusion', 'rrf_k', 'dense_weight', 'candidates', 'cascade_candidates',
+                        'fusion_by_type')
+    )
+    SELECT coalesce(v ->> 'fusion', 'convex'),
+           coalesce((v ->> 'rrf_k')::integer, 10),
+           coalesce((v ->> 'dense_weight')::double precision, 0.4),
+           coalesce((v ->> 'candidates')::integer, 50),
+           coalesce((v ->> 'cascade_candidates')::integer, 200),
+           coalesce((v ->> 'fusion_by_type')::jsonb, '{}'::jsonb)
+    FROM c
+$$;
+COMMENT ON FUNCTION memory.policy() IS
+    'The retrieval policy in force: default fusion (convex), RRF k (10), convex dense weight (0.4), Hybrid leg depth (candidates, 50), LexicalFirst lexical depth (cascade_candidates, 200) and per-question-type fusion overrides. Read by memory.query and by the HTTP service; change it with memory.set_policy.';
+
+CREATE OR REPLACE FUNCTION memory.set_policy(key text, value text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ok boolean;
+    t text;
+BEGIN
+    ok := CASE key
+        WHEN 'fusion' THEN value IN ('rrf', 'convex')
+        WHEN 'rrf_k' THEN value ~ '^[0-9]{1,6}$'
+        WHEN 'dense_weight' THEN value ~ '^[0-9]*\.?[0-9]+$' AND value::double precision <= 1
+        WHEN 'candidates' THEN value ~ '^[0-9]{1,4}$' AND value::integer BETWEEN 1 AND 1000
+        WHEN 'cascade_candidates' THEN value ~ '^[0-9]{1,5}$' AND value::integer BETWEEN 1 AND 10000
+        WHEN 'fusion_by_type' THEN value IS NOT NULL
+        ELSE NULL END;
+    IF ok IS NULL THEN
+        RAISE EXCEPTION 'unknown policy key "%"', key
+            USING ERRCODE = '22023',
+                  HINT = 'Keys: fusion, rrf_k, dense_weight, candidates, cascade_candidates, fusion_by_type.';
+    END IF;
+    IF key = 'fusion_by_type' THEN
+        -- {"Factual": "convex", "Open": "rrf"}: question types from memory.optimize_query.
+        IF jsonb_typeof(value::jsonb) <> 'object' THEN
+            ok := false;
+        ELSE
+            FOR t IN SELECT j.value FROM jsonb_each_text(value::jsonb) j LOOP
+                ok := ok AND t IN ('rrf', 'convex');
+            END LOOP;
+            ok := ok AND NOT EXISTS (
+                SELECT 1 FROM jsonb_object_keys(value::jsonb) k(name)
+                WHERE k.name NOT IN ('Factual', 'Procedural', 'Comparative', 'Troubleshooting',
+                                     'Navigational', 'Open'));
+        END IF;
+    END IF;
+    IF NOT ok THEN
+        RAISE EXCEPTION 'invalid value "%" for policy key "%"', value, key
+            USING ERRCODE = '22023',
+                  HINT = 'fusion: rrf|convex; rrf_k: integer >= 0; dense_weight: 0..1; candidates: 1..1000; cascade_candidates: 1..10000; fusion_by_type: {"Factual":"convex",...}.';
+    END IF;
+    INSERT INTO memory.config AS c (key, value) VALUES (key, value)
+    ON CONFLICT ON CONSTRAINT config_pkey DO UPDATE SET value = EXCLUDED.value, updated_at = now();
+END $$;
+COMMENT ON FUNCTION memory.set_policy(text, text) IS
+    'Sets one retrieval policy value after validating it (22023 otherwise). Takes effect for memory.query at once and for the HTTP service on its next query.';
+
+CREATE OR REPLACE FUNCTION memory.reset_policy(key text DEFAULT NULL)
+RETURNS void
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    DELETE FROM memory.config c
+    WHERE c.key IN ('fusion', 'rrf_k', 'dense_weight', 'candidates', 'cascade_candidates',
+                    'fusion_by_type')
+      AND (reset_policy.key IS NULL OR c.key = reset_policy.key)
+$$;
+COMMENT ON FUNCTION memory.reset_policy(text) IS
+    'Returns one policy key (or, with NULL, all of them) to its built-in default.';
