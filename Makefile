@@ -14,6 +14,7 @@ setup:
 
 setup-dev:
 	@bash scripts/setup.sh --dev
+	@if [ -f scripts/setup-browser.sh ]; then bash scripts/setup-browser.sh; fi
 
 lint: setup-dev
 	$(BIN)/ruff check service plpython tests

@@ -11,6 +11,7 @@
 #       --rebuild debootstrap the cached base root again (otherwise reused: it is never
 #                 changed, each run works in a fresh copy of it)
 #       --clean   delete each run's root afterwards (default: kept for inspection)
+#       --prepare only debootstrap the base roots that are missing, run nothing
 # Environment:
 #   POIMEN_FRESH_ROOTS     where roots and logs live (default /var/tmp/poimen-roots)
 #   POIMEN_FRESH_MIRROR    Debian mirror (default http://deb.debian.org/debian)
@@ -33,14 +34,15 @@ PG_PORT="${POIMEN_FRESH_PG_PORT:-54339}"
 DEMO_PORT="${POIMEN_FRESH_DEMO_PORT:-8775}"
 CA="${POIMEN_FRESH_CA-${PIP_CERT:-${SSL_CERT_FILE:-}}}"
 
-REF=HEAD; REBUILD=0; CLEAN=0; RELEASES=()
+REF=HEAD; REBUILD=0; CLEAN=0; PREPARE=0; RELEASES=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --ref) REF="$2"; shift 2 ;;
     --rebuild) REBUILD=1; shift ;;
     --clean) CLEAN=1; shift ;;
+    --prepare) PREPARE=1; shift ;;
     bookworm | trixie) RELEASES+=("$1"); shift ;;
-    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -186,6 +188,10 @@ run_release() {
   [ "$demo_rc" = 0 ] && [ "$test_rc" = 0 ]
 }
 
+if [ "$PREPARE" = 1 ]; then
+  for rel in "${RELEASES[@]}"; do base_root "$rel"; done
+  exit 0
+fi
 status=0
 for rel in "${RELEASES[@]}"; do
   run_release "$rel" || status=1

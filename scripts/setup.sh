@@ -66,13 +66,21 @@ export DEBIAN_FRONTEND=noninteractive
 
 apt_updated=0
 apt_update() { if [ "$apt_updated" = 0 ]; then log "apt-get update"; apt-get update -qq; apt_updated=1; fi; }
+# Package lists fetched within the last hour (by an earlier run) are reused; an install
+# that fails on them gets a fresh `apt-get update` and one retry.
+apt_lists_fresh() { [ -n "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mmin -60 2>/dev/null | head -n1)" ]; }
+apt_ready() { apt_lists_fresh || apt_update; }
 has_candidate() { local c; c="$(apt-cache policy "$1" 2>/dev/null | sed -n 's/^ *Candidate: *//p')"; [ -n "$c" ] && [ "$c" != "(none)" ]; }
 pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok installed'; }
 apt_install() {  # installs the named Debian packages (as root), or says what to install
   is_root || die "missing: $* (run as root, or: apt-get install $*)"
-  apt_update
+  apt_ready
   log "apt-get install $*"
-  apt-get install -y -qq "$@" >/dev/null
+  if ! apt-get install -y -qq "$@" >/dev/null; then
+    [ "$apt_updated" = 0 ] || die "apt-get install $* failed"
+    apt_update
+    apt-get install -y -qq "$@" >/dev/null
+  fi
 }
 
 # ---------------------------------------------------------------- PostgreSQL + extensions
@@ -97,7 +105,7 @@ if [ -n "$fast_major" ]; then
   N="$fast_major"
 else
   is_root || die "run as root (apt-get installs are needed); or install PostgreSQL+plpython3u+pgvector yourself"
-  apt_update
+  apt_ready
   N="$(choose_major)" || die "no PostgreSQL major version in this apt suite offers a server, postgresql-plpython3-N and pgvector>=$PGVECTOR_VERSION_MIN (binary or buildable via postgresql-server-dev-N); checked: $(installed_majors) and the suite default"
   log "using PostgreSQL $N"
   pkgs=()
@@ -117,7 +125,7 @@ mkdir -p "$STATE_DIR"
 echo "$N" > "$STATE_DIR/pg_major"
 # As root the embedded cluster runs its server binaries through setpriv (util-linux).
 if is_root && ! command -v setpriv >/dev/null 2>&1; then
-  apt_update
+  apt_ready
   if has_candidate setpriv; then apt_install setpriv; else apt_install util-linux; fi
 fi
 
