@@ -9,6 +9,14 @@ class PoimenError(Exception):
     code = "internal_error"
     http_status = 500
 
+    def __init_subclass__(cls, code: str | None = None, status: int | None = None) -> None:
+        # Each error names its API code and HTTP status in its class line.
+        super().__init_subclass__()
+        if code is not None:
+            cls.code = code
+        if status is not None:
+            cls.http_status = status
+
     def __init__(self, message: str, *, detail: str | None = None, hint: str | None = None):
         super().__init__(message)
         self.message = message
@@ -25,63 +33,51 @@ class PoimenError(Exception):
         return body
 
 
-class ClusterError(PoimenError):
-    code = "cluster_error"
+class ClusterError(PoimenError, code="cluster_error"):
+    """The embedded cluster could not be created, started or stopped."""
 
 
-class MigrationError(PoimenError):
-    code = "migration_error"
+class MigrationError(PoimenError, code="migration_error"):
+    """A migration is unknown, changed after release, or failed to apply."""
 
 
-class ValidationError(PoimenError):
-    code = "invalid_parameter"
-    http_status = 400
+class ValidationError(PoimenError, code="invalid_parameter", status=400):
+    """A request or SQL argument is out of range or malformed (22023, 22P02, 22000)."""
 
 
-class UnknownProject(PoimenError):
-    code = "unknown_project"
-    http_status = 404
+class UnknownProject(PoimenError, code="unknown_project", status=404):
+    """The named project has no row in memory.projects (PM404)."""
 
 
-class DatabaseUnavailable(PoimenError):
-    code = "database_unavailable"
-    http_status = 503
+class DatabaseUnavailable(PoimenError, code="database_unavailable", status=503):
+    """No connection to PostgreSQL, or the server refused one (08xxx, 53xxx, 57P01)."""
 
 
-class DeadlineExceeded(PoimenError):
-    code = "timeout"
-    http_status = 503
+class DeadlineExceeded(PoimenError, code="timeout", status=503):
+    """The request's deadline passed; PostgreSQL cancelled the statement (57014)."""
 
 
-class IngestError(PoimenError):
-    code = "invalid_node"
-    http_status = 400
+class IngestError(PoimenError, code="invalid_node", status=400):
+    """A node failed validation; nothing of the batch was written."""
 
 
-class ConfigError(PoimenError, ValueError):
+class ConfigError(PoimenError, ValueError, code="config_error"):
     """A setting (environment variable) has an unusable value; the message names it."""
 
-    code = "config_error"
+
+class EmbeddingModelMismatch(PoimenError, code="embedding_model_mismatch", status=409):
+    """A vector's model or dimension differs from the database's (PM409)."""
 
 
-class EmbeddingModelMismatch(PoimenError):
-    code = "embedding_model_mismatch"
-    http_status = 409
+class EmbeddingNotConfigured(PoimenError, code="embedding_not_configured", status=412):
+    """The database has no embedding model recorded yet (PM412)."""
 
 
-class EmbeddingNotConfigured(PoimenError):
-    code = "embedding_not_configured"
-    http_status = 412
-
-
-class ComponentUnavailable(PoimenError):
+class ComponentUnavailable(PoimenError, code="component_unavailable", status=503):
     """A part of the database install is missing on this host (PM503: the PL/Python module)."""
 
-    code = "component_unavailable"
-    http_status = 503
 
-
-class UpstreamUnavailable(PoimenError):
+class UpstreamUnavailable(PoimenError, code="upstream_unavailable", status=503):
     """An upstream server (embedder, reranker, OpenSearch) gave no usable answer.
 
     ``reason`` is one short stable tag, the same vocabulary for every upstream, used in
@@ -90,8 +86,6 @@ class UpstreamUnavailable(PoimenError):
     ``deadline`` (no time left to try). The message is for humans and names the URL.
     """
 
-    code = "upstream_unavailable"
-    http_status = 503
     upstream = "upstream"
 
     def __init__(
@@ -115,8 +109,7 @@ class UpstreamUnavailable(PoimenError):
         )
 
 
-class EmbeddingUnavailable(UpstreamUnavailable):
-    code = "embedding_service_unavailable"
+class EmbeddingUnavailable(UpstreamUnavailable, code="embedding_service_unavailable"):
     upstream = "embedder"
 
 
@@ -128,20 +121,16 @@ class EmbeddingModelError(EmbeddingUnavailable):
         super().__init__(message, reason="model")
 
 
-class RerankUnavailable(UpstreamUnavailable):
-    code = "rerank_unavailable"
+class RerankUnavailable(UpstreamUnavailable, code="rerank_unavailable"):
     upstream = "reranker"
 
 
-class OpenSearchUnavailable(UpstreamUnavailable):
-    code = "opensearch_unavailable"
+class OpenSearchUnavailable(UpstreamUnavailable, code="opensearch_unavailable"):
     upstream = "opensearch"
 
 
-class DatabaseError(PoimenError):
+class DatabaseError(PoimenError, code="database_error"):
     """A database error the table below does not name."""
-
-    code = "database_error"
 
 
 # The single SQLSTATE -> error class table; each class carries its API code and HTTP status.

@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from poimen_memory.errors import ConfigError
 
 T = TypeVar("T")
+
+# Retrieval policy that used to be environment variables; memory.set_policy() sets it now.
+MOVED_TO_POLICY = {
+    "POIMEN_FUSION": "fusion",
+    "POIMEN_RRF_K": "rrf_k",
+    "POIMEN_DENSE_WEIGHT": "dense_weight",
+    "POIMEN_CANDIDATES": "candidates",
+    "POIMEN_CASCADE_CANDIDATES": "cascade_candidates",
+    "POIMEN_FUSION_BY_TYPE": "fusion_by_type",
+}
 
 # The OpenAI and Infinity limit on inputs per /v1/embeddings request.
 MAX_REMOTE_BATCH = 2048
@@ -63,6 +73,32 @@ class Config:
         return self.env.get(key)
 
 
+def setting(key: str, cast: Callable[[str], Any], default: Any = None, **kw: Any) -> Any:
+    """A dataclass field read from ``key`` with ``cast``: the one declaration of a setting."""
+    return field(default=default, metadata={"env": key, "cast": cast}, **kw)
+
+
+def raw(key: str) -> Any:
+    """A field taken exactly as given, blanks included (prefixes may be deliberately empty)."""
+    return field(default=None, metadata={"env": key, "cast": None})
+
+
+class FromEnv:
+    """Builds a settings dataclass from its fields' ``setting`` declarations."""
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Any:
+        values: dict[str, Any] = {}
+        for f in fields(cls):  # type: ignore[arg-type]
+            key, cast = f.metadata.get("env"), f.metadata.get("cast")
+            if key is None:
+                continue
+            value = cfg.raw(key) if cast is None else cfg(key, cast, None)
+            if value is not None:
+                values[f.name] = value
+        return cls(**values)
+
+
 def at_least(lo: float, cast: Callable[[str], T] = int) -> Callable[[str], T]:  # type: ignore[assignment]
     def parse(raw: str) -> T:
         value = cast(raw)
@@ -107,120 +143,80 @@ def http_url(raw: str) -> str:
     return raw
 
 
+def _threads() -> int:
+    return min(2, os.cpu_count() or 1)
+
+
 @dataclass(frozen=True)
-class EmbeddingSettings:
+class EmbeddingSettings(FromEnv):
     """The query/document embedder: remote when ``url`` is set, else the local ONNX model."""
 
-    url: str | None = None
-    model: str | None = None
-    api_key: str | None = None
-    dim: int | None = None
-    encoding: str | None = None
-    query_prefix: str | None = None
-    document_prefix: str | None = None
-    timeout_s: float = 10.0
-    retries: int = 3
-    remote_batch_size: int = 64
-    threads: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
-    local_batch_size: int = 16
-    cache_size: int = 1024
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> EmbeddingSettings:
-        d = cls()
-        return cls(
-            url=cfg("POIMEN_EMBEDDINGS_URL", http_url),
-            model=cfg("POIMEN_EMBEDDINGS_MODEL", str),
-            api_key=cfg("POIMEN_EMBEDDINGS_API_KEY", str),
-            dim=cfg("POIMEN_EMBEDDINGS_DIM", at_least(1)),
-            encoding=cfg("POIMEN_EMBEDDINGS_ENCODING", one_of("float", "base64")),
-            # Presence, not truthiness: an empty value deliberately turns a prefix off.
-            query_prefix=cfg.raw("POIMEN_EMBEDDINGS_QUERY_PREFIX"),
-            document_prefix=cfg.raw("POIMEN_EMBEDDINGS_DOCUMENT_PREFIX"),
-            timeout_s=cfg("POIMEN_EMBEDDINGS_TIMEOUT_S", positive, d.timeout_s),
-            retries=cfg("POIMEN_EMBEDDINGS_RETRIES", at_least(0), d.retries),
-            remote_batch_size=cfg(
-                "POIMEN_EMBEDDINGS_BATCH_SIZE", within(1, MAX_REMOTE_BATCH), d.remote_batch_size
-            ),
-            threads=cfg("POIMEN_EMBED_THREADS", at_least(1), d.threads),
-            local_batch_size=cfg("POIMEN_EMBED_BATCH_SIZE", at_least(1), d.local_batch_size),
-            cache_size=cfg("POIMEN_EMBED_CACHE_SIZE", at_least(0), d.cache_size),
-        )
+    url: str | None = setting("POIMEN_EMBEDDINGS_URL", http_url)
+    model: str | None = setting("POIMEN_EMBEDDINGS_MODEL", str)
+    api_key: str | None = setting("POIMEN_EMBEDDINGS_API_KEY", str)
+    dim: int | None = setting("POIMEN_EMBEDDINGS_DIM", at_least(1))
+    encoding: str | None = setting("POIMEN_EMBEDDINGS_ENCODING", one_of("float", "base64"))
+    query_prefix: str | None = raw("POIMEN_EMBEDDINGS_QUERY_PREFIX")
+    document_prefix: str | None = raw("POIMEN_EMBEDDINGS_DOCUMENT_PREFIX")
+    timeout_s: float = setting("POIMEN_EMBEDDINGS_TIMEOUT_S", positive, 10.0)
+    retries: int = setting("POIMEN_EMBEDDINGS_RETRIES", at_least(0), 3)
+    remote_batch_size: int = setting(
+        "POIMEN_EMBEDDINGS_BATCH_SIZE", within(1, MAX_REMOTE_BATCH), 64
+    )
+    threads: int = field(
+        default_factory=_threads, metadata={"env": "POIMEN_EMBED_THREADS", "cast": at_least(1)}
+    )
+    local_batch_size: int = setting("POIMEN_EMBED_BATCH_SIZE", at_least(1), 16)
+    cache_size: int = setting("POIMEN_EMBED_CACHE_SIZE", at_least(0), 1024)
 
 
 @dataclass(frozen=True)
-class RerankSettings:
-    url: str | None = None
-    model: str | None = None
-    api_key: str | None = None
-    dialect: str = "cohere"
-    score_scale: str = "auto"
-    timeout_s: float = 10.0
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> RerankSettings:
-        d = cls()
-        return cls(
-            url=cfg("POIMEN_RERANK_URL", http_url),
-            model=cfg("POIMEN_RERANK_MODEL", str),
-            api_key=cfg("POIMEN_RERANK_API_KEY", str),
-            dialect=cfg("POIMEN_RERANK_DIALECT", one_of("tei", "cohere"), d.dialect),
-            score_scale=cfg(
-                "POIMEN_RERANK_SCORE_SCALE",
-                one_of("auto", "unit", "percent", "logit"),
-                d.score_scale,
-            ),
-            timeout_s=cfg("POIMEN_RERANK_TIMEOUT_S", positive, d.timeout_s),
-        )
+class RerankSettings(FromEnv):
+    url: str | None = setting("POIMEN_RERANK_URL", http_url)
+    model: str | None = setting("POIMEN_RERANK_MODEL", str)
+    api_key: str | None = setting("POIMEN_RERANK_API_KEY", str)
+    dialect: str = setting("POIMEN_RERANK_DIALECT", one_of("tei", "cohere"), "cohere")
+    score_scale: str = setting(
+        "POIMEN_RERANK_SCORE_SCALE", one_of("auto", "unit", "percent", "logit"), "auto"
+    )
+    timeout_s: float = setting("POIMEN_RERANK_TIMEOUT_S", positive, 10.0)
 
 
 @dataclass(frozen=True)
-class OpenSearchSettings:
-    url: str | None = None
-    index: str = "poimen-memory"
-    timeout_s: float = 2.0
-    bulk_timeout_s: float = 30.0
-    verify_certs: bool = True
-    ca_certs: Path | None = None
-    sync_batch: int = 500
-    max_attempts: int = 5
-    backoff_s: float = 0.5
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> OpenSearchSettings:
-        d = cls()
-        return cls(
-            url=cfg("POIMEN_OPENSEARCH_URL", http_url),
-            index=cfg("POIMEN_OPENSEARCH_INDEX", str, d.index),
-            timeout_s=cfg("POIMEN_OPENSEARCH_TIMEOUT_S", positive, d.timeout_s),
-            bulk_timeout_s=cfg("POIMEN_OPENSEARCH_BULK_TIMEOUT_S", positive, d.bulk_timeout_s),
-            verify_certs=cfg("POIMEN_OPENSEARCH_VERIFY_CERTS", _bool, d.verify_certs),
-            ca_certs=cfg("POIMEN_OPENSEARCH_CA_CERTS", Path),
-            sync_batch=cfg("POIMEN_OPENSEARCH_SYNC_BATCH", at_least(1), d.sync_batch),
-            max_attempts=cfg("POIMEN_OPENSEARCH_MAX_ATTEMPTS", at_least(1), d.max_attempts),
-            backoff_s=cfg("POIMEN_OPENSEARCH_BACKOFF_S", at_least(0.0, float), d.backoff_s),
-        )
+class OpenSearchSettings(FromEnv):
+    url: str | None = setting("POIMEN_OPENSEARCH_URL", http_url)
+    index: str = setting("POIMEN_OPENSEARCH_INDEX", str, "poimen-memory")
+    timeout_s: float = setting("POIMEN_OPENSEARCH_TIMEOUT_S", positive, 2.0)
+    bulk_timeout_s: float = setting("POIMEN_OPENSEARCH_BULK_TIMEOUT_S", positive, 30.0)
+    verify_certs: bool = setting("POIMEN_OPENSEARCH_VERIFY_CERTS", _bool, True)
+    ca_certs: Path | None = setting("POIMEN_OPENSEARCH_CA_CERTS", Path)
+    sync_batch: int = setting("POIMEN_OPENSEARCH_SYNC_BATCH", at_least(1), 500)
+    max_attempts: int = setting("POIMEN_OPENSEARCH_MAX_ATTEMPTS", at_least(1), 5)
+    backoff_s: float = setting("POIMEN_OPENSEARCH_BACKOFF_S", at_least(0.0, float), 0.5)
 
 
 @dataclass(frozen=True)
-class Settings:
-    database_url: str | None = None
-    home: Path = field(default_factory=_default_home)
-    pg_port: int = 54329
-    pg_data_dir: Path | None = None
-    pg_socket_dir: Path | None = None
-    pg_bin_dir: Path | None = None
-    pool_min: int = 1
-    pool_max: int = 8
-    max_query_chars: int = 2000
-    default_limit: int = 5
-    max_limit: int = 50
-    default_timeout_s: float = 5.0
-    max_timeout_s: float = 30.0
-    rerank_depth_factor: int = 3
-    rerank_min_remaining_s: float = 0.25
-    ingest_batch: int = 64
-    pg_lexical: bool = True
+class Settings(FromEnv):
+    database_url: str | None = setting("POIMEN_DATABASE_URL", str)
+    home: Path = field(default_factory=_default_home, metadata={"env": "POIMEN_HOME", "cast": Path})
+    pg_port: int = setting("POIMEN_PG_PORT", within(1, 65535), 54329)
+    pg_data_dir: Path | None = setting("POIMEN_PG_DATA_DIR", Path)
+    pg_socket_dir: Path | None = setting("POIMEN_PG_SOCKET_DIR", Path)
+    pg_bin_dir: Path | None = setting("POIMEN_PG_BIN_DIR", Path)
+    setup_state: Path = setting("POIMEN_SETUP_STATE", Path, Path("/var/cache/poimen-memory/setup"))
+    pool_min: int = setting("POIMEN_POOL_MIN", at_least(0), 1)
+    pool_max: int = setting("POIMEN_POOL_MAX", at_least(1), 8)
+    max_query_chars: int = setting("POIMEN_MAX_QUERY_CHARS", at_least(1), 2000)
+    default_limit: int = setting("POIMEN_DEFAULT_LIMIT", at_least(1), 5)
+    max_limit: int = setting("POIMEN_MAX_LIMIT", at_least(1), 50)
+    default_timeout_s: float = setting("POIMEN_DEFAULT_TIMEOUT_S", positive, 5.0)
+    max_timeout_s: float = setting("POIMEN_MAX_TIMEOUT_S", positive, 30.0)
+    rerank_depth_factor: int = setting("POIMEN_RERANK_DEPTH_FACTOR", at_least(1), 3)
+    rerank_min_remaining_s: float = setting(
+        "POIMEN_RERANK_MIN_REMAINING_S", at_least(0.0, float), 0.25
+    )
+    ingest_batch: int = setting("POIMEN_INGEST_BATCH", at_least(1), 64)
+    pg_lexical: bool = setting("POIMEN_PG_LEXICAL", _bool, True)
     embedding: EmbeddingSettings = field(default_factory=EmbeddingSettings)
     rerank: RerankSettings = field(default_factory=RerankSettings)
     opensearch: OpenSearchSettings = field(default_factory=OpenSearchSettings)
@@ -240,29 +236,15 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         cfg = Config(os.environ if env is None else env)
-        d = cls(home=Path("."))
-        return cls(
-            database_url=cfg("POIMEN_DATABASE_URL", str),
-            home=cfg("POIMEN_HOME", Path, None) or _default_home(),
-            pg_port=cfg("POIMEN_PG_PORT", within(1, 65535), d.pg_port),
-            pg_data_dir=cfg("POIMEN_PG_DATA_DIR", Path),
-            pg_socket_dir=cfg("POIMEN_PG_SOCKET_DIR", Path),
-            pg_bin_dir=cfg("POIMEN_PG_BIN_DIR", Path),
-            pool_min=cfg("POIMEN_POOL_MIN", at_least(0), d.pool_min),
-            pool_max=cfg("POIMEN_POOL_MAX", at_least(1), d.pool_max),
-            max_query_chars=cfg("POIMEN_MAX_QUERY_CHARS", at_least(1), d.max_query_chars),
-            default_limit=cfg("POIMEN_DEFAULT_LIMIT", at_least(1), d.default_limit),
-            max_limit=cfg("POIMEN_MAX_LIMIT", at_least(1), d.max_limit),
-            default_timeout_s=cfg("POIMEN_DEFAULT_TIMEOUT_S", positive, d.default_timeout_s),
-            max_timeout_s=cfg("POIMEN_MAX_TIMEOUT_S", positive, d.max_timeout_s),
-            rerank_depth_factor=cfg(
-                "POIMEN_RERANK_DEPTH_FACTOR", at_least(1), d.rerank_depth_factor
-            ),
-            rerank_min_remaining_s=cfg(
-                "POIMEN_RERANK_MIN_REMAINING_S", at_least(0.0, float), d.rerank_min_remaining_s
-            ),
-            ingest_batch=cfg("POIMEN_INGEST_BATCH", at_least(1), d.ingest_batch),
-            pg_lexical=cfg("POIMEN_PG_LEXICAL", _bool, d.pg_lexical),
+        for key, policy_key in MOVED_TO_POLICY.items():
+            if cfg.raw(key) is not None:
+                raise ConfigError(
+                    f"{key} is no longer read: retrieval policy lives in the database",
+                    hint=f"SELECT memory.set_policy('{policy_key}', '<value>');",
+                )
+        top: Settings = cls.from_config(cfg)
+        return replace(
+            top,
             embedding=EmbeddingSettings.from_config(cfg),
             rerank=RerankSettings.from_config(cfg),
             opensearch=OpenSearchSettings.from_config(cfg),

@@ -115,7 +115,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         choices=["category", "type"],
         default="category",
         help="break the sweep down by the queries' category (default, when they have one) or "
-        "by the optimizer's question type (what POIMEN_FUSION_BY_TYPE selects on)",
+        "by the optimizer's question type (what the fusion_by_type policy selects on)",
     )
     p.add_argument("--json", type=Path, metavar="OUT", help="write the results as JSON")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="bar chart of the modes")

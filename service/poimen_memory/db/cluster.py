@@ -16,20 +16,19 @@ from pathlib import Path
 
 from poimen_memory.errors import ClusterError
 
-# Written by scripts/setup.sh (same POIMEN_SETUP_STATE override).
-SETUP_STATE = (
-    Path(os.environ.get("POIMEN_SETUP_STATE", "/var/cache/poimen-memory/setup")) / "pg_major"
-)
+# Where scripts/setup.sh records the PostgreSQL major it prepared (POIMEN_SETUP_STATE).
+DEFAULT_SETUP_STATE = Path("/var/cache/poimen-memory/setup")
 INITDB_CACHE = Path("/var/cache/poimen-memory/initdb")
 DB_NAME = "poimen"
 
 
-def find_pg_bin(explicit: Path | None = None) -> Path:
+def find_pg_bin(explicit: Path | None = None, setup_state: Path = DEFAULT_SETUP_STATE) -> Path:
     """Pick the server that `make setup` prepared (it has plpython3u and pgvector)."""
     if explicit is not None:
         return explicit
-    if SETUP_STATE.exists():
-        major = SETUP_STATE.read_text().strip()
+    recorded = setup_state / "pg_major"
+    if recorded.exists():
+        major = recorded.read_text().strip()
         candidate = Path(f"/usr/lib/postgresql/{major}/bin")
         if (candidate / "postgres").exists():
             return candidate

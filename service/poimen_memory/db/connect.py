@@ -19,7 +19,7 @@ def embedded_cluster(settings: Settings) -> Cluster:
         data_dir=settings.data_dir,
         socket_dir=settings.socket_dir,
         port=settings.pg_port,
-        bin_dir=find_pg_bin(settings.pg_bin_dir),
+        bin_dir=find_pg_bin(settings.pg_bin_dir, settings.setup_state),
     )
 
 

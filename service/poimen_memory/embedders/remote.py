@@ -223,14 +223,8 @@ class RemoteEmbedder:
                 response = await client.post(
                     self.endpoint, json=payload, headers=self._headers, timeout=timeout
                 )
-        except (TimeoutError, httpx.TimeoutException):
-            raise EmbeddingUnavailable(
-                f"embedding server did not answer within {timeout:.3g}s", reason="timeout"
-            ) from None
-        except httpx.HTTPError as exc:
-            raise EmbeddingUnavailable(
-                f"embedding server unreachable: {exc!r}", reason="transport"
-            ) from exc
+        except (TimeoutError, httpx.HTTPError) as exc:
+            raise self._transport_error(exc, timeout) from exc
         first: Vector = self._parse(response, 1)[0]
         return first
 
@@ -268,15 +262,20 @@ class RemoteEmbedder:
             response = client.post(
                 self.endpoint, json=self._payload(inputs), headers=self._headers, timeout=timeout
             )
-        except httpx.TimeoutException:
-            raise EmbeddingUnavailable(
-                f"embedding server did not answer within {timeout:.3g}s", reason="timeout"
-            ) from None
         except httpx.HTTPError as exc:
-            raise EmbeddingUnavailable(
-                f"embedding server unreachable: {exc!r}", reason="transport"
-            ) from exc
+            raise self._transport_error(exc, timeout) from exc
         return self._parse(response, len(inputs))
+
+    def _transport_error(self, exc: Exception, timeout: float) -> EmbeddingUnavailable:
+        """No HTTP answer at all: a timeout, or a refused/reset/unresolvable connection."""
+        if isinstance(exc, TimeoutError | httpx.TimeoutException):
+            return EmbeddingUnavailable(
+                f"embedding server {self.endpoint} did not answer within {timeout:.3g}s",
+                reason="timeout",
+            )
+        return EmbeddingUnavailable(
+            f"embedding server {self.endpoint} unreachable: {exc!r}", reason="transport"
+        )
 
     def _post_with_retries(self, inputs: list[str]) -> Vectors:
         client = self._sync_client()

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from poimen_memory.retrieval.policy import Policy
+
 LEVELS = ("L0", "L1", "L2")
 FUSION_METHODS = ("rrf", "convex")
 STRATEGIES = ("LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly")
@@ -29,15 +31,9 @@ class QueryRequest:
 
 
 @dataclass(frozen=True)
-class PolicyRow:
+class PolicyRow(Policy):
     """memory.policy(), plus whether the requested project exists (one round trip)."""
 
-    fusion: str
-    rrf_k: int
-    dense_weight: float
-    candidates: int
-    cascade_candidates: int
-    fusion_by_type: dict[str, str]
     project_exists: bool
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -283,13 +283,6 @@ class Retriever:
         trace.metrics["embedding_cache_hit"] = hit
         return vec
 
-    async def _timed(self, key: str, trace: Trace, aw: Awaitable[T]) -> T:
-        t0 = time.monotonic()
-        try:
-            return await aw
-        finally:
-            trace.timed(key, t0)
-
     async def _lexical(
         self, req: QueryRequest, levels: list[str], k: int, deadline: Deadline, trace: Trace
     ) -> Leg:
@@ -351,13 +344,7 @@ class Retriever:
             "k": k,
             "ef_search": None,
         }
-        rows = await self._timed(
-            "semantic_time_ms",
-            trace,
-            self._sql(deadline, "semantic", "semantic_search", params, RankedRow),
-        )
-        trace.engines["semantic"] = "hnsw"
-        return Leg.of(rows, "hnsw")
+        return await self._vector_leg("semantic_search", "hnsw", params, deadline, trace)
 
     async def _by_ids(
         self,
@@ -379,13 +366,18 @@ class Retriever:
             "levels": levels,
             "k": max(len(lex.ids), 1) if fusion == "convex" else rerank_k,
         }
-        rows = await self._timed(
-            "semantic_time_ms",
-            trace,
-            self._sql(deadline, "semantic", "search_by_ids", params, RankedRow),
-        )
-        trace.engines["semantic"] = "by-ids"
-        return Leg.of(rows, "by-ids")
+        return await self._vector_leg("search_by_ids", "by-ids", params, deadline, trace)
+
+    async def _vector_leg(
+        self, name: str, engine: str, params: dict[str, Any], deadline: Deadline, trace: Trace
+    ) -> Leg:
+        t0 = time.monotonic()
+        try:
+            rows = await self._sql(deadline, "semantic", name, params, RankedRow)
+        finally:
+            trace.timed("semantic_time_ms", t0)
+        trace.engines["semantic"] = engine
+        return Leg.of(rows, engine)
 
     async def _rerank(
         self, req: QueryRequest, ids: list[int], deadline: Deadline, trace: Trace

@@ -1,0 +1,97 @@
+"""The tree's promises, checked from the source: the product never imports the lab, the
+product package has no import cycle, and the embedder interface imports no implementation."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SERVICE = Path(__file__).resolve().parents[1] / "service"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SERVICE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, known: set[str]) -> set[str]:
+    """Every module of ours this file imports, at module level or inside functions."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from pkg import mod` imports pkg.mod when that is a module of ours.
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        out.update(n for n in names if n in known or n.split(".")[0] == "poimen_lab")
+    return out
+
+
+def _graph(package: str) -> dict[str, set[str]]:
+    files = {_module_name(p): p for p in (SERVICE / package).rglob("*.py")}
+    known = set(files)
+    return {name: _imports(path, known) - {name} for name, path in files.items()}
+
+
+def test_relative_imports_are_not_used() -> None:
+    # The checks below read absolute imports only; keep it that way.
+    for path in (SERVICE / "poimen_memory").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)), (
+            f"{path} uses a relative import"
+        )
+
+
+def test_the_product_never_imports_the_lab() -> None:
+    graph = _graph("poimen_memory")
+    offenders = {
+        m: sorted(d) for m, d in graph.items() if any(x.startswith("poimen_lab") for x in d)
+    }
+    assert offenders == {}
+
+
+def test_the_product_has_no_import_cycle() -> None:
+    graph = _graph("poimen_memory")
+    assert len(graph) > 30  # the walk really read the package
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                cycles.append([*stack[stack.index(d) :], d])
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert cycles == []
+
+
+def test_the_embedder_interface_imports_no_implementation() -> None:
+    graph = _graph("poimen_memory")
+    assert graph["poimen_memory.embedders.base"].isdisjoint(
+        {"poimen_memory.embedders.local", "poimen_memory.embedders.remote"}
+    )
+
+
+def test_only_settings_reads_the_environment() -> None:
+    """Settings are parsed once: no other product module reads a variable from os.environ
+    (passing the environment through to a child process is not reading it)."""
+    readers = []
+    for path in (SERVICE / "poimen_memory").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            target = node.value if isinstance(node, ast.Subscript) else None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                target = node.func.value if node.func.attr in ("get", "pop") else node.func
+            if isinstance(target, ast.Attribute) and target.attr in ("environ", "getenv"):
+                readers.append(_module_name(path))
+    assert sorted(set(readers)) == ["poimen_memory.settings"]
