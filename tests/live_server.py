@@ -1,0 +1,59 @@
+"""The real server in its own process: uvicorn serving ``create_app`` (the same factory as
+``poimen-memory serve``) on a free loopback port, its output captured to a file."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+START_TIMEOUT_S = 90.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def live_server(env: Mapping[str, str], output: Path) -> Iterator[str]:
+    """Yields the base URL once GET /healthz answers 200; stops the process on exit."""
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "uvicorn", "poimen_memory.api.app:create_app", "--factory",
+        "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning",
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    with output.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT
+        )
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited ({proc.returncode}):\n{output.read_text()}")
+                try:
+                    if httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"server did not start:\n{output.read_text()}")
+                time.sleep(0.1)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=15)

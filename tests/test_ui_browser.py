@@ -1,0 +1,289 @@
+"""The query explorer in a real browser: Debian's Chromium, driven by Playwright, against the
+real server (its own uvicorn process) on a real database loaded with the demo corpus.
+
+Chromium comes from scripts/setup-browser.sh (apt); Playwright never downloads a browser
+here. POIMEN_EXPLORER_SCREENSHOT=path saves the main test's page as a PNG (the README's
+docs/explorer.png is made that way).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import psycopg
+import pytest
+from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
+
+from live_server import live_server
+from poimen_memory.db.cluster import Cluster
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+QUESTION = "why did requests over 10KB fail"
+TIMEOUT_MS = 20_000
+
+
+@pytest.fixture(scope="module")
+def server(
+    cluster: Cluster,
+    admin: psycopg.Connection[Any],
+    template_db: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[str]:
+    """One server for the module, on its own copy of the fixture database."""
+    name = f"ui_{uuid.uuid4().hex[:12]}"
+    admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    output = tmp_path_factory.mktemp("ui") / "server.log"
+    try:
+        with live_server({"POIMEN_DATABASE_URL": cluster.url(name)}, output) as url:
+            yield url
+    finally:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/setup-browser.sh (make setup-dev)")
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    b = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def page(browser: Browser, server: str) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    p = context.new_page()
+    p.set_default_timeout(TIMEOUT_MS)
+    outside: list[str] = []
+    p.on("request", lambda r: outside.append(r.url) if not r.url.startswith(server) else None)
+    yield p
+    context.close()
+    assert not outside, f"the page reached beyond its own server: {outside}"
+
+
+def ui_url(server: str, **params: str) -> str:
+    return f"{server}/ui?{urlencode(params)}"
+
+
+def open_query(page: Page, url: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """Open the explorer at ``url`` and return the JSON and headers the page rendered."""
+    with page.expect_response(lambda r: "/memory/query?" in r.url) as info:
+        page.goto(url)
+    response = info.value
+    assert response.status == 200, response.text()
+    body: dict[str, Any] = response.json()
+    expect(page.locator("#results > li.result")).to_have_count(len(body["results"]))
+    return body, response.headers
+
+
+def fmt(x: float | None) -> str:
+    """The page's number format: three decimals, trailing zeros dropped; a dash for none."""
+    return "—" if x is None else f"{x:.3f}".rstrip("0").rstrip(".")
+
+
+def ms(x: float) -> str:
+    """The page's duration format: one decimal, two below a millisecond."""
+    return f"{x:.2f} ms" if abs(x) < 1 else f"{x:.1f} ms"
+
+
+def bar_fraction(page: Page, stage: str) -> float:
+    track = page.locator(f'.waterfall .stage[data-stage="{stage}"] .track')
+    fill = track.locator(".bar")
+    t, f = track.bounding_box(), fill.bounding_box()
+    assert t and f and t["width"] > 0
+    return float(f["width"] / t["width"])
+
+
+def test_linked_query_renders_results_provenance_plan_and_timings(page: Page, server: str) -> None:
+    body, headers = open_query(page, ui_url(server, query=QUESTION, project="poimen"))
+    assert body["results"], "the demo question must find something"
+
+    # The form is filled from the URL, so the answer is linked and opens ready.
+    expect(page.locator("#query")).to_have_value(QUESTION)
+    expect(page.locator("#project")).to_have_value("poimen")
+
+    # Results, in the API's order, with each leg's rank and score and the fused score.
+    results = page.locator("#results > li.result")
+    for i, r in enumerate(body["results"]):
+        item = results.nth(i)
+        expect(item.locator(".result-text")).to_have_text(r["text"])
+        expect(item.locator(".result-head .badge")).to_have_text(r["level"])
+        expect(item.locator(".result-head .source")).to_have_text(r["source"])
+        sem = item.locator('[data-leg="semantic"]')
+        lex = item.locator('[data-leg="lexical"]')
+        rank = r["semantic_rank"]
+        expect(sem.locator(".leg-rank")).to_have_text(f"rank {rank}" if rank else "not in leg")
+        rank = r["lexical_rank"]
+        expect(lex.locator(".leg-rank")).to_have_text(f"rank {rank}" if rank else "not in leg")
+        if r["lexical_score"] is None:
+            expect(lex.locator(".leg-score")).to_have_count(0)
+        else:
+            expect(lex.locator(".leg-score")).to_have_text(f"score {fmt(r['lexical_score'])}")
+        expect(sem.locator(".leg-score")).to_have_text(f"cosine {fmt(r['query_score'])}")
+        expect(item.locator(".final-score")).to_have_text(fmt(r["final_score"]))
+        expect(item.locator('[data-leg="fused"] .leg-rank')).to_have_text(r["fusion_method"])
+    first = results.first
+    expect(first.locator(".result-text")).to_contain_text("Requests with bodies over 10KB failed")
+
+    # Provenance: collapsed at first; opened from the keyboard, it shows the L0 evidence with
+    # its source and timestamp.
+    l0 = body["results"][0]["parents"][0]
+    assert l0["level"] == "L0"
+    evidence = first.locator(f'.tree .node[data-level="L0"]:has-text("{l0["source"]}")')
+    expect(evidence).to_be_hidden()
+    first.locator(".provenance > summary").focus()
+    page.keyboard.press("Enter")
+    expect(evidence).to_be_visible()
+    expect(evidence.locator(".node-text")).to_have_text(l0["text"])
+    expect(evidence.locator(".ts")).to_have_text("2024-03-04 09:12 UTC")
+    expect(evidence.locator(".badge")).to_have_text("L0")
+
+    # An L2 synthesis: L2 -> L1 -> L0, two levels of the tree down.
+    l2_index = next(i for i, r in enumerate(body["results"]) if r["level"] == "L2")
+    l2 = results.nth(l2_index)
+    l1 = body["results"][l2_index]["parents"][0]
+    assert l1["level"] == "L1" and l1["parents"]
+    deep = l1["parents"][0]
+    l2.locator(".provenance > summary").click()
+    l1_node = l2.locator(f'.tree .node[data-level="L1"]:has-text("{l1["source"]}")').first
+    expect(l1_node).to_be_visible()
+    deep_node = l1_node.locator(f'.node[data-level="L0"]:has-text("{deep["source"]}")')
+    expect(deep_node).to_be_hidden()
+    l1_node.locator("summary").first.click()
+    expect(deep_node).to_be_visible()
+    expect(deep_node.locator(".node-text")).to_have_text(deep["text"])
+
+    # The plan.
+    plan = body["plan"]
+    expect(page.locator("#plan-body .strategy")).to_have_text(body["search_strategy"])
+    expect(page.locator("#plan-body .question-type")).to_have_text(plan["question_type"])
+    reasons = page.locator("#plan-body .reasons li")
+    expect(reasons).to_have_count(len(plan["reasons"]) + len(plan["why"]))
+    expect(reasons.first).to_have_text(plan["reasons"][0])
+    expect(page.locator("#plan-body .engines")).to_contain_text("lexical: postgres-bm25")
+
+    # The waterfall: one bar per stage that ran, its width the stage's share of the total.
+    metrics = body["metrics"]
+    ran = [
+        s
+        for s in ("embed", "lexical", "semantic", "fusion", "provenance")
+        if metrics[f"{s}_time_ms"] > 0
+    ]
+    assert {"lexical", "fusion", "provenance"} <= set(ran)
+    for stage in ran:
+        stage_row = page.locator(f'.waterfall .stage[data-stage="{stage}"]')
+        expect(stage_row.locator(".stage-ms")).to_have_text(ms(metrics[f"{stage}_time_ms"]))
+        share = metrics[f"{stage}_time_ms"] / metrics["total_time_ms"]
+        assert bar_fraction(page, stage) == pytest.approx(max(share, 0.006), abs=0.01), stage
+    assert bar_fraction(page, "total") == pytest.approx(1.0, abs=0.01)
+    expect(page.locator('.waterfall .stage[data-stage="rerank"]')).to_have_count(0)
+    expect(page.locator("#timings-body")).to_contain_text("Not run: rerank")
+
+    # Degraded stages, shown plainly; the request id the server returned.
+    expect(page.locator("#degraded")).to_be_visible()
+    expect(page.locator("#degraded-list li")).to_have_text(["rerank — not_configured"])
+    expect(page.locator("#status")).to_contain_text(f"request {headers['x-request-id']}")
+
+    target = os.environ.get("POIMEN_EXPLORER_SCREENSHOT")
+    if target:
+        # The same question again, warm (cached embedding, hot buffers), as a user sees it.
+        open_query(page, page.url)
+        results.first.locator(".provenance > summary").click()
+        results.nth(l2_index).locator(".provenance > summary").click()
+        results.nth(l2_index).locator(".tree summary").first.click()
+        page.locator("#query").focus()
+        page.screenshot(path=target, full_page=True)
+
+
+def test_keyboard_search_updates_the_url_and_history(page: Page, server: str) -> None:
+    page.goto(f"{server}/ui")
+    expect(page.locator("#status")).to_have_text("Type a query and press Enter.")
+    expect(page.locator("#query")).to_be_focused()
+    page.keyboard.type("kong body buffer")
+    page.keyboard.press("Tab")
+    expect(page.locator("#project")).to_be_focused()
+    page.keyboard.type("poimen")
+    with page.expect_response(lambda r: "/memory/query?" in r.url) as first:
+        page.keyboard.press("Enter")
+    assert first.value.status == 200
+    assert re.search(
+        r"/ui\?query=kong\+body\+buffer&project=poimen&level=L1%2CL2&limit=5$", page.url
+    )
+    expect(page.locator("#results > li.result").first).to_contain_text("Kong")
+
+    # A second query with a forced strategy and only L0 evidence.
+    page.locator("#query").fill("readiness probe 8080")
+    page.locator("#strategy").select_option("LexicalOnly")
+    page.locator('input[name="level"][value="L1"]').uncheck()
+    page.locator('input[name="level"][value="L2"]').uncheck()
+    page.locator('input[name="level"][value="L0"]').check()
+    with page.expect_response(lambda r: "/memory/query?" in r.url) as second:
+        page.locator("#query").press("Enter")
+    body = second.value.json()
+    assert body["search_strategy"] == "LexicalOnly" and body["level_filter"] == ["L0"]
+    expect(page.locator("#results > li.result .result-head .badge")).to_have_text(
+        ["L0"] * len(body["results"])
+    )
+    expect(page.locator("#plan-body .strategy")).to_have_text("LexicalOnly")
+    expect(page.locator('.waterfall .stage[data-stage="semantic"]')).to_have_count(0)
+
+    # Back restores the first query, from the URL alone.
+    with page.expect_response(lambda r: "/memory/query?" in r.url):
+        page.go_back()
+    expect(page.locator("#query")).to_have_value("kong body buffer")
+    expect(page.locator('input[name="level"][value="L1"]')).to_be_checked()
+    expect(page.locator("#results > li.result").first).to_contain_text("Kong")
+
+    # "/" jumps back to the query box from anywhere on the page.
+    page.locator("#results-heading").focus()
+    page.keyboard.press("/")
+    expect(page.locator("#query")).to_be_focused()
+
+
+def test_errors_are_shown_plainly(page: Page, server: str) -> None:
+    with page.expect_response(lambda r: "/memory/query?" in r.url) as info:
+        page.goto(ui_url(server, query=QUESTION, project="no-such-project"))
+    assert info.value.status == 404
+    expect(page.locator("#error")).to_be_visible()
+    expect(page.locator("#error-text")).to_contain_text("404 unknown_project")
+    expect(page.locator("#error-text")).to_contain_text("unknown project 'no-such-project'")
+    expect(page.locator("#results > li")).to_have_count(0)
+
+
+def test_readable_on_a_narrow_screen(browser: Browser, server: str) -> None:
+    context = browser.new_context(viewport={"width": 360, "height": 740}, is_mobile=True)
+    try:
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        open_query(page, ui_url(server, query=QUESTION, project="poimen"))
+        page.locator("#results > li.result").first.locator(".provenance > summary").click()
+        # Nothing wider than the screen, and the side panels stack under the results.
+        widths = page.evaluate(
+            "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+        )
+        assert widths[0] <= widths[1], widths
+        results_box = page.locator("#results").bounding_box()
+        plan_box = page.locator("#plan").bounding_box()
+        assert results_box and plan_box and plan_box["y"] > results_box["y"]
+        assert plan_box["x"] + plan_box["width"] <= 360
+        target = os.environ.get("POIMEN_EXPLORER_SCREENSHOT")
+        if target:
+            page.screenshot(path=target.replace(".png", "-narrow.png"), full_page=True)
+    finally:
+        context.close()
