@@ -10,7 +10,7 @@ import pytest
 
 from poimen_memory.db.connect import connect
 from poimen_memory.embedders.local import LocalEmbedder
-from poimen_memory.errors import IngestError
+from poimen_memory.errors import EmbeddingModelMismatch, IngestError
 from poimen_memory.ingest.nodes import node_sha256, parse_lines
 from poimen_memory.ingest.writer import ingest
 
@@ -123,6 +123,52 @@ def test_embedding_model_mismatch_is_refused(fixture_url: str) -> None:
     other = LocalEmbedder()
     other.model_name = "some-other-model"
     records, _ = parse_lines(_lines({"level": "L0", "project": "poimen", "text": "new text"}))
-    with connect(fixture_url, autocommit=True) as conn, pytest.raises(psycopg.Error) as exc:
+    with (
+        connect(fixture_url, autocommit=True) as conn,
+        pytest.raises(EmbeddingModelMismatch) as exc,
+    ):
         ingest(conn, records, other, progress=False)
-    assert exc.value.sqlstate == "PM409"
+    assert exc.value.sqlstate == "PM409" and exc.value.http_status == 409
+
+
+class _DiesAfter:
+    """The real embedder, which fails on its n-th batch: a CLI ingest killed mid-way."""
+
+    def __init__(self, inner: LocalEmbedder, batches: int) -> None:
+        self.inner, self.left = inner, batches
+        self.model_name, self.dim = inner.model_name, inner.dim
+
+    def embed_documents(self, texts: Any) -> Any:
+        if self.left == 0:
+            raise KeyboardInterrupt
+        self.left -= 1
+        return self.inner.embed_documents(texts)
+
+
+def test_an_interrupted_bulk_ingest_leaves_no_node_without_its_provenance(
+    empty_url: str, embedder: LocalEmbedder
+) -> None:
+    """Children listed before their parents, small batches, killed after three: every
+    committed L1/L2 node already has its edges, and a re-run completes the rest."""
+    from poimen_memory.db.migrate import migrate
+
+    memories = [
+        {"id": f"m{i}", "level": "L1", "project": "p", "text": f"memory {i}",
+         "parents": [f"e{i}", f"e{i + 1}"]} for i in range(4)
+    ]  # fmt: skip
+    turns = [{"id": f"e{i}", "level": "L0", "project": "p", "text": f"turn {i}"} for i in range(5)]
+    nodes = memories + turns
+    records, _ = parse_lines(_lines(*nodes))
+    with connect(empty_url, autocommit=True) as conn:
+        migrate(conn, None)
+        with pytest.raises(KeyboardInterrupt):
+            ingest(conn, records, _DiesAfter(embedder, 3), batch_size=2, progress=False)  # type: ignore[arg-type]
+        orphans = conn.execute(
+            "SELECT count(*) FROM memory.nodes n WHERE n.level <> 'L0' "
+            "AND NOT EXISTS (SELECT 1 FROM memory.edges e WHERE e.child_id = n.id)"
+        ).fetchone()
+        stored = conn.execute("SELECT count(*) FROM memory.nodes").fetchone()
+        assert orphans == (0,) and stored == (6,)  # 3 batches of 2: 5 L0 and 1 L1
+        report = ingest(conn, records, embedder, batch_size=2, progress=False)
+        assert (report.inserted, report.duplicates, report.edges) == (3, 6, 6)
+        assert conn.execute("SELECT count(*) FROM memory.edges").fetchone() == (8,)

@@ -61,6 +61,18 @@ class IngestError(PoimenError, code="invalid_node", status=400):
     """A node failed validation; nothing of the batch was written."""
 
 
+class PayloadTooLarge(PoimenError, code="payload_too_large", status=413):
+    """A request body over POIMEN_MAX_BODY_BYTES; it was not read to the end."""
+
+
+class Busy(PoimenError, code="busy", status=503):
+    """Every ingest slot is taken (POIMEN_INGEST_WORKERS + POIMEN_INGEST_QUEUE); retry later."""
+
+
+class ConflictError(PoimenError, code="conflict", status=409):
+    """A write collided with stored data (23505: a unique key, e.g. a project's node id)."""
+
+
 class ConfigError(PoimenError, ValueError, code="config_error"):
     """A setting (environment variable) has an unusable value; the message names it."""
 
@@ -144,6 +156,7 @@ SQLSTATE_TABLE: dict[str, type[PoimenError]] = {
     "22023": ValidationError,
     "22P02": ValidationError,
     "22000": ValidationError,
+    "23505": ConflictError,
     "57014": DeadlineExceeded,
     "57P01": DatabaseUnavailable,
     "53300": DatabaseUnavailable,

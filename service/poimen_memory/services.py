@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,10 @@ class Services:
     reranker: RerankClient | None
     opensearch: OpenSearchEngine | None
     retriever: Retriever
+    ingest_pool: ThreadPoolExecutor
+    """Ingest runs here, never in the default pool the query path embeds in."""
+    ingest_slots: asyncio.Semaphore
+    """Running plus waiting ingests; when none is free a request is refused (503 busy)."""
 
 
 @contextlib.asynccontextmanager
@@ -65,4 +70,9 @@ async def open_services(
             stack.callback(opensearch.close)
         cache = QueryEmbeddingCache(settings.embedding.cache_size)
         retriever = Retriever(pool, emb, cache, settings, reranker=reranker, opensearch=opensearch)
-        yield Services(settings, url, pool, emb, cache, reranker, opensearch, retriever)
+        ingest_pool = ThreadPoolExecutor(settings.ingest_workers, thread_name_prefix="ingest")
+        stack.callback(ingest_pool.shutdown, wait=False, cancel_futures=True)
+        slots = asyncio.Semaphore(settings.ingest_workers + settings.ingest_queue)
+        yield Services(
+            settings, url, pool, emb, cache, reranker, opensearch, retriever, ingest_pool, slots
+        )

@@ -216,7 +216,12 @@ class Settings(FromEnv):
         "POIMEN_RERANK_MIN_REMAINING_S", at_least(0.0, float), 0.25
     )
     ingest_batch: int = setting("POIMEN_INGEST_BATCH", at_least(1), 64)
+    ingest_workers: int = setting("POIMEN_INGEST_WORKERS", at_least(1), 1)
+    ingest_queue: int = setting("POIMEN_INGEST_QUEUE", at_least(0), 4)
+    max_body_bytes: int = setting("POIMEN_MAX_BODY_BYTES", at_least(1024), 10 * 1024 * 1024)
     pg_lexical: bool = setting("POIMEN_PG_LEXICAL", _bool, True)
+    # The request log never carries query text unless this is on (docs/observability.md).
+    log_query_text: bool = setting("POIMEN_LOG_QUERY_TEXT", _bool, False)
     embedding: EmbeddingSettings = field(default_factory=EmbeddingSettings)
     rerank: RerankSettings = field(default_factory=RerankSettings)
     opensearch: OpenSearchSettings = field(default_factory=OpenSearchSettings)

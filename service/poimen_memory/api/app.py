@@ -13,18 +13,21 @@ from typing import Any
 import psycopg
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from poimen_memory.api import metrics, ui
 from poimen_memory.api.openapi import openapi_spec
 from poimen_memory.api.params import parse_query
+from poimen_memory.api.request_log import RequestLogMiddleware
 from poimen_memory.db.connect import connect
 from poimen_memory.db.queries import q
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
-from poimen_memory.errors import PoimenError, ValidationError
-from poimen_memory.ingest.nodes import parse_lines
+from poimen_memory.errors import Busy, PayloadTooLarge, PoimenError, ValidationError
+from poimen_memory.ingest.nodes import MAX_JSON_DEPTH, loads, parse_lines
 from poimen_memory.ingest.writer import ingest
 from poimen_memory.services import Services, open_services
 from poimen_memory.settings import Settings
@@ -51,31 +54,57 @@ async def _db_error(request: Request, exc: Exception) -> JSONResponse:
 async def memory_query(request: Request) -> JSONResponse:
     state: Services = request.app.state.poimen
     req = parse_query(request.query_params, state.settings)
-    return JSONResponse(await state.retriever.query(req))
+    body = await state.retriever.query(req)
+    metrics.observe_query(request, body)
+    return JSONResponse(body)
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) as soon as it passes ``limit`` bytes."""
+    declared = request.headers.get("content-length", "")
+    too_large = PayloadTooLarge(
+        f"request body is over {limit} bytes",
+        hint="POIMEN_MAX_BODY_BYTES sets the limit; split the nodes over several requests",
+    )
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def post_nodes(request: Request) -> JSONResponse:
-    """Ingest JSON nodes (an array, or NDJSON) through the same code as the CLI."""
+    """Ingest JSON nodes (an array, or NDJSON) through the same code as the CLI, as one
+    transaction: every node is written, or none is."""
     state: Services = request.app.state.poimen
-    body = (await request.body()).decode("utf-8", errors="replace")
+    raw = await _body(request, state.settings.max_body_bytes)
+    try:
+        body = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValidationError(f"body is not UTF-8 (byte {exc.start})") from exc
     stripped = body.lstrip()
     if stripped.startswith("["):
         try:
-            items = json.loads(stripped)
+            items = loads(stripped, MAX_JSON_DEPTH + 1)
         except json.JSONDecodeError as exc:
-            return _error(ValidationError(f"body is not valid JSON: {exc.msg}"))
+            raise ValidationError(f"body is not valid JSON: {exc.msg}") from exc
+        except ValueError as exc:
+            raise ValidationError(f"body is not valid JSON: {exc}") from exc
         lines = [json.dumps(i) for i in items] if isinstance(items, list) else []
     else:
         lines = body.splitlines()
     records, invalid = parse_lines(lines, request.query_params.get("project"))
     if not records and not invalid:
-        return _error(ValidationError("no nodes in the request body"))
+        raise ValidationError("no nodes in the request body")
     if state.embedder is None:
-        return _error(ValidationError("no embedder configured; cannot ingest"))
+        raise ValidationError("no embedder configured; cannot ingest")
     embedder = state.embedder
 
     def run() -> dict[str, Any]:
-        # autocommit: each ingest batch is its own transaction, as documented.
         with connect(state.url, autocommit=True) as conn:
             report = ingest(
                 conn,
@@ -83,13 +112,21 @@ async def post_nodes(request: Request) -> JSONResponse:
                 embedder,
                 invalid=invalid,
                 skip_invalid=request.query_params.get("skip_invalid") == "true",
-                batch_size=state.settings.ingest_batch,
                 outbox=state.opensearch is not None,
                 progress=False,
+                atomic=True,
             )
             return report.to_json()
 
-    return JSONResponse(await asyncio.to_thread(run), status_code=201)
+    if state.ingest_slots.locked():
+        raise Busy(
+            "every ingest slot is taken",
+            hint="retry later; POIMEN_INGEST_WORKERS and POIMEN_INGEST_QUEUE set the capacity",
+        )
+    async with state.ingest_slots:
+        loop = asyncio.get_running_loop()
+        report = await loop.run_in_executor(state.ingest_pool, run)
+    return JSONResponse(report, status_code=201)
 
 
 async def healthz(request: Request) -> JSONResponse:
@@ -178,6 +215,12 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
             Route("/memory/nodes", post_nodes, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
+            *metrics.routes,
+            *ui.routes,
+        ],
+        middleware=[
+            Middleware(RequestLogMiddleware, log_query_text=cfg.log_query_text),
+            Middleware(metrics.MetricsMiddleware),
         ],
         lifespan=lifespan,
     )

@@ -29,6 +29,9 @@ def _number(
 
 
 def parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
+    for name, value in params.items():
+        if "\x00" in value:  # PostgreSQL text cannot hold NUL
+            raise ValidationError(f"{name} contains a NUL character")
     query = params.get("query", "")
     if not query.strip():
         raise ValidationError("query is required and must not be empty")

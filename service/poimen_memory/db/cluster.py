@@ -8,6 +8,7 @@ root), so the data directory must live outside /root.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import time
@@ -127,6 +128,27 @@ class Cluster:
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
 
+    def _lock_down(self) -> None:
+        """Only the server's own OS user (and root, mapped to it) may connect: peer
+        authentication over a socket in a directory no one else can enter. Written before
+        every start, so clusters made by older versions (trust, 0777 socket) are fixed."""
+        me = "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+        (self.data_dir / "pg_hba.conf").write_text(
+            "# Written by poimen-memory (db/cluster.py): local peer authentication only.\n"
+            "local all all peer map=poimen\n"
+        )
+        users = ["postgres", "root"] if os.geteuid() == 0 else [me]
+        (self.data_dir / "pg_ident.conf").write_text(
+            "# OS user -> database role; nobody else may connect.\n"
+            + "".join(f"poimen {u} postgres\n" for u in users)
+        )
+        for name in ("pg_hba.conf", "pg_ident.conf"):
+            (self.data_dir / name).chmod(0o600)
+            _chown_postgres(self.data_dir / name)
+        self.socket_dir.mkdir(parents=True, exist_ok=True)
+        _chown_postgres(self.socket_dir)
+        self.socket_dir.chmod(0o700)
+
     def running(self) -> bool:
         proc = self._run(
             str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "status", check=False
@@ -138,8 +160,7 @@ class Cluster:
         self.init()
         if self.running():
             return
-        self.socket_dir.mkdir(parents=True, exist_ok=True)
-        _chown_postgres(self.socket_dir)
+        self._lock_down()
         opts = [
             f"-p {self.port}",
             f"-k {self.socket_dir}",

@@ -30,7 +30,7 @@ ON CONFLICT (sha256) DO NOTHING
 RETURNING id, sha256;
 
 -- name: ids_by_external_id
-SELECT p.name, n.external_id, n.id
+SELECT p.name AS project, n.external_id, n.id, n.level, n.sha256
 FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
 WHERE (p.name, n.external_id) IN (SELECT * FROM unnest(%(projects)s::text[], %(external_ids)s::text[]));
 

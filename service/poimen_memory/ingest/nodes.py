@@ -8,13 +8,14 @@ import re
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 LEVELS = ("L0", "L1", "L2")
 HASH_VERSION = "poimen-node/1"
 PROJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")  # as memory.projects CHECK
 MAX_TEXT_CHARS = 100_000
+MAX_JSON_DEPTH = 32  # nesting of a node's JSON (metadata included)
 
 
 @dataclass(frozen=True)
@@ -75,14 +76,47 @@ class LineError:
         return f"line {self.line_no}: field '{self.field}': {self.message}"
 
 
-def _has_nul(value: Any) -> bool:
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def loads(raw: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """json.loads that refuses NaN/Infinity (PostgreSQL jsonb cannot store them) and input
+    nested deeper than MAX_JSON_DEPTH (before the parser's own recursion limit)."""
+    depth = level = 0
+    in_string = escaped = False
+    for ch in raw:  # a cheap scan: brackets outside strings
+        if in_string:
+            escaped = not escaped and ch == "\\"
+            in_string = escaped or ch != '"'
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            level += 1
+            depth = max(depth, level)
+        elif ch in "]}":
+            level -= 1
+    if depth > max_depth:
+        raise ValueError(f"nested deeper than {max_depth} levels")
+    return json.loads(raw, parse_constant=_reject_constant)
+
+
+def _bad_text(value: Any) -> str | None:
+    """What PostgreSQL text cannot hold: NUL, and lone UTF-16 surrogates (not UTF-8)."""
     if isinstance(value, str):
-        return "\x00" in value
+        if "\x00" in value:
+            return "contains a NUL character (\\u0000)"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "contains an unpaired surrogate (not valid Unicode)"
+        return None
     if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+        items: list[Any] = [*value.keys(), *value.values()]
+        return next((m for m in map(_bad_text, items) if m), None)
     if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    return False
+        return next((m for m in map(_bad_text, value) if m), None)
+    return None
 
 
 def _opt_str(obj: dict[str, Any], key: str, line_no: int, errors: list[LineError]) -> str | None:
@@ -100,9 +134,11 @@ def _opt_str(obj: dict[str, Any], key: str, line_no: int, errors: list[LineError
 def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecord | list[LineError]:
     errors: list[LineError] = []
     try:
-        obj = json.loads(raw)
+        obj = loads(raw)
     except json.JSONDecodeError as exc:
         return [LineError(line_no, "<json>", f"not valid JSON: {exc.msg} at column {exc.colno}")]
+    except ValueError as exc:
+        return [LineError(line_no, "<json>", str(exc))]
     if not isinstance(obj, dict):
         return [LineError(line_no, "<json>", "each line must be a JSON object")]
     text = obj.get("text")
@@ -132,8 +168,13 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
         else:
             try:
                 ts = datetime.fromisoformat(raw_ts.replace("Z", "+00:00"))
+                # Stored as timestamptz (UTC) and read back into Python: both ends must fit.
+                if ts.tzinfo is not None:
+                    ts.astimezone(UTC)
             except ValueError:
                 errors.append(LineError(line_no, "timestamp", f"not ISO 8601: {raw_ts!r}"))
+            except OverflowError:
+                errors.append(LineError(line_no, "timestamp", f"out of range: {raw_ts!r}"))
     parents = obj.get("parents") or []
     if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
         errors.append(LineError(line_no, "parents", "must be a list of node ids"))
@@ -148,9 +189,10 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
         metadata = {}
     title = _opt_str(obj, "title", line_no, errors)
     source = _opt_str(obj, "source", line_no, errors)
-    if _has_nul(obj):
-        # PostgreSQL text and jsonb cannot store NUL; say so instead of failing mid-batch.
-        errors.append(LineError(line_no, "<json>", "contains a NUL character (\\u0000)"))
+    bad = _bad_text(obj)
+    if bad:
+        # PostgreSQL text and jsonb cannot store it; say so instead of failing mid-batch.
+        errors.append(LineError(line_no, "<json>", bad))
     if errors:
         return errors
     assert isinstance(text, str) and isinstance(level, str) and project

@@ -1,27 +1,36 @@
-"""Idempotent ingestion of memory nodes: validate, embed new nodes in batches, write nodes,
-edges and OpenSearch outbox rows in transactions.
+"""Idempotent ingestion of memory nodes: validate everything, embed new nodes, then write
+nodes, their provenance edges and OpenSearch outbox rows in transactions.
 
-Policy (docs/ingest.md): the whole input is validated before anything is written. Any
-invalid line aborts the run with every error listed, unless ``skip_invalid`` is set, in
-which case those lines are skipped and reported. Writes are committed per batch; because
-keys are content hashes, re-running after a crash finishes the job without duplicates.
+Policy (docs/ingest.md): the whole input is validated before anything is written, against
+itself and against what the database already holds; any invalid line aborts the run with
+every error listed, unless ``skip_invalid`` is set. Two write modes:
+
+- ``atomic=True`` (one HTTP request): one transaction for everything, projects included,
+  so a failure leaves nothing behind.
+- bulk (the CLI): one transaction per batch, each with its nodes' edges. Records go in level
+  order (L0, L1, L2) and an edge always points one level down, so every parent is committed
+  in an earlier batch or the same one; the report counts exactly what was committed.
+
+Keys are content hashes, so re-running after a crash finishes the job without duplicates.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from pgvector.psycopg import register_vector
+from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
 from poimen_memory.db.queries import q
+from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import IngestError
-from poimen_memory.ingest.nodes import LineError, NodeRecord
+from poimen_memory.ingest.nodes import LEVELS, LineError, NodeRecord
 from poimen_memory.progress import Progress
 
 VACUUM_AFTER = 1000  # inserted nodes that make a bulk load worth a VACUUM ANALYZE
@@ -59,10 +68,68 @@ class IngestReport:
         }
 
 
+@dataclass(frozen=True)
+class StoredNode:
+    project: str
+    external_id: str
+    id: int
+    level: str
+    sha256: bytes
+
+
+Key = tuple[str, str]  # (project, external id)
+
+
 def ensure_embedding_model(conn: psycopg.Connection[Any], embedder: Embedder) -> None:
     register_vector(conn)  # the connection may predate CREATE EXTENSION vector
-    with conn.transaction():
-        conn.execute(q("configure_embedding"), {"model": embedder.model_name, "dim": embedder.dim})
+    conn.execute(q("configure_embedding"), {"model": embedder.model_name, "dim": embedder.dim})
+
+
+def _stored_by_key(conn: psycopg.Connection[Any], keys: Sequence[Key]) -> dict[Key, StoredNode]:
+    out: dict[Key, StoredNode] = {}
+    with conn.cursor(row_factory=class_row(StoredNode)) as cur:
+        for i in range(0, len(keys), 5000):
+            chunk = keys[i : i + 5000]
+            cur.execute(
+                q("ids_by_external_id"),
+                {"projects": [k[0] for k in chunk], "external_ids": [k[1] for k in chunk]},
+            )
+            out.update({(r.project, r.external_id): r for r in cur.fetchall()})
+    return out
+
+
+def validate(records: Sequence[NodeRecord], stored: dict[Key, StoredNode]) -> list[LineError]:
+    """What the format alone cannot tell: ids reused for other content, and provenance that
+    does not go exactly one level down (which also rules out cycles)."""
+    errors: list[LineError] = []
+    by_key: dict[Key, NodeRecord] = {}
+    for r in records:
+        if r.external_id is None:
+            continue
+        key = (r.project, r.external_id)
+        first = by_key.setdefault(key, r)
+        if first is not r and first.sha256 != r.sha256:
+            errors.append(LineError(r.line_no, "id", f"{r.external_id!r} is already used on "
+                                    f"line {first.line_no} for other content"))  # fmt: skip
+        old = stored.get(key)
+        if old is not None and old.sha256 != r.sha256:
+            errors.append(LineError(r.line_no, "id", f"{r.external_id!r} is already stored in "
+                                    f"project {r.project!r} with other content"))  # fmt: skip
+    for r in records:
+        if r.level == "L0" and r.parents:
+            errors.append(LineError(r.line_no, "parents", "an L0 node has no parents"))
+            continue
+        want = LEVELS[LEVELS.index(r.level) - 1] if r.level != "L0" else None
+        for p in r.parents:
+            if p == r.external_id:
+                errors.append(LineError(r.line_no, "parents", f"{p!r} is the node itself"))
+                continue
+            parent = by_key.get((r.project, p))
+            level = parent.level if parent else getattr(stored.get((r.project, p)), "level", None)
+            if level is not None and level != want:
+                errors.append(LineError(r.line_no, "parents", f"{p!r} is {level}; a {r.level} "
+                                        f"node's parents must be {want}"))  # fmt: skip
+    return errors
 
 
 def ingest(
@@ -75,128 +142,168 @@ def ingest(
     batch_size: int = 64,
     outbox: bool = False,
     progress: bool = True,
+    atomic: bool = False,
 ) -> IngestReport:
-    if invalid and not skip_invalid:
-        shown = "\n".join(str(e) for e in invalid[:20])
-        more = f"\n... and {len(invalid) - 20} more" if len(invalid) > 20 else ""
-        raise IngestError(
-            f"{len(invalid)} invalid line(s); nothing was written",
-            detail=shown + more,
-            hint="fix the lines, or pass --skip-invalid to load the valid ones",
-        )
+    """Validate, then write. ``conn`` must be in autocommit mode (transactions are ours)."""
     started = time.monotonic()
-    report = IngestReport(invalid=list(invalid))
-    ensure_embedding_model(conn, embedder)
-    with conn.transaction():
-        conn.execute(q("ensure_projects"), {"names": sorted({r.project for r in records})})
-    project_ids = dict(
-        conn.execute(q("project_ids"), {"names": sorted({r.project for r in records})}).fetchall()
-    )
-
-    # Duplicates (already stored, or repeated within the input) are never re-embedded.
-    shas = [r.sha256 for r in records]
-    stored: dict[bytes, int] = {}
-    for i in range(0, len(shas), 5000):
-        stored.update(
-            dict(conn.execute(q("existing_sha256"), {"shas": shas[i : i + 5000]}).fetchall())
+    with wrap_exceptions("ingest"):
+        keys = sorted(
+            {(r.project, r.external_id) for r in records if r.external_id is not None}
+            | {(r.project, p) for r in records for p in r.parents}
         )
-    todo: list[NodeRecord] = []
-    seen: set[bytes] = set(stored)
-    for r, sha in zip(records, shas, strict=True):
-        if sha in seen:
-            report.duplicates += 1
+        stored = _stored_by_key(conn, keys)
+        problems = [*invalid, *validate(records, stored)]
+        bad_lines = {e.line_no for e in problems}
+        if problems and not skip_invalid:
+            shown = "\n".join(str(e) for e in problems[:20])
+            more = f"\n... and {len(problems) - 20} more" if len(problems) > 20 else ""
+            raise IngestError(
+                f"{len(problems)} invalid line(s); nothing was written",
+                detail=shown + more,
+                hint="fix the lines, or skip them (--skip-invalid, ?skip_invalid=true)",
+            )
+        records = [r for r in records if r.line_no not in bad_lines]
+        report = IngestReport(invalid=sorted(problems, key=lambda e: e.line_no))
+        writer = _Writer(conn, records, stored, report, outbox)
+        todo = writer.new_records()
+        if atomic:
+            vectors = _embed(embedder, todo, report)
+            with conn.transaction():
+                ensure_embedding_model(conn, embedder)
+                writer.write(todo, vectors)
+                writer.write_edges(records)
         else:
-            seen.add(sha)
-            todo.append(r)
-
-    with Progress(len(todo), "ingest", "nodes", enabled=progress) as bar:
-        for i in range(0, len(todo), batch_size):
-            batch = todo[i : i + batch_size]
-            t0 = time.monotonic()
-            vectors = embedder.embed_documents([r.text for r in batch])
-            report.embed_seconds += time.monotonic() - t0
-            params = [
-                {
-                    "sha256": r.sha256,
-                    "project_id": project_ids[r.project],
-                    "level": r.level,
-                    "external_id": r.external_id,
-                    "title": r.title,
-                    "breadcrumb": list(r.breadcrumb),
-                    "text": r.text,
-                    "source": r.source,
-                    "ts": r.timestamp,
-                    "metadata": Jsonb(r.metadata),
-                    "embedding": vec,
-                }
-                for r, vec in zip(batch, vectors, strict=True)
-            ]
-            with conn.transaction(), conn.cursor() as cur:
-                cur.executemany(q("insert_node"), params, returning=True)
-                new_ids: list[int] = []
-                while True:
-                    row = cur.fetchone()
-                    if row is not None:
-                        stored[bytes(row[1])] = row[0]
-                        new_ids.append(row[0])
-                    if not cur.nextset():
-                        break
-                report.inserted += len(new_ids)
-                # A concurrent ingest may have won the race for some keys.
-                report.duplicates += len(batch) - len(new_ids)
-                if outbox and new_ids:
-                    cur.execute(q("enqueue_outbox"), {"ids": new_ids})
-            bar.update(len(batch))
-
-    report.edges, report.unresolved = _write_edges(conn, records, stored)
-    if report.inserted >= VACUUM_AFTER and conn.autocommit:
-        # Fresh statistics for the planner, and a visibility map so BM25 scoring can use
-        # index-only scans of the postings (VACUUM cannot run inside a transaction).
-        conn.execute(q("vacuum_postings"))
-        conn.execute(q("analyze_nodes"))
+            with conn.transaction():
+                ensure_embedding_model(conn, embedder)
+            with Progress(len(todo), "ingest", "nodes", enabled=progress) as bar:
+                for i in range(0, len(todo), batch_size):
+                    batch = todo[i : i + batch_size]
+                    vectors = _embed(embedder, batch, report)
+                    with conn.transaction():
+                        writer.write(batch, vectors)
+                        writer.write_edges(batch)
+                    bar.update(len(batch))
+            # Edges of nodes stored by an earlier, interrupted run (idempotent).
+            with conn.transaction():
+                writer.write_edges(records)
+        report.unresolved = writer.unresolved(records)
+        if report.inserted >= VACUUM_AFTER and conn.autocommit:
+            # Fresh statistics for the planner, and a visibility map so BM25 scoring can use
+            # index-only scans of the postings (VACUUM cannot run inside a transaction).
+            conn.execute(q("vacuum_postings"))
+            conn.execute(q("analyze_nodes"))
     report.seconds = time.monotonic() - started
     return report
 
 
-def _write_edges(
-    conn: psycopg.Connection[Any], records: Sequence[NodeRecord], stored: dict[bytes, int]
-) -> tuple[int, list[tuple[int, str]]]:
-    """Resolve parents by external id: first within the input, then among stored nodes."""
-    by_ext: dict[tuple[str, str], int] = {}
-    for r in records:
-        if r.external_id is not None and r.sha256 in stored:
-            by_ext.setdefault((r.project, r.external_id), stored[r.sha256])
-    wanted = sorted({(r.project, p) for r in records for p in r.parents} - set(by_ext))
-    if wanted:
-        rows = conn.execute(
-            q("ids_by_external_id"),
-            {"projects": [w[0] for w in wanted], "external_ids": [w[1] for w in wanted]},
-        ).fetchall()
-        by_ext.update({(proj, ext): nid for proj, ext, nid in rows})
-    child: list[int] = []
-    parent: list[int] = []
-    precedence: list[int] = []
-    unresolved: list[tuple[int, str]] = []
-    for r in records:
-        cid = stored.get(r.sha256)
-        for pos, p in enumerate(r.parents):
-            pid = by_ext.get((r.project, p))
-            if pid is None or cid is None or pid == cid:
-                unresolved.append((r.line_no, p))
-                continue
-            child.append(cid)
-            parent.append(pid)
-            precedence.append(pos)
-    written = 0
-    for i in range(0, len(child), 10_000):
-        with conn.transaction():
-            cur = conn.execute(
+def _embed(embedder: Embedder, batch: Sequence[NodeRecord], report: IngestReport) -> Any:
+    t0 = time.monotonic()
+    try:
+        return embedder.embed_documents([r.text for r in batch]) if batch else []
+    finally:
+        report.embed_seconds += time.monotonic() - t0
+
+
+class _Writer:
+    """Nodes and edges of one ingest run; knows every id resolved so far."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        records: Sequence[NodeRecord],
+        stored: dict[Key, StoredNode],
+        report: IngestReport,
+        outbox: bool,
+    ) -> None:
+        self.conn, self.report, self.outbox = conn, report, outbox
+        self.records = records
+        self.ids: dict[Key, int] = {k: s.id for k, s in stored.items()}
+        self.by_sha: dict[bytes, int] = {}
+        self.projects: dict[str, int] = {}
+        shas = [r.sha256 for r in records]
+        for i in range(0, len(shas), 5000):
+            rows = conn.execute(q("existing_sha256"), {"shas": shas[i : i + 5000]}).fetchall()
+            self.by_sha.update({bytes(sha): nid for sha, nid in rows})
+        for r in records:
+            if r.external_id is not None and r.sha256 in self.by_sha:
+                self.ids[(r.project, r.external_id)] = self.by_sha[r.sha256]
+
+    def new_records(self) -> list[NodeRecord]:
+        """Records not stored yet, once each, in level order (a parent before its child)."""
+        todo: dict[bytes, NodeRecord] = {}
+        for r in sorted(self.records, key=lambda r: LEVELS.index(r.level)):
+            if r.sha256 in self.by_sha or r.sha256 in todo:
+                self.report.duplicates += 1
+            else:
+                todo[r.sha256] = r
+        return list(todo.values())
+
+    def write(self, batch: Sequence[NodeRecord], vectors: Any) -> None:
+        if not batch:
+            return
+        names = sorted({r.project for r in batch} - set(self.projects))
+        if names:
+            self.conn.execute(q("ensure_projects"), {"names": names})
+            rows = self.conn.execute(q("project_ids"), {"names": names}).fetchall()
+            self.projects.update(dict(rows))
+        params = [
+            {
+                "sha256": r.sha256,
+                "project_id": self.projects[r.project],
+                "level": r.level,
+                "external_id": r.external_id,
+                "title": r.title,
+                "breadcrumb": list(r.breadcrumb),
+                "text": r.text,
+                "source": r.source,
+                "ts": r.timestamp,
+                "metadata": Jsonb(r.metadata),
+                "embedding": vec,
+            }
+            for r, vec in zip(batch, vectors, strict=True)
+        ]
+        new_ids: list[int] = []
+        with self.conn.cursor() as cur:
+            cur.executemany(q("insert_node"), params, returning=True)
+            while True:
+                row = cur.fetchone()
+                if row is not None:
+                    self.by_sha[bytes(row[1])] = row[0]
+                    new_ids.append(row[0])
+                if not cur.nextset():
+                    break
+            if self.outbox and new_ids:
+                cur.execute(q("enqueue_outbox"), {"ids": new_ids})
+        for r in batch:
+            if r.external_id is not None and r.sha256 in self.by_sha:
+                self.ids[(r.project, r.external_id)] = self.by_sha[r.sha256]
+        self.report.inserted += len(new_ids)
+        # A concurrent ingest may have won the race for some keys.
+        self.report.duplicates += len(batch) - len(new_ids)
+
+    def _edges(self, records: Sequence[NodeRecord]) -> Iterator[tuple[int, int, int]]:
+        for r in records:
+            cid = self.by_sha.get(r.sha256)
+            for pos, p in enumerate(r.parents):
+                pid = self.ids.get((r.project, p))
+                if cid is not None and pid is not None:
+                    yield cid, pid, pos
+
+    def write_edges(self, records: Sequence[NodeRecord]) -> None:
+        edges = list(self._edges(records))
+        for i in range(0, len(edges), 10_000):
+            chunk = edges[i : i + 10_000]
+            cur = self.conn.execute(
                 q("insert_edges"),
                 {
-                    "child": child[i : i + 10_000],
-                    "parent": parent[i : i + 10_000],
-                    "precedence": precedence[i : i + 10_000],
+                    "child": [e[0] for e in chunk],
+                    "parent": [e[1] for e in chunk],
+                    "precedence": [e[2] for e in chunk],
                 },
             )
-            written += cur.rowcount
-    return written, unresolved
+            self.report.edges += cur.rowcount
+
+    def unresolved(self, records: Sequence[NodeRecord]) -> list[tuple[int, str]]:
+        return [
+            (r.line_no, p) for r in records for p in r.parents if (r.project, p) not in self.ids
+        ]
