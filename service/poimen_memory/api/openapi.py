@@ -159,6 +159,29 @@ def openapi_spec() -> dict[str, Any]:
                     "responses": {"200": {"description": "OpenAPI 3.1"}},
                 }
             },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics (docs/observability.md)",
+                    "responses": {
+                        "200": {
+                            "description": "Prometheus text exposition format",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
+            "/ui": {
+                "get": {
+                    "summary": "The query explorer page; reads query, project, level, limit, "
+                    "strategy and fusion from its own URL",
+                    "responses": {
+                        "200": {
+                            "description": "HTML page (assets under /ui/static/)",
+                            "content": {"text/html": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
         },
         "components": {
             "schemas": {
