@@ -37,7 +37,7 @@ opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 try:
     opener.open(sys.argv[1], timeout=2).read()
 except urllib.error.HTTPError as err:
-    print(f"GET {sys.argv[1]} -> {err.code}: {err.read().decode(errors='replace')[:2000]}")
+    print(f"GET {sys.argv[1]} -> {err.code}: {err.read().decode(errors='replace')[:600]}")
     sys.exit(2)
 except OSError:
     sys.exit(1)
@@ -49,8 +49,13 @@ server_failed() {
   exit 1
 }
 
-if health >/dev/null; then
+rc=0; out="$(health)" || rc=$?
+if [ "$rc" = 0 ]; then
   echo "== 4. server already running on $URL"
+elif [ "$rc" = 2 ]; then
+  echo "$out" >&2
+  echo "ERROR: something already listens on $URL but its /healthz fails; stop it (make demo-stop) or choose another POIMEN_DEMO_PORT" >&2
+  exit 1
 else
   echo "== 4. start the server on $URL (log: $STATE/server.log)"
   nohup "$PM" serve --host "$HOST" --port "$PORT" --log-level warning >"$STATE/server.log" 2>&1 &

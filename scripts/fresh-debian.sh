@@ -161,7 +161,7 @@ run_release() {
   t0="$(now)"
   in_root "$r" "$LOGS/$rel-demo.log" "cd /root/poimen-memory && make demo" || demo_rc=$?
   demo_s="$(secs "$t0" "$(now)")"
-  local compilers; compilers="$(in_root "$r" /dev/null 'for c in cc gcc g++ c++; do command -v $c; done | tr "\n" " "')"
+  local compilers; compilers="$(in_root "$r" /dev/null 'for c in cc gcc g++ c++; do command -v $c; done | paste -sd " "')"
   in_root "$r" "$LOGS/$rel-demo-stop.log" "cd /root/poimen-memory && make demo-stop" >/dev/null || true
 
   say "$rel: make test"
