@@ -3,6 +3,8 @@ database loaded with tests/fixtures/memory_nodes.jsonl, and per-test clones of i
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 import shutil
 import socket
@@ -109,3 +111,31 @@ def empty_url(cluster: Cluster, admin: psycopg.Connection[Any]) -> Iterator[str]
 def conn(fixture_url: str) -> Iterator[psycopg.Connection[Any]]:
     with connect(fixture_url, autocommit=True) as c:
         yield c
+
+
+class _NeverRetrieved(logging.Handler):
+    """Collects asyncio's 'Task exception was never retrieved' reports."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "exception was never retrieved" in message:
+            self.seen.append(message)
+
+
+@pytest.fixture(autouse=True)
+def no_unretrieved_task_exceptions() -> Iterator[None]:
+    """Every task the code starts is awaited or cancelled: a test fails if asyncio reports a
+    task whose exception nobody retrieved (reported when the task is collected)."""
+    handler = _NeverRetrieved()
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(handler)
+    try:
+        yield
+        gc.collect()
+    finally:
+        logger.removeHandler(handler)
+    assert handler.seen == [], handler.seen

@@ -104,3 +104,13 @@ def test_reembed_rebuilds_every_vector(cli_env: dict[str, str]) -> None:
 def test_stop(cli_env: dict[str, str]) -> None:
     run(cli_env, "db", "stop")
     assert run(cli_env, "db", "status", ok=False).returncode == 3
+
+
+def test_serve_refuses_a_public_address_without_authentication(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from poimen_memory.cli.main import main
+
+    assert main(["serve", "--host", "0.0.0.0", "--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to serve on 0.0.0.0" in err and "--allow-anonymous" in err

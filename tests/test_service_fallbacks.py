@@ -17,7 +17,7 @@ from doubles.embedding_server import EmbeddingServer, run_embedding_server
 from doubles.opensearch_server import OpenSearchServer, run_opensearch_server
 from doubles.rerank_server import RerankServer, run_rerank_server
 from poimen_memory.db.connect import connect
-from poimen_memory.embedders.local import LocalEmbedder
+from poimen_memory.embedders.local import LOCAL_MODEL_NAME, LocalEmbedder
 from poimen_memory.ingest.outbox import reindex
 from poimen_memory.upstreams.opensearch import OpenSearchEngine
 from service_client import KONG, query, serve
@@ -132,11 +132,12 @@ def embeddings(embedding_double: EmbeddingServer) -> EmbeddingServer:
 
 
 def remote_env(url: str, server: EmbeddingServer, **extra: str) -> dict[str, str]:
-    """The remote embedder; dim 384 matches the fixture database's configured model."""
+    """The remote embedder (the test double) under the name and dim of the fixture
+    database's model, so the service uses it; another name is a model_mismatch."""
     return {
         "POIMEN_DATABASE_URL": url,
         "POIMEN_EMBEDDINGS_URL": server.url,
-        "POIMEN_EMBEDDINGS_MODEL": "test-bag-of-words",
+        "POIMEN_EMBEDDINGS_MODEL": LOCAL_MODEL_NAME,
         "POIMEN_EMBEDDINGS_DIM": "384",
         **extra,
     }
@@ -158,9 +159,12 @@ def test_slow_embedder_times_out_and_leaves_nothing_running(
         assert client.get("/healthz").json()["checks"]["database"]["ok"] is True
     assert response.status_code == 503
     body = response.json()
-    assert body["error"] == "timeout" and "1s" in body["detail"]
+    # The embedder gets the deadline less the fallback reserve and gives up first; the
+    # lexical fallback is hung too, so the deadline ends the request.
+    assert body["error"] == "timeout" and "lexical" in body["detail"]
     assert 0.95 <= elapsed < 1.2
-    assert len(embeddings.embedding_requests) == 1
+    # One query embedding, and the /healthz probe's own.
+    assert [r.body["input"] for r in embeddings.embedding_requests] == [[KONG], ["health check"]]
     # The abandoned lexical leg was cancelled, not left to fail unobserved.
     assert "Task exception was never retrieved" not in caplog.text
 
@@ -180,6 +184,19 @@ def test_slow_sql_is_cancelled_at_the_deadline(
 
 
 # -- embedder failures ------------------------------------------------------------------------
+
+
+def test_a_hung_embedder_degrades_to_the_lexical_answer_before_the_deadline(
+    fixture_url: str, embeddings: EmbeddingServer
+) -> None:
+    embeddings.reset(dim=384, delay_s=10)
+    with serve(remote_env(fixture_url, embeddings)) as client:
+        started = time.monotonic()
+        body = query(client, query=KONG, timeout_seconds=1)
+        elapsed = time.monotonic() - started
+    assert elapsed < 1.0
+    assert body["search_strategy"] == "LexicalOnly" and body["results"]
+    assert degraded(body, "embed") == ["timeout"]
 
 
 def test_embedder_failure_falls_back_to_lexical_only(
@@ -430,6 +447,18 @@ def test_rerank_scores_missing_for_some_candidates(
         body = query(client, query=KONG, limit=3)
     got = [(r["sha256"], r["rerank_score"]) for r in body["results"]]
     assert got == [(expected[1], 0.9), (expected[0], 0.2), (expected[2], None)]
+
+
+def test_a_query_embedded_by_another_model_is_not_scored_semantically(
+    fixture_url: str, embeddings: EmbeddingServer
+) -> None:
+    env = {**remote_env(fixture_url, embeddings), "POIMEN_EMBEDDINGS_MODEL": "other-model"}
+    with serve(env) as client:
+        body = query(client, query=KONG)
+    assert body["search_strategy"] == "LexicalOnly" and body["results"]
+    assert degraded(body, "embed") == ["model_mismatch"]
+    assert all(r["semantic_rank"] is None for r in body["results"])
+    assert embeddings.embedding_requests == []
 
 
 # -- the database ------------------------------------------------------------------------------

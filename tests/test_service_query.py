@@ -467,7 +467,12 @@ def test_embedding_cache_skips_the_remote_embedder(
     assert second["metrics"]["embedding_cache_hit"] is True
     assert other["metrics"]["embedding_cache_hit"] is False
     inputs = [r.body["input"] for r in embedding_double.embedding_requests]
-    assert inputs == [[KONG], ["postgres connection pool exhausted during deploys"]]
+    # /healthz probes the embedder for real, with its own text (never cached).
+    assert inputs == [
+        [KONG],
+        ["postgres connection pool exhausted during deploys"],
+        ["health check"],
+    ]
     assert health["embedder"] == {"ok": True, "model": "test-bag-of-words", "dim": 384}
     # The remote vector is what the query was scored with.
     vec = embedding_double.vector_for(KONG).astype(np.float64)

@@ -212,6 +212,12 @@ class Settings(FromEnv):
     default_timeout_s: float = setting("POIMEN_DEFAULT_TIMEOUT_S", positive, 5.0)
     max_timeout_s: float = setting("POIMEN_MAX_TIMEOUT_S", positive, 30.0)
     rerank_depth_factor: int = setting("POIMEN_RERANK_DEPTH_FACTOR", at_least(1), 3)
+    fallback_reserve_s: float = setting("POIMEN_FALLBACK_RESERVE_S", at_least(0.0, float), 0.5)
+    pool_timeout_s: float = setting("POIMEN_POOL_TIMEOUT_S", positive, 0.5)
+    http_keep_alive_s: int = setting("POIMEN_HTTP_KEEP_ALIVE_S", at_least(1), 5)
+    http_max_concurrency: int = setting("POIMEN_HTTP_MAX_CONCURRENCY", at_least(1), 64)
+    http_max_header_bytes: int = setting("POIMEN_HTTP_MAX_HEADER_BYTES", at_least(1024), 16384)
+    health_cache_s: float = setting("POIMEN_HEALTH_CACHE_S", at_least(0.0, float), 5.0)
     rerank_min_remaining_s: float = setting(
         "POIMEN_RERANK_MIN_REMAINING_S", at_least(0.0, float), 0.25
     )

@@ -19,11 +19,11 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from poimen_memory.api import metrics, ui
+from poimen_memory.api.health import HealthCache
 from poimen_memory.api.openapi import openapi_spec
 from poimen_memory.api.params import parse_query
 from poimen_memory.api.request_log import RequestLogMiddleware
 from poimen_memory.db.connect import connect
-from poimen_memory.db.queries import q
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import Busy, PayloadTooLarge, PoimenError, ValidationError
@@ -130,51 +130,8 @@ async def post_nodes(request: Request) -> JSONResponse:
 
 
 async def healthz(request: Request) -> JSONResponse:
-    state: Services = request.app.state.poimen
-    checks: dict[str, Any] = {}
-    try:
-        async with state.pool.connection(timeout=2) as conn:
-            cur = await conn.execute(q("health"))
-            row = await cur.fetchone()
-            checks["database"] = {
-                "ok": True,
-                "nodes": row[0] if row else None,
-                "embedding_model": row[1] if row else None,
-            }
-    except Exception as exc:
-        checks["database"] = {"ok": False, "error": type(exc).__name__}
-    checks["embedder"] = (
-        {"ok": True, "model": state.embedder.model_name, "dim": state.embedder.dim}
-        if state.embedder
-        else {"ok": False, "error": "not_configured"}
-    )
-    stored_model = checks["database"].get("embedding_model")
-    if state.embedder and stored_model and stored_model != state.embedder.model_name:
-        # Same dimension but another model would give meaningless cosine scores.
-        checks["embedder"].update(ok=False, error="model_mismatch", database_model=stored_model)
-    checks["reranker"] = (
-        {"ok": True, "endpoint": state.reranker.endpoint}
-        if state.reranker
-        else {"ok": None, "status": "not_configured"}
-    )
-    if state.opensearch is not None:
-        healthy = await asyncio.to_thread(state.opensearch.healthy, 1.0)
-        checks["opensearch"] = {"ok": healthy}
-    else:
-        checks["opensearch"] = {"ok": None, "status": "not_configured"}
-    checks["embedding_cache"] = state.cache.stats()
-    engines = {
-        "lexical": "opensearch"
-        if checks["opensearch"].get("ok")
-        else ("postgres-bm25" if state.settings.pg_lexical else None),
-        "semantic": "hnsw" if state.embedder else None,
-        "rerank": "remote" if state.reranker else None,
-    }
-    ok = bool(checks["database"]["ok"])
-    return JSONResponse(
-        {"status": "ok" if ok else "degraded", "checks": checks, "engines": engines},
-        status_code=200 if ok else 503,
-    )
+    body, status = await request.app.state.health.get(request.app.state.poimen)
+    return JSONResponse(body, status_code=status)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -201,6 +158,7 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with open_services(cfg, embedder=embedder) as services:
             app.state.poimen = services
+            app.state.health = HealthCache(cfg.health_cache_s)
             yield
 
     return Starlette(

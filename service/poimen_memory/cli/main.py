@@ -206,9 +206,41 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     s = _settings()
     # Start the embedded cluster (when no URL is configured) before serving.
+    if not _loopback(args.host) and not args.allow_anonymous:
+        print(
+            f"error: refusing to serve on {args.host} without authentication",
+            file=sys.stderr,
+        )
+        print(
+            "hint: bind 127.0.0.1 (the default), or pass --allow-anonymous if a proxy in "
+            "front of the service authenticates its clients",
+            file=sys.stderr,
+        )
+        return 2
     app = create_app(replace(s, database_url=_url(s)))
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        # The JSON request log replaces the access log, which would print query text.
+        access_log=False,
+        timeout_keep_alive=s.http_keep_alive_s,
+        limit_concurrency=s.http_max_concurrency,
+        h11_max_incomplete_event_size=s.http_max_header_bytes,
+    )
     return 0
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def cmd_opensearch(args: argparse.Namespace) -> int:
@@ -275,6 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--log-level", default="info")
+    sv.add_argument(
+        "--allow-anonymous",
+        action="store_true",
+        help="serve on a non-loopback address without authentication",
+    )
     sv.set_defaults(func=cmd_serve)
     os_ = sub.add_parser("opensearch", help="OpenSearch dual-write maintenance")
     os_.add_argument("action", choices=["sync", "reindex"])

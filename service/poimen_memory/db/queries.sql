@@ -135,7 +135,11 @@ ORDER BY n.id;
 SELECT id AS node_id, text AS key FROM memory.nodes WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: health
-SELECT (SELECT count(*) FROM memory.nodes), (SELECT model FROM memory.embedding_model);
+SELECT (SELECT count(*) FROM memory.nodes) AS nodes,
+       (SELECT model FROM memory.embedding_model) AS embedding_model,
+       (SELECT count(*) FROM memory.opensearch_outbox) AS outbox_depth,
+       (SELECT extract(epoch FROM now() - min(enqueued_at)) FROM memory.opensearch_outbox)
+           AS outbox_lag_s;
 
 -- name: vacuum_postings
 VACUUM (ANALYZE) memory.postings;
@@ -152,7 +156,8 @@ FROM memory.fuse_legs(%(semantic)s::jsonb, %(lexical)s::jsonb, %(strategy)s, %(f
 -- The retrieval policy and the project check in one round trip.
 SELECT p.fusion, p.rrf_k, p.dense_weight, p.candidates, p.cascade_candidates, p.fusion_by_type,
        (%(project)s::text IS NULL
-        OR EXISTS (SELECT 1 FROM memory.projects WHERE name = %(project)s::text)) AS project_exists
+        OR EXISTS (SELECT 1 FROM memory.projects WHERE name = %(project)s::text)) AS project_exists,
+       (SELECT model FROM memory.embedding_model) AS embedding_model
 FROM memory.policy() p;
 
 -- name: policy

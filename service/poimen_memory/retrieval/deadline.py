@@ -27,6 +27,11 @@ class Deadline:
     def elapsed_ms(self) -> float:
         return (time.monotonic() - self.started) * 1000
 
+    def budget(self, cap: float, reserve: float) -> float:
+        """Time a stage may take: at most ``cap``, and never the last ``reserve`` seconds,
+        which are kept for the fallback (lexical answer, fused order, Postgres BM25)."""
+        return max(0.0, min(cap, self.remaining() - reserve))
+
     def check(self, stage: str) -> None:
         if self.remaining() <= 0:
             raise DeadlineExceeded(

@@ -35,6 +35,8 @@ class PolicyRow(Policy):
     """memory.policy(), plus whether the requested project exists (one round trip)."""
 
     project_exists: bool
+    embedding_model: str | None
+    """The model the stored vectors were made with (None before the first ingest)."""
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,16 @@ has left, so a deadline really cancels work inside PostgreSQL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any, TypeVar
 
 import numpy as np
+import psycopg
 from psycopg.rows import class_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from poimen_core.optimizer import QueryContext, QueryOptimizerError, optimize_query
 from poimen_memory.db.queries import q
@@ -26,6 +28,7 @@ from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.embedders.cache import QueryEmbeddingCache
 from poimen_memory.errors import (
+    DatabaseUnavailable,
     DeadlineExceeded,
     EmbeddingUnavailable,
     RerankUnavailable,
@@ -76,6 +79,8 @@ class Retriever:
     ) -> None:
         self.pool, self.embedder, self.cache, self.settings = pool, embedder, cache, settings
         self.reranker, self.opensearch = reranker, opensearch
+        self._probe_lock = asyncio.Lock()
+        self._probe: tuple[float, bool] = (-1e9, True)
 
     @property
     def has_lexical(self) -> bool:
@@ -93,15 +98,65 @@ class Retriever:
     ) -> list[R]:
         deadline.check(stage)
         with wrap_exceptions(stage):
-            async with (
-                self.pool.connection(timeout=max(deadline.remaining(), 0.001)) as conn,
-                conn.transaction(),
-            ):
+            async with self._connection(deadline, stage) as conn, conn.transaction():
                 await conn.execute(q("set_statement_timeout"), {"ms": str(deadline.remaining_ms())})
                 async with conn.cursor(row_factory=class_row(row)) as cur:
                     await cur.execute(q(name), params)
                     rows: list[R] = await cur.fetchall()
                     return rows
+
+    @contextlib.asynccontextmanager
+    async def _connection(
+        self, deadline: Deadline, stage: str
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection within the deadline. A pool that has no connection at all
+        after POIMEN_POOL_TIMEOUT_S means the database is down (503 at once, not at the
+        deadline); a pool whose connections are all busy is only slow, so the request
+        waits for the rest of its deadline and then reports a timeout."""
+        # Decide before the deadline does, so the answer is "unavailable", not "timeout".
+        first = min(deadline.remaining() * 0.8, self.settings.pool_timeout_s)
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                conn = await stack.enter_async_context(
+                    self.pool.connection(timeout=max(first, 0.001))
+                )
+            except PoolTimeout as exc:
+                if not await self._database_answers():
+                    raise DatabaseUnavailable(
+                        "database unavailable: no connection could be made",
+                        detail=str(exc),
+                        hint="check that PostgreSQL is running; the service reconnects by itself",
+                    ) from exc
+                try:
+                    conn = await stack.enter_async_context(
+                        self.pool.connection(timeout=max(deadline.remaining(), 0.001))
+                    )
+                except PoolTimeout as late:
+                    raise DeadlineExceeded(
+                        f"no free database connection before the deadline ({stage})",
+                        hint="raise POIMEN_POOL_MAX, or timeout_seconds",
+                    ) from late
+            yield conn
+
+    async def _database_answers(self) -> bool:
+        """Is the server up (the pool is merely busy) or down? One direct connection tells;
+        the answer is shared for a second so a crowd of waiting requests probes once."""
+        async with self._probe_lock:
+            at, up = self._probe
+            if time.monotonic() - at < 1.0:
+                return up
+            info = self.pool.conninfo
+            if not isinstance(info, str):  # a conninfo callable: judge by the pool alone
+                return bool(self.pool.get_stats().get("pool_size", 0))
+            try:
+                async with asyncio.timeout(0.5):
+                    probe = await psycopg.AsyncConnection.connect(info)
+                await probe.close()
+                up = True
+            except (TimeoutError, psycopg.Error):
+                up = False
+            self._probe = (time.monotonic(), up)
+            return up
 
     # -- pipeline ------------------------------------------------------------------------
 
@@ -131,6 +186,19 @@ class Retriever:
                 hint="SELECT name FROM memory.projects lists them; ingest into it first",
             )
         strategy = self._route(req, ctx, trace)
+        if (
+            strategy != "LexicalOnly"
+            and self.embedder is not None
+            and policy.embedding_model not in (None, self.embedder.model_name)
+            and self.has_lexical
+        ):
+            # Another model's vectors would give meaningless cosine scores.
+            trace.degraded.append({"stage": "embed", "reason": "model_mismatch"})
+            trace.why.append(
+                f"the database holds {policy.embedding_model} vectors, the service embeds "
+                f"with {self.embedder.model_name}: LexicalOnly"
+            )
+            strategy = "LexicalOnly"
         fusion = req.fusion or policy.fusion_by_type.get(ctx.question_type.value) or policy.fusion
         candidates = req.candidates or policy.candidates
         levels = list(req.levels)
@@ -277,7 +345,8 @@ class Retriever:
         assert self.embedder is not None
         t0 = time.monotonic()
         try:
-            vec, hit = await self.cache.get_or_embed(self.embedder, text, deadline.remaining())
+            budget = deadline.budget(deadline.remaining(), self.settings.fallback_reserve_s)
+            vec, hit = await self.cache.get_or_embed(self.embedder, text, budget)
         finally:
             trace.timed("embed_time_ms", t0)
         trace.metrics["embedding_cache_hit"] = hit
@@ -315,7 +384,7 @@ class Retriever:
             req.project,
             levels,
             k,
-            min(deadline.remaining(), self.settings.opensearch.timeout_s),
+            deadline.budget(self.settings.opensearch.timeout_s, self.settings.fallback_reserve_s),
         )
         shas = [bytes.fromhex(h.sha256) for h in hits]
         rows = await self._sql(deadline, "lexical", "ids_for_sha256", {"shas": shas}, IdRow)
