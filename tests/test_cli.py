@@ -107,10 +107,23 @@ def test_stop(cli_env: dict[str, str]) -> None:
 
 
 def test_serve_refuses_a_public_address_without_authentication(
-    capsys: pytest.CaptureFixture[str],
+    cli_env: dict[str, str],
 ) -> None:
-    from poimen_memory.cli.main import main
+    run(cli_env, "db", "start")
+    proc = run(cli_env, "serve", "--host", "0.0.0.0", "--port", "1", ok=False)
+    assert proc.returncode == 2
+    assert "refusing to serve on 0.0.0.0" in proc.stderr and "--allow-anonymous" in proc.stderr
 
-    assert main(["serve", "--host", "0.0.0.0", "--port", "1"]) == 2
-    err = capsys.readouterr().err
-    assert "refusing to serve on 0.0.0.0" in err and "--allow-anonymous" in err
+
+def test_keys_create_list_revoke(cli_env: dict[str, str]) -> None:
+    run(cli_env, "db", "start")
+    created = run(cli_env, "keys", "create", "--project", "poimen", "--write", "--note", "ci")
+    key = created.stdout.strip()
+    assert key.startswith("pmk_") and len(key) > 40 and "shown once" in created.stderr
+    listed = run(cli_env, "keys", "list").stdout
+    assert key[:12] in listed and "read-write" in listed and "poimen" in listed
+    assert key not in listed  # only the prefix is ever shown again
+    run(cli_env, "keys", "revoke", key[:12])
+    assert "revoked" in run(cli_env, "keys", "list").stdout
+    assert run(cli_env, "keys", "revoke", key[:12], ok=False).returncode == 3
+    assert run(cli_env, "keys", "create", ok=False).returncode == 2

@@ -61,6 +61,14 @@ class IngestError(PoimenError, code="invalid_node", status=400):
     """A node failed validation; nothing of the batch was written."""
 
 
+class Unauthorized(PoimenError, code="unauthorized", status=401):
+    """No API key, or one that is unknown or revoked, while keys are required."""
+
+
+class Forbidden(PoimenError, code="forbidden", status=403):
+    """The API key does not cover this project, or it is read-only and this is a write."""
+
+
 class PayloadTooLarge(PoimenError, code="payload_too_large", status=413):
     """A request body over POIMEN_MAX_BODY_BYTES; it was not read to the end."""
 

@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -19,6 +20,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from poimen_memory.api import metrics, ui
+from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.health import HealthCache
 from poimen_memory.api.openapi import openapi_spec
 from poimen_memory.api.params import parse_query
@@ -54,6 +56,7 @@ async def _db_error(request: Request, exc: Exception) -> JSONResponse:
 async def memory_query(request: Request) -> JSONResponse:
     state: Services = request.app.state.poimen
     req = parse_query(request.query_params, state.settings)
+    req = replace(req, project=await request.app.state.keys.read_project(request, req.project))
     body = await state.retriever.query(req)
     metrics.observe_query(request, body)
     return JSONResponse(body)
@@ -100,6 +103,7 @@ async def post_nodes(request: Request) -> JSONResponse:
     records, invalid = parse_lines(lines, request.query_params.get("project"))
     if not records and not invalid:
         raise ValidationError("no nodes in the request body")
+    await request.app.state.keys.write_projects(request, {r.project for r in records})
     if state.embedder is None:
         raise ValidationError("no embedder configured; cannot ingest")
     embedder = state.embedder
@@ -159,6 +163,7 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
         async with open_services(cfg, embedder=embedder) as services:
             app.state.poimen = services
             app.state.health = HealthCache(cfg.health_cache_s)
+            app.state.keys = KeyRing(services.pool, cfg.auth_cache_s)
             yield
 
     return Starlette(

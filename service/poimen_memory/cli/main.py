@@ -206,18 +206,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     s = _settings()
     # Start the embedded cluster (when no URL is configured) before serving.
-    if not _loopback(args.host) and not args.allow_anonymous:
+    url = _url(s)
+    if not _loopback(args.host) and not args.allow_anonymous and not _has_keys(url):
         print(
             f"error: refusing to serve on {args.host} without authentication",
             file=sys.stderr,
         )
         print(
-            "hint: bind 127.0.0.1 (the default), or pass --allow-anonymous if a proxy in "
-            "front of the service authenticates its clients",
+            "hint: create API keys (poimen-memory keys create), bind 127.0.0.1 (the "
+            "default), or pass --allow-anonymous if a proxy in front authenticates clients",
             file=sys.stderr,
         )
         return 2
-    app = create_app(replace(s, database_url=_url(s)))
+    app = create_app(replace(s, database_url=url))
     uvicorn.run(
         app,
         host=args.host,
@@ -229,6 +230,60 @@ def cmd_serve(args: argparse.Namespace) -> int:
         limit_concurrency=s.http_max_concurrency,
         h11_max_incomplete_event_size=s.http_max_header_bytes,
     )
+    return 0
+
+
+def _has_keys(url: str) -> bool:
+    from poimen_memory.db.queries import q
+
+    with connect(url) as conn:
+        return any(r[6] is None for r in conn.execute(q("keys_list")).fetchall())
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from poimen_memory.api.auth import key_hash, new_key
+    from poimen_memory.db.migrate import migrate
+    from poimen_memory.db.queries import q
+
+    s = _settings()
+    with connect(_url(s), autocommit=True) as conn:
+        if args.action == "create":
+            if not args.project:
+                print("error: keys create needs at least one --project", file=sys.stderr)
+                return 2
+            migrate(conn, s.plpython_root)
+            key = new_key()
+            conn.execute(
+                q("key_insert"),
+                {
+                    "key_hash": key_hash(key),
+                    "prefix": key[:12],
+                    "projects": sorted(set(args.project)),
+                    "can_write": args.write,
+                    "note": args.note,
+                },
+            )
+            print(key)
+            print(
+                "keep it: it is shown once; every request now needs Authorization: Bearer <key>",
+                file=sys.stderr,
+            )
+        elif args.action == "list":
+            for kid, prefix, projects, write, note, _created, revoked in conn.execute(
+                q("keys_list")
+            ).fetchall():
+                state = f"revoked {revoked:%Y-%m-%d}" if revoked else "active"
+                mode = "read-write" if write else "read-only"
+                print(f"{kid}\t{prefix}…\t{mode}\t{','.join(projects)}\t{state}\t{note or ''}")
+        else:
+            if not args.key:
+                print("error: keys revoke needs the key's id or prefix", file=sys.stderr)
+                return 2
+            rows = conn.execute(q("key_revoke"), {"key": args.key}).fetchall()
+            if not rows:
+                print(f"error: no active key {args.key!r}", file=sys.stderr)
+                return 3
+            print(f"revoked key {rows[0][0]} ({rows[0][1]}…)")
     return 0
 
 
@@ -313,6 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve on a non-loopback address without authentication",
     )
     sv.set_defaults(func=cmd_serve)
+    ky = sub.add_parser("keys", help="API keys for the HTTP service")
+    ky.add_argument("action", choices=["create", "list", "revoke"])
+    ky.add_argument("key", nargs="?", help="revoke: the key's id or prefix")
+    ky.add_argument("--project", action="append", help="a project the key covers (repeat)")
+    ky.add_argument("--write", action="store_true", help="also allow POST /memory/nodes")
+    ky.add_argument("--note", help="who or what the key is for")
+    ky.set_defaults(func=cmd_keys)
     os_ = sub.add_parser("opensearch", help="OpenSearch dual-write maintenance")
     os_.add_argument("action", choices=["sync", "reindex"])
     os_.set_defaults(func=cmd_opensearch)

@@ -166,3 +166,20 @@ FROM memory.policy();
 
 -- name: set_policy
 SELECT memory.set_policy(%(key)s, %(value)s);
+
+-- name: key_insert
+INSERT INTO memory.api_keys (key_hash, prefix, projects, can_write, note)
+VALUES (%(key_hash)s, %(prefix)s, %(projects)s, %(can_write)s, %(note)s)
+RETURNING id;
+
+-- name: keys_list
+SELECT id, prefix, projects, can_write, note, created_at, revoked_at
+FROM memory.api_keys ORDER BY id;
+
+-- name: key_revoke
+UPDATE memory.api_keys SET revoked_at = now()
+WHERE (id::text = %(key)s OR prefix = %(key)s) AND revoked_at IS NULL
+RETURNING id, prefix;
+
+-- name: keys_active
+SELECT key_hash, projects, can_write FROM memory.api_keys WHERE revoked_at IS NULL;

@@ -1,0 +1,98 @@
+"""API keys: once any unrevoked key exists (`poimen-memory keys create`), every data
+request needs ``Authorization: Bearer <key>``. A key names the projects it may read, and
+whether it may write. Keys are checked against their SHA-256, loaded from the database and
+cached for a few seconds, so a revoke takes effect within POIMEN_AUTH_CACHE_S."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+from starlette.requests import Request
+
+from poimen_memory.db.queries import q
+from poimen_memory.db.wrap import wrap_exceptions
+from poimen_memory.errors import Forbidden, Unauthorized
+
+KEY_PREFIX = "pmk_"
+
+
+def new_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def key_hash(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+@dataclass(frozen=True)
+class Grant:
+    projects: frozenset[str]
+    can_write: bool
+
+
+class KeyRing:
+    def __init__(self, pool: AsyncConnectionPool[Any], ttl_s: float) -> None:
+        self.pool, self.ttl_s = pool, ttl_s
+        self._keys: dict[bytes, Grant] = {}
+        self._at = -1e9
+        self._lock = asyncio.Lock()
+
+    async def _load(self) -> dict[bytes, Grant]:
+        async with self._lock:
+            if time.monotonic() - self._at >= self.ttl_s:
+                with wrap_exceptions("auth"):
+                    async with self.pool.connection(timeout=2.0) as conn:
+                        cur = await conn.execute(q("keys_active"))
+                        rows = await cur.fetchall()
+                self._keys = {bytes(h): Grant(frozenset(p), w) for h, p, w in rows}
+                self._at = time.monotonic()
+            return self._keys
+
+    async def grant(self, request: Request) -> Grant | None:
+        """None when no key exists (anonymous mode); otherwise the caller's grant."""
+        keys = await self._load()
+        if not keys:
+            return None
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized("an API key is required", hint="send Authorization: Bearer <key>")
+        digest = key_hash(token.strip())
+        for stored, grant in keys.items():
+            if hmac.compare_digest(stored, digest):
+                return grant
+        raise Unauthorized("unknown or revoked API key")
+
+    async def read_project(self, request: Request, project: str | None) -> str | None:
+        """The project a query may search: the one it names, if the key covers it; without
+        one, the key's project (a key for several projects must name one)."""
+        grant = await self.grant(request)
+        if grant is None:
+            return project
+        if project is None:
+            if len(grant.projects) == 1:
+                return next(iter(grant.projects))
+            raise Forbidden(
+                "this key covers several projects: name one",
+                hint=f"project= one of {', '.join(sorted(grant.projects))}",
+            )
+        if project not in grant.projects:
+            raise Forbidden(f"this key does not cover project {project!r}")
+        return project
+
+    async def write_projects(self, request: Request, projects: Iterable[str]) -> None:
+        grant = await self.grant(request)
+        if grant is None:
+            return
+        if not grant.can_write:
+            raise Forbidden("this key is read-only", hint="create one with --write")
+        outside = sorted(set(projects) - grant.projects)
+        if outside:
+            raise Forbidden(f"this key does not cover project(s) {', '.join(outside)}")
