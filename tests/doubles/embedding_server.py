@@ -176,6 +176,8 @@ class EmbeddingServerKnobs:
     """Instruction prefixes ignored when computing vectors, so query and document
     vectors of the same words agree (the log still shows the raw input)."""
     seed: int = 0
+    root_only: bool = False
+    """Serve only ``/embeddings`` at the root, as Infinity does (``/v1/embeddings`` 404s)."""
 
 
 @dataclass
@@ -223,6 +225,8 @@ def _build_app(state: EmbeddingServer) -> Starlette:
     async def embeddings(request: Request) -> Response:
         body = await log_request(request, state.requests)
         knobs = state.knobs
+        if knobs.root_only and request.url.path.startswith("/v1/"):
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
         if knobs.delay_s > 0:
             await interruptible_sleep(knobs.delay_s, state.closing)
         if knobs.api_key is not None and (

@@ -312,3 +312,32 @@ async def test_spent_deadline_fails_without_waiting() -> None:
         finally:
             await embedder.aclose()
     assert info.value.reason == "timeout"
+
+
+@pytest.mark.anyio
+async def test_a_base_url_finds_embeddings_served_at_the_root() -> None:
+    """Infinity serves /embeddings at its root: the base URL's /v1 guess 404s once, then
+    the root path is kept for every later call."""
+    with run_embedding_server(root_only=True) as server:
+        embedder = RemoteEmbedder(server.url, NOMIC)
+        try:
+            embedder.embed_documents(["a doc"])
+            await embedder.aembed_query("a query", timeout=5)
+            embedder.embed_query("another")
+        finally:
+            await embedder.aclose()
+    paths = [r.path for r in server.requests]
+    assert paths == ["/v1/embeddings", "/embeddings", "/embeddings", "/embeddings"]
+    assert embedder.endpoint == server.url + "/embeddings"
+
+
+def test_a_full_endpoint_is_used_as_given_and_errors_name_it() -> None:
+    with run_embedding_server(root_only=True) as server:
+        embedder = RemoteEmbedder(server.url + "/v1/embeddings", NOMIC, max_retries=0)
+        try:
+            with pytest.raises(EmbeddingUnavailable) as info:
+                embedder.embed_documents(["a doc"])
+        finally:
+            embedder.close()
+    assert info.value.status == 404
+    assert f"{server.url}/v1/embeddings answered 404" in str(info.value)

@@ -16,6 +16,7 @@ import asyncio
 import base64
 import binascii
 import fnmatch
+import logging
 import random
 import time
 from collections.abc import Sequence
@@ -33,6 +34,8 @@ from poimen_memory.embedders.base import (
 )
 from poimen_memory.errors import ConfigError
 from poimen_memory.settings import EmbeddingSettings
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_REMOTE_MODEL",
@@ -106,6 +109,17 @@ def known_dim(model: str) -> int | None:
     return None
 
 
+def embeddings_endpoints(url: str) -> list[str]:
+    """The endpoints to try for a configured URL: a full endpoint as given; for a base URL
+    the OpenAI path ``/v1/embeddings`` first and then ``/embeddings`` at the root, where
+    Infinity and some other servers answer (the first that does not 404 is kept)."""
+    first = embeddings_endpoint(url)
+    base = url.strip().rstrip("/")
+    if first == base or base.endswith("/v1"):
+        return [first]
+    return [first, base + "/embeddings"]
+
+
 def embeddings_endpoint(url: str) -> str:
     """Accept a base URL, a ``…/v1`` URL or the full ``…/v1/embeddings`` endpoint."""
     base = url.strip().rstrip("/")
@@ -143,7 +157,8 @@ class RemoteEmbedder:
         client: httpx.Client | None = None,
         async_client: httpx.AsyncClient | None = None,
     ) -> None:
-        self.endpoint = embeddings_endpoint(url)
+        self._endpoints = embeddings_endpoints(url)
+        self.endpoint = self._endpoints[0]
         self.model_name = model
         resolved_dim = dim if dim is not None else known_dim(model)
         if resolved_dim is None:
@@ -223,6 +238,10 @@ class RemoteEmbedder:
                 response = await client.post(
                     self.endpoint, json=payload, headers=self._headers, timeout=timeout
                 )
+                if self._next_endpoint(response):
+                    response = await client.post(
+                        self.endpoint, json=payload, headers=self._headers, timeout=timeout
+                    )
         except (TimeoutError, httpx.HTTPError) as exc:
             raise self._transport_error(exc, timeout) from exc
         first: Vector = self._parse(response, 1)[0]
@@ -262,9 +281,23 @@ class RemoteEmbedder:
             response = client.post(
                 self.endpoint, json=self._payload(inputs), headers=self._headers, timeout=timeout
             )
+            if self._next_endpoint(response):
+                response = client.post(
+                    self.endpoint, json=self._payload(inputs), headers=self._headers,
+                    timeout=timeout,
+                )  # fmt: skip
         except httpx.HTTPError as exc:
             raise self._transport_error(exc, timeout) from exc
         return self._parse(response, len(inputs))
+
+    def _next_endpoint(self, response: httpx.Response) -> bool:
+        """On a 404 from a guessed path, move to the next candidate (and keep it)."""
+        at = self._endpoints.index(self.endpoint)
+        if response.status_code != 404 or at + 1 >= len(self._endpoints):
+            return False
+        self.endpoint = self._endpoints[at + 1]
+        log.info("embedding server: %s answered 404, using %s", self._endpoints[at], self.endpoint)
+        return True
 
     def _transport_error(self, exc: Exception, timeout: float) -> EmbeddingUnavailable:
         """No HTTP answer at all: a timeout, or a refused/reset/unresolvable connection."""
@@ -289,14 +322,21 @@ class RemoteEmbedder:
                 )
                 if not retryable or attempt >= self.max_retries:
                     raise
+                reason = exc.tag
             # Full jitter keeps several ingest workers from retrying in lockstep.
-            time.sleep(random.uniform(0, self.backoff_s * (2**attempt)))
+            pause = random.uniform(0, self.backoff_s * (2**attempt))
+            log.warning(
+                "embedding request failed (%s), retry %d of %d in %.2fs",
+                reason, attempt + 1, self.max_retries, pause,
+            )  # fmt: skip
+            time.sleep(pause)
             attempt += 1
 
     def _parse(self, response: httpx.Response, expected: int) -> Vectors:
         if response.status_code >= 400:
             raise EmbeddingUnavailable(
-                f"embedding server answered {response.status_code}: {response.text[:200]!r}",
+                f"embedding server {self.endpoint} answered {response.status_code}: "
+                f"{response.text[:200]!r}",
                 reason="http_status",
                 status=response.status_code,
             )

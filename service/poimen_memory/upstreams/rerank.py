@@ -105,6 +105,14 @@ def normalise_scores(
     return [_sigmoid(s) for s in raw_scores], resolved
 
 
+def rerank_endpoints(url: str) -> list[str]:
+    """A full endpoint as given; for a base URL ``/v1/rerank`` first, then ``/rerank`` at
+    the root (Infinity, TEI); the first that does not 404 is kept."""
+    first = rerank_endpoint(url)
+    base = url.strip().rstrip("/")
+    return [first] if first == base else [first, base + "/rerank"]
+
+
 def rerank_endpoint(url: str) -> str:
     """Use a URL ending in ``/rerank`` as given; otherwise append ``/v1/rerank``."""
     base = url.strip().rstrip("/")
@@ -141,7 +149,8 @@ class RerankClient:
             )
         if timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
-        self.endpoint = rerank_endpoint(url)
+        self._endpoints = rerank_endpoints(url)
+        self.endpoint = self._endpoints[0]
         self.model = model
         self.dialect: Dialect = dialect
         self.score_scale: ScoreScale = score_scale
@@ -191,21 +200,28 @@ class RerankClient:
         try:
             # httpx timeouts bound each phase; the outer one bounds the whole call.
             async with asyncio.timeout(limit):
+                body = self._payload(query, documents, top_n)
                 response = await client.post(
-                    self.endpoint,
-                    json=self._payload(query, documents, top_n),
-                    headers=self._headers,
-                    timeout=limit,
+                    self.endpoint, json=body, headers=self._headers, timeout=limit
                 )
+                at = self._endpoints.index(self.endpoint)
+                if response.status_code == 404 and at + 1 < len(self._endpoints):
+                    self.endpoint = self._endpoints[at + 1]  # kept for later calls
+                    response = await client.post(
+                        self.endpoint, json=body, headers=self._headers, timeout=limit
+                    )
         except (TimeoutError, httpx.TimeoutException):
             raise RerankUnavailable(
-                f"reranker did not answer within {limit:.3g}s", reason="timeout"
+                f"reranker {self.endpoint} did not answer within {limit:.3g}s", reason="timeout"
             ) from None
         except httpx.HTTPError as exc:
-            raise RerankUnavailable(f"reranker unreachable: {exc!r}", reason="transport") from exc
+            raise RerankUnavailable(
+                f"reranker {self.endpoint} unreachable: {exc!r}", reason="transport"
+            ) from exc
         if response.status_code >= 400:
             raise RerankUnavailable(
-                f"reranker answered {response.status_code}: {response.text[:200]!r}",
+                f"reranker {self.endpoint} answered {response.status_code}: "
+                f"{response.text[:200]!r}",
                 reason="http_status",
                 status=response.status_code,
             )
