@@ -18,8 +18,13 @@ REVOKE EXECUTE ON FUNCTION public.memory_optimize_query(text) FROM PUBLIC;
 
 GRANT USAGE ON SCHEMA memory TO memory_reader;
 GRANT SELECT ON ALL TABLES IN SCHEMA memory TO memory_reader;
--- Key hashes are the service owner's alone.
-REVOKE ALL ON memory.api_keys FROM memory_reader, memory_writer;
+-- Key hashes are the service owner's alone (the table exists from migration 0005 on).
+DO $$
+BEGIN
+    IF to_regclass('memory.api_keys') IS NOT NULL THEN
+        REVOKE ALL ON memory.api_keys FROM memory_reader, memory_writer;
+    END IF;
+END $$;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA memory TO memory_reader;
 -- The policy is the DBA's (owner's) to change; readers and writers only read it.
 REVOKE EXECUTE ON FUNCTION memory.set_policy(text, text), memory.reset_policy(text) FROM memory_reader;

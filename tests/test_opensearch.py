@@ -311,3 +311,45 @@ def test_engine_from_settings():
     assert engine is not None
     with engine:
         assert (engine.index, engine.timeout_s, engine.bulk_timeout_s) == ("x", 0.7, 9.0)
+
+
+def test_triggers_queue_every_change_and_the_service_drains_them(
+    fixture_url: str, conn: Conn, server: OpenSearchServer, embedder: Any
+) -> None:
+    """Writes made any way (HTTP, a DBA's UPDATE or DELETE) reach OpenSearch through the
+    trigger-filled outbox, drained by the running service in the background."""
+    from service_client import serve
+
+    env = {
+        "POIMEN_DATABASE_URL": fixture_url,
+        "POIMEN_OPENSEARCH_URL": server.url,
+        "POIMEN_OPENSEARCH_INDEX": INDEX,
+        "POIMEN_OPENSEARCH_DRAIN_INTERVAL_S": "0.2",
+        "POIMEN_HEALTH_CACHE_S": "0",
+    }
+
+    def wait_for(check: Any) -> bool:
+        for _ in range(100):  # bounded: 10 s at most
+            if check():
+                return True
+            time.sleep(0.1)
+        return False
+
+    with serve(env, embedder) as client:
+        node = {"id": "fresh", "level": "L0", "project": "poimen", "text": "a brand new turn"}
+        assert client.post("/memory/nodes", json=[node]).status_code == 201
+        sha = sha_of(conn, "external_id = 'fresh'")
+        assert wait_for(lambda: sha in server.docs(INDEX))
+        conn.execute("UPDATE memory.nodes SET title = 'renamed' WHERE external_id = 'fresh'")
+        assert wait_for(lambda: server.docs(INDEX)[sha].get("section_title") == "renamed")
+        conn.execute("UPDATE memory.nodes SET embedding = embedding WHERE external_id = 'fresh'")
+        conn.execute("DELETE FROM memory.nodes WHERE external_id = 'fresh'")
+        assert wait_for(lambda: sha not in server.docs(INDEX))
+        assert wait_for(lambda: outbox(conn) == [])
+        health = client.get("/healthz").json()["checks"]["database"]["outbox"]
+    assert health == {"depth": 0, "lag_s": 0.0}
+
+
+def test_without_opensearch_the_triggers_queue_nothing(conn: Conn) -> None:
+    conn.execute("DELETE FROM memory.nodes WHERE external_id = 'poimen:chat:1'")
+    assert outbox(conn) == []

@@ -6,22 +6,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from poimen_memory.db.connect import database_url, open_pool
+from poimen_memory.db.connect import connect, database_url, open_pool
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.embedders.cache import QueryEmbeddingCache
 from poimen_memory.embedders.factory import build_embedder
+from poimen_memory.errors import PoimenError
+from poimen_memory.ingest.outbox import enable_outbox, sync_outbox
 from poimen_memory.retrieval.pipeline import Retriever
 from poimen_memory.settings import Settings
 from poimen_memory.upstreams.opensearch import OpenSearchEngine, engine_from_settings
 from poimen_memory.upstreams.rerank import RerankClient, build_reranker
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,6 +44,50 @@ class Services:
     """Ingest runs here, never in the default pool the query path embeds in."""
     ingest_slots: asyncio.Semaphore
     """Running plus waiting ingests; when none is free a request is refused (503 busy)."""
+
+
+async def drain_outbox(url: str, engine: OpenSearchEngine, settings: Settings) -> None:
+    """Keep OpenSearch in step with Postgres: drain the outbox (filled by triggers) every
+    few seconds, backing off while OpenSearch is down. The lag shows in /healthz."""
+    s = settings.opensearch
+    pause = s.drain_interval_s
+
+    def once() -> bool:
+        with connect(url, autocommit=True) as conn:
+            report = sync_outbox(
+                conn,
+                engine,
+                batch_size=s.sync_batch,
+                max_attempts=1,  # this loop is the retry, with its own backoff
+                backoff_base_s=s.backoff_s,
+                progress=False,
+            )
+        return report.stopped is None
+
+    def enable() -> None:
+        with connect(url, autocommit=True) as conn:
+            enable_outbox(conn)
+
+    enabled = False
+    while True:
+        try:
+            if not enabled:
+                await asyncio.to_thread(enable)
+                enabled = True
+            ok = await asyncio.to_thread(once)
+        except PoimenError as exc:
+            log.warning("outbox drain failed: %s", exc)
+            ok = False
+        except psycopg.Error as exc:
+            log.warning("outbox drain failed: %s", exc)
+            ok = False
+        pause = s.drain_interval_s if ok else min(pause * 2, 60.0)
+        await asyncio.sleep(pause)
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 @contextlib.asynccontextmanager
@@ -68,6 +118,8 @@ async def open_services(
         opensearch = engine_from_settings(settings.opensearch)
         if opensearch is not None:
             stack.callback(opensearch.close)
+            drainer = asyncio.create_task(drain_outbox(url, opensearch, settings))
+            stack.push_async_callback(_stop, drainer)
         cache = QueryEmbeddingCache(settings.embedding.cache_size)
         retriever = Retriever(pool, emb, cache, settings, reranker=reranker, opensearch=opensearch)
         ingest_pool = ThreadPoolExecutor(settings.ingest_workers, thread_name_prefix="ingest")

@@ -192,6 +192,7 @@ class OpenSearchSettings(FromEnv):
     ca_certs: Path | None = setting("POIMEN_OPENSEARCH_CA_CERTS", Path)
     sync_batch: int = setting("POIMEN_OPENSEARCH_SYNC_BATCH", at_least(1), 500)
     max_attempts: int = setting("POIMEN_OPENSEARCH_MAX_ATTEMPTS", at_least(1), 5)
+    drain_interval_s: float = setting("POIMEN_OPENSEARCH_DRAIN_INTERVAL_S", positive, 1.0)
     backoff_s: float = setting("POIMEN_OPENSEARCH_BACKOFF_S", at_least(0.0, float), 0.5)
 
 

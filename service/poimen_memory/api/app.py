@@ -116,7 +116,6 @@ async def post_nodes(request: Request) -> JSONResponse:
                 embedder,
                 invalid=invalid,
                 skip_invalid=request.query_params.get("skip_invalid") == "true",
-                outbox=state.opensearch is not None,
                 progress=False,
                 atomic=True,
             )
@@ -163,7 +162,7 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
         async with open_services(cfg, embedder=embedder) as services:
             app.state.poimen = services
             app.state.health = HealthCache(cfg.health_cache_s)
-            app.state.keys = KeyRing(services.pool, cfg.auth_cache_s)
+            app.state.keys = KeyRing(services.retriever, cfg.auth_cache_s, cfg.default_timeout_s)
             yield
 
     return Starlette(

@@ -12,14 +12,14 @@ import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
 from starlette.requests import Request
 
 from poimen_memory.db.queries import q
 from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.errors import Forbidden, Unauthorized
+from poimen_memory.retrieval.deadline import Deadline
+from poimen_memory.retrieval.pipeline import Retriever
 
 KEY_PREFIX = "pmk_"
 
@@ -39,8 +39,9 @@ class Grant:
 
 
 class KeyRing:
-    def __init__(self, pool: AsyncConnectionPool[Any], ttl_s: float) -> None:
-        self.pool, self.ttl_s = pool, ttl_s
+    def __init__(self, retriever: Retriever, ttl_s: float, timeout_s: float) -> None:
+        # The retriever's connections: a stopped database fails fast, a busy pool waits.
+        self.retriever, self.ttl_s, self.timeout_s = retriever, ttl_s, timeout_s
         self._keys: dict[bytes, Grant] = {}
         self._at = -1e9
         self._lock = asyncio.Lock()
@@ -49,7 +50,8 @@ class KeyRing:
         async with self._lock:
             if time.monotonic() - self._at >= self.ttl_s:
                 with wrap_exceptions("auth"):
-                    async with self.pool.connection(timeout=2.0) as conn:
+                    deadline = Deadline(self.timeout_s)
+                    async with self.retriever.connection(deadline, "auth") as conn:
                         cur = await conn.execute(q("keys_active"))
                         rows = await cur.fetchall()
                 self._keys = {bytes(h): Grant(frozenset(p), w) for h, p, w in rows}

@@ -87,6 +87,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     embedder = _embedder(s)
     with connect(_url(s), autocommit=True) as conn:
         migrate(conn, s.plpython_root)
+        if s.opensearch.url is not None:
+            from poimen_memory.ingest.outbox import enable_outbox
+
+            enable_outbox(conn)
         report = ingest(
             conn,
             records,
@@ -94,7 +98,6 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             invalid=invalid,
             skip_invalid=args.skip_invalid,
             batch_size=args.batch or s.ingest_batch,
-            outbox=s.opensearch.url is not None,
             progress=not args.quiet,
         )
     for err in report.invalid[:20]:
@@ -299,7 +302,7 @@ def _loopback(host: str) -> bool:
 
 
 def cmd_opensearch(args: argparse.Namespace) -> int:
-    from poimen_memory.ingest.outbox import reindex, sync_outbox
+    from poimen_memory.ingest.outbox import enable_outbox, reindex, sync_outbox
     from poimen_memory.upstreams.opensearch import engine_from_settings
 
     s = _settings()
@@ -308,6 +311,7 @@ def cmd_opensearch(args: argparse.Namespace) -> int:
         print("error: POIMEN_OPENSEARCH_URL is not set", file=sys.stderr)
         return 2
     with connect(_url(s), autocommit=True) as conn:
+        enable_outbox(conn)
         if args.action == "sync":
             report = sync_outbox(
                 conn,

@@ -39,9 +39,9 @@ INSERT INTO memory.edges (child_id, parent_id, precedence)
 SELECT * FROM unnest(%(child)s::bigint[], %(parent)s::bigint[], %(precedence)s::int[])
 ON CONFLICT (child_id, parent_id) DO NOTHING;
 
--- name: enqueue_outbox
-INSERT INTO memory.opensearch_outbox (node_id, op)
-SELECT unnest(%(ids)s::bigint[]), 'index';
+-- name: outbox_on
+INSERT INTO memory.config (key, value) VALUES ('opensearch_outbox', 'on')
+ON CONFLICT (key) DO UPDATE SET value = 'on', updated_at = now();
 
 -- name: nodes_for_reembed
 SELECT id, text FROM memory.nodes WHERE id > %(after)s ORDER BY id LIMIT %(limit)s;
@@ -93,8 +93,8 @@ WHERE n.level = 'L0';
 SELECT set_config('statement_timeout', %(ms)s, true);
 
 -- name: outbox_batch
-SELECT o.id, o.node_id, o.op, encode(n.sha256, 'hex') AS sha256, n.text, n.title, n.breadcrumb,
-       n.source, n.level, p.name AS project
+SELECT o.id, o.node_id, o.op, encode(coalesce(o.sha256, n.sha256), 'hex') AS sha256, n.text,
+       n.title, n.breadcrumb, n.source, n.level, p.name AS project
 FROM memory.opensearch_outbox o
 LEFT JOIN memory.nodes n ON n.id = o.node_id
 LEFT JOIN memory.projects p ON p.id = n.project_id
@@ -116,8 +116,8 @@ SELECT count(*) FROM memory.opensearch_outbox;
 -- name: outbox_batch_after
 -- Keyset variant of outbox_batch: one drain pass walks the queue once, so rows that just
 -- failed are not picked up again in the same pass.
-SELECT o.id, o.node_id, o.op, encode(n.sha256, 'hex') AS sha256, n.text, n.title, n.breadcrumb,
-       n.source, n.level, p.name AS project
+SELECT o.id, o.node_id, o.op, encode(coalesce(o.sha256, n.sha256), 'hex') AS sha256, n.text,
+       n.title, n.breadcrumb, n.source, n.level, p.name AS project
 FROM memory.opensearch_outbox o
 LEFT JOIN memory.nodes n ON n.id = o.node_id
 LEFT JOIN memory.projects p ON p.id = n.project_id

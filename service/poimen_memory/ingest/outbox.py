@@ -73,6 +73,8 @@ def _op(row: tuple[Any, ...]) -> BulkOp | None:
         return None
     if op == "delete":
         return BulkOp("delete", sha)
+    if text is None:  # the node is gone; its delete row follows in the queue
+        return None
     return BulkOp("index", sha, _doc(sha, text, title, breadcrumb, source, level, project))
 
 
@@ -220,3 +222,9 @@ def reindex(
     if failed:
         log.warning("reindex: %d of %d documents failed, first: %s", failed, total, first_error)
     return indexed
+
+
+def enable_outbox(conn: psycopg.Connection[Any]) -> None:
+    """From now on the triggers on memory.nodes queue every change for OpenSearch."""
+    with conn.transaction():
+        conn.execute(q("outbox_on"))

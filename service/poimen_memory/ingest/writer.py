@@ -1,5 +1,5 @@
 """Idempotent ingestion of memory nodes: validate everything, embed new nodes, then write
-nodes, their provenance edges and OpenSearch outbox rows in transactions.
+nodes and their provenance edges in transactions (triggers queue the OpenSearch outbox).
 
 Policy (docs/ingest.md): the whole input is validated before anything is written, against
 itself and against what the database already holds; any invalid line aborts the run with
@@ -140,7 +140,6 @@ def ingest(
     invalid: Sequence[LineError] = (),
     skip_invalid: bool = False,
     batch_size: int = 64,
-    outbox: bool = False,
     progress: bool = True,
     atomic: bool = False,
 ) -> IngestReport:
@@ -164,7 +163,7 @@ def ingest(
             )
         records = [r for r in records if r.line_no not in bad_lines]
         report = IngestReport(invalid=sorted(problems, key=lambda e: e.line_no))
-        writer = _Writer(conn, records, stored, report, outbox)
+        writer = _Writer(conn, records, stored, report)
         todo = writer.new_records()
         if atomic:
             vectors = _embed(embedder, todo, report)
@@ -213,9 +212,8 @@ class _Writer:
         records: Sequence[NodeRecord],
         stored: dict[Key, StoredNode],
         report: IngestReport,
-        outbox: bool,
     ) -> None:
-        self.conn, self.report, self.outbox = conn, report, outbox
+        self.conn, self.report = conn, report
         self.records = records
         self.ids: dict[Key, int] = {k: s.id for k, s in stored.items()}
         self.by_sha: dict[bytes, int] = {}
@@ -272,8 +270,6 @@ class _Writer:
                     new_ids.append(row[0])
                 if not cur.nextset():
                     break
-            if self.outbox and new_ids:
-                cur.execute(q("enqueue_outbox"), {"ids": new_ids})
         for r in batch:
             if r.external_id is not None and r.sha256 in self.by_sha:
                 self.ids[(r.project, r.external_id)] = self.by_sha[r.sha256]

@@ -98,7 +98,7 @@ class Retriever:
     ) -> list[R]:
         deadline.check(stage)
         with wrap_exceptions(stage):
-            async with self._connection(deadline, stage) as conn, conn.transaction():
+            async with self.connection(deadline, stage) as conn, conn.transaction():
                 await conn.execute(q("set_statement_timeout"), {"ms": str(deadline.remaining_ms())})
                 async with conn.cursor(row_factory=class_row(row)) as cur:
                     await cur.execute(q(name), params)
@@ -106,7 +106,7 @@ class Retriever:
                     return rows
 
     @contextlib.asynccontextmanager
-    async def _connection(
+    async def connection(
         self, deadline: Deadline, stage: str
     ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """A pooled connection within the deadline. A pool that has no connection at all

@@ -1,0 +1,47 @@
+-- The OpenSearch outbox is filled by triggers, so every insert, update and delete of a node
+-- reaches it however it was made (ingest, memory.add_nodes, a DBA's UPDATE). The triggers
+-- only write while OpenSearch is in use: the service (or `poimen-memory opensearch`)
+-- records 'opensearch_outbox' = 'on' in memory.config; otherwise the queue stays empty.
+
+CREATE OR REPLACE FUNCTION memory.enqueue_opensearch()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SECURITY DEFINER  -- writers change nodes; only the owner writes the outbox
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM memory.config c
+                   WHERE c.key = 'opensearch_outbox' AND c.value = 'on') THEN
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO memory.opensearch_outbox (node_id, op, sha256)
+        SELECT o.id, 'delete', o.sha256 FROM old_rows o;
+    ELSIF TG_OP = 'UPDATE' THEN
+        -- Only rows whose document changed; an embedding-only UPDATE (reembed) is not queued.
+        INSERT INTO memory.opensearch_outbox (node_id, op, sha256)
+        SELECT n.id, 'index', n.sha256
+        FROM new_rows n JOIN old_rows o ON o.id = n.id
+        WHERE (n.text, n.title, n.breadcrumb, n.source, n.level, n.project_id, n.sha256)
+              IS DISTINCT FROM (o.text, o.title, o.breadcrumb, o.source, o.level, o.project_id, o.sha256);
+    ELSE
+        INSERT INTO memory.opensearch_outbox (node_id, op, sha256)
+        SELECT n.id, 'index', n.sha256 FROM new_rows n;
+    END IF;
+    RETURN NULL;
+END $$;
+COMMENT ON FUNCTION memory.enqueue_opensearch() IS
+    'Statement trigger on memory.nodes: queues index/delete operations for OpenSearch while memory.config opensearch_outbox = on.';
+
+DROP TRIGGER IF EXISTS nodes_outbox_insert ON memory.nodes;
+CREATE TRIGGER nodes_outbox_insert AFTER INSERT ON memory.nodes
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION memory.enqueue_opensearch();
+DROP TRIGGER IF EXISTS nodes_outbox_update ON memory.nodes;
+CREATE TRIGGER nodes_outbox_update AFTER UPDATE ON memory.nodes
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION memory.enqueue_opensearch();
+DROP TRIGGER IF EXISTS nodes_outbox_delete ON memory.nodes;
+CREATE TRIGGER nodes_outbox_delete AFTER DELETE ON memory.nodes
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION memory.enqueue_opensearch();
