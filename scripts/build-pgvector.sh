@@ -8,7 +8,9 @@ log() { printf '[pgvector] %s\n' "$*" >&2; }
 export DEBIAN_FRONTEND=noninteractive
 
 log "installing postgresql-server-dev-$N build-essential"
-apt-get install -y -qq "postgresql-server-dev-$N" build-essential >/dev/null
+out="$(mktemp)"
+apt-get install -y -qq "postgresql-server-dev-$N" build-essential >"$out" 2>&1 || { tail -n 30 "$out" >&2; exit 1; }
+rm -f "$out"
 
 # Reuse the mirror this machine is already configured with.
 mirror="$( (grep -rhoE '^(URIs:|deb) +[a-z]+://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null || true) \

@@ -76,11 +76,18 @@ apt_install() {  # installs the named Debian packages (as root), or says what to
   is_root || die "missing: $* (run as root, or: apt-get install $*)"
   apt_ready
   log "apt-get install $*"
-  if ! apt-get install -y -qq "$@" >/dev/null; then
+  if ! apt_get_install "$@"; then
     [ "$apt_updated" = 0 ] || die "apt-get install $* failed"
     apt_update
-    apt-get install -y -qq "$@" >/dev/null
+    apt_get_install "$@" || die "apt-get install $* failed"
   fi
+}
+apt_get_install() {  # quiet on success (no debconf chatter); the output's tail on failure
+  local out rc=0; out="$(mktemp)"
+  apt-get install -y -qq "$@" >"$out" 2>&1 || rc=$?
+  [ "$rc" = 0 ] || tail -n 30 "$out" >&2
+  rm -f "$out"
+  return "$rc"
 }
 
 # ---------------------------------------------------------------- PostgreSQL + extensions
