@@ -76,16 +76,17 @@ apt_install() {  # installs the named Debian packages (as root), or says what to
   is_root || die "missing: $* (run as root, or: apt-get install $*)"
   apt_ready
   log "apt-get install $*"
-  if ! apt_get_install "$@"; then
-    [ "$apt_updated" = 0 ] || die "apt-get install $* failed"
+  if [ "$apt_updated" = 1 ]; then
+    apt_get_install 1 "$@" || die "apt-get install $* failed"
+  elif ! apt_get_install 0 "$@"; then  # lists from an earlier run may be stale
     apt_update
-    apt_get_install "$@" || die "apt-get install $* failed"
+    apt_get_install 1 "$@" || die "apt-get install $* failed"
   fi
 }
-apt_get_install() {  # quiet on success (no debconf chatter); the output's tail on failure
-  local out rc=0; out="$(mktemp)"
+apt_get_install() {  # $1=1: show the output's tail on failure; quiet on success (no debconf chatter)
+  local show="$1" out rc=0; shift; out="$(mktemp)"
   apt-get install -y -qq "$@" >"$out" 2>&1 || rc=$?
-  [ "$rc" = 0 ] || tail -n 30 "$out" >&2
+  [ "$rc" = 0 ] || [ "$show" = 0 ] || tail -n 30 "$out" >&2
   rm -f "$out"
   return "$rc"
 }
@@ -189,7 +190,9 @@ fi
 log "installing the $PROFILE profile into $VENV (pip -c requirements.lock)"
 rm -f "$(stamp_file product)" "$(stamp_file dev)"
 "$VENV/bin/python" -m pip install -q "pip==$PIP_VERSION" >/dev/null
-"$VENV/bin/python" -m pip install -q -c "$ROOT/requirements.lock" -e "$ROOT$EXTRAS"
+# (setuptools' note on every editable install is information, not a problem: hidden)
+PYTHONWARNINGS="ignore:Editable installation" \
+  "$VENV/bin/python" -m pip install -q -c "$ROOT/requirements.lock" -e "$ROOT$EXTRAS"
 stamp_value "$PROFILE" > "$(stamp_file "$PROFILE")"
 rm -f "$VENV/.poimen-deps"  # the single stamp of earlier versions of this script
 log "ready: PostgreSQL $N, venv $VENV ($PROFILE)"
