@@ -28,7 +28,13 @@ from poimen_memory.api.request_log import RequestLogMiddleware
 from poimen_memory.db.connect import connect
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
-from poimen_memory.errors import Busy, PayloadTooLarge, PoimenError, ValidationError
+from poimen_memory.errors import (
+    Busy,
+    IngestError,
+    PayloadTooLarge,
+    PoimenError,
+    ValidationError,
+)
 from poimen_memory.ingest.nodes import MAX_JSON_DEPTH, loads, parse_lines
 from poimen_memory.ingest.writer import ingest
 from poimen_memory.services import Services, open_services
@@ -100,9 +106,20 @@ async def post_nodes(request: Request) -> JSONResponse:
         lines = [json.dumps(i) for i in items] if isinstance(items, list) else []
     else:
         lines = body.splitlines()
+    skip = request.query_params.getlist("skip_invalid")
+    if skip not in ([], ["true"], ["false"]):
+        raise ValidationError(f"skip_invalid must be true or false, got {skip!r}")
+    skip_invalid = skip == ["true"]
     records, invalid = parse_lines(lines, request.query_params.get("project"))
     if not records and not invalid:
         raise ValidationError("no nodes in the request body")
+    if not records:
+        # Skipping the invalid lines would leave nothing: that is a bad request, not a 201.
+        shown = "\n".join(str(e) for e in invalid[:20])
+        raise IngestError(
+            f"{len(invalid)} invalid line(s) and no valid one; nothing was written",
+            detail=shown,
+        )
     await request.app.state.keys.write_projects(request, {r.project for r in records})
     if state.embedder is None:
         raise ValidationError("no embedder configured; cannot ingest")
@@ -115,7 +132,7 @@ async def post_nodes(request: Request) -> JSONResponse:
                 records,
                 embedder,
                 invalid=invalid,
-                skip_invalid=request.query_params.get("skip_invalid") == "true",
+                skip_invalid=skip_invalid,
                 progress=False,
                 atomic=True,
             )

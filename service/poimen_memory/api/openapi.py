@@ -68,22 +68,82 @@ _RESULT: dict[str, Any] = {
 }
 
 
+_PROJECT: dict[str, Any] = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"}
+
+# One memory node (docs/ingest.md); the validation the server applies beyond this schema
+# (ids reused for other content, provenance one level down, NUL, range of timestamps) is
+# reported as 400 invalid_node.
+_NODE: dict[str, Any] = {
+    "type": "object",
+    "required": ["level", "text", "project"],
+    "properties": {
+        "id": {"type": ["string", "integer", "null"]},
+        "level": {"type": "string", "enum": ["L0", "L1", "L2"]},
+        "project": _PROJECT,
+        # UTF-8 text without NUL: PostgreSQL text cannot hold NUL or lone surrogates.
+        "text": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 100000,
+            # No NUL, and not blank (a character Python does not count as white space).
+            "pattern": "^[^\u0000]*[^\\s\u0085\u001c-\u001f\u0000][^\u0000]*$",
+        },
+        "title": {"type": ["string", "null"]},
+        "source": {"type": ["string", "null"]},
+        # ISO 8601; an empty string counts as no timestamp.
+        "timestamp": {
+            "anyOf": [
+                {"type": "string", "format": "date-time"},
+                {"type": "string", "maxLength": 0},
+                {"type": "null"},
+            ]
+        },
+        # null is read as empty, as in nodes.jsonl
+        "parents": {"type": ["array", "null"], "items": {"type": "string"}},
+        "breadcrumb": {"type": ["array", "null"], "items": {"type": "string"}},
+        "metadata": {"type": ["object", "null"]},
+    },
+}
+
+_AUTH_ERRORS = {
+    "401": _err("unauthorized: API keys exist and the request has no valid one"),
+    "403": _err("forbidden: the key does not cover the project, or is read-only"),
+}
+
+
 def openapi_spec() -> dict[str, Any]:
     q = [
-        ("query", True, {"type": "string", "maxLength": 2000}, "Text to search for."),
-        ("project", False, {"type": "string"}, "Restrict to one project; unknown → 404."),
-        ("level", False, {"type": "string", "default": "L1,L2"}, "Subset of L0,L1,L2."),
+        (
+            "query",
+            True,
+            # Not blank: at least one character Python does not count as white space.
+            {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 2000,
+                "pattern": r"[^\s\u0085\u001c-\u001f]",
+            },
+            "Text to search for (not blank).",
+        ),
+        ("project", False, _PROJECT, "Restrict to one project; unknown → 404."),
+        (
+            "level",
+            False,
+            {"type": "string", "default": "L1,L2", "pattern": r"^L[012](,L[012]){0,2}$"},
+            "Comma-separated subset of L0,L1,L2.",
+        ),
         (
             "limit",
             False,
-            {"type": "integer", "default": 5, "minimum": 1, "maximum": 50},
-            "Clamped to [1, 50].",
+            {"type": "integer", "default": 5},
+            "Any integer; clamped to [1, POIMEN_MAX_LIMIT (50)].",
         ),
         (
             "timeout_seconds",
             False,
-            {"type": "number", "default": 5, "minimum": 1, "maximum": 30},
-            "One deadline for the whole request; clamped to [1, 30].",
+            {"type": "number", "default": 5},
+            "One deadline for the whole request, in seconds; any finite number, clamped to "
+            "[1, POIMEN_MAX_TIMEOUT_S (30)].",
         ),
         ("fusion", False, {"type": "string", "enum": ["rrf", "convex"]}, "Fusion for Hybrid."),
         (
@@ -120,6 +180,7 @@ def openapi_spec() -> dict[str, Any]:
                         "400": _err(
                             "invalid_parameter: missing/empty query, bad level, bad number"
                         ),
+                        **_AUTH_ERRORS,
                         "404": _err("unknown_project"),
                         "409": _err("embedding_model_mismatch: query vector dimension differs"),
                         "412": _err("embedding_not_configured: nothing ingested yet"),
@@ -132,15 +193,39 @@ def openapi_spec() -> dict[str, Any]:
             "/memory/nodes": {
                 "post": {
                     "summary": "Ingest nodes (JSON array or NDJSON, the nodes.jsonl format)",
-                    "parameters": [
-                        {"name": "project", "in": "query", "schema": {"type": "string"}},
-                        {"name": "skip_invalid", "in": "query", "schema": {"type": "boolean"}},
-                    ],
+                    "requestBody": {
+                        "required": True,
+                        "description": "A JSON array of nodes (NDJSON, one node per line, is "
+                        "accepted too, as `poimen-memory ingest` reads). "
+                        "One request is one transaction: every node is written, or none. "
+                        "Two query parameters relax this contract, as the CLI's flags do: "
+                        "`project` names the project of nodes that name none, and "
+                        "`skip_invalid=true` loads the valid nodes and lists the invalid "
+                        "ones in the report (400 when none is valid).",
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "array",
+                                    "minItems": 1,
+                                    "items": {"$ref": "#/components/schemas/Node"},
+                                }
+                            },
+                        },
+                    },
                     "responses": {
-                        "201": {"description": "Ingest report (inserted, duplicates, edges, ...)"},
+                        "201": {
+                            "description": "Ingest report",
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/IngestReport"}
+                                }
+                            },
+                        },
                         "400": _err("invalid_node: a line failed validation; nothing written"),
-                        "409": _err("embedding_model_mismatch"),
-                        "503": _err("database_unavailable or embedding_service_unavailable"),
+                        **_AUTH_ERRORS,
+                        "409": _err("embedding_model_mismatch, or conflict with stored data"),
+                        "413": _err("payload_too_large: body over POIMEN_MAX_BODY_BYTES"),
+                        "503": _err("busy, database_unavailable or embedding_service_unavailable"),
                     },
                 }
             },
@@ -186,6 +271,19 @@ def openapi_spec() -> dict[str, Any]:
         "components": {
             "schemas": {
                 "Error": _ERROR,
+                "Node": _NODE,
+                "IngestReport": {
+                    "type": "object",
+                    "required": ["inserted", "duplicates", "edges", "invalid", "unresolved"],
+                    "properties": {
+                        "inserted": {"type": "integer"},
+                        "duplicates": {"type": "integer"},
+                        "edges": {"type": "integer"},
+                        "invalid": {"type": "array", "items": {"type": "string"}},
+                        "unresolved": {"type": "array", "items": {"type": "string"}},
+                        "seconds": {"type": "number"},
+                    },
+                },
                 "Parent": _PARENT,
                 "Result": _RESULT,
                 "QueryResponse": {

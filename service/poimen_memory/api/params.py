@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from poimen_memory.errors import ValidationError
+from poimen_memory.ingest.nodes import PROJECT_NAME
 from poimen_memory.retrieval.models import FUSION_METHODS, LEVELS, STRATEGIES, QueryRequest
 from poimen_memory.settings import Settings
 
@@ -17,7 +18,7 @@ def _number(
     params: Mapping[str, str], name: str, default: N, lo: N, hi: N, cast: Callable[[str], N]
 ) -> N:
     raw = params.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return default
     try:
         value = cast(raw)
@@ -45,15 +46,21 @@ def parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
         raise ValidationError(
             f"level must be a comma-separated subset of L0,L1,L2, got {params.get('level')!r}"
         )
-    fusion = params.get("fusion") or None  # None: the database's policy decides
+    fusion = params.get("fusion")  # None: the database's policy decides
     if fusion is not None and fusion not in FUSION_METHODS:
         raise ValidationError(f"fusion must be rrf or convex, got {fusion!r}")
-    strategy = params.get("strategy") or None
+    strategy = params.get("strategy")
     if strategy is not None and strategy not in STRATEGIES:
         raise ValidationError(f"unknown strategy {strategy!r}")
+    project = params.get("project")
+    if project is not None and not PROJECT_NAME.fullmatch(project):
+        raise ValidationError(
+            f"project {project!r} is not a project name",
+            hint="letters, digits, _ . : -; at most 128; starts alphanumeric; omit it for all",
+        )
     return QueryRequest(
         query=query,
-        project=params.get("project") or None,
+        project=project,
         levels=tuple(dict.fromkeys(levels)),
         limit=_number(params, "limit", s.default_limit, 1, s.max_limit, int),
         timeout_s=_number(

@@ -162,7 +162,7 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
         errors.append(LineError(line_no, "id", "must be a string"))
     ts: datetime | None = None
     raw_ts = obj.get("timestamp")
-    if raw_ts is not None:
+    if raw_ts is not None and raw_ts != "":  # "" means unknown, like null
         if not isinstance(raw_ts, str):
             errors.append(LineError(line_no, "timestamp", "must be an ISO 8601 string or null"))
         else:
@@ -175,15 +175,18 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
                 errors.append(LineError(line_no, "timestamp", f"not ISO 8601: {raw_ts!r}"))
             except OverflowError:
                 errors.append(LineError(line_no, "timestamp", f"out of range: {raw_ts!r}"))
-    parents = obj.get("parents") or []
+    parents = obj.get("parents")
+    parents = [] if parents is None else parents
     if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
         errors.append(LineError(line_no, "parents", "must be a list of node ids"))
         parents = []
-    breadcrumb = obj.get("breadcrumb") or []
+    breadcrumb = obj.get("breadcrumb")
+    breadcrumb = [] if breadcrumb is None else breadcrumb
     if not isinstance(breadcrumb, list) or not all(isinstance(b, str) for b in breadcrumb):
         errors.append(LineError(line_no, "breadcrumb", "must be a list of strings"))
         breadcrumb = []
-    metadata = obj.get("metadata") or {}
+    metadata = obj.get("metadata")
+    metadata = {} if metadata is None else metadata
     if not isinstance(metadata, dict):
         errors.append(LineError(line_no, "metadata", "must be a JSON object"))
         metadata = {}
