@@ -225,6 +225,7 @@ def observe_query(request: Request, body: Mapping[str, Any]) -> None:
         results=len(body.get("results") or ()),
         timings_ms={stage: metrics.get(key) for stage, key in STAGES.items() if key in metrics},
         embedding_cache_hit=metrics.get("embedding_cache_hit"),
+        served_by=metrics.get("served_by"),
         degraded=[f"{d.get('stage')}:{d.get('reason')}" for d in body.get("degraded") or ()],
     )
 
