@@ -194,6 +194,35 @@ def test_a_lagging_replica_falls_back_to_the_primary(
         assert replica_reasons(back) == []
 
 
+def test_a_project_not_yet_replayed_is_asked_of_the_primary(
+    fixture_url: str, replica_url: str, standby: Cluster, embedder: LocalEmbedder
+) -> None:
+    """Within the lag bound a replica may miss a project created a moment ago: the primary
+    answers for it instead of a 404; a project that exists nowhere is still a 404."""
+    lenient = env(fixture_url, replica_url, POIMEN_MAX_REPLICA_LAG_S="3600")
+    with (
+        serve(lenient, embedder) as client,
+        psycopg.connect(standby.url("postgres"), autocommit=True) as sb,
+    ):
+        served_by(client, "replica", query=KONG)
+        sb.execute("SELECT pg_wal_replay_pause()")
+        try:
+            node = {"id": "n-1", "level": "L1", "project": "fresh", "text": "walrus ledger"}
+            response = client.post("/memory/nodes", json=[node])
+            assert response.status_code == 201, response.text
+            body = query(client, query="walrus ledger", project="fresh")
+            assert body["metrics"]["served_by"] == "primary"
+            assert replica_reasons(body) == ["project_not_replayed"]
+            assert [r["text"] for r in body["results"]] == ["walrus ledger"]
+            # Still within the bound: other projects keep reading from the replica.
+            other = query(client, query=KONG, project="poimen")
+            assert other["metrics"]["served_by"] == "replica"
+            missing = client.get("/memory/query", params={"query": KONG, "project": "nope"})
+            assert missing.status_code == 404
+        finally:
+            sb.execute("SELECT pg_wal_replay_resume()")
+
+
 def test_without_read_urls_everything_is_the_primary(
     fixture_url: str, embedder: LocalEmbedder
 ) -> None:

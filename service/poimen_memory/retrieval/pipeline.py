@@ -186,7 +186,8 @@ class Retriever:
         """On a replica fit to serve, else on the primary (``metrics.served_by`` says which).
         A query the replica cannot answer (it went down, or recovery cancelled the statement)
         runs again on the primary in the time left, and the replica rests until its next
-        check; either way the fallback is a ``degraded`` entry, never an error."""
+        check; either way the fallback is a ``degraded`` entry, never an error. A project
+        the replica does not know yet (created a moment ago) is asked of the primary."""
         replica, reason = self.replicas.choose() if self.replicas else (None, None)
         if replica is not None:
             assert self.replicas is not None
@@ -194,6 +195,8 @@ class Retriever:
             token = _READ_POOL.set(replica.pool)
             try:
                 return await self._query(req, deadline, trace)
+            except UnknownProject:
+                reason = "project_not_replayed"  # the primary says whether it exists
             except (DatabaseUnavailable, DatabaseError) as exc:
                 if isinstance(exc, DatabaseError) and exc.sqlstate != "40001":
                     raise  # 40001 on a standby: cancelled by a conflict with recovery
