@@ -121,6 +121,13 @@ def test_queries_are_served_by_the_replica_and_see_a_write(
         health = client.get("/healthz")
         assert health.status_code == 200
         replicas = health.json()["checks"]["replicas"]
+        scrape = client.get("/metrics").text
+    port = str(conninfo_to_dict(replica_url)["port"])
+    assert any(
+        line.startswith("poimen_replica_usable{") and port in line and line.endswith(" 1.0")
+        for line in scrape.splitlines()
+    ), scrape
+    assert "poimen_replica_lag_seconds{" in scrape
     assert replicas["ok"] is True and replicas["max_lag_s"] == 5.0
     (server,) = replicas["servers"]
     assert server["ok"] is True and server["reason"] is None
@@ -159,6 +166,12 @@ def test_a_stopped_replica_falls_back_to_the_primary(
             assert "replicas" in health.json()["down"]
             (server,) = health.json()["checks"]["replicas"]["servers"]
             assert server["ok"] is False and server["reason"] == "unavailable"
+            scrape = client.get("/metrics").text
+            assert 'reason="unavailable",stage="replica"' in scrape, scrape
+            assert any(
+                line.startswith("poimen_replica_usable{") and line.endswith(" 0.0")
+                for line in scrape.splitlines()
+            )
             # The replica comes back: the monitor notices and queries return to it.
             standby.start(fast=True)
             back = served_by(client, "replica", query=KONG)
