@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,8 +23,13 @@ def cli_env() -> Iterator[dict[str, str]]:
     home = Path(tempfile.mkdtemp(prefix="poimen-cli-"))
     home.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
-    env.update(POIMEN_HOME=str(home), POIMEN_PG_PORT=str(_free_port()))
+    env.update(
+        POIMEN_HOME=str(home),
+        POIMEN_PG_PORT=str(_free_port()),
+        POIMEN_REPLICA_PG_PORT=str(_free_port()),
+    )
     yield env
+    subprocess.run([*CLI, "db", "replica", "stop"], env=env, capture_output=True, check=False)
     subprocess.run([*CLI, "db", "stop"], env=env, capture_output=True, check=False)
     subprocess.run(["rm", "-rf", str(home)], check=False)
 
@@ -99,6 +105,44 @@ def test_reembed_rebuilds_every_vector(cli_env: dict[str, str]) -> None:
     assert psql("SELECT count(*) FROM pg_indexes WHERE indexname = 'nodes_embedding_hnsw'") == "1"
     after = psql("SELECT embedding::text FROM memory.nodes WHERE external_id = 'poimen:mem:1'")
     assert after == before  # same model: the same vectors come back
+
+
+def test_db_replica_lifecycle(cli_env: dict[str, str]) -> None:
+    """A streaming standby made with pg_basebackup: read-only, has the primary's data, and
+    receives new writes."""
+    run(cli_env, "db", "start")
+    assert run(cli_env, "db", "replica", "status", ok=False).returncode == 3
+    started = run(cli_env, "db", "replica", "start")
+    assert started.stdout.startswith("streaming standby running")
+    url = run(cli_env, "db", "replica", "url").stdout.strip()
+    assert cli_env["POIMEN_REPLICA_PG_PORT"] in url and "/replica/run" in url
+    primary = run(cli_env, "db", "url").stdout.strip()
+
+    def psql(target: str, sql: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["psql", target, "-XtAc", sql], capture_output=True, text=True, check=check
+        )
+
+    assert psql(url, "SELECT pg_is_in_recovery()").stdout.strip() == "t"
+    count = "SELECT count(*) FROM memory.nodes"
+    assert psql(url, count).stdout == psql(primary, count).stdout
+    refused = psql(url, "CREATE TABLE public.nope (x int)", check=False)
+    assert "read-only transaction" in refused.stderr
+    psql(
+        primary, "CREATE TABLE public.replicated (x int); INSERT INTO public.replicated VALUES (7)"
+    )
+    deadline = time.monotonic() + 30
+    while psql(url, "SELECT x FROM public.replicated", check=False).stdout.strip() != "7":
+        assert time.monotonic() < deadline, "the write never reached the standby"
+        time.sleep(0.05)
+    status = run(cli_env, "db", "replica", "status").stdout
+    assert status.startswith("running: standby, wal receiver streaming"), status
+    assert "lag" in status
+    assert run(cli_env, "db", "replica", "start").returncode == 0  # idempotent
+    run(cli_env, "db", "replica", "stop")
+    assert run(cli_env, "db", "replica", "status", ok=False).returncode == 3
+    assert run(cli_env, "db", "replica", ok=False).returncode == 2
+    assert run(cli_env, "db", "start", "stop", ok=False).returncode == 2
 
 
 def test_stop(cli_env: dict[str, str]) -> None:

@@ -40,9 +40,10 @@ def test_socket_directory_is_private(cluster: Cluster) -> None:
 def test_authentication_is_peer_not_trust(cluster: Cluster) -> None:
     with psycopg.connect(cluster.url("postgres")) as conn:
         rules = conn.execute(
-            "SELECT type, auth_method FROM pg_hba_file_rules WHERE error IS NULL"
+            "SELECT type, database, auth_method FROM pg_hba_file_rules WHERE error IS NULL"
         ).fetchall()
-    assert rules == [("local", "peer")]
+    # Everything, and streaming replication (db replica), by peer over the private socket.
+    assert rules == [("local", ["all"], "peer"), ("local", ["replication"], "peer")]
 
 
 def test_even_with_the_socket_reachable_peer_auth_refuses_other_users(

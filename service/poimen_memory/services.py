@@ -1,6 +1,6 @@
 """The one function that wires the retriever and its clients, for the HTTP app, the CLI and
-the lab alike: a pool, the embedder, the reranker, OpenSearch and the query cache, built
-from `Settings` and closed in reverse order."""
+the lab alike: a pool (and one per read replica, with their monitor), the embedder, the
+reranker, OpenSearch and the query cache, built from `Settings` and closed in reverse order."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from poimen_memory.db.connect import connect, database_url, open_pool
+from poimen_memory.db.replicas import Replica, ReplicaSet
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.embedders.cache import QueryEmbeddingCache
 from poimen_memory.embedders.factory import build_embedder
@@ -40,6 +41,8 @@ class Services:
     reranker: RerankClient | None
     opensearch: OpenSearchEngine | None
     retriever: Retriever
+    replicas: ReplicaSet | None
+    """Read replicas (POIMEN_READ_URLS) and their last check; None without any."""
     ingest_pool: ThreadPoolExecutor
     """Ingest runs here, never in the default pool the query path embeds in."""
     ingest_slots: asyncio.Semaphore
@@ -120,11 +123,50 @@ async def open_services(
             stack.callback(opensearch.close)
             drainer = asyncio.create_task(drain_outbox(url, opensearch, settings))
             stack.push_async_callback(_stop, drainer)
+        replicas = await _open_replicas(settings, pool, stack)
         cache = QueryEmbeddingCache(settings.embedding.cache_size)
-        retriever = Retriever(pool, emb, cache, settings, reranker=reranker, opensearch=opensearch)
+        retriever = Retriever(
+            pool, emb, cache, settings, reranker=reranker, opensearch=opensearch, replicas=replicas
+        )
         ingest_pool = ThreadPoolExecutor(settings.ingest_workers, thread_name_prefix="ingest")
         stack.callback(ingest_pool.shutdown, wait=False, cancel_futures=True)
         slots = asyncio.Semaphore(settings.ingest_workers + settings.ingest_queue)
         yield Services(
-            settings, url, pool, emb, cache, reranker, opensearch, retriever, ingest_pool, slots
+            settings,
+            url,
+            pool,
+            emb,
+            cache,
+            reranker,
+            opensearch,
+            retriever,
+            replicas,
+            ingest_pool,
+            slots,
         )
+
+
+async def _open_replicas(
+    settings: Settings,
+    primary: AsyncConnectionPool[Any],
+    stack: contextlib.AsyncExitStack,
+) -> ReplicaSet | None:
+    """A pool per read URL, checked once before the first query and then by the monitor."""
+    if not settings.read_urls:
+        return None
+    replicas = []
+    for read_url in settings.read_urls:
+        rpool = open_pool(read_url, min_size=settings.pool_min, max_size=settings.pool_max)
+        await rpool.open(wait=False)  # a replica that is down must not stop the service
+        stack.push_async_callback(rpool.close)
+        replicas.append(Replica(read_url, rpool))
+    rs = ReplicaSet(
+        primary,
+        replicas,
+        max_lag_s=settings.max_replica_lag_s,
+        check_s=settings.replica_check_s,
+    )
+    await rs.refresh()
+    monitor = asyncio.create_task(rs.run())
+    stack.push_async_callback(_stop, monitor)
+    return rs

@@ -143,6 +143,14 @@ def http_url(raw: str) -> str:
     return raw
 
 
+def url_list(raw: str) -> tuple[str, ...]:
+    """Comma-separated PostgreSQL URLs (libpq URIs or key=value strings without commas)."""
+    urls = tuple(u.strip() for u in raw.split(",") if u.strip())
+    if not urls:
+        raise ValueError("no URL given")
+    return urls
+
+
 def _threads() -> int:
     return min(2, os.cpu_count() or 1)
 
@@ -204,6 +212,12 @@ class Settings(FromEnv):
     pg_data_dir: Path | None = setting("POIMEN_PG_DATA_DIR", Path)
     pg_socket_dir: Path | None = setting("POIMEN_PG_SOCKET_DIR", Path)
     pg_bin_dir: Path | None = setting("POIMEN_PG_BIN_DIR", Path)
+    # Read replicas (docs/scaling.md): queries go to a standby that is up and within the
+    # lag bound, everything else (writes, API keys, health of the primary) to the primary.
+    read_urls: tuple[str, ...] = setting("POIMEN_READ_URLS", url_list, ())
+    max_replica_lag_s: float = setting("POIMEN_MAX_REPLICA_LAG_S", at_least(0.0, float), 5.0)
+    replica_check_s: float = setting("POIMEN_REPLICA_CHECK_S", positive, 1.0)
+    replica_pg_port: int | None = setting("POIMEN_REPLICA_PG_PORT", within(1, 65535))
     setup_state: Path = setting("POIMEN_SETUP_STATE", Path, Path("/var/cache/poimen-memory/setup"))
     pool_min: int = setting("POIMEN_POOL_MIN", at_least(0), 1)
     pool_max: int = setting("POIMEN_POOL_MAX", at_least(1), 8)
@@ -241,6 +255,15 @@ class Settings(FromEnv):
     @property
     def socket_dir(self) -> Path:
         return self.pg_socket_dir or self.home / "run"
+
+    @property
+    def replica_home(self) -> Path:
+        """The embedded cluster's streaming standby (`poimen-memory db replica`)."""
+        return self.home / "replica"
+
+    @property
+    def replica_port(self) -> int:
+        return self.replica_pg_port or (self.pg_port + 1 if self.pg_port < 65535 else 65534)
 
     @property
     def plpython_root(self) -> Path:

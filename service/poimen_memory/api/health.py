@@ -64,6 +64,19 @@ async def _opensearch(svc: Services) -> dict[str, Any]:
     return {"ok": healthy}
 
 
+def _replicas(svc: Services) -> dict[str, Any]:
+    """Each read replica's lag and state from the monitor's last check (it runs every
+    POIMEN_REPLICA_CHECK_S, so this costs no extra round trip)."""
+    if svc.replicas is None:
+        return {"ok": None, "status": "not_configured"}
+    servers = svc.replicas.report()
+    return {
+        "ok": all(s["ok"] for s in servers),
+        "max_lag_s": svc.replicas.max_lag_s,
+        "servers": servers,
+    }
+
+
 async def probe(svc: Services) -> tuple[dict[str, Any], int]:
     database, embedder, reranker, opensearch = await asyncio.gather(
         _database(svc), _embedder(svc), _reranker(svc), _opensearch(svc)
@@ -77,6 +90,7 @@ async def probe(svc: Services) -> tuple[dict[str, Any], int]:
         "embedder": embedder,
         "reranker": reranker,
         "opensearch": opensearch,
+        "replicas": _replicas(svc),
         "embedding_cache": svc.cache.stats(),
     }
     engines = {

@@ -169,6 +169,9 @@ class _LiveCollector(Collector):
         waiting.add_metric([], stats.get("requests_waiting", 0))
         yield waiting
 
+        if services.replicas is not None:
+            yield from _replica_metrics(services.replicas.report())
+
         if self.database_up is not None:
             up = GaugeMetricFamily(
                 "poimen_database_up", "1 when the scrape's outbox count reached the database."
@@ -204,6 +207,26 @@ class _LiveCollector(Collector):
             self.database_up = False
 
 
+def _replica_metrics(servers: list[dict[str, Any]]) -> Iterable[Metric]:
+    """Each read replica's state from the monitor's last check (no extra round trip)."""
+    usable = GaugeMetricFamily(
+        "poimen_replica_usable",
+        "1 when the read replica passed its last check and serves queries.",
+        labels=["server"],
+    )
+    lag = GaugeMetricFamily(
+        "poimen_replica_lag_seconds",
+        "Read replica lag at its last check (0: replayed all the primary's WAL).",
+        labels=["server"],
+    )
+    for srv in servers:
+        usable.add_metric([srv["server"]], 1 if srv["ok"] else 0)
+        if srv["lag_s"] is not None:
+            lag.add_metric([srv["server"]], srv["lag_s"])
+    yield usable
+    yield lag
+
+
 def metrics_for(app: Any) -> Metrics:
     """The app's registry, created on first use."""
     m: Metrics | None = getattr(app.state, "prometheus", None)
@@ -225,6 +248,7 @@ def observe_query(request: Request, body: Mapping[str, Any]) -> None:
         results=len(body.get("results") or ()),
         timings_ms={stage: metrics.get(key) for stage, key in STAGES.items() if key in metrics},
         embedding_cache_hit=metrics.get("embedding_cache_hit"),
+        served_by=metrics.get("served_by"),
         degraded=[f"{d.get('stage')}:{d.get('reason')}" for d in body.get("degraded") or ()],
     )
 

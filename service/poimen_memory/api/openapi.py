@@ -298,7 +298,15 @@ def openapi_spec() -> dict[str, Any]:
                             "type": "array",
                             "items": {"$ref": "#/components/schemas/Result"},
                         },
-                        "metrics": {"type": "object"},
+                        "metrics": {
+                            "type": "object",
+                            "description": "Stage timings in ms, candidate counts, "
+                            "embedding_cache_hit, and served_by: primary or replica "
+                            "(POIMEN_READ_URLS)",
+                            "properties": {
+                                "served_by": {"type": "string", "enum": ["primary", "replica"]}
+                            },
+                        },
                         "latency_ms": {"type": "number"},
                         "notes": {"type": "string"},
                         "degraded": {

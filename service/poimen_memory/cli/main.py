@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from poimen_memory.db.connect import connect, database_url, embedded_cluster
+from poimen_memory.db.connect import connect, database_url, embedded_cluster, embedded_replica
 from poimen_memory.db.wrap import translate
 from poimen_memory.errors import PoimenError
 from poimen_memory.settings import Settings
@@ -32,6 +32,11 @@ def cmd_db(args: argparse.Namespace) -> int:
     if s.database_url and args.action != "url":
         print("POIMEN_DATABASE_URL is set: the embedded cluster is not used", file=sys.stderr)
         return 2
+    if args.action == "replica":
+        return _replica(s, args.replica_action)
+    if args.replica_action:
+        print(f"error: `db {args.action}` takes no further argument", file=sys.stderr)
+        return 2
     if args.action == "url":
         print(database_url(s))
         return 0
@@ -49,6 +54,55 @@ def cmd_db(args: argparse.Namespace) -> int:
             f"socket {cluster.socket_dir}"
         )
         return 0 if up else 3
+    return 0
+
+
+def _replica(s: Settings, action: str | None) -> int:
+    """`db replica start|stop|status|url`: a streaming standby of the embedded cluster, made
+    with pg_basebackup under POIMEN_HOME/replica on POIMEN_REPLICA_PG_PORT."""
+    if action is None:
+        print("error: db replica needs start, stop, status or url", file=sys.stderr)
+        return 2
+    replica = embedded_replica(s)
+    if action == "url":
+        print(replica.url())
+        return 0
+    if action == "start":
+        primary = embedded_cluster(s)
+        primary.start()
+        replica.make_standby_of(primary)
+        replica.start()
+        print(
+            f"streaming standby running: {replica.url()}  (data {replica.data_dir}, "
+            f"log {replica.log_file})"
+        )
+        print(f"hint: POIMEN_READ_URLS={replica.url()}", file=sys.stderr)
+    elif action == "stop":
+        replica.stop()
+        print("stopped")
+    else:
+        if not (replica.initialized() and replica.running()):
+            print(f"stopped: data {replica.data_dir}, port {replica.port}")
+            return 3
+        from poimen_memory.db.queries import q
+
+        primary_lsn = None
+        if embedded_cluster(s).running():
+            with connect(database_url(s)) as conn:
+                primary_lsn = conn.execute(q("primary_wal_lsn")).fetchone()[0]  # type: ignore[index]
+        with connect(replica.url()) as conn:
+            row = conn.execute(q("replica_state"), {"primary_lsn": primary_lsn}).fetchone()
+            assert row is not None
+            recovery, behind, since, paused = row
+            receiver = conn.execute("SELECT status FROM pg_stat_wal_receiver").fetchone()
+        lag = 0.0 if not behind or behind <= 0 else since
+        print(
+            f"running: {'standby' if recovery else 'NOT a standby (promoted?)'}, "
+            f"wal receiver {receiver[0] if receiver else 'not running'}, "
+            f"behind {int(behind or 0)} bytes, lag "
+            f"{'unknown' if lag is None else f'{lag:.3f}s'}"
+            f"{', replay paused' if paused else ''}; port {replica.port}, data {replica.data_dir}"
+        )
     return 0
 
 
@@ -331,7 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="poimen-memory", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     db = sub.add_parser("db", help="the embedded PostgreSQL cluster")
-    db.add_argument("action", choices=["start", "stop", "status", "url"])
+    db.add_argument("action", choices=["start", "stop", "status", "url", "replica"])
+    db.add_argument(
+        "replica_action",
+        nargs="?",
+        choices=["start", "stop", "status", "url"],
+        help="with `replica`: a streaming standby of the embedded cluster (docs/scaling.md)",
+    )
     db.set_defaults(func=cmd_db)
     mg = sub.add_parser("migrate", help="apply migrations, then sql/ (one transaction)")
     mg.add_argument(

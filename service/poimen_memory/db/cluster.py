@@ -136,6 +136,8 @@ class Cluster:
         (self.data_dir / "pg_hba.conf").write_text(
             "# Written by poimen-memory (db/cluster.py): local peer authentication only.\n"
             "local all all peer map=poimen\n"
+            "# A streaming standby (poimen-memory db replica) connects as the same OS user.\n"
+            "local replication all peer map=poimen\n"
         )
         users = ["postgres", "root"] if os.geteuid() == 0 else [me]
         (self.data_dir / "pg_ident.conf").write_text(
@@ -148,6 +150,46 @@ class Cluster:
         self.socket_dir.mkdir(parents=True, exist_ok=True)
         _chown_postgres(self.socket_dir)
         self.socket_dir.chmod(0o700)
+
+    def make_standby_of(self, primary: Cluster) -> None:
+        """Make this (uninitialized) cluster a streaming standby of ``primary``, the way a
+        DBA would: ``pg_basebackup -R`` copies the running primary with the WAL it needs and
+        writes ``standby.signal`` and ``primary_conninfo`` (the primary's socket, same OS
+        user, peer authentication). No replication slot: a standby left stopped longer than
+        the primary keeps WAL must be made again (docs/scaling.md)."""
+        if self.initialized():
+            return
+        if not primary.running():
+            raise ClusterError(
+                "the primary is not running", hint="poimen-memory db start (or start it first)"
+            )
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.data_dir.mkdir(parents=True)
+        _chown_postgres(self.data_dir)
+        self.data_dir.chmod(0o700)
+        try:
+            self._run(
+                str(self.bin_dir / "pg_basebackup"),
+                "-D",
+                str(self.data_dir),
+                "-h",
+                str(primary.socket_dir),
+                "-p",
+                str(primary.port),
+                "-U",
+                "postgres",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "-R",
+            )
+        except ClusterError:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            raise
+
+    def is_standby(self) -> bool:
+        return (self.data_dir / "standby.signal").exists()
 
     def running(self) -> bool:
         proc = self._run(
@@ -186,7 +228,8 @@ class Cluster:
             "60",
             "start",
         )
-        self._ensure_database()
+        if not self.is_standby():  # a standby is read-only and has the primary's databases
+            self._ensure_database()
 
     def _ensure_database(self) -> None:
         psql = str(self.bin_dir / "psql")

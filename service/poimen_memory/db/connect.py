@@ -23,6 +23,16 @@ def embedded_cluster(settings: Settings) -> Cluster:
     )
 
 
+def embedded_replica(settings: Settings) -> Cluster:
+    """The embedded cluster's streaming standby: its own data, socket and port."""
+    return Cluster(
+        data_dir=settings.replica_home / "pgdata",
+        socket_dir=settings.replica_home / "run",
+        port=settings.replica_port,
+        bin_dir=find_pg_bin(settings.pg_bin_dir, settings.setup_state),
+    )
+
+
 def database_url(settings: Settings, *, start: bool = False) -> str:
     """The configured URL; otherwise the embedded cluster's (started first when ``start``)."""
     if settings.database_url:

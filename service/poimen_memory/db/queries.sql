@@ -183,3 +183,16 @@ RETURNING id, prefix;
 
 -- name: keys_active
 SELECT key_hash, projects, can_write FROM memory.api_keys WHERE revoked_at IS NULL;
+
+-- name: primary_wal_lsn
+SELECT pg_current_wal_lsn()::text AS lsn;
+
+-- name: replica_state
+-- On a standby: is it one, how far its replay is behind the primary's LSN (or, without one,
+-- its own received WAL), and how long since it replayed the last commit.
+SELECT pg_is_in_recovery() AS in_recovery,
+       pg_wal_lsn_diff(coalesce(%(primary_lsn)s::pg_lsn, pg_last_wal_receive_lsn()),
+                       pg_last_wal_replay_lsn())::float8 AS behind_bytes,
+       extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8
+           AS since_replay_s,
+       CASE WHEN pg_is_in_recovery() THEN pg_is_wal_replay_paused() END AS paused;

@@ -6,6 +6,10 @@ from the database (memory.policy()), fusion is memory.fuse_legs, provenance memo
 the same functions memory.query composes, so SQL and HTTP rank alike. Each statement runs
 in its own short transaction under SET LOCAL statement_timeout with the time the request
 has left, so a deadline really cancels work inside PostgreSQL.
+
+With read replicas configured (POIMEN_READ_URLS) a query runs on a standby that passed its
+last check (db/replicas.py), and again on the primary if it fails there; everything else
+that uses `Retriever.connection` (API keys) stays on the primary.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Iterable
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import numpy as np
@@ -24,10 +29,12 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from poimen_core.optimizer import QueryContext, QueryOptimizerError, optimize_query
 from poimen_memory.db.queries import q
+from poimen_memory.db.replicas import ReplicaSet
 from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.embedders.cache import QueryEmbeddingCache
 from poimen_memory.errors import (
+    DatabaseError,
     DatabaseUnavailable,
     DeadlineExceeded,
     EmbeddingUnavailable,
@@ -55,6 +62,10 @@ __all__ = ["LEVELS", "QueryRequest", "Retriever"]
 T = TypeVar("T")
 R = TypeVar("R")
 
+# The pool this request reads from: a replica's, or unset for the primary. A context variable
+# so the legs' tasks, which copy the context when created, read from the same server.
+_READ_POOL: ContextVar[AsyncConnectionPool[Any] | None] = ContextVar("read_pool", default=None)
+
 
 async def _settle(tasks: Iterable[asyncio.Task[Any]]) -> None:
     """Cancel what still runs and retrieve every outcome, so no task outlives the request
@@ -76,11 +87,12 @@ class Retriever:
         *,
         reranker: RerankClient | None = None,
         opensearch: Any | None = None,
+        replicas: ReplicaSet | None = None,
     ) -> None:
         self.pool, self.embedder, self.cache, self.settings = pool, embedder, cache, settings
-        self.reranker, self.opensearch = reranker, opensearch
+        self.reranker, self.opensearch, self.replicas = reranker, opensearch, replicas
         self._probe_lock = asyncio.Lock()
-        self._probe: tuple[float, bool] = (-1e9, True)
+        self._probes: dict[int, tuple[float, bool]] = {}
 
     @property
     def has_lexical(self) -> bool:
@@ -113,15 +125,14 @@ class Retriever:
         after POIMEN_POOL_TIMEOUT_S means the database is down (503 at once, not at the
         deadline); a pool whose connections are all busy is only slow, so the request
         waits for the rest of its deadline and then reports a timeout."""
+        pool = _READ_POOL.get() or self.pool
         # Decide before the deadline does, so the answer is "unavailable", not "timeout".
         first = min(deadline.remaining() * 0.8, self.settings.pool_timeout_s)
         async with contextlib.AsyncExitStack() as stack:
             try:
-                conn = await stack.enter_async_context(
-                    self.pool.connection(timeout=max(first, 0.001))
-                )
+                conn = await stack.enter_async_context(pool.connection(timeout=max(first, 0.001)))
             except PoolTimeout as exc:
-                if not await self._database_answers():
+                if not await self._database_answers(pool):
                     raise DatabaseUnavailable(
                         "database unavailable: no connection could be made",
                         detail=str(exc),
@@ -129,7 +140,7 @@ class Retriever:
                     ) from exc
                 try:
                     conn = await stack.enter_async_context(
-                        self.pool.connection(timeout=max(deadline.remaining(), 0.001))
+                        pool.connection(timeout=max(deadline.remaining(), 0.001))
                     )
                 except PoolTimeout as late:
                     raise DeadlineExceeded(
@@ -138,16 +149,16 @@ class Retriever:
                     ) from late
             yield conn
 
-    async def _database_answers(self) -> bool:
+    async def _database_answers(self, pool: AsyncConnectionPool[Any]) -> bool:
         """Is the server up (the pool is merely busy) or down? One direct connection tells;
         the answer is shared for a second so a crowd of waiting requests probes once."""
         async with self._probe_lock:
-            at, up = self._probe
+            at, up = self._probes.get(id(pool), (-1e9, True))
             if time.monotonic() - at < 1.0:
                 return up
-            info = self.pool.conninfo
+            info = pool.conninfo
             if not isinstance(info, str):  # a conninfo callable: judge by the pool alone
-                return bool(self.pool.get_stats().get("pool_size", 0))
+                return bool(pool.get_stats().get("pool_size", 0))
             try:
                 async with asyncio.timeout(0.5):
                     probe = await psycopg.AsyncConnection.connect(info)
@@ -155,22 +166,49 @@ class Retriever:
                 up = True
             except (TimeoutError, psycopg.Error):
                 up = False
-            self._probe = (time.monotonic(), up)
+            self._probes[id(pool)] = (time.monotonic(), up)
             return up
 
     # -- pipeline ------------------------------------------------------------------------
 
     async def query(self, req: QueryRequest) -> dict[str, Any]:
         deadline = Deadline(req.timeout_s)
-        trace = Trace()
         try:
             async with asyncio.timeout(req.timeout_s + 0.05):
-                return await self._query(req, deadline, trace)
+                return await self._routed(req, deadline)
         except TimeoutError as exc:
             raise DeadlineExceeded(
                 f"no result within timeout_seconds={req.timeout_s:g}",
                 hint="raise timeout_seconds (clamped to POIMEN_MAX_TIMEOUT_S)",
             ) from exc
+
+    async def _routed(self, req: QueryRequest, deadline: Deadline) -> dict[str, Any]:
+        """On a replica fit to serve, else on the primary (``metrics.served_by`` says which).
+        A query the replica cannot answer (it went down, or recovery cancelled the statement)
+        runs again on the primary in the time left, and the replica rests until its next
+        check; either way the fallback is a ``degraded`` entry, never an error. A project
+        the replica does not know yet (created a moment ago) is asked of the primary."""
+        replica, reason = self.replicas.choose() if self.replicas else (None, None)
+        if replica is not None:
+            assert self.replicas is not None
+            trace = Trace(metrics={"served_by": "replica"})
+            token = _READ_POOL.set(replica.pool)
+            try:
+                return await self._query(req, deadline, trace)
+            except UnknownProject:
+                reason = "project_not_replayed"  # the primary says whether it exists
+            except (DatabaseUnavailable, DatabaseError) as exc:
+                if isinstance(exc, DatabaseError) and exc.sqlstate != "40001":
+                    raise  # 40001 on a standby: cancelled by a conflict with recovery
+                self.replicas.mark_failed(replica)
+                reason = "failed"
+            finally:
+                _READ_POOL.reset(token)
+        trace = Trace(metrics={"served_by": "primary"})
+        if reason is not None:
+            trace.degraded.append({"stage": "replica", "reason": reason})
+            trace.why.append(f"no replica fit to serve ({reason}): read from the primary")
+        return await self._query(req, deadline, trace)
 
     async def _query(self, req: QueryRequest, deadline: Deadline, trace: Trace) -> dict[str, Any]:
         try:
