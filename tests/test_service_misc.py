@@ -411,3 +411,11 @@ def test_post_nodes_rejects_what_postgres_cannot_store(
 ) -> None:
     body = error(client.post("/memory/nodes", content=json.dumps([node])), 400, "invalid_node")
     assert f"field '{field}'" in body.get("context", "")
+
+
+def test_an_unmigrated_database_says_so(empty_url: str, embedder: LocalEmbedder) -> None:
+    with TestClient(make_app({"POIMEN_DATABASE_URL": empty_url}, embedder)) as client:
+        response = client.get("/memory/query", params={"query": KONG})
+    assert response.status_code == 503, response.text
+    body = response.json()
+    assert body["error"] == "not_migrated" and "poimen-memory migrate" in body["hint"]

@@ -149,6 +149,10 @@ class OpenSearchUnavailable(UpstreamUnavailable, code="opensearch_unavailable"):
     upstream = "opensearch"
 
 
+class NotMigrated(PoimenError, code="not_migrated", status=503):
+    """The database lacks the memory schema or one of its objects (3F000, 42P01, 42883)."""
+
+
 class DatabaseError(PoimenError, code="database_error"):
     """A database error the table below does not name."""
 
@@ -166,6 +170,9 @@ SQLSTATE_TABLE: dict[str, type[PoimenError]] = {
     "22000": ValidationError,
     "23505": ConflictError,
     "57014": DeadlineExceeded,
+    "3F000": NotMigrated,
+    "42P01": NotMigrated,
+    "42883": NotMigrated,
     "57P01": DatabaseUnavailable,
     "53300": DatabaseUnavailable,
     "08": DatabaseUnavailable,
@@ -180,6 +187,8 @@ def from_sqlstate(
     cls: type[PoimenError] = DatabaseError
     if sqlstate:
         cls = SQLSTATE_TABLE.get(sqlstate) or SQLSTATE_TABLE.get(sqlstate[:2]) or DatabaseError
+    if cls is NotMigrated and not hint:
+        hint = "run `poimen-memory migrate` against this database"
     err = cls(message, detail=detail, hint=hint)
     err.sqlstate = sqlstate
     return err
