@@ -61,12 +61,12 @@ def test_cascade_only_returns_lexical_hits(conn: Conn, embedder: LocalEmbedder) 
     assert [r[3] for r in rows] == sorted((r[3] for r in rows), reverse=True)
 
 
-def test_levels_limit_and_project(conn: Conn) -> None:
+def test_levels_k_and_project(conn: Conn) -> None:
     l0 = conn.execute("SELECT level FROM memory_query('kong', levels => '{L0}')").fetchall()
     assert l0 and {r[0] for r in l0} == {"L0"}
-    assert len(conn.execute("SELECT 1 FROM memory_query('kong', \"limit\" => 1)").fetchall()) == 1
+    assert len(conn.execute("SELECT 1 FROM memory_query('kong', k => 1)").fetchall()) == 1
     many = conn.execute(
-        "SELECT 1 FROM memory_query('postgres kong', levels => '{L0,L1,L2}', \"limit\" => 500)"
+        "SELECT 1 FROM memory_query('postgres kong', levels => '{L0,L1,L2}', k => 50)"
     ).fetchall()
     assert 1 < len(many) <= 50
     atlas = conn.execute(
@@ -92,6 +92,54 @@ def test_errors_have_sqlstate_and_hint(conn: Conn, call: str, sqlstate: str) -> 
         conn.execute(call)
     assert exc.value.sqlstate == sqlstate
     assert exc.value.diag.message_primary
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        ("k => 0", "k"),
+        ("k => 51", "k"),
+        ("k => NULL", "k"),
+        ("levels => NULL", "levels"),
+        ("fusion => 'borda'", "fusion"),
+        ("strategy => 'Magic'", "strategy"),
+        ("rrf_k => -1", "rrf_k"),
+        ("candidates => 0", "candidates"),
+        ("candidates => 1001", "candidates"),
+        ("dense_weight => 1.5", "dense_weight"),
+    ],
+)
+def test_every_argument_is_validated_by_name(conn: Conn, args: str, name: str) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as exc:
+        conn.execute(f"SELECT * FROM memory_query('kong', {args})")
+    assert name in (exc.value.diag.message_primary or "")
+
+
+def test_result_carries_the_row_identity(conn: Conn) -> None:
+    rows = conn.execute(
+        "SELECT q.node_id, q.external_id, q.sha256, q.\"timestamp\", n.id, n.external_id,"
+        " encode(n.sha256, 'hex'), n.ts"
+        " FROM memory_query('kong body buffer', project => 'poimen') q"
+        " JOIN memory.nodes n ON n.id = q.node_id"
+    ).fetchall()
+    assert rows
+    for r in rows:
+        assert r[:4] == r[4:]
+    assert rows[0][1] == "poimen:mem:1"
+
+
+def test_final_score_is_the_leg_score_for_one_leg(conn: Conn, embedder: LocalEmbedder) -> None:
+    lexical = conn.execute(
+        "SELECT final_score, lexical_score FROM memory_query('kong body buffer', project => 'poimen')"
+    ).fetchall()
+    assert lexical and all(f == lx and f > 0 for f, lx in lexical)
+    q = "uploads failing through the gateway"
+    semantic = conn.execute(
+        "SELECT final_score, query_score FROM memory_query(%s, %s, 'poimen', "
+        "strategy => 'SemanticOnly')",
+        (q, embedder.embed_query(q)),
+    ).fetchall()
+    assert semantic and all(f == pytest.approx(s) and 0 < f <= 1 for f, s in semantic)
 
 
 @pytest.mark.parametrize(
@@ -141,7 +189,7 @@ def test_sql_convex_uses_the_lexical_leaning_weights(conn: Conn, embedder: Local
     emb = embedder.embed_query(q)
     rows = conn.execute(
         "SELECT sha256, final_score, fusion_method FROM memory_query(%s, %s, 'poimen', "
-        "fusion => 'convex', \"limit\" => 10)",
+        "fusion => 'convex', k => 10)",
         (q, emb),
     ).fetchall()
     assert rows and {r[2] for r in rows} == {"convex"}
@@ -161,7 +209,7 @@ def test_sql_convex_uses_the_lexical_leaning_weights(conn: Conn, embedder: Local
         assert score == pytest.approx(0.4 * sn.get(sha, 0.0) + 0.6 * ln.get(sha, 0.0), abs=1e-9)
     conn.execute("SELECT memory.set_policy('dense_weight', '1.0')")
     only_dense = conn.execute(
-        "SELECT sha256 FROM memory_query(%s, %s, 'poimen', fusion => 'convex', \"limit\" => 3)",
+        "SELECT sha256 FROM memory_query(%s, %s, 'poimen', fusion => 'convex', k => 3)",
         (q, emb),
     ).fetchall()
     assert [r[0] for r in only_dense] == sorted(sn, key=lambda k: -sn[k])[:3]

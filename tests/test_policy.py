@@ -81,7 +81,7 @@ def test_sql_and_http_rank_alike(
             vec = embedder.embed_query(text)
             sql_rows: list[Any] = conn.execute(
                 "SELECT sha256, search_strategy, fusion_method "
-                "FROM memory_query(%s, %s, 'poimen', \"limit\" => 10)",
+                "FROM memory_query(%s, %s, 'poimen', k => 10)",
                 (text, vec),
             ).fetchall()
             body = query(client, query=text, project="poimen", limit=10)
