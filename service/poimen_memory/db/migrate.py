@@ -195,10 +195,24 @@ def _pin_search_path(conn: psycopg.Connection[Any], schema: str) -> None:
         )
 
 
+_SET_PATH_LINE = re.compile(r"^(SET search_path = )(.*)$", re.MULTILINE)
+
+
+def _with_vector_schema(text: str, schema: str) -> str:
+    """The files name pgvector's schema as public in their `SET search_path = ...` function
+    clauses; CREATE FUNCTION validates a body under that path, so it must be the real one."""
+    if schema == "public":
+        return text
+    quoted = sql.Identifier(schema).as_string(None)
+    return _SET_PATH_LINE.sub(
+        lambda m: m.group(1) + re.sub(r"\bpublic\b", quoted, m.group(2)), text
+    )
+
+
 def _apply_sql_files(conn: psycopg.Connection[Any], schema: str) -> list[Path]:
     files = sorted(SQL_DIR.glob("*.sql"))
     for path in files:
-        conn.execute(path.read_text().encode())
+        conn.execute(_with_vector_schema(path.read_text(), schema).encode())
     _pin_search_path(conn, schema)
     return files
 
@@ -238,9 +252,8 @@ def migrate(
         with conn.transaction():
             _lock(conn, lock_timeout_s)
             conn.execute(_LEDGER)
-            existing = _vector_schema(conn)
-            if existing is not None:
-                _use_vector_schema(conn, existing)
+            # Independent of the session's search_path (even ''): public, plus pgvector's schema.
+            _use_vector_schema(conn, _vector_schema(conn) or "public")
             rows = conn.execute("SELECT version, checksum FROM memory.schema_migrations").fetchall()
             recorded: dict[str, str] = {str(r[0]): str(r[1]) for r in rows}
             for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
