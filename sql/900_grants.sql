@@ -18,6 +18,8 @@ BEGIN
 END $$;
 
 REVOKE ALL ON SCHEMA memory FROM PUBLIC;
+-- Functions the owner creates in the schema later are not executable by PUBLIC either.
+ALTER DEFAULT PRIVILEGES IN SCHEMA memory REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
 GRANT USAGE ON SCHEMA memory TO memory_reader;
 
 DO $$

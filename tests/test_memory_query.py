@@ -126,7 +126,7 @@ def test_every_argument_is_validated_by_name(conn: Conn, args: str, name: str) -
 
 def test_result_carries_the_row_identity(conn: Conn) -> None:
     rows = conn.execute(
-        "SELECT q.node_id, q.external_id, q.sha256, q.\"timestamp\", n.id, n.external_id,"
+        'SELECT q.node_id, q.external_id, q.sha256, q."timestamp", n.id, n.external_id,'
         " encode(n.sha256, 'hex'), n.ts"
         " FROM public.memory_query('kong body buffer', project => 'poimen') q"
         " JOIN memory.nodes n ON n.id = q.node_id"
@@ -139,7 +139,8 @@ def test_result_carries_the_row_identity(conn: Conn) -> None:
 
 def test_final_score_is_the_leg_score_for_one_leg(conn: Conn, embedder: LocalEmbedder) -> None:
     lexical = conn.execute(
-        "SELECT final_score, lexical_score FROM public.memory_query('kong body buffer', project => 'poimen')"
+        "SELECT final_score, lexical_score"
+        " FROM public.memory_query('kong body buffer', project => 'poimen')"
     ).fetchall()
     assert lexical and all(f == lx and f > 0 for f, lx in lexical)
     q = "uploads failing through the gateway"
@@ -239,7 +240,8 @@ def test_policy_is_validated_and_applies_to_memory_query(
     q = "how do I fix uploads over 10KB failing through the kong gateway"
     conn.execute("SELECT memory.set_policy('fusion', 'rrf')")
     rows = conn.execute(
-        "SELECT fusion_method FROM public.memory_query(%s, %s, 'poimen')", (q, embedder.embed_query(q))
+        "SELECT fusion_method FROM public.memory_query(%s, %s, 'poimen')",
+        (q, embedder.embed_query(q)),
     ).fetchall()
     assert {r[0] for r in rows} == {"rrf"}
     conn.execute("SELECT memory.reset_policy()")

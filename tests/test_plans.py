@@ -11,9 +11,9 @@ import numpy as np
 import psycopg
 import pytest
 
+from conftest import prepare_conn, prepare_database
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import migrate
-from conftest import prepare_conn, prepare_database
 
 Conn = psycopg.Connection[Any]
 DIM = 32
@@ -70,6 +70,9 @@ def _nested_plans(conn: Conn, sql: str, params: tuple[Any, ...]) -> list[str]:
         ]:
             conn.execute(f"SET LOCAL auto_explain.{k} = '{v}'")
         conn.execute("SET LOCAL client_min_messages = notice")
+        # A forced Gather would run the function in a worker, whose auto_explain output goes
+        # to the server log, not to this client (the SQL-mode run sets it cluster-wide).
+        conn.execute("SET LOCAL force_parallel_mode = off")
         conn.execute(sql, params).fetchall()
     conn.remove_notice_handler(handler)
     return notices
@@ -112,8 +115,7 @@ def test_explain_format_json_of_the_recall_statement(synthetic: Conn) -> None:
     with synthetic.transaction():
         synthetic.execute(CLIENT_PATH)
         plan = synthetic.execute(
-            "EXPLAIN (FORMAT JSON) SELECT id FROM memory.nodes"
-            " ORDER BY embedding <=> %s LIMIT 10",
+            "EXPLAIN (FORMAT JSON) SELECT id FROM memory.nodes ORDER BY embedding <=> %s LIMIT 10",
             (_query_vec(2),),
         ).fetchone()[0]  # type: ignore[index]
     assert "nodes_embedding_hnsw" in _index_names([__import__("json").dumps(plan[0])])

@@ -121,7 +121,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         ):
             for item in items:
                 print(f"{label}: {item}")
-        print("no drift" if drift.clean else "drift found: run `poimen-memory migrate` to re-apply sql/")
+        print(
+            "no drift"
+            if drift.clean
+            else "drift found: run `poimen-memory migrate` to re-apply sql/"
+        )
         return 0 if drift.clean else 1
     root = None if args.no_plpython else s.plpython_root
     with connect(_url(s), autocommit=True) as conn:
@@ -130,7 +134,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         f"migrations applied: {report.applied or 'none'}; already: {len(report.already)}; "
         f"sql files: {len(report.sql_files)}; plpython: {report.plpython_path}; "
         f"vector schema: {report.vector_schema}"
-        + (f"; removed old plpython copies: {report.removed_copies}" if report.removed_copies else "")
+        + (
+            f"; removed old plpython copies: {report.removed_copies}"
+            if report.removed_copies
+            else ""
+        )
     )
     return 0
 

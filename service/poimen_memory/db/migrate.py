@@ -172,21 +172,24 @@ def _use_vector_schema(conn: psycopg.Connection[Any], schema: str) -> None:
     )
 
 
+_MARK = "pg_temp.poimen_xact_mark"
+# Functions (re)created by this transaction: their pg_proc row carries its xid, like the
+# marker table created at its start. A DBA's own functions in the schema are left alone.
+_TOUCHED = f"""
+SELECT f.* FROM ({_OUR_FUNCTIONS}) f
+JOIN pg_catalog.pg_proc p ON p.oid = f.signature::regprocedure
+WHERE p.xmin = (SELECT c.xmin FROM pg_catalog.pg_class c WHERE c.oid = '{_MARK}'::regclass)
+"""
+
+
 def _pin_search_path(conn: psycopg.Connection[Any], schema: str) -> None:
-    """Every function gets a fixed search_path: the one in its file, with public replaced by
-    pgvector's schema, or, where a file sets none, pg_catalog + pgvector's schema (pg_catalog
-    only for SECURITY DEFINER functions)."""
-    for signature, secdef, config in conn.execute(_OUR_FUNCTIONS).fetchall():
-        settings = [c for c in (config or []) if c.startswith("search_path=")]
-        if settings:
-            if schema == "public":
-                continue
-            parts = [p.strip() for p in settings[0].split("=", 1)[1].split(",")]
-            if "public" not in parts:
-                continue
-            parts = [schema if p == "public" else p for p in parts]
-        else:
-            parts = ["pg_catalog", "pg_temp"] if secdef else ["pg_catalog", schema, "pg_temp"]
+    """Every function sql/ defines gets a fixed search_path: the one in its file (public
+    already replaced by pgvector's schema), or, where a file sets none, pg_catalog +
+    pgvector's schema (pg_catalog only for SECURITY DEFINER functions)."""
+    for signature, secdef, config in conn.execute(_TOUCHED).fetchall():
+        if any(c.startswith("search_path=") for c in config or []):
+            continue
+        parts = ["pg_catalog", "pg_temp"] if secdef else ["pg_catalog", schema, "pg_temp"]
         conn.execute(
             sql.SQL("ALTER FUNCTION {} SET search_path = {}").format(
                 sql.SQL(signature),
@@ -211,15 +214,23 @@ def _with_vector_schema(text: str, schema: str) -> str:
 
 def _apply_sql_files(conn: psycopg.Connection[Any], schema: str) -> list[Path]:
     files = sorted(SQL_DIR.glob("*.sql"))
+    conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_MARK} () ON COMMIT DROP")
     for path in files:
         conn.execute(_with_vector_schema(path.read_text(), schema).encode())
     _pin_search_path(conn, schema)
+    if schema not in ("public", "pg_catalog"):
+        # Readers resolve pgvector's type and operators through its schema.
+        conn.execute(
+            sql.SQL("GRANT USAGE ON SCHEMA {} TO memory_reader").format(sql.Identifier(schema))
+        )
     return files
 
 
 def _lock(conn: psycopg.Connection[Any], lock_timeout_s: float) -> None:
     conn.execute(
-        sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{int(lock_timeout_s * 1000)}ms"))
+        sql.SQL("SET LOCAL lock_timeout = {}").format(
+            sql.Literal(f"{int(lock_timeout_s * 1000)}ms")
+        )
     )
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
 
@@ -295,9 +306,7 @@ def migrate(
     removed: list[str] = []
     if plpython_root is not None and py_target is not None:
         removed = remove_old_copies(plpython_root, py_target)
-    return MigrateReport(
-        applied, already, [p.name for p in sql_files], py_path, schema, removed
-    )
+    return MigrateReport(applied, already, [p.name for p in sql_files], py_path, schema, removed)
 
 
 def check(conn: psycopg.Connection[Any], *, lock_timeout_s: float = 10.0) -> DriftReport:
@@ -319,17 +328,7 @@ def check(conn: psycopg.Connection[Any], *, lock_timeout_s: float = 10.0) -> Dri
                 return DriftReport(pending, [], [], [])
             _apply_sql_files(conn, schema)
             after = dict(conn.execute(_SNAPSHOT).fetchall())
-            # Functions the files (re)created carry this transaction's xid in xmin.
-            conn.execute("CREATE TEMP TABLE poimen_check_mark () ON COMMIT DROP")
-            touched = {
-                str(r[0])
-                for r in conn.execute(
-                    f"SELECT f.signature FROM ({_OUR_FUNCTIONS}) f"
-                    " JOIN pg_catalog.pg_proc p ON p.oid = f.signature::regprocedure"
-                    " WHERE p.xmin = (SELECT c.xmin FROM pg_catalog.pg_class c"
-                    "                 WHERE c.oid = 'pg_temp.poimen_check_mark'::regclass)"
-                )
-            }
+            touched = {str(r[0]) for r in conn.execute(_TOUCHED)}
     except psycopg.errors.LockNotAvailable as exc:
         raise _lock_error(exc, lock_timeout_s) from exc
     return DriftReport(
