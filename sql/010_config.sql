@@ -25,6 +25,7 @@ COMMENT ON FUNCTION memory.project_id(text) IS
 CREATE OR REPLACE FUNCTION memory.check_levels(levels text[])
 RETURNS text[]
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF levels IS NULL THEN

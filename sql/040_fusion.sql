@@ -9,6 +9,7 @@ CREATE OR REPLACE FUNCTION memory.fuse(
 RETURNS TABLE (node_id bigint, ranks integer[], scores double precision[],
                fused_score double precision, fusion_method text)
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -85,6 +86,7 @@ CREATE OR REPLACE FUNCTION memory.fuse_legs(
 RETURNS TABLE (node_id bigint, ranks integer[], scores double precision[],
                fused_score double precision, fusion_method text)
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 -- One place decides how a routed strategy weighs its legs, for memory.query and the service.
 -- Convex leans lexical (dense_weight 0.4 measured best); RRF keeps equal weights; the
 -- classic cascade (rrf) is the cosine order of the lexical ids alone.

@@ -3,6 +3,7 @@
 CREATE OR REPLACE FUNCTION memory.provenance_walk(node_ids bigint[], max_depth integer DEFAULT 4)
 RETURNS TABLE (root_id bigint, child_id bigint, parent_id bigint, depth integer, precedence integer)
 LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
     WITH RECURSIVE walk(root_id, child_id, parent_id, depth, precedence, path) AS (
         SELECT r.id, e.child_id, e.parent_id, 1, e.precedence, ARRAY[r.id, e.parent_id]
@@ -23,6 +24,7 @@ COMMENT ON FUNCTION memory.provenance_walk(bigint[], integer) IS
 CREATE OR REPLACE FUNCTION memory.provenance_tree(node_id bigint, max_depth integer DEFAULT 4)
 RETURNS jsonb
 LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     tree jsonb := '{}';

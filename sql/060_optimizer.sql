@@ -4,6 +4,7 @@
 CREATE OR REPLACE FUNCTION memory.plpython_path()
 RETURNS text
 LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE p text;
 BEGIN
@@ -20,15 +21,24 @@ COMMENT ON FUNCTION memory.plpython_path() IS
 
 CREATE OR REPLACE FUNCTION memory.optimize_query(query text)
 RETURNS jsonb
-LANGUAGE plpython3u STABLE PARALLEL SAFE
+-- PARALLEL UNSAFE: every plpy.execute runs in a subtransaction, which a parallel operation
+-- forbids ("cannot start subtransactions during a parallel operation").
+LANGUAGE plpython3u STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 import sys
 path = plpy.execute("SELECT memory.plpython_path() AS p")[0]["p"]
 if GD.get("poimen_path") != path:  # new deploy: drop the stale module, import the new one
     for m in [m for m in sys.modules if m.split(".")[0] == "poimen_core"]: del sys.modules[m]
     sys.path[:] = [path] + [p for p in sys.path if p != GD.get("poimen_path")]; GD["poimen_path"] = path
-from poimen_core.plentry import plan_for_sql
+try:
+    from poimen_core.plentry import plan_for_sql
+except ImportError as e:  # restored on another host, or the directory was removed
+    plpy.error("the PL/Python optimizer module cannot be imported on this host", sqlstate="PM503",
+               detail="%s (memory.config plpython_path = %s)" % (e, path),
+               hint="Run `poimen-memory migrate` on this database host; text-only queries "
+                    "(no query_embedding) and forced strategies work without it.")
 return plan_for_sql(plpy, query)
 $$;
 COMMENT ON FUNCTION memory.optimize_query(text) IS
-    'Routes a raw query: question type, search strategy (LexicalOnly, LexicalFirst, Hybrid), confidence and the reasons, as jsonb. Same module as the HTTP service.';
+    'Routes a raw query: question type, search strategy (LexicalOnly, LexicalFirst, Hybrid), confidence and the reasons, as jsonb. Same module as the HTTP service. PM503 when the module is missing on this host.';

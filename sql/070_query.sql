@@ -1,4 +1,29 @@
 -- memory.query: the SQL user's entry point, composed from the stage functions.
+-- Parallel labels: memory.query may call the PL/Python optimizer, whose plpy.execute runs in
+-- a subtransaction, which a parallel operation forbids: it and its aliases are PARALLEL
+-- UNSAFE. The stages it calls stay PARALLEL SAFE where they are.
+
+-- The signatures changed ("limit" became k; node_id, external_id in the result): drop the
+-- old ones first. DROP ... IF EXISTS is a no-op on a database that never had them.
+DROP FUNCTION IF EXISTS public.memory_query(text, vector, text, text[], integer, text, text);
+DROP FUNCTION IF EXISTS memory.query(text, vector, text, text[], integer, text, text, integer, integer);
+DROP FUNCTION IF EXISTS memory.run_query(text, vector, text, text[], integer, text, text, integer, integer);
+DO $$
+BEGIN
+    -- Result columns changed in place (same argument types): drop when the old shape is found.
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+               WHERE p.oid = to_regprocedure('memory.run_query(text, vector, text, text[], integer, text, text, integer, integer, double precision)')
+                 AND NOT ('external_id' = ANY (p.proargnames))) THEN
+        DROP FUNCTION public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision);
+        DROP FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision);
+        DROP FUNCTION memory.run_query(text, vector, text, text[], integer, text, text, integer, integer, double precision);
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+               WHERE p.oid = to_regprocedure('memory.hydrate(bigint[], vector, integer)')
+                 AND NOT ('external_id' = ANY (p.proargnames))) THEN
+        DROP FUNCTION memory.hydrate(bigint[], vector, integer);
+    END IF;
+END $$;
 
 CREATE OR REPLACE FUNCTION memory.hydrate(
     ids bigint[],
@@ -7,8 +32,10 @@ CREATE OR REPLACE FUNCTION memory.hydrate(
 )
 RETURNS TABLE (node_id bigint, level text, sha256 text, project text, title text, text text,
                source text, breadcrumb text[], "timestamp" timestamptz,
-               query_score double precision, provenance jsonb)
+               query_score double precision, provenance jsonb, external_id text)
 LANGUAGE sql STABLE PARALLEL SAFE
+-- public holds pgvector's <=> unless migrate finds vector elsewhere and pins that schema.
+SET search_path = pg_catalog, public, pg_temp
 -- A string body (not BEGIN ATOMIC): an atomic body would pin nodes.embedding's type,
 -- which memory.configure_embedding must be able to change.
 AS $$
@@ -16,44 +43,41 @@ AS $$
            n.breadcrumb, n.ts,
            CASE WHEN query_embedding IS NULL OR n.embedding IS NULL THEN NULL
                 ELSE 1 - (n.embedding <=> query_embedding) END,
-           memory.provenance_tree(n.id, max_depth)
+           memory.provenance_tree(n.id, max_depth),
+           n.external_id
     FROM unnest(ids) WITH ORDINALITY AS i(id, ord)
     JOIN memory.nodes n ON n.id = i.id
     JOIN memory.projects p ON p.id = n.project_id
     ORDER BY i.ord;
 $$;
 COMMENT ON FUNCTION memory.hydrate(bigint[], vector, integer) IS
-    'Node rows for the given ids, in input order, with query_score (if an embedding is given) and provenance down to L0 as nested jsonb. One round trip for a whole result page.';
-
--- The signatures changed (policy-driven defaults, dense_weight): drop the old ones first.
-DROP FUNCTION IF EXISTS public.memory_query(text, vector, text, text[], integer, text, text);
-DROP FUNCTION IF EXISTS memory.query(text, vector, text, text[], integer, text, text, integer, integer);
-DROP FUNCTION IF EXISTS memory.run_query(text, vector, text, text[], integer, text, text, integer, integer);
+    'Node rows for the given ids, in input order, with query_score (if an embedding is given), provenance down to L0 as nested jsonb, and external_id. One round trip for a whole result page.';
 
 CREATE OR REPLACE FUNCTION memory.run_query(
     p_query text,
     p_embedding vector,
     p_project text,
     p_levels text[],
-    p_limit integer,
+    p_k integer,
     p_strategy text,
     p_fusion text,
     p_rrf_k integer,
     p_candidates integer,
     p_dense_weight double precision
 )
-RETURNS TABLE (rank integer, level text, sha256 text, project text, title text, text text,
-               source text, breadcrumb text[], "timestamp" timestamptz,
-               query_score double precision, lexical_score double precision,
-               final_score double precision, semantic_rank integer, lexical_rank integer,
-               fusion_method text, search_strategy text, provenance jsonb)
-LANGUAGE plpgsql STABLE PARALLEL SAFE
+RETURNS TABLE (rank integer, node_id bigint, external_id text, level text, sha256 text,
+               project text, title text, text text, source text, breadcrumb text[],
+               "timestamp" timestamptz, query_score double precision,
+               lexical_score double precision, final_score double precision,
+               semantic_rank integer, lexical_rank integer, fusion_method text,
+               search_strategy text, provenance jsonb)
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
 #variable_conflict use_variable
 DECLARE
-    lim integer := least(greatest(coalesce(p_limit, 5), 1), 50);
-    lv text[] := memory.check_levels(coalesce(p_levels, ARRAY['L1', 'L2']));
+    lim integer;
+    lv text[];
     pol record;
     plan jsonb;
     strat text;
@@ -62,9 +86,24 @@ DECLARE
     sem jsonb := '{"ids":[],"scores":[]}';
     lex jsonb := '{"ids":[],"scores":[]}';
 BEGIN
+    -- Every argument is checked before any work, and each error names the argument.
     IF p_query IS NULL OR btrim(p_query) = '' THEN
         RAISE EXCEPTION 'query must not be empty'
             USING ERRCODE = '22023', HINT = 'Pass the text to search for, e.g. memory_query(''kong body buffer'').';
+    END IF;
+    IF p_k IS NULL OR p_k NOT BETWEEN 1 AND 50 THEN
+        RAISE EXCEPTION 'k must be within 1..50, got %', coalesce(p_k::text, 'NULL')
+            USING ERRCODE = '22023', HINT = 'k is the number of rows to return, e.g. k => 5.';
+    END IF;
+    lim := p_k;
+    IF p_levels IS NULL THEN
+        RAISE EXCEPTION 'levels must not be NULL'
+            USING ERRCODE = '22023', HINT = 'Pass a non-empty subset of {L0,L1,L2}, e.g. ARRAY[''L1'',''L2''] (the default).';
+    END IF;
+    lv := memory.check_levels(p_levels);
+    IF p_strategy IS NOT NULL AND p_strategy NOT IN ('LexicalOnly', 'LexicalFirst', 'Hybrid', 'SemanticOnly') THEN
+        RAISE EXCEPTION 'unknown strategy "%"', p_strategy
+            USING ERRCODE = '22023', HINT = 'Use LexicalOnly, LexicalFirst, Hybrid, SemanticOnly or NULL (optimizer decides).';
     END IF;
     IF p_fusion IS NOT NULL AND p_fusion NOT IN ('rrf', 'convex') THEN
         RAISE EXCEPTION 'unknown fusion "%"', p_fusion
@@ -73,24 +112,23 @@ BEGIN
     IF p_dense_weight IS NOT NULL AND NOT (p_dense_weight BETWEEN 0 AND 1) THEN
         RAISE EXCEPTION 'dense_weight must be within [0, 1], got %', p_dense_weight USING ERRCODE = '22023';
     END IF;
-    IF p_rrf_k IS NOT NULL AND p_rrf_k < 0 OR p_candidates IS NOT NULL AND p_candidates NOT BETWEEN 1 AND 1000 THEN
-        RAISE EXCEPTION 'rrf_k must be >= 0 and candidates within 1..1000 (got %, %)', p_rrf_k, p_candidates
-            USING ERRCODE = '22023';
+    IF p_rrf_k IS NOT NULL AND p_rrf_k < 0 THEN
+        RAISE EXCEPTION 'rrf_k must be >= 0, got %', p_rrf_k USING ERRCODE = '22023';
+    END IF;
+    IF p_candidates IS NOT NULL AND p_candidates NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'candidates must be within 1..1000, got %', p_candidates USING ERRCODE = '22023';
     END IF;
     PERFORM memory.project_id(p_project);
     PERFORM memory.check_embedding(p_embedding);
     SELECT * INTO pol FROM memory.policy();
-    IF p_strategy IS NULL OR (p_fusion IS NULL AND pol.fusion_by_type <> '{}'::jsonb) THEN
+    -- Without an embedding only the lexical leg can run, so the optimizer (PL/Python) is not
+    -- consulted: a text query needs nothing but SQL.
+    IF p_embedding IS NOT NULL
+       AND (p_strategy IS NULL OR (p_fusion IS NULL AND pol.fusion_by_type <> '{}'::jsonb)) THEN
         plan := memory.optimize_query(p_query);
     END IF;
-    strat := coalesce(p_strategy, plan ->> 'search_strategy');
-    IF strat NOT IN ('LexicalOnly', 'LexicalFirst', 'Hybrid', 'SemanticOnly') THEN
-        RAISE EXCEPTION 'unknown strategy "%"', strat
-            USING ERRCODE = '22023', HINT = 'Use LexicalOnly, LexicalFirst, Hybrid, SemanticOnly or NULL (optimizer decides).';
-    END IF;
-    IF p_embedding IS NULL THEN
-        strat := 'LexicalOnly';  -- without an embedding only the lexical leg can run
-    END IF;
+    strat := CASE WHEN p_embedding IS NULL THEN 'LexicalOnly'
+                  ELSE coalesce(p_strategy, plan ->> 'search_strategy') END;
     fus := coalesce(p_fusion, pol.fusion_by_type ->> (plan ->> 'question_type'), pol.fusion);
     cand := coalesce(p_candidates, pol.candidates);
 
@@ -127,10 +165,15 @@ BEGIN
         FROM memory.fuse_legs(sem, lex, strat, fus, coalesce(p_dense_weight, pol.dense_weight),
                               coalesce(p_rrf_k, pol.rrf_k), lim) f
     )
-    SELECT r.pos::integer, h.level, h.sha256, h.project, h.title, h.text, h.source, h.breadcrumb,
-           h."timestamp", h.query_score, r.scores[2], r.fused_score, r.ranks[1], r.ranks[2],
-           r.fusion_method,
-           strat, h.provenance
+    SELECT r.pos::integer, r.node_id, h.external_id, h.level, h.sha256, h.project, h.title,
+           h.text, h.source, h.breadcrumb, h."timestamp", h.query_score, r.scores[2],
+           -- final_score is a score of the answer, not a rank transform: the leg's own score
+           -- for one leg (BM25, or cosine for SemanticOnly and the rrf cascade, which orders
+           -- by cosine), the fused score when two legs are blended.
+           CASE WHEN strat = 'LexicalOnly' THEN r.scores[2]
+                WHEN strat = 'SemanticOnly' OR r.fusion_method = 'cascade' THEN r.scores[1]
+                ELSE r.fused_score END,
+           r.ranks[1], r.ranks[2], r.fusion_method, strat, h.provenance
     FROM ranked r
     JOIN memory.hydrate(ARRAY(SELECT r2.node_id FROM ranked r2 ORDER BY r2.pos), p_embedding) h
       ON h.node_id = r.node_id
@@ -144,25 +187,27 @@ CREATE OR REPLACE FUNCTION memory.query(
     query_embedding vector DEFAULT NULL,
     project text DEFAULT NULL,
     levels text[] DEFAULT ARRAY['L1', 'L2'],
-    "limit" integer DEFAULT 5,
+    k integer DEFAULT 5,
     strategy text DEFAULT NULL,
     fusion text DEFAULT NULL,
     rrf_k integer DEFAULT NULL,
     candidates integer DEFAULT NULL,
     dense_weight double precision DEFAULT NULL
 )
-RETURNS TABLE (rank integer, level text, sha256 text, project text, title text, text text,
-               source text, breadcrumb text[], "timestamp" timestamptz,
-               query_score double precision, lexical_score double precision,
-               final_score double precision, semantic_rank integer, lexical_rank integer,
-               fusion_method text, search_strategy text, provenance jsonb)
-LANGUAGE sql STABLE PARALLEL SAFE
+RETURNS TABLE (rank integer, node_id bigint, external_id text, level text, sha256 text,
+               project text, title text, text text, source text, breadcrumb text[],
+               "timestamp" timestamptz, query_score double precision,
+               lexical_score double precision, final_score double precision,
+               semantic_rank integer, lexical_rank integer, fusion_method text,
+               search_strategy text, provenance jsonb)
+LANGUAGE sql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT * FROM memory.run_query(query, query_embedding, project, levels, "limit", strategy,
+    SELECT * FROM memory.run_query(query, query_embedding, project, levels, k, strategy,
                                    fusion, rrf_k, candidates, dense_weight);
 END;
 COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision) IS
-    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top "limit" (1..50) nodes with scores, ranks and provenance down to L0. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads.';
+    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top k (1..50) nodes with node_id, external_id, scores, ranks and provenance down to L0. Without query_embedding the lexical leg answers alone and PL/Python is not needed. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads.';
 
 -- Entry points on the default search_path, so `SELECT * FROM memory_query('...')` works.
 CREATE OR REPLACE FUNCTION public.memory_query(
@@ -170,21 +215,23 @@ CREATE OR REPLACE FUNCTION public.memory_query(
     query_embedding vector DEFAULT NULL,
     project text DEFAULT NULL,
     levels text[] DEFAULT ARRAY['L1', 'L2'],
-    "limit" integer DEFAULT 5,
+    k integer DEFAULT 5,
     strategy text DEFAULT NULL,
     fusion text DEFAULT NULL,
     rrf_k integer DEFAULT NULL,
     candidates integer DEFAULT NULL,
     dense_weight double precision DEFAULT NULL
 )
-RETURNS TABLE (rank integer, level text, sha256 text, project text, title text, text text,
-               source text, breadcrumb text[], "timestamp" timestamptz,
-               query_score double precision, lexical_score double precision,
-               final_score double precision, semantic_rank integer, lexical_rank integer,
-               fusion_method text, search_strategy text, provenance jsonb)
-LANGUAGE sql STABLE PARALLEL SAFE
+RETURNS TABLE (rank integer, node_id bigint, external_id text, level text, sha256 text,
+               project text, title text, text text, source text, breadcrumb text[],
+               "timestamp" timestamptz, query_score double precision,
+               lexical_score double precision, final_score double precision,
+               semantic_rank integer, lexical_rank integer, fusion_method text,
+               search_strategy text, provenance jsonb)
+LANGUAGE sql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT * FROM memory.query(query, query_embedding, project, levels, "limit", strategy, fusion,
+    SELECT * FROM memory.query(query, query_embedding, project, levels, k, strategy, fusion,
                                rrf_k, candidates, dense_weight);
 END;
 COMMENT ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision) IS
@@ -192,7 +239,8 @@ COMMENT ON FUNCTION public.memory_query(text, vector, text, text[], integer, tex
 
 CREATE OR REPLACE FUNCTION public.memory_optimize_query(query text)
 RETURNS jsonb
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
 RETURN memory.optimize_query(query);
 COMMENT ON FUNCTION public.memory_optimize_query(text) IS
     'Alias of memory.optimize_query on the default search_path.';

@@ -1,37 +1,86 @@
--- Grants last, after every function exists. Access goes through two roles:
--- memory_reader (query functions) and memory_writer (reader + table writes).
+-- Grants last, after every function exists. Least privilege, listed object by object:
+--   memory_reader  runs the query functions and reads the tables they read;
+--   memory_writer  is a reader that may also write content (never derived columns);
+--   the owner      keeps everything else: DDL-ish functions (configure_embedding,
+--                  reset_embedding, set_policy, reset_policy, refresh_lexical_bounds), the
+--                  trigger functions, memory.config writes, the statistics and API keys.
+-- Only objects named here are granted: a table or function a DBA adds to the schema stays
+-- the DBA's to grant. PUBLIC has nothing. After pg_dump/pg_restore into a cluster without
+-- these roles, `poimen-memory migrate` re-creates the roles and re-applies this file.
 DO $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'memory_reader') THEN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'memory_reader') THEN
         CREATE ROLE memory_reader NOLOGIN;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'memory_writer') THEN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'memory_writer') THEN
         CREATE ROLE memory_writer NOLOGIN IN ROLE memory_reader;
     END IF;
 END $$;
 
 REVOKE ALL ON SCHEMA memory FROM PUBLIC;
-REVOKE ALL ON ALL TABLES IN SCHEMA memory FROM PUBLIC;
-REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA memory FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION public.memory_optimize_query(text) FROM PUBLIC;
-
+-- Functions the owner creates in the schema later are not executable by PUBLIC either.
+ALTER DEFAULT PRIVILEGES IN SCHEMA memory REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
 GRANT USAGE ON SCHEMA memory TO memory_reader;
-GRANT SELECT ON ALL TABLES IN SCHEMA memory TO memory_reader;
--- Key hashes are the service owner's alone (the table exists from migration 0005 on).
+
 DO $$
+DECLARE
+    -- Functions the reader may call (every overload of each name).
+    reader_functions text[] := ARRAY[
+        'memory.version', 'memory.project_id', 'memory.check_levels', 'memory.check_embedding',
+        'memory.policy', 'memory.lexical_document', 'memory.lexical_search',
+        'memory.lexical_search_exact', 'memory.lexical_kth', 'memory.semantic_search',
+        'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory.fuse_legs',
+        'memory.provenance_walk', 'memory.provenance_tree', 'memory.hydrate',
+        'memory.plpython_path', 'memory.optimize_query', 'memory.run_query', 'memory.query',
+        'public.memory_query', 'public.memory_optimize_query'];
+    -- Functions nobody but the owner runs (DDL-ish, policy changes, triggers).
+    owner_functions text[] := ARRAY[
+        'memory.configure_embedding', 'memory.reset_embedding', 'memory.set_policy',
+        'memory.reset_policy', 'memory.refresh_lexical_bounds', 'memory.nodes_lexical_row',
+        'memory.nodes_lexical_insert', 'memory.nodes_lexical_delete',
+        'memory.nodes_lexical_update', 'memory.nodes_lexical_truncate',
+        'memory.enqueue_opensearch'];
+    reader_tables text[] := ARRAY[
+        'memory.schema_migrations', 'memory.config', 'memory.projects',
+        'memory.embedding_model', 'memory.nodes', 'memory.edges', 'memory.postings',
+        'memory.term_stats', 'memory.corpus_stats', 'memory.opensearch_outbox'];
+    f regprocedure;
+    t text;
 BEGIN
-    IF to_regclass('memory.api_keys') IS NOT NULL THEN
-        REVOKE ALL ON memory.api_keys FROM memory_reader, memory_writer;
-    END IF;
+    FOR f IN
+        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+        JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname || '.' || p.proname = ANY (reader_functions || owner_functions)
+    LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, memory_reader, memory_writer', f);
+    END LOOP;
+    FOR f IN
+        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+        JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname || '.' || p.proname = ANY (reader_functions)
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO memory_reader', f);
+    END LOOP;
+    FOREACH t IN ARRAY reader_tables || ARRAY['memory.api_keys'] LOOP
+        IF to_regclass(t) IS NOT NULL THEN
+            EXECUTE format('REVOKE ALL ON TABLE %s FROM PUBLIC, memory_reader, memory_writer', t);
+        END IF;
+    END LOOP;
+    FOREACH t IN ARRAY reader_tables LOOP
+        EXECUTE format('GRANT SELECT ON TABLE %s TO memory_reader', t);
+    END LOOP;
 END $$;
-GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA memory TO memory_reader;
--- The policy is the DBA's (owner's) to change; readers and writers only read it.
-REVOKE EXECUTE ON FUNCTION memory.set_policy(text, text), memory.reset_policy(text) FROM memory_reader;
-GRANT EXECUTE ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision) TO memory_reader;
-GRANT EXECUTE ON FUNCTION public.memory_optimize_query(text) TO memory_reader;
--- Writers change content only. memory.config holds the path PL/Python imports code from
--- (as the server's OS user), so it, the ledger and the statistics stay owner-only; the
--- statistics triggers are SECURITY DEFINER for that reason.
-GRANT INSERT, UPDATE, DELETE ON memory.nodes, memory.edges, memory.projects,
-    memory.opensearch_outbox TO memory_writer;
+
+-- Writers change content only. Column lists keep the derived columns (tsv, lex_len: set
+-- by trigger) and ids out of their reach; memory.config holds the path PL/Python imports
+-- code from (as the server's OS user), so it, the ledger and the statistics stay
+-- owner-only; the statistics and outbox triggers are SECURITY DEFINER for that reason.
+GRANT INSERT (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
+              metadata, embedding),
+      UPDATE (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
+              metadata, embedding),
+      DELETE
+    ON memory.nodes TO memory_writer;
+GRANT INSERT, UPDATE, DELETE ON memory.edges TO memory_writer;
+GRANT INSERT (name), DELETE ON memory.projects TO memory_writer;
+GRANT INSERT, UPDATE, DELETE ON memory.opensearch_outbox TO memory_writer;

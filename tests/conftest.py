@@ -27,6 +27,30 @@ from poimen_memory.settings import Settings
 
 FIXTURE = Path(__file__).parent / "fixtures" / "memory_nodes.jsonl"
 
+# The SQL suite runs once more under each of these (tests/test_sql_modes.py sets it):
+#   parallel           force_parallel_mode = on with free parallel costs, cluster-wide;
+#   empty_search_path  every test connection runs with search_path = '';
+#   extensions         pgvector lives in schema "extensions" (as on Supabase), found through
+#                      the cluster's search_path, before migrate runs.
+SQL_MODE = os.environ.get("POIMEN_TEST_SQL_MODE", "")
+SQL_MODES = ("parallel", "empty_search_path", "extensions")
+if SQL_MODE and SQL_MODE not in SQL_MODES:
+    raise RuntimeError(f"POIMEN_TEST_SQL_MODE must be one of {SQL_MODES}, not {SQL_MODE!r}")
+
+
+def prepare_conn(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    """Apply the SQL mode to a test connection (after pgvector's types are registered)."""
+    if SQL_MODE == "empty_search_path":
+        conn.execute("SET search_path = ''")
+    return conn
+
+
+def prepare_database(conn: psycopg.Connection[Any]) -> None:
+    """Before migrate: in the extensions mode pgvector goes into its own schema first."""
+    if SQL_MODE == "extensions":
+        conn.execute("CREATE SCHEMA IF NOT EXISTS extensions")
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA extensions")
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -46,6 +70,23 @@ def work_dir() -> Iterator[Path]:
 def cluster(work_dir: Path) -> Iterator[Cluster]:
     c = Cluster(work_dir / "data", work_dir / "run", _free_port(), find_pg_bin())
     c.start(fast=True)
+    settings: dict[str, str] = {}
+    if SQL_MODE == "parallel":
+        settings = {
+            "force_parallel_mode": "on",
+            "parallel_setup_cost": "0",
+            "parallel_tuple_cost": "0",
+            "min_parallel_table_scan_size": "0",
+            "min_parallel_index_scan_size": "0",
+        }
+    elif SQL_MODE == "extensions":
+        settings = {"search_path": '"$user", public, extensions'}  # written unquoted
+    if settings:
+        with psycopg.connect(c.url("postgres"), autocommit=True) as conn:
+            for key, value in settings.items():
+                v = value if key == "search_path" else f"'{value}'"
+                conn.execute(f"ALTER SYSTEM SET {key} = {v}")
+            conn.execute("SELECT pg_reload_conf()")
     yield c
     c.destroy()
 
@@ -76,6 +117,7 @@ def template_db(
     admin.execute(f"DROP DATABASE IF EXISTS {name}")
     admin.execute(f"CREATE DATABASE {name}")
     with connect(cluster.url(name), autocommit=True) as conn:
+        prepare_database(conn)
         migrate(conn, plpython_root)
         records, errors = parse_lines(FIXTURE.read_text().splitlines())
         assert not errors
@@ -110,7 +152,7 @@ def empty_url(cluster: Cluster, admin: psycopg.Connection[Any]) -> Iterator[str]
 @pytest.fixture
 def conn(fixture_url: str) -> Iterator[psycopg.Connection[Any]]:
     with connect(fixture_url, autocommit=True) as c:
-        yield c
+        yield prepare_conn(c)
 
 
 class _NeverRetrieved(logging.Handler):

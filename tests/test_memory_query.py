@@ -30,7 +30,7 @@ def test_hybrid_with_embedding_fuses_both_legs(conn: Conn, embedder: LocalEmbedd
     q = "how do I fix uploads over 10KB failing through the kong gateway"
     rows = conn.execute(
         "SELECT sha256, semantic_rank, lexical_rank, final_score, query_score, "
-        "fusion_method, search_strategy, project FROM memory_query(%s, %s, 'poimen')",
+        "fusion_method, search_strategy, project FROM public.memory_query(%s, %s, 'poimen')",
         (q, embedder.embed_query(q)),
     ).fetchall()
     # The fusion comes from memory.policy(): convex by default, as over HTTP.
@@ -52,7 +52,7 @@ def test_cascade_only_returns_lexical_hits(conn: Conn, embedder: LocalEmbedder) 
     }
     rows = conn.execute(
         "SELECT sha256, search_strategy, fusion_method, query_score "
-        "FROM memory_query(%s, %s, fusion => 'rrf')",
+        "FROM public.memory_query(%s, %s, fusion => 'rrf')",
         (q, embedder.embed_query(q)),
     ).fetchall()
     # fusion rrf: the classic cascade, the cosine order of the lexical ids alone.
@@ -61,16 +61,16 @@ def test_cascade_only_returns_lexical_hits(conn: Conn, embedder: LocalEmbedder) 
     assert [r[3] for r in rows] == sorted((r[3] for r in rows), reverse=True)
 
 
-def test_levels_limit_and_project(conn: Conn) -> None:
-    l0 = conn.execute("SELECT level FROM memory_query('kong', levels => '{L0}')").fetchall()
+def test_levels_k_and_project(conn: Conn) -> None:
+    l0 = conn.execute("SELECT level FROM public.memory_query('kong', levels => '{L0}')").fetchall()
     assert l0 and {r[0] for r in l0} == {"L0"}
-    assert len(conn.execute("SELECT 1 FROM memory_query('kong', \"limit\" => 1)").fetchall()) == 1
+    assert len(conn.execute("SELECT 1 FROM public.memory_query('kong', k => 1)").fetchall()) == 1
     many = conn.execute(
-        "SELECT 1 FROM memory_query('postgres kong', levels => '{L0,L1,L2}', \"limit\" => 500)"
+        "SELECT 1 FROM public.memory_query('postgres kong', levels => '{L0,L1,L2}', k => 50)"
     ).fetchall()
     assert 1 < len(many) <= 50
     atlas = conn.execute(
-        "SELECT DISTINCT project FROM memory_query('kong', project => 'atlas')"
+        "SELECT DISTINCT project FROM public.memory_query('kong', project => 'atlas')"
     ).fetchall()
     assert atlas == [("atlas",)]
 
@@ -78,13 +78,12 @@ def test_levels_limit_and_project(conn: Conn) -> None:
 @pytest.mark.parametrize(
     ("call", "sqlstate"),
     [
-        ("SELECT * FROM memory_query('')", "22023"),
-        ("SELECT * FROM memory_query(NULL)", "22023"),
-        ("SELECT * FROM memory_query('kong', project => 'nope')", "PM404"),
-        ("SELECT * FROM memory_query('kong', levels => '{L9}')", "22023"),
-        ("SELECT * FROM memory_query('kong', levels => '{}')", "22023"),
-        ("SELECT * FROM memory_query('kong', strategy => 'Magic')", "22023"),
-        ("SELECT * FROM memory_query('kong', '[1,2]'::vector)", "PM409"),
+        ("SELECT * FROM public.memory_query('')", "22023"),
+        ("SELECT * FROM public.memory_query(NULL)", "22023"),
+        ("SELECT * FROM public.memory_query('kong', project => 'nope')", "PM404"),
+        ("SELECT * FROM public.memory_query('kong', levels => '{L9}')", "22023"),
+        ("SELECT * FROM public.memory_query('kong', levels => '{}')", "22023"),
+        ("SELECT * FROM public.memory_query('kong', strategy => 'Magic')", "22023"),
     ],
 )
 def test_errors_have_sqlstate_and_hint(conn: Conn, call: str, sqlstate: str) -> None:
@@ -92,6 +91,65 @@ def test_errors_have_sqlstate_and_hint(conn: Conn, call: str, sqlstate: str) -> 
         conn.execute(call)
     assert exc.value.sqlstate == sqlstate
     assert exc.value.diag.message_primary
+
+
+def test_wrong_dimension_is_pm409(conn: Conn) -> None:
+    import numpy as np
+
+    with pytest.raises(psycopg.Error) as exc:
+        conn.execute(
+            "SELECT * FROM public.memory_query('kong', %s)", (np.array([1, 2], dtype=np.float32),)
+        )
+    assert exc.value.sqlstate == "PM409" and exc.value.diag.message_hint
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        ("k => 0", "k"),
+        ("k => 51", "k"),
+        ("k => NULL", "k"),
+        ("levels => NULL", "levels"),
+        ("fusion => 'borda'", "fusion"),
+        ("strategy => 'Magic'", "strategy"),
+        ("rrf_k => -1", "rrf_k"),
+        ("candidates => 0", "candidates"),
+        ("candidates => 1001", "candidates"),
+        ("dense_weight => 1.5", "dense_weight"),
+    ],
+)
+def test_every_argument_is_validated_by_name(conn: Conn, args: str, name: str) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as exc:
+        conn.execute(f"SELECT * FROM public.memory_query('kong', {args})")
+    assert name in (exc.value.diag.message_primary or "")
+
+
+def test_result_carries_the_row_identity(conn: Conn) -> None:
+    rows = conn.execute(
+        'SELECT q.node_id, q.external_id, q.sha256, q."timestamp", n.id, n.external_id,'
+        " encode(n.sha256, 'hex'), n.ts"
+        " FROM public.memory_query('kong body buffer', project => 'poimen') q"
+        " JOIN memory.nodes n ON n.id = q.node_id"
+    ).fetchall()
+    assert rows
+    for r in rows:
+        assert r[:4] == r[4:]
+    assert rows[0][1] == "poimen:mem:1"
+
+
+def test_final_score_is_the_leg_score_for_one_leg(conn: Conn, embedder: LocalEmbedder) -> None:
+    lexical = conn.execute(
+        "SELECT final_score, lexical_score"
+        " FROM public.memory_query('kong body buffer', project => 'poimen')"
+    ).fetchall()
+    assert lexical and all(f == lx and f > 0 for f, lx in lexical)
+    q = "uploads failing through the gateway"
+    semantic = conn.execute(
+        "SELECT final_score, query_score FROM public.memory_query(%s, %s, 'poimen', "
+        "strategy => 'SemanticOnly')",
+        (q, embedder.embed_query(q)),
+    ).fetchall()
+    assert semantic and all(f == pytest.approx(s) and 0 < f <= 1 for f, s in semantic)
 
 
 @pytest.mark.parametrize(
@@ -106,13 +164,13 @@ def test_errors_have_sqlstate_and_hint(conn: Conn, call: str, sqlstate: str) -> 
     ],
 )
 def test_sql_optimizer_matches_python(conn: Conn, query: str) -> None:
-    in_db = conn.execute("SELECT memory_optimize_query(%s)", (query,)).fetchone()[0]  # type: ignore[index]
+    in_db = conn.execute("SELECT public.memory_optimize_query(%s)", (query,)).fetchone()[0]  # type: ignore[index]
     assert in_db == optimize_query(query).to_dict()
 
 
 def test_sql_optimizer_error_is_typed(conn: Conn) -> None:
     with pytest.raises(psycopg.errors.InvalidParameterValue) as exc:
-        conn.execute("SELECT memory_optimize_query('   ')")
+        conn.execute("SELECT public.memory_optimize_query('   ')")
     assert exc.value.diag.message_hint
 
 
@@ -122,7 +180,7 @@ def test_stale_plpython_module_is_reloaded(conn: Conn, work_dir: Any) -> None:
 
     from poimen_memory.db.migrate import PLPYTHON_SRC
 
-    conn.execute("SELECT memory_optimize_query('warm up the cache')")
+    conn.execute("SELECT public.memory_optimize_query('warm up the cache')")
     new = work_dir / "stale-test"
     shutil.copytree(PLPYTHON_SRC, new / "poimen_core")
     opt = new / "poimen_core" / "optimizer.py"
@@ -132,7 +190,7 @@ def test_stale_plpython_module_is_reloaded(conn: Conn, work_dir: Any) -> None:
     for p in (new, new / "poimen_core"):
         p.chmod(0o755)
     conn.execute("UPDATE memory.config SET value = %s WHERE key = 'plpython_path'", (str(new),))
-    out = conn.execute("SELECT memory_optimize_query('after the deploy')").fetchone()[0]  # type: ignore[index]
+    out = conn.execute("SELECT public.memory_optimize_query('after the deploy')").fetchone()[0]  # type: ignore[index]
     assert out["optimizer_version"].startswith("stale-test-")
 
 
@@ -140,8 +198,8 @@ def test_sql_convex_uses_the_lexical_leaning_weights(conn: Conn, embedder: Local
     q = "how do I fix uploads over 10KB failing through the kong gateway"
     emb = embedder.embed_query(q)
     rows = conn.execute(
-        "SELECT sha256, final_score, fusion_method FROM memory_query(%s, %s, 'poimen', "
-        "fusion => 'convex', \"limit\" => 10)",
+        "SELECT sha256, final_score, fusion_method FROM public.memory_query(%s, %s, 'poimen', "
+        "fusion => 'convex', k => 10)",
         (q, emb),
     ).fetchall()
     assert rows and {r[2] for r in rows} == {"convex"}
@@ -161,7 +219,7 @@ def test_sql_convex_uses_the_lexical_leaning_weights(conn: Conn, embedder: Local
         assert score == pytest.approx(0.4 * sn.get(sha, 0.0) + 0.6 * ln.get(sha, 0.0), abs=1e-9)
     conn.execute("SELECT memory.set_policy('dense_weight', '1.0')")
     only_dense = conn.execute(
-        "SELECT sha256 FROM memory_query(%s, %s, 'poimen', fusion => 'convex', \"limit\" => 3)",
+        "SELECT sha256 FROM public.memory_query(%s, %s, 'poimen', fusion => 'convex', k => 3)",
         (q, emb),
     ).fetchall()
     assert [r[0] for r in only_dense] == sorted(sn, key=lambda k: -sn[k])[:3]
@@ -182,10 +240,11 @@ def test_policy_is_validated_and_applies_to_memory_query(
     q = "how do I fix uploads over 10KB failing through the kong gateway"
     conn.execute("SELECT memory.set_policy('fusion', 'rrf')")
     rows = conn.execute(
-        "SELECT fusion_method FROM memory_query(%s, %s, 'poimen')", (q, embedder.embed_query(q))
+        "SELECT fusion_method FROM public.memory_query(%s, %s, 'poimen')",
+        (q, embedder.embed_query(q)),
     ).fetchall()
     assert {r[0] for r in rows} == {"rrf"}
     conn.execute("SELECT memory.reset_policy()")
     assert conn.execute("SELECT fusion FROM memory.policy()").fetchone() == ("convex",)
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="unknown fusion"):
-        conn.execute("SELECT * FROM memory_query(%s, fusion => 'borda')", (q,))
+        conn.execute("SELECT * FROM public.memory_query(%s, fusion => 'borda')", (q,))

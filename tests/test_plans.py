@@ -11,11 +11,14 @@ import numpy as np
 import psycopg
 import pytest
 
+from conftest import prepare_conn, prepare_database
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import migrate
 
 Conn = psycopg.Connection[Any]
 DIM = 32
+# Raw pgvector SQL written by a client (not our functions) needs the operator on its path.
+CLIENT_PATH = "SET LOCAL search_path = public, extensions"
 N = 6000
 
 
@@ -26,6 +29,7 @@ def synthetic(cluster: Any, admin: Conn, plpython_root: Path) -> Iterator[Conn]:
     admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     admin.execute(f"CREATE DATABASE {name}")
     with connect(cluster.url(name), autocommit=True) as conn:
+        prepare_database(conn)
         migrate(conn, plpython_root)
         conn.execute("SELECT memory.configure_embedding('synthetic', %s)", (DIM,))
         conn.execute("INSERT INTO memory.projects (name) VALUES ('big'), ('rare')")
@@ -43,7 +47,7 @@ def synthetic(cluster: Any, admin: Conn, plpython_root: Path) -> Iterator[Conn]:
                 copy.write_row((i.to_bytes(32, "big"), project, level, words, vec))
         conn.execute("ANALYZE memory.nodes")
         conn.execute("ANALYZE memory.postings")
-        yield conn
+        yield prepare_conn(conn)
     admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
@@ -66,6 +70,9 @@ def _nested_plans(conn: Conn, sql: str, params: tuple[Any, ...]) -> list[str]:
         ]:
             conn.execute(f"SET LOCAL auto_explain.{k} = '{v}'")
         conn.execute("SET LOCAL client_min_messages = notice")
+        # A forced Gather would run the function in a worker, whose auto_explain output goes
+        # to the server log, not to this client (the SQL-mode run sets it cluster-wide).
+        conn.execute("SET LOCAL force_parallel_mode = off")
         conn.execute(sql, params).fetchall()
     conn.remove_notice_handler(handler)
     return notices
@@ -97,7 +104,7 @@ def _query_vec(seed: int) -> str:
 def test_semantic_search_uses_hnsw(synthetic: Conn) -> None:
     plans = _nested_plans(
         synthetic,
-        "SELECT * FROM memory.semantic_search(%s::vector, NULL, NULL, 10)",
+        "SELECT * FROM memory.semantic_search(%s, NULL, NULL, 10)",
         (_query_vec(1),),
     )
     assert "nodes_embedding_hnsw" in _index_names(plans)
@@ -105,18 +112,19 @@ def test_semantic_search_uses_hnsw(synthetic: Conn) -> None:
 
 def test_explain_format_json_of_the_recall_statement(synthetic: Conn) -> None:
     """The same ORDER BY distance LIMIT k statement, through plain EXPLAIN (FORMAT JSON)."""
-    plan = synthetic.execute(
-        "EXPLAIN (FORMAT JSON) SELECT id FROM memory.nodes"
-        " ORDER BY embedding <=> %s::vector LIMIT 10",
-        (_query_vec(2),),
-    ).fetchone()[0]  # type: ignore[index]
+    with synthetic.transaction():
+        synthetic.execute(CLIENT_PATH)
+        plan = synthetic.execute(
+            "EXPLAIN (FORMAT JSON) SELECT id FROM memory.nodes ORDER BY embedding <=> %s LIMIT 10",
+            (_query_vec(2),),
+        ).fetchone()[0]  # type: ignore[index]
     assert "nodes_embedding_hnsw" in _index_names([__import__("json").dumps(plan[0])])
 
 
 def test_search_by_ids_uses_primary_key(synthetic: Conn) -> None:
     plans = _nested_plans(
         synthetic,
-        "SELECT * FROM memory.search_by_ids(%s::vector, %s)",
+        "SELECT * FROM memory.search_by_ids(%s, %s)",
         (_query_vec(3), list(range(1, 200, 7))),
     )
     assert "nodes_pkey" in _index_names(plans)
@@ -136,12 +144,12 @@ def test_selective_filter_still_fills_limit(synthetic: Conn, seed: int) -> None:
     ).fetchone()
     assert matching == (N // 100,)  # 1% of rows
     rows = synthetic.execute(
-        "SELECT node_id FROM memory.semantic_search(%s::vector, 'rare', NULL, 50)",
+        "SELECT node_id FROM memory.semantic_search(%s, 'rare', NULL, 50)",
         (_query_vec(seed),),
     ).fetchall()
     assert len(rows) == 50
     exact = synthetic.execute(
-        "SELECT node_id FROM memory.exact_search(%s::vector, 'rare', NULL, 50)", (_query_vec(seed),)
+        "SELECT node_id FROM memory.exact_search(%s, 'rare', NULL, 50)", (_query_vec(seed),)
     ).fetchall()
     assert len({r[0] for r in rows} & {r[0] for r in exact}) >= 45  # recall@50 >= 0.9
 
@@ -149,12 +157,13 @@ def test_selective_filter_still_fills_limit(synthetic: Conn, seed: int) -> None:
 def test_without_iterative_scan_the_filter_starves(synthetic: Conn) -> None:
     """The failure mode our function avoids: plain HNSW + filter returns far fewer rows."""
     with synthetic.transaction():
+        synthetic.execute(CLIENT_PATH)
         synthetic.execute("SET LOCAL hnsw.iterative_scan = off")
         synthetic.execute("SET LOCAL enable_seqscan = off")
         # project_id + 0 hides the btree, so only the HNSW path is left to the planner.
         rows = synthetic.execute(
             "SELECT id FROM memory.nodes WHERE project_id + 0 = 2"
-            " ORDER BY embedding <=> %s::vector LIMIT 50",
+            " ORDER BY embedding <=> %s LIMIT 50",
             (_query_vec(0),),
         ).fetchall()
     assert len(rows) < 50
@@ -179,11 +188,11 @@ def test_iterative_scan_fills_limit_on_the_hnsw_path(synthetic: Conn) -> None:
         synthetic.execute("SET LOCAL enable_seqscan = off")
         plans = _nested_plans(
             synthetic,
-            "SELECT * FROM memory.semantic_search(%s::vector, 'rare', NULL, 50)",
+            "SELECT * FROM memory.semantic_search(%s, 'rare', NULL, 50)",
             (_query_vec(0),),
         )
         rows = synthetic.execute(
-            "SELECT node_id FROM memory.semantic_search(%s::vector, 'rare', NULL, 50)",
+            "SELECT node_id FROM memory.semantic_search(%s, 'rare', NULL, 50)",
             (_query_vec(0),),
         ).fetchall()
         raise Rollback

@@ -72,7 +72,7 @@ def test_the_service_applies_the_database_policy(client: TestClient, fixture_url
 def test_sql_and_http_rank_alike(
     client: TestClient, fixture_url: str, embedder: LocalEmbedder, fusion: str
 ) -> None:
-    """Same query, same vector, same policy: memory_query() and GET /memory/query return the
+    """Same query, same vector, same policy: public.memory_query() and GET /memory/query return the
     same nodes in the same order, whatever strategy the optimizer picks."""
     _set(fixture_url, "fusion", fusion)
     strategies = set()
@@ -81,7 +81,7 @@ def test_sql_and_http_rank_alike(
             vec = embedder.embed_query(text)
             sql_rows: list[Any] = conn.execute(
                 "SELECT sha256, search_strategy, fusion_method "
-                "FROM memory_query(%s, %s, 'poimen', \"limit\" => 10)",
+                "FROM public.memory_query(%s, %s, 'poimen', k => 10)",
                 (text, vec),
             ).fetchall()
             body = query(client, query=text, project="poimen", limit=10)

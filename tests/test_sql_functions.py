@@ -174,7 +174,9 @@ def test_semantic_search_ranks_by_cosine(conn: Conn, embedder: LocalEmbedder) ->
 
 def test_semantic_search_rejects_wrong_dimension(conn: Conn) -> None:
     with pytest.raises(psycopg.Error) as exc:
-        conn.execute("SELECT * FROM memory.semantic_search('[1,2,3]'::vector)")
+        conn.execute(
+            "SELECT * FROM memory.semantic_search(%s)", (np.array([1, 2, 3], dtype=np.float32),)
+        )
     assert exc.value.sqlstate == "PM409"
 
 

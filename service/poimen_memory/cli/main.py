@@ -107,15 +107,38 @@ def _replica(s: Settings, action: str | None) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from poimen_memory.db.migrate import migrate
+    from poimen_memory.db.migrate import check, migrate
 
     s = _settings()
+    if args.check:
+        with connect(_url(s), autocommit=True) as conn:
+            drift = check(conn, lock_timeout_s=args.lock_timeout)
+        for label, items in (
+            ("pending migration", drift.pending_migrations),
+            ("changed by hand (differs from sql/)", drift.changed),
+            ("missing (sql/ defines it)", drift.missing),
+            ("not from sql/ (left alone)", drift.extra),
+        ):
+            for item in items:
+                print(f"{label}: {item}")
+        print(
+            "no drift"
+            if drift.clean
+            else "drift found: run `poimen-memory migrate` to re-apply sql/"
+        )
+        return 0 if drift.clean else 1
     root = None if args.no_plpython else s.plpython_root
     with connect(_url(s), autocommit=True) as conn:
-        report = migrate(conn, root)
+        report = migrate(conn, root, lock_timeout_s=args.lock_timeout)
     print(
         f"migrations applied: {report.applied or 'none'}; already: {len(report.already)}; "
-        f"sql files: {len(report.sql_files)}; plpython: {report.plpython_path}"
+        f"sql files: {len(report.sql_files)}; plpython: {report.plpython_path}; "
+        f"vector schema: {report.vector_schema}"
+        + (
+            f"; removed old plpython copies: {report.removed_copies}"
+            if report.removed_copies
+            else ""
+        )
     )
     return 0
 
@@ -398,6 +421,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-plpython",
         action="store_true",
         help="do not install the PL/Python module (remote database server)",
+    )
+    mg.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing: report pending migrations and sql/ functions edited by hand (exit 1)",
+    )
+    mg.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="give up when a lock is not granted within this time (default 10)",
     )
     mg.set_defaults(func=cmd_migrate)
     ing = sub.add_parser("ingest", help="load a nodes.jsonl file (idempotent)")

@@ -1,18 +1,29 @@
 """Apply versioned migrations once (frozen by checksum), then re-apply sql/ on every deploy.
 
 Everything runs in one transaction under an advisory lock, so a failed deploy leaves the
-database as it was and two concurrent deploys serialise.
+database as it was and two concurrent deploys serialise. A lock that cannot be taken within
+``lock_timeout`` fails the deploy with a clear message instead of waiting forever.
+
+pgvector may live in any schema (``CREATE EXTENSION vector SCHEMA extensions``): migrate
+finds it, creates the functions with that schema on the session's search_path and pins it
+in the ``search_path`` of every function that names ``public`` or sets none.
+
+``check`` reports drift: it applies sql/ inside a transaction that it rolls back and lists
+every function whose definition (body, settings, ACL) differs from what the files produce.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from poimen_memory.errors import MigrationError
 
@@ -21,6 +32,7 @@ MIGRATIONS_DIR = ROOT / "migrations"
 SQL_DIR = ROOT / "sql"
 PLPYTHON_SRC = ROOT / "plpython" / "poimen_core"
 _LOCK_KEY = 0x706F696D656E  # "poimen"
+_COPY_NAME = re.compile(r"^[0-9a-f]{16}(\.tmp\d+)?$")
 
 _LEDGER = """
 CREATE SCHEMA IF NOT EXISTS memory;
@@ -31,6 +43,23 @@ CREATE TABLE IF NOT EXISTS memory.schema_migrations (
 );
 """
 
+# The functions sql/ owns: everything in schema memory and the public.memory_* aliases.
+_OUR_FUNCTIONS = """
+SELECT p.oid::regprocedure::text AS signature, p.prosecdef, p.proconfig
+FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = 'memory'
+   OR (n.nspname = 'public' AND p.proname IN ('memory_query', 'memory_optimize_query'))
+"""
+
+_SNAPSHOT = f"""
+SELECT f.signature,
+       md5(pg_catalog.pg_get_functiondef(f.signature::regprocedure)
+           || coalesce(p.proacl::text, '') || coalesce(p.proparallel::text, '')
+           || coalesce(pg_catalog.obj_description(p.oid, 'pg_proc'), ''))
+FROM ({_OUR_FUNCTIONS}) f JOIN pg_catalog.pg_proc p ON p.oid = f.signature::regprocedure
+WHERE p.prokind <> 'a'
+"""
+
 
 @dataclass(frozen=True)
 class MigrateReport:
@@ -38,6 +67,22 @@ class MigrateReport:
     already: list[str]
     sql_files: list[str]
     plpython_path: str | None
+    vector_schema: str = "public"
+    removed_copies: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DriftReport:
+    """What `migrate --check` found: nothing is changed in the database."""
+
+    pending_migrations: list[str]
+    changed: list[str]  # functions whose definition differs from sql/
+    missing: list[str]  # functions sql/ defines that the database lacks
+    extra: list[str]  # functions in schema memory that sql/ does not define (a DBA's own)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.pending_migrations or self.changed or self.missing)
 
 
 def _checksum(path: Path) -> str:
@@ -52,12 +97,34 @@ def plpython_checksum() -> str:
     return h.hexdigest()
 
 
+def _unreachable_ancestor(root: Path) -> Path | None:
+    """The first ancestor of root the server's OS user cannot traverse, if we run as root
+    (the embedded server then runs as postgres); None when every ancestor is reachable."""
+    if os.geteuid() != 0:
+        return None
+    for p in reversed(root.parents):
+        if p.exists() and (p.stat().st_mode & 0o001) == 0:
+            return p
+    return None
+
+
 def install_plpython(root: Path) -> Path:
     """Copy the stdlib-only module where the server's postgres user can import it.
 
     The directory is named by content hash, so a new version never overwrites code that a
-    running backend has loaded; the shim notices the path change and re-imports.
+    running backend has loaded; the shim notices the path change and re-imports. Only
+    directories the project owns (root and below) are created or have their mode set.
     """
+    blocked = _unreachable_ancestor(root)
+    if blocked is not None:
+        raise MigrationError(
+            f"the PL/Python directory {root} is not reachable by the database server",
+            detail=f"{blocked} has no execute (traverse) permission for other users",
+            hint="set POIMEN_HOME to a directory the postgres user can reach (the default "
+            "for root is /var/lib/poimen-memory), or run migrate --no-plpython",
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o755)
     target = root / plpython_checksum()[:16]
     pkg = target / "poimen_core"
     if not (pkg / "__init__.py").exists():
@@ -74,15 +141,112 @@ def install_plpython(root: Path) -> Path:
             tmp.rename(target)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
-    p = root
-    while p != p.parent:  # every ancestor must be traversable by the postgres user
-        if p.exists() and (p.stat().st_mode & 0o001) == 0 and os.geteuid() == 0:
-            p.chmod(p.stat().st_mode | 0o001)  # o+x: traverse only, nothing readable
-        p = p.parent
     return target
 
 
-def migrate(conn: psycopg.Connection[object], plpython_root: Path | None) -> MigrateReport:
+def remove_old_copies(root: Path, keep: Path) -> list[str]:
+    """Delete earlier content-hashed copies (and abandoned temporaries) under root. Backends
+    that imported an old copy keep it in memory; the shim re-imports from the new path."""
+    removed: list[str] = []
+    if not root.is_dir():
+        return removed
+    for d in root.iterdir():
+        if d.is_dir() and d != keep and _COPY_NAME.match(d.name):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d.name)
+    return sorted(removed)
+
+
+def _vector_schema(conn: psycopg.Connection[Any]) -> str | None:
+    row = conn.execute(
+        "SELECT n.nspname FROM pg_catalog.pg_extension e"
+        " JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'vector'"
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _use_vector_schema(conn: psycopg.Connection[Any], schema: str) -> None:
+    path = ["public"] if schema == "public" else ["public", schema]
+    conn.execute(
+        sql.SQL("SET LOCAL search_path = {}").format(sql.SQL(", ").join(map(sql.Identifier, path)))
+    )
+
+
+_MARK = "pg_temp.poimen_xact_mark"
+# Functions (re)created by this transaction: their pg_proc row carries its xid, like the
+# marker table created at its start. A DBA's own functions in the schema are left alone.
+_TOUCHED = f"""
+SELECT f.* FROM ({_OUR_FUNCTIONS}) f
+JOIN pg_catalog.pg_proc p ON p.oid = f.signature::regprocedure
+WHERE p.xmin = (SELECT c.xmin FROM pg_catalog.pg_class c WHERE c.oid = '{_MARK}'::regclass)
+"""
+
+
+def _pin_search_path(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Every function sql/ defines gets a fixed search_path: the one in its file (public
+    already replaced by pgvector's schema), or, where a file sets none, pg_catalog +
+    pgvector's schema (pg_catalog only for SECURITY DEFINER functions)."""
+    for signature, secdef, config in conn.execute(_TOUCHED).fetchall():
+        if any(c.startswith("search_path=") for c in config or []):
+            continue
+        parts = ["pg_catalog", "pg_temp"] if secdef else ["pg_catalog", schema, "pg_temp"]
+        conn.execute(
+            sql.SQL("ALTER FUNCTION {} SET search_path = {}").format(
+                sql.SQL(signature),
+                sql.SQL(", ").join(sql.Identifier(p) for p in parts),
+            )
+        )
+
+
+_SET_PATH_LINE = re.compile(r"^(SET search_path = )(.*)$", re.MULTILINE)
+
+
+def _with_vector_schema(text: str, schema: str) -> str:
+    """The files name pgvector's schema as public in their `SET search_path = ...` function
+    clauses; CREATE FUNCTION validates a body under that path, so it must be the real one."""
+    if schema == "public":
+        return text
+    quoted = sql.Identifier(schema).as_string(None)
+    return _SET_PATH_LINE.sub(
+        lambda m: m.group(1) + re.sub(r"\bpublic\b", quoted, m.group(2)), text
+    )
+
+
+def _apply_sql_files(conn: psycopg.Connection[Any], schema: str) -> list[Path]:
+    files = sorted(SQL_DIR.glob("*.sql"))
+    conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_MARK} () ON COMMIT DROP")
+    for path in files:
+        conn.execute(_with_vector_schema(path.read_text(), schema).encode())
+    _pin_search_path(conn, schema)
+    if schema not in ("public", "pg_catalog"):
+        # Readers resolve pgvector's type and operators through its schema.
+        conn.execute(
+            sql.SQL("GRANT USAGE ON SCHEMA {} TO memory_reader").format(sql.Identifier(schema))
+        )
+    return files
+
+
+def _lock(conn: psycopg.Connection[Any], lock_timeout_s: float) -> None:
+    conn.execute(
+        sql.SQL("SET LOCAL lock_timeout = {}").format(
+            sql.Literal(f"{int(lock_timeout_s * 1000)}ms")
+        )
+    )
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+
+
+def _lock_error(exc: psycopg.errors.LockNotAvailable, lock_timeout_s: float) -> MigrationError:
+    return MigrationError(
+        f"migrate could not take a lock within {lock_timeout_s:g} s",
+        detail=str(exc).strip(),
+        hint="another migrate, a long transaction or a DBA session holds a lock on the memory "
+        "schema: find it in pg_stat_activity / pg_locks, or retry with a longer --lock-timeout",
+    )
+
+
+def migrate(
+    conn: psycopg.Connection[Any], plpython_root: Path | None, *, lock_timeout_s: float = 10.0
+) -> MigrateReport:
     for d in (MIGRATIONS_DIR, SQL_DIR):
         if not d.is_dir():
             raise MigrationError(
@@ -91,46 +255,85 @@ def migrate(conn: psycopg.Connection[object], plpython_root: Path | None) -> Mig
             )
     applied: list[str] = []
     already: list[str] = []
-    py_path: str | None = None
+    py_target: Path | None = None
     if plpython_root is not None:
-        py_path = str(install_plpython(plpython_root))
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-        conn.execute(_LEDGER)
-        rows = conn.execute("SELECT version, checksum FROM memory.schema_migrations").fetchall()
-        recorded: dict[str, str] = {str(r[0]): str(r[1]) for r in rows}  # type: ignore[index]
-        for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
-            version, checksum = path.stem, _checksum(path)
-            if version in recorded:
-                if recorded[version] != checksum:
-                    raise MigrationError(
-                        f"migration {path.name} was edited after it was applied",
-                        detail=f"recorded checksum {recorded[version]}, file has {checksum}",
-                        hint="released migrations are frozen: add a new migration instead",
-                    )
-                already.append(version)
-                continue
-            conn.execute(path.read_text().encode())
-            conn.execute(
-                "INSERT INTO memory.schema_migrations (version, checksum) VALUES (%s, %s)",
-                (version, checksum),
-            )
-            applied.append(version)
-        unknown = set(recorded) - {p.stem for p in MIGRATIONS_DIR.glob("*.sql")}
-        if unknown:
-            raise MigrationError(
-                f"database has migrations this code does not know: {sorted(unknown)}",
-                hint="deploy a newer poimen-memory; migrations are forward-only",
-            )
-        if py_path is not None:
-            conn.execute(
-                """INSERT INTO memory.config (key, value) VALUES
-                       ('plpython_path', %s), ('plpython_checksum', %s)
-                   ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
-                   WHERE memory.config.value IS DISTINCT FROM EXCLUDED.value""",
-                (py_path, plpython_checksum()),
-            )
-        sql_files = sorted(SQL_DIR.glob("*.sql"))
-        for path in sql_files:
-            conn.execute(path.read_text().encode())
-    return MigrateReport(applied, already, [p.name for p in sql_files], py_path)
+        py_target = install_plpython(plpython_root)
+    py_path = None if py_target is None else str(py_target)
+    try:
+        with conn.transaction():
+            _lock(conn, lock_timeout_s)
+            conn.execute(_LEDGER)
+            # Independent of the session's search_path (even ''): public, plus pgvector's schema.
+            _use_vector_schema(conn, _vector_schema(conn) or "public")
+            rows = conn.execute("SELECT version, checksum FROM memory.schema_migrations").fetchall()
+            recorded: dict[str, str] = {str(r[0]): str(r[1]) for r in rows}
+            for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+                version, checksum = path.stem, _checksum(path)
+                if version in recorded:
+                    if recorded[version] != checksum:
+                        raise MigrationError(
+                            f"migration {path.name} was edited after it was applied",
+                            detail=f"recorded checksum {recorded[version]}, file has {checksum}",
+                            hint="released migrations are frozen: add a new migration instead",
+                        )
+                    already.append(version)
+                    continue
+                conn.execute(path.read_text().encode())
+                conn.execute(
+                    "INSERT INTO memory.schema_migrations (version, checksum) VALUES (%s, %s)",
+                    (version, checksum),
+                )
+                applied.append(version)
+            unknown = set(recorded) - {p.stem for p in MIGRATIONS_DIR.glob("*.sql")}
+            if unknown:
+                raise MigrationError(
+                    f"database has migrations this code does not know: {sorted(unknown)}",
+                    hint="deploy a newer poimen-memory; migrations are forward-only",
+                )
+            schema = _vector_schema(conn) or "public"
+            _use_vector_schema(conn, schema)
+            if py_path is not None:
+                conn.execute(
+                    """INSERT INTO memory.config (key, value) VALUES
+                           ('plpython_path', %s), ('plpython_checksum', %s)
+                       ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
+                       WHERE memory.config.value IS DISTINCT FROM EXCLUDED.value""",
+                    (py_path, plpython_checksum()),
+                )
+            sql_files = _apply_sql_files(conn, schema)
+    except psycopg.errors.LockNotAvailable as exc:
+        raise _lock_error(exc, lock_timeout_s) from exc
+    removed: list[str] = []
+    if plpython_root is not None and py_target is not None:
+        removed = remove_old_copies(plpython_root, py_target)
+    return MigrateReport(applied, already, [p.name for p in sql_files], py_path, schema, removed)
+
+
+def check(conn: psycopg.Connection[Any], *, lock_timeout_s: float = 10.0) -> DriftReport:
+    """Compare the database with migrations/ and sql/ without changing it."""
+    try:
+        with conn.transaction(force_rollback=True):
+            _lock(conn, lock_timeout_s)
+            if conn.execute("SELECT to_regclass('memory.schema_migrations')").fetchone() == (None,):
+                pending = sorted(p.stem for p in MIGRATIONS_DIR.glob("*.sql"))
+                return DriftReport(pending, [], [], [])
+            recorded = {
+                str(r[0]) for r in conn.execute("SELECT version FROM memory.schema_migrations")
+            }
+            pending = sorted(p.stem for p in MIGRATIONS_DIR.glob("*.sql") if p.stem not in recorded)
+            schema = _vector_schema(conn) or "public"
+            _use_vector_schema(conn, schema)
+            before = dict(conn.execute(_SNAPSHOT).fetchall())
+            if pending:  # the files need the pending migrations' tables: report those only
+                return DriftReport(pending, [], [], [])
+            _apply_sql_files(conn, schema)
+            after = dict(conn.execute(_SNAPSHOT).fetchall())
+            touched = {str(r[0]) for r in conn.execute(_TOUCHED)}
+    except psycopg.errors.LockNotAvailable as exc:
+        raise _lock_error(exc, lock_timeout_s) from exc
+    return DriftReport(
+        pending_migrations=[],
+        changed=sorted(s for s in after if s in before and before[s] != after[s]),
+        missing=sorted(s for s in after if s not in before),
+        extra=sorted(s for s in before if s not in touched),
+    )
