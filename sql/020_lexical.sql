@@ -2,6 +2,9 @@
 -- kept exact by statement-level triggers, so inserts, updates, deletes and TRUNCATE never
 -- drift the IDF. Term frequencies come from tsvector positions, which PostgreSQL caps at
 -- 256 per lexeme (and positions at 16383): beyond that a term's tf is under-counted.
+-- term_stats also carries, per (project, lexeme), the largest tf and the smallest dl/tf of
+-- its postings (migration 0004): together they bound any posting's BM25 weight, which is
+-- what lets memory.lexical_search skip postings that cannot reach the top k (MaxScore).
 
 CREATE OR REPLACE FUNCTION memory.lexical_document(title text, breadcrumb text[], body text)
 RETURNS tsvector
@@ -32,11 +35,15 @@ BEGIN
     SELECT u.lexeme, n.project_id, n.id, n.level, cardinality(u.positions), n.lex_len
     FROM new_rows n, unnest(n.tsv) u;
     -- Sorted upserts take row locks in one order, so concurrent ingests cannot deadlock.
-    INSERT INTO memory.term_stats AS t (project_id, lexeme, df)
-    SELECT n.project_id, u.lexeme, count(*)
+    INSERT INTO memory.term_stats AS t (project_id, lexeme, df, max_tf, min_dl_per_tf)
+    SELECT n.project_id, u.lexeme, count(*), max(cardinality(u.positions)),
+           min(n.lex_len::double precision / greatest(cardinality(u.positions), 1))
     FROM new_rows n, unnest(n.tsv) u
     GROUP BY 1, 2 ORDER BY 1, 2
-    ON CONFLICT (project_id, lexeme) DO UPDATE SET df = t.df + EXCLUDED.df;
+    ON CONFLICT (project_id, lexeme) DO UPDATE
+        SET df = t.df + EXCLUDED.df,
+            max_tf = greatest(t.max_tf, EXCLUDED.max_tf),
+            min_dl_per_tf = least(t.min_dl_per_tf, EXCLUDED.min_dl_per_tf);
     INSERT INTO memory.corpus_stats AS c (project_id, n_docs, total_len)
     SELECT project_id, count(*), sum(lex_len) FROM new_rows GROUP BY 1 ORDER BY 1
     ON CONFLICT (project_id) DO UPDATE
@@ -95,11 +102,16 @@ BEGIN
     INSERT INTO memory.postings (lexeme, project_id, node_id, level, tf, dl)
     SELECT u.lexeme, n.project_id, n.id, n.level, cardinality(u.positions), n.lex_len
     FROM new_rows n, unnest(n.tsv) u WHERE n.id = ANY (changed);
-    INSERT INTO memory.term_stats AS t (project_id, lexeme, df)
-    SELECT n.project_id, u.lexeme, count(*) FROM new_rows n, unnest(n.tsv) u
+    INSERT INTO memory.term_stats AS t (project_id, lexeme, df, max_tf, min_dl_per_tf)
+    SELECT n.project_id, u.lexeme, count(*), max(cardinality(u.positions)),
+           min(n.lex_len::double precision / greatest(cardinality(u.positions), 1))
+    FROM new_rows n, unnest(n.tsv) u
     WHERE n.id = ANY (changed)
     GROUP BY 1, 2 ORDER BY 1, 2
-    ON CONFLICT (project_id, lexeme) DO UPDATE SET df = t.df + EXCLUDED.df;
+    ON CONFLICT (project_id, lexeme) DO UPDATE
+        SET df = t.df + EXCLUDED.df,
+            max_tf = greatest(t.max_tf, EXCLUDED.max_tf),
+            min_dl_per_tf = least(t.min_dl_per_tf, EXCLUDED.min_dl_per_tf);
     DELETE FROM memory.term_stats WHERE df = 0;
     INSERT INTO memory.corpus_stats AS c (project_id, n_docs, total_len)
     SELECT project_id, count(*), sum(lex_len) FROM new_rows WHERE id = ANY (changed)
@@ -136,7 +148,7 @@ CREATE OR REPLACE TRIGGER nodes_lexical_truncate
     AFTER TRUNCATE ON memory.nodes
     FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_truncate();
 
-CREATE OR REPLACE FUNCTION memory.lexical_search(
+CREATE OR REPLACE FUNCTION memory.lexical_search_exact(
     query text,
     project text DEFAULT NULL,
     levels text[] DEFAULT NULL,
@@ -146,7 +158,7 @@ CREATE OR REPLACE FUNCTION memory.lexical_search(
 )
 RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, public, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -187,5 +199,198 @@ BEGIN
     ORDER BY s.score DESC, s.id
     LIMIT k;
 END $$;
+COMMENT ON FUNCTION memory.lexical_search_exact(text, text, text[], integer, double precision, double precision) IS
+    'Exhaustive BM25, the reference for memory.lexical_search: scores every posting of every query term. Same arguments, same ranking (score descending, then node id).';
+
+-- Pruned top-k (MaxScore over per-term score bounds). With the terms ordered by their
+-- bound, a document that contains none of the "essential" terms scores at most the sum of
+-- the other terms' bounds; once that sum is below a proven lower bound theta of the k-th
+-- best score, such documents cannot make the top k and their (long) posting lists are
+-- never scanned. theta comes from the partial scores of the rarest terms' postings (a
+-- partial score never exceeds the full one). Only candidates whose partial score plus the
+-- skipped terms' bounds still reaches theta are scored in full, by primary-key probes.
+-- Bounds are inflated and theta deflated by 1e-9 relative so that float rounding cannot
+-- drop a document; the result is the exact ranking of memory.lexical_search_exact.
+CREATE OR REPLACE FUNCTION memory.lexical_search(
+    query text,
+    project text DEFAULT NULL,
+    levels text[] DEFAULT NULL,
+    k integer DEFAULT 50,
+    k1 double precision DEFAULT 1.2,
+    b double precision DEFAULT 0.75
+)
+RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    pid integer := memory.project_id(project);
+    lv text[] := memory.check_levels(levels);
+    terms text[];
+    n double precision;
+    avgdl double precision;
+    -- per term, ordered by bound ascending (the most frequent terms first)
+    t_lex text[];
+    t_w double precision[];
+    t_ub double precision[];
+    t_df bigint[];
+    total_df bigint;
+    m integer;
+    seed text[];
+    seed_w double precision[];
+    seed_df bigint := 0;
+    theta double precision;
+    skipped double precision := 0;
+    ne integer := 0;  -- the first ne terms (bound order) are non-essential
+    below double precision[] := '{}';
+    c_id bigint[];  -- candidates: node, project, partial score
+    c_proj integer[];
+    c_ps double precision[];
+    i integer;
+BEGIN
+    IF query IS NULL OR btrim(query) = '' THEN
+        RAISE EXCEPTION 'query must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF k IS NULL OR k < 1 THEN
+        RAISE EXCEPTION 'k must be >= 1, got %', k USING ERRCODE = '22023';
+    END IF;
+    IF k1 IS NULL OR k1 < 0 OR b IS NULL OR b < 0 OR b > 1 THEN
+        RAISE EXCEPTION 'k1 must be >= 0 and b within [0, 1] (got %, %)', k1, b USING ERRCODE = '22023';
+    END IF;
+    terms := tsvector_to_array(to_tsvector('english'::regconfig, query));
+    SELECT sum(c.n_docs), sum(c.total_len)::double precision / nullif(sum(c.n_docs), 0)
+      INTO n, avgdl
+      FROM memory.corpus_stats c WHERE pid IS NULL OR c.project_id = pid;
+    IF cardinality(terms) = 0 OR coalesce(n, 0) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(s.lexeme ORDER BY s.ub, s.lexeme), array_agg(s.w ORDER BY s.ub, s.lexeme),
+           array_agg(s.ub ORDER BY s.ub, s.lexeme), array_agg(s.df ORDER BY s.ub, s.lexeme),
+           sum(s.df)
+      INTO t_lex, t_w, t_ub, t_df, total_df
+      FROM (SELECT g.lexeme, g.w, g.df,
+                   -- the largest weight any posting can have: tf -> max_tf, dl/tf -> min_dl_per_tf
+                   g.w * CASE WHEN g.unknown THEN k1 + 1
+                              ELSE (k1 + 1) / (1 + k1 * (1 - b) / g.max_tf + k1 * b * g.min_ratio / avgdl)
+                         END * (1 + 1e-9) AS ub
+            FROM (SELECT t.lexeme, sum(t.df) AS df,
+                         ln(1 + (n - sum(t.df) + 0.5) / (sum(t.df) + 0.5)) AS w,
+                         bool_or(t.max_tf < 1) AS unknown,  -- no bound recorded: the loosest one
+                         max(t.max_tf) AS max_tf, min(t.min_dl_per_tf) AS min_ratio
+                  FROM memory.term_stats t
+                  WHERE t.lexeme = ANY (terms) AND (pid IS NULL OR t.project_id = pid)
+                  GROUP BY t.lexeme) g) s;
+    m := coalesce(cardinality(t_lex), 0);
+    IF m = 0 THEN
+        RETURN;
+    END IF;
+    -- Few postings in all: scoring them all is as cheap as pruning.
+    IF m = 1 OR total_df <= 4 * k + 256 THEN
+        RETURN QUERY SELECT * FROM memory.lexical_search_exact(query, project, levels, k, k1, b);
+        RETURN;
+    END IF;
+    -- Seed: the highest-bound (rarest) terms, until their postings could fill k twice.
+    FOR i IN REVERSE m .. 1 LOOP
+        seed := seed || t_lex[i];
+        seed_w := seed_w || t_w[i];
+        seed_df := seed_df + t_df[i];
+        EXIT WHEN seed_df >= 2 * k OR i = 2;
+    END LOOP;
+    SELECT ps.s INTO theta
+      FROM (SELECT sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS s
+            FROM unnest(seed, seed_w) AS w(lexeme, w)
+            JOIN memory.postings p ON p.lexeme = w.lexeme
+            WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
+            GROUP BY p.node_id) ps
+      ORDER BY ps.s DESC OFFSET k - 1 LIMIT 1;
+    theta := coalesce(theta, 0) * (1 - 1e-9);
+    -- Non-essential: the longest prefix of low-bound terms whose bounds sum below theta.
+    WHILE ne < m - 1 AND skipped + t_ub[ne + 1] < theta LOOP
+        ne := ne + 1;
+        skipped := skipped + t_ub[ne];
+    END LOOP;
+    IF ne = 0 THEN
+        RETURN QUERY SELECT * FROM memory.lexical_search_exact(query, project, levels, k, k1, b);
+        RETURN;
+    END IF;
+    FOR i IN 1 .. m LOOP
+        below[i] := coalesce(below[i - 1], 0) + t_ub[i];  -- bound of the terms 1..i together
+    END LOOP;
+    -- Partial scores over the essential terms: every document that can reach theta.
+    SELECT array_agg(e.id), array_agg(e.proj), array_agg(e.ps)
+      INTO c_id, c_proj, c_ps
+      FROM (SELECT p.node_id AS id, p.project_id AS proj,
+                   sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS ps
+            FROM unnest(t_lex[ne + 1:], t_w[ne + 1:]) AS w(lexeme, w)
+            JOIN memory.postings p ON p.lexeme = w.lexeme
+            WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
+            GROUP BY p.node_id, p.project_id) e;
+    -- Then the non-essential terms, highest bound first. Before each, drop the candidates
+    -- that cannot reach theta even with every remaining term; after each, raise theta to
+    -- the k-th best partial score (a partial score never exceeds the full one).
+    FOR j IN REVERSE ne .. 1 LOOP
+        SELECT greatest(theta, coalesce(x.ps, 0) * (1 - 1e-9)) INTO theta
+          FROM (SELECT u.ps FROM unnest(c_ps) u(ps) ORDER BY u.ps DESC OFFSET k - 1 LIMIT 1) x;
+        IF t_df[j] <= 4 * coalesce(cardinality(c_id), 0) THEN
+            -- a short list: read it whole
+            SELECT array_agg(c.id), array_agg(c.proj), array_agg(c.ps + coalesce(x.s, 0))
+              INTO c_id, c_proj, c_ps
+              FROM unnest(c_id, c_proj, c_ps) AS c(id, proj, ps)
+              LEFT JOIN (SELECT p.node_id, p.project_id,
+                                t_w[j] * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl)) AS s
+                         FROM memory.postings p
+                         WHERE p.lexeme = t_lex[j] AND (pid IS NULL OR p.project_id = pid)) x
+                ON x.node_id = c.id AND x.project_id = c.proj
+             WHERE c.ps + below[j] >= theta;
+        ELSE
+            -- a long list: probe it for the surviving candidates only
+            SELECT array_agg(c.id), array_agg(c.proj), array_agg(c.ps + coalesce(x.s, 0))
+              INTO c_id, c_proj, c_ps
+              FROM unnest(c_id, c_proj, c_ps) AS c(id, proj, ps)
+              LEFT JOIN LATERAL (
+                  SELECT t_w[j] * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl)) AS s
+                  FROM memory.postings p
+                  WHERE p.lexeme = t_lex[j] AND p.project_id = c.proj AND p.node_id = c.id
+                  LIMIT 1) x ON true
+             WHERE c.ps + below[j] >= theta;
+        END IF;
+    END LOOP;
+    RETURN QUERY
+    SELECT c.id, (row_number() OVER (ORDER BY c.ps DESC, c.id))::integer, c.ps
+    FROM unnest(c_id, c_ps) AS c(id, ps)
+    ORDER BY c.ps DESC, c.id
+    LIMIT k;
+END $$;
 COMMENT ON FUNCTION memory.lexical_search(text, text, text[], integer, double precision, double precision) IS
-    'BM25 (Okapi, k1/b tunable, Lucene IDF) over title, breadcrumb and text with per-project statistics. Disjunctive: any query term can match. Returns node ids ranked 1..k.';
+    'BM25 (Okapi, k1/b tunable, Lucene IDF) over title, breadcrumb and text with per-project statistics. Disjunctive: any query term can match. Returns node ids ranked 1..k, exactly as memory.lexical_search_exact, but skips the postings that cannot reach the top k (MaxScore over per-term score bounds).';
+
+CREATE OR REPLACE FUNCTION memory.refresh_lexical_bounds(project text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    pid integer := memory.project_id(project);
+    changed bigint;
+BEGIN
+    -- Deletes and updates leave max_tf/min_dl_per_tf valid but possibly loose; recompute
+    -- them from the postings (sorted, so concurrent refreshes lock rows in one order).
+    WITH fresh AS (
+        SELECT p.project_id, p.lexeme, max(p.tf) AS max_tf,
+               min(p.dl::double precision / greatest(p.tf, 1)) AS min_ratio
+        FROM memory.postings p
+        WHERE pid IS NULL OR p.project_id = pid
+        GROUP BY 1, 2 ORDER BY 1, 2
+    )
+    UPDATE memory.term_stats t
+    SET max_tf = f.max_tf, min_dl_per_tf = f.min_ratio
+    FROM fresh f
+    WHERE t.project_id = f.project_id AND t.lexeme = f.lexeme
+      AND (t.max_tf, t.min_dl_per_tf) IS DISTINCT FROM (f.max_tf, f.min_ratio);
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    RETURN changed;
+END $$;
+COMMENT ON FUNCTION memory.refresh_lexical_bounds(text) IS
+    'Recomputes the per-term score bounds (max tf, min dl/tf) that pruned BM25 uses, for one project or all; returns the number of terms whose bounds tightened. Writes keep the bounds valid; deletes and updates only loosen them, so run this after large deletions.';
