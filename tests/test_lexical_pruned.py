@@ -53,7 +53,9 @@ def zipf_texts(n: int, length: tuple[int, int], seed: int, vocab: int = 800) -> 
 
 
 def load(conn: Conn, project: str, texts: list[str], levels: list[str]) -> None:
-    conn.execute("INSERT INTO memory.projects (name) VALUES (%s) ON CONFLICT DO NOTHING", (project,))
+    conn.execute(
+        "INSERT INTO memory.projects (name) VALUES (%s) ON CONFLICT DO NOTHING", (project,)
+    )
     tag = uuid.uuid4().hex
     conn.execute(INSERT, {"tag": tag, "project": project, "texts": texts, "levels": levels})
 
@@ -73,9 +75,7 @@ def assert_same_ranking(conn: Conn, query: str, project: str | None, levels: Any
 
 
 @pytest.fixture(scope="module")
-def zipf_db(
-    cluster: Cluster, admin: psycopg.Connection[Any], plpython_root: Path
-) -> Iterator[str]:
+def zipf_db(cluster: Cluster, admin: psycopg.Connection[Any], plpython_root: Path) -> Iterator[str]:
     name = f"t_zipf_{uuid.uuid4().hex[:8]}"
     admin.execute(f"CREATE DATABASE {name}")
     try:
@@ -83,7 +83,9 @@ def zipf_db(
             migrate(conn, plpython_root)
             rng = np.random.default_rng(1)
             texts = zipf_texts(6000, (10, 60), seed=1)
-            levels = [str(x) for x in rng.choice(["L0", "L1", "L2"], len(texts), p=[0.7, 0.25, 0.05])]
+            levels = [
+                str(x) for x in rng.choice(["L0", "L1", "L2"], len(texts), p=[0.7, 0.25, 0.05])
+            ]
             load(conn, "big", texts[:5400], levels[:5400])
             load(conn, "small", texts[5400:], levels[5400:])
             conn.execute("ANALYZE memory.postings")
@@ -100,7 +102,8 @@ def queries(n: int, seed: int) -> list[str]:
 def test_pruning_engages_and_bounds_hold(zipf_db: str) -> None:
     with connect(zipf_db, autocommit=True) as conn:
         bad = conn.execute(
-            "SELECT count(*) FROM memory.postings p JOIN memory.term_stats t USING (project_id, lexeme) "
+            "SELECT count(*) FROM memory.postings p "
+            "JOIN memory.term_stats t USING (project_id, lexeme) "
             "WHERE p.tf > t.max_tf OR p.dl::float8 / p.tf < t.min_dl_per_tf"
         ).fetchone()
         assert bad == (0,)
@@ -132,9 +135,7 @@ def test_pruned_equals_exact_after_deletes_and_updates(zipf_db: str) -> None:
             "DELETE FROM memory.nodes WHERE id IN (SELECT p.node_id FROM memory.postings p "
             "JOIN memory.term_stats t USING (project_id, lexeme) WHERE p.tf = t.max_tf LIMIT 300)"
         )
-        conn.execute(
-            "UPDATE memory.nodes SET text = text || ' ' || text WHERE id % 7 = 0"
-        )
+        conn.execute("UPDATE memory.nodes SET text = text || ' ' || text WHERE id % 7 = 0")
         qs = queries(40, seed=9)
         for text in qs:
             assert_same_ranking(conn, text, None, None, 10)
@@ -154,12 +155,15 @@ def test_pruned_equals_exact_on_scifact(
     try:
         with connect(cluster.url(name), autocommit=True) as conn:
             migrate(conn, plpython_root)
-            nodes = [json.loads(line) for line in (SCIFACT / "nodes.jsonl").read_text().splitlines()]
+            nodes = [
+                json.loads(line) for line in (SCIFACT / "nodes.jsonl").read_text().splitlines()
+            ]
             texts = [((n.get("title") or "") + " " + n["text"]).strip() for n in nodes]
             load(conn, "scifact", texts, ["L0"] * len(texts))
             conn.execute("ANALYZE memory.postings")
             claims = [
-                json.loads(line)["text"] for line in (SCIFACT / "queries-train.jsonl").read_text().splitlines()
+                json.loads(line)["text"]
+                for line in (SCIFACT / "queries-train.jsonl").read_text().splitlines()
             ]
             for i, claim in enumerate(claims):
                 assert_same_ranking(conn, claim, "scifact" if i % 2 else None, None, 10)
