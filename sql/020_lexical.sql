@@ -202,15 +202,28 @@ END $$;
 COMMENT ON FUNCTION memory.lexical_search_exact(text, text, text[], integer, double precision, double precision) IS
     'Exhaustive BM25, the reference for memory.lexical_search: scores every posting of every query term. Same arguments, same ranking (score descending, then node id).';
 
--- Pruned top-k (MaxScore over per-term score bounds). With the terms ordered by their
--- bound, a document that contains none of the "essential" terms scores at most the sum of
--- the other terms' bounds; once that sum is below a proven lower bound theta of the k-th
--- best score, such documents cannot make the top k and their (long) posting lists are
--- never scanned. theta comes from the partial scores of the rarest terms' postings (a
--- partial score never exceeds the full one). Only candidates whose partial score plus the
--- skipped terms' bounds still reaches theta are scored in full, by primary-key probes.
--- Bounds are inflated and theta deflated by 1e-9 relative so that float rounding cannot
--- drop a document; the result is the exact ranking of memory.lexical_search_exact.
+-- The k-th largest value, deflated by 1e-9 relative (float rounding must never make a
+-- lower bound of a score exceed the score); 0 when there are fewer than k values.
+CREATE OR REPLACE FUNCTION memory.lexical_kth(vals double precision[], k integer)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN coalesce((SELECT v FROM unnest(vals) AS u(v) ORDER BY v DESC OFFSET k - 1 LIMIT 1), 0)
+       * (1 - 1e-9);
+COMMENT ON FUNCTION memory.lexical_kth(double precision[], integer) IS
+    'Helper of memory.lexical_search: the k-th largest element of vals, deflated by 1e-9 relative, or 0.';
+
+-- Pruned top-k: MaxScore over per-term score bounds, term at a time. Terms are ordered by
+-- their bound (the largest weight any of their postings can have under the current
+-- statistics). The rarest terms are scored first; the k-th best partial score so far is a
+-- proven lower bound theta of the k-th best full score (a partial score never exceeds the
+-- full one). A document that contains none of the remaining terms' "essential" part scores
+-- at most the sum of the other terms' bounds: once that sum is below theta, such documents
+-- cannot make the top k and those (long, frequent-term) posting lists are only read for the
+-- candidates whose partial score plus the remaining bounds still reaches theta: whole when
+-- short against the candidates, by primary-key probes otherwise. Bounds are inflated and
+-- theta deflated by 1e-9 relative so float rounding cannot drop a document: the ranking is
+-- memory.lexical_search_exact's.
 CREATE OR REPLACE FUNCTION memory.lexical_search(
     query text,
     project text DEFAULT NULL,
@@ -237,11 +250,9 @@ DECLARE
     t_df bigint[];
     total_df bigint;
     m integer;
-    seed text[];
-    seed_w double precision[];
     seed_df bigint := 0;
     theta double precision;
-    skipped double precision := 0;
+    s0 integer;  -- the terms s0..m (bound order) seed the candidates
     ne integer := 0;  -- the first ne terms (bound order) are non-essential
     below double precision[] := '{}';
     c_id bigint[];  -- candidates: node, project, partial score
@@ -290,50 +301,56 @@ BEGIN
         RETURN QUERY SELECT * FROM memory.lexical_search_exact(query, project, levels, k, k1, b);
         RETURN;
     END IF;
-    -- Seed: the highest-bound (rarest) terms, until their postings could fill k twice.
-    FOR i IN REVERSE m .. 1 LOOP
-        seed := seed || t_lex[i];
-        seed_w := seed_w || t_w[i];
-        seed_df := seed_df + t_df[i];
-        EXIT WHEN seed_df >= 2 * k OR i = 2;
+    -- Seed: the highest-bound (rarest) terms, while their postings stay few. Their partial
+    -- scores are the first candidates, and the k-th best of them is the first theta.
+    s0 := m;
+    seed_df := t_df[m];
+    WHILE s0 > 2 AND seed_df + t_df[s0 - 1] <= greatest(2 * k, 2048) LOOP
+        s0 := s0 - 1;
+        seed_df := seed_df + t_df[s0];
     END LOOP;
-    SELECT ps.s INTO theta
-      FROM (SELECT sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS s
-            FROM unnest(seed, seed_w) AS w(lexeme, w)
-            JOIN memory.postings p ON p.lexeme = w.lexeme
-            WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
-            GROUP BY p.node_id) ps
-      ORDER BY ps.s DESC OFFSET k - 1 LIMIT 1;
-    theta := coalesce(theta, 0) * (1 - 1e-9);
-    -- Non-essential: the longest prefix of low-bound terms whose bounds sum below theta.
-    WHILE ne < m - 1 AND skipped + t_ub[ne + 1] < theta LOOP
-        ne := ne + 1;
-        skipped := skipped + t_ub[ne];
-    END LOOP;
-    IF ne = 0 THEN
-        RETURN QUERY SELECT * FROM memory.lexical_search_exact(query, project, levels, k, k1, b);
-        RETURN;
-    END IF;
-    FOR i IN 1 .. m LOOP
-        below[i] := coalesce(below[i - 1], 0) + t_ub[i];  -- bound of the terms 1..i together
-    END LOOP;
-    -- Partial scores over the essential terms: every document that can reach theta.
     SELECT array_agg(e.id), array_agg(e.proj), array_agg(e.ps)
       INTO c_id, c_proj, c_ps
       FROM (SELECT p.node_id AS id, p.project_id AS proj,
                    sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS ps
-            FROM unnest(t_lex[ne + 1:], t_w[ne + 1:]) AS w(lexeme, w)
+            FROM unnest(t_lex[s0:], t_w[s0:]) AS w(lexeme, w)
             JOIN memory.postings p ON p.lexeme = w.lexeme
             WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
             GROUP BY p.node_id, p.project_id) e;
+    theta := memory.lexical_kth(c_ps, k);
+    -- Non-essential: the longest prefix of low-bound terms whose bounds sum below theta.
+    FOR i IN 1 .. m LOOP
+        below[i] := coalesce(below[i - 1], 0) + t_ub[i];  -- bound of the terms 1..i together
+    END LOOP;
+    WHILE ne < s0 - 1 AND below[ne + 1] < theta LOOP
+        ne := ne + 1;
+    END LOOP;
+    IF ne < s0 - 1 THEN
+        -- The other essential terms: their documents join the candidates.
+        SELECT array_agg(coalesce(c.id, x.id)), array_agg(coalesce(c.proj, x.proj)),
+               array_agg(coalesce(c.ps, 0) + coalesce(x.ps, 0))
+          INTO c_id, c_proj, c_ps
+          FROM unnest(c_id, c_proj, c_ps) AS c(id, proj, ps)
+          FULL JOIN (SELECT p.node_id AS id, p.project_id AS proj,
+                            sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS ps
+                     FROM unnest(t_lex[ne + 1:s0 - 1], t_w[ne + 1:s0 - 1]) AS w(lexeme, w)
+                     JOIN memory.postings p ON p.lexeme = w.lexeme
+                     WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
+                     GROUP BY p.node_id, p.project_id) x
+            ON x.id = c.id AND x.proj = c.proj;
+        theta := greatest(theta, memory.lexical_kth(c_ps, k));
+    END IF;
     -- Then the non-essential terms, highest bound first. Before each, drop the candidates
     -- that cannot reach theta even with every remaining term; after each, raise theta to
     -- the k-th best partial score (a partial score never exceeds the full one).
     FOR j IN REVERSE ne .. 1 LOOP
-        SELECT greatest(theta, coalesce(x.ps, 0) * (1 - 1e-9)) INTO theta
-          FROM (SELECT u.ps FROM unnest(c_ps) u(ps) ORDER BY u.ps DESC OFFSET k - 1 LIMIT 1) x;
-        IF t_df[j] <= 4 * coalesce(cardinality(c_id), 0) THEN
-            -- a short list: read it whole
+        SELECT array_agg(c.id), array_agg(c.proj), array_agg(c.ps)
+          INTO c_id, c_proj, c_ps
+          FROM unnest(c_id, c_proj, c_ps) AS c(id, proj, ps)
+         WHERE c.ps + below[j] >= theta;
+        EXIT WHEN c_id IS NULL;
+        IF t_df[j] <= 16 * cardinality(c_id) THEN
+            -- a list short against the candidates: read it whole
             SELECT array_agg(c.id), array_agg(c.proj), array_agg(c.ps + coalesce(x.s, 0))
               INTO c_id, c_proj, c_ps
               FROM unnest(c_id, c_proj, c_ps) AS c(id, proj, ps)
@@ -341,8 +358,7 @@ BEGIN
                                 t_w[j] * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl)) AS s
                          FROM memory.postings p
                          WHERE p.lexeme = t_lex[j] AND (pid IS NULL OR p.project_id = pid)) x
-                ON x.node_id = c.id AND x.project_id = c.proj
-             WHERE c.ps + below[j] >= theta;
+                ON x.node_id = c.id AND x.project_id = c.proj;
         ELSE
             -- a long list: probe it for the surviving candidates only
             SELECT array_agg(c.id), array_agg(c.proj), array_agg(c.ps + coalesce(x.s, 0))
@@ -352,8 +368,10 @@ BEGIN
                   SELECT t_w[j] * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl)) AS s
                   FROM memory.postings p
                   WHERE p.lexeme = t_lex[j] AND p.project_id = c.proj AND p.node_id = c.id
-                  LIMIT 1) x ON true
-             WHERE c.ps + below[j] >= theta;
+                  LIMIT 1) x ON true;
+        END IF;
+        IF j > 1 THEN
+            theta := greatest(theta, memory.lexical_kth(c_ps, k));
         END IF;
     END LOOP;
     RETURN QUERY
