@@ -17,6 +17,7 @@ COMMENT ON FUNCTION memory.lexical_document(text, text[], text) IS
 CREATE OR REPLACE FUNCTION memory.nodes_lexical_row()
 RETURNS trigger
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     NEW.tsv := memory.lexical_document(NEW.title, NEW.breadcrumb, NEW.text);
@@ -131,6 +132,17 @@ BEGIN
     TRUNCATE memory.postings, memory.term_stats, memory.corpus_stats;
     RETURN NULL;
 END $$;
+
+COMMENT ON FUNCTION memory.nodes_lexical_row() IS
+    'Row trigger: computes a node''s tsvector and BM25 length (lex_len) from title, breadcrumb and text.';
+COMMENT ON FUNCTION memory.nodes_lexical_insert() IS
+    'Statement trigger: adds the inserted nodes'' postings, document frequencies, score bounds and corpus sizes.';
+COMMENT ON FUNCTION memory.nodes_lexical_delete() IS
+    'Statement trigger: removes the deleted nodes'' postings and statistics (score bounds stay valid, possibly loose).';
+COMMENT ON FUNCTION memory.nodes_lexical_update() IS
+    'Statement trigger: replaces the statistics of nodes whose lexical content, project or level changed.';
+COMMENT ON FUNCTION memory.nodes_lexical_truncate() IS
+    'Statement trigger: empties the BM25 statistics with the nodes.';
 
 CREATE OR REPLACE TRIGGER nodes_lexical_row
     BEFORE INSERT OR UPDATE OF title, breadcrumb, text ON memory.nodes
