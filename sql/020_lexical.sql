@@ -2,6 +2,9 @@
 -- kept exact by statement-level triggers, so inserts, updates, deletes and TRUNCATE never
 -- drift the IDF. Term frequencies come from tsvector positions, which PostgreSQL caps at
 -- 256 per lexeme (and positions at 16383): beyond that a term's tf is under-counted.
+-- term_stats also carries, per (project, lexeme), the largest tf and the smallest dl/tf of
+-- its postings (migration 0004): together they bound any posting's BM25 weight, which is
+-- what lets memory.lexical_search skip postings that cannot reach the top k (MaxScore).
 
 CREATE OR REPLACE FUNCTION memory.lexical_document(title text, breadcrumb text[], body text)
 RETURNS tsvector
@@ -14,6 +17,7 @@ COMMENT ON FUNCTION memory.lexical_document(text, text[], text) IS
 CREATE OR REPLACE FUNCTION memory.nodes_lexical_row()
 RETURNS trigger
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     NEW.tsv := memory.lexical_document(NEW.title, NEW.breadcrumb, NEW.text);
@@ -32,11 +36,15 @@ BEGIN
     SELECT u.lexeme, n.project_id, n.id, n.level, cardinality(u.positions), n.lex_len
     FROM new_rows n, unnest(n.tsv) u;
     -- Sorted upserts take row locks in one order, so concurrent ingests cannot deadlock.
-    INSERT INTO memory.term_stats AS t (project_id, lexeme, df)
-    SELECT n.project_id, u.lexeme, count(*)
+    INSERT INTO memory.term_stats AS t (project_id, lexeme, df, max_tf, min_dl_per_tf)
+    SELECT n.project_id, u.lexeme, count(*), max(cardinality(u.positions)),
+           min(n.lex_len::double precision / greatest(cardinality(u.positions), 1))
     FROM new_rows n, unnest(n.tsv) u
     GROUP BY 1, 2 ORDER BY 1, 2
-    ON CONFLICT (project_id, lexeme) DO UPDATE SET df = t.df + EXCLUDED.df;
+    ON CONFLICT (project_id, lexeme) DO UPDATE
+        SET df = t.df + EXCLUDED.df,
+            max_tf = greatest(t.max_tf, EXCLUDED.max_tf),
+            min_dl_per_tf = least(t.min_dl_per_tf, EXCLUDED.min_dl_per_tf);
     INSERT INTO memory.corpus_stats AS c (project_id, n_docs, total_len)
     SELECT project_id, count(*), sum(lex_len) FROM new_rows GROUP BY 1 ORDER BY 1
     ON CONFLICT (project_id) DO UPDATE
@@ -95,11 +103,16 @@ BEGIN
     INSERT INTO memory.postings (lexeme, project_id, node_id, level, tf, dl)
     SELECT u.lexeme, n.project_id, n.id, n.level, cardinality(u.positions), n.lex_len
     FROM new_rows n, unnest(n.tsv) u WHERE n.id = ANY (changed);
-    INSERT INTO memory.term_stats AS t (project_id, lexeme, df)
-    SELECT n.project_id, u.lexeme, count(*) FROM new_rows n, unnest(n.tsv) u
+    INSERT INTO memory.term_stats AS t (project_id, lexeme, df, max_tf, min_dl_per_tf)
+    SELECT n.project_id, u.lexeme, count(*), max(cardinality(u.positions)),
+           min(n.lex_len::double precision / greatest(cardinality(u.positions), 1))
+    FROM new_rows n, unnest(n.tsv) u
     WHERE n.id = ANY (changed)
     GROUP BY 1, 2 ORDER BY 1, 2
-    ON CONFLICT (project_id, lexeme) DO UPDATE SET df = t.df + EXCLUDED.df;
+    ON CONFLICT (project_id, lexeme) DO UPDATE
+        SET df = t.df + EXCLUDED.df,
+            max_tf = greatest(t.max_tf, EXCLUDED.max_tf),
+            min_dl_per_tf = least(t.min_dl_per_tf, EXCLUDED.min_dl_per_tf);
     DELETE FROM memory.term_stats WHERE df = 0;
     INSERT INTO memory.corpus_stats AS c (project_id, n_docs, total_len)
     SELECT project_id, count(*), sum(lex_len) FROM new_rows WHERE id = ANY (changed)
@@ -120,6 +133,17 @@ BEGIN
     RETURN NULL;
 END $$;
 
+COMMENT ON FUNCTION memory.nodes_lexical_row() IS
+    'Row trigger: computes a node''s tsvector and BM25 length (lex_len) from title, breadcrumb and text.';
+COMMENT ON FUNCTION memory.nodes_lexical_insert() IS
+    'Statement trigger: adds the inserted nodes'' postings, document frequencies, score bounds and corpus sizes.';
+COMMENT ON FUNCTION memory.nodes_lexical_delete() IS
+    'Statement trigger: removes the deleted nodes'' postings and statistics (score bounds stay valid, possibly loose).';
+COMMENT ON FUNCTION memory.nodes_lexical_update() IS
+    'Statement trigger: replaces the statistics of nodes whose lexical content, project or level changed.';
+COMMENT ON FUNCTION memory.nodes_lexical_truncate() IS
+    'Statement trigger: empties the BM25 statistics with the nodes.';
+
 CREATE OR REPLACE TRIGGER nodes_lexical_row
     BEFORE INSERT OR UPDATE OF title, breadcrumb, text ON memory.nodes
     FOR EACH ROW EXECUTE FUNCTION memory.nodes_lexical_row();
@@ -136,7 +160,7 @@ CREATE OR REPLACE TRIGGER nodes_lexical_truncate
     AFTER TRUNCATE ON memory.nodes
     FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_truncate();
 
-CREATE OR REPLACE FUNCTION memory.lexical_search(
+CREATE OR REPLACE FUNCTION memory.lexical_search_exact(
     query text,
     project text DEFAULT NULL,
     levels text[] DEFAULT NULL,
@@ -146,7 +170,7 @@ CREATE OR REPLACE FUNCTION memory.lexical_search(
 )
 RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, public, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -187,5 +211,227 @@ BEGIN
     ORDER BY s.score DESC, s.id
     LIMIT k;
 END $$;
+COMMENT ON FUNCTION memory.lexical_search_exact(text, text, text[], integer, double precision, double precision) IS
+    'Exhaustive BM25, the reference for memory.lexical_search: scores every posting of every query term. Same arguments, same ranking (score descending, then node id).';
+
+-- The k-th largest value, deflated by 1e-9 relative (float rounding must never make a
+-- lower bound of a score exceed the score); 0 when there are fewer than k values.
+CREATE OR REPLACE FUNCTION memory.lexical_kth(vals double precision[], k integer)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN coalesce((SELECT v FROM unnest(vals) AS u(v) ORDER BY v DESC OFFSET k - 1 LIMIT 1), 0)
+       * (1 - 1e-9);
+COMMENT ON FUNCTION memory.lexical_kth(double precision[], integer) IS
+    'Helper of memory.lexical_search: the k-th largest element of vals, deflated by 1e-9 relative, or 0.';
+
+-- Pruned top-k: MaxScore over per-term score bounds, term at a time. Terms are ordered by
+-- their bound (the largest weight any of their postings can have under the current
+-- statistics). The rarest terms are scored first; the k-th best partial score so far is a
+-- proven lower bound theta of the k-th best full score (a partial score never exceeds the
+-- full one). A document that contains none of the remaining terms' "essential" part scores
+-- at most the sum of the other terms' bounds: once that sum is below theta, such documents
+-- cannot make the top k and those (long, frequent-term) posting lists are only read for the
+-- candidates whose partial score plus the remaining bounds still reaches theta: whole when
+-- short against the candidates, by primary-key probes otherwise. Bounds are inflated and
+-- theta deflated by 1e-9 relative so float rounding cannot drop a document: the ranking is
+-- memory.lexical_search_exact's.
+CREATE OR REPLACE FUNCTION memory.lexical_search(
+    query text,
+    project text DEFAULT NULL,
+    levels text[] DEFAULT NULL,
+    k integer DEFAULT 50,
+    k1 double precision DEFAULT 1.2,
+    b double precision DEFAULT 0.75
+)
+RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    pid integer := memory.project_id(project);
+    lv text[] := memory.check_levels(levels);
+    terms text[];
+    n double precision;
+    avgdl double precision;
+    -- per term, ordered by bound ascending (the most frequent terms first)
+    t_lex text[];
+    t_w double precision[];
+    t_ub double precision[];
+    t_df bigint[];
+    total_df bigint;
+    m integer;
+    seed_df bigint := 0;
+    theta double precision;
+    s0 integer;  -- the terms s0..m (bound order) seed the candidates
+    ne integer := 0;  -- the first ne terms (bound order) are non-essential
+    below double precision[] := '{}';
+    c_id bigint[];  -- candidates: node, project, partial score
+    c_proj integer[];
+    c_ps double precision[];
+    i integer;
+BEGIN
+    IF query IS NULL OR btrim(query) = '' THEN
+        RAISE EXCEPTION 'query must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF k IS NULL OR k < 1 THEN
+        RAISE EXCEPTION 'k must be >= 1, got %', k USING ERRCODE = '22023';
+    END IF;
+    IF k1 IS NULL OR k1 < 0 OR b IS NULL OR b < 0 OR b > 1 THEN
+        RAISE EXCEPTION 'k1 must be >= 0 and b within [0, 1] (got %, %)', k1, b USING ERRCODE = '22023';
+    END IF;
+    terms := tsvector_to_array(to_tsvector('english'::regconfig, query));
+    SELECT sum(c.n_docs), sum(c.total_len)::double precision / nullif(sum(c.n_docs), 0)
+      INTO n, avgdl
+      FROM memory.corpus_stats c WHERE pid IS NULL OR c.project_id = pid;
+    IF cardinality(terms) = 0 OR coalesce(n, 0) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(s.lexeme ORDER BY s.ub, s.lexeme), array_agg(s.w ORDER BY s.ub, s.lexeme),
+           array_agg(s.ub ORDER BY s.ub, s.lexeme), array_agg(s.df ORDER BY s.ub, s.lexeme),
+           sum(s.df)
+      INTO t_lex, t_w, t_ub, t_df, total_df
+      FROM (SELECT g.lexeme, g.w, g.df,
+                   -- the largest weight any posting can have: tf -> max_tf, dl/tf -> min_dl_per_tf
+                   g.w * CASE WHEN g.unknown THEN k1 + 1
+                              ELSE (k1 + 1) / (1 + k1 * (1 - b) / g.max_tf + k1 * b * g.min_ratio / avgdl)
+                         END * (1 + 1e-9) AS ub
+            FROM (SELECT t.lexeme, sum(t.df) AS df,
+                         ln(1 + (n - sum(t.df) + 0.5) / (sum(t.df) + 0.5)) AS w,
+                         bool_or(t.max_tf < 1) AS unknown,  -- no bound recorded: the loosest one
+                         max(t.max_tf) AS max_tf, min(t.min_dl_per_tf) AS min_ratio
+                  FROM memory.term_stats t
+                  WHERE t.lexeme = ANY (terms) AND (pid IS NULL OR t.project_id = pid)
+                  GROUP BY t.lexeme) g) s;
+    m := coalesce(cardinality(t_lex), 0);
+    IF m = 0 THEN
+        RETURN;
+    END IF;
+    -- Few postings in all (measured on SciFact: a claim's median is 3.2k): scoring them all
+    -- is cheaper than the pruning's extra statements.
+    IF m = 1 OR total_df <= 4 * k + 6000 THEN
+        -- exhaustive, as memory.lexical_search_exact (statistics already at hand)
+        RETURN QUERY
+        SELECT s.id, (row_number() OVER (ORDER BY s.score DESC, s.id))::integer, s.score
+        FROM (SELECT p.node_id AS id,
+                     sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS score
+              FROM unnest(t_lex, t_w) AS w(lexeme, w)
+              JOIN memory.postings p ON p.lexeme = w.lexeme
+              WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
+              GROUP BY p.node_id) s
+        ORDER BY s.score DESC, s.id
+        LIMIT k;
+        RETURN;
+    END IF;
+    -- Seed: the highest-bound (rarest) terms, while their postings stay few. Their partial
+    -- scores are the first candidates, and the k-th best of them is the first theta.
+    s0 := m;
+    seed_df := t_df[m];
+    WHILE s0 > 2 AND seed_df + t_df[s0 - 1] <= greatest(2 * k, 2048) LOOP
+        s0 := s0 - 1;
+        seed_df := seed_df + t_df[s0];
+    END LOOP;
+    SELECT array_agg(e.id), array_agg(e.proj), array_agg(e.ps)
+      INTO c_id, c_proj, c_ps
+      FROM (SELECT p.node_id AS id, p.project_id AS proj,
+                   sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS ps
+            FROM unnest(t_lex[s0:], t_w[s0:]) AS w(lexeme, w)
+            JOIN memory.postings p ON p.lexeme = w.lexeme
+            WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
+            GROUP BY p.node_id, p.project_id) e;
+    theta := memory.lexical_kth(c_ps, k);
+    -- Non-essential: the longest prefix of low-bound terms whose bounds sum below theta.
+    FOR i IN 1 .. m LOOP
+        below[i] := coalesce(below[i - 1], 0) + t_ub[i];  -- bound of the terms 1..i together
+    END LOOP;
+    WHILE ne < s0 - 1 AND below[ne + 1] < theta LOOP
+        ne := ne + 1;
+    END LOOP;
+    IF ne < s0 - 1 THEN
+        -- The other essential terms: their documents join the candidates.
+        SELECT array_agg(coalesce(c.id, x.id)), array_agg(coalesce(c.proj, x.proj)),
+               array_agg(coalesce(c.ps, 0) + coalesce(x.ps, 0))
+          INTO c_id, c_proj, c_ps
+          FROM unnest(c_id, c_proj, c_ps) AS c(id, proj, ps)
+          FULL JOIN (SELECT p.node_id AS id, p.project_id AS proj,
+                            sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS ps
+                     FROM unnest(t_lex[ne + 1:s0 - 1], t_w[ne + 1:s0 - 1]) AS w(lexeme, w)
+                     JOIN memory.postings p ON p.lexeme = w.lexeme
+                     WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
+                     GROUP BY p.node_id, p.project_id) x
+            ON x.id = c.id AND x.proj = c.proj;
+        theta := greatest(theta, memory.lexical_kth(c_ps, k));
+    END IF;
+    -- Then the non-essential terms, highest bound first. Before each, drop the candidates
+    -- that cannot reach theta even with every remaining term; after each, raise theta to
+    -- the k-th best partial score (a partial score never exceeds the full one).
+    FOR j IN REVERSE ne .. 1 LOOP
+        SELECT array_agg(c.id), array_agg(c.proj), array_agg(c.ps)
+          INTO c_id, c_proj, c_ps
+          FROM unnest(c_id, c_proj, c_ps) AS c(id, proj, ps)
+         WHERE c.ps + below[j] >= theta;
+        EXIT WHEN c_id IS NULL;
+        IF t_df[j] <= 16 * cardinality(c_id) THEN
+            -- a list short against the candidates: read it whole
+            SELECT array_agg(c.id), array_agg(c.proj), array_agg(c.ps + coalesce(x.s, 0))
+              INTO c_id, c_proj, c_ps
+              FROM unnest(c_id, c_proj, c_ps) AS c(id, proj, ps)
+              LEFT JOIN (SELECT p.node_id, p.project_id,
+                                t_w[j] * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl)) AS s
+                         FROM memory.postings p
+                         WHERE p.lexeme = t_lex[j] AND (pid IS NULL OR p.project_id = pid)) x
+                ON x.node_id = c.id AND x.project_id = c.proj;
+        ELSE
+            -- a long list: probe it for the surviving candidates only
+            SELECT array_agg(c.id), array_agg(c.proj), array_agg(c.ps + coalesce(x.s, 0))
+              INTO c_id, c_proj, c_ps
+              FROM unnest(c_id, c_proj, c_ps) AS c(id, proj, ps)
+              LEFT JOIN LATERAL (
+                  SELECT t_w[j] * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl)) AS s
+                  FROM memory.postings p
+                  WHERE p.lexeme = t_lex[j] AND p.project_id = c.proj AND p.node_id = c.id
+                  LIMIT 1) x ON true;
+        END IF;
+        IF j > 1 THEN
+            theta := greatest(theta, memory.lexical_kth(c_ps, k));
+        END IF;
+    END LOOP;
+    RETURN QUERY
+    SELECT c.id, (row_number() OVER (ORDER BY c.ps DESC, c.id))::integer, c.ps
+    FROM unnest(c_id, c_ps) AS c(id, ps)
+    ORDER BY c.ps DESC, c.id
+    LIMIT k;
+END $$;
 COMMENT ON FUNCTION memory.lexical_search(text, text, text[], integer, double precision, double precision) IS
-    'BM25 (Okapi, k1/b tunable, Lucene IDF) over title, breadcrumb and text with per-project statistics. Disjunctive: any query term can match. Returns node ids ranked 1..k.';
+    'BM25 (Okapi, k1/b tunable, Lucene IDF) over title, breadcrumb and text with per-project statistics. Disjunctive: any query term can match. Returns node ids ranked 1..k, exactly as memory.lexical_search_exact, but skips the postings that cannot reach the top k (MaxScore over per-term score bounds).';
+
+CREATE OR REPLACE FUNCTION memory.refresh_lexical_bounds(project text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    pid integer := memory.project_id(project);
+    changed bigint;
+BEGIN
+    -- Deletes and updates leave max_tf/min_dl_per_tf valid but possibly loose; recompute
+    -- them from the postings (sorted, so concurrent refreshes lock rows in one order).
+    WITH fresh AS (
+        SELECT p.project_id, p.lexeme, max(p.tf) AS max_tf,
+               min(p.dl::double precision / greatest(p.tf, 1)) AS min_ratio
+        FROM memory.postings p
+        WHERE pid IS NULL OR p.project_id = pid
+        GROUP BY 1, 2 ORDER BY 1, 2
+    )
+    UPDATE memory.term_stats t
+    SET max_tf = f.max_tf, min_dl_per_tf = f.min_ratio
+    FROM fresh f
+    WHERE t.project_id = f.project_id AND t.lexeme = f.lexeme
+      AND (t.max_tf, t.min_dl_per_tf) IS DISTINCT FROM (f.max_tf, f.min_ratio);
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    RETURN changed;
+END $$;
+COMMENT ON FUNCTION memory.refresh_lexical_bounds(text) IS
+    'Recomputes the per-term score bounds (max tf, min dl/tf) that pruned BM25 uses, for one project or all; returns the number of terms whose bounds tightened. Writes keep the bounds valid; deletes and updates only loosen them, so run this after large deletions.';

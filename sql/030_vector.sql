@@ -9,7 +9,8 @@ CREATE OR REPLACE FUNCTION memory.semantic_search(
     ef_search integer DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
-LANGUAGE plpgsql STABLE PARALLEL SAFE
+-- PARALLEL RESTRICTED: it sets hnsw.ef_search with set_config, which a worker must not do.
+LANGUAGE plpgsql STABLE PARALLEL RESTRICTED
 -- relaxed_order keeps scanning the graph until k rows pass the filter (pgvector #259);
 -- these settings are restored when the function returns.
 SET hnsw.iterative_scan = 'relaxed_order'

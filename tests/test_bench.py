@@ -12,6 +12,7 @@ import pytest
 
 from poimen_lab.bench import synthetic
 from poimen_lab.bench.ann import matched, recall
+from poimen_lab.bench.command import NATURAL_DEFAULT
 from poimen_memory.cli.main import main
 
 
@@ -63,8 +64,17 @@ def test_tiny_bench_end_to_end(
     assert r["l0_reached_per_query"] > 0
     assert r["ingest"]["nodes"] == 8 and r["ingest"]["ingest_nodes_per_s"] > 0
     assert "http" not in r and "lexical_search_over_bm25s_p50" in r["ratios"]
+    # The acceptance table: every part that ran has its ratio, and the goals print.
+    for key in ("filtered_over_unfiltered_p50", "ingest_over_raw_embed"):
+        assert r["ratios"][key] > 0
+    assert 0 <= r["ratios"]["filtered_limit_filled"] <= 1  # the 1% project has < 10 nodes here
+    assert "http_p50_over_inprocess_p50" not in r["ratios"]  # --no-http
+    if NATURAL_DEFAULT.joinpath("nodes.jsonl").exists():
+        assert r["lexical_natural"]["identical_top10"] >= 0.9
+        assert r["ratios"]["lexical_natural_corpus"] == "scifact"
     assert png.stat().st_size > 0
-    assert "recall@10" in capsys.readouterr().out
+    out_text = capsys.readouterr().out
+    assert "recall@10" in out_text and "http_rps8_over_embed_rps8" in out_text
     assert _databases(admin) == before  # the benchmark database was dropped
 
 

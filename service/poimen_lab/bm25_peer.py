@@ -81,6 +81,12 @@ class PgLexemeBM25:
         self, lexemes: Sequence[str], project: str | None, levels: Sequence[str] | None, k: int
     ) -> list[int]:
         """Node ids by descending score; only nodes matching a query lexeme, like ours."""
+        return self.search_scored(lexemes, project, levels, k)[0]
+
+    def search_scored(
+        self, lexemes: Sequence[str], project: str | None, levels: Sequence[str] | None, k: int
+    ) -> tuple[list[int], list[float]]:
+        """Node ids and their BM25 scores, best first (ties by id, as lexical_search)."""
         hits: list[tuple[float, int]] = []
         ix = self.indexes.get(project) or self.indexes[next(iter(self.indexes))]
         tokens = [t for t in lexemes if t in ix.model.vocab_dict]
@@ -93,4 +99,4 @@ class PgLexemeBM25:
                 (float(s), int(ix.ids[d])) for d, s in zip(docs[0], scores[0], strict=True) if s > 0
             ]
         hits.sort(key=lambda h: (-h[0], h[1]))
-        return [nid for _, nid in hits[:k]]
+        return [nid for _, nid in hits[:k]], [s for s, _ in hits[:k]]

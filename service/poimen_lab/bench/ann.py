@@ -84,7 +84,8 @@ class AnnBench:
         for ef in EF_SEARCH:
             self._sql("semantic_search", 0, project, ef_search=ef)  # warm the plan
             found, ms = _timed(partial(self._semantic, project=project, ef=ef), len(self.queries))
-            rows.append(_row("pgvector hnsw", ef, found, truth, ms))
+            filled = sum(len(f) == K for f in found) / max(len(found), 1)
+            rows.append(_row("pgvector hnsw", ef, found, truth, ms, limit_filled=round(filled, 4)))
         return rows
 
     def numpy(self, subset: np.ndarray[Any, Any] | None, truth: list[list[int]]) -> dict[str, Any]:

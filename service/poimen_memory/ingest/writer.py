@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,14 +175,27 @@ def ingest(
         else:
             with conn.transaction():
                 ensure_embedding_model(conn, embedder)
-            with Progress(len(todo), "ingest", "nodes", enabled=progress) as bar:
-                for i in range(0, len(todo), batch_size):
-                    batch = todo[i : i + batch_size]
-                    vectors = _embed(embedder, batch, report)
-                    with conn.transaction():
-                        writer.write(batch, vectors)
-                        writer.write_edges(batch)
-                    bar.update(len(batch))
+            batches = [todo[i : i + batch_size] for i in range(0, len(todo), batch_size)]
+            # One thread embeds the next batch while this one writes the current batch, so
+            # the embedder and the database work at the same time, not in turns.
+            with (
+                Progress(len(todo), "ingest", "nodes", enabled=progress) as bar,
+                ThreadPoolExecutor(1, thread_name_prefix="ingest-embed") as ahead,
+            ):
+                nxt = ahead.submit(_embed, embedder, batches[0], report) if batches else None
+                try:
+                    for i, batch in enumerate(batches):
+                        assert nxt is not None
+                        vectors = nxt.result()
+                        if i + 1 < len(batches):
+                            nxt = ahead.submit(_embed, embedder, batches[i + 1], report)
+                        with conn.transaction():
+                            writer.write(batch, vectors)
+                            writer.write_edges(batch)
+                        bar.update(len(batch))
+                finally:
+                    if nxt is not None:
+                        nxt.cancel()
             # Edges of nodes stored by an earlier, interrupted run (idempotent).
             with conn.transaction():
                 writer.write_edges(records)
