@@ -111,3 +111,17 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION memory.check_embedding(vector) IS
     'Returns the embedding unchanged if its dimension matches the configured model; otherwise PM409/PM412.';
+
+CREATE OR REPLACE FUNCTION memory.require_embedding(query_embedding vector)
+RETURNS vector
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+BEGIN
+    IF query_embedding IS NULL THEN
+        RAISE EXCEPTION 'query_embedding must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    RETURN memory.check_embedding(query_embedding);
+END $$;
+COMMENT ON FUNCTION memory.require_embedding(vector) IS
+    'memory.check_embedding for the vector stages, where an embedding is required: NULL raises 22023.';

@@ -160,6 +160,32 @@ CREATE OR REPLACE TRIGGER nodes_lexical_truncate
     AFTER TRUNCATE ON memory.nodes
     FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_truncate();
 
+CREATE OR REPLACE FUNCTION memory.lexical_query(
+    query text, pid integer, k integer, k1 double precision, b double precision,
+    OUT terms text[], OUT n double precision, OUT avgdl double precision
+)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF query IS NULL OR btrim(query) = '' THEN
+        RAISE EXCEPTION 'query must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF k IS NULL OR k < 1 THEN
+        RAISE EXCEPTION 'k must be >= 1, got %', k USING ERRCODE = '22023';
+    END IF;
+    -- NaN sorts above every number in PostgreSQL, so the upper bounds also refuse it.
+    IF k1 IS NULL OR k1 < 0 OR k1 >= 'Infinity'::float8 OR b IS NULL OR b < 0 OR b > 1 THEN
+        RAISE EXCEPTION 'k1 must be >= 0 and b within [0, 1] (got %, %)', k1, b USING ERRCODE = '22023';
+    END IF;
+    terms := tsvector_to_array(to_tsvector('english'::regconfig, query));
+    SELECT sum(c.n_docs), sum(c.total_len)::double precision / nullif(sum(c.n_docs), 0)
+      INTO n, avgdl
+      FROM memory.corpus_stats c WHERE pid IS NULL OR c.project_id = pid;
+END $$;
+COMMENT ON FUNCTION memory.lexical_query(text, integer, integer, double precision, double precision) IS
+    'Shared first step of memory.lexical_search and memory.lexical_search_exact: validates the arguments (22023) and returns the query''s lexemes with the corpus size and mean length of the project (or of all projects).';
+
 CREATE OR REPLACE FUNCTION memory.lexical_search_exact(
     query text,
     project text DEFAULT NULL,
@@ -180,16 +206,7 @@ DECLARE
     n double precision;
     avgdl double precision;
 BEGIN
-    IF query IS NULL OR btrim(query) = '' THEN
-        RAISE EXCEPTION 'query must not be empty' USING ERRCODE = '22023';
-    END IF;
-    IF k IS NULL OR k < 1 THEN
-        RAISE EXCEPTION 'k must be >= 1, got %', k USING ERRCODE = '22023';
-    END IF;
-    terms := tsvector_to_array(to_tsvector('english'::regconfig, query));
-    SELECT sum(c.n_docs), sum(c.total_len)::double precision / nullif(sum(c.n_docs), 0)
-      INTO n, avgdl
-      FROM memory.corpus_stats c WHERE pid IS NULL OR c.project_id = pid;
+    SELECT x.terms, x.n, x.avgdl INTO terms, n, avgdl FROM memory.lexical_query(query, pid, k, k1, b) x;
     IF cardinality(terms) = 0 OR coalesce(n, 0) = 0 THEN
         RETURN;  -- only stop words, or an empty corpus: nothing can match
     END IF;
@@ -272,21 +289,9 @@ DECLARE
     c_ps double precision[];
     i integer;
 BEGIN
-    IF query IS NULL OR btrim(query) = '' THEN
-        RAISE EXCEPTION 'query must not be empty' USING ERRCODE = '22023';
-    END IF;
-    IF k IS NULL OR k < 1 THEN
-        RAISE EXCEPTION 'k must be >= 1, got %', k USING ERRCODE = '22023';
-    END IF;
-    IF k1 IS NULL OR k1 < 0 OR b IS NULL OR b < 0 OR b > 1 THEN
-        RAISE EXCEPTION 'k1 must be >= 0 and b within [0, 1] (got %, %)', k1, b USING ERRCODE = '22023';
-    END IF;
-    terms := tsvector_to_array(to_tsvector('english'::regconfig, query));
-    SELECT sum(c.n_docs), sum(c.total_len)::double precision / nullif(sum(c.n_docs), 0)
-      INTO n, avgdl
-      FROM memory.corpus_stats c WHERE pid IS NULL OR c.project_id = pid;
+    SELECT x.terms, x.n, x.avgdl INTO terms, n, avgdl FROM memory.lexical_query(query, pid, k, k1, b) x;
     IF cardinality(terms) = 0 OR coalesce(n, 0) = 0 THEN
-        RETURN;
+        RETURN;  -- only stop words, or an empty corpus: nothing can match
     END IF;
     SELECT array_agg(s.lexeme ORDER BY s.ub, s.lexeme), array_agg(s.w ORDER BY s.ub, s.lexeme),
            array_agg(s.ub ORDER BY s.ub, s.lexeme), array_agg(s.df ORDER BY s.ub, s.lexeme),

@@ -9,8 +9,9 @@ CREATE OR REPLACE FUNCTION memory.semantic_search(
     ef_search integer DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
--- PARALLEL RESTRICTED: it sets hnsw.ef_search with set_config, which a worker must not do.
-LANGUAGE plpgsql STABLE PARALLEL RESTRICTED
+-- PARALLEL UNSAFE: it sets hnsw.ef_search with set_config, which no parallel mode allows,
+-- not even in the leader (RESTRICTED fails the same way under force_parallel_mode).
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 -- relaxed_order keeps scanning the graph until k rows pass the filter (pgvector #259);
 -- these settings are restored when the function returns.
 SET hnsw.iterative_scan = 'relaxed_order'
@@ -21,11 +22,8 @@ AS $$
 DECLARE
     pid integer := memory.project_id(project);
     lv text[] := memory.check_levels(levels);
-    q vector := memory.check_embedding(query_embedding);
+    q vector := memory.require_embedding(query_embedding);
 BEGIN
-    IF q IS NULL THEN
-        RAISE EXCEPTION 'query_embedding must not be NULL' USING ERRCODE = '22023';
-    END IF;
     IF k IS NULL OR k < 1 OR k > 1000 THEN
         RAISE EXCEPTION 'k must be 1..1000, got %', k USING ERRCODE = '22023';
     END IF;
@@ -66,11 +64,8 @@ AS $$
 DECLARE
     pid integer := memory.project_id(project);
     lv text[] := memory.check_levels(levels);
-    q vector := memory.check_embedding(query_embedding);
+    q vector := memory.require_embedding(query_embedding);
 BEGIN
-    IF q IS NULL THEN
-        RAISE EXCEPTION 'query_embedding must not be NULL' USING ERRCODE = '22023';
-    END IF;
     RETURN QUERY
     SELECT n.id, (row_number() OVER (ORDER BY n.embedding <=> q, n.id))::integer,
            1 - (n.embedding <=> q)
@@ -98,11 +93,8 @@ AS $$
 DECLARE
     pid integer := memory.project_id(project);
     lv text[] := memory.check_levels(levels);
-    q vector := memory.check_embedding(query_embedding);
+    q vector := memory.require_embedding(query_embedding);
 BEGIN
-    IF q IS NULL THEN
-        RAISE EXCEPTION 'query_embedding must not be NULL' USING ERRCODE = '22023';
-    END IF;
     IF ids IS NULL OR cardinality(ids) = 0 THEN
         RETURN;
     END IF;

@@ -18,6 +18,11 @@ BEGIN
         INSERT INTO memory.opensearch_outbox (node_id, op, sha256)
         SELECT o.id, 'delete', o.sha256 FROM old_rows o;
     ELSIF TG_OP = 'UPDATE' THEN
+        -- A new content hash is a new document id: the old document must go.
+        INSERT INTO memory.opensearch_outbox (node_id, op, sha256)
+        SELECT o.id, 'delete', o.sha256
+        FROM new_rows n JOIN old_rows o ON o.id = n.id
+        WHERE n.sha256 IS DISTINCT FROM o.sha256;
         -- Only rows whose document changed; an embedding-only UPDATE (reembed) is not queued.
         INSERT INTO memory.opensearch_outbox (node_id, op, sha256)
         SELECT n.id, 'index', n.sha256

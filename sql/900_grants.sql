@@ -26,9 +26,9 @@ DO $$
 DECLARE
     -- Functions the reader may call (every overload of each name).
     reader_functions text[] := ARRAY[
-        'memory.version', 'memory.project_id', 'memory.check_levels', 'memory.check_embedding',
+        'memory.version', 'memory.project_id', 'memory.check_levels', 'memory.check_embedding', 'memory.require_embedding',
         'memory.policy', 'memory.lexical_document', 'memory.lexical_search',
-        'memory.lexical_search_exact', 'memory.lexical_kth', 'memory.semantic_search',
+        'memory.lexical_search_exact', 'memory.lexical_kth', 'memory.lexical_query', 'memory.semantic_search',
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory.fuse_legs',
         'memory.provenance_walk', 'memory.provenance_tree', 'memory.hydrate',
         'memory.plpython_path', 'memory.optimize_query', 'memory.run_query', 'memory.query',

@@ -84,8 +84,17 @@ def test_a_revoked_key_is_refused(client: TestClient, fixture_url: str) -> None:
     assert _query(client, key).status_code == 200
     with connect(fixture_url, autocommit=True) as conn:
         conn.execute(q("key_revoke"), {"key": key[:12]})
-        _key(fixture_url, ["atlas"])  # keys still exist: authentication stays on
+    # Revoking the last key locks the API; it does not reopen it to anonymous callers.
     assert _query(client, key).status_code == 401
+    assert _query(client, None).status_code == 401
+
+
+def test_an_unauthenticated_body_is_refused_before_it_is_read(
+    client: TestClient, fixture_url: str
+) -> None:
+    _key(fixture_url, ["poimen"], write=True)
+    r = client.post("/memory/nodes", content=b"not even json")
+    assert r.status_code == 401 and r.json()["error"] == "unauthorized"
 
 
 def test_keys_are_stored_hashed_and_hidden_from_sql_roles(fixture_url: str) -> None:

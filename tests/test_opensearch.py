@@ -343,6 +343,11 @@ def test_triggers_queue_every_change_and_the_service_drains_them(
         conn.execute("UPDATE memory.nodes SET title = 'renamed' WHERE external_id = 'fresh'")
         assert wait_for(lambda: server.docs(INDEX)[sha].get("section_title") == "renamed")
         conn.execute("UPDATE memory.nodes SET embedding = embedding WHERE external_id = 'fresh'")
+        # A new content hash is a new document: the old one is deleted, the new one indexed.
+        conn.execute("UPDATE memory.nodes SET sha256 = sha256(sha256) WHERE external_id = 'fresh'")
+        new_sha = sha_of(conn, "external_id = 'fresh'")
+        assert wait_for(lambda: new_sha in server.docs(INDEX) and sha not in server.docs(INDEX))
+        sha = new_sha
         conn.execute("DELETE FROM memory.nodes WHERE external_id = 'fresh'")
         assert wait_for(lambda: sha not in server.docs(INDEX))
         assert wait_for(lambda: outbox(conn) == [])

@@ -51,11 +51,13 @@ READER = {
     "project_id",
     "check_levels",
     "check_embedding",
+    "require_embedding",
     "policy",
     "lexical_document",
     "lexical_search",
     "lexical_search_exact",
     "lexical_kth",
+    "lexical_query",
     "semantic_search",
     "exact_search",
     "search_by_ids",
@@ -167,13 +169,6 @@ def test_query_runs_under_forced_parallel_mode(conn: Conn, embedder: LocalEmbedd
     assert one(conn, "SELECT public.memory_optimize_query('kong')")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=psycopg.errors.InvalidTransactionState,
-    reason="sql/030_vector.sql (issue 12's file): semantic_search calls set_config for "
-    "ef_search, which no parallel mode allows, even in the leader: it must be PARALLEL UNSAFE "
-    "(PARALLEL RESTRICTED fails the same way, measured)",
-)
 def test_semantic_search_ef_search_under_forced_parallel_mode(
     conn: Conn, embedder: LocalEmbedder
 ) -> None:

@@ -139,3 +139,17 @@ def test_a_valid_request_writes_nodes_and_edges_in_one_go(
     assert r.status_code == 201, r.text
     assert r.json()["inserted"] == 2 and r.json()["edges"] == 1
     assert _counts(fixture_url) == (before[0] + 2, before[1] + 1, before[2] + 1)
+
+
+def test_ndjson_lines_end_only_at_newlines(client: TestClient, fixture_url: str) -> None:
+    """U+2028, U+0085 and form feeds are legal inside JSON strings: they must not split a
+    line, as Python's str.splitlines would."""
+    node = {**_nodes(1)[0], "text": "one\u2028two\x85three\x0cfour"}
+    r = _post(client, json.dumps(node, ensure_ascii=False) + "\r\n")
+    assert r.status_code == 201, r.text
+    assert r.json()["inserted"] == 1
+
+
+def test_numbers_beyond_a_double_are_rejected(client: TestClient, fixture_url: str) -> None:
+    line = json.dumps(_nodes(1)[0])[:-1] + ', "metadata": {"x": 1e400}}'
+    assert "out of the range" in _rejected(client, fixture_url, line)["context"]

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from poimen_memory.db.connect import connect, database_url, open_pool
@@ -21,7 +20,6 @@ from poimen_memory.db.replicas import Replica, ReplicaSet
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.embedders.cache import QueryEmbeddingCache
 from poimen_memory.embedders.factory import build_embedder
-from poimen_memory.errors import PoimenError
 from poimen_memory.ingest.outbox import enable_outbox, sync_outbox
 from poimen_memory.retrieval.pipeline import Retriever
 from poimen_memory.settings import Settings
@@ -78,11 +76,8 @@ async def drain_outbox(url: str, engine: OpenSearchEngine, settings: Settings) -
                 await asyncio.to_thread(enable)
                 enabled = True
             ok = await asyncio.to_thread(once)
-        except PoimenError as exc:
-            log.warning("outbox drain failed: %s", exc)
-            ok = False
-        except psycopg.Error as exc:
-            log.warning("outbox drain failed: %s", exc)
+        except Exception:  # the loop must outlive any one failure; it retries with backoff
+            log.exception("outbox drain failed")
             ok = False
         pause = s.drain_interval_s if ok else min(pause * 2, 60.0)
         await asyncio.sleep(pause)

@@ -35,7 +35,7 @@ from poimen_memory.errors import (
     PoimenError,
     ValidationError,
 )
-from poimen_memory.ingest.nodes import MAX_JSON_DEPTH, loads, parse_lines
+from poimen_memory.ingest.nodes import MAX_JSON_DEPTH, LineError, NodeRecord, loads, parse_lines
 from poimen_memory.ingest.writer import ingest
 from poimen_memory.services import Services, open_services
 from poimen_memory.settings import Settings
@@ -86,11 +86,7 @@ async def _body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def post_nodes(request: Request) -> JSONResponse:
-    """Ingest JSON nodes (an array, or NDJSON) through the same code as the CLI, as one
-    transaction: every node is written, or none is."""
-    state: Services = request.app.state.poimen
-    raw = await _body(request, state.settings.max_body_bytes)
+def _parse_body(raw: bytes, project: str | None) -> tuple[list[NodeRecord], list[LineError]]:
     try:
         body = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -105,12 +101,9 @@ async def post_nodes(request: Request) -> JSONResponse:
             raise ValidationError(f"body is not valid JSON: {exc}") from exc
         lines = [json.dumps(i) for i in items] if isinstance(items, list) else []
     else:
-        lines = body.splitlines()
-    skip = request.query_params.getlist("skip_invalid")
-    if skip not in ([], ["true"], ["false"]):
-        raise ValidationError(f"skip_invalid must be true or false, got {skip!r}")
-    skip_invalid = skip == ["true"]
-    records, invalid = parse_lines(lines, request.query_params.get("project"))
+        # Only newlines end an NDJSON line: JSON strings may hold U+2028, U+0085, ...
+        lines = [line.removesuffix("\r") for line in body.split("\n")]
+    records, invalid = parse_lines(lines, project)
     if not records and not invalid:
         raise ValidationError("no nodes in the request body")
     if not records:
@@ -120,7 +113,26 @@ async def post_nodes(request: Request) -> JSONResponse:
             f"{len(invalid)} invalid line(s) and no valid one; nothing was written",
             detail=shown,
         )
-    await request.app.state.keys.write_projects(request, {r.project for r in records})
+    return records, invalid
+
+
+async def post_nodes(request: Request) -> JSONResponse:
+    """Ingest JSON nodes (an array, or NDJSON) through the same code as the CLI, as one
+    transaction: every node is written, or none is."""
+    state: Services = request.app.state.poimen
+    keys = request.app.state.keys
+    # The key first: an unauthenticated body is never read, let alone parsed.
+    await keys.write_projects(request, ())
+    raw = await _body(request, state.settings.max_body_bytes)
+    skip = request.query_params.getlist("skip_invalid")
+    if skip not in ([], ["true"], ["false"]):
+        raise ValidationError(f"skip_invalid must be true or false, got {skip!r}")
+    skip_invalid = skip == ["true"]
+    # Parsing 10 MB takes most of a second: not on the event loop.
+    records, invalid = await asyncio.to_thread(
+        _parse_body, raw, request.query_params.get("project")
+    )
+    await keys.write_projects(request, {r.project for r in records})
     if state.embedder is None:
         raise ValidationError("no embedder configured; cannot ingest")
     embedder = state.embedder

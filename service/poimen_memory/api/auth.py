@@ -42,11 +42,11 @@ class KeyRing:
     def __init__(self, retriever: Retriever, ttl_s: float, timeout_s: float) -> None:
         # The retriever's connections: a stopped database fails fast, a busy pool waits.
         self.retriever, self.ttl_s, self.timeout_s = retriever, ttl_s, timeout_s
-        self._keys: dict[bytes, Grant] = {}
+        self._keys: dict[bytes, Grant | None] = {}  # None: a revoked key
         self._at = -1e9
         self._lock = asyncio.Lock()
 
-    async def _load(self) -> dict[bytes, Grant]:
+    async def _load(self) -> dict[bytes, Grant | None]:
         async with self._lock:
             if time.monotonic() - self._at >= self.ttl_s:
                 with wrap_exceptions("auth"):
@@ -54,12 +54,15 @@ class KeyRing:
                     async with self.retriever.connection(deadline, "auth") as conn:
                         cur = await conn.execute(q("keys_active"))
                         rows = await cur.fetchall()
-                self._keys = {bytes(h): Grant(frozenset(p), w) for h, p, w in rows}
+                self._keys = {
+                    bytes(h): Grant(frozenset(p), w) if live else None for h, p, w, live in rows
+                }
                 self._at = time.monotonic()
             return self._keys
 
     async def grant(self, request: Request) -> Grant | None:
-        """None when no key exists (anonymous mode); otherwise the caller's grant."""
+        """None when no key was ever made (anonymous mode); otherwise the caller's grant.
+        Revoking every key does not reopen the API: it then refuses every request."""
         keys = await self._load()
         if not keys:
             return None
@@ -68,7 +71,7 @@ class KeyRing:
             raise Unauthorized("an API key is required", hint="send Authorization: Bearer <key>")
         digest = key_hash(token.strip())
         for stored, grant in keys.items():
-            if hmac.compare_digest(stored, digest):
+            if hmac.compare_digest(stored, digest) and grant is not None:
                 return grant
         raise Unauthorized("unknown or revoked API key")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from psycopg.rows import dict_row
@@ -35,26 +36,27 @@ async def _database(svc: Services) -> dict[str, Any]:
     }
 
 
-async def _embedder(svc: Services) -> dict[str, Any]:
-    if svc.embedder is None:
-        return {"ok": False, "error": "not_configured"}
-    out: dict[str, Any] = {"model": svc.embedder.model_name, "dim": svc.embedder.dim}
+async def _call(out: dict[str, Any], call: Awaitable[object]) -> dict[str, Any]:
+    """One real request to an upstream: ok, or the error's tag and message."""
     try:
-        await svc.embedder.aembed_query("health check", PROBE_TIMEOUT_S)
+        await call
     except UpstreamUnavailable as exc:
         return {**out, "ok": False, "error": exc.tag, "detail": str(exc)}
     return {**out, "ok": True}
+
+
+async def _embedder(svc: Services) -> dict[str, Any]:
+    if svc.embedder is None:
+        return {"ok": False, "error": "not_configured"}
+    out = {"model": svc.embedder.model_name, "dim": svc.embedder.dim}
+    return await _call(out, svc.embedder.aembed_query("health check", PROBE_TIMEOUT_S))
 
 
 async def _reranker(svc: Services) -> dict[str, Any]:
     if svc.reranker is None:
         return {"ok": None, "status": "not_configured"}
-    out: dict[str, Any] = {"endpoint": svc.reranker.endpoint}
-    try:
-        await svc.reranker.arerank("health check", ["health check"], timeout=PROBE_TIMEOUT_S)
-    except UpstreamUnavailable as exc:
-        return {**out, "ok": False, "error": exc.tag, "detail": str(exc)}
-    return {**out, "ok": True}
+    probe = svc.reranker.arerank("health check", ["health check"], timeout=PROBE_TIMEOUT_S)
+    return await _call({"endpoint": svc.reranker.endpoint}, probe)
 
 
 async def _opensearch(svc: Services) -> dict[str, Any]:

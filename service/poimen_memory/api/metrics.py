@@ -30,8 +30,9 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from poimen_memory.api.asgi import StatusRecorder
 from poimen_memory.api.request_log import annotate
 from poimen_memory.db.queries import q
 
@@ -114,8 +115,13 @@ class Metrics:
             self.degraded.labels(str(d.get("stage")), str(d.get("reason"))).inc()
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        # Any token is a valid HTTP method: an unknown one must not add a label value.
+        method = method if method in _METHODS else "other"
         self.requests.labels(method, route, str(status)).inc()
         self.request_seconds.labels(route).observe(seconds)
+
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class _LiveCollector(Collector):
@@ -131,23 +137,15 @@ class _LiveCollector(Collector):
         if services is None:
             return
         cache = services.cache.stats()
-        hits = CounterMetricFamily(
-            "poimen_embedding_cache_hits", "Query-embedding cache lookups that hit."
-        )
-        hits.add_metric([], cache["hits"])
-        misses = CounterMetricFamily(
-            "poimen_embedding_cache_misses", "Query-embedding cache lookups that missed."
-        )
-        misses.add_metric([], cache["misses"])
-        evictions = CounterMetricFamily(
-            "poimen_embedding_cache_evictions", "Entries evicted from the query-embedding cache."
-        )
-        evictions.add_metric([], cache["evictions"])
-        size = GaugeMetricFamily(
-            "poimen_embedding_cache_entries", "Entries in the query-embedding cache."
-        )
-        size.add_metric([], cache["size"])
-        yield from (hits, misses, evictions, size)
+        for family, name, key, doc in (
+            (CounterMetricFamily, "hits", "hits", "lookups that hit"),
+            (CounterMetricFamily, "misses", "misses", "lookups that missed"),
+            (CounterMetricFamily, "evictions", "evictions", "entries evicted"),
+            (GaugeMetricFamily, "entries", "size", "entries held"),
+        ):
+            metric = family(f"poimen_embedding_cache_{name}", f"Query-embedding cache {doc}.")
+            metric.add_metric([], cache[key])
+            yield metric
 
         stats = services.pool.get_stats()
         pool_size = stats.get("pool_size", 0)
@@ -271,20 +269,13 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 500
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
+        recorder = StatusRecorder(send)
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive, recorder)
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             metrics_for(scope["app"]).observe_request(
-                scope["method"], route, status, time.perf_counter() - started
+                scope["method"], route, recorder.status, time.perf_counter() - started
             )
 
 

@@ -35,6 +35,8 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from poimen_memory.api.asgi import StatusRecorder
+
 __all__ = ["HEADER", "LOGGER", "RequestLogMiddleware", "annotate", "request_id"]
 
 LOGGER = "poimen_memory.request"
@@ -94,19 +96,16 @@ class RequestLogMiddleware:
         fields: dict[str, Any] = {}
         state[_FIELDS], state[_ID] = fields, rid
         started = time.perf_counter()
-        status = 500
 
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-                message.setdefault("headers", [])
-                MutableHeaders(scope=message)[HEADER] = rid
-            await send(message)
+        def add_id(message: Message) -> None:
+            message.setdefault("headers", [])
+            MutableHeaders(scope=message)[HEADER] = rid
 
+        recorder = StatusRecorder(send, add_id)
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive, recorder)
         finally:
+            status = recorder.status
             line: dict[str, Any] = {
                 "ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
                 "level": "error" if status >= 500 else "info",

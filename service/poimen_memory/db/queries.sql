@@ -182,7 +182,9 @@ WHERE (id::text = %(key)s OR prefix = %(key)s) AND revoked_at IS NULL
 RETURNING id, prefix;
 
 -- name: keys_active
-SELECT key_hash, projects, can_write FROM memory.api_keys WHERE revoked_at IS NULL;
+-- Revoked keys come too (with can_read false): once any key was ever made, the service
+-- requires one, so revoking the last key locks the API instead of opening it.
+SELECT key_hash, projects, can_write, revoked_at IS NULL AS can_read FROM memory.api_keys;
 
 -- name: primary_wal_lsn
 SELECT pg_current_wal_lsn()::text AS lsn;

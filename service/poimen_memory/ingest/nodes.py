@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -76,6 +77,13 @@ class LineError:
         return f"line {self.line_no}: field '{self.field}': {self.message}"
 
 
+def _finite(text: str) -> float:
+    value = float(text)  # 1e400 parses to inf, which jsonb cannot store either
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of the range of a JSON number PostgreSQL stores")
+    return value
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
@@ -98,7 +106,7 @@ def loads(raw: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
             level -= 1
     if depth > max_depth:
         raise ValueError(f"nested deeper than {max_depth} levels")
-    return json.loads(raw, parse_constant=_reject_constant)
+    return json.loads(raw, parse_constant=_reject_constant, parse_float=_finite)
 
 
 def _bad_text(value: Any) -> str | None:

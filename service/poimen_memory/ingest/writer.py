@@ -200,7 +200,8 @@ def ingest(
             with conn.transaction():
                 writer.write_edges(records)
         report.unresolved = writer.unresolved(records)
-        if report.inserted >= VACUUM_AFTER and conn.autocommit:
+        # A bulk load only: an HTTP request must not wait for VACUUM (autovacuum follows).
+        if report.inserted >= VACUUM_AFTER and conn.autocommit and not atomic:
             # Fresh statistics for the planner, and a visibility map so BM25 scoring can use
             # index-only scans of the postings (VACUUM cannot run inside a transaction).
             conn.execute(q("vacuum_postings"))
@@ -284,6 +285,12 @@ class _Writer:
                     new_ids.append(row[0])
                 if not cur.nextset():
                     break
+        lost = [r.sha256 for r in batch if r.sha256 not in self.by_sha]
+        if lost:
+            # A concurrent ingest stored these first (ON CONFLICT waited for its commit):
+            # their ids are needed for this batch's edges all the same.
+            rows = self.conn.execute(q("existing_sha256"), {"shas": lost}).fetchall()
+            self.by_sha.update({bytes(sha): nid for sha, nid in rows})
         for r in batch:
             if r.external_id is not None and r.sha256 in self.by_sha:
                 self.ids[(r.project, r.external_id)] = self.by_sha[r.sha256]

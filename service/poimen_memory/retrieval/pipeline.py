@@ -20,6 +20,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextvars import ContextVar
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -77,22 +78,21 @@ async def _settle(tasks: Iterable[asyncio.Task[Any]]) -> None:
     await asyncio.gather(*pending, return_exceptions=True)
 
 
+@dataclass
 class Retriever:
-    def __init__(
-        self,
-        pool: AsyncConnectionPool[Any],
-        embedder: Embedder | None,
-        cache: QueryEmbeddingCache,
-        settings: Settings,
-        *,
-        reranker: RerankClient | None = None,
-        opensearch: Any | None = None,
-        replicas: ReplicaSet | None = None,
-    ) -> None:
-        self.pool, self.embedder, self.cache, self.settings = pool, embedder, cache, settings
-        self.reranker, self.opensearch, self.replicas = reranker, opensearch, replicas
-        self._probe_lock = asyncio.Lock()
-        self._probes: dict[int, tuple[float, bool]] = {}
+    """Runs one query; built once per process by services.open_services."""
+
+    pool: AsyncConnectionPool[Any]
+    embedder: Embedder | None
+    cache: QueryEmbeddingCache
+    settings: Settings
+    _: KW_ONLY
+    reranker: RerankClient | None = None
+    opensearch: Any | None = None
+    replicas: ReplicaSet | None = None
+    # Whether a pool's server answers, per pool, shared for a second (_database_answers).
+    _probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+    _probes: dict[int, tuple[float, bool]] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def has_lexical(self) -> bool:
@@ -164,7 +164,10 @@ class Retriever:
                     probe = await psycopg.AsyncConnection.connect(info)
                 await probe.close()
                 up = True
-            except (TimeoutError, psycopg.Error):
+            except psycopg.Error as exc:
+                # The server answered (e.g. 53300, too many connections): it is up, busy.
+                up = exc.sqlstate is not None
+            except TimeoutError:
                 up = False
             self._probes[id(pool)] = (time.monotonic(), up)
             return up
@@ -502,6 +505,7 @@ class Retriever:
         try:
             rows = await self._sql(deadline, "rerank", "node_texts", {"ids": ids}, IdRow)
             texts = {r.node_id: r.key for r in rows}
+            ids = [i for i in ids if i in texts]  # a node deleted since fusion drops out
             # The configured rerank timeout applies, and rerank_min_remaining_s of the
             # deadline stays for hydrating the results, so a slow reranker degrades to the
             # fused order instead of timing the whole request out.
