@@ -66,14 +66,21 @@ def work_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+def force_parallel(conn: psycopg.Connection[Any]) -> str:
+    """The setting that forces parallel plans: renamed debug_parallel_query in PostgreSQL 16."""
+    return "debug_parallel_query" if conn.info.server_version >= 160000 else "force_parallel_mode"
+
+
 @pytest.fixture(scope="session")
 def cluster(work_dir: Path) -> Iterator[Cluster]:
     c = Cluster(work_dir / "data", work_dir / "run", _free_port(), find_pg_bin())
     c.start(fast=True)
     settings: dict[str, str] = {}
     if SQL_MODE == "parallel":
+        with psycopg.connect(c.url("postgres")) as probe:
+            forcing = force_parallel(probe)
         settings = {
-            "force_parallel_mode": "on",
+            forcing: "on",
             "parallel_setup_cost": "0",
             "parallel_tuple_cost": "0",
             "min_parallel_table_scan_size": "0",

@@ -11,7 +11,7 @@ import numpy as np
 import psycopg
 import pytest
 
-from conftest import prepare_conn, prepare_database
+from conftest import force_parallel, prepare_conn, prepare_database
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import migrate
 
@@ -72,7 +72,7 @@ def _nested_plans(conn: Conn, sql: str, params: tuple[Any, ...]) -> list[str]:
         conn.execute("SET LOCAL client_min_messages = notice")
         # A forced Gather would run the function in a worker, whose auto_explain output goes
         # to the server log, not to this client (the SQL-mode run sets it cluster-wide).
-        conn.execute("SET LOCAL force_parallel_mode = off")
+        conn.execute(f"SET LOCAL {force_parallel(conn)} = off")
         conn.execute(sql, params).fetchall()
     conn.remove_notice_handler(handler)
     return notices

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from conftest import FIXTURE, _free_port
+from conftest import FIXTURE, _free_port, force_parallel
 from poimen_memory.db.cluster import Cluster, find_pg_bin
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import _LOCK_KEY, check, install_plpython, migrate
@@ -158,7 +158,7 @@ def test_query_runs_under_forced_parallel_mode(conn: Conn, embedder: LocalEmbedd
     q = "how do I fix uploads over 10KB failing through the kong gateway"
     emb = embedder.embed_query(q)
     for key, value in (
-        ("force_parallel_mode", "on"),
+        (force_parallel(conn), "on"),
         ("parallel_setup_cost", "0"),
         ("parallel_tuple_cost", "0"),
         ("min_parallel_table_scan_size", "0"),
@@ -172,7 +172,7 @@ def test_query_runs_under_forced_parallel_mode(conn: Conn, embedder: LocalEmbedd
 def test_semantic_search_ef_search_under_forced_parallel_mode(
     conn: Conn, embedder: LocalEmbedder
 ) -> None:
-    conn.execute("SET force_parallel_mode = on")
+    conn.execute(f"SET {force_parallel(conn)} = on")
     emb = embedder.embed_query("kong")
     assert conn.execute(
         "SELECT count(*) FROM memory.semantic_search(%s, 'poimen', '{L1}', 5, 40)", (emb,)
