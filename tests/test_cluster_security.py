@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from poimen_memory.db.cluster import Cluster
+from poimen_memory.errors import ClusterError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as user nobody")
 
@@ -58,3 +59,14 @@ def test_even_with_the_socket_reachable_peer_auth_refuses_other_users(
         sock.chmod(0o700)
     assert proc.returncode != 0
     assert "Peer authentication failed" in proc.stderr
+
+
+def test_a_shared_socket_directory_is_never_taken_over(cluster: Cluster, tmp_path: Path) -> None:
+    """POIMEN_PG_SOCKET_DIR=/tmp (or any busy directory) must not be chowned and chmodded."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "someone-elses-file").write_text("x")
+    other = Cluster(tmp_path / "data", shared, cluster.port + 1, cluster.bin_dir)
+    with pytest.raises(ClusterError, match="not empty"):
+        other.start(fast=True)
+    assert stat.S_IMODE(shared.stat().st_mode) != 0o700 and shared.owner() == "root"

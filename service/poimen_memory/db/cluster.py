@@ -147,6 +147,23 @@ class Cluster:
         for name in ("pg_hba.conf", "pg_ident.conf"):
             (self.data_dir / name).chmod(0o600)
             _chown_postgres(self.data_dir / name)
+        owner = "postgres" if os.geteuid() == 0 else me
+        if self.socket_dir.exists() and self.socket_dir.owner() not in (owner, "root"):
+            # A directory someone else owns (a shared /tmp, the system's own socket
+            # directory) is never taken over: chowning it would lock its users out.
+            raise ClusterError(
+                f"socket directory {self.socket_dir} belongs to {self.socket_dir.owner()}",
+                hint="point POIMEN_PG_SOCKET_DIR at a directory of its own (it is made 0700)",
+            )
+        if (
+            self.socket_dir.exists()
+            and self.socket_dir.owner() == "root"
+            and any(self.socket_dir.iterdir())
+        ):
+            raise ClusterError(
+                f"socket directory {self.socket_dir} is not empty and not the server's own",
+                hint="point POIMEN_PG_SOCKET_DIR at a new or empty directory",
+            )
         self.socket_dir.mkdir(parents=True, exist_ok=True)
         _chown_postgres(self.socket_dir)
         self.socket_dir.chmod(0o700)
