@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import logging
 import secrets
 import time
 from collections.abc import Iterable
@@ -17,11 +18,13 @@ from starlette.requests import Request
 
 from poimen_memory.db.queries import q
 from poimen_memory.db.wrap import wrap_exceptions
-from poimen_memory.errors import Forbidden, Unauthorized
+from poimen_memory.errors import Forbidden, PoimenError, Unauthorized
 from poimen_memory.retrieval.deadline import Deadline
 from poimen_memory.retrieval.pipeline import Retriever
 
 KEY_PREFIX = "pmk_"
+STALE_GRACE_S = 60.0
+log = logging.getLogger(__name__)
 
 
 def new_key() -> str:
@@ -48,12 +51,26 @@ class KeyRing:
 
     async def _load(self) -> dict[bytes, Grant | None]:
         async with self._lock:
-            if time.monotonic() - self._at >= self.ttl_s:
-                with wrap_exceptions("auth"):
-                    deadline = Deadline(self.timeout_s)
-                    async with self.retriever.connection(deadline, "auth") as conn:
-                        cur = await conn.execute(q("keys_active"))
-                        rows = await cur.fetchall()
+            age = time.monotonic() - self._at
+            if age >= self.ttl_s:
+                # A refresh gets a short budget of its own; while the database is slow or
+                # down, the keys read last go on serving for STALE_GRACE_S, then it fails.
+                budget = (
+                    min(self.timeout_s, 1.0) if age < self.ttl_s + STALE_GRACE_S else self.timeout_s
+                )
+                try:
+                    with wrap_exceptions("auth"):
+                        deadline = Deadline(budget)
+                        async with self.retriever.connection(deadline, "auth") as conn:
+                            cur = await conn.execute(q("keys_active"))
+                            rows = await cur.fetchall()
+                except PoimenError:
+                    if age >= self.ttl_s + STALE_GRACE_S:
+                        raise
+                    log.warning(
+                        "API keys not refreshed (database slow or down); using the last read"
+                    )
+                    return self._keys
                 self._keys = {
                     bytes(h): Grant(frozenset(p), w) if live else None for h, p, w, live in rows
                 }
