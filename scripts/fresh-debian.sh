@@ -58,6 +58,15 @@ if ! command -v debootstrap >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
 fi
 
+# One run at a time per roots folder: a second run would delete the first one's root
+# under it (and two test suites at once overload a small machine).
+mkdir -p "$ROOTS"
+exec 9>"$ROOTS/.lock"
+if ! flock -n 9; then
+  say "another fresh-debian.sh run holds $ROOTS/.lock: waiting for it to finish"
+  flock 9
+fi
+
 COMMIT="$(git -C "$REPO" rev-parse --verify "$REF^{commit}")"
 SUBJECT="$(git -C "$REPO" log -1 --format=%s "$COMMIT")"
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
