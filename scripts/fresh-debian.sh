@@ -139,7 +139,7 @@ in_root() {
     envs+=(PIP_CERT=/etc/poimen-fresh/ca.crt SSL_CERT_FILE=/etc/poimen-fresh/ca.crt
            REQUESTS_CA_BUNDLE=/etc/poimen-fresh/ca.crt)
   fi
-  chroot "$r" /usr/bin/env -i "${envs[@]}" /bin/bash -c "$*" </dev/null 2>&1 | tee "$log"
+  chroot "$r" /usr/bin/env -i "${envs[@]}" /bin/bash -c "$*" </dev/null 9>&- 2>&1 | tee "$log"
   return "${PIPESTATUS[0]}"
 }
 
