@@ -24,6 +24,9 @@
 #                          $PIP_CERT or $SSL_CERT_FILE when set (a host behind a TLS-
 #                          intercepting proxy). A plain Debian machine needs none.
 set -euo pipefail
+# The whole script is one compound command: bash parses all of it before running any, so
+# editing this file while a run is under way cannot change what that run executes.
+{
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ROOTS="${POIMEN_FRESH_ROOTS:-/var/tmp/poimen-roots}"
@@ -208,3 +211,4 @@ done
 echo
 cat "$SUMMARY"
 exit "$status"
+}
