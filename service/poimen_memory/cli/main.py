@@ -94,7 +94,7 @@ def _replica(s: Settings, action: str | None) -> int:
             row = conn.execute(q("replica_state"), {"primary_lsn": primary_lsn}).fetchone()
             assert row is not None
             recovery, behind, since, paused = row
-            receiver = conn.execute("SELECT status FROM pg_stat_wal_receiver").fetchone()
+            receiver = conn.execute(q("wal_receiver_status")).fetchone()
         lag = 0.0 if not behind or behind <= 0 else since
         print(
             f"running: {'standby' if recovery else 'NOT a standby (promoted?)'}, "

@@ -198,3 +198,6 @@ SELECT pg_is_in_recovery() AS in_recovery,
        extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8
            AS since_replay_s,
        CASE WHEN pg_is_in_recovery() THEN pg_is_wal_replay_paused() END AS paused;
+
+-- name: wal_receiver_status
+SELECT status FROM pg_stat_wal_receiver;
