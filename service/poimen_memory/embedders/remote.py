@@ -34,7 +34,12 @@ from poimen_memory.embedders.base import (
 )
 from poimen_memory.errors import ConfigError
 from poimen_memory.settings import EmbeddingSettings
-from poimen_memory.upstreams.clients import UpstreamClients, endpoint_candidates
+from poimen_memory.upstreams.clients import (
+    UpstreamClients,
+    endpoint_candidates,
+    fallback_endpoint,
+    raise_for_status,
+)
 
 log = logging.getLogger(__name__)
 
@@ -251,11 +256,10 @@ class RemoteEmbedder:
 
     def _next_endpoint(self, response: httpx.Response) -> bool:
         """On a 404 from a guessed path, move to the next candidate (and keep it)."""
-        at = self._endpoints.index(self.endpoint)
-        if response.status_code != 404 or at + 1 >= len(self._endpoints):
+        following = fallback_endpoint(self._endpoints, self.endpoint, response, "embedding server")
+        if following is None:
             return False
-        self.endpoint = self._endpoints[at + 1]
-        log.info("embedding server: %s answered 404, using %s", self._endpoints[at], self.endpoint)
+        self.endpoint = following
         return True
 
     def _transport_error(self, exc: Exception, timeout: float) -> EmbeddingUnavailable:
@@ -292,13 +296,7 @@ class RemoteEmbedder:
             attempt += 1
 
     def _parse(self, response: httpx.Response, expected: int) -> Vectors:
-        if response.status_code >= 400:
-            raise EmbeddingUnavailable(
-                f"embedding server {self.endpoint} answered {response.status_code}: "
-                f"{response.text[:200]!r}",
-                reason="http_status",
-                status=response.status_code,
-            )
+        raise_for_status(EmbeddingUnavailable, "embedding server", self.endpoint, response)
         try:
             body = response.json()
             items = body["data"]

@@ -7,9 +7,16 @@ to close.
 
 from __future__ import annotations
 
+import logging
+from typing import TypeVar
+
 import httpx
 
-from poimen_memory.errors import ConfigError
+from poimen_memory.errors import ConfigError, UpstreamUnavailable
+
+log = logging.getLogger(__name__)
+
+E = TypeVar("E", bound=UpstreamUnavailable)
 
 
 def endpoint_candidates(url: str, route: str) -> list[str]:
@@ -25,6 +32,28 @@ def endpoint_candidates(url: str, route: str) -> list[str]:
     if base.endswith("/v1"):
         return [f"{base}/{route}"]
     return [f"{base}/v1/{route}", f"{base}/{route}"]
+
+
+def fallback_endpoint(
+    candidates: list[str], current: str, response: httpx.Response, what: str
+) -> str | None:
+    """After a 404 from a guessed path, the next candidate (the caller keeps it for later
+    calls); None when the answer was not a 404 or no candidate is left."""
+    at = candidates.index(current)
+    if response.status_code != 404 or at + 1 >= len(candidates):
+        return None
+    log.info("%s: %s answered 404, using %s", what, current, candidates[at + 1])
+    return candidates[at + 1]
+
+
+def raise_for_status(error: type[E], what: str, endpoint: str, response: httpx.Response) -> None:
+    """An HTTP error status as the upstream's typed error, naming the URL it came from."""
+    if response.status_code >= 400:
+        raise error(
+            f"{what} {endpoint} answered {response.status_code}: {response.text[:200]!r}",
+            reason="http_status",
+            status=response.status_code,
+        )
 
 
 class UpstreamClients:

@@ -28,7 +28,12 @@ import httpx
 
 from poimen_memory.errors import ConfigError, RerankUnavailable
 from poimen_memory.settings import RerankSettings
-from poimen_memory.upstreams.clients import UpstreamClients, endpoint_candidates
+from poimen_memory.upstreams.clients import (
+    UpstreamClients,
+    endpoint_candidates,
+    fallback_endpoint,
+    raise_for_status,
+)
 
 __all__ = [
     "Dialect",
@@ -185,9 +190,9 @@ class RerankClient:
                 response = await client.post(
                     self.endpoint, json=body, headers=self._headers, timeout=limit
                 )
-                at = self._endpoints.index(self.endpoint)
-                if response.status_code == 404 and at + 1 < len(self._endpoints):
-                    self.endpoint = self._endpoints[at + 1]  # kept for later calls
+                following = fallback_endpoint(self._endpoints, self.endpoint, response, "reranker")
+                if following is not None:
+                    self.endpoint = following
                     response = await client.post(
                         self.endpoint, json=body, headers=self._headers, timeout=limit
                     )
@@ -199,13 +204,7 @@ class RerankClient:
             raise RerankUnavailable(
                 f"reranker {self.endpoint} unreachable: {exc!r}", reason="transport"
             ) from exc
-        if response.status_code >= 400:
-            raise RerankUnavailable(
-                f"reranker {self.endpoint} answered {response.status_code}: "
-                f"{response.text[:200]!r}",
-                reason="http_status",
-                status=response.status_code,
-            )
+        raise_for_status(RerankUnavailable, "reranker", self.endpoint, response)
         try:
             pairs = _parse_items(response.json(), len(documents))
         except (ValueError, KeyError, TypeError) as exc:
