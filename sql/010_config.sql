@@ -45,6 +45,8 @@ COMMENT ON FUNCTION memory.check_levels(text[]) IS
 CREATE OR REPLACE FUNCTION memory.configure_embedding(model text, dim integer)
 RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+-- The service's role records the model on its first ingest; only the owner may alter nodes.
+SECURITY DEFINER
 SET search_path = pg_catalog, public, pg_temp
 AS $$
 DECLARE cur memory.embedding_model;
