@@ -45,7 +45,8 @@ DECLARE
         'memory.reset_policy', 'memory.refresh_lexical_bounds', 'memory.nodes_lexical_row',
         'memory.nodes_lexical_insert', 'memory.nodes_lexical_delete',
         'memory.nodes_lexical_update', 'memory.nodes_lexical_truncate',
-        'memory.enqueue_opensearch', 'memory.grant_project', 'memory.revoke_project'];
+        'memory.enqueue_opensearch', 'memory.grant_project', 'memory.revoke_project',
+        'memory.enable_outbox'];
     reader_tables text[] := ARRAY[
         'memory.schema_migrations', 'memory.config', 'memory.projects',
         'memory.embedding_model', 'memory.nodes', 'memory.edges', 'memory.postings',
@@ -94,8 +95,8 @@ GRANT INSERT, UPDATE, DELETE ON memory.edges TO memory_writer;
 GRANT INSERT (name), DELETE ON memory.projects TO memory_writer;
 GRANT INSERT, UPDATE, DELETE ON memory.opensearch_outbox TO memory_writer;
 
--- The service checks API keys and, on the first ingest into a fresh database, records the
--- embedding model (memory.configure_embedding is SECURITY DEFINER for that one caller).
+-- The service checks API keys, records the embedding model on the first ingest into a
+-- fresh database and switches the OpenSearch outbox on (both SECURITY DEFINER for it).
 DO $$
 BEGIN
     IF to_regclass('memory.api_keys') IS NOT NULL THEN  -- from migration 0005 on
@@ -103,3 +104,4 @@ BEGIN
     END IF;
 END $$;
 GRANT EXECUTE ON FUNCTION memory.configure_embedding(text, integer) TO memory_service;
+GRANT EXECUTE ON FUNCTION memory.enable_outbox() TO memory_service;

@@ -47,9 +47,10 @@ OWNER_ONLY = {
     "enqueue_opensearch",
     "grant_project",
     "revoke_project",
+    "enable_outbox",
 }
 # Owner-only functions the service's role may also run (sql/900_grants.sql, end).
-SERVICE = {"configure_embedding"}
+SERVICE = {"configure_embedding", "enable_outbox"}
 READER = {
     "version",
     "project_id",
