@@ -57,6 +57,8 @@ READER = {
     "check_levels",
     "check_embedding",
     "require_embedding",
+    "check_query",
+    "check_weight",
     "policy",
     "lexical_document",
     "lexical_search",
