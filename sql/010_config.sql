@@ -42,9 +42,46 @@ END $$;
 COMMENT ON FUNCTION memory.check_levels(text[]) IS
     'Validates a level filter: NULL means all levels; otherwise a non-empty subset of {L0,L1,L2} (22023).';
 
+CREATE OR REPLACE FUNCTION memory.check_query(query text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- Any whitespace, not only spaces (btrim): a tab-only query must fail here, in SQL,
+    -- not later inside the PL/Python optimizer or as a silent empty result.
+    IF query IS NULL OR query !~ '[^[:space:]]' THEN
+        RAISE EXCEPTION 'query must not be empty'
+            USING ERRCODE = '22023',
+                  DETAIL = 'The query is NULL, empty or only whitespace.',
+                  HINT = 'Pass the text to search for, e.g. memory_query(''kong body buffer'').';
+    END IF;
+    RETURN $1;  -- not "RETURN query": plpgsql would read RETURN QUERY
+END $$;
+COMMENT ON FUNCTION memory.check_query(text) IS
+    'Returns the query unchanged unless it is NULL, empty or only whitespace (22023).';
+
+CREATE OR REPLACE FUNCTION memory.check_weight(name text, weight double precision)
+RETURNS double precision
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- NaN sorts above every number in PostgreSQL, so BETWEEN alone would let it through.
+    IF weight IS NULL OR weight = 'NaN'::float8 OR weight NOT BETWEEN 0 AND 1 THEN
+        RAISE EXCEPTION '% must be a number within [0, 1], got %', name, coalesce(weight::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN weight;
+END $$;
+COMMENT ON FUNCTION memory.check_weight(text, double precision) IS
+    'Returns the weight unchanged if it is within [0, 1] (not NULL, NaN or infinite); otherwise 22023 naming the argument.';
+
 CREATE OR REPLACE FUNCTION memory.configure_embedding(model text, dim integer)
 RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+-- The service's role records the model on its first ingest; only the owner may alter nodes.
+SECURITY DEFINER
 SET search_path = pg_catalog, public, pg_temp
 AS $$
 DECLARE cur memory.embedding_model;
@@ -107,10 +144,17 @@ BEGIN
         RAISE EXCEPTION 'query embedding has % dimensions, the database stores %', vector_dims(query_embedding), d
             USING ERRCODE = 'PM409', HINT = 'Embed the query with the model recorded in memory.embedding_model.';
     END IF;
+    -- The cosine distance to a zero vector is NaN, which would sort above every score.
+    IF vector_norm(query_embedding) = 0 THEN
+        RAISE EXCEPTION 'query_embedding is the zero vector'
+            USING ERRCODE = '22023',
+                  DETAIL = 'Cosine similarity is undefined for a vector of norm 0.',
+                  HINT = 'Pass the embedding of the query text, or NULL for a text-only query.';
+    END IF;
     RETURN query_embedding;
 END $$;
 COMMENT ON FUNCTION memory.check_embedding(vector) IS
-    'Returns the embedding unchanged if its dimension matches the configured model; otherwise PM409/PM412.';
+    'Returns the embedding unchanged if its dimension matches the configured model; otherwise PM409/PM412; the zero vector raises 22023.';
 
 CREATE OR REPLACE FUNCTION memory.require_embedding(query_embedding vector)
 RETURNS vector

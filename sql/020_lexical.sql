@@ -168,9 +168,7 @@ LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF query IS NULL OR btrim(query) = '' THEN
-        RAISE EXCEPTION 'query must not be empty' USING ERRCODE = '22023';
-    END IF;
+    PERFORM memory.check_query(query);
     IF k IS NULL OR k < 1 THEN
         RAISE EXCEPTION 'k must be >= 1, got %', k USING ERRCODE = '22023';
     END IF;

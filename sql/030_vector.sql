@@ -65,7 +65,15 @@ DECLARE
     pid integer := memory.project_id(project);
     lv text[] := memory.check_levels(levels);
     q vector := memory.require_embedding(query_embedding);
+    -- Brute force reads every row: the owner bounds k (memory.set_policy).
+    max_k integer := coalesce((SELECT c.value::integer FROM memory.config c
+                               WHERE c.key = 'exact_search_max_k'), 1000);
 BEGIN
+    IF k IS NULL OR k < 1 OR k > max_k THEN
+        RAISE EXCEPTION 'k must be within 1..%, got %', max_k, coalesce(k::text, 'NULL')
+            USING ERRCODE = '22023',
+                  HINT = 'The owner raises the cap with memory.set_policy(''exact_search_max_k'', ''5000'').';
+    END IF;
     RETURN QUERY
     SELECT n.id, (row_number() OVER (ORDER BY n.embedding <=> q, n.id))::integer,
            1 - (n.embedding <=> q)
@@ -76,7 +84,7 @@ BEGIN
     LIMIT k;
 END $$;
 COMMENT ON FUNCTION memory.exact_search(vector, text, text[], integer) IS
-    'Exact cosine top-k without the HNSW index: the recall reference for benchmarks.';
+    'Exact cosine top-k without the HNSW index: the recall reference for benchmarks. k is capped by memory.config exact_search_max_k (default 1000; memory.set_policy).';
 
 CREATE OR REPLACE FUNCTION memory.search_by_ids(
     query_embedding vector,

@@ -14,6 +14,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     n_lists integer;
+    bad text;
 BEGIN
     IF lists IS NULL OR jsonb_typeof(lists) <> 'array' OR jsonb_array_length(lists) < 1 THEN
         RAISE EXCEPTION 'lists must be a JSON array of ranked lists'
@@ -28,6 +29,24 @@ BEGIN
         RAISE EXCEPTION 'k must be >= 0 and final_k >= 1 (got %, %)', k, final_k USING ERRCODE = '22023';
     END IF;
     n_lists := jsonb_array_length(lists);
+    -- JSON has no NaN, but the strings "NaN" and "Infinity" cast to float8, and would sort
+    -- above every fused score: refuse them, naming the list and field.
+    SELECT string_agg(DISTINCT b.arg, ', ') INTO bad
+    FROM (
+        SELECT format('lists[%s].weight', li.ord - 1) AS arg
+        FROM jsonb_array_elements(lists) WITH ORDINALITY AS li(item, ord)
+        WHERE (li.item ->> 'weight')::double precision IN ('NaN', 'Infinity', '-Infinity')
+        UNION ALL
+        SELECT format('lists[%s].scores', li.ord - 1)
+        FROM jsonb_array_elements(lists) WITH ORDINALITY AS li(item, ord),
+             jsonb_array_elements_text(CASE jsonb_typeof(li.item -> 'scores') WHEN 'array'
+                                            THEN li.item -> 'scores' ELSE '[]' END) AS s(v)
+        WHERE s.v::double precision IN ('NaN', 'Infinity', '-Infinity')
+    ) b;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION '% must be finite numbers', bad
+            USING ERRCODE = '22023', HINT = 'Weights and scores may not be NaN or Infinity.';
+    END IF;
     RETURN QUERY
     WITH l AS (
         SELECT (li.ord - 1)::integer AS list_no,
@@ -100,7 +119,8 @@ AS $$
         jsonb_build_array(
             semantic || jsonb_build_object('weight',
                 CASE WHEN strategy = 'LexicalOnly' THEN 0
-                     WHEN fusion = 'convex' AND strategy IN ('Hybrid', 'LexicalFirst') THEN dense_weight
+                     WHEN fusion = 'convex' AND strategy IN ('Hybrid', 'LexicalFirst')
+                          THEN memory.check_weight('dense_weight', dense_weight)
                      ELSE 1 END),
             lexical || jsonb_build_object('weight',
                 CASE WHEN strategy = 'SemanticOnly' THEN 0

@@ -42,7 +42,7 @@ AS $$
     SELECT n.id, n.level, encode(n.sha256, 'hex'), p.name, n.title, n.text, n.source,
            n.breadcrumb, n.ts,
            CASE WHEN query_embedding IS NULL OR n.embedding IS NULL THEN NULL
-                ELSE 1 - (n.embedding <=> query_embedding) END,
+                ELSE 1 - (n.embedding <=> memory.check_embedding(query_embedding)) END,
            memory.provenance_tree(n.id, max_depth),
            n.external_id
     FROM unnest(ids) WITH ORDINALITY AS i(id, ord)
@@ -87,10 +87,7 @@ DECLARE
     lex jsonb := '{"ids":[],"scores":[]}';
 BEGIN
     -- Every argument is checked before any work, and each error names the argument.
-    IF p_query IS NULL OR btrim(p_query) = '' THEN
-        RAISE EXCEPTION 'query must not be empty'
-            USING ERRCODE = '22023', HINT = 'Pass the text to search for, e.g. memory_query(''kong body buffer'').';
-    END IF;
+    PERFORM memory.check_query(p_query);
     IF p_k IS NULL OR p_k NOT BETWEEN 1 AND 50 THEN
         RAISE EXCEPTION 'k must be within 1..50, got %', coalesce(p_k::text, 'NULL')
             USING ERRCODE = '22023', HINT = 'k is the number of rows to return, e.g. k => 5.';

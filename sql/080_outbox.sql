@@ -50,3 +50,17 @@ DROP TRIGGER IF EXISTS nodes_outbox_delete ON memory.nodes;
 CREATE TRIGGER nodes_outbox_delete AFTER DELETE ON memory.nodes
     REFERENCING OLD TABLE AS old_rows
     FOR EACH STATEMENT EXECUTE FUNCTION memory.enqueue_opensearch();
+
+CREATE OR REPLACE FUNCTION memory.enable_outbox()
+RETURNS void
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+-- memory.config is owner-only (it holds the path PL/Python imports from); the service's
+-- role may switch this one key on, nothing else.
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO memory.config (key, value) VALUES ('opensearch_outbox', 'on')
+    ON CONFLICT (key) DO UPDATE SET value = 'on', updated_at = now()
+$$;
+COMMENT ON FUNCTION memory.enable_outbox() IS
+    'Turns the OpenSearch outbox triggers on (memory.config opensearch_outbox = on). Called by the service and `poimen-memory opensearch` when OpenSearch is configured.';

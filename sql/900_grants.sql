@@ -1,6 +1,8 @@
 -- Grants last, after every function exists. Least privilege, listed object by object:
 --   memory_reader  runs the query functions and reads the tables they read;
 --   memory_writer  is a reader that may also write content (never derived columns);
+--   memory_service is the HTTP service's writer: it may also read the API keys, record the
+--                  embedding model, and assert its caller's projects (sql/085_tenants.sql);
 --   the owner      keeps everything else: DDL-ish functions (configure_embedding,
 --                  reset_embedding, set_policy, reset_policy, refresh_lexical_bounds), the
 --                  trigger functions, memory.config writes, the statistics and API keys.
@@ -15,6 +17,9 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'memory_writer') THEN
         CREATE ROLE memory_writer NOLOGIN IN ROLE memory_reader;
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'memory_service') THEN
+        CREATE ROLE memory_service NOLOGIN IN ROLE memory_writer;
+    END IF;
 END $$;
 
 REVOKE ALL ON SCHEMA memory FROM PUBLIC;
@@ -27,23 +32,27 @@ DECLARE
     -- Functions the reader may call (every overload of each name).
     reader_functions text[] := ARRAY[
         'memory.version', 'memory.project_id', 'memory.check_levels', 'memory.check_embedding', 'memory.require_embedding',
+        'memory.check_query', 'memory.check_weight',
         'memory.policy', 'memory.lexical_document', 'memory.lexical_search',
         'memory.lexical_search_exact', 'memory.lexical_kth', 'memory.lexical_query', 'memory.semantic_search',
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory.fuse_legs',
         'memory.provenance_walk', 'memory.provenance_tree', 'memory.hydrate',
         'memory.plpython_path', 'memory.optimize_query', 'memory.run_query', 'memory.query',
-        'public.memory_query', 'public.memory_optimize_query'];
+        'public.memory_query', 'public.memory_optimize_query', 'memory.granted_projects',
+        'memory.granted_project_ids', 'memory.node_writable'];
     -- Functions nobody but the owner runs (DDL-ish, policy changes, triggers).
     owner_functions text[] := ARRAY[
         'memory.configure_embedding', 'memory.reset_embedding', 'memory.set_policy',
         'memory.reset_policy', 'memory.refresh_lexical_bounds', 'memory.nodes_lexical_row',
         'memory.nodes_lexical_insert', 'memory.nodes_lexical_delete',
         'memory.nodes_lexical_update', 'memory.nodes_lexical_truncate',
-        'memory.enqueue_opensearch'];
+        'memory.enqueue_opensearch', 'memory.grant_project', 'memory.revoke_project',
+        'memory.enable_outbox'];
     reader_tables text[] := ARRAY[
         'memory.schema_migrations', 'memory.config', 'memory.projects',
         'memory.embedding_model', 'memory.nodes', 'memory.edges', 'memory.postings',
-        'memory.term_stats', 'memory.corpus_stats', 'memory.opensearch_outbox'];
+        'memory.term_stats', 'memory.corpus_stats', 'memory.opensearch_outbox',
+        'memory.project_grants'];
     f regprocedure;
     t text;
 BEGIN
@@ -52,7 +61,7 @@ BEGIN
         JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
         WHERE n.nspname || '.' || p.proname = ANY (reader_functions || owner_functions)
     LOOP
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, memory_reader, memory_writer', f);
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, memory_reader, memory_writer, memory_service', f);
     END LOOP;
     FOR f IN
         SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
@@ -63,11 +72,13 @@ BEGIN
     END LOOP;
     FOREACH t IN ARRAY reader_tables || ARRAY['memory.api_keys'] LOOP
         IF to_regclass(t) IS NOT NULL THEN
-            EXECUTE format('REVOKE ALL ON TABLE %s FROM PUBLIC, memory_reader, memory_writer', t);
+            EXECUTE format('REVOKE ALL ON TABLE %s FROM PUBLIC, memory_reader, memory_writer, memory_service', t);
         END IF;
     END LOOP;
     FOREACH t IN ARRAY reader_tables LOOP
-        EXECUTE format('GRANT SELECT ON TABLE %s TO memory_reader', t);
+        IF to_regclass(t) IS NOT NULL THEN  -- project_grants: from migration 0008 on
+            EXECUTE format('GRANT SELECT ON TABLE %s TO memory_reader', t);
+        END IF;
     END LOOP;
 END $$;
 
@@ -84,3 +95,14 @@ GRANT INSERT (sha256, project_id, level, external_id, title, breadcrumb, text, s
 GRANT INSERT, UPDATE, DELETE ON memory.edges TO memory_writer;
 GRANT INSERT (name), DELETE ON memory.projects TO memory_writer;
 GRANT INSERT, UPDATE, DELETE ON memory.opensearch_outbox TO memory_writer;
+
+-- The service checks API keys, records the embedding model on the first ingest into a
+-- fresh database and switches the OpenSearch outbox on (both SECURITY DEFINER for it).
+DO $$
+BEGIN
+    IF to_regclass('memory.api_keys') IS NOT NULL THEN  -- from migration 0005 on
+        GRANT SELECT ON memory.api_keys TO memory_service;
+    END IF;
+END $$;
+GRANT EXECUTE ON FUNCTION memory.configure_embedding(text, integer) TO memory_service;
+GRANT EXECUTE ON FUNCTION memory.enable_outbox() TO memory_service;

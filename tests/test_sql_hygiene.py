@@ -45,13 +45,20 @@ OWNER_ONLY = {
     "nodes_lexical_update",
     "nodes_lexical_truncate",
     "enqueue_opensearch",
+    "grant_project",
+    "revoke_project",
+    "enable_outbox",
 }
+# Owner-only functions the service's role may also run (sql/900_grants.sql, end).
+SERVICE = {"configure_embedding", "enable_outbox"}
 READER = {
     "version",
     "project_id",
     "check_levels",
     "check_embedding",
     "require_embedding",
+    "check_query",
+    "check_weight",
     "policy",
     "lexical_document",
     "lexical_search",
@@ -72,6 +79,9 @@ READER = {
     "query",
     "memory_query",
     "memory_optimize_query",
+    "granted_projects",
+    "granted_project_ids",
+    "node_writable",
 }
 
 
@@ -194,10 +204,12 @@ def test_grants_are_listed_per_function(conn: Conn) -> None:
         else:
             assert name in OWNER_ONLY, f"{sig} is in neither list of sql/900_grants.sql"
             assert "memory_reader" not in g, sig
+            assert ("memory_service" in g) == (name in SERVICE), sig
     assert READER - seen <= {"lexical_search_exact", "lexical_kth"}
 
 
 def test_reader_cannot_run_ddl_ish_functions(conn: Conn) -> None:
+    conn.execute("SELECT memory.grant_project('memory_reader', 'poimen')")  # rows: RLS
     conn.execute("SET ROLE memory_reader")
     assert one(conn, "SELECT count(*) FROM public.memory_query('kong')")
     for call in (
@@ -205,6 +217,8 @@ def test_reader_cannot_run_ddl_ish_functions(conn: Conn) -> None:
         "SELECT memory.reset_embedding('x', 3)",
         "SELECT memory.set_policy('fusion', 'rrf')",
         "SELECT memory.reset_policy()",
+        "SELECT memory.grant_project('memory_reader', '*')",
+        "SELECT memory.revoke_project('memory_reader', 'poimen')",
     ):
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute(call)
@@ -228,6 +242,7 @@ def test_objects_a_dba_adds_are_not_granted(conn: Conn, fixture_url: str) -> Non
 
 
 def test_derived_columns_cannot_be_written(conn: Conn) -> None:
+    conn.execute("SELECT memory.grant_project('memory_writer', 'poimen', write => true)")
     conn.execute("SET ROLE memory_writer")
     nid = one(conn, "SELECT id FROM memory.nodes WHERE external_id = 'poimen:mem:1'")
     for stmt in (
@@ -382,6 +397,8 @@ def test_dump_restores_into_a_fresh_cluster(
     """pg_dump of a migrated database, pg_restore into a cluster that lacks our roles, then
     migrate there: the grants are back exactly and PUBLIC executes nothing."""
     assert FIXTURE.exists()
+    # Project grants are kept by role name, so they survive into a cluster with other oids.
+    conn.execute("SELECT memory.grant_project('memory_reader', 'poimen')")
     dump = work_dir / f"memory-{no_acl}.dump"
     bin_dir = fresh_cluster.bin_dir
     subprocess.run(

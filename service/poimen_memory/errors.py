@@ -169,6 +169,7 @@ SQLSTATE_TABLE: dict[str, type[PoimenError]] = {
     "22P02": ValidationError,
     "22000": ValidationError,
     "23505": ConflictError,
+    "42501": Forbidden,  # a privilege, or a row-level security policy (sql/085_tenants.sql)
     "57014": DeadlineExceeded,
     "3F000": NotMigrated,
     "42P01": NotMigrated,

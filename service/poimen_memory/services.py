@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 from psycopg_pool import AsyncConnectionPool
 
+from poimen_memory.db import tenant
 from poimen_memory.db.connect import connect, database_url, open_pool
 from poimen_memory.db.replicas import Replica, ReplicaSet
 from poimen_memory.embedders.base import Embedder
@@ -55,6 +56,7 @@ async def drain_outbox(url: str, engine: OpenSearchEngine, settings: Settings) -
 
     def once() -> bool:
         with connect(url, autocommit=True) as conn:
+            tenant.assert_for_session(conn, tenant.ALL_PROJECTS)  # the drain serves them all
             report = sync_outbox(
                 conn,
                 engine,

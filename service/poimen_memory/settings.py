@@ -9,6 +9,7 @@ is not here: it lives in the database (``memory.policy()``), so SQL and HTTP sha
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -151,6 +152,12 @@ def url_list(raw: str) -> tuple[str, ...]:
     return urls
 
 
+def role_name(raw: str) -> str:
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", raw):
+        raise ValueError("must be a lower-case SQL identifier ([a-z_][a-z0-9_]*, at most 63)")
+    return raw
+
+
 def _threads() -> int:
     return min(2, os.cpu_count() or 1)
 
@@ -212,6 +219,11 @@ class Settings(FromEnv):
     pg_data_dir: Path | None = setting("POIMEN_PG_DATA_DIR", Path)
     pg_socket_dir: Path | None = setting("POIMEN_PG_SOCKET_DIR", Path)
     pg_bin_dir: Path | None = setting("POIMEN_PG_BIN_DIR", Path)
+    # What `serve` connects as: a member of memory_service, never a superuser, so row-level
+    # security applies (docs/security.md). On the embedded cluster, `migrate` makes the
+    # login role below; with POIMEN_DATABASE_URL unset for the service, that URL is used.
+    service_database_url: str | None = setting("POIMEN_SERVICE_DATABASE_URL", str)
+    service_role: str = setting("POIMEN_SERVICE_ROLE", role_name, "poimen_service")
     # Read replicas (docs/scaling.md): queries go to a standby that is up and within the
     # lag bound, everything else (writes, API keys, health of the primary) to the primary.
     read_urls: tuple[str, ...] = setting("POIMEN_READ_URLS", url_list, ())

@@ -25,6 +25,7 @@ from poimen_memory.api.health import HealthCache
 from poimen_memory.api.openapi import openapi_spec
 from poimen_memory.api.params import parse_query
 from poimen_memory.api.request_log import RequestLogMiddleware
+from poimen_memory.db import tenant
 from poimen_memory.db.connect import connect
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
@@ -136,9 +137,11 @@ async def post_nodes(request: Request) -> JSONResponse:
     if state.embedder is None:
         raise ValidationError("no embedder configured; cannot ingest")
     embedder = state.embedder
+    caller = tenant.current()  # run_in_executor does not carry context variables
 
     def run() -> dict[str, Any]:
         with connect(state.url, autocommit=True) as conn:
+            tenant.assert_for_session(conn, caller)
             report = ingest(
                 conn,
                 records,

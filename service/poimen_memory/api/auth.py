@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
+from poimen_memory.db import tenant
 from poimen_memory.db.queries import q
 from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.errors import Forbidden, PoimenError, Unauthorized
@@ -82,6 +83,7 @@ class KeyRing:
         Revoking every key does not reopen the API: it then refuses every request."""
         keys = await self._load()
         if not keys:
+            tenant.assert_for_request(tenant.ALL_PROJECTS)
             return None
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
@@ -89,6 +91,10 @@ class KeyRing:
         digest = key_hash(token.strip())
         for stored, grant in keys.items():
             if hmac.compare_digest(stored, digest) and grant is not None:
+                # Postgres enforces the key's projects too (RLS, sql/085_tenants.sql).
+                tenant.assert_for_request(
+                    tenant.Tenant.of(grant.projects, can_write=grant.can_write)
+                )
                 return grant
         raise Unauthorized("unknown or revoked API key")
 

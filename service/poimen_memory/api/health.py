@@ -11,6 +11,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from poimen_memory.db import tenant
 from poimen_memory.db.queries import q
 from poimen_memory.errors import UpstreamUnavailable
 from poimen_memory.services import Services
@@ -21,7 +22,16 @@ PROBE_TIMEOUT_S = 1.0
 async def _database(svc: Services) -> dict[str, Any]:
     try:
         async with asyncio.timeout(2 * PROBE_TIMEOUT_S):
-            async with svc.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            async with (
+                svc.pool.connection() as conn,
+                conn.transaction(),
+                conn.cursor(row_factory=dict_row) as cur,
+            ):
+                # The totals of every project, as before row-level security.
+                await cur.execute(
+                    q("begin_request"),
+                    {"ms": str(int(PROBE_TIMEOUT_S * 1000)), **tenant.ALL_PROJECTS.params()},
+                )
                 await cur.execute(q("health"))
                 row = await cur.fetchone()
     except Exception as exc:

@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from poimen_memory.api.asgi import StatusRecorder
 from poimen_memory.api.request_log import annotate
+from poimen_memory.db import tenant
 from poimen_memory.db.queries import q
 
 __all__ = ["STAGES", "Metrics", "MetricsMiddleware", "metrics_for", "observe_query", "routes"]
@@ -194,7 +195,9 @@ class _LiveCollector(Collector):
                 services.pool.connection(timeout=OUTBOX_TIMEOUT_S) as conn,
                 conn.transaction(),
             ):
-                await conn.execute(q("set_statement_timeout"), {"ms": str(OUTBOX_MS)})
+                await conn.execute(
+                    q("begin_request"), {"ms": str(OUTBOX_MS), **tenant.ALL_PROJECTS.params()}
+                )
                 cur = await conn.execute(q("outbox_depth"))
                 row = await cur.fetchone()
             self.outbox = int(row[0]) if row else 0

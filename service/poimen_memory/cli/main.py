@@ -12,7 +12,14 @@ from typing import Any
 
 import psycopg
 
-from poimen_memory.db.connect import connect, database_url, embedded_cluster, embedded_replica
+from poimen_memory.db.connect import (
+    connect,
+    database_url,
+    embedded_cluster,
+    embedded_replica,
+    ensure_service_login,
+    service_database_url,
+)
 from poimen_memory.db.wrap import translate
 from poimen_memory.errors import PoimenError
 from poimen_memory.settings import Settings
@@ -130,6 +137,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     root = None if args.no_plpython else s.plpython_root
     with connect(_url(s), autocommit=True) as conn:
         report = migrate(conn, root, lock_timeout_s=args.lock_timeout)
+        if not s.database_url:  # a DBA's cluster: the DBA makes the service's login role
+            ensure_service_login(conn, s.service_role)
     print(
         f"migrations applied: {report.applied or 'none'}; already: {len(report.already)}; "
         f"sql files: {len(report.sql_files)}; plpython: {report.plpython_path}; "
@@ -283,6 +292,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from poimen_memory.api.app import create_app
+    from poimen_memory.db.migrate import migrate
 
     s = _settings()
     # Start the embedded cluster (when no URL is configured) before serving.
@@ -298,7 +308,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    app = create_app(replace(s, database_url=url))
+    if not s.database_url:
+        with connect(url, autocommit=True) as conn:
+            migrate(conn, s.plpython_root)  # the service's role needs memory_service
+            ensure_service_login(conn, s.service_role)
+    # The superuser only migrates; the service runs as its own role, under row-level security.
+    app = create_app(replace(s, database_url=service_database_url(s)))
     uvicorn.run(
         app,
         host=args.host,

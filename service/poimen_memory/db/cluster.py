@@ -64,13 +64,15 @@ class Cluster:
     socket_dir: Path
     port: int
     bin_dir: Path
+    # The HTTP service's login role (POIMEN_SERVICE_ROLE), made by `poimen-memory migrate`.
+    service_role: str = "poimen_service"
 
     @property
     def log_file(self) -> Path:
         return self.data_dir.parent / f"{self.data_dir.name}.log"
 
-    def url(self, dbname: str = DB_NAME) -> str:
-        return f"postgresql://postgres@/{dbname}?host={self.socket_dir}&port={self.port}"
+    def url(self, dbname: str = DB_NAME, user: str = "postgres") -> str:
+        return f"postgresql://{user}@/{dbname}?host={self.socket_dir}&port={self.port}"
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = dict(os.environ, LC_ALL="C.UTF-8", LANG="C.UTF-8")
@@ -140,9 +142,11 @@ class Cluster:
             "local replication all peer map=poimen\n"
         )
         users = ["postgres", "root"] if os.geteuid() == 0 else [me]
+        # The same OS users may also log in as the service's role (non-superuser, subject to
+        # row-level security): `serve` connects as that one, `migrate` as postgres.
         (self.data_dir / "pg_ident.conf").write_text(
             "# OS user -> database role; nobody else may connect.\n"
-            + "".join(f"poimen {u} postgres\n" for u in users)
+            + "".join(f"poimen {u} {r}\n" for u in users for r in ("postgres", self.service_role))
         )
         for name in ("pg_hba.conf", "pg_ident.conf"):
             (self.data_dir / name).chmod(0o600)

@@ -8,9 +8,11 @@ from typing import Any
 
 import psycopg
 from pgvector.psycopg import register_vector, register_vector_async
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from poimen_memory.db.cluster import Cluster, find_pg_bin
+from poimen_memory.db.queries import q
 from poimen_memory.settings import Settings
 
 
@@ -20,6 +22,7 @@ def embedded_cluster(settings: Settings) -> Cluster:
         socket_dir=settings.socket_dir,
         port=settings.pg_port,
         bin_dir=find_pg_bin(settings.pg_bin_dir, settings.setup_state),
+        service_role=settings.service_role,
     )
 
 
@@ -30,6 +33,7 @@ def embedded_replica(settings: Settings) -> Cluster:
         socket_dir=settings.replica_home / "run",
         port=settings.replica_port,
         bin_dir=find_pg_bin(settings.pg_bin_dir, settings.setup_state),
+        service_role=settings.service_role,
     )
 
 
@@ -41,6 +45,27 @@ def database_url(settings: Settings, *, start: bool = False) -> str:
     if start and not cluster.running():
         cluster.start()
     return cluster.url()
+
+
+def service_database_url(settings: Settings) -> str:
+    """What `serve` connects as: POIMEN_SERVICE_DATABASE_URL; else POIMEN_DATABASE_URL (a
+    DBA's cluster: give it a member of memory_service, docs/security.md); else the embedded
+    cluster's service role, never its superuser."""
+    if settings.service_database_url:
+        return settings.service_database_url
+    if settings.database_url:
+        return settings.database_url
+    return embedded_cluster(settings).url(user=settings.service_role)
+
+
+def ensure_service_login(conn: psycopg.Connection[Any], role: str) -> None:
+    """The embedded cluster's login role for the service (peer authentication maps the
+    server's OS user to it): a member of memory_service, which migrate has created."""
+    ident = {"role": sql.Identifier(role)}
+    row = conn.execute(q("service_role_exists"), {"role": role}).fetchone()
+    if row is None or not row[0]:
+        conn.execute(q("create_service_login").format(**ident))
+    conn.execute(q("grant_service_role").format(**ident))
 
 
 def connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:

@@ -40,8 +40,7 @@ SELECT * FROM unnest(%(child)s::bigint[], %(parent)s::bigint[], %(precedence)s::
 ON CONFLICT (child_id, parent_id) DO NOTHING;
 
 -- name: outbox_on
-INSERT INTO memory.config (key, value) VALUES ('opensearch_outbox', 'on')
-ON CONFLICT (key) DO UPDATE SET value = 'on', updated_at = now();
+SELECT memory.enable_outbox();
 
 -- name: nodes_for_reembed
 SELECT id, text FROM memory.nodes WHERE id > %(after)s ORDER BY id LIMIT %(limit)s;
@@ -91,6 +90,26 @@ WHERE n.level = 'L0';
 
 -- name: set_statement_timeout
 SELECT set_config('statement_timeout', %(ms)s, true);
+
+-- name: begin_request
+-- The first statement of every pooled transaction: its time budget and the caller's
+-- projects (sql/085_tenants.sql; counted only for members of memory_service).
+SELECT set_config('statement_timeout', %(ms)s, true),
+       set_config('poimen.read_projects', %(read)s, true),
+       set_config('poimen.write_projects', %(write)s, true);
+
+-- name: assert_projects_session
+SELECT set_config('poimen.read_projects', %(read)s, false),
+       set_config('poimen.write_projects', %(write)s, false);
+
+-- name: service_role_exists
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %(role)s);
+
+-- name: create_service_login
+CREATE ROLE {role} LOGIN;
+
+-- name: grant_service_role
+GRANT memory_service TO {role};
 
 -- name: outbox_batch
 SELECT o.id, o.node_id, o.op, encode(coalesce(o.sha256, n.sha256), 'hex') AS sha256, n.text,

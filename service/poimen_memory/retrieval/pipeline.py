@@ -29,6 +29,7 @@ from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from poimen_core.optimizer import QueryContext, QueryOptimizerError, optimize_query
+from poimen_memory.db import tenant
 from poimen_memory.db.queries import q
 from poimen_memory.db.replicas import ReplicaSet
 from poimen_memory.db.wrap import wrap_exceptions
@@ -111,7 +112,10 @@ class Retriever:
         deadline.check(stage)
         with wrap_exceptions(stage):
             async with self.connection(deadline, stage) as conn, conn.transaction():
-                await conn.execute(q("set_statement_timeout"), {"ms": str(deadline.remaining_ms())})
+                await conn.execute(
+                    q("begin_request"),
+                    {"ms": str(deadline.remaining_ms()), **tenant.current().params()},
+                )
                 async with conn.cursor(row_factory=class_row(row)) as cur:
                     await cur.execute(q(name), params)
                     rows: list[R] = await cur.fetchall()

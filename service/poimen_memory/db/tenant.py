@@ -1,0 +1,57 @@
+"""The projects the service asserts to PostgreSQL for the request it serves.
+
+Row-level security (sql/085_tenants.sql) honours ``poimen.read_projects`` and
+``poimen.write_projects`` only for members of ``memory_service``, the service's role. The
+API layer decides them from the caller's key (every project in anonymous mode) and they
+travel with the request in a context variable; each pooled transaction sets them with
+``set_config(..., true)``, so they end with the transaction and never leak to the next
+borrower of the connection. The default asserts no project: a path that forgets to set
+them sees nothing rather than everything."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from poimen_memory.db.queries import q
+
+EVERY = "*"
+
+
+@dataclass(frozen=True)
+class Tenant:
+    read: frozenset[str]
+    write: frozenset[str]
+
+    @classmethod
+    def of(cls, projects: Iterable[str], *, can_write: bool) -> Tenant:
+        p = frozenset(projects)
+        return cls(p, p if can_write else frozenset())
+
+    def params(self) -> dict[str, str]:
+        return {"read": ",".join(sorted(self.read)), "write": ",".join(sorted(self.write))}
+
+
+ALL_PROJECTS = Tenant(frozenset({EVERY}), frozenset({EVERY}))
+NO_PROJECT = Tenant(frozenset(), frozenset())
+
+_current: ContextVar[Tenant] = ContextVar("poimen_tenant", default=NO_PROJECT)
+
+
+def current() -> Tenant:
+    return _current.get()
+
+
+def assert_for_request(tenant: Tenant) -> None:
+    """Called by the API layer once it knows the caller (tasks the request starts inherit it)."""
+    _current.set(tenant)
+
+
+def assert_for_session(conn: psycopg.Connection[Any], tenant: Tenant) -> None:
+    """For a connection that serves one request or one background job and is then closed
+    (ingest, the outbox drain): the setting lasts for the session."""
+    conn.execute(q("assert_projects_session"), tenant.params())

@@ -1,0 +1,178 @@
+-- Tenants apart, enforced by PostgreSQL: row-level security on every table that holds
+-- project data (migration 0008 enables it), driven by memory.project_grants.
+--
+-- A role sees the projects granted to it (or to a role whose privileges it has) with
+-- memory.grant_project; '*' grants every project. The HTTP service's role (a member of
+-- memory_service) may also assert, per transaction, the projects of the API key it is
+-- serving: set_config('poimen.read_projects' / 'poimen.write_projects', 'a,b', true).
+-- Anyone can set those settings; the policies honour them only for memory_service
+-- members, so a plain SQL user gains nothing by it.
+--
+-- Every query function is SECURITY INVOKER, so the policies apply inside them and top-k
+-- is computed over the visible rows only. The statistics and outbox triggers are SECURITY
+-- DEFINER (the owner bypasses RLS): a writer who sees one project still keeps every
+-- project's BM25 statistics exact. BM25 statistics are per project; a query over several
+-- projects sums the statistics of the projects its caller can see, so nothing about a
+-- hidden project reaches a score.
+
+-- plpgsql, not sql: its body is not resolved at creation, so the sql/ files still apply
+-- over a schema migrated only up to an earlier version (before memory.project_grants).
+CREATE OR REPLACE FUNCTION memory.granted_projects(write boolean DEFAULT false)
+RETURNS text[]
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (
+        SELECT coalesce(array_agg(DISTINCT g.project), '{}')
+        FROM (
+            -- memory.project_grants shows each role only its own grants (policy below).
+            SELECT pg.project
+            FROM memory.project_grants pg
+            JOIN pg_catalog.pg_roles r ON r.rolname = pg.role_name  -- a dropped role grants nothing
+            WHERE (pg.can_write OR NOT write)
+              AND pg_catalog.pg_has_role(current_user, r.oid, 'USAGE')
+            UNION ALL
+            SELECT s.project
+            FROM unnest(string_to_array(nullif(current_setting(
+                     CASE WHEN write THEN 'poimen.write_projects' ELSE 'poimen.read_projects' END,
+                     true), ''), ',')) AS s(project)
+            WHERE pg_catalog.pg_has_role(current_user, 'memory_service', 'MEMBER')
+        ) g);
+END $$;
+COMMENT ON FUNCTION memory.granted_projects(boolean) IS
+    'Names of the projects the current user may read (write => true: write); ''*'' means every project. The union of memory.project_grants for the user''s roles and, for members of memory_service only, the poimen.read_projects / poimen.write_projects settings of the transaction.';
+
+CREATE OR REPLACE FUNCTION memory.granted_project_ids(write boolean DEFAULT false)
+RETURNS integer[]
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- memory.projects is itself filtered by read grants: writing a project needs reading it.
+    SELECT coalesce(array_agg(p.id), '{}')
+    FROM memory.projects p, (SELECT memory.granted_projects(write) AS names) g
+    WHERE g.names && ARRAY[p.name, '*']
+$$;
+COMMENT ON FUNCTION memory.granted_project_ids(boolean) IS
+    'Ids of the projects memory.granted_projects(write) names: what the row-level security policies compare project_id with (evaluated once per statement).';
+
+CREATE OR REPLACE FUNCTION memory.node_writable(id bigint)
+RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM memory.nodes n
+                   WHERE n.id = node_writable.id
+                     AND n.project_id = ANY (memory.granted_project_ids(true)))
+$$;
+COMMENT ON FUNCTION memory.node_writable(bigint) IS
+    'Whether the current user may write the node''s project: the check of the memory.edges write policies (both ends of an edge).';
+
+CREATE OR REPLACE FUNCTION memory.grant_project(role regrole, project text, write boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF role IS NULL OR project IS NULL OR write IS NULL THEN
+        RAISE EXCEPTION 'role, project and write must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    IF project <> '*' AND project !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$' THEN
+        RAISE EXCEPTION 'invalid project name "%"', project
+            USING ERRCODE = '22023',
+                  DETAIL = 'A project name matches [A-Za-z0-9][A-Za-z0-9_.:-]{0,127}, or is * for every project.',
+                  HINT = 'The project need not exist yet: the grant applies once it does.';
+    END IF;
+    INSERT INTO memory.project_grants AS g (role_name, project, can_write)
+    VALUES ((SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = role::oid), project, write)
+    ON CONFLICT ON CONSTRAINT project_grants_pkey
+        DO UPDATE SET can_write = EXCLUDED.can_write, granted_at = now();
+END $$;
+COMMENT ON FUNCTION memory.grant_project(regrole, text, boolean) IS
+    'Lets a role (and every role that has its privileges) read one project, or every project with ''*''; write => true also lets it insert, update and delete the project''s nodes and edges. Re-granting replaces the write flag. Row access only: the role still needs memory_reader or memory_writer for the functions and tables.';
+
+CREATE OR REPLACE FUNCTION memory.revoke_project(role regrole, project text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE removed integer;
+BEGIN
+    DELETE FROM memory.project_grants g
+    WHERE g.role_name = (SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = role::oid)
+      AND g.project = revoke_project.project;
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    RETURN removed > 0;
+END $$;
+COMMENT ON FUNCTION memory.revoke_project(regrole, text) IS
+    'Removes a grant made by memory.grant_project; true when there was one. Revoke a role''s grants before dropping the role: grants are kept by role name, so a new role of the same name would inherit them.';
+
+-- Policies: dropped and re-created so this file stays idempotent. The (SELECT ...) around
+-- each helper makes it an InitPlan, computed once per statement rather than once per row.
+DO $$
+DECLARE
+    pol record;
+BEGIN
+    IF to_regclass('memory.project_grants') IS NULL THEN
+        RETURN;  -- migration 0008 not applied yet
+    END IF;
+    FOR pol IN SELECT p.policyname, p.tablename FROM pg_catalog.pg_policies p
+               WHERE p.schemaname = 'memory'
+                 AND p.policyname IN ('own_grants', 'granted_read', 'granted_insert',
+                                      'granted_update', 'granted_delete', 'all_projects') LOOP
+        EXECUTE format('DROP POLICY %I ON memory.%I', pol.policyname, pol.tablename);
+    END LOOP;
+
+    CREATE POLICY own_grants ON memory.project_grants FOR SELECT
+        USING (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
+                       WHERE r.rolname = role_name AND pg_catalog.pg_has_role(current_user, r.oid, 'USAGE')));
+
+    CREATE POLICY granted_read ON memory.projects FOR SELECT
+        USING ((SELECT memory.granted_projects(false)) && ARRAY[name, '*']);
+    CREATE POLICY granted_insert ON memory.projects FOR INSERT
+        WITH CHECK ((SELECT memory.granted_projects(true)) && ARRAY[name, '*']);
+    CREATE POLICY granted_delete ON memory.projects FOR DELETE
+        USING ((SELECT memory.granted_projects(true)) && ARRAY[name, '*']);
+
+    CREATE POLICY granted_read ON memory.nodes FOR SELECT
+        USING (project_id = ANY ((SELECT memory.granted_project_ids(false))::integer[]));
+    CREATE POLICY granted_insert ON memory.nodes FOR INSERT
+        WITH CHECK (project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[]));
+    CREATE POLICY granted_update ON memory.nodes FOR UPDATE
+        USING (project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[]))
+        WITH CHECK (project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[]));
+    CREATE POLICY granted_delete ON memory.nodes FOR DELETE
+        USING (project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[]));
+
+    -- An edge belongs to its child's project; writing one needs both ends writable.
+    CREATE POLICY granted_read ON memory.edges FOR SELECT
+        USING (EXISTS (SELECT 1 FROM memory.nodes n WHERE n.id = child_id));
+    CREATE POLICY granted_insert ON memory.edges FOR INSERT
+        WITH CHECK (memory.node_writable(child_id) AND memory.node_writable(parent_id));
+    CREATE POLICY granted_update ON memory.edges FOR UPDATE
+        USING (memory.node_writable(child_id))
+        WITH CHECK (memory.node_writable(child_id) AND memory.node_writable(parent_id));
+    CREATE POLICY granted_delete ON memory.edges FOR DELETE
+        USING (memory.node_writable(child_id));
+
+    -- The statistics are written by the owner's triggers only; reading them is per project.
+    CREATE POLICY granted_read ON memory.postings FOR SELECT
+        USING (project_id = ANY ((SELECT memory.granted_project_ids(false))::integer[]));
+    CREATE POLICY granted_read ON memory.term_stats FOR SELECT
+        USING (project_id = ANY ((SELECT memory.granted_project_ids(false))::integer[]));
+    CREATE POLICY granted_read ON memory.corpus_stats FOR SELECT
+        USING (project_id = ANY ((SELECT memory.granted_project_ids(false))::integer[]));
+
+    -- The outbox names nodes of every project, deleted ones included: only a role granted
+    -- every project (the service's drain asserts '*') sees or changes it.
+    CREATE POLICY all_projects ON memory.opensearch_outbox
+        USING ('*' = ANY ((SELECT memory.granted_projects(false))::text[]))
+        WITH CHECK ('*' = ANY ((SELECT memory.granted_projects(true))::text[]));
+
+    COMMENT ON TABLE memory.project_grants IS
+        'Which roles may read (and write) which projects, enforced by row-level security on every table holding project data. Managed with memory.grant_project / memory.revoke_project; each role sees only its own rows.';
+    COMMENT ON COLUMN memory.project_grants.role_name IS 'the grantee, by name (kept across pg_dump/pg_restore); every role that has its privileges inherits the grant';
+    COMMENT ON COLUMN memory.project_grants.project IS 'project name, or * for every project (the name need not exist yet)';
+    COMMENT ON COLUMN memory.project_grants.can_write IS 'the role may also insert, update and delete the project''s nodes and edges';
+    COMMENT ON COLUMN memory.project_grants.granted_at IS 'when the grant was made or last changed';
+END $$;

@@ -1,0 +1,237 @@
+"""Tenants apart in Postgres (sql/085_tenants.sql): a role granted one project sees and
+changes only that project, through every function and every table; top-k is computed
+after the filter; the service's per-transaction project setting counts only for members
+of memory_service. Roles are switched with SET ROLE, so RLS applies as it would to a
+login of that role."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from poimen_memory.embedders.local import LocalEmbedder
+
+Conn = psycopg.Connection[Any]
+
+KONG = "kong client body buffer size"
+ALL = "ARRAY['L0','L1','L2']"
+
+
+def _role(conn: Conn, name: str, *member_of: str) -> None:
+    """Roles are cluster-wide and the session's databases share them: create once."""
+    conn.execute(
+        f"""DO $$ BEGIN
+                IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{name}') THEN
+                    CREATE ROLE {name} NOLOGIN;
+                END IF;
+            END $$"""
+    )
+    for r in member_of:
+        conn.execute(f"GRANT {r} TO {name}")
+
+
+def _ids(conn: Conn, query: str, params: tuple[Any, ...] = ()) -> list[Any]:
+    return [r[0] for r in conn.execute(query, params).fetchall()]
+
+
+def _project_ids(conn: Conn) -> dict[str, int]:
+    return dict(conn.execute("SELECT name, id FROM memory.projects").fetchall())  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def reader(conn: Conn) -> Conn:
+    _role(conn, "tenant_reader", "memory_reader")
+    conn.execute("SELECT memory.grant_project('tenant_reader', 'poimen')")
+    return conn
+
+
+def _plant_atlas(conn: Conn, n: int) -> list[int]:
+    """Atlas nodes that out-rank every poimen node for KONG (as the owner)."""
+    pid = _project_ids(conn)["atlas"]
+    return _ids(
+        conn,
+        "INSERT INTO memory.nodes (sha256, project_id, level, text)"
+        " SELECT sha256(('plant' || i)::bytea), %s, 'L1',"
+        "        repeat('kong client body buffer size ', 3) || i"
+        " FROM generate_series(1, %s) i RETURNING id",
+        (pid, n),
+    )
+
+
+def test_a_role_without_grants_sees_nothing(conn: Conn) -> None:
+    _role(conn, "tenant_nobody", "memory_reader")
+    conn.execute("SET ROLE tenant_nobody")
+    for table in ("projects", "nodes", "edges", "postings", "term_stats", "corpus_stats",
+                  "opensearch_outbox", "project_grants"):  # fmt: skip
+        assert _ids(conn, f"SELECT count(*) FROM memory.{table}") == [0], table
+    assert _ids(conn, "SELECT node_id FROM public.memory_query(%s)", (KONG,)) == []
+    # A hidden project is indistinguishable from one that does not exist.
+    with pytest.raises(psycopg.Error) as exc:
+        conn.execute("SELECT * FROM public.memory_query(%s, project => 'poimen')", (KONG,))
+    assert exc.value.sqlstate == "PM404"
+
+
+def test_every_function_and_table_shows_only_the_granted_project(
+    reader: Conn, embedder: LocalEmbedder
+) -> None:
+    conn = reader
+    pids = _project_ids(conn)
+    atlas = _ids(conn, "SELECT id FROM memory.nodes WHERE project_id = %s", (pids["atlas"],))
+    assert atlas
+    vec = embedder.embed_query(KONG)
+    conn.execute("SET ROLE tenant_reader")
+    mine = pids["poimen"]
+    assert _ids(conn, "SELECT name FROM memory.projects") == ["poimen"]
+    for table in ("nodes", "postings", "term_stats", "corpus_stats"):
+        assert set(_ids(conn, f"SELECT DISTINCT project_id FROM memory.{table}")) == {mine}
+    edges = _ids(
+        conn, "SELECT n.project_id FROM memory.edges e JOIN memory.nodes n ON n.id = e.child_id"
+    )
+    assert edges and set(edges) == {mine}
+    assert _ids(conn, "SELECT count(*) FROM memory.edges WHERE child_id = ANY(%s)", (atlas,)) == [0]
+    in_project = _ids(conn, "SELECT id FROM memory.nodes")
+    calls: list[tuple[str, tuple[Any, ...]]] = [
+        (f"SELECT node_id FROM public.memory_query(%s, levels => {ALL}, k => 50)", (KONG,)),
+        ("SELECT node_id FROM memory.query(%s, %s, strategy => 'Hybrid', k => 50)", (KONG, vec)),
+        ("SELECT node_id FROM memory.lexical_search(%s, k => 1000)", (KONG,)),
+        ("SELECT node_id FROM memory.lexical_search_exact(%s, k => 1000)", (KONG,)),
+        ("SELECT node_id FROM memory.semantic_search(%s, k => 1000)", (vec,)),
+        ("SELECT node_id FROM memory.exact_search(%s, k => 1000)", (vec,)),
+        ("SELECT node_id FROM memory.search_by_ids(%s, %s, k => 1000)", (vec, atlas + in_project)),
+        ("SELECT node_id FROM memory.hydrate(%s)", (atlas + in_project,)),
+        ("SELECT parent_id FROM memory.provenance_walk(%s)", (atlas + in_project,)),
+    ]
+    for sql, params in calls:
+        got = _ids(conn, sql, params)
+        assert got and set(got) <= set(in_project), sql
+    for nid in atlas:
+        assert _ids(conn, "SELECT memory.provenance_tree(%s)", (nid,)) == [[]]
+    with pytest.raises(psycopg.Error) as exc:
+        conn.execute("SELECT * FROM memory.lexical_search(%s, 'atlas')", (KONG,))
+    assert exc.value.sqlstate == "PM404"
+
+
+def test_top_k_is_computed_after_the_filter(reader: Conn, embedder: LocalEmbedder) -> None:
+    """Hidden rows that would rank first take no slot: k rows of the visible project come
+    back, with the scores of a query confined to that project (its own BM25 statistics)."""
+    conn = reader
+    planted = _plant_atlas(conn, 30)
+    vec = embedder.embed_query(KONG)
+    top_all = _ids(conn, "SELECT node_id FROM memory.lexical_search(%s, k => 3)", (KONG,))
+    assert set(top_all) <= set(planted)  # the plants do out-rank everything
+    want = {
+        "lex": conn.execute(
+            "SELECT node_id, lexical_score FROM memory.lexical_search(%s, 'poimen', k => 3)",
+            (KONG,),
+        ).fetchall(),
+        "sem": conn.execute(
+            "SELECT node_id, query_score FROM memory.semantic_search(%s, 'poimen', k => 3)", (vec,)
+        ).fetchall(),
+        "query": conn.execute(
+            "SELECT node_id, final_score FROM public.memory_query(%s, project => 'poimen',"
+            f" levels => {ALL}, k => 3)",
+            (KONG,),
+        ).fetchall(),
+    }
+    assert len(want["lex"]) == len(want["sem"]) == len(want["query"]) == 3
+    conn.execute("SET ROLE tenant_reader")
+    got = {
+        "lex": conn.execute(
+            "SELECT node_id, lexical_score FROM memory.lexical_search(%s, k => 3)", (KONG,)
+        ).fetchall(),
+        "sem": conn.execute(
+            "SELECT node_id, query_score FROM memory.semantic_search(%s, k => 3)", (vec,)
+        ).fetchall(),
+        "query": conn.execute(
+            f"SELECT node_id, final_score FROM public.memory_query(%s, levels => {ALL}, k => 3)",
+            (KONG,),
+        ).fetchall(),
+    }
+    assert got == want
+
+
+def test_a_writer_changes_only_its_writable_project(conn: Conn) -> None:
+    _role(conn, "tenant_writer", "memory_writer")
+    conn.execute("SELECT memory.grant_project('tenant_writer', 'poimen', write => true)")
+    conn.execute("SELECT memory.grant_project('tenant_writer', 'atlas')")  # read-only
+    pids = _project_ids(conn)
+    first = "SELECT min(id) FROM memory.nodes WHERE project_id = %s AND level = 'L1'"
+    atlas_node = _ids(conn, first, (pids["atlas"],))[0]
+    poimen_node = _ids(conn, first, (pids["poimen"],))[0]
+    zebra = "SELECT df FROM memory.term_stats WHERE project_id = %s AND lexeme = 'zebra'"
+    df_before = _ids(conn, zebra, (pids["poimen"],))
+    conn.execute("SET ROLE tenant_writer")
+    insert = ("INSERT INTO memory.nodes (sha256, project_id, level, text)"
+              " VALUES (sha256(%s::bytea), %s, 'L1', 'zebra crossing')")  # fmt: skip
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # new row violates RLS
+        conn.execute(insert, (b"a", pids["atlas"]))
+    update = conn.execute("UPDATE memory.nodes SET text = 'x' WHERE id = %s", (atlas_node,))
+    assert update.rowcount == 0
+    delete = conn.execute("DELETE FROM memory.nodes WHERE id = %s", (atlas_node,))
+    assert delete.rowcount == 0
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # moving a node out
+        conn.execute(
+            "UPDATE memory.nodes SET project_id = %s WHERE id = %s", (pids["atlas"], poimen_node)
+        )
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # an edge into a read-only project
+        conn.execute(
+            "INSERT INTO memory.edges (child_id, parent_id) VALUES (%s, %s)",
+            (poimen_node, atlas_node),
+        )
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("INSERT INTO memory.projects (name) VALUES ('elsewhere')")
+    # Its own project it writes, and the statistics triggers (SECURITY DEFINER) follow.
+    conn.execute(insert, (b"b", pids["poimen"]))
+    conn.execute("RESET ROLE")
+    df_after = _ids(conn, zebra, (pids["poimen"],))
+    assert df_after == [(df_before or [0])[0] + 1]
+    assert _ids(conn, "SELECT text FROM memory.nodes WHERE id = %s", (atlas_node,)) != ["x"]
+
+
+def test_the_project_setting_counts_only_for_the_service_role(conn: Conn) -> None:
+    _role(conn, "tenant_plain", "memory_writer")
+    _role(conn, "tenant_service", "memory_service")
+    conn.execute("SELECT memory.grant_project('tenant_plain', 'poimen')")
+    pids = _project_ids(conn)
+    for who in ("tenant_plain", "tenant_service"):
+        conn.execute(f"SET ROLE {who}")
+        with conn.transaction():
+            conn.execute("SELECT set_config('poimen.read_projects', 'atlas', true)")
+            seen = set(_ids(conn, "SELECT DISTINCT project_id FROM memory.nodes"))
+            hits = _ids(conn, "SELECT project FROM public.memory_query(%s)", (KONG,))
+        with conn.transaction(force_rollback=True):
+            conn.execute("SELECT set_config('poimen.read_projects', '*', true)")
+            conn.execute("SELECT set_config('poimen.write_projects', '*', true)")
+            star = set(_ids(conn, "SELECT DISTINCT project_id FROM memory.nodes"))
+            deleted = conn.execute("DELETE FROM memory.edges").rowcount
+        conn.execute("RESET ROLE")
+        if who == "tenant_plain":
+            assert seen == {pids["poimen"]} and set(hits) <= {"poimen"}
+            assert star == {pids["poimen"]} and deleted == 0
+        else:
+            assert seen == {pids["atlas"]} and hits and set(hits) == {"atlas"}
+            assert star == set(pids.values()) and deleted > 0
+    # Outside a transaction that asserts projects, the service role sees nothing.
+    conn.execute("SET ROLE tenant_service")
+    assert _ids(conn, "SELECT count(*) FROM memory.nodes") == [0]
+
+
+def test_grant_and_revoke(conn: Conn) -> None:
+    _role(conn, "tenant_granted", "memory_reader")
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        conn.execute("SELECT memory.grant_project('tenant_granted', 'no spaces')")
+    with pytest.raises(psycopg.errors.UndefinedObject):
+        conn.execute("SELECT memory.grant_project('no_such_role_here', 'poimen')")
+    conn.execute("SELECT memory.grant_project('tenant_granted', '*')")
+    conn.execute("SELECT memory.grant_project('memory_writer', 'atlas', write => true)")
+    conn.execute("SET ROLE tenant_granted")
+    # '*' is every project; each role sees its own grants only.
+    assert sorted(_ids(conn, "SELECT name FROM memory.projects")) == ["atlas", "poimen"]
+    assert _ids(conn, "SELECT role_name::text FROM memory.project_grants") == ["tenant_granted"]
+    conn.execute("RESET ROLE")
+    assert _ids(conn, "SELECT memory.revoke_project('tenant_granted', '*')") == [True]
+    assert _ids(conn, "SELECT memory.revoke_project('tenant_granted', '*')") == [False]
+    conn.execute("SET ROLE tenant_granted")
+    assert _ids(conn, "SELECT count(*) FROM memory.nodes") == [0]

@@ -1,0 +1,119 @@
+"""The service as a non-superuser role under row-level security, over real HTTP: it serves
+every project in anonymous mode, and with an API key Postgres itself confines it to the
+key's projects, even where the Python checks are switched off."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from starlette.requests import Request
+from starlette.testclient import TestClient
+
+from poimen_memory.api.auth import KeyRing
+from poimen_memory.db.connect import connect, ensure_service_login
+from poimen_memory.embedders.local import LocalEmbedder
+from service_client import serve
+from test_api_keys import PLANT, _as, _key
+
+ROLE = "poimen_service"  # the embedded cluster's default; the test cluster maps it too
+ALL_LEVELS = ["L0", "L1", "L2"]
+
+
+@pytest.fixture
+def service_url(fixture_url: str) -> str:
+    with connect(fixture_url, autocommit=True) as conn:
+        ensure_service_login(conn, ROLE)
+    return fixture_url.replace("postgresql://postgres@", f"postgresql://{ROLE}@")
+
+
+@pytest.fixture
+def client(service_url: str, embedder: LocalEmbedder) -> Iterator[TestClient]:
+    with serve({"POIMEN_DATABASE_URL": service_url, "POIMEN_AUTH_CACHE_S": "0"}, embedder) as c:
+        yield c
+
+
+def _projects(r: Any) -> set[str]:
+    assert r.status_code == 200, r.text
+    return {row["project"] for row in r.json()["results"]}
+
+
+def _q(client: TestClient, key: str | None, **params: Any) -> Any:
+    params = {"query": "kong gateway uploads", "levels": ALL_LEVELS, "limit": 50, **params}
+    return client.get("/memory/query", params=params, headers=_as(key))
+
+
+def _count(url: str, external_id: str) -> int:
+    with connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM memory.nodes WHERE external_id = %s", (external_id,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_the_service_role_is_no_superuser_and_sees_nothing_by_itself(service_url: str) -> None:
+    with connect(service_url) as conn:
+        row = conn.execute(
+            "SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+        assert row == (False, False)
+        assert conn.execute("SELECT count(*) FROM memory.nodes").fetchone() == (0,)
+        conn.execute("SELECT set_config('poimen.read_projects', '*', false)")
+        assert conn.execute("SELECT count(*) FROM memory.nodes").fetchone() != (0,)
+
+
+def test_anonymous_mode_serves_every_project(
+    client: TestClient, fixture_url: str, service_url: str
+) -> None:
+    assert _projects(_q(client, None)) == {"poimen", "atlas"}
+    assert _projects(_q(client, None, project="atlas")) == {"atlas"}
+    r = client.post("/memory/nodes", json=[PLANT])
+    assert r.status_code == 201, r.text
+    assert _count(fixture_url, "plant") == 1
+    health = client.get("/healthz").json()
+    with connect(fixture_url) as conn:
+        total = conn.execute("SELECT count(*) FROM memory.nodes").fetchone()
+    assert total is not None and health["checks"]["database"]["nodes"] == total[0]
+
+
+def test_postgres_confines_a_key_even_without_the_python_checks(
+    client: TestClient, fixture_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defence in depth: with KeyRing's project checks replaced by bare authentication, a
+    poimen key still reads and writes nothing of atlas, because the service's transactions
+    assert the key's projects and RLS applies them."""
+
+    async def any_project(self: KeyRing, request: Request, project: str | None) -> str | None:
+        await self.grant(request)
+        return project
+
+    async def any_write(self: KeyRing, request: Request, projects: Any) -> None:
+        await self.grant(request)
+
+    monkeypatch.setattr(KeyRing, "read_project", any_project)
+    monkeypatch.setattr(KeyRing, "write_projects", any_write)
+    reader = _key(fixture_url, ["poimen"])
+    writer = _key(fixture_url, ["poimen"], write=True)
+    assert _projects(_q(client, reader)) == {"poimen"}  # no project named: only the key's
+    hidden = _q(client, reader, project="atlas")
+    assert hidden.status_code == 404 and hidden.json()["error"] == "unknown_project"
+    # A planted node in another project cannot be written...
+    r = client.post("/memory/nodes", json=[PLANT], headers=_as(writer))
+    assert r.status_code == 403 and r.json()["error"] == "forbidden", r.text
+    assert _count(fixture_url, "plant") == 0
+    # ...nor, by a read-only key, in its own project.
+    mine = {**PLANT, "id": "mine", "project": "poimen"}
+    r = client.post("/memory/nodes", json=[mine], headers=_as(reader))
+    assert r.status_code == 403, r.text
+    assert client.post("/memory/nodes", json=[mine], headers=_as(writer)).status_code == 201
+    assert _count(fixture_url, "mine") == 1
+    # Planted by the owner, it is still not read through the poimen key.
+    with connect(fixture_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO memory.nodes (sha256, project_id, level, text)"
+            " SELECT sha256('planted'::bytea), id, 'L1', 'kong gateway uploads kong gateway'"
+            " FROM memory.projects WHERE name = 'atlas'"
+        )
+    assert _projects(_q(client, reader)) == {"poimen"}
