@@ -72,6 +72,8 @@ READER = {
     "query",
     "memory_query",
     "memory_optimize_query",
+    "time_bound",
+    "time_range",
 }
 
 
