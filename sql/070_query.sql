@@ -8,6 +8,11 @@
 DROP FUNCTION IF EXISTS public.memory_query(text, vector, text, text[], integer, text, text);
 DROP FUNCTION IF EXISTS memory.query(text, vector, text, text[], integer, text, text, integer, integer);
 DROP FUNCTION IF EXISTS memory.run_query(text, vector, text, text[], integer, text, text, integer, integer);
+-- since, until and reference_time were added (the time filter): drop the shorter ones,
+-- callers first (their atomic bodies depend on what they call).
+DROP FUNCTION IF EXISTS public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision);
+DROP FUNCTION IF EXISTS memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision);
+DROP FUNCTION IF EXISTS memory.run_query(text, vector, text, text[], integer, text, text, integer, integer, double precision);
 DO $$
 BEGIN
     -- Result columns changed in place (same argument types): drop when the old shape is found.
@@ -63,7 +68,10 @@ CREATE OR REPLACE FUNCTION memory.run_query(
     p_fusion text,
     p_rrf_k integer,
     p_candidates integer,
-    p_dense_weight double precision
+    p_dense_weight double precision,
+    p_since text,
+    p_until text,
+    p_reference_time timestamptz
 )
 RETURNS TABLE (rank integer, node_id bigint, external_id text, level text, sha256 text,
                project text, title text, text text, source text, breadcrumb text[],
@@ -85,6 +93,8 @@ DECLARE
     cand integer;
     sem jsonb := '{"ids":[],"scores":[]}';
     lex jsonb := '{"ids":[],"scores":[]}';
+    lo timestamptz;  -- the time filter: since (inclusive), before (exclusive)
+    hi timestamptz;
 BEGIN
     -- Every argument is checked before any work, and each error names the argument.
     PERFORM memory.check_query(p_query);
@@ -115,14 +125,23 @@ BEGIN
     IF p_candidates IS NOT NULL AND p_candidates NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'candidates must be within 1..1000, got %', p_candidates USING ERRCODE = '22023';
     END IF;
+    SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(p_since, p_until) t;
     PERFORM memory.project_id(p_project);
     PERFORM memory.check_embedding(p_embedding);
     SELECT * INTO pol FROM memory.policy();
     -- Without an embedding only the lexical leg can run, so the optimizer (PL/Python) is not
     -- consulted: a text query needs nothing but SQL.
-    IF p_embedding IS NOT NULL
-       AND (p_strategy IS NULL OR (p_fusion IS NULL AND pol.fusion_by_type <> '{}'::jsonb)) THEN
-        plan := memory.optimize_query(p_query);
+    IF (p_embedding IS NOT NULL
+        AND (p_strategy IS NULL OR (p_fusion IS NULL AND pol.fusion_by_type <> '{}'::jsonb)))
+       OR (pol.extracted_dates = 'filter' AND p_since IS NULL AND p_until IS NULL) THEN
+        plan := memory.optimize_query(p_query, p_reference_time);
+    END IF;
+    -- A date the text asks for ("on 8 May 2023") filters only under that policy, and never
+    -- overrides the caller's own since/until.
+    IF pol.extracted_dates = 'filter' AND p_since IS NULL AND p_until IS NULL
+       AND jsonb_typeof(plan -> 'time_filter') = 'object' THEN
+        SELECT t.since_ts, t.before_ts INTO lo, hi
+          FROM memory.time_range(plan -> 'time_filter' ->> 'since', plan -> 'time_filter' ->> 'until') t;
     END IF;
     strat := CASE WHEN p_embedding IS NULL THEN 'LexicalOnly'
                   ELSE coalesce(p_strategy, plan ->> 'search_strategy') END;
@@ -135,14 +154,16 @@ BEGIN
           INTO lex
           FROM memory.lexical_search(p_query, p_project, lv,
                                      CASE strat WHEN 'LexicalFirst' THEN pol.cascade_candidates
-                                                WHEN 'Hybrid' THEN cand ELSE lim END) l;
+                                                WHEN 'Hybrid' THEN cand ELSE lim END,
+                                     since => lo, before => hi) l;
     END IF;
     IF strat IN ('SemanticOnly', 'Hybrid') THEN
         SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
                                   'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
           INTO sem
           FROM memory.semantic_search(p_embedding, p_project, lv,
-                                      CASE strat WHEN 'Hybrid' THEN cand ELSE lim END) s;
+                                      CASE strat WHEN 'Hybrid' THEN cand ELSE lim END,
+                                      since => lo, before => hi) s;
     ELSIF strat = 'LexicalFirst' THEN
         SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
                                   'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
@@ -152,7 +173,8 @@ BEGIN
                                     p_project, lv,
                                     -- a convex cascade blends cosine with BM25 over every lexical id
                                     CASE WHEN fus = 'convex' THEN greatest(jsonb_array_length(lex -> 'ids'), 1)
-                                         ELSE lim END) s;
+                                         ELSE lim END,
+                                    since => lo, before => hi) s;
     END IF;
 
     RETURN QUERY
@@ -176,7 +198,7 @@ BEGIN
       ON h.node_id = r.node_id
     ORDER BY r.pos;
 END $$;
-COMMENT ON FUNCTION memory.run_query(text, vector, text, text[], integer, text, text, integer, integer, double precision) IS
+COMMENT ON FUNCTION memory.run_query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz) IS
     'Implementation of memory.query (positional parameters; call memory.query instead).';
 
 CREATE OR REPLACE FUNCTION memory.query(
@@ -189,7 +211,10 @@ CREATE OR REPLACE FUNCTION memory.query(
     fusion text DEFAULT NULL,
     rrf_k integer DEFAULT NULL,
     candidates integer DEFAULT NULL,
-    dense_weight double precision DEFAULT NULL
+    dense_weight double precision DEFAULT NULL,
+    since text DEFAULT NULL,
+    until text DEFAULT NULL,
+    reference_time timestamptz DEFAULT NULL
 )
 RETURNS TABLE (rank integer, node_id bigint, external_id text, level text, sha256 text,
                project text, title text, text text, source text, breadcrumb text[],
@@ -201,10 +226,11 @@ LANGUAGE sql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
     SELECT * FROM memory.run_query(query, query_embedding, project, levels, k, strategy,
-                                   fusion, rrf_k, candidates, dense_weight);
+                                   fusion, rrf_k, candidates, dense_weight, since, until,
+                                   reference_time);
 END;
-COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision) IS
-    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top k (1..50) nodes with node_id, external_id, scores, ranks and provenance down to L0. Without query_embedding the lexical leg answers alone and PL/Python is not needed. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads.';
+COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz) IS
+    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top k (1..50) nodes with node_id, external_id, scores, ranks and provenance down to L0. Without query_embedding the lexical leg answers alone and PL/Python is not needed. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads. since/until (inclusive ISO dates or timestamps) keep only nodes whose timestamp is in range, inside every leg before its top k; reference_time (default now) anchors relative dates the optimizer extracts ("last week"), which filter only under memory.policy() extracted_dates = filter.';
 
 -- Entry points on the default search_path, so `SELECT * FROM memory_query('...')` works.
 CREATE OR REPLACE FUNCTION public.memory_query(
@@ -217,7 +243,10 @@ CREATE OR REPLACE FUNCTION public.memory_query(
     fusion text DEFAULT NULL,
     rrf_k integer DEFAULT NULL,
     candidates integer DEFAULT NULL,
-    dense_weight double precision DEFAULT NULL
+    dense_weight double precision DEFAULT NULL,
+    since text DEFAULT NULL,
+    until text DEFAULT NULL,
+    reference_time timestamptz DEFAULT NULL
 )
 RETURNS TABLE (rank integer, node_id bigint, external_id text, level text, sha256 text,
                project text, title text, text text, source text, breadcrumb text[],
@@ -229,9 +258,9 @@ LANGUAGE sql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
     SELECT * FROM memory.query(query, query_embedding, project, levels, k, strategy, fusion,
-                               rrf_k, candidates, dense_weight);
+                               rrf_k, candidates, dense_weight, since, until, reference_time);
 END;
-COMMENT ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision) IS
+COMMENT ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz) IS
     'Alias of memory.query on the default search_path. See docs/sql-api.md.';
 
 CREATE OR REPLACE FUNCTION public.memory_optimize_query(query text)
