@@ -182,61 +182,7 @@ BEGIN
       FROM memory.corpus_stats c WHERE pid IS NULL OR c.project_id = pid;
 END $$;
 COMMENT ON FUNCTION memory.lexical_query(text, integer, integer, double precision, double precision) IS
-    'Shared first step of memory.lexical_search and memory.lexical_search_exact: validates the arguments (22023) and returns the query''s lexemes with the corpus size and mean length of the project (or of all projects).';
-
--- since/before (the time filter) were added: drop the old signature first.
-DROP FUNCTION IF EXISTS memory.lexical_search_exact(text, text, text[], integer, double precision, double precision);
-CREATE OR REPLACE FUNCTION memory.lexical_search_exact(
-    query text,
-    project text DEFAULT NULL,
-    levels text[] DEFAULT NULL,
-    k integer DEFAULT 50,
-    k1 double precision DEFAULT 1.2,
-    b double precision DEFAULT 0.75,
-    since timestamptz DEFAULT NULL,
-    before timestamptz DEFAULT NULL
-)
-RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
-LANGUAGE plpgsql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    pid integer := memory.project_id(project);
-    lv text[] := memory.check_levels(levels);
-    -- the time filter, checked per posting only when one is given
-    timed boolean := since IS NOT NULL OR before IS NOT NULL;
-    lo timestamptz := coalesce(since, '-infinity');
-    hi timestamptz := coalesce(before, 'infinity');
-    terms text[];
-    n double precision;
-    avgdl double precision;
-BEGIN
-    SELECT x.terms, x.n, x.avgdl INTO terms, n, avgdl FROM memory.lexical_query(query, pid, k, k1, b) x;
-    IF cardinality(terms) = 0 OR coalesce(n, 0) = 0 THEN
-        RETURN;  -- only stop words, or an empty corpus: nothing can match
-    END IF;
-    RETURN QUERY
-    WITH idf AS (
-        SELECT t.lexeme, ln(1 + (n - sum(t.df) + 0.5) / (sum(t.df) + 0.5)) AS w
-        FROM memory.term_stats t
-        WHERE t.lexeme = ANY (terms) AND (pid IS NULL OR t.project_id = pid)
-        GROUP BY t.lexeme
-    ), scored AS (
-        SELECT p.node_id AS id,
-               sum(idf.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS score
-        FROM idf JOIN memory.postings p ON p.lexeme = idf.lexeme
-        WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
-              AND (NOT timed OR EXISTS (SELECT 1 FROM memory.nodes tn WHERE tn.id = p.node_id AND tn.ts >= lo AND tn.ts < hi))
-        GROUP BY p.node_id
-    )
-    SELECT s.id, (row_number() OVER (ORDER BY s.score DESC, s.id))::integer, s.score
-    FROM scored s
-    ORDER BY s.score DESC, s.id
-    LIMIT k;
-END $$;
-COMMENT ON FUNCTION memory.lexical_search_exact(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz) IS
-    'Exhaustive BM25, the reference for memory.lexical_search: scores every posting of every query term. Same arguments, same ranking (score descending, then node id). since/before: only nodes with since <= ts < before.';
+    'First step of memory.lexical_search: validates the arguments (22023) and returns the query''s lexemes with the corpus size and mean length of the project (or of all projects).';
 
 -- The k-th largest value, deflated by 1e-9 relative (float rounding must never make a
 -- lower bound of a score exceed the score); 0 when there are fewer than k values.
@@ -259,9 +205,13 @@ COMMENT ON FUNCTION memory.lexical_kth(double precision[], integer) IS
 -- candidates whose partial score plus the remaining bounds still reaches theta: whole when
 -- short against the candidates, by primary-key probes otherwise. Bounds are inflated and
 -- theta deflated by 1e-9 relative so float rounding cannot drop a document: the ranking is
--- memory.lexical_search_exact's.
+-- the exhaustive scorer's (exhaustive => true).
 -- since/before (the time filter) were added: drop the old signature first.
 DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, double precision, double precision);
+-- exhaustive was added (it replaces memory.lexical_search_exact): drop the old signatures.
+DROP FUNCTION IF EXISTS memory.lexical_search_exact(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz);
+DROP FUNCTION IF EXISTS memory.lexical_search_exact(text, text, text[], integer, double precision, double precision);
+DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz);
 CREATE OR REPLACE FUNCTION memory.lexical_search(
     query text,
     project text DEFAULT NULL,
@@ -270,7 +220,8 @@ CREATE OR REPLACE FUNCTION memory.lexical_search(
     k1 double precision DEFAULT 1.2,
     b double precision DEFAULT 0.75,
     since timestamptz DEFAULT NULL,
-    before timestamptz DEFAULT NULL
+    before timestamptz DEFAULT NULL,
+    exhaustive boolean DEFAULT false
 )
 RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -329,9 +280,9 @@ BEGIN
         RETURN;
     END IF;
     -- Few postings in all (measured on SciFact: a claim's median is 3.2k): scoring them all
-    -- is cheaper than the pruning's extra statements.
-    IF m = 1 OR total_df <= 4 * k + 6000 THEN
-        -- exhaustive, as memory.lexical_search_exact (statistics already at hand)
+    -- is cheaper than the pruning's extra statements. exhaustive => true always takes this
+    -- path: the reference the pruned path is tested against.
+    IF exhaustive OR m = 1 OR total_df <= 4 * k + 6000 THEN
         RETURN QUERY
         SELECT s.id, (row_number() OVER (ORDER BY s.score DESC, s.id))::integer, s.score
         FROM (SELECT p.node_id AS id,
@@ -426,8 +377,8 @@ BEGIN
     ORDER BY c.ps DESC, c.id
     LIMIT k;
 END $$;
-COMMENT ON FUNCTION memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz) IS
-    'BM25 (Okapi, k1/b tunable, Lucene IDF) over title, breadcrumb and text with per-project statistics. Disjunctive: any query term can match. Returns node ids ranked 1..k, exactly as memory.lexical_search_exact, but skips the postings that cannot reach the top k (MaxScore over per-term score bounds). since/before (timestamptz, either NULL) keep only nodes with since <= ts < before, before the top k is taken.';
+COMMENT ON FUNCTION memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz, boolean) IS
+    'BM25 (Okapi, k1/b tunable, Lucene IDF) over title, breadcrumb and text with per-project statistics. Disjunctive: any query term can match. Returns node ids ranked 1..k; skips the postings that cannot reach the top k (MaxScore over per-term score bounds) unless exhaustive => true, which scores every posting (the reference, same ranking). since/before (timestamptz, either NULL) keep only nodes with since <= ts < before, before the top k is taken.';
 
 CREATE OR REPLACE FUNCTION memory.refresh_lexical_bounds(project text DEFAULT NULL)
 RETURNS bigint

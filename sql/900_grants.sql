@@ -34,7 +34,7 @@ DECLARE
         'memory.version', 'memory.project_id', 'memory.check_levels', 'memory.check_embedding', 'memory.require_embedding',
         'memory.check_query', 'memory.check_weight',
         'memory.policy', 'memory.lexical_document', 'memory.lexical_search',
-        'memory.lexical_search_exact', 'memory.lexical_kth', 'memory.lexical_query', 'memory.semantic_search',
+        'memory.lexical_kth', 'memory.lexical_query', 'memory.semantic_search',
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory.fuse_legs',
         'memory.provenance_walk', 'memory.provenance_tree', 'memory.hydrate',
         'memory.plpython_path', 'memory.optimize_query', 'memory.run_query', 'memory.query',

@@ -1,5 +1,5 @@
 """Pruned BM25 (memory.lexical_search, MaxScore over per-term bounds) ranks exactly as the
-exhaustive reference (memory.lexical_search_exact): on a Zipfian corpus large enough for the
+exhaustive reference (exhaustive => true): on a Zipfian corpus large enough for the
 pruning to engage, on SciFact's real abstracts and claims when ../shared/data is present,
 and after deletes and updates that leave the stored bounds loose."""
 
@@ -26,7 +26,10 @@ SCIFACT = ROOT.parent / "shared" / "data" / "scifact"
 
 WINDOW = "since => %s::timestamptz, before => %s::timestamptz"
 PRUNED = f"SELECT node_id, lexical_score FROM memory.lexical_search(%s, %s, %s, %s, {WINDOW})"
-EXACT = f"SELECT node_id, lexical_score FROM memory.lexical_search_exact(%s, %s, %s, %s, {WINDOW})"
+EXACT = (
+    f"SELECT node_id, lexical_score FROM memory.lexical_search(%s, %s, %s, %s, {WINDOW},"
+    " exhaustive => true)"
+)
 INSERT = """
 INSERT INTO memory.nodes (sha256, project_id, level, text)
 SELECT sha256(convert_to(%(tag)s || ':' || u.i, 'UTF8')),

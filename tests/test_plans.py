@@ -133,9 +133,11 @@ def test_search_by_ids_uses_primary_key(synthetic: Conn) -> None:
 def test_lexical_search_uses_postings_btree(synthetic: Conn) -> None:
     # 'rare' holds topic0 and word0..word6 (every 100th node); terms without postings in
     # the project are dropped from term_stats before any posting is read.
-    for fn in ("lexical_search", "lexical_search_exact"):
+    for exhaustive in (False, True):
         plans = _nested_plans(
-            synthetic, f"SELECT * FROM memory.{fn}('topic0 word3 item42', 'rare')", ()
+            synthetic,
+            "SELECT * FROM memory.lexical_search('topic0 word3 item42', 'rare', exhaustive => %s)",
+            (exhaustive,),
         )
         assert "postings_pkey" in _index_names(plans)
 

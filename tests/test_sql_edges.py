@@ -119,7 +119,7 @@ def test_whitespace_only_queries_fail_in_sql(
         ("SELECT * FROM public.memory_query(%s)", (query,)),
         ("SELECT * FROM public.memory_query(%s, %s)", (query, vec)),  # would reach PL/Python
         ("SELECT * FROM memory.lexical_search(%s)", (query,)),
-        ("SELECT * FROM memory.lexical_search_exact(%s)", (query,)),
+        ("SELECT * FROM memory.lexical_search(%s, exhaustive => true)", (query,)),
     ):
         with pytest.raises(psycopg.Error) as exc:
             conn.execute(sql, params).fetchall()

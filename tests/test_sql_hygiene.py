@@ -62,7 +62,6 @@ READER = {
     "policy",
     "lexical_document",
     "lexical_search",
-    "lexical_search_exact",
     "lexical_kth",
     "lexical_query",
     "semantic_search",
@@ -207,7 +206,7 @@ def test_grants_are_listed_per_function(conn: Conn) -> None:
             assert name in OWNER_ONLY, f"{sig} is in neither list of sql/900_grants.sql"
             assert "memory_reader" not in g, sig
             assert ("memory_service" in g) == (name in SERVICE), sig
-    assert READER - seen <= {"lexical_search_exact", "lexical_kth"}
+    assert READER - seen <= {"lexical_kth"}
 
 
 def test_reader_cannot_run_ddl_ish_functions(conn: Conn) -> None:

@@ -96,7 +96,7 @@ def test_every_function_and_table_shows_only_the_granted_project(
         (f"SELECT node_id FROM public.memory_query(%s, levels => {ALL}, k => 50)", (KONG,)),
         ("SELECT node_id FROM memory.query(%s, %s, strategy => 'Hybrid', k => 50)", (KONG, vec)),
         ("SELECT node_id FROM memory.lexical_search(%s, k => 1000)", (KONG,)),
-        ("SELECT node_id FROM memory.lexical_search_exact(%s, k => 1000)", (KONG,)),
+        ("SELECT node_id FROM memory.lexical_search(%s, k => 1000, exhaustive => true)", (KONG,)),
         ("SELECT node_id FROM memory.semantic_search(%s, k => 1000)", (vec,)),
         ("SELECT node_id FROM memory.exact_search(%s, k => 1000)", (vec,)),
         ("SELECT node_id FROM memory.search_by_ids(%s, %s, k => 1000)", (vec, atlas + in_project)),
