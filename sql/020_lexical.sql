@@ -25,140 +25,101 @@ BEGIN
     RETURN NEW;
 END $$;
 
-CREATE OR REPLACE FUNCTION memory.nodes_lexical_insert()
-RETURNS trigger
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    INSERT INTO memory.postings (lexeme, project_id, node_id, level, tf, dl)
-    SELECT u.lexeme, n.project_id, n.id, n.level, cardinality(u.positions), n.lex_len
-    FROM new_rows n, unnest(n.tsv) u;
-    -- Sorted upserts take row locks in one order, so concurrent ingests cannot deadlock.
-    INSERT INTO memory.term_stats AS t (project_id, lexeme, df, max_tf, min_dl_per_tf)
-    SELECT n.project_id, u.lexeme, count(*), max(cardinality(u.positions)),
-           min(n.lex_len::double precision / greatest(cardinality(u.positions), 1))
-    FROM new_rows n, unnest(n.tsv) u
-    GROUP BY 1, 2 ORDER BY 1, 2
-    ON CONFLICT (project_id, lexeme) DO UPDATE
-        SET df = t.df + EXCLUDED.df,
-            max_tf = greatest(t.max_tf, EXCLUDED.max_tf),
-            min_dl_per_tf = least(t.min_dl_per_tf, EXCLUDED.min_dl_per_tf);
-    INSERT INTO memory.corpus_stats AS c (project_id, n_docs, total_len)
-    SELECT project_id, count(*), sum(lex_len) FROM new_rows GROUP BY 1 ORDER BY 1
-    ON CONFLICT (project_id) DO UPDATE
-        SET n_docs = c.n_docs + EXCLUDED.n_docs, total_len = c.total_len + EXCLUDED.total_len;
-    RETURN NULL;
-END $$;
-
-CREATE OR REPLACE FUNCTION memory.nodes_lexical_delete()
-RETURNS trigger
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    DELETE FROM memory.postings p USING old_rows o WHERE p.node_id = o.id;
-    UPDATE memory.term_stats t SET df = t.df - d.cnt
-    FROM (SELECT o.project_id, u.lexeme, count(*) AS cnt
-          FROM old_rows o, unnest(o.tsv) u GROUP BY 1, 2 ORDER BY 1, 2) d
-    WHERE t.project_id = d.project_id AND t.lexeme = d.lexeme;
-    DELETE FROM memory.term_stats WHERE df = 0;
-    UPDATE memory.corpus_stats c SET n_docs = c.n_docs - d.cnt, total_len = c.total_len - d.len
-    FROM (SELECT project_id, count(*) AS cnt, sum(lex_len) AS len FROM old_rows GROUP BY 1) d
-    WHERE c.project_id = d.project_id;
-    RETURN NULL;
-END $$;
-
-CREATE OR REPLACE FUNCTION memory.nodes_lexical_update()
+-- One statement trigger keeps the statistics for INSERT, UPDATE, DELETE and TRUNCATE: an
+-- update is a delete of the old statistics followed by an insert of the new ones, so the two
+-- halves below serve all three. Each half reads only the transition table its operation has
+-- (PL/pgSQL plans a statement when it first runs it).
+CREATE OR REPLACE FUNCTION memory.nodes_lexical_statement()
 RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    changed bigint[];
+    every boolean := TG_OP <> 'UPDATE';
+    changed bigint[];  -- UPDATE: the rows whose statistics change
 BEGIN
-    -- Only rows whose lexical content, project or level changed: an embedding-only update
-    -- (reembed) must not rewrite postings. Column lists are not allowed with transition
-    -- tables, hence the comparison here.
-    SELECT array_agg(o.id) INTO changed
-    FROM old_rows o JOIN new_rows n ON n.id = o.id
-    WHERE (o.tsv, o.project_id, o.level, o.lex_len) IS DISTINCT FROM (n.tsv, n.project_id, n.level, n.lex_len);
-    IF changed IS NULL THEN
+    IF TG_OP = 'TRUNCATE' THEN
+        TRUNCATE memory.postings, memory.term_stats, memory.corpus_stats;
         RETURN NULL;
     END IF;
-    -- An update is a delete of the old statistics followed by an insert of the new ones.
-    DELETE FROM memory.postings p WHERE p.node_id = ANY (changed);
-    UPDATE memory.term_stats t SET df = t.df - d.cnt
-    FROM (SELECT o.project_id, u.lexeme, count(*) AS cnt
-          FROM old_rows o, unnest(o.tsv) u WHERE o.id = ANY (changed)
-          GROUP BY 1, 2 ORDER BY 1, 2) d
-    WHERE t.project_id = d.project_id AND t.lexeme = d.lexeme;
-    UPDATE memory.corpus_stats c SET n_docs = c.n_docs - d.cnt, total_len = c.total_len - d.len
-    FROM (SELECT project_id, count(*) AS cnt, sum(lex_len) AS len FROM old_rows
-          WHERE id = ANY (changed) GROUP BY 1) d
-    WHERE c.project_id = d.project_id;
-    INSERT INTO memory.postings (lexeme, project_id, node_id, level, tf, dl)
-    SELECT u.lexeme, n.project_id, n.id, n.level, cardinality(u.positions), n.lex_len
-    FROM new_rows n, unnest(n.tsv) u WHERE n.id = ANY (changed);
-    INSERT INTO memory.term_stats AS t (project_id, lexeme, df, max_tf, min_dl_per_tf)
-    SELECT n.project_id, u.lexeme, count(*), max(cardinality(u.positions)),
-           min(n.lex_len::double precision / greatest(cardinality(u.positions), 1))
-    FROM new_rows n, unnest(n.tsv) u
-    WHERE n.id = ANY (changed)
-    GROUP BY 1, 2 ORDER BY 1, 2
-    ON CONFLICT (project_id, lexeme) DO UPDATE
-        SET df = t.df + EXCLUDED.df,
-            max_tf = greatest(t.max_tf, EXCLUDED.max_tf),
-            min_dl_per_tf = least(t.min_dl_per_tf, EXCLUDED.min_dl_per_tf);
-    DELETE FROM memory.term_stats WHERE df = 0;
-    INSERT INTO memory.corpus_stats AS c (project_id, n_docs, total_len)
-    SELECT project_id, count(*), sum(lex_len) FROM new_rows WHERE id = ANY (changed)
-    GROUP BY 1 ORDER BY 1
-    ON CONFLICT (project_id) DO UPDATE
-        SET n_docs = c.n_docs + EXCLUDED.n_docs, total_len = c.total_len + EXCLUDED.total_len;
-    RETURN NULL;
-END $$;
-
-CREATE OR REPLACE FUNCTION memory.nodes_lexical_truncate()
-RETURNS trigger
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    TRUNCATE memory.postings, memory.term_stats, memory.corpus_stats;
+    IF TG_OP = 'UPDATE' THEN
+        -- Only rows whose lexical content, project or level changed: an embedding-only
+        -- update (reembed) must not rewrite postings. Column lists are not allowed with
+        -- transition tables, hence the comparison here.
+        SELECT array_agg(o.id) INTO changed
+        FROM old_rows o JOIN new_rows n ON n.id = o.id
+        WHERE (o.tsv, o.project_id, o.level, o.lex_len) IS DISTINCT FROM (n.tsv, n.project_id, n.level, n.lex_len);
+        IF changed IS NULL THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    IF TG_OP IN ('DELETE', 'UPDATE') THEN
+        DELETE FROM memory.postings p USING old_rows o
+        WHERE p.node_id = o.id AND (every OR o.id = ANY (changed));
+        -- Sorted updates and upserts take row locks in one order, so concurrent writers
+        -- cannot deadlock. Score bounds are never lowered here: they stay valid, possibly
+        -- loose, until the term's last document goes and its row with them.
+        UPDATE memory.term_stats t SET df = t.df - d.cnt
+        FROM (SELECT o.project_id, u.lexeme, count(*) AS cnt
+              FROM old_rows o, unnest(o.tsv) u WHERE every OR o.id = ANY (changed)
+              GROUP BY 1, 2 ORDER BY 1, 2) d
+        WHERE t.project_id = d.project_id AND t.lexeme = d.lexeme;
+        DELETE FROM memory.term_stats WHERE df = 0;
+        UPDATE memory.corpus_stats c SET n_docs = c.n_docs - d.cnt, total_len = c.total_len - d.len
+        FROM (SELECT o.project_id, count(*) AS cnt, sum(o.lex_len) AS len FROM old_rows o
+              WHERE every OR o.id = ANY (changed) GROUP BY 1 ORDER BY 1) d
+        WHERE c.project_id = d.project_id;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        INSERT INTO memory.postings (lexeme, project_id, node_id, level, tf, dl)
+        SELECT u.lexeme, n.project_id, n.id, n.level, cardinality(u.positions), n.lex_len
+        FROM new_rows n, unnest(n.tsv) u WHERE every OR n.id = ANY (changed);
+        INSERT INTO memory.term_stats AS t (project_id, lexeme, df, max_tf, min_dl_per_tf)
+        SELECT n.project_id, u.lexeme, count(*), max(cardinality(u.positions)),
+               min(n.lex_len::double precision / greatest(cardinality(u.positions), 1))
+        FROM new_rows n, unnest(n.tsv) u
+        WHERE every OR n.id = ANY (changed)
+        GROUP BY 1, 2 ORDER BY 1, 2
+        ON CONFLICT (project_id, lexeme) DO UPDATE
+            SET df = t.df + EXCLUDED.df,
+                max_tf = greatest(t.max_tf, EXCLUDED.max_tf),
+                min_dl_per_tf = least(t.min_dl_per_tf, EXCLUDED.min_dl_per_tf);
+        INSERT INTO memory.corpus_stats AS c (project_id, n_docs, total_len)
+        SELECT n.project_id, count(*), sum(n.lex_len) FROM new_rows n
+        WHERE every OR n.id = ANY (changed)
+        GROUP BY 1 ORDER BY 1
+        ON CONFLICT (project_id) DO UPDATE
+            SET n_docs = c.n_docs + EXCLUDED.n_docs, total_len = c.total_len + EXCLUDED.total_len;
+    END IF;
     RETURN NULL;
 END $$;
 
 COMMENT ON FUNCTION memory.nodes_lexical_row() IS
     'Row trigger: computes a node''s tsvector and BM25 length (lex_len) from title, breadcrumb and text.';
-COMMENT ON FUNCTION memory.nodes_lexical_insert() IS
-    'Statement trigger: adds the inserted nodes'' postings, document frequencies, score bounds and corpus sizes.';
-COMMENT ON FUNCTION memory.nodes_lexical_delete() IS
-    'Statement trigger: removes the deleted nodes'' postings and statistics (score bounds stay valid, possibly loose).';
-COMMENT ON FUNCTION memory.nodes_lexical_update() IS
-    'Statement trigger: replaces the statistics of nodes whose lexical content, project or level changed.';
-COMMENT ON FUNCTION memory.nodes_lexical_truncate() IS
-    'Statement trigger: empties the BM25 statistics with the nodes.';
+COMMENT ON FUNCTION memory.nodes_lexical_statement() IS
+    'Statement trigger for INSERT, UPDATE, DELETE and TRUNCATE (which empties the statistics): removes the old rows'' postings, document frequencies and corpus sizes and adds the new rows'' (an UPDATE only for rows whose lexical content, project or level changed). Score bounds only grow: they stay valid, possibly loose.';
 
 CREATE OR REPLACE TRIGGER nodes_lexical_row
     BEFORE INSERT OR UPDATE OF title, breadcrumb, text ON memory.nodes
     FOR EACH ROW EXECUTE FUNCTION memory.nodes_lexical_row();
 CREATE OR REPLACE TRIGGER nodes_lexical_insert
     AFTER INSERT ON memory.nodes REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_insert();
+    FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement();
 CREATE OR REPLACE TRIGGER nodes_lexical_delete
     AFTER DELETE ON memory.nodes REFERENCING OLD TABLE AS old_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_delete();
+    FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement();
 CREATE OR REPLACE TRIGGER nodes_lexical_update
     AFTER UPDATE ON memory.nodes REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_update();
+    FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement();
 CREATE OR REPLACE TRIGGER nodes_lexical_truncate
     AFTER TRUNCATE ON memory.nodes
-    FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_truncate();
+    FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement();
+-- The per-operation functions before memory.nodes_lexical_statement, now unused.
+DROP FUNCTION IF EXISTS memory.nodes_lexical_insert();
+DROP FUNCTION IF EXISTS memory.nodes_lexical_delete();
+DROP FUNCTION IF EXISTS memory.nodes_lexical_update();
+DROP FUNCTION IF EXISTS memory.nodes_lexical_truncate();
 
 CREATE OR REPLACE FUNCTION memory.lexical_query(
     query text, pid integer, k integer, k1 double precision, b double precision,

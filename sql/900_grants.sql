@@ -45,8 +45,7 @@ DECLARE
     owner_functions text[] := ARRAY[
         'memory.configure_embedding', 'memory.reset_embedding', 'memory.set_policy',
         'memory.reset_policy', 'memory.refresh_lexical_bounds', 'memory.nodes_lexical_row',
-        'memory.nodes_lexical_insert', 'memory.nodes_lexical_delete',
-        'memory.nodes_lexical_update', 'memory.nodes_lexical_truncate',
+        'memory.nodes_lexical_statement',
         'memory.enqueue_opensearch', 'memory.grant_project', 'memory.revoke_project',
         'memory.enable_outbox'];
     reader_tables text[] := ARRAY[
