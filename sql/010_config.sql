@@ -42,6 +42,23 @@ END $$;
 COMMENT ON FUNCTION memory.check_levels(text[]) IS
     'Validates a level filter: NULL means all levels; otherwise a non-empty subset of {L0,L1,L2} (22023).';
 
+-- The filter every search stage applies, checked once: project and level arguments
+-- validated (memory.project_id, memory.check_levels) and the time window as bounds that
+-- always compare (timed false: no window, and the planner folds that condition away).
+CREATE OR REPLACE FUNCTION memory.node_filter(
+    project text, levels text[], since timestamptz, before timestamptz,
+    OUT pid integer, OUT lv text[], OUT timed boolean, OUT lo timestamptz, OUT hi timestamptz
+)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT memory.project_id(project), memory.check_levels(levels),
+           since IS NOT NULL OR before IS NOT NULL,
+           coalesce(since, '-infinity'), coalesce(before, 'infinity')
+$$;
+COMMENT ON FUNCTION memory.node_filter(text, text[], timestamptz, timestamptz) IS
+    'The node filter of the search stages: the project id (PM404 when unknown), the checked level list, and the time window since <= ts < before as timed, lo and hi. Errors name the argument.';
+
 CREATE OR REPLACE FUNCTION memory.check_query(query text)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE

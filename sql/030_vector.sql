@@ -27,13 +27,8 @@ SET search_path = pg_catalog, public, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    pid integer := memory.project_id(project);
-    lv text[] := memory.check_levels(levels);
+    f record := memory.node_filter(project, levels, since, before);
     q vector := memory.require_embedding(query_embedding);
-    -- the time filter; with none given the planner folds this condition away
-    timed boolean := since IS NOT NULL OR before IS NOT NULL;
-    lo timestamptz := coalesce(since, '-infinity');
-    hi timestamptz := coalesce(before, 'infinity');
 BEGIN
     IF k IS NULL OR k < 1 OR k > 1000 THEN
         RAISE EXCEPTION 'k must be 1..1000, got %', k USING ERRCODE = '22023';
@@ -48,8 +43,8 @@ BEGIN
         SELECT n.id, n.embedding <=> q AS distance
         FROM memory.nodes n
         WHERE n.embedding IS NOT NULL
-          AND (pid IS NULL OR n.project_id = pid) AND (lv IS NULL OR n.level = ANY (lv))
-          AND (NOT timed OR (n.ts >= lo AND n.ts < hi))
+          AND (f.pid IS NULL OR n.project_id = f.pid) AND (f.lv IS NULL OR n.level = ANY (f.lv))
+          AND (NOT f.timed OR (n.ts >= f.lo AND n.ts < f.hi))
         ORDER BY n.embedding <=> q
         LIMIT k
     )
@@ -76,16 +71,11 @@ SET search_path = pg_catalog, public, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    pid integer := memory.project_id(project);
-    lv text[] := memory.check_levels(levels);
+    f record := memory.node_filter(project, levels, since, before);
     q vector := memory.require_embedding(query_embedding);
     -- Brute force reads every row: the owner bounds k (memory.set_policy).
     max_k integer := coalesce((SELECT c.value::integer FROM memory.config c
                                WHERE c.key = 'exact_search_max_k'), 1000);
-    -- the time filter; with none given the planner folds this condition away
-    timed boolean := since IS NOT NULL OR before IS NOT NULL;
-    lo timestamptz := coalesce(since, '-infinity');
-    hi timestamptz := coalesce(before, 'infinity');
 BEGIN
     IF k IS NULL OR k < 1 OR k > max_k THEN
         RAISE EXCEPTION 'k must be within 1..%, got %', max_k, coalesce(k::text, 'NULL')
@@ -97,8 +87,8 @@ BEGIN
            1 - (n.embedding <=> q)
     FROM memory.nodes n
     WHERE n.embedding IS NOT NULL
-      AND (pid IS NULL OR n.project_id = pid) AND (lv IS NULL OR n.level = ANY (lv))
-          AND (NOT timed OR (n.ts >= lo AND n.ts < hi))
+      AND (f.pid IS NULL OR n.project_id = f.pid) AND (f.lv IS NULL OR n.level = ANY (f.lv))
+      AND (NOT f.timed OR (n.ts >= f.lo AND n.ts < f.hi))
     ORDER BY n.embedding <=> q, n.id
     LIMIT k;
 END $$;
@@ -120,13 +110,8 @@ SET search_path = pg_catalog, public, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    pid integer := memory.project_id(project);
-    lv text[] := memory.check_levels(levels);
+    f record := memory.node_filter(project, levels, since, before);
     q vector := memory.require_embedding(query_embedding);
-    -- the time filter; with none given the planner folds this condition away
-    timed boolean := since IS NOT NULL OR before IS NOT NULL;
-    lo timestamptz := coalesce(since, '-infinity');
-    hi timestamptz := coalesce(before, 'infinity');
 BEGIN
     IF ids IS NULL OR cardinality(ids) = 0 THEN
         RETURN;
@@ -136,8 +121,8 @@ BEGIN
            1 - (n.embedding <=> q)
     FROM memory.nodes n
     WHERE n.id = ANY (ids) AND n.embedding IS NOT NULL
-      AND (pid IS NULL OR n.project_id = pid) AND (lv IS NULL OR n.level = ANY (lv))
-          AND (NOT timed OR (n.ts >= lo AND n.ts < hi))
+      AND (f.pid IS NULL OR n.project_id = f.pid) AND (f.lv IS NULL OR n.level = ANY (f.lv))
+      AND (NOT f.timed OR (n.ts >= f.lo AND n.ts < f.hi))
     ORDER BY n.embedding <=> q, n.id
     LIMIT k;
 END $$;

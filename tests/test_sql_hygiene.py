@@ -80,6 +80,7 @@ READER = {
     "node_writable",
     "time_bound",
     "time_range",
+    "node_filter",
 }
 
 
