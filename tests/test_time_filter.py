@@ -50,7 +50,7 @@ def test_memory_query_filter_fills_its_limit(
 
 def test_text_only_query_filters_too(tconn: Conn) -> None:
     rows = tconn.execute(
-        'SELECT "timestamp", search_strategy FROM memory_query(%s, project => %s,'
+        'SELECT "timestamp", search_strategy FROM public.memory_query(%s, project => %s,'
         " levels => ARRAY['L0'], k => 10, since => '2023-02-01', until => '2023-02-28')",
         (QUERY, PROJECT),
     ).fetchall()
@@ -84,8 +84,8 @@ def test_every_stage_function_filters_before_top_k(
 
 def test_until_is_inclusive_and_a_date_is_a_whole_utc_day(tconn: Conn) -> None:
     rows = tconn.execute(
-        "SELECT \"timestamp\" FROM memory_query(%s, project => %s, levels => ARRAY['L0'], k => 10,"
-        " since => '2023-02-03', until => '2023-02-03')",
+        "SELECT \"timestamp\" FROM public.memory_query(%s, project => %s, levels => ARRAY['L0'],"
+        " k => 10, since => '2023-02-03', until => '2023-02-03')",
         (QUERY, PROJECT),
     ).fetchall()
     assert [r[0] for r in rows] == [datetime(2023, 2, 3, 13, tzinfo=UTC)]
@@ -100,8 +100,8 @@ def test_until_is_inclusive_and_a_date_is_a_whole_utc_day(tconn: Conn) -> None:
 
 def test_nodes_without_a_timestamp_never_pass_a_filter(tconn: Conn) -> None:
     rows = tconn.execute(
-        "SELECT \"timestamp\" FROM memory_query(%s, project => %s, levels => ARRAY['L0'], k => 50,"
-        " since => '1900-01-01')",
+        "SELECT \"timestamp\" FROM public.memory_query(%s, project => %s, levels => ARRAY['L0'],"
+        " k => 50, since => '1900-01-01')",
         (QUERY, PROJECT),
     ).fetchall()
     assert len(rows) == 50 and all(r[0] is not None for r in rows)
@@ -122,7 +122,7 @@ def test_bad_bounds_are_22023_naming_the_argument(
 ) -> None:
     with pytest.raises(psycopg.errors.InvalidParameterValue) as info:
         tconn.execute(
-            "SELECT * FROM memory_query('kong', since => %s, until => %s)", (since, until)
+            "SELECT * FROM public.memory_query('kong', since => %s, until => %s)", (since, until)
         )
     assert str(info.value).startswith(named)
 
@@ -130,7 +130,7 @@ def test_bad_bounds_are_22023_naming_the_argument(
 def test_extracted_dates_filter_only_under_the_policy(tconn: Conn, embedder: LocalEmbedder) -> None:
     text = "kong gateway notes on 3 February 2023"
     vec = embedder.embed_query(text)
-    sql = "SELECT \"timestamp\" FROM memory_query(%s, %s, %s, ARRAY['L0'], 5, since => %s)"
+    sql = "SELECT \"timestamp\" FROM public.memory_query(%s, %s, %s, ARRAY['L0'], 5, since => %s)"
     annotated = [r[0] for r in tconn.execute(sql, (text, vec, PROJECT, None))]
     assert len(annotated) == 5 and not all(in_february(t) for t in annotated)
     tconn.execute("SELECT memory.set_policy('extracted_dates', 'filter')")
@@ -153,7 +153,7 @@ def test_relative_dates_count_from_reference_time(tconn: Conn) -> None:
         "until": "2023-02-05",
     }
     rows = tconn.execute(
-        "SELECT \"timestamp\" FROM memory_query('kong notes from last week', project => %s,"
+        "SELECT \"timestamp\" FROM public.memory_query('kong notes from last week', project => %s,"
         " levels => ARRAY['L0'], k => 10, reference_time => '2023-02-08T12:00:00Z')",
         (PROJECT,),
     ).fetchall()
