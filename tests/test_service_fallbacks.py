@@ -51,30 +51,39 @@ def lexical_ranks(body: dict[str, Any]) -> dict[str, int]:
 SLOW_SQL = {
     "lexical_search": """
         ALTER FUNCTION memory.lexical_search(text, text, text[], integer,
-                                             double precision, double precision)
+                                             double precision, double precision,
+                                             timestamptz, timestamptz, boolean)
             RENAME TO lexical_search_real;
         CREATE FUNCTION memory.lexical_search(query text, project text DEFAULT NULL,
                                               levels text[] DEFAULT NULL, k integer DEFAULT 50,
                                               k1 double precision DEFAULT 1.2,
-                                              b double precision DEFAULT 0.75)
+                                              b double precision DEFAULT 0.75,
+                                              since timestamptz DEFAULT NULL,
+                                              before timestamptz DEFAULT NULL,
+                                              exhaustive boolean DEFAULT false)
         RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
         LANGUAGE plpgsql AS $$
         BEGIN
             PERFORM pg_sleep({seconds});
-            RETURN QUERY SELECT * FROM memory.lexical_search_real(query, project, levels, k, k1, b);
+            RETURN QUERY SELECT * FROM memory.lexical_search_real(query, project, levels, k, k1, b,
+                                                                  since, before, exhaustive);
         END $$;""",
     "semantic_search": """
-        ALTER FUNCTION memory.semantic_search(vector, text, text[], integer, integer)
+        ALTER FUNCTION memory.semantic_search(vector, text, text[], integer, integer,
+                                              timestamptz, timestamptz)
             RENAME TO semantic_search_real;
         CREATE FUNCTION memory.semantic_search(query_embedding vector, project text DEFAULT NULL,
                                                levels text[] DEFAULT NULL, k integer DEFAULT 50,
-                                               ef_search integer DEFAULT NULL)
+                                               ef_search integer DEFAULT NULL,
+                                               since timestamptz DEFAULT NULL,
+                                               before timestamptz DEFAULT NULL)
         RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
         LANGUAGE plpgsql AS $$
         BEGIN
             PERFORM pg_sleep({seconds});
             RETURN QUERY SELECT * FROM memory.semantic_search_real(query_embedding, project,
-                                                                   levels, k, ef_search);
+                                                                   levels, k, ef_search,
+                                                                   since, before);
         END $$;""",
 }
 

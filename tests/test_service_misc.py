@@ -367,7 +367,18 @@ def test_openapi_lists_every_route_and_the_error_schema(
     query_errors = spec["paths"]["/memory/query"]["get"]["responses"]
     assert {"400", "404", "503"} <= set(query_errors)
     params = {p["name"] for p in spec["paths"]["/memory/query"]["get"]["parameters"]}
-    assert params == {"query", "project", "level", "limit", "timeout_seconds", "fusion", "strategy"}
+    assert params == {
+        "query",
+        "project",
+        "level",
+        "limit",
+        "timeout_seconds",
+        "fusion",
+        "strategy",
+        "since",
+        "until",
+        "reference_time",
+    }
     # The documented response shapes cover what the service really returns.
     assert set(sample) <= set(schemas["QueryResponse"]["properties"])
     assert set(sample["results"][0]) <= set(schemas["Result"]["properties"])

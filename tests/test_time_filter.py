@@ -85,8 +85,7 @@ def test_every_stage_function_filters_before_top_k(
 def test_until_is_inclusive_and_a_date_is_a_whole_utc_day(tconn: Conn) -> None:
     rows = tconn.execute(
         "SELECT \"timestamp\" FROM public.memory_query(%s, project => %s, levels => ARRAY['L0'],"
-        " k => 10,"
-        " since => '2023-02-03', until => '2023-02-03')",
+        " k => 10, since => '2023-02-03', until => '2023-02-03')",
         (QUERY, PROJECT),
     ).fetchall()
     assert [r[0] for r in rows] == [datetime(2023, 2, 3, 13, tzinfo=UTC)]
@@ -102,8 +101,7 @@ def test_until_is_inclusive_and_a_date_is_a_whole_utc_day(tconn: Conn) -> None:
 def test_nodes_without_a_timestamp_never_pass_a_filter(tconn: Conn) -> None:
     rows = tconn.execute(
         "SELECT \"timestamp\" FROM public.memory_query(%s, project => %s, levels => ARRAY['L0'],"
-        " k => 50,"
-        " since => '1900-01-01')",
+        " k => 50, since => '1900-01-01')",
         (QUERY, PROJECT),
     ).fetchall()
     assert len(rows) == 50 and all(r[0] is not None for r in rows)

@@ -579,7 +579,7 @@ def _time_filter(
         since, before = policy.extracted_since_ts, policy.extracted_before_ts
         plan.update(ctx.time_filter, source="extracted", applied=True)
     else:
-        plan.update(since=None, until=None, source=None, applied=False)
+        plan.update(since=None, until=None, source=None, applied=False, why=None)
         if ctx.time_filter:
             plan["why"] = "the query names a date; policy extracted_dates = annotate: not applied"
         return req, plan
