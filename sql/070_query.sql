@@ -85,6 +85,9 @@ DECLARE
     cand integer;
     sem jsonb := '{"ids":[],"scores":[]}';
     lex jsonb := '{"ids":[],"scores":[]}';
+    emb vector := p_embedding;
+    need_plan boolean;
+    why text;
 BEGIN
     -- Every argument is checked before any work, and each error names the argument.
     IF p_query IS NULL OR btrim(p_query) = '' THEN
@@ -121,13 +124,27 @@ BEGIN
     PERFORM memory.project_id(p_project);
     PERFORM memory.check_embedding(p_embedding);
     SELECT * INTO pol FROM memory.policy();
-    -- Without an embedding only the lexical leg can run, so the optimizer (PL/Python) is not
-    -- consulted: a text query needs nothing but SQL.
-    IF p_embedding IS NOT NULL
-       AND (p_strategy IS NULL OR (p_fusion IS NULL AND pol.fusion_by_type <> '{}'::jsonb)) THEN
+    need_plan := p_strategy IS NULL OR (p_fusion IS NULL AND pol.fusion_by_type <> '{}'::jsonb);
+    IF emb IS NULL AND p_strategy IS DISTINCT FROM 'LexicalOnly' THEN
+        -- No vector given: route, then embed in the database when the route needs a vector,
+        -- as the service does. A host without the embedder or the PL/Python code still
+        -- answers, lexically, and says why: a text query can always run on SQL alone.
+        BEGIN
+            IF need_plan THEN
+                plan := memory.optimize_query(p_query);
+            END IF;
+            IF coalesce(p_strategy, plan ->> 'search_strategy') <> 'LexicalOnly' THEN
+                emb := memory.embed(p_query);
+            END IF;
+        EXCEPTION WHEN SQLSTATE 'PM503' THEN
+            GET STACKED DIAGNOSTICS why = MESSAGE_TEXT;
+            RAISE NOTICE 'memory.query: no query embedding (%), so the lexical leg answers alone', why
+                USING HINT = 'Run `make setup` and `poimen-memory migrate` on the database host, or pass query_embedding.';
+        END;
+    ELSIF emb IS NOT NULL AND need_plan THEN
         plan := memory.optimize_query(p_query);
     END IF;
-    strat := CASE WHEN p_embedding IS NULL THEN 'LexicalOnly'
+    strat := CASE WHEN emb IS NULL THEN 'LexicalOnly'
                   ELSE coalesce(p_strategy, plan ->> 'search_strategy') END;
     fus := coalesce(p_fusion, pol.fusion_by_type ->> (plan ->> 'question_type'), pol.fusion);
     cand := coalesce(p_candidates, pol.candidates);
@@ -144,13 +161,13 @@ BEGIN
         SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
                                   'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
           INTO sem
-          FROM memory.semantic_search(p_embedding, p_project, lv,
+          FROM memory.semantic_search(emb, p_project, lv,
                                       CASE strat WHEN 'Hybrid' THEN cand ELSE lim END) s;
     ELSIF strat = 'LexicalFirst' THEN
         SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
                                   'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
           INTO sem
-          FROM memory.search_by_ids(p_embedding,
+          FROM memory.search_by_ids(emb,
                                     ARRAY(SELECT jsonb_array_elements_text(lex -> 'ids')::bigint),
                                     p_project, lv,
                                     -- a convex cascade blends cosine with BM25 over every lexical id
@@ -175,7 +192,7 @@ BEGIN
                 ELSE r.fused_score END,
            r.ranks[1], r.ranks[2], r.fusion_method, strat, h.provenance
     FROM ranked r
-    JOIN memory.hydrate(ARRAY(SELECT r2.node_id FROM ranked r2 ORDER BY r2.pos), p_embedding) h
+    JOIN memory.hydrate(ARRAY(SELECT r2.node_id FROM ranked r2 ORDER BY r2.pos), emb) h
       ON h.node_id = r.node_id
     ORDER BY r.pos;
 END $$;
