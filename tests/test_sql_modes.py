@@ -21,6 +21,7 @@ SQL_SUITE = [
     "tests/test_plans.py",
     "tests/test_migrations.py",
     "tests/test_sql_hygiene.py",
+    "tests/test_sql_embed.py",
 ]
 
 
