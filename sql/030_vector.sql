@@ -1,6 +1,43 @@
 -- Vector recall. Both functions order by the cosine distance operator with a LIMIT, so the
 -- planner can serve semantic_search from the HNSW index and search_by_ids from the PK.
 
+-- The statements of the two vector stages, kept as text in one place: the stage functions
+-- run them and memory.explain_query explains the very same text.
+CREATE OR REPLACE FUNCTION memory.stage_sql(stage text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE stage
+    -- $1 query vector, $2 project id, $3 levels, $4 k. relaxed_order may return near-ties
+    -- slightly out of order: the materialised top-k is re-sorted by exact distance, as the
+    -- pgvector documentation recommends.
+    WHEN 'semantic' THEN $q$
+    WITH hits AS MATERIALIZED (
+        SELECT n.id, n.embedding <=> $1 AS distance
+        FROM memory.nodes n
+        WHERE n.embedding IS NOT NULL
+          AND ($2::integer IS NULL OR n.project_id = $2) AND ($3::text[] IS NULL OR n.level = ANY ($3))
+        ORDER BY n.embedding <=> $1
+        LIMIT $4
+    )
+    SELECT h.id, (row_number() OVER (ORDER BY h.distance, h.id))::integer, 1 - h.distance
+    FROM hits h
+    ORDER BY h.distance, h.id$q$
+    -- $1 query vector, $2 ids, $3 project id, $4 levels, $5 k.
+    WHEN 'by_ids' THEN $q$
+    SELECT n.id, (row_number() OVER (ORDER BY n.embedding <=> $1, n.id))::integer,
+           1 - (n.embedding <=> $1)
+    FROM memory.nodes n
+    WHERE n.id = ANY ($2) AND n.embedding IS NOT NULL
+      AND ($3::integer IS NULL OR n.project_id = $3) AND ($4::text[] IS NULL OR n.level = ANY ($4))
+    ORDER BY n.embedding <=> $1, n.id
+    LIMIT $5$q$
+    END
+$$;
+COMMENT ON FUNCTION memory.stage_sql(text) IS
+    'The SQL text of a vector stage (semantic: $1 vector, $2 project id, $3 levels, $4 k; by_ids: $1 vector, $2 ids, $3 project id, $4 levels, $5 k), run by memory.semantic_search / memory.search_by_ids and explained by memory.explain_query.';
+
 CREATE OR REPLACE FUNCTION memory.semantic_search(
     query_embedding vector,
     project text DEFAULT NULL,
@@ -30,20 +67,7 @@ BEGIN
     IF ef_search IS NOT NULL THEN
         PERFORM set_config('hnsw.ef_search', greatest(ef_search, 1)::text, true);
     END IF;
-    -- relaxed_order may return near-ties slightly out of order: re-sort the materialised
-    -- top-k by exact distance, as the pgvector documentation recommends.
-    RETURN QUERY
-    WITH hits AS MATERIALIZED (
-        SELECT n.id, n.embedding <=> q AS distance
-        FROM memory.nodes n
-        WHERE n.embedding IS NOT NULL
-          AND (pid IS NULL OR n.project_id = pid) AND (lv IS NULL OR n.level = ANY (lv))
-        ORDER BY n.embedding <=> q
-        LIMIT k
-    )
-    SELECT h.id, (row_number() OVER (ORDER BY h.distance, h.id))::integer, 1 - h.distance
-    FROM hits h
-    ORDER BY h.distance, h.id;
+    RETURN QUERY EXECUTE memory.stage_sql('semantic') USING q, pid, lv, k;
 END $$;
 COMMENT ON FUNCTION memory.semantic_search(vector, text, text[], integer, integer) IS
     'HNSW top-k by cosine distance with optional project/level filters (iterative scan fills k under selective filters). query_score = 1 - cosine distance.';
@@ -98,14 +122,7 @@ BEGIN
     IF ids IS NULL OR cardinality(ids) = 0 THEN
         RETURN;
     END IF;
-    RETURN QUERY
-    SELECT n.id, (row_number() OVER (ORDER BY n.embedding <=> q, n.id))::integer,
-           1 - (n.embedding <=> q)
-    FROM memory.nodes n
-    WHERE n.id = ANY (ids) AND n.embedding IS NOT NULL
-      AND (pid IS NULL OR n.project_id = pid) AND (lv IS NULL OR n.level = ANY (lv))
-    ORDER BY n.embedding <=> q, n.id
-    LIMIT k;
+    RETURN QUERY EXECUTE memory.stage_sql('by_ids') USING q, ids, pid, lv, k;
 END $$;
 COMMENT ON FUNCTION memory.search_by_ids(vector, bigint[], text, text[], integer) IS
     'Exact cosine ranking restricted to the given node ids (the second stage of the LexicalFirst cascade). Unknown ids are ignored.';

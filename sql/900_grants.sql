@@ -32,7 +32,7 @@ DECLARE
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory.fuse_legs',
         'memory.provenance_walk', 'memory.provenance_tree', 'memory.hydrate',
         'memory.plpython_path', 'memory.plpython_load', 'memory.optimize_query', 'memory.embed',
-        'memory.run_query', 'memory.query',
+        'memory.stage_sql', 'memory.explain_query', 'memory.run_query', 'memory.query',
         'public.memory_query', 'public.memory_optimize_query'];
     -- Functions nobody but the owner runs (DDL-ish, policy changes, triggers).
     owner_functions text[] := ARRAY[

@@ -70,6 +70,8 @@ READER = {
     "plpython_load",
     "optimize_query",
     "embed",
+    "stage_sql",
+    "explain_query",
     "run_query",
     "query",
     "memory_query",
