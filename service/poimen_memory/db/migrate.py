@@ -63,11 +63,34 @@ WHERE p.prokind <> 'a'
 """
 
 
-def server_python_deps() -> Path | None:
-    """Where `make setup` installed the in-database embedder's packages (one directory per
-    Python X.Y of the PostgreSQL server, scripts/setup.sh), or None when it did not."""
-    root = Path(sys.prefix) / "server-python"
-    return root if root.is_dir() else None
+def server_python_deps(home: Path) -> Path | None:
+    """Where the server imports the in-database embedder's packages from: the directory
+    `make setup` filled (one subdirectory per Python X.Y of the PostgreSQL server,
+    scripts/setup.sh), or None when it did not. When the server's OS user cannot reach that
+    directory (a checkout under /root), it is copied once under ``home``, named by the
+    setup stamps so a new install gets a new copy, and older copies are removed."""
+    src = Path(sys.prefix) / "server-python"
+    stamps = sorted(src.glob("*/.poimen-deps"))
+    if not stamps:
+        return None
+    if _unreachable_ancestor(src) is None:
+        return src
+    digest = hashlib.sha256(b"".join(p.parent.name.encode() + p.read_bytes() for p in stamps))
+    base = home / "server-python"
+    target = base / digest.hexdigest()[:16]
+    if not target.is_dir():
+        base.mkdir(parents=True, exist_ok=True)
+        base.chmod(0o755)
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp, symlinks=True)
+        for d, _dirs, _files in os.walk(tmp):
+            os.chmod(d, 0o755)
+        tmp.rename(target)
+    for old in base.iterdir():
+        if old != target and _COPY_NAME.match(old.name):
+            shutil.rmtree(old, ignore_errors=True)
+    return target
 
 
 @dataclass(frozen=True)
@@ -271,7 +294,7 @@ def migrate(
     if plpython_root is not None:
         py_target = install_plpython(plpython_root)
     py_path = None if py_target is None else str(py_target)
-    deps = None if py_target is None else server_python_deps()
+    deps = None if plpython_root is None else server_python_deps(plpython_root.parent)
     try:
         with conn.transaction():
             _lock(conn, lock_timeout_s)
