@@ -224,7 +224,7 @@ BEGIN ATOMIC
                                    fusion, rrf_k, candidates, dense_weight);
 END;
 COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision) IS
-    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top k (1..50) nodes with node_id, external_id, scores, ranks and provenance down to L0. Without query_embedding the lexical leg answers alone and PL/Python is not needed. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads.';
+    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top k (1..50) nodes with node_id, external_id, scores, ranks and provenance down to L0. Without query_embedding it routes and embeds in the database (memory.embed), as the HTTP service does; where the embedder or PL/Python is missing the lexical leg answers alone, with a NOTICE. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads.';
 
 -- Entry points on the default search_path, so `SELECT * FROM memory_query('...')` works.
 CREATE OR REPLACE FUNCTION public.memory_query(
