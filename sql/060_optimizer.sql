@@ -19,6 +19,22 @@ END $$;
 COMMENT ON FUNCTION memory.plpython_path() IS
     'Directory holding the poimen_core package for PL/Python (content-hashed per version).';
 
+CREATE OR REPLACE FUNCTION memory.plpython_load()
+RETURNS text
+-- PARALLEL UNSAFE: plpy.execute runs in a subtransaction (see memory.optimize_query).
+LANGUAGE plpython3u STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+import sys
+path = plpy.execute("SELECT memory.plpython_path() AS p")[0]["p"]
+if GD.get("poimen_path") != path:  # new deploy: drop the stale module, import the new one
+    for m in [m for m in sys.modules if m.split(".")[0] == "poimen_core"]: del sys.modules[m]
+    sys.path[:] = [path] + [p for p in sys.path if p != GD.get("poimen_path")]; GD["poimen_path"] = path
+return path
+$$;
+COMMENT ON FUNCTION memory.plpython_load() IS
+    'Puts this deploy''s poimen_core directory (memory.plpython_path()) first on the backend''s sys.path, dropping an older copy''s modules; returns the directory. Called by every PL/Python shim.';
+
 CREATE OR REPLACE FUNCTION memory.optimize_query(query text, reference_time timestamptz)
 RETURNS jsonb
 -- PARALLEL UNSAFE: every plpy.execute runs in a subtransaction, which a parallel operation
@@ -29,11 +45,7 @@ SET search_path = pg_catalog, pg_temp
 SET DateStyle = 'ISO, YMD'
 SET TimeZone = 'UTC'
 AS $$
-import sys
-path = plpy.execute("SELECT memory.plpython_path() AS p")[0]["p"]
-if GD.get("poimen_path") != path:  # new deploy: drop the stale module, import the new one
-    for m in [m for m in sys.modules if m.split(".")[0] == "poimen_core"]: del sys.modules[m]
-    sys.path[:] = [path] + [p for p in sys.path if p != GD.get("poimen_path")]; GD["poimen_path"] = path
+path = plpy.execute("SELECT memory.plpython_load() AS p")[0]["p"]
 try:
     from poimen_core.plentry import plan_for_sql
 except ImportError as e:  # restored on another host, or the directory was removed

@@ -147,6 +147,10 @@ DECLARE
     lex jsonb := '{"ids":[],"scores":[]}';
     lo timestamptz;  -- the time filter: since (inclusive), before (exclusive)
     hi timestamptz;
+    emb vector := p_embedding;
+    need_plan boolean;
+    why text;
+    want_dates boolean;
 BEGIN
     -- Every argument is checked before any work, and each error names the argument.
     PERFORM memory.check_query(p_query);
@@ -181,21 +185,43 @@ BEGIN
     PERFORM memory.project_id(p_project);
     PERFORM memory.check_embedding(p_embedding);
     SELECT * INTO pol FROM memory.policy();
-    -- Without an embedding only the lexical leg can run, so the optimizer (PL/Python) is not
-    -- consulted: a text query needs nothing but SQL.
-    IF (p_embedding IS NOT NULL
-        AND (p_strategy IS NULL OR (p_fusion IS NULL AND pol.fusion_by_type <> '{}'::jsonb)))
-       OR (pol.extracted_dates = 'filter' AND p_since IS NULL AND p_until IS NULL) THEN
+    need_plan := p_strategy IS NULL OR (p_fusion IS NULL AND pol.fusion_by_type <> '{}'::jsonb);
+    -- A date the text names filters only under extracted_dates = filter, and never overrides
+    -- the caller's own since/until.
+    want_dates := pol.extracted_dates = 'filter' AND p_since IS NULL AND p_until IS NULL;
+    IF emb IS NULL AND p_strategy IS DISTINCT FROM 'LexicalOnly' THEN
+        -- No vector given: route, then embed in the database when the route needs a vector,
+        -- as the service does. A host without the embedder or the PL/Python code still
+        -- answers, lexically, and says why: a text query can always run on SQL alone.
+        BEGIN
+            IF need_plan OR want_dates THEN
+                plan := memory.optimize_query(p_query, p_reference_time);
+            END IF;
+            IF coalesce(p_strategy, plan ->> 'search_strategy') <> 'LexicalOnly' THEN
+                emb := memory.embed(p_query);
+            END IF;
+        EXCEPTION WHEN SQLSTATE 'PM503' THEN
+            GET STACKED DIAGNOSTICS why = MESSAGE_TEXT;
+            RAISE NOTICE 'memory.query: no query embedding (%), so the lexical leg answers alone', why
+                USING HINT = 'Run `make setup` and `poimen-memory migrate` on the database host, or pass query_embedding.';
+        END;
+    ELSIF emb IS NOT NULL AND need_plan THEN
         plan := memory.optimize_query(p_query, p_reference_time);
+    ELSIF want_dates THEN
+        -- Only the dates are wanted: where PL/Python is missing the query still runs, unfiltered.
+        BEGIN
+            plan := memory.optimize_query(p_query, p_reference_time);
+        EXCEPTION WHEN SQLSTATE 'PM503' THEN
+            GET STACKED DIAGNOSTICS why = MESSAGE_TEXT;
+            RAISE NOTICE 'memory.query: dates in the text not applied (%)', why
+                USING HINT = 'Run `poimen-memory migrate` on the database host, or pass since/until.';
+        END;
     END IF;
-    -- A date the text asks for ("on 8 May 2023") filters only under that policy, and never
-    -- overrides the caller's own since/until.
-    IF pol.extracted_dates = 'filter' AND p_since IS NULL AND p_until IS NULL
-       AND jsonb_typeof(plan -> 'time_filter') = 'object' THEN
+    IF want_dates AND jsonb_typeof(plan -> 'time_filter') = 'object' THEN
         SELECT t.since_ts, t.before_ts INTO lo, hi
           FROM memory.time_range(plan -> 'time_filter' ->> 'since', plan -> 'time_filter' ->> 'until') t;
     END IF;
-    strat := CASE WHEN p_embedding IS NULL THEN 'LexicalOnly'
+    strat := CASE WHEN emb IS NULL THEN 'LexicalOnly'
                   ELSE coalesce(p_strategy, plan ->> 'search_strategy') END;
     fus := coalesce(p_fusion, pol.fusion_by_type ->> (plan ->> 'question_type'), pol.fusion);
     cand := coalesce(p_candidates, pol.candidates);
@@ -213,14 +239,14 @@ BEGIN
         SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
                                   'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
           INTO sem
-          FROM memory.semantic_search(p_embedding, p_project, lv,
+          FROM memory.semantic_search(emb, p_project, lv,
                                       CASE strat WHEN 'Hybrid' THEN cand ELSE lim END,
                                       since => lo, before => hi) s;
     ELSIF strat = 'LexicalFirst' THEN
         SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
                                   'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
           INTO sem
-          FROM memory.search_by_ids(p_embedding,
+          FROM memory.search_by_ids(emb,
                                     ARRAY(SELECT jsonb_array_elements_text(lex -> 'ids')::bigint),
                                     p_project, lv,
                                     -- a convex cascade blends cosine with BM25 over every lexical id
@@ -246,7 +272,7 @@ BEGIN
                 ELSE r.fused_score END,
            r.ranks[1], r.ranks[2], r.fusion_method, strat, h.provenance
     FROM ranked r
-    JOIN memory.hydrate(ARRAY(SELECT r2.node_id FROM ranked r2 ORDER BY r2.pos), p_embedding) h
+    JOIN memory.hydrate(ARRAY(SELECT r2.node_id FROM ranked r2 ORDER BY r2.pos), emb) h
       ON h.node_id = r.node_id
     ORDER BY r.pos;
 END $$;
@@ -277,7 +303,7 @@ BEGIN ATOMIC
                                    reference_time);
 END;
 COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz) IS
-    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top k (1..50) nodes with node_id, external_id, scores, ranks and provenance down to L0. Without query_embedding the lexical leg answers alone and PL/Python is not needed. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads. since/until (inclusive ISO dates or timestamps) keep only nodes whose timestamp is in range, inside every leg before its top k; reference_time (default now) anchors relative dates the optimizer extracts ("last week"), which filter only under memory.policy() extracted_dates = filter.';
+    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top k (1..50) nodes with node_id, external_id, scores, ranks and provenance down to L0. Without query_embedding it routes and embeds in the database (memory.embed), as the HTTP service does; where the embedder or PL/Python is missing the lexical leg answers alone, with a NOTICE. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads. since/until (inclusive ISO dates or timestamps) keep only nodes whose timestamp is in range, inside every leg before its top k; reference_time (default now) anchors relative dates the optimizer extracts ("last week"), which filter only under memory.policy() extracted_dates = filter.';
 
 -- Entry points on the default search_path, so `SELECT * FROM memory_query('...')` works.
 -- Each alias is made from its target's catalog entry (arguments with their defaults, result,

@@ -37,7 +37,8 @@ DECLARE
         'memory.lexical_kth', 'memory.lexical_query', 'memory.semantic_search',
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory.fuse_legs',
         'memory.provenance_walk', 'memory.provenance_tree', 'memory.hydrate',
-        'memory.plpython_path', 'memory.optimize_query', 'memory.run_query', 'memory.query',
+        'memory.plpython_path', 'memory.plpython_load', 'memory.optimize_query', 'memory.embed',
+        'memory.stage_sql', 'memory.explain_query', 'memory.run_query', 'memory.query',
         'public.memory_query', 'public.memory_optimize_query', 'memory.granted_projects',
         'memory.granted_project_ids', 'memory.node_writable', 'memory.time_bound',
         'memory.time_range'];

@@ -13,14 +13,15 @@ from poimen_memory.embedders.local import LocalEmbedder
 Conn = psycopg.Connection[Any]
 
 
-def test_default_search_path_lexical_answer(conn: Conn) -> None:
+def test_default_search_path_text_answer(conn: Conn) -> None:
     conn.execute("RESET search_path")
     rows = conn.execute(
         "SELECT level, text, search_strategy, fusion_method, provenance "
         "FROM memory_query('kong body buffer')"
     ).fetchall()
     assert rows and all(r[0] in ("L1", "L2") for r in rows)
-    assert rows[0][2] == "LexicalOnly"  # no embedding given: only the lexical leg can run
+    # No embedding given: memory.embed computes one, and the optimizer routes as over HTTP.
+    assert rows[0][2] == optimize_query("kong body buffer").search_strategy.value
     top_provenance = rows[0][4]
     l0 = [p for p in top_provenance if p["level"] == "L0"]
     assert any("client_body_buffer_size" in p["text"] or "body buffer" in p["text"] for p in l0)
@@ -140,7 +141,8 @@ def test_result_carries_the_row_identity(conn: Conn) -> None:
 def test_final_score_is_the_leg_score_for_one_leg(conn: Conn, embedder: LocalEmbedder) -> None:
     lexical = conn.execute(
         "SELECT final_score, lexical_score"
-        " FROM public.memory_query('kong body buffer', project => 'poimen')"
+        " FROM public.memory_query('kong body buffer', project => 'poimen',"
+        " strategy => 'LexicalOnly')"
     ).fetchall()
     assert lexical and all(f == lx and f > 0 for f, lx in lexical)
     q = "uploads failing through the gateway"

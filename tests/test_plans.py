@@ -3,6 +3,7 @@ iterative scan keeps a selective filter from starving the HNSW result (pgvector 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -206,3 +207,27 @@ def test_iterative_scan_fills_limit_on_the_hnsw_path(synthetic: Conn) -> None:
     assert synthetic.execute(
         "SELECT count(*) FROM pg_indexes WHERE indexname = 'nodes_project_level_idx'"
     ).fetchone() == (1,)
+
+
+def test_explain_query_shows_the_l1_l2_hnsw_index_at_the_default_levels(synthetic: Conn) -> None:
+    """memory.explain_query returns the plan of the semantic stage the query ran: at the
+    default levels (L1,L2) in one project the partial HNSW index serves it."""
+    rows = synthetic.execute(
+        "SELECT stage, search_strategy, plan FROM memory.explain_query("
+        "'topic1', %s, 'big', k => 10, strategy => 'SemanticOnly', actual => true)",
+        (_query_vec(4),),
+    ).fetchall()
+    assert [(r[0], r[1]) for r in rows] == [("semantic", "SemanticOnly")]
+    plan = rows[0][2]
+    assert _index_names([json.dumps(plan)]) == {"nodes_embedding_hnsw_l1_l2"}
+    assert plan["Execution Time"] > 0  # actual => true: EXPLAIN ANALYZE
+
+
+def test_explain_query_of_a_lexical_first_cascade_shows_the_by_ids_stage(synthetic: Conn) -> None:
+    rows = synthetic.execute(
+        "SELECT stage, search_strategy, plan FROM memory.explain_query("
+        "'topic0 word3', %s, 'rare', strategy => 'LexicalFirst')",
+        (_query_vec(5),),
+    ).fetchall()
+    assert [(r[0], r[1]) for r in rows] == [("by_ids", "LexicalFirst")]
+    assert rows[0][2]["Plan"]["Node Type"] == "Limit"

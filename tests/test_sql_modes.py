@@ -22,6 +22,7 @@ SQL_SUITE = [
     "tests/test_migrations.py",
     "tests/test_sql_hygiene.py",
     "tests/test_time_filter.py",
+    "tests/test_sql_embed.py",
 ]
 
 

@@ -129,7 +129,8 @@ def test_session_threading_is_set_deliberately() -> None:
     embedder = LocalEmbedder(threads=1)
     embedder.load()
     try:
-        options = embedder._session.get_session_options()
+        assert embedder._model is not None
+        options = embedder._model.session.get_session_options()
         assert options.intra_op_num_threads == 1
         assert options.inter_op_num_threads == 1
         assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"

@@ -131,6 +131,7 @@ def load(conn: psycopg.Connection[Any], corpus: Corpus, model: str) -> dict[str,
     dim = corpus.vectors.shape[1]
     conn.execute("SELECT memory.configure_embedding(%s, %s)", (model, dim))
     conn.execute("DROP INDEX IF EXISTS memory.nodes_embedding_hnsw")
+    conn.execute("DROP INDEX IF EXISTS memory.nodes_embedding_hnsw_l1_l2")
     conn.execute(
         "INSERT INTO memory.projects (name) VALUES (%s), (%s) ON CONFLICT DO NOTHING", (MAIN, SMALL)
     )
@@ -158,6 +159,11 @@ def load(conn: psycopg.Connection[Any], corpus: Corpus, model: str) -> dict[str,
         "USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)"
     )
     hnsw_s = time.perf_counter() - t0
+    conn.execute(
+        "CREATE INDEX nodes_embedding_hnsw_l1_l2 ON memory.nodes USING hnsw "
+        "(embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64) "
+        "WHERE level IN ('L1', 'L2')"
+    )
     conn.execute("VACUUM ANALYZE memory.nodes")
     conn.execute("VACUUM ANALYZE memory.postings")
     conn.execute("VACUUM ANALYZE memory.edges")

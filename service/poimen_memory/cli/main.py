@@ -142,6 +142,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     print(
         f"migrations applied: {report.applied or 'none'}; already: {len(report.already)}; "
         f"sql files: {len(report.sql_files)}; plpython: {report.plpython_path}; "
+        f"embedder packages: {report.embedder_path or 'none (run `make setup`)'}; "
         f"vector schema: {report.vector_schema}"
         + (
             f"; removed old plpython copies: {report.removed_copies}"

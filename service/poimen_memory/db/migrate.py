@@ -18,6 +18,7 @@ import hashlib
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[3]
 MIGRATIONS_DIR = ROOT / "migrations"
 SQL_DIR = ROOT / "sql"
 PLPYTHON_SRC = ROOT / "plpython" / "poimen_core"
+TOKENIZER = ROOT / "service" / "poimen_memory" / "data" / "tokenizer.json"
 _LOCK_KEY = 0x706F696D656E  # "poimen"
 _COPY_NAME = re.compile(r"^[0-9a-f]{16}(\.tmp\d+)?$")
 
@@ -61,6 +63,36 @@ WHERE p.prokind <> 'a'
 """
 
 
+def server_python_deps(home: Path) -> Path | None:
+    """Where the server imports the in-database embedder's packages from: the directory
+    `make setup` filled (one subdirectory per Python X.Y of the PostgreSQL server,
+    scripts/setup.sh), or None when it did not. When the server's OS user cannot reach that
+    directory (a checkout under /root), it is copied once under ``home``, named by the
+    setup stamps so a new install gets a new copy, and older copies are removed."""
+    src = Path(sys.prefix) / "server-python"
+    stamps = sorted(src.glob("*/.poimen-deps"))
+    if not stamps:
+        return None
+    if _unreachable_ancestor(src) is None:
+        return src
+    digest = hashlib.sha256(b"".join(p.parent.name.encode() + p.read_bytes() for p in stamps))
+    base = home / "server-python"
+    target = base / digest.hexdigest()[:16]
+    if not target.is_dir():
+        base.mkdir(parents=True, exist_ok=True)
+        base.chmod(0o755)
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp, symlinks=True)
+        for d, _dirs, _files in os.walk(tmp):
+            os.chmod(d, 0o755)
+        tmp.rename(target)
+    for old in base.iterdir():
+        if old != target and _COPY_NAME.match(old.name):
+            shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
 @dataclass(frozen=True)
 class MigrateReport:
     applied: list[str]
@@ -69,6 +101,7 @@ class MigrateReport:
     plpython_path: str | None
     vector_schema: str = "public"
     removed_copies: list[str] = field(default_factory=list)
+    embedder_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +147,7 @@ def install_plpython(root: Path) -> Path:
     The directory is named by content hash, so a new version never overwrites code that a
     running backend has loaded; the shim notices the path change and re-imports. Only
     directories the project owns (root and below) are created or have their mode set.
+    memory.embed reads the tokenizer beside the package (its digest is checked on load).
     """
     blocked = _unreachable_ancestor(root)
     if blocked is not None:
@@ -135,7 +169,8 @@ def install_plpython(root: Path) -> Path:
         )
         for d in (tmp, tmp / "poimen_core"):
             d.chmod(0o755)
-        for f in (tmp / "poimen_core").iterdir():
+        shutil.copyfile(TOKENIZER, tmp / TOKENIZER.name)
+        for f in [*(tmp / "poimen_core").iterdir(), tmp / TOKENIZER.name]:
             f.chmod(0o644)
         try:
             tmp.rename(target)
@@ -259,6 +294,7 @@ def migrate(
     if plpython_root is not None:
         py_target = install_plpython(plpython_root)
     py_path = None if py_target is None else str(py_target)
+    deps = None if plpython_root is None else server_python_deps(plpython_root.parent)
     try:
         with conn.transaction():
             _lock(conn, lock_timeout_s)
@@ -300,13 +336,31 @@ def migrate(
                        WHERE memory.config.value IS DISTINCT FROM EXCLUDED.value""",
                     (py_path, plpython_checksum()),
                 )
+                if deps is None:  # memory.embed then says to run `make setup` on this host
+                    conn.execute("DELETE FROM memory.config WHERE key = 'plpython_deps'")
+                else:
+                    conn.execute(
+                        """INSERT INTO memory.config (key, value) VALUES ('plpython_deps', %s)
+                           ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value,
+                                                           updated_at = now()
+                           WHERE memory.config.value IS DISTINCT FROM EXCLUDED.value""",
+                        (str(deps),),
+                    )
             sql_files = _apply_sql_files(conn, schema)
     except psycopg.errors.LockNotAvailable as exc:
         raise _lock_error(exc, lock_timeout_s) from exc
     removed: list[str] = []
     if plpython_root is not None and py_target is not None:
         removed = remove_old_copies(plpython_root, py_target)
-    return MigrateReport(applied, already, [p.name for p in sql_files], py_path, schema, removed)
+    return MigrateReport(
+        applied,
+        already,
+        [p.name for p in sql_files],
+        py_path,
+        schema,
+        removed,
+        None if deps is None else str(deps),
+    )
 
 
 def check(conn: psycopg.Connection[Any], *, lock_timeout_s: float = 10.0) -> DriftReport:

