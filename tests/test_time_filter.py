@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from poimen_core.optimizer import optimize_query
 from poimen_memory.embedders.local import LocalEmbedder
 from timeline import FEB, FEB_START, MAR_START, PROJECT, QUERY, in_february, load
 
@@ -54,7 +55,10 @@ def test_text_only_query_filters_too(tconn: Conn) -> None:
         " levels => ARRAY['L0'], k => 10, since => '2023-02-01', until => '2023-02-28')",
         (QUERY, PROJECT),
     ).fetchall()
-    assert len(rows) == 10 and all(in_february(r[0]) and r[1] == "LexicalOnly" for r in rows)
+    # No vector given: the query is embedded in the database and routed as over HTTP; every
+    # leg it runs applies the window.
+    assert len(rows) == 10 and all(in_february(r[0]) for r in rows)
+    assert {r[1] for r in rows} == {optimize_query(QUERY).search_strategy.value}
 
 
 @pytest.mark.parametrize("fn", ["lexical_search", "semantic_search", "exact_search", "by_ids"])
