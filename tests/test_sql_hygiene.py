@@ -72,6 +72,7 @@ READER = {
     "fuse_legs",
     "provenance_walk",
     "provenance_tree",
+    "provenance",
     "hydrate",
     "plpython_path",
     "optimize_query",
