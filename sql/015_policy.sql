@@ -3,9 +3,19 @@
 -- The defaults are the measured ones (docs/benchmarks.md); a DBA changes them with
 -- memory.set_policy, which validates the value and records it in memory.config.
 
+-- extracted_dates was added to the result: drop the old shape first.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+               WHERE p.oid = to_regprocedure('memory.policy()')
+                 AND NOT ('extracted_dates' = ANY (p.proargnames))) THEN
+        DROP FUNCTION memory.policy();
+    END IF;
+END $$;
+
 CREATE OR REPLACE FUNCTION memory.policy()
 RETURNS TABLE (fusion text, rrf_k integer, dense_weight double precision, candidates integer,
-               cascade_candidates integer, fusion_by_type jsonb)
+               cascade_candidates integer, fusion_by_type jsonb, extracted_dates text)
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -13,18 +23,20 @@ AS $$
         SELECT coalesce(jsonb_object_agg(c.key, c.value), '{}'::jsonb) AS v
         FROM memory.config c
         WHERE c.key IN ('fusion', 'rrf_k', 'dense_weight', 'candidates', 'cascade_candidates',
-                        'fusion_by_type')
+                        'fusion_by_type', 'extracted_dates')
     )
     SELECT coalesce(v ->> 'fusion', 'convex'),
            coalesce((v ->> 'rrf_k')::integer, 10),
            coalesce((v ->> 'dense_weight')::double precision, 0.4),
            coalesce((v ->> 'candidates')::integer, 50),
            coalesce((v ->> 'cascade_candidates')::integer, 200),
-           coalesce((v ->> 'fusion_by_type')::jsonb, '{}'::jsonb)
+           coalesce((v ->> 'fusion_by_type')::jsonb, '{}'::jsonb),
+           -- measured on LoCoMo dev (docs/benchmarks.md, "Time filters")
+           coalesce(v ->> 'extracted_dates', 'annotate')
     FROM c
 $$;
 COMMENT ON FUNCTION memory.policy() IS
-    'The retrieval policy in force: default fusion (convex), RRF k (10), convex dense weight (0.4), Hybrid leg depth (candidates, 50), LexicalFirst lexical depth (cascade_candidates, 200) and per-question-type fusion overrides. Read by memory.query and by the HTTP service; change it with memory.set_policy.';
+    'The retrieval policy in force: default fusion (convex), RRF k (10), convex dense weight (0.4), Hybrid leg depth (candidates, 50), LexicalFirst lexical depth (cascade_candidates, 200), per-question-type fusion overrides, and what a date the optimizer extracts from the query does (extracted_dates: annotate, the default, only reports it in the plan; filter applies it as since/until when the caller gave none). Read by memory.query and by the HTTP service; change it with memory.set_policy.';
 
 CREATE OR REPLACE FUNCTION memory.set_policy(key text, value text)
 RETURNS void
@@ -45,11 +57,12 @@ BEGIN
         WHEN 'exact_search_max_k' THEN value ~ '^[0-9]{1,6}$' AND value::integer BETWEEN 1 AND 100000
         WHEN 'provenance_max_parents' THEN value ~ '^[0-9]{1,4}$' AND value::integer BETWEEN 1 AND 1000
         WHEN 'provenance_max_nodes' THEN value ~ '^[0-9]{1,6}$' AND value::integer BETWEEN 1 AND 100000
+        WHEN 'extracted_dates' THEN value IN ('annotate', 'filter')
         ELSE NULL END;
     IF ok IS NULL THEN
         RAISE EXCEPTION 'unknown policy key "%"', key
             USING ERRCODE = '22023',
-                  HINT = 'Keys: fusion, rrf_k, dense_weight, candidates, cascade_candidates, fusion_by_type, exact_search_max_k, provenance_max_parents, provenance_max_nodes.';
+                  HINT = 'Keys: fusion, rrf_k, dense_weight, candidates, cascade_candidates, fusion_by_type, exact_search_max_k, provenance_max_parents, provenance_max_nodes, extracted_dates.';
     END IF;
     IF key = 'fusion_by_type' THEN
         -- {"Factual": "convex", "Open": "rrf"}: question types from memory.optimize_query.
@@ -68,7 +81,7 @@ BEGIN
     IF NOT ok THEN
         RAISE EXCEPTION 'invalid value "%" for policy key "%"', value, key
             USING ERRCODE = '22023',
-                  HINT = 'fusion: rrf|convex; rrf_k: integer >= 0; dense_weight: 0..1; candidates: 1..1000; cascade_candidates: 1..10000; fusion_by_type: {"Factual":"convex",...}; exact_search_max_k: 1..100000; provenance_max_parents: 1..1000; provenance_max_nodes: 1..100000.';
+                  HINT = 'fusion: rrf|convex; rrf_k: integer >= 0; dense_weight: 0..1; candidates: 1..1000; cascade_candidates: 1..10000; fusion_by_type: {"Factual":"convex",...}; exact_search_max_k: 1..100000; provenance_max_parents: 1..1000; provenance_max_nodes: 1..100000; extracted_dates: annotate|filter.';
     END IF;
     INSERT INTO memory.config AS c (key, value) VALUES (key, value)
     ON CONFLICT ON CONSTRAINT config_pkey DO UPDATE SET value = EXCLUDED.value, updated_at = now();
@@ -84,7 +97,7 @@ AS $$
     DELETE FROM memory.config c
     WHERE c.key IN ('fusion', 'rrf_k', 'dense_weight', 'candidates', 'cascade_candidates',
                     'fusion_by_type', 'exact_search_max_k', 'provenance_max_parents',
-                    'provenance_max_nodes')
+                    'provenance_max_nodes', 'extracted_dates')
       AND (reset_policy.key IS NULL OR c.key = reset_policy.key)
 $$;
 COMMENT ON FUNCTION memory.reset_policy(text) IS

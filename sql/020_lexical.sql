@@ -184,13 +184,17 @@ END $$;
 COMMENT ON FUNCTION memory.lexical_query(text, integer, integer, double precision, double precision) IS
     'Shared first step of memory.lexical_search and memory.lexical_search_exact: validates the arguments (22023) and returns the query''s lexemes with the corpus size and mean length of the project (or of all projects).';
 
+-- since/before (the time filter) were added: drop the old signature first.
+DROP FUNCTION IF EXISTS memory.lexical_search_exact(text, text, text[], integer, double precision, double precision);
 CREATE OR REPLACE FUNCTION memory.lexical_search_exact(
     query text,
     project text DEFAULT NULL,
     levels text[] DEFAULT NULL,
     k integer DEFAULT 50,
     k1 double precision DEFAULT 1.2,
-    b double precision DEFAULT 0.75
+    b double precision DEFAULT 0.75,
+    since timestamptz DEFAULT NULL,
+    before timestamptz DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -200,6 +204,10 @@ AS $$
 DECLARE
     pid integer := memory.project_id(project);
     lv text[] := memory.check_levels(levels);
+    -- the time filter, checked per posting only when one is given
+    timed boolean := since IS NOT NULL OR before IS NOT NULL;
+    lo timestamptz := coalesce(since, '-infinity');
+    hi timestamptz := coalesce(before, 'infinity');
     terms text[];
     n double precision;
     avgdl double precision;
@@ -219,6 +227,7 @@ BEGIN
                sum(idf.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS score
         FROM idf JOIN memory.postings p ON p.lexeme = idf.lexeme
         WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
+              AND (NOT timed OR EXISTS (SELECT 1 FROM memory.nodes tn WHERE tn.id = p.node_id AND tn.ts >= lo AND tn.ts < hi))
         GROUP BY p.node_id
     )
     SELECT s.id, (row_number() OVER (ORDER BY s.score DESC, s.id))::integer, s.score
@@ -226,8 +235,8 @@ BEGIN
     ORDER BY s.score DESC, s.id
     LIMIT k;
 END $$;
-COMMENT ON FUNCTION memory.lexical_search_exact(text, text, text[], integer, double precision, double precision) IS
-    'Exhaustive BM25, the reference for memory.lexical_search: scores every posting of every query term. Same arguments, same ranking (score descending, then node id).';
+COMMENT ON FUNCTION memory.lexical_search_exact(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz) IS
+    'Exhaustive BM25, the reference for memory.lexical_search: scores every posting of every query term. Same arguments, same ranking (score descending, then node id). since/before: only nodes with since <= ts < before.';
 
 -- The k-th largest value, deflated by 1e-9 relative (float rounding must never make a
 -- lower bound of a score exceed the score); 0 when there are fewer than k values.
@@ -251,13 +260,17 @@ COMMENT ON FUNCTION memory.lexical_kth(double precision[], integer) IS
 -- short against the candidates, by primary-key probes otherwise. Bounds are inflated and
 -- theta deflated by 1e-9 relative so float rounding cannot drop a document: the ranking is
 -- memory.lexical_search_exact's.
+-- since/before (the time filter) were added: drop the old signature first.
+DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, double precision, double precision);
 CREATE OR REPLACE FUNCTION memory.lexical_search(
     query text,
     project text DEFAULT NULL,
     levels text[] DEFAULT NULL,
     k integer DEFAULT 50,
     k1 double precision DEFAULT 1.2,
-    b double precision DEFAULT 0.75
+    b double precision DEFAULT 0.75,
+    since timestamptz DEFAULT NULL,
+    before timestamptz DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -267,6 +280,10 @@ AS $$
 DECLARE
     pid integer := memory.project_id(project);
     lv text[] := memory.check_levels(levels);
+    -- the time filter, checked per posting only when one is given
+    timed boolean := since IS NOT NULL OR before IS NOT NULL;
+    lo timestamptz := coalesce(since, '-infinity');
+    hi timestamptz := coalesce(before, 'infinity');
     terms text[];
     n double precision;
     avgdl double precision;
@@ -322,6 +339,7 @@ BEGIN
               FROM unnest(t_lex, t_w) AS w(lexeme, w)
               JOIN memory.postings p ON p.lexeme = w.lexeme
               WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
+              AND (NOT timed OR EXISTS (SELECT 1 FROM memory.nodes tn WHERE tn.id = p.node_id AND tn.ts >= lo AND tn.ts < hi))
               GROUP BY p.node_id) s
         ORDER BY s.score DESC, s.id
         LIMIT k;
@@ -342,6 +360,7 @@ BEGIN
             FROM unnest(t_lex[s0:], t_w[s0:]) AS w(lexeme, w)
             JOIN memory.postings p ON p.lexeme = w.lexeme
             WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
+              AND (NOT timed OR EXISTS (SELECT 1 FROM memory.nodes tn WHERE tn.id = p.node_id AND tn.ts >= lo AND tn.ts < hi))
             GROUP BY p.node_id, p.project_id) e;
     theta := memory.lexical_kth(c_ps, k);
     -- Non-essential: the longest prefix of low-bound terms whose bounds sum below theta.
@@ -362,6 +381,7 @@ BEGIN
                      FROM unnest(t_lex[ne + 1:s0 - 1], t_w[ne + 1:s0 - 1]) AS w(lexeme, w)
                      JOIN memory.postings p ON p.lexeme = w.lexeme
                      WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
+                       AND (NOT timed OR EXISTS (SELECT 1 FROM memory.nodes tn WHERE tn.id = p.node_id AND tn.ts >= lo AND tn.ts < hi))
                      GROUP BY p.node_id, p.project_id) x
             ON x.id = c.id AND x.proj = c.proj;
         theta := greatest(theta, memory.lexical_kth(c_ps, k));
@@ -406,8 +426,8 @@ BEGIN
     ORDER BY c.ps DESC, c.id
     LIMIT k;
 END $$;
-COMMENT ON FUNCTION memory.lexical_search(text, text, text[], integer, double precision, double precision) IS
-    'BM25 (Okapi, k1/b tunable, Lucene IDF) over title, breadcrumb and text with per-project statistics. Disjunctive: any query term can match. Returns node ids ranked 1..k, exactly as memory.lexical_search_exact, but skips the postings that cannot reach the top k (MaxScore over per-term score bounds).';
+COMMENT ON FUNCTION memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz) IS
+    'BM25 (Okapi, k1/b tunable, Lucene IDF) over title, breadcrumb and text with per-project statistics. Disjunctive: any query term can match. Returns node ids ranked 1..k, exactly as memory.lexical_search_exact, but skips the postings that cannot reach the top k (MaxScore over per-term score bounds). since/before (timestamptz, either NULL) keep only nodes with since <= ts < before, before the top k is taken.';
 
 CREATE OR REPLACE FUNCTION memory.refresh_lexical_bounds(project text DEFAULT NULL)
 RETURNS bigint

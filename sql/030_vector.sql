@@ -1,12 +1,19 @@
 -- Vector recall. Both functions order by the cosine distance operator with a LIMIT, so the
 -- planner can serve semantic_search from the HNSW index and search_by_ids from the PK.
 
+-- since/before (the time filter) were added: drop the old signatures first.
+DROP FUNCTION IF EXISTS memory.semantic_search(vector, text, text[], integer, integer);
+DROP FUNCTION IF EXISTS memory.exact_search(vector, text, text[], integer);
+DROP FUNCTION IF EXISTS memory.search_by_ids(vector, bigint[], text, text[], integer);
+
 CREATE OR REPLACE FUNCTION memory.semantic_search(
     query_embedding vector,
     project text DEFAULT NULL,
     levels text[] DEFAULT NULL,
     k integer DEFAULT 50,
-    ef_search integer DEFAULT NULL
+    ef_search integer DEFAULT NULL,
+    since timestamptz DEFAULT NULL,
+    before timestamptz DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
 -- PARALLEL UNSAFE: it sets hnsw.ef_search with set_config, which no parallel mode allows,
@@ -23,6 +30,10 @@ DECLARE
     pid integer := memory.project_id(project);
     lv text[] := memory.check_levels(levels);
     q vector := memory.require_embedding(query_embedding);
+    -- the time filter; with none given the planner folds this condition away
+    timed boolean := since IS NOT NULL OR before IS NOT NULL;
+    lo timestamptz := coalesce(since, '-infinity');
+    hi timestamptz := coalesce(before, 'infinity');
 BEGIN
     IF k IS NULL OR k < 1 OR k > 1000 THEN
         RAISE EXCEPTION 'k must be 1..1000, got %', k USING ERRCODE = '22023';
@@ -38,6 +49,7 @@ BEGIN
         FROM memory.nodes n
         WHERE n.embedding IS NOT NULL
           AND (pid IS NULL OR n.project_id = pid) AND (lv IS NULL OR n.level = ANY (lv))
+          AND (NOT timed OR (n.ts >= lo AND n.ts < hi))
         ORDER BY n.embedding <=> q
         LIMIT k
     )
@@ -45,14 +57,16 @@ BEGIN
     FROM hits h
     ORDER BY h.distance, h.id;
 END $$;
-COMMENT ON FUNCTION memory.semantic_search(vector, text, text[], integer, integer) IS
-    'HNSW top-k by cosine distance with optional project/level filters (iterative scan fills k under selective filters). query_score = 1 - cosine distance.';
+COMMENT ON FUNCTION memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz) IS
+    'HNSW top-k by cosine distance with optional project/level/time filters (since <= ts < before; the iterative scan fills k under selective filters). query_score = 1 - cosine distance.';
 
 CREATE OR REPLACE FUNCTION memory.exact_search(
     query_embedding vector,
     project text DEFAULT NULL,
     levels text[] DEFAULT NULL,
-    k integer DEFAULT 50
+    k integer DEFAULT 50,
+    since timestamptz DEFAULT NULL,
+    before timestamptz DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -68,6 +82,10 @@ DECLARE
     -- Brute force reads every row: the owner bounds k (memory.set_policy).
     max_k integer := coalesce((SELECT c.value::integer FROM memory.config c
                                WHERE c.key = 'exact_search_max_k'), 1000);
+    -- the time filter; with none given the planner folds this condition away
+    timed boolean := since IS NOT NULL OR before IS NOT NULL;
+    lo timestamptz := coalesce(since, '-infinity');
+    hi timestamptz := coalesce(before, 'infinity');
 BEGIN
     IF k IS NULL OR k < 1 OR k > max_k THEN
         RAISE EXCEPTION 'k must be within 1..%, got %', max_k, coalesce(k::text, 'NULL')
@@ -80,18 +98,21 @@ BEGIN
     FROM memory.nodes n
     WHERE n.embedding IS NOT NULL
       AND (pid IS NULL OR n.project_id = pid) AND (lv IS NULL OR n.level = ANY (lv))
+          AND (NOT timed OR (n.ts >= lo AND n.ts < hi))
     ORDER BY n.embedding <=> q, n.id
     LIMIT k;
 END $$;
-COMMENT ON FUNCTION memory.exact_search(vector, text, text[], integer) IS
-    'Exact cosine top-k without the HNSW index: the recall reference for benchmarks. k is capped by memory.config exact_search_max_k (default 1000; memory.set_policy).';
+COMMENT ON FUNCTION memory.exact_search(vector, text, text[], integer, timestamptz, timestamptz) IS
+    'Exact cosine top-k without the HNSW index: the recall reference for benchmarks. k is capped by memory.config exact_search_max_k (default 1000; memory.set_policy). since/before: only nodes with since <= ts < before.';
 
 CREATE OR REPLACE FUNCTION memory.search_by_ids(
     query_embedding vector,
     ids bigint[],
     project text DEFAULT NULL,
     levels text[] DEFAULT NULL,
-    k integer DEFAULT 50
+    k integer DEFAULT 50,
+    since timestamptz DEFAULT NULL,
+    before timestamptz DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -102,6 +123,10 @@ DECLARE
     pid integer := memory.project_id(project);
     lv text[] := memory.check_levels(levels);
     q vector := memory.require_embedding(query_embedding);
+    -- the time filter; with none given the planner folds this condition away
+    timed boolean := since IS NOT NULL OR before IS NOT NULL;
+    lo timestamptz := coalesce(since, '-infinity');
+    hi timestamptz := coalesce(before, 'infinity');
 BEGIN
     IF ids IS NULL OR cardinality(ids) = 0 THEN
         RETURN;
@@ -112,8 +137,9 @@ BEGIN
     FROM memory.nodes n
     WHERE n.id = ANY (ids) AND n.embedding IS NOT NULL
       AND (pid IS NULL OR n.project_id = pid) AND (lv IS NULL OR n.level = ANY (lv))
+          AND (NOT timed OR (n.ts >= lo AND n.ts < hi))
     ORDER BY n.embedding <=> q, n.id
     LIMIT k;
 END $$;
-COMMENT ON FUNCTION memory.search_by_ids(vector, bigint[], text, text[], integer) IS
-    'Exact cosine ranking restricted to the given node ids (the second stage of the LexicalFirst cascade). Unknown ids are ignored.';
+COMMENT ON FUNCTION memory.search_by_ids(vector, bigint[], text, text[], integer, timestamptz, timestamptz) IS
+    'Exact cosine ranking restricted to the given node ids (the second stage of the LexicalFirst cascade). Unknown ids, and ids outside since <= ts < before, are ignored.';

@@ -19,12 +19,15 @@ END $$;
 COMMENT ON FUNCTION memory.plpython_path() IS
     'Directory holding the poimen_core package for PL/Python (content-hashed per version).';
 
-CREATE OR REPLACE FUNCTION memory.optimize_query(query text)
+CREATE OR REPLACE FUNCTION memory.optimize_query(query text, reference_time timestamptz)
 RETURNS jsonb
 -- PARALLEL UNSAFE: every plpy.execute runs in a subtransaction, which a parallel operation
 -- forbids ("cannot start subtransactions during a parallel operation").
 LANGUAGE plpython3u STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
+-- reference_time reaches Python as text: pin the format Python's fromisoformat reads.
+SET DateStyle = 'ISO, YMD'
+SET TimeZone = 'UTC'
 AS $$
 import sys
 path = plpy.execute("SELECT memory.plpython_path() AS p")[0]["p"]
@@ -38,7 +41,15 @@ except ImportError as e:  # restored on another host, or the directory was remov
                detail="%s (memory.config plpython_path = %s)" % (e, path),
                hint="Run `poimen-memory migrate` on this database host; text-only queries "
                     "(no query_embedding) and forced strategies work without it.")
-return plan_for_sql(plpy, query)
+return plan_for_sql(plpy, query, reference_time)
 $$;
+COMMENT ON FUNCTION memory.optimize_query(text, timestamptz) IS
+    'Routes a raw query: question type, search strategy (LexicalOnly, LexicalFirst, Hybrid), confidence, the reasons, and the dates the text names (relative ones such as "last week" resolved against reference_time; NULL: now) with the time_filter they ask for, as jsonb. Same module as the HTTP service. PM503 when the module is missing on this host.';
+
+CREATE OR REPLACE FUNCTION memory.optimize_query(query text)
+RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+RETURN memory.optimize_query(query, NULL::timestamptz);
 COMMENT ON FUNCTION memory.optimize_query(text) IS
-    'Routes a raw query: question type, search strategy (LexicalOnly, LexicalFirst, Hybrid), confidence and the reasons, as jsonb. Same module as the HTTP service. PM503 when the module is missing on this host.';
+    'memory.optimize_query(query, reference_time) with relative dates resolved against now.';

@@ -8,16 +8,79 @@
 DROP FUNCTION IF EXISTS public.memory_query(text, vector, text, text[], integer, text, text);
 DROP FUNCTION IF EXISTS memory.query(text, vector, text, text[], integer, text, text, integer, integer);
 DROP FUNCTION IF EXISTS memory.run_query(text, vector, text, text[], integer, text, text, integer, integer);
+-- since, until and reference_time were added (the time filter): drop the shorter ones,
+-- callers first (their atomic bodies depend on what they call).
+DROP FUNCTION IF EXISTS public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision);
+DROP FUNCTION IF EXISTS memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision);
+DROP FUNCTION IF EXISTS memory.run_query(text, vector, text, text[], integer, text, text, integer, integer, double precision);
+-- The row memory.query returns, declared once: memory.query, its implementation and the
+-- public.memory_query alias all return SETOF memory.query_row. Declared here, like the
+-- functions, rather than in a migration: it holds no data. The wanted shape is built as a
+-- temporary type and compared with the stored one; only a different shape replaces it (with
+-- the functions returning it, recreated below), so an unchanged type keeps its OID.
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    CREATE TYPE pg_temp.query_row AS (
+        rank integer,
+        node_id bigint,
+        external_id text,
+        level text,
+        sha256 text,
+        project text,
+        title text,
+        text text,
+        source text,
+        breadcrumb text[],
+        "timestamp" timestamptz,
+        query_score double precision,
+        lexical_score double precision,
+        final_score double precision,
+        semantic_rank integer,
+        lexical_rank integer,
+        fusion_method text,
+        search_strategy text,
+        provenance jsonb,
+        provenance_truncated boolean
+    );
+    IF to_regtype('memory.query_row') IS NULL
+       OR EXISTS ((SELECT a.attname, a.atttypid, a.atttypmod, a.attnum FROM pg_catalog.pg_attribute a
+                   WHERE a.attrelid = 'pg_temp.query_row'::regclass AND a.attnum > 0
+                  EXCEPT
+                   SELECT a.attname, a.atttypid, a.atttypmod, a.attnum FROM pg_catalog.pg_attribute a
+                   WHERE a.attrelid = pg_catalog.to_regclass('memory.query_row') AND a.attnum > 0 AND NOT a.attisdropped)
+                  UNION ALL
+                  (SELECT a.attname, a.atttypid, a.atttypmod, a.attnum FROM pg_catalog.pg_attribute a
+                   WHERE a.attrelid = pg_catalog.to_regclass('memory.query_row') AND a.attnum > 0 AND NOT a.attisdropped
+                  EXCEPT
+                   SELECT a.attname, a.atttypid, a.atttypmod, a.attnum FROM pg_catalog.pg_attribute a
+                   WHERE a.attrelid = 'pg_temp.query_row'::regclass AND a.attnum > 0)) THEN
+        DROP TYPE IF EXISTS memory.query_row CASCADE;
+        EXECUTE (SELECT pg_catalog.format('CREATE TYPE memory.query_row AS (%s)',
+                            pg_catalog.string_agg(pg_catalog.format('%I %s', a.attname,
+                                pg_catalog.format_type(a.atttypid, a.atttypmod)), ', '
+                                ORDER BY a.attnum))
+                 FROM pg_catalog.pg_attribute a
+                 WHERE a.attrelid = 'pg_temp.query_row'::regclass AND a.attnum > 0);
+    END IF;
+    DROP TYPE pg_temp.query_row;
+    -- Before the declared type the query functions returned an anonymous TABLE; a return
+    -- type cannot be replaced in place, so those are dropped, each alias before what it calls.
+    FOR f IN
+        SELECT p.oid FROM pg_catalog.pg_proc p
+        WHERE p.prorettype = 'pg_catalog.record'::pg_catalog.regtype
+          AND ((p.pronamespace = 'public'::regnamespace AND p.proname = 'memory_query')
+               OR (p.pronamespace = 'memory'::regnamespace AND p.proname IN ('query', 'run_query')))
+        ORDER BY p.proname = 'run_query', p.proname = 'query'
+    LOOP
+        EXECUTE pg_catalog.format('DROP FUNCTION %s', f);
+    END LOOP;
+END $$;
+
 DO $$
 BEGIN
     -- Result columns changed in place (same argument types): drop when the old shape is found.
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-               WHERE p.oid = to_regprocedure('memory.run_query(text, vector, text, text[], integer, text, text, integer, integer, double precision)')
-                 AND NOT ('provenance_truncated' = ANY (p.proargnames))) THEN
-        DROP FUNCTION public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision);
-        DROP FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision);
-        DROP FUNCTION memory.run_query(text, vector, text, text[], integer, text, text, integer, integer, double precision);
-    END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
                WHERE p.oid = to_regprocedure('memory.hydrate(bigint[], vector, integer)')
                  AND NOT ('provenance_truncated' = ANY (p.proargnames))) THEN
@@ -66,14 +129,12 @@ CREATE OR REPLACE FUNCTION memory.run_query(
     p_fusion text,
     p_rrf_k integer,
     p_candidates integer,
-    p_dense_weight double precision
+    p_dense_weight double precision,
+    p_since text,
+    p_until text,
+    p_reference_time timestamptz
 )
-RETURNS TABLE (rank integer, node_id bigint, external_id text, level text, sha256 text,
-               project text, title text, text text, source text, breadcrumb text[],
-               "timestamp" timestamptz, query_score double precision,
-               lexical_score double precision, final_score double precision,
-               semantic_rank integer, lexical_rank integer, fusion_method text,
-               search_strategy text, provenance jsonb, provenance_truncated boolean)
+RETURNS SETOF memory.query_row
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
@@ -88,6 +149,8 @@ DECLARE
     cand integer;
     sem jsonb := '{"ids":[],"scores":[]}';
     lex jsonb := '{"ids":[],"scores":[]}';
+    lo timestamptz;  -- the time filter: since (inclusive), before (exclusive)
+    hi timestamptz;
 BEGIN
     -- Every argument is checked before any work, and each error names the argument.
     PERFORM memory.check_query(p_query);
@@ -118,14 +181,23 @@ BEGIN
     IF p_candidates IS NOT NULL AND p_candidates NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'candidates must be within 1..1000, got %', p_candidates USING ERRCODE = '22023';
     END IF;
+    SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(p_since, p_until) t;
     PERFORM memory.project_id(p_project);
     PERFORM memory.check_embedding(p_embedding);
     SELECT * INTO pol FROM memory.policy();
     -- Without an embedding only the lexical leg can run, so the optimizer (PL/Python) is not
     -- consulted: a text query needs nothing but SQL.
-    IF p_embedding IS NOT NULL
-       AND (p_strategy IS NULL OR (p_fusion IS NULL AND pol.fusion_by_type <> '{}'::jsonb)) THEN
-        plan := memory.optimize_query(p_query);
+    IF (p_embedding IS NOT NULL
+        AND (p_strategy IS NULL OR (p_fusion IS NULL AND pol.fusion_by_type <> '{}'::jsonb)))
+       OR (pol.extracted_dates = 'filter' AND p_since IS NULL AND p_until IS NULL) THEN
+        plan := memory.optimize_query(p_query, p_reference_time);
+    END IF;
+    -- A date the text asks for ("on 8 May 2023") filters only under that policy, and never
+    -- overrides the caller's own since/until.
+    IF pol.extracted_dates = 'filter' AND p_since IS NULL AND p_until IS NULL
+       AND jsonb_typeof(plan -> 'time_filter') = 'object' THEN
+        SELECT t.since_ts, t.before_ts INTO lo, hi
+          FROM memory.time_range(plan -> 'time_filter' ->> 'since', plan -> 'time_filter' ->> 'until') t;
     END IF;
     strat := CASE WHEN p_embedding IS NULL THEN 'LexicalOnly'
                   ELSE coalesce(p_strategy, plan ->> 'search_strategy') END;
@@ -138,14 +210,16 @@ BEGIN
           INTO lex
           FROM memory.lexical_search(p_query, p_project, lv,
                                      CASE strat WHEN 'LexicalFirst' THEN pol.cascade_candidates
-                                                WHEN 'Hybrid' THEN cand ELSE lim END) l;
+                                                WHEN 'Hybrid' THEN cand ELSE lim END,
+                                     since => lo, before => hi) l;
     END IF;
     IF strat IN ('SemanticOnly', 'Hybrid') THEN
         SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
                                   'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
           INTO sem
           FROM memory.semantic_search(p_embedding, p_project, lv,
-                                      CASE strat WHEN 'Hybrid' THEN cand ELSE lim END) s;
+                                      CASE strat WHEN 'Hybrid' THEN cand ELSE lim END,
+                                      since => lo, before => hi) s;
     ELSIF strat = 'LexicalFirst' THEN
         SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
                                   'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
@@ -155,7 +229,8 @@ BEGIN
                                     p_project, lv,
                                     -- a convex cascade blends cosine with BM25 over every lexical id
                                     CASE WHEN fus = 'convex' THEN greatest(jsonb_array_length(lex -> 'ids'), 1)
-                                         ELSE lim END) s;
+                                         ELSE lim END,
+                                    since => lo, before => hi) s;
     END IF;
 
     RETURN QUERY
@@ -179,7 +254,7 @@ BEGIN
       ON h.node_id = r.node_id
     ORDER BY r.pos;
 END $$;
-COMMENT ON FUNCTION memory.run_query(text, vector, text, text[], integer, text, text, integer, integer, double precision) IS
+COMMENT ON FUNCTION memory.run_query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz) IS
     'Implementation of memory.query (positional parameters; call memory.query instead).';
 
 CREATE OR REPLACE FUNCTION memory.query(
@@ -192,55 +267,76 @@ CREATE OR REPLACE FUNCTION memory.query(
     fusion text DEFAULT NULL,
     rrf_k integer DEFAULT NULL,
     candidates integer DEFAULT NULL,
-    dense_weight double precision DEFAULT NULL
+    dense_weight double precision DEFAULT NULL,
+    since text DEFAULT NULL,
+    until text DEFAULT NULL,
+    reference_time timestamptz DEFAULT NULL
 )
-RETURNS TABLE (rank integer, node_id bigint, external_id text, level text, sha256 text,
-               project text, title text, text text, source text, breadcrumb text[],
-               "timestamp" timestamptz, query_score double precision,
-               lexical_score double precision, final_score double precision,
-               semantic_rank integer, lexical_rank integer, fusion_method text,
-               search_strategy text, provenance jsonb, provenance_truncated boolean)
+RETURNS SETOF memory.query_row
 LANGUAGE sql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
     SELECT * FROM memory.run_query(query, query_embedding, project, levels, k, strategy,
-                                   fusion, rrf_k, candidates, dense_weight);
+                                   fusion, rrf_k, candidates, dense_weight, since, until,
+                                   reference_time);
 END;
-COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision) IS
-    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top k (1..50) nodes with node_id, external_id, scores, ranks and provenance down to L0. Without query_embedding the lexical leg answers alone and PL/Python is not needed. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads.';
+COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz) IS
+    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top k (1..50) nodes with node_id, external_id, scores, ranks and provenance down to L0. Without query_embedding the lexical leg answers alone and PL/Python is not needed. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads. since/until (inclusive ISO dates or timestamps) keep only nodes whose timestamp is in range, inside every leg before its top k; reference_time (default now) anchors relative dates the optimizer extracts ("last week"), which filter only under memory.policy() extracted_dates = filter.';
 
 -- Entry points on the default search_path, so `SELECT * FROM memory_query('...')` works.
-CREATE OR REPLACE FUNCTION public.memory_query(
-    query text,
-    query_embedding vector DEFAULT NULL,
-    project text DEFAULT NULL,
-    levels text[] DEFAULT ARRAY['L1', 'L2'],
-    k integer DEFAULT 5,
-    strategy text DEFAULT NULL,
-    fusion text DEFAULT NULL,
-    rrf_k integer DEFAULT NULL,
-    candidates integer DEFAULT NULL,
-    dense_weight double precision DEFAULT NULL
-)
-RETURNS TABLE (rank integer, node_id bigint, external_id text, level text, sha256 text,
-               project text, title text, text text, source text, breadcrumb text[],
-               "timestamp" timestamptz, query_score double precision,
-               lexical_score double precision, final_score double precision,
-               semantic_rank integer, lexical_rank integer, fusion_method text,
-               search_strategy text, provenance jsonb, provenance_truncated boolean)
-LANGUAGE sql STABLE PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    SELECT * FROM memory.query(query, query_embedding, project, levels, k, strategy, fusion,
-                               rrf_k, candidates, dense_weight);
-END;
-COMMENT ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision) IS
-    'Alias of memory.query on the default search_path. See docs/sql-api.md.';
-
-CREATE OR REPLACE FUNCTION public.memory_optimize_query(query text)
-RETURNS jsonb
-LANGUAGE sql STABLE PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
-RETURN memory.optimize_query(query);
-COMMENT ON FUNCTION public.memory_optimize_query(text) IS
-    'Alias of memory.optimize_query on the default search_path.';
+-- Each alias is made from its target's catalog entry (arguments with their defaults, result,
+-- volatility, parallel label), so an alias can never disagree with what it calls. An alias
+-- left from an older signature is dropped; one that still matches is replaced in place, so
+-- its OID (and anything a DBA built on it) survives a re-run. Every overload gets its alias.
+DO $$
+DECLARE
+    a record;
+    target regprocedure;
+    old regprocedure;
+    body text;
+BEGIN
+    FOR a IN SELECT * FROM (VALUES ('memory', 'query', 'memory_query'),
+                                   ('memory', 'optimize_query', 'memory_optimize_query'))
+                           AS v(nsp, fn, alias)
+    LOOP
+        FOR old IN
+            SELECT p.oid FROM pg_catalog.pg_proc p
+            WHERE p.pronamespace = 'public'::regnamespace AND p.proname = a.alias
+              AND NOT EXISTS (
+                  SELECT 1 FROM pg_catalog.pg_proc t
+                  WHERE t.pronamespace = a.nsp::regnamespace AND t.proname = a.fn
+                    AND pg_catalog.pg_get_function_identity_arguments(t.oid)
+                        = pg_catalog.pg_get_function_identity_arguments(p.oid)
+                    AND pg_catalog.pg_get_function_result(t.oid)
+                        = pg_catalog.pg_get_function_result(p.oid))
+        LOOP
+            EXECUTE pg_catalog.format('DROP FUNCTION %s', old);
+        END LOOP;
+        FOR target IN
+            SELECT p.oid FROM pg_catalog.pg_proc p
+            WHERE p.pronamespace = a.nsp::regnamespace AND p.proname = a.fn
+        LOOP
+            SELECT pg_catalog.format('SELECT * FROM %I.%I(%s)', a.nsp, a.fn,
+                                     pg_catalog.string_agg('$' || i, ', ' ORDER BY i))
+              INTO body
+              FROM pg_catalog.generate_series(1, (SELECT p.pronargs FROM pg_catalog.pg_proc p
+                                                   WHERE p.oid = target)) AS i;
+            EXECUTE pg_catalog.format(
+                'CREATE OR REPLACE FUNCTION public.%I(%s) RETURNS %s LANGUAGE sql %s '
+                'SET search_path = pg_catalog, pg_temp AS %L',
+                a.alias, pg_catalog.pg_get_function_arguments(target),
+                pg_catalog.pg_get_function_result(target),
+                (SELECT CASE p.provolatile WHEN 'i' THEN 'IMMUTABLE' WHEN 's' THEN 'STABLE'
+                                           ELSE 'VOLATILE' END
+                        || CASE p.proparallel WHEN 's' THEN ' PARALLEL SAFE'
+                                              WHEN 'r' THEN ' PARALLEL RESTRICTED'
+                                              ELSE ' PARALLEL UNSAFE' END
+                 FROM pg_catalog.pg_proc p WHERE p.oid = target),
+                body);
+            EXECUTE pg_catalog.format(
+                'COMMENT ON FUNCTION public.%I(%s) IS %L', a.alias,
+                pg_catalog.pg_get_function_identity_arguments(target),
+                pg_catalog.format('Alias of %s.%s on the default search_path, made from its signature by sql/070_query.sql. See docs/sql-api.md.', a.nsp, a.fn));
+        END LOOP;
+    END LOOP;
+END $$;

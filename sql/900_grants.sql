@@ -39,7 +39,8 @@ DECLARE
         'memory.provenance_walk', 'memory.provenance_tree', 'memory.provenance', 'memory.hydrate',
         'memory.plpython_path', 'memory.optimize_query', 'memory.run_query', 'memory.query',
         'public.memory_query', 'public.memory_optimize_query', 'memory.granted_projects',
-        'memory.granted_project_ids', 'memory.node_writable'];
+        'memory.granted_project_ids', 'memory.node_writable', 'memory.time_bound',
+        'memory.time_range'];
     -- Functions nobody but the owner runs (DDL-ish, policy changes, triggers).
     owner_functions text[] := ARRAY[
         'memory.configure_embedding', 'memory.reset_embedding', 'memory.set_policy',

@@ -41,6 +41,14 @@ def run(env: dict[str, str], *args: str, ok: bool = True) -> subprocess.Complete
     return proc
 
 
+def ready(env: dict[str, str]) -> None:
+    """The cluster running, migrated and loaded, whatever ran before: each test that needs
+    data says so, so any one of them can run alone (start, migrate, ingest are idempotent)."""
+    run(env, "db", "start")
+    run(env, "migrate")
+    run(env, "ingest", str(FIXTURE))
+
+
 def test_db_lifecycle_and_sql_user(cli_env: dict[str, str]) -> None:
     assert run(cli_env, "db", "status", ok=False).returncode == 3
     run(cli_env, "db", "start")
@@ -71,6 +79,7 @@ def test_db_lifecycle_and_sql_user(cli_env: dict[str, str]) -> None:
 
 
 def test_query_prints_citations(cli_env: dict[str, str]) -> None:
+    ready(cli_env)
     out = run(cli_env, "query", "why did requests over 10KB fail", "--project", "poimen").stdout
     assert "[L1] poimen poimen:mem:1" in out and "└─ [L0] poimen:chat:2" in out
     js = json.loads(run(cli_env, "query", "kong body buffer", "--json").stdout)
@@ -78,6 +87,7 @@ def test_query_prints_citations(cli_env: dict[str, str]) -> None:
 
 
 def test_errors_are_clear(cli_env: dict[str, str]) -> None:
+    ready(cli_env)
     missing = run(cli_env, "ingest", "/nonexistent.jsonl", ok=False)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     bad = Path(cli_env["POIMEN_HOME"]) / "bad.jsonl"
@@ -89,7 +99,7 @@ def test_errors_are_clear(cli_env: dict[str, str]) -> None:
 
 
 def test_reembed_rebuilds_every_vector(cli_env: dict[str, str]) -> None:
-    run(cli_env, "db", "start")
+    ready(cli_env)
     url = run(cli_env, "db", "url").stdout.strip()
 
     def psql(sql: str) -> str:
@@ -110,7 +120,7 @@ def test_reembed_rebuilds_every_vector(cli_env: dict[str, str]) -> None:
 def test_db_replica_lifecycle(cli_env: dict[str, str]) -> None:
     """A streaming standby made with pg_basebackup: read-only, has the primary's data, and
     receives new writes."""
-    run(cli_env, "db", "start")
+    ready(cli_env)
     assert run(cli_env, "db", "replica", "status", ok=False).returncode == 3
     started = run(cli_env, "db", "replica", "start")
     assert started.stdout.startswith("streaming standby running")
@@ -160,7 +170,7 @@ def test_serve_refuses_a_public_address_without_authentication(
 
 
 def test_keys_create_list_revoke(cli_env: dict[str, str]) -> None:
-    run(cli_env, "db", "start")
+    ready(cli_env)
     created = run(cli_env, "keys", "create", "--project", "poimen", "--write", "--note", "ci")
     key = created.stdout.strip()
     assert key.startswith("pmk_") and len(key) > 40 and "shown once" in created.stderr

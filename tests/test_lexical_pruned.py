@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,9 @@ Conn = psycopg.Connection[Any]
 ROOT = Path(__file__).resolve().parents[1]
 SCIFACT = ROOT.parent / "shared" / "data" / "scifact"
 
-PRUNED = "SELECT node_id, lexical_score FROM memory.lexical_search(%s, %s, %s, %s)"
-EXACT = "SELECT node_id, lexical_score FROM memory.lexical_search_exact(%s, %s, %s, %s)"
+WINDOW = "since => %s::timestamptz, before => %s::timestamptz"
+PRUNED = f"SELECT node_id, lexical_score FROM memory.lexical_search(%s, %s, %s, %s, {WINDOW})"
+EXACT = f"SELECT node_id, lexical_score FROM memory.lexical_search_exact(%s, %s, %s, %s, {WINDOW})"
 INSERT = """
 INSERT INTO memory.nodes (sha256, project_id, level, text)
 SELECT sha256(convert_to(%(tag)s || ':' || u.i, 'UTF8')),
@@ -60,8 +62,10 @@ def load(conn: Conn, project: str, texts: list[str], levels: list[str]) -> None:
     conn.execute(INSERT, {"tag": tag, "project": project, "texts": texts, "levels": levels})
 
 
-def assert_same_ranking(conn: Conn, query: str, project: str | None, levels: Any, k: int) -> None:
-    args = (query, project, levels, k)
+def assert_same_ranking(
+    conn: Conn, query: str, project: str | None, levels: Any, k: int, window: Any = (None, None)
+) -> None:
+    args = (query, project, levels, k, *window)
     got = conn.execute(PRUNED, args).fetchall()
     want = conn.execute(EXACT, args).fetchall()
     assert len(got) == len(want), query
@@ -125,6 +129,30 @@ def test_pruned_equals_exact_on_zipfian_corpus(zipf_db: str, k: int) -> None:
             project = (None, "big", "small")[i % 3]
             levels = (None, ["L1", "L2"], ["L0"])[i % 3 if i % 2 else 0]
             assert_same_ranking(conn, text, project, levels, k)
+
+
+def test_pruned_equals_exact_under_a_time_filter(zipf_db: str) -> None:
+    """The filter applies where candidates enter (seed and essential terms); the
+    non-essential terms only add to candidates already in range, so the pruning stays exact."""
+    with connect(zipf_db) as conn, conn.transaction(force_rollback=True):
+        conn.execute(
+            "UPDATE memory.nodes SET ts = timestamptz '2023-01-01' + (id % 365) * interval '1 day'"
+            " WHERE id % 17 <> 0"  # and some nodes without a timestamp
+        )
+        windows = [("2023-03-01", "2023-04-01"), ("2023-06-15", None), (None, "2023-01-20")]
+        for i, text in enumerate(queries(45, seed=300)):
+            window = windows[i % 3]
+            assert_same_ranking(conn, text, (None, "big")[i % 2], None, (1, 10, 50)[i % 3], window)
+            lo, hi = (datetime.fromisoformat(w).replace(tzinfo=UTC) if w else None for w in window)
+            rows = conn.execute(
+                f"SELECT n.ts FROM memory.lexical_search(%s, NULL, NULL, 50, {WINDOW}) l "
+                "JOIN memory.nodes n ON n.id = l.node_id",
+                (text, lo, hi),
+            ).fetchall()
+            assert rows
+            assert all(
+                r[0] and (lo is None or r[0] >= lo) and (hi is None or r[0] < hi) for r in rows
+            )
 
 
 def test_pruned_equals_exact_after_deletes_and_updates(zipf_db: str) -> None:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from live_server import live_server
+from poimen_lab.live_server import live_server
 from poimen_memory.api.app import create_app
 from poimen_memory.api.request_log import LOGGER
 from poimen_memory.embedders.local import LocalEmbedder

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from live_server import live_server
+from poimen_lab.live_server import live_server
 from poimen_memory.embedders.local import LocalEmbedder
 
 EXAMPLES = int(os.environ.get("POIMEN_SCHEMATHESIS_EXAMPLES", "25"))

@@ -83,6 +83,8 @@ READER = {
     "granted_projects",
     "granted_project_ids",
     "node_writable",
+    "time_bound",
+    "time_range",
 }
 
 

@@ -24,6 +24,7 @@ SQL_SUITE = [
     "tests/test_tenants.py",
     "tests/test_sql_edges.py",
     "tests/test_provenance_caps.py",
+    "tests/test_time_filter.py",
 ]
 
 

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
-from live_server import live_server
+from poimen_lab.live_server import live_server
 from poimen_memory.db.cluster import Cluster
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
+
+from poimen_core.dates import DateRange, extract_dates, span
 
 __all__ = [
     "ENTITY_KEYS",
@@ -29,7 +32,7 @@ __all__ = [
 
 # Bump whenever a rule, pattern or confidence changes: the service compares it with
 # the copy loaded into PL/Python to detect a stale deployment.
-OPTIMIZER_VERSION = "1.0.0"
+OPTIMIZER_VERSION = "1.1.0"
 
 # Bounds the regex work and the size of what is echoed back; longer queries are
 # almost always pasted documents, whose first 4096 characters carry the intent.
@@ -76,6 +79,14 @@ class QueryContext:
     search_strategy: SearchStrategy
     confidence: float
     reasons: tuple[str, ...] = field(default_factory=tuple)
+    dates: tuple[DateRange, ...] = ()
+    reference_time: datetime | None = None
+
+    @property
+    def time_filter(self) -> dict[str, str] | None:
+        """The range the dates that ask for it cover (inclusive ISO days), or None."""
+        rng = span(list(self.dates))
+        return None if rng is None else {"since": rng[0].isoformat(), "until": rng[1].isoformat()}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable view; enums become their string values."""
@@ -92,6 +103,9 @@ class QueryContext:
             "search_strategy": self.search_strategy.value,
             "confidence": self.confidence,
             "reasons": list(self.reasons),
+            "dates": [d.to_dict() for d in self.dates],
+            "time_filter": self.time_filter,
+            "reference_time": self.reference_time.isoformat() if self.reference_time else None,
             "optimizer_version": OPTIMIZER_VERSION,
         }
 
@@ -160,8 +174,9 @@ _QUESTION_RULES: tuple[tuple[QuestionType, str, re.Pattern[str]], ...] = tuple(
 )
 
 
-def optimize_query(raw: str) -> QueryContext:
-    """Analyse ``raw`` and choose a search strategy.
+def optimize_query(raw: str, reference_time: datetime | None = None) -> QueryContext:
+    """Analyse ``raw`` and choose a search strategy. Relative dates ("last week") are
+    resolved against ``reference_time`` (default: now).
 
     Raises QueryOptimizerError when ``raw`` is not a string or is empty after normalizing.
     """
@@ -183,6 +198,10 @@ def optimize_query(raw: str) -> QueryContext:
     has_date_filters = bool(entities["year"])
     has_negation = any(_is_negation(token) for token in tokens)
 
+    now = reference_time or datetime.now(UTC)
+    dates = tuple(extract_dates(normalized, now))
+    relative = any(d.form == "relative" for d in dates)
+
     question_type, why = _classify(tokens)
     reasons.append(why)
     strategy, confidence, why = _route(
@@ -203,6 +222,9 @@ def optimize_query(raw: str) -> QueryContext:
         search_strategy=strategy,
         confidence=confidence,
         reasons=tuple(reasons),
+        dates=dates,
+        # Recorded when it was given or used: a relative date means nothing without it.
+        reference_time=reference_time if reference_time or not relative else now,
     )
 
 

@@ -8,6 +8,7 @@ module only exists inside the PostgreSQL backend.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import NoReturn, Protocol
 
 from poimen_core.optimizer import OPTIMIZER_VERSION, QueryOptimizerError, optimize_query
@@ -32,22 +33,24 @@ class PlpyLike(Protocol):
     ) -> NoReturn: ...
 
 
-def optimize_query_json(raw: str | None) -> str:
-    """Optimize ``raw`` and return the context as JSON; SQL NULL raises QueryOptimizerError."""
+def optimize_query_json(raw: str | None, reference_time: str | None = None) -> str:
+    """Optimize ``raw`` and return the context as JSON; SQL NULL raises QueryOptimizerError.
+    ``reference_time`` is an ISO timestamp (the SQL function pins DateStyle ISO)."""
     if raw is None:
         raise QueryOptimizerError("query is NULL")
+    ref = datetime.fromisoformat(reference_time) if reference_time else None
     # ensure_ascii keeps the text valid in any server encoding, SQL_ASCII included.
-    return json.dumps(optimize_query(raw).to_dict())
+    return json.dumps(optimize_query(raw, ref).to_dict())
 
 
-def plan_for_sql(plpy: PlpyLike, raw: str | None) -> str:
+def plan_for_sql(plpy: PlpyLike, raw: str | None, reference_time: str | None = None) -> str:
     """Like optimize_query_json, but reports bad input as a PostgreSQL error.
 
     Only QueryOptimizerError is translated; anything else is a bug and should surface
     with its Python traceback.
     """
     try:
-        return optimize_query_json(raw)
+        return optimize_query_json(raw, reference_time)
     except QueryOptimizerError as exc:
         received = "NULL" if raw is None else f"a {len(raw)}-character string"
         plpy.error(

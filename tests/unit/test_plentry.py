@@ -65,7 +65,7 @@ def test_plan_for_sql_reports_bad_input_as_sql_error(raw: str | None, received: 
 
 
 def test_plan_for_sql_lets_unexpected_errors_through(monkeypatch: pytest.MonkeyPatch) -> None:
-    def boom(raw: str | None) -> str:
+    def boom(raw: str | None, reference_time: str | None = None) -> str:
         raise RuntimeError("bug")
 
     monkeypatch.setattr("poimen_core.plentry.optimize_query_json", boom)

@@ -17,12 +17,12 @@ from poimen_memory.embedders.base import (
 from poimen_memory.embedders.factory import build_embedder
 from poimen_memory.embedders.remote import (
     RemoteEmbedder,
-    embeddings_endpoint,
     known_dim,
     prefixes_for_model,
 )
 from poimen_memory.errors import ConfigError
 from poimen_memory.settings import Settings
+from poimen_memory.upstreams.clients import endpoint_candidates
 
 NOMIC = "nomic-ai/nomic-embed-text-v2-moe"
 TEXTS = ["alpha beta", "gamma delta", "epsilon zeta eta", "theta", "iota kappa lambda mu"]
@@ -259,17 +259,17 @@ async def test_injected_clients_are_used_and_left_open() -> None:
 
 
 @pytest.mark.parametrize(
-    ("given", "endpoint"),
+    ("given", "endpoints"),
     [
-        ("http://h:8080", "http://h:8080/v1/embeddings"),
-        ("http://h:8080/", "http://h:8080/v1/embeddings"),
-        ("http://h:8080/v1", "http://h:8080/v1/embeddings"),
-        ("http://h:8080/v1/embeddings", "http://h:8080/v1/embeddings"),
-        ("https://h/api/v1/embeddings/", "https://h/api/v1/embeddings"),
+        ("http://h:8080", ["http://h:8080/v1/embeddings", "http://h:8080/embeddings"]),
+        ("http://h:8080/", ["http://h:8080/v1/embeddings", "http://h:8080/embeddings"]),
+        ("http://h:8080/v1", ["http://h:8080/v1/embeddings"]),
+        ("http://h:8080/v1/embeddings", ["http://h:8080/v1/embeddings"]),
+        ("https://h/api/v1/embeddings/", ["https://h/api/v1/embeddings"]),
     ],
 )
-def test_endpoint_accepts_url_with_or_without_suffix(given: str, endpoint: str) -> None:
-    assert embeddings_endpoint(given) == endpoint
+def test_endpoint_accepts_url_with_or_without_suffix(given: str, endpoints: list[str]) -> None:
+    assert endpoint_candidates(given, "embeddings") == endpoints
 
 
 def test_from_env_settings() -> None:

@@ -14,6 +14,7 @@ import pytest
 from doubles.rerank_server import RerankServer, run_rerank_server, word_overlap
 from poimen_memory.errors import ConfigError
 from poimen_memory.settings import Settings
+from poimen_memory.upstreams.clients import endpoint_candidates
 from poimen_memory.upstreams.rerank import (
     RerankClient,
     RerankResult,
@@ -21,7 +22,6 @@ from poimen_memory.upstreams.rerank import (
     build_reranker,
     detect_scale,
     normalise_scores,
-    rerank_endpoint,
 )
 
 QUERY = "red apple pie recipe"
@@ -251,16 +251,17 @@ async def test_shared_client_is_left_open(server: RerankServer) -> None:
 
 
 @pytest.mark.parametrize(
-    ("given", "endpoint"),
+    ("given", "endpoints"),
     [
-        ("http://h:7997", "http://h:7997/v1/rerank"),
-        ("http://h:7997/", "http://h:7997/v1/rerank"),
-        ("http://h:8080/rerank", "http://h:8080/rerank"),
-        ("http://h/v1/rerank/", "http://h/v1/rerank"),
+        ("http://h:7997", ["http://h:7997/v1/rerank", "http://h:7997/rerank"]),
+        ("http://h:7997/", ["http://h:7997/v1/rerank", "http://h:7997/rerank"]),
+        ("http://h:7997/v1", ["http://h:7997/v1/rerank"]),
+        ("http://h:8080/rerank", ["http://h:8080/rerank"]),
+        ("http://h/v1/rerank/", ["http://h/v1/rerank"]),
     ],
 )
-def test_endpoint_rules(given: str, endpoint: str) -> None:
-    assert rerank_endpoint(given) == endpoint
+def test_endpoint_rules(given: str, endpoints: list[str]) -> None:
+    assert endpoint_candidates(given, "rerank") == endpoints
 
 
 def test_factory_and_env() -> None:

@@ -69,7 +69,15 @@ class AnnBench:
     def _sql(self, name: str, qi: int, project: str | None, **params: Any) -> list[int]:
         rows = self.conn.execute(
             q(name),
-            {"embedding": self.queries[qi], "project": project, "levels": None, "k": K, **params},
+            {
+                "embedding": self.queries[qi],
+                "project": project,
+                "levels": None,
+                "k": K,
+                "since": None,
+                "before": None,
+                **params,
+            },
         ).fetchall()
         return [self.pos[r[0]] for r in rows]
 

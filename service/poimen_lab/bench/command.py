@@ -136,7 +136,7 @@ def _lexical(
     lexemes = peer.query_lexemes(query_texts)
     ours_ms, peer_ms, same = [], [], 0
     sql = q("lexical_search")
-    params = {"project": project, "levels": None, "k": 10}
+    params = {"project": project, "levels": None, "k": 10, "since": None, "before": None}
     conn.execute(sql, {**params, "query": query_texts[0]}).fetchall()  # warm-up
     for text, lx in zip(query_texts, lexemes, strict=True):
         t0 = time.perf_counter()
@@ -197,7 +197,7 @@ def _natural(server_url: str, s: Settings, folder: Path, n_queries: int) -> dict
 def _fusion_provenance(conn: psycopg.Connection[Any], corpus: synthetic.Corpus) -> dict[str, Any]:
     fuse_ms, hydrate_ms, walk_ms, l0 = [], [], [], []
     for text, vec in zip(corpus.query_texts, corpus.query_vectors, strict=True):
-        base = {"project": None, "levels": None, "k": 50}
+        base = {"project": None, "levels": None, "k": 50, "since": None, "before": None}
         sem = conn.execute(
             q("semantic_search"), {**base, "embedding": vec, "ef_search": None}
         ).fetchall()

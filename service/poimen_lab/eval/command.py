@@ -18,7 +18,7 @@ import psycopg
 from poimen_lab.eval.data import EvalData, EvalInputError, load
 from poimen_lab.eval.fusion_sweep import default_config
 from poimen_lab.eval.runner import DEEP_PATHS, MODES, Corpus, Outcome, Runner
-from poimen_lab.eval.scores import EVIDENCE_KS, score_mode
+from poimen_lab.eval.scores import EVIDENCE_KS, per_query_scores, score_mode
 from poimen_lab.measures import percentile
 from poimen_lab.report import bar_chart, category_table, modes_table, table
 from poimen_memory.db.connect import connect, database_url
@@ -276,8 +276,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     by_category: dict[str, dict[str, dict[str, float]]] = {}
     strategies: dict[str, dict[str, int]] = {}
     stages: dict[str, dict[str, float]] = {}
+    queries: dict[str, dict[str, dict[str, float]]] = {}
     for mode, outs in outcomes.items():
         overall, cats = score_mode(data, outs, corpus.l2_of, l0_only=levels == ("L0",))
+        queries[mode] = per_query_scores(data, outs)
         result["modes"][mode] = {k: round(v, 4) for k, v in overall.items()}
         if cats:
             by_category[mode] = {c: {k: round(v, 4) for k, v in m.items()} for c, m in cats.items()}
@@ -316,6 +318,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 "evidence_ks": list(EVIDENCE_KS),
             },
             "warnings": data.warnings,
+            "per_query": queries,
+            "categories": {qy.id: qy.category for qy in data.judged},
             **extra,
         }
     )

@@ -44,7 +44,15 @@ def bm25_comparison(
     for qy, lx in zip(queries, lexemes, strict=True):
         t0 = time.perf_counter()
         rows = conn.execute(
-            q("lexical_search"), {"query": qy.text, "project": qy.project, "levels": lv, "k": depth}
+            q("lexical_search"),
+            {
+                "query": qy.text,
+                "project": qy.project,
+                "levels": lv,
+                "k": depth,
+                "since": None,
+                "before": None,
+            },
         ).fetchall()
         ours_ms.append((time.perf_counter() - t0) * 1000)
         ours[qy.id] = [corpus.by_db_id[r[0]] for r in rows if r[0] in corpus.by_db_id]

@@ -51,7 +51,7 @@ def fetch(
     out: dict[str, Candidates] = {}
     depth = max(DEPTHS)
     for qy in queries:
-        base = {"project": qy.project, "levels": list(levels)}
+        base = {"project": qy.project, "levels": list(levels), "since": None, "before": None}
         lex = conn.execute(q("lexical_search"), {**base, "query": qy.text, "k": depth}).fetchall()
         sem = conn.execute(
             q("semantic_search"),

@@ -155,6 +155,8 @@ class Runner:
                         "project": query.project,
                         "levels": list(self.levels),
                         "k": self.limit,
+                        "since": None,
+                        "before": None,
                     },
                 )
                 out.latency_ms = (time.perf_counter() - t0) * 1000
@@ -216,7 +218,12 @@ class Runner:
         """The depth-``depth`` ranking of a mode through the stage SQL functions, fused the
         way the response says the service fused it (``fusion``)."""
         d, s = self.depth, self.policy
-        base = {"project": query.project, "levels": list(self.levels)}
+        base = {
+            "project": query.project,
+            "levels": list(self.levels),
+            "since": None,
+            "before": None,
+        }
         if mode_name == "exact" or strategy == "SemanticOnly":
             name = "exact_search" if mode_name == "exact" else "semantic_search"
             vec = await self.vector(query)

@@ -46,9 +46,9 @@ def evidence(
         recall, cited, sessions = [], [], []
         for qy in queries:
             top = (outcomes[qy.id].evidence or [])[:k]
-            found = set().union(*(l0 for _, l0 in top)) if top else set()
-            recall.append(coverage(_relevant(data.qrels[qy.id]), found))
-            cited.append(float(len(found)))
+            r, n = evidence_of(data, qy, outcomes[qy.id], k)
+            recall.append(r)
+            cited.append(n)
             gold = _relevant(data.session_qrels.get(qy.id, {}))
             if gold:
                 hit = {ext for ext, _ in top}
@@ -59,6 +59,35 @@ def evidence(
         out[f"cited_l0@{k}"] = mean(cited)
         if sessions:
             out[f"session_recall@{k}"] = mean(sessions)
+    return out
+
+
+def evidence_of(data: EvalData, qy: Query, outcome: Outcome, k: int) -> tuple[float, float]:
+    """(evidence recall@k, distinct L0 turns cited@k) of one query."""
+    top = (outcome.evidence or [])[:k]
+    found = set().union(*(l0 for _, l0 in top)) if top else set()
+    return coverage(_relevant(data.qrels[qy.id]), found), float(len(found))
+
+
+def per_query_scores(
+    data: EvalData, outcomes: Mapping[str, Outcome]
+) -> dict[str, dict[str, float]]:
+    """Each judged query's own values, for paired comparisons of two runs
+    (python -m poimen_lab.eval.compare)."""
+    out: dict[str, dict[str, float]] = {}
+    for qy in data.judged:
+        o = outcomes.get(qy.id)
+        if o is None or o.error is not None:
+            continue
+        row = {
+            "recall@10": mean(
+                per_query({qy.id: data.qrels[qy.id]}, {qy.id: o.ranked}, "recall@10")
+            ),
+            "latency_ms": o.latency_ms,
+        }
+        if o.evidence is not None:
+            row["evidence_recall@10"], row["cited_l0@10"] = evidence_of(data, qy, o, 10)
+        out[qy.id] = row
     return out
 
 

@@ -151,6 +151,29 @@ def openapi_spec() -> dict[str, Any]:
             "One deadline for the whole request, in seconds; any finite number, clamped to "
             "[1, POIMEN_MAX_TIMEOUT_S (30)].",
         ),
+        (
+            "since",
+            False,
+            {"type": "string", "examples": ["2023-05-08", "2023-05-08T13:56:00Z"]},
+            "Only nodes whose timestamp is at or after this ISO date (a whole UTC day) or "
+            "timestamp (UTC unless it has an offset), applied in every leg before its top k; "
+            "nodes without a timestamp are left out. Bad value, or after until → 400.",
+        ),
+        (
+            "until",
+            False,
+            {"type": "string", "examples": ["2023-05-31", "2023-05-31T23:59:59Z"]},
+            "Only nodes whose timestamp is at or before this ISO date (the whole day) or "
+            "timestamp.",
+        ),
+        (
+            "reference_time",
+            False,
+            {"type": "string", "format": "date-time"},
+            "The time relative dates in the query ('last week', 'yesterday') count from; "
+            "default now. The plan's time_filter reports them; they filter only under the "
+            "policy extracted_dates = filter.",
+        ),
         ("fusion", False, {"type": "string", "enum": ["rrf", "convex"]}, "Fusion for Hybrid."),
         (
             "strategy",
@@ -184,7 +207,8 @@ def openapi_spec() -> dict[str, Any]:
                             },
                         },
                         "400": _err(
-                            "invalid_parameter: missing/empty query, bad level, bad number"
+                            "invalid_parameter: missing/empty query, bad level, bad number, "
+                            "bad since/until/reference_time, since after until"
                         ),
                         **_AUTH_ERRORS,
                         "404": _err("unknown_project"),
@@ -299,7 +323,12 @@ def openapi_spec() -> dict[str, Any]:
                         "project": {"type": ["string", "null"]},
                         "level_filter": {"type": "array", "items": {"type": "string"}},
                         "search_strategy": {"type": "string"},
-                        "plan": {"type": "object"},
+                        "plan": {
+                            "type": "object",
+                            "description": "The optimizer's routing, and time_filter: the "
+                            "dates the query names, the since/until applied, their source "
+                            "(argument, extracted or null) and why",
+                        },
                         "results": {
                             "type": "array",
                             "items": {"$ref": "#/components/schemas/Result"},

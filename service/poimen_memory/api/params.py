@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import TypeVar
 
 from poimen_memory.errors import ValidationError
@@ -58,7 +59,13 @@ def parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
             f"project {project!r} is not a project name",
             hint="letters, digits, _ . : -; at most 128; starts alphanumeric; omit it for all",
         )
+    # since/until are parsed by the database (memory.time_range), as memory.query parses
+    # them, so both reject and accept exactly the same values.
+    since, until = params.get("since"), params.get("until")
     return QueryRequest(
+        since=since,
+        until=until,
+        reference_time=_reference_time(params.get("reference_time")),
         query=query,
         project=project,
         levels=tuple(dict.fromkeys(levels)),
@@ -69,3 +76,16 @@ def parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
         fusion=fusion,
         strategy=strategy,
     )
+
+
+def _reference_time(raw: str | None) -> datetime | None:
+    if raw is None:
+        return None
+    try:
+        ts = datetime.fromisoformat(raw)
+    except ValueError as exc:
+        raise ValidationError(
+            f"reference_time must be an ISO timestamp, got {raw!r}",
+            hint="e.g. reference_time=2023-05-08T13:56:00Z; relative dates count from it",
+        ) from exc
+    return ts if ts.tzinfo else ts.replace(tzinfo=UTC)  # without an offset: UTC

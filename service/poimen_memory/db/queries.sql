@@ -56,19 +56,23 @@ SELECT count(*) FROM memory.nodes;
 
 -- name: semantic_search
 SELECT node_id, rank, query_score AS score
-FROM memory.semantic_search(%(embedding)s, %(project)s, %(levels)s, %(k)s, %(ef_search)s);
+FROM memory.semantic_search(%(embedding)s, %(project)s, %(levels)s, %(k)s, %(ef_search)s,
+                             since => %(since)s, before => %(before)s);
 
 -- name: exact_search
 SELECT node_id, rank, query_score AS score
-FROM memory.exact_search(%(embedding)s, %(project)s, %(levels)s, %(k)s);
+FROM memory.exact_search(%(embedding)s, %(project)s, %(levels)s, %(k)s,
+                          since => %(since)s, before => %(before)s);
 
 -- name: lexical_search
 SELECT node_id, rank, lexical_score AS score
-FROM memory.lexical_search(%(query)s, %(project)s, %(levels)s, %(k)s);
+FROM memory.lexical_search(%(query)s, %(project)s, %(levels)s, %(k)s,
+                            since => %(since)s, before => %(before)s);
 
 -- name: search_by_ids
 SELECT node_id, rank, query_score AS score
-FROM memory.search_by_ids(%(embedding)s, %(ids)s, %(project)s, %(levels)s, %(k)s);
+FROM memory.search_by_ids(%(embedding)s, %(ids)s, %(project)s, %(levels)s, %(k)s,
+                           since => %(since)s, before => %(before)s);
 
 -- name: ids_for_sha256
 SELECT id AS node_id, encode(sha256, 'hex') AS key FROM memory.nodes WHERE sha256 = ANY(%(shas)s::bytea[]);
@@ -172,15 +176,21 @@ FROM memory.fuse_legs(%(semantic)s::jsonb, %(lexical)s::jsonb, %(strategy)s, %(f
                       %(dense_weight)s, %(k)s, %(final_k)s);
 
 -- name: query_context
--- The retrieval policy and the project check in one round trip.
+-- The retrieval policy, the project check and the time filters in one round trip: the
+-- request's since/until and the range the optimizer extracted, parsed by the same SQL
+-- memory.query uses (22023 names a bad argument); the pipeline picks one by the policy.
 SELECT p.fusion, p.rrf_k, p.dense_weight, p.candidates, p.cascade_candidates, p.fusion_by_type,
+       p.extracted_dates,
        (%(project)s::text IS NULL
         OR EXISTS (SELECT 1 FROM memory.projects WHERE name = %(project)s::text)) AS project_exists,
-       (SELECT model FROM memory.embedding_model) AS embedding_model
-FROM memory.policy() p;
+       (SELECT model FROM memory.embedding_model) AS embedding_model,
+       t.since_ts, t.before_ts, x.since_ts AS extracted_since_ts, x.before_ts AS extracted_before_ts
+FROM memory.policy() p,
+     memory.time_range(%(since)s, %(until)s) t,
+     memory.time_range(%(extracted_since)s, %(extracted_until)s) x;
 
 -- name: policy
-SELECT fusion, rrf_k, dense_weight, candidates, cascade_candidates, fusion_by_type
+SELECT fusion, rrf_k, dense_weight, candidates, cascade_candidates, fusion_by_type, extracted_dates
 FROM memory.policy();
 
 -- name: set_policy

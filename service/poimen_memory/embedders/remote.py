@@ -34,6 +34,12 @@ from poimen_memory.embedders.base import (
 )
 from poimen_memory.errors import ConfigError
 from poimen_memory.settings import EmbeddingSettings
+from poimen_memory.upstreams.clients import (
+    UpstreamClients,
+    endpoint_candidates,
+    fallback_endpoint,
+    raise_for_status,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +49,6 @@ __all__ = [
     "MODEL_PREFIXES",
     "ModelPrefixes",
     "RemoteEmbedder",
-    "embeddings_endpoint",
     "known_dim",
     "prefixes_for_model",
 ]
@@ -109,29 +114,6 @@ def known_dim(model: str) -> int | None:
     return None
 
 
-def embeddings_endpoints(url: str) -> list[str]:
-    """The endpoints to try for a configured URL: a full endpoint as given; for a base URL
-    the OpenAI path ``/v1/embeddings`` first and then ``/embeddings`` at the root, where
-    Infinity and some other servers answer (the first that does not 404 is kept)."""
-    first = embeddings_endpoint(url)
-    base = url.strip().rstrip("/")
-    if first == base or base.endswith("/v1"):
-        return [first]
-    return [first, base + "/embeddings"]
-
-
-def embeddings_endpoint(url: str) -> str:
-    """Accept a base URL, a ``…/v1`` URL or the full ``…/v1/embeddings`` endpoint."""
-    base = url.strip().rstrip("/")
-    if not base.startswith(("http://", "https://")):
-        raise ConfigError(f"embeddings URL {url!r} must start with http:// or https://")
-    if base.endswith("/embeddings"):
-        return base
-    if base.endswith("/v1"):
-        return base + "/embeddings"
-    return base + "/v1/embeddings"
-
-
 class RemoteEmbedder:
     """Embeddings from an OpenAI-compatible HTTP server.
 
@@ -157,7 +139,7 @@ class RemoteEmbedder:
         client: httpx.Client | None = None,
         async_client: httpx.AsyncClient | None = None,
     ) -> None:
-        self._endpoints = embeddings_endpoints(url)
+        self._endpoints = endpoint_candidates(url, "embeddings")
         self.endpoint = self._endpoints[0]
         self.model_name = model
         resolved_dim = dim if dim is not None else known_dim(model)
@@ -179,10 +161,7 @@ class RemoteEmbedder:
         self.batch_size = batch_size
         self.encoding_format = encoding_format
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = client
-        self._owns_client = client is None
-        self._async_client = async_client
-        self._owns_async_client = async_client is None
+        self._clients = UpstreamClients(client, async_client)
 
     @classmethod
     def from_settings(
@@ -224,13 +203,13 @@ class RemoteEmbedder:
         return out
 
     def embed_query(self, text: str) -> Vector:
-        vectors = self._post_once(self._sync_client(), [self.query_prefix + text], self.timeout_s)
+        vectors = self._post_once(self._clients.sync(), [self.query_prefix + text], self.timeout_s)
         first: Vector = vectors[0]
         return first
 
     async def aembed_query(self, text: str, timeout: float) -> Vector:
         payload = self._payload([self.query_prefix + text])
-        client = self._async()
+        client = self._clients.async_()
         try:
             # httpx timeouts bound each phase; the outer one bounds the whole call,
             # so a server that trickles bytes cannot overrun the deadline.
@@ -248,27 +227,12 @@ class RemoteEmbedder:
         return first
 
     def close(self) -> None:
-        if self._owns_client and self._client is not None:
-            self._client.close()
-            self._client = None
+        self._clients.close()
 
     async def aclose(self) -> None:
-        self.close()
-        if self._owns_async_client and self._async_client is not None:
-            await self._async_client.aclose()
-            self._async_client = None
+        await self._clients.aclose()
 
     # -- internals --------------------------------------------------------
-
-    def _sync_client(self) -> httpx.Client:
-        if self._client is None:
-            self._client = httpx.Client()
-        return self._client
-
-    def _async(self) -> httpx.AsyncClient:
-        if self._async_client is None:
-            self._async_client = httpx.AsyncClient()
-        return self._async_client
 
     def _payload(self, inputs: list[str]) -> dict[str, Any]:
         payload: dict[str, Any] = {"model": self.model_name, "input": inputs}
@@ -292,11 +256,10 @@ class RemoteEmbedder:
 
     def _next_endpoint(self, response: httpx.Response) -> bool:
         """On a 404 from a guessed path, move to the next candidate (and keep it)."""
-        at = self._endpoints.index(self.endpoint)
-        if response.status_code != 404 or at + 1 >= len(self._endpoints):
+        following = fallback_endpoint(self._endpoints, self.endpoint, response, "embedding server")
+        if following is None:
             return False
-        self.endpoint = self._endpoints[at + 1]
-        log.info("embedding server: %s answered 404, using %s", self._endpoints[at], self.endpoint)
+        self.endpoint = following
         return True
 
     def _transport_error(self, exc: Exception, timeout: float) -> EmbeddingUnavailable:
@@ -311,7 +274,7 @@ class RemoteEmbedder:
         )
 
     def _post_with_retries(self, inputs: list[str]) -> Vectors:
-        client = self._sync_client()
+        client = self._clients.sync()
         attempt = 0
         while True:
             try:
@@ -333,13 +296,7 @@ class RemoteEmbedder:
             attempt += 1
 
     def _parse(self, response: httpx.Response, expected: int) -> Vectors:
-        if response.status_code >= 400:
-            raise EmbeddingUnavailable(
-                f"embedding server {self.endpoint} answered {response.status_code}: "
-                f"{response.text[:200]!r}",
-                reason="http_status",
-                status=response.status_code,
-            )
+        raise_for_status(EmbeddingUnavailable, "embedding server", self.endpoint, response)
         try:
             body = response.json()
             items = body["data"]

@@ -28,6 +28,15 @@ class QueryRequest:
     rrf_k: int | None = None
     dense_weight: float | None = None
     candidates: int | None = None
+    # The time filter as given (inclusive ISO dates or timestamps; memory.time_range parses
+    # them), and the time relative dates in the query are resolved against (None: now).
+    since: str | None = None
+    until: str | None = None
+    reference_time: datetime | None = None
+    # The filter in force, resolved by the pipeline from the above and the policy:
+    # since_ts <= timestamp < before_ts (either None: unbounded). Not read from the request.
+    since_ts: datetime | None = None
+    before_ts: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,12 @@ class PolicyRow(Policy):
     project_exists: bool
     embedding_model: str | None
     """The model the stored vectors were made with (None before the first ingest)."""
+    since_ts: datetime | None
+    before_ts: datetime | None
+    """The request's since/until as memory.time_range parsed them (before is exclusive)."""
+    extracted_since_ts: datetime | None
+    extracted_before_ts: datetime | None
+    """The same for the range the optimizer extracted from the query's text."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -219,17 +220,29 @@ class Retriever:
 
     async def _query(self, req: QueryRequest, deadline: Deadline, trace: Trace) -> dict[str, Any]:
         try:
-            ctx = optimize_query(req.query)
+            ctx = optimize_query(req.query, req.reference_time)
         except QueryOptimizerError as exc:
             raise ValidationError(str(exc)) from exc
+        extracted = ctx.time_filter or {}
         (policy,) = await self._sql(
-            deadline, "validate", "query_context", {"project": req.project}, PolicyRow
+            deadline,
+            "validate",
+            "query_context",
+            {
+                "project": req.project,
+                "since": req.since,
+                "until": req.until,
+                "extracted_since": extracted.get("since"),
+                "extracted_until": extracted.get("until"),
+            },
+            PolicyRow,
         )
         if not policy.project_exists:
             raise UnknownProject(
                 f"unknown project {req.project!r}",
                 hint="SELECT name FROM memory.projects lists them; ingest into it first",
             )
+        req, time_plan = _time_filter(req, ctx, policy)
         strategy = self._route(req, ctx, trace)
         if (
             strategy != "LexicalOnly"
@@ -359,6 +372,7 @@ class Retriever:
                 "confidence": ctx.confidence,
                 "reasons": list(ctx.reasons),
                 "optimizer_strategy": ctx.search_strategy.value,
+                "time_filter": time_plan,
                 "engines": trace.engines,
                 "why": trace.why,
             },
@@ -402,7 +416,14 @@ class Retriever:
     ) -> Leg:
         t0 = time.monotonic()
         try:
-            if self.opensearch is not None:
+            timed = req.since_ts is not None or req.before_ts is not None
+            if self.opensearch is not None and timed:
+                # Its documents carry no timestamp, so it cannot filter before its top k.
+                trace.why.append("time filter: lexical leg on Postgres BM25, not OpenSearch")
+                if not self.settings.pg_lexical:
+                    trace.degraded.append({"stage": "lexical", "reason": "time_filter"})
+                    return Leg()
+            elif self.opensearch is not None:
                 try:
                     return await self._opensearch(req, levels, k, deadline, trace)
                 except Exception as exc:  # any OpenSearch failure falls back, never fails
@@ -413,7 +434,14 @@ class Retriever:
                     trace.why.append("OpenSearch unavailable, used Postgres lexical")
                     if not self.settings.pg_lexical:
                         return Leg()
-            params = {"query": req.query, "project": req.project, "levels": levels, "k": k}
+            params = {
+                "query": req.query,
+                "project": req.project,
+                "levels": levels,
+                "k": k,
+                "since": req.since_ts,
+                "before": req.before_ts,
+            }
             rows = await self._sql(deadline, "lexical", "lexical_search", params, RankedRow)
             trace.engines["lexical"] = "postgres-bm25"
             return Leg.of(rows, "postgres-bm25")
@@ -457,6 +485,8 @@ class Retriever:
             "levels": levels,
             "k": k,
             "ef_search": None,
+            "since": req.since_ts,
+            "before": req.before_ts,
         }
         return await self._vector_leg("semantic_search", "hnsw", params, deadline, trace)
 
@@ -479,6 +509,8 @@ class Retriever:
             "project": req.project,
             "levels": levels,
             "k": max(len(lex.ids), 1) if fusion == "convex" else rerank_k,
+            "since": req.since_ts,
+            "before": req.before_ts,
         }
         return await self._vector_leg("search_by_ids", "by-ids", params, deadline, trace)
 
@@ -531,6 +563,30 @@ class Retriever:
             trace.timed("rerank_time_ms", t0)
         trace.engines["rerank"] = self.reranker.model or "remote"
         return {ids[r.index]: r.score for r in results}
+
+
+def _time_filter(
+    req: QueryRequest, ctx: QueryContext, policy: PolicyRow
+) -> tuple[QueryRequest, dict[str, Any]]:
+    """The time filter in force and the plan's account of it. The caller's since/until
+    always win; a range the optimizer extracted filters only under the policy
+    extracted_dates = filter (memory.run_query decides the same way)."""
+    plan: dict[str, Any] = {"dates": [d.to_dict() for d in ctx.dates]}
+    if req.since is not None or req.until is not None:
+        since, before = policy.since_ts, policy.before_ts
+        plan.update(since=req.since, until=req.until, source="argument", applied=True)
+    elif ctx.time_filter and policy.extracted_dates == "filter":
+        since, before = policy.extracted_since_ts, policy.extracted_before_ts
+        plan.update(ctx.time_filter, source="extracted", applied=True)
+    else:
+        plan.update(since=None, until=None, source=None, applied=False)
+        if ctx.time_filter:
+            plan["why"] = "the query names a date; policy extracted_dates = annotate: not applied"
+        return req, plan
+    lo = since.isoformat() if since else "-infinity"
+    hi = before.isoformat() if before else "infinity"
+    plan["why"] = f"{plan['source']}: only nodes with {lo} <= timestamp < {hi}"
+    return dataclasses.replace(req, since_ts=since, before_ts=before), plan
 
 
 async def _required(task: asyncio.Task[Leg] | None) -> Leg:

@@ -21,6 +21,7 @@ class Policy:
     candidates: int
     cascade_candidates: int
     fusion_by_type: dict[str, str]
+    extracted_dates: str
 
 
 def read_policy(conn: psycopg.Connection[Any]) -> Policy:

@@ -28,6 +28,12 @@ import httpx
 
 from poimen_memory.errors import ConfigError, RerankUnavailable
 from poimen_memory.settings import RerankSettings
+from poimen_memory.upstreams.clients import (
+    UpstreamClients,
+    endpoint_candidates,
+    fallback_endpoint,
+    raise_for_status,
+)
 
 __all__ = [
     "Dialect",
@@ -38,7 +44,6 @@ __all__ = [
     "build_reranker",
     "detect_scale",
     "normalise_scores",
-    "rerank_endpoint",
 ]
 
 Dialect = Literal["tei", "cohere"]
@@ -105,24 +110,6 @@ def normalise_scores(
     return [_sigmoid(s) for s in raw_scores], resolved
 
 
-def rerank_endpoints(url: str) -> list[str]:
-    """A full endpoint as given; for a base URL ``/v1/rerank`` first, then ``/rerank`` at
-    the root (Infinity, TEI); the first that does not 404 is kept."""
-    first = rerank_endpoint(url)
-    base = url.strip().rstrip("/")
-    return [first] if first == base else [first, base + "/rerank"]
-
-
-def rerank_endpoint(url: str) -> str:
-    """Use a URL ending in ``/rerank`` as given; otherwise append ``/v1/rerank``."""
-    base = url.strip().rstrip("/")
-    if not base.startswith(("http://", "https://")):
-        raise ConfigError(f"rerank URL {url!r} must start with http:// or https://")
-    if base.endswith("/rerank"):
-        return base
-    return base + "/v1/rerank"
-
-
 class RerankClient:
     """Async client for one rerank endpoint.
 
@@ -149,15 +136,14 @@ class RerankClient:
             )
         if timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
-        self._endpoints = rerank_endpoints(url)
+        self._endpoints = endpoint_candidates(url, "rerank")
         self.endpoint = self._endpoints[0]
         self.model = model
         self.dialect: Dialect = dialect
         self.score_scale: ScoreScale = score_scale
         self.timeout_s = timeout_s
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = client
-        self._owns_client = client is None
+        self._clients = UpstreamClients(async_client=client)
         self.last_scale: ResolvedScale | None = None
         """The scale applied to the latest batch, for diagnostics."""
 
@@ -196,7 +182,7 @@ class RerankClient:
         if not documents:
             return []
         limit = self.timeout_s if timeout is None else timeout
-        client = self._async()
+        client = self._clients.async_()
         try:
             # httpx timeouts bound each phase; the outer one bounds the whole call.
             async with asyncio.timeout(limit):
@@ -204,9 +190,9 @@ class RerankClient:
                 response = await client.post(
                     self.endpoint, json=body, headers=self._headers, timeout=limit
                 )
-                at = self._endpoints.index(self.endpoint)
-                if response.status_code == 404 and at + 1 < len(self._endpoints):
-                    self.endpoint = self._endpoints[at + 1]  # kept for later calls
+                following = fallback_endpoint(self._endpoints, self.endpoint, response, "reranker")
+                if following is not None:
+                    self.endpoint = following
                     response = await client.post(
                         self.endpoint, json=body, headers=self._headers, timeout=limit
                     )
@@ -218,13 +204,7 @@ class RerankClient:
             raise RerankUnavailable(
                 f"reranker {self.endpoint} unreachable: {exc!r}", reason="transport"
             ) from exc
-        if response.status_code >= 400:
-            raise RerankUnavailable(
-                f"reranker {self.endpoint} answered {response.status_code}: "
-                f"{response.text[:200]!r}",
-                reason="http_status",
-                status=response.status_code,
-            )
+        raise_for_status(RerankUnavailable, "reranker", self.endpoint, response)
         try:
             pairs = _parse_items(response.json(), len(documents))
         except (ValueError, KeyError, TypeError) as exc:
@@ -242,14 +222,7 @@ class RerankClient:
         return results[:top_n] if top_n is not None else results
 
     async def aclose(self) -> None:
-        if self._owns_client and self._client is not None:
-            await self._client.aclose()
-            self._client = None
-
-    def _async(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient()
-        return self._client
+        await self._clients.aclose()
 
     def _payload(self, query: str, documents: Sequence[str], top_n: int | None) -> dict[str, Any]:
         if self.dialect == "tei":

@@ -1,5 +1,7 @@
-"""The real server in its own process: uvicorn serving ``create_app`` (the same factory as
-``poimen-memory serve``) on a free loopback port, its output captured to a file."""
+"""The real server in its own process, for the tests and the HTTP benchmark: uvicorn serving
+``create_app`` (the same factory as ``poimen-memory serve``) on a free loopback port, its
+output captured to a file (a file, not a pipe: a chatty server must never block on a full
+pipe)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,8 +26,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def live_server(env: Mapping[str, str], output: Path) -> Iterator[str]:
-    """Yields the base URL once GET /healthz answers 200; stops the process on exit."""
+def live_server(env: Mapping[str, str], output: Path, *, drop: Sequence[str] = ()) -> Iterator[str]:
+    """Yields the base URL once GET /healthz answers 200; stops the process on exit. The
+    server inherits this process's environment, less the variables in ``drop``, plus
+    ``env``."""
     port = free_port()
     cmd = [
         sys.executable, "-m", "uvicorn", "poimen_memory.api.app:create_app", "--factory",
@@ -34,7 +38,10 @@ def live_server(env: Mapping[str, str], output: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     with output.open("wb") as out:
         proc = subprocess.Popen(
-            cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT
+            cmd,
+            env={**{k: v for k, v in os.environ.items() if k not in drop}, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
         try:
             deadline = time.monotonic() + START_TIMEOUT_S

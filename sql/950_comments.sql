@@ -1,0 +1,110 @@
+-- A COMMENT on every table, type and column, so \d+ explains itself to a DBA. Applied last
+-- (after the files that create the types), re-applied on every migrate. Function comments
+-- stay beside their functions.
+
+COMMENT ON TABLE memory.schema_migrations IS
+    'Ledger of applied versioned migrations (migrations/*.sql), frozen by checksum. Written by `poimen-memory migrate` only.';
+
+COMMENT ON TABLE memory.config IS
+    'Owner-only key/value settings read by the SQL layer: the retrieval policy (memory.set_policy), the PL/Python module path, the OpenSearch outbox switch.';
+
+COMMENT ON TABLE memory.projects IS 'Projects partition memory: every node belongs to one; statistics are per project.';
+
+COMMENT ON TABLE memory.embedding_model IS
+    'The one embedding model and dimension this database stores (a single row); nodes.embedding is typed vector(dim) to match.';
+
+COMMENT ON TABLE memory.nodes IS
+    'Memory nodes: L0 raw evidence, L1 memories, L2 syntheses. Content-addressed by sha256. tsv and lex_len are derived by triggers and cannot be written by hand.';
+
+COMMENT ON TABLE memory.edges IS 'Provenance: child was derived from parent (L2 -> L1 -> L0).';
+
+COMMENT ON TABLE memory.postings IS 'Derived BM25 postings, one row per (lexeme, node); maintained by triggers on memory.nodes.';
+
+COMMENT ON TABLE memory.term_stats IS 'Derived BM25 document frequencies per project and lexeme; maintained by triggers.';
+
+COMMENT ON TABLE memory.corpus_stats IS 'Derived BM25 corpus sizes per project; maintained by triggers.';
+
+COMMENT ON TYPE memory.query_row IS
+    'One row of memory.query and public.memory_query: the node, its scores and ranks per leg, the strategy that ran, and its provenance down to L0. Each column is described in docs/sql-api.md (Result columns).';
+
+COMMENT ON TABLE memory.opensearch_outbox IS
+    'Queue of node changes to mirror into OpenSearch, filled by triggers while opensearch_outbox = on and drained by the service.';
+
+-- Column comments as data, one row per column: a column that a migration has not yet created
+-- (or has dropped) is skipped rather than failing, so this file runs on every schema version;
+-- tests/test_sql_hygiene.py fails on any column left without a comment.
+DO $$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN
+        SELECT v.tbl, v.col, v.note
+        FROM (VALUES
+        ('schema_migrations', 'version',       'migration file name without .sql, e.g. 0001_initial'),
+        ('schema_migrations', 'checksum',      'sha256 of the migration file when it was applied'),
+        ('schema_migrations', 'applied_at',    'when the migration ran'),
+        ('config',            'key',           'setting name, e.g. fusion, rrf_k, plpython_path, opensearch_outbox'),
+        ('config',            'value',         'setting value as text, validated by the function that writes it'),
+        ('config',            'updated_at',    'when the value last changed'),
+        ('projects',          'id',            'surrogate key'),
+        ('projects',          'name',          'unique project name ([A-Za-z0-9][A-Za-z0-9_.:-]{0,127}) used by every query function'),
+        ('projects',          'created_at',    'when the project was first written'),
+        ('embedding_model',   'singleton',     'always true: at most one row'),
+        ('embedding_model',   'model',         'embedding model name, e.g. sentence-transformers/all-MiniLM-L6-v2'),
+        ('embedding_model',   'dim',           'vector dimension'),
+        ('embedding_model',   'configured_at', 'when memory.configure_embedding recorded it'),
+        ('nodes',             'id',            'node id (the node_id of every query result)'),
+        ('nodes',             'sha256',        'sha256 of the node content: the idempotence key of ingest'),
+        ('nodes',             'project_id',    'owning project (memory.projects.id)'),
+        ('nodes',             'level',         'L0 evidence, L1 memory, L2 synthesis'),
+        ('nodes',             'external_id',   'caller-chosen id, unique within the project'),
+        ('nodes',             'title',         'optional title (indexed by BM25)'),
+        ('nodes',             'breadcrumb',    'path of headings or context (indexed by BM25)'),
+        ('nodes',             'text',          'the node body (indexed by BM25 and embedded)'),
+        ('nodes',             'source',        'where the content came from (file, URL, conversation)'),
+        ('nodes',             'ts',            'when the content was written (the timestamp of query results)'),
+        ('nodes',             'metadata',      'free-form JSON kept with the node'),
+        ('nodes',             'embedding',     'embedding of the text with the model in memory.embedding_model'),
+        ('nodes',             'tsv',           'derived: BM25 document (memory.lexical_document), set by trigger'),
+        ('nodes',             'lex_len',       'derived: BM25 document length in tokens, set by trigger'),
+        ('nodes',             'created_at',    'when the row was inserted'),
+        ('edges',             'child_id',      'the derived node'),
+        ('edges',             'parent_id',     'the node it was derived from'),
+        ('edges',             'precedence',    'orders a child''s parents (lower first)'),
+        ('postings',          'lexeme',        'stemmed term'),
+        ('postings',          'project_id',    'project of the node'),
+        ('postings',          'node_id',       'the node containing the term'),
+        ('postings',          'level',         'level of the node (filter without a heap fetch)'),
+        ('postings',          'tf',            'term frequency in the node'),
+        ('postings',          'dl',            'document length of the node'),
+        ('term_stats',        'project_id',    'project'),
+        ('term_stats',        'lexeme',        'stemmed term'),
+        ('term_stats',        'df',            'number of nodes of the project containing the term'),
+        ('term_stats',        'max_tf',        'derived: largest tf of the term in the project (BM25 upper bound)'),
+        ('term_stats',        'min_dl_per_tf', 'derived: smallest dl/tf of the term in the project (BM25 upper bound)'),
+        ('corpus_stats',      'project_id',    'project'),
+        ('corpus_stats',      'n_docs',        'number of nodes'),
+        ('corpus_stats',      'total_len',     'sum of lex_len over the nodes (average length = total_len / n_docs)'),
+        ('opensearch_outbox', 'id',            'queue order'),
+        ('opensearch_outbox', 'node_id',       'the changed node (may be gone for a delete)'),
+        ('opensearch_outbox', 'op',            'index or delete'),
+        ('opensearch_outbox', 'enqueued_at',   'when the change was queued'),
+        ('opensearch_outbox', 'attempts',      'delivery attempts so far'),
+        ('opensearch_outbox', 'last_error',    'the last delivery error, if any'),
+        ('opensearch_outbox', 'sha256',        'sha256 of the node (the OpenSearch _id), copied by the trigger; needed for deletes'),
+        ('api_keys',          'id',            'surrogate key'),
+        ('api_keys',          'key_hash',      'sha256 of the whole key; the key itself is never stored'),
+        ('api_keys',          'prefix',        'the first characters of the key, to tell keys apart in listings'),
+        ('api_keys',          'projects',      'project names the key may query (and write to, with can_write)'),
+        ('api_keys',          'revoked_at',    'set by `poimen-memory keys revoke`; a revoked key is refused'),
+        ('api_keys',          'can_write',     'the key may write to its projects'),
+        ('api_keys',          'note',          'free text from `poimen-memory keys create --note`'),
+        ('api_keys',          'created_at',    'when the key was created')
+        ) AS v(tbl, col, note)
+        JOIN pg_catalog.pg_attribute a
+          ON a.attrelid = pg_catalog.to_regclass('memory.' || v.tbl) AND a.attname = v.col
+         AND NOT a.attisdropped
+    LOOP
+        EXECUTE pg_catalog.format('COMMENT ON COLUMN memory.%I.%I IS %L', c.tbl, c.col, c.note);
+    END LOOP;
+END $$;

@@ -1,0 +1,161 @@
+"""The time filter in SQL: since/until on memory_query() and since/before on every stage
+function, applied inside each leg before its top k, on nodes with known timestamps
+(tests/timeline.py). The HTTP side is tests/test_time_filter_http.py."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from poimen_memory.embedders.local import LocalEmbedder
+from timeline import FEB, FEB_START, MAR_START, PROJECT, QUERY, in_february, load
+
+Conn = psycopg.Connection[Any]
+
+
+@pytest.fixture
+def tconn(conn: Conn, embedder: LocalEmbedder) -> Conn:
+    load(conn, embedder)
+    return conn
+
+
+def _ts(conn: Conn, ids: list[int]) -> list[datetime | None]:
+    rows = conn.execute(
+        "SELECT n.ts FROM unnest(%s::bigint[]) WITH ORDINALITY u(id, o) "
+        "JOIN memory.nodes n ON n.id = u.id ORDER BY u.o",
+        (ids,),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+@pytest.mark.parametrize("strategy", ["LexicalOnly", "Hybrid", "SemanticOnly", "LexicalFirst"])
+def test_memory_query_filter_fills_its_limit(
+    tconn: Conn, embedder: LocalEmbedder, strategy: str
+) -> None:
+    vec = embedder.embed_query(QUERY)
+    sql = (
+        "SELECT node_id, \"timestamp\" FROM public.memory_query(%s, %s, %s, ARRAY['L0'], 10, %s,"
+        " since => %s, until => %s)"
+    )
+    unfiltered = tconn.execute(sql, (QUERY, vec, PROJECT, strategy, None, None)).fetchall()
+    assert len(unfiltered) == 10 and not any(in_february(r[1]) for r in unfiltered)
+    rows = tconn.execute(sql, (QUERY, vec, PROJECT, strategy, *FEB)).fetchall()
+    assert len(rows) == 10, strategy
+    assert all(in_february(r[1]) for r in rows), rows
+    assert _ts(tconn, [r[0] for r in rows]) == [r[1] for r in rows]
+
+
+def test_text_only_query_filters_too(tconn: Conn) -> None:
+    rows = tconn.execute(
+        'SELECT "timestamp", search_strategy FROM memory_query(%s, project => %s,'
+        " levels => ARRAY['L0'], k => 10, since => '2023-02-01', until => '2023-02-28')",
+        (QUERY, PROJECT),
+    ).fetchall()
+    assert len(rows) == 10 and all(in_february(r[0]) and r[1] == "LexicalOnly" for r in rows)
+
+
+@pytest.mark.parametrize("fn", ["lexical_search", "semantic_search", "exact_search", "by_ids"])
+def test_every_stage_function_filters_before_top_k(
+    tconn: Conn, embedder: LocalEmbedder, fn: str
+) -> None:
+    vec = embedder.embed_query(QUERY)
+    window = {"since": FEB_START, "before": MAR_START}
+    tail = "%(p)s, NULL, 10, since => %(since)s, before => %(before)s)"
+    if fn == "lexical_search":
+        sql, args = (
+            "memory.lexical_search(%(q)s, " + tail,
+            {"q": QUERY},
+        )
+    elif fn == "by_ids":
+        ids = [r[0] for r in tconn.execute("SELECT id FROM memory.nodes WHERE text LIKE 'Kong%%'")]
+        sql = "memory.search_by_ids(%(e)s, %(ids)s, " + tail
+        args = {"e": vec, "ids": ids}
+    else:
+        sql = f"memory.{fn}(%(e)s, " + tail
+        args = {"e": vec}
+    ids = [
+        r[0] for r in tconn.execute(f"SELECT node_id FROM {sql}", {**args, **window, "p": PROJECT})
+    ]
+    assert len(ids) == 10 and all(in_february(t) for t in _ts(tconn, ids)), fn
+
+
+def test_until_is_inclusive_and_a_date_is_a_whole_utc_day(tconn: Conn) -> None:
+    rows = tconn.execute(
+        "SELECT \"timestamp\" FROM memory_query(%s, project => %s, levels => ARRAY['L0'], k => 10,"
+        " since => '2023-02-03', until => '2023-02-03')",
+        (QUERY, PROJECT),
+    ).fetchall()
+    assert [r[0] for r in rows] == [datetime(2023, 2, 3, 13, tzinfo=UTC)]
+    # A timestamp bound includes its own instant, and offsets are honoured.
+    (lo, hi) = tconn.execute(
+        "SELECT since_ts, before_ts FROM memory.time_range('2023-02-03T15:00:00+02:00', "
+        "'2023-02-03T13:00:00Z')"
+    ).fetchone() or (None, None)
+    assert lo == datetime(2023, 2, 3, 13, tzinfo=UTC)
+    assert hi is not None and hi > lo and (hi - lo).total_seconds() < 1e-3
+
+
+def test_nodes_without_a_timestamp_never_pass_a_filter(tconn: Conn) -> None:
+    rows = tconn.execute(
+        "SELECT \"timestamp\" FROM memory_query(%s, project => %s, levels => ARRAY['L0'], k => 50,"
+        " since => '1900-01-01')",
+        (QUERY, PROJECT),
+    ).fetchall()
+    assert len(rows) == 50 and all(r[0] is not None for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("since", "until", "named"),
+    [
+        ("May 2023", None, "since"),
+        ("2023-02-30", None, "since"),
+        (None, "2023-13-01", "until"),
+        (None, "2023-02-01T25:00:00Z", "until"),
+        ("2023-03-01", "2023-02-01", "since (2023-03-01) is after until (2023-02-01)"),
+    ],
+)
+def test_bad_bounds_are_22023_naming_the_argument(
+    tconn: Conn, since: str | None, until: str | None, named: str
+) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as info:
+        tconn.execute(
+            "SELECT * FROM memory_query('kong', since => %s, until => %s)", (since, until)
+        )
+    assert str(info.value).startswith(named)
+
+
+def test_extracted_dates_filter_only_under_the_policy(tconn: Conn, embedder: LocalEmbedder) -> None:
+    text = "kong gateway notes on 3 February 2023"
+    vec = embedder.embed_query(text)
+    sql = "SELECT \"timestamp\" FROM memory_query(%s, %s, %s, ARRAY['L0'], 5, since => %s)"
+    annotated = [r[0] for r in tconn.execute(sql, (text, vec, PROJECT, None))]
+    assert len(annotated) == 5 and not all(in_february(t) for t in annotated)
+    tconn.execute("SELECT memory.set_policy('extracted_dates', 'filter')")
+    filtered = [r[0] for r in tconn.execute(sql, (text, vec, PROJECT, None))]
+    assert filtered == [datetime(2023, 2, 3, 13, tzinfo=UTC)]
+    # The caller's own since/until win over what the text says.
+    explicit = [r[0] for r in tconn.execute(sql, (text, vec, PROJECT, "2023-02-10"))]
+    assert len(explicit) == 5 and all(
+        t is not None and t >= datetime(2023, 2, 10, tzinfo=UTC) for t in explicit
+    )
+
+
+def test_relative_dates_count_from_reference_time(tconn: Conn) -> None:
+    tconn.execute("SELECT memory.set_policy('extracted_dates', 'filter')")
+    plan = tconn.execute(
+        "SELECT memory.optimize_query('kong notes from last week', '2023-02-08T12:00:00Z')"
+    ).fetchone()
+    assert plan is not None and plan[0]["time_filter"] == {
+        "since": "2023-01-30",
+        "until": "2023-02-05",
+    }
+    rows = tconn.execute(
+        "SELECT \"timestamp\" FROM memory_query('kong notes from last week', project => %s,"
+        " levels => ARRAY['L0'], k => 10, reference_time => '2023-02-08T12:00:00Z')",
+        (PROJECT,),
+    ).fetchall()
+    days = sorted(r[0].day for r in rows)
+    assert days == [1, 2, 3, 4, 5, 30]  # the notes of 30 January to 5 February
