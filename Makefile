@@ -7,7 +7,7 @@ VENV  := .venv
 BIN   := $(VENV)/bin
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: setup setup-dev test lint demo demo-stop clean-db fresh-debian
+.PHONY: setup setup-dev test lint demo demo-stop clean-db fresh-debian test-infinity
 
 setup:
 	@bash scripts/setup.sh
@@ -31,6 +31,11 @@ demo-stop: setup
 
 clean-db: setup
 	$(BIN)/poimen-memory db stop || true
+
+# The remote-embedding and rerank-protocol tests against a real Infinity server, installed
+# into its own venv (not part of `make test`; skipped with the reason where it cannot be).
+test-infinity: setup-dev
+	@bash scripts/infinity.sh
 
 # Contributors: the README's two commands in minimal Debian 12 and 13 roots (docs/fresh-debian.md).
 fresh-debian:

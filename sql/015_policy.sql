@@ -55,12 +55,14 @@ BEGIN
         WHEN 'cascade_candidates' THEN value ~ '^[0-9]{1,5}$' AND value::integer BETWEEN 1 AND 10000
         WHEN 'fusion_by_type' THEN value IS NOT NULL
         WHEN 'exact_search_max_k' THEN value ~ '^[0-9]{1,6}$' AND value::integer BETWEEN 1 AND 100000
+        WHEN 'provenance_max_parents' THEN value ~ '^[0-9]{1,4}$' AND value::integer BETWEEN 1 AND 1000
+        WHEN 'provenance_max_nodes' THEN value ~ '^[0-9]{1,6}$' AND value::integer BETWEEN 1 AND 100000
         WHEN 'extracted_dates' THEN value IN ('annotate', 'filter')
         ELSE NULL END;
     IF ok IS NULL THEN
         RAISE EXCEPTION 'unknown policy key "%"', key
             USING ERRCODE = '22023',
-                  HINT = 'Keys: fusion, rrf_k, dense_weight, candidates, cascade_candidates, fusion_by_type, exact_search_max_k, extracted_dates.';
+                  HINT = 'Keys: fusion, rrf_k, dense_weight, candidates, cascade_candidates, fusion_by_type, exact_search_max_k, provenance_max_parents, provenance_max_nodes, extracted_dates.';
     END IF;
     IF key = 'fusion_by_type' THEN
         -- {"Factual": "convex", "Open": "rrf"}: question types from memory.optimize_query.
@@ -79,7 +81,7 @@ BEGIN
     IF NOT ok THEN
         RAISE EXCEPTION 'invalid value "%" for policy key "%"', value, key
             USING ERRCODE = '22023',
-                  HINT = 'fusion: rrf|convex; rrf_k: integer >= 0; dense_weight: 0..1; candidates: 1..1000; cascade_candidates: 1..10000; fusion_by_type: {"Factual":"convex",...}; exact_search_max_k: 1..100000; extracted_dates: annotate|filter.';
+                  HINT = 'fusion: rrf|convex; rrf_k: integer >= 0; dense_weight: 0..1; candidates: 1..1000; cascade_candidates: 1..10000; fusion_by_type: {"Factual":"convex",...}; exact_search_max_k: 1..100000; provenance_max_parents: 1..1000; provenance_max_nodes: 1..100000; extracted_dates: annotate|filter.';
     END IF;
     INSERT INTO memory.config AS c (key, value) VALUES (key, value)
     ON CONFLICT ON CONSTRAINT config_pkey DO UPDATE SET value = EXCLUDED.value, updated_at = now();
@@ -94,7 +96,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     DELETE FROM memory.config c
     WHERE c.key IN ('fusion', 'rrf_k', 'dense_weight', 'candidates', 'cascade_candidates',
-                    'fusion_by_type', 'exact_search_max_k', 'extracted_dates')
+                    'fusion_by_type', 'exact_search_max_k', 'provenance_max_parents',
+                    'provenance_max_nodes', 'extracted_dates')
       AND (reset_policy.key IS NULL OR c.key = reset_policy.key)
 $$;
 COMMENT ON FUNCTION memory.reset_policy(text) IS

@@ -41,7 +41,8 @@ BEGIN
         lexical_rank integer,
         fusion_method text,
         search_strategy text,
-        provenance jsonb
+        provenance jsonb,
+        provenance_truncated boolean
     );
     IF to_regtype('memory.query_row') IS NULL
        OR EXISTS ((SELECT a.attname, a.atttypid, a.atttypmod, a.attnum FROM pg_catalog.pg_attribute a
@@ -82,7 +83,7 @@ BEGIN
     -- Result columns changed in place (same argument types): drop when the old shape is found.
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
                WHERE p.oid = to_regprocedure('memory.hydrate(bigint[], vector, integer)')
-                 AND NOT ('external_id' = ANY (p.proargnames))) THEN
+                 AND NOT ('provenance_truncated' = ANY (p.proargnames))) THEN
         DROP FUNCTION memory.hydrate(bigint[], vector, integer);
     END IF;
 END $$;
@@ -94,7 +95,8 @@ CREATE OR REPLACE FUNCTION memory.hydrate(
 )
 RETURNS TABLE (node_id bigint, level text, sha256 text, project text, title text, text text,
                source text, breadcrumb text[], "timestamp" timestamptz,
-               query_score double precision, provenance jsonb, external_id text)
+               query_score double precision, provenance jsonb, external_id text,
+               provenance_truncated boolean)
 LANGUAGE sql STABLE PARALLEL SAFE
 -- public holds pgvector's <=> unless migrate finds vector elsewhere and pins that schema.
 SET search_path = pg_catalog, public, pg_temp
@@ -105,15 +107,17 @@ AS $$
            n.breadcrumb, n.ts,
            CASE WHEN query_embedding IS NULL OR n.embedding IS NULL THEN NULL
                 ELSE 1 - (n.embedding <=> memory.check_embedding(query_embedding)) END,
-           memory.provenance_tree(n.id, max_depth),
-           n.external_id
+           pv.tree,
+           n.external_id,
+           pv.truncated
     FROM unnest(ids) WITH ORDINALITY AS i(id, ord)
     JOIN memory.nodes n ON n.id = i.id
     JOIN memory.projects p ON p.id = n.project_id
+    CROSS JOIN LATERAL memory.provenance(n.id, max_depth) pv
     ORDER BY i.ord;
 $$;
 COMMENT ON FUNCTION memory.hydrate(bigint[], vector, integer) IS
-    'Node rows for the given ids, in input order, with query_score (if an embedding is given), provenance down to L0 as nested jsonb, and external_id. One round trip for a whole result page.';
+    'Node rows for the given ids, in input order, with query_score (if an embedding is given), provenance down to L0 as nested jsonb (capped: memory.provenance), external_id, and provenance_truncated when a cap left parents out. One round trip for a whole result page.';
 
 CREATE OR REPLACE FUNCTION memory.run_query(
     p_query text,
@@ -270,7 +274,7 @@ BEGIN
            CASE WHEN strat = 'LexicalOnly' THEN r.scores[2]
                 WHEN strat = 'SemanticOnly' OR r.fusion_method = 'cascade' THEN r.scores[1]
                 ELSE r.fused_score END,
-           r.ranks[1], r.ranks[2], r.fusion_method, strat, h.provenance
+           r.ranks[1], r.ranks[2], r.fusion_method, strat, h.provenance, h.provenance_truncated
     FROM ranked r
     JOIN memory.hydrate(ARRAY(SELECT r2.node_id FROM ranked r2 ORDER BY r2.pos), emb) h
       ON h.node_id = r.node_id

@@ -48,10 +48,11 @@ RETURNS integer[]
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    -- memory.projects is itself filtered by read grants: writing a project needs reading it.
+    -- memory.projects is itself filtered by the read grants (its policy), so reading needs
+    -- no second look at them; writing a project also needs reading it.
     SELECT coalesce(array_agg(p.id), '{}')
-    FROM memory.projects p, (SELECT memory.granted_projects(write) AS names) g
-    WHERE g.names && ARRAY[p.name, '*']
+    FROM memory.projects p
+    WHERE NOT write OR (SELECT memory.granted_projects(true)) && ARRAY[p.name, '*']
 $$;
 COMMENT ON FUNCTION memory.granted_project_ids(boolean) IS
     'Ids of the projects memory.granted_projects(write) names: what the row-level security policies compare project_id with (evaluated once per statement).';

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import psycopg
 import pytest
 
@@ -72,16 +73,16 @@ def test_lexical_search_refuses_non_finite_bm25_parameters(conn: Conn, arg: str)
 def test_the_zero_query_embedding_is_refused_everywhere(
     conn: Conn, embedder: LocalEmbedder
 ) -> None:
-    zero = "[" + ",".join(["0"] * embedder.dim) + "]"
+    zero = np.zeros(embedder.dim, dtype=np.float32)  # typed by pgvector's adapter
     ids = [r[0] for r in conn.execute("SELECT id FROM memory.nodes LIMIT 3").fetchall()]
     for sql, params in (
-        ("SELECT * FROM memory.semantic_search(%s::vector)", (zero,)),
-        ("SELECT * FROM memory.exact_search(%s::vector)", (zero,)),
-        ("SELECT * FROM memory.search_by_ids(%s::vector, %s)", (zero, ids)),
-        ("SELECT * FROM memory.hydrate(%s, %s::vector)", (ids, zero)),
-        ("SELECT * FROM public.memory_query('kong', %s::vector)", (zero,)),
+        ("SELECT * FROM memory.semantic_search(%s)", (zero,)),
+        ("SELECT * FROM memory.exact_search(%s)", (zero,)),
+        ("SELECT * FROM memory.search_by_ids(%s, %s)", (zero, ids)),
+        ("SELECT * FROM memory.hydrate(%s, %s)", (ids, zero)),
+        ("SELECT * FROM public.memory_query('kong', %s)", (zero,)),
         (
-            "SELECT * FROM public.memory_query('kong', %s::vector, strategy => 'Hybrid')",
+            "SELECT * FROM public.memory_query('kong', %s, strategy => 'Hybrid')",
             (zero,),
         ),
     ):

@@ -68,6 +68,7 @@ READER = {
     "fuse_legs",
     "provenance_walk",
     "provenance_tree",
+    "provenance",
     "hydrate",
     "plpython_path",
     "plpython_load",

@@ -21,6 +21,9 @@ SQL_SUITE = [
     "tests/test_plans.py",
     "tests/test_migrations.py",
     "tests/test_sql_hygiene.py",
+    "tests/test_tenants.py",
+    "tests/test_sql_edges.py",
+    "tests/test_provenance_caps.py",
     "tests/test_time_filter.py",
     "tests/test_sql_embed.py",
 ]

@@ -6,11 +6,14 @@ login of that role."""
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any
 
 import psycopg
 import pytest
 
+from poimen_memory.db.cluster import Cluster
+from poimen_memory.db.connect import ensure_service_login
 from poimen_memory.embedders.local import LocalEmbedder
 
 Conn = psycopg.Connection[Any]
@@ -235,3 +238,30 @@ def test_grant_and_revoke(conn: Conn) -> None:
     assert _ids(conn, "SELECT memory.revoke_project('tenant_granted', '*')") == [False]
     conn.execute("SET ROLE tenant_granted")
     assert _ids(conn, "SELECT count(*) FROM memory.nodes") == [0]
+
+
+def test_from_psql_the_setting_helps_only_the_service_role(conn: Conn, cluster: Cluster) -> None:
+    """The same rule through the real psql client, logged in (peer) as the service's role
+    and as the superuser switched to a plain role."""
+    ensure_service_login(conn, "poimen_service")
+    _role(conn, "tenant_plain", "memory_writer")
+    conn.execute("SELECT memory.grant_project('tenant_plain', 'poimen')")
+    seen = (
+        "SELECT coalesce(string_agg(DISTINCT p.name, ','), '-') FROM memory.nodes n"
+        " JOIN memory.projects p ON p.id = n.project_id"
+    )
+    claim = "SELECT set_config('poimen.read_projects', 'atlas', false)"
+
+    def psql(user: str, *commands: str) -> str:
+        args = [str(cluster.bin_dir / "psql"), "-X", "-qtA", "-v", "ON_ERROR_STOP=1"]
+        args += ["-h", str(cluster.socket_dir), "-p", str(cluster.port), "-U", user]
+        args += ["-d", str(conn.info.dbname)]
+        for c in commands:
+            args += ["-c", c]
+        out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+        return out.strip().splitlines()[-1]
+
+    assert psql("poimen_service", seen) == "-"
+    assert psql("poimen_service", claim, seen) == "atlas"
+    assert psql("postgres", "SET ROLE tenant_plain", seen) == "poimen"
+    assert psql("postgres", "SET ROLE tenant_plain", claim, seen) == "poimen"

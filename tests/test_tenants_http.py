@@ -18,7 +18,7 @@ from service_client import serve
 from test_api_keys import PLANT, _as, _key
 
 ROLE = "poimen_service"  # the embedded cluster's default; the test cluster maps it too
-ALL_LEVELS = ["L0", "L1", "L2"]
+ALL_LEVELS = "L0,L1,L2"
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def _projects(r: Any) -> set[str]:
 
 
 def _q(client: TestClient, key: str | None, **params: Any) -> Any:
-    params = {"query": "kong gateway uploads", "levels": ALL_LEVELS, "limit": 50, **params}
+    params = {"query": "kong gateway uploads", "level": ALL_LEVELS, "limit": 50, **params}
     return client.get("/memory/query", params=params, headers=_as(key))
 
 

@@ -45,7 +45,11 @@ _PARENT: dict[str, Any] = {
         k: {"type": ["string", "null"]}
         for k in ("level", "sha256", "source", "title", "text", "timestamp")
     }
-    | {"parents": {"type": "array", "items": {"$ref": "#/components/schemas/Parent"}}},
+    | {
+        "parents": {"type": "array", "items": {"$ref": "#/components/schemas/Parent"}},
+        # A cap (memory.provenance) left some of this node's parents out.
+        "truncated": {"type": "boolean"},
+    },
 }
 
 _RESULT: dict[str, Any] = {
@@ -71,6 +75,8 @@ _RESULT: dict[str, Any] = {
         },
         **{k: {"type": ["integer", "null"]} for k in ("semantic_rank", "lexical_rank")},
         "parents": {"type": "array", "items": {"$ref": "#/components/schemas/Parent"}},
+        # Parents per node and nodes per tree are capped (docs/sql-api.md, provenance).
+        "provenance_truncated": {"type": "boolean"},
     },
 }
 

@@ -83,7 +83,7 @@ FROM memory.fuse(%(lists)s, %(method)s, %(k)s, %(final_k)s);
 
 -- name: hydrate
 SELECT node_id, level, sha256, project, title, text, source, breadcrumb, "timestamp",
-       query_score, provenance
+       query_score, provenance, provenance_truncated
 FROM memory.hydrate(%(ids)s, %(embedding)s);
 
 -- name: provenance_l0

@@ -84,6 +84,7 @@ class HydratedRow:
     timestamp: datetime | None
     query_score: float | None
     provenance: list[dict[str, Any]]
+    provenance_truncated: bool
 
 
 @dataclass(frozen=True)

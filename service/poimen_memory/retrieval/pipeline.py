@@ -612,6 +612,7 @@ def _result(h: HydratedRow, f: FusedRow, rerank_score: float | None) -> dict[str
         "lexical_rank": f.ranks[1],
         "fusion_method": f.fusion_method,
         "parents": h.provenance,
+        "provenance_truncated": h.provenance_truncated,
     }
 
 

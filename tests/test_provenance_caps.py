@@ -1,0 +1,136 @@
+"""The issue's attack: a provenance tree with fan-out 20 at depth 4 (168,420 tree nodes
+uncapped, 30 MB in one result). Parents per node and nodes per tree are capped, the cut is
+flagged in SQL (memory.provenance, hydrate, memory_query) and over HTTP."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from starlette.testclient import TestClient
+
+from poimen_memory.embedders.local import LocalEmbedder
+from service_client import serve
+
+Conn = psycopg.Connection[Any]
+FAN_OUT, DEPTH = 20, 4
+LEVELS = ["L2", "L1", "L0", "L0", "L0"]  # the level check is ingest's; SQL takes any edge
+
+
+def _plant_fan_out(conn: Conn) -> int:
+    """A root with FAN_OUT distinct parents per node, DEPTH levels down (as the owner)."""
+    pid = conn.execute("SELECT id FROM memory.projects WHERE name = 'atlas'").fetchone()
+    assert pid is not None
+
+    def nodes(level: str, count: int, depth: int) -> list[int]:
+        rows = conn.execute(
+            "INSERT INTO memory.nodes (sha256, project_id, level, text)"
+            " SELECT sha256(('fan' || %s || ':' || i)::bytea), %s, %s, 'kongfan node ' || i"
+            " FROM generate_series(1, %s) i RETURNING id",
+            (depth, pid[0], level, count),
+        )
+        return [r[0] for r in rows.fetchall()]
+
+    root = nodes(LEVELS[0], 1, 0)[0]
+    layer = [root]
+    for d in range(1, DEPTH + 1):
+        # Distinct parents for every node would be 168k rows; sharing each level's 20
+        # parents makes the same tree (the walk expands shared ancestors into copies).
+        parents = nodes(LEVELS[d], FAN_OUT, d)
+        conn.execute(
+            "INSERT INTO memory.edges (child_id, parent_id, precedence)"
+            " SELECT c, p.id, p.ord FROM unnest(%s::bigint[]) c,"
+            " unnest(%s::bigint[]) WITH ORDINALITY p(id, ord)",
+            (layer, parents),
+        )
+        layer = parents
+    return root
+
+
+def _count(tree: list[dict[str, Any]]) -> int:
+    return sum(1 + _count(p["parents"]) for p in tree)
+
+
+def _cut(tree: list[dict[str, Any]]) -> int:
+    return sum(int(p["truncated"]) + _cut(p["parents"]) for p in tree)
+
+
+def test_fan_out_20_at_depth_4_is_bounded_and_flagged(conn: Conn) -> None:
+    root = _plant_fan_out(conn)
+    row = conn.execute("SELECT tree, truncated FROM memory.provenance(%s)", (root,)).fetchone()
+    assert row is not None
+    tree, truncated = row
+    assert truncated is True
+    assert _count(tree) == 256  # the default provenance_max_nodes
+    assert len(tree) == 20 and all(len(p["parents"]) <= 32 for p in tree)
+    assert _cut(tree) > 0
+    # The tighter caps, as the owner sets them.
+    conn.execute("SELECT memory.set_policy('provenance_max_parents', '3')")
+    conn.execute("SELECT memory.set_policy('provenance_max_nodes', '100')")
+    tree, truncated = conn.execute(
+        "SELECT tree, truncated FROM memory.provenance(%s)", (root,)
+    ).fetchone() or (None, None)
+    assert truncated is True and len(tree) == 3 and _count(tree) == 3 + 9 + 27 + 61
+    assert len(json.dumps(tree)) < 50_000
+    hyd = conn.execute(
+        "SELECT provenance, provenance_truncated FROM memory.hydrate(ARRAY[%s]::bigint[])",
+        (root,),
+    ).fetchone()
+    assert hyd == (tree, True)
+    q = conn.execute(
+        "SELECT provenance_truncated FROM public.memory_query('kongfan', project => 'atlas',"
+        " levels => ARRAY['L2'], k => 1)"
+    ).fetchall()
+    assert q == [(True,)]
+    conn.execute("SELECT memory.reset_policy('provenance_max_nodes')")
+    _, truncated = conn.execute(
+        "SELECT tree, truncated FROM memory.provenance(%s, 1)", (root,)
+    ).fetchone() or (None, None)
+    assert truncated is True  # 20 parents, 3 allowed
+
+
+def test_an_uncut_tree_is_not_flagged(conn: Conn) -> None:
+    nid = conn.execute("SELECT id FROM memory.nodes WHERE external_id = 'poimen:mem:1'").fetchone()
+    assert nid is not None
+    tree, truncated = conn.execute(
+        "SELECT tree, truncated FROM memory.provenance(%s)", (nid[0],)
+    ).fetchone() or (None, None)
+    assert truncated is False and tree and not _cut(tree)
+    assert tree == conn.execute("SELECT memory.provenance_tree(%s)", (nid[0],)).fetchone()[0]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("key", "bad"), [("provenance_max_parents", "0"), ("provenance_max_nodes", "100001")]
+)
+def test_the_caps_are_validated(conn: Conn, key: str, bad: str) -> None:
+    with pytest.raises(psycopg.Error) as exc:
+        conn.execute("SELECT memory.set_policy(%s, %s)", (key, bad))
+    assert exc.value.sqlstate == "22023" and key in (exc.value.diag.message_primary or "")
+
+
+@pytest.fixture
+def client(fixture_url: str, embedder: LocalEmbedder) -> Iterator[TestClient]:
+    with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as c:
+        yield c
+
+
+def test_http_results_carry_the_flag(client: TestClient, fixture_url: str) -> None:
+    with psycopg.connect(fixture_url, autocommit=True) as conn:
+        _plant_fan_out(conn)
+    r = client.get(
+        "/memory/query",
+        params={"query": "kongfan", "project": "atlas", "level": "L2", "limit": 1},
+    )
+    assert r.status_code == 200, r.text
+    (result,) = r.json()["results"]
+    assert result["provenance_truncated"] is True
+    assert _count(result["parents"]) == 256 and _cut(result["parents"]) > 0
+    plain = client.get("/memory/query", params={"query": "kong gateway", "project": "poimen"})
+    assert plain.status_code == 200
+    assert all(x["provenance_truncated"] is False for x in plain.json()["results"])
+    spec = client.get("/openapi.json").json()["components"]["schemas"]
+    assert spec["Result"]["properties"]["provenance_truncated"] == {"type": "boolean"}
+    assert spec["Parent"]["properties"]["truncated"] == {"type": "boolean"}
