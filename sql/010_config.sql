@@ -99,9 +99,15 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 -- The service's role records the model on its first ingest; only the owner may alter nodes.
 SECURITY DEFINER
-SET search_path = pg_catalog, public, pg_temp
+-- No schema a caller could write to is on the path of a function that runs as the owner
+-- (CVE-2018-1058): pgvector's type and operator class are named with their own schema.
+SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE cur memory.embedding_model;
+DECLARE
+    cur memory.embedding_model;
+    vs name := (SELECT n.nspname FROM pg_catalog.pg_extension e
+                JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
+                WHERE e.extname = 'vector');
 BEGIN
     IF model IS NULL OR model = '' OR dim IS NULL OR dim < 1 OR dim > 2000 THEN
         RAISE EXCEPTION 'invalid embedding configuration (model %, dim %)', model, dim
@@ -119,14 +125,15 @@ BEGIN
                   HINT = 'Use the configured model, or run `poimen-memory reembed` to switch.';
     END IF;
     INSERT INTO memory.embedding_model (model, dim) VALUES (model, dim);
-    EXECUTE format('ALTER TABLE memory.nodes ALTER COLUMN embedding TYPE vector(%s)', dim);
+    EXECUTE pg_catalog.format('ALTER TABLE memory.nodes ALTER COLUMN embedding TYPE %I.vector(%s)',
+                              vs, dim);
     -- m=16, ef_construction=64 are pgvector''s defaults, written out so DBAs can see them.
-    EXECUTE 'CREATE INDEX IF NOT EXISTS nodes_embedding_hnsw ON memory.nodes
-             USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)';
+    EXECUTE pg_catalog.format('CREATE INDEX IF NOT EXISTS nodes_embedding_hnsw ON memory.nodes
+             USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64)', vs);
     -- The default levels' own graph (migration 0007 explains why).
-    EXECUTE 'CREATE INDEX IF NOT EXISTS nodes_embedding_hnsw_l1_l2 ON memory.nodes
-             USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)
-             WHERE level IN (''L1'', ''L2'')';
+    EXECUTE pg_catalog.format('CREATE INDEX IF NOT EXISTS nodes_embedding_hnsw_l1_l2 ON memory.nodes
+             USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64)
+             WHERE level IN (''L1'', ''L2'')', vs);
 END $$;
 COMMENT ON FUNCTION memory.configure_embedding(text, integer) IS
     'Records the embedding model and dimension once; types nodes.embedding as vector(dim) and builds the HNSW indexes (all levels, and L1/L2 only). A different model raises PM409.';

@@ -56,7 +56,17 @@ BEGIN
                   EXCEPT
                    SELECT a.attname, a.atttypid, a.atttypmod, a.attnum FROM pg_catalog.pg_attribute a
                    WHERE a.attrelid = 'pg_temp.query_row'::regclass AND a.attnum > 0)) THEN
-        DROP TYPE IF EXISTS memory.query_row CASCADE;
+        -- The functions returning the old shape go first, each alias before what it calls;
+        -- no CASCADE: an object a DBA built on them stops the migration and is named in the
+        -- error, rather than vanishing.
+        FOR f IN
+            SELECT p.oid FROM pg_catalog.pg_proc p
+            WHERE p.prorettype = pg_catalog.to_regtype('memory.query_row')
+            ORDER BY p.pronamespace = 'memory'::regnamespace, p.proname = 'run_query'
+        LOOP
+            EXECUTE pg_catalog.format('DROP FUNCTION %s', f);
+        END LOOP;
+        DROP TYPE IF EXISTS memory.query_row;
         EXECUTE (SELECT pg_catalog.format('CREATE TYPE memory.query_row AS (%s)',
                             pg_catalog.string_agg(pg_catalog.format('%I %s', a.attname,
                                 pg_catalog.format_type(a.atttypid, a.atttypmod)), ', '

@@ -110,6 +110,16 @@ def _grantees(acl: list[str] | None) -> dict[str, str]:
 # --- catalog ----------------------------------------------------------------------------
 
 
+def test_security_definer_functions_search_only_the_catalog(conn: Conn) -> None:
+    """A function that runs as the owner must not resolve names in a schema a caller could
+    create objects in (CVE-2018-1058): pg_catalog and pg_temp (last) only."""
+    definers = [(r[0], r[5]) for r in _functions(conn) if r[6]]
+    assert definers  # the statistics triggers and configure_embedding, at least
+    for sig, config in definers:
+        paths = [c for c in config or [] if c.startswith("search_path=")]
+        assert paths == ["search_path=pg_catalog, pg_temp"], (sig, paths)
+
+
 def test_every_function_pins_search_path_and_has_a_comment(conn: Conn) -> None:
     rows = _functions(conn)
     assert len(rows) >= 30
