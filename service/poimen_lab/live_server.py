@@ -1,5 +1,5 @@
-"""The real server in its own process, for the tests and the HTTP benchmark: uvicorn serving
-``create_app`` (the same factory as ``poimen-memory serve``) on a free loopback port, its
+"""The real server in its own process, for the tests and the HTTP benchmark: ``poimen-memory
+serve`` on a free loopback port, its
 output captured to a file (a file, not a pipe: a chatty server must never block on a full
 pipe)."""
 
@@ -31,9 +31,11 @@ def live_server(env: Mapping[str, str], output: Path, *, drop: Sequence[str] = (
     server inherits this process's environment, less the variables in ``drop``, plus
     ``env``."""
     port = free_port()
+    # `poimen-memory serve` itself, so its uvicorn settings (limits, the first-request
+    # deadline) are what the tests and the benchmark meet.
     cmd = [
-        sys.executable, "-m", "uvicorn", "poimen_memory.api.app:create_app", "--factory",
-        "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning",
+        sys.executable, "-m", "poimen_memory.cli.main", "serve",
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
     ]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     with output.open("wb") as out:

@@ -293,6 +293,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from poimen_memory.api.app import create_app
+    from poimen_memory.api.http_protocol import FirstRequestDeadline
     from poimen_memory.db.migrate import migrate
 
     s = _settings()
@@ -322,6 +323,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         # The JSON request log replaces the access log, which would print query text.
         access_log=False,
+        # Also the time a new connection has to send its first request (http_protocol.py).
+        http=FirstRequestDeadline,
         timeout_keep_alive=s.http_keep_alive_s,
         limit_concurrency=s.http_max_concurrency,
         h11_max_incomplete_event_size=s.http_max_header_bytes,

@@ -1,0 +1,42 @@
+"""`poimen-memory serve` drops connections that never send a request (issue 11: half-open
+connections), after POIMEN_HTTP_KEEP_ALIVE_S, and still serves the clients that do."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import httpx
+
+from poimen_lab.live_server import live_server
+
+SILENT = 20
+
+
+def _closed_by_server(sock: socket.socket, deadline: float) -> bool:
+    """True once the server closes the connection (recv returns b''), before the deadline."""
+    sock.settimeout(max(deadline - time.monotonic(), 0.01))
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+
+
+def test_silent_connections_are_closed_and_others_served(fixture_url: str, tmp_path: Path) -> None:
+    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_HTTP_KEEP_ALIVE_S": "1"}
+    with live_server(env, tmp_path / "server.log") as url:
+        port = int(url.rsplit(":", 1)[1])
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(SILENT)]
+        try:
+            started = time.monotonic()
+            # One generous bound for all of them (the deadline is 1 s): the point is that they
+            # close at all.
+            closed = [_closed_by_server(s, deadline=started + 20) for s in silent]
+            assert all(closed), f"{closed.count(False)} of {SILENT} silent connections stayed open"
+            assert time.monotonic() - started >= 0.9  # not refused outright: timed out
+        finally:
+            for s in silent:
+                s.close()
+        r = httpx.get(f"{url}/memory/query", params={"query": "kong body buffer"}, timeout=30)
+        assert r.status_code == 200 and r.json()["results"]
