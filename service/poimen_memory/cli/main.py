@@ -71,8 +71,11 @@ def _replica(s: Settings, action: str | None) -> int:
         print("error: db replica needs start, stop, status or url", file=sys.stderr)
         return 2
     replica = embedded_replica(s)
+    # The URL for POIMEN_READ_URLS is the service's own login role, as `serve` uses on the
+    # primary: as postgres (a superuser) replica reads would skip row-level security.
+    read_url = replica.url(user=s.service_role)
     if action == "url":
-        print(replica.url())
+        print(read_url)
         return 0
     if action == "start":
         primary = embedded_cluster(s)
@@ -83,7 +86,7 @@ def _replica(s: Settings, action: str | None) -> int:
             f"streaming standby running: {replica.url()}  (data {replica.data_dir}, "
             f"log {replica.log_file})"
         )
-        print(f"hint: POIMEN_READ_URLS={replica.url()}", file=sys.stderr)
+        print(f"hint: POIMEN_READ_URLS={read_url}", file=sys.stderr)
     elif action == "stop":
         replica.stop()
         print("stopped")
