@@ -190,3 +190,14 @@ def test_keys_create_list_revoke(cli_env: dict[str, str]) -> None:
     assert "revoked" in run(cli_env, "keys", "list").stdout
     assert run(cli_env, "keys", "revoke", key[:12], ok=False).returncode == 3
     assert run(cli_env, "keys", "create", ok=False).returncode == 2
+
+
+@pytest.mark.parametrize("name", ["*", "poimen,atlas", "", " poimen", "_x", "a" * 129])
+def test_keys_create_refuses_an_invalid_project_name(cli_env: dict[str, str], name: str) -> None:
+    """'*' or 'a,b' would assert every project (or two) to row-level security."""
+    ready(cli_env)
+    before = run(cli_env, "keys", "list").stdout
+    proc = run(cli_env, "keys", "create", "--project", "poimen", "--project", name, ok=False)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert f"invalid project name {name!r}" in proc.stderr and "[A-Za-z0-9]" in proc.stderr
+    assert run(cli_env, "keys", "list").stdout == before  # nothing stored

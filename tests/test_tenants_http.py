@@ -122,6 +122,20 @@ def test_postgres_confines_a_key_even_without_the_python_checks(
     assert _projects(_q(client, reader)) == {"poimen"}
 
 
+@pytest.mark.parametrize("stored", [["*"], ["poimen,atlas"], ["atlas", "*"]])
+def test_a_stored_key_with_an_invalid_project_name_is_refused(
+    client: TestClient, fixture_url: str, stored: list[str]
+) -> None:
+    """A key written before the CLI checked names: refused, never widened to '*' or two
+    projects by the ',' join of the per-transaction setting."""
+    key = _key(fixture_url, stored)
+    r = _q(client, key, project="atlas")
+    assert r.status_code == 403, r.text
+    body = r.json()
+    assert body["error"] == "forbidden" and "invalid project" in body["detail"]
+    assert "keys revoke" in body["hint"]
+
+
 def _rls_warnings(url: str) -> list[str]:
     """What the start-up check finds for one real pool connected to ``url``."""
 
