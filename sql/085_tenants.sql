@@ -37,7 +37,10 @@ BEGIN
             FROM unnest(string_to_array(nullif(current_setting(
                      CASE WHEN write THEN 'poimen.write_projects' ELSE 'poimen.read_projects' END,
                      true), ''), ',')) AS s(project)
-            WHERE pg_catalog.pg_has_role(current_user, 'memory_service', 'MEMBER')
+            -- By oid: pg_has_role with the name raises when the role does not exist (a
+            -- restore without globals), and every policy would then fail. No role: no member.
+            WHERE coalesce(pg_catalog.pg_has_role(
+                      current_user, pg_catalog.to_regrole('memory_service'), 'MEMBER'), false)
         ) g);
 END $$;
 COMMENT ON FUNCTION memory.granted_projects(boolean) IS

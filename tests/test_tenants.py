@@ -253,6 +253,24 @@ def test_the_project_setting_counts_only_for_the_service_role(conn: Conn) -> Non
     assert _ids(conn, "SELECT count(*) FROM memory.nodes") == [0]
 
 
+def test_the_policies_work_when_memory_service_does_not_exist(conn: Conn) -> None:
+    """A restore without the cluster's roles (pg_restore without pg_dumpall --globals): the
+    role is renamed away inside a transaction that is rolled back, so no other test sees it.
+    Grants still work, and the project setting counts for nobody."""
+    _role(conn, "tenant_reader", "memory_reader")
+    conn.execute("SELECT memory.grant_project('tenant_reader', 'poimen')")
+    pids = _project_ids(conn)
+    with conn.transaction(force_rollback=True):
+        conn.execute("ALTER ROLE memory_service RENAME TO memory_service_restored_without")
+        assert _ids(conn, "SELECT to_regrole('memory_service')") == [None]
+        conn.execute("SET LOCAL ROLE tenant_reader")
+        conn.execute("SELECT set_config('poimen.read_projects', 'atlas', true)")
+        seen = set(_ids(conn, "SELECT DISTINCT project_id FROM memory.nodes"))
+        hits = _ids(conn, "SELECT project FROM public.memory_query(%s)", (KONG,))
+    assert seen == {pids["poimen"]} and hits and set(hits) == {"poimen"}
+    assert _ids(conn, "SELECT to_regrole('memory_service') IS NOT NULL") == [True]
+
+
 def test_grant_and_revoke(conn: Conn) -> None:
     _role(conn, "tenant_granted", "memory_reader")
     with pytest.raises(psycopg.errors.InvalidParameterValue):
