@@ -205,9 +205,7 @@ def test_an_edge_across_projects_needs_both_ends(conn: Conn) -> None:
     first = "SELECT min(id) FROM memory.nodes WHERE project_id = %s"
     child = _ids(conn, first, (pids["poimen"],))[0]
     parent = _ids(conn, first, (pids["atlas"],))[0]
-    conn.execute(
-        "INSERT INTO memory.edges (child_id, parent_id) VALUES (%s, %s)", (child, parent)
-    )
+    conn.execute("INSERT INTO memory.edges (child_id, parent_id) VALUES (%s, %s)", (child, parent))
     edge = "FROM memory.edges WHERE child_id = %s AND parent_id = %s"
     conn.execute("SET ROLE tenant_reader")
     assert _ids(conn, "SELECT parent_id FROM memory.edges WHERE child_id = %s", (child,)) == []

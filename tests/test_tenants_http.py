@@ -152,9 +152,7 @@ def _rls_warnings(url: str) -> list[str]:
     return asyncio.run(check())
 
 
-def test_a_pool_that_skips_row_level_security_is_named(
-    fixture_url: str, service_url: str
-) -> None:
+def test_a_pool_that_skips_row_level_security_is_named(fixture_url: str, service_url: str) -> None:
     assert _rls_warnings(service_url) == []
     (warning,) = _rls_warnings(fixture_url)  # the tests' owner: a superuser
     assert "'postgres' (superuser)" in warning and "not enforced by Postgres" in warning
