@@ -142,6 +142,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         report = migrate(conn, root, lock_timeout_s=args.lock_timeout)
         if not s.database_url:  # a DBA's cluster: the DBA makes the service's login role
             ensure_service_login(conn, s.service_role)
+    for notice in report.notices:
+        print(f"notice: {notice}", file=sys.stderr)
     print(
         f"migrations applied: {report.applied or 'none'}; already: {len(report.already)}; "
         f"sql files: {len(report.sql_files)}; plpython: {report.plpython_path}; "
