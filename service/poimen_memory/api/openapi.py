@@ -158,7 +158,7 @@ def openapi_spec() -> dict[str, Any]:
             False,
             {"type": "string", "examples": ["2023-05-31", "2023-05-31T23:59:59Z"]},
             "Only nodes whose timestamp is at or before this ISO date (the whole day) or "
-            "timestamp.",
+            "timestamp (the whole minute for hh:mm, second for hh:mm:ss, or last digit given).",
         ),
         (
             "reference_time",
