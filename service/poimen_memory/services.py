@@ -125,11 +125,13 @@ async def open_services(
     embedder: Embedder | None = None,
     rerank: bool = True,
     wait: bool = False,
+    check_rls: bool = False,
 ) -> AsyncIterator[Services]:
     """Everything a query needs. ``embedder`` replaces the configured one (tests, the lab's
     shared model); ``rerank=False`` leaves the reranker out even when configured; ``wait``
     blocks until the pool has its first connections (the CLI wants errors at once, the
-    server wants to start even while the database is still coming up)."""
+    server wants to start even while the database is still coming up); ``check_rls`` (the
+    server) warns about each pool whose role row-level security does not apply to."""
     url = url or database_url(settings)
     pool = open_pool(url, min_size=settings.pool_min, max_size=settings.pool_max)
     async with contextlib.AsyncExitStack() as stack:
@@ -149,13 +151,14 @@ async def open_services(
             stack.push_async_callback(_stop, drainer)
         replicas = await _open_replicas(settings, pool, stack)
         warnings: list[str] = []
-        # In the background: a replica that is down must not hold up the start.
-        for where, checked in [
-            ("the primary pool", pool),
-            *((f"read replica {r.name}", r.pool) for r in (replicas.replicas if replicas else [])),
-        ]:
-            check = asyncio.create_task(warn_if_rls_bypassed(checked, where, warnings))
-            stack.push_async_callback(_stop, check)
+        if check_rls:
+            pools = [("the primary pool", pool)]
+            for r in replicas.replicas if replicas else []:
+                pools.append((f"read replica {r.name}", r.pool))
+            for where, checked in pools:
+                # In the background: a replica that is down must not hold up the start.
+                check = asyncio.create_task(warn_if_rls_bypassed(checked, where, warnings))
+                stack.push_async_callback(_stop, check)
         cache = QueryEmbeddingCache(settings.embedding.cache_size)
         retriever = Retriever(
             pool, emb, cache, settings, reranker=reranker, opensearch=opensearch, replicas=replicas
