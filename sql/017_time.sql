@@ -52,13 +52,20 @@ BEGIN
         RETURN (make_date(y, mo, d) + CASE WHEN upper_bound THEN 1 ELSE 0 END)::timestamp AT TIME ZONE 'UTC';
     END IF;
     ts := make_timestamp(y, mo, d, g[4]::integer, g[5]::integer, coalesce(g[6]::double precision, 0));
-    -- Without an offset a timestamp is UTC; an upper bound includes its own instant.
+    -- Without an offset a timestamp is UTC. As an upper bound it includes the whole unit of
+    -- its precision, as a date includes its whole day: until 13:56 includes 13:56:30 (the
+    -- minute), 13:56:30 includes 13:56:30.4 (the second), 13:56:30.5 includes up to, not
+    -- including, 13:56:30.6 (one unit of its last digit).
     RETURN (ts - CASE WHEN left(g[7], 1) = '-' THEN -1 ELSE 1 END * make_interval(hours => tzh, mins => tzm))
            AT TIME ZONE 'UTC'
-           + CASE WHEN upper_bound THEN interval '1 microsecond' ELSE interval '0' END;
+           + CASE WHEN NOT upper_bound THEN interval '0'
+                  WHEN g[6] IS NULL THEN interval '1 minute'
+                  WHEN strpos(g[6], '.') = 0 THEN interval '1 second'
+                  ELSE make_interval(secs => 10.0::double precision ^ (3 - length(g[6])))
+             END;
 END $$;
 COMMENT ON FUNCTION memory.time_bound(text, text, boolean) IS
-    'Parses one bound of a time filter: an ISO date (a whole UTC day) or timestamp (UTC unless it carries an offset). upper_bound: the result is exclusive and includes the given day or instant. 22023 naming the argument when the value is not an ISO date or timestamp.';
+    'Parses one bound of a time filter: an ISO date (a whole UTC day) or timestamp (UTC unless it carries an offset). upper_bound: the result is exclusive and includes the whole day, minute (hh:mm), second (hh:mm:ss) or last fractional digit given. 22023 naming the argument when the value is not an ISO date or timestamp.';
 
 CREATE OR REPLACE FUNCTION memory.time_range(
     since text, until text, OUT since_ts timestamptz, OUT before_ts timestamptz

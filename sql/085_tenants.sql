@@ -37,7 +37,10 @@ BEGIN
             FROM unnest(string_to_array(nullif(current_setting(
                      CASE WHEN write THEN 'poimen.write_projects' ELSE 'poimen.read_projects' END,
                      true), ''), ',')) AS s(project)
-            WHERE pg_catalog.pg_has_role(current_user, 'memory_service', 'MEMBER')
+            -- By oid: pg_has_role with the name raises when the role does not exist (a
+            -- restore without globals), and every policy would then fail. No role: no member.
+            WHERE coalesce(pg_catalog.pg_has_role(
+                      current_user, pg_catalog.to_regrole('memory_service'), 'MEMBER'), false)
         ) g);
 END $$;
 COMMENT ON FUNCTION memory.granted_projects(boolean) IS
@@ -145,16 +148,20 @@ BEGIN
     CREATE POLICY granted_delete ON memory.nodes FOR DELETE
         USING (project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[]));
 
-    -- An edge belongs to its child's project; writing one needs both ends writable.
+    -- An edge may join two projects: it is seen only with both ends visible (else it would
+    -- leak the id of a node in a hidden project) and changed only with both ends writable
+    -- (else a writer of one project could cut another project's provenance). The nodes
+    -- subqueries are themselves filtered by the nodes policies.
     CREATE POLICY granted_read ON memory.edges FOR SELECT
-        USING (EXISTS (SELECT 1 FROM memory.nodes n WHERE n.id = child_id));
+        USING (EXISTS (SELECT 1 FROM memory.nodes n WHERE n.id = child_id)
+               AND EXISTS (SELECT 1 FROM memory.nodes n WHERE n.id = parent_id));
     CREATE POLICY granted_insert ON memory.edges FOR INSERT
         WITH CHECK (memory.node_writable(child_id) AND memory.node_writable(parent_id));
     CREATE POLICY granted_update ON memory.edges FOR UPDATE
-        USING (memory.node_writable(child_id))
+        USING (memory.node_writable(child_id) AND memory.node_writable(parent_id))
         WITH CHECK (memory.node_writable(child_id) AND memory.node_writable(parent_id));
     CREATE POLICY granted_delete ON memory.edges FOR DELETE
-        USING (memory.node_writable(child_id));
+        USING (memory.node_writable(child_id) AND memory.node_writable(parent_id));
 
     -- The statistics are written by the owner's triggers only; reading them is per project.
     CREATE POLICY granted_read ON memory.postings FOR SELECT

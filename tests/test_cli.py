@@ -124,8 +124,8 @@ def test_db_replica_lifecycle(cli_env: dict[str, str]) -> None:
     assert run(cli_env, "db", "replica", "status", ok=False).returncode == 3
     started = run(cli_env, "db", "replica", "start")
     assert started.stdout.startswith("streaming standby running")
-    url = run(cli_env, "db", "replica", "url").stdout.strip()
-    assert cli_env["POIMEN_REPLICA_PG_PORT"] in url and "/replica/run" in url
+    read_url = run(cli_env, "db", "replica", "url").stdout.strip()
+    assert cli_env["POIMEN_REPLICA_PG_PORT"] in read_url and "/replica/run" in read_url
     primary = run(cli_env, "db", "url").stdout.strip()
 
     def psql(target: str, sql: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -133,9 +133,18 @@ def test_db_replica_lifecycle(cli_env: dict[str, str]) -> None:
             ["psql", target, "-XtAc", sql], capture_output=True, text=True, check=check
         )
 
-    assert psql(url, "SELECT pg_is_in_recovery()").stdout.strip() == "t"
+    # The URL for POIMEN_READ_URLS is the service's role, subject to row-level security:
+    # it sees nothing until the service asserts projects, then what the primary has.
+    assert read_url.startswith("postgresql://poimen_service@"), read_url
+    role = "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user"
+    assert psql(read_url, role).stdout.strip() == "f"
     count = "SELECT count(*) FROM memory.nodes"
-    assert psql(url, count).stdout == psql(primary, count).stdout
+    assert psql(read_url, count).stdout.strip() == "0"
+    every = "SELECT set_config('poimen.read_projects', '*', false); " + count
+    assert psql(read_url, every).stdout.splitlines()[-1] == psql(primary, count).stdout.strip()
+    assert psql(primary, count).stdout.strip() != "0"
+    url = read_url.replace("postgresql://poimen_service@", "postgresql://postgres@")
+    assert psql(url, "SELECT pg_is_in_recovery()").stdout.strip() == "t"
     refused = psql(url, "CREATE TABLE public.nope (x int)", check=False)
     assert "read-only transaction" in refused.stderr
     psql(
@@ -181,3 +190,14 @@ def test_keys_create_list_revoke(cli_env: dict[str, str]) -> None:
     assert "revoked" in run(cli_env, "keys", "list").stdout
     assert run(cli_env, "keys", "revoke", key[:12], ok=False).returncode == 3
     assert run(cli_env, "keys", "create", ok=False).returncode == 2
+
+
+@pytest.mark.parametrize("name", ["*", "poimen,atlas", "", " poimen", "_x", "a" * 129])
+def test_keys_create_refuses_an_invalid_project_name(cli_env: dict[str, str], name: str) -> None:
+    """'*' or 'a,b' would assert every project (or two) to row-level security."""
+    ready(cli_env)
+    before = run(cli_env, "keys", "list").stdout
+    proc = run(cli_env, "keys", "create", "--project", "poimen", "--project", name, ok=False)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert f"invalid project name {name!r}" in proc.stderr and "[A-Za-z0-9]" in proc.stderr
+    assert run(cli_env, "keys", "list").stdout == before  # nothing stored

@@ -121,3 +121,43 @@ def test_incremental_equals_fresh_install(
         assert _schema_dump(cluster, cluster.url(other)) == _schema_dump(cluster, empty_url)
     finally:
         admin.execute(f"DROP DATABASE IF EXISTS {other} WITH (FORCE)")
+
+
+def test_0008_names_the_roles_it_leaves_without_a_project(
+    admin: psycopg.Connection[Any],
+    empty_url: str,
+    plpython_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Row-level security silently empties the results of existing SQL users: the migration
+    that turns it on names them (a NOTICE that migrate reports), and only them."""
+    real, staged = migrate_mod.MIGRATIONS_DIR, tmp_path / "staged"
+    staged.mkdir()
+    for m in sorted(real.glob("*.sql")):
+        if m.stem < "0008":
+            (staged / m.name).write_text(m.read_text())
+    monkeypatch.setattr(migrate_mod, "MIGRATIONS_DIR", staged)
+    with connect(empty_url, autocommit=True) as conn:
+        first = migrate(conn, plpython_root)  # before 0008: sql/ makes the group roles
+        assert "0008_project_grants" not in first.applied and first.notices == []
+        # Roles are cluster-wide: created once per session, like tests/test_tenants.py's.
+        for role, group in (
+            ("legacy_reader", "memory_reader"),
+            ("legacy_service", "memory_service"),
+        ):
+            exists = admin.execute("SELECT to_regrole(%s) IS NOT NULL", (role,)).fetchone()
+            if exists == (False,):
+                admin.execute(f"CREATE ROLE {role}")
+            admin.execute(f"GRANT {group} TO {role}")
+        src = real / "0008_project_grants.sql"
+        (staged / src.name).write_text(src.read_text())
+        report = migrate(conn, plpython_root)
+        again = migrate(conn, plpython_root)
+    assert "0008_project_grants" in report.applied
+    (notice,) = report.notices
+    names = notice.splitlines()[0].rpartition(": ")[2].split(", ")
+    assert notice.startswith("0008_project_grants.sql: row-level security is on")
+    assert "legacy_reader" in names and "hint: For each: SELECT memory.grant_project" in notice
+    assert not {"legacy_service", "memory_writer", "memory_service", "postgres"} & set(names)
+    assert again.notices == []  # applied once: said once

@@ -244,3 +244,17 @@ def test_without_read_urls_everything_is_the_primary(
         health = client.get("/healthz").json()
     assert body["metrics"]["served_by"] == "primary" and replica_reasons(body) == []
     assert health["checks"]["replicas"] == {"ok": None, "status": "not_configured"}
+
+
+def test_a_replica_pool_that_skips_row_level_security_is_named(
+    fixture_url: str, replica_url: str, embedder: LocalEmbedder
+) -> None:
+    """Both URLs here are the tests' superuser: /healthz names each pool, the replica too."""
+    with serve(env(fixture_url, replica_url, POIMEN_HEALTH_CACHE_S="0"), embedder) as client:
+        warnings = wait_for(
+            "a warning for both pools",
+            lambda: len(w := client.get("/healthz").json()["warnings"]) == 2 and w,
+        )
+    port = str(conninfo_to_dict(replica_url)["port"])
+    assert any(w.startswith("read replica") and port in w for w in warnings), warnings
+    assert all("'postgres' (superuser)" in w for w in warnings), warnings

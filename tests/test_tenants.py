@@ -193,6 +193,39 @@ def test_a_writer_changes_only_its_writable_project(conn: Conn) -> None:
     assert _ids(conn, "SELECT text FROM memory.nodes WHERE id = %s", (atlas_node,)) != ["x"]
 
 
+def test_an_edge_across_projects_needs_both_ends(conn: Conn) -> None:
+    """An edge from a poimen child to an atlas parent: a poimen reader must not see the atlas
+    node's id through it, nor a writer of poimen alone delete or change it."""
+    _role(conn, "tenant_reader", "memory_reader")
+    conn.execute("SELECT memory.grant_project('tenant_reader', 'poimen')")
+    _role(conn, "tenant_edger", "memory_writer")
+    conn.execute("SELECT memory.grant_project('tenant_edger', 'poimen', write => true)")
+    conn.execute("SELECT memory.grant_project('tenant_edger', 'atlas')")  # read-only
+    _role(conn, "tenant_both", "memory_writer")
+    for p in ("poimen", "atlas"):
+        conn.execute("SELECT memory.grant_project('tenant_both', %s, write => true)", (p,))
+    pids = _project_ids(conn)
+    first = "SELECT min(id) FROM memory.nodes WHERE project_id = %s"
+    child = _ids(conn, first, (pids["poimen"],))[0]
+    parent = _ids(conn, first, (pids["atlas"],))[0]
+    conn.execute("INSERT INTO memory.edges (child_id, parent_id) VALUES (%s, %s)", (child, parent))
+    edge = "FROM memory.edges WHERE child_id = %s AND parent_id = %s"
+    conn.execute("SET ROLE tenant_reader")
+    assert _ids(conn, "SELECT parent_id FROM memory.edges WHERE child_id = %s", (child,)) == []
+    conn.execute("RESET ROLE")
+    conn.execute("SET ROLE tenant_edger")  # sees both ends, writes only the child's project
+    assert _ids(conn, f"SELECT count(*) {edge}", (child, parent)) == [1]
+    assert conn.execute(f"DELETE {edge}", (child, parent)).rowcount == 0
+    update = "UPDATE memory.edges SET precedence = 7 WHERE child_id = %s AND parent_id = %s"
+    assert conn.execute(update, (child, parent)).rowcount == 0
+    conn.execute("RESET ROLE")
+    assert _ids(conn, f"SELECT precedence {edge}", (child, parent)) == [0]
+    conn.execute("SET ROLE tenant_both")  # both ends writable: the control
+    assert conn.execute(update, (child, parent)).rowcount == 1
+    assert conn.execute(f"DELETE {edge}", (child, parent)).rowcount == 1
+    conn.execute("RESET ROLE")
+
+
 def test_the_project_setting_counts_only_for_the_service_role(conn: Conn) -> None:
     _role(conn, "tenant_plain", "memory_writer")
     _role(conn, "tenant_service", "memory_service")
@@ -219,6 +252,24 @@ def test_the_project_setting_counts_only_for_the_service_role(conn: Conn) -> Non
     # Outside a transaction that asserts projects, the service role sees nothing.
     conn.execute("SET ROLE tenant_service")
     assert _ids(conn, "SELECT count(*) FROM memory.nodes") == [0]
+
+
+def test_the_policies_work_when_memory_service_does_not_exist(conn: Conn) -> None:
+    """A restore without the cluster's roles (pg_restore without pg_dumpall --globals): the
+    role is renamed away inside a transaction that is rolled back, so no other test sees it.
+    Grants still work, and the project setting counts for nobody."""
+    _role(conn, "tenant_reader", "memory_reader")
+    conn.execute("SELECT memory.grant_project('tenant_reader', 'poimen')")
+    pids = _project_ids(conn)
+    with conn.transaction(force_rollback=True):
+        conn.execute("ALTER ROLE memory_service RENAME TO memory_service_restored_without")
+        assert _ids(conn, "SELECT to_regrole('memory_service')") == [None]
+        conn.execute("SET LOCAL ROLE tenant_reader")
+        conn.execute("SELECT set_config('poimen.read_projects', 'atlas', true)")
+        seen = set(_ids(conn, "SELECT DISTINCT project_id FROM memory.nodes"))
+        hits = _ids(conn, "SELECT project FROM public.memory_query(%s)", (KONG,))
+    assert seen == {pids["poimen"]} and hits and set(hits) == {"poimen"}
+    assert _ids(conn, "SELECT to_regrole('memory_service') IS NOT NULL") == [True]
 
 
 def test_grant_and_revoke(conn: Conn) -> None:

@@ -4,6 +4,8 @@ key's projects, even where the Python checks are switched off."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,8 +14,9 @@ from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from poimen_memory.api.auth import KeyRing
-from poimen_memory.db.connect import connect, ensure_service_login
+from poimen_memory.db.connect import connect, ensure_service_login, open_pool
 from poimen_memory.embedders.local import LocalEmbedder
+from poimen_memory.services import warn_if_rls_bypassed
 from service_client import serve
 from test_api_keys import PLANT, _as, _key
 
@@ -117,3 +120,50 @@ def test_postgres_confines_a_key_even_without_the_python_checks(
             " FROM memory.projects WHERE name = 'atlas'"
         )
     assert _projects(_q(client, reader)) == {"poimen"}
+
+
+@pytest.mark.parametrize("stored", [["*"], ["poimen,atlas"], ["atlas", "*"]])
+def test_a_stored_key_with_an_invalid_project_name_is_refused(
+    client: TestClient, fixture_url: str, stored: list[str]
+) -> None:
+    """A key written before the CLI checked names: refused, never widened to '*' or two
+    projects by the ',' join of the per-transaction setting."""
+    key = _key(fixture_url, stored)
+    r = _q(client, key, project="atlas")
+    assert r.status_code == 403, r.text
+    body = r.json()
+    assert body["error"] == "forbidden" and "invalid project" in body["detail"]
+    assert "keys revoke" in body["hint"]
+
+
+def _rls_warnings(url: str) -> list[str]:
+    """What the start-up check finds for one real pool connected to ``url``."""
+
+    async def check() -> list[str]:
+        found: list[str] = []
+        pool = open_pool(url, min_size=1, max_size=1)
+        await pool.open(wait=True)
+        try:
+            await warn_if_rls_bypassed(pool, "the primary pool", found)
+        finally:
+            await pool.close()
+        return found
+
+    return asyncio.run(check())
+
+
+def test_a_pool_that_skips_row_level_security_is_named(fixture_url: str, service_url: str) -> None:
+    assert _rls_warnings(service_url) == []
+    (warning,) = _rls_warnings(fixture_url)  # the tests' owner: a superuser
+    assert "'postgres' (superuser)" in warning and "not enforced by Postgres" in warning
+
+
+def test_healthz_lists_the_warning(fixture_url: str, embedder: LocalEmbedder) -> None:
+    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_HEALTH_CACHE_S": "0"}
+    with serve(env, embedder) as c:
+        # The check runs in the background after start-up: poll (bounded).
+        deadline = time.monotonic() + 30
+        while not (warnings := c.get("/healthz").json()["warnings"]):
+            assert time.monotonic() < deadline, "no warning for a superuser pool"
+            time.sleep(0.05)
+    assert len(warnings) == 1 and "the primary pool connects as role 'postgres'" in warnings[0]

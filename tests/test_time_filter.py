@@ -93,13 +93,54 @@ def test_until_is_inclusive_and_a_date_is_a_whole_utc_day(tconn: Conn) -> None:
         (QUERY, PROJECT),
     ).fetchall()
     assert [r[0] for r in rows] == [datetime(2023, 2, 3, 13, tzinfo=UTC)]
-    # A timestamp bound includes its own instant, and offsets are honoured.
+    # A timestamp bound includes its own second, and offsets are honoured.
     (lo, hi) = tconn.execute(
         "SELECT since_ts, before_ts FROM memory.time_range('2023-02-03T15:00:00+02:00', "
         "'2023-02-03T13:00:00Z')"
     ).fetchone() or (None, None)
     assert lo == datetime(2023, 2, 3, 13, tzinfo=UTC)
-    assert hi is not None and hi > lo and (hi - lo).total_seconds() < 1e-3
+    assert hi == datetime(2023, 2, 3, 13, 0, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("until", "before"),
+    [
+        ("2023-05-08", datetime(2023, 5, 9, tzinfo=UTC)),  # the whole day
+        ("2023-05-08T13:56", datetime(2023, 5, 8, 13, 57, tzinfo=UTC)),  # the whole minute
+        ("2023-05-08 13:56Z", datetime(2023, 5, 8, 13, 57, tzinfo=UTC)),
+        ("2023-05-08T23:59+02:00", datetime(2023, 5, 8, 22, 0, tzinfo=UTC)),
+        ("2023-05-08T13:56:30", datetime(2023, 5, 8, 13, 56, 31, tzinfo=UTC)),  # the second
+        ("2023-05-08T13:56:30-01:30", datetime(2023, 5, 8, 15, 26, 31, tzinfo=UTC)),
+        ("2023-05-08T13:56:30.5", datetime(2023, 5, 8, 13, 56, 30, 600000, tzinfo=UTC)),
+        ("2023-05-08T13:56:30.120Z", datetime(2023, 5, 8, 13, 56, 30, 121000, tzinfo=UTC)),
+        ("2023-05-08T13:56:30.123456", datetime(2023, 5, 8, 13, 56, 30, 123457, tzinfo=UTC)),
+        ("2023-05-08T23:59:59.999999", datetime(2023, 5, 9, tzinfo=UTC)),
+    ],
+)
+def test_until_covers_the_precision_it_is_given(conn: Conn, until: str, before: datetime) -> None:
+    """An exclusive upper bound one unit of the given precision later, as a date is a whole
+    day; since (the lower bound) is the instant written."""
+    row = conn.execute("SELECT * FROM memory.time_range(%s, %s)", (until, until)).fetchone()
+    assert row is not None
+    since_ts, before_ts = row
+    assert before_ts == before
+    written = datetime.fromisoformat(until.replace("Z", "+00:00"))
+    written = written if written.tzinfo else written.replace(tzinfo=UTC)
+    assert since_ts == written
+
+
+def test_until_a_minute_includes_a_node_within_it(tconn: Conn) -> None:
+    """until => '…T13:00' keeps a node stamped 13:00:30, as until => a date keeps its day."""
+    tconn.execute(
+        "UPDATE memory.nodes SET ts = ts + interval '30 seconds'"
+        " WHERE ts = '2023-02-03 13:00:00+00'"
+    )
+    rows = tconn.execute(
+        "SELECT \"timestamp\" FROM public.memory_query(%s, project => %s, levels => ARRAY['L0'],"
+        " k => 10, since => '2023-02-03T13:00', until => '2023-02-03T13:00')",
+        (QUERY, PROJECT),
+    ).fetchall()
+    assert [r[0] for r in rows] == [datetime(2023, 2, 3, 13, 0, 30, tzinfo=UTC)]
 
 
 def test_nodes_without_a_timestamp_never_pass_a_filter(tconn: Conn) -> None:

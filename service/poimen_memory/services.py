@@ -17,6 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from poimen_memory.db import tenant
 from poimen_memory.db.connect import connect, database_url, open_pool
+from poimen_memory.db.queries import q
 from poimen_memory.db.replicas import Replica, ReplicaSet
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.embedders.cache import QueryEmbeddingCache
@@ -46,6 +47,9 @@ class Services:
     """Ingest runs here, never in the default pool the query path embeds in."""
     ingest_slots: asyncio.Semaphore
     """Running plus waiting ingests; when none is free a request is refused (503 busy)."""
+    warnings: list[str]
+    """Start-up findings an operator must see (/healthz ``warnings``): a pool whose role
+    row-level security does not apply to."""
 
 
 async def drain_outbox(url: str, engine: OpenSearchEngine, settings: Settings) -> None:
@@ -85,6 +89,29 @@ async def drain_outbox(url: str, engine: OpenSearchEngine, settings: Settings) -
         await asyncio.sleep(pause)
 
 
+async def warn_if_rls_bypassed(
+    pool: AsyncConnectionPool[Any], where: str, warnings: list[str]
+) -> None:
+    """Once per pool at start-up: a superuser, BYPASSRLS or owner login skips every policy
+    in sql/085_tenants.sql, so an API key's projects are then enforced by the Python layer
+    only. Not refused: tests and single-user set-ups connect as the owner on purpose."""
+    try:
+        async with pool.connection() as conn:
+            row = await (await conn.execute(q("role_bypasses_rls"))).fetchone()
+    except Exception as exc:  # a server that is down is reported by /healthz, not here
+        log.debug("row-level security check of %s skipped: %s", where, exc)
+        return
+    if row is None or row[1] is None:
+        return
+    msg = (
+        f"{where} connects as role {row[0]!r} ({row[1]}): row-level security does not apply, "
+        "so tenant isolation is not enforced by Postgres for it; connect as a member of "
+        "memory_service instead (docs/security.md)"
+    )
+    log.warning("%s", msg)
+    warnings.append(msg)
+
+
 async def _stop(task: asyncio.Task[None]) -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
@@ -98,11 +125,13 @@ async def open_services(
     embedder: Embedder | None = None,
     rerank: bool = True,
     wait: bool = False,
+    check_rls: bool = False,
 ) -> AsyncIterator[Services]:
     """Everything a query needs. ``embedder`` replaces the configured one (tests, the lab's
     shared model); ``rerank=False`` leaves the reranker out even when configured; ``wait``
     blocks until the pool has its first connections (the CLI wants errors at once, the
-    server wants to start even while the database is still coming up)."""
+    server wants to start even while the database is still coming up); ``check_rls`` (the
+    server) warns about each pool whose role row-level security does not apply to."""
     url = url or database_url(settings)
     pool = open_pool(url, min_size=settings.pool_min, max_size=settings.pool_max)
     async with contextlib.AsyncExitStack() as stack:
@@ -121,6 +150,15 @@ async def open_services(
             drainer = asyncio.create_task(drain_outbox(url, opensearch, settings))
             stack.push_async_callback(_stop, drainer)
         replicas = await _open_replicas(settings, pool, stack)
+        warnings: list[str] = []
+        if check_rls:
+            pools = [("the primary pool", pool)]
+            for r in replicas.replicas if replicas else []:
+                pools.append((f"read replica {r.name}", r.pool))
+            for where, checked in pools:
+                # In the background: a replica that is down must not hold up the start.
+                check = asyncio.create_task(warn_if_rls_bypassed(checked, where, warnings))
+                stack.push_async_callback(_stop, check)
         cache = QueryEmbeddingCache(settings.embedding.cache_size)
         retriever = Retriever(
             pool, emb, cache, settings, reranker=reranker, opensearch=opensearch, replicas=replicas
@@ -140,6 +178,7 @@ async def open_services(
             replicas,
             ingest_pool,
             slots,
+            warnings,
         )
 
 

@@ -191,7 +191,8 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with open_services(cfg, embedder=embedder) as services:
+        # The server checks its pools' roles; the CLI and the lab connect as the owner.
+        async with open_services(cfg, embedder=embedder, check_rls=True) as services:
             app.state.poimen = services
             app.state.health = HealthCache(cfg.health_cache_s)
             app.state.keys = KeyRing(services.retriever, cfg.auth_cache_s, cfg.default_timeout_s)

@@ -114,7 +114,14 @@ async def probe(svc: Services) -> tuple[dict[str, Any], int]:
     }
     down = sorted(k for k, v in checks.items() if isinstance(v, dict) and v.get("ok") is False)
     status = "ok" if not down else ("down" if not database["ok"] else "degraded")
-    body = {"status": status, "down": down, "checks": checks, "engines": engines}
+    body = {
+        "status": status,
+        "down": down,
+        "checks": checks,
+        "engines": engines,
+        # Not a failed check (status stays ok): e.g. a pool whose role skips row-level security.
+        "warnings": list(svc.warnings),
+    }
     return body, 200 if database["ok"] else 503
 
 

@@ -171,7 +171,7 @@ def openapi_spec() -> dict[str, Any]:
             False,
             {"type": "string", "pattern": _ISO_DAY_OR_TIME, "examples": ["2023-05-31"]},
             "Only nodes whose timestamp is at or before this ISO date (the whole day) or "
-            "timestamp.",
+            "timestamp (the whole minute for hh:mm, second for hh:mm:ss, or last digit given).",
         ),
         (
             "reference_time",

@@ -71,8 +71,11 @@ def _replica(s: Settings, action: str | None) -> int:
         print("error: db replica needs start, stop, status or url", file=sys.stderr)
         return 2
     replica = embedded_replica(s)
+    # The URL for POIMEN_READ_URLS is the service's own login role, as `serve` uses on the
+    # primary: as postgres (a superuser) replica reads would skip row-level security.
+    read_url = replica.url(user=s.service_role)
     if action == "url":
-        print(replica.url())
+        print(read_url)
         return 0
     if action == "start":
         primary = embedded_cluster(s)
@@ -83,7 +86,7 @@ def _replica(s: Settings, action: str | None) -> int:
             f"streaming standby running: {replica.url()}  (data {replica.data_dir}, "
             f"log {replica.log_file})"
         )
-        print(f"hint: POIMEN_READ_URLS={replica.url()}", file=sys.stderr)
+        print(f"hint: POIMEN_READ_URLS={read_url}", file=sys.stderr)
     elif action == "stop":
         replica.stop()
         print("stopped")
@@ -139,6 +142,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         report = migrate(conn, root, lock_timeout_s=args.lock_timeout)
         if not s.database_url:  # a DBA's cluster: the DBA makes the service's login role
             ensure_service_login(conn, s.service_role)
+    for notice in report.notices:
+        print(f"notice: {notice}", file=sys.stderr)
     print(
         f"migrations applied: {report.applied or 'none'}; already: {len(report.already)}; "
         f"sql files: {len(report.sql_files)}; plpython: {report.plpython_path}; "
@@ -349,6 +354,19 @@ def cmd_keys(args: argparse.Namespace) -> int:
         if args.action == "create":
             if not args.project:
                 print("error: keys create needs at least one --project", file=sys.stderr)
+                return 2
+            from poimen_memory.ingest.nodes import PROJECT_NAME
+
+            # The same rule as memory.projects: a key for '*' or 'a,b' would otherwise assert
+            # every project (or two) to row-level security (db/tenant.py joins them with ',').
+            bad = [p for p in args.project if not PROJECT_NAME.fullmatch(p)]
+            if bad:
+                print(f"error: invalid project name {bad[0]!r}", file=sys.stderr)
+                print(
+                    "hint: a project name matches [A-Za-z0-9][A-Za-z0-9_.:-]{0,127} "
+                    "(no '*', no ',': a key lists each of its projects with its own --project)",
+                    file=sys.stderr,
+                )
                 return 2
             migrate(conn, s.plpython_root)
             key = new_key()

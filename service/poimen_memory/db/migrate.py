@@ -102,6 +102,9 @@ class MigrateReport:
     vector_schema: str = "public"
     removed_copies: list[str] = field(default_factory=list)
     embedder_path: str | None = None
+    notices: list[str] = field(default_factory=list)
+    """What the migrations applied now told the operator (RAISE NOTICE in their DO blocks):
+    e.g. 0008 names the roles that row-level security now shows no project."""
 
 
 @dataclass(frozen=True)
@@ -279,6 +282,14 @@ def _lock_error(exc: psycopg.errors.LockNotAvailable, lock_timeout_s: float) -> 
     )
 
 
+def _notice_text(source: str, diag: psycopg.errors.Diagnostic) -> str:
+    parts = [f"{source}: {diag.message_primary}"]
+    parts += [
+        f"{k}: {v}" for k, v in (("detail", diag.message_detail), ("hint", diag.message_hint)) if v
+    ]
+    return "\n".join(parts)
+
+
 def migrate(
     conn: psycopg.Connection[Any], plpython_root: Path | None, *, lock_timeout_s: float = 10.0
 ) -> MigrateReport:
@@ -290,6 +301,7 @@ def migrate(
             )
     applied: list[str] = []
     already: list[str] = []
+    notices: list[str] = []
     py_target: Path | None = None
     if plpython_root is not None:
         py_target = install_plpython(plpython_root)
@@ -314,7 +326,17 @@ def migrate(
                         )
                     already.append(version)
                     continue
-                conn.execute(path.read_text().encode())
+
+                # Only the migrations' own notices: the sql/ files' "already exists,
+                # skipping" would bury them.
+                def tell(diag: psycopg.errors.Diagnostic, name: str = path.name) -> None:
+                    notices.append(_notice_text(name, diag))
+
+                conn.add_notice_handler(tell)
+                try:
+                    conn.execute(path.read_text().encode())
+                finally:
+                    conn.remove_notice_handler(tell)
                 conn.execute(
                     "INSERT INTO memory.schema_migrations (version, checksum) VALUES (%s, %s)",
                     (version, checksum),
@@ -360,6 +382,7 @@ def migrate(
         schema,
         removed,
         None if deps is None else str(deps),
+        notices,
     )
 
 

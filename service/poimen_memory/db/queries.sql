@@ -218,6 +218,19 @@ SELECT key_hash, projects, can_write, revoked_at IS NULL AS can_read FROM memory
 -- name: primary_wal_lsn
 SELECT pg_current_wal_lsn()::text AS lsn;
 
+-- name: role_bypasses_rls
+-- The pool's login role, and why PostgreSQL skips row-level security for it, if it does: a
+-- superuser, a BYPASSRLS role, or the owner of the tables (or a member of it), which RLS
+-- exempts because no table is FORCE ROW LEVEL SECURITY. NULL reason: RLS applies.
+SELECT current_user AS role,
+       CASE WHEN r.rolsuper THEN 'superuser'
+            WHEN r.rolbypassrls THEN 'BYPASSRLS'
+            WHEN pg_has_role(current_user, c.relowner, 'USAGE') THEN 'owner of memory.nodes'
+       END AS reason
+  FROM pg_roles r
+  LEFT JOIN pg_class c ON c.oid = to_regclass('memory.nodes')
+ WHERE r.rolname = current_user;
+
 -- name: replica_state
 -- On a standby: is it one, how far its replay is behind the primary's LSN (or, without one,
 -- its own received WAL), and how long since it replayed the last commit.

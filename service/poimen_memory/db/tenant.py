@@ -18,8 +18,20 @@ from typing import Any
 import psycopg
 
 from poimen_memory.db.queries import q
+from poimen_memory.errors import Forbidden
+from poimen_memory.ingest.nodes import PROJECT_NAME
 
 EVERY = "*"
+
+
+def _refuse(name: str) -> Forbidden:
+    err = Forbidden(
+        f"API key names an invalid project {name!r}",
+        detail="a project name matches [A-Za-z0-9][A-Za-z0-9_.:-]{0,127}",
+        hint="revoke the key (poimen-memory keys revoke) and create one with valid names",
+    )
+    err.sqlstate = "42501"
+    return err
 
 
 @dataclass(frozen=True)
@@ -27,9 +39,22 @@ class Tenant:
     read: frozenset[str]
     write: frozenset[str]
 
+    def __post_init__(self) -> None:
+        # The names are joined with ',' into one setting that Postgres splits again, and '*'
+        # there means every project: a name holding either would assert more projects than
+        # the key has. Only ALL_PROJECTS carries EVERY, and only alone.
+        for names in (self.read, self.write):
+            for name in names:
+                if "," in name or ("*" in name and names != {EVERY}):
+                    raise _refuse(name)
+
     @classmethod
     def of(cls, projects: Iterable[str], *, can_write: bool) -> Tenant:
+        """A key's projects: real project names only (never EVERY, whatever is stored)."""
         p = frozenset(projects)
+        for name in p:
+            if not PROJECT_NAME.fullmatch(name):
+                raise _refuse(name)
         return cls(p, p if can_write else frozenset())
 
     def params(self) -> dict[str, str]:
