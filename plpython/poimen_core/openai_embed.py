@@ -121,7 +121,8 @@ def _post(
                 chunks.append(chunk)
             return status, b"".join(chunks)
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(200)
+        with exc:  # it holds the open response
+            return exc.code, exc.read(200)
     except TimeoutError as exc:
         _unavailable(plpy, late, repr(exc))
     except (urllib.error.URLError, OSError) as exc:
