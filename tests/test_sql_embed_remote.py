@@ -110,6 +110,16 @@ def test_a_root_only_server_is_found_and_kept(conn: Conn, server: EmbeddingServe
     assert _cosine(first, _service_vector(server.url, LOCAL, TEXT)) >= 0.9999
 
 
+def test_a_full_endpoint_is_used_as_given_and_base64_is_read(
+    conn: Conn, server: EmbeddingServer
+) -> None:
+    server.reset(dim=384, force_base64=True)
+    conn.execute("SELECT memory.configure_embedding_server(%s)", (server.url + "/embeddings",))
+    sql_vec = _vector(conn, TEXT)
+    assert [r.path for r in server.embedding_requests] == ["/embeddings"]
+    np.testing.assert_allclose(sql_vec, server.vector_for(TEXT), atol=1e-6)
+
+
 def test_memory_query_goes_hybrid_with_the_remote_vector(
     conn: Conn, server: EmbeddingServer
 ) -> None:
