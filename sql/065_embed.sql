@@ -42,7 +42,7 @@ BEGIN
     WHERE v IS NOT NULL;
 END $$;
 COMMENT ON FUNCTION memory.configure_embedding_server(text, text, double precision) IS
-    'Makes memory.embed (and so a text-only memory_query) embed with a remote OpenAI-compatible /v1/embeddings server: url (a base URL or the full endpoint; no credentials), model (NULL: memory.embedding_model''s; another raises PM409) and the whole call''s timeout_s (0..300). Stored in memory.config; memory.clear_embedding_server() goes back to the local model.';
+    'Makes memory.embed (and so a text-only memory_query) embed with a remote OpenAI-compatible /v1/embeddings server: url (a base URL or the full endpoint; no credentials), model (NULL: memory.embedding_model''s; another raises PM409) and timeout_s (0..300: each wait gets the time left, and an answer still arriving at the deadline is cut). Stored in memory.config; memory.clear_embedding_server() goes back to the local model.';
 
 CREATE OR REPLACE FUNCTION memory.clear_embedding_server()
 RETURNS void

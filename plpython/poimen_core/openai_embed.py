@@ -106,9 +106,10 @@ def _post(
     )  # fmt: skip
     late = f"embedding server {endpoint} did not answer within {timeout_s:.3g}s"
     try:
-        # urllib's timeout bounds each socket operation, not the call; the deadline check
-        # between chunks bounds the whole answer, because PostgreSQL cannot cancel a
-        # backend blocked in a socket call (statement_timeout waits for it).
+        # urllib's timeout bounds each socket wait (here: by the time left), not the call;
+        # the deadline check between chunks stops a server that trickles bytes, so a call
+        # ends within about twice timeout_s. It must: PostgreSQL cannot cancel a backend
+        # blocked in a socket call (statement_timeout waits for it).
         with urllib.request.urlopen(request, timeout=max(deadline - time.monotonic(), 1e-3)) as r:
             status, chunks, size = r.status, [], 0
             while chunk := r.read(_CHUNK):
