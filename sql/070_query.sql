@@ -164,6 +164,7 @@ DECLARE
     emb vector := p_embedding;
     need_plan boolean;
     why text;
+    fix text;
     want_dates boolean;
 BEGIN
     -- Every argument is checked before any work, and each error names the argument.
@@ -215,9 +216,11 @@ BEGIN
                 emb := memory.embed(p_query);
             END IF;
         EXCEPTION WHEN SQLSTATE 'PM503' THEN
-            GET STACKED DIAGNOSTICS why = MESSAGE_TEXT;
+            -- The failing part's own hint: a missing package and a remote embedding server
+            -- that is down are fixed in different places.
+            GET STACKED DIAGNOSTICS why = MESSAGE_TEXT, fix = PG_EXCEPTION_HINT;
             RAISE NOTICE 'memory.query: no query embedding (%), so the lexical leg answers alone', why
-                USING HINT = 'Run `make setup` and `poimen-memory migrate` on the database host, or pass query_embedding.';
+                USING HINT = coalesce(nullif(fix, ''), 'Run `make setup` and `poimen-memory migrate` on the database host, or pass query_embedding.');
         END;
     ELSIF emb IS NOT NULL AND need_plan THEN
         plan := memory.optimize_query(p_query, p_reference_time);

@@ -4,7 +4,8 @@
 --   memory_service is the HTTP service's writer: it may also read the API keys, record the
 --                  embedding model, and assert its caller's projects (sql/085_tenants.sql);
 --   the owner      keeps everything else: DDL-ish functions (configure_embedding,
---                  reset_embedding, set_policy, reset_policy, refresh_lexical_bounds), the
+--                  reset_embedding, set_policy, reset_policy, refresh_lexical_bounds,
+--                  configure_embedding_server, clear_embedding_server), the
 --                  trigger functions, memory.config writes, the statistics and API keys.
 -- Only objects named here are granted: a table or function a DBA adds to the schema stays
 -- the DBA's to grant. PUBLIC has nothing. After pg_dump/pg_restore into a cluster without
@@ -48,7 +49,8 @@ DECLARE
         'memory.reset_policy', 'memory.refresh_lexical_bounds', 'memory.nodes_lexical_row',
         'memory.nodes_lexical_statement',
         'memory.enqueue_opensearch', 'memory.grant_project', 'memory.revoke_project',
-        'memory.enable_outbox'];
+        'memory.enable_outbox', 'memory.configure_embedding_server',
+        'memory.clear_embedding_server'];
     reader_tables text[] := ARRAY[
         'memory.schema_migrations', 'memory.config', 'memory.projects',
         'memory.embedding_model', 'memory.nodes', 'memory.edges', 'memory.postings',

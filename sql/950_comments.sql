@@ -6,7 +6,7 @@ COMMENT ON TABLE memory.schema_migrations IS
     'Ledger of applied versioned migrations (migrations/*.sql), frozen by checksum. Written by `poimen-memory migrate` only.';
 
 COMMENT ON TABLE memory.config IS
-    'Owner-only key/value settings read by the SQL layer: the retrieval policy (memory.set_policy), the PL/Python module path, the OpenSearch outbox switch.';
+    'Owner-only key/value settings read by the SQL layer: the retrieval policy (memory.set_policy), the PL/Python module path, the OpenSearch outbox switch, the remote embedding server (memory.configure_embedding_server). Readable by memory_reader: it holds no secret.';
 
 COMMENT ON TABLE memory.projects IS 'Projects partition memory: every node belongs to one; statistics are per project.';
 

@@ -45,6 +45,8 @@ OWNER_ONLY = {
     "grant_project",
     "revoke_project",
     "enable_outbox",
+    "configure_embedding_server",
+    "clear_embedding_server",
 }
 # Owner-only functions the service's role may also run (sql/900_grants.sql, end).
 SERVICE = {"configure_embedding", "enable_outbox"}
@@ -233,6 +235,8 @@ def test_reader_cannot_run_ddl_ish_functions(conn: Conn) -> None:
         "SELECT memory.reset_policy()",
         "SELECT memory.grant_project('memory_reader', '*')",
         "SELECT memory.revoke_project('memory_reader', 'poimen')",
+        "SELECT memory.configure_embedding_server('http://127.0.0.1:9')",
+        "SELECT memory.clear_embedding_server()",
     ):
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute(call)

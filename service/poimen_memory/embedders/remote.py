@@ -20,12 +20,13 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
 import numpy as np
 
+# The prefixes are poimen_core's so that memory.embed adds the same ones inside PostgreSQL.
+from poimen_core.openai_embed import MODEL_PREFIXES, ModelPrefixes, prefixes_for_model
 from poimen_memory.embedders.base import (
     EmbeddingUnavailable,
     Vector,
@@ -58,28 +59,6 @@ DEFAULT_REMOTE_MODEL = "nomic-ai/nomic-embed-text-v2-moe"
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 
-@dataclass(frozen=True, slots=True)
-class ModelPrefixes:
-    query: str
-    document: str
-
-
-_NO_PREFIXES = ModelPrefixes("", "")
-_BGE_QUERY = "Represent this sentence for searching relevant passages: "
-
-MODEL_PREFIXES: tuple[tuple[str, ModelPrefixes], ...] = (
-    ("*nomic-embed-text*", ModelPrefixes("search_query: ", "search_document: ")),
-    ("*multilingual-e5-*instruct*", _NO_PREFIXES),
-    ("*e5-*", ModelPrefixes("query: ", "passage: ")),
-    ("*bge-*-en-v1.5*", ModelPrefixes(_BGE_QUERY, "")),
-    ("*mxbai-embed-large*", ModelPrefixes(_BGE_QUERY, "")),
-)
-"""Instruction prefixes the model was trained with, matched in order as shell patterns
-against the lower-cased model name (so ``nomic-ai/…``, ``nomic-embed-text:latest``
-and GGUF file names all match). Models not listed get no prefix. The instruct e5
-variants need a task-specific ``Instruct: …\\nQuery: `` prompt, so they get none
-here and must be configured by hand."""
-
 KNOWN_MODEL_DIMS: tuple[tuple[str, int], ...] = (
     ("*nomic-embed-text*", 768),
     ("*all-minilm-l6-v2*", 384),
@@ -96,14 +75,6 @@ KNOWN_MODEL_DIMS: tuple[tuple[str, int], ...] = (
     ("text-embedding-ada-002", 1536),
 )
 """Output sizes of common models, so ``POIMEN_EMBEDDINGS_DIM`` is only needed for others."""
-
-
-def prefixes_for_model(model: str) -> ModelPrefixes:
-    name = model.lower()
-    for pattern, prefixes in MODEL_PREFIXES:
-        if fnmatch.fnmatchcase(name, pattern):
-            return prefixes
-    return _NO_PREFIXES
 
 
 def known_dim(model: str) -> int | None:

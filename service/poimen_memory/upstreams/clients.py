@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import httpx
 
+from poimen_core.openai_embed import endpoint_candidates as core_endpoint_candidates
 from poimen_memory.errors import ConfigError, UpstreamUnavailable
 
 log = logging.getLogger(__name__)
@@ -20,18 +21,12 @@ E = TypeVar("E", bound=UpstreamUnavailable)
 
 
 def endpoint_candidates(url: str, route: str) -> list[str]:
-    """The endpoints to try for a configured URL, for ``route`` ("embeddings", "rerank"): a
-    URL ending in ``/<route>`` as given; ``…/v1`` plus ``/<route>``; for a base URL the
-    OpenAI-style ``/v1/<route>`` first, then ``/<route>`` at the root, where Infinity and TEI
-    answer. The caller keeps the first that does not answer 404."""
-    base = url.strip().rstrip("/")
-    if not base.startswith(("http://", "https://")):
-        raise ConfigError(f"{route} URL {url!r} must start with http:// or https://")
-    if base.endswith("/" + route):
-        return [base]
-    if base.endswith("/v1"):
-        return [f"{base}/{route}"]
-    return [f"{base}/v1/{route}", f"{base}/{route}"]
+    """poimen_core's rule (memory.embed follows the same one inside PostgreSQL), with a bad
+    URL reported as the setting's ConfigError."""
+    try:
+        return core_endpoint_candidates(url, route)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def fallback_endpoint(
