@@ -71,7 +71,7 @@ def test_written_from_sql_then_found_with_provenance(conn: Conn) -> None:
     # Keys are the writer's node_sha256; the vectors are memory.embed's.
     stored = conn.execute(
         "SELECT n.external_id, n.sha256, n.ts, n.breadcrumb, n.metadata,"
-        " n.embedding = memory.embed(n.text)"
+        " n.embedding::text = memory.embed(n.text)::text"
         " FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id"
         " WHERE p.name = %s ORDER BY n.id",
         (PROJECT,),
@@ -84,7 +84,7 @@ def test_written_from_sql_then_found_with_provenance(conn: Conn) -> None:
     assert stored[0][2].isoformat() == "2025-01-07T09:30:00+00:00"
     assert stored[0][3] == ["chat", "standup"] and stored[2][4] == {"confidence": 0.9}
     rows = conn.execute(
-        "SELECT external_id, level, provenance FROM memory_query("
+        "SELECT external_id, level, provenance FROM public.memory_query("
         "'why did the billing backup fail', project => %s, k => 5)",
         (PROJECT,),
     ).fetchall()
