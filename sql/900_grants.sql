@@ -1,6 +1,7 @@
 -- Grants last, after every function exists. Least privilege, listed object by object:
 --   memory_reader  runs the query functions and reads the tables they read;
---   memory_writer  is a reader that may also write content (never derived columns);
+--   memory_writer  is a reader that may also write content (never derived columns) and
+--                  call memory.add_nodes (SECURITY INVOKER: its grants and RLS apply);
 --   memory_service is the HTTP service's writer: it may also read the API keys, record the
 --                  embedding model, and assert its caller's projects (sql/085_tenants.sql);
 --   the owner      keeps everything else: DDL-ish functions (configure_embedding,
@@ -43,6 +44,8 @@ DECLARE
         'public.memory_query', 'public.memory_optimize_query', 'memory.granted_projects',
         'memory.granted_project_ids', 'memory.node_writable', 'memory.time_bound',
         'memory.time_range'];
+    -- Functions that write content: the writer's (and so the service's, a writer).
+    writer_functions text[] := ARRAY['memory.add_nodes'];
     -- Functions nobody but the owner runs (DDL-ish, policy changes, triggers).
     owner_functions text[] := ARRAY[
         'memory.configure_embedding', 'memory.reset_embedding', 'memory.set_policy',
@@ -62,7 +65,7 @@ BEGIN
     FOR f IN
         SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
         JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-        WHERE n.nspname || '.' || p.proname = ANY (reader_functions || owner_functions)
+        WHERE n.nspname || '.' || p.proname = ANY (reader_functions || writer_functions || owner_functions)
     LOOP
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, memory_reader, memory_writer, memory_service', f);
     END LOOP;
@@ -72,6 +75,13 @@ BEGIN
         WHERE n.nspname || '.' || p.proname = ANY (reader_functions)
     LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO memory_reader', f);
+    END LOOP;
+    FOR f IN
+        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+        JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname || '.' || p.proname = ANY (writer_functions)
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO memory_writer', f);
     END LOOP;
     FOREACH t IN ARRAY reader_tables || ARRAY['memory.api_keys'] LOOP
         IF to_regclass(t) IS NOT NULL THEN

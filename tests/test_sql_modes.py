@@ -26,6 +26,7 @@ SQL_SUITE = [
     "tests/test_provenance_caps.py",
     "tests/test_time_filter.py",
     "tests/test_sql_embed.py",
+    "tests/test_add_nodes.py",
 ]
 
 

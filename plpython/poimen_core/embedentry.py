@@ -19,13 +19,15 @@ from typing import Any
 from poimen_core.openai_embed import EMBEDDING_MODEL_MISMATCH, embed_remote
 from poimen_core.plentry import PlpyLike
 
-__all__ = ["EMBEDDER_UNAVAILABLE", "LOCAL_MODEL", "embed_for_sql"]
+__all__ = ["EMBEDDER_UNAVAILABLE", "LOCAL_DIM", "LOCAL_MODEL", "embed_for_sql"]
 
 # Same class as the optimizer's missing-module error: the database host lacks a part.
 EMBEDDER_UNAVAILABLE = "PM503"
 LOCAL_MODEL = "all-MiniLM-L6-v2-onnx-int8"
 """The local model's name (poimen_core.minilm.LOCAL_MODEL_NAME), here so that the check
 against memory.embedding_model needs no numpy."""
+LOCAL_DIM = 384
+"""Its dimension (poimen_core.minilm.LOCAL_DIM): what memory.add_nodes records on a first write."""
 _SETUP_HINT = (
     "Run `make setup` (it installs the embedder for PostgreSQL's own Python) and then "
     "`poimen-memory migrate` on this database host; or pass query_embedding from the client."

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from poimen_core.embedentry import LOCAL_MODEL
+from poimen_core.embedentry import LOCAL_DIM, LOCAL_MODEL
 
 __all__ = [
     "LOCAL_DIM",
@@ -39,7 +39,6 @@ __all__ = [
 LOCAL_MODEL_NAME = LOCAL_MODEL
 """Names the vector space, not just the architecture: int8 vectors are close to,
 but not interchangeable with, the fp32 model's, so they get their own name."""
-LOCAL_DIM = 384
 MAX_TOKENS = 256
 """sentence-transformers' max_seq_length for all-MiniLM-L6-v2 (it was trained at 128,
 the model card says 256 and the reference outputs use 256)."""

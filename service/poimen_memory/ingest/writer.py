@@ -17,7 +17,7 @@ Keys are content hashes, so re-running after a crash finishes the job without du
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +31,16 @@ from poimen_memory.db.queries import q
 from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import IngestError
-from poimen_memory.ingest.nodes import LEVELS, LineError, NodeRecord
+from poimen_memory.ingest.nodes import (
+    Key,
+    LineError,
+    NodeRecord,
+    edges,
+    new_records,
+    reference_keys,
+    unresolved,
+    validate,
+)
 from poimen_memory.progress import Progress
 
 VACUUM_AFTER = 1000  # inserted nodes that make a bulk load worth a VACUUM ANALYZE
@@ -78,9 +87,6 @@ class StoredNode:
     sha256: bytes
 
 
-Key = tuple[str, str]  # (project, external id)
-
-
 def ensure_embedding_model(conn: psycopg.Connection[Any], embedder: Embedder) -> None:
     register_vector(conn)  # the connection may predate CREATE EXTENSION vector
     conn.execute(q("configure_embedding"), {"model": embedder.model_name, "dim": embedder.dim})
@@ -99,40 +105,6 @@ def _stored_by_key(conn: psycopg.Connection[Any], keys: Sequence[Key]) -> dict[K
     return out
 
 
-def validate(records: Sequence[NodeRecord], stored: dict[Key, StoredNode]) -> list[LineError]:
-    """What the format alone cannot tell: ids reused for other content, and provenance that
-    does not go exactly one level down (which also rules out cycles)."""
-    errors: list[LineError] = []
-    by_key: dict[Key, NodeRecord] = {}
-    for r in records:
-        if r.external_id is None:
-            continue
-        key = (r.project, r.external_id)
-        first = by_key.setdefault(key, r)
-        if first is not r and first.sha256 != r.sha256:
-            errors.append(LineError(r.line_no, "id", f"{r.external_id!r} is already used on "
-                                    f"line {first.line_no} for other content"))  # fmt: skip
-        old = stored.get(key)
-        if old is not None and old.sha256 != r.sha256:
-            errors.append(LineError(r.line_no, "id", f"{r.external_id!r} is already stored in "
-                                    f"project {r.project!r} with other content"))  # fmt: skip
-    for r in records:
-        if r.level == "L0" and r.parents:
-            errors.append(LineError(r.line_no, "parents", "an L0 node has no parents"))
-            continue
-        want = LEVELS[LEVELS.index(r.level) - 1] if r.level != "L0" else None
-        for p in r.parents:
-            if p == r.external_id:
-                errors.append(LineError(r.line_no, "parents", f"{p!r} is the node itself"))
-                continue
-            parent = by_key.get((r.project, p))
-            level = parent.level if parent else getattr(stored.get((r.project, p)), "level", None)
-            if level is not None and level != want:
-                errors.append(LineError(r.line_no, "parents", f"{p!r} is {level}; a {r.level} "
-                                        f"node's parents must be {want}"))  # fmt: skip
-    return errors
-
-
 def ingest(
     conn: psycopg.Connection[Any],
     records: Sequence[NodeRecord],
@@ -147,11 +119,7 @@ def ingest(
     """Validate, then write. ``conn`` must be in autocommit mode (transactions are ours)."""
     started = time.monotonic()
     with wrap_exceptions("ingest"):
-        keys = sorted(
-            {(r.project, r.external_id) for r in records if r.external_id is not None}
-            | {(r.project, p) for r in records for p in r.parents}
-        )
-        stored = _stored_by_key(conn, keys)
+        stored = _stored_by_key(conn, reference_keys(records))
         problems = [*invalid, *validate(records, stored)]
         bad_lines = {e.line_no for e in problems}
         if problems and not skip_invalid:
@@ -243,13 +211,9 @@ class _Writer:
 
     def new_records(self) -> list[NodeRecord]:
         """Records not stored yet, once each, in level order (a parent before its child)."""
-        todo: dict[bytes, NodeRecord] = {}
-        for r in sorted(self.records, key=lambda r: LEVELS.index(r.level)):
-            if r.sha256 in self.by_sha or r.sha256 in todo:
-                self.report.duplicates += 1
-            else:
-                todo[r.sha256] = r
-        return list(todo.values())
+        todo, duplicates = new_records(self.records, self.by_sha)
+        self.report.duplicates += duplicates
+        return todo
 
     def write(self, batch: Sequence[NodeRecord], vectors: Any) -> None:
         if not batch:
@@ -298,18 +262,10 @@ class _Writer:
         # A concurrent ingest may have won the race for some keys.
         self.report.duplicates += len(batch) - len(new_ids)
 
-    def _edges(self, records: Sequence[NodeRecord]) -> Iterator[tuple[int, int, int]]:
-        for r in records:
-            cid = self.by_sha.get(r.sha256)
-            for pos, p in enumerate(r.parents):
-                pid = self.ids.get((r.project, p))
-                if cid is not None and pid is not None:
-                    yield cid, pid, pos
-
     def write_edges(self, records: Sequence[NodeRecord]) -> None:
-        edges = list(self._edges(records))
-        for i in range(0, len(edges), 10_000):
-            chunk = edges[i : i + 10_000]
+        found = list(edges(records, self.by_sha, self.ids))
+        for i in range(0, len(found), 10_000):
+            chunk = found[i : i + 10_000]
             cur = self.conn.execute(
                 q("insert_edges"),
                 {
@@ -321,6 +277,4 @@ class _Writer:
             self.report.edges += cur.rowcount
 
     def unresolved(self, records: Sequence[NodeRecord]) -> list[tuple[int, str]]:
-        return [
-            (r.line_no, p) for r in records for p in r.parents if (r.project, p) not in self.ids
-        ]
+        return unresolved(records, self.ids)

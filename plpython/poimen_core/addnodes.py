@@ -1,0 +1,241 @@
+"""Python side of memory.add_nodes: the service's ingest, inside one SQL statement.
+
+Same rules as the CLI and POST /memory/nodes, because they are the same code
+(poimen_core.nodes): every node is parsed with parse_line, the batch is validated against
+itself and the stored nodes before anything is written, keys are node_sha256, and
+duplicates, edges and unresolved parents are counted alike. Vectors come from
+memory.embed, the service's own model. An error raised anywhere aborts the calling
+statement, so a failed call writes nothing. Row-level security applies as to any INSERT
+(the function runs as its caller); the write grants are also checked up front, so that
+the error names the node rather than a table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
+
+from poimen_core.embedentry import LOCAL_DIM, LOCAL_MODEL
+from poimen_core.nodes import (
+    Key,
+    LineError,
+    NodeRecord,
+    edges,
+    new_records,
+    parse_line,
+    reference_keys,
+    unresolved,
+    validate,
+)
+from poimen_core.plentry import INVALID_PARAMETER_VALUE, PlpyLike
+
+__all__ = ["add_nodes_for_sql"]
+
+INSUFFICIENT_PRIVILEGE = "42501"
+NOT_CONFIGURED = "PM412"  # as memory.check_embedding: no embedding model recorded yet
+MODEL_MISMATCH = "PM409"  # as memory.configure_embedding: another model's vectors
+MAX_LISTED = 20  # errors listed in the DETAIL, as the CLI prints them
+
+
+class PlpySPI(PlpyLike, Protocol):
+    """The slice of ``plpy`` that runs statements."""
+
+    def prepare(self, query: str, argtypes: Sequence[str], /) -> object: ...
+
+    def execute(self, plan: object, args: Sequence[Any], /) -> Any: ...
+
+
+class _Stored(NamedTuple):
+    id: int
+    level: str
+    sha256: bytes
+
+
+def _run(plpy: PlpySPI, query: str, types: Sequence[str], args: Sequence[Any]) -> Any:
+    return plpy.execute(plpy.prepare(query, types), args)
+
+
+_ELEMENTS = """
+SELECT e::text AS node FROM jsonb_array_elements($1) WITH ORDINALITY AS x(e, i) ORDER BY i"""
+_STORED = """
+SELECT p.name AS project, n.external_id, n.id, n.level, n.sha256
+FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
+WHERE (p.name, n.external_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"""
+_EXISTING = "SELECT sha256, id FROM memory.nodes WHERE sha256 = ANY($1)"
+_ENSURE_PROJECTS = """
+INSERT INTO memory.projects (name) SELECT DISTINCT unnest($1::text[]) ORDER BY 1
+ON CONFLICT (name) DO NOTHING"""
+# One INSERT: memory.embed runs per new row; the vector is cast to the column's vector(dim)
+# on assignment, so no pgvector name is resolved here (pgvector may live in any schema).
+_INSERT = """
+INSERT INTO memory.nodes AS n
+    (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts, metadata,
+     embedding)
+SELECT decode(e.j->>'sha256', 'hex'), p.id, e.j->>'level', e.j->>'external_id',
+       e.j->>'title', ARRAY(SELECT jsonb_array_elements_text(e.j->'breadcrumb')),
+       e.j->>'text', e.j->>'source', (e.j->>'ts')::timestamptz, e.j->'metadata',
+       memory.embed(e.j->>'text')
+FROM jsonb_array_elements($1) WITH ORDINALITY AS e(j, i)
+JOIN memory.projects p ON p.name = e.j->>'project'
+ORDER BY e.i
+ON CONFLICT (sha256) DO NOTHING
+RETURNING n.id, n.sha256"""
+_EDGES = """
+INSERT INTO memory.edges (child_id, parent_id, precedence)
+SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::int[])
+ON CONFLICT (child_id, parent_id) DO NOTHING"""
+
+
+def _parse(plpy: PlpySPI, nodes: str | None) -> list[NodeRecord]:
+    kind = _run(plpy, "SELECT jsonb_typeof($1) AS t", ["jsonb"], [nodes])[0]["t"]
+    if kind != "array":
+        plpy.error(
+            f"nodes must be a JSON array of node objects, got {kind or 'NULL'}",
+            hint='Pass \'[{"project": "p", "level": "L0", "text": "..."}]\'::jsonb '
+            "(the format of docs/ingest.md, one array element per JSONL line).",
+            sqlstate=INVALID_PARAMETER_VALUE,
+        )
+    records: list[NodeRecord] = []
+    errors: list[LineError] = []
+    for i, row in enumerate(_run(plpy, _ELEMENTS, ["jsonb"], [nodes]), start=1):
+        parsed = parse_line(row["node"], i, None)
+        if isinstance(parsed, list):
+            errors.extend(parsed)
+        else:
+            records.append(parsed)
+    _refuse(plpy, errors)
+    return records
+
+
+def _refuse(plpy: PlpySPI, errors: Sequence[LineError]) -> None:
+    if not errors:
+        return
+    errors = sorted(errors, key=lambda e: e.line_no)
+    listed = "\n".join(e.describe("node") for e in errors[:MAX_LISTED])
+    more = f"\n... and {len(errors) - MAX_LISTED} more" if len(errors) > MAX_LISTED else ""
+    plpy.error(
+        f"{errors[0].describe('node')} ({len(errors)} invalid node(s); nothing was written)",
+        detail=listed + more,
+        hint="Nodes are counted from 1 in the array; the rules are those of "
+        "`poimen-memory ingest` (docs/ingest.md). Fix every listed node and call again.",
+        sqlstate=INVALID_PARAMETER_VALUE,
+    )
+
+
+def _check_write_grants(plpy: PlpySPI, records: Sequence[NodeRecord]) -> None:
+    """The policies would refuse the INSERT anyway; this names the node and the project."""
+    row = plpy.execute(
+        plpy.prepare(
+            "SELECT pg_catalog.row_security_active('memory.nodes') AS rls,"
+            " memory.granted_projects(true) AS granted, current_user AS who",
+            [],
+        ),
+        [],
+    )[0]
+    if not row["rls"] or "*" in row["granted"]:
+        return  # the owner, a superuser or BYPASSRLS; or a grant of every project
+    for r in records:
+        if r.project not in row["granted"]:
+            plpy.error(
+                f"node {r.line_no}: role {row['who']} may not write project {r.project!r} "
+                "(nothing was written)",
+                detail="Row-level security: writing a project needs a write grant on it.",
+                hint=f"The owner runs SELECT memory.grant_project('{row['who']}', "
+                f"'{r.project}', write => true).",
+                sqlstate=INSUFFICIENT_PRIVILEGE,
+            )
+
+
+def _ensure_embedding_model(plpy: PlpySPI) -> None:
+    """As the writer's first ingest: record the model if none is, when the role may."""
+    row = plpy.execute(
+        plpy.prepare(
+            "SELECT (SELECT model FROM memory.embedding_model) AS model, current_user AS who,"
+            " pg_catalog.has_function_privilege("
+            "'memory.configure_embedding(text, integer)', 'EXECUTE') AS may",
+            [],
+        ),
+        [],
+    )[0]
+    if row["model"] is None and row["may"]:
+        _run(plpy, "SELECT memory.configure_embedding($1, $2)", ["text", "integer"],
+             [LOCAL_MODEL, LOCAL_DIM])  # fmt: skip
+    elif row["model"] is None:
+        plpy.error(
+            f"no embedding model is configured, and role {row['who']} may not configure one",
+            detail="The first write records the model and builds the HNSW indexes, which "
+            "only the owner and the service's role (memory_service) may do.",
+            hint=f"The owner runs SELECT memory.configure_embedding('{LOCAL_MODEL}', "
+            f"{LOCAL_DIM}); or call memory.add_nodes once as the owner or a member of "
+            "memory_service.",
+            sqlstate=NOT_CONFIGURED,
+        )
+    elif row["model"] != LOCAL_MODEL:
+        plpy.error(
+            f"the database stores {row['model']} vectors; memory.add_nodes embeds with "
+            f"{LOCAL_MODEL}",
+            detail="Mixing embedding models would make cosine scores meaningless.",
+            hint="Write these nodes through the service or `poimen-memory ingest`, which "
+            "embed with the configured model.",
+            sqlstate=MODEL_MISMATCH,
+        )
+
+
+def _row(r: NodeRecord) -> dict[str, Any]:
+    return {
+        "sha256": r.sha256.hex(),
+        "project": r.project,
+        "level": r.level,
+        "external_id": r.external_id,
+        "title": r.title,
+        "breadcrumb": list(r.breadcrumb),
+        "text": r.text,
+        "source": r.source,
+        "ts": None if r.timestamp is None else r.timestamp.isoformat(),
+        "metadata": r.metadata,
+    }
+
+
+def _by_sha(plpy: PlpySPI, shas: Sequence[bytes]) -> dict[bytes, int]:
+    return {bytes(x["sha256"]): x["id"] for x in _run(plpy, _EXISTING, ["bytea[]"], [shas])}
+
+
+def add_nodes_for_sql(plpy: PlpySPI, nodes: str | None) -> str:
+    """Validate, then write nodes and edges; the summary as JSON text (see the SQL comment)."""
+    records = _parse(plpy, nodes)
+    _check_write_grants(plpy, records)
+    keys = reference_keys(records)
+    stored: Mapping[Key, _Stored] = {
+        (x["project"], x["external_id"]): _Stored(x["id"], x["level"], bytes(x["sha256"]))
+        for x in _run(plpy, _STORED, ["text[]", "text[]"],
+                      [[k[0] for k in keys], [k[1] for k in keys]])
+    }  # fmt: skip
+    _refuse(plpy, validate(records, stored))
+
+    by_sha = _by_sha(plpy, [r.sha256 for r in records])
+    todo, duplicates = new_records(records, by_sha)
+    inserted = 0
+    if todo:
+        _ensure_embedding_model(plpy)
+        _run(plpy, _ENSURE_PROJECTS, ["text[]"], [sorted({r.project for r in todo})])
+        new = _run(plpy, _INSERT, ["jsonb"], [json.dumps([_row(r) for r in todo])])
+        inserted = len(new)
+        by_sha.update({bytes(x["sha256"]): x["id"] for x in new})
+        lost = [r.sha256 for r in todo if r.sha256 not in by_sha]
+        if lost:  # a concurrent writer stored these first (ON CONFLICT waited for it)
+            by_sha.update(_by_sha(plpy, lost))
+        duplicates += len(todo) - inserted
+    ids = {k: s.id for k, s in stored.items()}
+    ids.update({(r.project, r.external_id): by_sha[r.sha256] for r in records
+                if r.external_id is not None and r.sha256 in by_sha})  # fmt: skip
+    found = list(edges(records, by_sha, ids))
+    linked = 0
+    if found:
+        linked = _run(plpy, _EDGES, ["bigint[]", "bigint[]", "integer[]"],
+                      [[e[0] for e in found], [e[1] for e in found], [e[2] for e in found]]
+                      ).nrows()  # fmt: skip
+    missing = [f"node {n}: parent {p!r} not found" for n, p in unresolved(records, ids)]
+    return json.dumps(
+        {"inserted": inserted, "duplicates": duplicates, "edges": linked, "unresolved": missing}
+    )

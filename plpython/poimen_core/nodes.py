@@ -1,0 +1,338 @@
+"""The memory-node format (see docs/ingest.md), its content-addressed key and the rules a
+batch of nodes must satisfy.
+
+Stdlib only and written once for both writers: the service's ingest (CLI and HTTP, through
+poimen_memory.ingest) and memory.add_nodes inside PostgreSQL (poimen_core.addnodes), so a
+node the one refuses the other refuses too, for the same reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import unicodedata
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+LEVELS = ("L0", "L1", "L2")
+HASH_VERSION = "poimen-node/1"
+PROJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")  # as memory.projects CHECK
+MAX_TEXT_CHARS = 100_000
+MAX_JSON_DEPTH = 32  # nesting of a node's JSON (metadata included)
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    line_no: int
+    project: str
+    level: str
+    text: str
+    external_id: str | None = None
+    title: str | None = None
+    source: str | None = None
+    timestamp: datetime | None = None
+    breadcrumb: tuple[str, ...] = ()
+    parents: tuple[str, ...] = ()
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sha256(self) -> bytes:
+        return node_sha256(
+            self.project, self.level, self.external_id, self.source, self.title, self.text
+        )
+
+
+def node_sha256(
+    project: str,
+    level: str,
+    external_id: str | None,
+    source: str | None,
+    title: str | None,
+    text: str,
+) -> bytes:
+    """Canonical form: the UTF-8 of the compact JSON array
+    ["poimen-node/1", project, level, external_id, source, title, NFC(text)], with nulls as "".
+
+    Identical input gives the identical key (re-ingest is a no-op); the external id and
+    source keep two equal texts from different places distinct.
+    """
+    canonical = [
+        HASH_VERSION,
+        project,
+        level,
+        external_id or "",
+        source or "",
+        title or "",
+        unicodedata.normalize("NFC", text),
+    ]
+    data = json.dumps(canonical, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return hashlib.sha256(data).digest()
+
+
+@dataclass(frozen=True)
+class LineError:
+    line_no: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.describe("line")
+
+    def describe(self, unit: str) -> str:
+        """``unit`` names what line_no counts: a JSONL "line", or a "node" of a JSON array."""
+        return f"{unit} {self.line_no}: field '{self.field}': {self.message}"
+
+
+def _finite(text: str) -> float:
+    value = float(text)  # 1e400 parses to inf, which jsonb cannot store either
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of the range of a JSON number PostgreSQL stores")
+    return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def loads(raw: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """json.loads that refuses NaN/Infinity (PostgreSQL jsonb cannot store them) and input
+    nested deeper than MAX_JSON_DEPTH (before the parser's own recursion limit)."""
+    depth = level = 0
+    in_string = escaped = False
+    for ch in raw:  # a cheap scan: brackets outside strings
+        if in_string:
+            escaped = not escaped and ch == "\\"
+            in_string = escaped or ch != '"'
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            level += 1
+            depth = max(depth, level)
+        elif ch in "]}":
+            level -= 1
+    if depth > max_depth:
+        raise ValueError(f"nested deeper than {max_depth} levels")
+    return json.loads(raw, parse_constant=_reject_constant, parse_float=_finite)
+
+
+def _bad_text(value: Any) -> str | None:
+    """What PostgreSQL text cannot hold: NUL, and lone UTF-16 surrogates (not UTF-8)."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return "contains a NUL character (\\u0000)"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "contains an unpaired surrogate (not valid Unicode)"
+        return None
+    if isinstance(value, dict):
+        items: list[Any] = [*value.keys(), *value.values()]
+        return next((m for m in map(_bad_text, items) if m), None)
+    if isinstance(value, list):
+        return next((m for m in map(_bad_text, value) if m), None)
+    return None
+
+
+def _opt_str(obj: dict[str, Any], key: str, line_no: int, errors: list[LineError]) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        errors.append(
+            LineError(line_no, key, f"must be a string or null, got {type(value).__name__}")
+        )
+        return None
+    return value
+
+
+def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecord | list[LineError]:
+    errors: list[LineError] = []
+    try:
+        obj = loads(raw)
+    except json.JSONDecodeError as exc:
+        return [LineError(line_no, "<json>", f"not valid JSON: {exc.msg} at column {exc.colno}")]
+    except ValueError as exc:
+        return [LineError(line_no, "<json>", str(exc))]
+    if not isinstance(obj, dict):
+        return [LineError(line_no, "<json>", "each node must be a JSON object")]
+    text = obj.get("text")
+    if not isinstance(text, str) or not text.strip():
+        errors.append(LineError(line_no, "text", "required, a non-empty string"))
+    elif len(text) > MAX_TEXT_CHARS:
+        errors.append(LineError(line_no, "text", f"longer than {MAX_TEXT_CHARS} characters"))
+    level = obj.get("level")
+    if level not in LEVELS:
+        errors.append(LineError(line_no, "level", f"must be one of L0, L1, L2, got {level!r}"))
+    project = _opt_str(obj, "project", line_no, errors) or default_project
+    if not project:
+        errors.append(LineError(line_no, "project", "required (or pass --project)"))
+    elif not PROJECT_NAME.fullmatch(project):
+        errors.append(
+            LineError(line_no, "project", f"{project!r} is not a valid project name "
+                      "(letters, digits, _ . : -; at most 128; starts alphanumeric)")
+        )  # fmt: skip
+    ext_id = obj.get("id")
+    if ext_id is not None and (isinstance(ext_id, bool) or not isinstance(ext_id, str | int)):
+        errors.append(LineError(line_no, "id", "must be a string"))
+    ts: datetime | None = None
+    raw_ts = obj.get("timestamp")
+    if raw_ts is not None and raw_ts != "":  # "" means unknown, like null
+        if not isinstance(raw_ts, str):
+            errors.append(LineError(line_no, "timestamp", "must be an ISO 8601 string or null"))
+        else:
+            try:
+                ts = datetime.fromisoformat(raw_ts.replace("Z", "+00:00"))
+                # Stored as timestamptz (UTC) and read back into Python: both ends must fit.
+                if ts.tzinfo is not None:
+                    ts.astimezone(UTC)
+            except ValueError:
+                errors.append(LineError(line_no, "timestamp", f"not ISO 8601: {raw_ts!r}"))
+            except OverflowError:
+                errors.append(LineError(line_no, "timestamp", f"out of range: {raw_ts!r}"))
+    parents = obj.get("parents")
+    parents = [] if parents is None else parents
+    if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
+        errors.append(LineError(line_no, "parents", "must be a list of node ids"))
+        parents = []
+    breadcrumb = obj.get("breadcrumb")
+    breadcrumb = [] if breadcrumb is None else breadcrumb
+    if not isinstance(breadcrumb, list) or not all(isinstance(b, str) for b in breadcrumb):
+        errors.append(LineError(line_no, "breadcrumb", "must be a list of strings"))
+        breadcrumb = []
+    metadata = obj.get("metadata")
+    metadata = {} if metadata is None else metadata
+    if not isinstance(metadata, dict):
+        errors.append(LineError(line_no, "metadata", "must be a JSON object"))
+        metadata = {}
+    title = _opt_str(obj, "title", line_no, errors)
+    source = _opt_str(obj, "source", line_no, errors)
+    bad = _bad_text(obj)
+    if bad:
+        # PostgreSQL text and jsonb cannot store it; say so instead of failing mid-batch.
+        errors.append(LineError(line_no, "<json>", bad))
+    if errors:
+        return errors
+    assert isinstance(text, str) and isinstance(level, str) and project
+    return NodeRecord(
+        line_no=line_no,
+        project=project,
+        level=level,
+        text=text,
+        external_id=None if ext_id is None else str(ext_id),
+        title=title,
+        source=source,
+        timestamp=ts,
+        breadcrumb=tuple(breadcrumb),
+        parents=tuple(parents),
+        metadata=metadata,
+    )
+
+
+def parse_lines(
+    lines: Iterable[str], default_project: str | None = None, first_line: int = 1
+) -> tuple[list[NodeRecord], list[LineError]]:
+    records: list[NodeRecord] = []
+    errors: list[LineError] = []
+    for i, raw in enumerate(lines, start=first_line):
+        if not raw.strip():
+            continue
+        parsed = parse_line(raw, i, default_project)
+        if isinstance(parsed, list):
+            errors.extend(parsed)
+        else:
+            records.append(parsed)
+    return records, errors
+
+
+class Stored(Protocol):
+    """What validate needs to know of a node already in the database."""
+
+    @property
+    def level(self) -> str: ...
+
+    @property
+    def sha256(self) -> bytes: ...
+
+
+Key = tuple[str, str]  # (project, external id)
+
+
+def reference_keys(records: Sequence[NodeRecord]) -> list[Key]:
+    """Every (project, id) the records name, as a node or as a parent: what validate and
+    the edges need to look up among the stored nodes."""
+    return sorted(
+        {(r.project, r.external_id) for r in records if r.external_id is not None}
+        | {(r.project, p) for r in records for p in r.parents}
+    )
+
+
+def validate(records: Sequence[NodeRecord], stored: Mapping[Key, Stored]) -> list[LineError]:
+    """What the format alone cannot tell: ids reused for other content, and provenance that
+    does not go exactly one level down (which also rules out cycles)."""
+    errors: list[LineError] = []
+    by_key: dict[Key, NodeRecord] = {}
+    for r in records:
+        if r.external_id is None:
+            continue
+        key = (r.project, r.external_id)
+        first = by_key.setdefault(key, r)
+        if first is not r and first.sha256 != r.sha256:
+            errors.append(LineError(r.line_no, "id", f"{r.external_id!r} is already used on "
+                                    f"line {first.line_no} for other content"))  # fmt: skip
+        old = stored.get(key)
+        if old is not None and old.sha256 != r.sha256:
+            errors.append(LineError(r.line_no, "id", f"{r.external_id!r} is already stored in "
+                                    f"project {r.project!r} with other content"))  # fmt: skip
+    for r in records:
+        if r.level == "L0" and r.parents:
+            errors.append(LineError(r.line_no, "parents", "an L0 node has no parents"))
+            continue
+        want = LEVELS[LEVELS.index(r.level) - 1] if r.level != "L0" else None
+        for p in r.parents:
+            if p == r.external_id:
+                errors.append(LineError(r.line_no, "parents", f"{p!r} is the node itself"))
+                continue
+            parent = by_key.get((r.project, p))
+            old = stored.get((r.project, p))
+            level = parent.level if parent else (old.level if old is not None else None)
+            if level is not None and level != want:
+                errors.append(LineError(r.line_no, "parents", f"{p!r} is {level}; a {r.level} "
+                                        f"node's parents must be {want}"))  # fmt: skip
+    return errors
+
+
+def new_records(
+    records: Sequence[NodeRecord], stored_shas: Container[bytes]
+) -> tuple[list[NodeRecord], int]:
+    """Records not stored yet, once each, in level order (a parent before its child), and
+    how many records that leaves out as duplicates."""
+    todo: dict[bytes, NodeRecord] = {}
+    duplicates = 0
+    for r in sorted(records, key=lambda r: LEVELS.index(r.level)):
+        if r.sha256 in stored_shas or r.sha256 in todo:
+            duplicates += 1
+        else:
+            todo[r.sha256] = r
+    return list(todo.values()), duplicates
+
+
+def edges(
+    records: Iterable[NodeRecord], by_sha: Mapping[bytes, int], ids: Mapping[Key, int]
+) -> Iterator[tuple[int, int, int]]:
+    """(child id, parent id, precedence) of every parent resolved so far: by_sha gives the
+    stored id of each record, ids the stored id of each (project, external id)."""
+    for r in records:
+        cid = by_sha.get(r.sha256)
+        for pos, p in enumerate(r.parents):
+            pid = ids.get((r.project, p))
+            if cid is not None and pid is not None:
+                yield cid, pid, pos
+
+
+def unresolved(records: Iterable[NodeRecord], ids: Container[Key]) -> list[tuple[int, str]]:
+    """(line, parent id) of the parents found neither in the input nor among stored nodes."""
+    return [(r.line_no, p) for r in records for p in r.parents if (r.project, p) not in ids]

@@ -1,0 +1,218 @@
+"""memory.add_nodes: writing from SQL with the CLI's guarantees (validation first with the
+same code, content-hash idempotence, parents by id, memory.embed, all or nothing, RLS)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from conftest import prepare_conn
+from poimen_memory.db.connect import connect
+from poimen_memory.db.migrate import migrate
+from poimen_memory.ingest.nodes import node_sha256
+
+Conn = psycopg.Connection[Any]
+
+PROJECT = "sqlwrite"
+NODES: list[dict[str, Any]] = [
+    {"project": PROJECT, "level": "L0", "id": "w:raw:1", "source": "chat/2025-01-07",
+     "timestamp": "2025-01-07T09:30:00Z", "breadcrumb": ["chat", "standup"],
+     "text": "Mara said the nightly backup of the billing database failed: the disk was full."},
+    {"project": PROJECT, "level": "L0", "id": "w:raw:2", "source": "chat/2025-01-08",
+     "text": "Ops moved billing backups to the new 4 TB volume and the nightly job passed."},
+    {"project": PROJECT, "level": "L1", "id": "w:mem:1", "parents": ["w:raw:1", "w:raw:2"],
+     "title": "Billing backup outage", "metadata": {"confidence": 0.9},
+     "text": "The billing database backup failed on a full disk until it moved to a 4 TB volume."},
+    {"project": PROJECT, "level": "L2", "id": "w:syn:1", "parents": ["w:mem:1"],
+     "text": "Backups fail silently when disks fill; watch free space on backup volumes."},
+]  # fmt: skip
+
+
+def _role(conn: Conn, name: str, *member_of: str) -> None:
+    """Roles are cluster-wide and the session's databases share them: create once."""
+    conn.execute(
+        f"""DO $$ BEGIN
+                IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{name}') THEN
+                    CREATE ROLE {name} NOLOGIN;
+                END IF;
+            END $$"""
+    )
+    for r in member_of:
+        conn.execute(f"GRANT {r} TO {name}")
+
+
+def _add(conn: Conn, nodes: Any) -> dict[str, Any]:
+    row = conn.execute("SELECT memory.add_nodes(%s)", (Jsonb(nodes),)).fetchone()
+    assert row is not None
+    return dict(row[0])
+
+
+def _count(conn: Conn) -> tuple[int, int, int]:
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM memory.nodes), (SELECT count(*) FROM memory.edges),"
+        " (SELECT count(*) FROM memory.projects)"
+    ).fetchone()
+    assert row is not None
+    return row[0], row[1], row[2]
+
+
+def test_written_from_sql_then_found_with_provenance(conn: Conn) -> None:
+    before = _count(conn)
+    summary = _add(conn, NODES)
+    assert summary == {"inserted": 4, "duplicates": 0, "edges": 3, "unresolved": []}
+    assert _count(conn) == (before[0] + 4, before[1] + 3, before[2] + 1)
+    # Keys are the writer's node_sha256; the vectors are memory.embed's.
+    stored = conn.execute(
+        "SELECT n.external_id, n.sha256, n.ts, n.breadcrumb, n.metadata,"
+        " n.embedding::text = memory.embed(n.text)::text"
+        " FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id"
+        " WHERE p.name = %s ORDER BY n.id",
+        (PROJECT,),
+    ).fetchall()
+    assert [r[0] for r in stored] == ["w:raw:1", "w:raw:2", "w:mem:1", "w:syn:1"]
+    for node, row in zip(NODES, stored, strict=True):
+        want = node_sha256(PROJECT, node["level"], node["id"], node.get("source"),
+                           node.get("title"), node["text"])  # fmt: skip
+        assert bytes(row[1]) == want and row[5] is True
+    assert stored[0][2].isoformat() == "2025-01-07T09:30:00+00:00"
+    assert stored[0][3] == ["chat", "standup"] and stored[2][4] == {"confidence": 0.9}
+    rows = conn.execute(
+        "SELECT external_id, level, provenance FROM public.memory_query("
+        "'why did the billing backup fail', project => %s, k => 5)",
+        (PROJECT,),
+    ).fetchall()
+    by_id = {r[0]: r for r in rows}
+    assert set(by_id) == {"w:mem:1", "w:syn:1"}  # the default levels, L1 and L2
+    # Parents in the order the node lists them (edge precedence), down to L0.
+    mem = by_id["w:mem:1"][2]
+    assert [(p["level"], p["source"]) for p in mem] == [
+        ("L0", "chat/2025-01-07"),
+        ("L0", "chat/2025-01-08"),
+    ]
+    syn = by_id["w:syn:1"][2]
+    assert [(p["level"], p["title"]) for p in syn] == [("L1", "Billing backup outage")]
+    assert [p["text"] for p in syn[0]["parents"]] == [NODES[0]["text"], NODES[1]["text"]]
+
+
+def test_a_second_call_reports_duplicates_and_writes_nothing(conn: Conn) -> None:
+    _add(conn, NODES)
+    before = _count(conn)
+    assert _add(conn, NODES) == {"inserted": 0, "duplicates": 4, "edges": 0, "unresolved": []}
+    assert _count(conn) == before
+    # A parent already stored links by id; one found nowhere is reported, the rest kept.
+    more = [
+        {"project": PROJECT, "level": "L1", "id": "w:mem:2", "parents": ["w:raw:2", "w:gone"],
+         "text": "Billing backups now land on the 4 TB volume."},
+    ]  # fmt: skip
+    assert _add(conn, more) == {
+        "inserted": 1,
+        "duplicates": 0,
+        "edges": 1,
+        "unresolved": ["node 1: parent 'w:gone' not found"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("bad", "field", "words"),
+    [
+        ({"level": "L0", "parents": ["w:raw:1"]}, "parents", "an L0 node has no parents"),
+        ({"level": "L2", "parents": ["w:raw:1"]}, "parents", "must be L1"),
+        ({"level": "L3"}, "level", "must be one of L0, L1, L2"),
+        ({"timestamp": "9999-12-31T23:59:59-14:00"}, "timestamp", "out of range"),
+        ({"text": "x" * 100_001}, "text", "longer than 100000"),
+        ({"metadata": json.loads("[" * 40 + "]" * 40)}, "<json>", "nested deeper than 32"),
+        ({"id": "w:raw:1", "text": "other words"}, "id", "already used on line 1"),
+    ],
+)
+def test_a_bad_node_in_the_middle_writes_nothing(
+    conn: Conn, bad: dict[str, Any], field: str, words: str
+) -> None:
+    before = _count(conn)
+    node = {"project": PROJECT, "level": "L1", "id": "w:bad", "text": "middle", **bad}
+    with pytest.raises(psycopg.Error) as exc:
+        _add(conn, [NODES[0], NODES[1], node, NODES[2]])
+    assert exc.value.sqlstate == "22023"
+    assert f"node 3: field '{field}'" in (exc.value.diag.message_primary or "")
+    assert words in (exc.value.diag.message_detail or "")
+    assert exc.value.diag.message_hint
+    assert _count(conn) == before  # not even the project
+
+
+def test_an_id_stored_with_other_content_is_refused(conn: Conn) -> None:
+    _add(conn, NODES[:1])
+    with pytest.raises(psycopg.Error) as exc:
+        _add(conn, [{**NODES[0], "text": "rewritten"}])
+    assert exc.value.sqlstate == "22023"
+    assert "already stored in project 'sqlwrite'" in (exc.value.diag.message_detail or "")
+
+
+@pytest.mark.parametrize("value", ["{}", "null", '"x"'])
+def test_not_an_array(conn: Conn, value: str) -> None:
+    with pytest.raises(psycopg.Error) as exc:
+        conn.execute(f"SELECT memory.add_nodes('{value}'::jsonb)")
+    assert exc.value.sqlstate == "22023" and "JSON array" in str(exc.value)
+    with pytest.raises(psycopg.Error):
+        conn.execute("SELECT memory.add_nodes(NULL)")
+
+
+def test_a_writer_writes_only_its_granted_projects(conn: Conn) -> None:
+    _role(conn, "addnodes_writer", "memory_writer")
+    conn.execute("SELECT memory.grant_project('addnodes_writer', 'proj_a', write => true)")
+    conn.execute("SELECT memory.grant_project('addnodes_writer', 'proj_b')")  # read only
+    before = _count(conn)
+    conn.execute("SET ROLE addnodes_writer")
+    a = [{**n, "project": "proj_a"} for n in NODES]
+    b = {"project": "proj_b", "level": "L0", "text": "should not land"}
+    with pytest.raises(psycopg.errors.InsufficientPrivilege) as exc:
+        _add(conn, [*a, b])  # one node of project B: nothing at all is written
+    assert "node 5" in str(exc.value) and "proj_b" in str(exc.value)
+    assert "grant_project" in (exc.value.diag.message_hint or "")
+    conn.execute("RESET ROLE")
+    assert _count(conn) == before
+    conn.execute("SET ROLE addnodes_writer")
+    assert _add(conn, a)["inserted"] == 4
+    conn.execute("RESET ROLE")
+    assert _count(conn)[0] == before[0] + 4
+
+
+def test_a_reader_may_not_call_it(conn: Conn) -> None:
+    _role(conn, "addnodes_reader", "memory_reader")
+    conn.execute("SELECT memory.grant_project('addnodes_reader', '*', write => true)")
+    conn.execute("SET ROLE addnodes_reader")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        _add(conn, NODES)
+
+
+@pytest.fixture
+def fresh(empty_url: str, plpython_root: Path) -> Iterator[Conn]:
+    """A migrated database with no node and no embedding model yet."""
+    with connect(empty_url, autocommit=True) as c:
+        migrate(c, plpython_root)
+    with connect(empty_url, autocommit=True) as c:
+        yield prepare_conn(c)
+
+
+def test_the_first_write_configures_the_model_when_the_role_may(fresh: Conn) -> None:
+    _role(fresh, "addnodes_plain", "memory_writer")
+    _role(fresh, "addnodes_service", "memory_service")
+    for role in ("addnodes_plain", "addnodes_service"):
+        fresh.execute(f"SELECT memory.grant_project('{role}', '*', write => true)")
+    fresh.execute("SET ROLE addnodes_plain")
+    with pytest.raises(psycopg.Error) as exc:
+        _add(fresh, NODES)
+    assert exc.value.sqlstate == "PM412"
+    assert "memory.configure_embedding" in (exc.value.diag.message_hint or "")
+    fresh.execute("SET ROLE addnodes_service")  # as the service's first ingest would
+    assert _add(fresh, NODES)["inserted"] == 4
+    fresh.execute("RESET ROLE")
+    model = fresh.execute("SELECT model, dim FROM memory.embedding_model").fetchone()
+    assert model == ("all-MiniLM-L6-v2-onnx-int8", 384)
+    vec = fresh.execute("SELECT embedding FROM memory.nodes ORDER BY id LIMIT 1").fetchone()
+    assert vec is not None and np.asarray(vec[0].to_numpy()).shape == (384,)
