@@ -30,10 +30,22 @@ path = plpy.execute("SELECT memory.plpython_path() AS p")[0]["p"]
 if GD.get("poimen_path") != path:  # new deploy: drop the stale module, import the new one
     for m in [m for m in sys.modules if m.split(".")[0] == "poimen_core"]: del sys.modules[m]
     sys.path[:] = [path] + [p for p in sys.path if p != GD.get("poimen_path")]; GD["poimen_path"] = path
+if "poimen_entry" not in GD:
+    import importlib
+    def poimen_entry(module, name, what, hint):
+        # The one place a shim's import failure becomes PM503: restored on another host, or
+        # the directory was removed.
+        try:
+            return getattr(importlib.import_module("poimen_core." + module), name)
+        except ImportError as e:
+            plpy.error("the PL/Python %s module cannot be imported on this host" % what,
+                       sqlstate="PM503", hint=hint,
+                       detail="%s (memory.config plpython_path = %s)" % (e, GD["poimen_path"]))
+    GD["poimen_entry"] = poimen_entry
 return path
 $$;
 COMMENT ON FUNCTION memory.plpython_load() IS
-    'Puts this deploy''s poimen_core directory (memory.plpython_path()) first on the backend''s sys.path, dropping an older copy''s modules; returns the directory. Called by every PL/Python shim.';
+    'Puts this deploy''s poimen_core directory (memory.plpython_path()) first on the backend''s sys.path, dropping an older copy''s modules, and keeps GD["poimen_entry"](module, name, what, hint): a poimen_core function, or PM503 with the hint when this host cannot import it. Returns the directory. Called by every PL/Python shim.';
 
 CREATE OR REPLACE FUNCTION memory.optimize_query(query text, reference_time timestamptz)
 RETURNS jsonb
@@ -45,14 +57,11 @@ SET search_path = pg_catalog, pg_temp
 SET DateStyle = 'ISO, YMD'
 SET TimeZone = 'UTC'
 AS $$
-path = plpy.execute("SELECT memory.plpython_load() AS p")[0]["p"]
-try:
-    from poimen_core.plentry import plan_for_sql
-except ImportError as e:  # restored on another host, or the directory was removed
-    plpy.error("the PL/Python optimizer module cannot be imported on this host", sqlstate="PM503",
-               detail="%s (memory.config plpython_path = %s)" % (e, path),
-               hint="Run `poimen-memory migrate` on this database host; text-only queries "
-                    "(no query_embedding) and forced strategies work without it.")
+plpy.execute("SELECT memory.plpython_load()")
+plan_for_sql = GD["poimen_entry"](
+    "plentry", "plan_for_sql", "optimizer",
+    "Run `poimen-memory migrate` on this database host; text-only queries "
+    "(no query_embedding) and forced strategies work without it.")
 return plan_for_sql(plpy, query, reference_time)
 $$;
 COMMENT ON FUNCTION memory.optimize_query(text, timestamptz) IS

@@ -62,12 +62,9 @@ LANGUAGE plpython3u STABLE STRICT PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
 code = plpy.execute("SELECT memory.plpython_load() AS p")[0]["p"]
-try:
-    from poimen_core.embedentry import embed_for_sql
-except ImportError as e:
-    plpy.error("the PL/Python embedding module cannot be imported on this host", sqlstate="PM503",
-               detail="%s (memory.config plpython_path = %s)" % (e, code),
-               hint="Run `poimen-memory migrate` on this database host, or pass query_embedding.")
+embed_for_sql = GD["poimen_entry"](
+    "embedentry", "embed_for_sql", "embedding",
+    "Run `poimen-memory migrate` on this database host, or pass query_embedding.")
 cfg = plpy.execute(
     "SELECT (SELECT value FROM memory.config WHERE key = 'plpython_deps') AS deps_root,"
     " m.model AS configured_model, m.dim,"

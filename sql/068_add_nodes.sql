@@ -13,13 +13,10 @@ LANGUAGE plpython3u VOLATILE PARALLEL UNSAFE
 -- caller's schemas.
 SET search_path = pg_catalog, pg_temp
 AS $$
-code = plpy.execute("SELECT memory.plpython_load() AS p")[0]["p"]
-try:
-    from poimen_core.addnodes import add_nodes_for_sql
-except ImportError as e:
-    plpy.error("the PL/Python ingest module cannot be imported on this host", sqlstate="PM503",
-               detail="%s (memory.config plpython_path = %s)" % (e, code),
-               hint="Run `poimen-memory migrate` on this database host, or write through the service.")
+plpy.execute("SELECT memory.plpython_load()")
+add_nodes_for_sql = GD["poimen_entry"](
+    "addnodes", "add_nodes_for_sql", "ingest",
+    "Run `poimen-memory migrate` on this database host, or write through the service.")
 return add_nodes_for_sql(plpy, nodes)
 $$;
 COMMENT ON FUNCTION memory.add_nodes(jsonb) IS

@@ -60,6 +60,7 @@ DECLARE
         'memory.term_stats', 'memory.corpus_stats', 'memory.opensearch_outbox',
         'memory.project_grants'];
     f regprocedure;
+    g record;
     t text;
 BEGIN
     FOR f IN
@@ -69,19 +70,16 @@ BEGIN
     LOOP
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, memory_reader, memory_writer, memory_service', f);
     END LOOP;
-    FOR f IN
-        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
-        JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-        WHERE n.nspname || '.' || p.proname = ANY (reader_functions)
+    FOR g IN SELECT * FROM (VALUES ('memory_reader', reader_functions),
+                                   ('memory_writer', writer_functions)) AS v(grantee, names)
     LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO memory_reader', f);
-    END LOOP;
-    FOR f IN
-        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
-        JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-        WHERE n.nspname || '.' || p.proname = ANY (writer_functions)
-    LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO memory_writer', f);
+        FOR f IN
+            SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+            JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+            WHERE n.nspname || '.' || p.proname = ANY (g.names)
+        LOOP
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f, g.grantee);
+        END LOOP;
     END LOOP;
     FOREACH t IN ARRAY reader_tables || ARRAY['memory.api_keys'] LOOP
         IF to_regclass(t) IS NOT NULL THEN
