@@ -133,8 +133,10 @@ def _post(
         _unavailable(plpy, f"embedding server {endpoint} unreachable", repr(reason))
 
 
-def _decode(embedding: object) -> list[float]:
-    if isinstance(embedding, str):  # base64 little-endian float32, as the service accepts
+def decode_embedding(embedding: object) -> list[float]:
+    """One item's `embedding`: a list of numbers, or base64 little-endian float32 (as
+    `encoding_format=base64` returns); ValueError otherwise. The service decodes with it too."""
+    if isinstance(embedding, str):
         try:
             raw = base64.b64decode(embedding, validate=True)
         except binascii.Error as exc:
@@ -191,7 +193,7 @@ def embed_remote(
         items = json.loads(raw)["data"]
         if not isinstance(items, list) or len(items) != 1:
             raise ValueError(f"expected 1 embedding, got {len(items)}")
-        vector = _decode(items[0]["embedding"])
+        vector = decode_embedding(items[0]["embedding"])
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         _unavailable(plpy, f"embedding server {endpoint} sent a malformed answer", str(exc))
     if len(vector) != dim:

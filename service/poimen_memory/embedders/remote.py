@@ -13,8 +13,6 @@ the caller's deadline is shorter than any useful retry.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import fnmatch
 import logging
 import random
@@ -26,7 +24,12 @@ import httpx
 import numpy as np
 
 # The prefixes are poimen_core's so that memory.embed adds the same ones inside PostgreSQL.
-from poimen_core.openai_embed import MODEL_PREFIXES, ModelPrefixes, prefixes_for_model
+from poimen_core.openai_embed import (
+    MODEL_PREFIXES,
+    ModelPrefixes,
+    decode_embedding,
+    prefixes_for_model,
+)
 from poimen_memory.embedders.base import (
     EmbeddingUnavailable,
     Vector,
@@ -291,18 +294,7 @@ class RemoteEmbedder:
         return l2_normalise(out)
 
     def _decode(self, embedding: object) -> Vector:
-        if isinstance(embedding, str):
-            try:
-                raw = base64.b64decode(embedding, validate=True)
-            except binascii.Error as exc:
-                raise ValueError(f"bad base64 embedding: {exc}") from exc
-            if len(raw) % 4:
-                raise ValueError("base64 embedding is not a whole number of float32s")
-            vector = np.frombuffer(raw, dtype="<f4").astype(np.float32)
-        elif isinstance(embedding, list):
-            vector = np.asarray(embedding, dtype=np.float32)
-        else:
-            raise ValueError(f"embedding is a {type(embedding).__name__}")
+        vector = np.asarray(decode_embedding(embedding), dtype=np.float32)
         if vector.shape != (self.dim,):
             raise EmbeddingUnavailable(
                 f"embedding server returned {vector.shape[0] if vector.ndim else 0} dims, "
