@@ -25,7 +25,11 @@ COMMENT ON FUNCTION memory.provenance_walk(bigint[], integer) IS
 -- 20 at depth 4 made one result 30 MB): parents per node and nodes per tree are capped
 -- (memory.config provenance_max_parents / provenance_max_nodes, memory.set_policy), and
 -- every cut is flagged. Built breadth first, so a capped tree keeps the nearest sources.
-CREATE OR REPLACE FUNCTION memory.provenance(node_id bigint, max_depth integer DEFAULT 4)
+-- root_project was added: the old signature goes first.
+DROP FUNCTION IF EXISTS memory.provenance(bigint, integer);
+CREATE OR REPLACE FUNCTION memory.provenance(
+    node_id bigint, max_depth integer DEFAULT 4, root_project integer DEFAULT NULL
+)
 RETURNS TABLE (tree jsonb, truncated boolean)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -37,6 +41,10 @@ DECLARE
     max_nodes integer := coalesce((SELECT c.value::integer FROM memory.config c
                                    WHERE c.key = 'provenance_max_nodes'), 256);
     -- One entry per tree position ("instance"); instance 1 is the node itself.
+    -- Provenance never leaves the node's project (edges carry it, migration 0009): every
+    -- statement below names it, so on the partitioned layout each reads one partition.
+    pid integer := coalesce(root_project, (SELECT n.project_id FROM memory.nodes n
+                                           WHERE n.id = provenance.node_id));
     ids bigint[] := ARRAY[provenance.node_id];
     up integer[] := ARRAY[0];       -- the instance whose parents list holds this one
     paths text[] := ARRAY[',' || provenance.node_id || ','];  -- ancestors, for cycle safety
@@ -57,8 +65,8 @@ BEGIN
             SELECT f.inst, e.parent_id,
                    row_number() OVER (PARTITION BY f.inst ORDER BY e.precedence, p.sha256) AS rn
             FROM unnest(frontier) WITH ORDINALITY AS f(inst, ord)
-            JOIN memory.edges e ON e.child_id = ids[f.inst]
-            JOIN memory.nodes p ON p.id = e.parent_id
+            JOIN memory.edges e ON e.child_id = ids[f.inst] AND e.project_id = pid
+            JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = pid
             WHERE strpos(paths[f.inst], ',' || e.parent_id || ',') = 0
             ORDER BY f.ord, rn
         LOOP
@@ -80,7 +88,7 @@ BEGIN
                'level', p.level, 'sha256', encode(p.sha256, 'hex'), 'source', p.source,
                'title', p.title, 'text', p.text, 'timestamp', p.ts))
       INTO nodes
-      FROM memory.nodes p WHERE p.id = ANY (ids[2:]);
+      FROM memory.nodes p WHERE p.id = ANY (ids[2:]) AND p.project_id = pid;
     -- Bottom-up: children instances come after their parents' instance, so walking back
     -- finishes each instance's parents list before the instance itself is placed.
     FOR i IN REVERSE cardinality(ids)..2 LOOP
@@ -92,8 +100,8 @@ BEGIN
     truncated := true = ANY (cut);
     RETURN NEXT;
 END $$;
-COMMENT ON FUNCTION memory.provenance(bigint, integer) IS
-    'The node''s parents as nested JSON down to L0 ([{level, sha256, source, title, text, timestamp, parents:[..], truncated}]), ordered by edge precedence then sha256, breadth first and capped: at most provenance_max_parents parents per node (default 32) and provenance_max_nodes nodes per tree (default 256), both set with memory.set_policy. truncated: some parents were left out by a cap (each cut node says truncated: true).';
+COMMENT ON FUNCTION memory.provenance(bigint, integer, integer) IS
+    'The node''s parents as nested JSON down to L0 ([{level, sha256, source, title, text, timestamp, parents:[..], truncated}]), ordered by edge precedence then sha256, breadth first and capped: at most provenance_max_parents parents per node (default 32) and provenance_max_nodes nodes per tree (default 256), both set with memory.set_policy. root_project: the node''s project id when the caller knows it (saves a lookup). truncated: some parents were left out by a cap (each cut node says truncated: true).';
 
 CREATE OR REPLACE FUNCTION memory.provenance_tree(node_id bigint, max_depth integer DEFAULT 4)
 RETURNS jsonb

@@ -88,46 +88,45 @@ BEGIN
     END LOOP;
 END $$;
 
-DO $$
-BEGIN
-    -- Result columns changed in place (same argument types): drop when the old shape is found.
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-               WHERE p.oid = to_regprocedure('memory.hydrate(bigint[], vector, integer)')
-                 AND NOT ('provenance_truncated' = ANY (p.proargnames))) THEN
-        DROP FUNCTION memory.hydrate(bigint[], vector, integer);
-    END IF;
-END $$;
+-- project was added (the old signature goes first).
+DROP FUNCTION IF EXISTS memory.hydrate(bigint[], vector, integer);
 
 CREATE OR REPLACE FUNCTION memory.hydrate(
     ids bigint[],
     query_embedding vector DEFAULT NULL,
-    max_depth integer DEFAULT 4
+    max_depth integer DEFAULT 4,
+    project_name text DEFAULT NULL  -- not "project": that is a result column
 )
 RETURNS TABLE (node_id bigint, level text, sha256 text, project text, title text, text text,
                source text, breadcrumb text[], "timestamp" timestamptz,
                query_score double precision, provenance jsonb, external_id text,
                provenance_truncated boolean)
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 -- public holds pgvector's <=> unless migrate finds vector elsewhere and pins that schema.
 SET search_path = pg_catalog, public, pg_temp
--- A string body (not BEGIN ATOMIC): an atomic body would pin nodes.embedding's type,
--- which memory.configure_embedding must be able to change.
 AS $$
-    SELECT n.id, n.level, encode(n.sha256, 'hex'), p.name, n.title, n.text, n.source,
-           n.breadcrumb, n.ts,
-           CASE WHEN query_embedding IS NULL OR n.embedding IS NULL THEN NULL
-                ELSE 1 - (n.embedding <=> memory.check_embedding(query_embedding)) END,
-           pv.tree,
-           n.external_id,
-           pv.truncated
-    FROM unnest(ids) WITH ORDINALITY AS i(id, ord)
-    JOIN memory.nodes n ON n.id = i.id
-    JOIN memory.projects p ON p.id = n.project_id
-    CROSS JOIN LATERAL memory.provenance(n.id, max_depth) pv
-    ORDER BY i.ord;
-$$;
-COMMENT ON FUNCTION memory.hydrate(bigint[], vector, integer) IS
-    'Node rows for the given ids, in input order, with query_score (if an embedding is given), provenance down to L0 as nested jsonb (capped: memory.provenance), external_id, and provenance_truncated when a cap left parents out. One round trip for a whole result page.';
+#variable_conflict use_column
+DECLARE
+    pid integer := memory.project_id(project_name);
+BEGIN
+    -- Dynamic, so the project is a constant to the planner: on the partitioned layout the
+    -- id lookups then read the project's partition only, not one index per project.
+    RETURN QUERY EXECUTE
+        'SELECT n.id, n.level, encode(n.sha256, ''hex''), p.name, n.title, n.text, n.source,
+                n.breadcrumb, n.ts,
+                CASE WHEN $2 IS NULL OR n.embedding IS NULL THEN NULL
+                     ELSE 1 - (n.embedding <=> memory.check_embedding($2)) END,
+                pv.tree, n.external_id, pv.truncated
+         FROM unnest($1) WITH ORDINALITY AS i(id, ord)
+         JOIN memory.nodes n ON n.id = i.id'
+        || CASE WHEN pid IS NULL THEN '' ELSE ' AND n.project_id = $4' END || '
+         JOIN memory.projects p ON p.id = n.project_id
+         CROSS JOIN LATERAL memory.provenance(n.id, $3, n.project_id) pv
+         ORDER BY i.ord'
+        USING ids, query_embedding, max_depth, pid;
+END $$;
+COMMENT ON FUNCTION memory.hydrate(bigint[], vector, integer, text) IS
+    'Node rows for the given ids, in input order (with project_name: only ids of that project, PM404 when unknown), with query_score (if an embedding is given), provenance down to L0 as nested jsonb (capped: memory.provenance), external_id, and provenance_truncated when a cap left parents out. One round trip for a whole result page.';
 
 CREATE OR REPLACE FUNCTION memory.run_query(
     p_query text,
@@ -289,7 +288,7 @@ BEGIN
                 ELSE r.fused_score END,
            r.ranks[1], r.ranks[2], r.fusion_method, strat, h.provenance, h.provenance_truncated
     FROM ranked r
-    JOIN memory.hydrate(ARRAY(SELECT r2.node_id FROM ranked r2 ORDER BY r2.pos), emb) h
+    JOIN memory.hydrate(ARRAY(SELECT r2.node_id FROM ranked r2 ORDER BY r2.pos), emb, 4, p_project) h
       ON h.node_id = r.node_id
     ORDER BY r.pos;
 END $$;

@@ -42,8 +42,8 @@ DECLARE
         'memory.plpython_path', 'memory.plpython_load', 'memory.optimize_query', 'memory.embed',
         'memory.stage_sql', 'memory.explain_query', 'memory.run_query', 'memory.query',
         'public.memory_query', 'public.memory_optimize_query', 'memory.granted_projects',
-        'memory.granted_project_ids', 'memory.node_writable', 'memory.time_bound',
-        'memory.time_range'];
+        'memory.granted_project_ids', 'memory.time_bound',
+        'memory.time_range', 'memory.partitioned', 'memory.partition_tables'];
     -- Functions that write content: the writer's (and so the service's, a writer).
     writer_functions text[] := ARRAY['memory.add_nodes'];
     -- Functions nobody but the owner runs (DDL-ish, policy changes, triggers).
@@ -53,7 +53,8 @@ DECLARE
         'memory.nodes_lexical_statement',
         'memory.enqueue_opensearch', 'memory.grant_project', 'memory.revoke_project',
         'memory.enable_outbox', 'memory.configure_embedding_server',
-        'memory.clear_embedding_server'];
+        'memory.clear_embedding_server', 'memory.add_project_partitions',
+        'memory.projects_partitions', 'memory.partition_by_project'];
     reader_tables text[] := ARRAY[
         'memory.schema_migrations', 'memory.config', 'memory.projects',
         'memory.embedding_model', 'memory.nodes', 'memory.edges', 'memory.postings',

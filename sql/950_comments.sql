@@ -71,6 +71,7 @@ BEGIN
         ('edges',             'child_id',      'the derived node'),
         ('edges',             'parent_id',     'the node it was derived from'),
         ('edges',             'precedence',    'orders a child''s parents (lower first)'),
+        ('edges',             'project_id',    'the project of both ends: an edge never crosses projects (migration 0009)'),
         ('postings',          'lexeme',        'stemmed term'),
         ('postings',          'project_id',    'project of the node'),
         ('postings',          'node_id',       'the node containing the term'),

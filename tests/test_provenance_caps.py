@@ -41,8 +41,9 @@ def _plant_fan_out(conn: Conn) -> int:
         # parents makes the same tree (the walk expands shared ancestors into copies).
         parents = nodes(LEVELS[d], FAN_OUT, d)
         conn.execute(
-            "INSERT INTO memory.edges (child_id, parent_id, precedence)"
-            " SELECT c, p.id, p.ord FROM unnest(%s::bigint[]) c,"
+            "INSERT INTO memory.edges (child_id, parent_id, precedence, project_id)"
+            " SELECT c, p.id, p.ord, n.project_id FROM unnest(%s::bigint[]) c"
+            " JOIN memory.nodes n ON n.id = c,"
             " unnest(%s::bigint[]) WITH ORDINALITY p(id, ord)",
             (layer, parents),
         )

@@ -265,7 +265,11 @@ def test_provenance_tree_reaches_l0_in_precedence_order(conn: Conn) -> None:
 
 def test_provenance_walk_survives_cycles_and_respects_depth(conn: Conn) -> None:
     syn, mem, chat = (node_id(conn, e) for e in ("poimen:syn:1", "poimen:mem:1", "poimen:chat:1"))
-    conn.execute("INSERT INTO memory.edges (child_id, parent_id) VALUES (%s, %s)", (chat, syn))
+    conn.execute(
+        "INSERT INTO memory.edges (child_id, parent_id, project_id)"
+        " SELECT %s, %s, project_id FROM memory.nodes WHERE id = %s",
+        (chat, syn, syn),
+    )
     rows = conn.execute(
         "SELECT depth, parent_id FROM memory.provenance_walk(%s, 10)", ([syn],)
     ).fetchall()
@@ -309,10 +313,14 @@ def _stats_match(conn: Conn) -> None:
 
 def test_stats_follow_project_and_level_changes(conn: Conn) -> None:
     atlas = conn.execute("SELECT id FROM memory.projects WHERE name = 'atlas'").fetchone()
-    conn.execute(
-        "UPDATE memory.nodes SET project_id = %s, level = 'L0' WHERE external_id = 'poimen:mem:1'",
-        (atlas[0] if atlas else None,),
+    move = (
+        "UPDATE memory.nodes SET project_id = %s, level = 'L0' WHERE external_id = 'poimen:mem:1'"
     )
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):  # its provenance stays in poimen
+        conn.execute(move, (atlas[0] if atlas else None,))
+    mem = node_id(conn, "poimen:mem:1")
+    conn.execute("DELETE FROM memory.edges WHERE %s IN (child_id, parent_id)", (mem,))
+    conn.execute(move, (atlas[0] if atlas else None,))
     _stats_match(conn)
     rows = conn.execute("SELECT node_id FROM memory.lexical_search('client_body_buffer_size', "
                         "'atlas', '{L0}')").fetchall()  # fmt: skip

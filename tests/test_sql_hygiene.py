@@ -47,6 +47,9 @@ OWNER_ONLY = {
     "enable_outbox",
     "configure_embedding_server",
     "clear_embedding_server",
+    "add_project_partitions",
+    "projects_partitions",
+    "partition_by_project",
 }
 # Functions that write content: granted to memory_writer (the service's role inherits them).
 WRITER = {"add_nodes"}
@@ -86,10 +89,11 @@ READER = {
     "memory_optimize_query",
     "granted_projects",
     "granted_project_ids",
-    "node_writable",
     "time_bound",
     "time_range",
     "node_filter",
+    "partitioned",
+    "partition_tables",
 }
 
 

@@ -180,8 +180,8 @@ def test_a_writer_changes_only_its_writable_project(conn: Conn) -> None:
         )
     with pytest.raises(psycopg.errors.InsufficientPrivilege):  # an edge into a read-only project
         conn.execute(
-            "INSERT INTO memory.edges (child_id, parent_id) VALUES (%s, %s)",
-            (poimen_node, atlas_node),
+            "INSERT INTO memory.edges (child_id, parent_id, project_id) VALUES (%s, %s, %s)",
+            (atlas_node, atlas_node + 1, pids["atlas"]),
         )
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute("INSERT INTO memory.projects (name) VALUES ('elsewhere')")
@@ -193,37 +193,42 @@ def test_a_writer_changes_only_its_writable_project(conn: Conn) -> None:
     assert _ids(conn, "SELECT text FROM memory.nodes WHERE id = %s", (atlas_node,)) != ["x"]
 
 
-def test_an_edge_across_projects_needs_both_ends(conn: Conn) -> None:
-    """An edge from a poimen child to an atlas parent: a poimen reader must not see the atlas
-    node's id through it, nor a writer of poimen alone delete or change it."""
+def test_edges_stay_within_one_project_and_follow_its_grants(conn: Conn) -> None:
+    """An edge carries its project (migration 0009): one joining two projects is refused by
+    its foreign keys, whichever project it names, so no edge can leak a hidden node's id;
+    an edge is seen and changed exactly like its project's nodes."""
     _role(conn, "tenant_reader", "memory_reader")
     conn.execute("SELECT memory.grant_project('tenant_reader', 'poimen')")
     _role(conn, "tenant_edger", "memory_writer")
     conn.execute("SELECT memory.grant_project('tenant_edger', 'poimen', write => true)")
     conn.execute("SELECT memory.grant_project('tenant_edger', 'atlas')")  # read-only
-    _role(conn, "tenant_both", "memory_writer")
-    for p in ("poimen", "atlas"):
-        conn.execute("SELECT memory.grant_project('tenant_both', %s, write => true)", (p,))
     pids = _project_ids(conn)
     first = "SELECT min(id) FROM memory.nodes WHERE project_id = %s"
     child = _ids(conn, first, (pids["poimen"],))[0]
     parent = _ids(conn, first, (pids["atlas"],))[0]
-    conn.execute("INSERT INTO memory.edges (child_id, parent_id) VALUES (%s, %s)", (child, parent))
-    edge = "FROM memory.edges WHERE child_id = %s AND parent_id = %s"
+    for project in ("poimen", "atlas"):
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            conn.execute(
+                "INSERT INTO memory.edges (child_id, parent_id, project_id) VALUES (%s, %s, %s)",
+                (child, parent, pids[project]),
+            )
+    count = "SELECT count(*) FROM memory.edges WHERE project_id = %s"
+    atlas_edges = _ids(conn, count, (pids["atlas"],))[0]
+    assert atlas_edges > 0 and _ids(conn, count, (pids["poimen"],))[0] > 0
     conn.execute("SET ROLE tenant_reader")
-    assert _ids(conn, "SELECT parent_id FROM memory.edges WHERE child_id = %s", (child,)) == []
+    assert _ids(conn, "SELECT DISTINCT project_id FROM memory.edges") == [pids["poimen"]]
     conn.execute("RESET ROLE")
-    conn.execute("SET ROLE tenant_edger")  # sees both ends, writes only the child's project
-    assert _ids(conn, f"SELECT count(*) {edge}", (child, parent)) == [1]
-    assert conn.execute(f"DELETE {edge}", (child, parent)).rowcount == 0
-    update = "UPDATE memory.edges SET precedence = 7 WHERE child_id = %s AND parent_id = %s"
-    assert conn.execute(update, (child, parent)).rowcount == 0
+    conn.execute("SET ROLE tenant_edger")  # reads atlas, writes only poimen
+    assert _ids(conn, count, (pids["atlas"],)) == [atlas_edges]
+    update = "UPDATE memory.edges SET precedence = precedence + 7 WHERE project_id = %s"
+    assert conn.execute(update, (pids["atlas"],)).rowcount == 0
+    assert (
+        conn.execute("DELETE FROM memory.edges WHERE project_id = %s", (pids["atlas"],)).rowcount
+        == 0
+    )
+    assert conn.execute(update, (pids["poimen"],)).rowcount > 0  # the control
     conn.execute("RESET ROLE")
-    assert _ids(conn, f"SELECT precedence {edge}", (child, parent)) == [0]
-    conn.execute("SET ROLE tenant_both")  # both ends writable: the control
-    assert conn.execute(update, (child, parent)).rowcount == 1
-    assert conn.execute(f"DELETE {edge}", (child, parent)).rowcount == 1
-    conn.execute("RESET ROLE")
+    assert _ids(conn, count, (pids["atlas"],)) == [atlas_edges]
 
 
 def test_the_project_setting_counts_only_for_the_service_role(conn: Conn) -> None:

@@ -69,6 +69,11 @@ def test_filtered_query_fills_its_limit_and_matches_sql(
         ({"until": "2023-02-29"}, "until must be an ISO date or timestamp"),
         ({"since": "2023-03-01", "until": "2023-02-01"}, "since (2023-03-01) is after until"),
         ({"reference_time": "noon"}, "reference_time must be an ISO timestamp"),
+        # Found by schemathesis: a valid timestamp with no UTC date (was a 500).
+        (
+            {"reference_time": "0001-01-01T00:00:01+20:10"},
+            "reference_time must be an ISO timestamp",
+        ),
     ],
 )
 def test_bad_time_parameters_are_400_naming_them(

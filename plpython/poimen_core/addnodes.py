@@ -79,12 +79,15 @@ SELECT decode(e.j->>'sha256', 'hex'), p.id, e.j->>'level', e.j->>'external_id',
 FROM jsonb_array_elements($1) WITH ORDINALITY AS e(j, i)
 JOIN memory.projects p ON p.name = e.j->>'project'
 ORDER BY e.i
-ON CONFLICT (sha256) DO NOTHING
+ON CONFLICT (sha256, project_id) DO NOTHING
 RETURNING n.id, n.sha256"""
 _EDGES = """
-INSERT INTO memory.edges (child_id, parent_id, precedence)
-SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::int[])
-ON CONFLICT (child_id, parent_id) DO NOTHING"""
+INSERT INTO memory.edges (child_id, parent_id, precedence, project_id)
+SELECT e.child_id, e.parent_id, e.precedence, p.id
+FROM unnest($1::bigint[], $2::bigint[], $3::int[], $4::text[])
+     AS e(child_id, parent_id, precedence, project)
+JOIN memory.projects p ON p.name = e.project
+ON CONFLICT (child_id, parent_id, project_id) DO NOTHING"""
 
 
 def _parse(plpy: PlpySPI, nodes: str | None) -> list[NodeRecord]:
@@ -232,9 +235,9 @@ def add_nodes_for_sql(plpy: PlpySPI, nodes: str | None) -> str:
     found = list(edges(records, by_sha, ids))
     linked = 0
     if found:
-        linked = _run(plpy, _EDGES, ["bigint[]", "bigint[]", "integer[]"],
-                      [[e[0] for e in found], [e[1] for e in found], [e[2] for e in found]]
-                      ).nrows()  # fmt: skip
+        linked = _run(plpy, _EDGES, ["bigint[]", "bigint[]", "integer[]", "text[]"],
+                      [[e[0] for e in found], [e[1] for e in found], [e[2] for e in found],
+                       [e[3] for e in found]]).nrows()  # fmt: skip
     missing = [f"node {n}: parent {p!r} not found" for n, p in unresolved(records, ids)]
     return json.dumps(
         {"inserted": inserted, "duplicates": duplicates, "edges": linked, "unresolved": missing}

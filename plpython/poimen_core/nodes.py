@@ -322,15 +322,16 @@ def new_records(
 
 def edges(
     records: Iterable[NodeRecord], by_sha: Mapping[bytes, int], ids: Mapping[Key, int]
-) -> Iterator[tuple[int, int, int]]:
-    """(child id, parent id, precedence) of every parent resolved so far: by_sha gives the
-    stored id of each record, ids the stored id of each (project, external id)."""
+) -> Iterator[tuple[int, int, int, str]]:
+    """(child id, parent id, precedence, project) of every parent resolved so far: by_sha
+    gives the stored id of each record, ids the stored id of each (project, external id).
+    A parent is looked up in the child's own project, so an edge never crosses projects."""
     for r in records:
         cid = by_sha.get(r.sha256)
         for pos, p in enumerate(r.parents):
             pid = ids.get((r.project, p))
             if cid is not None and pid is not None:
-                yield cid, pid, pos
+                yield cid, pid, pos, r.project
 
 
 def unresolved(records: Iterable[NodeRecord], ids: Container[Key]) -> list[tuple[int, str]]:

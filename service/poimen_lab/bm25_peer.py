@@ -17,9 +17,10 @@ NODES_SQL = """
 SELECT n.id, n.project_id, n.level,
        coalesce(array_agg(p.lexeme) FILTER (WHERE p.lexeme IS NOT NULL), '{}'),
        coalesce(array_agg(p.tf) FILTER (WHERE p.lexeme IS NOT NULL), '{}')
-FROM memory.nodes n LEFT JOIN memory.postings p ON p.node_id = n.id
+FROM memory.nodes n
+LEFT JOIN memory.postings p ON p.node_id = n.id AND p.project_id = n.project_id
 WHERE n.project_id = ANY(%(projects)s::int[])
-GROUP BY n.id ORDER BY n.id
+GROUP BY n.id, n.project_id, n.level ORDER BY n.id
 """
 QUERY_LEXEMES_SQL = """
 SELECT tsvector_to_array(to_tsvector('english'::regconfig, u.t))

@@ -219,7 +219,7 @@ def _fusion_provenance(conn: psycopg.Connection[Any], corpus: synthetic.Corpus) 
         )
         ids = [r[0] for r in top.fetchall()]
         t0 = time.perf_counter()
-        conn.execute(q("hydrate"), {"ids": ids, "embedding": vec}).fetchall()
+        conn.execute(q("hydrate"), {"ids": ids, "embedding": vec, "project": None}).fetchall()
         hydrate_ms.append((time.perf_counter() - t0) * 1000)
         t0 = time.perf_counter()
         rows = conn.execute(q("provenance_l0"), {"ids": ids}).fetchall()

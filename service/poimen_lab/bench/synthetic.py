@@ -72,9 +72,23 @@ def _unit(x: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.float32]]:
     return out
 
 
+def project_names(count: int) -> list[str]:
+    return [f"tenant-{i:03d}" for i in range(count)]
+
+
 def generate(
-    n: int, dim: int, n_queries: int, *, seed: int = 0, vocab: int = 5000, noise: float = 0.9
+    n: int,
+    dim: int,
+    n_queries: int,
+    *,
+    seed: int = 0,
+    vocab: int = 5000,
+    noise: float = 0.9,
+    projects: int = 0,
 ) -> Corpus:
+    """projects = 0: the main project and a 1% one; otherwise that many projects with
+    Zipf-distributed sizes (the i-th largest holds a share proportional to 1/i), as tenants
+    of a shared service are."""
     rng = np.random.default_rng(seed)
     words = vocabulary(vocab, rng)
     zipf = 1.0 / np.arange(1, vocab + 1) ** 1.1
@@ -91,15 +105,21 @@ def generate(
         return " ".join(words[int(i)] for i in np.concatenate([bg, topical]))
 
     levels = list(rng.choice([lv for lv, _ in LEVEL_SHARE], size=n, p=[p for _, p in LEVEL_SHARE]))
-    projects = [SMALL if x < 0.01 else MAIN for x in rng.random(n)]
+    if projects:
+        share = 1.0 / np.arange(1, projects + 1)
+        names = project_names(projects)
+        picked = rng.choice(projects, size=n, p=share / share.sum())
+        projects_of = [names[int(i)] for i in picked]
+    else:
+        projects_of = [SMALL if x < 0.01 else MAIN for x in rng.random(n)]
     lengths = {"L0": (15, 50), "L1": (8, 25), "L2": (30, 80)}
     texts = [text(int(cluster[i]), int(rng.integers(*lengths[levels[i]]))) for i in range(n)]
     pools: dict[tuple[str, str], list[int]] = {}
-    for i, (lv, pr) in enumerate(zip(levels, projects, strict=True)):
+    for i, (lv, pr) in enumerate(zip(levels, projects_of, strict=True)):
         pools.setdefault((pr, lv), []).append(i)
     below = {"L1": "L0", "L2": "L1"}
     parents: list[list[int]] = []
-    for lv, pr in zip(levels, projects, strict=True):
+    for lv, pr in zip(levels, projects_of, strict=True):
         pool = pools.get((pr, below.get(lv, "")), [])
         k = 0 if not pool else int(rng.integers(1, 4 if lv == "L1" else 8))
         parents.append(sorted({pool[int(j)] for j in rng.integers(0, len(pool), k)}) if k else [])
@@ -111,7 +131,14 @@ def generate(
     qvec = _unit(vectors[src] + jitter)
     qtext = [text(int(cluster[i]), int(rng.integers(3, 7))) for i in src]
     return Corpus(
-        vectors, texts, levels, projects, parents, qvec, qtext, [projects[int(i)] for i in src]
+        vectors,
+        texts,
+        levels,
+        projects_of,
+        parents,
+        qvec,
+        qtext,
+        [projects_of[int(i)] for i in src],
     )
 
 
@@ -119,7 +146,9 @@ COPY_NODES = (
     "COPY memory.nodes (sha256, project_id, level, external_id, text, source, embedding) "
     "FROM STDIN (FORMAT BINARY)"
 )
-COPY_EDGES = "COPY memory.edges (child_id, parent_id, precedence) FROM STDIN (FORMAT BINARY)"
+COPY_EDGES = (
+    "COPY memory.edges (child_id, parent_id, precedence, project_id) FROM STDIN (FORMAT BINARY)"
+)
 
 
 def load(conn: psycopg.Connection[Any], corpus: Corpus, model: str) -> dict[str, Any]:
@@ -133,7 +162,9 @@ def load(conn: psycopg.Connection[Any], corpus: Corpus, model: str) -> dict[str,
     conn.execute("DROP INDEX IF EXISTS memory.nodes_embedding_hnsw")
     conn.execute("DROP INDEX IF EXISTS memory.nodes_embedding_hnsw_l1_l2")
     conn.execute(
-        "INSERT INTO memory.projects (name) VALUES (%s), (%s) ON CONFLICT DO NOTHING", (MAIN, SMALL)
+        "INSERT INTO memory.projects (name) SELECT unnest(%s::text[]) ORDER BY 1"
+        " ON CONFLICT DO NOTHING",
+        (sorted({MAIN, SMALL} | set(corpus.projects)),),
     )
     pid = dict(conn.execute("SELECT name, id FROM memory.projects").fetchall())
     t0 = time.perf_counter()
@@ -148,10 +179,12 @@ def load(conn: psycopg.Connection[Any], corpus: Corpus, model: str) -> dict[str,
     db_ids = np.array([ids[f"n{i}"] for i in range(len(corpus.texts))], dtype=np.int64)
     t0 = time.perf_counter()
     with conn.transaction(), conn.cursor() as cur, cur.copy(COPY_EDGES) as copy:
-        copy.set_types(["int8", "int8", "int4"])
+        copy.set_types(["int8", "int8", "int4", "int4"])
         for child, ps in enumerate(corpus.parents):
             for pos, p in enumerate(ps):
-                copy.write_row((int(db_ids[child]), int(db_ids[p]), pos))
+                copy.write_row(
+                    (int(db_ids[child]), int(db_ids[p]), pos, pid[corpus.projects[child]])
+                )
     edges_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     conn.execute(

@@ -83,9 +83,12 @@ def _reference_time(raw: str | None) -> datetime | None:
         return None
     try:
         ts = datetime.fromisoformat(raw)
-    except ValueError as exc:
+        ts = ts if ts.tzinfo else ts.replace(tzinfo=UTC)  # without an offset: UTC
+        # Relative dates are computed in UTC: 0001-01-01T00:00+20:00 has no UTC date.
+        ts.astimezone(UTC)
+    except (ValueError, OverflowError) as exc:
         raise ValidationError(
-            f"reference_time must be an ISO timestamp, got {raw!r}",
+            f"reference_time must be an ISO timestamp within years 1..9999 in UTC, got {raw!r}",
             hint="e.g. reference_time=2023-05-08T13:56:00Z; relative dates count from it",
         ) from exc
-    return ts if ts.tzinfo else ts.replace(tzinfo=UTC)  # without an offset: UTC
+    return ts

@@ -155,6 +155,26 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             else ""
         )
     )
+    if args.partition_by_project:
+        return _partition_by_project(s, args.maintenance_work_mem)
+    return 0
+
+
+def _partition_by_project(s: Settings, maintenance_work_mem: str | None) -> int:
+    """`migrate --partition-by-project`: memory.partition_by_project(), with its progress
+    notices on stderr as they come (docs/scaling.md)."""
+    with connect(_url(s), autocommit=True) as conn:
+        conn.add_notice_handler(
+            lambda d: print(f"notice: {d.message_primary}", file=sys.stderr, flush=True)
+        )
+        if maintenance_work_mem:
+            conn.execute(
+                "SELECT set_config('maintenance_work_mem', %s, false)", (maintenance_work_mem,)
+            )
+        rows = conn.execute("SELECT * FROM memory.partition_by_project()").fetchall()
+    for table, partitions, before, after in rows:
+        moved = f"{after} rows (before: {before})" if before is not None else "already partitioned"
+        print(f"memory.{table}: {partitions} partitions, {moved}")
     return 0
 
 
@@ -458,6 +478,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-plpython",
         action="store_true",
         help="do not install the PL/Python module (remote database server)",
+    )
+    mg.add_argument(
+        "--partition-by-project",
+        action="store_true",
+        help="then move nodes, edges and the BM25 statistics to one partition per project "
+        "(memory.partition_by_project(); locks them while it runs; docs/scaling.md)",
+    )
+    mg.add_argument(
+        "--maintenance-work-mem",
+        help="with --partition-by-project: for the index builds, e.g. 2GB (default: the server's)",
     )
     mg.add_argument(
         "--check",

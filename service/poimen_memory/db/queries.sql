@@ -26,7 +26,7 @@ INSERT INTO memory.nodes
     (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts, metadata, embedding)
 VALUES (%(sha256)s, %(project_id)s, %(level)s, %(external_id)s, %(title)s, %(breadcrumb)s,
         %(text)s, %(source)s, %(ts)s, %(metadata)s, %(embedding)s)
-ON CONFLICT (sha256) DO NOTHING
+ON CONFLICT (sha256, project_id) DO NOTHING
 RETURNING id, sha256;
 
 -- name: ids_by_external_id
@@ -35,9 +35,12 @@ FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
 WHERE (p.name, n.external_id) IN (SELECT * FROM unnest(%(projects)s::text[], %(external_ids)s::text[]));
 
 -- name: insert_edges
-INSERT INTO memory.edges (child_id, parent_id, precedence)
-SELECT * FROM unnest(%(child)s::bigint[], %(parent)s::bigint[], %(precedence)s::int[])
-ON CONFLICT (child_id, parent_id) DO NOTHING;
+INSERT INTO memory.edges (child_id, parent_id, precedence, project_id)
+SELECT e.child_id, e.parent_id, e.precedence, p.id
+FROM unnest(%(child)s::bigint[], %(parent)s::bigint[], %(precedence)s::int[], %(project)s::text[])
+     AS e(child_id, parent_id, precedence, project)
+JOIN memory.projects p ON p.name = e.project
+ON CONFLICT (child_id, parent_id, project_id) DO NOTHING;
 
 -- name: outbox_on
 SELECT memory.enable_outbox();
@@ -84,7 +87,7 @@ FROM memory.fuse(%(lists)s, %(method)s, %(k)s, %(final_k)s);
 -- name: hydrate
 SELECT node_id, level, sha256, project, title, text, source, breadcrumb, "timestamp",
        query_score, provenance, provenance_truncated
-FROM memory.hydrate(%(ids)s, %(embedding)s);
+FROM memory.hydrate(%(ids)s, %(embedding)s, project_name => %(project)s);
 
 -- name: provenance_l0
 SELECT w.root_id, n.external_id, encode(n.sha256, 'hex')

@@ -272,6 +272,7 @@ class _Writer:
                     "child": [e[0] for e in chunk],
                     "parent": [e[1] for e in chunk],
                     "precedence": [e[2] for e in chunk],
+                    "project": [e[3] for e in chunk],
                 },
             )
             self.report.edges += cur.rowcount

@@ -343,7 +343,11 @@ class Retriever:
 
         t0 = time.monotonic()
         hydrated = await self._sql(
-            deadline, "provenance", "hydrate", {"ids": order, "embedding": embedding}, HydratedRow
+            deadline,
+            "provenance",
+            "hydrate",
+            {"ids": order, "embedding": embedding, "project": req.project},
+            HydratedRow,
         )
         trace.timed("provenance_time_ms", t0)
         by_fused = {f.node_id: f for f in fused}

@@ -1,0 +1,278 @@
+"""Partitioning by project (sql/087_partitions.sql): memory.partition_by_project() moves a
+database with data over without loss (every row, every ranking equal before and after),
+keeps row-level security, privileges and triggers, prunes a project's query to its own
+partition and HNSW graph, and gives a new project its partitions; migration 0009 refuses
+provenance edges across projects instead of dropping them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from poimen_memory.db import migrate as migrate_mod
+from poimen_memory.db.connect import connect
+from poimen_memory.db.migrate import check, migrate
+from poimen_memory.embedders.local import LocalEmbedder
+
+Conn = psycopg.Connection[Any]
+CLI = [sys.executable, "-m", "poimen_memory.cli.main"]
+
+TABLES = ("nodes", "edges", "postings", "term_stats", "corpus_stats")
+# The whole content of each table in key order: equal digests mean equal rows.
+ORDER = {
+    "nodes": "t.id",
+    "edges": "t.child_id, t.parent_id",
+    "postings": "t.lexeme, t.project_id, t.node_id",
+    "term_stats": "t.project_id, t.lexeme",
+    "corpus_stats": "t.project_id",
+}
+CONTENT = {
+    t: f"SELECT md5(string_agg(t::text, '|' ORDER BY {o})) FROM memory.{t} t"
+    for t, o in ORDER.items()
+}
+QUERIES = (
+    "kong client body buffer size",
+    "why did requests over 10KB fail",
+    "what did the team decide about retries",
+    "postgres vacuum",
+    "deploy",
+)
+
+
+def _state(conn: Conn) -> dict[str, Any]:
+    return {t: conn.execute(q).fetchone() for t, q in CONTENT.items()} | {
+        f"count:{t}": conn.execute(f"SELECT count(*) FROM memory.{t}").fetchone() for t in TABLES
+    }
+
+
+def _rankings(conn: Conn, embedder: LocalEmbedder) -> dict[str, Any]:
+    """What every retrieval entry point answers for a fixed query set, per project and for
+    all projects: memory.query (both legs, fusion, provenance trees), and each leg alone."""
+    projects = [r[0] for r in conn.execute("SELECT name FROM memory.projects ORDER BY name")]
+    out: dict[str, Any] = {}
+    for q in QUERIES:
+        vec = embedder.embed_query(q)
+        for project in [*projects, None]:
+            key = f"{q}@{project}"
+            out["query:" + key] = conn.execute(
+                "SELECT node_id, final_score, provenance::text"
+                " FROM memory.query(%s, %s::vector, %s, ARRAY['L0','L1','L2'], 10)",
+                (q, vec, project),
+            ).fetchall()
+            out["lexical:" + key] = conn.execute(
+                "SELECT node_id, rank, lexical_score FROM memory.lexical_search(%s, %s, NULL, 20)",
+                (q, project),
+            ).fetchall()
+            out["semantic:" + key] = conn.execute(
+                "SELECT node_id, rank FROM memory.semantic_search(%s::vector, %s, NULL, 20)",
+                (vec, project),
+            ).fetchall()
+    return out
+
+
+def _partitions(conn: Conn, table: str) -> set[str]:
+    rows = conn.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = %s::regclass",
+        (f"memory.{table}",),
+    )
+    return {r[0] for r in rows}
+
+
+def _scanned_relations(plan: dict[str, Any]) -> set[str]:
+    found: set[str] = set()
+    if "Relation Name" in plan:
+        found.add(str(plan["Relation Name"]))
+    for child in plan.get("Plans", []):
+        found |= _scanned_relations(child)
+    return found
+
+
+def test_partition_by_project_keeps_every_row_and_ranking(
+    conn: Conn, embedder: LocalEmbedder, fixture_url: str, plpython_root: Path
+) -> None:
+    before, ranked = _state(conn), _rankings(conn, embedder)
+    assert before["count:nodes"][0] > 0 and before["count:edges"][0] > 0
+    pids = dict(conn.execute("SELECT name, id FROM memory.projects").fetchall())
+    assert conn.execute("SELECT memory.partitioned()").fetchone() == (False,)
+    next_id = conn.execute("SELECT max(id) FROM memory.nodes").fetchone()
+
+    notices: list[str] = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+    report = conn.execute("SELECT * FROM memory.partition_by_project()").fetchall()
+
+    assert conn.execute("SELECT memory.partitioned()").fetchone() == (True,)
+    assert [r[0] for r in report] == list(TABLES)
+    for table, parts, rows_before, rows_after in report:
+        assert parts == len(pids) and rows_before == rows_after == before[f"count:{table}"][0]
+        assert _partitions(conn, table) == {f"{table}_p{i}" for i in pids.values()}
+    assert any("copied" in n for n in notices) and any("done in" in n for n in notices)
+    assert _state(conn) == before
+    assert _rankings(conn, embedder) == ranked
+    # The id sequence carried over: a new node continues after the old ones.
+    new_id = conn.execute(
+        "INSERT INTO memory.nodes (sha256, project_id, level, text)"
+        " VALUES (sha256('after'::bytea), %s, 'L0', 'after the move') RETURNING id",
+        (pids["poimen"],),
+    ).fetchone()
+    assert new_id is not None and next_id is not None and new_id[0] > next_id[0]
+    # A second call changes nothing; sql/ re-applies cleanly and reports no drift.
+    again = conn.execute("SELECT * FROM memory.partition_by_project()").fetchall()
+    assert [r[1] for r in again] == [len(pids)] * len(TABLES) and any(
+        "already partitioned" in n for n in notices
+    )
+    migrate(conn, plpython_root)
+    assert check(conn).clean
+
+
+def test_a_project_query_reads_only_its_partition(conn: Conn, embedder: LocalEmbedder) -> None:
+    conn.execute("SELECT memory.partition_by_project()")
+    pid = conn.execute("SELECT id FROM memory.projects WHERE name = 'poimen'").fetchone()
+    assert pid is not None
+    vec = embedder.embed_query("kong client body buffer size")
+    plans = conn.execute(
+        "SELECT stage, plan FROM memory.explain_query('kong client body buffer size', %s::vector,"
+        " 'poimen', ARRAY['L1','L2'], 5, 'SemanticOnly')",
+        (vec,),
+    ).fetchall()
+    (top,) = [
+        p["Plan"] if isinstance(p, dict) else p[0]["Plan"] for st, p in plans if st == "semantic"
+    ]
+    assert _scanned_relations(top) == {f"nodes_p{pid[0]}"}
+    # The partition has its own HNSW graphs (the planner picks them once it is large enough).
+    hnsw = conn.execute(
+        "SELECT count(*) FROM pg_indexes WHERE schemaname = 'memory' AND tablename = %s"
+        " AND indexdef LIKE '%%USING hnsw%%'",
+        (f"nodes_p{pid[0]}",),
+    ).fetchone()
+    assert hnsw == (2,)
+
+
+def test_a_new_project_gets_its_partitions_and_rls_still_holds(conn: Conn) -> None:
+    conn.execute("SELECT memory.partition_by_project()")
+    conn.execute(
+        "DO $$ BEGIN IF to_regrole('part_writer') IS NULL THEN CREATE ROLE part_writer; END IF;"
+        " END $$"
+    )
+    conn.execute("GRANT memory_writer TO part_writer")
+    conn.execute("SELECT memory.grant_project('part_writer', 'fresh', write => true)")
+    conn.execute("SET ROLE part_writer")
+    summary = conn.execute(
+        "SELECT memory.add_nodes(%s::jsonb)",
+        (
+            json.dumps(
+                [
+                    {"project": "fresh", "level": "L0", "id": "t1",
+                     "text": "the zeppelin landed at noon"},
+                    {"project": "fresh", "level": "L1", "id": "m1",
+                     "text": "a zeppelin arrived", "parents": ["t1"]},
+                ]
+            ),
+        ),
+    ).fetchone()  # fmt: skip
+    assert summary is not None and summary[0]["inserted"] == 2 and summary[0]["edges"] == 1
+    # It sees its project only, through the parents; the partitions themselves are closed.
+    assert conn.execute("SELECT DISTINCT level FROM memory.nodes ORDER BY 1").fetchall() == [
+        ("L0",),
+        ("L1",),
+    ]
+    hits = conn.execute(
+        "SELECT node_id FROM memory.lexical_search('zeppelin', 'fresh', NULL, 5)"
+    ).fetchall()
+    assert len(hits) == 2
+    fresh = conn.execute("SELECT id FROM memory.projects WHERE name = 'fresh'").fetchone()
+    assert fresh is not None
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(f"SELECT count(*) FROM memory.nodes_p{fresh[0]}")
+    conn.execute("RESET ROLE")
+    for table in TABLES:
+        assert f"{table}_p{fresh[0]}" in _partitions(conn, table)
+    assert conn.execute(
+        "SELECT n_docs FROM memory.corpus_stats WHERE project_id = %s", (fresh[0],)
+    ).fetchone() == (2,)
+
+
+def test_0009_refuses_edges_across_projects(
+    empty_url: str, plpython_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An edge a DBA wrote across projects before 0009 stops the migration with a hint,
+    and nothing is applied; removed, the migration goes through and fills edges.project_id."""
+    real, staged = migrate_mod.MIGRATIONS_DIR, tmp_path / "staged"
+    staged.mkdir()
+    for m in sorted(real.glob("*.sql")):
+        if m.stem < "0009":
+            (staged / m.name).write_text(m.read_text())
+    monkeypatch.setattr(migrate_mod, "MIGRATIONS_DIR", staged)
+    monkeypatch.setattr(migrate_mod, "SQL_DIR", tmp_path / "no-sql")
+    (tmp_path / "no-sql").mkdir()
+    with connect(empty_url, autocommit=True) as conn:
+        migrate(conn, plpython_root)
+        ids = {}
+        for project in ("a", "b"):
+            conn.execute("INSERT INTO memory.projects (name) VALUES (%s)", (project,))
+            row = conn.execute(
+                "INSERT INTO memory.nodes (sha256, project_id, level, text)"
+                " SELECT sha256(%s::bytea), id, 'L0', 'text' FROM memory.projects WHERE name = %s"
+                " RETURNING id",
+                (project.encode(), project),
+            ).fetchone()
+            assert row is not None
+            ids[project] = row[0]
+        conn.execute(
+            "INSERT INTO memory.edges (child_id, parent_id) VALUES (%s, %s)", (ids["a"], ids["b"])
+        )
+        for m in sorted(real.glob("*.sql")):
+            if m.stem >= "0009":
+                (staged / m.name).write_text(m.read_text())
+        with pytest.raises(Exception, match="provenance edges join nodes of different projects"):
+            migrate(conn, plpython_root)
+        applied = conn.execute("SELECT max(version) FROM memory.schema_migrations").fetchone()
+        assert applied is not None and applied[0] < "0009"
+        conn.execute("DELETE FROM memory.edges")
+        conn.execute(
+            "INSERT INTO memory.nodes (sha256, project_id, level, text)"
+            " SELECT sha256('a2'::bytea), project_id, 'L1', 'text' FROM memory.nodes WHERE id = %s",
+            (ids["a"],),
+        )
+        conn.execute(
+            "INSERT INTO memory.edges (child_id, parent_id)"
+            " SELECT max(id), min(id) FROM memory.nodes WHERE project_id = "
+            " (SELECT project_id FROM memory.nodes WHERE id = %s)",
+            (ids["a"],),
+        )
+        migrate(conn, plpython_root)
+        assert conn.execute(
+            "SELECT count(*) FROM memory.edges e JOIN memory.nodes n"
+            " ON n.id = e.child_id AND n.project_id = e.project_id"
+        ).fetchone() == (1,)
+
+
+def test_migrate_partition_by_project_from_the_cli(fixture_url: str, tmp_path: Path) -> None:
+    """The DBA's command: progress on stderr while it runs, a summary per table, and a
+    second run that says there is nothing left to do."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
+    env.update(POIMEN_HOME=str(tmp_path), POIMEN_DATABASE_URL=fixture_url)
+    cmd = [*CLI, "migrate", "--no-plpython", "--partition-by-project"]
+    first = subprocess.run(
+        [*cmd, "--maintenance-work-mem", "256MB"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert first.returncode == 0, first.stderr
+    assert "notice: partition_by_project: copied" in first.stderr
+    summary = [line for line in first.stdout.splitlines() if line.startswith("memory.")]
+    assert [line.split(":")[0] for line in summary] == [f"memory.{t}" for t in TABLES]
+    assert all(" 2 partitions, " in line and "(before: " in line for line in summary)
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0 and "already partitioned" in second.stdout
+    with connect(fixture_url) as conn:
+        assert conn.execute("SELECT memory.partitioned()").fetchone() == (True,)
