@@ -62,8 +62,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    -- CREATE TABLE ... PARTITION OF locks the parents: a new project waits for running
-    -- statements on them, and they for it, for the length of the DDL only.
+    -- CREATE TABLE ... PARTITION OF locks the parents ACCESS EXCLUSIVE until this
+    -- transaction ends: a new project waits for running statements on them, and every
+    -- statement on them (any project) waits for the transaction that creates a project.
     PERFORM memory.add_project_partitions(NEW.id);
     RETURN NULL;
 END $$;
@@ -73,6 +74,41 @@ COMMENT ON FUNCTION memory.projects_partitions() IS
 CREATE OR REPLACE TRIGGER projects_partitions
     AFTER INSERT ON memory.projects
     FOR EACH ROW EXECUTE FUNCTION memory.projects_partitions();
+
+-- SECURITY DEFINER, as the foreign key's cascade it stands in for: it deletes nodes the
+-- deleting role may not see.
+CREATE OR REPLACE FUNCTION memory.projects_nodes_delete()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF memory.partitioned() THEN
+        DELETE FROM memory.nodes n WHERE n.project_id = OLD.id;
+    END IF;
+    RETURN NULL;
+END $$;
+COMMENT ON FUNCTION memory.projects_nodes_delete() IS
+    'Row trigger on memory.projects: on the partitioned layout, deletes a deleted project''s nodes (and so their edges and statistics), the ON DELETE CASCADE of the foreign key memory.partition_by_project() does not carry over.';
+
+CREATE OR REPLACE TRIGGER projects_nodes_delete
+    AFTER DELETE ON memory.projects
+    FOR EACH ROW EXECUTE FUNCTION memory.projects_nodes_delete();
+
+-- A database partitioned before the trigger above took over the cascade still has the key.
+DO $$
+DECLARE
+    fk name;
+BEGIN
+    IF memory.partitioned() THEN
+        FOR fk IN SELECT c.conname FROM pg_catalog.pg_constraint c
+                  WHERE c.conrelid = 'memory.nodes'::regclass AND c.contype = 'f'
+                    AND c.confrelid = 'memory.projects'::regclass LOOP
+            EXECUTE pg_catalog.format('ALTER TABLE memory.nodes DROP CONSTRAINT %I', fk);
+        END LOOP;
+    END IF;
+END $$;
 
 -- The move. Everything a table carries is read from the catalog before the tables are
 -- swapped and replayed on the new ones, so nothing is written twice here and a DBA's own
@@ -129,11 +165,17 @@ BEGIN
             FROM pg_catalog.pg_constraint c
             WHERE c.conrelid = pg_catalog.format('memory.%I', t)::regclass AND c.contype IN ('p', 'u', 'x')
             ORDER BY c.contype, c.conname);
+        -- Not nodes' key to memory.projects: each new partition would copy it and so lock
+        -- memory.projects SHARE ROW EXCLUSIVE from the trigger on memory.projects, whose
+        -- INSERT already holds ROW EXCLUSIVE there; two projects created at once would
+        -- deadlock. A partition exists only for a project, and memory.projects_nodes_delete
+        -- does the ON DELETE CASCADE.
         fks := fks || ARRAY(
             SELECT pg_catalog.format('ALTER TABLE memory.%I ADD CONSTRAINT %I %s', t, c.conname,
                                      pg_catalog.pg_get_constraintdef(c.oid))
             FROM pg_catalog.pg_constraint c
             WHERE c.conrelid = pg_catalog.format('memory.%I', t)::regclass AND c.contype = 'f'
+              AND c.confrelid <> 'memory.projects'::regclass
             ORDER BY c.conname);
         stmts := stmts || ARRAY(
             SELECT pg_catalog.pg_get_triggerdef(g.oid)
@@ -249,4 +291,4 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION memory.partition_by_project() IS
-    'Moves nodes, edges, postings, term_stats and corpus_stats to LIST partitions by project (one per project, <table>_p<id>), in one transaction that locks them: rows, ids and the id sequence, indexes (one HNSW graph per partition), constraints, triggers, row-level security, privileges and comments all carry over. Returns per table its partitions and rows before and after. A no-op when already partitioned. Owner only; set maintenance_work_mem for the HNSW builds first. See docs/scaling.md.';
+    'Moves nodes, edges, postings, term_stats and corpus_stats to LIST partitions by project (one per project, <table>_p<id>), in one transaction that locks them: rows, ids and the id sequence, indexes (one HNSW graph per partition), constraints (but nodes'' key to memory.projects, whose cascade a trigger does), triggers, row-level security, privileges and comments all carry over. Returns per table its partitions and rows before and after. A no-op when already partitioned. Owner only; set maintenance_work_mem for the HNSW builds first. See docs/scaling.md.';

@@ -10,6 +10,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import psycopg
 import pytest
 
 from poimen_memory.db import migrate as migrate_mod
+from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import check, migrate
 from poimen_memory.embedders.local import LocalEmbedder
@@ -276,3 +279,184 @@ def test_migrate_partition_by_project_from_the_cli(fixture_url: str, tmp_path: P
     assert second.returncode == 0 and "already partitioned" in second.stdout
     with connect(fixture_url) as conn:
         assert conn.execute("SELECT memory.partitioned()").fetchone() == (True,)
+
+
+def _to_the_ulp(ranked: dict[str, Any]) -> dict[str, Any]:
+    """Rankings with scores to 12 digits: a fused score over every project sums floats in
+    the order the rows come back, and a restored heap returns them in another order."""
+    return {
+        k: [tuple(round(x, 12) if isinstance(x, float) else x for x in row) for row in rows]
+        for k, rows in ranked.items()
+    }
+
+
+def _pg_tool(cluster: Cluster, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(cluster.bin_dir / tool), "-h", str(cluster.socket_dir), "-p", str(cluster.port),
+         "-U", "postgres", *args],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_a_partitioned_database_survives_dump_and_restore(
+    cluster: Cluster,
+    admin: Conn,
+    conn: Conn,
+    fixture_url: str,
+    embedder: LocalEmbedder,
+    plpython_root: Path,
+    tmp_path: Path,
+) -> None:
+    """The DBA's first question: pg_dump -Fc, pg_restore into a new database, and the copy
+    answers the same, keeps partitioning new projects, keeps row-level security and takes
+    the next deploy."""
+    conn.execute("SELECT memory.partition_by_project()")
+    before, ranked = _state(conn), _rankings(conn, embedder)
+    dump = tmp_path / "memory.dump"
+    dbname = fixture_url.split("?")[0].rsplit("/", 1)[-1]
+    dumped = _pg_tool(cluster, "pg_dump", "-Fc", "-f", str(dump), dbname)
+    assert dumped.returncode == 0, dumped.stderr
+    restored = f"{dbname}_restored"
+    admin.execute(f"CREATE DATABASE {restored}")
+    try:
+        done = _pg_tool(cluster, "pg_restore", "--exit-on-error", "-d", restored, str(dump))
+        assert done.returncode == 0, done.stderr
+        with connect(cluster.url(restored), autocommit=True) as r:
+            assert r.execute("SELECT memory.partitioned()").fetchone() == (True,)
+            assert _state(r) == before
+            assert _to_the_ulp(_rankings(r, embedder)) == _to_the_ulp(ranked)
+            r.execute(
+                "DO $$ BEGIN IF to_regrole('restored_writer') IS NULL THEN"
+                " CREATE ROLE restored_writer; END IF; END $$"
+            )
+            r.execute("GRANT memory_writer TO restored_writer")
+            r.execute("SELECT memory.grant_project('restored_writer', 'fresh', write => true)")
+            r.execute("SET ROLE restored_writer")
+            summary = r.execute(
+                "SELECT memory.add_nodes(%s::jsonb)",
+                (json.dumps([{"project": "fresh", "level": "L0", "id": "t1",
+                              "text": "the zeppelin landed at noon"}]),),
+            ).fetchone()  # fmt: skip
+            assert summary is not None and summary[0]["inserted"] == 1
+            assert r.execute("SELECT DISTINCT p.name FROM memory.nodes n"
+                             " JOIN memory.projects p ON p.id = n.project_id").fetchall() == [
+                ("fresh",)
+            ]  # fmt: skip
+            assert r.execute("SELECT count(*) FROM memory.edges").fetchone() == (0,)
+            r.execute("RESET ROLE")
+            fresh = r.execute("SELECT id FROM memory.projects WHERE name = 'fresh'").fetchone()
+            assert fresh is not None
+            for table in TABLES:
+                assert f"{table}_p{fresh[0]}" in _partitions(r, table)
+            migrate(r, plpython_root)
+            assert check(r).clean
+            assert _state(r)["count:nodes"] == (before["count:nodes"][0] + 1,)
+    finally:
+        admin.execute(f"DROP DATABASE IF EXISTS {restored} WITH (FORCE)")
+
+
+def _wait_for(conn: Conn, sql: str, want: Any, tries: int = 600) -> None:
+    """Poll (bounded) until the statement answers want: another session reached a lock."""
+    for _ in range(tries):
+        if conn.execute(sql).fetchone() == want:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{sql} never answered {want}")
+
+
+def test_two_writers_creating_projects_at_once_both_succeed(conn: Conn, fixture_url: str) -> None:
+    """A new project's partitions take ACCESS EXCLUSIVE on the parents. memory.add_nodes
+    must create its projects before it reads memory.nodes: two writers holding ACCESS SHARE
+    there from their reads, each then wanting ACCESS EXCLUSIVE, deadlock."""
+    conn.execute("SELECT memory.partition_by_project()")
+    outcome: dict[str, str] = {}
+
+    def add(project: str) -> None:
+        with connect(fixture_url, autocommit=True) as c:
+            c.execute("SET lock_timeout = '60s'")
+            try:
+                c.execute(
+                    "SELECT memory.add_nodes(%s::jsonb)",
+                    (json.dumps([{"project": project, "level": "L0", "id": "t1",
+                                  "text": f"the {project} zeppelin landed"}]),),
+                )  # fmt: skip
+                outcome[project] = "ok"
+            except psycopg.Error as exc:
+                outcome[project] = str(exc.sqlstate)
+
+    # The gate lets reads through but holds back INSERTs into memory.projects, so both
+    # writers get as far as they can before either creates its project.
+    with connect(fixture_url) as gate:
+        gate.execute("LOCK TABLE memory.projects IN SHARE MODE")
+        writers = [threading.Thread(target=add, args=(p,)) for p in ("alpha", "beta")]
+        for w in writers:
+            w.start()
+        _wait_for(
+            conn,
+            "SELECT count(*) FROM pg_locks WHERE NOT granted"
+            " AND relation = 'memory.projects'::regclass",
+            (2,),
+        )
+        gate.commit()
+    for w in writers:
+        w.join(timeout=180)
+    assert outcome == {"alpha": "ok", "beta": "ok"}
+    for project in ("alpha", "beta"):
+        pid = conn.execute("SELECT id FROM memory.projects WHERE name = %s", (project,)).fetchone()
+        assert pid is not None and f"nodes_p{pid[0]}" in _partitions(conn, "nodes")
+
+
+def test_two_projects_created_behind_a_long_reader_both_go_through(
+    conn: Conn, fixture_url: str
+) -> None:
+    """Two transactions each insert a project (as ingest does) while a long reader (a
+    report, pg_dump) holds memory.nodes: both hold ROW EXCLUSIVE on memory.projects and
+    wait in the trigger for the reader. When it ends, they must go through one after the
+    other: the partitions' DDL must not need a lock on memory.projects that conflicts."""
+    conn.execute("SELECT memory.partition_by_project()")
+    outcome: dict[str, str] = {}
+
+    def create(project: str) -> None:
+        with connect(fixture_url, autocommit=True) as c:
+            c.execute("SET lock_timeout = '60s'")
+            try:
+                with c.transaction():
+                    c.execute("INSERT INTO memory.projects (name) VALUES (%s)", (project,))
+                outcome[project] = "ok"
+            except psycopg.Error as exc:
+                outcome[project] = str(exc.sqlstate)
+
+    with connect(fixture_url) as reader:
+        reader.execute("SELECT count(*) FROM memory.nodes")
+        creators = [threading.Thread(target=create, args=(p,)) for p in ("gamma", "delta")]
+        for waiting, c in enumerate(creators, start=1):
+            c.start()
+            _wait_for(
+                conn,
+                "SELECT count(*) FROM pg_locks WHERE NOT granted"
+                " AND relation = 'memory.nodes'::regclass",
+                (waiting,),
+            )
+        reader.commit()
+    for c in creators:
+        c.join(timeout=180)
+    assert outcome == {"gamma": "ok", "delta": "ok"}
+
+
+def test_deleting_a_project_deletes_its_rows_on_the_partitioned_layout(conn: Conn) -> None:
+    """The cascade nodes' foreign key to memory.projects did, done by a trigger there: the
+    tables end up as a delete on the unpartitioned layout leaves them."""
+    pid = conn.execute("SELECT id FROM memory.projects WHERE name = 'atlas'").fetchone()
+    assert pid is not None
+    assert conn.execute(
+        "SELECT count(*) FROM memory.nodes WHERE project_id = %s", pid
+    ).fetchone() != (0,)
+    with conn.transaction(force_rollback=True):
+        conn.execute("DELETE FROM memory.projects WHERE id = %s", pid)
+        unpartitioned = _state(conn)
+    conn.execute("SELECT memory.partition_by_project()")
+    conn.execute("DELETE FROM memory.projects WHERE id = %s", pid)
+    assert _state(conn) == unpartitioned
+    assert conn.execute(
+        "SELECT count(*) FROM memory.nodes WHERE project_id = %s", pid
+    ).fetchone() == (0,)

@@ -208,6 +208,12 @@ def add_nodes_for_sql(plpy: PlpySPI, nodes: str | None) -> str:
     """Validate, then write nodes and edges; the summary as JSON text (see the SQL comment)."""
     records = _parse(plpy, nodes)
     _check_write_grants(plpy, records)
+    # Before anything is read: on the partitioned layout a new project's partitions lock
+    # memory.nodes and its kin ACCESS EXCLUSIVE, and upgrading from the ACCESS SHARE a read
+    # leaves deadlocks two writers that create projects at once (one waits for the other).
+    # A project left without nodes (every record a duplicate) cannot happen: a node's hash
+    # includes its project. An error below rolls the projects back with everything else.
+    _run(plpy, _ENSURE_PROJECTS, ["text[]"], [sorted({r.project for r in records})])
     keys = reference_keys(records)
     stored: Mapping[Key, _Stored] = {
         (x["project"], x["external_id"]): _Stored(x["id"], x["level"], bytes(x["sha256"]))
@@ -221,7 +227,6 @@ def add_nodes_for_sql(plpy: PlpySPI, nodes: str | None) -> str:
     inserted = 0
     if todo:
         _ensure_embedding_model(plpy)
-        _run(plpy, _ENSURE_PROJECTS, ["text[]"], [sorted({r.project for r in todo})])
         new = _run(plpy, _INSERT, ["jsonb"], [json.dumps([_row(r) for r in todo])])
         inserted = len(new)
         by_sha.update({bytes(x["sha256"]): x["id"] for x in new})
