@@ -47,6 +47,11 @@ BEGIN
             pg_catalog.format('memory.%I', t || '_p' || project_id)) IS NOT NULL;
         EXECUTE pg_catalog.format('CREATE TABLE memory.%I PARTITION OF memory.%I FOR VALUES IN (%s)',
                                   t || '_p' || project_id, t, project_id);
+        -- Without a policy: a role that reaches a partition directly (a DBA's ALTER DEFAULT
+        -- PRIVILEGES ... GRANT SELECT ON TABLES) sees no row; through the parent its
+        -- policies apply, never these.
+        EXECUTE pg_catalog.format('ALTER TABLE memory.%I ENABLE ROW LEVEL SECURITY',
+                                  t || '_p' || project_id);
         made := made + 1;
     END LOOP;
     RETURN made;
@@ -181,6 +186,16 @@ BEGIN
             SELECT pg_catalog.pg_get_triggerdef(g.oid)
             FROM pg_catalog.pg_trigger g
             WHERE g.tgrelid = pg_catalog.format('memory.%I', t)::regclass AND NOT g.tgisinternal
+            ORDER BY g.tgname);
+        -- CREATE TRIGGER makes it enabled: a trigger a DBA disabled (or set to fire on
+        -- replicas) stays so.
+        stmts := stmts || ARRAY(
+            SELECT pg_catalog.format('ALTER TABLE memory.%I %s TRIGGER %I', t,
+                       CASE g.tgenabled WHEN 'D' THEN 'DISABLE' WHEN 'R' THEN 'ENABLE REPLICA'
+                                        ELSE 'ENABLE ALWAYS' END, g.tgname)
+            FROM pg_catalog.pg_trigger g
+            WHERE g.tgrelid = pg_catalog.format('memory.%I', t)::regclass AND NOT g.tgisinternal
+              AND g.tgenabled <> 'O'
             ORDER BY g.tgname);
         stmts := stmts || ARRAY(
             SELECT pg_catalog.format('ALTER TABLE memory.%I %s ROW LEVEL SECURITY', t, x.mode)

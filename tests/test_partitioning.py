@@ -460,3 +460,47 @@ def test_deleting_a_project_deletes_its_rows_on_the_partitioned_layout(conn: Con
     assert conn.execute(
         "SELECT count(*) FROM memory.nodes WHERE project_id = %s", pid
     ).fetchone() == (0,)
+
+
+def test_a_partition_read_directly_shows_no_row(conn: Conn) -> None:
+    """A DBA's default privileges grant every new table of the schema, partitions
+    included; RLS applies through the parent only, so a partition must refuse rows itself:
+    those made by the move and those a new project gets."""
+    conn.execute(
+        "ALTER DEFAULT PRIVILEGES IN SCHEMA memory GRANT SELECT ON TABLES TO memory_reader"
+    )
+    conn.execute("SELECT memory.partition_by_project()")
+    conn.execute("INSERT INTO memory.projects (name) VALUES ('fresh')")
+    conn.execute(
+        "INSERT INTO memory.nodes (sha256, project_id, level, text)"
+        " SELECT sha256('late'::bytea), id, 'L0', 'a late node' FROM memory.projects"
+        " WHERE name = 'fresh'"
+    )
+    conn.execute(
+        "DO $$ BEGIN IF to_regrole('part_reader') IS NULL THEN CREATE ROLE part_reader; END IF;"
+        " END $$"
+    )
+    conn.execute("GRANT memory_reader TO part_reader")
+    conn.execute("SELECT memory.grant_project('part_reader', 'poimen')")
+    hidden = [
+        f"memory.{t}_p{pid}"
+        for (pid,) in conn.execute("SELECT id FROM memory.projects WHERE name <> 'poimen'")
+        for t in TABLES
+    ]
+    conn.execute("SET ROLE part_reader")
+    try:
+        for name in hidden:
+            assert conn.execute(f"SELECT count(*) FROM {name}").fetchone() == (0,), name
+        assert conn.execute("SELECT count(*) FROM memory.nodes").fetchone() != (0,)
+    finally:
+        conn.execute("RESET ROLE")
+
+
+def test_partition_by_project_keeps_a_disabled_trigger_disabled(conn: Conn) -> None:
+    conn.execute("ALTER TABLE memory.nodes DISABLE TRIGGER nodes_outbox_insert")
+    conn.execute("ALTER TABLE memory.nodes ENABLE REPLICA TRIGGER nodes_outbox_update")
+    conn.execute("SELECT memory.partition_by_project()")
+    assert conn.execute(
+        "SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = 'memory.nodes'::regclass"
+        " AND tgname IN ('nodes_outbox_insert', 'nodes_outbox_update') ORDER BY 1"
+    ).fetchall() == [("nodes_outbox_insert", "D"), ("nodes_outbox_update", "R")]
