@@ -23,9 +23,12 @@ from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import check, migrate
 from poimen_memory.embedders.local import LocalEmbedder
+from poimen_memory.ingest.nodes import parse_lines
+from poimen_memory.ingest.writer import ingest
 
 Conn = psycopg.Connection[Any]
 CLI = [sys.executable, "-m", "poimen_memory.cli.main"]
+FIXTURE = Path(__file__).parent / "fixtures" / "memory_nodes.jsonl"
 
 TABLES = ("nodes", "edges", "postings", "term_stats", "corpus_stats")
 # The whole content of each table in key order: equal digests mean equal rows.
@@ -504,3 +507,18 @@ def test_partition_by_project_keeps_a_disabled_trigger_disabled(conn: Conn) -> N
         "SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = 'memory.nodes'::regclass"
         " AND tgname IN ('nodes_outbox_insert', 'nodes_outbox_update') ORDER BY 1"
     ).fetchall() == [("nodes_outbox_insert", "D"), ("nodes_outbox_update", "R")]
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_ingesting_the_same_file_again_adds_nothing(
+    conn: Conn, embedder: LocalEmbedder, partitioned: bool
+) -> None:
+    """Duplicates are found by (sha256, project_id) since 0009, on both layouts."""
+    if partitioned:
+        conn.execute("SELECT memory.partition_by_project()")
+    before = _state(conn)
+    records, errors = parse_lines(FIXTURE.read_text().splitlines())
+    assert not errors
+    report = ingest(conn, records, embedder, progress=False)
+    assert (report.inserted, report.duplicates) == (0, len(records))
+    assert _state(conn) == before
