@@ -160,7 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         with connect(parted_url, autocommit=True) as conn:
             conn.execute(f"SET maintenance_work_mem = '{args.maintenance_work_mem}'")
             notices: list[str] = []
-            conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+
+            def progress(d: psycopg.errors.Diagnostic) -> None:
+                notices.append(d.message_primary or "")
+                print(f"  {notices[-1]}", flush=True)
+
+            conn.add_notice_handler(progress)
             t0 = time.perf_counter()
             moved = conn.execute("SELECT * FROM memory.partition_by_project()").fetchall()
             result["partition_s"] = time.perf_counter() - t0

@@ -143,6 +143,10 @@ def ingest(
         else:
             with conn.transaction():
                 ensure_embedding_model(conn, embedder)
+                # In a short transaction of their own: on the partitioned layout a new
+                # project's partitions lock the tables until the transaction that made
+                # them ends, and queries of every project wait that long.
+                writer.ensure_projects(todo)
             batches = [todo[i : i + batch_size] for i in range(0, len(todo), batch_size)]
             # One thread embeds the next batch while this one writes the current batch, so
             # the embedder and the database work at the same time, not in turns.
@@ -215,14 +219,17 @@ class _Writer:
         self.report.duplicates += duplicates
         return todo
 
-    def write(self, batch: Sequence[NodeRecord], vectors: Any) -> None:
-        if not batch:
-            return
-        names = sorted({r.project for r in batch} - set(self.projects))
+    def ensure_projects(self, records: Sequence[NodeRecord]) -> None:
+        names = sorted({r.project for r in records} - set(self.projects))
         if names:
             self.conn.execute(q("ensure_projects"), {"names": names})
             rows = self.conn.execute(q("project_ids"), {"names": names}).fetchall()
             self.projects.update(dict(rows))
+
+    def write(self, batch: Sequence[NodeRecord], vectors: Any) -> None:
+        if not batch:
+            return
+        self.ensure_projects(batch)
         params = [
             {
                 "sha256": r.sha256,
