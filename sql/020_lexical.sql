@@ -186,6 +186,10 @@ CREATE OR REPLACE FUNCTION memory.lexical_search(
 )
 RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
+-- Plans made per call, with the project as a constant: on the partitioned layout a cached
+-- (generic) plan locks every partition of postings and its indexes at each use, which cost
+-- more than the statements (docs/scaling.md); on one table it measured the same.
+SET plan_cache_mode = force_custom_plan
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -325,7 +329,7 @@ BEGIN
               LEFT JOIN LATERAL (
                   SELECT t_w[j] * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl)) AS s
                   FROM memory.postings p
-                  WHERE p.lexeme = t_lex[j] AND p.project_id = c.proj AND p.node_id = c.id
+                  WHERE p.lexeme = t_lex[j] AND p.project_id = coalesce(pid, c.proj) AND p.node_id = c.id
                   LIMIT 1) x ON true;
         END IF;
         IF j > 1 THEN
