@@ -104,6 +104,9 @@ COMMENT ON FUNCTION memory.revoke_project(regrole, text) IS
 DO $$
 DECLARE
     pol record;
+    t text;
+    readable text := 'project_id = ANY ((SELECT memory.granted_project_ids(false))::integer[])';
+    writable text := 'project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[])';
 BEGIN
     IF to_regclass('memory.project_grants') IS NULL THEN
         RETURN;  -- migration 0008 not applied yet
@@ -132,35 +135,22 @@ BEGIN
     CREATE POLICY granted_delete ON memory.projects FOR DELETE
         USING ((SELECT memory.granted_projects(true)) && ARRAY[name, '*']);
 
-    CREATE POLICY granted_read ON memory.nodes FOR SELECT
-        USING (project_id = ANY ((SELECT memory.granted_project_ids(false))::integer[]));
-    CREATE POLICY granted_insert ON memory.nodes FOR INSERT
-        WITH CHECK (project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[]));
-    CREATE POLICY granted_update ON memory.nodes FOR UPDATE
-        USING (project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[]))
-        WITH CHECK (project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[]));
-    CREATE POLICY granted_delete ON memory.nodes FOR DELETE
-        USING (project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[]));
-
-    -- An edge stays within one project (its foreign keys carry the project, migration
-    -- 0009), so it is seen and changed exactly like that project's nodes.
-    CREATE POLICY granted_read ON memory.edges FOR SELECT
-        USING (project_id = ANY ((SELECT memory.granted_project_ids(false))::integer[]));
-    CREATE POLICY granted_insert ON memory.edges FOR INSERT
-        WITH CHECK (project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[]));
-    CREATE POLICY granted_update ON memory.edges FOR UPDATE
-        USING (project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[]))
-        WITH CHECK (project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[]));
-    CREATE POLICY granted_delete ON memory.edges FOR DELETE
-        USING (project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[]));
-
-    -- The statistics are written by the owner's triggers only; reading them is per project.
-    CREATE POLICY granted_read ON memory.postings FOR SELECT
-        USING (project_id = ANY ((SELECT memory.granted_project_ids(false))::integer[]));
-    CREATE POLICY granted_read ON memory.term_stats FOR SELECT
-        USING (project_id = ANY ((SELECT memory.granted_project_ids(false))::integer[]));
-    CREATE POLICY granted_read ON memory.corpus_stats FOR SELECT
-        USING (project_id = ANY ((SELECT memory.granted_project_ids(false))::integer[]));
+    -- One rule for every table that holds a project's rows: a row is seen in the projects
+    -- granted for reading, written in those granted for writing. Edges obey it too: an
+    -- edge stays within one project (its foreign keys carry the project, migration 0009).
+    -- The statistics are written by the owner's triggers only, so they get no write policy.
+    FOREACH t IN ARRAY ARRAY['nodes', 'edges', 'postings', 'term_stats', 'corpus_stats'] LOOP
+        EXECUTE pg_catalog.format(
+            'CREATE POLICY granted_read ON memory.%I FOR SELECT USING (%s)', t, readable);
+        CONTINUE WHEN t NOT IN ('nodes', 'edges');
+        EXECUTE pg_catalog.format(
+            'CREATE POLICY granted_insert ON memory.%I FOR INSERT WITH CHECK (%s)', t, writable);
+        EXECUTE pg_catalog.format(
+            'CREATE POLICY granted_update ON memory.%I FOR UPDATE USING (%s) WITH CHECK (%s)',
+            t, writable, writable);
+        EXECUTE pg_catalog.format(
+            'CREATE POLICY granted_delete ON memory.%I FOR DELETE USING (%s)', t, writable);
+    END LOOP;
 
     -- The outbox names nodes of every project, deleted ones included: only a role granted
     -- every project (the service's drain asserts '*') sees or changes it.

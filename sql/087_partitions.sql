@@ -59,7 +59,9 @@ END $$;
 COMMENT ON FUNCTION memory.add_project_partitions(integer) IS
     'Creates the project''s partition of each partitioned table (named <table>_p<project id>) that lacks one; their indexes (HNSW included) come from the parents. Returns how many it made. Called by the trigger on memory.projects; a no-op on the unpartitioned layout.';
 
--- SECURITY DEFINER: it runs as the owner, who alone may call add_project_partitions.
+-- SECURITY DEFINER: it runs as the owner, who alone may call add_project_partitions, and
+-- its delete stands in for a foreign key's cascade, which also reaches rows the deleting
+-- role may not see.
 CREATE OR REPLACE FUNCTION memory.projects_partitions()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -67,53 +69,24 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    -- CREATE TABLE ... PARTITION OF locks the parents ACCESS EXCLUSIVE until this
-    -- transaction ends: a new project waits for running statements on them, and every
-    -- statement on them (any project) waits for the transaction that creates a project.
-    PERFORM memory.add_project_partitions(NEW.id);
-    RETURN NULL;
-END $$;
-COMMENT ON FUNCTION memory.projects_partitions() IS
-    'Row trigger on memory.projects: gives a new project its partitions (memory.add_project_partitions).';
-
-CREATE OR REPLACE TRIGGER projects_partitions
-    AFTER INSERT ON memory.projects
-    FOR EACH ROW EXECUTE FUNCTION memory.projects_partitions();
-
--- SECURITY DEFINER, as the foreign key's cascade it stands in for: it deletes nodes the
--- deleting role may not see.
-CREATE OR REPLACE FUNCTION memory.projects_nodes_delete()
-RETURNS trigger
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF memory.partitioned() THEN
+    IF TG_OP = 'INSERT' THEN
+        -- CREATE TABLE ... PARTITION OF locks the parents ACCESS EXCLUSIVE until this
+        -- transaction ends: a new project waits for running statements on them, and every
+        -- statement on them (any project) waits for the transaction that creates a project.
+        PERFORM memory.add_project_partitions(NEW.id);
+    ELSIF memory.partitioned() THEN
+        -- The partitioned nodes have no foreign key to memory.projects (see
+        -- partition_by_project); edges and statistics follow the nodes.
         DELETE FROM memory.nodes n WHERE n.project_id = OLD.id;
     END IF;
     RETURN NULL;
 END $$;
-COMMENT ON FUNCTION memory.projects_nodes_delete() IS
-    'Row trigger on memory.projects: on the partitioned layout, deletes a deleted project''s nodes (and so their edges and statistics), the ON DELETE CASCADE of the foreign key memory.partition_by_project() does not carry over.';
+COMMENT ON FUNCTION memory.projects_partitions() IS
+    'Row trigger on memory.projects: gives a new project its partitions (memory.add_project_partitions) and, on the partitioned layout, deletes a deleted project''s nodes (the ON DELETE CASCADE of the foreign key memory.partition_by_project() does not carry over).';
 
-CREATE OR REPLACE TRIGGER projects_nodes_delete
-    AFTER DELETE ON memory.projects
-    FOR EACH ROW EXECUTE FUNCTION memory.projects_nodes_delete();
-
--- A database partitioned before the trigger above took over the cascade still has the key.
-DO $$
-DECLARE
-    fk name;
-BEGIN
-    IF memory.partitioned() THEN
-        FOR fk IN SELECT c.conname FROM pg_catalog.pg_constraint c
-                  WHERE c.conrelid = 'memory.nodes'::regclass AND c.contype = 'f'
-                    AND c.confrelid = 'memory.projects'::regclass LOOP
-            EXECUTE pg_catalog.format('ALTER TABLE memory.nodes DROP CONSTRAINT %I', fk);
-        END LOOP;
-    END IF;
-END $$;
+CREATE OR REPLACE TRIGGER projects_partitions
+    AFTER INSERT OR DELETE ON memory.projects
+    FOR EACH ROW EXECUTE FUNCTION memory.projects_partitions();
 
 -- The move. Everything a table carries is read from the catalog before the tables are
 -- swapped and replayed on the new ones, so nothing is written twice here and a DBA's own
@@ -173,7 +146,7 @@ BEGIN
         -- Not nodes' key to memory.projects: each new partition would copy it and so lock
         -- memory.projects SHARE ROW EXCLUSIVE from the trigger on memory.projects, whose
         -- INSERT already holds ROW EXCLUSIVE there; two projects created at once would
-        -- deadlock. A partition exists only for a project, and memory.projects_nodes_delete
+        -- deadlock. A partition exists only for a project, and memory.projects_partitions
         -- does the ON DELETE CASCADE.
         fks := fks || ARRAY(
             SELECT pg_catalog.format('ALTER TABLE memory.%I ADD CONSTRAINT %I %s', t, c.conname,

@@ -54,8 +54,7 @@ DECLARE
         'memory.enqueue_opensearch', 'memory.grant_project', 'memory.revoke_project',
         'memory.enable_outbox', 'memory.configure_embedding_server',
         'memory.clear_embedding_server', 'memory.add_project_partitions',
-        'memory.projects_partitions', 'memory.projects_nodes_delete',
-        'memory.partition_by_project'];
+        'memory.projects_partitions', 'memory.partition_by_project'];
     reader_tables text[] := ARRAY[
         'memory.schema_migrations', 'memory.config', 'memory.projects',
         'memory.embedding_model', 'memory.nodes', 'memory.edges', 'memory.postings',

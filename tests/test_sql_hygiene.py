@@ -49,7 +49,6 @@ OWNER_ONLY = {
     "clear_embedding_server",
     "add_project_partitions",
     "projects_partitions",
-    "projects_nodes_delete",
     "partition_by_project",
 }
 # Functions that write content: granted to memory_writer (the service's role inherits them).
