@@ -522,3 +522,25 @@ def test_ingesting_the_same_file_again_adds_nothing(
     report = ingest(conn, records, embedder, progress=False)
     assert (report.inserted, report.duplicates) == (0, len(records))
     assert _state(conn) == before
+
+
+def test_a_new_embedding_model_rebuilds_every_partitions_graphs(conn: Conn) -> None:
+    """`poimen-memory reembed` (memory.reset_embedding) retypes the column and rebuilds the
+    HNSW indexes through the parent: every partition gets both graphs again."""
+    conn.execute("SELECT memory.partition_by_project()")
+    conn.execute("SELECT memory.reset_embedding('another-model', 8)")
+    assert conn.execute(
+        "SELECT format_type(atttypid, atttypmod) FROM pg_attribute"
+        " WHERE attrelid = 'memory.nodes'::regclass AND attname = 'embedding'"
+    ).fetchone() == ("vector(8)",)
+    graphs = conn.execute(
+        "SELECT c.relname, count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " JOIN pg_index x ON x.indrelid = c.oid JOIN pg_class ic ON ic.oid = x.indexrelid"
+        " JOIN pg_am a ON a.oid = ic.relam"
+        " WHERE i.inhparent = 'memory.nodes'::regclass AND a.amname = 'hnsw' GROUP BY 1"
+    ).fetchall()
+    partitions = _partitions(conn, "nodes")
+    assert {name for name, _ in graphs} == partitions and {n for _, n in graphs} == {2}
+    assert conn.execute(
+        "SELECT count(*) FROM memory.nodes WHERE embedding IS NOT NULL"
+    ).fetchone() == (0,)
