@@ -52,6 +52,20 @@ def prepare_database(conn: psycopg.Connection[Any]) -> None:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA extensions")
 
 
+def make_role(conn: psycopg.Connection[Any], name: str, *member_of: str) -> None:
+    """A NOLOGIN role, member of the given roles. Roles are cluster-wide and the session's
+    databases share them: created once, granted again harmlessly."""
+    conn.execute(
+        f"""DO $$ BEGIN
+                IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{name}') THEN
+                    CREATE ROLE {name} NOLOGIN;
+                END IF;
+            END $$"""
+    )
+    for r in member_of:
+        conn.execute(f"GRANT {r} TO {name}")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

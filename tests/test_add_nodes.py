@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from conftest import prepare_conn
+from conftest import make_role, prepare_conn
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import migrate
 from poimen_memory.ingest.nodes import node_sha256
@@ -33,19 +33,6 @@ NODES: list[dict[str, Any]] = [
     {"project": PROJECT, "level": "L2", "id": "w:syn:1", "parents": ["w:mem:1"],
      "text": "Backups fail silently when disks fill; watch free space on backup volumes."},
 ]  # fmt: skip
-
-
-def _role(conn: Conn, name: str, *member_of: str) -> None:
-    """Roles are cluster-wide and the session's databases share them: create once."""
-    conn.execute(
-        f"""DO $$ BEGIN
-                IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{name}') THEN
-                    CREATE ROLE {name} NOLOGIN;
-                END IF;
-            END $$"""
-    )
-    for r in member_of:
-        conn.execute(f"GRANT {r} TO {name}")
 
 
 def _add(conn: Conn, nodes: Any) -> dict[str, Any]:
@@ -163,7 +150,7 @@ def test_not_an_array(conn: Conn, value: str) -> None:
 
 
 def test_a_writer_writes_only_its_granted_projects(conn: Conn) -> None:
-    _role(conn, "addnodes_writer", "memory_writer")
+    make_role(conn, "addnodes_writer", "memory_writer")
     conn.execute("SELECT memory.grant_project('addnodes_writer', 'proj_a', write => true)")
     conn.execute("SELECT memory.grant_project('addnodes_writer', 'proj_b')")  # read only
     before = _count(conn)
@@ -183,7 +170,7 @@ def test_a_writer_writes_only_its_granted_projects(conn: Conn) -> None:
 
 
 def test_a_reader_may_not_call_it(conn: Conn) -> None:
-    _role(conn, "addnodes_reader", "memory_reader")
+    make_role(conn, "addnodes_reader", "memory_reader")
     conn.execute("SELECT memory.grant_project('addnodes_reader', '*', write => true)")
     conn.execute("SET ROLE addnodes_reader")
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -200,8 +187,8 @@ def fresh(empty_url: str, plpython_root: Path) -> Iterator[Conn]:
 
 
 def test_the_first_write_configures_the_model_when_the_role_may(fresh: Conn) -> None:
-    _role(fresh, "addnodes_plain", "memory_writer")
-    _role(fresh, "addnodes_service", "memory_service")
+    make_role(fresh, "addnodes_plain", "memory_writer")
+    make_role(fresh, "addnodes_service", "memory_service")
     for role in ("addnodes_plain", "addnodes_service"):
         fresh.execute(f"SELECT memory.grant_project('{role}', '*', write => true)")
     fresh.execute("SET ROLE addnodes_plain")

@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from conftest import make_role
 from poimen_memory.db import migrate as migrate_mod
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect
@@ -163,11 +164,7 @@ def test_a_project_query_reads_only_its_partition(conn: Conn, embedder: LocalEmb
 
 def test_a_new_project_gets_its_partitions_and_rls_still_holds(conn: Conn) -> None:
     conn.execute("SELECT memory.partition_by_project()")
-    conn.execute(
-        "DO $$ BEGIN IF to_regrole('part_writer') IS NULL THEN CREATE ROLE part_writer; END IF;"
-        " END $$"
-    )
-    conn.execute("GRANT memory_writer TO part_writer")
+    make_role(conn, "part_writer", "memory_writer")
     conn.execute("SELECT memory.grant_project('part_writer', 'fresh', write => true)")
     conn.execute("SET ROLE part_writer")
     summary = conn.execute(
@@ -328,11 +325,7 @@ def test_a_partitioned_database_survives_dump_and_restore(
             assert r.execute("SELECT memory.partitioned()").fetchone() == (True,)
             assert _state(r) == before
             assert _to_the_ulp(_rankings(r, embedder)) == _to_the_ulp(ranked)
-            r.execute(
-                "DO $$ BEGIN IF to_regrole('restored_writer') IS NULL THEN"
-                " CREATE ROLE restored_writer; END IF; END $$"
-            )
-            r.execute("GRANT memory_writer TO restored_writer")
+            make_role(r, "restored_writer", "memory_writer")
             r.execute("SELECT memory.grant_project('restored_writer', 'fresh', write => true)")
             r.execute("SET ROLE restored_writer")
             summary = r.execute(
@@ -479,11 +472,7 @@ def test_a_partition_read_directly_shows_no_row(conn: Conn) -> None:
         " SELECT sha256('late'::bytea), id, 'L0', 'a late node' FROM memory.projects"
         " WHERE name = 'fresh'"
     )
-    conn.execute(
-        "DO $$ BEGIN IF to_regrole('part_reader') IS NULL THEN CREATE ROLE part_reader; END IF;"
-        " END $$"
-    )
-    conn.execute("GRANT memory_reader TO part_reader")
+    make_role(conn, "part_reader", "memory_reader")
     conn.execute("SELECT memory.grant_project('part_reader', 'poimen')")
     hidden = [
         f"memory.{t}_p{pid}"

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from conftest import make_role
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import ensure_service_login
 from poimen_memory.embedders.local import LocalEmbedder
@@ -20,19 +21,6 @@ Conn = psycopg.Connection[Any]
 
 KONG = "kong client body buffer size"
 ALL = "ARRAY['L0','L1','L2']"
-
-
-def _role(conn: Conn, name: str, *member_of: str) -> None:
-    """Roles are cluster-wide and the session's databases share them: create once."""
-    conn.execute(
-        f"""DO $$ BEGIN
-                IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{name}') THEN
-                    CREATE ROLE {name} NOLOGIN;
-                END IF;
-            END $$"""
-    )
-    for r in member_of:
-        conn.execute(f"GRANT {r} TO {name}")
 
 
 def _ids(conn: Conn, query: str, params: tuple[Any, ...] = ()) -> list[Any]:
@@ -45,7 +33,7 @@ def _project_ids(conn: Conn) -> dict[str, int]:
 
 @pytest.fixture
 def reader(conn: Conn) -> Conn:
-    _role(conn, "tenant_reader", "memory_reader")
+    make_role(conn, "tenant_reader", "memory_reader")
     conn.execute("SELECT memory.grant_project('tenant_reader', 'poimen')")
     return conn
 
@@ -64,7 +52,7 @@ def _plant_atlas(conn: Conn, n: int) -> list[int]:
 
 
 def test_a_role_without_grants_sees_nothing(conn: Conn) -> None:
-    _role(conn, "tenant_nobody", "memory_reader")
+    make_role(conn, "tenant_nobody", "memory_reader")
     conn.execute("SET ROLE tenant_nobody")
     for table in ("projects", "nodes", "edges", "postings", "term_stats", "corpus_stats",
                   "opensearch_outbox", "project_grants"):  # fmt: skip
@@ -156,7 +144,7 @@ def test_top_k_is_computed_after_the_filter(reader: Conn, embedder: LocalEmbedde
 
 
 def test_a_writer_changes_only_its_writable_project(conn: Conn) -> None:
-    _role(conn, "tenant_writer", "memory_writer")
+    make_role(conn, "tenant_writer", "memory_writer")
     conn.execute("SELECT memory.grant_project('tenant_writer', 'poimen', write => true)")
     conn.execute("SELECT memory.grant_project('tenant_writer', 'atlas')")  # read-only
     pids = _project_ids(conn)
@@ -197,9 +185,9 @@ def test_edges_stay_within_one_project_and_follow_its_grants(conn: Conn) -> None
     """An edge carries its project (migration 0009): one joining two projects is refused by
     its foreign keys, whichever project it names, so no edge can leak a hidden node's id;
     an edge is seen and changed exactly like its project's nodes."""
-    _role(conn, "tenant_reader", "memory_reader")
+    make_role(conn, "tenant_reader", "memory_reader")
     conn.execute("SELECT memory.grant_project('tenant_reader', 'poimen')")
-    _role(conn, "tenant_edger", "memory_writer")
+    make_role(conn, "tenant_edger", "memory_writer")
     conn.execute("SELECT memory.grant_project('tenant_edger', 'poimen', write => true)")
     conn.execute("SELECT memory.grant_project('tenant_edger', 'atlas')")  # read-only
     pids = _project_ids(conn)
@@ -232,8 +220,8 @@ def test_edges_stay_within_one_project_and_follow_its_grants(conn: Conn) -> None
 
 
 def test_the_project_setting_counts_only_for_the_service_role(conn: Conn) -> None:
-    _role(conn, "tenant_plain", "memory_writer")
-    _role(conn, "tenant_service", "memory_service")
+    make_role(conn, "tenant_plain", "memory_writer")
+    make_role(conn, "tenant_service", "memory_service")
     conn.execute("SELECT memory.grant_project('tenant_plain', 'poimen')")
     pids = _project_ids(conn)
     for who in ("tenant_plain", "tenant_service"):
@@ -263,7 +251,7 @@ def test_the_policies_work_when_memory_service_does_not_exist(conn: Conn) -> Non
     """A restore without the cluster's roles (pg_restore without pg_dumpall --globals): the
     role is renamed away inside a transaction that is rolled back, so no other test sees it.
     Grants still work, and the project setting counts for nobody."""
-    _role(conn, "tenant_reader", "memory_reader")
+    make_role(conn, "tenant_reader", "memory_reader")
     conn.execute("SELECT memory.grant_project('tenant_reader', 'poimen')")
     pids = _project_ids(conn)
     with conn.transaction(force_rollback=True):
@@ -278,7 +266,7 @@ def test_the_policies_work_when_memory_service_does_not_exist(conn: Conn) -> Non
 
 
 def test_grant_and_revoke(conn: Conn) -> None:
-    _role(conn, "tenant_granted", "memory_reader")
+    make_role(conn, "tenant_granted", "memory_reader")
     with pytest.raises(psycopg.errors.InvalidParameterValue):
         conn.execute("SELECT memory.grant_project('tenant_granted', 'no spaces')")
     with pytest.raises(psycopg.errors.UndefinedObject):
@@ -300,7 +288,7 @@ def test_from_psql_the_setting_helps_only_the_service_role(conn: Conn, cluster: 
     """The same rule through the real psql client, logged in (peer) as the service's role
     and as the superuser switched to a plain role."""
     ensure_service_login(conn, "poimen_service")
-    _role(conn, "tenant_plain", "memory_writer")
+    make_role(conn, "tenant_plain", "memory_writer")
     conn.execute("SELECT memory.grant_project('tenant_plain', 'poimen')")
     seen = (
         "SELECT coalesce(string_agg(DISTINCT p.name, ','), '-') FROM memory.nodes n"
