@@ -10,7 +10,7 @@ import shutil
 import socket
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,26 @@ def make_role(conn: psycopg.Connection[Any], name: str, *member_of: str) -> None
     )
     for r in member_of:
         conn.execute(f"GRANT {r} TO {name}")
+
+
+def stage_migrations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, below: str
+) -> Callable[[str], None]:
+    """Point migrate at a copy of migrations/ holding only the versions before `below`;
+    the returned function adds the rest from a given version on (a later deploy)."""
+    from poimen_memory.db import migrate as migrate_mod
+
+    real, staged = migrate_mod.MIGRATIONS_DIR, tmp_path / "staged"
+    staged.mkdir()
+
+    def copy(keep: Callable[[str], bool]) -> None:
+        for m in sorted(real.glob("*.sql")):
+            if keep(m.stem):
+                (staged / m.name).write_text(m.read_text())
+
+    copy(lambda v: v < below)
+    monkeypatch.setattr(migrate_mod, "MIGRATIONS_DIR", staged)
+    return lambda start: copy(lambda v: v >= start)
 
 
 def _free_port() -> int:

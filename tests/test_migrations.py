@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from conftest import stage_migrations
 from poimen_memory.db import migrate as migrate_mod
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect
@@ -132,12 +133,7 @@ def test_0008_names_the_roles_it_leaves_without_a_project(
 ) -> None:
     """Row-level security silently empties the results of existing SQL users: the migration
     that turns it on names them (a NOTICE that migrate reports), and only them."""
-    real, staged = migrate_mod.MIGRATIONS_DIR, tmp_path / "staged"
-    staged.mkdir()
-    for m in sorted(real.glob("*.sql")):
-        if m.stem < "0008":
-            (staged / m.name).write_text(m.read_text())
-    monkeypatch.setattr(migrate_mod, "MIGRATIONS_DIR", staged)
+    add_migrations = stage_migrations(tmp_path, monkeypatch, below="0008")
     with connect(empty_url, autocommit=True) as conn:
         first = migrate(conn, plpython_root)  # before 0008: sql/ makes the group roles
         assert "0008_project_grants" not in first.applied and first.notices == []
@@ -150,9 +146,7 @@ def test_0008_names_the_roles_it_leaves_without_a_project(
             if exists == (False,):
                 admin.execute(f"CREATE ROLE {role}")
             admin.execute(f"GRANT {group} TO {role}")
-        for src in sorted(real.glob("*.sql")):  # 0008 and what sql/ needs after it
-            if src.stem >= "0008":
-                (staged / src.name).write_text(src.read_text())
+        add_migrations("0008")  # 0008 and what sql/ needs after it
         report = migrate(conn, plpython_root)
         again = migrate(conn, plpython_root)
     assert "0008_project_grants" in report.applied

@@ -12,13 +12,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from conftest import make_role
+from conftest import make_role, stage_migrations
 from poimen_memory.db import migrate as migrate_mod
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect
@@ -207,12 +208,7 @@ def test_0009_refuses_edges_across_projects(
 ) -> None:
     """An edge a DBA wrote across projects before 0009 stops the migration with a hint,
     and nothing is applied; removed, the migration goes through and fills edges.project_id."""
-    real, staged = migrate_mod.MIGRATIONS_DIR, tmp_path / "staged"
-    staged.mkdir()
-    for m in sorted(real.glob("*.sql")):
-        if m.stem < "0009":
-            (staged / m.name).write_text(m.read_text())
-    monkeypatch.setattr(migrate_mod, "MIGRATIONS_DIR", staged)
+    add_migrations = stage_migrations(tmp_path, monkeypatch, below="0009")
     monkeypatch.setattr(migrate_mod, "SQL_DIR", tmp_path / "no-sql")
     (tmp_path / "no-sql").mkdir()
     with connect(empty_url, autocommit=True) as conn:
@@ -231,9 +227,7 @@ def test_0009_refuses_edges_across_projects(
         conn.execute(
             "INSERT INTO memory.edges (child_id, parent_id) VALUES (%s, %s)", (ids["a"], ids["b"])
         )
-        for m in sorted(real.glob("*.sql")):
-            if m.stem >= "0009":
-                (staged / m.name).write_text(m.read_text())
+        add_migrations("0009")
         with pytest.raises(Exception, match="provenance edges join nodes of different projects"):
             migrate(conn, plpython_root)
         applied = conn.execute("SELECT max(version) FROM memory.schema_migrations").fetchone()
@@ -279,6 +273,25 @@ def test_migrate_partition_by_project_from_the_cli(fixture_url: str, tmp_path: P
     assert second.returncode == 0 and "already partitioned" in second.stdout
     with connect(fixture_url) as conn:
         assert conn.execute("SELECT memory.partitioned()").fetchone() == (True,)
+
+
+def test_a_bad_maintenance_work_mem_is_refused_before_anything_moves(
+    fixture_url: str, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
+    env.update(POIMEN_HOME=str(tmp_path), POIMEN_DATABASE_URL=fixture_url)
+    cmd = [*CLI, "migrate", "--no-plpython", "--partition-by-project"]
+    bad = subprocess.run(
+        [*cmd, "--maintenance-work-mem", "lots"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode != 0 and "maintenance_work_mem" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    with connect(fixture_url) as conn:
+        assert conn.execute("SELECT memory.partitioned()").fetchone() == (False,)
 
 
 def _to_the_ulp(ranked: dict[str, Any]) -> dict[str, Any]:
@@ -360,6 +373,18 @@ def _wait_for(conn: Conn, sql: str, want: Any, tries: int = 600) -> None:
     raise AssertionError(f"{sql} never answered {want}")
 
 
+def _attempt(url: str, outcome: dict[str, str], name: str, work: Callable[[Conn], Any]) -> None:
+    """Run work on a connection of its own (a thread's), waiting at most 60 s for any lock;
+    record "ok" or the SQLSTATE it failed with (40P01 for a deadlock)."""
+    with connect(url, autocommit=True) as c:
+        c.execute("SET lock_timeout = '60s'")
+        try:
+            work(c)
+            outcome[name] = "ok"
+        except psycopg.Error as exc:
+            outcome[name] = str(exc.sqlstate)
+
+
 def test_two_writers_creating_projects_at_once_both_succeed(conn: Conn, fixture_url: str) -> None:
     """A new project's partitions take ACCESS EXCLUSIVE on the parents. memory.add_nodes
     must create its projects before it reads memory.nodes: two writers holding ACCESS SHARE
@@ -368,17 +393,14 @@ def test_two_writers_creating_projects_at_once_both_succeed(conn: Conn, fixture_
     outcome: dict[str, str] = {}
 
     def add(project: str) -> None:
-        with connect(fixture_url, autocommit=True) as c:
-            c.execute("SET lock_timeout = '60s'")
-            try:
-                c.execute(
-                    "SELECT memory.add_nodes(%s::jsonb)",
-                    (json.dumps([{"project": project, "level": "L0", "id": "t1",
-                                  "text": f"the {project} zeppelin landed"}]),),
-                )  # fmt: skip
-                outcome[project] = "ok"
-            except psycopg.Error as exc:
-                outcome[project] = str(exc.sqlstate)
+        def work(c: Conn) -> None:
+            c.execute(
+                "SELECT memory.add_nodes(%s::jsonb)",
+                (json.dumps([{"project": project, "level": "L0", "id": "t1",
+                              "text": f"the {project} zeppelin landed"}]),),
+            )  # fmt: skip
+
+        _attempt(fixture_url, outcome, project, work)
 
     # The gate lets reads through but holds back INSERTs into memory.projects, so both
     # writers get as far as they can before either creates its project.
@@ -413,14 +435,11 @@ def test_two_projects_created_behind_a_long_reader_both_go_through(
     outcome: dict[str, str] = {}
 
     def create(project: str) -> None:
-        with connect(fixture_url, autocommit=True) as c:
-            c.execute("SET lock_timeout = '60s'")
-            try:
-                with c.transaction():
-                    c.execute("INSERT INTO memory.projects (name) VALUES (%s)", (project,))
-                outcome[project] = "ok"
-            except psycopg.Error as exc:
-                outcome[project] = str(exc.sqlstate)
+        def work(c: Conn) -> None:
+            with c.transaction():
+                c.execute("INSERT INTO memory.projects (name) VALUES (%s)", (project,))
+
+        _attempt(fixture_url, outcome, project, work)
 
     with connect(fixture_url) as reader:
         reader.execute("SELECT count(*) FROM memory.nodes")
