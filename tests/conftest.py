@@ -86,7 +86,7 @@ def stage_migrations(
     return lambda start: copy(lambda v: v >= start)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -107,7 +107,7 @@ def force_parallel(conn: psycopg.Connection[Any]) -> str:
 
 @pytest.fixture(scope="session")
 def cluster(work_dir: Path) -> Iterator[Cluster]:
-    c = Cluster(work_dir / "data", work_dir / "run", _free_port(), find_pg_bin())
+    c = Cluster(work_dir / "data", work_dir / "run", free_port(), find_pg_bin())
     c.start(fast=True)
     settings: dict[str, str] = {}
     if SQL_MODE == "parallel":

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURE, _free_port
+from conftest import FIXTURE, free_port
 
 CLI = [sys.executable, "-m", "poimen_memory.cli.main"]
 
@@ -25,8 +25,8 @@ def cli_env() -> Iterator[dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
     env.update(
         POIMEN_HOME=str(home),
-        POIMEN_PG_PORT=str(_free_port()),
-        POIMEN_REPLICA_PG_PORT=str(_free_port()),
+        POIMEN_PG_PORT=str(free_port()),
+        POIMEN_REPLICA_PG_PORT=str(free_port()),
     )
     yield env
     subprocess.run([*CLI, "db", "replica", "stop"], env=env, capture_output=True, check=False)

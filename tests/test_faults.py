@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from conftest import FIXTURE, _free_port
+from conftest import FIXTURE, free_port
 from poimen_memory.db.cluster import Cluster, find_pg_bin
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import migrate
@@ -23,7 +23,7 @@ from service_client import KONG, serve
 @pytest.fixture
 def own_cluster(work_dir: Path, embedder: LocalEmbedder) -> Iterator[Cluster]:
     """A cluster of its own, so stopping it disturbs no other test."""
-    c = Cluster(work_dir / "fault-data", work_dir / "fault-run", _free_port(), find_pg_bin())
+    c = Cluster(work_dir / "fault-data", work_dir / "fault-run", free_port(), find_pg_bin())
     c.start(fast=True)
     with connect(c.url(), autocommit=True) as conn:
         migrate(conn, work_dir / "plpython")

@@ -13,7 +13,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 from starlette.testclient import TestClient
 
-from conftest import _free_port
+from conftest import free_port
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.embedders.local import LocalEmbedder
 from service_client import KONG, query, serve
@@ -36,7 +36,7 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float = WAIT_S) -> An
 @pytest.fixture(scope="module")
 def standby(cluster: Cluster) -> Iterator[Cluster]:
     base = cluster.data_dir.parent / "standby"
-    s = Cluster(base / "data", base / "run", _free_port(), cluster.bin_dir)
+    s = Cluster(base / "data", base / "run", free_port(), cluster.bin_dir)
     s.make_standby_of(cluster)
     s.start(fast=True)
     yield s

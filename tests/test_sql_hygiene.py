@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from conftest import FIXTURE, _free_port, force_parallel
+from conftest import FIXTURE, force_parallel, free_port
 from poimen_memory.db.cluster import Cluster, find_pg_bin
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import _LOCK_KEY, check, install_plpython, migrate
@@ -397,7 +397,7 @@ def test_migrate_removes_old_plpython_copies(conn: Conn, work_dir: Path) -> None
 
 @pytest.fixture
 def fresh_cluster(work_dir: Path) -> Iterator[Cluster]:
-    c = Cluster(work_dir / "restore-data", work_dir / "restore-run", _free_port(), find_pg_bin())
+    c = Cluster(work_dir / "restore-data", work_dir / "restore-run", free_port(), find_pg_bin())
     c.start(fast=True)
     yield c
     c.destroy()

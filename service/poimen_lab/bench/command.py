@@ -431,7 +431,8 @@ def _print(r: dict[str, Any]) -> None:
     )
     print(
         f"HNSW build {load['hnsw_build_seconds']:.1f}s (pgvector, "
-        f"{load['parallel_maintenance_workers']} parallel workers), index "
+        f"{load['parallel_maintenance_workers']} parallel workers, maintenance_work_mem "
+        f"{load.get('maintenance_work_mem')}, shared_buffers {load.get('shared_buffers')}), index "
         f"{load['hnsw_index_mb']:.1f} MiB; hnswlib {ann['hnswlib_build_seconds']:.1f}s "
         f"({ann['hnswlib_threads']} threads)"
     )

@@ -202,7 +202,8 @@ def load(conn: psycopg.Connection[Any], corpus: Corpus, model: str) -> dict[str,
     conn.execute("VACUUM ANALYZE memory.edges")
     size = conn.execute(
         "SELECT pg_relation_size('memory.nodes_embedding_hnsw'), "
-        "current_setting('max_parallel_maintenance_workers')"
+        "current_setting('max_parallel_maintenance_workers'), "
+        "current_setting('shared_buffers'), current_setting('maintenance_work_mem')"
     ).fetchone()
     assert size is not None
     return {
@@ -214,4 +215,6 @@ def load(conn: psycopg.Connection[Any], corpus: Corpus, model: str) -> dict[str,
         "hnsw_build_seconds": hnsw_s,
         "hnsw_index_mb": size[0] / 2**20,
         "parallel_maintenance_workers": int(size[1]),
+        "shared_buffers": size[2],
+        "maintenance_work_mem": size[3],
     }

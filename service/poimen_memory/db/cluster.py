@@ -21,6 +21,11 @@ from poimen_memory.errors import ClusterError
 DEFAULT_SETUP_STATE = Path("/var/cache/poimen-memory/setup")
 INITDB_CACHE = Path("/var/cache/poimen-memory/initdb")
 DB_NAME = "poimen"
+# Server defaults of the embedded cluster. They live in a file that postgresql.conf
+# includes, not on the command line: a command-line setting beats ALTER SYSTEM, and a DBA
+# who raises shared_buffers for a million nodes must be able to.
+DEFAULTS_FILE = "poimen.conf"
+SERVER_DEFAULTS = {"shared_buffers": "256MB", "maintenance_work_mem": "512MB"}
 
 
 def find_pg_bin(explicit: Path | None = None, setup_state: Path = DEFAULT_SETUP_STATE) -> Path:
@@ -130,6 +135,21 @@ class Cluster:
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
 
+    def _write_defaults(self) -> None:
+        """Write poimen.conf and include it from postgresql.conf once. postgresql.auto.conf
+        (ALTER SYSTEM) is read after both, so a DBA's setting wins."""
+        path = self.data_dir / DEFAULTS_FILE
+        path.write_text(
+            "# Written by poimen-memory at every start (db/cluster.py); override with ALTER"
+            " SYSTEM.\n" + "".join(f"{k} = '{v}'\n" for k, v in SERVER_DEFAULTS.items())
+        )
+        _chown_postgres(path)
+        conf = self.data_dir / "postgresql.conf"
+        line = f"include_if_exists '{DEFAULTS_FILE}'"
+        text = conf.read_text()
+        if line not in text.splitlines():
+            conf.write_text(text.rstrip("\n") + f"\n# poimen-memory server defaults\n{line}\n")
+
     def _lock_down(self) -> None:
         """Only the server's own OS user (and root, mapped to it) may connect: peer
         authentication over a socket in a directory no one else can enter. Written before
@@ -224,13 +244,12 @@ class Cluster:
         if self.running():
             return
         self._lock_down()
+        self._write_defaults()
         opts = [
             f"-p {self.port}",
             f"-k {self.socket_dir}",
             "-c listen_addresses=''",
             "-c max_connections=100",
-            "-c shared_buffers=256MB",
-            "-c maintenance_work_mem=512MB",
         ]
         if fast:
             opts += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
