@@ -77,6 +77,8 @@ READER = {
     "provenance_tree",
     "provenance",
     "hydrate",
+    "select_evidence",
+    "evidence",
     "plpython_path",
     "plpython_load",
     "optimize_query",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 
 Qrels = Mapping[str, Mapping[str, int]]
 Run = Mapping[str, Sequence[str]]
@@ -51,7 +52,7 @@ def rr_at(judged: Mapping[str, int], ranked: Sequence[str], k: int) -> float:
     return 0.0
 
 
-def coverage(gold: set[str], found: set[str]) -> float:
+def coverage(gold: AbstractSet[str], found: AbstractSet[str]) -> float:
     """Fraction of the gold ids among the found ones (0 when nothing is gold)."""
     return len(gold & found) / len(gold) if gold else 0.0
 

@@ -17,8 +17,8 @@ import psycopg
 
 from poimen_lab.eval.data import EvalData, EvalInputError, load
 from poimen_lab.eval.fusion_sweep import default_config
-from poimen_lab.eval.runner import DEEP_PATHS, MODES, Corpus, Outcome, Runner
-from poimen_lab.eval.scores import EVIDENCE_KS, per_query_scores, score_mode
+from poimen_lab.eval.runner import DEEP_PATHS, EVIDENCE_KS, MODES, Corpus, Outcome, Runner
+from poimen_lab.eval.scores import per_query_scores, score_mode
 from poimen_lab.measures import percentile
 from poimen_lab.report import bar_chart, category_table, modes_table, table
 from poimen_memory.db.connect import connect, database_url

@@ -79,6 +79,10 @@ class Corpus:
     """For each node, the L2 syntheses above it (walking the parents edges upwards)."""
 
 
+# The result counts evidence recall is measured at (one response per count).
+EVIDENCE_KS = (5, 10)
+
+
 @dataclass
 class Outcome:
     ranked: list[str] = field(default_factory=list)
@@ -92,6 +96,9 @@ class Outcome:
     """The response's per-stage timings (embed/lexical/semantic/fusion/provenance, ms)."""
     evidence: list[tuple[str, frozenset[str]]] | None = None
     """Top results at levels L1,L2: (external id, L0 external ids its provenance cites)."""
+    cited: dict[int, frozenset[str]] = field(default_factory=dict)
+    """Per result count k: every L0 turn a k-result response cites, in its provenance
+    trees and its evidence list alike."""
 
 
 def _l0_citations(parents: Sequence[dict[str, Any]], by_sha: dict[str, str]) -> set[str]:
@@ -182,7 +189,9 @@ class Runner:
             if not mode.rerank:
                 out.deep = await self.deep(mode_name, out.strategy or "", out.fusion, query)
             if evidence_k and not mode.exact:
-                out.evidence = await self._evidence(mode, query, evidence_k)
+                for k in EVIDENCE_KS:
+                    if k <= evidence_k:
+                        out.evidence, out.cited[k] = await self._evidence(mode, query, k)
         except PoimenError as err:
             out.error = f"{err.code}: {err.message}"
         return out
@@ -203,14 +212,18 @@ class Runner:
         )
         return await retriever.query(req)
 
-    async def _evidence(self, mode: Mode, query: Query, k: int) -> list[tuple[str, frozenset[str]]]:
+    async def _evidence(
+        self, mode: Mode, query: Query, k: int
+    ) -> tuple[list[tuple[str, frozenset[str]]], frozenset[str]]:
         resp = await self._query(mode, query, ("L1", "L2"), k)
         by_sha = self.corpus.by_sha
-        return [
+        trees = [
             (by_sha[r["sha256"]], frozenset(_l0_citations(r["parents"] or [], by_sha)))
             for r in resp["results"]
             if r["sha256"] in by_sha
         ]
+        listed = {by_sha[e["sha256"]] for e in resp.get("evidence") or [] if e["sha256"] in by_sha}
+        return trees, frozenset(listed.union(*(cites for _, cites in trees)))
 
     async def deep(
         self, mode_name: str, strategy: str, fusion: str | None, query: Query

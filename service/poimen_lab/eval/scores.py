@@ -5,10 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from poimen_lab.eval.data import EvalData, Query
-from poimen_lab.eval.runner import Outcome
+from poimen_lab.eval.runner import EVIDENCE_KS, Outcome
 from poimen_lab.measures import coverage, mean, per_query, percentile
-
-EVIDENCE_KS = (5, 10)
 
 
 def _relevant(judged: Mapping[str, int]) -> set[str]:
@@ -63,9 +61,12 @@ def evidence(
 
 
 def evidence_of(data: EvalData, qy: Query, outcome: Outcome, k: int) -> tuple[float, float]:
-    """(evidence recall@k, distinct L0 turns cited@k) of one query."""
+    """(evidence recall@k, distinct L0 turns cited@k) of one query: what the k-result
+    response cites (trees and evidence list), or the top k trees of a longer one."""
     top = (outcome.evidence or [])[:k]
-    found = set().union(*(l0 for _, l0 in top)) if top else set()
+    found = outcome.cited.get(k)
+    if found is None:
+        found = frozenset().union(*(l0 for _, l0 in top))
     return coverage(_relevant(data.qrels[qy.id]), found), float(len(found))
 
 

@@ -77,6 +77,23 @@ _RESULT: dict[str, Any] = {
         "parents": {"type": "array", "items": {"$ref": "#/components/schemas/Parent"}},
         # Parents per node and nodes per tree are capped (docs/sql-api.md, provenance).
         "provenance_truncated": {"type": "boolean"},
+        # L0 turns of the tree left out because the response's evidence does not cite them.
+        "provenance_l0_omitted": {"type": "integer", "minimum": 0},
+    },
+}
+
+_EVIDENCE: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        **{
+            k: {"type": ["string", "null"]}
+            for k in ("level", "sha256", "external_id", "title", "text", "source", "timestamp")
+        },
+        "breadcrumb": {"type": ["array", "null"], "items": {"type": "string"}},
+        "rank": {"type": "integer", "minimum": 1},
+        "score": {"type": "number"},
+        "direct_rank": {"type": ["integer", "null"]},
+        "cited_by": {"type": "array", "items": {"type": "integer"}},
     },
 }
 
@@ -182,6 +199,14 @@ def openapi_spec() -> dict[str, Any]:
             "policy extracted_dates = filter.",
         ),
         ("fusion", False, {"type": "string", "enum": ["rrf", "convex"]}, "Fusion for Hybrid."),
+        (
+            "evidence",
+            False,
+            {"type": "integer", "examples": [20]},
+            "The most L0 turns the response cites (`evidence`), clamped to [0, 100]; default "
+            "the policy's evidence_budget (20). The results' provenance trees keep only the "
+            "cited turns. 0: no evidence list, full trees.",
+        ),
         (
             "strategy",
             False,
@@ -323,6 +348,7 @@ def openapi_spec() -> dict[str, Any]:
                 },
                 "Parent": _PARENT,
                 "Result": _RESULT,
+                "Evidence": _EVIDENCE,
                 "QueryResponse": {
                     "type": "object",
                     "properties": {
@@ -339,6 +365,15 @@ def openapi_spec() -> dict[str, Any]:
                         "results": {
                             "type": "array",
                             "items": {"$ref": "#/components/schemas/Result"},
+                        },
+                        "evidence": {
+                            "type": "array",
+                            "description": "The L0 turns the response cites, best first "
+                            "(memory.select_evidence): those the results derive from and "
+                            "those the query matches directly. cited_by: the ranks of the "
+                            "results whose provenance reaches the turn; direct_rank: its rank "
+                            "among direct matches (null: cited only)",
+                            "items": {"$ref": "#/components/schemas/Evidence"},
                         },
                         "metrics": {
                             "type": "object",

@@ -75,6 +75,10 @@ def parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
         ),
         fusion=fusion,
         strategy=strategy,
+        # None: the database's policy (evidence_budget) decides
+        evidence=None
+        if params.get("evidence") is None
+        else _number(params, "evidence", 0, 0, 100, int),
     )
 
 

@@ -33,6 +33,9 @@ class QueryRequest:
     since: str | None = None
     until: str | None = None
     reference_time: datetime | None = None
+    # The most L0 turns the response cites (0: evidence off, full provenance trees; None:
+    # the policy's evidence_budget).
+    evidence: int | None = None
     # The filter in force, resolved by the pipeline from the above and the policy:
     # since_ts <= timestamp < before_ts (either None: unbounded). Not read from the request.
     since_ts: datetime | None = None
@@ -85,6 +88,24 @@ class HydratedRow:
     query_score: float | None
     provenance: list[dict[str, Any]]
     provenance_truncated: bool
+
+
+@dataclass(frozen=True)
+class EvidenceRow:
+    """memory.select_evidence: one cited L0 turn."""
+
+    rank: int
+    node_id: int
+    external_id: str | None
+    sha256: str
+    title: str | None
+    text: str
+    source: str | None
+    breadcrumb: list[str] | None
+    timestamp: datetime | None
+    score: float
+    direct_rank: int | None
+    cited_by: list[int]
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from poimen_memory.errors import (
 from poimen_memory.retrieval.deadline import Deadline
 from poimen_memory.retrieval.models import (
     LEVELS,
+    EvidenceRow,
     FusedRow,
     HydratedRow,
     IdRow,
@@ -265,8 +266,24 @@ class Retriever:
         # The lexical leg needs no embedding, so it starts while the query is embedded.
         lex_task: asyncio.Task[Leg] | None = None
         sem_task: asyncio.Task[Leg] | None = None
+        # The direct L0 legs of the evidence (memory.select_evidence) run beside the others.
+        budget = policy.evidence_budget if req.evidence is None else req.evidence
+        ev_tasks: list[asyncio.Task[Leg]] = []
+        ev_base = {
+            "project": req.project,
+            "levels": ["L0"],
+            "k": policy.evidence_candidates,
+            "since": req.since_ts,
+            "before": req.before_ts,
+        }
+        ev_lex = ev_sem = Leg()
         embedding: np.ndarray[Any, Any] | None = None
         try:
+            if budget and self.settings.pg_lexical and strategy != "SemanticOnly":
+                ev_lex_task = asyncio.create_task(
+                    self._evidence_leg("lexical_search", {**ev_base, "query": req.query}, deadline)
+                )
+                ev_tasks.append(ev_lex_task)
             if strategy in ("Hybrid", "LexicalFirst", "LexicalOnly"):
                 depth = {"Hybrid": candidates, "LexicalFirst": policy.cascade_candidates}.get(
                     strategy, rerank_k
@@ -291,6 +308,15 @@ class Retriever:
                     lex_task = asyncio.create_task(
                         self._lexical(req, levels, rerank_k, deadline, trace)
                     )
+            if budget and embedding is not None:
+                ev_sem_task = asyncio.create_task(
+                    self._evidence_leg(
+                        "semantic_search",
+                        {**ev_base, "embedding": embedding, "ef_search": None},
+                        deadline,
+                    )
+                )
+                ev_tasks.append(ev_sem_task)
             if strategy == "Hybrid":
                 sem_task = asyncio.create_task(
                     self._semantic(req, levels, embedding, candidates, deadline, trace)
@@ -306,9 +332,12 @@ class Retriever:
                 )
             else:
                 sem, lex = Leg(), await _required(lex_task)
+            legs = await asyncio.gather(*ev_tasks)
+            ev_lex = next((leg for leg in legs if leg.engine == "lexical_search"), Leg())
+            ev_sem = next((leg for leg in legs if leg.engine == "semantic_search"), Leg())
         finally:
             # On every path, failures and timeouts included.
-            await _settle(t for t in (lex_task, sem_task) if t is not None)
+            await _settle(t for t in (lex_task, sem_task, *ev_tasks) if t is not None)
 
         t0 = time.monotonic()
         fused = await self._sql(
@@ -342,19 +371,32 @@ class Retriever:
         order = order[: req.limit]
 
         t0 = time.monotonic()
-        hydrated = await self._sql(
-            deadline,
-            "provenance",
-            "hydrate",
-            {"ids": order, "embedding": embedding, "project": req.project},
-            HydratedRow,
+        hyd_task = asyncio.create_task(
+            self._sql(
+                deadline,
+                "provenance",
+                "hydrate",
+                {"ids": order, "embedding": embedding, "project": req.project},
+                HydratedRow,
+            )
         )
+        try:
+            evidence = await self._select_evidence(
+                req, order, ev_sem, ev_lex, fusion, budget, deadline, trace
+            )
+            hydrated = await hyd_task
+        finally:
+            await _settle([hyd_task])
         trace.timed("provenance_time_ms", t0)
         by_fused = {f.node_id: f for f in fused}
         results = [
             _result(h, by_fused[h.node_id], rerank_scores.get(h.node_id) if rerank_scores else None)
             for h in hydrated
         ]
+        if evidence is not None:
+            cited = {e.sha256 for e in evidence}
+            for r in results:
+                r["parents"], r["provenance_l0_omitted"] = _cited_only(r["parents"], cited)
         trace.metrics.update(
             {
                 "semantic_candidates": len(sem.ids),
@@ -377,10 +419,16 @@ class Retriever:
                 "reasons": list(ctx.reasons),
                 "optimizer_strategy": ctx.search_strategy.value,
                 "time_filter": time_plan,
+                "evidence": {
+                    "budget": budget,
+                    "source": "policy" if req.evidence is None else "argument",
+                    "direct_candidates": len(ev_lex.ids) + len(ev_sem.ids),
+                },
                 "engines": trace.engines,
                 "why": trace.why,
             },
             "results": results,
+            "evidence": [_evidence(e) for e in evidence or []],
             "metrics": trace.metrics,
             "latency_ms": round(deadline.elapsed_ms(), 3),
             "notes": _notes(results, trace, rerank_scores is not None, len(fused)),
@@ -529,6 +577,44 @@ class Retriever:
         trace.engines["semantic"] = engine
         return Leg.of(rows, engine)
 
+    async def _evidence_leg(self, name: str, params: dict[str, Any], deadline: Deadline) -> Leg:
+        rows = await self._sql(deadline, "evidence", name, params, RankedRow)
+        return Leg.of(rows, name)
+
+    async def _select_evidence(
+        self,
+        req: QueryRequest,
+        order: list[int],
+        sem: Leg,
+        lex: Leg,
+        fusion: str,
+        budget: int,
+        deadline: Deadline,
+        trace: Trace,
+    ) -> list[EvidenceRow] | None:
+        """The cited L0 turns (None: evidence off). The ranking is memory.select_evidence's,
+        as for SQL users of memory.evidence."""
+        if not budget:
+            return None
+        t0 = time.monotonic()
+        try:
+            return await self._sql(
+                deadline,
+                "evidence",
+                "select_evidence",
+                {
+                    "result_ids": order,
+                    "semantic": json.dumps(sem.as_json()),
+                    "lexical": json.dumps(lex.as_json()),
+                    "fusion": fusion,
+                    "budget": budget,
+                    "project": req.project,
+                },
+                EvidenceRow,
+            )
+        finally:
+            trace.timed("evidence_time_ms", t0)
+
     async def _rerank(
         self, req: QueryRequest, ids: list[int], deadline: Deadline, trace: Trace
     ) -> dict[int, float] | None:
@@ -618,6 +704,37 @@ def _result(h: HydratedRow, f: FusedRow, rerank_score: float | None) -> dict[str
         "parents": h.provenance,
         "provenance_truncated": h.provenance_truncated,
     }
+
+
+def _evidence(e: EvidenceRow) -> dict[str, Any]:
+    return {
+        "rank": e.rank,
+        "level": "L0",
+        "sha256": e.sha256,
+        "external_id": e.external_id,
+        "title": e.title,
+        "text": e.text,
+        "source": e.source,
+        "breadcrumb": e.breadcrumb,
+        "timestamp": e.timestamp.isoformat() if e.timestamp else None,
+        "score": e.score,
+        "direct_rank": e.direct_rank,
+        "cited_by": e.cited_by,
+    }
+
+
+def _cited_only(parents: list[dict[str, Any]], cited: set[str]) -> tuple[list[dict[str, Any]], int]:
+    """The tree without the L0 turns the evidence does not cite, and how many it left out:
+    the response cites exactly the evidence list, within its budget."""
+    kept, omitted = [], 0
+    for node in parents:
+        if node.get("level") == "L0" and node.get("sha256") not in cited:
+            omitted += 1
+            continue
+        below, n = _cited_only(node.get("parents") or [], cited)
+        kept.append({**node, "parents": below})
+        omitted += n
+    return kept, omitted
 
 
 def _clip01(x: float | None) -> float | None:

@@ -22,6 +22,9 @@ class Policy:
     cascade_candidates: int
     fusion_by_type: dict[str, str]
     extracted_dates: str
+    evidence_budget: int
+    evidence_candidates: int
+    evidence_weight: float
 
 
 def read_policy(conn: psycopg.Connection[Any]) -> Policy:

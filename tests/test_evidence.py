@@ -1,0 +1,203 @@
+"""The evidence a response cites (memory.select_evidence, memory.evidence, the response's
+"evidence" list and trimmed trees) on the fixture's incident and its memories."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from starlette.testclient import TestClient
+
+from poimen_memory.embedders.local import LocalEmbedder
+from service_client import KONG, query, serve
+
+Conn = psycopg.Connection[Any]
+NO_LEG = json.dumps({"ids": [], "scores": []})
+
+
+@pytest.fixture
+def client(fixture_url: str, embedder: LocalEmbedder) -> Iterator[TestClient]:
+    with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as c:
+        yield c
+
+
+def _results(conn: Conn, text: str, k: int = 10) -> list[int]:
+    rows = conn.execute(
+        "SELECT node_id FROM memory.query(%s, NULL, 'poimen', k => %s, strategy => 'LexicalOnly')"
+        " ORDER BY rank",
+        (text, k),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _lexical_l0(conn: Conn, text: str, k: int = 50) -> tuple[str, dict[int, float]]:
+    rows = conn.execute(
+        "SELECT node_id, lexical_score FROM memory.lexical_search(%s, 'poimen', '{L0}', %s)"
+        " ORDER BY rank",
+        (text, k),
+    ).fetchall()
+    leg = {"ids": [r[0] for r in rows], "scores": [r[1] for r in rows]}
+    return json.dumps(leg), {r[0]: r[1] for r in rows}
+
+
+def _l0_below(conn: Conn, ids: list[int]) -> dict[int, set[int]]:
+    """L0 node -> the 1-based ranks of the results whose provenance reaches it."""
+    out: dict[int, set[int]] = {}
+    for rank, node in enumerate(ids, start=1):
+        rows = conn.execute(
+            "SELECT DISTINCT w.parent_id FROM memory.provenance_walk(ARRAY[%s]::bigint[]) w"
+            " JOIN memory.nodes n ON n.id = w.parent_id AND n.level = 'L0'",
+            (node,),
+        ).fetchall()
+        for (l0,) in rows:
+            out.setdefault(l0, set()).add(rank)
+    return out
+
+
+def test_scores_are_direct_match_plus_citation_support(conn: Conn) -> None:
+    """Each turn's score is its lexical score over the best one plus 0.5 / sqrt(rank of the
+    best result citing it), recomputed here from the legs and the provenance walk."""
+    ids = _results(conn, KONG)
+    lex, bm25 = _lexical_l0(conn, KONG)
+    rows = conn.execute(
+        "SELECT node_id, rank, score, direct_rank, cited_by FROM memory.select_evidence("
+        "%s, %s, %s, budget => 100, project_name => 'poimen') ORDER BY rank",
+        (ids, NO_LEG, lex),
+    ).fetchall()
+    below = _l0_below(conn, ids)
+    best = max(bm25.values())
+    expected = {
+        n: bm25.get(n, 0.0) / best + (0.5 / math.sqrt(min(below[n])) if n in below else 0.0)
+        for n in set(bm25) | set(below)
+    }
+    assert {r[0] for r in rows} == set(expected)  # every candidate, at a budget above them
+    assert [r[1] for r in rows] == list(range(1, len(rows) + 1))
+    for node, _, score, direct_rank, cited_by in rows:
+        assert score == pytest.approx(expected[node])
+        assert (direct_rank is not None) == (node in bm25)
+        assert set(cited_by) == below.get(node, set())
+    scores = [r[2] for r in rows]
+    assert scores == sorted(scores, reverse=True)
+    # Cited by the top result and matched directly: the Kong thread leads.
+    assert rows[0][4][0] == 1 and rows[0][3] is not None
+
+
+def test_budget_caps_and_zero_turns_it_off(conn: Conn) -> None:
+    ids = _results(conn, KONG)
+    lex, _ = _lexical_l0(conn, KONG)
+    sql = "SELECT node_id FROM memory.select_evidence(%s, %s, %s, budget => %s) ORDER BY rank"
+    all_rows = conn.execute(sql, (ids, NO_LEG, lex, 100)).fetchall()
+    assert len(all_rows) > 3
+    assert conn.execute(sql, (ids, NO_LEG, lex, 3)).fetchall() == all_rows[:3]
+    assert conn.execute(sql, (ids, NO_LEG, lex, 0)).fetchall() == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ("budget => 101", "budget must be within 0..100"),
+        ("budget => -1", "budget must be within 0..100"),
+        ("fusion => 'max'", 'unknown fusion "max"'),
+    ],
+)
+def test_bad_arguments_are_22023(conn: Conn, args: str, message: str) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+        conn.execute(f"SELECT * FROM memory.select_evidence('{{}}', NULL, NULL, {args})")
+
+
+def test_unknown_project_is_pm404(conn: Conn) -> None:
+    with pytest.raises(psycopg.Error) as err:
+        conn.execute("SELECT * FROM memory.evidence('kong', '{}', project => 'nope')")
+    assert err.value.sqlstate == "PM404"
+
+
+def test_sql_users_get_the_response_evidence(
+    conn: Conn, client: TestClient, embedder: LocalEmbedder
+) -> None:
+    """memory.evidence, given memory.query's results and the same embedding, cites the
+    turns GET /memory/query lists, in the same order."""
+    body = query(client, query=KONG, project="poimen", limit=5)
+    vec = embedder.embed_query(KONG)
+    ids = [
+        r[0]
+        for r in conn.execute(
+            "SELECT node_id FROM memory.query(%s, %s, 'poimen', k => 5) ORDER BY rank",
+            (KONG, vec),
+        ).fetchall()
+    ]
+    rows = conn.execute(
+        "SELECT sha256, cited_by FROM memory.evidence(%s, %s, %s, 'poimen') ORDER BY rank",
+        (KONG, ids, vec),
+    ).fetchall()
+    assert rows and [(e["sha256"], e["cited_by"]) for e in body["evidence"]] == [
+        (r[0], r[1]) for r in rows
+    ]
+
+
+def _tree_l0(parents: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for p in parents:
+        if p["level"] == "L0":
+            out.append(p["sha256"])
+        out.extend(_tree_l0(p["parents"]))
+    return out
+
+
+def test_response_cites_only_its_evidence(client: TestClient) -> None:
+    full = query(client, query=KONG, project="poimen", evidence=0)
+    assert full["evidence"] == [] and full["plan"]["evidence"]["budget"] == 0
+    assert all("provenance_l0_omitted" not in r for r in full["results"])
+    body = query(client, query=KONG, project="poimen", evidence=2)
+    assert body["plan"]["evidence"] == {
+        "budget": 2,
+        "source": "argument",
+        "direct_candidates": body["plan"]["evidence"]["direct_candidates"],
+    }
+    listed = [e["sha256"] for e in body["evidence"]]
+    assert len(listed) == 2 and [e["rank"] for e in body["evidence"]] == [1, 2]
+    assert all(e["level"] == "L0" for e in body["evidence"])
+    cited: set[str] = set()
+    for trimmed, whole in zip(body["results"], full["results"], strict=True):
+        assert trimmed["sha256"] == whole["sha256"]  # evidence never reorders results
+        kept, before = _tree_l0(trimmed["parents"]), _tree_l0(whole["parents"])
+        assert set(kept) <= set(listed)
+        assert trimmed["provenance_l0_omitted"] == len(before) - len(kept)
+        cited |= set(kept)
+    # The top result's own thread is what the two slots go to.
+    assert cited == set(listed)
+
+
+def test_default_budget_is_the_policy(client: TestClient, conn: Conn) -> None:
+    body = query(client, query=KONG)
+    assert body["plan"]["evidence"]["source"] == "policy"
+    assert body["plan"]["evidence"]["budget"] == 20
+    conn.execute("SELECT memory.set_policy('evidence_budget', '1')")
+    try:
+        body = query(client, query=KONG)
+    finally:
+        conn.execute("SELECT memory.reset_policy('evidence_budget')")
+    assert body["plan"]["evidence"]["budget"] == 1 and len(body["evidence"]) == 1
+    assert "evidence_time_ms" in body["metrics"]
+
+
+@pytest.mark.parametrize(("raw", "budget"), [("-5", 0), ("1000", 100), ("7", 7)])
+def test_evidence_parameter_is_clamped(client: TestClient, raw: str, budget: int) -> None:
+    assert query(client, query=KONG, evidence=raw)["plan"]["evidence"]["budget"] == budget
+
+
+def test_evidence_parameter_must_be_a_number(client: TestClient) -> None:
+    r = client.get("/memory/query", params={"query": KONG, "evidence": "many"})
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["error"] == "invalid_parameter" and "evidence must be a number" in body["detail"]
+
+
+def test_time_filter_applies_to_direct_evidence(client: TestClient) -> None:
+    body = query(client, query=KONG, since="2024-03-05", until="2030-01-01", evidence=100)
+    direct = [e for e in body["evidence"] if e["direct_rank"] is not None]
+    assert all(e["timestamp"] is None or e["timestamp"] >= "2024-03-05" for e in direct)
+    assert all(e["timestamp"] is not None for e in direct)  # no timestamp: filtered out
