@@ -201,3 +201,15 @@ def test_time_filter_applies_to_direct_evidence(client: TestClient) -> None:
     direct = [e for e in body["evidence"] if e["direct_rank"] is not None]
     assert all(e["timestamp"] is None or e["timestamp"] >= "2024-03-05" for e in direct)
     assert all(e["timestamp"] is not None for e in direct)  # no timestamp: filtered out
+
+
+def test_an_l0_hybrid_query_reuses_its_legs(client: TestClient) -> None:
+    """Asked for L0 alone, Hybrid, at the evidence depth: the direct legs are the query's
+    own, so the evidence runs no search of its own."""
+    body = query(client, query=KONG, level="L0", strategy="Hybrid", limit=5, evidence=5)
+    assert body["metrics"]["evidence_legs"] == 0
+    metrics = body["metrics"]
+    direct = metrics["semantic_candidates"] + metrics["lexical_candidates"]
+    assert body["plan"]["evidence"]["direct_candidates"] == direct
+    assert query(client, query=KONG, strategy="Hybrid")["metrics"]["evidence_legs"] == 2
+    assert query(client, query=KONG, evidence=0)["metrics"]["evidence_legs"] == 0

@@ -277,13 +277,20 @@ class Retriever:
             "before": req.before_ts,
         }
         ev_lex = ev_sem = Leg()
+        # A Hybrid query of L0 alone at the evidence depth has run the direct legs already.
+        ev_own = bool(budget) and not (
+            levels == ["L0"] and strategy == "Hybrid" and candidates == policy.evidence_candidates
+        )
         embedding: np.ndarray[Any, Any] | None = None
         try:
-            if budget and self.settings.pg_lexical and strategy != "SemanticOnly":
-                ev_lex_task = asyncio.create_task(
-                    self._evidence_leg("lexical_search", {**ev_base, "query": req.query}, deadline)
+            if ev_own and self.settings.pg_lexical and strategy != "SemanticOnly":
+                ev_tasks.append(
+                    asyncio.create_task(
+                        self._evidence_leg(
+                            "lexical_search", {**ev_base, "query": req.query}, deadline
+                        )
+                    )
                 )
-                ev_tasks.append(ev_lex_task)
             if strategy in ("Hybrid", "LexicalFirst", "LexicalOnly"):
                 depth = {"Hybrid": candidates, "LexicalFirst": policy.cascade_candidates}.get(
                     strategy, rerank_k
@@ -308,15 +315,16 @@ class Retriever:
                     lex_task = asyncio.create_task(
                         self._lexical(req, levels, rerank_k, deadline, trace)
                     )
-            if budget and embedding is not None:
-                ev_sem_task = asyncio.create_task(
-                    self._evidence_leg(
-                        "semantic_search",
-                        {**ev_base, "embedding": embedding, "ef_search": None},
-                        deadline,
+            if ev_own and embedding is not None:
+                ev_tasks.append(
+                    asyncio.create_task(
+                        self._evidence_leg(
+                            "semantic_search",
+                            {**ev_base, "embedding": embedding, "ef_search": None},
+                            deadline,
+                        )
                     )
                 )
-                ev_tasks.append(ev_sem_task)
             if strategy == "Hybrid":
                 sem_task = asyncio.create_task(
                     self._semantic(req, levels, embedding, candidates, deadline, trace)
@@ -335,6 +343,9 @@ class Retriever:
             legs = await asyncio.gather(*ev_tasks)
             ev_lex = next((leg for leg in legs if leg.engine == "lexical_search"), Leg())
             ev_sem = next((leg for leg in legs if leg.engine == "semantic_search"), Leg())
+            if budget and not ev_own:
+                ev_lex, ev_sem = lex, sem
+            trace.metrics["evidence_legs"] = len(ev_tasks)
         finally:
             # On every path, failures and timeouts included.
             await _settle(t for t in (lex_task, sem_task, *ev_tasks) if t is not None)
