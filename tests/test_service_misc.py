@@ -378,12 +378,16 @@ def test_openapi_lists_every_route_and_the_error_schema(
         "since",
         "until",
         "reference_time",
+        "evidence",
     }
     # The documented response shapes cover what the service really returns.
     assert set(sample) <= set(schemas["QueryResponse"]["properties"])
     assert set(sample["results"][0]) <= set(schemas["Result"]["properties"])
     parent = sample["results"][0]["parents"][0]
     assert set(parent) <= set(schemas["Parent"]["properties"])
+    assert sample["evidence"] and set(sample["evidence"][0]) <= set(
+        schemas["Evidence"]["properties"]
+    )
 
 
 def test_healthz_flags_an_embedding_model_mismatch(fixture_url: str, embedder: Any) -> None:

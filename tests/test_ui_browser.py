@@ -169,6 +169,23 @@ def test_linked_query_renders_results_provenance_plan_and_timings(page: Page, se
     expect(deep_node).to_be_visible()
     expect(deep_node.locator(".node-text")).to_have_text(deep["text"])
 
+    # The evidence the answer cites: each turn with why it is there; the trees hold only these.
+    cited = page.locator("#evidence > li.evidence-item")
+    expect(cited).to_have_count(len(body["evidence"]))
+    assert body["evidence"], "the demo question cites its incident"
+    for i, e in enumerate(body["evidence"]):
+        item = cited.nth(i)
+        expect(item.locator(".rank")).to_have_text(f"E{e['rank']}")
+        expect(item.locator(".result-text")).to_have_text(e["text"])
+        why = item.locator(".evidence-why")
+        expect(why).to_contain_text(f"score {fmt(e['score'])}")
+        for r in e["cited_by"]:
+            expect(why).to_contain_text(f"#{r}")
+        if e["direct_rank"] is not None:
+            expect(why).to_contain_text(f"direct match rank {e['direct_rank']}")
+    limit = body["plan"]["evidence"]["budget"]
+    expect(page.locator("#evidence-note")).to_contain_text(f"at most {limit}")
+
     # The plan.
     plan = body["plan"]
     expect(page.locator("#plan-body .strategy")).to_have_text(body["search_strategy"])

@@ -191,6 +191,32 @@
     });
   }
 
+  // The L0 turns the answer cites: what the results derive from, and what the query
+  // matches directly (GET /memory/query's "evidence", memory.select_evidence).
+  function renderEvidence(body) {
+    const list = $("evidence");
+    const items = body.evidence || [];
+    const budget = body.plan && body.plan.evidence ? body.plan.evidence.budget : 0;
+    list.replaceChildren();
+    $("evidence-note").textContent = budget
+      ? `${items.length} L0 turn${items.length === 1 ? "" : "s"} cited (at most ${budget}); the trees above keep only these.`
+      : "Evidence off (evidence=0): the trees above hold every L0 turn.";
+    items.forEach((e) => {
+      const why = [];
+      if (e.cited_by && e.cited_by.length) why.push(`cited by ${e.cited_by.map((r) => `#${r}`).join(", ")}`);
+      if (e.direct_rank !== null && e.direct_rank !== undefined) why.push(`direct match rank ${e.direct_rank}`);
+      list.append(
+        el(
+          "li",
+          { class: "result evidence-item", "data-level": "L0" },
+          el("div", { class: "result-head" }, el("span", { class: "rank", text: `E${e.rank}` }), nodeHead(e)),
+          el("p", { class: "result-text", text: e.text }),
+          el("p", { class: "evidence-why muted", text: `${why.join(" · ")} · score ${fmt(e.score)}` }),
+        ),
+      );
+    });
+  }
+
   function renderPlan(body) {
     const plan = body.plan || {};
     const engines = plan.engines || {};
@@ -307,6 +333,8 @@
     $("error").hidden = true;
     $("degraded").hidden = true;
     $("results").replaceChildren();
+    $("evidence").replaceChildren();
+    $("evidence-note").textContent = "";
   }
 
   // -- running a query ---------------------------------------------------------------------
@@ -345,6 +373,7 @@
         return;
       }
       renderResults(body);
+      renderEvidence(body);
       renderPlan(body);
       renderTimings(body);
       renderDegraded(body.degraded);
