@@ -7,7 +7,8 @@
 -- Each candidate scores its own direct match (normalised by the question's best) plus
 -- weight / sqrt(rank) of the best-ranked result whose provenance reaches it, so a turn both
 -- matched and cited by the top result comes first, and a turn only cited by the tenth
--- result competes with a fair direct match. Measured on LoCoMo dev in docs/benchmarks.md
+-- result competes with a fair direct match; then each turn gains evidence_neighbours times
+-- the scores of the candidates said just before and after it. Measured on LoCoMo dev in docs/benchmarks.md
 -- ("Evidence within a budget"); the policy keys evidence_* tune it.
 
 CREATE OR REPLACE FUNCTION memory.select_evidence(
@@ -21,7 +22,8 @@ CREATE OR REPLACE FUNCTION memory.select_evidence(
 )
 RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, title text,
                text text, source text, breadcrumb text[], "timestamp" timestamptz,
-               score double precision, direct_rank integer, cited_by integer[])
+               score double precision, direct_rank integer, cited_by integer[],
+               neighbour_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -76,18 +78,49 @@ BEGIN
                coalesce(greatest(s.s, 0), 0)
                + coalesce(pol.evidence_weight / sqrt(c.by_rank[1]), 0) AS score
         FROM scaled s FULL JOIN cites c ON c.node_id = s.node_id
+    ),
+    own AS (
+        SELECT x.*, n.project_id, n.title
+        FROM scored x
+        JOIN memory.nodes n ON n.id = x.node_id AND n.level = 'L0'
+             AND (pid IS NULL OR n.project_id = pid)
+    ),
+    -- The turns said just before and after a candidate, in the same session: the L0 node
+    -- of the same project and title (a session's or a document's heading) nearest in
+    -- ingest order, at most 64 ids away. An answer often spans a question and its reply.
+    near AS (
+        SELECT b.id AS node_id, sum(o.score) * pol.evidence_neighbours AS s
+        FROM own o
+        CROSS JOIN LATERAL (
+            (SELECT n.id FROM memory.nodes n
+             WHERE n.id < o.node_id AND n.id >= o.node_id - 64 AND n.project_id = o.project_id
+               AND n.level = 'L0' AND n.title = o.title
+             ORDER BY n.id DESC LIMIT 1)
+            UNION ALL
+            (SELECT n.id FROM memory.nodes n
+             WHERE n.id > o.node_id AND n.id <= o.node_id + 64 AND n.project_id = o.project_id
+               AND n.level = 'L0' AND n.title = o.title
+             ORDER BY n.id LIMIT 1)
+        ) b
+        WHERE pol.evidence_neighbours > 0
+        GROUP BY b.id
+    ),
+    total AS (
+        SELECT coalesce(o.node_id, nb.node_id) AS node_id, o.pos, o.by_rank,
+               coalesce(o.score, 0) + coalesce(nb.s, 0) AS score, coalesce(nb.s, 0) AS beside
+        FROM own o FULL JOIN near nb ON nb.node_id = o.node_id
     )
     SELECT (row_number() OVER (ORDER BY x.score DESC, x.node_id))::integer, n.id, n.external_id,
            encode(n.sha256, 'hex'), n.title, n.text, n.source, n.breadcrumb, n.ts, x.score,
-           x.pos, coalesce(x.by_rank, '{}')
-    FROM scored x
-    JOIN memory.nodes n ON n.id = x.node_id AND n.level = 'L0'
-         AND (pid IS NULL OR n.project_id = pid)
+           x.pos, coalesce(x.by_rank, '{}'), x.beside
+    FROM total x
+    JOIN memory.nodes n ON n.id = x.node_id
+    WHERE x.score > 0  -- the weakest direct match of a convex leg scores 0: no evidence
     ORDER BY x.score DESC, x.node_id
     LIMIT lim;
 END $$;
 COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer) IS
-    'The L0 turns a response cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order) and the direct L0 legs ({"ids":[..],"scores":[..]}, fused like memory.fuse_legs), each scored by its direct match normalised by the best plus evidence_weight / sqrt(rank of the best result citing it). direct_rank is the turn''s rank among the direct matches (NULL: cited only), cited_by the ranks of the results whose provenance reaches it.';
+    'The L0 turns a response cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order) and the direct L0 legs ({"ids":[..],"scores":[..]}, fused like memory.fuse_legs), each scored by its direct match normalised by the best plus evidence_weight / sqrt(rank of the best result citing it), and then every turn (candidate or not) gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order; neighbour_score is that part). Turns scoring 0 (the weakest direct match of a convex fusion) are left out. direct_rank is the turn''s rank among the direct matches (NULL: cited only), cited_by the ranks of the results whose provenance reaches it.';
 
 CREATE OR REPLACE FUNCTION memory.evidence(
     query text,
@@ -100,7 +133,8 @@ CREATE OR REPLACE FUNCTION memory.evidence(
 )
 RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, title text,
                text text, source text, breadcrumb text[], "timestamp" timestamptz,
-               score double precision, direct_rank integer, cited_by integer[])
+               score double precision, direct_rank integer, cited_by integer[],
+               neighbour_score double precision)
 -- PARALLEL UNSAFE: it may embed in the database (PL/Python) and runs semantic_search.
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp

@@ -58,25 +58,37 @@ def _l0_below(conn: Conn, ids: list[int]) -> dict[int, set[int]]:
     return out
 
 
+SELECT_ALL = (
+    "SELECT node_id, rank, score, direct_rank, cited_by, neighbour_score FROM "
+    "memory.select_evidence(%s, %s, %s, budget => 100, project_name => 'poimen') ORDER BY rank"
+)
+
+
+@pytest.fixture
+def no_neighbours(conn: Conn) -> Iterator[None]:
+    conn.execute("SELECT memory.set_policy('evidence_neighbours', '0')")
+    yield
+    conn.execute("SELECT memory.reset_policy('evidence_neighbours')")
+
+
+@pytest.mark.usefixtures("no_neighbours")
 def test_scores_are_direct_match_plus_citation_support(conn: Conn) -> None:
     """Each turn's score is its lexical score over the best one plus 0.5 / sqrt(rank of the
     best result citing it), recomputed here from the legs and the provenance walk."""
     ids = _results(conn, KONG)
     lex, bm25 = _lexical_l0(conn, KONG)
-    rows = conn.execute(
-        "SELECT node_id, rank, score, direct_rank, cited_by FROM memory.select_evidence("
-        "%s, %s, %s, budget => 100, project_name => 'poimen') ORDER BY rank",
-        (ids, NO_LEG, lex),
-    ).fetchall()
+    rows = conn.execute(SELECT_ALL, (ids, NO_LEG, lex)).fetchall()
+    assert all(r[5] == 0 for r in rows)
     below = _l0_below(conn, ids)
     best = max(bm25.values())
     expected = {
         n: bm25.get(n, 0.0) / best + (0.5 / math.sqrt(min(below[n])) if n in below else 0.0)
         for n in set(bm25) | set(below)
     }
-    assert {r[0] for r in rows} == set(expected)  # every candidate, at a budget above them
+    # every candidate scoring above 0, at a budget above them all
+    assert {r[0] for r in rows} == {n for n, v in expected.items() if v > 0}
     assert [r[1] for r in rows] == list(range(1, len(rows) + 1))
-    for node, _, score, direct_rank, cited_by in rows:
+    for node, _, score, direct_rank, cited_by, _ in rows:
         assert score == pytest.approx(expected[node])
         assert (direct_rank is not None) == (node in bm25)
         assert set(cited_by) == below.get(node, set())
@@ -84,6 +96,38 @@ def test_scores_are_direct_match_plus_citation_support(conn: Conn) -> None:
     assert scores == sorted(scores, reverse=True)
     # Cited by the top result and matched directly: the Kong thread leads.
     assert rows[0][4][0] == 1 and rows[0][3] is not None
+
+
+def test_neighbours_lift_the_turns_said_beside_a_candidate(conn: Conn) -> None:
+    """With evidence_neighbours 0.4 each turn gains 0.4 x the scores of the candidates just
+    before and after it (same project and title, the nearest L0 each way within 64 ids): checked
+    against the scores without neighbours and the fixture's own turn order."""
+    ids = _results(conn, KONG)
+    lex, _ = _lexical_l0(conn, KONG)
+    conn.execute("SELECT memory.set_policy('evidence_neighbours', '0')")
+    try:
+        base = {r[0]: r[2] for r in conn.execute(SELECT_ALL, (ids, NO_LEG, lex)).fetchall()}
+    finally:
+        conn.execute("SELECT memory.reset_policy('evidence_neighbours')")
+    rows = conn.execute(SELECT_ALL, (ids, NO_LEG, lex)).fetchall()
+    turns = conn.execute(
+        "SELECT n.id, n.title FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id"
+        " WHERE p.name = 'poimen' AND n.level = 'L0' ORDER BY n.id"
+    ).fetchall()
+    title = dict(turns)
+    lifted: dict[int, float] = {}
+    for node, score in base.items():
+        same = [t for t, h in turns if h is not None and h == title[node] and t != node]
+        before = [t for t in same if node - 64 <= t < node]
+        after = [t for t in same if node < t <= node + 64]
+        for t in ([max(before)] if before else []) + ([min(after)] if after else []):
+            lifted[t] = lifted.get(t, 0.0) + 0.4 * score
+    assert lifted, "the fixture's incident turns share a title"
+    got = {r[0]: (r[2], r[5]) for r in rows}
+    assert set(got) == {n for n in set(base) | set(lifted) if base.get(n, 0) + lifted.get(n, 0)}
+    for node, (score, beside) in got.items():
+        assert beside == pytest.approx(lifted.get(node, 0.0))
+        assert score == pytest.approx(base.get(node, 0.0) + lifted.get(node, 0.0))
 
 
 def test_budget_caps_and_zero_turns_it_off(conn: Conn) -> None:

@@ -183,6 +183,8 @@ def test_linked_query_renders_results_provenance_plan_and_timings(page: Page, se
             expect(why).to_contain_text(f"#{r}")
         if e["direct_rank"] is not None:
             expect(why).to_contain_text(f"direct match rank {e['direct_rank']}")
+        if e["neighbour_score"] > 0:
+            expect(why).to_contain_text(f"said beside a candidate +{fmt(e['neighbour_score'])}")
     limit = body["plan"]["evidence"]["budget"]
     expect(page.locator("#evidence-note")).to_contain_text(f"at most {limit}")
 

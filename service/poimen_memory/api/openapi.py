@@ -92,6 +92,7 @@ _EVIDENCE: dict[str, Any] = {
         "breadcrumb": {"type": ["array", "null"], "items": {"type": "string"}},
         "rank": {"type": "integer", "minimum": 1},
         "score": {"type": "number"},
+        "neighbour_score": {"type": "number"},
         "direct_rank": {"type": ["integer", "null"]},
         "cited_by": {"type": "array", "items": {"type": "integer"}},
     },

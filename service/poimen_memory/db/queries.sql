@@ -184,6 +184,7 @@ FROM memory.fuse_legs(%(semantic)s::jsonb, %(lexical)s::jsonb, %(strategy)s, %(f
 -- memory.query uses (22023 names a bad argument); the pipeline picks one by the policy.
 SELECT p.fusion, p.rrf_k, p.dense_weight, p.candidates, p.cascade_candidates, p.fusion_by_type,
        p.extracted_dates, p.evidence_budget, p.evidence_candidates, p.evidence_weight,
+       p.evidence_neighbours,
        (%(project)s::text IS NULL
         OR EXISTS (SELECT 1 FROM memory.projects WHERE name = %(project)s::text)) AS project_exists,
        (SELECT model FROM memory.embedding_model) AS embedding_model,
@@ -194,7 +195,7 @@ FROM memory.policy() p,
 
 -- name: policy
 SELECT fusion, rrf_k, dense_weight, candidates, cascade_candidates, fusion_by_type, extracted_dates,
-       evidence_budget, evidence_candidates, evidence_weight
+       evidence_budget, evidence_candidates, evidence_weight, evidence_neighbours
 FROM memory.policy();
 
 -- name: set_policy
@@ -250,7 +251,7 @@ SELECT status FROM pg_stat_wal_receiver;
 
 -- name: select_evidence
 SELECT rank, node_id, external_id, sha256, title, text, source, breadcrumb, "timestamp",
-       score, direct_rank, cited_by
+       score, direct_rank, cited_by, neighbour_score
 FROM memory.select_evidence(%(result_ids)s, %(semantic)s::jsonb, %(lexical)s::jsonb,
                             %(fusion)s, %(budget)s, %(project)s)
 ORDER BY rank;

@@ -106,6 +106,7 @@ class EvidenceRow:
     score: float
     direct_rank: int | None
     cited_by: list[int]
+    neighbour_score: float
 
 
 @dataclass(frozen=True)

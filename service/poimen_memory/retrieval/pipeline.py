@@ -731,6 +731,7 @@ def _evidence(e: EvidenceRow) -> dict[str, Any]:
         "score": e.score,
         "direct_rank": e.direct_rank,
         "cited_by": e.cited_by,
+        "neighbour_score": e.neighbour_score,
     }
 
 

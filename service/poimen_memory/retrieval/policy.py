@@ -25,6 +25,7 @@ class Policy:
     evidence_budget: int
     evidence_candidates: int
     evidence_weight: float
+    evidence_neighbours: float
 
 
 def read_policy(conn: psycopg.Connection[Any]) -> Policy:

@@ -205,6 +205,7 @@
       const why = [];
       if (e.cited_by && e.cited_by.length) why.push(`cited by ${e.cited_by.map((r) => `#${r}`).join(", ")}`);
       if (e.direct_rank !== null && e.direct_rank !== undefined) why.push(`direct match rank ${e.direct_rank}`);
+      if (e.neighbour_score > 0) why.push(`said beside a candidate +${fmt(e.neighbour_score)}`);
       list.append(
         el(
           "li",
