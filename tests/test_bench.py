@@ -13,6 +13,8 @@ import pytest
 from poimen_lab.bench import synthetic
 from poimen_lab.bench.ann import matched, recall
 from poimen_lab.bench.command import NATURAL_DEFAULT
+from poimen_lab.bench.curve import plot as plot_curve
+from poimen_lab.bench.curve import rows
 from poimen_memory.cli.main import main
 
 
@@ -76,6 +78,15 @@ def test_tiny_bench_end_to_end(
     out_text = capsys.readouterr().out
     assert "recall@10" in out_text and "http_rps8_over_embed_rps8" in out_text
     assert _databases(admin) == before  # the benchmark database was dropped
+
+    # The cost curve reads the same JSON: one column per run, in size order, each stage's
+    # value the run's own; stages a --no-http run lacks are empty, not an error.
+    small = dict(r, nodes=100)
+    curve = {row[0]: row[1:] for row in rows([r, small])}
+    assert curve["exact_search"] == [r["ann"]["unfiltered"]["exact_search"]["p50_ms"]] * 2
+    assert curve["GET /memory/query, 1 client"] == [None, None]
+    plot_curve(tmp_path / "curve.png", [small, r])
+    assert (tmp_path / "curve.png").stat().st_size > 0
 
 
 def test_synthetic_corpus_shape() -> None:

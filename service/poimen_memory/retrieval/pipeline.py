@@ -381,16 +381,8 @@ class Retriever:
             )
         order = order[: req.limit]
 
-        t0 = time.monotonic()
-        hyd_task = asyncio.create_task(
-            self._sql(
-                deadline,
-                "provenance",
-                "hydrate",
-                {"ids": order, "embedding": embedding, "project": req.project},
-                HydratedRow,
-            )
-        )
+        # The evidence is chosen while the results' trees are built.
+        hyd_task = asyncio.create_task(self._hydrate(req, order, embedding, deadline, trace))
         try:
             evidence = await self._select_evidence(
                 req, order, ev_sem, ev_lex, fusion, budget, deadline, trace
@@ -398,7 +390,6 @@ class Retriever:
             hydrated = await hyd_task
         finally:
             await _settle([hyd_task])
-        trace.timed("provenance_time_ms", t0)
         by_fused = {f.node_id: f for f in fused}
         results = [
             _result(h, by_fused[h.node_id], rerank_scores.get(h.node_id) if rerank_scores else None)
@@ -587,6 +578,26 @@ class Retriever:
             trace.timed("semantic_time_ms", t0)
         trace.engines["semantic"] = engine
         return Leg.of(rows, engine)
+
+    async def _hydrate(
+        self,
+        req: QueryRequest,
+        order: list[int],
+        embedding: np.ndarray[Any, Any] | None,
+        deadline: Deadline,
+        trace: Trace,
+    ) -> list[HydratedRow]:
+        t0 = time.monotonic()
+        try:
+            return await self._sql(
+                deadline,
+                "provenance",
+                "hydrate",
+                {"ids": order, "embedding": embedding, "project": req.project},
+                HydratedRow,
+            )
+        finally:
+            trace.timed("provenance_time_ms", t0)
 
     async def _evidence_leg(self, name: str, params: dict[str, Any], deadline: Deadline) -> Leg:
         rows = await self._sql(deadline, "evidence", name, params, RankedRow)
