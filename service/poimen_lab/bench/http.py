@@ -62,7 +62,9 @@ def run(
     params: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Each concurrency level gets its own unseen query texts (no embedding-cache hits)."""
-    params = params or {"limit": "10"}
+    # No evidence list: the in-process reference (bench/inprocess.py) runs no L0 legs, and
+    # the ratio compares the same pipeline. What the list costs: eval/evidence_latency.py.
+    params = params or {"limit": "10", "evidence": "0"}
     need = 5 + requests * len(concurrency)
     if len(texts) < need:
         raise ValueError(f"need {need} distinct query texts, got {len(texts)}")
