@@ -8,8 +8,23 @@
 -- weight / sqrt(rank) of the best-ranked result whose provenance reaches it, so a turn both
 -- matched and cited by the top result comes first, and a turn only cited by the tenth
 -- result competes with a fair direct match; then each turn gains evidence_neighbours times
--- the scores of the candidates said just before and after it. Measured on LoCoMo dev in docs/benchmarks.md
--- ("Evidence within a budget"); the policy keys evidence_* tune it.
+-- the scores of the candidates said just before and after it. Measured on LoCoMo dev in
+-- docs/benchmarks.md ("Evidence within a budget"); the policy keys evidence_* tune it.
+
+CREATE OR REPLACE FUNCTION memory.check_evidence_budget(budget integer)
+RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF budget IS NULL OR budget NOT BETWEEN 0 AND 100 THEN
+        RAISE EXCEPTION 'budget must be within 0..100, got %', coalesce(budget::text, 'NULL')
+            USING ERRCODE = '22023', HINT = 'budget is the most L0 turns cited; 0 turns evidence off.';
+    END IF;
+    RETURN budget;
+END $$;
+COMMENT ON FUNCTION memory.check_evidence_budget(integer) IS
+    'Raises 22023 unless the evidence budget is within 0..100; returns it.';
 
 CREATE OR REPLACE FUNCTION memory.select_evidence(
     result_ids bigint[],
@@ -18,12 +33,16 @@ CREATE OR REPLACE FUNCTION memory.select_evidence(
     fusion text DEFAULT NULL,
     budget integer DEFAULT NULL,
     project_name text DEFAULT NULL,
-    max_depth integer DEFAULT 4
+    max_depth integer DEFAULT 4,
+    since timestamptz DEFAULT NULL,
+    before timestamptz DEFAULT NULL,
+    dense_weight double precision DEFAULT NULL,
+    rrf_k integer DEFAULT NULL
 )
-RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, title text,
-               text text, source text, breadcrumb text[], "timestamp" timestamptz,
-               score double precision, direct_rank integer, cited_by integer[],
-               neighbour_score double precision)
+RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
+               title text, text text, source text, breadcrumb text[],
+               "timestamp" timestamptz, score double precision, direct_rank integer,
+               cited_by integer[], neighbour_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -32,13 +51,17 @@ DECLARE
     pol record;
     pid integer := memory.project_id(project_name);
     lim integer;
-    strat text;
 BEGIN
     SELECT * INTO pol FROM memory.policy();
     lim := coalesce(budget, pol.evidence_budget);
-    IF lim NOT BETWEEN 0 AND 100 THEN
-        RAISE EXCEPTION 'budget must be within 0..100, got %', lim
-            USING ERRCODE = '22023', HINT = 'budget is the most L0 turns cited; 0 turns evidence off.';
+    PERFORM memory.check_evidence_budget(lim);
+    IF result_ids IS NULL THEN
+        RAISE EXCEPTION 'result_ids must not be NULL'
+            USING ERRCODE = '22023', HINT = 'Pass the results in rank order, or ''{}'' for direct evidence alone.';
+    END IF;
+    IF max_depth IS NULL OR max_depth < 1 THEN
+        RAISE EXCEPTION 'max_depth must be at least 1, got %', coalesce(max_depth::text, 'NULL')
+            USING ERRCODE = '22023', HINT = 'The provenance depth walked from each result; 4 reaches L0 from L2.';
     END IF;
     IF fusion IS NOT NULL AND fusion NOT IN ('rrf', 'convex') THEN
         RAISE EXCEPTION 'unknown fusion "%"', fusion
@@ -47,26 +70,26 @@ BEGIN
     IF lim = 0 THEN
         RETURN;
     END IF;
-    -- The direct legs' score is the answer's score, as memory.query reports it: one leg's
-    -- own score, or the fused score of two.
-    strat := CASE WHEN jsonb_array_length(coalesce(semantic -> 'ids', '[]')) = 0 THEN 'LexicalOnly'
-                  WHEN jsonb_array_length(coalesce(lexical -> 'ids', '[]')) = 0 THEN 'SemanticOnly'
-                  ELSE 'Hybrid' END;
     RETURN QUERY
+    -- The direct legs fused as a Hybrid pair even when one is empty: a lone leg is then
+    -- min-max scaled as in a fusion, so its scores weigh against citations the same way
+    -- whichever leg ran. Only L0 turns of the project in the time range count.
     WITH direct AS (
-        SELECT f.node_id,
-               CASE strat WHEN 'LexicalOnly' THEN f.scores[2]
-                          WHEN 'SemanticOnly' THEN f.scores[1]
-                          ELSE f.fused_score END AS s,
-               row_number() OVER (ORDER BY f.fused_score DESC, f.node_id)::integer AS pos
+        SELECT f.node_id, greatest(f.fused_score, 0) AS s,
+               row_number() OVER (ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]),
+                                           f.node_id)::integer AS pos
         FROM memory.fuse_legs(coalesce(semantic, '{"ids":[],"scores":[]}'),
-                              coalesce(lexical, '{"ids":[],"scores":[]}'), strat,
-                              coalesce(fusion, pol.fusion), pol.dense_weight, pol.rrf_k,
-                              pol.evidence_candidates) f
+                              coalesce(lexical, '{"ids":[],"scores":[]}'), 'Hybrid',
+                              coalesce(fusion, pol.fusion), coalesce(dense_weight, pol.dense_weight),
+                              coalesce(rrf_k, pol.rrf_k), pol.evidence_candidates) f
+        JOIN memory.nodes n ON n.id = f.node_id AND n.level = 'L0'
+             AND (pid IS NULL OR n.project_id = pid)
+             AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
     ),
     scaled AS (
         SELECT d.node_id, d.pos, d.s / nullif(max(d.s) OVER (), 0) AS s FROM direct d
     ),
+    -- A result's own sources are cited whatever their time: the result passed the filter.
     cites AS (
         SELECT w.parent_id AS node_id, array_agg(DISTINCT r.ord::integer ORDER BY r.ord::integer) AS by_rank
         FROM memory.provenance_walk(result_ids, max_depth) w
@@ -75,8 +98,7 @@ BEGIN
     ),
     scored AS (
         SELECT coalesce(s.node_id, c.node_id) AS node_id, s.pos, c.by_rank,
-               coalesce(greatest(s.s, 0), 0)
-               + coalesce(pol.evidence_weight / sqrt(c.by_rank[1]), 0) AS score
+               coalesce(s.s, 0) + coalesce(pol.evidence_weight / sqrt(c.by_rank[1]), 0) AS score
         FROM scaled s FULL JOIN cites c ON c.node_id = s.node_id
     ),
     own AS (
@@ -87,7 +109,8 @@ BEGIN
     ),
     -- The turns said just before and after a candidate, in the same session: the L0 node
     -- of the same project and title (a session's or a document's heading) nearest in
-    -- ingest order, at most 64 ids away. An answer often spans a question and its reply.
+    -- ingest order, at most 64 ids away, in the time range. An answer often spans a
+    -- question and its reply.
     near AS (
         SELECT b.id AS node_id, sum(o.score) * pol.evidence_neighbours AS s
         FROM own o
@@ -95,11 +118,13 @@ BEGIN
             (SELECT n.id FROM memory.nodes n
              WHERE n.id < o.node_id AND n.id >= o.node_id - 64 AND n.project_id = o.project_id
                AND n.level = 'L0' AND n.title = o.title
+               AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
              ORDER BY n.id DESC LIMIT 1)
             UNION ALL
             (SELECT n.id FROM memory.nodes n
              WHERE n.id > o.node_id AND n.id <= o.node_id + 64 AND n.project_id = o.project_id
                AND n.level = 'L0' AND n.title = o.title
+               AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
              ORDER BY n.id LIMIT 1)
         ) b
         WHERE pol.evidence_neighbours > 0
@@ -111,30 +136,34 @@ BEGIN
         FROM own o FULL JOIN near nb ON nb.node_id = o.node_id
     )
     SELECT (row_number() OVER (ORDER BY x.score DESC, x.node_id))::integer, n.id, n.external_id,
-           encode(n.sha256, 'hex'), n.title, n.text, n.source, n.breadcrumb, n.ts, x.score,
-           x.pos, coalesce(x.by_rank, '{}'), x.beside
+           encode(n.sha256, 'hex'), p.name, n.title, n.text, n.source, n.breadcrumb, n.ts,
+           x.score, x.pos, coalesce(x.by_rank, '{}'), x.beside
     FROM total x
     JOIN memory.nodes n ON n.id = x.node_id
+    JOIN memory.projects p ON p.id = n.project_id
     WHERE x.score > 0  -- the weakest direct match of a convex leg scores 0: no evidence
     ORDER BY x.score DESC, x.node_id
     LIMIT lim;
 END $$;
-COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer) IS
-    'The L0 turns a response cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order) and the direct L0 legs ({"ids":[..],"scores":[..]}, fused like memory.fuse_legs), each scored by its direct match normalised by the best plus evidence_weight / sqrt(rank of the best result citing it), and then every turn (candidate or not) gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order; neighbour_score is that part). Turns scoring 0 (the weakest direct match of a convex fusion) are left out. direct_rank is the turn''s rank among the direct matches (NULL: cited only), cited_by the ranks of the results whose provenance reaches it.';
+COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer) IS
+    'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank of the best result citing it); then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range; a result''s own sources are cited whatever their time. Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it.';
 
-CREATE OR REPLACE FUNCTION memory.evidence(
-    query text,
-    result_ids bigint[],
-    query_embedding vector DEFAULT NULL,
-    project text DEFAULT NULL,
-    budget integer DEFAULT NULL,
-    since text DEFAULT NULL,
-    until text DEFAULT NULL
+-- The implementation, with positional parameter names: memory.evidence's own names
+-- (project, ...) are also columns of its result, which PL/pgSQL does not allow.
+CREATE OR REPLACE FUNCTION memory.run_evidence(
+    p_query text,
+    p_result_ids bigint[],
+    p_embedding vector,
+    p_project text,
+    p_budget integer,
+    p_since text,
+    p_until text,
+    p_fusion text
 )
-RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, title text,
-               text text, source text, breadcrumb text[], "timestamp" timestamptz,
-               score double precision, direct_rank integer, cited_by integer[],
-               neighbour_score double precision)
+RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
+               title text, text text, source text, breadcrumb text[],
+               "timestamp" timestamptz, score double precision, direct_rank integer,
+               cited_by integer[], neighbour_score double precision)
 -- PARALLEL UNSAFE: it may embed in the database (PL/Python) and runs semantic_search.
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
@@ -144,44 +173,76 @@ DECLARE
     pol record;
     lo timestamptz;
     hi timestamptz;
-    emb vector := query_embedding;
+    emb vector := p_embedding;
     sem jsonb := '{"ids":[],"scores":[]}';
     lex jsonb;
     why text;
+    fix text;
 BEGIN
-    PERFORM memory.check_query(query);
-    IF result_ids IS NULL THEN
+    -- Every argument is checked before any search, as memory.query does.
+    PERFORM memory.check_query(p_query);
+    IF p_result_ids IS NULL THEN
         RAISE EXCEPTION 'result_ids must not be NULL'
             USING ERRCODE = '22023', HINT = 'Pass the results in rank order, e.g. ARRAY(SELECT node_id FROM memory_query(...) ORDER BY rank), or ''{}''.';
     END IF;
-    SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(since, until) t;
-    PERFORM memory.project_id(project);
-    PERFORM memory.check_embedding(query_embedding);
     SELECT * INTO pol FROM memory.policy();
-    IF coalesce(budget, pol.evidence_budget) = 0 THEN
-        RETURN;  -- select_evidence checks the range; off costs no search
+    PERFORM memory.check_evidence_budget(coalesce(p_budget, pol.evidence_budget));
+    IF p_fusion IS NOT NULL AND p_fusion NOT IN ('rrf', 'convex') THEN
+        RAISE EXCEPTION 'unknown fusion "%"', p_fusion
+            USING ERRCODE = '22023', HINT = 'Use rrf, convex or NULL (the policy decides).';
+    END IF;
+    SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(p_since, p_until) t;
+    PERFORM memory.project_id(p_project);
+    PERFORM memory.check_embedding(p_embedding);
+    IF coalesce(p_budget, pol.evidence_budget) = 0 THEN
+        RETURN;  -- off costs no search
     END IF;
     IF emb IS NULL THEN
         BEGIN
-            emb := memory.embed(query);
+            emb := memory.embed(p_query);
         EXCEPTION WHEN SQLSTATE 'PM503' THEN
-            GET STACKED DIAGNOSTICS why = MESSAGE_TEXT;
-            RAISE NOTICE 'memory.evidence: no query embedding (%), so direct evidence is lexical only', why;
+            GET STACKED DIAGNOSTICS why = MESSAGE_TEXT, fix = PG_EXCEPTION_HINT;
+            RAISE NOTICE 'memory.evidence: no query embedding (%), so direct evidence is lexical only', why
+                USING HINT = coalesce(nullif(fix, ''), 'Run `make setup` and `poimen-memory migrate` on the database host, or pass query_embedding.');
         END;
     END IF;
     SELECT jsonb_build_object('ids', coalesce(jsonb_agg(l.node_id ORDER BY l.rank), '[]'),
                               'scores', coalesce(jsonb_agg(l.lexical_score ORDER BY l.rank), '[]'))
       INTO lex
-      FROM memory.lexical_search(query, project, ARRAY['L0'], pol.evidence_candidates,
+      FROM memory.lexical_search(p_query, p_project, ARRAY['L0'], pol.evidence_candidates,
                                  since => lo, before => hi) l;
     IF emb IS NOT NULL THEN
         SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
                                   'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
           INTO sem
-          FROM memory.semantic_search(emb, project, ARRAY['L0'], pol.evidence_candidates,
+          FROM memory.semantic_search(emb, p_project, ARRAY['L0'], pol.evidence_candidates,
                                       since => lo, before => hi) s;
     END IF;
-    RETURN QUERY SELECT * FROM memory.select_evidence(result_ids, sem, lex, NULL, budget, project);
+    RETURN QUERY SELECT * FROM memory.select_evidence(p_result_ids, sem, lex, p_fusion,
+                                                      p_budget, p_project, 4, lo, hi);
 END $$;
-COMMENT ON FUNCTION memory.evidence(text, bigint[], vector, text, integer, text, text) IS
-    'The L0 evidence of a response, for SQL users: pass the query and the result ids of memory.query in rank order; it runs the direct L0 legs (lexical, and semantic when an embedding is given or memory.embed can make one) and returns memory.select_evidence. The HTTP service returns the same list as "evidence". since/until as in memory.query.';
+COMMENT ON FUNCTION memory.run_evidence(text, bigint[], vector, text, integer, text, text, text) IS
+    'Implementation of memory.evidence (positional parameters; call memory.evidence instead).';
+
+CREATE OR REPLACE FUNCTION memory.evidence(
+    query text,
+    result_ids bigint[],
+    query_embedding vector DEFAULT NULL,
+    project text DEFAULT NULL,
+    budget integer DEFAULT NULL,
+    since text DEFAULT NULL,
+    until text DEFAULT NULL,
+    fusion text DEFAULT NULL
+)
+RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
+               title text, text text, source text, breadcrumb text[],
+               "timestamp" timestamptz, score double precision, direct_rank integer,
+               cited_by integer[], neighbour_score double precision)
+LANGUAGE sql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT * FROM memory.run_evidence(query, result_ids, query_embedding, project, budget,
+                                      since, until, fusion);
+END;
+COMMENT ON FUNCTION memory.evidence(text, bigint[], vector, text, integer, text, text, text) IS
+    'The L0 evidence of an answer, for SQL users: pass the query and memory.query''s result ids in rank order (and its embedding, or it embeds again); it runs the direct L0 legs (lexical, and semantic when an embedding is given or memory.embed can make one), each evidence_candidates deep and kept to since/until (ISO, as memory.query; dates the optimizer extracts do not apply here), and returns memory.select_evidence with fusion (NULL: the policy). For a Hybrid answer the HTTP service returns the same list as "evidence"; it skips a leg its route did not run (no embedding, no lexical engine).';

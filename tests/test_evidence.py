@@ -73,24 +73,27 @@ def no_neighbours(conn: Conn) -> Iterator[None]:
 
 @pytest.mark.usefixtures("no_neighbours")
 def test_scores_are_direct_match_plus_citation_support(conn: Conn) -> None:
-    """Each turn's score is its lexical score over the best one plus 0.5 / sqrt(rank of the
-    best result citing it), recomputed here from the legs and the provenance walk."""
+    """Each turn's score is its direct match, min-max scaled over the lexical leg (a lone
+    leg is fused as in a Hybrid pair), plus 0.5 / sqrt(rank of the best result citing it):
+    recomputed here from the leg and the provenance walk."""
     ids = _results(conn, KONG)
     lex, bm25 = _lexical_l0(conn, KONG)
     rows = conn.execute(SELECT_ALL, (ids, NO_LEG, lex)).fetchall()
     assert all(r[5] == 0 for r in rows)
     below = _l0_below(conn, ids)
-    best = max(bm25.values())
-    expected = {
-        n: bm25.get(n, 0.0) / best + (0.5 / math.sqrt(min(below[n])) if n in below else 0.0)
-        for n in set(bm25) | set(below)
-    }
+    lo, hi = min(bm25.values()), max(bm25.values())
+    assert hi > lo
+    expected = {n: (bm25[n] - lo) / (hi - lo) if n in bm25 else 0.0 for n in set(bm25) | set(below)}
+    for n in below:
+        expected[n] += 0.5 / math.sqrt(min(below[n]))
     # every candidate scoring above 0, at a budget above them all
     assert {r[0] for r in rows} == {n for n, v in expected.items() if v > 0}
     assert [r[1] for r in rows] == list(range(1, len(rows) + 1))
     for node, _, score, direct_rank, cited_by, _ in rows:
         assert score == pytest.approx(expected[node])
         assert (direct_rank is not None) == (node in bm25)
+        if direct_rank is not None:  # its place in the leg (ties aside)
+            assert direct_rank == sorted(bm25, key=lambda n: -bm25[n]).index(node) + 1
         assert set(cited_by) == below.get(node, set())
     scores = [r[2] for r in rows]
     assert scores == sorted(scores, reverse=True)
@@ -146,11 +149,39 @@ def test_budget_caps_and_zero_turns_it_off(conn: Conn) -> None:
         ("budget => 101", "budget must be within 0..100"),
         ("budget => -1", "budget must be within 0..100"),
         ("fusion => 'max'", 'unknown fusion "max"'),
+        ("max_depth => 0", "max_depth must be at least 1"),
     ],
 )
 def test_bad_arguments_are_22023(conn: Conn, args: str, message: str) -> None:
     with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
         conn.execute(f"SELECT * FROM memory.select_evidence('{{}}', NULL, NULL, {args})")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="result_ids"):
+        conn.execute("SELECT * FROM memory.select_evidence(NULL, NULL, NULL)")
+
+
+def test_memory_evidence_checks_its_budget_before_searching(conn: Conn) -> None:
+    """A bad budget fails at once, before any embedding or search: counted by the
+    statistics collector, which a good budget moves (the control)."""
+    conn.execute("SET track_functions = 'all'")
+
+    def searches() -> int:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
+            " WHERE schemaname = 'memory' AND funcname IN ('embed', 'lexical_search')"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    with conn.transaction():
+        with (
+            pytest.raises(psycopg.errors.InvalidParameterValue, match="budget must be"),
+            conn.transaction(),
+        ):
+            conn.execute("SELECT * FROM memory.evidence('kong', '{}', budget => 500)")
+        assert searches() == 0
+        conn.execute("SELECT * FROM memory.evidence('kong', '{}', budget => 5)").fetchall()
+        assert searches() >= 2
 
 
 def test_unknown_project_is_pm404(conn: Conn) -> None:
@@ -240,20 +271,50 @@ def test_evidence_parameter_must_be_a_number(client: TestClient) -> None:
     assert body["error"] == "invalid_parameter" and "evidence must be a number" in body["detail"]
 
 
-def test_time_filter_applies_to_direct_evidence(client: TestClient) -> None:
-    body = query(client, query=KONG, since="2024-03-05", until="2030-01-01", evidence=100)
-    direct = [e for e in body["evidence"] if e["direct_rank"] is not None]
-    assert all(e["timestamp"] is None or e["timestamp"] >= "2024-03-05" for e in direct)
-    assert all(e["timestamp"] is not None for e in direct)  # no timestamp: filtered out
+def test_time_filter_keeps_direct_and_neighbour_turns_in_range(
+    client: TestClient, conn: Conn, embedder: LocalEmbedder
+) -> None:
+    """since/until keep direct matches and neighbours in range, on both paths; a result's
+    own sources are cited whatever their time (the result passed the filter)."""
+    since, until = "2024-03-05", "2030-01-01"
+    body = query(client, query=KONG, since=since, until=until, evidence=100, limit=5)
+    assert body["evidence"]
+    for e in body["evidence"]:
+        if not e["cited_by"]:  # there only by a direct match or a neighbour
+            assert e["timestamp"] is not None and e["timestamp"] >= since
+    assert any(e["direct_rank"] is not None for e in body["evidence"])
+    vec = embedder.embed_query(KONG)
+    rows = conn.execute(
+        "SELECT \"timestamp\", cited_by FROM memory.evidence(%s, '{}', %s, since => %s,"
+        " until => %s, budget => 100)",
+        (KONG, vec, since, until),
+    ).fetchall()
+    assert rows and all(ts is not None and ts.isoformat() >= since for ts, _ in rows)
+    unfiltered = conn.execute(
+        "SELECT count(*) FROM memory.evidence(%s, '{}', %s, budget => 100)", (KONG, vec)
+    ).fetchone()
+    assert unfiltered is not None and unfiltered[0] > len(rows)
+
+
+def test_an_evidence_failure_degrades_and_keeps_the_trees(client: TestClient, conn: Conn) -> None:
+    """The selection failing (here: its function gone) leaves a 200 with whole trees and an
+    empty list, and says so under degraded; the answer itself is not lost."""
+    whole = query(client, query=KONG, evidence=0)
+    conn.execute(
+        "ALTER FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text,"
+        " integer, timestamptz, timestamptz, double precision, integer) RENAME TO gone"
+    )
+    body = query(client, query=KONG)
+    assert body["evidence"] == []
+    assert {"stage": "evidence", "reason": body["plan"]["evidence"]["degraded"]} in body["degraded"]
+    assert [r["parents"] for r in body["results"]] == [r["parents"] for r in whole["results"]]
+    assert all("provenance_l0_omitted" not in r for r in body["results"])
 
 
 def test_an_l0_hybrid_query_reuses_its_legs(client: TestClient) -> None:
     """Asked for L0 alone, Hybrid, at the evidence depth: the direct legs are the query's
     own, so the evidence runs no search of its own."""
     body = query(client, query=KONG, level="L0", strategy="Hybrid", limit=5, evidence=5)
-    assert body["metrics"]["evidence_legs"] == 0
-    metrics = body["metrics"]
-    direct = metrics["semantic_candidates"] + metrics["lexical_candidates"]
-    assert body["plan"]["evidence"]["direct_candidates"] == direct
+    assert body["metrics"]["evidence_legs"] == 0 and len(body["evidence"]) == 5
     assert query(client, query=KONG, strategy="Hybrid")["metrics"]["evidence_legs"] == 2
     assert query(client, query=KONG, evidence=0)["metrics"]["evidence_legs"] == 0

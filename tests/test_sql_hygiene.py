@@ -79,6 +79,8 @@ READER = {
     "hydrate",
     "select_evidence",
     "evidence",
+    "check_evidence_budget",
+    "run_evidence",
     "plpython_path",
     "plpython_load",
     "optimize_query",

@@ -49,6 +49,7 @@ STAGES = {
     "fusion": "fusion_time_ms",
     "rerank": "rerank_time_ms",
     "provenance": "provenance_time_ms",
+    "evidence": "evidence_time_ms",
     "total": "total_time_ms",
 }
 

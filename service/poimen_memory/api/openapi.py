@@ -87,7 +87,16 @@ _EVIDENCE: dict[str, Any] = {
     "properties": {
         **{
             k: {"type": ["string", "null"]}
-            for k in ("level", "sha256", "external_id", "title", "text", "source", "timestamp")
+            for k in (
+                "level",
+                "sha256",
+                "external_id",
+                "project",
+                "title",
+                "text",
+                "source",
+                "timestamp",
+            )
         },
         "breadcrumb": {"type": ["array", "null"], "items": {"type": "string"}},
         "rank": {"type": "integer", "minimum": 1},

@@ -98,6 +98,7 @@ class EvidenceRow:
     node_id: int
     external_id: str | None
     sha256: str
+    project: str
     title: str | None
     text: str
     source: str | None

@@ -46,9 +46,9 @@ from poimen_memory.errors import (
     ValidationError,
 )
 from poimen_memory.retrieval.deadline import Deadline
+from poimen_memory.retrieval.evidence import Evidence
 from poimen_memory.retrieval.models import (
     LEVELS,
-    EvidenceRow,
     FusedRow,
     HydratedRow,
     IdRow,
@@ -266,31 +266,21 @@ class Retriever:
         # The lexical leg needs no embedding, so it starts while the query is embedded.
         lex_task: asyncio.Task[Leg] | None = None
         sem_task: asyncio.Task[Leg] | None = None
-        # The direct L0 legs of the evidence (memory.select_evidence) run beside the others.
-        budget = policy.evidence_budget if req.evidence is None else req.evidence
-        ev_tasks: list[asyncio.Task[Leg]] = []
-        ev_base = {
-            "project": req.project,
-            "levels": ["L0"],
-            "k": policy.evidence_candidates,
-            "since": req.since_ts,
-            "before": req.before_ts,
-        }
-        ev_lex = ev_sem = Leg()
-        # A Hybrid query of L0 alone at the evidence depth has run the direct legs already.
-        ev_own = bool(budget) and not (
-            levels == ["L0"] and strategy == "Hybrid" and candidates == policy.evidence_candidates
+        # The evidence's direct L0 legs run beside the answer's own (retrieval/evidence.py).
+        evidence = Evidence(
+            self._sql,
+            req,
+            policy,
+            self.settings.fallback_reserve_s,
+            reuses_legs=levels == ["L0"]
+            and strategy == "Hybrid"
+            and candidates == policy.evidence_candidates
+            and self.opensearch is None,
         )
         embedding: np.ndarray[Any, Any] | None = None
         try:
-            if ev_own and self.settings.pg_lexical and strategy != "SemanticOnly":
-                ev_tasks.append(
-                    asyncio.create_task(
-                        self._evidence_leg(
-                            "lexical_search", {**ev_base, "query": req.query}, deadline
-                        )
-                    )
-                )
+            if self.settings.pg_lexical and strategy != "SemanticOnly":
+                evidence.start_lexical(deadline)
             if strategy in ("Hybrid", "LexicalFirst", "LexicalOnly"):
                 depth = {"Hybrid": candidates, "LexicalFirst": policy.cascade_candidates}.get(
                     strategy, rerank_k
@@ -315,16 +305,7 @@ class Retriever:
                     lex_task = asyncio.create_task(
                         self._lexical(req, levels, rerank_k, deadline, trace)
                     )
-            if ev_own and embedding is not None:
-                ev_tasks.append(
-                    asyncio.create_task(
-                        self._evidence_leg(
-                            "semantic_search",
-                            {**ev_base, "embedding": embedding, "ef_search": None},
-                            deadline,
-                        )
-                    )
-                )
+            evidence.start_semantic(embedding, deadline)
             if strategy == "Hybrid":
                 sem_task = asyncio.create_task(
                     self._semantic(req, levels, embedding, candidates, deadline, trace)
@@ -340,15 +321,10 @@ class Retriever:
                 )
             else:
                 sem, lex = Leg(), await _required(lex_task)
-            legs = await asyncio.gather(*ev_tasks)
-            ev_lex = next((leg for leg in legs if leg.engine == "lexical_search"), Leg())
-            ev_sem = next((leg for leg in legs if leg.engine == "semantic_search"), Leg())
-            if budget and not ev_own:
-                ev_lex, ev_sem = lex, sem
-            trace.metrics["evidence_legs"] = len(ev_tasks)
+            await evidence.collect(lex, sem, deadline, trace)
         finally:
             # On every path, failures and timeouts included.
-            await _settle(t for t in (lex_task, sem_task, *ev_tasks) if t is not None)
+            await _settle(t for t in (lex_task, sem_task, *evidence.tasks) if t is not None)
 
         t0 = time.monotonic()
         fused = await self._sql(
@@ -384,9 +360,7 @@ class Retriever:
         # The evidence is chosen while the results' trees are built.
         hyd_task = asyncio.create_task(self._hydrate(req, order, embedding, deadline, trace))
         try:
-            evidence = await self._select_evidence(
-                req, order, ev_sem, ev_lex, fusion, budget, deadline, trace
-            )
+            await evidence.select(order, fusion, deadline, trace)
             hydrated = await hyd_task
         finally:
             await _settle([hyd_task])
@@ -395,10 +369,7 @@ class Retriever:
             _result(h, by_fused[h.node_id], rerank_scores.get(h.node_id) if rerank_scores else None)
             for h in hydrated
         ]
-        if evidence is not None:
-            cited = {e.sha256 for e in evidence}
-            for r in results:
-                r["parents"], r["provenance_l0_omitted"] = _cited_only(r["parents"], cited)
+        evidence.trim(results)
         trace.metrics.update(
             {
                 "semantic_candidates": len(sem.ids),
@@ -407,7 +378,13 @@ class Retriever:
                 "total_time_ms": round(deadline.elapsed_ms(), 3),
             }
         )
-        for key in ("embed_time_ms", "semantic_time_ms", "lexical_time_ms", "rerank_time_ms"):
+        for key in (
+            "embed_time_ms",
+            "semantic_time_ms",
+            "lexical_time_ms",
+            "rerank_time_ms",
+            "evidence_time_ms",
+        ):
             trace.metrics.setdefault(key, 0.0)
         trace.metrics.setdefault("embedding_cache_hit", False)
         return {
@@ -421,16 +398,12 @@ class Retriever:
                 "reasons": list(ctx.reasons),
                 "optimizer_strategy": ctx.search_strategy.value,
                 "time_filter": time_plan,
-                "evidence": {
-                    "budget": budget,
-                    "source": "policy" if req.evidence is None else "argument",
-                    "direct_candidates": len(ev_lex.ids) + len(ev_sem.ids),
-                },
+                "evidence": evidence.plan(),
                 "engines": trace.engines,
                 "why": trace.why,
             },
             "results": results,
-            "evidence": [_evidence(e) for e in evidence or []],
+            "evidence": evidence.as_json(),
             "metrics": trace.metrics,
             "latency_ms": round(deadline.elapsed_ms(), 3),
             "notes": _notes(results, trace, rerank_scores is not None, len(fused)),
@@ -599,44 +572,6 @@ class Retriever:
         finally:
             trace.timed("provenance_time_ms", t0)
 
-    async def _evidence_leg(self, name: str, params: dict[str, Any], deadline: Deadline) -> Leg:
-        rows = await self._sql(deadline, "evidence", name, params, RankedRow)
-        return Leg.of(rows, name)
-
-    async def _select_evidence(
-        self,
-        req: QueryRequest,
-        order: list[int],
-        sem: Leg,
-        lex: Leg,
-        fusion: str,
-        budget: int,
-        deadline: Deadline,
-        trace: Trace,
-    ) -> list[EvidenceRow] | None:
-        """The cited L0 turns (None: evidence off). The ranking is memory.select_evidence's,
-        as for SQL users of memory.evidence."""
-        if not budget:
-            return None
-        t0 = time.monotonic()
-        try:
-            return await self._sql(
-                deadline,
-                "evidence",
-                "select_evidence",
-                {
-                    "result_ids": order,
-                    "semantic": json.dumps(sem.as_json()),
-                    "lexical": json.dumps(lex.as_json()),
-                    "fusion": fusion,
-                    "budget": budget,
-                    "project": req.project,
-                },
-                EvidenceRow,
-            )
-        finally:
-            trace.timed("evidence_time_ms", t0)
-
     async def _rerank(
         self, req: QueryRequest, ids: list[int], deadline: Deadline, trace: Trace
     ) -> dict[int, float] | None:
@@ -726,38 +661,6 @@ def _result(h: HydratedRow, f: FusedRow, rerank_score: float | None) -> dict[str
         "parents": h.provenance,
         "provenance_truncated": h.provenance_truncated,
     }
-
-
-def _evidence(e: EvidenceRow) -> dict[str, Any]:
-    return {
-        "rank": e.rank,
-        "level": "L0",
-        "sha256": e.sha256,
-        "external_id": e.external_id,
-        "title": e.title,
-        "text": e.text,
-        "source": e.source,
-        "breadcrumb": e.breadcrumb,
-        "timestamp": e.timestamp.isoformat() if e.timestamp else None,
-        "score": e.score,
-        "direct_rank": e.direct_rank,
-        "cited_by": e.cited_by,
-        "neighbour_score": e.neighbour_score,
-    }
-
-
-def _cited_only(parents: list[dict[str, Any]], cited: set[str]) -> tuple[list[dict[str, Any]], int]:
-    """The tree without the L0 turns the evidence does not cite, and how many it left out:
-    the response cites exactly the evidence list, within its budget."""
-    kept, omitted = [], 0
-    for node in parents:
-        if node.get("level") == "L0" and node.get("sha256") not in cited:
-            omitted += 1
-            continue
-        below, n = _cited_only(node.get("parents") or [], cited)
-        kept.append({**node, "parents": below})
-        omitted += n
-    return kept, omitted
 
 
 def _clip01(x: float | None) -> float | None:
