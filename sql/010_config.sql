@@ -59,6 +59,36 @@ $$;
 COMMENT ON FUNCTION memory.node_filter(text, text[], timestamptz, timestamptz) IS
     'The node filter of the search stages: the project id (PM404 when unknown), the checked level list, and the time window since <= ts < before as timed, lo and hi. Errors name the argument.';
 
+CREATE OR REPLACE FUNCTION memory.check_fusion(fusion text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF fusion IS NOT NULL AND fusion NOT IN ('rrf', 'convex') THEN
+        RAISE EXCEPTION 'unknown fusion "%"', fusion
+            USING ERRCODE = '22023', HINT = 'Use rrf, convex or NULL (the policy decides: memory.policy()).';
+    END IF;
+    RETURN fusion;
+END $$;
+COMMENT ON FUNCTION memory.check_fusion(text) IS
+    'Raises 22023 unless fusion is rrf, convex or NULL (the policy''s); returns it.';
+
+CREATE OR REPLACE FUNCTION memory.check_evidence_budget(budget integer)
+RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF budget IS NULL OR budget NOT BETWEEN 0 AND 100 THEN
+        RAISE EXCEPTION 'budget must be within 0..100, got %', coalesce(budget::text, 'NULL')
+            USING ERRCODE = '22023', HINT = 'budget is the most L0 turns cited; 0 turns evidence off.';
+    END IF;
+    RETURN budget;
+END $$;
+COMMENT ON FUNCTION memory.check_evidence_budget(integer) IS
+    'Raises 22023 unless the evidence budget is within 0..100; returns it.';
+
 CREATE OR REPLACE FUNCTION memory.check_query(query text)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE

@@ -182,10 +182,7 @@ BEGIN
         RAISE EXCEPTION 'unknown strategy "%"', p_strategy
             USING ERRCODE = '22023', HINT = 'Use LexicalOnly, LexicalFirst, Hybrid, SemanticOnly or NULL (optimizer decides).';
     END IF;
-    IF p_fusion IS NOT NULL AND p_fusion NOT IN ('rrf', 'convex') THEN
-        RAISE EXCEPTION 'unknown fusion "%"', p_fusion
-            USING ERRCODE = '22023', HINT = 'Use rrf, convex or NULL (the policy decides: memory.policy()).';
-    END IF;
+    PERFORM memory.check_fusion(p_fusion);
     IF p_dense_weight IS NOT NULL AND NOT (p_dense_weight BETWEEN 0 AND 1) THEN
         RAISE EXCEPTION 'dense_weight must be within [0, 1], got %', p_dense_weight USING ERRCODE = '22023';
     END IF;

@@ -11,21 +11,6 @@
 -- the scores of the candidates said just before and after it. Measured on LoCoMo dev in
 -- docs/benchmarks.md ("Evidence within a budget"); the policy keys evidence_* tune it.
 
-CREATE OR REPLACE FUNCTION memory.check_evidence_budget(budget integer)
-RETURNS integer
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF budget IS NULL OR budget NOT BETWEEN 0 AND 100 THEN
-        RAISE EXCEPTION 'budget must be within 0..100, got %', coalesce(budget::text, 'NULL')
-            USING ERRCODE = '22023', HINT = 'budget is the most L0 turns cited; 0 turns evidence off.';
-    END IF;
-    RETURN budget;
-END $$;
-COMMENT ON FUNCTION memory.check_evidence_budget(integer) IS
-    'Raises 22023 unless the evidence budget is within 0..100; returns it.';
-
 CREATE OR REPLACE FUNCTION memory.select_evidence(
     result_ids bigint[],
     semantic jsonb,
@@ -63,10 +48,7 @@ BEGIN
         RAISE EXCEPTION 'max_depth must be at least 1, got %', coalesce(max_depth::text, 'NULL')
             USING ERRCODE = '22023', HINT = 'The provenance depth walked from each result; 4 reaches L0 from L2.';
     END IF;
-    IF fusion IS NOT NULL AND fusion NOT IN ('rrf', 'convex') THEN
-        RAISE EXCEPTION 'unknown fusion "%"', fusion
-            USING ERRCODE = '22023', HINT = 'Use rrf, convex or NULL (the policy decides).';
-    END IF;
+    PERFORM memory.check_fusion(fusion);
     IF lim = 0 THEN
         RETURN;
     END IF;
@@ -187,10 +169,7 @@ BEGIN
     END IF;
     SELECT * INTO pol FROM memory.policy();
     PERFORM memory.check_evidence_budget(coalesce(p_budget, pol.evidence_budget));
-    IF p_fusion IS NOT NULL AND p_fusion NOT IN ('rrf', 'convex') THEN
-        RAISE EXCEPTION 'unknown fusion "%"', p_fusion
-            USING ERRCODE = '22023', HINT = 'Use rrf, convex or NULL (the policy decides).';
-    END IF;
+    PERFORM memory.check_fusion(p_fusion);
     SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(p_since, p_until) t;
     PERFORM memory.project_id(p_project);
     PERFORM memory.check_embedding(p_embedding);

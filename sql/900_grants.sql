@@ -40,7 +40,7 @@ DECLARE
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory.fuse_legs',
         'memory.provenance_walk', 'memory.provenance_tree', 'memory.provenance', 'memory.hydrate',
         'memory.select_evidence', 'memory.evidence', 'memory.run_evidence',
-        'memory.check_evidence_budget',
+        'memory.check_evidence_budget', 'memory.check_fusion',
         'memory.plpython_path', 'memory.plpython_load', 'memory.optimize_query', 'memory.embed',
         'memory.stage_sql', 'memory.explain_query', 'memory.run_query', 'memory.query',
         'public.memory_query', 'public.memory_optimize_query', 'memory.granted_projects',

@@ -80,6 +80,7 @@ READER = {
     "select_evidence",
     "evidence",
     "check_evidence_budget",
+    "check_fusion",
     "run_evidence",
     "plpython_path",
     "plpython_load",

@@ -57,17 +57,19 @@ ROWS: list[tuple[str, bool, Callable[[Run], Any]]] = [
 ]
 
 
+def _cells(read: Callable[[Run], Any], runs: Sequence[Run]) -> list[Any]:
+    """One stage across the runs; None where a run lacks the part (e.g. --no-http)."""
+    cells = []
+    for r in runs:
+        try:
+            cells.append(read(r))
+        except (KeyError, TypeError):
+            cells.append(None)
+    return cells
+
+
 def rows(runs: Sequence[Run]) -> list[list[Any]]:
-    out = []
-    for label, _, read in ROWS:
-        cells = []
-        for r in runs:
-            try:
-                cells.append(read(r))
-            except (KeyError, TypeError):
-                cells.append(None)
-        out.append([label, *cells])
-    return out
+    return [[label, *_cells(read, runs)] for label, _, read in ROWS]
 
 
 def plot(path: Path, runs: Sequence[Run]) -> None:
@@ -81,13 +83,7 @@ def plot(path: Path, runs: Sequence[Run]) -> None:
     lines = [(label, read) for label, latency, read in ROWS if latency]
     colours = plt.get_cmap("tab20")(range(len(lines)))
     for (label, read), colour in zip(lines, colours, strict=True):
-        ys = []
-        for r in runs:
-            try:
-                ys.append(read(r))
-            except (KeyError, TypeError):
-                ys.append(None)
-        pts = [(x, y) for x, y in zip(sizes, ys, strict=True) if y]
+        pts = [(x, y) for x, y in zip(sizes, _cells(read, runs), strict=True) if y]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=colour, label=label)
     ax.set_xscale("log")

@@ -52,23 +52,20 @@ _PARENT: dict[str, Any] = {
     },
 }
 
+# What results and evidence show of a node alike.
+_NODE_FIELDS: dict[str, Any] = {
+    **{
+        k: {"type": ["string", "null"]}
+        for k in ("level", "sha256", "project", "title", "text", "source", "timestamp")
+    },
+    "breadcrumb": {"type": ["array", "null"], "items": {"type": "string"}},
+}
+
 _RESULT: dict[str, Any] = {
     "type": "object",
     "properties": {
-        **{
-            k: {"type": ["string", "null"]}
-            for k in (
-                "level",
-                "sha256",
-                "project",
-                "title",
-                "text",
-                "source",
-                "timestamp",
-                "fusion_method",
-            )
-        },
-        "breadcrumb": {"type": "array", "items": {"type": "string"}},
+        **_NODE_FIELDS,
+        "fusion_method": {"type": ["string", "null"]},
         **{
             k: {"type": ["number", "null"]}
             for k in ("query_score", "lexical_score", "final_score", "rerank_score")
@@ -85,20 +82,8 @@ _RESULT: dict[str, Any] = {
 _EVIDENCE: dict[str, Any] = {
     "type": "object",
     "properties": {
-        **{
-            k: {"type": ["string", "null"]}
-            for k in (
-                "level",
-                "sha256",
-                "external_id",
-                "project",
-                "title",
-                "text",
-                "source",
-                "timestamp",
-            )
-        },
-        "breadcrumb": {"type": ["array", "null"], "items": {"type": "string"}},
+        **_NODE_FIELDS,
+        "external_id": {"type": ["string", "null"]},
         "rank": {"type": "integer", "minimum": 1},
         "score": {"type": "number"},
         "neighbour_score": {"type": "number"},

@@ -75,9 +75,10 @@ class FusedRow:
 
 
 @dataclass(frozen=True)
-class HydratedRow:
+class NodeRow:
+    """What an answer shows of a node, in results and evidence alike."""
+
     node_id: int
-    level: str
     sha256: str
     project: str
     title: str | None
@@ -85,25 +86,22 @@ class HydratedRow:
     source: str | None
     breadcrumb: list[str] | None
     timestamp: datetime | None
+
+
+@dataclass(frozen=True)
+class HydratedRow(NodeRow):
+    level: str
     query_score: float | None
     provenance: list[dict[str, Any]]
     provenance_truncated: bool
 
 
 @dataclass(frozen=True)
-class EvidenceRow:
+class EvidenceRow(NodeRow):
     """memory.select_evidence: one cited L0 turn."""
 
     rank: int
-    node_id: int
     external_id: str | None
-    sha256: str
-    project: str
-    title: str | None
-    text: str
-    source: str | None
-    breadcrumb: list[str] | None
-    timestamp: datetime | None
     score: float
     direct_rank: int | None
     cited_by: list[int]
