@@ -61,7 +61,7 @@ def test_metrics_parse_and_histograms_move_with_queries(client: TestClient) -> N
     assert stage_count(after, "total") - stage_count(before, "total") == 3
     for stage in ("embed", "semantic"):
         assert stage_count(after, stage) - stage_count(before, stage) == 2, stage
-    for stage in ("lexical", "fusion", "provenance"):
+    for stage in ("lexical", "fusion", "provenance", "evidence"):
         assert stage_count(after, stage) - stage_count(before, stage) == 3, stage
     assert stage_count(after, "rerank") == 0  # no reranker configured: never ran
     # The histogram holds the same numbers the responses reported.

@@ -20,7 +20,7 @@ from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.settings import Settings
 from service_client import KONG
 
-TIMINGS = {"embed", "lexical", "semantic", "fusion", "rerank", "provenance", "total"}
+TIMINGS = {"embed", "lexical", "semantic", "fusion", "rerank", "provenance", "evidence", "total"}
 
 
 def lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
