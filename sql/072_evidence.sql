@@ -130,9 +130,11 @@ END $$;
 COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer) IS
     'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank of the best result citing it); then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range; a result''s own sources are cited whatever their time. Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it.';
 
--- The implementation, with positional parameter names: memory.evidence's own names
--- (project, ...) are also columns of its result, which PL/pgSQL does not allow.
-CREATE OR REPLACE FUNCTION memory.run_evidence(
+-- memory.evidence in two steps: the checks and the direct L0 legs (PL/pgSQL, for the
+-- embedder's fallback), then memory.select_evidence's ranking. Its parameters are
+-- positional because memory.evidence's own names (project, ...) are also result columns,
+-- which PL/pgSQL does not allow.
+CREATE OR REPLACE FUNCTION memory.evidence_legs(
     p_query text,
     p_result_ids bigint[],
     p_embedding vector,
@@ -140,27 +142,24 @@ CREATE OR REPLACE FUNCTION memory.run_evidence(
     p_budget integer,
     p_since text,
     p_until text,
-    p_fusion text
+    p_fusion text,
+    OUT semantic jsonb,
+    OUT lexical jsonb,
+    OUT since_ts timestamptz,
+    OUT before_ts timestamptz
 )
-RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
-               title text, text text, source text, breadcrumb text[],
-               "timestamp" timestamptz, score double precision, direct_rank integer,
-               cited_by integer[], neighbour_score double precision)
 -- PARALLEL UNSAFE: it may embed in the database (PL/Python) and runs semantic_search.
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
-#variable_conflict use_variable
 DECLARE
     pol record;
-    lo timestamptz;
-    hi timestamptz;
     emb vector := p_embedding;
-    sem jsonb := '{"ids":[],"scores":[]}';
-    lex jsonb;
     why text;
     fix text;
 BEGIN
+    semantic := '{"ids":[],"scores":[]}';
+    lexical := '{"ids":[],"scores":[]}';
     -- Every argument is checked before any search, as memory.query does.
     PERFORM memory.check_query(p_query);
     IF p_result_ids IS NULL THEN
@@ -170,7 +169,7 @@ BEGIN
     SELECT * INTO pol FROM memory.policy();
     PERFORM memory.check_evidence_budget(coalesce(p_budget, pol.evidence_budget));
     PERFORM memory.check_fusion(p_fusion);
-    SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(p_since, p_until) t;
+    SELECT t.since_ts, t.before_ts INTO since_ts, before_ts FROM memory.time_range(p_since, p_until) t;
     PERFORM memory.project_id(p_project);
     PERFORM memory.check_embedding(p_embedding);
     IF coalesce(p_budget, pol.evidence_budget) = 0 THEN
@@ -187,21 +186,19 @@ BEGIN
     END IF;
     SELECT jsonb_build_object('ids', coalesce(jsonb_agg(l.node_id ORDER BY l.rank), '[]'),
                               'scores', coalesce(jsonb_agg(l.lexical_score ORDER BY l.rank), '[]'))
-      INTO lex
+      INTO lexical
       FROM memory.lexical_search(p_query, p_project, ARRAY['L0'], pol.evidence_candidates,
-                                 since => lo, before => hi) l;
+                                 since => since_ts, before => before_ts) l;
     IF emb IS NOT NULL THEN
         SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
                                   'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
-          INTO sem
+          INTO semantic
           FROM memory.semantic_search(emb, p_project, ARRAY['L0'], pol.evidence_candidates,
-                                      since => lo, before => hi) s;
+                                      since => since_ts, before => before_ts) s;
     END IF;
-    RETURN QUERY SELECT * FROM memory.select_evidence(p_result_ids, sem, lex, p_fusion,
-                                                      p_budget, p_project, 4, lo, hi);
 END $$;
-COMMENT ON FUNCTION memory.run_evidence(text, bigint[], vector, text, integer, text, text, text) IS
-    'Implementation of memory.evidence (positional parameters; call memory.evidence instead).';
+COMMENT ON FUNCTION memory.evidence_legs(text, bigint[], vector, text, integer, text, text, text) IS
+    'The first step of memory.evidence (call that instead): checks every argument, then runs the direct L0 legs (none when the budget is 0) and returns them with the parsed time range.';
 
 CREATE OR REPLACE FUNCTION memory.evidence(
     query text,
@@ -220,8 +217,13 @@ RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, proj
 LANGUAGE sql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT * FROM memory.run_evidence(query, result_ids, query_embedding, project, budget,
-                                      since, until, fusion);
+    SELECT e.*
+    FROM memory.evidence_legs(query, result_ids, query_embedding, project, budget, since,
+                              until, fusion) l
+    CROSS JOIN LATERAL memory.select_evidence(result_ids, l.semantic, l.lexical, fusion,
+                                              budget, project, 4, l.since_ts,
+                                              l.before_ts) e
+    ORDER BY e.rank;
 END;
 COMMENT ON FUNCTION memory.evidence(text, bigint[], vector, text, integer, text, text, text) IS
     'The L0 evidence of an answer, for SQL users: pass the query and memory.query''s result ids in rank order (and its embedding, or it embeds again); it runs the direct L0 legs (lexical, and semantic when an embedding is given or memory.embed can make one), each evidence_candidates deep and kept to since/until (ISO, as memory.query; dates the optimizer extracts do not apply here), and returns memory.select_evidence with fusion (NULL: the policy). For a Hybrid answer the HTTP service returns the same list as "evidence"; it skips a leg its route did not run (no embedding, no lexical engine).';

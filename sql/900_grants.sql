@@ -39,7 +39,7 @@ DECLARE
         'memory.lexical_kth', 'memory.lexical_query', 'memory.semantic_search',
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory.fuse_legs',
         'memory.provenance_walk', 'memory.provenance_tree', 'memory.provenance', 'memory.hydrate',
-        'memory.select_evidence', 'memory.evidence', 'memory.run_evidence',
+        'memory.select_evidence', 'memory.evidence', 'memory.evidence_legs',
         'memory.check_evidence_budget', 'memory.check_fusion',
         'memory.plpython_path', 'memory.plpython_load', 'memory.optimize_query', 'memory.embed',
         'memory.stage_sql', 'memory.explain_query', 'memory.run_query', 'memory.query',

@@ -184,6 +184,27 @@ def test_memory_evidence_checks_its_budget_before_searching(conn: Conn) -> None:
         assert searches() >= 2
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("evidence_budget", "101"),
+        ("evidence_budget", "-1"),
+        ("evidence_candidates", "0"),
+        ("evidence_weight", "11"),
+        ("evidence_neighbours", "-0.1"),
+        ("evidence_neighbours", "lots"),
+    ],
+)
+def test_bad_evidence_policy_values_are_22023_and_write_nothing(
+    conn: Conn, key: str, value: str
+) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=f'for policy key "{key}"'):
+        conn.execute("SELECT memory.set_policy(%s, %s)", (key, value))
+    assert conn.execute("SELECT count(*) FROM memory.config WHERE key = %s", (key,)).fetchone() == (
+        0,
+    )
+
+
 def test_unknown_project_is_pm404(conn: Conn) -> None:
     with pytest.raises(psycopg.Error) as err:
         conn.execute("SELECT * FROM memory.evidence('kong', '{}', project => 'nope')")

@@ -251,25 +251,24 @@ def test_0009_refuses_edges_across_projects(
         ).fetchone() == (1,)
 
 
+def _partition_cli(url: str, home: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`poimen-memory migrate --partition-by-project` in a process of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
+    env.update(POIMEN_HOME=str(home), POIMEN_DATABASE_URL=url)
+    cmd = [*CLI, "migrate", "--no-plpython", "--partition-by-project", *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
 def test_migrate_partition_by_project_from_the_cli(fixture_url: str, tmp_path: Path) -> None:
     """The DBA's command: progress on stderr while it runs, a summary per table, and a
     second run that says there is nothing left to do."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
-    env.update(POIMEN_HOME=str(tmp_path), POIMEN_DATABASE_URL=fixture_url)
-    cmd = [*CLI, "migrate", "--no-plpython", "--partition-by-project"]
-    first = subprocess.run(
-        [*cmd, "--maintenance-work-mem", "256MB"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    first = _partition_cli(fixture_url, tmp_path, "--maintenance-work-mem", "256MB")
     assert first.returncode == 0, first.stderr
     assert "notice: partition_by_project: copied" in first.stderr
     summary = [line for line in first.stdout.splitlines() if line.startswith("memory.")]
     assert [line.split(":")[0] for line in summary] == [f"memory.{t}" for t in TABLES]
     assert all(" 2 partitions, " in line and "(before: " in line for line in summary)
-    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    second = _partition_cli(fixture_url, tmp_path)
     assert second.returncode == 0 and "already partitioned" in second.stdout
     with connect(fixture_url) as conn:
         assert conn.execute("SELECT memory.partitioned()").fetchone() == (True,)
@@ -278,16 +277,7 @@ def test_migrate_partition_by_project_from_the_cli(fixture_url: str, tmp_path: P
 def test_a_bad_maintenance_work_mem_is_refused_before_anything_moves(
     fixture_url: str, tmp_path: Path
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
-    env.update(POIMEN_HOME=str(tmp_path), POIMEN_DATABASE_URL=fixture_url)
-    cmd = [*CLI, "migrate", "--no-plpython", "--partition-by-project"]
-    bad = subprocess.run(
-        [*cmd, "--maintenance-work-mem", "lots"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    bad = _partition_cli(fixture_url, tmp_path, "--maintenance-work-mem", "lots")
     assert bad.returncode != 0 and "maintenance_work_mem" in bad.stderr
     assert "Traceback" not in bad.stderr
     with connect(fixture_url) as conn:

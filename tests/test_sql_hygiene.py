@@ -81,7 +81,7 @@ READER = {
     "evidence",
     "check_evidence_budget",
     "check_fusion",
-    "run_evidence",
+    "evidence_legs",
     "plpython_path",
     "plpython_load",
     "optimize_query",
