@@ -55,7 +55,8 @@ def test_a_stopped_database_is_503_at_once_and_the_service_recovers(
                 break
             time.sleep(0.25)
     for status, error, elapsed in down:
-        # Within about a second, although the request allowed five.
-        assert (status, error) == (503, "database_unavailable") and elapsed < 1.5
+        # Well before the five seconds the request allowed (about one on a quiet machine;
+        # the bound leaves room for a loaded one).
+        assert (status, error) == (503, "database_unavailable") and elapsed < 3.0
     assert health.status_code == 503 and health.json()["down"] == ["database"]
     assert back is not None and back[0] == 200

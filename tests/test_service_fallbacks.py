@@ -24,6 +24,11 @@ from service_client import KONG, query, serve
 
 INDEX = "poimen-service-test"
 
+# A request that a deadline or an upstream timeout cut short ends well before the 5-10 s
+# hangs simulated here. The bound tells the two apart with room for a loaded CI machine;
+# how fast the cut is belongs to the benchmarks, not to a test.
+CUT_SHORT_S = 3.0
+
 Conn = psycopg.Connection[Any]
 
 
@@ -110,18 +115,16 @@ def busy_backends(admin: Conn, url: str, settle_s: float = 0.5) -> list[tuple[An
 
 
 def test_legs_run_in_parallel(fixture_url: str, embedder: LocalEmbedder) -> None:
-    slow_down(fixture_url, "lexical_search", 0.4)
-    slow_down(fixture_url, "semantic_search", 0.4)
+    slow_down(fixture_url, "lexical_search", 1.0)
+    slow_down(fixture_url, "semantic_search", 1.0)
     with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as client:
-        started = time.monotonic()
         body = query(client, query=KONG)
-        wall = time.monotonic() - started
     m = body["metrics"]
     assert body["search_strategy"] == "Hybrid"
-    assert m["lexical_time_ms"] >= 400 and m["semantic_time_ms"] >= 400
-    # Sequential legs would need 800 ms; parallel ones about the slower of the two.
-    assert m["total_time_ms"] < 650, m
-    assert wall < 0.75
+    assert m["lexical_time_ms"] >= 1000 and m["semantic_time_ms"] >= 1000
+    # Sequential legs would take at least the sum of the two; parallel ones overlap, so
+    # the whole request (embedding and the rest included) takes less than that sum.
+    assert m["total_time_ms"] < m["lexical_time_ms"] + m["semantic_time_ms"], m
     assert any(r["semantic_rank"] and r["lexical_rank"] for r in body["results"])
 
 
@@ -170,8 +173,10 @@ def test_slow_embedder_times_out_and_leaves_nothing_running(
     body = response.json()
     # The embedder gets the deadline less the fallback reserve and gives up first; the
     # lexical fallback is hung too, so the deadline ends the request.
-    assert body["error"] == "timeout" and "lexical" in body["detail"]
-    assert 0.95 <= elapsed < 1.2
+    # Whichever fires first (PostgreSQL's statement_timeout or the service's own), the
+    # detail names the stage the request was waiting for.
+    assert body["error"] == "timeout" and "lexical" in body["detail"], body
+    assert 0.95 <= elapsed < CUT_SHORT_S
     # One query embedding, and the /healthz probe's own.
     assert [r.body["input"] for r in embeddings.embedding_requests] == [[KONG], ["health check"]]
     # The abandoned lexical leg was cancelled, not left to fail unobserved.
@@ -189,7 +194,8 @@ def test_slow_sql_is_cancelled_at_the_deadline(
         assert busy_backends(admin, fixture_url) == []
         assert query(client, query="kong")["results"]  # LexicalOnly: no semantic leg, still works
     assert response.status_code == 503 and response.json()["error"] == "timeout"
-    assert 0.95 <= elapsed < 1.2
+    assert "semantic" in response.json()["detail"]
+    assert 0.95 <= elapsed < CUT_SHORT_S
 
 
 # -- embedder failures ------------------------------------------------------------------------
@@ -203,7 +209,8 @@ def test_a_hung_embedder_degrades_to_the_lexical_answer_before_the_deadline(
         started = time.monotonic()
         body = query(client, query=KONG, timeout_seconds=1)
         elapsed = time.monotonic() - started
-    assert elapsed < 1.0
+    # A 200 at all means the answer beat the 1 s deadline (else a 503 timeout).
+    assert elapsed < CUT_SHORT_S
     assert body["search_strategy"] == "LexicalOnly" and body["results"]
     assert degraded(body, "embed") == ["timeout"]
 
@@ -348,7 +355,7 @@ def test_opensearch_failure_falls_back_to_postgres(
         if failure == "down":
             opensearch.down = True
         else:
-            opensearch.delay_s = 3.0
+            opensearch.delay_s = 6.0
         started = time.monotonic()
         body = query(client, query=KONG, limit=10)
         elapsed = time.monotonic() - started
@@ -361,7 +368,7 @@ def test_opensearch_failure_falls_back_to_postgres(
     assert lexical_ranks(body) == {
         sha: rank for sha, rank in pg_lexical_ranks(fixture_url, KONG).items() if rank <= 10
     }
-    assert elapsed < 1.0  # bounded by POIMEN_OPENSEARCH_TIMEOUT_S, not the double's delay
+    assert elapsed < CUT_SHORT_S  # POIMEN_OPENSEARCH_TIMEOUT_S, not the double's 6 s delay
 
 
 def test_opensearch_down_and_no_postgres_lexical(
@@ -407,14 +414,14 @@ def fused_order(url: str, embedder: LocalEmbedder, **params: Any) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("knobs", "env", "timeout_s", "reason", "max_wall"),
+    ("knobs", "env", "timeout_s", "reason"),
     [
         # POIMEN_RERANK_TIMEOUT_S bounds the call well inside the request's deadline.
-        ({"delay_s": 5.0}, {"POIMEN_RERANK_TIMEOUT_S": "0.3"}, 5, "timeout", 0.8),
+        ({"delay_s": 5.0}, {"POIMEN_RERANK_TIMEOUT_S": "0.3"}, 5, "timeout"),
         # A short request deadline: the rerank gives up in time to still answer.
-        ({"delay_s": 5.0}, {}, 1, "timeout", 1.2),
-        ({"fail_status": 500}, {}, 5, "http_500", 0.8),
-        ({"malformed": True}, {}, 5, "bad_response", 0.8),
+        ({"delay_s": 5.0}, {}, 1, "timeout"),
+        ({"fail_status": 500}, {}, 5, "http_500"),
+        ({"malformed": True}, {}, 5, "bad_response"),
     ],
 )
 def test_rerank_failure_keeps_the_fused_order(
@@ -425,7 +432,6 @@ def test_rerank_failure_keeps_the_fused_order(
     env: dict[str, str],
     timeout_s: float,
     reason: str,
-    max_wall: float,
 ) -> None:
     expected = fused_order(fixture_url, embedder, query=KONG)
     rerank.reset(**knobs)
@@ -440,7 +446,7 @@ def test_rerank_failure_keeps_the_fused_order(
     assert all(r["rerank_score"] is None for r in body["results"])
     finals = [r["final_score"] for r in body["results"]]
     assert finals == sorted(finals, reverse=True)
-    assert elapsed < max_wall
+    assert elapsed < CUT_SHORT_S
     assert len(rerank.requests) == 1 and 5 < len(rerank.requests[0].body["documents"]) <= 15
 
 
@@ -490,5 +496,5 @@ def test_database_unreachable_is_503(embedder: LocalEmbedder) -> None:
         )
     assert response.status_code == 503, response.text
     assert response.json()["error"] == "database_unavailable"
-    assert elapsed < 1.5
+    assert elapsed < CUT_SHORT_S
     assert post.status_code == 503 and post.json()["error"] == "database_unavailable"

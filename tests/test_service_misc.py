@@ -160,8 +160,8 @@ def test_huge_timeout_is_capped(fixture_url: str, slow_embeddings: EmbeddingServ
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["degraded"][0] == {"stage": "embed", "reason": "timeout"}
-    assert 450 <= body["metrics"]["embed_time_ms"] < 1000
-    assert elapsed < 1.3
+    assert 450 <= body["metrics"]["embed_time_ms"] < 3000
+    assert elapsed < 3.0
 
 
 # -- POST /memory/nodes ---------------------------------------------------------------------

@@ -185,7 +185,7 @@ async def test_timeout_raises_quickly(server: RerankServer) -> None:
         await reranker.aclose()
     elapsed = time.monotonic() - started
     assert info.value.reason == "timeout"
-    assert elapsed < 1.5
+    assert elapsed < 3.0  # the 0.2 s timeout, not the 5 s delay
 
 
 @pytest.mark.anyio

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from poimen_memory.errors import DeadlineExceeded
@@ -12,6 +16,11 @@ from poimen_memory.errors import DeadlineExceeded
 class Deadline:
     budget_s: float
     started: float = field(default_factory=time.monotonic)
+    # Stages in flight, and those a cancellation interrupted, so a request the deadline
+    # ends can say what it was waiting for (by the time the timeout is handled, the
+    # cancellation has already unwound every stage).
+    running: Counter[str] = field(default_factory=Counter)
+    interrupted: set[str] = field(default_factory=set)
 
     @property
     def at(self) -> float:
@@ -31,6 +40,23 @@ class Deadline:
         """Time a stage may take: at most ``cap``, and never the last ``reserve`` seconds,
         which are kept for the fallback (lexical answer, fused order, Postgres BM25)."""
         return max(0.0, min(cap, self.remaining() - reserve))
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        self.running[name] += 1
+        try:
+            yield
+        except asyncio.CancelledError:
+            self.interrupted.add(name)
+            raise
+        finally:
+            self.running[name] -= 1
+
+    def waiting_for(self) -> str:
+        """The stages still running or cut off by a cancellation, in a stable order
+        ("lexical, semantic"), or ""."""
+        running = {name for name, n in self.running.items() if n > 0}
+        return ", ".join(sorted(running | self.interrupted))
 
     def check(self, stage: str) -> None:
         if self.remaining() <= 0:

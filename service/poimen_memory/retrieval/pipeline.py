@@ -112,7 +112,7 @@ class Retriever:
         row: type[R],
     ) -> list[R]:
         deadline.check(stage)
-        with wrap_exceptions(stage):
+        with deadline.stage(stage), wrap_exceptions(stage):
             async with self.connection(deadline, stage) as conn, conn.transaction():
                 await conn.execute(
                     q("begin_request"),
@@ -186,8 +186,10 @@ class Retriever:
             async with asyncio.timeout(req.timeout_s + 0.05):
                 return await self._routed(req, deadline)
         except TimeoutError as exc:
+            waiting = deadline.waiting_for()
             raise DeadlineExceeded(
-                f"no result within timeout_seconds={req.timeout_s:g}",
+                f"no result within timeout_seconds={req.timeout_s:g}"
+                + (f" (still running: {waiting})" if waiting else ""),
                 hint="raise timeout_seconds (clamped to POIMEN_MAX_TIMEOUT_S)",
             ) from exc
 
@@ -432,7 +434,8 @@ class Retriever:
         t0 = time.monotonic()
         try:
             budget = deadline.budget(deadline.remaining(), self.settings.fallback_reserve_s)
-            vec, hit = await self.cache.get_or_embed(self.embedder, text, budget)
+            with deadline.stage("embed"):
+                vec, hit = await self.cache.get_or_embed(self.embedder, text, budget)
         finally:
             trace.timed("embed_time_ms", t0)
         trace.metrics["embedding_cache_hit"] = hit
@@ -479,13 +482,16 @@ class Retriever:
         self, req: QueryRequest, levels: list[str], k: int, deadline: Deadline, trace: Trace
     ) -> Leg:
         assert self.opensearch is not None
-        hits = await self.opensearch.asearch(
-            req.query,
-            req.project,
-            levels,
-            k,
-            deadline.budget(self.settings.opensearch.timeout_s, self.settings.fallback_reserve_s),
-        )
+        with deadline.stage("opensearch"):
+            hits = await self.opensearch.asearch(
+                req.query,
+                req.project,
+                levels,
+                k,
+                deadline.budget(
+                    self.settings.opensearch.timeout_s, self.settings.fallback_reserve_s
+                ),
+            )
         shas = [bytes.fromhex(h.sha256) for h in hits]
         rows = await self._sql(deadline, "lexical", "ids_for_sha256", {"shas": shas}, IdRow)
         ids = {r.key: r.node_id for r in rows}
@@ -599,9 +605,10 @@ class Retriever:
             if budget <= 0:
                 trace.degraded.append({"stage": "rerank", "reason": "insufficient_time"})
                 return None
-            results = await self.reranker.arerank(
-                req.query, [texts[i] for i in ids], top_n=len(ids), timeout=budget
-            )
+            with deadline.stage("rerank"):
+                results = await self.reranker.arerank(
+                    req.query, [texts[i] for i in ids], top_n=len(ids), timeout=budget
+                )
         except RerankUnavailable as exc:
             trace.degraded.append({"stage": "rerank", "reason": exc.tag})
             trace.why.append(f"reranker failed ({exc.tag}): kept the fused order")
