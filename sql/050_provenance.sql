@@ -25,12 +25,12 @@ COMMENT ON FUNCTION memory.provenance_walk(bigint[], integer) IS
 -- 20 at depth 4 made one result 30 MB): parents per node and nodes per tree are capped
 -- (memory.config provenance_max_parents / provenance_max_nodes, memory.set_policy), and
 -- every cut is flagged. Built breadth first, so a capped tree keeps the nearest sources.
--- root_project was added: the old signature goes first.
-DROP FUNCTION IF EXISTS memory.provenance(bigint, integer);
-CREATE OR REPLACE FUNCTION memory.provenance(
-    node_id bigint, max_depth integer DEFAULT 4, root_project integer DEFAULT NULL
+-- A whole result page is built in one pass, one statement per depth for all its trees:
+-- tree by tree, the statements' own start-up cost made hydrate the page's slowest stage.
+CREATE OR REPLACE FUNCTION memory.provenance_forest(
+    node_ids bigint[], max_depth integer DEFAULT 4, root_projects integer[] DEFAULT NULL
 )
-RETURNS TABLE (tree jsonb, truncated boolean)
+RETURNS TABLE ("position" integer, node_id bigint, tree jsonb, truncated boolean)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -40,24 +40,47 @@ DECLARE
                                      WHERE c.key = 'provenance_max_parents'), 32);
     max_nodes integer := coalesce((SELECT c.value::integer FROM memory.config c
                                    WHERE c.key = 'provenance_max_nodes'), 256);
-    -- One entry per tree position ("instance"); instance 1 is the node itself.
-    -- Provenance never leaves the node's project (edges carry it, migration 0009): every
+    roots integer := coalesce(cardinality(node_ids), 0);
+    -- One entry per tree position ("instance"); instances 1..roots are the given nodes.
+    ids bigint[] := coalesce(node_ids, '{}');
+    -- Provenance never leaves a node's project (edges carry it, migration 0009): every
     -- statement below names it, so on the partitioned layout each reads one partition.
-    pid integer := coalesce(root_project, (SELECT n.project_id FROM memory.nodes n
-                                           WHERE n.id = provenance.node_id));
-    ids bigint[] := ARRAY[provenance.node_id];
-    up integer[] := ARRAY[0];       -- the instance whose parents list holds this one
-    paths text[] := ARRAY[',' || provenance.node_id || ','];  -- ancestors, for cycle safety
-    cut boolean[] := ARRAY[false];  -- this instance's parents were cut by a cap
-    frontier integer[] := ARRAY[1];
+    pids integer[];
+    root_of integer[];              -- the tree (1..roots) each instance belongs to
+    up integer[];                   -- the instance whose parents list holds this one
+    paths text[];                   -- ancestors, for cycle safety
+    cut boolean[];                  -- this instance's parents were cut by a cap
+    kids jsonb[];
+    sizes integer[];                -- nodes per tree so far (its root is not counted)
+    cut_trees boolean[];
+    frontier integer[];
     nxt integer[];
     r record;
-    n integer := 0;                 -- tree nodes so far (the root is not counted)
+    t integer;
     nodes jsonb;
-    kids jsonb[] := ARRAY['[]'::jsonb];
     obj jsonb;
     i integer;
 BEGIN
+    IF roots = 0 THEN
+        RETURN;
+    END IF;
+    IF root_projects IS NOT NULL AND cardinality(root_projects) = roots THEN
+        pids := root_projects;
+    ELSE
+        pids := ARRAY(SELECT n.project_id
+                      FROM unnest(ids) WITH ORDINALITY AS g(id, ord)
+                      LEFT JOIN memory.nodes n ON n.id = g.id
+                      ORDER BY g.ord);
+    END IF;
+    root_of := ARRAY(SELECT g FROM generate_series(1, roots) g);
+    up := array_fill(0, ARRAY[roots]);
+    paths := ARRAY(SELECT ',' || g.id || ',' FROM unnest(ids) WITH ORDINALITY AS g(id, ord)
+                   ORDER BY g.ord);
+    cut := array_fill(false, ARRAY[roots]);
+    kids := array_fill('[]'::jsonb, ARRAY[roots]);
+    sizes := array_fill(0, ARRAY[roots]);
+    cut_trees := array_fill(false, ARRAY[roots]);
+    frontier := root_of;
     FOR d IN 1..coalesce(max_depth, 0) LOOP
         EXIT WHEN cardinality(frontier) = 0;
         nxt := '{}';
@@ -65,17 +88,21 @@ BEGIN
             SELECT f.inst, e.parent_id,
                    row_number() OVER (PARTITION BY f.inst ORDER BY e.precedence, p.sha256) AS rn
             FROM unnest(frontier) WITH ORDINALITY AS f(inst, ord)
-            JOIN memory.edges e ON e.child_id = ids[f.inst] AND e.project_id = pid
-            JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = pid
+            JOIN memory.edges e ON e.child_id = ids[f.inst] AND e.project_id = pids[f.inst]
+            JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = pids[f.inst]
             WHERE strpos(paths[f.inst], ',' || e.parent_id || ',') = 0
             ORDER BY f.ord, rn
         LOOP
-            IF r.rn > max_parents OR n >= max_nodes THEN
+            t := root_of[r.inst];
+            IF r.rn > max_parents OR sizes[t] >= max_nodes THEN
                 cut[r.inst] := true;
+                cut_trees[t] := true;
                 CONTINUE;
             END IF;
-            n := n + 1;
+            sizes[t] := sizes[t] + 1;
             ids := ids || r.parent_id;
+            pids := pids || pids[r.inst];
+            root_of := root_of || t;
             up := up || r.inst;
             paths := paths || (paths[r.inst] || r.parent_id || ',');
             cut := cut || false;
@@ -88,20 +115,40 @@ BEGIN
                'level', p.level, 'sha256', encode(p.sha256, 'hex'), 'source', p.source,
                'title', p.title, 'text', p.text, 'timestamp', p.ts))
       INTO nodes
-      FROM memory.nodes p WHERE p.id = ANY (ids[2:]) AND p.project_id = pid;
+      FROM (SELECT DISTINCT g.id, g.pid
+            FROM unnest(ids[roots + 1:], pids[roots + 1:]) AS g(id, pid)) g
+      JOIN memory.nodes p ON p.id = g.id AND p.project_id = g.pid;
     -- Bottom-up: children instances come after their parents' instance, so walking back
     -- finishes each instance's parents list before the instance itself is placed.
-    FOR i IN REVERSE cardinality(ids)..2 LOOP
+    FOR i IN REVERSE cardinality(ids)..roots + 1 LOOP
         obj := nodes -> ids[i]::text
                || jsonb_build_object('parents', kids[i], 'truncated', cut[i]);
         kids[up[i]] := jsonb_build_array(obj) || kids[up[i]];
     END LOOP;
-    tree := kids[1];
-    truncated := true = ANY (cut);
-    RETURN NEXT;
+    RETURN QUERY
+        SELECT g.ord::integer, g.id, kids[g.ord], cut_trees[g.ord]
+        FROM unnest(node_ids) WITH ORDINALITY AS g(id, ord)
+        ORDER BY g.ord;
 END $$;
+COMMENT ON FUNCTION memory.provenance_forest(bigint[], integer, integer[]) IS
+    'memory.provenance for many nodes in one pass: one row per given node, in input order (position is 1-based), each with its own tree and truncated flag and its own provenance_max_nodes budget. root_projects: the nodes'' project ids, in the same order, when the caller knows them (saves a lookup). What memory.hydrate uses for a page of results.';
+
+-- root_project was added: the old signature goes first.
+DROP FUNCTION IF EXISTS memory.provenance(bigint, integer);
+CREATE OR REPLACE FUNCTION memory.provenance(
+    node_id bigint, max_depth integer DEFAULT 4, root_project integer DEFAULT NULL
+)
+RETURNS TABLE (tree jsonb, truncated boolean)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT f.tree, f.truncated
+    FROM memory.provenance_forest(ARRAY[node_id], max_depth,
+                                  CASE WHEN root_project IS NOT NULL
+                                       THEN ARRAY[root_project] END) f;
+END;
 COMMENT ON FUNCTION memory.provenance(bigint, integer, integer) IS
-    'The node''s parents as nested JSON down to L0 ([{level, sha256, source, title, text, timestamp, parents:[..], truncated}]), ordered by edge precedence then sha256, breadth first and capped: at most provenance_max_parents parents per node (default 32) and provenance_max_nodes nodes per tree (default 256), both set with memory.set_policy. root_project: the node''s project id when the caller knows it (saves a lookup). truncated: some parents were left out by a cap (each cut node says truncated: true).';
+    'The node''s parents as nested JSON down to L0 ([{level, sha256, source, title, text, timestamp, parents:[..], truncated}]), ordered by edge precedence then sha256, breadth first and capped: at most provenance_max_parents parents per node (default 32) and provenance_max_nodes nodes per tree (default 256), both set with memory.set_policy. root_project: the node''s project id when the caller knows it (saves a lookup). truncated: some parents were left out by a cap (each cut node says truncated: true). For many nodes at once: memory.provenance_forest.';
 
 CREATE OR REPLACE FUNCTION memory.provenance_tree(node_id bigint, max_depth integer DEFAULT 4)
 RETURNS jsonb

@@ -103,6 +103,44 @@ def test_an_uncut_tree_is_not_flagged(conn: Conn) -> None:
     assert tree == conn.execute("SELECT memory.provenance_tree(%s)", (nid[0],)).fetchone()[0]  # type: ignore[index]
 
 
+def test_a_forest_is_each_tree_built_alone(conn: Conn) -> None:
+    """memory.provenance_forest (hydrate's one pass over a page) gives every node the tree
+    it has on its own: its own provenance_max_nodes budget, input order kept, a repeated
+    node twice, an unknown id an empty tree, nodes of different projects side by side."""
+    root = _plant_fan_out(conn)
+    others = [
+        r[0]
+        for r in conn.execute(
+            "SELECT n.id FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id"
+            " WHERE n.level <> 'L0' AND p.name <> 'atlas' ORDER BY n.id LIMIT 4"
+        ).fetchall()
+    ]
+    projects = conn.execute(
+        "SELECT count(DISTINCT project_id) FROM memory.nodes WHERE id = ANY(%s)",
+        ([root, *others],),
+    ).fetchone()
+    assert projects is not None and projects[0] >= 2 and len(others) == 4
+    ids = [others[0], root, others[1], -1, root, *others[2:]]
+    conn.execute("SELECT memory.set_policy('provenance_max_nodes', '100')")
+    forest = conn.execute(
+        "SELECT position, node_id, tree, truncated FROM memory.provenance_forest(%s)", (ids,)
+    ).fetchall()
+    alone = [
+        conn.execute("SELECT tree, truncated FROM memory.provenance(%s)", (i,)).fetchone()
+        for i in ids
+    ]
+    assert [(pos, nid) for pos, nid, _, _ in forest] == list(enumerate(ids, start=1))
+    assert [(tree, cut) for _, _, tree, cut in forest] == alone
+    # The fan-out root fills its own budget twice over; the others stay whole.
+    assert [_count(t) for _, nid, t, _ in forest if nid == root] == [100, 100]
+    assert [cut for _, _, _, cut in forest] == [False, True, False, False, True, False, False]
+    assert forest[3][2] == [] and all(t for _, nid, t, _ in forest if nid in others)
+    hyd = conn.execute(
+        "SELECT node_id, provenance, provenance_truncated FROM memory.hydrate(%s)", (ids,)
+    ).fetchall()
+    assert hyd == [(nid, t, cut) for _, nid, t, cut in forest if nid != -1]
+
+
 @pytest.mark.parametrize(
     ("key", "bad"), [("provenance_max_parents", "0"), ("provenance_max_nodes", "100001")]
 )

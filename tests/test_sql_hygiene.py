@@ -76,6 +76,7 @@ READER = {
     "provenance_walk",
     "provenance_tree",
     "provenance",
+    "provenance_forest",
     "hydrate",
     "select_evidence",
     "evidence",
