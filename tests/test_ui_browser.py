@@ -30,6 +30,8 @@ CHROMIUM_ARGS = [
 ]  # fmt: skip
 QUESTION = "why did requests over 10KB fail"
 TIMEOUT_MS = 20_000
+# expect() waits have their own 5 s default, which set_default_timeout does not change.
+expect.set_options(timeout=TIMEOUT_MS)
 
 
 @pytest.fixture(scope="module")
