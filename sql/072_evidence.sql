@@ -5,9 +5,10 @@
 -- derived from. A response therefore cites a ranked list of L0 turns: those its results
 -- derive from, and those the query matches directly (a Hybrid pair of legs at level L0).
 -- Each candidate scores its own direct match (normalised by the question's best) plus
--- weight / sqrt(rank) of the best-ranked result whose provenance reaches it, so a turn both
--- matched and cited by the top result comes first, and a turn only cited by the tenth
--- result competes with a fair direct match; then each turn gains evidence_neighbours times
+-- weight / sqrt(rank) of every result whose provenance reaches it, so a turn both matched
+-- and cited by the top result comes first, a turn several results derive from is better
+-- supported than one only one does, and a turn only cited by the tenth result competes
+-- with a fair direct match; then each turn gains evidence_neighbours times
 -- the scores of the candidates said just before and after it. Measured on LoCoMo dev in
 -- docs/benchmarks.md ("Evidence within a budget"); the policy keys evidence_* tune it.
 
@@ -93,7 +94,9 @@ BEGIN
     ),
     scored AS (
         SELECT coalesce(s.node_id, c.node_id) AS node_id, s.pos, c.by_rank,
-               coalesce(s.s, 0) + coalesce(pol.evidence_weight / sqrt(c.by_rank[1]), 0) AS score
+               coalesce(s.s, 0)
+                 + coalesce(pol.evidence_weight * (SELECT sum(1 / sqrt(x)) FROM unnest(c.by_rank) x), 0)
+                   AS score
         FROM scaled s FULL JOIN cites c ON c.node_id = s.node_id
     ),
     own AS (
@@ -141,7 +144,7 @@ BEGIN
     LIMIT lim;
 END $$;
 COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer) IS
-    'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank of the best result citing it); then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range; a result''s own sources are cited whatever their time. Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it.';
+    'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank) summed over the results citing it; then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range; a result''s own sources are cited whatever their time. Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it.';
 
 -- memory.evidence in two steps: the checks and the direct L0 legs (PL/pgSQL, for the
 -- embedder's fallback), then memory.select_evidence's ranking. Its parameters are
