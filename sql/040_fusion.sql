@@ -10,6 +10,10 @@ RETURNS TABLE (node_id bigint, ranks integer[], scores double precision[],
                fused_score double precision, fusion_method text)
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
+-- Pure computation over its arguments: a plan made for one call's lists serves any other,
+-- and re-planning the statement at every call (PL/pgSQL's custom plans) cost 0.24 ms of a
+-- 1.1 ms fusion of two 50-lists.
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
