@@ -125,3 +125,19 @@ def test_http_load_against_the_fixture_database(fixture_url: str) -> None:
     for r in rows:
         assert r["errors"] == 0 and r["requests"] == 4 and r["req_per_s"] > 0
         assert 0 < r["p50_ms"] <= r["p95_ms"] and sum(r["strategies"].values()) == 4
+
+
+def test_two_versions_side_by_side(fixture_url: str) -> None:
+    """poimen_lab.bench.versions with this checkout on both sides: every request answered,
+    both servers measured, the ratios those of the numbers it reports."""
+    from poimen_lab.bench.versions import run
+
+    questions = [{"text": f"kong upload body buffer {i}", "project": "poimen"} for i in range(13)]
+    env = {"POIMEN_DATABASE_URL": fixture_url}
+    out = run(env, env, questions, single=4, block=2, concurrency=2, limit=3)
+    for v in ("A", "B"):
+        assert 0 < out[v]["p50_ms"] <= out[v]["p95_ms"]
+        assert len(out[v]["req_per_s_2"]) == 2 and min(out[v]["req_per_s_2"]) > 0
+    assert out["ratios"]["p50_b_over_a"] == round(out["B"]["p50_ms"] / out["A"]["p50_ms"], 3)
+    with pytest.raises(ValueError, match="need 13 questions"):
+        run(env, env, questions[:12], single=4, block=2, concurrency=2)
