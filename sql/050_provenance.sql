@@ -1,10 +1,15 @@
 -- Provenance: from any node down its derivation edges to L0 evidence.
 
+-- PL/pgSQL, not SQL: PostgreSQL 15 plans a SQL function's body at every call, PL/pgSQL
+-- keeps the statement's plan for the session (memory.select_evidence calls this per query).
 CREATE OR REPLACE FUNCTION memory.provenance_walk(node_ids bigint[], max_depth integer DEFAULT 4)
 RETURNS TABLE (root_id bigint, child_id bigint, parent_id bigint, depth integer, precedence integer)
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     WITH RECURSIVE walk(root_id, child_id, parent_id, depth, precedence, path) AS (
         SELECT r.id, e.child_id, e.parent_id, 1, e.precedence, ARRAY[r.id, e.parent_id]
         FROM unnest(node_ids) AS r(id)
@@ -16,8 +21,8 @@ BEGIN ATOMIC
         WHERE w.depth < max_depth
           AND e.parent_id <> ALL (w.path)  -- cycle safety
     )
-    SELECT root_id, child_id, parent_id, depth, precedence FROM walk;
-END;
+    SELECT w.root_id, w.child_id, w.parent_id, w.depth, w.precedence FROM walk w;
+END $$;
 COMMENT ON FUNCTION memory.provenance_walk(bigint[], integer) IS
     'Recursive CTE over memory.edges from each given node towards its sources (L2->L1->L0), depth-limited and cycle-safe. One row per edge reached.';
 
@@ -44,7 +49,8 @@ DECLARE
     -- One entry per tree position ("instance"); instances 1..roots are the given nodes.
     ids bigint[] := coalesce(node_ids, '{}');
     -- Provenance never leaves a node's project (edges carry it, migration 0009): every
-    -- statement below names it, so on the partitioned layout each reads one partition.
+    -- statement below names each node's project, so on the partitioned layout a page of
+    -- one project reads its partition (several projects: run-time pruning per node).
     pids integer[];
     root_of integer[];              -- the tree (1..roots) each instance belongs to
     up integer[];                   -- the instance whose parents list holds this one

@@ -57,7 +57,7 @@ BEGIN
     -- The direct legs fused as a Hybrid pair even when one is empty: a lone leg is then
     -- min-max scaled as in a fusion, so its scores weigh against citations the same way
     -- whichever leg ran. Only L0 turns of the project in the time range count.
-    WITH RECURSIVE direct AS (
+    WITH direct AS (
         SELECT f.node_id, greatest(f.fused_score, 0) AS s,
                row_number() OVER (ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]),
                                            f.node_id)::integer AS pos
@@ -72,24 +72,11 @@ BEGIN
     scaled AS (
         SELECT d.node_id, d.pos, d.s / nullif(max(d.s) OVER (), 0) AS s FROM direct d
     ),
-    -- memory.provenance_walk's walk, written out: a SQL function is planned at every call
-    -- (PostgreSQL 15), this statement's plan is PL/pgSQL's and kept.
-    walk(root_ord, parent_id, depth, path) AS (
-        SELECT r.ord, e.parent_id, 1, ARRAY[r.id, e.parent_id]
-        FROM unnest(result_ids) WITH ORDINALITY AS r(id, ord)
-        JOIN memory.edges e ON e.child_id = r.id
-        UNION ALL
-        SELECT w.root_ord, e.parent_id, w.depth + 1, w.path || e.parent_id
-        FROM walk w
-        JOIN memory.edges e ON e.child_id = w.parent_id
-        WHERE w.depth < max_depth
-          AND e.parent_id <> ALL (w.path)  -- cycle safety
-    ),
     -- A result's own sources are cited whatever their time: the result passed the filter.
     cites AS (
-        SELECT w.parent_id AS node_id,
-               array_agg(DISTINCT w.root_ord::integer ORDER BY w.root_ord::integer) AS by_rank
-        FROM walk w
+        SELECT w.parent_id AS node_id, array_agg(DISTINCT r.ord::integer ORDER BY r.ord::integer) AS by_rank
+        FROM memory.provenance_walk(result_ids, max_depth) w
+        JOIN unnest(result_ids) WITH ORDINALITY AS r(id, ord) ON r.id = w.root_id
         GROUP BY w.parent_id
     ),
     scored AS (

@@ -8,6 +8,7 @@ B/A. Made to answer "is the default path within 1.3x of what it was" (issue 13):
 
     git worktree add --detach ../before <commit>
     psql -c "CREATE DATABASE before TEMPLATE poimen"        # the same data ...
+    psql .../before -c "DROP FUNCTION memory.policy() CASCADE"  # newer shape than its SQL
     (cd ../before && PYTHONPATH=service POIMEN_DATABASE_URL=.../before \\
         python -m poimen_memory.cli.main migrate)            # ... with its own SQL
     python -m poimen_lab.bench.versions --a-src ../before/service --a-url .../before \\
