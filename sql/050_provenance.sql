@@ -70,7 +70,12 @@ BEGIN
     IF roots = 0 THEN
         RETURN;
     END IF;
-    IF root_projects IS NOT NULL AND cardinality(root_projects) = roots THEN
+    IF root_projects IS NOT NULL AND cardinality(root_projects) <> roots THEN
+        RAISE EXCEPTION 'root_projects has % entries for % node_ids', cardinality(root_projects), roots
+            USING ERRCODE = '22023',
+                  HINT = 'Give one project id per node id, in the same order, or NULL to look them up.';
+    END IF;
+    IF root_projects IS NOT NULL THEN
         pids := root_projects;
     ELSE
         pids := ARRAY(SELECT n.project_id

@@ -173,3 +173,50 @@ def test_http_results_carry_the_flag(client: TestClient, fixture_url: str) -> No
     spec = client.get("/openapi.json").json()["components"]["schemas"]
     assert spec["Result"]["properties"]["provenance_truncated"] == {"type": "boolean"}
     assert spec["Parent"]["properties"]["truncated"] == {"type": "boolean"}
+
+
+def _edges(tree: list[dict[str, Any]], child: str) -> set[tuple[str, str]]:
+    out: set[tuple[str, str]] = set()
+    for p in tree:
+        out.add((child, p["sha256"]))
+        out |= _edges(p["parents"], p["sha256"])
+    return out
+
+
+def test_an_uncut_forest_holds_exactly_the_recursive_walks_edges(conn: Conn) -> None:
+    """An oracle that shares no code with the forest: memory.provenance_walk's recursive
+    CTE. Every uncut tree of a page holds the edges the walk finds from its root, no more."""
+    sha = {i: s.hex() for i, s in conn.execute("SELECT id, sha256 FROM memory.nodes").fetchall()}
+    ids = [
+        r[0]
+        for r in conn.execute(
+            "SELECT id FROM memory.nodes WHERE level <> 'L0' ORDER BY id LIMIT 12"
+        ).fetchall()
+    ]
+    forest = conn.execute(
+        "SELECT node_id, tree, truncated FROM memory.provenance_forest(%s)", (ids,)
+    ).fetchall()
+    walk = conn.execute(
+        "SELECT root_id, child_id, parent_id FROM memory.provenance_walk(%s)", (ids,)
+    ).fetchall()
+    assert any(tree for _, tree, _ in forest) and not any(cut for _, _, cut in forest)
+    for node, tree, _ in forest:
+        expected = {(sha[c], sha[p]) for root, c, p in walk if root == node}
+        assert _edges(tree, sha[node]) == expected
+
+
+def test_root_projects_must_match_the_nodes(conn: Conn) -> None:
+    rows = conn.execute(
+        "SELECT id, project_id FROM memory.nodes WHERE level <> 'L0' ORDER BY id LIMIT 3"
+    ).fetchall()
+    ids, pids = [r[0] for r in rows], [r[1] for r in rows]
+    given = conn.execute(
+        "SELECT tree FROM memory.provenance_forest(%s, 4, %s)", (ids, pids)
+    ).fetchall()
+    looked_up = conn.execute("SELECT tree FROM memory.provenance_forest(%s)", (ids,)).fetchall()
+    assert given == looked_up and any(t for (t,) in given)
+    with pytest.raises(psycopg.Error) as exc:
+        conn.execute("SELECT * FROM memory.provenance_forest(%s, 4, %s)", (ids, pids[:2]))
+    assert exc.value.sqlstate == "22023" and "root_projects" in (
+        exc.value.diag.message_primary or ""
+    )

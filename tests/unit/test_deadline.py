@@ -55,17 +55,36 @@ async def test_waiting_for_names_the_stages_still_running() -> None:
 async def test_a_cancelled_stage_is_still_named() -> None:
     # What an outer asyncio.timeout sees: by the time it is handled, the stages have
     # unwound, but the one it cut off is still what the request was waiting for.
-    d = Deadline(10.0)
+    d = Deadline(0.01)
 
     async def hang() -> None:
         with d.stage("lexical"):
             await asyncio.sleep(10)
 
     with pytest.raises(TimeoutError):
-        async with asyncio.timeout(0.01):
+        async with asyncio.timeout(0.02):
             await hang()
     assert d.running["lexical"] == 0
     assert d.waiting_for() == "lexical"
+
+
+@pytest.mark.anyio
+async def test_a_stage_cancelled_before_the_deadline_is_not_named() -> None:
+    # A leg the pipeline cancels itself (its partner failed, a fallback answered) ends
+    # long before the deadline: a later timeout did not wait for it.
+    d = Deadline(10.0)
+
+    async def leg() -> None:
+        with d.stage("opensearch"):
+            await asyncio.sleep(10)
+
+    task = asyncio.create_task(leg())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert d.running["opensearch"] == 0
+    assert d.waiting_for() == ""
 
 
 def test_a_stage_that_fails_is_no_longer_running() -> None:

@@ -16,9 +16,9 @@ from poimen_memory.errors import DeadlineExceeded
 class Deadline:
     budget_s: float
     started: float = field(default_factory=time.monotonic)
-    # Stages in flight, and those a cancellation interrupted, so a request the deadline
-    # ends can say what it was waiting for (by the time the timeout is handled, the
-    # cancellation has already unwound every stage).
+    # Stages in flight, and those the deadline's cancellation interrupted, so a request the
+    # deadline ends can say what it was waiting for (by the time the timeout is handled,
+    # the cancellation has already unwound every stage).
     running: Counter[str] = field(default_factory=Counter)
     interrupted: set[str] = field(default_factory=set)
 
@@ -47,7 +47,10 @@ class Deadline:
         try:
             yield
         except asyncio.CancelledError:
-            self.interrupted.add(name)
+            # Only the deadline's own cut counts: a leg cancelled earlier on purpose (the
+            # other leg failed, a fallback took over) is not what a timeout waited for.
+            if self.remaining() <= 0:
+                self.interrupted.add(name)
             raise
         finally:
             self.running[name] -= 1
