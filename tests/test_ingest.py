@@ -162,7 +162,9 @@ def test_an_interrupted_bulk_ingest_leaves_no_node_without_its_provenance(
     with connect(empty_url, autocommit=True) as conn:
         migrate(conn, None)
         with pytest.raises(KeyboardInterrupt):
-            ingest(conn, records, _DiesAfter(embedder, 3), batch_size=2, progress=False)  # type: ignore[arg-type]
+            ingest(
+                conn, records, _DiesAfter(embedder, 3), batch_size=2, embed_group=2, progress=False
+            )  # type: ignore[arg-type]
         orphans = conn.execute(
             "SELECT count(*) FROM memory.nodes n WHERE n.level <> 'L0' "
             "AND NOT EXISTS (SELECT 1 FROM memory.edges e WHERE e.child_id = n.id)"
@@ -172,3 +174,55 @@ def test_an_interrupted_bulk_ingest_leaves_no_node_without_its_provenance(
         report = ingest(conn, records, embedder, batch_size=2, progress=False)
         assert (report.inserted, report.duplicates, report.edges) == (3, 6, 6)
         assert conn.execute("SELECT count(*) FROM memory.edges").fetchone() == (8,)
+
+
+class _Spy:
+    """The real embedder, recording how many texts each call embeds."""
+
+    def __init__(self, inner: LocalEmbedder) -> None:
+        self.inner, self.calls = inner, []  # type: list[int]
+        self.model_name, self.dim = inner.model_name, inner.dim
+
+    def embed_documents(self, texts: Any) -> Any:
+        self.calls.append(len(texts))
+        return self.inner.embed_documents(texts)
+
+
+def test_nodes_are_embedded_in_groups_and_written_in_batches(
+    empty_url: str, embedder: LocalEmbedder
+) -> None:
+    """A group is whole batches (5 rounds down to 4 with batches of 2); every node keeps
+    its own vector and the file's order, and a failure in the second group leaves the
+    first group's batches committed, each node with its vector."""
+    from poimen_memory.db.migrate import migrate
+
+    texts = [
+        f"turn {i} about {w}"
+        for i, w in enumerate(["kong", "upload", "backup", "pool", "s3", "bucket", "x", "y", "z"])
+    ]
+    records, _ = parse_lines(
+        _lines(
+            *(
+                {"id": f"e{i}", "level": "L0", "project": "p", "text": t}
+                for i, t in enumerate(texts)
+            )
+        )
+    )
+    with connect(empty_url, autocommit=True) as conn:
+        migrate(conn, None)
+        spy = _Spy(embedder)
+        report = ingest(conn, records, spy, batch_size=2, embed_group=5, progress=False)  # type: ignore[arg-type]
+        assert spy.calls == [4, 4, 1] and report.inserted == 9
+        rows = conn.execute("SELECT text, embedding::text FROM memory.nodes ORDER BY id").fetchall()
+        assert [r[0] for r in rows] == texts
+        for text, vec in rows:
+            want = embedder.embed_query(text)
+            assert max(abs(a - b) for a, b in zip(json.loads(vec), want, strict=True)) < 1e-5
+    with connect(empty_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM memory.nodes")
+        with pytest.raises(KeyboardInterrupt):
+            ingest(
+                conn, records, _DiesAfter(embedder, 1), batch_size=2, embed_group=4, progress=False
+            )  # type: ignore[arg-type]
+        stored = conn.execute("SELECT count(*), count(embedding) FROM memory.nodes").fetchone()
+        assert stored == (4, 4)

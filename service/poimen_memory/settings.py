@@ -250,6 +250,7 @@ class Settings(FromEnv):
         "POIMEN_RERANK_MIN_REMAINING_S", at_least(0.0, float), 0.25
     )
     ingest_batch: int = setting("POIMEN_INGEST_BATCH", at_least(1), 64)
+    ingest_embed_group: int = setting("POIMEN_INGEST_EMBED_GROUP", at_least(1), 256)
     ingest_workers: int = setting("POIMEN_INGEST_WORKERS", at_least(1), 1)
     ingest_queue: int = setting("POIMEN_INGEST_QUEUE", at_least(0), 4)
     max_body_bytes: int = setting("POIMEN_MAX_BODY_BYTES", at_least(1024), 10 * 1024 * 1024)

@@ -259,7 +259,14 @@ def _ingest(
         )
         for i, t in enumerate(texts)
     ]
-    report = ingest(conn, records, embedder, batch_size=s.ingest_batch, progress=False)
+    report = ingest(
+        conn,
+        records,
+        embedder,
+        batch_size=s.ingest_batch,
+        embed_group=s.ingest_embed_group,
+        progress=False,
+    )
     return {
         "nodes": n,
         "raw_embed_nodes_per_s": round(raw, 2),

@@ -162,7 +162,14 @@ def _ingest(
     load_fn = getattr(embedder, "load", None)
     if callable(load_fn):
         load_fn()  # model loading is neither ingest nor embedding throughput
-    report = ingest(conn, data.records, embedder, batch_size=s.ingest_batch, progress=not quiet)
+    report = ingest(
+        conn,
+        data.records,
+        embedder,
+        batch_size=s.ingest_batch,
+        embed_group=s.ingest_embed_group,
+        progress=not quiet,
+    )
     out: dict[str, Any] = {
         "nodes": len(data.records),
         "inserted": report.inserted,

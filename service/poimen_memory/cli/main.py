@@ -210,6 +210,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             invalid=invalid,
             skip_invalid=args.skip_invalid,
             batch_size=args.batch or s.ingest_batch,
+            embed_group=s.ingest_embed_group,
             progress=not args.quiet,
         )
     for err in report.invalid[:20]:

@@ -113,10 +113,14 @@ def ingest(
     invalid: Sequence[LineError] = (),
     skip_invalid: bool = False,
     batch_size: int = 64,
+    embed_group: int = 256,
     progress: bool = True,
     atomic: bool = False,
 ) -> IngestReport:
-    """Validate, then write. ``conn`` must be in autocommit mode (transactions are ours)."""
+    """Validate, then write. ``conn`` must be in autocommit mode (transactions are ours).
+    Nodes are written ``batch_size`` to a transaction and embedded ``embed_group`` at a time
+    (rounded to whole batches): the embedder sorts a group by length, and the larger the
+    group the less of its work is padding (measured: 10-20% between 64 and 1,024)."""
     started = time.monotonic()
     with wrap_exceptions("ingest"):
         stored = _stored_by_key(conn, reference_keys(records))
@@ -147,24 +151,27 @@ def ingest(
                 # project's partitions lock the tables until the transaction that made
                 # them ends, and queries of every project wait that long.
                 writer.ensure_projects(todo)
-            batches = [todo[i : i + batch_size] for i in range(0, len(todo), batch_size)]
-            # One thread embeds the next batch while this one writes the current batch, so
+            group = max(1, embed_group // batch_size) * batch_size
+            groups = [todo[i : i + group] for i in range(0, len(todo), group)]
+            # One thread embeds the next group while this one writes the current group, so
             # the embedder and the database work at the same time, not in turns.
             with (
                 Progress(len(todo), "ingest", "nodes", enabled=progress) as bar,
                 ThreadPoolExecutor(1, thread_name_prefix="ingest-embed") as ahead,
             ):
-                nxt = ahead.submit(_embed, embedder, batches[0], report) if batches else None
+                nxt = ahead.submit(_embed, embedder, groups[0], report) if groups else None
                 try:
-                    for i, batch in enumerate(batches):
+                    for i, nodes in enumerate(groups):
                         assert nxt is not None
                         vectors = nxt.result()
-                        if i + 1 < len(batches):
-                            nxt = ahead.submit(_embed, embedder, batches[i + 1], report)
-                        with conn.transaction():
-                            writer.write(batch, vectors)
-                            writer.write_edges(batch)
-                        bar.update(len(batch))
+                        if i + 1 < len(groups):
+                            nxt = ahead.submit(_embed, embedder, groups[i + 1], report)
+                        for at in range(0, len(nodes), batch_size):
+                            batch = nodes[at : at + batch_size]
+                            with conn.transaction():
+                                writer.write(batch, vectors[at : at + batch_size])
+                                writer.write_edges(batch)
+                            bar.update(len(batch))
                 finally:
                     if nxt is not None:
                         nxt.cancel()
