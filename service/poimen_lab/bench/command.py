@@ -62,7 +62,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument(
         "--ingest-nodes",
         type=int,
-        default=256,
+        default=1024,
+        # Four embed groups (POIMEN_INGEST_EMBED_GROUP, 256): the first group's embedding
+        # and the last one's writes cannot overlap anything, and with one group nothing would.
         help="nodes ingested with the local embedder (0: skip)",
     )
     p.add_argument(
