@@ -67,13 +67,13 @@ DECLARE
     obj jsonb;
     i integer;
 BEGIN
-    IF roots = 0 THEN
-        RETURN;
-    END IF;
-    IF root_projects IS NOT NULL AND cardinality(root_projects) <> roots THEN
+    IF root_projects IS NOT NULL AND coalesce(cardinality(root_projects), 0) <> roots THEN
         RAISE EXCEPTION 'root_projects has % entries for % node_ids', cardinality(root_projects), roots
             USING ERRCODE = '22023',
                   HINT = 'Give one project id per node id, in the same order, or NULL to look them up.';
+    END IF;
+    IF roots = 0 THEN
+        RETURN;
     END IF;
     IF root_projects IS NOT NULL THEN
         pids := root_projects;

@@ -163,8 +163,13 @@ def test_an_interrupted_bulk_ingest_leaves_no_node_without_its_provenance(
         migrate(conn, None)
         with pytest.raises(KeyboardInterrupt):
             ingest(
-                conn, records, _DiesAfter(embedder, 3), batch_size=2, embed_group=2, progress=False
-            )  # type: ignore[arg-type]
+                conn,
+                records,
+                _DiesAfter(embedder, 3),  # type: ignore[arg-type]
+                batch_size=2,
+                embed_group=2,
+                progress=False,
+            )
         orphans = conn.execute(
             "SELECT count(*) FROM memory.nodes n WHERE n.level <> 'L0' "
             "AND NOT EXISTS (SELECT 1 FROM memory.edges e WHERE e.child_id = n.id)"
@@ -180,7 +185,8 @@ class _Spy:
     """The real embedder, recording how many texts each call embeds."""
 
     def __init__(self, inner: LocalEmbedder) -> None:
-        self.inner, self.calls = inner, []  # type: list[int]
+        self.inner = inner
+        self.calls: list[int] = []
         self.model_name, self.dim = inner.model_name, inner.dim
 
     def embed_documents(self, texts: Any) -> Any:
@@ -191,9 +197,10 @@ class _Spy:
 def test_nodes_are_embedded_in_groups_and_written_in_batches(
     empty_url: str, embedder: LocalEmbedder
 ) -> None:
-    """A group is whole batches (5 rounds down to 4 with batches of 2); every node keeps
-    its own vector and the file's order, and a failure in the second group leaves the
-    first group's batches committed, each node with its vector."""
+    """The first group is one batch, the others whole batches (5 rounds down to 4 with
+    batches of 2); every node keeps its own vector and the file's order, and a failure in
+    the third group leaves the first two groups' batches committed, each node with its
+    vector."""
     from poimen_memory.db.migrate import migrate
 
     texts = [
@@ -211,8 +218,15 @@ def test_nodes_are_embedded_in_groups_and_written_in_batches(
     with connect(empty_url, autocommit=True) as conn:
         migrate(conn, None)
         spy = _Spy(embedder)
-        report = ingest(conn, records, spy, batch_size=2, embed_group=5, progress=False)  # type: ignore[arg-type]
-        assert spy.calls == [4, 4, 1] and report.inserted == 9
+        report = ingest(
+            conn,
+            records,
+            spy,  # type: ignore[arg-type]
+            batch_size=2,
+            embed_group=5,
+            progress=False,
+        )
+        assert spy.calls == [2, 4, 3] and report.inserted == 9
         rows = conn.execute("SELECT text, embedding::text FROM memory.nodes ORDER BY id").fetchall()
         assert [r[0] for r in rows] == texts
         for text, vec in rows:
@@ -222,7 +236,12 @@ def test_nodes_are_embedded_in_groups_and_written_in_batches(
         conn.execute("DELETE FROM memory.nodes")
         with pytest.raises(KeyboardInterrupt):
             ingest(
-                conn, records, _DiesAfter(embedder, 1), batch_size=2, embed_group=4, progress=False
-            )  # type: ignore[arg-type]
+                conn,
+                records,
+                _DiesAfter(embedder, 2),  # type: ignore[arg-type]
+                batch_size=2,
+                embed_group=4,
+                progress=False,
+            )
         stored = conn.execute("SELECT count(*), count(embedding) FROM memory.nodes").fetchone()
-        assert stored == (4, 4)
+        assert stored == (6, 6)

@@ -175,18 +175,19 @@ def test_http_results_carry_the_flag(client: TestClient, fixture_url: str) -> No
     assert spec["Parent"]["properties"]["truncated"] == {"type": "boolean"}
 
 
-def _edges(tree: list[dict[str, Any]], child: str) -> set[tuple[str, str]]:
-    out: set[tuple[str, str]] = set()
+def _parents(tree: list[dict[str, Any]], child: str) -> list[tuple[str, list[str]]]:
+    """(child, its parents in the tree's order) for every node that has parents."""
+    out = [(child, [p["sha256"] for p in tree])] if tree else []
     for p in tree:
-        out.add((child, p["sha256"]))
-        out |= _edges(p["parents"], p["sha256"])
+        out += _parents(p["parents"], p["sha256"])
     return out
 
 
 def test_an_uncut_forest_holds_exactly_the_recursive_walks_edges(conn: Conn) -> None:
     """An oracle that shares no code with the forest: memory.provenance_walk's recursive
-    CTE. Every uncut tree of a page holds the edges the walk finds from its root, no more."""
-    sha = {i: s.hex() for i, s in conn.execute("SELECT id, sha256 FROM memory.nodes").fetchall()}
+    CTE. Every uncut tree of a page lists, under each node, the parents the walk finds for
+    it from that root, in edge precedence order (then sha256), each once."""
+    sha = {i: s for i, s in conn.execute("SELECT id, sha256 FROM memory.nodes").fetchall()}
     ids = [
         r[0]
         for r in conn.execute(
@@ -197,12 +198,18 @@ def test_an_uncut_forest_holds_exactly_the_recursive_walks_edges(conn: Conn) -> 
         "SELECT node_id, tree, truncated FROM memory.provenance_forest(%s)", (ids,)
     ).fetchall()
     walk = conn.execute(
-        "SELECT root_id, child_id, parent_id FROM memory.provenance_walk(%s)", (ids,)
+        "SELECT DISTINCT root_id, child_id, parent_id, precedence FROM memory.provenance_walk(%s)",
+        (ids,),
     ).fetchall()
     assert any(tree for _, tree, _ in forest) and not any(cut for _, _, cut in forest)
     for node, tree, _ in forest:
-        expected = {(sha[c], sha[p]) for root, c, p in walk if root == node}
-        assert _edges(tree, sha[node]) == expected
+        expected: dict[str, list[str]] = {}
+        for _, c, p, _prec in sorted(
+            (r for r in walk if r[0] == node), key=lambda r: (r[1], r[3], sha[r[2]])
+        ):
+            expected.setdefault(sha[c].hex(), []).append(sha[p].hex())
+        got = _parents(tree, sha[node].hex())
+        assert dict(got) == expected and len(got) == len(expected)  # no node listed twice
 
 
 def test_root_projects_must_match_the_nodes(conn: Conn) -> None:
@@ -215,8 +222,11 @@ def test_root_projects_must_match_the_nodes(conn: Conn) -> None:
     ).fetchall()
     looked_up = conn.execute("SELECT tree FROM memory.provenance_forest(%s)", (ids,)).fetchall()
     assert given == looked_up and any(t for (t,) in given)
-    with pytest.raises(psycopg.Error) as exc:
-        conn.execute("SELECT * FROM memory.provenance_forest(%s, 4, %s)", (ids, pids[:2]))
-    assert exc.value.sqlstate == "22023" and "root_projects" in (
-        exc.value.diag.message_primary or ""
-    )
+    for node_ids, projects in ((ids, pids[:2]), ([], pids[:1])):
+        with pytest.raises(psycopg.Error) as exc:
+            conn.execute(
+                "SELECT * FROM memory.provenance_forest(%s::bigint[], 4, %s)", (node_ids, projects)
+            )
+        assert exc.value.sqlstate == "22023" and "root_projects" in (
+            exc.value.diag.message_primary or ""
+        )

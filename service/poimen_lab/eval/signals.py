@@ -37,7 +37,7 @@ from poimen_lab.eval.fusion_sweep import paired
 from poimen_lab.measures import ndcg_at
 from poimen_lab.report import table
 from poimen_memory.db.connect import connect
-from poimen_memory.embedders.local import LocalEmbedder
+from poimen_memory.embedders.local import LOCAL_MODEL_NAME, LocalEmbedder
 
 Array = npt.NDArray[Any]
 Signals = dict[str, Array]
@@ -87,13 +87,17 @@ def convex(
     }
     cand = np.unique(np.concatenate(list(lists.values())))
     fused = np.zeros(len(cand))
+    best_rank = np.full(len(cand), np.iinfo(np.int64).max)
     for name, idx in lists.items():
         s = signals[name][idx]
         lo, hi = float(s.min()), float(s.max())
         v = signals[name][cand]
         norm = (v - lo) / (hi - lo) if hi > lo else np.ones_like(v)
         fused += weights[name] * np.where(np.isin(cand, idx), norm, 0.0)
-    return cand[np.lexsort((ids[cand], -fused))]
+        rank = {int(c): r for r, c in enumerate(idx, start=1)}
+        best_rank = np.minimum(best_rank, [rank.get(int(c), best_rank[0]) for c in cand])
+    # memory.fuse's order: fused score, then the best single-list rank, then the lower id.
+    return cand[np.lexsort((ids[cand], best_rank, -fused))]
 
 
 @dataclass
@@ -106,10 +110,19 @@ class Corpus:
 
 
 def load_corpus(url: str) -> Corpus:
+    """The embedded nodes (a node without a vector is in no dense list, as in the service)."""
     with connect(url) as conn:
+        model = conn.execute("SELECT model FROM memory.embedding_model")
+        found = model.fetchone()
+        if found is None or found[0] != LOCAL_MODEL_NAME:
+            raise SystemExit(
+                f"the database's vectors are {found[0] if found else 'absent'!r}; these"
+                f" measurements embed queries and sentences with {LOCAL_MODEL_NAME!r}"
+            )
         rows = conn.execute(
             "SELECT n.id, n.external_id, n.embedding::text, n.text, p.name"
-            " FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id ORDER BY n.id"
+            " FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id"
+            " WHERE n.embedding IS NOT NULL ORDER BY n.id"
         ).fetchall()
     return Corpus(
         ids=np.array([r[0] for r in rows], dtype=np.int64),
@@ -125,9 +138,14 @@ def sentence_vectors(
 ) -> tuple[Array, Array]:
     """(vectors, owner index) of every sentence of every node, from ``cache`` when it holds
     them for this corpus."""
+    key = np.array([LOCAL_MODEL_NAME, SENTENCE_END.pattern])
     if cache is not None and cache.exists():
         saved = np.load(cache)
-        if np.array_equal(saved["ids"], corpus.ids):
+        if (
+            np.array_equal(saved["ids"], corpus.ids)
+            and "key" in saved
+            and np.array_equal(saved["key"], key)
+        ):
             return saved["vectors"], saved["owner"]
     texts, owner = [], []
     for j, text in enumerate(corpus.texts):
@@ -137,7 +155,7 @@ def sentence_vectors(
     vectors = np.asarray(embedder.embed_documents(texts), dtype=np.float64)
     owners = np.array(owner, dtype=np.int64)
     if cache is not None:
-        np.savez(cache, ids=corpus.ids, vectors=vectors, owner=owners)
+        np.savez(cache, ids=corpus.ids, vectors=vectors, owner=owners, key=key)
     return vectors, owners
 
 
@@ -204,7 +222,11 @@ def measure(
 
     def bm25(peer: PgLexemeBM25, terms: list[str], project: str | None) -> Array:
         out = np.zeros(n)
-        ix = peer.indexes.get(project) or peer.indexes[next(iter(peer.indexes))]
+        # Without a project, one index over every project (PgLexemeBM25 builds it when
+        # there are several), as lexical_search sums their statistics.
+        ix = peer.indexes.get(project) if project else next(reversed(peer.indexes.values()))
+        if ix is None:
+            return out
         known = [t for t in terms if t in ix.model.vocab_dict]
         if known:
             for node, s in zip(ix.ids, ix.model.get_scores(known), strict=True):

@@ -509,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument(
         "--skip-invalid", action="store_true", help="skip bad lines instead of aborting"
     )
-    ing.add_argument("--batch", type=int, help="nodes per embed/insert batch")
+    ing.add_argument("--batch", type=int, help="nodes per insert transaction (POIMEN_INGEST_BATCH)")
     ing.add_argument("--quiet", action="store_true")
     ing.add_argument("--json", action="store_true", help="also print the report as JSON")
     ing.set_defaults(func=cmd_ingest)

@@ -119,8 +119,9 @@ def ingest(
 ) -> IngestReport:
     """Validate, then write. ``conn`` must be in autocommit mode (transactions are ours).
     Nodes are written ``batch_size`` to a transaction and embedded ``embed_group`` at a time
-    (rounded to whole batches): the embedder sorts a group by length, and the larger the
-    group the less of its work is padding (measured: 10-20% between 64 and 1,024)."""
+    (rounded to whole batches), after a first group of one batch so that writing starts
+    early. The local embedder sorts what it is given by length, so a larger group wastes
+    less of its work on padding."""
     started = time.monotonic()
     with wrap_exceptions("ingest"):
         stored = _stored_by_key(conn, reference_keys(records))
@@ -152,18 +153,20 @@ def ingest(
                 # them ends, and queries of every project wait that long.
                 writer.ensure_projects(todo)
             group = max(1, embed_group // batch_size) * batch_size
-            groups = [todo[i : i + group] for i in range(0, len(todo), group)]
+            groups = [todo[:batch_size]] + [
+                todo[i : i + group] for i in range(batch_size, len(todo), group)
+            ]
             # One thread embeds the next group while this one writes the current group, so
             # the embedder and the database work at the same time, not in turns.
-            with (
-                Progress(len(todo), "ingest", "nodes", enabled=progress) as bar,
-                ThreadPoolExecutor(1, thread_name_prefix="ingest-embed") as ahead,
-            ):
-                nxt = ahead.submit(_embed, embedder, groups[0], report) if groups else None
+            ahead = ThreadPoolExecutor(1, thread_name_prefix="ingest-embed")
+            with Progress(len(todo), "ingest", "nodes", enabled=progress) as bar:
+                nxt = ahead.submit(_embed, embedder, groups[0], report) if todo else None
                 try:
                     for i, nodes in enumerate(groups):
-                        assert nxt is not None
+                        if nxt is None:
+                            break
                         vectors = nxt.result()
+                        nxt = None
                         if i + 1 < len(groups):
                             nxt = ahead.submit(_embed, embedder, groups[i + 1], report)
                         for at in range(0, len(nodes), batch_size):
@@ -172,9 +175,13 @@ def ingest(
                                 writer.write(batch, vectors[at : at + batch_size])
                                 writer.write_edges(batch)
                             bar.update(len(batch))
-                finally:
-                    if nxt is not None:
-                        nxt.cancel()
+                except BaseException:
+                    # Do not wait for the group being embedded (a remote embedder may take
+                    # minutes over a whole group): the error surfaces now, the thread
+                    # finishes on its own and its vectors are dropped.
+                    ahead.shutdown(wait=False, cancel_futures=True)
+                    raise
+                ahead.shutdown()
             # Edges of nodes stored by an earlier, interrupted run (idempotent).
             with conn.transaction():
                 writer.write_edges(records)
