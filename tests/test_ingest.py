@@ -10,9 +10,10 @@ import pytest
 
 from poimen_memory.db.connect import connect
 from poimen_memory.embedders.local import LocalEmbedder
-from poimen_memory.errors import EmbeddingModelMismatch, IngestError
+from poimen_memory.errors import ConfigError, EmbeddingModelMismatch, IngestError
 from poimen_memory.ingest.nodes import node_sha256, parse_lines
 from poimen_memory.ingest.writer import ingest
+from poimen_memory.settings import Settings
 
 Conn = psycopg.Connection[Any]
 
@@ -245,3 +246,10 @@ def test_nodes_are_embedded_in_groups_and_written_in_batches(
             )
         stored = conn.execute("SELECT count(*), count(embedding) FROM memory.nodes").fetchone()
         assert stored == (6, 6)
+
+
+@pytest.mark.parametrize("raw", ["0", "-4", "many", "2.5"])
+def test_embed_group_setting_refuses_what_is_not_a_positive_count(raw: str) -> None:
+    assert Settings.from_env({"POIMEN_INGEST_EMBED_GROUP": "512"}).ingest_embed_group == 512
+    with pytest.raises(ConfigError, match="POIMEN_INGEST_EMBED_GROUP"):
+        Settings.from_env({"POIMEN_INGEST_EMBED_GROUP": raw})

@@ -63,8 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--ingest-nodes",
         type=int,
         default=1024,
-        # Four embed groups (POIMEN_INGEST_EMBED_GROUP, 256): the first group's embedding
-        # and the last one's writes cannot overlap anything, and with one group nothing would.
+        # Five embed groups (one batch, then POIMEN_INGEST_EMBED_GROUP at a time): the first
+        # group's embedding and the last one's writes cannot overlap anything, so a run of
+        # few groups measures mostly those.
         help="nodes ingested with the local embedder (0: skip)",
     )
     p.add_argument(
