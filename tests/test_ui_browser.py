@@ -12,6 +12,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -94,14 +95,31 @@ def open_query(page: Page, url: str) -> tuple[dict[str, Any], dict[str, str]]:
     return body, response.headers
 
 
+def to_fixed(x: float, digits: int) -> str:
+    """JavaScript's Number.prototype.toFixed: an exact tie rounds up (27.25 -> "27.3"), where
+    Python's format rounds it to even ("27.2"); the server's 3-decimal metrics make such ties."""
+    text = str(Decimal(x).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
+    return text.removeprefix("-") if Decimal(text) == 0 else text
+
+
 def fmt(x: float | None) -> str:
     """The page's number format: three decimals, trailing zeros dropped; a dash for none."""
-    return "—" if x is None else f"{x:.3f}".rstrip("0").rstrip(".")
+    return "—" if x is None else to_fixed(x, 3).rstrip("0").rstrip(".")
 
 
 def ms(x: float) -> str:
     """The page's duration format: one decimal, two below a millisecond."""
-    return f"{x:.2f} ms" if abs(x) < 1 else f"{x:.1f} ms"
+    return f"{to_fixed(x, 2 if abs(x) < 1 else 1)} ms"
+
+
+def test_number_formats_match_the_pages_javascript(page: Page, server: str) -> None:
+    # Ties (exact in binary) and near-ties, where toFixed and Python's format part ways.
+    values = [27.25, 27.75, 0.125, 0.375, 1.05, 2.5, 0.0005, 0.0, 12.3456, 999.95, 0.995]
+    page.goto(f"{server}/ui")
+    got = page.evaluate(
+        "vs => vs.map(v => [v.toFixed(1), v.toFixed(2), v.toFixed(3)])", values
+    )
+    assert got == [[to_fixed(v, 1), to_fixed(v, 2), to_fixed(v, 3)] for v in values]
 
 
 def bar_fraction(page: Page, stage: str) -> float:
