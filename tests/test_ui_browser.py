@@ -116,9 +116,7 @@ def test_number_formats_match_the_pages_javascript(page: Page, server: str) -> N
     # Ties (exact in binary) and near-ties, where toFixed and Python's format part ways.
     values = [27.25, 27.75, 0.125, 0.375, 1.05, 2.5, 0.0005, 0.0, 12.3456, 999.95, 0.995]
     page.goto(f"{server}/ui")
-    got = page.evaluate(
-        "vs => vs.map(v => [v.toFixed(1), v.toFixed(2), v.toFixed(3)])", values
-    )
+    got = page.evaluate("vs => vs.map(v => [v.toFixed(1), v.toFixed(2), v.toFixed(3)])", values)
     assert got == [[to_fixed(v, 1), to_fixed(v, 2), to_fixed(v, 3)] for v in values]
 
 
