@@ -155,8 +155,10 @@ BEGIN
                   HINT = 'Use the configured model, or run `poimen-memory reembed` to switch.';
     END IF;
     INSERT INTO memory.embedding_model (model, dim) VALUES (model, dim);
-    EXECUTE pg_catalog.format('ALTER TABLE memory.nodes ALTER COLUMN embedding TYPE %I.vector(%s)',
-                              vs, dim);
+    -- A new type brings its own storage (pgvector's EXTERNAL): keep the vector in the row
+    -- again (migration 0010 says why).
+    EXECUTE pg_catalog.format('ALTER TABLE memory.nodes ALTER COLUMN embedding TYPE %I.vector(%s),
+             ALTER COLUMN embedding SET STORAGE MAIN', vs, dim);
     -- m=16, ef_construction=64 are pgvector''s defaults, written out so DBAs can see them.
     EXECUTE pg_catalog.format('CREATE INDEX IF NOT EXISTS nodes_embedding_hnsw ON memory.nodes
              USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64)', vs);
@@ -166,7 +168,7 @@ BEGIN
              WHERE level IN (''L1'', ''L2'')', vs);
 END $$;
 COMMENT ON FUNCTION memory.configure_embedding(text, integer) IS
-    'Records the embedding model and dimension once; types nodes.embedding as vector(dim) and builds the HNSW indexes (all levels, and L1/L2 only). A different model raises PM409.';
+    'Records the embedding model and dimension once; types nodes.embedding as vector(dim) stored in the row (MAIN) and builds the HNSW indexes (all levels, and L1/L2 only). A different model raises PM409.';
 
 CREATE OR REPLACE FUNCTION memory.reset_embedding(model text, dim integer)
 RETURNS void

@@ -203,3 +203,34 @@ def test_the_first_write_configures_the_model_when_the_role_may(fresh: Conn) -> 
     assert model == ("all-MiniLM-L6-v2-onnx-int8", 384)
     vec = fresh.execute("SELECT embedding FROM memory.nodes ORDER BY id LIMIT 1").fetchone()
     assert vec is not None and np.asarray(vec[0].to_numpy()).shape == (384,)
+
+
+def test_a_long_nodes_vector_stays_in_its_row(conn: Conn) -> None:
+    """Migration 0010: a node over the 2 kB toast target keeps its vector inline (the tsvector
+    and text give way), so exact rankings read no TOAST. An inline vector's datum is 4 bytes
+    longer than the out-of-line copy pg_column_size reports (its full varlena header)."""
+
+    def vector_bytes(external_id: str) -> tuple[int, int]:
+        row = conn.execute(
+            "SELECT pg_column_size(embedding), vector_dims(embedding) FROM memory.nodes"
+            " WHERE external_id = %s",
+            (external_id,),
+        ).fetchone()
+        assert row is not None
+        return row[0], row[1]
+
+    storage = conn.execute(
+        "SELECT attstorage FROM pg_attribute"
+        " WHERE attrelid = 'memory.nodes'::regclass AND attname = 'embedding'"
+    ).fetchone()
+    assert storage == ("m",)
+    words = " ".join(f"backup{i} volume{i * 7} disk{i * 13}" for i in range(120))
+    long = {"project": PROJECT, "level": "L1", "id": "w:long:1", "text": words}
+    _add(conn, [long])
+    size, dims = vector_bytes("w:long:1")
+    assert size == 8 + 4 * dims
+    # The same row with pgvector's own EXTERNAL storage: the vector leaves the row.
+    conn.execute("ALTER TABLE memory.nodes ALTER COLUMN embedding SET STORAGE EXTERNAL")
+    _add(conn, [{**long, "id": "w:long:2"}])
+    size, dims = vector_bytes("w:long:2")
+    assert size == 4 + 4 * dims

@@ -103,6 +103,17 @@ def _scanned_relations(plan: dict[str, Any]) -> set[str]:
     return found
 
 
+def _embedding_storage(conn: Conn) -> set[str]:
+    """The storage of nodes.embedding in the parent and every partition."""
+    rows = conn.execute(
+        "SELECT a.attstorage FROM pg_attribute a WHERE a.attname = 'embedding' AND a.attrelid IN"
+        " (SELECT 'memory.nodes'::regclass UNION ALL"
+        "  SELECT inhrelid FROM pg_inherits WHERE inhparent = 'memory.nodes'::regclass)"
+    ).fetchall()
+    assert len(rows) == 1 + len(_partitions(conn, "nodes"))
+    return {r[0] for r in rows}
+
+
 def test_partition_by_project_keeps_every_row_and_ranking(
     conn: Conn, embedder: LocalEmbedder, fixture_url: str, plpython_root: Path
 ) -> None:
@@ -198,6 +209,8 @@ def test_a_new_project_gets_its_partitions_and_rls_still_holds(conn: Conn) -> No
     conn.execute("RESET ROLE")
     for table in TABLES:
         assert f"{table}_p{fresh[0]}" in _partitions(conn, table)
+    # Its vectors stay in the row like the parent's (migration 0010).
+    assert _embedding_storage(conn) == {"m"}
     assert conn.execute(
         "SELECT n_docs FROM memory.corpus_stats WHERE project_id = %s", (fresh[0],)
     ).fetchone() == (2,)
@@ -539,6 +552,7 @@ def test_a_new_embedding_model_rebuilds_every_partitions_graphs(conn: Conn) -> N
     ).fetchall()
     partitions = _partitions(conn, "nodes")
     assert {name for name, _ in graphs} == partitions and {n for _, n in graphs} == {2}
+    assert _embedding_storage(conn) == {"m"}  # retyped, and back in the row
     assert conn.execute(
         "SELECT count(*) FROM memory.nodes WHERE embedding IS NOT NULL"
     ).fetchone() == (0,)
