@@ -253,3 +253,31 @@ def test_embed_group_setting_refuses_what_is_not_a_positive_count(raw: str) -> N
     assert Settings.from_env({"POIMEN_INGEST_EMBED_GROUP": "512"}).ingest_embed_group == 512
     with pytest.raises(ConfigError, match="POIMEN_INGEST_EMBED_GROUP"):
         Settings.from_env({"POIMEN_INGEST_EMBED_GROUP": raw})
+
+
+def test_a_batch_is_one_insert_so_the_statement_triggers_run_once_per_batch(
+    conn: Conn, embedder: LocalEmbedder
+) -> None:
+    """Seven nodes in batches of three: the BM25 statistics trigger runs three times, not
+    seven (it fired once per node while nodes went in one INSERT each), and the statistics
+    it keeps still count every node."""
+    records, _ = parse_lines(
+        _lines(*({"id": f"b{i}", "level": "L0", "project": "batched",
+                  "text": f"batch node {i} about zeppelins"} for i in range(7)))
+    )  # fmt: skip
+    # The counters of the current transaction: ingest's own transactions nest inside it.
+    with conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'pl'")
+        report = ingest(conn, records, embedder, batch_size=3, progress=False)
+        calls = conn.execute(
+            "SELECT pg_stat_get_xact_function_calls('memory.nodes_lexical_statement'::regproc),"
+            " pg_stat_get_xact_function_calls('memory.nodes_lexical_row'::regproc)"
+        ).fetchone()
+    assert report.inserted == 7
+    assert calls == (3, 7)
+    stats = conn.execute(
+        "SELECT c.n_docs, t.df FROM memory.corpus_stats c JOIN memory.projects p"
+        " ON p.id = c.project_id JOIN memory.term_stats t ON t.project_id = p.id"
+        " WHERE p.name = 'batched' AND t.lexeme = 'zeppelin'"
+    ).fetchone()
+    assert stats == (7, 7)

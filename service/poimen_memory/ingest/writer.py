@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
 from psycopg.rows import class_row
@@ -244,32 +245,25 @@ class _Writer:
         if not batch:
             return
         self.ensure_projects(batch)
-        params = [
-            {
-                "sha256": r.sha256,
-                "project_id": self.projects[r.project],
-                "level": r.level,
-                "external_id": r.external_id,
-                "title": r.title,
-                "breadcrumb": list(r.breadcrumb),
-                "text": r.text,
-                "source": r.source,
-                "ts": r.timestamp,
-                "metadata": Jsonb(r.metadata),
-                "embedding": vec,
-            }
-            for r, vec in zip(batch, vectors, strict=True)
-        ]
-        new_ids: list[int] = []
-        with self.conn.cursor() as cur:
-            cur.executemany(q("insert_node"), params, returning=True)
-            while True:
-                row = cur.fetchone()
-                if row is not None:
-                    self.by_sha[bytes(row[1])] = row[0]
-                    new_ids.append(row[0])
-                if not cur.nextset():
-                    break
+        embeddings = [np.asarray(v, dtype=np.float32) for v in vectors]
+        if len(embeddings) != len(batch):
+            raise ValueError(f"{len(batch)} nodes but {len(embeddings)} vectors")
+        params: dict[str, list[Any]] = {
+            "sha256": [r.sha256 for r in batch],
+            "project_id": [self.projects[r.project] for r in batch],
+            "level": [r.level for r in batch],
+            "external_id": [r.external_id for r in batch],
+            "title": [r.title for r in batch],
+            "breadcrumb": [Jsonb(list(r.breadcrumb)) for r in batch],
+            "text": [r.text for r in batch],
+            "source": [r.source for r in batch],
+            "ts": [r.timestamp for r in batch],
+            "metadata": [Jsonb(r.metadata) for r in batch],
+            "embedding": embeddings,
+        }
+        rows = self.conn.execute(q("insert_nodes"), params).fetchall()
+        new_ids = [row[0] for row in rows]
+        self.by_sha.update({bytes(row[1]): row[0] for row in rows})
         lost = [r.sha256 for r in batch if r.sha256 not in self.by_sha]
         if lost:
             # A concurrent ingest stored these first (ON CONFLICT waited for its commit):
