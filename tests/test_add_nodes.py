@@ -212,8 +212,8 @@ def test_a_long_nodes_vector_stays_in_its_row(conn: Conn) -> None:
 
     def vector_bytes(external_id: str) -> tuple[int, int]:
         row = conn.execute(
-            "SELECT pg_column_size(embedding), vector_dims(embedding) FROM memory.nodes"
-            " WHERE external_id = %s",
+            "SELECT pg_column_size(n.embedding), m.dim"
+            " FROM memory.nodes n, memory.embedding_model m WHERE n.external_id = %s",
             (external_id,),
         ).fetchone()
         assert row is not None
