@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -281,3 +282,37 @@ def test_a_batch_is_one_insert_so_the_statement_triggers_run_once_per_batch(
         " WHERE p.name = 'batched' AND t.lexeme = 'zeppelin'"
     ).fetchone()
     assert stats == (7, 7)
+
+
+def test_timestamps_keep_their_instant_whatever_the_offset(
+    conn: Conn, embedder: LocalEmbedder
+) -> None:
+    """Python accepts UTC offsets PostgreSQL's own input refuses (+21:42, found by
+    schemathesis through POST /memory/nodes); the writer stores every aware timestamp as
+    its instant, and a naive one in the session's time zone, as PostgreSQL reads it."""
+    stamps = {
+        "far": "0221-11-27T23:49:42+21:42",
+        "zulu": "2024-03-04T09:12:00.250Z",
+        "naive": "2024-03-04T09:12:00",
+        "none": None,
+    }
+    records, errors = parse_lines(
+        _lines(*({"id": k, "level": "L0", "project": "stamps", "text": f"stamp {k}",
+                  "timestamp": v} for k, v in stamps.items()))
+    )  # fmt: skip
+    assert not errors
+    ingest(conn, records, embedder, progress=False)
+    rows = dict(
+        conn.execute(
+            "SELECT n.external_id, n.ts FROM memory.nodes n JOIN memory.projects p"
+            " ON p.id = n.project_id WHERE p.name = 'stamps'"
+        ).fetchall()
+    )
+    naive = conn.execute("SELECT '2024-03-04 09:12:00'::timestamptz").fetchone()
+    assert naive is not None
+    assert rows == {
+        "far": datetime(221, 11, 27, 2, 7, 42, tzinfo=UTC),
+        "zulu": datetime(2024, 3, 4, 9, 12, 0, 250000, tzinfo=UTC),
+        "naive": naive[0],
+        "none": None,
+    }

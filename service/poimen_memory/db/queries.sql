@@ -24,16 +24,17 @@ SELECT sha256, id FROM memory.nodes WHERE sha256 = ANY(%(shas)s::bytea[]);
 -- name: insert_nodes
 -- A batch in one statement, one array per column: the statement triggers (BM25 statistics,
 -- the OpenSearch outbox) then run once per batch instead of once per node. breadcrumb
--- travels as jsonb (an array of text arrays cannot be ragged); embedding as vector[],
--- typed by pgvector's dumper whatever schema holds it.
+-- travels as jsonb (an array of text arrays cannot be ragged); ts as text (the writer
+-- sends aware timestamps in UTC); embedding as vector[], typed by pgvector's dumper
+-- whatever schema holds it.
 INSERT INTO memory.nodes
     (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts, metadata, embedding)
 SELECT u.sha256, u.project_id, u.level, u.external_id, u.title,
-       ARRAY(SELECT jsonb_array_elements_text(u.breadcrumb)), u.text, u.source, u.ts, u.metadata,
-       u.embedding
+       ARRAY(SELECT jsonb_array_elements_text(u.breadcrumb)), u.text, u.source, u.ts::timestamptz,
+       u.metadata, u.embedding
 FROM unnest(%(sha256)s::bytea[], %(project_id)s::integer[], %(level)s::text[],
             %(external_id)s::text[], %(title)s::text[], %(breadcrumb)s::jsonb[], %(text)s::text[],
-            %(source)s::text[], %(ts)s::timestamptz[], %(metadata)s::jsonb[], %(embedding)s)
+            %(source)s::text[], %(ts)s::text[], %(metadata)s::jsonb[], %(embedding)s)
      WITH ORDINALITY AS u(sha256, project_id, level, external_id, title, breadcrumb, text, source,
                           ts, metadata, embedding, ord)
 ORDER BY u.ord
