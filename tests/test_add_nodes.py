@@ -234,3 +234,16 @@ def test_a_long_nodes_vector_stays_in_its_row(conn: Conn) -> None:
     _add(conn, [{**long, "id": "w:long:2"}])
     size, dims = vector_bytes("w:long:2")
     assert size == 4 + 4 * dims
+
+
+def test_a_far_utc_offset_is_stored_as_its_instant(conn: Conn) -> None:
+    """Python accepts offsets PostgreSQL's input refuses (+21:42): memory.add_nodes stores
+    the instant, as ingest does (poimen_core.nodes.timestamp_text serves both)."""
+    far = {"project": PROJECT, "level": "L0", "id": "w:far", "text": "a far offset",
+           "timestamp": "0221-11-27T23:49:42+21:42"}  # fmt: skip
+    assert _add(conn, [far])["inserted"] == 1
+    row = conn.execute(
+        "SELECT ts = '0221-11-27 02:07:42+00'::timestamptz FROM memory.nodes"
+        " WHERE external_id = 'w:far'"
+    ).fetchone()
+    assert row == (True,)

@@ -98,8 +98,9 @@ def open_query(page: Page, url: str) -> tuple[dict[str, Any], dict[str, str]]:
 def to_fixed(x: float, digits: int) -> str:
     """JavaScript's Number.prototype.toFixed: an exact tie rounds up (27.25 -> "27.3"), where
     Python's format rounds it to even ("27.2"); the server's 3-decimal metrics make such ties."""
+    # toFixed drops the sign of -0 only: (-0).toFixed(1) is "0.0", (-0.01).toFixed(1) "-0.0".
     text = str(Decimal(x).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
-    return text.removeprefix("-") if Decimal(text) == 0 else text
+    return text.removeprefix("-") if x == 0 else text
 
 
 def fmt(x: float | None) -> str:
@@ -114,7 +115,8 @@ def ms(x: float) -> str:
 
 def test_number_formats_match_the_pages_javascript(page: Page, server: str) -> None:
     # Ties (exact in binary) and near-ties, where toFixed and Python's format part ways.
-    values = [27.25, 27.75, 0.125, 0.375, 1.05, 2.5, 0.0005, 0.0, 12.3456, 999.95, 0.995]
+    values = [27.25, 27.75, 0.125, 0.375, 1.05, 2.5, 0.0005, 0.0, -0.0, -0.01, 12.3456, 999.95,
+              0.995]  # fmt: skip
     page.goto(f"{server}/ui")
     got = page.evaluate("vs => vs.map(v => [v.toFixed(1), v.toFixed(2), v.toFixed(3)])", values)
     assert got == [[to_fixed(v, 1), to_fixed(v, 2), to_fixed(v, 3)] for v in values]

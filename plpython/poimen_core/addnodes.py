@@ -25,6 +25,7 @@ from poimen_core.nodes import (
     new_records,
     parse_line,
     reference_keys,
+    timestamp_text,
     unresolved,
     validate,
 )
@@ -195,7 +196,7 @@ def _row(r: NodeRecord) -> dict[str, Any]:
         "breadcrumb": list(r.breadcrumb),
         "text": r.text,
         "source": r.source,
-        "ts": None if r.timestamp is None else r.timestamp.isoformat(),
+        "ts": timestamp_text(r.timestamp),
         "metadata": r.metadata,
     }
 

@@ -46,6 +46,15 @@ class NodeRecord:
         )
 
 
+def timestamp_text(ts: datetime | None) -> str | None:
+    """A node's timestamp as PostgreSQL input text, for both writers. An aware one goes as
+    its UTC instant: Python accepts UTC offsets PostgreSQL's input refuses (beyond +-15:59,
+    e.g. +21:42). A naive one stays naive and is read in the session's TimeZone."""
+    if ts is None:
+        return None
+    return (ts.astimezone(UTC) if ts.tzinfo is not None else ts).isoformat()
+
+
 def node_sha256(
     project: str,
     level: str,

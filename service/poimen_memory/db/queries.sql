@@ -30,7 +30,8 @@ SELECT sha256, id FROM memory.nodes WHERE sha256 = ANY(%(shas)s::bytea[]);
 INSERT INTO memory.nodes
     (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts, metadata, embedding)
 SELECT u.sha256, u.project_id, u.level, u.external_id, u.title,
-       ARRAY(SELECT jsonb_array_elements_text(u.breadcrumb)), u.text, u.source, u.ts::timestamptz,
+       ARRAY(SELECT b.v FROM jsonb_array_elements_text(u.breadcrumb) WITH ORDINALITY AS b(v, i)
+             ORDER BY b.i), u.text, u.source, u.ts::timestamptz,
        u.metadata, u.embedding
 FROM unnest(%(sha256)s::bytea[], %(project_id)s::integer[], %(level)s::text[],
             %(external_id)s::text[], %(title)s::text[], %(breadcrumb)s::jsonb[], %(text)s::text[],

@@ -23,6 +23,7 @@ from poimen_core.nodes import (
     parse_line,
     parse_lines,
     reference_keys,
+    timestamp_text,
     unresolved,
     validate,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "parse_line",
     "parse_lines",
     "reference_keys",
+    "timestamp_text",
     "unresolved",
     "validate",
 ]

@@ -20,7 +20,6 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -40,6 +39,7 @@ from poimen_memory.ingest.nodes import (
     edges,
     new_records,
     reference_keys,
+    timestamp_text,
     unresolved,
     validate,
 )
@@ -206,16 +206,6 @@ def _embed(embedder: Embedder, batch: Sequence[NodeRecord], report: IngestReport
         report.embed_seconds += time.monotonic() - t0
 
 
-def _timestamp_text(ts: datetime | None) -> str | None:
-    """A node's timestamp as PostgreSQL input text. An aware one goes as its UTC instant:
-    Python accepts offsets PostgreSQL's input refuses (beyond +-15:59, e.g. +21:42), which
-    a single binary parameter used to carry as an instant. A naive one stays naive, read in
-    the session's TimeZone, as a naive parameter always was."""
-    if ts is None:
-        return None
-    return (ts.astimezone(UTC) if ts.tzinfo is not None else ts).isoformat()
-
-
 class _Writer:
     """Nodes and edges of one ingest run; knows every id resolved so far."""
 
@@ -268,7 +258,7 @@ class _Writer:
             "breadcrumb": [Jsonb(list(r.breadcrumb)) for r in batch],
             "text": [r.text for r in batch],
             "source": [r.source for r in batch],
-            "ts": [_timestamp_text(r.timestamp) for r in batch],
+            "ts": [timestamp_text(r.timestamp) for r in batch],
             "metadata": [Jsonb(r.metadata) for r in batch],
             "embedding": embeddings,
         }
