@@ -43,6 +43,12 @@ SESSIONS_TIMEOUT_S = 1500
 STOP_GRACE_S = 60
 
 Session = tuple[subprocess.Popen[bytes], Path]
+# pytest with Python's own SIGINT handler even where SIGINT is inherited as ignored (a
+# background job of a non-interactive shell): without it the SIGINT below does nothing.
+_RUN_PYTEST = (
+    "import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.exit(pytest.main(sys.argv[1:]))"
+)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -73,7 +79,7 @@ def sessions(
             log = logs / f"{mode}.log"
             with log.open("wb") as out:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SQL_SUITE],
+                    [sys.executable, "-c", _RUN_PYTEST, "-q", "-p", "no:cacheprovider", *SQL_SUITE],
                     cwd=ROOT,
                     env=dict(os.environ, POIMEN_TEST_SQL_MODE=mode),
                     stdout=out,
