@@ -2,10 +2,11 @@
 -- PostgreSQL's 2 kB toast target (a 384-d vector is 1,544 bytes: any node with a few hundred
 -- bytes of text and its tsvector) had its vector moved out of line, the largest value first,
 -- and every exact ranking (search_by_ids, exact_search, a selective filter's exact plan) paid
--- a TOAST index probe and page per row. MAIN makes the other columns give way first: the
--- tsvector, which only the write-time triggers read, then the compressed text. Measured at
--- 100k nodes: a 1%-project top-10 10.5 -> 1.4-3.7 ms, search_by_ids of 200 ids 0.82x,
--- hydrate unchanged (docs/benchmarks.md, "Vectors in the row").
+-- a TOAST index probe and page per row. MAIN makes the other wide columns give way first
+-- (PostgreSQL moves the largest first: in these rows the tsvector, which only the
+-- write-time triggers read, then the compressed text of long nodes). Measured at 100k
+-- nodes, 384 dimensions: a 1%-project top-10 10.5 -> 1.4-3.7 ms, search_by_ids of 200 ids
+-- 0.82x, hydrate unchanged (docs/benchmarks.md, "Vectors in the row").
 --
 -- Only a catalog change: rows written from now on get it; existing rows keep their
 -- out-of-line vectors until rewritten (VACUUM FULL memory.nodes, docs/sql-api.md). On a
