@@ -59,6 +59,29 @@ $$;
 COMMENT ON FUNCTION memory.node_filter(text, text[], timestamptz, timestamptz) IS
     'The node filter of the search stages: the project id (PM404 when unknown), the checked level list, and the time window since <= ts < before as timed, lo and hi. Errors name the argument.';
 
+CREATE OR REPLACE FUNCTION memory.strategies()
+RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN ARRAY['LexicalOnly', 'LexicalFirst', 'Hybrid', 'SemanticOnly'];
+COMMENT ON FUNCTION memory.strategies() IS
+    'The search strategies a query may be routed to or forced into (poimen_core.optimizer.SearchStrategy holds the same names; a test keeps them equal).';
+
+CREATE OR REPLACE FUNCTION memory.check_k(k integer)
+RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF k IS NULL OR k NOT BETWEEN 1 AND 50 THEN
+        RAISE EXCEPTION 'k must be within 1..50, got %', coalesce(k::text, 'NULL')
+            USING ERRCODE = '22023', HINT = 'k is the number of rows to return, e.g. k => 5.';
+    END IF;
+    RETURN k;
+END $$;
+COMMENT ON FUNCTION memory.check_k(integer) IS
+    'Returns k unless it is NULL or outside 1..50 (22023): the number of results a query returns.';
+
 CREATE OR REPLACE FUNCTION memory.check_fusion(fusion text)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE

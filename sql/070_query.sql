@@ -156,150 +156,51 @@ RETURNS SETOF memory.query_row
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
-#variable_conflict use_variable
 DECLARE
-    lim integer;
-    lv text[];
-    pol record;
-    plan jsonb;
-    strat text;
-    fus text;
-    cand integer;
-    sem jsonb := '{"ids":[],"scores":[]}';
-    lex jsonb := '{"ids":[],"scores":[]}';
-    lo timestamptz;  -- the time filter: since (inclusive), before (exclusive)
-    hi timestamptz;
-    emb vector := p_embedding;
-    need_plan boolean;
-    why text;
-    fix text;
-    want_dates boolean;
+    p record;
 BEGIN
-    -- Every argument is checked before any work, and each error names the argument.
-    PERFORM memory.check_query(p_query);
-    IF p_k IS NULL OR p_k NOT BETWEEN 1 AND 50 THEN
-        RAISE EXCEPTION 'k must be within 1..50, got %', coalesce(p_k::text, 'NULL')
-            USING ERRCODE = '22023', HINT = 'k is the number of rows to return, e.g. k => 5.';
-    END IF;
-    lim := p_k;
-    IF p_levels IS NULL THEN
-        RAISE EXCEPTION 'levels must not be NULL'
-            USING ERRCODE = '22023', HINT = 'Pass a non-empty subset of {L0,L1,L2}, e.g. ARRAY[''L1'',''L2''] (the default).';
-    END IF;
-    lv := memory.check_levels(p_levels);
-    IF p_strategy IS NOT NULL AND p_strategy NOT IN ('LexicalOnly', 'LexicalFirst', 'Hybrid', 'SemanticOnly') THEN
-        RAISE EXCEPTION 'unknown strategy "%"', p_strategy
-            USING ERRCODE = '22023', HINT = 'Use LexicalOnly, LexicalFirst, Hybrid, SemanticOnly or NULL (optimizer decides).';
-    END IF;
-    PERFORM memory.check_fusion(p_fusion);
-    IF p_dense_weight IS NOT NULL AND NOT (p_dense_weight BETWEEN 0 AND 1) THEN
-        RAISE EXCEPTION 'dense_weight must be within [0, 1], got %', p_dense_weight USING ERRCODE = '22023';
-    END IF;
-    IF p_rrf_k IS NOT NULL AND p_rrf_k < 0 THEN
-        RAISE EXCEPTION 'rrf_k must be >= 0, got %', p_rrf_k USING ERRCODE = '22023';
-    END IF;
-    IF p_candidates IS NOT NULL AND p_candidates NOT BETWEEN 1 AND 1000 THEN
-        RAISE EXCEPTION 'candidates must be within 1..1000, got %', p_candidates USING ERRCODE = '22023';
-    END IF;
-    SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(p_since, p_until) t;
-    PERFORM memory.project_id(p_project);
-    PERFORM memory.check_embedding(p_embedding);
-    SELECT * INTO pol FROM memory.policy();
-    need_plan := p_strategy IS NULL OR (p_fusion IS NULL AND pol.fusion_by_type <> '{}'::jsonb);
-    -- A date the text names filters only under extracted_dates = filter, and never overrides
-    -- the caller's own since/until.
-    want_dates := pol.extracted_dates = 'filter' AND p_since IS NULL AND p_until IS NULL;
-    IF emb IS NULL AND p_strategy IS DISTINCT FROM 'LexicalOnly' THEN
-        -- No vector given: route, then embed in the database when the route needs a vector,
-        -- as the service does. A host without the embedder or the PL/Python code still
-        -- answers, lexically, and says why: a text query can always run on SQL alone.
-        BEGIN
-            IF need_plan OR want_dates THEN
-                plan := memory.optimize_query(p_query, p_reference_time);
-            END IF;
-            IF coalesce(p_strategy, plan ->> 'search_strategy') <> 'LexicalOnly' THEN
-                emb := memory.embed(p_query);
-            END IF;
-        EXCEPTION WHEN SQLSTATE 'PM503' THEN
-            -- The failing part's own hint: a missing package and a remote embedding server
-            -- that is down are fixed in different places.
-            GET STACKED DIAGNOSTICS why = MESSAGE_TEXT, fix = PG_EXCEPTION_HINT;
-            RAISE NOTICE 'memory.query: no query embedding (%), so the lexical leg answers alone', why
-                USING HINT = coalesce(nullif(fix, ''), 'Run `make setup` and `poimen-memory migrate` on the database host, or pass query_embedding.');
-        END;
-    ELSIF emb IS NOT NULL AND need_plan THEN
-        plan := memory.optimize_query(p_query, p_reference_time);
-    ELSIF want_dates THEN
-        -- Only the dates are wanted: where PL/Python is missing the query still runs, unfiltered.
-        BEGIN
-            plan := memory.optimize_query(p_query, p_reference_time);
-        EXCEPTION WHEN SQLSTATE 'PM503' THEN
-            GET STACKED DIAGNOSTICS why = MESSAGE_TEXT;
-            RAISE NOTICE 'memory.query: dates in the text not applied (%)', why
-                USING HINT = 'Run `poimen-memory migrate` on the database host, or pass since/until.';
-        END;
-    END IF;
-    IF want_dates AND jsonb_typeof(plan -> 'time_filter') = 'object' THEN
-        SELECT t.since_ts, t.before_ts INTO lo, hi
-          FROM memory.time_range(plan -> 'time_filter' ->> 'since', plan -> 'time_filter' ->> 'until') t;
-    END IF;
-    strat := CASE WHEN emb IS NULL THEN 'LexicalOnly'
-                  ELSE coalesce(p_strategy, plan ->> 'search_strategy') END;
-    fus := coalesce(p_fusion, pol.fusion_by_type ->> (plan ->> 'question_type'), pol.fusion);
-    cand := coalesce(p_candidates, pol.candidates);
-
-    IF strat IN ('LexicalOnly', 'LexicalFirst', 'Hybrid') THEN
-        SELECT jsonb_build_object('ids', coalesce(jsonb_agg(l.node_id ORDER BY l.rank), '[]'),
-                                  'scores', coalesce(jsonb_agg(l.lexical_score ORDER BY l.rank), '[]'))
-          INTO lex
-          FROM memory.lexical_search(p_query, p_project, lv,
-                                     CASE strat WHEN 'LexicalFirst' THEN pol.cascade_candidates
-                                                WHEN 'Hybrid' THEN cand ELSE lim END,
-                                     since => lo, before => hi) l;
-    END IF;
-    IF strat IN ('SemanticOnly', 'Hybrid') THEN
-        SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
-                                  'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
-          INTO sem
-          FROM memory.semantic_search(emb, p_project, lv,
-                                      CASE strat WHEN 'Hybrid' THEN cand ELSE lim END,
-                                      since => lo, before => hi) s;
-    ELSIF strat = 'LexicalFirst' THEN
-        SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
-                                  'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
-          INTO sem
-          FROM memory.search_by_ids(emb,
-                                    ARRAY(SELECT jsonb_array_elements_text(lex -> 'ids')::bigint),
-                                    p_project, lv,
-                                    -- a convex cascade blends cosine with BM25 over every lexical id
-                                    CASE WHEN fus = 'convex' THEN greatest(jsonb_array_length(lex -> 'ids'), 1)
-                                         ELSE lim END,
-                                    since => lo, before => hi) s;
-    END IF;
-
+    -- The one plan and the one executor (sql/066_plan.sql, sql/071_execute.sql); rows cite
+    -- no evidence list (memory.answer does), so the plan's budget is 0 and trees stay whole.
+    SELECT * INTO p FROM memory._prepare(
+        memory._request(p_query, p_project, p_levels, p_k, p_strategy, p_fusion, p_rrf_k,
+                        p_candidates, p_dense_weight, p_since, p_until, p_reference_time, 0),
+        p_embedding, 'memory.query');
     RETURN QUERY
-    WITH ranked AS (
-        SELECT f.node_id, f.ranks, f.scores, f.fused_score, f.fusion_method,
-               row_number() OVER (ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]), f.node_id) AS pos
-        FROM memory.fuse_legs(sem, lex, strat, fus, coalesce(p_dense_weight, pol.dense_weight),
-                              coalesce(p_rrf_k, pol.rrf_k), lim) f
-    )
-    SELECT r.pos::integer, r.node_id, h.external_id, h.level, h.sha256, h.project, h.title,
-           h.text, h.source, h.breadcrumb, h."timestamp", h.query_score, r.scores[2],
-           -- final_score is a score of the answer, not a rank transform: the leg's own score
-           -- for one leg (BM25, or cosine for SemanticOnly and the rrf cascade, which orders
-           -- by cosine), the fused score when two legs are blended.
-           CASE WHEN strat = 'LexicalOnly' THEN r.scores[2]
-                WHEN strat = 'SemanticOnly' OR r.fusion_method = 'cascade' THEN r.scores[1]
-                ELSE r.fused_score END,
-           r.ranks[1], r.ranks[2], r.fusion_method, strat, h.provenance, h.provenance_truncated
-    FROM ranked r
-    JOIN memory.hydrate(ARRAY(SELECT r2.node_id FROM ranked r2 ORDER BY r2.pos), emb, 4, p_project) h
-      ON h.node_id = r.node_id
-    ORDER BY r.pos;
+    SELECT * FROM jsonb_populate_recordset(NULL::memory.query_row,
+                                           memory._execute(p.plan, p.embedding) -> 'results');
 END $$;
 COMMENT ON FUNCTION memory.run_query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz) IS
     'Implementation of memory.query (positional parameters; call memory.query instead).';
+
+CREATE OR REPLACE FUNCTION memory.answer(
+    query text,
+    query_embedding vector DEFAULT NULL,
+    project text DEFAULT NULL,
+    levels text[] DEFAULT ARRAY['L1', 'L2'],
+    k integer DEFAULT 5,
+    strategy text DEFAULT NULL,
+    fusion text DEFAULT NULL,
+    rrf_k integer DEFAULT NULL,
+    candidates integer DEFAULT NULL,
+    dense_weight double precision DEFAULT NULL,
+    since text DEFAULT NULL,
+    until text DEFAULT NULL,
+    reference_time timestamptz DEFAULT NULL,
+    evidence integer DEFAULT NULL
+)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+DECLARE
+    p record;
+BEGIN
+    SELECT * INTO p FROM memory._prepare(
+        memory._request($1, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14), $2, 'memory.answer');
+    RETURN memory._execute(p.plan, p.embedding);
+END $$;
+COMMENT ON FUNCTION memory.answer(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, integer) IS
+    'The whole answer GET /memory/query gives, as jsonb: search_strategy, plan (memory.plan_query''s), results (as memory.query''s rows, each provenance tree kept to the cited L0 turns, provenance_l0_omitted counting the rest), evidence (the cited L0 turns, best first, at most evidence of them: NULL, the policy''s evidence_budget; 0: none, whole trees), counts and stage times. Arguments as memory.query.';
 
 CREATE OR REPLACE FUNCTION memory.query(
     query text,

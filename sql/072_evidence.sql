@@ -133,75 +133,52 @@ END $$;
 COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer) IS
     'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank) summed over the results citing it; then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range; a result''s own sources are cited whatever their time. Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it.';
 
--- memory.evidence in two steps: the checks and the direct L0 legs (PL/pgSQL, for the
--- embedder's fallback), then memory.select_evidence's ranking. Its parameters are
--- positional because memory.evidence's own names (project, ...) are also result columns,
--- which PL/pgSQL does not allow.
-CREATE OR REPLACE FUNCTION memory.evidence_legs(
-    p_query text,
-    p_result_ids bigint[],
-    p_embedding vector,
-    p_project text,
-    p_budget integer,
-    p_since text,
-    p_until text,
-    p_fusion text,
-    OUT semantic jsonb,
-    OUT lexical jsonb,
-    OUT since_ts timestamptz,
-    OUT before_ts timestamptz
+-- memory.evidence runs the plan memory.query runs (the evidence legs it names) for the
+-- SQL user's results; the old two-step form and its signature go first.
+DROP FUNCTION IF EXISTS memory.evidence(text, bigint[], vector, text, integer, text, text, text);
+DROP FUNCTION IF EXISTS memory.evidence_legs(text, bigint[], vector, text, integer, text, text, text);
+
+CREATE OR REPLACE FUNCTION memory._evidence(
+    p_query text, p_result_ids bigint[], p_embedding vector, p_project text, p_budget integer,
+    p_since text, p_until text, p_fusion text, p_levels text[], p_strategy text,
+    p_candidates integer, p_dense_weight double precision, p_rrf_k integer,
+    p_reference_time timestamptz
 )
--- PARALLEL UNSAFE: it may embed in the database (PL/Python) and runs semantic_search.
+RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
+               title text, text text, source text, breadcrumb text[],
+               "timestamp" timestamptz, score double precision, direct_rank integer,
+               cited_by integer[], neighbour_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
+#variable_conflict use_column
 DECLARE
-    pol record;
-    emb vector := p_embedding;
-    why text;
-    fix text;
+    p record;
+    state jsonb;
 BEGIN
-    semantic := '{"ids":[],"scores":[]}';
-    lexical := '{"ids":[],"scores":[]}';
-    -- Every argument is checked before any search, as memory.query does.
-    PERFORM memory.check_query(p_query);
-    IF p_result_ids IS NULL THEN
+    IF $2 IS NULL THEN
         RAISE EXCEPTION 'result_ids must not be NULL'
             USING ERRCODE = '22023', HINT = 'Pass the results in rank order, e.g. ARRAY(SELECT node_id FROM memory_query(...) ORDER BY rank), or ''{}''.';
     END IF;
-    SELECT * INTO pol FROM memory.policy();
-    PERFORM memory.check_evidence_budget(coalesce(p_budget, pol.evidence_budget));
-    PERFORM memory.check_fusion(p_fusion);
-    SELECT t.since_ts, t.before_ts INTO since_ts, before_ts FROM memory.time_range(p_since, p_until) t;
-    PERFORM memory.project_id(p_project);
-    PERFORM memory.check_embedding(p_embedding);
-    IF coalesce(p_budget, pol.evidence_budget) = 0 THEN
+    -- k does not change the evidence: the plan's own check wants one.
+    SELECT * INTO p FROM memory._prepare(
+        memory._request($1, $4, $9, 5, $10, $8, $13, $11, $12, $6, $7, $14, memory.check_evidence_budget(
+            coalesce($5, (SELECT pol.evidence_budget FROM memory.policy() pol)))),
+        $3, 'memory.evidence');
+    IF (p.plan -> 'evidence' ->> 'budget')::integer = 0 THEN
         RETURN;  -- off costs no search
     END IF;
-    IF emb IS NULL THEN
-        BEGIN
-            emb := memory.embed(p_query);
-        EXCEPTION WHEN SQLSTATE 'PM503' THEN
-            GET STACKED DIAGNOSTICS why = MESSAGE_TEXT, fix = PG_EXCEPTION_HINT;
-            RAISE NOTICE 'memory.evidence: no query embedding (%), so direct evidence is lexical only', why
-                USING HINT = coalesce(nullif(fix, ''), 'Run `make setup` and `poimen-memory migrate` on the database host, or pass query_embedding.');
-        END;
-    END IF;
-    SELECT jsonb_build_object('ids', coalesce(jsonb_agg(l.node_id ORDER BY l.rank), '[]'),
-                              'scores', coalesce(jsonb_agg(l.lexical_score ORDER BY l.rank), '[]'))
-      INTO lexical
-      FROM memory.lexical_search(p_query, p_project, ARRAY['L0'], pol.evidence_candidates,
-                                 since => since_ts, before => before_ts) l;
-    IF emb IS NOT NULL THEN
-        SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
-                                  'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
-          INTO semantic
-          FROM memory.semantic_search(emb, p_project, ARRAY['L0'], pol.evidence_candidates,
-                                      since => since_ts, before => before_ts) s;
-    END IF;
+    state := memory._run_legs(p.plan, p.embedding, NULL, false);
+    RETURN QUERY
+    SELECT e.* FROM memory.select_evidence(
+        $2, state -> 'evidence_semantic', state -> 'evidence_lexical', p.plan ->> 'fusion',
+        (p.plan -> 'evidence' ->> 'budget')::integer, $4, 4,
+        (p.plan ->> 'since_ts')::timestamptz, (p.plan ->> 'before_ts')::timestamptz,
+        (p.plan ->> 'dense_weight')::double precision, (p.plan ->> 'rrf_k')::integer) e
+    ORDER BY e.rank;
 END $$;
-COMMENT ON FUNCTION memory.evidence_legs(text, bigint[], vector, text, integer, text, text, text) IS
-    'The first step of memory.evidence (call that instead): checks every argument, then runs the direct L0 legs (none when the budget is 0) and returns them with the parsed time range.';
+COMMENT ON FUNCTION memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz) IS
+    'Implementation of memory.evidence (positional parameters: PL/pgSQL forbids a parameter named like a result column; call memory.evidence instead).';
 
 CREATE OR REPLACE FUNCTION memory.evidence(
     query text,
@@ -211,7 +188,13 @@ CREATE OR REPLACE FUNCTION memory.evidence(
     budget integer DEFAULT NULL,
     since text DEFAULT NULL,
     until text DEFAULT NULL,
-    fusion text DEFAULT NULL
+    fusion text DEFAULT NULL,
+    levels text[] DEFAULT ARRAY['L1', 'L2'],
+    strategy text DEFAULT NULL,
+    candidates integer DEFAULT NULL,
+    dense_weight double precision DEFAULT NULL,
+    rrf_k integer DEFAULT NULL,
+    reference_time timestamptz DEFAULT NULL
 )
 RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
                title text, text text, source text, breadcrumb text[],
@@ -220,13 +203,9 @@ RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, proj
 LANGUAGE sql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT e.*
-    FROM memory.evidence_legs(query, result_ids, query_embedding, project, budget, since,
-                              until, fusion) l
-    CROSS JOIN LATERAL memory.select_evidence(result_ids, l.semantic, l.lexical, fusion,
-                                              budget, project, 4, l.since_ts,
-                                              l.before_ts) e
-    ORDER BY e.rank;
+    SELECT * FROM memory._evidence(query, result_ids, query_embedding, project, budget, since,
+                                   until, fusion, levels, strategy, candidates, dense_weight,
+                                   rrf_k, reference_time);
 END;
-COMMENT ON FUNCTION memory.evidence(text, bigint[], vector, text, integer, text, text, text) IS
-    'The L0 evidence of an answer, for SQL users: pass the query and memory.query''s result ids in rank order (and its embedding, or it embeds again); it runs the direct L0 legs (lexical, and semantic when an embedding is given or memory.embed can make one), each evidence_candidates deep and kept to since/until (ISO, as memory.query; dates the optimizer extracts do not apply here), and returns memory.select_evidence with fusion (NULL: the policy). For a Hybrid answer the HTTP service returns the same list as "evidence"; it skips a leg its route did not run (no embedding, no lexical engine).';
+COMMENT ON FUNCTION memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz) IS
+    'The L0 evidence of an answer, for SQL users: pass the query and memory.query''s result ids in rank order (its embedding too, or it embeds again) with the same arguments memory.query had. It plans as memory.query does (the same route, fusion and time range, dates the optimizer extracts included under extracted_dates = filter), runs the direct L0 legs that plan names (lexical unless SemanticOnly, semantic unless LexicalOnly; each evidence_candidates deep) and returns memory.select_evidence: the list GET /memory/query and memory.answer return as "evidence". budget NULL: the policy''s evidence_budget; 0: none.';

@@ -1,6 +1,11 @@
 -- memory.explain_query: the plans a DBA needs, without auto_explain. The retrieval
 -- statements run inside PL/pgSQL, where EXPLAIN of the outer call shows a Function Scan
--- only; this runs the query, then EXPLAINs the vector stages it ran, with its values.
+-- only; this plans the query with the one planner, runs it with the one executor (so the
+-- plan reported is the plan that ran, and each stage's time is the time it took there),
+-- then EXPLAINs every stage it ran with the plan's own values.
+
+-- The arguments of memory.query were added, and the time of each stage: drop the old shape.
+DROP FUNCTION IF EXISTS memory.explain_query(text, vector, text, text[], integer, text, boolean);
 
 CREATE OR REPLACE FUNCTION memory.explain_query(
     query text,
@@ -9,9 +14,17 @@ CREATE OR REPLACE FUNCTION memory.explain_query(
     levels text[] DEFAULT ARRAY['L1', 'L2'],
     k integer DEFAULT 5,
     strategy text DEFAULT NULL,
-    actual boolean DEFAULT false  -- EXPLAIN ANALYZE, BUFFERS: actual rows and times
+    actual boolean DEFAULT false,  -- EXPLAIN ANALYZE, BUFFERS: actual rows, times and pages
+    fusion text DEFAULT NULL,
+    rrf_k integer DEFAULT NULL,
+    candidates integer DEFAULT NULL,
+    dense_weight double precision DEFAULT NULL,
+    since text DEFAULT NULL,
+    until text DEFAULT NULL,
+    reference_time timestamptz DEFAULT NULL,
+    evidence integer DEFAULT NULL
 )
-RETURNS TABLE (stage text, search_strategy text, plan jsonb)
+RETURNS TABLE (stage text, search_strategy text, plan jsonb, time_ms double precision)
 -- VOLATILE: PL/pgSQL runs EXPLAIN, a utility statement, only from a volatile function.
 -- PARALLEL UNSAFE: it may embed and route in PL/Python (subtransactions).
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -20,44 +33,108 @@ SET hnsw.iterative_scan = 'relaxed_order'
 SET hnsw.ef_search = 100
 SET search_path = pg_catalog, public, pg_temp
 AS $$
+#variable_conflict use_variable
 DECLARE
-    strat text;
-    emb vector := query_embedding;
-    pol record;
-    pid integer := memory.project_id(project);
-    lv text[] := memory.check_levels(levels);
+    p record;
+    pl jsonb;
+    state jsonb;
+    doc jsonb;
     ids bigint[];
+    lv text[];
+    pid integer;
+    lo timestamptz;
+    hi timestamptz;
+    ev jsonb;
     opts text := CASE WHEN actual THEN 'FORMAT JSON, ANALYZE, BUFFERS' ELSE 'FORMAT JSON' END;
-    p json;
+    x json;
 BEGIN
-    -- The answer decides which stages ran: run it once, exactly as memory.query would.
-    SELECT q.search_strategy INTO strat
-    FROM memory.query(query, query_embedding, project, levels, k, strategy) q LIMIT 1;
-    strat := coalesce(strat, strategy, 'LexicalOnly');
-    search_strategy := strat;
-    IF strat = 'LexicalOnly' THEN
-        RETURN;  -- memory.lexical_search only: see docs/sql-api.md, Reading the plans
-    END IF;
-    SELECT * INTO pol FROM memory.policy();
-    emb := coalesce(emb, memory.embed(query));
-    IF strat IN ('Hybrid', 'SemanticOnly') THEN
-        EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql('semantic')) INTO p
-            USING emb, pid, lv, CASE strat WHEN 'Hybrid' THEN pol.candidates ELSE k END,
-                  NULL::timestamptz, NULL::timestamptz;
-        stage := 'semantic';
-        plan := p::jsonb -> 0;
+    SELECT * INTO p FROM memory._prepare(
+        memory._request($1, $3, $4, $5, $6, $8, $9, $10, $11, $12, $13, $14, $15), $2,
+        'memory.explain_query');
+    pl := p.plan;
+    state := memory._run_legs(pl, p.embedding);
+    doc := memory._finish(pl, state, p.embedding);
+    ids := ARRAY(SELECT (r ->> 'node_id')::bigint FROM jsonb_array_elements(doc -> 'results') r);
+    lv := ARRAY(SELECT jsonb_array_elements_text(pl -> 'levels'));
+    pid := (pl ->> 'project_id')::integer;
+    lo := (pl ->> 'since_ts')::timestamptz;
+    hi := (pl ->> 'before_ts')::timestamptz;
+    ev := pl -> 'evidence';
+    search_strategy := pl ->> 'search_strategy';
+
+    stage := 'plan';
+    plan := pl;
+    time_ms := NULL;
+    RETURN NEXT;
+    IF pl -> 'lexical' ->> 'engine' = 'postgres-bm25' THEN
+        EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.lexical_search($1, $2, $3, $4, since => $5, before => $6)', opts)
+            INTO x USING pl ->> 'query', pl ->> 'project', lv, (pl -> 'lexical' ->> 'depth')::integer, lo, hi;
+        stage := 'lexical';
+        plan := x::jsonb -> 0;
+        time_ms := (doc -> 'stages' ->> 'lexical_time_ms')::double precision;
         RETURN NEXT;
-    ELSE  -- LexicalFirst: exact cosine over the lexical leg's ids
-        ids := ARRAY(SELECT l.node_id FROM memory.lexical_search(query, project, lv,
-                                                                  pol.cascade_candidates) l);
-        EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql('by_ids')) INTO p
-            USING emb, ids, pid, lv,
-                  CASE WHEN pol.fusion = 'convex' THEN greatest(cardinality(ids), 1) ELSE k END,
-                  NULL::timestamptz, NULL::timestamptz;
+    END IF;
+    IF pl -> 'semantic' ->> 'engine' = 'hnsw' THEN
+        EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql('semantic')) INTO x
+            USING p.embedding, pid, lv, (pl -> 'semantic' ->> 'depth')::integer, lo, hi;
+        stage := 'semantic';
+        plan := x::jsonb -> 0;
+        time_ms := (doc -> 'stages' ->> 'semantic_time_ms')::double precision;
+        RETURN NEXT;
+    ELSIF pl -> 'semantic' ->> 'engine' = 'by-ids' THEN
+        EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql('by_ids')) INTO x
+            USING p.embedding, ARRAY(SELECT jsonb_array_elements_text(state -> 'lexical' -> 'ids')::bigint),
+                  pid, lv,
+                  coalesce((pl -> 'semantic' ->> 'depth')::integer,
+                           greatest(jsonb_array_length(state -> 'lexical' -> 'ids'), 1)),
+                  lo, hi;
         stage := 'by_ids';
-        plan := p::jsonb -> 0;
+        plan := x::jsonb -> 0;
+        time_ms := (doc -> 'stages' ->> 'semantic_time_ms')::double precision;
+        RETURN NEXT;
+    END IF;
+    IF (ev ->> 'budget')::integer > 0 AND NOT (ev ->> 'reuses_legs')::boolean THEN
+        IF (ev ->> 'lexical')::boolean THEN
+            EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.lexical_search($1, $2, ''{L0}'', $3, since => $4, before => $5)', opts)
+                INTO x USING pl ->> 'query', pl ->> 'project', (ev ->> 'candidates')::integer, lo, hi;
+            stage := 'evidence_lexical';
+            plan := x::jsonb -> 0;
+            time_ms := (doc -> 'stages' ->> 'evidence_legs_time_ms')::double precision;
+            RETURN NEXT;
+        END IF;
+        IF (ev ->> 'semantic')::boolean AND p.embedding IS NOT NULL THEN
+            EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql('semantic')) INTO x
+                USING p.embedding, pid, ARRAY['L0'], (ev ->> 'candidates')::integer, lo, hi;
+            stage := 'evidence_semantic';
+            plan := x::jsonb -> 0;
+            time_ms := (doc -> 'stages' ->> 'evidence_legs_time_ms')::double precision;
+            RETURN NEXT;
+        END IF;
+    END IF;
+    EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.fuse_legs($1, $2, $3, $4, $5, $6, $7)', opts)
+        INTO x USING state -> 'semantic', state -> 'lexical', pl ->> 'search_strategy', pl ->> 'fusion',
+                     (pl ->> 'dense_weight')::double precision, (pl ->> 'rrf_k')::integer,
+                     (pl ->> 'final_k')::integer;
+    stage := 'fusion';
+    plan := x::jsonb -> 0;
+    time_ms := (doc -> 'stages' ->> 'fusion_time_ms')::double precision;
+    RETURN NEXT;
+    EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.hydrate($1, $2, 4, $3)', opts)
+        INTO x USING ids, p.embedding, pl ->> 'project';
+    stage := 'provenance';
+    plan := x::jsonb -> 0;
+    time_ms := (doc -> 'stages' ->> 'provenance_time_ms')::double precision;
+    RETURN NEXT;
+    IF (ev ->> 'budget')::integer > 0 THEN
+        EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.select_evidence($1, $2, $3, $4, $5, $6, 4, $7, $8, $9, $10)', opts)
+            INTO x USING ids, state -> 'evidence_semantic', state -> 'evidence_lexical', pl ->> 'fusion',
+                         (ev ->> 'budget')::integer, pl ->> 'project', lo, hi,
+                         (pl ->> 'dense_weight')::double precision, (pl ->> 'rrf_k')::integer;
+        stage := 'evidence';
+        plan := x::jsonb -> 0;
+        time_ms := (doc -> 'stages' ->> 'evidence_time_ms')::double precision;
         RETURN NEXT;
     END IF;
 END $$;
-COMMENT ON FUNCTION memory.explain_query(text, vector, text, text[], integer, text, boolean) IS
-    'Runs the query like memory.query, then returns EXPLAIN (FORMAT JSON[, ANALYZE, BUFFERS]) of each vector stage it ran (semantic: the HNSW/btree recall; by_ids: the LexicalFirst cosine stage), with the same values and settings. LexicalOnly returns no rows.';
+COMMENT ON FUNCTION memory.explain_query(text, vector, text, text[], integer, text, boolean, text, integer, integer, double precision, text, text, timestamptz, integer) IS
+    'Plans the query with memory.plan_query''s planner and runs it with the executor memory.query and GET /memory/query use, then returns one row per stage that ran: plan (the plan itself, jsonb), lexical, semantic (the HNSW/btree recall) or by_ids (the LexicalFirst cosine stage), evidence_lexical and evidence_semantic (the direct L0 legs), fusion, provenance and evidence, each with EXPLAIN (FORMAT JSON[, ANALYZE, BUFFERS]) of that stage with the plan''s values and settings, and time_ms, the time the stage took when the query ran. Arguments as memory.answer; evidence NULL: the policy''s budget (explain_query shows the evidence stages GET /memory/query runs).';

@@ -60,6 +60,14 @@ $$;
 COMMENT ON FUNCTION memory.granted_project_ids(boolean) IS
     'Ids of the projects memory.granted_projects(write) names: what the row-level security policies compare project_id with (evaluated once per statement).';
 
+CREATE OR REPLACE FUNCTION memory.granted_all(write boolean DEFAULT false)
+RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN '*' = ANY (memory.granted_projects(write));
+COMMENT ON FUNCTION memory.granted_all(boolean) IS
+    'Whether memory.granted_projects(write) grants every project (''*''): the row-level security policies test it once per statement before comparing a row''s project.';
+
 CREATE OR REPLACE FUNCTION memory.grant_project(role regrole, project text, write boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -105,8 +113,11 @@ DO $$
 DECLARE
     pol record;
     t text;
-    readable text := 'project_id = ANY ((SELECT memory.granted_project_ids(false))::integer[])';
-    writable text := 'project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[])';
+    -- A caller granted every project ('*', the service in anonymous mode) passes on the
+    -- first, once-per-statement test: otherwise every row would be compared with the ids of
+    -- every project, and a query's cost would grow with the number of projects.
+    readable text := '(SELECT memory.granted_all(false)) OR project_id = ANY ((SELECT memory.granted_project_ids(false))::integer[])';
+    writable text := '(SELECT memory.granted_all(true)) OR project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[])';
 BEGIN
     IF to_regclass('memory.project_grants') IS NULL THEN
         RETURN;  -- migration 0008 not applied yet

@@ -40,12 +40,17 @@ DECLARE
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory.fuse_legs',
         'memory.provenance_walk', 'memory.provenance_tree', 'memory.provenance',
         'memory.provenance_forest', 'memory.hydrate',
-        'memory.select_evidence', 'memory.evidence', 'memory.evidence_legs',
+        'memory.select_evidence', 'memory.evidence', 'memory._evidence',
+        'memory._plan', 'memory.plan_query', 'memory._request', 'memory.strategies',
+        'memory.check_k', 'memory._lexical_leg', 'memory._semantic_leg',
+        'memory._opensearch_leg', 'memory._run_legs', 'memory._cited_only', 'memory._finish',
+        'memory._execute', 'memory._prepare', 'memory.answer', 'memory._serve_plan',
+        'memory._serve', 'memory._serve_finish', 'memory._assert_projects',
         'memory.check_evidence_budget', 'memory.check_fusion',
         'memory.plpython_path', 'memory.plpython_load', 'memory.optimize_query', 'memory.embed',
         'memory.stage_sql', 'memory.explain_query', 'memory.run_query', 'memory.query',
         'public.memory_query', 'public.memory_optimize_query', 'memory.granted_projects',
-        'memory.granted_project_ids', 'memory.time_bound',
+        'memory.granted_project_ids', 'memory.granted_all', 'memory.time_bound',
         'memory.time_range', 'memory.partitioned', 'memory.partition_tables'];
     -- Functions that write content: the writer's (and so the service's, a writer).
     writer_functions text[] := ARRAY['memory.add_nodes'];

@@ -214,12 +214,19 @@ def test_explain_query_shows_the_l1_l2_hnsw_index_at_the_default_levels(syntheti
     """memory.explain_query returns the plan of the semantic stage the query ran: at the
     default levels (L1,L2) in one project the partial HNSW index serves it."""
     rows = synthetic.execute(
-        "SELECT stage, search_strategy, plan FROM memory.explain_query("
-        "'topic1', %s, 'big', k => 10, strategy => 'SemanticOnly', actual => true)",
+        "SELECT stage, search_strategy, plan, time_ms FROM memory.explain_query("
+        "'topic1', %s, 'big', k => 10, strategy => 'SemanticOnly', actual => true, evidence => 0)",
         (_query_vec(4),),
     ).fetchall()
-    assert [(r[0], r[1]) for r in rows] == [("semantic", "SemanticOnly")]
-    plan = rows[0][2]
+    assert [(r[0], r[1]) for r in rows] == [
+        ("plan", "SemanticOnly"),
+        ("semantic", "SemanticOnly"),
+        ("fusion", "SemanticOnly"),
+        ("provenance", "SemanticOnly"),
+    ]
+    assert rows[0][2]["semantic"] == {"engine": "hnsw", "depth": 10}
+    assert all(r[3] is not None and r[3] >= 0 for r in rows[1:])
+    plan = rows[1][2]
     assert _index_names([json.dumps(plan)]) == {"nodes_embedding_hnsw_l1_l2"}
     assert plan["Execution Time"] > 0  # actual => true: EXPLAIN ANALYZE
 
@@ -227,8 +234,10 @@ def test_explain_query_shows_the_l1_l2_hnsw_index_at_the_default_levels(syntheti
 def test_explain_query_of_a_lexical_first_cascade_shows_the_by_ids_stage(synthetic: Conn) -> None:
     rows = synthetic.execute(
         "SELECT stage, search_strategy, plan FROM memory.explain_query("
-        "'topic0 word3', %s, 'rare', strategy => 'LexicalFirst')",
+        "'topic0 word3', %s, 'rare', strategy => 'LexicalFirst', evidence => 0)",
         (_query_vec(5),),
     ).fetchall()
-    assert [(r[0], r[1]) for r in rows] == [("by_ids", "LexicalFirst")]
-    assert rows[0][2]["Plan"]["Node Type"] == "Limit"
+    stages = dict((r[0], r[2]) for r in rows)
+    assert list(stages) == ["plan", "lexical", "by_ids", "fusion", "provenance"]
+    assert {r[1] for r in rows} == {"LexicalFirst"}
+    assert stages["by_ids"]["Plan"]["Node Type"] == "Limit"

@@ -82,7 +82,26 @@ READER = {
     "evidence",
     "check_evidence_budget",
     "check_fusion",
-    "evidence_legs",
+    "_evidence",
+    "_plan",
+    "plan_query",
+    "_request",
+    "strategies",
+    "check_k",
+    "_lexical_leg",
+    "_semantic_leg",
+    "_opensearch_leg",
+    "_run_legs",
+    "_cited_only",
+    "_finish",
+    "_execute",
+    "_prepare",
+    "answer",
+    "_serve_plan",
+    "_serve",
+    "_serve_finish",
+    "_assert_projects",
+    "granted_all",
     "plpython_path",
     "plpython_load",
     "optimize_query",
@@ -304,8 +323,9 @@ def test_derived_columns_cannot_be_written(conn: Conn) -> None:
 
 
 def test_text_queries_run_without_plpython(conn: Conn, embedder: LocalEmbedder) -> None:
-    """As after a restore on a host without the module: text queries and forced strategies
-    still answer; what needs the optimizer says so with PM503 and a hint."""
+    """As after a restore on a host without the module (or on a managed PostgreSQL): text
+    queries and forced strategies still answer; a query that would need the optimizer's
+    routing is planned as Hybrid, and the plan says why."""
     conn.execute(
         "UPDATE memory.config SET value = '/nonexistent/poimen' WHERE key = 'plpython_path'"
     )
@@ -321,10 +341,13 @@ def test_text_queries_run_without_plpython(conn: Conn, embedder: LocalEmbedder) 
         (q, emb),
     ).fetchall()
     assert forced and forced[0][0] == "Hybrid"
-    with pytest.raises(psycopg.Error) as exc:
-        conn.execute("SELECT * FROM public.memory_query(%s, %s, 'poimen')", (q, emb))
-    assert exc.value.sqlstate == "PM503"
-    assert "poimen-memory migrate" in (exc.value.diag.message_hint or "")
+    routed = conn.execute(
+        "SELECT DISTINCT search_strategy FROM public.memory_query(%s, %s, 'poimen')", (q, emb)
+    ).fetchall()
+    assert routed == [("Hybrid",)]
+    plan = one(conn, "SELECT memory.plan_query(%s, 'poimen')", (q,))
+    assert {"stage": "optimizer", "reason": "not_installed"} in plan["degraded"]
+    assert any("no optimizer on this database" in w for w in plan["why"])
 
 
 # --- migrate ----------------------------------------------------------------------------

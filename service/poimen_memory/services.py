@@ -112,6 +112,16 @@ async def warn_if_rls_bypassed(
     warnings.append(msg)
 
 
+def _pool_options(settings: Settings) -> dict[str, Any]:
+    return {
+        "min_size": settings.pool_min,
+        "max_size": settings.pool_max,
+        # The longest a request may ask for, and a second for the last statement's reply.
+        "statement_timeout_s": settings.max_timeout_s + 1.0,
+        "check_idle_s": settings.pool_check_idle_s,
+    }
+
+
 async def _stop(task: asyncio.Task[None]) -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
@@ -133,7 +143,7 @@ async def open_services(
     server wants to start even while the database is still coming up); ``check_rls`` (the
     server) warns about each pool whose role row-level security does not apply to."""
     url = url or database_url(settings)
-    pool = open_pool(url, min_size=settings.pool_min, max_size=settings.pool_max)
+    pool = open_pool(url, **_pool_options(settings))
     async with contextlib.AsyncExitStack() as stack:
         await pool.open(wait=wait)
         stack.push_async_callback(pool.close)
@@ -192,7 +202,7 @@ async def _open_replicas(
         return None
     replicas = []
     for read_url in settings.read_urls:
-        rpool = open_pool(read_url, min_size=settings.pool_min, max_size=settings.pool_max)
+        rpool = open_pool(read_url, **_pool_options(settings))
         await rpool.open(wait=False)  # a replica that is down must not stop the service
         stack.push_async_callback(rpool.close)
         replicas.append(Replica(read_url, rpool))

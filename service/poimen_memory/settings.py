@@ -241,6 +241,7 @@ class Settings(FromEnv):
     rerank_depth_factor: int = setting("POIMEN_RERANK_DEPTH_FACTOR", at_least(1), 3)
     fallback_reserve_s: float = setting("POIMEN_FALLBACK_RESERVE_S", at_least(0.0, float), 0.5)
     pool_timeout_s: float = setting("POIMEN_POOL_TIMEOUT_S", positive, 0.5)
+    pool_check_idle_s: float = setting("POIMEN_POOL_CHECK_IDLE_S", at_least(0.0, float), 1.0)
     http_keep_alive_s: int = setting("POIMEN_HTTP_KEEP_ALIVE_S", at_least(1), 5)
     http_max_concurrency: int = setting("POIMEN_HTTP_MAX_CONCURRENCY", at_least(1), 64)
     http_max_header_bytes: int = setting("POIMEN_HTTP_MAX_HEADER_BYTES", at_least(1024), 16384)

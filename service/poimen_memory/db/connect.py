@@ -4,6 +4,9 @@ the service's pool, all with pgvector's types registered."""
 from __future__ import annotations
 
 import contextlib
+import time
+import weakref
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -83,15 +86,61 @@ async def configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
         await register_vector_async(conn)
 
 
-def open_pool(url: str, *, min_size: int, max_size: int) -> AsyncConnectionPool[Any]:
-    """An autocommit pool (statements open their own short transactions) that checks a
-    connection before lending it, so one killed by a server restart is replaced, not used."""
+class _CheckWhenIdle:
+    """The pool's check, run on a connection that has sat idle for ``idle_s`` or more (one
+    a server restart may have killed) rather than at every checkout: a busy service then
+    spends no round trip per query on it."""
+
+    def __init__(self, idle_s: float) -> None:
+        self.idle_s = idle_s
+        self.returned: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def reset(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.returned[conn] = time.monotonic()
+
+    async def check(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        at = self.returned.get(conn)
+        if at is None or time.monotonic() - at >= self.idle_s:
+            await AsyncConnectionPool.check_connection(conn)
+
+
+def _configure(
+    statement_timeout_s: float | None,
+) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        await configure_async(conn)
+        if statement_timeout_s is not None:
+            # A bound for a statement whose client went away; the request's own deadline
+            # cancels earlier (pipeline.py).
+            await conn.execute(
+                "SELECT set_config('statement_timeout', %s, false)",
+                (str(int(statement_timeout_s * 1000)),),
+            )
+
+    return configure
+
+
+def open_pool(
+    url: str,
+    *,
+    min_size: int,
+    max_size: int,
+    statement_timeout_s: float | None = None,
+    check_idle_s: float = 1.0,
+) -> AsyncConnectionPool[Any]:
+    """An autocommit pool (a read is one statement, one round trip, no transaction) that
+    checks a connection idle for check_idle_s before lending it, so one killed by a server
+    restart is replaced, not used."""
+    idle = _CheckWhenIdle(check_idle_s)
     return AsyncConnectionPool(
         url,
         min_size=min_size,
         max_size=max_size,
-        configure=configure_async,
-        check=AsyncConnectionPool.check_connection,
+        configure=_configure(statement_timeout_s),
+        check=idle.check,
+        reset=idle.reset,
         open=False,
         kwargs={"autocommit": True},
     )

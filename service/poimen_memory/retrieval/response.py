@@ -1,0 +1,136 @@
+"""The HTTP body of an answer: the database's answer document (memory._finish,
+sql/071_execute.sql) in the response's shape, with what only the service knows (its
+upstreams' times and failures, the replica that served). Nothing here ranks, scores or
+selects: the values are the database's, as memory.query and memory.answer return them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from poimen_memory.errors import from_sqlstate
+from poimen_memory.retrieval.models import QueryRequest, Trace
+
+# The stage times the database measures, as the metrics name them.
+_DB_STAGES = (
+    "lexical_time_ms",
+    "semantic_time_ms",
+    "evidence_legs_time_ms",
+    "fusion_time_ms",
+    "provenance_time_ms",
+    "evidence_time_ms",
+)
+_RESULT_FIELDS = (
+    "rank",
+    "external_id",
+    "level",
+    "sha256",
+    "project",
+    "title",
+    "text",
+    "source",
+    "breadcrumb",
+    "timestamp",
+    "query_score",
+    "lexical_score",
+    "final_score",
+    "rerank_score",
+    "semantic_rank",
+    "lexical_rank",
+    "fusion_method",
+)
+_EVIDENCE_FIELDS = (
+    "rank",
+    "level",
+    "sha256",
+    "external_id",
+    "project",
+    "title",
+    "text",
+    "source",
+    "breadcrumb",
+    "timestamp",
+    "score",
+    "direct_rank",
+    "cited_by",
+    "neighbour_score",
+)
+
+
+def _result(r: dict[str, Any]) -> dict[str, Any]:
+    out = {k: r.get(k) for k in _RESULT_FIELDS}
+    out["parents"] = r["provenance"]
+    out["provenance_truncated"] = r["provenance_truncated"]
+    if "provenance_l0_omitted" in r:
+        out["provenance_l0_omitted"] = r["provenance_l0_omitted"]
+    return out
+
+
+def response(
+    req: QueryRequest, doc: dict[str, Any], trace: Trace, reranked: bool, elapsed_ms: float
+) -> dict[str, Any]:
+    plan = doc["plan"]
+    counts = doc["counts"]
+    results = [_result(r) for r in doc["results"]]
+    # The replica's account first (it chose where the plan ran), then the plan's, then the
+    # reranker's (it ran last).
+    first = [d for d in trace.degraded if d["stage"] == "replica"]
+    degraded = first + plan["degraded"] + [d for d in trace.degraded if d not in first]
+    served = trace.why[: len(first)]
+    why = served + plan["why"] + trace.why[len(first) :]
+    engines: dict[str, str | None] = {}
+    if plan["lexical"]["engine"]:
+        engines["lexical"] = plan["lexical"]["engine"]
+    if plan["semantic"]["engine"]:
+        engines["semantic"] = plan["semantic"]["engine"]
+    engines.update(trace.engines)
+    metrics = dict(trace.metrics)
+    for key in _DB_STAGES:
+        metrics[key] = round(float(doc["stages"].get(key) or 0.0), 3)
+    metrics.update(
+        {
+            "semantic_candidates": counts["semantic_candidates"],
+            "lexical_candidates": counts["lexical_candidates"],
+            "evidence_legs": counts["evidence_legs"],
+            "final_count": len(results),
+            "total_time_ms": round(elapsed_ms, 3),
+        }
+    )
+    for key in ("embed_time_ms", "rerank_time_ms"):
+        metrics.setdefault(key, 0.0)
+    metrics.setdefault("embedding_cache_hit", False)
+    evidence_plan: dict[str, Any] = {
+        "budget": plan["evidence"]["budget"],
+        "source": plan["evidence"]["source"],
+        "direct_candidates": counts["direct_candidates"],
+    }
+    failed = doc.get("evidence_failed")
+    if failed:
+        code = from_sqlstate(failed["sqlstate"], failed["message"]).code
+        evidence_plan["degraded"] = code
+        degraded.append({"stage": "evidence", "reason": code})
+        why.append(f"evidence failed ({code}): the results keep their whole trees")
+    notes = [f"{len(results)} result{'' if len(results) == 1 else 's'}"]
+    if reranked:
+        notes.append(f"reranker reduced {counts['fused']} candidates to {len(results)}")
+    return {
+        "query": req.query,
+        "project": req.project,
+        "level_filter": plan["levels"],
+        "search_strategy": plan["search_strategy"],
+        "plan": {
+            "question_type": plan["question_type"],
+            "confidence": plan["confidence"],
+            "reasons": plan["reasons"],
+            "optimizer_strategy": plan["optimizer_strategy"],
+            "time_filter": plan["time_filter"],
+            "evidence": evidence_plan,
+            "engines": engines,
+            "why": why,
+        },
+        "results": results,
+        "evidence": [{k: e.get(k) for k in _EVIDENCE_FIELDS} for e in doc["evidence"] or []],
+        "metrics": metrics,
+        "latency_ms": round(elapsed_ms, 3),
+        "notes": "; ".join(notes + why),
+        "degraded": degraded,
+    }

@@ -1,0 +1,269 @@
+-- The one planner. memory._plan turns a request, what the caller can do (its capabilities)
+-- and memory.policy() into the plan that every path runs: memory.query, memory.answer,
+-- memory.evidence, memory.explain_query and the HTTP service (which calls it, then runs
+-- the plan with memory._execute). Nothing else decides the route, the fusion, a leg's
+-- depth, the levels, the time range or the evidence budget: when two places decide, they
+-- come to disagree (they did: docs/sql-api.md, "One plan").
+--
+-- The request is jsonb because the same document arrives from SQL's named arguments and
+-- from an HTTP query string; every key is checked here, and errors name the argument.
+--   query, project, levels (default L1, L2), k (1..50), strategy, fusion, rrf_k,
+--   candidates, dense_weight, since, until, reference_time, evidence (0..100),
+--   routing: the optimizer's output (memory.optimize_query, or poimen_core.optimizer in
+--   the service: the same module). NULL: the planner asks memory.optimize_query when it
+--   needs to, and routes without it where PL/Python is missing (managed PostgreSQL).
+-- The capabilities say what the caller can bring; a key that is absent means SQL's own:
+--   vector (boolean): a query vector is given or can be made (default true);
+--   embed_model: the model the caller embeds with (NULL: the database's own);
+--   embed_failed / opensearch_failed: the reason the caller's embedder or OpenSearch failed;
+--   lexical: the lexical engines at hand (default ["postgres"]; the service adds opensearch);
+--   rerank_depth: how many fused candidates a reranker will reorder (NULL: none).
+
+CREATE OR REPLACE FUNCTION memory._request(
+    query text, project text, levels text[], k integer, strategy text, fusion text,
+    rrf_k integer, candidates integer, dense_weight double precision, since text, until text,
+    reference_time timestamptz, evidence integer
+)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+-- jsonb_build_object keeps SQL NULL as JSON null, which the planner reads as absent; levels
+-- NULL stays null and is refused by name.
+RETURN jsonb_build_object('query', query, 'project', project, 'levels', to_jsonb(levels),
+                          'k', k, 'strategy', strategy, 'fusion', fusion, 'rrf_k', rrf_k,
+                          'candidates', candidates, 'dense_weight', dense_weight,
+                          'since', since, 'until', until, 'reference_time', reference_time,
+                          'evidence', evidence);
+COMMENT ON FUNCTION memory._request(text, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, integer) IS
+    'The request document memory._plan reads, from SQL''s named arguments (one place, so every SQL entry point builds the same request).';
+
+CREATE OR REPLACE FUNCTION memory._plan(req jsonb, caps jsonb DEFAULT '{}')
+RETURNS jsonb
+-- PARALLEL UNSAFE: it may route in PL/Python (memory.optimize_query runs subtransactions).
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    pol record;
+    q text := memory.check_query(req ->> 'query');
+    k integer := memory.check_k((req ->> 'k')::integer);
+    lv text[];
+    forced text := req ->> 'strategy';
+    fusion text := memory.check_fusion(req ->> 'fusion');
+    rrf_k integer := (req ->> 'rrf_k')::integer;
+    cand integer := (req ->> 'candidates')::integer;
+    dw double precision := (req ->> 'dense_weight')::double precision;
+    routing jsonb := nullif(req -> 'routing', 'null');
+    lexical_engines text[] := CASE WHEN jsonb_typeof(caps -> 'lexical') = 'array'
+                                   THEN ARRAY(SELECT jsonb_array_elements_text(caps -> 'lexical'))
+                                   ELSE ARRAY['postgres'] END;
+    has_vec boolean := coalesce((caps ->> 'vector')::boolean, true);
+    why jsonb := '[]';
+    degraded jsonb := '[]';
+    strat text;
+    db_model text;
+    rerank_k integer;
+    lex_engine text;
+    sem_engine text;
+    lo timestamptz;
+    hi timestamptz;
+    tf jsonb;
+    budget integer;
+    pid integer;
+    msg text;
+BEGIN
+    IF jsonb_typeof(req) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'a query request is a JSON object' USING ERRCODE = '22023';
+    END IF;
+    IF jsonb_typeof(req -> 'levels') = 'null' THEN
+        RAISE EXCEPTION 'levels must not be NULL'
+            USING ERRCODE = '22023', HINT = 'Pass a non-empty subset of {L0,L1,L2}, e.g. ARRAY[''L1'',''L2''] (the default).';
+    END IF;
+    lv := memory.check_levels(CASE WHEN req ? 'levels'
+                                   THEN ARRAY(SELECT jsonb_array_elements_text(req -> 'levels'))
+                                   ELSE ARRAY['L1', 'L2'] END);
+    IF forced IS NOT NULL AND NOT forced = ANY (memory.strategies()) THEN
+        RAISE EXCEPTION 'unknown strategy "%"', forced
+            USING ERRCODE = '22023', HINT = 'Use LexicalOnly, LexicalFirst, Hybrid, SemanticOnly or NULL (optimizer decides).';
+    END IF;
+    IF dw IS NOT NULL THEN
+        PERFORM memory.check_weight('dense_weight', dw);
+    END IF;
+    IF rrf_k IS NOT NULL AND rrf_k < 0 THEN
+        RAISE EXCEPTION 'rrf_k must be >= 0, got %', rrf_k USING ERRCODE = '22023';
+    END IF;
+    IF cand IS NOT NULL AND cand NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'candidates must be within 1..1000, got %', cand USING ERRCODE = '22023';
+    END IF;
+    SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(req ->> 'since', req ->> 'until') t;
+    pid := memory.project_id(req ->> 'project');
+    SELECT * INTO pol FROM memory.policy();
+    budget := memory.check_evidence_budget(coalesce((req ->> 'evidence')::integer, pol.evidence_budget));
+    SELECT m.model INTO db_model FROM memory.embedding_model m;
+
+    -- The optimizer's routing, asked for only when something depends on it.
+    IF routing IS NULL AND (forced IS NULL OR (fusion IS NULL AND pol.fusion_by_type <> '{}')
+                            OR pol.extracted_dates = 'filter') THEN
+        BEGIN
+            routing := memory.optimize_query(q, (req ->> 'reference_time')::timestamptz);
+        EXCEPTION WHEN SQLSTATE 'PM503' THEN
+            GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT;
+            why := why || to_jsonb(format('no optimizer on this database (%s): routed as Hybrid', msg));
+            degraded := degraded || jsonb_build_object('stage', 'optimizer', 'reason', 'not_installed');
+        END;
+    END IF;
+
+    strat := coalesce(forced, routing ->> 'search_strategy', 'Hybrid');
+    IF forced IS NOT NULL THEN
+        why := why || to_jsonb(format('strategy %s forced by the request', forced));
+    END IF;
+    IF cardinality(lexical_engines) = 0 AND strat <> 'SemanticOnly' THEN
+        why := why || to_jsonb(format('no lexical engine: %s became SemanticOnly', strat));
+        degraded := degraded || jsonb_build_object('stage', 'lexical', 'reason', 'no_lexical_engine');
+        strat := 'SemanticOnly';
+    END IF;
+    IF strat <> 'LexicalOnly' AND NOT has_vec THEN
+        IF cardinality(lexical_engines) = 0 THEN
+            RAISE EXCEPTION 'no query vector and no lexical engine'
+                USING ERRCODE = 'PM503', HINT = 'Configure an embedder, or a lexical engine.';
+        END IF;
+        IF caps ->> 'embed_failed' IS NOT NULL THEN
+            degraded := degraded || jsonb_build_object('stage', 'embed', 'reason', caps ->> 'embed_failed');
+            why := why || to_jsonb(format('embedder unavailable (%s): fell back to LexicalOnly', caps ->> 'embed_failed'));
+        ELSE
+            why := why || coalesce(caps -> 'vector_why', to_jsonb('no embedder configured: LexicalOnly'::text));
+        END IF;
+        strat := 'LexicalOnly';
+    END IF;
+    IF strat <> 'LexicalOnly' AND caps ->> 'embed_model' IS NOT NULL
+       AND db_model IS DISTINCT FROM NULL AND db_model <> caps ->> 'embed_model'
+       AND cardinality(lexical_engines) > 0 THEN
+        -- Another model's vectors would give meaningless cosine scores.
+        degraded := degraded || jsonb_build_object('stage', 'embed', 'reason', 'model_mismatch');
+        why := why || to_jsonb(format('the database holds %s vectors, the service embeds with %s: LexicalOnly',
+                                      db_model, caps ->> 'embed_model'));
+        strat := 'LexicalOnly';
+    END IF;
+
+    fusion := coalesce(fusion, pol.fusion_by_type ->> (routing ->> 'question_type'), pol.fusion);
+    cand := coalesce(cand, pol.candidates);
+    rerank_k := coalesce((caps ->> 'rerank_depth')::integer, k);
+
+    -- The lexical engine: OpenSearch when the caller has it (its documents carry no
+    -- timestamp, so not under a time filter), else Postgres BM25.
+    IF strat <> 'SemanticOnly' THEN
+        IF 'opensearch' = ANY (lexical_engines) AND caps ->> 'opensearch_failed' IS NOT NULL THEN
+            degraded := degraded || jsonb_build_object('stage', 'lexical', 'reason', 'opensearch_' || (caps ->> 'opensearch_failed'));
+            why := why || to_jsonb('OpenSearch unavailable, used Postgres lexical'::text);
+        ELSIF 'opensearch' = ANY (lexical_engines) AND (lo IS NOT NULL OR hi IS NOT NULL
+                  OR (pol.extracted_dates = 'filter' AND jsonb_typeof(routing -> 'time_filter') = 'object'
+                      AND req ->> 'since' IS NULL AND req ->> 'until' IS NULL)) THEN
+            why := why || to_jsonb('time filter: lexical leg on Postgres BM25, not OpenSearch'::text);
+            IF NOT 'postgres' = ANY (lexical_engines) THEN
+                degraded := degraded || jsonb_build_object('stage', 'lexical', 'reason', 'time_filter');
+            END IF;
+        ELSIF 'opensearch' = ANY (lexical_engines) THEN
+            lex_engine := 'opensearch';
+        END IF;
+        IF lex_engine IS NULL AND 'postgres' = ANY (lexical_engines) THEN
+            lex_engine := 'postgres-bm25';
+        END IF;
+    END IF;
+    sem_engine := CASE strat WHEN 'Hybrid' THEN 'hnsw' WHEN 'SemanticOnly' THEN 'hnsw'
+                             WHEN 'LexicalFirst' THEN 'by-ids' END;
+
+    -- The time filter: the caller's since/until always win; a range the optimizer found in
+    -- the text filters only under the policy extracted_dates = filter.
+    IF req ->> 'since' IS NOT NULL OR req ->> 'until' IS NOT NULL THEN
+        tf := jsonb_build_object('since', req -> 'since', 'until', req -> 'until',
+                                 'source', 'argument', 'applied', true);
+    ELSIF jsonb_typeof(routing -> 'time_filter') = 'object' AND pol.extracted_dates = 'filter' THEN
+        SELECT t.since_ts, t.before_ts INTO lo, hi
+          FROM memory.time_range(routing -> 'time_filter' ->> 'since', routing -> 'time_filter' ->> 'until') t;
+        tf := (routing -> 'time_filter') || jsonb_build_object('source', 'extracted', 'applied', true);
+    ELSE
+        tf := jsonb_build_object('since', NULL, 'until', NULL, 'source', NULL, 'applied', false,
+                                 'why', CASE WHEN jsonb_typeof(routing -> 'time_filter') = 'object'
+                                             THEN 'the query names a date; policy extracted_dates = annotate: not applied' END);
+    END IF;
+    IF (tf ->> 'applied')::boolean THEN
+        tf := tf || jsonb_build_object('why', format('%s: only nodes with %s <= timestamp < %s', tf ->> 'source',
+                                                      coalesce(to_jsonb(lo) #>> '{}', '-infinity'),
+                                                      coalesce(to_jsonb(hi) #>> '{}', 'infinity')));
+    END IF;
+    tf := jsonb_build_object('dates', coalesce(routing -> 'dates', '[]')) || tf;
+
+    RETURN jsonb_build_object(
+        'query', q,
+        'project', req ->> 'project',
+        'project_id', pid,
+        'levels', to_jsonb(lv),
+        'k', k,
+        'search_strategy', strat,
+        'needs_embedding', strat <> 'LexicalOnly',
+        'question_type', routing ->> 'question_type',
+        'confidence', (routing ->> 'confidence')::double precision,
+        'reasons', coalesce(routing -> 'reasons', '[]'),
+        'optimizer_strategy', routing ->> 'search_strategy',
+        'fusion', fusion,
+        'dense_weight', coalesce(dw, pol.dense_weight),
+        'rrf_k', coalesce(rrf_k, pol.rrf_k),
+        'final_k', rerank_k,
+        'lexical', jsonb_build_object(
+            'engine', lex_engine,
+            'depth', CASE WHEN lex_engine IS NULL THEN NULL
+                          WHEN strat = 'Hybrid' THEN cand
+                          WHEN strat = 'LexicalFirst' THEN pol.cascade_candidates
+                          ELSE rerank_k END),
+        'semantic', jsonb_build_object(
+            'engine', sem_engine,
+            -- a convex cascade blends cosine with BM25 over every lexical id: depth NULL
+            'depth', CASE strat WHEN 'Hybrid' THEN cand WHEN 'SemanticOnly' THEN rerank_k
+                                WHEN 'LexicalFirst' THEN CASE WHEN fusion = 'convex' THEN NULL ELSE rerank_k END
+                     END),
+        'since_ts', lo,
+        'before_ts', hi,
+        'time_filter', tf,
+        'evidence', jsonb_build_object(
+            'budget', budget,
+            'source', CASE WHEN req ->> 'evidence' IS NULL THEN 'policy' ELSE 'argument' END,
+            'candidates', pol.evidence_candidates,
+            'weight', pol.evidence_weight,
+            'neighbours', pol.evidence_neighbours,
+            -- A Hybrid query of L0 alone at the evidence depth on Postgres BM25 has run the
+            -- direct legs already.
+            'reuses_legs', budget > 0 AND lv = ARRAY['L0'] AND strat = 'Hybrid'
+                           AND cand = pol.evidence_candidates AND lex_engine = 'postgres-bm25',
+            'lexical', budget > 0 AND strat <> 'SemanticOnly' AND 'postgres' = ANY (lexical_engines),
+            'semantic', budget > 0 AND strat <> 'LexicalOnly'),
+        'embedding_model', db_model,
+        'routing', routing,
+        'why', why,
+        'degraded', degraded);
+END $$;
+COMMENT ON FUNCTION memory._plan(jsonb, jsonb) IS
+    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, evidence budget. Errors name the argument (22023), PM404 for an unknown project.';
+
+CREATE OR REPLACE FUNCTION memory.plan_query(
+    query text,
+    project text DEFAULT NULL,
+    levels text[] DEFAULT ARRAY['L1', 'L2'],
+    k integer DEFAULT 5,
+    strategy text DEFAULT NULL,
+    fusion text DEFAULT NULL,
+    rrf_k integer DEFAULT NULL,
+    candidates integer DEFAULT NULL,
+    dense_weight double precision DEFAULT NULL,
+    since text DEFAULT NULL,
+    until text DEFAULT NULL,
+    reference_time timestamptz DEFAULT NULL,
+    evidence integer DEFAULT NULL
+)
+RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+RETURN memory._plan(memory._request(query, project, levels, k, strategy, fusion, rrf_k,
+                                    candidates, dense_weight, since, until, reference_time,
+                                    evidence));
+COMMENT ON FUNCTION memory.plan_query(text, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, integer) IS
+    'The plan memory.query and memory.answer run for these arguments (jsonb: search_strategy, why, fusion, dense_weight, rrf_k, each leg''s engine and depth, levels, since_ts/before_ts, time_filter, evidence), without running it.';

@@ -1,0 +1,390 @@
+-- The one executor: runs a plan of memory._plan (sql/066_plan.sql). memory._run_legs runs the
+-- legs it names (lexical, semantic or by-ids, the evidence's direct L0 legs) and fuses them;
+-- memory._finish builds the answer: the results with their provenance, the evidence list
+-- and each result's tree kept to the cited turns. memory._execute is both in one call. The
+-- HTTP service calls them in one statement (two when a reranker reorders the fused
+-- candidates in between); memory.query, memory.answer and memory.evidence call them too,
+-- so an answer is the same whichever interface asked.
+
+-- One leg as fuse_legs takes it: {"ids": [..], "scores": [..]} in rank order.
+CREATE OR REPLACE FUNCTION memory._lexical_leg(
+    query text, project text, levels text[], k integer, since timestamptz, before timestamptz
+)
+RETURNS jsonb
+-- PL/pgSQL, not SQL: PostgreSQL 15 plans a SQL function's body at every call.
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT jsonb_build_object('ids', coalesce(jsonb_agg(l.node_id ORDER BY l.rank), '[]'),
+                                      'scores', coalesce(jsonb_agg(l.lexical_score ORDER BY l.rank), '[]'))
+            FROM memory.lexical_search($1, $2, $3, $4, since => $5, before => $6) l);
+END $$;
+COMMENT ON FUNCTION memory._lexical_leg(text, text, text[], integer, timestamptz, timestamptz) IS
+    'memory.lexical_search as a leg of memory.fuse_legs ({"ids": [..], "scores": [..]}, best first).';
+
+CREATE OR REPLACE FUNCTION memory._semantic_leg(
+    query_embedding vector, ids bigint[], project text, levels text[], k integer,
+    since timestamptz, before timestamptz
+)
+RETURNS jsonb
+-- PARALLEL UNSAFE: memory.semantic_search sets hnsw.ef_search.
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+BEGIN
+    -- ids NULL: HNSW recall over the filter; otherwise exact cosine over exactly those ids.
+    IF $2 IS NULL THEN
+        RETURN (SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
+                                          'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
+                FROM memory.semantic_search($1, $3, $4, $5, since => $6, before => $7) s);
+    END IF;
+    RETURN (SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
+                                      'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
+            FROM memory.search_by_ids($1, $2, $3, $4, $5, since => $6, before => $7) s);
+END $$;
+COMMENT ON FUNCTION memory._semantic_leg(vector, bigint[], text, text[], integer, timestamptz, timestamptz) IS
+    'A semantic leg of memory.fuse_legs: memory.semantic_search (ids NULL) or memory.search_by_ids over ids.';
+
+CREATE OR REPLACE FUNCTION memory._opensearch_leg(hits jsonb, project_id integer)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- A sha256 is unique within a project: with a project, one node per hit.
+    RETURN (SELECT jsonb_build_object('ids', coalesce(jsonb_agg(x.id ORDER BY x.ord), '[]'),
+                              'scores', coalesce(jsonb_agg(x.score ORDER BY x.ord), '[]'))
+    FROM (SELECT DISTINCT ON (h.ord) n.id, h.ord, (h.hit ->> 'score')::double precision AS score
+          FROM jsonb_array_elements(coalesce($1, '[]')) WITH ORDINALITY AS h(hit, ord)
+          JOIN memory.nodes n ON n.sha256 = decode(h.hit ->> 'sha256', 'hex')
+                             AND ($2 IS NULL OR n.project_id = $2)
+          ORDER BY h.ord, n.id) x);
+END $$;
+COMMENT ON FUNCTION memory._opensearch_leg(jsonb, integer) IS
+    'OpenSearch hits ([{"sha256": hex, "score": s}, ..], best first) as a leg: the nodes they name (in the project, when given); hits no node matches drop out.';
+
+CREATE OR REPLACE FUNCTION memory._run_legs(
+    plan jsonb, query_embedding vector, hits jsonb DEFAULT NULL, answer boolean DEFAULT true
+)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+DECLARE
+    q text := plan ->> 'query';
+    project text := plan ->> 'project';
+    lv text[] := ARRAY(SELECT jsonb_array_elements_text(plan -> 'levels'));
+    strat text := plan ->> 'search_strategy';
+    lo timestamptz := (plan ->> 'since_ts')::timestamptz;
+    hi timestamptz := (plan ->> 'before_ts')::timestamptz;
+    ev jsonb := plan -> 'evidence';
+    empty constant jsonb := '{"ids": [], "scores": []}';
+    lex_engine text;
+    lex jsonb := empty;
+    sem jsonb := empty;
+    ev_lex jsonb := empty;
+    ev_sem jsonb := empty;
+    legs integer := 0;
+    fused jsonb;
+    st jsonb := '{}';
+    t timestamptz;
+BEGIN
+    IF (plan ->> 'needs_embedding')::boolean AND query_embedding IS NULL THEN
+        RAISE EXCEPTION 'the plan routes % and needs a query vector', strat
+            USING ERRCODE = '22023', HINT = 'Pass the query embedding, or plan without one (capability vector false).';
+    END IF;
+    t := clock_timestamp();
+    lex_engine := CASE WHEN answer THEN plan -> 'lexical' ->> 'engine' END;
+    CASE lex_engine
+        WHEN 'postgres-bm25' THEN
+            lex := memory._lexical_leg(q, project, lv, (plan -> 'lexical' ->> 'depth')::integer, lo, hi);
+        WHEN 'opensearch' THEN
+            lex := memory._opensearch_leg(hits, (plan ->> 'project_id')::integer);
+        ELSE NULL;
+    END CASE;
+    st := st || jsonb_build_object('lexical_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    t := clock_timestamp();
+    IF NOT answer THEN
+        NULL;  -- the evidence's legs alone (memory.evidence)
+    ELSIF plan -> 'semantic' ->> 'engine' = 'hnsw' THEN
+        sem := memory._semantic_leg(query_embedding, NULL, project, lv,
+                                    (plan -> 'semantic' ->> 'depth')::integer, lo, hi);
+    ELSIF plan -> 'semantic' ->> 'engine' = 'by-ids' THEN
+        sem := memory._semantic_leg(query_embedding,
+                                    ARRAY(SELECT jsonb_array_elements_text(lex -> 'ids')::bigint),
+                                    project, lv,
+                                    coalesce((plan -> 'semantic' ->> 'depth')::integer,
+                                             greatest(jsonb_array_length(lex -> 'ids'), 1)),
+                                    lo, hi);
+    END IF;
+    st := st || jsonb_build_object('semantic_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    t := clock_timestamp();
+    IF (ev ->> 'reuses_legs')::boolean AND answer THEN
+        ev_lex := lex;
+        ev_sem := sem;
+    ELSE
+        IF (ev ->> 'lexical')::boolean THEN
+            ev_lex := memory._lexical_leg(q, project, ARRAY['L0'], (ev ->> 'candidates')::integer, lo, hi);
+            legs := legs + 1;
+        END IF;
+        IF (ev ->> 'semantic')::boolean AND query_embedding IS NOT NULL THEN
+            ev_sem := memory._semantic_leg(query_embedding, NULL, project, ARRAY['L0'],
+                                           (ev ->> 'candidates')::integer, lo, hi);
+            legs := legs + 1;
+        END IF;
+    END IF;
+    st := st || jsonb_build_object('evidence_legs_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    t := clock_timestamp();
+    SELECT jsonb_agg(jsonb_build_object('node_id', f.node_id, 'ranks', f.ranks, 'scores', f.scores,
+                                        'fused_score', f.fused_score, 'fusion_method', f.fusion_method)
+                     ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]), f.node_id)
+      INTO fused
+      FROM memory.fuse_legs(sem, lex, strat, plan ->> 'fusion',
+                            (plan ->> 'dense_weight')::double precision,
+                            (plan ->> 'rrf_k')::integer, (plan ->> 'final_k')::integer) f;
+    st := st || jsonb_build_object('fusion_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    RETURN jsonb_build_object('lexical', lex, 'semantic', sem, 'evidence_lexical', ev_lex,
+                              'evidence_semantic', ev_sem, 'evidence_legs', legs,
+                              'fused', coalesce(fused, '[]'), 'stages', st);
+END $$;
+COMMENT ON FUNCTION memory._run_legs(jsonb, vector, jsonb, boolean) IS
+    'The first half of memory._execute: the legs a plan names (hits: the OpenSearch leg the service fetched) and their fusion, as the state memory._finish takes: lexical, semantic, evidence_lexical, evidence_semantic, fused (best first, final_k deep) and stage times. answer => false runs the evidence''s direct legs only.';
+
+-- A result's provenance tree without the L0 turns the evidence does not cite.
+CREATE OR REPLACE FUNCTION memory._cited_only(tree jsonb, cited text[], OUT kept jsonb, OUT omitted integer)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    node jsonb;
+    below record;
+BEGIN
+    kept := '[]';
+    omitted := 0;
+    FOR node IN SELECT x FROM jsonb_array_elements(coalesce(tree, '[]')) AS x LOOP
+        IF node ->> 'level' = 'L0' AND (node ->> 'sha256' = ANY (cited)) IS NOT TRUE THEN
+            omitted := omitted + 1;
+            CONTINUE;
+        END IF;
+        SELECT * INTO below FROM memory._cited_only(node -> 'parents', cited);
+        kept := kept || jsonb_build_array(node || jsonb_build_object('parents', below.kept));
+        omitted := omitted + below.omitted;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION memory._cited_only(jsonb, text[]) IS
+    'A provenance tree (memory.hydrate''s jsonb) without its L0 nodes whose sha256 is not in cited, and how many it left out.';
+
+CREATE OR REPLACE FUNCTION memory._finish(
+    plan jsonb, state jsonb, query_embedding vector,
+    result_order bigint[] DEFAULT NULL, rerank jsonb DEFAULT NULL
+)
+RETURNS jsonb
+-- PARALLEL UNSAFE: the evidence runs in a subtransaction (its EXCEPTION block).
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+DECLARE
+    strat text := plan ->> 'search_strategy';
+    ev jsonb := plan -> 'evidence';
+    budget integer := (ev ->> 'budget')::integer;
+    ids bigint[];
+    results jsonb;
+    evidence jsonb;
+    st jsonb := coalesce(state -> 'stages', '{}');
+    t timestamptz;
+    failed jsonb;
+    code text;
+    msg text;
+BEGIN
+    -- The results: the reranker's order when one reordered the candidates, else the top k.
+    ids := coalesce(result_order,
+                    ARRAY(SELECT (f.v ->> 'node_id')::bigint
+                          FROM jsonb_array_elements(state -> 'fused') WITH ORDINALITY AS f(v, o)
+                          ORDER BY f.o LIMIT (plan ->> 'k')::integer));
+    t := clock_timestamp();
+    IF budget > 0 THEN
+        -- A failure here degrades (the answer keeps its whole trees and says why): the
+        -- results are ready by now and must not be lost to it.
+        BEGIN
+            SELECT jsonb_agg(to_jsonb(e) || '{"level": "L0"}' ORDER BY e.rank) INTO evidence
+              FROM memory.select_evidence(ids, state -> 'evidence_semantic', state -> 'evidence_lexical',
+                                          plan ->> 'fusion', budget, plan ->> 'project', 4,
+                                          (plan ->> 'since_ts')::timestamptz, (plan ->> 'before_ts')::timestamptz,
+                                          (plan ->> 'dense_weight')::double precision,
+                                          (plan ->> 'rrf_k')::integer) e;
+            evidence := coalesce(evidence, '[]');
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+            failed := jsonb_build_object('sqlstate', code, 'message', msg);
+            evidence := NULL;
+        END;
+    END IF;
+    st := st || jsonb_build_object('evidence_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    t := clock_timestamp();
+    WITH fz AS (
+        SELECT (f.v ->> 'node_id')::bigint AS id, f.v FROM jsonb_array_elements(state -> 'fused') AS f(v)
+    )
+    SELECT jsonb_agg(jsonb_build_object(
+               'rank', h.pos, 'node_id', h.node_id, 'external_id', h.external_id, 'level', h.level,
+               'sha256', h.sha256, 'project', h.project, 'title', h.title, 'text', h.text,
+               'source', h.source, 'breadcrumb', h.breadcrumb, 'timestamp', h."timestamp",
+               -- cosine of unit vectors can leave [0, 1] by rounding or for opposed vectors
+               'query_score', CASE WHEN h.query_score IS NOT NULL
+                                   THEN greatest(0, least(1, h.query_score)) END,
+               'lexical_score', fz.v -> 'scores' -> 1,
+               -- a score of the answer, not a rank transform: the leg's own score for one
+               -- leg (BM25; cosine for SemanticOnly and the rrf cascade, which orders by
+               -- cosine), the fused score when two legs are blended
+               'final_score', CASE WHEN strat = 'LexicalOnly' THEN fz.v -> 'scores' -> 1
+                                   WHEN strat = 'SemanticOnly' OR fz.v ->> 'fusion_method' = 'cascade'
+                                        THEN fz.v -> 'scores' -> 0
+                                   ELSE fz.v -> 'fused_score' END,
+               'rerank_score', rerank -> h.node_id::text,
+               'semantic_rank', fz.v -> 'ranks' -> 0, 'lexical_rank', fz.v -> 'ranks' -> 1,
+               'fusion_method', fz.v -> 'fusion_method', 'search_strategy', strat,
+               'provenance', coalesce(c.kept, h.provenance),
+               'provenance_truncated', h.provenance_truncated)
+           || CASE WHEN evidence IS NULL THEN '{}'
+                   ELSE jsonb_build_object('provenance_l0_omitted', c.omitted) END
+           ORDER BY h.pos)
+      INTO results
+      FROM (SELECT x.*, x.ordinality::integer AS pos
+            FROM memory.hydrate(ids, query_embedding, 4, plan ->> 'project') WITH ORDINALITY AS x) h
+      JOIN fz ON fz.id = h.node_id
+      LEFT JOIN LATERAL memory._cited_only(
+                    h.provenance,
+                    ARRAY(SELECT e ->> 'sha256' FROM jsonb_array_elements(evidence) AS e
+                          WHERE e ->> 'project' = h.project)) c ON evidence IS NOT NULL;
+    st := st || jsonb_build_object('provenance_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    RETURN jsonb_build_object(
+        'search_strategy', strat,
+        'plan', plan,
+        'results', coalesce(results, '[]'),
+        'evidence', evidence,
+        'evidence_failed', failed,
+        'counts', jsonb_build_object(
+            'semantic_candidates', jsonb_array_length(state -> 'semantic' -> 'ids'),
+            'lexical_candidates', jsonb_array_length(state -> 'lexical' -> 'ids'),
+            'fused', jsonb_array_length(state -> 'fused'),
+            'evidence_legs', state -> 'evidence_legs',
+            'direct_candidates', jsonb_array_length(state -> 'evidence_lexical' -> 'ids')
+                                 + jsonb_array_length(state -> 'evidence_semantic' -> 'ids')),
+        'stages', st);
+END $$;
+COMMENT ON FUNCTION memory._finish(jsonb, jsonb, vector, bigint[], jsonb) IS
+    'The second half of memory._execute: the answer document of a plan and the state memory._run_legs returned (result_order: the results in the reranker''s order; NULL: the fused top k; rerank: {"node_id": score}): search_strategy, plan, results (each with its scores, ranks and provenance, kept to the cited L0 turns when the plan cites evidence), evidence (NULL: none asked, or evidence_failed says why: sqlstate and message, and the trees stay whole), counts and stage times.';
+
+CREATE OR REPLACE FUNCTION memory._execute(plan jsonb, query_embedding vector, hits jsonb DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+RETURN memory._finish(plan, memory._run_legs(plan, query_embedding, hits), query_embedding);
+COMMENT ON FUNCTION memory._execute(jsonb, vector, jsonb) IS
+    'Runs a plan of memory._plan end to end (memory._run_legs, then memory._finish with the fused top k) and returns the answer document.';
+
+-- The SQL entry points' shared first step: the plan, and the query vector it needs, made in
+-- the database when the caller gave none. Where the embedder cannot run here the plan is
+-- made again without a vector (LexicalOnly), and a NOTICE says why.
+CREATE OR REPLACE FUNCTION memory._prepare(
+    req jsonb, query_embedding vector, caller text, OUT plan jsonb, OUT embedding vector
+)
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    why text;
+    fix text;
+BEGIN
+    PERFORM memory.check_embedding(query_embedding);
+    plan := memory._plan(req);
+    embedding := query_embedding;
+    IF (plan ->> 'needs_embedding')::boolean AND embedding IS NULL THEN
+        BEGIN
+            embedding := memory.embed(plan ->> 'query');
+        EXCEPTION WHEN SQLSTATE 'PM503' THEN
+            -- The failing part's own hint: a missing package and a remote embedding server
+            -- that is down are fixed in different places.
+            GET STACKED DIAGNOSTICS why = MESSAGE_TEXT, fix = PG_EXCEPTION_HINT;
+            RAISE NOTICE '%: no query embedding (%), so the lexical leg answers alone', caller, why
+                USING HINT = coalesce(nullif(fix, ''), 'Run `make setup` and `poimen-memory migrate` on the database host, or pass query_embedding.');
+            plan := memory._plan(req || jsonb_build_object('routing', plan -> 'routing'),
+                                 jsonb_build_object('vector', false, 'vector_why',
+                                                    format('no query embedding (%s): LexicalOnly', why)));
+        END;
+    END IF;
+END $$;
+COMMENT ON FUNCTION memory._prepare(jsonb, vector, text) IS
+    'The plan of a SQL entry point (caller names it in NOTICEs) and its query vector: the one given, or memory.embed''s when the plan needs one; where memory.embed fails with PM503 the plan is made again without a vector.';
+
+-- What the HTTP service calls: the tenant's projects travel with the statement (no
+-- separate set_config), so a query is one statement and one round trip.
+CREATE OR REPLACE FUNCTION memory._serve_plan(req jsonb, caps jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM memory._assert_projects(caps);
+    RETURN memory._plan(req, caps);
+END $$;
+COMMENT ON FUNCTION memory._serve_plan(jsonb, jsonb) IS
+    'The HTTP service''s first statement: the plan (memory._plan) under the projects caps asserts (read_projects, write_projects; honoured for members of memory_service only).';
+
+CREATE OR REPLACE FUNCTION memory._serve(
+    req jsonb, caps jsonb, query_embedding vector, hits jsonb DEFAULT NULL, through text DEFAULT 'answer'
+)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    plan jsonb;
+    state jsonb;
+BEGIN
+    PERFORM memory._assert_projects(caps);
+    plan := memory._plan(req, caps);
+    state := memory._run_legs(plan, query_embedding, hits);
+    IF through = 'candidates' THEN
+        -- For the reranker: the fused candidates with their texts, and the state to finish.
+        RETURN jsonb_build_object(
+            'plan', plan, 'state', state,
+            'texts', (SELECT coalesce(jsonb_object_agg(n.id::text, n.text), '{}')
+                      FROM memory.nodes n
+                      WHERE n.id IN (SELECT (f ->> 'node_id')::bigint
+                                     FROM jsonb_array_elements(state -> 'fused') AS f)));
+    END IF;
+    RETURN memory._finish(plan, state, query_embedding);
+END $$;
+COMMENT ON FUNCTION memory._serve(jsonb, jsonb, vector, jsonb, text) IS
+    'The HTTP service''s query statement: plans (memory._plan, the same plan memory._serve_plan returned), runs the legs and finishes the answer (memory._finish); through => ''candidates'' stops after fusion and returns the candidates'' texts for a reranker, and memory._serve_finish completes it.';
+
+CREATE OR REPLACE FUNCTION memory._serve_finish(
+    req jsonb, caps jsonb, state jsonb, query_embedding vector, result_order bigint[], rerank jsonb
+)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM memory._assert_projects(caps);
+    RETURN memory._finish(memory._plan(req, caps), state, query_embedding, result_order, rerank);
+END $$;
+COMMENT ON FUNCTION memory._serve_finish(jsonb, jsonb, jsonb, vector, bigint[], jsonb) IS
+    'The HTTP service''s statement after a reranker: the answer (memory._finish) of the state memory._serve returned, in the reranker''s order.';
+
+CREATE OR REPLACE FUNCTION memory._assert_projects(caps jsonb)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF caps ? 'read_projects' THEN
+        -- Local: they end with the statement's transaction, never reaching the next
+        -- borrower of a pooled connection.
+        PERFORM set_config('poimen.read_projects', coalesce(caps ->> 'read_projects', ''), true),
+                set_config('poimen.write_projects', coalesce(caps ->> 'write_projects', ''), true);
+    END IF;
+END $$;
+COMMENT ON FUNCTION memory._assert_projects(jsonb) IS
+    'Sets poimen.read_projects / poimen.write_projects for the transaction from caps (read_projects, write_projects: comma-separated names or *), as the service''s begin_request does; the policies honour them for members of memory_service only.';
