@@ -4,6 +4,10 @@ CREATE OR REPLACE FUNCTION memory.project_id(project text)
 RETURNS integer
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
+-- By the unique name's index, always: a few hundred projects fit in a handful of pages,
+-- where the planner prefers reading them all, and every stage of every query looks its
+-- project up; the work of a query then grew with the number of projects.
+SET enable_seqscan = off
 AS $$
 DECLARE pid integer;
 BEGIN

@@ -120,19 +120,19 @@ BEGIN
              JOIN memory.nodes n ON n.id = i.id'
         || CASE WHEN pid IS NULL THEN '' ELSE ' AND n.project_id = $4' END || '
          )
-         SELECT n.id, n.level, encode(n.sha256, ''hex''), p.name, n.title, n.text, n.source,
-                n.breadcrumb, n.ts,
+         SELECT n.id, n.level, encode(n.sha256, ''hex''),
+                coalesce($5, (SELECT p.name FROM memory.projects p WHERE p.id = n.project_id)),
+                n.title, n.text, n.source, n.breadcrumb, n.ts,
                 CASE WHEN $2 IS NULL OR n.embedding IS NULL THEN NULL
                      ELSE 1 - (n.embedding <=> memory.check_embedding($2)) END,
                 pv.tree, n.external_id, pv.truncated
          FROM page n
-         JOIN memory.projects p ON p.id = n.project_id
          JOIN memory.provenance_forest(
                   ARRAY(SELECT g.id FROM page g ORDER BY g.pos), $3,
                   ARRAY(SELECT g.project_id FROM page g ORDER BY g.pos)) pv
            ON pv.position = n.pos
          ORDER BY n.pos'
-        USING ids, query_embedding, max_depth, pid;
+        USING ids, query_embedding, max_depth, pid, CASE WHEN pid IS NOT NULL THEN project_name END;
 END $$;
 COMMENT ON FUNCTION memory.hydrate(bigint[], vector, integer, text) IS
     'Node rows for the given ids, in input order (with project_name: only ids of that project, PM404 when unknown), with query_score (if an embedding is given), provenance down to L0 as nested jsonb (capped: memory.provenance_forest, all trees in one pass), external_id, and provenance_truncated when a cap left parents out. One round trip for a whole result page.';

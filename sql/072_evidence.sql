@@ -120,12 +120,17 @@ BEGIN
                coalesce(o.score, 0) + coalesce(nb.s, 0) AS score, coalesce(nb.s, 0) AS beside
         FROM own o FULL JOIN near nb ON nb.node_id = o.node_id
     )
+    -- The project's name by a lookup per row, not a join: under row-level security the
+    -- planner cannot estimate the projects policy and would loop over every project the
+    -- caller sees (the cost then grew with their number: tests/test_query_cost.py).
     SELECT (row_number() OVER (ORDER BY x.score DESC, x.node_id))::integer, n.id, n.external_id,
-           encode(n.sha256, 'hex'), p.name, n.title, n.text, n.source, n.breadcrumb, n.ts,
+           encode(n.sha256, 'hex'),
+           coalesce(CASE WHEN pid IS NOT NULL THEN project_name END,
+                    (SELECT p.name FROM memory.projects p WHERE p.id = n.project_id)),
+           n.title, n.text, n.source, n.breadcrumb, n.ts,
            x.score, x.pos, coalesce(x.by_rank, '{}'), x.beside
     FROM total x
-    JOIN memory.nodes n ON n.id = x.node_id
-    JOIN memory.projects p ON p.id = n.project_id
+    JOIN memory.nodes n ON n.id = x.node_id AND (pid IS NULL OR n.project_id = pid)
     WHERE x.score > 0  -- the weakest direct match of a convex leg scores 0: no evidence
     ORDER BY x.score DESC, x.node_id
     LIMIT lim;

@@ -108,9 +108,6 @@ FROM memory.provenance_walk(%(ids)s, 4) w
 JOIN memory.nodes n ON n.id = w.parent_id
 WHERE n.level = 'L0';
 
--- name: set_statement_timeout
-SELECT set_config('statement_timeout', %(ms)s, true);
-
 -- name: begin_request
 -- The first statement of every pooled transaction: its time budget and the caller's
 -- projects (sql/085_tenants.sql; counted only for members of memory_service).
@@ -170,9 +167,6 @@ SELECT encode(n.sha256, 'hex'), n.text, n.title, n.breadcrumb, n.source, n.level
 FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
 ORDER BY n.id;
 
--- name: node_texts
-SELECT id AS node_id, text AS key FROM memory.nodes WHERE id = ANY(%(ids)s::bigint[]);
-
 -- name: health
 SELECT (SELECT count(*) FROM memory.nodes) AS nodes,
        (SELECT model FROM memory.embedding_model) AS embedding_model,
@@ -190,21 +184,6 @@ ANALYZE memory.nodes;
 SELECT node_id, ranks, scores, fused_score, fusion_method
 FROM memory.fuse_legs(%(semantic)s::jsonb, %(lexical)s::jsonb, %(strategy)s, %(fusion)s,
                       %(dense_weight)s, %(k)s, %(final_k)s);
-
--- name: query_context
--- The retrieval policy, the project check and the time filters in one round trip: the
--- request's since/until and the range the optimizer extracted, parsed by the same SQL
--- memory.query uses (22023 names a bad argument); the pipeline picks one by the policy.
-SELECT p.fusion, p.rrf_k, p.dense_weight, p.candidates, p.cascade_candidates, p.fusion_by_type,
-       p.extracted_dates, p.evidence_budget, p.evidence_candidates, p.evidence_weight,
-       p.evidence_neighbours,
-       (%(project)s::text IS NULL
-        OR EXISTS (SELECT 1 FROM memory.projects WHERE name = %(project)s::text)) AS project_exists,
-       (SELECT model FROM memory.embedding_model) AS embedding_model,
-       t.since_ts, t.before_ts, x.since_ts AS extracted_since_ts, x.before_ts AS extracted_before_ts
-FROM memory.policy() p,
-     memory.time_range(%(since)s, %(until)s) t,
-     memory.time_range(%(extracted_since)s, %(extracted_until)s) x;
 
 -- name: policy
 SELECT fusion, rrf_k, dense_weight, candidates, cascade_candidates, fusion_by_type, extracted_dates,
