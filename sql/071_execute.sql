@@ -103,7 +103,9 @@ BEGIN
             lex := memory._opensearch_leg(hits, (plan ->> 'project_id')::integer);
         ELSE NULL;
     END CASE;
-    st := st || jsonb_build_object('lexical_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    IF lex_engine IS NOT NULL THEN  -- a stage's time is reported only when it ran
+        st := st || jsonb_build_object('lexical_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    END IF;
     t := clock_timestamp();
     IF NOT answer THEN
         NULL;  -- the evidence's legs alone (memory.evidence)
@@ -118,7 +120,9 @@ BEGIN
                                              greatest(jsonb_array_length(lex -> 'ids'), 1)),
                                     lo, hi);
     END IF;
-    st := st || jsonb_build_object('semantic_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    IF answer AND plan -> 'semantic' ->> 'engine' IS NOT NULL THEN
+        st := st || jsonb_build_object('semantic_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    END IF;
     t := clock_timestamp();
     IF (ev ->> 'reuses_legs')::boolean AND answer THEN
         ev_lex := lex;
@@ -134,7 +138,9 @@ BEGIN
             legs := legs + 1;
         END IF;
     END IF;
-    st := st || jsonb_build_object('evidence_legs_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    IF legs > 0 THEN
+        st := st || jsonb_build_object('evidence_legs_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    END IF;
     t := clock_timestamp();
     SELECT jsonb_agg(jsonb_build_object('node_id', f.node_id, 'ranks', f.ranks, 'scores', f.scores,
                                         'fused_score', f.fused_score, 'fusion_method', f.fusion_method)
@@ -220,7 +226,9 @@ BEGIN
             evidence := NULL;
         END;
     END IF;
-    st := st || jsonb_build_object('evidence_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    IF budget > 0 THEN
+        st := st || jsonb_build_object('evidence_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    END IF;
     t := clock_timestamp();
     WITH fz AS (
         SELECT (f.v ->> 'node_id')::bigint AS id, f.v FROM jsonb_array_elements(state -> 'fused') AS f(v)

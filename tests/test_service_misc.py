@@ -68,7 +68,9 @@ def test_overlong_query_is_400(fixture_url: str, embedder: LocalEmbedder) -> Non
 def test_unknown_project_is_404(client: TestClient) -> None:
     response = client.get("/memory/query", params={"query": KONG, "project": "nope"})
     body = error(response, 404, "unknown_project")
-    assert "'nope'" in body["detail"]
+    # The database's own error (PM404), as SQL users get it.
+    assert body["detail"] == 'unknown project "nope"'
+    assert "SELECT name FROM memory.projects" in body["hint"]
 
 
 @pytest.mark.parametrize("level", ["L9", "L0,L3", "l1", ",", "", "L1;L2"])

@@ -131,13 +131,15 @@ def test_memory_query_goes_hybrid_with_the_remote_vector(
     ).fetchall()
     assert rows and {r[0] for r in rows} == {"Hybrid"}  # the optimizer's route for TEXT
     assert [r.body["input"] for r in server.embedding_requests] == [[TEXT]]
-    # query_score is the cosine to the double's vector: the remote embedding ranked them.
+    # query_score is the cosine to the double's vector (clipped to [0, 1], as every answer
+    # reports it): the remote embedding ranked them.
     remote = server.vector_for(TEXT)
     for _strategy, node_id, score in rows:
         stored = conn.execute("SELECT embedding FROM memory.nodes WHERE id = %s", (node_id,))
         row = stored.fetchone()
         assert row is not None
-        assert score == pytest.approx(_cosine(row[0].to_numpy(), remote), abs=1e-5)
+        cosine = _cosine(row[0].to_numpy(), remote)
+        assert score == pytest.approx(min(1.0, max(0.0, cosine)), abs=1e-5)
 
 
 def test_a_server_that_is_down_gets_pm503_naming_its_url(

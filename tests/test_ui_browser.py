@@ -301,7 +301,7 @@ def test_errors_are_shown_plainly(page: Page, server: str) -> None:
     assert info.value.status == 404
     expect(page.locator("#error")).to_be_visible()
     expect(page.locator("#error-text")).to_contain_text("404 unknown_project")
-    expect(page.locator("#error-text")).to_contain_text("unknown project 'no-such-project'")
+    expect(page.locator("#error-text")).to_contain_text('unknown project "no-such-project"')
     expect(page.locator("#results > li")).to_have_count(0)
 
 

@@ -17,14 +17,20 @@ from poimen_lab.measures import percentile
 
 
 async def _load(
-    base: str, texts: Sequence[str], clients: int, params: dict[str, str]
+    base: str,
+    texts: Sequence[str],
+    clients: int,
+    params: dict[str, str],
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     ms: list[float] = []
     errors = 0
     strategies: dict[str, int] = {}
     todo = list(texts)
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=base, timeout=60, limits=limits, headers=headers
+    ) as client:
 
         async def worker() -> None:
             nonlocal errors
@@ -60,8 +66,10 @@ def run(
     concurrency: Sequence[int] = (1, 8),
     requests: int = 200,
     params: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Each concurrency level gets its own unseen query texts (no embedding-cache hits)."""
+    """Each concurrency level gets its own unseen query texts (no embedding-cache hits); a
+    server of its own per call, so another call may send the same texts."""
     # No evidence list: the in-process reference (bench/inprocess.py) runs no L0 legs, and
     # the ratio compares the same pipeline. What the list costs: eval/evidence_latency.py.
     params = params or {"limit": "10", "evidence": "0"}
@@ -75,9 +83,11 @@ def run(
             {"POIMEN_DATABASE_URL": database_url}, Path(tmp) / "server.log", drop=drop
         ) as base,
     ):
-        asyncio.run(_load(base, texts[:5], 1, params))  # warm-up
+        asyncio.run(_load(base, texts[:5], 1, params, headers))  # warm-up
         out, start = [], 5
         for c in concurrency:
-            out.append(asyncio.run(_load(base, texts[start : start + requests], c, params)))
+            out.append(
+                asyncio.run(_load(base, texts[start : start + requests], c, params, headers))
+            )
             start += requests
     return out

@@ -218,3 +218,41 @@ def load(conn: psycopg.Connection[Any], corpus: Corpus, model: str) -> dict[str,
         "shared_buffers": size[2],
         "maintenance_work_mem": size[3],
     }
+
+
+def add_tenants(conn: psycopg.Connection[Any], n: int, largest: int, seed: int) -> dict[str, Any]:
+    """n more projects, sized by a Zipf law (the r-th holds ceil(largest / r) nodes, half
+    L0, half L1): a store serving many tenants, as the service meets it. Random unit vectors
+    and words of their own (the vocabulary's words, so BM25 statistics are shared), written
+    by SQL in one statement, then analysed."""
+    words = vocabulary(5000, np.random.default_rng(seed))
+    sizes = [int(np.ceil(largest / r)) for r in range(1, n + 1)]
+    t0 = time.perf_counter()
+    conn.execute(
+        """
+        WITH p AS (
+            INSERT INTO memory.projects (name)
+            SELECT format('tenant-%%s', r) FROM generate_series(1, %(n)s) r
+            ON CONFLICT (name) DO NOTHING
+            RETURNING id, (regexp_match(name, '[0-9]+$'))[1]::integer AS r
+        )
+        INSERT INTO memory.nodes (sha256, project_id, level, external_id, text, embedding)
+        SELECT sha256(convert_to(p.id || ':' || j, 'UTF8')), p.id,
+               CASE WHEN j %% 2 = 0 THEN 'L0' ELSE 'L1' END, format('t%%s-%%s', p.r, j),
+               (SELECT string_agg((%(words)s::text[])[1 + floor(random() * %(nw)s)::integer], ' ')
+                FROM generate_series(1, 12) WHERE j > 0),
+               (SELECT l2_normalize(array_agg(random() - 0.5)::vector)
+                FROM generate_series(1, %(dim)s) WHERE j > 0)
+        FROM p, generate_series(1, (%(sizes)s::integer[])[p.r]) j
+        """,
+        {
+            "n": n,
+            "sizes": sizes,
+            "words": list(words),
+            "nw": len(words),
+            "dim": conn.execute("SELECT dim FROM memory.embedding_model").fetchone()[0],  # type: ignore[index]
+        },
+    )
+    conn.execute("VACUUM ANALYZE")
+    return {"projects": n, "nodes": sum(sizes), "largest": largest,
+            "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip

@@ -65,6 +65,9 @@ _RESULT: dict[str, Any] = {
     "type": "object",
     "properties": {
         **_NODE_FIELDS,
+        # The node's own id (unique per project), as ingested; and its place in the answer.
+        "external_id": {"type": ["string", "null"]},
+        "rank": {"type": "integer", "minimum": 1},
         "fusion_method": {"type": ["string", "null"]},
         **{
             k: {"type": ["number", "null"]}
