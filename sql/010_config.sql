@@ -17,7 +17,7 @@ BEGIN
     SELECT p.id INTO pid FROM memory.projects p WHERE p.name = project;
     IF pid IS NULL THEN
         RAISE EXCEPTION 'unknown project "%"', project
-            USING ERRCODE = 'PM404',
+            USING ERRCODE = @vocabulary.sqlstate_unknown_project@,
                   DETAIL = 'No row in memory.projects has this name.',
                   HINT = 'List projects with SELECT name FROM memory.projects, or ingest into it first.';
     END IF;
@@ -35,7 +35,7 @@ BEGIN
     IF levels IS NULL THEN
         RETURN NULL;
     END IF;
-    IF cardinality(levels) = 0 OR NOT levels <@ ARRAY['L0', 'L1', 'L2'] OR array_position(levels, NULL) IS NOT NULL THEN
+    IF cardinality(levels) = 0 OR NOT levels <@ @vocabulary.levels@ OR array_position(levels, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'invalid levels %', levels
             USING ERRCODE = '22023',
                   DETAIL = 'levels must be a non-empty subset of {L0,L1,L2}.',
@@ -67,9 +67,9 @@ CREATE OR REPLACE FUNCTION memory.strategies()
 RETURNS text[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-RETURN ARRAY['LexicalOnly', 'LexicalFirst', 'Hybrid', 'SemanticOnly'];
+RETURN @vocabulary.strategies@;
 COMMENT ON FUNCTION memory.strategies() IS
-    'The search strategies a query may be routed to or forced into (poimen_core.optimizer.SearchStrategy holds the same names; a test keeps them equal).';
+    'The search strategies a query may be routed to or forced into (poimen_core.vocabulary STRATEGIES, written here by migrate).';
 
 CREATE OR REPLACE FUNCTION memory.check_k(k integer)
 RETURNS integer
@@ -92,7 +92,7 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF fusion IS NOT NULL AND fusion NOT IN ('rrf', 'convex') THEN
+    IF fusion IS NOT NULL AND NOT fusion = ANY (@vocabulary.fusions@) THEN
         RAISE EXCEPTION 'unknown fusion "%"', fusion
             USING ERRCODE = '22023', HINT = 'Use rrf, convex or NULL (the policy decides: memory.policy()).';
     END IF;
@@ -177,7 +177,7 @@ BEGIN
         END IF;
         RAISE EXCEPTION 'database is configured for embedding model % (% dims), not % (% dims)',
                 cur.model, cur.dim, model, dim
-            USING ERRCODE = 'PM409',
+            USING ERRCODE = @vocabulary.sqlstate_embedding_model_mismatch@,
                   DETAIL = 'Mixing embedding models would make cosine scores meaningless.',
                   HINT = 'Use the configured model, or run `poimen-memory reembed` to switch.';
     END IF;
@@ -226,11 +226,11 @@ BEGIN
     SELECT dim INTO d FROM memory.embedding_model;
     IF d IS NULL THEN
         RAISE EXCEPTION 'no embedding model is configured'
-            USING ERRCODE = 'PM412', HINT = 'Ingest nodes first, or call memory.configure_embedding(model, dim).';
+            USING ERRCODE = @vocabulary.sqlstate_embedding_not_configured@, HINT = 'Ingest nodes first, or call memory.configure_embedding(model, dim).';
     END IF;
     IF vector_dims(query_embedding) <> d THEN
         RAISE EXCEPTION 'query embedding has % dimensions, the database stores %', vector_dims(query_embedding), d
-            USING ERRCODE = 'PM409', HINT = 'Embed the query with the model recorded in memory.embedding_model.';
+            USING ERRCODE = @vocabulary.sqlstate_embedding_model_mismatch@, HINT = 'Embed the query with the model recorded in memory.embedding_model.';
     END IF;
     -- The cosine distance to a zero vector is NaN, which would sort above every score.
     IF vector_norm(query_embedding) = 0 THEN

@@ -56,7 +56,7 @@ DECLARE
     t text;
 BEGIN
     ok := CASE key
-        WHEN 'fusion' THEN value IN ('rrf', 'convex')
+        WHEN 'fusion' THEN value = ANY (@vocabulary.fusions@)
         WHEN 'rrf_k' THEN value ~ '^[0-9]{1,6}$'
         WHEN 'dense_weight' THEN value ~ '^[0-9]*\.?[0-9]+$' AND value::double precision <= 1
         WHEN 'candidates' THEN value ~ '^[0-9]{1,4}$' AND value::integer BETWEEN 1 AND 1000
@@ -82,12 +82,11 @@ BEGIN
             ok := false;
         ELSE
             FOR t IN SELECT j.value FROM jsonb_each_text(value::jsonb) j LOOP
-                ok := ok AND t IN ('rrf', 'convex');
+                ok := ok AND t = ANY (@vocabulary.fusions@);
             END LOOP;
             ok := ok AND NOT EXISTS (
                 SELECT 1 FROM jsonb_object_keys(value::jsonb) k(name)
-                WHERE k.name NOT IN ('Factual', 'Procedural', 'Comparative', 'Troubleshooting',
-                                     'Navigational', 'Open'));
+                WHERE NOT k.name = ANY (@vocabulary.question_types@));
         END IF;
     END IF;
     IF NOT ok THEN

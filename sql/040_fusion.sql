@@ -25,7 +25,7 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'e.g. ''[{"ids":[3,1,2]},{"ids":[2,5],"weight":0.5}]''; "scores" is needed for method convex.';
     END IF;
-    IF method IS NULL OR method NOT IN ('rrf', 'convex') THEN
+    IF method IS NULL OR NOT method = ANY (@vocabulary.fusions@) THEN
         RAISE EXCEPTION 'unknown fusion method "%"', method
             USING ERRCODE = '22023', HINT = 'Use rrf or convex.';
     END IF;

@@ -11,7 +11,7 @@ BEGIN
     SELECT value INTO p FROM memory.config WHERE key = 'plpython_path';
     IF p IS NULL THEN
         RAISE EXCEPTION 'the PL/Python module path is not configured'
-            USING ERRCODE = 'PM503',
+            USING ERRCODE = @vocabulary.sqlstate_component_unavailable@,
                   HINT = 'Run `poimen-memory migrate` on the database host, or set it: INSERT INTO memory.config VALUES (''plpython_path'', ''/path/containing/poimen_core'').';
     END IF;
     RETURN p;
@@ -39,7 +39,7 @@ if "poimen_entry" not in GD:
             return getattr(importlib.import_module("poimen_core." + module), name)
         except ImportError as e:
             plpy.error("the PL/Python %s module cannot be imported on this host" % what,
-                       sqlstate="PM503", hint=hint,
+                       sqlstate=@vocabulary.sqlstate_component_unavailable@, hint=hint,
                        detail="%s (memory.config plpython_path = %s)" % (e, GD["poimen_path"]))
     GD["poimen_entry"] = poimen_entry
 return path

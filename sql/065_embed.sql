@@ -31,7 +31,7 @@ BEGIN
     -- again at each call, as memory.reset_embedding may switch the model later).
     IF model IS NOT NULL AND cur IS NOT NULL AND model <> cur THEN
         RAISE EXCEPTION 'database is configured for embedding model %, not %', cur, model
-            USING ERRCODE = 'PM409',
+            USING ERRCODE = @vocabulary.sqlstate_embedding_model_mismatch@,
                   HINT = 'Leave model NULL to send the database''s model name, or run `poimen-memory reembed` to switch.';
     END IF;
     DELETE FROM memory.config c WHERE c.key LIKE 'embedding\_server\_%';

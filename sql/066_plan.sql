@@ -106,7 +106,7 @@ BEGIN
                             OR pol.extracted_dates = 'filter') THEN
         BEGIN
             routing := memory.optimize_query(q, (req ->> 'reference_time')::timestamptz);
-        EXCEPTION WHEN SQLSTATE 'PM503' THEN
+        EXCEPTION WHEN SQLSTATE @vocabulary.sqlstate_component_unavailable@ THEN
             GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT;
             why := why || to_jsonb(format('no optimizer on this database (%s): routed as Hybrid', msg));
             degraded := degraded || jsonb_build_object('stage', 'optimizer', 'reason', 'not_installed');
@@ -125,7 +125,7 @@ BEGIN
     IF strat <> 'LexicalOnly' AND NOT has_vec THEN
         IF cardinality(lexical_engines) = 0 THEN
             RAISE EXCEPTION 'no query vector and no lexical engine'
-                USING ERRCODE = 'PM503', HINT = 'Configure an embedder, or a lexical engine.';
+                USING ERRCODE = @vocabulary.sqlstate_component_unavailable@, HINT = 'Configure an embedder, or a lexical engine.';
         END IF;
         IF caps ->> 'embed_failed' IS NOT NULL THEN
             degraded := degraded || jsonb_build_object('stage', 'embed', 'reason', caps ->> 'embed_failed');

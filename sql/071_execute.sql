@@ -310,7 +310,7 @@ BEGIN
     IF (plan ->> 'needs_embedding')::boolean AND embedding IS NULL THEN
         BEGIN
             embedding := memory.embed(plan ->> 'query');
-        EXCEPTION WHEN SQLSTATE 'PM503' THEN
+        EXCEPTION WHEN SQLSTATE @vocabulary.sqlstate_component_unavailable@ THEN
             -- The failing part's own hint: a missing package and a remote embedding server
             -- that is down are fixed in different places.
             GET STACKED DIAGNOSTICS why = MESSAGE_TEXT, fix = PG_EXCEPTION_HINT;

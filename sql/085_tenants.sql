@@ -77,7 +77,7 @@ BEGIN
     IF role IS NULL OR project IS NULL OR write IS NULL THEN
         RAISE EXCEPTION 'role, project and write must not be NULL' USING ERRCODE = '22023';
     END IF;
-    IF project <> '*' AND project !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$' THEN
+    IF project <> '*' AND project !~ @vocabulary.project_name@ THEN
         RAISE EXCEPTION 'invalid project name "%"', project
             USING ERRCODE = '22023',
                   DETAIL = 'A project name matches [A-Za-z0-9][A-Za-z0-9_.:-]{0,127}, or is * for every project.',

@@ -6,11 +6,15 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 SERVICE = Path(__file__).resolve().parents[1] / "service"
+PLPYTHON = Path(__file__).resolve().parents[1] / "plpython"
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(SERVICE).with_suffix("").parts
+    root = PLPYTHON if path.is_relative_to(PLPYTHON) else SERVICE
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -30,7 +34,8 @@ def _imports(path: Path, known: set[str]) -> set[str]:
 
 
 def _graph(package: str) -> dict[str, set[str]]:
-    files = {_module_name(p): p for p in (SERVICE / package).rglob("*.py")}
+    root = PLPYTHON if package == "poimen_core" else SERVICE
+    files = {_module_name(p): p for p in (root / package).rglob("*.py")}
     known = set(files)
     return {name: _imports(path, known) - {name} for name, path in files.items()}
 
@@ -52,9 +57,10 @@ def test_the_product_never_imports_the_lab() -> None:
     assert offenders == {}
 
 
-def test_the_product_has_no_import_cycle() -> None:
-    graph = _graph("poimen_memory")
-    assert len(graph) > 30  # the walk really read the package
+@pytest.mark.parametrize(("package", "modules"), [("poimen_memory", 30), ("poimen_core", 8)])
+def test_the_product_has_no_import_cycle(package: str, modules: int) -> None:
+    graph = _graph(package)
+    assert len(graph) > modules  # the walk really read the package
     state: dict[str, int] = {}  # 1 on the stack, 2 done
     stack: list[str] = []
     cycles: list[list[str]] = []
@@ -95,3 +101,13 @@ def test_only_settings_reads_the_environment() -> None:
             if isinstance(target, ast.Attribute) and target.attr in ("environ", "getenv"):
                 readers.append(_module_name(path))
     assert sorted(set(readers)) == ["poimen_memory.settings"]
+
+
+def test_the_optimizer_routes_with_the_shared_words() -> None:
+    """The optimizer's enums (what the text is routed to) name exactly the vocabulary's words,
+    which migrate writes into SQL (memory.strategies(), memory.set_policy's checks)."""
+    from poimen_core import vocabulary
+    from poimen_core.optimizer import QuestionType, SearchStrategy
+
+    assert tuple(SearchStrategy) == vocabulary.STRATEGIES
+    assert tuple(QuestionType) == vocabulary.QUESTION_TYPES

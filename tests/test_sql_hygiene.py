@@ -481,3 +481,19 @@ def test_dump_restores_into_a_fresh_cluster(
             "SELECT external_id FROM public.memory_query('kong body buffer', project => 'poimen')"
         )
         assert rows.fetchone() == ("poimen:mem:1",)
+
+
+def test_sql_reads_the_shared_vocabulary(conn: Conn) -> None:
+    """migrate writes poimen_core.vocabulary into the SQL it applies: the database's words
+    are the service's, and a marker left in a function is none."""
+    from poimen_core import vocabulary
+
+    assert one(conn, "SELECT memory.strategies()") == list(vocabulary.STRATEGIES)
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        conn.execute("SELECT memory.check_fusion('borda')")
+    assert one(conn, "SELECT memory.check_fusion('rrf')") == "rrf"
+    leftover = conn.execute(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p"
+        " WHERE p.pronamespace = 'memory'::regnamespace AND p.prosrc LIKE '%@vocabulary.%'"
+    ).fetchall()
+    assert leftover == []

@@ -204,3 +204,35 @@ def test_relative_dates_count_from_reference_time(tconn: Conn) -> None:
     ).fetchall()
     days = sorted(r[0].day for r in rows)
     assert days == [1, 2, 3, 4, 5, 30]  # the notes of 30 January to 5 February
+
+
+def test_explain_query_reports_the_plan_that_ran(tconn: Conn, embedder: LocalEmbedder) -> None:
+    """With fusion_by_type and extracted_dates = filter set, explain_query's plan is the one
+    memory.query ran: the per-type fusion, the dates of the text as the time range, in every
+    stage it explains (the semantic stage runs with those bounds), and the same answer."""
+    text = "what is in the kong gateway notes on 3 February 2023"  # a Factual question
+    vec = embedder.embed_query(text)
+    tconn.execute("SELECT memory.set_policy('extracted_dates', 'filter')")
+    tconn.execute("""SELECT memory.set_policy('fusion_by_type', '{"Factual": "rrf"}')""")
+    rows = tconn.execute(
+        "SELECT stage, search_strategy, plan, time_ms FROM memory.explain_query(%s, %s, %s,"
+        " ARRAY['L0'], 5, 'Hybrid', actual => true, evidence => 0)",
+        (text, vec, PROJECT),
+    ).fetchall()
+    stages = {r[0]: r for r in rows}
+    assert list(stages) == ["plan", "lexical", "semantic", "fusion", "provenance"]
+    plan = stages["plan"][2]
+    assert plan["question_type"] == "Factual" and plan["fusion"] == "rrf"
+    assert plan["time_filter"]["source"] == "extracted" and plan["time_filter"]["applied"]
+    since = datetime.fromisoformat(plan["since_ts"])
+    before = datetime.fromisoformat(plan["before_ts"])
+    assert (since, before) == (datetime(2023, 2, 3, tzinfo=UTC), datetime(2023, 2, 4, tzinfo=UTC))
+    # The semantic stage was explained with those bounds: its one row is the one in range.
+    assert stages["semantic"][2]["Plan"]["Actual Rows"] == 1
+    assert all(r[3] is not None for r in rows[1:])
+    ran = tconn.execute(
+        "SELECT fusion_method, \"timestamp\" FROM public.memory_query(%s, %s, %s, ARRAY['L0'], 5,"
+        " 'Hybrid')",
+        (text, vec, PROJECT),
+    ).fetchall()
+    assert ran == [("rrf", datetime(2023, 2, 3, 13, tzinfo=UTC))]

@@ -16,7 +16,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from poimen_core.embedentry import LOCAL_DIM, LOCAL_MODEL
 from poimen_core.nodes import (
     Key,
     LineError,
@@ -30,12 +29,13 @@ from poimen_core.nodes import (
     validate,
 )
 from poimen_core.plentry import INVALID_PARAMETER_VALUE, PlpyLike
+from poimen_core.vocabulary import LOCAL_DIM, LOCAL_MODEL, SQLSTATES
 
 __all__ = ["add_nodes_for_sql"]
 
 INSUFFICIENT_PRIVILEGE = "42501"
-NOT_CONFIGURED = "PM412"  # as memory.check_embedding: no embedding model recorded yet
-MODEL_MISMATCH = "PM409"  # as memory.configure_embedding: another model's vectors
+NOT_CONFIGURED = SQLSTATES["embedding_not_configured"]  # as memory.check_embedding
+MODEL_MISMATCH = SQLSTATES["embedding_model_mismatch"]  # as memory.configure_embedding
 MAX_LISTED = 20  # errors listed in the DETAIL, as the CLI prints them
 
 

@@ -18,16 +18,14 @@ from typing import Any
 
 from poimen_core.openai_embed import EMBEDDING_MODEL_MISMATCH, embed_remote
 from poimen_core.plentry import PlpyLike
+from poimen_core.vocabulary import LOCAL_DIM as LOCAL_DIM
+from poimen_core.vocabulary import LOCAL_MODEL as LOCAL_MODEL
+from poimen_core.vocabulary import SQLSTATES
 
 __all__ = ["EMBEDDER_UNAVAILABLE", "LOCAL_DIM", "LOCAL_MODEL", "embed_for_sql"]
 
 # Same class as the optimizer's missing-module error: the database host lacks a part.
-EMBEDDER_UNAVAILABLE = "PM503"
-LOCAL_MODEL = "all-MiniLM-L6-v2-onnx-int8"
-"""The local model's name (poimen_core.minilm.LOCAL_MODEL_NAME), here so that the check
-against memory.embedding_model needs no numpy."""
-LOCAL_DIM = 384
-"""Its dimension (poimen_core.minilm.LOCAL_DIM): what memory.add_nodes records on a first write."""
+EMBEDDER_UNAVAILABLE = SQLSTATES["component_unavailable"]
 _SETUP_HINT = (
     "Run `make setup` (it installs the embedder for PostgreSQL's own Python) and then "
     "`poimen-memory migrate` on this database host; or pass query_embedding from the client."
@@ -133,7 +131,7 @@ def _embed_with_server(
             "no embedding model is configured",
             detail=f"memory.embed would send the text to {url} but cannot check its answer",
             hint="Ingest nodes first, or call memory.configure_embedding(model, dim).",
-            sqlstate="PM412",
+            sqlstate=SQLSTATES["embedding_not_configured"],
         )
     # Checked again here: memory.reset_embedding may have switched the model since the
     # server was configured, and its vectors would then not compare with the stored ones.

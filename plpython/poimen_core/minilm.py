@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from poimen_core.embedentry import LOCAL_DIM, LOCAL_MODEL
+from poimen_core.vocabulary import LOCAL_DIM, LOCAL_MODEL
 
 __all__ = [
     "LOCAL_DIM",

@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-LEVELS = ("L0", "L1", "L2")
+from poimen_core import vocabulary
+from poimen_core.vocabulary import LEVELS as LEVELS
+
 HASH_VERSION = "poimen-node/1"
-PROJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")  # as memory.projects CHECK
+PROJECT_NAME = re.compile(vocabulary.PROJECT_NAME)  # as memory.projects CHECK
 MAX_TEXT_CHARS = 100_000
 MAX_JSON_DEPTH = 32  # nesting of a node's JSON (metadata included)
 

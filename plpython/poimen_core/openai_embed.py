@@ -21,6 +21,7 @@ from fnmatch import fnmatchcase
 from typing import Any, NoReturn
 
 from poimen_core.plentry import PlpyLike
+from poimen_core.vocabulary import SQLSTATES
 
 __all__ = [
     "EMBEDDING_MODEL_MISMATCH",
@@ -32,8 +33,8 @@ __all__ = [
     "prefixes_for_model",
 ]
 
-EMBEDDING_SERVER_UNAVAILABLE = "PM503"
-EMBEDDING_MODEL_MISMATCH = "PM409"
+EMBEDDING_SERVER_UNAVAILABLE = SQLSTATES["component_unavailable"]
+EMBEDDING_MODEL_MISMATCH = SQLSTATES["embedding_model_mismatch"]
 _HINT = (
     "Check that the server named by memory.configure_embedding_server answers, or go back "
     "to the local model with memory.clear_embedding_server(); or pass query_embedding."

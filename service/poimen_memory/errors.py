@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from poimen_core.vocabulary import SQLSTATES
+
 
 class PoimenError(Exception):
     """Base class: every error carries a stable code, a detail and a hint."""
@@ -161,10 +163,10 @@ class DatabaseError(PoimenError, code="database_error"):
 # Codes in class PM are raised by our own SQL functions (see sql/); the rest are
 # PostgreSQL's own. A full code wins over its two-letter class.
 SQLSTATE_TABLE: dict[str, type[PoimenError]] = {
-    "PM404": UnknownProject,
-    "PM409": EmbeddingModelMismatch,
-    "PM412": EmbeddingNotConfigured,
-    "PM503": ComponentUnavailable,
+    SQLSTATES["unknown_project"]: UnknownProject,
+    SQLSTATES["embedding_model_mismatch"]: EmbeddingModelMismatch,
+    SQLSTATES["embedding_not_configured"]: EmbeddingNotConfigured,
+    SQLSTATES["component_unavailable"]: ComponentUnavailable,
     "22023": ValidationError,
     "22P02": ValidationError,
     "22000": ValidationError,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from poimen_core import vocabulary
+
 _ERROR = {
     "type": "object",
     "required": ["error", "detail"],
@@ -96,7 +98,7 @@ _EVIDENCE: dict[str, Any] = {
 }
 
 
-_PROJECT: dict[str, Any] = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"}
+_PROJECT: dict[str, Any] = {"type": "string", "pattern": f"^{vocabulary.PROJECT_NAME}$"}
 
 # One memory node (docs/ingest.md); the validation the server applies beyond this schema
 # (ids reused for other content, provenance one level down, NUL, range of timestamps) is

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 
+from poimen_core import vocabulary
 from poimen_memory.db.connect import (
     connect,
     database_url,
@@ -384,7 +385,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
             if bad:
                 print(f"error: invalid project name {bad[0]!r}", file=sys.stderr)
                 print(
-                    "hint: a project name matches [A-Za-z0-9][A-Za-z0-9_.:-]{0,127} "
+                    f"hint: a project name matches {vocabulary.PROJECT_NAME} "
                     "(no '*', no ',': a key lists each of its projects with its own --project)",
                     file=sys.stderr,
                 )

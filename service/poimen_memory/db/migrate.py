@@ -26,6 +26,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from poimen_core.vocabulary import sql_literals
 from poimen_memory.errors import MigrationError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -250,11 +251,30 @@ def _with_vector_schema(text: str, schema: str) -> str:
     )
 
 
+_VOCABULARY = re.compile(r"@vocabulary\.(\w+)@")
+
+
+def _with_vocabulary(text: str, path: Path) -> str:
+    """The shared words (poimen_core.vocabulary) in place of the file's markers."""
+    words = sql_literals()
+
+    def word(m: re.Match[str]) -> str:
+        if m.group(1) not in words:
+            raise MigrationError(
+                f"{path.name} names an unknown vocabulary word {m.group(0)}",
+                hint=f"poimen_core/vocabulary.py defines: {', '.join(sorted(words))}",
+            )
+        return words[m.group(1)]
+
+    return _VOCABULARY.sub(word, text)
+
+
 def _apply_sql_files(conn: psycopg.Connection[Any], schema: str) -> list[Path]:
     files = sorted(SQL_DIR.glob("*.sql"))
     conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_MARK} () ON COMMIT DROP")
     for path in files:
-        conn.execute(_with_vector_schema(path.read_text(), schema).encode())
+        text = _with_vocabulary(path.read_text(), path)
+        conn.execute(_with_vector_schema(text, schema).encode())
     _pin_search_path(conn, schema)
     if schema not in ("public", "pg_catalog"):
         # Readers resolve pgvector's type and operators through its schema.

@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 
+from poimen_core import vocabulary
 from poimen_memory.db.queries import q
 from poimen_memory.errors import Forbidden
 from poimen_memory.ingest.nodes import PROJECT_NAME
@@ -27,7 +28,7 @@ EVERY = "*"
 def _refuse(name: str) -> Forbidden:
     err = Forbidden(
         f"API key names an invalid project {name!r}",
-        detail="a project name matches [A-Za-z0-9][A-Za-z0-9_.:-]{0,127}",
+        detail=f"a project name matches {vocabulary.PROJECT_NAME}",
         hint="revoke the key (poimen-memory keys revoke) and create one with valid names",
     )
     err.sqlstate = "42501"

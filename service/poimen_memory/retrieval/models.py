@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-LEVELS = ("L0", "L1", "L2")
-FUSION_METHODS = ("rrf", "convex")
-STRATEGIES = ("LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly")
+from poimen_core.vocabulary import FUSIONS as FUSION_METHODS
+from poimen_core.vocabulary import LEVELS, STRATEGIES
+
+__all__ = ["FUSION_METHODS", "LEVELS", "STRATEGIES", "QueryRequest", "Trace"]
 
 
 @dataclass(frozen=True)

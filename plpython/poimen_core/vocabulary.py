@@ -1,0 +1,65 @@
+"""The words SQL and Python share, defined once.
+
+Python imports them; `poimen-memory migrate` writes them into the sql/ files it applies,
+where a file says ``@vocabulary.NAME@`` (db/migrate.py renders each as a SQL literal), so
+the database's checks and the service's agree by construction. Stdlib only: PL/Python
+imports this package on the database host too.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FUSIONS",
+    "LEVELS",
+    "LOCAL_DIM",
+    "LOCAL_MODEL",
+    "PROJECT_NAME",
+    "QUESTION_TYPES",
+    "SQLSTATES",
+    "STRATEGIES",
+    "sql_literals",
+]
+
+LEVELS = ("L0", "L1", "L2")
+FUSIONS = ("rrf", "convex")
+# The routes a query may take; the optimizer chooses the first three from the text.
+STRATEGIES = ("LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly")
+QUESTION_TYPES = (
+    "Factual",
+    "Procedural",
+    "Comparative",
+    "Troubleshooting",
+    "Navigational",
+    "Open",
+)
+# A project's name (memory.projects.name's CHECK, from migration 0001, says the same).
+PROJECT_NAME = "[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
+# The local embedding model's name and dimension, as memory.embedding_model records them
+# (no numpy needed to compare them).
+LOCAL_MODEL = "all-MiniLM-L6-v2-onnx-int8"
+LOCAL_DIM = 384
+# The SQLSTATEs our own SQL raises (class PM), by meaning.
+SQLSTATES = {
+    "unknown_project": "PM404",
+    "embedding_model_mismatch": "PM409",
+    "embedding_not_configured": "PM412",
+    "component_unavailable": "PM503",
+}
+
+
+def _text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def sql_literals() -> dict[str, str]:
+    """What each ``@vocabulary.NAME@`` marker of the sql/ files becomes."""
+    arrays = {
+        "levels": LEVELS,
+        "fusions": FUSIONS,
+        "strategies": STRATEGIES,
+        "question_types": QUESTION_TYPES,
+    }
+    out = {k: "ARRAY[" + ", ".join(_text(v) for v in vs) + "]::text[]" for k, vs in arrays.items()}
+    out["project_name"] = _text("^" + PROJECT_NAME + "$")
+    out |= {f"sqlstate_{k}": _text(v) for k, v in SQLSTATES.items()}
+    return out
