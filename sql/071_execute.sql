@@ -64,15 +64,50 @@ END $$;
 COMMENT ON FUNCTION memory._opensearch_leg(jsonb, integer) IS
     'OpenSearch hits ([{"sha256": hex, "score": s}, ..], best first) as a leg: the nodes they name (in the project, when given); hits no node matches drop out.';
 
+-- The Postgres lexical legs a plan names, as the calls they are (arguments of
+-- memory.lexical_search): what memory._serve_start runs while the service embeds the query,
+-- and what memory._run_legs compares with its own plan's before it takes those legs back.
+CREATE OR REPLACE FUNCTION memory._lexical_calls(plan jsonb)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+-- Stripped of nulls: a leg the plan does not run is absent, not JSON null.
+RETURN jsonb_strip_nulls(jsonb_build_object(
+    'lexical', CASE WHEN plan -> 'lexical' ->> 'engine' = 'postgres-bm25' THEN
+        jsonb_build_object('query', plan -> 'query', 'project', plan -> 'project',
+                           'levels', plan -> 'levels', 'k', plan -> 'lexical' -> 'depth',
+                           'since', plan -> 'since_ts', 'before', plan -> 'before_ts') END,
+    'evidence_lexical', CASE WHEN (plan -> 'evidence' ->> 'lexical')::boolean THEN
+        jsonb_build_object('query', plan -> 'query', 'project', plan -> 'project',
+                           'levels', '["L0"]'::jsonb, 'k', plan -> 'evidence' -> 'candidates',
+                           'since', plan -> 'since_ts', 'before', plan -> 'before_ts') END));
+COMMENT ON FUNCTION memory._lexical_calls(jsonb) IS
+    'The arguments of the Postgres lexical legs a plan names ({"lexical": .., "evidence_lexical": ..}, each absent when the plan runs no such leg; NULL arguments absent too).';
+
+CREATE OR REPLACE FUNCTION memory._lexical_call(call jsonb)
+RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN memory._lexical_leg(call ->> 'query', call ->> 'project',
+                           ARRAY(SELECT jsonb_array_elements_text(call -> 'levels')),
+                           (call ->> 'k')::integer, (call ->> 'since')::timestamptz,
+                           (call ->> 'before')::timestamptz);
+COMMENT ON FUNCTION memory._lexical_call(jsonb) IS
+    'Runs one call of memory._lexical_calls: memory.lexical_search as a leg.';
+
+-- prefetched was added: the shorter signature goes first, after the one SQL function whose
+-- body is bound to it (memory._execute, re-created below).
+DROP FUNCTION IF EXISTS memory._execute(jsonb, vector, jsonb);
+DROP FUNCTION IF EXISTS memory._run_legs(jsonb, vector, jsonb, boolean);
 CREATE OR REPLACE FUNCTION memory._run_legs(
-    plan jsonb, query_embedding vector, hits jsonb DEFAULT NULL, answer boolean DEFAULT true
+    plan jsonb, query_embedding vector, hits jsonb DEFAULT NULL, answer boolean DEFAULT true,
+    prefetched jsonb DEFAULT NULL
 )
 RETURNS jsonb
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
 DECLARE
-    q text := plan ->> 'query';
     project text := plan ->> 'project';
     lv text[] := ARRAY(SELECT jsonb_array_elements_text(plan -> 'levels'));
     strat text := plan ->> 'search_strategy';
@@ -81,6 +116,7 @@ DECLARE
     ev jsonb := plan -> 'evidence';
     empty constant jsonb := '{"ids": [], "scores": []}';
     lex_engine text;
+    calls jsonb := memory._lexical_calls(plan);
     lex jsonb := empty;
     sem jsonb := empty;
     ev_lex jsonb := empty;
@@ -96,15 +132,21 @@ BEGIN
     END IF;
     t := clock_timestamp();
     lex_engine := CASE WHEN answer THEN plan -> 'lexical' ->> 'engine' END;
-    CASE lex_engine
-        WHEN 'postgres-bm25' THEN
-            lex := memory._lexical_leg(q, project, lv, (plan -> 'lexical' ->> 'depth')::integer, lo, hi);
-        WHEN 'opensearch' THEN
-            lex := memory._opensearch_leg(hits, (plan ->> 'project_id')::integer);
-        ELSE NULL;
-    END CASE;
-    IF lex_engine IS NOT NULL THEN  -- a stage's time is reported only when it ran
-        st := st || jsonb_build_object('lexical_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    IF lex_engine = 'postgres-bm25' AND prefetched -> 'calls' -> 'lexical' = calls -> 'lexical' THEN
+        -- run beside the embedding (memory._serve_start) for this very call
+        lex := prefetched -> 'lexical';
+        st := st || jsonb_build_object('lexical_time_ms', prefetched -> 'stages' -> 'lexical_time_ms');
+    ELSE
+        CASE lex_engine
+            WHEN 'postgres-bm25' THEN
+                lex := memory._lexical_call(calls -> 'lexical');
+            WHEN 'opensearch' THEN
+                lex := memory._opensearch_leg(hits, (plan ->> 'project_id')::integer);
+            ELSE NULL;
+        END CASE;
+        IF lex_engine IS NOT NULL THEN  -- a stage's time is reported only when it ran
+            st := st || jsonb_build_object('lexical_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+        END IF;
     END IF;
     t := clock_timestamp();
     IF NOT answer THEN
@@ -129,7 +171,11 @@ BEGIN
         ev_sem := sem;
     ELSE
         IF (ev ->> 'lexical')::boolean THEN
-            ev_lex := memory._lexical_leg(q, project, ARRAY['L0'], (ev ->> 'candidates')::integer, lo, hi);
+            IF prefetched -> 'calls' -> 'evidence_lexical' = calls -> 'evidence_lexical' THEN
+                ev_lex := prefetched -> 'evidence_lexical';
+            ELSE
+                ev_lex := memory._lexical_call(calls -> 'evidence_lexical');
+            END IF;
             legs := legs + 1;
         END IF;
         IF (ev ->> 'semantic')::boolean AND query_embedding IS NOT NULL THEN
@@ -154,8 +200,8 @@ BEGIN
                               'evidence_semantic', ev_sem, 'evidence_legs', legs,
                               'fused', coalesce(fused, '[]'), 'stages', st);
 END $$;
-COMMENT ON FUNCTION memory._run_legs(jsonb, vector, jsonb, boolean) IS
-    'The first half of memory._execute: the legs a plan names (hits: the OpenSearch leg the service fetched) and their fusion, as the state memory._finish takes: lexical, semantic, evidence_lexical, evidence_semantic, fused (best first, final_k deep) and stage times. answer => false runs the evidence''s direct legs only.';
+COMMENT ON FUNCTION memory._run_legs(jsonb, vector, jsonb, boolean, jsonb) IS
+    'The first half of memory._execute: the legs a plan names (hits: the OpenSearch leg the service fetched) and their fusion, as the state memory._finish takes: lexical, semantic, evidence_lexical, evidence_semantic, fused (best first, final_k deep) and stage times. answer => false runs the evidence''s direct legs only; prefetched (memory._serve_start''s) gives legs already run, each taken only where its call is the plan''s own.';
 
 -- A result's provenance tree without the L0 turns the evidence does not cite.
 CREATE OR REPLACE FUNCTION memory._cited_only(tree jsonb, cited text[], OUT kept jsonb, OUT omitted integer)
@@ -327,20 +373,46 @@ COMMENT ON FUNCTION memory._prepare(jsonb, vector, text) IS
 
 -- What the HTTP service calls: the tenant's projects travel with the statement (no
 -- separate set_config), so a query is one statement and one round trip.
-CREATE OR REPLACE FUNCTION memory._serve_plan(req jsonb, caps jsonb)
+DROP FUNCTION IF EXISTS memory._serve_plan(jsonb, jsonb);
+CREATE OR REPLACE FUNCTION memory._serve_start(req jsonb, caps jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    plan jsonb;
+    calls jsonb;
+    done jsonb := '{}';
+    lex jsonb;
+    ev_lex jsonb;
+    st jsonb := '{}';
+    t timestamptz;
 BEGIN
     PERFORM memory._assert_projects(caps);
-    RETURN memory._plan(req, caps);
+    plan := memory._plan(req, caps);
+    -- The lexical legs need no vector: they run here, while the service embeds the query.
+    calls := memory._lexical_calls(plan);
+    IF calls -> 'lexical' IS NOT NULL THEN
+        t := clock_timestamp();
+        lex := memory._lexical_call(calls -> 'lexical');
+        done := done || jsonb_build_object('lexical', calls -> 'lexical');
+        st := st || jsonb_build_object('lexical_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    END IF;
+    IF calls -> 'evidence_lexical' IS NOT NULL
+       AND NOT (plan -> 'evidence' ->> 'reuses_legs')::boolean THEN
+        ev_lex := memory._lexical_call(calls -> 'evidence_lexical');
+        done := done || jsonb_build_object('evidence_lexical', calls -> 'evidence_lexical');
+    END IF;
+    RETURN plan || jsonb_build_object('prefetched', jsonb_build_object(
+        'calls', done, 'lexical', lex, 'evidence_lexical', ev_lex, 'stages', st));
 END $$;
-COMMENT ON FUNCTION memory._serve_plan(jsonb, jsonb) IS
-    'The HTTP service''s first statement: the plan (memory._plan) under the projects caps asserts (read_projects, write_projects; honoured for members of memory_service only).';
+COMMENT ON FUNCTION memory._serve_start(jsonb, jsonb) IS
+    'The HTTP service''s first statement, under the projects caps asserts (read_projects, write_projects; honoured for members of memory_service only): the plan (memory._plan), and under prefetched the Postgres lexical legs it names, run while the service embeds the query; memory._serve takes them back.';
 
+DROP FUNCTION IF EXISTS memory._serve(jsonb, jsonb, vector, jsonb, text);
 CREATE OR REPLACE FUNCTION memory._serve(
-    req jsonb, caps jsonb, query_embedding vector, hits jsonb DEFAULT NULL, through text DEFAULT 'answer'
+    req jsonb, caps jsonb, query_embedding vector, hits jsonb DEFAULT NULL,
+    through text DEFAULT 'answer', prefetched jsonb DEFAULT NULL
 )
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -352,7 +424,7 @@ DECLARE
 BEGIN
     PERFORM memory._assert_projects(caps);
     plan := memory._plan(req, caps);
-    state := memory._run_legs(plan, query_embedding, hits);
+    state := memory._run_legs(plan, query_embedding, hits, true, prefetched);
     IF through = 'candidates' THEN
         -- For the reranker: the fused candidates with their texts, and the state to finish.
         RETURN jsonb_build_object(
@@ -364,8 +436,8 @@ BEGIN
     END IF;
     RETURN memory._finish(plan, state, query_embedding);
 END $$;
-COMMENT ON FUNCTION memory._serve(jsonb, jsonb, vector, jsonb, text) IS
-    'The HTTP service''s query statement: plans (memory._plan, the same plan memory._serve_plan returned), runs the legs and finishes the answer (memory._finish); through => ''candidates'' stops after fusion and returns the candidates'' texts for a reranker, and memory._serve_finish completes it.';
+COMMENT ON FUNCTION memory._serve(jsonb, jsonb, vector, jsonb, text, jsonb) IS
+    'The HTTP service''s query statement: plans (memory._plan, the same plan memory._serve_start returned unless the caps changed since), runs the legs (taking back the prefetched lexical legs whose calls are the plan''s own) and finishes the answer (memory._finish); through => ''candidates'' stops after fusion and returns the candidates'' texts for a reranker, and memory._serve_finish completes it.';
 
 CREATE OR REPLACE FUNCTION memory._serve_finish(
     req jsonb, caps jsonb, state jsonb, query_embedding vector, result_order bigint[], rerank jsonb

@@ -114,11 +114,9 @@ def busy_backends(admin: Conn, url: str, settle_s: float = 0.5) -> list[tuple[An
         time.sleep(0.02)
 
 
-def test_the_legs_run_in_the_one_statement_and_are_timed_there(
-    fixture_url: str, embedder: LocalEmbedder
-) -> None:
-    """The database runs both legs inside the query's one statement and times each there;
-    the service's own share of the request is the rest."""
+def test_the_legs_are_timed_where_they_ran(fixture_url: str, embedder: LocalEmbedder) -> None:
+    """The database runs the lexical leg in the first statement (beside the embedding) and
+    the semantic leg in the second, and times each there: the request takes both."""
     slow_down(fixture_url, "lexical_search", 0.5)
     slow_down(fixture_url, "semantic_search", 0.5)
     with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as client:
@@ -126,8 +124,8 @@ def test_the_legs_run_in_the_one_statement_and_are_timed_there(
     m = body["metrics"]
     assert body["search_strategy"] == "Hybrid"
     assert m["lexical_time_ms"] >= 500 and m["semantic_time_ms"] >= 500
-    assert m["database_time_ms"] >= m["lexical_time_ms"] + m["semantic_time_ms"], m
-    assert m["total_time_ms"] >= m["database_time_ms"]
+    assert m["database_time_ms"] >= m["semantic_time_ms"], m
+    assert m["total_time_ms"] >= m["lexical_time_ms"] + m["semantic_time_ms"], m
     assert any(r["semantic_rank"] and r["lexical_rank"] for r in body["results"])
 
 
@@ -472,11 +470,15 @@ def test_a_query_embedded_by_another_model_is_not_scored_semantically(
 ) -> None:
     env = {**remote_env(fixture_url, embeddings), "POIMEN_EMBEDDINGS_MODEL": "other-model"}
     with serve(env) as client:
-        body = query(client, query=KONG)
-    assert body["search_strategy"] == "LexicalOnly" and body["results"]
-    assert degraded(body, "embed") == ["model_mismatch"]
-    assert all(r["semantic_rank"] is None for r in body["results"])
-    assert embeddings.embedding_requests == []
+        first = query(client, query=KONG)
+        body = query(client, query=KONG + " again")
+    for b in (first, body):
+        assert b["search_strategy"] == "LexicalOnly" and b["results"]
+        assert degraded(b, "embed") == ["model_mismatch"]
+        assert all(r["semantic_rank"] is None for r in b["results"])
+    # The first query's embedding started beside its plan (the service had not seen the
+    # database's model yet) and was dropped; once seen, no query is embedded for nothing.
+    assert [r.body["input"] for r in embeddings.embedding_requests] in ([], [[KONG]])
 
 
 # -- the database ------------------------------------------------------------------------------

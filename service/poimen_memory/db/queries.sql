@@ -249,13 +249,15 @@ FROM memory.select_evidence(%(result_ids)s, %(semantic)s::jsonb, %(lexical)s::js
                             %(dense_weight)s, %(rrf_k)s)
 ORDER BY rank;
 
--- name: serve_plan
--- The plan of a query (sql/066_plan.sql) under the tenant's projects, in one round trip.
-SELECT memory._serve_plan(%(req)s::jsonb, %(caps)s::jsonb);
+-- name: serve_start
+-- The plan of a query (sql/066_plan.sql) under the tenant's projects, and its Postgres
+-- lexical legs, run while the service embeds the query: one round trip.
+SELECT memory._serve_start(%(req)s::jsonb, %(caps)s::jsonb);
 
 -- name: serve
 -- The whole query in one statement: the plan run by the executor (sql/071_execute.sql).
-SELECT memory._serve(%(req)s::jsonb, %(caps)s::jsonb, %(embedding)s, %(hits)s::jsonb, %(through)s);
+SELECT memory._serve(%(req)s::jsonb, %(caps)s::jsonb, %(embedding)s, %(hits)s::jsonb, %(through)s,
+                     %(prefetched)s::jsonb);
 
 -- name: serve_finish
 -- After a reranker: the answer in its order.

@@ -78,6 +78,8 @@ class Retriever:
     # Whether a pool's server answers, per pool, shared for a second (_database_answers).
     _probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
     _probes: dict[int, tuple[float, bool]] = field(default_factory=dict, init=False, repr=False)
+    # The model of the database's vectors at the last plan (None: none seen yet).
+    _db_model: str | None = field(default=None, init=False, repr=False)
 
     @property
     def lexical_engines(self) -> list[str]:
@@ -241,19 +243,41 @@ class Retriever:
         caps = self._caps()
         if self.reranker is not None:
             caps["rerank_depth"] = req.limit * self.settings.rerank_depth_factor
-        plan = await self._call(
-            deadline, "validate", "serve_plan", {"req": json.dumps(body), "caps": json.dumps(caps)}
-        )
         embedding: np.ndarray[Any, Any] | None = None
         hits: list[dict[str, Any]] | None = None
         tasks: dict[str, asyncio.Task[Any]] = {}
-        if plan["needs_embedding"]:
+        # The embedding starts beside the first statement (the plan and the lexical legs)
+        # when the route will want it: the strategy forced, or the one poimen_core's
+        # optimizer chose (the routing the plan is made from), unless the database's vectors
+        # were another model's at its last plan. The plan decides; a vector it does not
+        # want is dropped.
+        if (
+            self.embedder is not None
+            and self._db_model in (None, self.embedder.model_name)
+            and (req.strategy or body["routing"]["search_strategy"]) != "LexicalOnly"
+        ):
             tasks["embed"] = asyncio.create_task(self._embed(req.query, deadline, trace))
-        if plan["lexical"]["engine"] == "opensearch":
-            tasks["opensearch"] = asyncio.create_task(
-                self._opensearch(req, plan["lexical"]["depth"], deadline, trace)
-            )
         try:
+            plan = await self._call(
+                deadline,
+                "plan, lexical (in one statement)",
+                "serve_start",
+                {"req": json.dumps(body), "caps": json.dumps(caps)},
+            )
+            prefetched = plan.pop("prefetched")
+            self._db_model = plan["embedding_model"]
+            if plan["needs_embedding"] and "embed" not in tasks:
+                tasks["embed"] = asyncio.create_task(self._embed(req.query, deadline, trace))
+            elif not plan["needs_embedding"] and "embed" in tasks:
+                dropped = tasks.pop("embed")
+                dropped.cancel()
+                await asyncio.gather(dropped, return_exceptions=True)
+                trace.metrics.pop("embed_time_ms", None)
+                trace.metrics.pop("embedding_cache_hit", None)
+            if plan["lexical"]["engine"] == "opensearch":
+                tasks["opensearch"] = asyncio.create_task(
+                    self._opensearch(req, plan["lexical"]["depth"], deadline, trace)
+                )
             if "opensearch" in tasks:
                 try:
                     hits = await tasks["opensearch"]
@@ -285,6 +309,7 @@ class Retriever:
             "caps": json.dumps(caps),
             "embedding": embedding,
             "hits": json.dumps(hits) if hits is not None else None,
+            "prefetched": json.dumps(prefetched),
         }
         t0 = time.monotonic()
         stage = _running(plan)
