@@ -6,45 +6,36 @@
 -- candidates in between); memory.query, memory.answer and memory.evidence call them too,
 -- so an answer is the same whichever interface asked.
 
--- One leg as fuse_legs takes it: {"ids": [..], "scores": [..]} in rank order.
-CREATE OR REPLACE FUNCTION memory._lexical_leg(
-    query text, project text, levels text[], k integer, since timestamptz, before timestamptz
+-- One leg as fuse_legs takes it: {"ids": [..], "scores": [..]} in rank order. The three
+-- stage functions behind one aggregation; the one a kind does not name is never run (its
+-- branch is cut by a one-time filter).
+CREATE OR REPLACE FUNCTION memory._leg(
+    kind text, query text, query_embedding vector, ids bigint[], project text, levels text[],
+    k integer, since timestamptz, before timestamptz
 )
 RETURNS jsonb
 -- PL/pgSQL, not SQL: PostgreSQL 15 plans a SQL function's body at every call.
-LANGUAGE plpgsql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    RETURN (SELECT jsonb_build_object('ids', coalesce(jsonb_agg(l.node_id ORDER BY l.rank), '[]'),
-                                      'scores', coalesce(jsonb_agg(l.lexical_score ORDER BY l.rank), '[]'))
-            FROM memory.lexical_search($1, $2, $3, $4, since => $5, before => $6) l);
-END $$;
-COMMENT ON FUNCTION memory._lexical_leg(text, text, text[], integer, timestamptz, timestamptz) IS
-    'memory.lexical_search as a leg of memory.fuse_legs ({"ids": [..], "scores": [..]}, best first).';
-
-CREATE OR REPLACE FUNCTION memory._semantic_leg(
-    query_embedding vector, ids bigint[], project text, levels text[], k integer,
-    since timestamptz, before timestamptz
-)
-RETURNS jsonb
 -- PARALLEL UNSAFE: memory.semantic_search sets hnsw.ef_search.
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
 BEGIN
-    -- ids NULL: HNSW recall over the filter; otherwise exact cosine over exactly those ids.
-    IF $2 IS NULL THEN
-        RETURN (SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
-                                          'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
-                FROM memory.semantic_search($1, $3, $4, $5, since => $6, before => $7) s);
-    END IF;
-    RETURN (SELECT jsonb_build_object('ids', coalesce(jsonb_agg(s.node_id ORDER BY s.rank), '[]'),
-                                      'scores', coalesce(jsonb_agg(s.query_score ORDER BY s.rank), '[]'))
-            FROM memory.search_by_ids($1, $2, $3, $4, $5, since => $6, before => $7) s);
+    RETURN (SELECT jsonb_build_object('ids', coalesce(jsonb_agg(r.node_id ORDER BY r.rank), '[]'),
+                                      'scores', coalesce(jsonb_agg(r.score ORDER BY r.rank), '[]'))
+            FROM (SELECT l.node_id, l.rank, l.lexical_score AS score
+                  FROM memory.lexical_search($2, $5, $6, $7, since => $8, before => $9) l
+                  WHERE $1 = 'lexical'
+                  UNION ALL
+                  SELECT s.node_id, s.rank, s.query_score
+                  FROM memory.semantic_search($3, $5, $6, $7, since => $8, before => $9) s
+                  WHERE $1 = 'semantic'
+                  UNION ALL
+                  SELECT s.node_id, s.rank, s.query_score
+                  FROM memory.search_by_ids($3, $4, $5, $6, $7, since => $8, before => $9) s
+                  WHERE $1 = 'by_ids') r);
 END $$;
-COMMENT ON FUNCTION memory._semantic_leg(vector, bigint[], text, text[], integer, timestamptz, timestamptz) IS
-    'A semantic leg of memory.fuse_legs: memory.semantic_search (ids NULL) or memory.search_by_ids over ids.';
+COMMENT ON FUNCTION memory._leg(text, text, vector, bigint[], text, text[], integer, timestamptz, timestamptz) IS
+    'One leg of memory.fuse_legs ({"ids": [..], "scores": [..]}, best first): kind lexical (memory.lexical_search of query), semantic (memory.semantic_search of query_embedding) or by_ids (memory.search_by_ids over ids), each with the project, levels, k and since/before.';
 
 CREATE OR REPLACE FUNCTION memory._opensearch_leg(hits jsonb, project_id integer)
 RETURNS jsonb
@@ -88,17 +79,13 @@ CREATE OR REPLACE FUNCTION memory._lexical_call(call jsonb)
 RETURNS jsonb
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-RETURN memory._lexical_leg(call ->> 'query', call ->> 'project',
-                           ARRAY(SELECT jsonb_array_elements_text(call -> 'levels')),
-                           (call ->> 'k')::integer, (call ->> 'since')::timestamptz,
-                           (call ->> 'before')::timestamptz);
+RETURN memory._leg('lexical', call ->> 'query', NULL, NULL, call ->> 'project',
+                   ARRAY(SELECT jsonb_array_elements_text(call -> 'levels')),
+                   (call ->> 'k')::integer, (call ->> 'since')::timestamptz,
+                   (call ->> 'before')::timestamptz);
 COMMENT ON FUNCTION memory._lexical_call(jsonb) IS
     'Runs one call of memory._lexical_calls: memory.lexical_search as a leg.';
 
--- prefetched was added: the shorter signature goes first, after the one SQL function whose
--- body is bound to it (memory._execute, re-created below).
-DROP FUNCTION IF EXISTS memory._execute(jsonb, vector, jsonb);
-DROP FUNCTION IF EXISTS memory._run_legs(jsonb, vector, jsonb, boolean);
 CREATE OR REPLACE FUNCTION memory._run_legs(
     plan jsonb, query_embedding vector, hits jsonb DEFAULT NULL, answer boolean DEFAULT true,
     prefetched jsonb DEFAULT NULL
@@ -152,12 +139,12 @@ BEGIN
     IF NOT answer THEN
         NULL;  -- the evidence's legs alone (memory.evidence)
     ELSIF plan -> 'semantic' ->> 'engine' = 'hnsw' THEN
-        sem := memory._semantic_leg(query_embedding, NULL, project, lv,
-                                    (plan -> 'semantic' ->> 'depth')::integer, lo, hi);
+        sem := memory._leg('semantic', NULL, query_embedding, NULL, project, lv,
+                           (plan -> 'semantic' ->> 'depth')::integer, lo, hi);
     ELSIF plan -> 'semantic' ->> 'engine' = 'by-ids' THEN
-        sem := memory._semantic_leg(query_embedding,
-                                    ARRAY(SELECT jsonb_array_elements_text(lex -> 'ids')::bigint),
-                                    project, lv,
+        sem := memory._leg('by_ids', NULL, query_embedding,
+                           ARRAY(SELECT jsonb_array_elements_text(lex -> 'ids')::bigint),
+                           project, lv,
                                     coalesce((plan -> 'semantic' ->> 'depth')::integer,
                                              greatest(jsonb_array_length(lex -> 'ids'), 1)),
                                     lo, hi);
@@ -179,8 +166,8 @@ BEGIN
             legs := legs + 1;
         END IF;
         IF (ev ->> 'semantic')::boolean AND query_embedding IS NOT NULL THEN
-            ev_sem := memory._semantic_leg(query_embedding, NULL, project, ARRAY['L0'],
-                                           (ev ->> 'candidates')::integer, lo, hi);
+            ev_sem := memory._leg('semantic', NULL, query_embedding, NULL, project, ARRAY['L0'],
+                                  (ev ->> 'candidates')::integer, lo, hi);
             legs := legs + 1;
         END IF;
     END IF;
@@ -373,7 +360,6 @@ COMMENT ON FUNCTION memory._prepare(jsonb, vector, text) IS
 
 -- What the HTTP service calls: the tenant's projects travel with the statement (no
 -- separate set_config), so a query is one statement and one round trip.
-DROP FUNCTION IF EXISTS memory._serve_plan(jsonb, jsonb);
 CREATE OR REPLACE FUNCTION memory._serve_start(req jsonb, caps jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -409,7 +395,6 @@ END $$;
 COMMENT ON FUNCTION memory._serve_start(jsonb, jsonb) IS
     'The HTTP service''s first statement, under the projects caps asserts (read_projects, write_projects; honoured for members of memory_service only): the plan (memory._plan), and under prefetched the Postgres lexical legs it names, run while the service embeds the query; memory._serve takes them back.';
 
-DROP FUNCTION IF EXISTS memory._serve(jsonb, jsonb, vector, jsonb, text);
 CREATE OR REPLACE FUNCTION memory._serve(
     req jsonb, caps jsonb, query_embedding vector, hits jsonb DEFAULT NULL,
     through text DEFAULT 'answer', prefetched jsonb DEFAULT NULL

@@ -42,7 +42,7 @@ DECLARE
         'memory.provenance_forest', 'memory.hydrate',
         'memory.select_evidence', 'memory.evidence', 'memory._evidence',
         'memory._plan', 'memory.plan_query', 'memory._request', 'memory.strategies',
-        'memory.check_k', 'memory._lexical_leg', 'memory._semantic_leg',
+        'memory.check_k', 'memory._leg',
         'memory._opensearch_leg', 'memory._run_legs', 'memory._cited_only', 'memory._finish',
         'memory._execute', 'memory._prepare', 'memory.answer', 'memory._serve_start',
         'memory._lexical_calls', 'memory._lexical_call',

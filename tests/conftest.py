@@ -38,6 +38,42 @@ if SQL_MODE and SQL_MODE not in SQL_MODES:
     raise RuntimeError(f"POIMEN_TEST_SQL_MODE must be one of {SQL_MODES}, not {SQL_MODE!r}")
 
 
+# The SQL-mode sessions started early (pytest_collection_finish), for tests/test_sql_modes.py.
+EARLY = pytest.StashKey[dict[str, Any]]()
+EARLY_DEADLINE = pytest.StashKey[float]()
+EARLY_LOGS = pytest.StashKey[Path]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the SQL-mode sessions the run selected as soon as it knows: they then run
+    beside the rest of the suite instead of after it (tests/test_sql_modes.py)."""
+    modes = [
+        item.callspec.params["mode"]
+        for item in session.items
+        if getattr(item, "originalname", "") == "test_sql_suite_passes_in_mode"
+        and hasattr(item, "callspec")
+    ]
+    if not modes or SQL_MODE or session.config.option.collectonly:
+        return
+    import time
+
+    from test_sql_modes import SESSIONS_TIMEOUT_S, start
+
+    logs = Path(tempfile.mkdtemp(prefix="poimen-sql-modes-"))
+    session.config.stash[EARLY_LOGS] = logs
+    session.config.stash[EARLY] = start(modes, logs)
+    session.config.stash[EARLY_DEADLINE] = time.monotonic() + SESSIONS_TIMEOUT_S
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    early = session.config.stash.get(EARLY, None)
+    if early:
+        from test_sql_modes import stop_all
+
+        stop_all(early)
+        shutil.rmtree(session.config.stash[EARLY_LOGS], ignore_errors=True)
+
+
 def prepare_conn(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     """Apply the SQL mode to a test connection (after pgvector's types are registered)."""
     if SQL_MODE == "empty_search_path":

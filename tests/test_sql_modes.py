@@ -3,9 +3,10 @@ an empty search_path, and pgvector installed in a schema named `extensions`. Eac
 separate pytest session (its own throwaway cluster) with POIMEN_TEST_SQL_MODE set; the
 fixtures in conftest.py apply the mode.
 
-The selected sessions start together and run side by side (on this project's 2-core
-machines the three took 5 min 46 s together against about 8 min 20 s one after the other);
-each test below waits for its own session."""
+The selected sessions start together, when the main session has collected its tests, and
+run side by side and beside the rest of the suite (on this project's 2-core machines the
+three took 5 min 46 s together against about 8 min 20 s one after the other, and the main
+session spends most of its time waiting on servers); each test below waits for its own."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SQL_MODE, SQL_MODES
+from conftest import EARLY, EARLY_DEADLINE, SQL_MODE, SQL_MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 SQL_SUITE = [
@@ -62,34 +63,49 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def start(modes: list[str], logs: Path) -> dict[str, Session]:
+    """The sessions of ``modes``, started at once, each logging to its own file."""
+    running: dict[str, Session] = {}
+    for mode in dict.fromkeys(modes):
+        log = logs / f"{mode}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _RUN_PYTEST, "-q", "-p", "no:cacheprovider", *SQL_SUITE],
+                cwd=ROOT,
+                env=dict(os.environ, POIMEN_TEST_SQL_MODE=mode),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        running[mode] = (proc, log)
+    return running
+
+
+def stop_all(running: dict[str, Session]) -> None:
+    for proc, _ in running.values():
+        _stop(proc)
+
+
 @pytest.fixture(scope="module")
 def sessions(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[dict[str, Session], float]]:
-    """The sessions of the modes this run selected, started at once, and their deadline."""
+    """The sessions of the modes this run selected, and their deadline. conftest.py starts
+    them when collection ends, so they run beside the rest of the suite (most of which
+    waits on servers, not on the cores); run alone, this module starts them itself."""
+    early: dict[str, Session] | None = request.config.stash.get(EARLY, None)
+    if early is not None:
+        yield early, request.config.stash[EARLY_DEADLINE]
+        return
     selected = [
         item.callspec.params["mode"]
         for item in request.session.items
         if item.originalname == "test_sql_suite_passes_in_mode"
     ]
-    logs = tmp_path_factory.mktemp("sql-modes")
-    running: dict[str, Session] = {}
+    running = start(selected, tmp_path_factory.mktemp("sql-modes"))
     try:
-        for mode in dict.fromkeys(selected):
-            log = logs / f"{mode}.log"
-            with log.open("wb") as out:
-                proc = subprocess.Popen(
-                    [sys.executable, "-c", _RUN_PYTEST, "-q", "-p", "no:cacheprovider", *SQL_SUITE],
-                    cwd=ROOT,
-                    env=dict(os.environ, POIMEN_TEST_SQL_MODE=mode),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            running[mode] = (proc, log)
         yield running, time.monotonic() + SESSIONS_TIMEOUT_S
     finally:
-        for proc, _ in running.values():
-            _stop(proc)
+        stop_all(running)
 
 
 @pytest.mark.skipif(bool(SQL_MODE), reason="already inside a SQL-mode run")

@@ -243,8 +243,6 @@ class Retriever:
         caps = self._caps()
         if self.reranker is not None:
             caps["rerank_depth"] = req.limit * self.settings.rerank_depth_factor
-        embedding: np.ndarray[Any, Any] | None = None
-        hits: list[dict[str, Any]] | None = None
         tasks: dict[str, asyncio.Task[Any]] = {}
         # The embedding starts beside the first statement (the plan and the lexical legs)
         # when the route will want it: the strategy forced, or the one poimen_core's
@@ -278,27 +276,7 @@ class Retriever:
                 tasks["opensearch"] = asyncio.create_task(
                     self._opensearch(req, plan["lexical"]["depth"], deadline, trace)
                 )
-            if "opensearch" in tasks:
-                try:
-                    hits = await tasks["opensearch"]
-                except Exception as exc:  # any OpenSearch failure falls back, never fails
-                    if isinstance(exc, DeadlineExceeded | asyncio.CancelledError):
-                        raise
-                    caps["opensearch_failed"] = getattr(exc, "tag", None) or type(exc).__name__
-            if "embed" in tasks:
-                try:
-                    embedding = await tasks["embed"]
-                except EmbeddingUnavailable as exc:
-                    if not self.lexical_engines:
-                        raise EmbeddingUnavailable(
-                            f"embedder unavailable ({exc.tag}) and no lexical engine to fall "
-                            "back to",
-                            reason=exc.reason,
-                            status=exc.status,
-                            detail=str(exc),
-                        ) from exc
-                    deadline.check("embed")
-                    caps["vector"], caps["embed_failed"] = False, exc.tag
+            embedding, hits = await self._upstreams(tasks, caps, deadline)
         finally:
             for t in tasks.values():
                 t.cancel()
@@ -338,6 +316,36 @@ class Retriever:
             )
         trace.metrics["database_time_ms"] = round((time.monotonic() - t0) * 1000, 3)
         return response(req, doc, trace, reranked is not None, deadline.elapsed_ms())
+
+    async def _upstreams(
+        self, tasks: dict[str, asyncio.Task[Any]], caps: dict[str, Any], deadline: Deadline
+    ) -> tuple[np.ndarray[Any, Any] | None, list[dict[str, Any]] | None]:
+        """The query's vector and OpenSearch's hits. A failure of either degrades: it is
+        told to the plan through ``caps`` (embed_failed, opensearch_failed), which then
+        routes without it, unless nothing is left to answer with."""
+        embedding: np.ndarray[Any, Any] | None = None
+        hits: list[dict[str, Any]] | None = None
+        if "opensearch" in tasks:
+            try:
+                hits = await tasks["opensearch"]
+            except Exception as exc:  # any OpenSearch failure falls back, never fails
+                if isinstance(exc, DeadlineExceeded | asyncio.CancelledError):
+                    raise
+                caps["opensearch_failed"] = getattr(exc, "tag", None) or type(exc).__name__
+        if "embed" in tasks:
+            try:
+                embedding = await tasks["embed"]
+            except EmbeddingUnavailable as exc:
+                if not self.lexical_engines:
+                    raise EmbeddingUnavailable(
+                        f"embedder unavailable ({exc.tag}) and no lexical engine to fall back to",
+                        reason=exc.reason,
+                        status=exc.status,
+                        detail=str(exc),
+                    ) from exc
+                deadline.check("embed")
+                caps["vector"], caps["embed_failed"] = False, exc.tag
+        return embedding, hits
 
     async def _embed(self, text: str, deadline: Deadline, trace: Trace) -> np.ndarray[Any, Any]:
         assert self.embedder is not None

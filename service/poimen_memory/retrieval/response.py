@@ -19,7 +19,8 @@ _DB_STAGES = (
     "provenance_time_ms",
     "evidence_time_ms",
 )
-_RESULT_FIELDS = (
+# What results and evidence show of a node alike, then what each adds.
+_NODE_FIELDS = (
     "rank",
     "external_id",
     "level",
@@ -30,6 +31,9 @@ _RESULT_FIELDS = (
     "source",
     "breadcrumb",
     "timestamp",
+)
+_RESULT_FIELDS = (
+    *_NODE_FIELDS,
     "query_score",
     "lexical_score",
     "final_score",
@@ -38,22 +42,7 @@ _RESULT_FIELDS = (
     "lexical_rank",
     "fusion_method",
 )
-_EVIDENCE_FIELDS = (
-    "rank",
-    "level",
-    "sha256",
-    "external_id",
-    "project",
-    "title",
-    "text",
-    "source",
-    "breadcrumb",
-    "timestamp",
-    "score",
-    "direct_rank",
-    "cited_by",
-    "neighbour_score",
-)
+_EVIDENCE_FIELDS = (*_NODE_FIELDS, "score", "direct_rank", "cited_by", "neighbour_score")
 
 
 def _result(r: dict[str, Any]) -> dict[str, Any]:
