@@ -71,18 +71,28 @@ RETURN @vocabulary.strategies@;
 COMMENT ON FUNCTION memory.strategies() IS
     'The search strategies a query may be routed to or forced into (poimen_core.vocabulary STRATEGIES, written here by migrate).';
 
-CREATE OR REPLACE FUNCTION memory.check_k(k integer)
+CREATE OR REPLACE FUNCTION memory.check_within(
+    name text, value integer, lo integer, hi integer, hint text
+)
 RETURNS integer
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF k IS NULL OR k NOT BETWEEN 1 AND 50 THEN
-        RAISE EXCEPTION 'k must be within 1..50, got %', coalesce(k::text, 'NULL')
-            USING ERRCODE = '22023', HINT = 'k is the number of rows to return, e.g. k => 5.';
+    IF value IS NULL OR value NOT BETWEEN lo AND hi THEN
+        RAISE EXCEPTION '% must be within %..%, got %', name, lo, hi, coalesce(value::text, 'NULL')
+            USING ERRCODE = '22023', HINT = hint;
     END IF;
-    RETURN k;
+    RETURN value;
 END $$;
+COMMENT ON FUNCTION memory.check_within(text, integer, integer, integer, text) IS
+    'Returns value unless it is NULL or outside lo..hi: then 22023 naming the argument, with the hint.';
+
+CREATE OR REPLACE FUNCTION memory.check_k(k integer)
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN memory.check_within('k', k, 1, 50, 'k is the number of rows to return, e.g. k => 5.');
 COMMENT ON FUNCTION memory.check_k(integer) IS
     'Returns k unless it is NULL or outside 1..50 (22023): the number of results a query returns.';
 
@@ -103,16 +113,9 @@ COMMENT ON FUNCTION memory.check_fusion(text) IS
 
 CREATE OR REPLACE FUNCTION memory.check_evidence_budget(budget integer)
 RETURNS integer
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF budget IS NULL OR budget NOT BETWEEN 0 AND 100 THEN
-        RAISE EXCEPTION 'budget must be within 0..100, got %', coalesce(budget::text, 'NULL')
-            USING ERRCODE = '22023', HINT = 'budget is the most L0 turns cited; 0 turns evidence off.';
-    END IF;
-    RETURN budget;
-END $$;
+RETURN memory.check_within('budget', budget, 0, 100, 'budget is the most L0 turns cited; 0 turns evidence off.');
 COMMENT ON FUNCTION memory.check_evidence_budget(integer) IS
     'Raises 22023 unless the evidence budget is within 0..100; returns it.';
 

@@ -53,40 +53,20 @@ END $$;
 COMMENT ON FUNCTION memory.hydrate(bigint[], vector, integer, text) IS
     'Node rows for the given ids, in input order (with project_name: only ids of that project, PM404 when unknown), with query_score (if an embedding is given), provenance down to L0 as nested jsonb (capped: memory.provenance_forest, all trees in one pass), external_id, and provenance_truncated when a cap left parents out. One round trip for a whole result page.';
 
-CREATE OR REPLACE FUNCTION memory.run_query(
-    p_query text,
-    p_embedding vector,
-    p_project text,
-    p_levels text[],
-    p_k integer,
-    p_strategy text,
-    p_fusion text,
-    p_rrf_k integer,
-    p_candidates integer,
-    p_dense_weight double precision,
-    p_since text,
-    p_until text,
-    p_reference_time timestamptz
-)
-RETURNS SETOF memory.query_row
+CREATE OR REPLACE FUNCTION memory._answer(req jsonb, query_embedding vector, caller text)
+RETURNS jsonb
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
 DECLARE
     p record;
 BEGIN
-    -- The one plan and the one executor (sql/066_plan.sql, sql/071_execute.sql); rows cite
-    -- no evidence list (memory.answer does), so the plan's budget is 0 and trees stay whole.
-    SELECT * INTO p FROM memory._prepare(
-        memory._request(p_query, p_project, p_levels, p_k, p_strategy, p_fusion, p_rrf_k,
-                        p_candidates, p_dense_weight, p_since, p_until, p_reference_time, 0),
-        p_embedding, 'memory.query');
-    RETURN QUERY
-    SELECT * FROM jsonb_populate_recordset(NULL::memory.query_row,
-                                           memory._execute(p.plan, p.embedding) -> 'results');
+    -- The one plan and the one executor (sql/066_plan.sql, sql/071_execute.sql).
+    SELECT * INTO p FROM memory._prepare(req, query_embedding, caller);
+    RETURN memory._execute(p.plan, p.embedding);
 END $$;
-COMMENT ON FUNCTION memory.run_query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz) IS
-    'Implementation of memory.query (positional parameters; call memory.query instead).';
+COMMENT ON FUNCTION memory._answer(jsonb, vector, text) IS
+    'Implementation of memory.answer and memory.query: the request (memory._request) planned and run; caller names the entry point in NOTICEs.';
 
 CREATE OR REPLACE FUNCTION memory.answer(
     query text,
@@ -105,16 +85,12 @@ CREATE OR REPLACE FUNCTION memory.answer(
     evidence integer DEFAULT NULL
 )
 RETURNS jsonb
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE
-SET search_path = pg_catalog, public, pg_temp
-AS $$
-DECLARE
-    p record;
-BEGIN
-    SELECT * INTO p FROM memory._prepare(
-        memory._request($1, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14), $2, 'memory.answer');
-    RETURN memory._execute(p.plan, p.embedding);
-END $$;
+LANGUAGE sql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+RETURN memory._answer(memory._request(query, project, levels, k, strategy, fusion, rrf_k,
+                                      candidates, dense_weight, since, until, reference_time,
+                                      evidence),
+                      query_embedding, 'memory.answer');
 COMMENT ON FUNCTION memory.answer(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, integer) IS
     'The whole answer GET /memory/query gives, as jsonb: search_strategy, plan (memory.plan_query''s), results (as memory.query''s rows, each provenance tree kept to the cited L0 turns, provenance_l0_omitted counting the rest), evidence (the cited L0 turns, best first, at most evidence of them: NULL, the policy''s evidence_budget; 0: none, whole trees), counts and stage times. Arguments as memory.query.';
 
@@ -137,9 +113,17 @@ RETURNS SETOF memory.query_row
 LANGUAGE sql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT * FROM memory.run_query(query, query_embedding, project, levels, k, strategy,
-                                   fusion, rrf_k, candidates, dense_weight, since, until,
-                                   reference_time);
+    -- memory.answer's results; they cite no evidence list, so the plan's budget is 0 and
+    -- each row keeps its whole provenance tree.
+    SELECT * FROM jsonb_populate_recordset(
+        NULL::memory.query_row,
+        memory._answer(memory._request(query, project, levels, k, strategy, fusion, rrf_k,
+                                       candidates, dense_weight, since, until, reference_time,
+                                       0),
+                       query_embedding, 'memory.query') -> 'results');
 END;
 COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz) IS
     'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top k (1..50) nodes with node_id, external_id, scores, ranks and provenance down to L0. Without query_embedding it routes and embeds in the database (memory.embed), as the HTTP service does; where the embedder or PL/Python is missing the lexical leg answers alone, with a NOTICE. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads. since/until (inclusive ISO dates or timestamps) keep only nodes whose timestamp is in range, inside every leg before its top k; reference_time (default now) anchors relative dates the optimizer extracts ("last week"), which filter only under memory.policy() extracted_dates = filter.';
+
+-- memory.query's implementation before it ran memory.answer's (nothing depends on it now).
+DROP FUNCTION IF EXISTS memory.run_query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz);

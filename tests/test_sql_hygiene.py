@@ -88,6 +88,7 @@ READER = {
     "_request",
     "strategies",
     "check_k",
+    "check_within",
     "_leg",
     "_opensearch_leg",
     "_run_legs",
@@ -109,7 +110,7 @@ READER = {
     "embed",
     "stage_sql",
     "explain_query",
-    "run_query",
+    "_answer",
     "query",
     "memory_query",
     "memory_optimize_query",
@@ -168,7 +169,7 @@ def test_parallel_labels(conn: Conn) -> None:
             assert par == "u", sig
         if vol == "v":  # writes, DDL or triggers never run in a worker
             assert par == "u", sig
-    for name in ("run_query", "query", "memory_query", "memory_optimize_query"):
+    for name in ("_answer", "query", "memory_query", "memory_optimize_query"):
         assert by_name[name][4] == "u"  # they may call the PL/Python optimizer
     for name in ("hydrate", "fuse", "fuse_legs", "provenance_tree", "policy", "lexical_search"):
         assert by_name[name][4] == "s"
