@@ -243,27 +243,3 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION memory._plan(jsonb, jsonb) IS
     'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, evidence budget. Errors name the argument (22023), PM404 for an unknown project.';
-
-CREATE OR REPLACE FUNCTION memory.plan_query(
-    query text,
-    project text DEFAULT NULL,
-    levels text[] DEFAULT ARRAY['L1', 'L2'],
-    k integer DEFAULT 5,
-    strategy text DEFAULT NULL,
-    fusion text DEFAULT NULL,
-    rrf_k integer DEFAULT NULL,
-    candidates integer DEFAULT NULL,
-    dense_weight double precision DEFAULT NULL,
-    since text DEFAULT NULL,
-    until text DEFAULT NULL,
-    reference_time timestamptz DEFAULT NULL,
-    evidence integer DEFAULT NULL
-)
-RETURNS jsonb
-LANGUAGE sql STABLE PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
-RETURN memory._plan(memory._request(query, project, levels, k, strategy, fusion, rrf_k,
-                                    candidates, dense_weight, since, until, reference_time,
-                                    evidence));
-COMMENT ON FUNCTION memory.plan_query(text, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, integer) IS
-    'The plan memory.query and memory.answer run for these arguments (jsonb: search_strategy, why, fusion, dense_weight, rrf_k, each leg''s engine and depth, levels, since_ts/before_ts, time_filter, evidence), without running it.';

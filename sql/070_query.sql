@@ -68,32 +68,6 @@ END $$;
 COMMENT ON FUNCTION memory._answer(jsonb, vector, text) IS
     'Implementation of memory.answer and memory.query: the request (memory._request) planned and run; caller names the entry point in NOTICEs.';
 
-CREATE OR REPLACE FUNCTION memory.answer(
-    query text,
-    query_embedding vector DEFAULT NULL,
-    project text DEFAULT NULL,
-    levels text[] DEFAULT ARRAY['L1', 'L2'],
-    k integer DEFAULT 5,
-    strategy text DEFAULT NULL,
-    fusion text DEFAULT NULL,
-    rrf_k integer DEFAULT NULL,
-    candidates integer DEFAULT NULL,
-    dense_weight double precision DEFAULT NULL,
-    since text DEFAULT NULL,
-    until text DEFAULT NULL,
-    reference_time timestamptz DEFAULT NULL,
-    evidence integer DEFAULT NULL
-)
-RETURNS jsonb
-LANGUAGE sql STABLE PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
-RETURN memory._answer(memory._request(query, project, levels, k, strategy, fusion, rrf_k,
-                                      candidates, dense_weight, since, until, reference_time,
-                                      evidence),
-                      query_embedding, 'memory.answer');
-COMMENT ON FUNCTION memory.answer(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, integer) IS
-    'The whole answer GET /memory/query gives, as jsonb: search_strategy, plan (memory.plan_query''s), results (as memory.query''s rows, each provenance tree kept to the cited L0 turns, provenance_l0_omitted counting the rest), evidence (the cited L0 turns, best first, at most evidence of them: NULL, the policy''s evidence_budget; 0: none, whole trees), counts and stage times. Arguments as memory.query.';
-
 CREATE OR REPLACE FUNCTION memory.query(
     query text,
     query_embedding vector DEFAULT NULL,
@@ -124,6 +98,42 @@ BEGIN ATOMIC
 END;
 COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz) IS
     'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top k (1..50) nodes with node_id, external_id, scores, ranks and provenance down to L0. Without query_embedding it routes and embeds in the database (memory.embed), as the HTTP service does; where the embedder or PL/Python is missing the lexical leg answers alone, with a NOTICE. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads. since/until (inclusive ISO dates or timestamps) keep only nodes whose timestamp is in range, inside every leg before its top k; reference_time (default now) anchors relative dates the optimizer extracts ("last week"), which filter only under memory.policy() extracted_dates = filter.';
+
+CREATE OR REPLACE FUNCTION memory._only(name text)
+RETURNS regprocedure
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN (SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+        WHERE p.pronamespace = 'memory'::regnamespace AND p.proname = name);
+COMMENT ON FUNCTION memory._only(text) IS
+    'The one function of schema memory with this name, whatever schema its argument types live in (sql/ files use it to comment generated functions).';
+
+-- memory.answer and memory.plan_query take memory.query's arguments, and evidence: made from
+-- its catalog entry (as the public aliases are, sql/079_aliases.sql), so the three entry
+-- points can never disagree about a name, a type or a default.
+DO $$
+DECLARE
+    -- By name, not by a signature naming vector: pgvector's schema need not be on the path.
+    args text := (SELECT pg_catalog.pg_get_function_arguments(p.oid) FROM pg_catalog.pg_proc p
+                  WHERE p.pronamespace = 'memory'::regnamespace AND p.proname = 'query');
+    request text := 'memory._request(query, project, levels, k, strategy, fusion, rrf_k, '
+                    'candidates, dense_weight, since, until, reference_time, evidence)';
+BEGIN
+    EXECUTE pg_catalog.format(
+        'CREATE OR REPLACE FUNCTION memory.answer(%s, evidence integer DEFAULT NULL) '
+        'RETURNS jsonb LANGUAGE sql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp '
+        'RETURN memory._answer(%s, query_embedding, %L)', args, request, 'memory.answer');
+    EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s IS %L', memory._only('answer'),
+        'The whole answer GET /memory/query gives, as jsonb: search_strategy, plan (memory.plan_query''s), results (as memory.query''s rows, each provenance tree kept to the cited L0 turns, provenance_l0_omitted counting the rest), evidence (the cited L0 turns, best first, at most evidence of them: NULL, the policy''s evidence_budget; 0: none, whole trees), counts and stage times. Arguments as memory.query.');
+    -- The plan is made as memory._prepare makes it for memory.answer: a query vector is at
+    -- hand (given, or memory.embed would make one).
+    EXECUTE pg_catalog.format(
+        'CREATE OR REPLACE FUNCTION memory.plan_query(%s, evidence integer DEFAULT NULL) '
+        'RETURNS jsonb LANGUAGE sql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp '
+        'RETURN memory._plan(%s)', args, request);
+    EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s IS %L', memory._only('plan_query'),
+        'The plan memory.answer (and memory.query, with evidence 0) runs for these arguments, without running it (jsonb: search_strategy, why, fusion, dense_weight, rrf_k, each leg''s engine and depth, levels, since_ts/before_ts, time_filter, evidence). query_embedding is not read: a vector is assumed at hand.');
+END $$;
 
 -- memory.query's implementation before it ran memory.answer's (nothing depends on it now).
 DROP FUNCTION IF EXISTS memory.run_query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz);

@@ -111,6 +111,7 @@ READER = {
     "stage_sql",
     "explain_query",
     "_answer",
+    "_only",
     "query",
     "memory_query",
     "memory_optimize_query",
@@ -347,7 +348,7 @@ def test_text_queries_run_without_plpython(conn: Conn, embedder: LocalEmbedder) 
         "SELECT DISTINCT search_strategy FROM public.memory_query(%s, %s, 'poimen')", (q, emb)
     ).fetchall()
     assert routed == [("Hybrid",)]
-    plan = one(conn, "SELECT memory.plan_query(%s, 'poimen')", (q,))
+    plan = one(conn, "SELECT memory.plan_query(%s, project => 'poimen')", (q,))
     assert {"stage": "optimizer", "reason": "not_installed"} in plan["degraded"]
     assert any("no optimizer on this database" in w for w in plan["why"])
 
