@@ -233,7 +233,8 @@ BEGIN
             -- A Hybrid query of L0 alone at the evidence depth on Postgres BM25 has run the
             -- direct legs already.
             'reuses_legs', budget > 0 AND lv = ARRAY['L0'] AND strat = 'Hybrid'
-                           AND cand = pol.evidence_candidates AND lex_engine = 'postgres-bm25',
+                           AND cand = pol.evidence_candidates
+                           AND lex_engine IS NOT DISTINCT FROM 'postgres-bm25',
             'lexical', budget > 0 AND strat <> 'SemanticOnly' AND 'postgres' = ANY (lexical_engines),
             'semantic', budget > 0 AND strat <> 'LexicalOnly'),
         'embedding_model', db_model,

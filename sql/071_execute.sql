@@ -104,6 +104,7 @@ DECLARE
     empty constant jsonb := '{"ids": [], "scores": []}';
     lex_engine text;
     calls jsonb := memory._lexical_calls(plan);
+    ev_failed jsonb;
     lex jsonb := empty;
     sem jsonb := empty;
     ev_lex jsonb := empty;
@@ -157,19 +158,31 @@ BEGIN
         ev_lex := lex;
         ev_sem := sem;
     ELSE
-        IF (ev ->> 'lexical')::boolean THEN
-            IF prefetched -> 'calls' -> 'evidence_lexical' = calls -> 'evidence_lexical' THEN
-                ev_lex := prefetched -> 'evidence_lexical';
-            ELSE
-                ev_lex := memory._lexical_call(calls -> 'evidence_lexical');
+        -- A failure of the evidence's own legs degrades the evidence, not the answer (but a
+        -- standby's recovery conflict, 40001, fails the statement: the service then asks
+        -- the primary).
+        BEGIN
+            IF (ev ->> 'lexical')::boolean THEN
+                IF prefetched -> 'calls' -> 'evidence_lexical' = calls -> 'evidence_lexical' THEN
+                    ev_lex := prefetched -> 'evidence_lexical';
+                ELSE
+                    ev_lex := memory._lexical_call(calls -> 'evidence_lexical');
+                END IF;
+                legs := legs + 1;
             END IF;
-            legs := legs + 1;
-        END IF;
-        IF (ev ->> 'semantic')::boolean AND query_embedding IS NOT NULL THEN
-            ev_sem := memory._leg('semantic', NULL, query_embedding, NULL, project, ARRAY['L0'],
-                                  (ev ->> 'candidates')::integer, lo, hi);
-            legs := legs + 1;
-        END IF;
+            IF (ev ->> 'semantic')::boolean AND query_embedding IS NOT NULL THEN
+                ev_sem := memory._leg('semantic', NULL, query_embedding, NULL, project, ARRAY['L0'],
+                                      (ev ->> 'candidates')::integer, lo, hi);
+                legs := legs + 1;
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            IF SQLSTATE = '40001' THEN
+                RAISE;
+            END IF;
+            ev_failed := jsonb_build_object('sqlstate', SQLSTATE, 'message', SQLERRM);
+            ev_lex := empty;
+            ev_sem := empty;
+        END;
     END IF;
     IF legs > 0 THEN
         st := st || jsonb_build_object('evidence_legs_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
@@ -185,6 +198,7 @@ BEGIN
     st := st || jsonb_build_object('fusion_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
     RETURN jsonb_build_object('lexical', lex, 'semantic', sem, 'evidence_lexical', ev_lex,
                               'evidence_semantic', ev_sem, 'evidence_legs', legs,
+                              'evidence_failed', ev_failed,
                               'fused', coalesce(fused, '[]'), 'stages', st);
 END $$;
 COMMENT ON FUNCTION memory._run_legs(jsonb, vector, jsonb, boolean, jsonb) IS
@@ -242,7 +256,10 @@ BEGIN
                           FROM jsonb_array_elements(state -> 'fused') WITH ORDINALITY AS f(v, o)
                           ORDER BY f.o LIMIT (plan ->> 'k')::integer));
     t := clock_timestamp();
-    IF budget > 0 THEN
+    failed := state -> 'evidence_failed';
+    IF budget > 0 AND jsonb_typeof(failed) = 'object' THEN
+        NULL;  -- its legs failed (memory._run_legs): no list, whole trees
+    ELSIF budget > 0 THEN
         -- A failure here degrades (the answer keeps its whole trees and says why): the
         -- results are ready by now and must not be lost to it.
         BEGIN
@@ -254,6 +271,9 @@ BEGIN
                                           (plan ->> 'rrf_k')::integer) e;
             evidence := coalesce(evidence, '[]');
         EXCEPTION WHEN OTHERS THEN
+            IF SQLSTATE = '40001' THEN
+                RAISE;  -- a standby's recovery conflict: the service asks the primary
+            END IF;
             GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
             failed := jsonb_build_object('sqlstate', code, 'message', msg);
             evidence := NULL;

@@ -165,6 +165,9 @@ BEGIN
         RAISE EXCEPTION 'result_ids must not be NULL'
             USING ERRCODE = '22023', HINT = 'Pass the results in rank order, e.g. ARRAY(SELECT node_id FROM memory_query(...) ORDER BY rank), or ''{}''.';
     END IF;
+    IF memory.check_evidence_budget(coalesce($5, (SELECT pol.evidence_budget FROM memory.policy() pol))) = 0 THEN
+        RETURN;  -- off costs no plan, embedding or search
+    END IF;
     -- k does not change the evidence: the plan's own check wants one.
     SELECT * INTO p FROM memory._prepare(
         memory._request($1, $4, $9, 5, $10, $8, $13, $11, $12, $6, $7, $14, memory.check_evidence_budget(

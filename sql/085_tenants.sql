@@ -117,7 +117,8 @@ DECLARE
     -- first, once-per-statement test: otherwise every row would be compared with the ids of
     -- every project, and a query's cost would grow with the number of projects.
     readable text := '(SELECT memory.granted_all(false)) OR project_id = ANY ((SELECT memory.granted_project_ids(false))::integer[])';
-    writable text := '(SELECT memory.granted_all(true)) OR project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[])';
+    -- Writing a project also needs reading it, as memory.granted_project_ids(true) says.
+    writable text := '(SELECT memory.granted_all(true) AND memory.granted_all(false)) OR project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[])';
 BEGIN
     IF to_regclass('memory.project_grants') IS NULL THEN
         RETURN;  -- migration 0008 not applied yet

@@ -202,6 +202,22 @@ def test_slow_sql_is_cancelled_at_the_deadline(
 # -- embedder failures ------------------------------------------------------------------------
 
 
+def test_a_forced_semantic_query_whose_embedder_fails_answers_from_opensearch(
+    fixture_url: str, embeddings: EmbeddingServer, opensearch: OpenSearchServer
+) -> None:
+    """SemanticOnly names no lexical leg, so the first plan asks nothing of OpenSearch; when
+    the embedder then fails, the plan becomes LexicalOnly and its lexical leg OpenSearch's,
+    which the service then asks (one statement more, on this path only)."""
+    embeddings.reset(dim=384, fail_status=500)
+    env = {**remote_env(fixture_url, embeddings), **opensearch_env(fixture_url, opensearch)}
+    with serve(env) as client:
+        body = query(client, query=KONG, project="poimen", strategy="SemanticOnly")
+    assert body["search_strategy"] == "LexicalOnly" and body["results"]
+    assert body["plan"]["engines"]["lexical"] == "opensearch"
+    assert degraded(body, "embed") and not degraded(body, "lexical")
+    assert len(opensearch.requests_to("/_search")) == 1
+
+
 def test_a_hung_embedder_degrades_to_the_lexical_answer_before_the_deadline(
     fixture_url: str, embeddings: EmbeddingServer
 ) -> None:

@@ -87,23 +87,23 @@ async def configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
 
 
 class _CheckWhenIdle:
-    """The pool's check, run on a connection that has sat idle for ``idle_s`` or more (one
-    a server restart may have killed) rather than at every checkout: a busy service then
-    spends no round trip per query on it."""
+    """The pool's check, run on a connection lent last ``idle_s`` or more ago (so idle at
+    least since then: one a server restart may have killed) rather than at every checkout:
+    a busy service then spends no round trip per query on it. No ``reset`` callback: the
+    pool would send every returned connection through a worker task for it."""
 
     def __init__(self, idle_s: float) -> None:
         self.idle_s = idle_s
-        self.returned: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
+        self.lent: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
             weakref.WeakKeyDictionary()
         )
 
-    async def reset(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        self.returned[conn] = time.monotonic()
-
     async def check(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        at = self.returned.get(conn)
-        if at is None or time.monotonic() - at >= self.idle_s:
+        now = time.monotonic()
+        at = self.lent.get(conn)
+        if at is None or now - at >= self.idle_s:
             await AsyncConnectionPool.check_connection(conn)
+        self.lent[conn] = now
 
 
 def _configure(
@@ -140,7 +140,6 @@ def open_pool(
         max_size=max_size,
         configure=_configure(statement_timeout_s),
         check=idle.check,
-        reset=idle.reset,
         open=False,
         kwargs={"autocommit": True},
     )

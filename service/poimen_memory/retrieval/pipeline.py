@@ -1,12 +1,13 @@
 """GET /memory/query: what a database should not do, around the one plan the database makes.
 
 The service routes the text with poimen_core.optimizer (the module PL/Python runs), then
-asks the database for the plan (memory._serve_plan, sql/066_plan.sql: route, fusion, each
-leg's engine and depth, time range, evidence budget), embeds the query and calls
-OpenSearch when the plan wants them, and has the database run the plan in one statement
-(memory._serve, sql/071_execute.sql): legs, fusion, provenance and the evidence list. With
-a reranker, the fused candidates come back first and a third statement finishes the answer
-in the reranker's order. memory.query and memory.answer run the same plan through the same
+asks the database for the plan (memory._serve_start, sql/071_execute.sql, over the planner
+of sql/066_plan.sql: route, fusion, each leg's engine and depth, time range, evidence
+budget) and its Postgres lexical legs while it embeds the query, calls OpenSearch when the
+plan wants it, and has the database run the rest of the plan in one statement
+(memory._serve): the semantic leg, fusion, provenance and the evidence list. With a
+reranker, the fused candidates come back first and a third statement (memory._serve_finish)
+finishes the answer in the reranker's order. memory.query and memory.answer run the same plan through the same
 executor, so SQL and HTTP answer alike.
 
 Each statement is one round trip: autocommit (no BEGIN/COMMIT for a read), the tenant's
@@ -277,6 +278,22 @@ class Retriever:
                     self._opensearch(req, plan["lexical"]["depth"], deadline, trace)
                 )
             embedding, hits = await self._upstreams(tasks, caps, deadline)
+            if "embed_failed" in caps and self.opensearch is not None and hits is None:
+                tasks.pop("embed", None)  # done, and failed
+                # The embedder failed: the plan changes (LexicalOnly), and its lexical leg
+                # may now be OpenSearch's, which the first plan did not ask for.
+                plan = await self._call(
+                    deadline,
+                    "plan, lexical (in one statement)",
+                    "serve_start",
+                    {"req": json.dumps(body), "caps": json.dumps(caps)},
+                )
+                prefetched = plan.pop("prefetched")
+                if plan["lexical"]["engine"] == "opensearch":
+                    tasks["opensearch"] = asyncio.create_task(
+                        self._opensearch(req, plan["lexical"]["depth"], deadline, trace)
+                    )
+                    _, hits = await self._upstreams(tasks, caps, deadline)
         finally:
             for t in tasks.values():
                 t.cancel()
