@@ -7,8 +7,8 @@ budget) and its Postgres lexical legs while it embeds the query, calls OpenSearc
 plan wants it, and has the database run the rest of the plan in one statement
 (memory._serve): the semantic leg, fusion, provenance and the evidence list. With a
 reranker, the fused candidates come back first and a third statement (memory._serve_finish)
-finishes the answer in the reranker's order. memory.query and memory.answer run the same plan through the same
-executor, so SQL and HTTP answer alike.
+finishes the answer in the reranker's order. memory.query and memory.answer run the same
+plan through the same executor, so SQL and HTTP answer alike.
 
 Each statement is one round trip: autocommit (no BEGIN/COMMIT for a read), the tenant's
 projects inside the statement's arguments, and the deadline held here. When it passes, the
@@ -257,13 +257,7 @@ class Retriever:
         ):
             tasks["embed"] = asyncio.create_task(self._embed(req.query, deadline, trace))
         try:
-            plan = await self._call(
-                deadline,
-                "plan, lexical (in one statement)",
-                "serve_start",
-                {"req": json.dumps(body), "caps": json.dumps(caps)},
-            )
-            prefetched = plan.pop("prefetched")
+            plan, prefetched = await self._start(body, caps, deadline)
             self._db_model = plan["embedding_model"]
             if plan["needs_embedding"] and "embed" not in tasks:
                 tasks["embed"] = asyncio.create_task(self._embed(req.query, deadline, trace))
@@ -282,13 +276,7 @@ class Retriever:
                 tasks.pop("embed", None)  # done, and failed
                 # The embedder failed: the plan changes (LexicalOnly), and its lexical leg
                 # may now be OpenSearch's, which the first plan did not ask for.
-                plan = await self._call(
-                    deadline,
-                    "plan, lexical (in one statement)",
-                    "serve_start",
-                    {"req": json.dumps(body), "caps": json.dumps(caps)},
-                )
-                prefetched = plan.pop("prefetched")
+                plan, prefetched = await self._start(body, caps, deadline)
                 if plan["lexical"]["engine"] == "opensearch":
                     tasks["opensearch"] = asyncio.create_task(
                         self._opensearch(req, plan["lexical"]["depth"], deadline, trace)
@@ -333,6 +321,18 @@ class Retriever:
             )
         trace.metrics["database_time_ms"] = round((time.monotonic() - t0) * 1000, 3)
         return response(req, doc, trace, reranked is not None, deadline.elapsed_ms())
+
+    async def _start(
+        self, body: dict[str, Any], caps: dict[str, Any], deadline: Deadline
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The first statement: the plan, and the Postgres lexical legs it names."""
+        plan = await self._call(
+            deadline,
+            "plan, lexical (in one statement)",
+            "serve_start",
+            {"req": json.dumps(body), "caps": json.dumps(caps)},
+        )
+        return plan, plan.pop("prefetched")
 
     async def _upstreams(
         self, tasks: dict[str, asyncio.Task[Any]], caps: dict[str, Any], deadline: Deadline
