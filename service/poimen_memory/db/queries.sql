@@ -241,14 +241,6 @@ SELECT pg_is_in_recovery() AS in_recovery,
 -- name: wal_receiver_status
 SELECT status FROM pg_stat_wal_receiver;
 
--- name: select_evidence
-SELECT rank, node_id, external_id, sha256, project, title, text, source, breadcrumb,
-       "timestamp", score, direct_rank, cited_by, neighbour_score
-FROM memory.select_evidence(%(result_ids)s, %(semantic)s::jsonb, %(lexical)s::jsonb,
-                            %(fusion)s, %(budget)s, %(project)s, 4, %(since)s, %(before)s,
-                            %(dense_weight)s, %(rrf_k)s)
-ORDER BY rank;
-
 -- name: serve_start
 -- The plan of a query (sql/066_plan.sql) under the tenant's projects, and its Postgres
 -- lexical legs, run while the service embeds the query: one round trip.
