@@ -54,7 +54,9 @@ DECLARE
         'memory.granted_project_ids', 'memory.granted_all', 'memory.time_bound',
         'memory.time_range', 'memory.partitioned', 'memory.partition_tables'];
     -- Functions that write content: the writer's (and so the service's, a writer).
-    writer_functions text[] := ARRAY['memory.add_nodes'];
+    writer_functions text[] := ARRAY[
+        'memory.add_nodes', 'memory._write_nodes', 'memory._ensure_projects',
+        'memory._stored_nodes', 'memory._stored_hashes', 'memory._vector_missing'];
     -- Functions nobody but the owner runs (DDL-ish, policy changes, triggers).
     owner_functions text[] := ARRAY[
         'memory.configure_embedding', 'memory.reset_embedding', 'memory.set_policy',

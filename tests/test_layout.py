@@ -4,6 +4,7 @@ product package has no import cycle, and the embedder interface imports no imple
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,23 @@ def test_the_optimizer_routes_with_the_shared_words() -> None:
 
     assert tuple(SearchStrategy) == vocabulary.STRATEGIES
     assert tuple(QuestionType) == vocabulary.QUESTION_TYPES
+
+
+def test_one_writer_inserts_nodes_and_edges() -> None:
+    """memory._write_nodes (sql/068_write.sql) is the only product code that writes nodes
+    and edges: the CLI, POST /memory/nodes and memory.add_nodes all batch into it. (The lab's
+    bench loads synthetic corpora by COPY and INSERT, outside the product.)"""
+    root = SERVICE.parent
+    pattern = re.compile(r"\b(INSERT\s+INTO|COPY)\s+memory\.(nodes|edges)\b", re.IGNORECASE)
+    files = [
+        *(root / "sql").glob("*.sql"),
+        *(SERVICE / "poimen_memory").rglob("*.py"),
+        *(SERVICE / "poimen_memory").rglob("*.sql"),
+        *(PLPYTHON / "poimen_core").rglob("*.py"),
+    ]
+    writers = {
+        (p.relative_to(root).as_posix(), m.group(2))
+        for p in files
+        for m in pattern.finditer(p.read_text())
+    }
+    assert writers == {("sql/068_write.sql", "nodes"), ("sql/068_write.sql", "edges")}

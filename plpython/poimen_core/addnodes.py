@@ -3,8 +3,9 @@
 Same rules as the CLI and POST /memory/nodes, because they are the same code
 (poimen_core.nodes): every node is parsed with parse_line, the batch is validated against
 itself and the stored nodes before anything is written, keys are node_sha256, and
-duplicates, edges and unresolved parents are counted alike. Vectors come from
-memory.embed, the service's own model. An error raised anywhere aborts the calling
+duplicates, edges and unresolved parents are counted alike by the one writer,
+memory._write_nodes (sql/068_write.sql), which the service's ingest calls too. Vectors come
+from memory.embed, the service's own model. An error raised anywhere aborts the calling
 statement, so a failed call writes nothing. Row-level security applies as to any INSERT
 (the function runs as its caller); the write grants are also checked up front, so that
 the error names the node rather than a table.
@@ -20,13 +21,11 @@ from poimen_core.nodes import (
     Key,
     LineError,
     NodeRecord,
-    edges,
     new_records,
     parse_line,
     reference_keys,
-    timestamp_text,
-    unresolved,
     validate,
+    write_row,
 )
 from poimen_core.plentry import INVALID_PARAMETER_VALUE, PlpyLike
 from poimen_core.vocabulary import LOCAL_DIM, LOCAL_MODEL, SQLSTATES
@@ -48,7 +47,6 @@ class PlpySPI(PlpyLike, Protocol):
 
 
 class _Stored(NamedTuple):
-    id: int
     level: str
     sha256: bytes
 
@@ -59,36 +57,10 @@ def _run(plpy: PlpySPI, query: str, types: Sequence[str], args: Sequence[Any]) -
 
 _ELEMENTS = """
 SELECT e::text AS node FROM jsonb_array_elements($1) WITH ORDINALITY AS x(e, i) ORDER BY i"""
-_STORED = """
-SELECT p.name AS project, n.external_id, n.id, n.level, n.sha256
-FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
-WHERE (p.name, n.external_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"""
-_EXISTING = "SELECT sha256, id FROM memory.nodes WHERE sha256 = ANY($1)"
-_ENSURE_PROJECTS = """
-INSERT INTO memory.projects (name) SELECT DISTINCT unnest($1::text[]) ORDER BY 1
-ON CONFLICT (name) DO NOTHING"""
-# One INSERT: memory.embed runs per new row; the vector is cast to the column's vector(dim)
-# on assignment, so no pgvector name is resolved here (pgvector may live in any schema).
-_INSERT = """
-INSERT INTO memory.nodes AS n
-    (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts, metadata,
-     embedding)
-SELECT decode(e.j->>'sha256', 'hex'), p.id, e.j->>'level', e.j->>'external_id',
-       e.j->>'title', ARRAY(SELECT jsonb_array_elements_text(e.j->'breadcrumb')),
-       e.j->>'text', e.j->>'source', (e.j->>'ts')::timestamptz, e.j->'metadata',
-       memory.embed(e.j->>'text')
-FROM jsonb_array_elements($1) WITH ORDINALITY AS e(j, i)
-JOIN memory.projects p ON p.name = e.j->>'project'
-ORDER BY e.i
-ON CONFLICT (sha256, project_id) DO NOTHING
-RETURNING n.id, n.sha256"""
-_EDGES = """
-INSERT INTO memory.edges (child_id, parent_id, precedence, project_id)
-SELECT e.child_id, e.parent_id, e.precedence, p.id
-FROM unnest($1::bigint[], $2::bigint[], $3::int[], $4::text[])
-     AS e(child_id, parent_id, precedence, project)
-JOIN memory.projects p ON p.name = e.project
-ON CONFLICT (child_id, parent_id, project_id) DO NOTHING"""
+_ENSURE_PROJECTS = "SELECT memory._ensure_projects($1)"
+_STORED = "SELECT * FROM memory._stored_nodes($1, $2)"
+_EXISTING = "SELECT sha256 FROM memory._stored_hashes($1)"
+_WRITE = "SELECT memory._write_nodes($1, embed => true) AS report"
 
 
 def _parse(plpy: PlpySPI, nodes: str | None) -> list[NodeRecord]:
@@ -186,65 +158,27 @@ def _ensure_embedding_model(plpy: PlpySPI) -> None:
         )
 
 
-def _row(r: NodeRecord) -> dict[str, Any]:
-    return {
-        "sha256": r.sha256.hex(),
-        "project": r.project,
-        "level": r.level,
-        "external_id": r.external_id,
-        "title": r.title,
-        "breadcrumb": list(r.breadcrumb),
-        "text": r.text,
-        "source": r.source,
-        "ts": timestamp_text(r.timestamp),
-        "metadata": r.metadata,
-    }
-
-
-def _by_sha(plpy: PlpySPI, shas: Sequence[bytes]) -> dict[bytes, int]:
-    return {bytes(x["sha256"]): x["id"] for x in _run(plpy, _EXISTING, ["bytea[]"], [shas])}
-
-
 def add_nodes_for_sql(plpy: PlpySPI, nodes: str | None) -> str:
     """Validate, then write nodes and edges; the summary as JSON text (see the SQL comment)."""
     records = _parse(plpy, nodes)
     _check_write_grants(plpy, records)
-    # Before anything is read: on the partitioned layout a new project's partitions lock
-    # memory.nodes and its kin ACCESS EXCLUSIVE, and upgrading from the ACCESS SHARE a read
-    # leaves deadlocks two writers that create projects at once (one waits for the other).
-    # A project left without nodes (every record a duplicate) cannot happen: a node's hash
-    # includes its project. An error below rolls the projects back with everything else.
+    # Before anything is read (memory._ensure_projects says why). A project left without
+    # nodes cannot happen: a node's hash includes its project, and an error below rolls the
+    # projects back with everything else.
     _run(plpy, _ENSURE_PROJECTS, ["text[]"], [sorted({r.project for r in records})])
     keys = reference_keys(records)
     stored: Mapping[Key, _Stored] = {
-        (x["project"], x["external_id"]): _Stored(x["id"], x["level"], bytes(x["sha256"]))
+        (x["project"], x["external_id"]): _Stored(x["level"], bytes(x["sha256"]))
         for x in _run(plpy, _STORED, ["text[]", "text[]"],
                       [[k[0] for k in keys], [k[1] for k in keys]])
     }  # fmt: skip
     _refuse(plpy, validate(records, stored))
-
-    by_sha = _by_sha(plpy, [r.sha256 for r in records])
-    todo, duplicates = new_records(records, by_sha)
-    inserted = 0
-    if todo:
+    hashes = {bytes(x["sha256"]) for x in
+              _run(plpy, _EXISTING, ["bytea[]"], [[r.sha256 for r in records]])}  # fmt: skip
+    if new_records(records, hashes)[0]:
         _ensure_embedding_model(plpy)
-        new = _run(plpy, _INSERT, ["jsonb"], [json.dumps([_row(r) for r in todo])])
-        inserted = len(new)
-        by_sha.update({bytes(x["sha256"]): x["id"] for x in new})
-        lost = [r.sha256 for r in todo if r.sha256 not in by_sha]
-        if lost:  # a concurrent writer stored these first (ON CONFLICT waited for it)
-            by_sha.update(_by_sha(plpy, lost))
-        duplicates += len(todo) - inserted
-    ids = {k: s.id for k, s in stored.items()}
-    ids.update({(r.project, r.external_id): by_sha[r.sha256] for r in records
-                if r.external_id is not None and r.sha256 in by_sha})  # fmt: skip
-    found = list(edges(records, by_sha, ids))
-    linked = 0
-    if found:
-        linked = _run(plpy, _EDGES, ["bigint[]", "bigint[]", "integer[]", "text[]"],
-                      [[e[0] for e in found], [e[1] for e in found], [e[2] for e in found],
-                       [e[3] for e in found]]).nrows()  # fmt: skip
-    missing = [f"node {n}: parent {p!r} not found" for n, p in unresolved(records, ids)]
-    return json.dumps(
-        {"inserted": inserted, "duplicates": duplicates, "edges": linked, "unresolved": missing}
-    )
+    # Every record in input order, so the writer's node numbers are the caller's.
+    rows = json.dumps([write_row(r) for r in records])
+    report = json.loads(_run(plpy, _WRITE, ["jsonb"], [rows])[0]["report"])
+    report["unresolved"] = [f"node {n}: parent {p!r} not found" for n, p in report["unresolved"]]
+    return json.dumps(report)

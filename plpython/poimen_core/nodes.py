@@ -13,7 +13,7 @@ import json
 import math
 import re
 import unicodedata
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -55,6 +55,23 @@ def timestamp_text(ts: datetime | None) -> str | None:
     if ts is None:
         return None
     return (ts.astimezone(UTC) if ts.tzinfo is not None else ts).isoformat()
+
+
+def write_row(r: NodeRecord) -> dict[str, Any]:
+    """A validated record as memory._write_nodes takes it (one element of its JSON array)."""
+    return {
+        "sha256": r.sha256.hex(),
+        "project": r.project,
+        "level": r.level,
+        "external_id": r.external_id,
+        "title": r.title,
+        "breadcrumb": list(r.breadcrumb),
+        "text": r.text,
+        "source": r.source,
+        "ts": timestamp_text(r.timestamp),
+        "metadata": r.metadata,
+        "parents": list(r.parents),
+    }
 
 
 def node_sha256(
@@ -329,22 +346,3 @@ def new_records(
         else:
             todo[r.sha256] = r
     return list(todo.values()), duplicates
-
-
-def edges(
-    records: Iterable[NodeRecord], by_sha: Mapping[bytes, int], ids: Mapping[Key, int]
-) -> Iterator[tuple[int, int, int, str]]:
-    """(child id, parent id, precedence, project) of every parent resolved so far: by_sha
-    gives the stored id of each record, ids the stored id of each (project, external id).
-    A parent is looked up in the child's own project, so an edge never crosses projects."""
-    for r in records:
-        cid = by_sha.get(r.sha256)
-        for pos, p in enumerate(r.parents):
-            pid = ids.get((r.project, p))
-            if cid is not None and pid is not None:
-                yield cid, pid, pos, r.project
-
-
-def unresolved(records: Iterable[NodeRecord], ids: Container[Key]) -> list[tuple[int, str]]:
-    """(line, parent id) of the parents found neither in the input nor among stored nodes."""
-    return [(r.line_no, p) for r in records for p in r.parents if (r.project, p) not in ids]

@@ -132,7 +132,7 @@ def _corpus(conn: psycopg.Connection[Any], records: list[NodeRecord]) -> Corpus:
     shas = [bytes.fromhex(h) for h in by_sha]
     by_db_id: dict[int, str] = {}
     for i in range(0, len(shas), 5000):
-        for sha, nid in conn.execute(q("existing_sha256"), {"shas": shas[i : i + 5000]}):
+        for sha, nid in conn.execute(q("stored_hashes"), {"shas": shas[i : i + 5000]}):
             by_db_id[nid] = by_sha[bytes(sha).hex()]
     parents = {r.external_id: r.parents for r in records if r.external_id is not None}
     l2_of: dict[str, set[str]] = {}

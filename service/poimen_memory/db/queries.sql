@@ -8,52 +8,26 @@ SELECT memory.configure_embedding(%(model)s, %(dim)s);
 SELECT model, dim FROM memory.embedding_model;
 
 -- name: ensure_projects
-INSERT INTO memory.projects (name)
-SELECT DISTINCT unnest(%(names)s::text[]) ORDER BY 1
-ON CONFLICT (name) DO NOTHING;
-
--- name: project_ids
-SELECT name, id FROM memory.projects WHERE name = ANY(%(names)s::text[]);
+SELECT memory._ensure_projects(%(names)s::text[]);
 
 -- name: project_exists
 SELECT EXISTS (SELECT 1 FROM memory.projects WHERE name = %(name)s);
 
--- name: existing_sha256
-SELECT sha256, id FROM memory.nodes WHERE sha256 = ANY(%(shas)s::bytea[]);
+-- name: stored_hashes
+SELECT sha256, id FROM memory._stored_hashes(%(shas)s::bytea[]);
 
--- name: insert_nodes
--- A batch in one statement, one array per column: the statement triggers (BM25 statistics,
--- the OpenSearch outbox) then run once per batch instead of once per node. breadcrumb
--- travels as jsonb (an array of text arrays cannot be ragged); ts as text (the writer
--- sends aware timestamps in UTC); embedding as vector[], typed by pgvector's dumper
--- whatever schema holds it.
-INSERT INTO memory.nodes
-    (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts, metadata, embedding)
-SELECT u.sha256, u.project_id, u.level, u.external_id, u.title,
-       ARRAY(SELECT b.v FROM jsonb_array_elements_text(u.breadcrumb) WITH ORDINALITY AS b(v, i)
-             ORDER BY b.i), u.text, u.source, u.ts::timestamptz,
-       u.metadata, u.embedding
-FROM unnest(%(sha256)s::bytea[], %(project_id)s::integer[], %(level)s::text[],
-            %(external_id)s::text[], %(title)s::text[], %(breadcrumb)s::jsonb[], %(text)s::text[],
-            %(source)s::text[], %(ts)s::text[], %(metadata)s::jsonb[], %(embedding)s)
-     WITH ORDINALITY AS u(sha256, project_id, level, external_id, title, breadcrumb, text, source,
-                          ts, metadata, embedding, ord)
-ORDER BY u.ord
-ON CONFLICT (sha256, project_id) DO NOTHING
-RETURNING id, sha256;
+-- name: stored_nodes
+SELECT project, external_id, id, level, sha256
+FROM memory._stored_nodes(%(projects)s::text[], %(external_ids)s::text[]);
 
--- name: ids_by_external_id
-SELECT p.name AS project, n.external_id, n.id, n.level, n.sha256
-FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
-WHERE (p.name, n.external_id) IN (SELECT * FROM unnest(%(projects)s::text[], %(external_ids)s::text[]));
+-- name: write_nodes
+-- The one writer (sql/068_write.sql): a batch of new nodes with the vectors the service
+-- computed (vector[], typed by pgvector's dumper whatever schema holds it), and their edges.
+SELECT memory._write_nodes(%(nodes)s, %(embeddings)s);
 
--- name: insert_edges
-INSERT INTO memory.edges (child_id, parent_id, precedence, project_id)
-SELECT e.child_id, e.parent_id, e.precedence, p.id
-FROM unnest(%(child)s::bigint[], %(parent)s::bigint[], %(precedence)s::int[], %(project)s::text[])
-     AS e(child_id, parent_id, precedence, project)
-JOIN memory.projects p ON p.name = e.project
-ON CONFLICT (child_id, parent_id, project_id) DO NOTHING;
+-- name: link_nodes
+-- The same writer for nodes already stored: only their edges (no vectors, nothing embedded).
+SELECT memory._write_nodes(%(nodes)s);
 
 -- name: outbox_on
 SELECT memory.enable_outbox();

@@ -16,7 +16,6 @@ from poimen_core.nodes import (
     LineError,
     NodeRecord,
     Stored,
-    edges,
     loads,
     new_records,
     node_sha256,
@@ -24,8 +23,8 @@ from poimen_core.nodes import (
     parse_lines,
     reference_keys,
     timestamp_text,
-    unresolved,
     validate,
+    write_row,
 )
 
 __all__ = [
@@ -38,7 +37,6 @@ __all__ = [
     "LineError",
     "NodeRecord",
     "Stored",
-    "edges",
     "loads",
     "new_records",
     "node_sha256",
@@ -46,6 +44,6 @@ __all__ = [
     "parse_lines",
     "reference_keys",
     "timestamp_text",
-    "unresolved",
     "validate",
+    "write_row",
 ]

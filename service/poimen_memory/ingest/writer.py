@@ -1,5 +1,6 @@
-"""Idempotent ingestion of memory nodes: validate everything, embed new nodes, then write
-nodes and their provenance edges in transactions (triggers queue the OpenSearch outbox).
+"""Idempotent ingestion of memory nodes: validate everything, embed new nodes, then hand
+them in batches to the one writer, memory._write_nodes (sql/068_write.sql), which writes
+nodes and their provenance edges (triggers queue the OpenSearch outbox).
 
 Policy (docs/ingest.md): the whole input is validated before anything is written, against
 itself and against what the database already holds; any invalid line aborts the run with
@@ -36,12 +37,10 @@ from poimen_memory.ingest.nodes import (
     Key,
     LineError,
     NodeRecord,
-    edges,
     new_records,
     reference_keys,
-    timestamp_text,
-    unresolved,
     validate,
+    write_row,
 )
 from poimen_memory.progress import Progress
 
@@ -100,7 +99,7 @@ def _stored_by_key(conn: psycopg.Connection[Any], keys: Sequence[Key]) -> dict[K
         for i in range(0, len(keys), 5000):
             chunk = keys[i : i + 5000]
             cur.execute(
-                q("ids_by_external_id"),
+                q("stored_nodes"),
                 {"projects": [k[0] for k in chunk], "external_ids": [k[1] for k in chunk]},
             )
             out.update({(r.project, r.external_id): r for r in cur.fetchall()})
@@ -146,7 +145,7 @@ def ingest(
             with conn.transaction():
                 ensure_embedding_model(conn, embedder)
                 writer.write(todo, vectors)
-                writer.write_edges(records)
+                writer.link(records, todo)
         else:
             with conn.transaction():
                 ensure_embedding_model(conn, embedder)
@@ -175,7 +174,6 @@ def ingest(
                             batch = nodes[at : at + batch_size]
                             with conn.transaction():
                                 writer.write(batch, vectors[at : at + batch_size])
-                                writer.write_edges(batch)
                             bar.update(len(batch))
                 except BaseException:
                     # Do not wait for the group being embedded (a remote embedder may take
@@ -184,10 +182,10 @@ def ingest(
                     ahead.shutdown(wait=False, cancel_futures=True)
                     raise
                 ahead.shutdown()
-            # Edges of nodes stored by an earlier, interrupted run (idempotent).
+            # Edges of the nodes stored before this run (by an earlier, interrupted one).
             with conn.transaction():
-                writer.write_edges(records)
-        report.unresolved = writer.unresolved(records)
+                writer.link(records, todo)
+        report.unresolved.sort()
         # A bulk load only: an HTTP request must not wait for VACUUM (autovacuum follows).
         if report.inserted >= VACUUM_AFTER and conn.autocommit and not atomic:
             # Fresh statistics for the planner, and a visibility map so BM25 scoring can use
@@ -207,7 +205,7 @@ def _embed(embedder: Embedder, batch: Sequence[NodeRecord], report: IngestReport
 
 
 class _Writer:
-    """Nodes and edges of one ingest run; knows every id resolved so far."""
+    """One ingest run's calls into memory._write_nodes, and what they report."""
 
     def __init__(
         self,
@@ -218,80 +216,48 @@ class _Writer:
     ) -> None:
         self.conn, self.report = conn, report
         self.records = records
-        self.ids: dict[Key, int] = {k: s.id for k, s in stored.items()}
-        self.by_sha: dict[bytes, int] = {}
-        self.projects: dict[str, int] = {}
+        self.stored_shas: set[bytes] = {s.sha256 for s in stored.values()}
         shas = [r.sha256 for r in records]
         for i in range(0, len(shas), 5000):
-            rows = conn.execute(q("existing_sha256"), {"shas": shas[i : i + 5000]}).fetchall()
-            self.by_sha.update({bytes(sha): nid for sha, nid in rows})
-        for r in records:
-            if r.external_id is not None and r.sha256 in self.by_sha:
-                self.ids[(r.project, r.external_id)] = self.by_sha[r.sha256]
+            rows = conn.execute(q("stored_hashes"), {"shas": shas[i : i + 5000]}).fetchall()
+            self.stored_shas.update(bytes(sha) for sha, _ in rows)
 
     def new_records(self) -> list[NodeRecord]:
         """Records not stored yet, once each, in level order (a parent before its child)."""
-        todo, duplicates = new_records(self.records, self.by_sha)
+        todo, duplicates = new_records(self.records, self.stored_shas)
         self.report.duplicates += duplicates
         return todo
 
     def ensure_projects(self, records: Sequence[NodeRecord]) -> None:
-        names = sorted({r.project for r in records} - set(self.projects))
-        if names:
-            self.conn.execute(q("ensure_projects"), {"names": names})
-            rows = self.conn.execute(q("project_ids"), {"names": names}).fetchall()
-            self.projects.update(dict(rows))
+        self.conn.execute(q("ensure_projects"), {"names": sorted({r.project for r in records})})
 
     def write(self, batch: Sequence[NodeRecord], vectors: Any) -> None:
+        """New nodes with their vectors, and their edges (a parent is one level down, so it
+        was written in an earlier batch or is in this one)."""
         if not batch:
             return
-        self.ensure_projects(batch)
         embeddings = [np.asarray(v, dtype=np.float32) for v in vectors]
         if len(embeddings) != len(batch):
             raise ValueError(f"{len(batch)} nodes but {len(embeddings)} vectors")
-        params: dict[str, list[Any]] = {
-            "sha256": [r.sha256 for r in batch],
-            "project_id": [self.projects[r.project] for r in batch],
-            "level": [r.level for r in batch],
-            "external_id": [r.external_id for r in batch],
-            "title": [r.title for r in batch],
-            "breadcrumb": [Jsonb(list(r.breadcrumb)) for r in batch],
-            "text": [r.text for r in batch],
-            "source": [r.source for r in batch],
-            "ts": [timestamp_text(r.timestamp) for r in batch],
-            "metadata": [Jsonb(r.metadata) for r in batch],
-            "embedding": embeddings,
-        }
-        rows = self.conn.execute(q("insert_nodes"), params).fetchall()
-        new_ids = [row[0] for row in rows]
-        self.by_sha.update({bytes(row[1]): row[0] for row in rows})
-        lost = [r.sha256 for r in batch if r.sha256 not in self.by_sha]
-        if lost:
-            # A concurrent ingest stored these first (ON CONFLICT waited for its commit):
-            # their ids are needed for this batch's edges all the same.
-            rows = self.conn.execute(q("existing_sha256"), {"shas": lost}).fetchall()
-            self.by_sha.update({bytes(sha): nid for sha, nid in rows})
-        for r in batch:
-            if r.external_id is not None and r.sha256 in self.by_sha:
-                self.ids[(r.project, r.external_id)] = self.by_sha[r.sha256]
-        self.report.inserted += len(new_ids)
-        # A concurrent ingest may have won the race for some keys.
-        self.report.duplicates += len(batch) - len(new_ids)
+        out = self._call(q("write_nodes"), batch, embeddings)
+        self.report.inserted += out["inserted"]
+        # A concurrent ingest may have stored some first (ON CONFLICT waited for it).
+        self.report.duplicates += out["duplicates"]
 
-    def write_edges(self, records: Sequence[NodeRecord]) -> None:
-        found = list(edges(records, self.by_sha, self.ids))
-        for i in range(0, len(found), 10_000):
-            chunk = found[i : i + 10_000]
-            cur = self.conn.execute(
-                q("insert_edges"),
-                {
-                    "child": [e[0] for e in chunk],
-                    "parent": [e[1] for e in chunk],
-                    "precedence": [e[2] for e in chunk],
-                    "project": [e[3] for e in chunk],
-                },
-            )
-            self.report.edges += cur.rowcount
+    def link(self, records: Sequence[NodeRecord], written: Sequence[NodeRecord]) -> None:
+        """The edges of the records not written by this run (stored before it), idempotent."""
+        done = {id(r) for r in written}
+        rest = [r for r in records if id(r) not in done]
+        for i in range(0, len(rest), 5000):
+            self._call(q("link_nodes"), rest[i : i + 5000], None)
 
-    def unresolved(self, records: Sequence[NodeRecord]) -> list[tuple[int, str]]:
-        return unresolved(records, self.ids)
+    def _call(
+        self, query: Any, batch: Sequence[NodeRecord], embeddings: list[Any] | None
+    ) -> dict[str, Any]:
+        params = {"nodes": Jsonb([write_row(r) for r in batch]), "embeddings": embeddings}
+        row = self.conn.execute(query, params).fetchone()
+        assert row is not None
+        out: dict[str, Any] = row[0]
+        self.report.edges += out["edges"]
+        self.report.unresolved += [(batch[n - 1].line_no, p) for n, p in out["unresolved"]]
+        return out

@@ -1,0 +1,166 @@
+-- The one writer of nodes and edges. memory._write_nodes is the only code that inserts into
+-- memory.nodes and memory.edges: the service's ingest (CLI and POST /memory/nodes, with the
+-- vectors it computed) and memory.add_nodes (PL/Python, embedding in the database) both
+-- validate with poimen_core.nodes and then batch into it. Plain SQL and PL/pgSQL, so the
+-- service can write into a database without PL/Python.
+
+CREATE OR REPLACE FUNCTION memory._stored_nodes(projects text[], external_ids text[])
+RETURNS TABLE (project text, external_id text, id bigint, level text, sha256 bytea)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p.name, n.external_id, n.id, n.level, n.sha256
+    FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
+    WHERE (p.name, n.external_id) IN (SELECT * FROM unnest(projects, external_ids))
+$$;
+COMMENT ON FUNCTION memory._stored_nodes(text[], text[]) IS
+    'The stored nodes named by (project, external id) pairs, the i-th project with the i-th id: what a writer validates a batch against before writing (poimen_core.nodes.validate). Row-level security applies.';
+
+CREATE OR REPLACE FUNCTION memory._stored_hashes(hashes bytea[])
+RETURNS TABLE (sha256 bytea, id bigint)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT n.sha256, n.id FROM memory.nodes n WHERE n.sha256 = ANY (hashes)
+$$;
+COMMENT ON FUNCTION memory._stored_hashes(bytea[]) IS
+    'The stored nodes among content hashes (a node''s hash includes its project): the duplicates a writer skips. Row-level security applies.';
+
+CREATE OR REPLACE FUNCTION memory._ensure_projects(names text[])
+RETURNS void
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- In name order, so two writers creating the same projects lock them in one order.
+    INSERT INTO memory.projects (name)
+    SELECT DISTINCT unnest(names) ORDER BY 1
+    ON CONFLICT (name) DO NOTHING
+$$;
+COMMENT ON FUNCTION memory._ensure_projects(text[]) IS
+    'Creates the named projects that do not exist (and, on the partitioned layout, their partitions). A writer calls it before it reads anything: the partitions lock memory.nodes and its kin ACCESS EXCLUSIVE, and upgrading from the ACCESS SHARE a read leaves would deadlock two writers that create projects at once. The bulk ingest calls it in a short transaction of its own, so queries do not wait for a whole load.';
+
+CREATE OR REPLACE FUNCTION memory._write_nodes(
+    nodes jsonb,
+    embeddings vector[] DEFAULT NULL,
+    embed boolean DEFAULT false
+)
+RETURNS jsonb
+-- VOLATILE and PARALLEL UNSAFE: it writes. SECURITY INVOKER (the default): row-level
+-- security and the caller's grants apply to every row written.
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+DECLARE
+    n_inserted integer;
+    n_linked integer;
+    unresolved jsonb;
+BEGIN
+    IF jsonb_typeof(nodes) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'nodes must be a JSON array of node rows, got %',
+            coalesce(jsonb_typeof(nodes), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF embeddings IS NOT NULL AND cardinality(embeddings) <> jsonb_array_length(nodes) THEN
+        RAISE EXCEPTION '% nodes but % vectors', jsonb_array_length(nodes), cardinality(embeddings)
+            USING ERRCODE = '22023',
+                  HINT = 'The i-th vector belongs to the i-th node; NULL where the node is stored.';
+    END IF;
+    -- Projects before anything is read: on the partitioned layout a new project's partitions
+    -- lock memory.nodes and its kin ACCESS EXCLUSIVE, and upgrading from the ACCESS SHARE a
+    -- read leaves would deadlock two writers that create projects at once.
+    PERFORM memory._ensure_projects(ARRAY(SELECT e->>'project' FROM jsonb_array_elements(nodes) AS e));
+
+    -- Only nodes not stored yet: a duplicate is neither embedded nor checked for a vector.
+    -- One statement text for both sources of vectors (a vector the caller computed, or
+    -- memory.embed here), so memory.embed is planned only where it is called: a database
+    -- without PL/Python has no memory.embed, and the service's writes never name it.
+    EXECUTE format($q$
+        INSERT INTO memory.nodes AS n
+            (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
+             metadata, embedding)
+        SELECT decode(e.j->>'sha256', 'hex'), p.id, e.j->>'level', e.j->>'external_id',
+               e.j->>'title', ARRAY(SELECT jsonb_array_elements_text(e.j->'breadcrumb')),
+               e.j->>'text', e.j->>'source', (e.j->>'ts')::timestamptz, e.j->'metadata',
+               coalesce($2[e.i], %s)
+        FROM jsonb_array_elements($1) WITH ORDINALITY AS e(j, i)
+        JOIN memory.projects p ON p.name = e.j->>'project'
+        WHERE NOT EXISTS (SELECT 1 FROM memory.nodes s
+                          WHERE s.sha256 = decode(e.j->>'sha256', 'hex') AND s.project_id = p.id)
+        ORDER BY e.i
+        ON CONFLICT (sha256, project_id) DO NOTHING$q$,
+        CASE WHEN embed THEN $e$memory.embed(e.j->>'text')$e$
+             ELSE 'memory._vector_missing(e.i)' END)
+    USING nodes, embeddings;
+    GET DIAGNOSTICS n_inserted = ROW_COUNT;
+
+    -- A second statement, so that it sees the nodes just written: the edges of every node
+    -- of the batch (stored before or now) to its parents, looked up by external id in the
+    -- node's own project (an edge never crosses projects); precedence is the parent's place.
+    WITH wanted AS (
+        SELECT e.i, p.id AS project_id, c.id AS child_id, q.parent, q.pos - 1 AS precedence
+        FROM jsonb_array_elements(nodes) WITH ORDINALITY AS e(j, i)
+        JOIN memory.projects p ON p.name = e.j->>'project'
+        JOIN memory.nodes c ON c.sha256 = decode(e.j->>'sha256', 'hex') AND c.project_id = p.id
+        CROSS JOIN LATERAL jsonb_array_elements_text(coalesce(e.j->'parents', '[]'))
+            WITH ORDINALITY AS q(parent, pos)
+    ), resolved AS (
+        SELECT w.*, pn.id AS parent_id
+        FROM wanted w
+        LEFT JOIN memory.nodes pn ON pn.project_id = w.project_id AND pn.external_id = w.parent
+    ), made AS (
+        INSERT INTO memory.edges (child_id, parent_id, precedence, project_id)
+        SELECT child_id, parent_id, precedence, project_id FROM resolved
+        WHERE parent_id IS NOT NULL
+        ORDER BY i, precedence
+        ON CONFLICT (child_id, parent_id, project_id) DO NOTHING
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM made),
+           coalesce(jsonb_agg(jsonb_build_array(r.i, r.parent) ORDER BY r.i, r.precedence)
+                    FILTER (WHERE r.parent_id IS NULL), '[]')
+    INTO n_linked, unresolved
+    FROM resolved r;
+
+    RETURN jsonb_build_object(
+        'inserted', n_inserted,
+        'duplicates', jsonb_array_length(nodes) - n_inserted,
+        'edges', n_linked,
+        'unresolved', unresolved);
+END
+$$;
+COMMENT ON FUNCTION memory._write_nodes(jsonb, vector[], boolean) IS
+    'The one writer of nodes and edges, one batch in the calling transaction. nodes: a JSON array of validated node rows (sha256 as hex, project, level, external_id, title, breadcrumb, text, source, ts, metadata, parents as external ids); embeddings: the i-th node''s vector (NULL for a stored node); embed: compute a missing vector with memory.embed. Creates missing projects first, skips stored nodes (content hashes), links every node of the batch to its parents in its own project. Returns {"inserted", "duplicates", "edges", "unresolved": [[node number from 1, parent id], ...]}. Validation is the caller''s (poimen_core.nodes); row-level security applies.';
+
+CREATE OR REPLACE FUNCTION memory._vector_missing(node bigint)
+RETURNS vector
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'node % is not stored and has no vector', node
+        USING ERRCODE = '22023',
+              HINT = 'Pass its vector in embeddings, or embed => true to embed it in the database.';
+END
+$$;
+COMMENT ON FUNCTION memory._vector_missing(bigint) IS
+    'Raises 22023 for a node memory._write_nodes must write without a vector (embed => false): never a node stored without one.';
+
+CREATE OR REPLACE FUNCTION memory.add_nodes(nodes jsonb)
+RETURNS jsonb
+-- VOLATILE: it writes. PARALLEL UNSAFE: writes, and plpy.execute opens subtransactions.
+-- Not STRICT: NULL gets the same 22023 as any other non-array, not a silent NULL.
+-- SECURITY INVOKER (the default): row-level security applies to the caller, so a writer
+-- writes only the projects granted to it (sql/085_tenants.sql).
+LANGUAGE plpython3u VOLATILE PARALLEL UNSAFE
+-- Every name in the shim's statements is schema-qualified; nothing resolves through a
+-- caller's schemas.
+SET search_path = pg_catalog, pg_temp
+AS $$
+plpy.execute("SELECT memory.plpython_load()")
+add_nodes_for_sql = GD["poimen_entry"](
+    "addnodes", "add_nodes_for_sql", "ingest",
+    "Run `poimen-memory migrate` on this database host, or write through the service.")
+return add_nodes_for_sql(plpy, nodes)
+$$;
+COMMENT ON FUNCTION memory.add_nodes(jsonb) IS
+    'Writes a JSON array of nodes in the JSONL format of `poimen-memory ingest` (docs/ingest.md), with its guarantees: every node validated first by the same code (22023 naming the node and field; nothing written), content-hash keys (a node already stored counts as a duplicate), parents linked by id within the array or among the project''s stored nodes, vectors from memory.embed, all in the calling statement (all or nothing). Returns {"inserted", "duplicates", "edges", "unresolved"}. The first write into an empty database records the model, which only the owner or memory_service may do (PM412 otherwise). Row-level security applies: 42501 names the node whose project the caller may not write.';
