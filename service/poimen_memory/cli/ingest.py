@@ -1,0 +1,108 @@
+"""`poimen-memory ingest` and `reembed`: writing nodes and their vectors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from poimen_memory.cli.common import load_settings, started_url
+from poimen_memory.db.connect import (
+    connect,
+)
+from poimen_memory.settings import Settings
+
+
+def _embedder(s: Settings) -> Any:
+    from poimen_memory.embedders.factory import build_embedder
+
+    return build_embedder(s.embedding)
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from poimen_memory.db.migrate import migrate
+    from poimen_memory.ingest.nodes import parse_lines
+    from poimen_memory.ingest.writer import ingest
+
+    s = load_settings()
+    path = Path(args.file)
+    if not path.exists():
+        print(f"error: {path} does not exist", file=sys.stderr)
+        return 2
+    with path.open(encoding="utf-8") as f:
+        records, invalid = parse_lines(f, args.project)
+    embedder = _embedder(s)
+    with connect(started_url(s), autocommit=True) as conn:
+        migrate(conn, s.plpython_root)
+        if s.opensearch.url is not None:
+            from poimen_memory.ingest.outbox import enable_outbox
+
+            enable_outbox(conn)
+        report = ingest(
+            conn,
+            records,
+            embedder,
+            invalid=invalid,
+            skip_invalid=args.skip_invalid,
+            batch_size=args.batch or s.ingest_batch,
+            embed_group=s.ingest_embed_group,
+            progress=not args.quiet,
+        )
+    for err in report.invalid[:20]:
+        print(f"skipped {err}", file=sys.stderr)
+    for line_no, parent in report.unresolved[:20]:
+        print(f"unresolved parent on line {line_no}: {parent!r}", file=sys.stderr)
+    print(report.summary())
+    if args.json:
+        print(json.dumps(report.to_json()))
+    return 0
+
+
+def cmd_reembed(args: argparse.Namespace) -> int:
+    from poimen_memory.db.queries import q
+    from poimen_memory.progress import Progress
+
+    s = load_settings()
+    embedder = _embedder(s)
+    with connect(started_url(s), autocommit=True) as conn:
+        total = conn.execute(q("count_nodes")).fetchone()[0]  # type: ignore[index]
+        with conn.transaction():
+            conn.execute(q("reset_embedding"), {"model": embedder.model_name, "dim": embedder.dim})
+        from pgvector.psycopg import register_vector
+
+        register_vector(conn)
+        after = 0
+        with Progress(total, "reembed", "nodes") as bar:
+            while True:
+                rows = conn.execute(
+                    q("nodes_for_reembed"), {"after": after, "limit": 256}
+                ).fetchall()
+                if not rows:
+                    break
+                vecs = embedder.embed_documents([r[1] for r in rows])
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.executemany(
+                        q("update_embedding"),
+                        [{"id": r[0], "embedding": v} for r, v in zip(rows, vecs, strict=True)],
+                    )
+                after = rows[-1][0]
+                bar.update(len(rows))
+    print(f"re-embedded {total} nodes with {embedder.model_name} ({embedder.dim} dims)")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    ing = sub.add_parser("ingest", help="load a nodes.jsonl file (idempotent)")
+    ing.add_argument("file")
+    ing.add_argument("--project", help="project for lines that name none")
+    ing.add_argument(
+        "--skip-invalid", action="store_true", help="skip bad lines instead of aborting"
+    )
+    ing.add_argument("--batch", type=int, help="nodes per insert transaction (POIMEN_INGEST_BATCH)")
+    ing.add_argument("--quiet", action="store_true")
+    ing.add_argument("--json", action="store_true", help="also print the report as JSON")
+    ing.set_defaults(func=cmd_ingest)
+    re_ = sub.add_parser("reembed", help="re-embed every node after an embedding model change")
+    re_.set_defaults(func=cmd_reembed)

@@ -1,0 +1,107 @@
+"""`poimen-memory migrate`: migrations, then sql/, and the move to partitions."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from poimen_memory.cli.common import load_settings, started_url
+from poimen_memory.db.connect import (
+    connect,
+    ensure_service_login,
+)
+from poimen_memory.settings import Settings
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from poimen_memory.db.migrate import check, migrate
+
+    s = load_settings()
+    if args.check:
+        with connect(started_url(s), autocommit=True) as conn:
+            drift = check(conn, lock_timeout_s=args.lock_timeout)
+        for label, items in (
+            ("pending migration", drift.pending_migrations),
+            ("changed by hand (differs from sql/)", drift.changed),
+            ("missing (sql/ defines it)", drift.missing),
+            ("not from sql/ (left alone)", drift.extra),
+        ):
+            for item in items:
+                print(f"{label}: {item}")
+        print(
+            "no drift"
+            if drift.clean
+            else "drift found: run `poimen-memory migrate` to re-apply sql/"
+        )
+        return 0 if drift.clean else 1
+    root = None if args.no_plpython else s.plpython_root
+    with connect(started_url(s), autocommit=True) as conn:
+        report = migrate(conn, root, lock_timeout_s=args.lock_timeout)
+        if not s.database_url:  # a DBA's cluster: the DBA makes the service's login role
+            ensure_service_login(conn, s.service_role)
+    for notice in report.notices:
+        print(f"notice: {notice}", file=sys.stderr)
+    print(
+        f"migrations applied: {report.applied or 'none'}; already: {len(report.already)}; "
+        f"sql files: {len(report.sql_files)}; plpython: {report.plpython_path}; "
+        f"embedder packages: {report.embedder_path or 'none (run `make setup`)'}; "
+        f"vector schema: {report.vector_schema}"
+        + (
+            f"; removed old plpython copies: {report.removed_copies}"
+            if report.removed_copies
+            else ""
+        )
+    )
+    if args.partition_by_project:
+        return _partition_by_project(s, args.maintenance_work_mem)
+    return 0
+
+
+def _partition_by_project(s: Settings, maintenance_work_mem: str | None) -> int:
+    """`migrate --partition-by-project`: memory.partition_by_project(), with its progress
+    notices on stderr as they come (docs/scaling.md)."""
+    with connect(started_url(s), autocommit=True) as conn:
+        conn.add_notice_handler(
+            lambda d: print(f"notice: {d.message_primary}", file=sys.stderr, flush=True)
+        )
+        if maintenance_work_mem:
+            conn.execute(
+                "SELECT set_config('maintenance_work_mem', %s, false)", (maintenance_work_mem,)
+            )
+        rows = conn.execute("SELECT * FROM memory.partition_by_project()").fetchall()
+    for table, partitions, before, after in rows:
+        moved = f"{after} rows (before: {before})" if before is not None else "already partitioned"
+        print(f"memory.{table}: {partitions} partitions, {moved}")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    mg = sub.add_parser("migrate", help="apply migrations, then sql/ (one transaction)")
+    mg.add_argument(
+        "--no-plpython",
+        action="store_true",
+        help="do not install the PL/Python module (remote database server)",
+    )
+    mg.add_argument(
+        "--partition-by-project",
+        action="store_true",
+        help="then move nodes, edges and the BM25 statistics to one partition per project "
+        "(memory.partition_by_project(); locks them while it runs; docs/scaling.md)",
+    )
+    mg.add_argument(
+        "--maintenance-work-mem",
+        help="with --partition-by-project: for the index builds, e.g. 2GB (default: the server's)",
+    )
+    mg.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing: report pending migrations and sql/ functions edited by hand (exit 1)",
+    )
+    mg.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="give up when a lock is not granted within this time (default 10)",
+    )
+    mg.set_defaults(func=cmd_migrate)

@@ -1,0 +1,89 @@
+"""`poimen-memory serve`: the HTTP service under uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from poimen_memory.cli.common import load_settings, started_url
+from poimen_memory.db.connect import (
+    connect,
+    ensure_service_login,
+    service_database_url,
+)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    import uvicorn
+
+    from poimen_memory.api.app import create_app
+    from poimen_memory.api.http_protocol import FirstRequestDeadline
+    from poimen_memory.db.migrate import migrate
+
+    s = load_settings()
+    # Start the embedded cluster (when no URL is configured) before serving.
+    url = started_url(s)
+    if not _loopback(args.host) and not args.allow_anonymous and not _has_keys(url):
+        print(
+            f"error: refusing to serve on {args.host} without authentication",
+            file=sys.stderr,
+        )
+        print(
+            "hint: create API keys (poimen-memory keys create), bind 127.0.0.1 (the "
+            "default), or pass --allow-anonymous if a proxy in front authenticates clients",
+            file=sys.stderr,
+        )
+        return 2
+    if not s.database_url:
+        with connect(url, autocommit=True) as conn:
+            migrate(conn, s.plpython_root)  # the service's role needs memory_service
+            ensure_service_login(conn, s.service_role)
+    # The superuser only migrates; the service runs as its own role, under row-level security.
+    app = create_app(replace(s, database_url=service_database_url(s)))
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        # The JSON request log replaces the access log, which would print query text.
+        access_log=False,
+        # Also the time a new connection has to send its first request (http_protocol.py).
+        http=FirstRequestDeadline,
+        timeout_keep_alive=s.http_keep_alive_s,
+        limit_concurrency=s.http_max_concurrency,
+        h11_max_incomplete_event_size=s.http_max_header_bytes,
+    )
+    return 0
+
+
+def _has_keys(url: str) -> bool:
+    from poimen_memory.db.queries import q
+
+    with connect(url) as conn:
+        return any(r[6] is None for r in conn.execute(q("keys_list")).fetchall())
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    sv = sub.add_parser("serve", help="run the HTTP service (uvicorn)")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--log-level", default="info")
+    sv.add_argument(
+        "--allow-anonymous",
+        action="store_true",
+        help="serve on a non-loopback address without authentication",
+    )
+    sv.set_defaults(func=cmd_serve)
