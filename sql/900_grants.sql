@@ -43,7 +43,7 @@ DECLARE
         'memory.select_evidence', 'memory.evidence', 'memory._evidence',
         'memory._plan', 'memory.plan_query', 'memory._request', 'memory.strategies',
         'memory.check_k', 'memory.check_within', 'memory._leg',
-        'memory._opensearch_leg', 'memory._run_legs', 'memory._cited_only', 'memory._finish',
+        'memory._opensearch_leg', 'memory._stage_time', 'memory._run_legs', 'memory._cited_only', 'memory._finish',
         'memory._execute', 'memory._prepare', 'memory.answer', 'memory._only', 'memory._serve_start',
         'memory._lexical_calls', 'memory._lexical_call',
         'memory._serve', 'memory._serve_finish', 'memory._assert_projects',

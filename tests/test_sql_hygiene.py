@@ -91,6 +91,7 @@ READER = {
     "check_within",
     "_leg",
     "_opensearch_leg",
+    "_stage_time",
     "_run_legs",
     "_cited_only",
     "_finish",
