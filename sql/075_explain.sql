@@ -28,9 +28,8 @@ RETURNS TABLE (stage text, search_strategy text, plan jsonb, time_ms double prec
 -- VOLATILE: PL/pgSQL runs EXPLAIN, a utility statement, only from a volatile function.
 -- PARALLEL UNSAFE: it may embed and route in PL/Python (subtransactions).
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
--- The settings memory.semantic_search runs under, so the plan is the one it gets.
-SET hnsw.iterative_scan = 'relaxed_order'
-SET hnsw.ef_search = 100
+-- It also runs under memory.semantic_search's hnsw settings, copied from that function's
+-- catalog entry below, so the plan is the one it gets.
 SET search_path = pg_catalog, public, pg_temp
 AS $$
 #variable_conflict use_variable
@@ -138,3 +137,20 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION memory.explain_query(text, vector, text, text[], integer, text, boolean, text, integer, integer, double precision, text, text, timestamptz, integer) IS
     'Plans the query with memory.plan_query''s planner and runs it with the executor memory.query and GET /memory/query use, then returns one row per stage that ran: plan (the plan itself, jsonb), lexical, semantic (the HNSW/btree recall) or by_ids (the LexicalFirst cosine stage), evidence_lexical and evidence_semantic (the direct L0 legs), fusion, provenance and evidence, each with EXPLAIN (FORMAT JSON[, ANALYZE, BUFFERS]) of that stage with the plan''s values and settings, and time_ms, the time the stage took when the query ran. Arguments as memory.answer; evidence NULL: the policy''s budget (explain_query shows the evidence stages GET /memory/query runs).';
+
+-- The settings memory.semantic_search runs under (sql/030_vector.sql) are declared there
+-- only: memory.explain_query takes each hnsw.* one from its catalog entry, so the two can
+-- never disagree.
+DO $$
+DECLARE
+    setting text;
+BEGIN
+    FOR setting IN
+        SELECT c FROM pg_catalog.pg_proc p, unnest(p.proconfig) AS c
+        WHERE p.oid = memory._only('semantic_search') AND c LIKE 'hnsw.%'
+    LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET %s = %L', memory._only('explain_query'),
+                                  split_part(setting, '=', 1),
+                                  substr(setting, strpos(setting, '=') + 1));
+    END LOOP;
+END $$;
