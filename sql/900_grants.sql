@@ -49,7 +49,7 @@ DECLARE
         'memory._serve', 'memory._serve_finish', 'memory._assert_projects',
         'memory.check_evidence_budget', 'memory.check_fusion',
         'memory.plpython_path', 'memory.plpython_load', 'memory.optimize_query', 'memory.embed',
-        'memory.stage_sql', 'memory.explain_query', 'memory._answer', 'memory.query',
+        'memory.stage_sql', 'memory.explain_query', 'memory._explain', 'memory._answer', 'memory.query',
         'public.memory_query', 'public.memory_optimize_query', 'memory.granted_projects',
         'memory.granted_project_ids', 'memory.granted_all', 'memory.time_bound',
         'memory.time_range', 'memory.partitioned', 'memory.partition_tables'];

@@ -111,6 +111,7 @@ READER = {
     "embed",
     "stage_sql",
     "explain_query",
+    "_explain",
     "_answer",
     "_only",
     "query",
