@@ -86,6 +86,18 @@ RETURN memory._leg('lexical', call ->> 'query', NULL, NULL, call ->> 'project',
 COMMENT ON FUNCTION memory._lexical_call(jsonb) IS
     'Runs one call of memory._lexical_calls: memory.lexical_search as a leg.';
 
+-- The stage times an answer reports under "stages", measured one way: the milliseconds
+-- since the stage began, reported only for a stage that ran.
+CREATE OR REPLACE FUNCTION memory._stage_time(st jsonb, key text, t timestamptz, ran boolean DEFAULT true)
+RETURNS jsonb
+-- VOLATILE: it reads clock_timestamp().
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN ran THEN st || jsonb_build_object(key, extract(epoch FROM clock_timestamp() - t) * 1000)
+            ELSE st END;
+COMMENT ON FUNCTION memory._stage_time(jsonb, text, timestamptz, boolean) IS
+    'The stage times st with key set to the milliseconds since t, when ran (the stage ran; default true); otherwise st unchanged.';
+
 CREATE OR REPLACE FUNCTION memory._run_legs(
     plan jsonb, query_embedding vector, hits jsonb DEFAULT NULL, answer boolean DEFAULT true,
     prefetched jsonb DEFAULT NULL
@@ -132,9 +144,7 @@ BEGIN
                 lex := memory._opensearch_leg(hits, (plan ->> 'project_id')::integer);
             ELSE NULL;
         END CASE;
-        IF lex_engine IS NOT NULL THEN  -- a stage's time is reported only when it ran
-            st := st || jsonb_build_object('lexical_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
-        END IF;
+        st := memory._stage_time(st, 'lexical_time_ms', t, lex_engine IS NOT NULL);
     END IF;
     t := clock_timestamp();
     IF NOT answer THEN
@@ -150,9 +160,8 @@ BEGIN
                                              greatest(jsonb_array_length(lex -> 'ids'), 1)),
                                     lo, hi);
     END IF;
-    IF answer AND plan -> 'semantic' ->> 'engine' IS NOT NULL THEN
-        st := st || jsonb_build_object('semantic_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
-    END IF;
+    st := memory._stage_time(st, 'semantic_time_ms', t,
+                             answer AND plan -> 'semantic' ->> 'engine' IS NOT NULL);
     t := clock_timestamp();
     IF (ev ->> 'reuses_legs')::boolean AND answer THEN
         ev_lex := lex;
@@ -184,9 +193,7 @@ BEGIN
             ev_sem := empty;
         END;
     END IF;
-    IF legs > 0 THEN
-        st := st || jsonb_build_object('evidence_legs_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
-    END IF;
+    st := memory._stage_time(st, 'evidence_legs_time_ms', t, legs > 0);
     t := clock_timestamp();
     SELECT jsonb_agg(jsonb_build_object('node_id', f.node_id, 'ranks', f.ranks, 'scores', f.scores,
                                         'fused_score', f.fused_score, 'fusion_method', f.fusion_method)
@@ -195,7 +202,7 @@ BEGIN
       FROM memory.fuse_legs(sem, lex, strat, plan ->> 'fusion',
                             (plan ->> 'dense_weight')::double precision,
                             (plan ->> 'rrf_k')::integer, (plan ->> 'final_k')::integer) f;
-    st := st || jsonb_build_object('fusion_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    st := memory._stage_time(st, 'fusion_time_ms', t);
     RETURN jsonb_build_object('lexical', lex, 'semantic', sem, 'evidence_lexical', ev_lex,
                               'evidence_semantic', ev_sem, 'evidence_legs', legs,
                               'evidence_failed', ev_failed,
@@ -279,9 +286,7 @@ BEGIN
             evidence := NULL;
         END;
     END IF;
-    IF budget > 0 THEN
-        st := st || jsonb_build_object('evidence_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
-    END IF;
+    st := memory._stage_time(st, 'evidence_time_ms', t, budget > 0);
     t := clock_timestamp();
     WITH fz AS (
         SELECT (f.v ->> 'node_id')::bigint AS id, f.v FROM jsonb_array_elements(state -> 'fused') AS f(v)
@@ -317,7 +322,7 @@ BEGIN
                     h.provenance,
                     ARRAY(SELECT e ->> 'sha256' FROM jsonb_array_elements(evidence) AS e
                           WHERE e ->> 'project' = h.project)) c ON evidence IS NOT NULL;
-    st := st || jsonb_build_object('provenance_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+    st := memory._stage_time(st, 'provenance_time_ms', t);
     RETURN jsonb_build_object(
         'search_strategy', strat,
         'plan', plan,
@@ -402,7 +407,7 @@ BEGIN
         t := clock_timestamp();
         lex := memory._lexical_call(calls -> 'lexical');
         done := done || jsonb_build_object('lexical', calls -> 'lexical');
-        st := st || jsonb_build_object('lexical_time_ms', extract(epoch FROM clock_timestamp() - t) * 1000);
+        st := memory._stage_time(st, 'lexical_time_ms', t);
     END IF;
     IF calls -> 'evidence_lexical' IS NOT NULL
        AND NOT (plan -> 'evidence' ->> 'reuses_legs')::boolean THEN

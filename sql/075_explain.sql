@@ -7,30 +7,18 @@
 -- The arguments of memory.query were added, and the time of each stage: drop the old shape.
 DROP FUNCTION IF EXISTS memory.explain_query(text, vector, text, text[], integer, text, boolean);
 
-CREATE OR REPLACE FUNCTION memory.explain_query(
-    query text,
-    query_embedding vector DEFAULT NULL,
-    project text DEFAULT NULL,
-    levels text[] DEFAULT ARRAY['L1', 'L2'],
-    k integer DEFAULT 5,
-    strategy text DEFAULT NULL,
-    actual boolean DEFAULT false,  -- EXPLAIN ANALYZE, BUFFERS: actual rows, times and pages
-    fusion text DEFAULT NULL,
-    rrf_k integer DEFAULT NULL,
-    candidates integer DEFAULT NULL,
-    dense_weight double precision DEFAULT NULL,
-    since text DEFAULT NULL,
-    until text DEFAULT NULL,
-    reference_time timestamptz DEFAULT NULL,
-    evidence integer DEFAULT NULL
+-- The implementation: req is memory._request's, as memory._answer takes it.
+CREATE OR REPLACE FUNCTION memory._explain(
+    req jsonb,
+    query_embedding vector,
+    actual boolean  -- EXPLAIN ANALYZE, BUFFERS: actual rows, times and pages
 )
 RETURNS TABLE (stage text, search_strategy text, plan jsonb, time_ms double precision)
 -- VOLATILE: PL/pgSQL runs EXPLAIN, a utility statement, only from a volatile function.
 -- PARALLEL UNSAFE: it may embed and route in PL/Python (subtransactions).
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
--- The settings memory.semantic_search runs under, so the plan is the one it gets.
-SET hnsw.iterative_scan = 'relaxed_order'
-SET hnsw.ef_search = 100
+-- It also runs under memory.semantic_search's hnsw settings, copied from that function's
+-- catalog entry below, so the plan is the one it gets.
 SET search_path = pg_catalog, public, pg_temp
 AS $$
 #variable_conflict use_variable
@@ -48,9 +36,7 @@ DECLARE
     opts text := CASE WHEN actual THEN 'FORMAT JSON, ANALYZE, BUFFERS' ELSE 'FORMAT JSON' END;
     x json;
 BEGIN
-    SELECT * INTO p FROM memory._prepare(
-        memory._request($1, $3, $4, $5, $6, $8, $9, $10, $11, $12, $13, $14, $15), $2,
-        'memory.explain_query');
+    SELECT * INTO p FROM memory._prepare(req, query_embedding, 'memory.explain_query');
     pl := p.plan;
     state := memory._run_legs(pl, p.embedding);
     doc := memory._finish(pl, state, p.embedding);
@@ -136,5 +122,42 @@ BEGIN
         RETURN NEXT;
     END IF;
 END $$;
+COMMENT ON FUNCTION memory._explain(jsonb, vector, boolean) IS
+    'Implementation of memory.explain_query: the stages of the request req (memory._request) as it runs, each EXPLAINed (actual: ANALYZE, BUFFERS).';
+
+-- memory.explain_query takes memory.answer's arguments (so memory.query's, and evidence),
+-- made from its catalog entry as memory.answer's are from memory.query's (sql/070_query.sql),
+-- and actual, which stands before fusion, where it stood before the arguments after it came
+-- (a positional call keeps its meaning).
+DO $$
+DECLARE
+    args text := pg_catalog.pg_get_function_arguments(memory._only('answer'));
+BEGIN
+    EXECUTE pg_catalog.format(
+        'CREATE OR REPLACE FUNCTION memory.explain_query(%s) '
+        'RETURNS TABLE (stage text, search_strategy text, plan jsonb, time_ms double precision) '
+        'LANGUAGE sql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp '
+        'BEGIN ATOMIC SELECT * FROM memory._explain(memory._request(query, project, levels, k, '
+        'strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, '
+        'evidence), query_embedding, actual); END',
+        pg_catalog.regexp_replace(args, ', fusion ', ', actual boolean DEFAULT false, fusion '));
+END $$;
 COMMENT ON FUNCTION memory.explain_query(text, vector, text, text[], integer, text, boolean, text, integer, integer, double precision, text, text, timestamptz, integer) IS
     'Plans the query with memory.plan_query''s planner and runs it with the executor memory.query and GET /memory/query use, then returns one row per stage that ran: plan (the plan itself, jsonb), lexical, semantic (the HNSW/btree recall) or by_ids (the LexicalFirst cosine stage), evidence_lexical and evidence_semantic (the direct L0 legs), fusion, provenance and evidence, each with EXPLAIN (FORMAT JSON[, ANALYZE, BUFFERS]) of that stage with the plan''s values and settings, and time_ms, the time the stage took when the query ran. Arguments as memory.answer; evidence NULL: the policy''s budget (explain_query shows the evidence stages GET /memory/query runs).';
+
+-- The settings memory.semantic_search runs under (sql/030_vector.sql) are declared there
+-- only: memory._explain takes each hnsw.* one from its catalog entry, so the two can never
+-- disagree.
+DO $$
+DECLARE
+    setting text;
+BEGIN
+    FOR setting IN
+        SELECT c FROM pg_catalog.pg_proc p, unnest(p.proconfig) AS c
+        WHERE p.oid = memory._only('semantic_search') AND c LIKE 'hnsw.%'
+    LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET %s = %L', memory._only('_explain'),
+                                  split_part(setting, '=', 1),
+                                  substr(setting, strpos(setting, '=') + 1));
+    END LOOP;
+END $$;

@@ -231,6 +231,21 @@ def test_explain_query_shows_the_l1_l2_hnsw_index_at_the_default_levels(syntheti
     assert plan["Execution Time"] > 0  # actual => true: EXPLAIN ANALYZE
 
 
+def test_explain_query_runs_under_the_semantic_stage_settings(synthetic: Conn) -> None:
+    """The hnsw settings memory.semantic_search declares are explain_query's too (copied to its
+    implementation, memory._explain, by sql/075_explain.sql), so the semantic plan it shows is
+    the one run."""
+    config = dict(
+        synthetic.execute(
+            "SELECT p.proname, ARRAY(SELECT c FROM unnest(p.proconfig) c WHERE c LIKE 'hnsw.%%')"
+            " FROM pg_proc p WHERE p.pronamespace = 'memory'::regnamespace"
+            " AND p.proname IN ('semantic_search', '_explain')"
+        ).fetchall()
+    )
+    assert config["semantic_search"] == ["hnsw.iterative_scan=relaxed_order", "hnsw.ef_search=100"]
+    assert config["_explain"] == config["semantic_search"]
+
+
 def test_explain_query_of_a_lexical_first_cascade_shows_the_by_ids_stage(synthetic: Conn) -> None:
     rows = synthetic.execute(
         "SELECT stage, search_strategy, plan FROM memory.explain_query("

@@ -10,7 +10,6 @@ import json
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from poimen_lab.bench import synthetic
 from poimen_lab.bench.ann import AnnBench, matched
+from poimen_lab.bench.scratch import drop_database, fresh_database
 from poimen_lab.bm25_peer import PgLexemeBM25
 from poimen_lab.measures import percentile
 from poimen_lab.report import table
@@ -100,19 +100,6 @@ def _lat(ms: list[float]) -> dict[str, float]:
     return {"p50_ms": round(percentile(ms, 50), 3), "p95_ms": round(percentile(ms, 95), 3)}
 
 
-def _fresh_database(url: str) -> tuple[str, str]:
-    name = f"poimen_bench_{uuid.uuid4().hex[:8]}"
-    admin = make_conninfo(url, dbname="postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return name, make_conninfo(url, dbname=name)
-
-
-def _drop_database(url: str, name: str) -> None:
-    with psycopg.connect(make_conninfo(url, dbname="postgres"), autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
 def _ann(
     conn: psycopg.Connection[Any],
     corpus: synthetic.Corpus,
@@ -188,7 +175,7 @@ def _natural(server_url: str, s: Settings, folder: Path, n_queries: int) -> dict
     qfile = sorted(folder.glob("queries*.jsonl"))[0]
     texts = [json.loads(line)["text"] for line in qfile.read_text().splitlines()][:n_queries]
     project = nodes[0]["project"]
-    name, url = _fresh_database(server_url)
+    name, url = fresh_database(server_url)
     try:
         with connect(url, autocommit=True) as conn:
             migrate(conn, s.plpython_root)
@@ -207,7 +194,7 @@ def _natural(server_url: str, s: Settings, folder: Path, n_queries: int) -> dict
             conn.execute("VACUUM ANALYZE memory.postings")
             out, _ = _lexical(conn, texts, [project], project)
     finally:
-        _drop_database(server_url, name)
+        drop_database(server_url, name)
     return {"corpus": folder.name, "nodes": len(nodes), "load_seconds": round(load_s, 2), **out}
 
 
@@ -323,7 +310,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             embedder = None
-    name, url = _fresh_database(server_url)
+    name, url = fresh_database(server_url)
     result: dict[str, Any] = {
         "nodes": args.nodes,
         "dim": args.dim,
@@ -416,7 +403,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             result["lexical_natural"] = _natural(server_url, s, args.natural, args.queries)
     finally:
         if not args.keep_db:
-            _drop_database(server_url, name)
+            drop_database(server_url, name)
     result["ratios"] = _ratios(result)
     _print(result)
     if args.json:

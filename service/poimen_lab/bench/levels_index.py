@@ -10,17 +10,15 @@ and measures again. The table it prints goes to docs/benchmarks.md."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
-import uuid
 from typing import Any
 
 import numpy as np
 import psycopg
-from psycopg.conninfo import make_conninfo
 
+from poimen_lab.bench.scratch import drop_database, fresh_database, module_parser
 from poimen_lab.bench.synthetic import MAIN, generate, load
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import migrate
@@ -78,18 +76,11 @@ def measure(conn: psycopg.Connection[Any], queries: Any, k: int) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--url", required=True, help="a database on the cluster to use")
-    ap.add_argument("--nodes", type=int, default=100_000)
-    ap.add_argument("--dim", type=int, default=384)
+    ap = module_parser(__doc__)
     ap.add_argument("--queries", type=int, default=50)
     ap.add_argument("--k", type=int, default=50)
-    ap.add_argument("--keep-db", action="store_true")
     args = ap.parse_args(argv)
-    name = f"bench_levels_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.url, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    url = make_conninfo(args.url, dbname=name)
+    name, url = fresh_database(args.url, "bench_levels")
     try:
         corpus = generate(args.nodes, args.dim, args.queries, seed=0)
         with connect(url, autocommit=True) as conn:
@@ -126,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     finally:
         if not args.keep_db:
-            with psycopg.connect(args.url, autocommit=True) as admin:
-                admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            drop_database(args.url, name)
     return 0
 
 

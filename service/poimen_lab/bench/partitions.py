@@ -14,7 +14,6 @@ databases are dropped afterwards unless --keep-db."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -26,6 +25,7 @@ import numpy as np
 import psycopg
 from psycopg.conninfo import make_conninfo
 
+from poimen_lab.bench.scratch import drop_database, fresh_database, module_parser
 from poimen_lab.bench.synthetic import Corpus, generate, load
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import migrate
@@ -107,11 +107,8 @@ def _ingest(conn: psycopg.Connection[Any], corpus: Corpus, project: str, n: int)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--url", required=True, help="a database on the cluster to use")
-    ap.add_argument("--nodes", type=int, default=100_000)
+    ap = module_parser(__doc__)
     ap.add_argument("--projects", type=int, default=100)
-    ap.add_argument("--dim", type=int, default=384)
     ap.add_argument("--queries", type=int, default=30, help="per project class")
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--ingest", type=int, default=1000, help="nodes in the ingest probe")
@@ -119,13 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         "--maintenance-work-mem", default="4GB", help="for the HNSW builds (one graph fits)"
     )
     ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--keep-db", action="store_true")
     args = ap.parse_args(argv)
-    tag = uuid.uuid4().hex[:8]
-    plain_db, parted_db = f"bench_plain_{tag}", f"bench_parted_{tag}"
-    with psycopg.connect(args.url, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {plain_db}")
-    plain_url = make_conninfo(args.url, dbname=plain_db)
+    plain_db, plain_url = fresh_database(args.url, "bench_plain")
+    parted_db = plain_db.replace("bench_plain", "bench_parted", 1)
     parted_url = make_conninfo(args.url, dbname=parted_db)
     result: dict[str, Any] = {"nodes": args.nodes, "projects": args.projects, "k": args.k}
     try:
@@ -242,9 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump(result, f, indent=2, default=float)
     finally:
         if not args.keep_db:
-            with psycopg.connect(args.url, autocommit=True) as admin:
-                for db in (parted_db, plain_db):
-                    admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+            for db in (parted_db, plain_db):
+                drop_database(args.url, db)
     return 0
 
 

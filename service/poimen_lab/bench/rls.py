@@ -14,7 +14,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 
 from poimen_lab.bench import synthetic
-from poimen_lab.bench.command import _drop_database, _fresh_database
+from poimen_lab.bench.scratch import drop_database, fresh_database
 from poimen_lab.measures import percentile
 from poimen_lab.report import table
 from poimen_memory.db.connect import connect, database_url
@@ -53,7 +53,7 @@ def _timed(conn: psycopg.Connection[Any], sql: str, params: dict[str, Any]) -> t
 
 def cmd_bench_rls(args: argparse.Namespace) -> int:
     server = database_url(Settings.from_env(), start=True)
-    name, url = _fresh_database(server)
+    name, url = fresh_database(server)
     try:
         corpus = synthetic.generate(args.nodes, args.dim, args.queries, seed=args.seed)
         with connect(url, autocommit=True) as owner:
@@ -96,7 +96,7 @@ def cmd_bench_rls(args: argparse.Namespace) -> int:
         )
     finally:
         if not args.keep_db:
-            _drop_database(server, name)
+            drop_database(server, name)
     return 0
 
 
