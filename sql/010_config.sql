@@ -53,12 +53,19 @@ CREATE OR REPLACE FUNCTION memory.node_filter(
     project text, levels text[], since timestamptz, before timestamptz,
     OUT pid integer, OUT lv text[], OUT timed boolean, OUT lo timestamptz, OUT hi timestamptz
 )
-LANGUAGE sql STABLE PARALLEL SAFE
+-- PL/pgSQL, not SQL, here and in the other small helpers every query calls: a SQL function
+-- with SET search_path is never inlined, and PostgreSQL 15 plans its body again at every
+-- statement, where PL/pgSQL keeps its plans for the session.
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT memory.project_id(project), memory.check_levels(levels),
-           since IS NOT NULL OR before IS NOT NULL,
-           coalesce(since, '-infinity'), coalesce(before, 'infinity')
+BEGIN
+    pid := memory.project_id(project);
+    lv := memory.check_levels(levels);
+    timed := since IS NOT NULL OR before IS NOT NULL;
+    lo := coalesce(since, '-infinity');
+    hi := coalesce(before, 'infinity');
+END
 $$;
 COMMENT ON FUNCTION memory.node_filter(text, text[], timestamptz, timestamptz) IS
     'The node filter of the search stages: the project id (PM404 when unknown), the checked level list, and the time window since <= ts < before as timed, lo and hi. Errors name the argument.';
@@ -90,9 +97,13 @@ COMMENT ON FUNCTION memory.check_within(text, integer, integer, integer, text) I
 
 CREATE OR REPLACE FUNCTION memory.check_k(k integer)
 RETURNS integer
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-RETURN memory.check_within('k', k, 1, 50, 'k is the number of rows to return, e.g. k => 5.');
+AS $$
+BEGIN
+    RETURN memory.check_within('k', k, 1, 50, 'k is the number of rows to return, e.g. k => 5.');
+END
+$$;
 COMMENT ON FUNCTION memory.check_k(integer) IS
     'Returns k unless it is NULL or outside 1..50 (22023): the number of results a query returns.';
 
@@ -113,9 +124,13 @@ COMMENT ON FUNCTION memory.check_fusion(text) IS
 
 CREATE OR REPLACE FUNCTION memory.check_evidence_budget(budget integer)
 RETURNS integer
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-RETURN memory.check_within('budget', budget, 0, 100, 'budget is the most L0 turns cited; 0 turns evidence off.');
+AS $$
+BEGIN
+    RETURN memory.check_within('budget', budget, 0, 100, 'budget is the most L0 turns cited; 0 turns evidence off.');
+END
+$$;
 COMMENT ON FUNCTION memory.check_evidence_budget(integer) IS
     'Raises 22023 unless the evidence budget is within 0..100; returns it.';
 

@@ -18,9 +18,11 @@ RETURNS TABLE (fusion text, rrf_k integer, dense_weight double precision, candid
                cascade_candidates integer, fusion_by_type jsonb, extracted_dates text,
                evidence_budget integer, evidence_candidates integer,
                evidence_weight double precision, evidence_neighbours double precision)
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    RETURN QUERY
     WITH c AS (
         SELECT coalesce(jsonb_object_agg(c.key, c.value), '{}'::jsonb) AS v
         FROM memory.config c
@@ -41,7 +43,8 @@ AS $$
            coalesce((v ->> 'evidence_candidates')::integer, 50),
            coalesce((v ->> 'evidence_weight')::double precision, 0.5),
            coalesce((v ->> 'evidence_neighbours')::double precision, 0.4)
-    FROM c
+    FROM c;
+END
 $$;
 COMMENT ON FUNCTION memory.policy() IS
     'The retrieval policy in force: default fusion (convex), RRF k (10), convex dense weight (0.4), Hybrid leg depth (candidates, 50), LexicalFirst lexical depth (cascade_candidates, 200), per-question-type fusion overrides, and what a date the optimizer extracts from the query does (extracted_dates: annotate, the default, only reports it in the plan; filter applies it as since/until when the caller gave none), and the evidence a response cites (memory.select_evidence: evidence_budget, 20, the most L0 turns cited; evidence_candidates, 50, the depth of the direct L0 legs; evidence_weight, 0.5, how much citation by a top result counts against a turn''s own match; evidence_neighbours, 0.4, how much a candidate lifts the turns said just before and after it). Read by memory.query and by the HTTP service; change it with memory.set_policy.';

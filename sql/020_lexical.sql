@@ -149,10 +149,14 @@ COMMENT ON FUNCTION memory.lexical_query(text, integer, integer, double precisio
 -- lower bound of a score exceed the score); 0 when there are fewer than k values.
 CREATE OR REPLACE FUNCTION memory.lexical_kth(vals double precision[], k integer)
 RETURNS double precision
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-RETURN coalesce((SELECT v FROM unnest(vals) AS u(v) ORDER BY v DESC OFFSET k - 1 LIMIT 1), 0)
-       * (1 - 1e-9);
+AS $$
+BEGIN
+    RETURN coalesce((SELECT u.v FROM unnest(vals) AS u(v) ORDER BY u.v DESC OFFSET k - 1 LIMIT 1), 0)
+           * (1 - 1e-9);
+END
+$$;
 COMMENT ON FUNCTION memory.lexical_kth(double precision[], integer) IS
     'Helper of memory.lexical_search: the k-th largest element of vals, deflated by 1e-9 relative, or 0.';
 

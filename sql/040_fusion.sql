@@ -108,12 +108,14 @@ CREATE OR REPLACE FUNCTION memory.fuse_legs(
 )
 RETURNS TABLE (node_id bigint, ranks integer[], scores double precision[],
                fused_score double precision, fusion_method text)
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 -- One place decides how a routed strategy weighs its legs, for memory.query and the service.
 -- Convex leans lexical (dense_weight 0.4 measured best); RRF keeps equal weights; the
 -- classic cascade (rrf) is the cosine order of the lexical ids alone.
 AS $$
+BEGIN
+    RETURN QUERY
     SELECT f.node_id, f.ranks, f.scores, f.fused_score,
            CASE strategy WHEN 'Hybrid' THEN f.fusion_method
                          WHEN 'LexicalFirst' THEN CASE WHEN fusion = 'convex' THEN 'cascade+convex'
@@ -134,7 +136,8 @@ AS $$
         CASE WHEN strategy IN ('Hybrid', 'LexicalFirst') THEN fusion ELSE 'rrf' END,
         k, final_k) f
     -- A cascade keeps only ids the by-ids stage ranked.
-    WHERE strategy <> 'LexicalFirst' OR f.ranks[1] IS NOT NULL
+    WHERE strategy <> 'LexicalFirst' OR f.ranks[1] IS NOT NULL;
+END
 $$;
 COMMENT ON FUNCTION memory.fuse_legs(jsonb, jsonb, text, text, double precision, integer, integer) IS
     'Fuses a semantic and a lexical leg ({"ids":[..],"scores":[..]}) the way the routed strategy needs: weights, method, the cascade filter and the reported fusion_method.';

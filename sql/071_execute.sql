@@ -60,10 +60,12 @@ COMMENT ON FUNCTION memory._opensearch_leg(jsonb, integer) IS
 -- and what memory._run_legs compares with its own plan's before it takes those legs back.
 CREATE OR REPLACE FUNCTION memory._lexical_calls(plan jsonb)
 RETURNS jsonb
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
--- Stripped of nulls: a leg the plan does not run is absent, not JSON null.
-RETURN jsonb_strip_nulls(jsonb_build_object(
+AS $$
+BEGIN
+    -- Stripped of nulls: a leg the plan does not run is absent, not JSON null.
+    RETURN jsonb_strip_nulls(jsonb_build_object(
     'lexical', CASE WHEN plan -> 'lexical' ->> 'engine' = 'postgres-bm25' THEN
         jsonb_build_object('query', plan -> 'query', 'project', plan -> 'project',
                            'levels', plan -> 'levels', 'k', plan -> 'lexical' -> 'depth',
@@ -72,6 +74,8 @@ RETURN jsonb_strip_nulls(jsonb_build_object(
         jsonb_build_object('query', plan -> 'query', 'project', plan -> 'project',
                            'levels', '["L0"]'::jsonb, 'k', plan -> 'evidence' -> 'candidates',
                            'since', plan -> 'since_ts', 'before', plan -> 'before_ts') END));
+END
+$$;
 COMMENT ON FUNCTION memory._lexical_calls(jsonb) IS
     'The arguments of the Postgres lexical legs a plan names ({"lexical": .., "evidence_lexical": ..}, each absent when the plan runs no such leg; NULL arguments absent too).';
 
@@ -91,10 +95,14 @@ COMMENT ON FUNCTION memory._lexical_call(jsonb) IS
 CREATE OR REPLACE FUNCTION memory._stage_time(st jsonb, key text, t timestamptz, ran boolean DEFAULT true)
 RETURNS jsonb
 -- VOLATILE: it reads clock_timestamp().
-LANGUAGE sql VOLATILE PARALLEL UNSAFE
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
-RETURN CASE WHEN ran THEN st || jsonb_build_object(key, extract(epoch FROM clock_timestamp() - t) * 1000)
-            ELSE st END;
+AS $$
+BEGIN
+    RETURN CASE WHEN ran THEN st || jsonb_build_object(key, extract(epoch FROM clock_timestamp() - t) * 1000)
+                ELSE st END;
+END
+$$;
 COMMENT ON FUNCTION memory._stage_time(jsonb, text, timestamptz, boolean) IS
     'The stage times st with key set to the milliseconds since t, when ran (the stage ran; default true); otherwise st unchanged.';
 

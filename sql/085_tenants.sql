@@ -48,14 +48,16 @@ COMMENT ON FUNCTION memory.granted_projects(boolean) IS
 
 CREATE OR REPLACE FUNCTION memory.granted_project_ids(write boolean DEFAULT false)
 RETURNS integer[]
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
     -- memory.projects is itself filtered by the read grants (its policy), so reading needs
     -- no second look at them; writing a project also needs reading it.
-    SELECT coalesce(array_agg(p.id), '{}')
-    FROM memory.projects p
-    WHERE NOT write OR (SELECT memory.granted_projects(true)) && ARRAY[p.name, '*']
+    RETURN (SELECT coalesce(array_agg(p.id), '{}')
+            FROM memory.projects p
+            WHERE NOT write OR (SELECT memory.granted_projects(true)) && ARRAY[p.name, '*']);
+END
 $$;
 COMMENT ON FUNCTION memory.granted_project_ids(boolean) IS
     'Ids of the projects memory.granted_projects(write) names: what the row-level security policies compare project_id with (evaluated once per statement).';

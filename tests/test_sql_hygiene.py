@@ -52,7 +52,14 @@ OWNER_ONLY = {
     "partition_by_project",
 }
 # Functions that write content: granted to memory_writer (the service's role inherits them).
-WRITER = {"add_nodes", "_write_nodes", "_ensure_projects", "_stored_nodes", "_stored_hashes", "_vector_missing"}
+WRITER = {
+    "add_nodes",
+    "_write_nodes",
+    "_ensure_projects",
+    "_stored_nodes",
+    "_stored_hashes",
+    "_vector_missing",
+}
 # Owner-only functions the service's role may also run (sql/900_grants.sql, end).
 SERVICE = {"configure_embedding", "enable_outbox"}
 READER = {
