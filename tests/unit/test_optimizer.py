@@ -148,6 +148,11 @@ def test_semantic_only_exists_but_is_never_chosen_from_text() -> None:
         ("where is the error log kept", QuestionType.Navigational),
         ("find the onboarding page", QuestionType.Navigational),
         ("go to the incident dashboard", QuestionType.Navigational),
+        # Inside a question the same words are verbs, not a request to navigate.
+        ("when did melanie go to the museum?", QuestionType.Factual),
+        ("how often does caroline go to the beach with her kids?", QuestionType.Open),
+        ("what did caroline find in her neighborhood?", QuestionType.Open),
+        ("would john be open to moving abroad?", QuestionType.Open),
         ("ideas for the offsite agenda", QuestionType.Open),
     ],
 )
