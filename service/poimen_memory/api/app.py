@@ -20,6 +20,7 @@ from starlette.routing import Route
 from poimen_memory.api import metrics, ui
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.health import HealthCache
+from poimen_memory.api.mcp_server import McpEndpoint
 from poimen_memory.api.openapi import openapi_spec
 from poimen_memory.api.operations import query_memory, records_from_lines, write_nodes
 from poimen_memory.api.request_log import RequestLogMiddleware
@@ -144,6 +145,7 @@ async def openapi(request: Request) -> JSONResponse:
 
 def create_app(settings: Settings | None = None, *, embedder: Embedder | None = None) -> Starlette:
     cfg = settings or Settings.from_env()
+    mcp = McpEndpoint(cfg)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -152,7 +154,8 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
             app.state.poimen = services
             app.state.health = HealthCache(cfg.health_cache_s)
             app.state.keys = KeyRing(services.retriever, cfg.auth_cache_s, cfg.default_timeout_s)
-            yield
+            async with mcp.run():
+                yield
 
     return Starlette(
         exception_handlers={
@@ -166,6 +169,8 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
             Route("/memory/nodes", post_nodes, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
+            # The MCP endpoint for agents (api/mcp_server.py, docs/mcp.md).
+            Route("/mcp", mcp, methods=["POST"]),
             *metrics.routes,
             *ui.routes,
         ],

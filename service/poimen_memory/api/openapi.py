@@ -141,7 +141,8 @@ _AUTH_ERRORS = {
 }
 
 
-# GET /memory/query's parameters: (name, required, schema, description).
+# GET /memory/query's parameters: (name, required, schema, description). The MCP tool
+# memory_query takes the same ones (api/mcp_server.py).
 QUERY_PARAMETERS: list[tuple[str, bool, dict[str, Any], str]] = [
     (
         "query",
@@ -219,6 +220,7 @@ QUERY_PARAMETERS: list[tuple[str, bool, dict[str, Any], str]] = [
 TAGS = [
     {"name": "memory", "description": "Search memory and write nodes"},
     {"name": "operations", "description": "Health, metrics and this document"},
+    {"name": "mcp", "description": "The MCP server for agents (docs/mcp.md)"},
     {"name": "explorer", "description": "The query explorer page"},
 ]
 
@@ -324,6 +326,32 @@ def openapi_spec() -> dict[str, Any]:
                     "tags": ["operations"],
                     "summary": "This document",
                     "responses": {"200": {"description": "OpenAPI 3.1"}},
+                }
+            },
+            "/mcp": {
+                "post": {
+                    "operationId": "mcp",
+                    "tags": ["mcp"],
+                    "summary": "The MCP server for agents: streamable HTTP, stateless, JSON "
+                    "responses (docs/mcp.md); its tools are memory_query and memory_add",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {"type": "object", "description": "JSON-RPC 2.0"}
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": {
+                            "description": "The JSON-RPC response; a tool's typed error is a "
+                            "result with isError true and the error body",
+                            "content": {"application/json": {"schema": {"type": "object"}}},
+                        },
+                        "202": {"description": "A notification, accepted"},
+                        "401": _AUTH_ERRORS["401"],
+                        "413": {"description": "body over POIMEN_MAX_BODY_BYTES"},
+                    },
                 }
             },
             "/metrics": {

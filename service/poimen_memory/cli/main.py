@@ -315,13 +315,10 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     import uvicorn
 
     from poimen_memory.api.app import create_app
     from poimen_memory.api.http_protocol import FirstRequestDeadline
-    from poimen_memory.db.migrate import migrate
 
     s = _settings()
     # Start the embedded cluster (when no URL is configured) before serving.
@@ -337,12 +334,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if not s.database_url:
-        with connect(url, autocommit=True) as conn:
-            migrate(conn, s.plpython_root)  # the service's role needs memory_service
-            ensure_service_login(conn, s.service_role)
     # The superuser only migrates; the service runs as its own role, under row-level security.
-    app = create_app(replace(s, database_url=service_database_url(s)))
+    app = create_app(_service_settings(s))
     uvicorn.run(
         app,
         host=args.host,
@@ -357,6 +350,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
         h11_max_incomplete_event_size=s.http_max_header_bytes,
     )
     return 0
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from poimen_memory.api.mcp_server import serve_stdio
+
+    # As `serve`: the service's role under row-level security, the key from the environment
+    # (stdout is the protocol's: nothing else may print there).
+    s = _service_settings(_settings())
+    asyncio.run(serve_stdio(s, api_key=s.api_key))
+    return 0
+
+
+def _service_settings(s: Settings) -> Settings:
+    """What `serve` and `mcp` run with: the embedded cluster (when no URL is configured)
+    started and migrated, and the service's own role, never the superuser."""
+    from dataclasses import replace
+
+    from poimen_memory.db.migrate import migrate
+
+    url = _url(s)
+    if not s.database_url:
+        with connect(url, autocommit=True) as conn:
+            migrate(conn, s.plpython_root)  # the service's role needs memory_service
+            ensure_service_login(conn, s.service_role)
+    return replace(s, database_url=service_database_url(s))
 
 
 def _has_keys(url: str) -> bool:
@@ -543,6 +563,12 @@ def build_parser() -> argparse.ArgumentParser:
     ky.add_argument("--write", action="store_true", help="also allow POST /memory/nodes")
     ky.add_argument("--note", help="who or what the key is for")
     ky.set_defaults(func=cmd_keys)
+    mc = sub.add_parser(
+        "mcp",
+        help="the MCP server for agents on stdin/stdout (docs/mcp.md; the service also "
+        "serves it at POST /mcp); POIMEN_API_KEY is its key",
+    )
+    mc.set_defaults(func=cmd_mcp)
     os_ = sub.add_parser("opensearch", help="OpenSearch dual-write maintenance")
     os_.add_argument("action", choices=["sync", "reindex"])
     os_.set_defaults(func=cmd_opensearch)
