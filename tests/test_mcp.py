@@ -13,6 +13,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import httpx2
+import psycopg
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -30,6 +32,7 @@ from poimen_lab.live_server import live_server
 from poimen_memory.api.auth import key_hash, new_key
 from poimen_memory.api.openapi import QUERY_PARAMETERS
 from poimen_memory.cli.main import build_parser
+from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect
 from poimen_memory.db.queries import q
 from poimen_memory.settings import Settings
@@ -38,13 +41,36 @@ from service_client import KONG
 DOCS = Path(__file__).parent.parent / "docs" / "mcp.md"
 
 
+@contextmanager
+def _serving(url: str, log: Path) -> Iterator[str]:
+    with live_server({"POIMEN_DATABASE_URL": url, "POIMEN_AUTH_CACHE_S": "0"}, log) as base:
+        yield base
+    assert "Traceback" not in log.read_text(), log.read_text()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def reader(
+    cluster: Cluster,
+    admin: psycopg.Connection[Any],
+    template_db: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[str]:
+    """One server for the tests that write nothing and make no key, on its own copy of the
+    fixture database (anonymous mode throughout)."""
+    name = f"mcp_{uuid.uuid4().hex[:12]}"
+    admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    try:
+        with _serving(cluster.url(name), tmp_path_factory.mktemp("mcp") / "server.log") as base:
+            yield base
+    finally:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 @pytest.fixture
 def server(fixture_url: str, tmp_path: Path) -> Iterator[str]:
-    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_AUTH_CACHE_S": "0"}
-    log = tmp_path / "server.log"
-    with live_server(env, log) as url:
-        yield url
-    assert "Traceback" not in log.read_text(), log.read_text()[-4000:]
+    """A server of its own, for a test that writes or makes keys."""
+    with _serving(fixture_url, tmp_path / "server.log") as base:
+        yield base
 
 
 def _key(url: str, projects: list[str], write: bool = False) -> str:
@@ -129,11 +155,11 @@ def _same_answer(mcp: dict[str, Any], http: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
-def test_tools_and_their_schemas(server: str, mode: str) -> None:
+def test_tools_and_their_schemas(reader: str, mode: str) -> None:
     async def work(client: Client) -> Any:
         return (await client.list_tools()).tools
 
-    tools = {t.name: t for t in over_http(server, None, work, mode)}
+    tools = {t.name: t for t in over_http(reader, None, work, mode)}
     assert set(tools) == {"memory_query", "memory_add"}
     query = tools["memory_query"]
     # The HTTP route's parameters, with the same schemas.
@@ -153,6 +179,15 @@ def test_tools_and_their_schemas(server: str, mode: str) -> None:
     assert add.output_schema is not None and "inserted" in add.output_schema["properties"]
 
 
+def _scrape(base: str) -> str:
+    return httpx.get(f"{base}/metrics", timeout=30).text
+
+
+def _counter(scrape: str, line: str) -> float:
+    found = re.search(rf"^{re.escape(line)} (\S+)$", scrape, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 @pytest.mark.parametrize(
     "params",
     [
@@ -162,11 +197,19 @@ def test_tools_and_their_schemas(server: str, mode: str) -> None:
         {"query": "uploads", "since": "2020-01-01", "until": "2030-12-31", "limit": 99},
     ],
 )
-def test_a_query_answers_as_http_does(server: str, params: dict[str, Any]) -> None:
+def test_a_query_answers_as_http_does(reader: str, params: dict[str, Any]) -> None:
+    before = _scrape(reader)
     # The client checks the answer against the tool's output schema (the OpenAPI one).
-    result = over_http(server, None, _call("memory_query", params))
+    result = over_http(reader, None, _call("memory_query", params))
     assert not result.is_error, result.content
-    http = httpx.get(f"{server}/memory/query", params=params, timeout=30)
+    # Counted as any request is, and its strategy as a query's is.
+    after = _scrape(reader)
+    mcp = 'poimen_http_requests_total{method="POST",route="/mcp",status="200"}'
+    assert _counter(after, mcp) > _counter(before, mcp)
+    ran = result.structured_content["search_strategy"]
+    strategy = f'poimen_query_strategy_total{{strategy="{ran}"}}'
+    assert _counter(after, strategy) == _counter(before, strategy) + 1
+    http = httpx.get(f"{reader}/memory/query", params=params, timeout=30)
     assert http.status_code == 200, http.text
     _same_answer(result.structured_content, http.json())
     assert json.loads(result.content[0].text) == result.structured_content
@@ -222,18 +265,18 @@ def test_a_write_is_one_transaction_unless_skip_invalid(server: str, fixture_url
     ],
 )
 def test_typed_errors_are_tool_errors(
-    server: str, args: dict[str, Any], code: str, status: int, sqlstate: str | None
+    reader: str, args: dict[str, Any], code: str, status: int, sqlstate: str | None
 ) -> None:
-    body = _tool_error(over_http(server, None, _call("memory_query", args)))
+    body = _tool_error(over_http(reader, None, _call("memory_query", args)))
     assert (body["error"], body["status"], body.get("sqlstate")) == (code, status, sqlstate)
     if "limit" not in args and "colour" not in args:  # the HTTP route answers the same
-        http = httpx.get(f"{server}/memory/query", params=args, timeout=30)
+        http = httpx.get(f"{reader}/memory/query", params=args, timeout=30)
         assert http.status_code == status and http.json()["error"] == code
 
 
-def test_an_unknown_tool_is_a_protocol_error(server: str) -> None:
+def test_an_unknown_tool_is_a_protocol_error(reader: str) -> None:
     with pytest.raises(MCPError, match="unknown tool"):
-        over_http(server, None, _call("memory_forget", {}))
+        over_http(reader, None, _call("memory_forget", {}))
 
 
 def test_api_keys_are_enforced(server: str, fixture_url: str) -> None:
@@ -313,7 +356,7 @@ def test_the_docs_python_example_runs(server: str, fixture_url: str) -> None:
     assert len(lines) == 2 and lines[0].startswith("1 ") and " cites [" in lines[0], out.stdout
 
 
-def test_the_docs_configurations_and_error_name_what_is_served(server: str) -> None:
+def test_the_docs_configurations_and_error_name_what_is_served(reader: str) -> None:
     stdio, http, error = (json.loads(b) for b in _blocks("json"))
     (local,) = stdio["mcpServers"].values()
     assert Path(local["command"]).name == "poimen-memory" and local["args"] == ["mcp"]
@@ -325,5 +368,5 @@ def test_the_docs_configurations_and_error_name_what_is_served(server: str) -> N
     assert urlsplit(remote["url"]).path == "/mcp" and remote["type"] == "http"
     assert remote["headers"]["Authorization"].startswith("Bearer pmk_")
     # The error shown is the one the service gives.
-    result = over_http(server, None, _call("memory_query", {"query": KONG, "project": "nope"}))
+    result = over_http(reader, None, _call("memory_query", {"query": KONG, "project": "nope"}))
     assert _tool_error(result) == error

@@ -24,6 +24,7 @@ reconfigure the process's root logger):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import json
@@ -60,6 +61,7 @@ from poimen_memory.api.operations import query_memory, records_from_lines, write
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import PoimenError, ValidationError
+from poimen_memory.ingest.nodes import LineError, NodeRecord
 from poimen_memory.services import Services, open_services
 from poimen_memory.settings import Settings
 
@@ -198,6 +200,12 @@ def _as_param(value: Any) -> str:
     return str(value)
 
 
+def _records(nodes: list[Any], project: str | None) -> tuple[list[NodeRecord], list[LineError]]:
+    """The nodes as the HTTP route reads a JSON array: one line each, then the same parser
+    (10 MB of them takes most of a second: the caller runs this off the event loop)."""
+    return records_from_lines([json.dumps(n) for n in nodes], project)
+
+
 def _tool_error(err: PoimenError) -> CallToolResult:
     body: dict[str, Any] = {**err.to_json(), "status": err.http_status}
     if err.sqlstate:
@@ -241,8 +249,9 @@ def build_server(settings: Settings, caller: Callable[[Any], Caller]) -> Server[
             else:
                 # As POST /memory/nodes: the key before the body is looked at.
                 await who.keys.write_projects(who.headers, ())
-                lines = [json.dumps(n) for n in args["nodes"]]
-                records, invalid = records_from_lines(lines, args.get("project"))
+                records, invalid = await asyncio.to_thread(
+                    _records, args["nodes"], args.get("project")
+                )
                 body = await write_nodes(
                     who.services,
                     who.keys,
