@@ -35,6 +35,8 @@ def test_schemathesis_finds_nothing(
              # machine is slow, not wrong.
              "--max-response-time", "30",
              "--exclude-path", "/ui", "--exclude-path", "/metrics",
+             # JSON-RPC under one path: tests/test_mcp.py drives it with the MCP client.
+             "--exclude-path", "/mcp",
              # The spec says strings are UTF-8 without NUL (PostgreSQL cannot store either);
              # tests/test_write_safety.py sends both and checks the 400s.
              "--generation-allow-x00", "false", "--generation-codec", "utf-8"],

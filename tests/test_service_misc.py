@@ -4,6 +4,7 @@ POST /memory/nodes, GET /healthz and GET /openapi.json, through the real app."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -17,6 +18,7 @@ from doubles.embedding_server import EmbeddingServer, run_embedding_server
 from doubles.opensearch_server import run_opensearch_server
 from doubles.rerank_server import run_rerank_server
 from poimen_memory.api.app import create_app
+from poimen_memory.api.openapi import openapi_spec
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.embedders.local import LOCAL_MODEL_NAME, LocalEmbedder
 from poimen_memory.settings import Settings
@@ -338,6 +340,19 @@ def test_healthz_without_lexical_engine(fixture_url: str, embedder: LocalEmbedde
 
 
 # -- GET /openapi.json ----------------------------------------------------------------------
+
+
+def test_every_operation_has_a_unique_operation_id_and_a_tag() -> None:
+    """What generated clients name their calls after (openapi-python-client and others)."""
+    spec = openapi_spec()
+    ops = [op for path in spec["paths"].values() for op in path.values()]
+    ids = [op.get("operationId") for op in ops]
+    assert all(isinstance(i, str) and re.fullmatch(r"[a-z][A-Za-z]*", i) for i in ids), ids
+    assert len(set(ids)) == len(ids), ids
+    declared = {t["name"] for t in spec["tags"]}
+    for op in ops:
+        assert op.get("tags") and set(op["tags"]) <= declared, op["operationId"]
+    assert ids[:2] == ["queryMemory", "addNodes"]
 
 
 def test_openapi_lists_every_route_and_the_error_schema(

@@ -246,6 +246,8 @@ class Settings(FromEnv):
     http_max_concurrency: int = setting("POIMEN_HTTP_MAX_CONCURRENCY", at_least(1), 64)
     http_max_header_bytes: int = setting("POIMEN_HTTP_MAX_HEADER_BYTES", at_least(1024), 16384)
     auth_cache_s: float = setting("POIMEN_AUTH_CACHE_S", at_least(0.0, float), 5.0)
+    # The key `poimen-memory mcp` (stdio) calls with, as an HTTP client sends its own.
+    api_key: str | None = setting("POIMEN_API_KEY", str, repr=False)
     health_cache_s: float = setting("POIMEN_HEALTH_CACHE_S", at_least(0.0, float), 5.0)
     rerank_min_remaining_s: float = setting(
         "POIMEN_RERANK_MIN_REMAINING_S", at_least(0.0, float), 0.25

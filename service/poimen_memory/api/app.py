@@ -8,8 +8,6 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import replace
-from typing import Any
 
 import psycopg
 from starlette.applications import Starlette
@@ -22,22 +20,18 @@ from starlette.routing import Route
 from poimen_memory.api import metrics, ui
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.health import HealthCache
+from poimen_memory.api.mcp_server import McpEndpoint
 from poimen_memory.api.openapi import openapi_spec
-from poimen_memory.api.params import parse_query
+from poimen_memory.api.operations import query_memory, records_from_lines, write_nodes
 from poimen_memory.api.request_log import RequestLogMiddleware
-from poimen_memory.db import tenant
-from poimen_memory.db.connect import connect
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import (
-    Busy,
-    IngestError,
     PayloadTooLarge,
     PoimenError,
     ValidationError,
 )
-from poimen_memory.ingest.nodes import MAX_JSON_DEPTH, LineError, NodeRecord, loads, parse_lines
-from poimen_memory.ingest.writer import ingest
+from poimen_memory.ingest.nodes import MAX_JSON_DEPTH, LineError, NodeRecord, loads
 from poimen_memory.services import Services, open_services
 from poimen_memory.settings import Settings
 
@@ -62,9 +56,7 @@ async def _db_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def memory_query(request: Request) -> JSONResponse:
     state: Services = request.app.state.poimen
-    req = parse_query(request.query_params, state.settings)
-    req = replace(req, project=await request.app.state.keys.read_project(request, req.project))
-    body = await state.retriever.query(req)
+    body = await query_memory(state, request.app.state.keys, request.headers, request.query_params)
     metrics.observe_query(request, body)
     return JSONResponse(body)
 
@@ -104,17 +96,7 @@ def _parse_body(raw: bytes, project: str | None) -> tuple[list[NodeRecord], list
     else:
         # Only newlines end an NDJSON line: JSON strings may hold U+2028, U+0085, ...
         lines = [line.removesuffix("\r") for line in body.split("\n")]
-    records, invalid = parse_lines(lines, project)
-    if not records and not invalid:
-        raise ValidationError("no nodes in the request body")
-    if not records:
-        # Skipping the invalid lines would leave nothing: that is a bad request, not a 201.
-        shown = "\n".join(str(e) for e in invalid[:20])
-        raise IngestError(
-            f"{len(invalid)} invalid line(s) and no valid one; nothing was written",
-            detail=shown,
-        )
-    return records, invalid
+    return records_from_lines(lines, project)
 
 
 async def post_nodes(request: Request) -> JSONResponse:
@@ -123,7 +105,7 @@ async def post_nodes(request: Request) -> JSONResponse:
     state: Services = request.app.state.poimen
     keys = request.app.state.keys
     # The key first: an unauthenticated body is never read, let alone parsed.
-    await keys.write_projects(request, ())
+    await keys.write_projects(request.headers, ())
     raw = await _body(request, state.settings.max_body_bytes)
     skip = request.query_params.getlist("skip_invalid")
     if skip not in ([], ["true"], ["false"]):
@@ -133,34 +115,9 @@ async def post_nodes(request: Request) -> JSONResponse:
     records, invalid = await asyncio.to_thread(
         _parse_body, raw, request.query_params.get("project")
     )
-    await keys.write_projects(request, {r.project for r in records})
-    if state.embedder is None:
-        raise ValidationError("no embedder configured; cannot ingest")
-    embedder = state.embedder
-    caller = tenant.current()  # run_in_executor does not carry context variables
-
-    def run() -> dict[str, Any]:
-        with connect(state.url, autocommit=True) as conn:
-            tenant.assert_for_session(conn, caller)
-            report = ingest(
-                conn,
-                records,
-                embedder,
-                invalid=invalid,
-                skip_invalid=skip_invalid,
-                progress=False,
-                atomic=True,
-            )
-            return report.to_json()
-
-    if state.ingest_slots.locked():
-        raise Busy(
-            "every ingest slot is taken",
-            hint="retry later; POIMEN_INGEST_WORKERS and POIMEN_INGEST_QUEUE set the capacity",
-        )
-    async with state.ingest_slots:
-        loop = asyncio.get_running_loop()
-        report = await loop.run_in_executor(state.ingest_pool, run)
+    report = await write_nodes(
+        state, keys, request.headers, records, invalid, skip_invalid=skip_invalid
+    )
     return JSONResponse(report, status_code=201)
 
 
@@ -188,6 +145,7 @@ async def openapi(request: Request) -> JSONResponse:
 
 def create_app(settings: Settings | None = None, *, embedder: Embedder | None = None) -> Starlette:
     cfg = settings or Settings.from_env()
+    mcp = McpEndpoint(cfg)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -196,7 +154,8 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
             app.state.poimen = services
             app.state.health = HealthCache(cfg.health_cache_s)
             app.state.keys = KeyRing(services.retriever, cfg.auth_cache_s, cfg.default_timeout_s)
-            yield
+            async with mcp.run():
+                yield
 
     return Starlette(
         exception_handlers={
@@ -210,6 +169,8 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
             Route("/memory/nodes", post_nodes, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
+            # The MCP endpoint for agents (api/mcp_server.py, docs/mcp.md).
+            Route("/mcp", mcp, methods=["POST"]),
             *metrics.routes,
             *ui.routes,
         ],

@@ -11,10 +11,8 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-
-from starlette.requests import Request
 
 from poimen_memory.db import tenant
 from poimen_memory.db.queries import q
@@ -78,14 +76,15 @@ class KeyRing:
                 self._at = time.monotonic()
             return self._keys
 
-    async def grant(self, request: Request) -> Grant | None:
-        """None when no key was ever made (anonymous mode); otherwise the caller's grant.
-        Revoking every key does not reopen the API: it then refuses every request."""
+    async def grant(self, headers: Mapping[str, str]) -> Grant | None:
+        """None when no key was ever made (anonymous mode); otherwise the caller's grant,
+        from the request's headers (an HTTP request's, or the MCP transport's). Revoking
+        every key does not reopen the API: it then refuses every request."""
         keys = await self._load()
         if not keys:
             tenant.assert_for_request(tenant.ALL_PROJECTS)
             return None
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthorized("an API key is required", hint="send Authorization: Bearer <key>")
         digest = key_hash(token.strip())
@@ -98,10 +97,10 @@ class KeyRing:
                 return grant
         raise Unauthorized("unknown or revoked API key")
 
-    async def read_project(self, request: Request, project: str | None) -> str | None:
+    async def read_project(self, headers: Mapping[str, str], project: str | None) -> str | None:
         """The project a query may search: the one it names, if the key covers it; without
         one, the key's project (a key for several projects must name one)."""
-        grant = await self.grant(request)
+        grant = await self.grant(headers)
         if grant is None:
             return project
         if project is None:
@@ -115,8 +114,8 @@ class KeyRing:
             raise Forbidden(f"this key does not cover project {project!r}")
         return project
 
-    async def write_projects(self, request: Request, projects: Iterable[str]) -> None:
-        grant = await self.grant(request)
+    async def write_projects(self, headers: Mapping[str, str], projects: Iterable[str]) -> None:
+        grant = await self.grant(headers)
         if grant is None:
             return
         if not grant.can_write:

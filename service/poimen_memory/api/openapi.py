@@ -141,79 +141,92 @@ _AUTH_ERRORS = {
 }
 
 
+# GET /memory/query's parameters: (name, required, schema, description). The MCP tool
+# memory_query takes the same ones (api/mcp_server.py).
+QUERY_PARAMETERS: list[tuple[str, bool, dict[str, Any], str]] = [
+    (
+        "query",
+        True,
+        # Not blank: at least one character Python does not count as white space.
+        {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 2000,
+            "pattern": r"[^\s\u0085\u001c-\u001f]",
+        },
+        "Text to search for (not blank).",
+    ),
+    ("project", False, _PROJECT, "Restrict to one project; unknown → 404."),
+    (
+        "level",
+        False,
+        {"type": "string", "default": "L1,L2", "pattern": r"^L[012](,L[012]){0,2}$"},
+        "Comma-separated subset of L0,L1,L2.",
+    ),
+    (
+        "limit",
+        False,
+        {"type": "integer", "default": 5},
+        "Any integer; clamped to [1, POIMEN_MAX_LIMIT (50)].",
+    ),
+    (
+        "timeout_seconds",
+        False,
+        {"type": "number", "default": 5},
+        "One deadline for the whole request, in seconds; any finite number, clamped to "
+        "[1, POIMEN_MAX_TIMEOUT_S (30)].",
+    ),
+    (
+        "since",
+        False,
+        {"type": "string", "pattern": _ISO_DAY_OR_TIME, "examples": ["2023-05-08"]},
+        "Only nodes whose timestamp is at or after this ISO date (a whole UTC day) or "
+        "timestamp (UTC unless it has an offset), applied in every leg before its top k; "
+        "nodes without a timestamp are left out. Bad value, or after until → 400.",
+    ),
+    (
+        "until",
+        False,
+        {"type": "string", "pattern": _ISO_DAY_OR_TIME, "examples": ["2023-05-31"]},
+        "Only nodes whose timestamp is at or before this ISO date (the whole day) or "
+        "timestamp (the whole minute for hh:mm, second for hh:mm:ss, or last digit given).",
+    ),
+    (
+        "reference_time",
+        False,
+        {"type": "string", "format": "date-time"},
+        "The time relative dates in the query ('last week', 'yesterday') count from; "
+        "default now. The plan's time_filter reports them; they filter only under the "
+        "policy extracted_dates = filter.",
+    ),
+    ("fusion", False, {"type": "string", "enum": ["rrf", "convex"]}, "Fusion for Hybrid."),
+    (
+        "evidence",
+        False,
+        {"type": "integer", "examples": [20]},
+        "The most L0 turns the response cites (`evidence`), clamped to [0, 100]; default "
+        "the policy's evidence_budget (20). The results' provenance trees keep only the "
+        "cited turns. 0: no evidence list, full trees.",
+    ),
+    (
+        "strategy",
+        False,
+        {"type": "string", "enum": ["LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly"]},
+        "Override the optimizer's routing.",
+    ),
+]
+
+# Each operation's operationId (what generated clients name the call) and tag.
+TAGS = [
+    {"name": "memory", "description": "Search memory and write nodes"},
+    {"name": "operations", "description": "Health, metrics and this document"},
+    {"name": "mcp", "description": "The MCP server for agents (docs/mcp.md)"},
+    {"name": "explorer", "description": "The query explorer page"},
+]
+
+
 def openapi_spec() -> dict[str, Any]:
-    q = [
-        (
-            "query",
-            True,
-            # Not blank: at least one character Python does not count as white space.
-            {
-                "type": "string",
-                "minLength": 1,
-                "maxLength": 2000,
-                "pattern": r"[^\s\u0085\u001c-\u001f]",
-            },
-            "Text to search for (not blank).",
-        ),
-        ("project", False, _PROJECT, "Restrict to one project; unknown → 404."),
-        (
-            "level",
-            False,
-            {"type": "string", "default": "L1,L2", "pattern": r"^L[012](,L[012]){0,2}$"},
-            "Comma-separated subset of L0,L1,L2.",
-        ),
-        (
-            "limit",
-            False,
-            {"type": "integer", "default": 5},
-            "Any integer; clamped to [1, POIMEN_MAX_LIMIT (50)].",
-        ),
-        (
-            "timeout_seconds",
-            False,
-            {"type": "number", "default": 5},
-            "One deadline for the whole request, in seconds; any finite number, clamped to "
-            "[1, POIMEN_MAX_TIMEOUT_S (30)].",
-        ),
-        (
-            "since",
-            False,
-            {"type": "string", "pattern": _ISO_DAY_OR_TIME, "examples": ["2023-05-08"]},
-            "Only nodes whose timestamp is at or after this ISO date (a whole UTC day) or "
-            "timestamp (UTC unless it has an offset), applied in every leg before its top k; "
-            "nodes without a timestamp are left out. Bad value, or after until → 400.",
-        ),
-        (
-            "until",
-            False,
-            {"type": "string", "pattern": _ISO_DAY_OR_TIME, "examples": ["2023-05-31"]},
-            "Only nodes whose timestamp is at or before this ISO date (the whole day) or "
-            "timestamp (the whole minute for hh:mm, second for hh:mm:ss, or last digit given).",
-        ),
-        (
-            "reference_time",
-            False,
-            {"type": "string", "format": "date-time"},
-            "The time relative dates in the query ('last week', 'yesterday') count from; "
-            "default now. The plan's time_filter reports them; they filter only under the "
-            "policy extracted_dates = filter.",
-        ),
-        ("fusion", False, {"type": "string", "enum": ["rrf", "convex"]}, "Fusion for Hybrid."),
-        (
-            "evidence",
-            False,
-            {"type": "integer", "examples": [20]},
-            "The most L0 turns the response cites (`evidence`), clamped to [0, 100]; default "
-            "the policy's evidence_budget (20). The results' provenance trees keep only the "
-            "cited turns. 0: no evidence list, full trees.",
-        ),
-        (
-            "strategy",
-            False,
-            {"type": "string", "enum": ["LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly"]},
-            "Override the optimizer's routing.",
-        ),
-    ]
+    q = QUERY_PARAMETERS
     return {
         "openapi": "3.1.0",
         "info": {
@@ -221,9 +234,12 @@ def openapi_spec() -> dict[str, Any]:
             "version": "0.1.0",
             "description": "Three-level memory retrieval with provenance to L0 evidence.",
         },
+        "tags": TAGS,
         "paths": {
             "/memory/query": {
                 "get": {
+                    "operationId": "queryMemory",
+                    "tags": ["memory"],
                     "summary": "Best L1/L2 memories with their L0 evidence",
                     "parameters": [
                         {"name": n, "in": "query", "required": r, "schema": s, "description": d}
@@ -254,6 +270,8 @@ def openapi_spec() -> dict[str, Any]:
             },
             "/memory/nodes": {
                 "post": {
+                    "operationId": "addNodes",
+                    "tags": ["memory"],
                     "summary": "Ingest nodes (JSON array or NDJSON, the nodes.jsonl format)",
                     "requestBody": {
                         "required": True,
@@ -293,6 +311,8 @@ def openapi_spec() -> dict[str, Any]:
             },
             "/healthz": {
                 "get": {
+                    "operationId": "getHealth",
+                    "tags": ["operations"],
                     "summary": "Each dependency and the active engines",
                     "responses": {
                         "200": {"description": "healthy"},
@@ -302,12 +322,42 @@ def openapi_spec() -> dict[str, Any]:
             },
             "/openapi.json": {
                 "get": {
+                    "operationId": "getOpenApi",
+                    "tags": ["operations"],
                     "summary": "This document",
                     "responses": {"200": {"description": "OpenAPI 3.1"}},
                 }
             },
+            "/mcp": {
+                "post": {
+                    "operationId": "mcp",
+                    "tags": ["mcp"],
+                    "summary": "The MCP server for agents: streamable HTTP, stateless, JSON "
+                    "responses (docs/mcp.md); its tools are memory_query and memory_add",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {"type": "object", "description": "JSON-RPC 2.0"}
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": {
+                            "description": "The JSON-RPC response; a tool's typed error is a "
+                            "result with isError true and the error body",
+                            "content": {"application/json": {"schema": {"type": "object"}}},
+                        },
+                        "202": {"description": "A notification, accepted"},
+                        "401": _AUTH_ERRORS["401"],
+                        "413": {"description": "body over POIMEN_MAX_BODY_BYTES"},
+                    },
+                }
+            },
             "/metrics": {
                 "get": {
+                    "operationId": "getMetrics",
+                    "tags": ["operations"],
                     "summary": "Prometheus metrics (docs/observability.md)",
                     "responses": {
                         "200": {
@@ -319,6 +369,8 @@ def openapi_spec() -> dict[str, Any]:
             },
             "/ui": {
                 "get": {
+                    "operationId": "getExplorer",
+                    "tags": ["explorer"],
                     "summary": "The query explorer page; reads query, project, level, limit, "
                     "strategy and fusion from its own URL",
                     "responses": {

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from poimen_memory.db.connect import database_url
+from dataclasses import replace
+
+from poimen_memory.db.connect import (
+    connect,
+    database_url,
+    ensure_service_login,
+    service_database_url,
+)
 from poimen_memory.settings import Settings
 
 
@@ -13,3 +20,16 @@ def load_settings() -> Settings:
 def started_url(s: Settings) -> str:
     """The database URL, starting the embedded cluster first when none is configured."""
     return database_url(s, start=True)
+
+
+def service_settings(s: Settings) -> Settings:
+    """What `serve` and `mcp` run with: the embedded cluster (when no URL is configured)
+    started and migrated, and the service's own role, never the superuser."""
+    from poimen_memory.db.migrate import migrate
+
+    url = started_url(s)
+    if not s.database_url:
+        with connect(url, autocommit=True) as conn:
+            migrate(conn, s.plpython_root)  # the service's role needs memory_service
+            ensure_service_login(conn, s.service_role)
+    return replace(s, database_url=service_database_url(s))

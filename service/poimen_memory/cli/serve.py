@@ -5,22 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from poimen_memory.cli.common import load_settings, started_url
-from poimen_memory.db.connect import (
-    connect,
-    ensure_service_login,
-    service_database_url,
-)
+from poimen_memory.cli.common import load_settings, service_settings, started_url
+from poimen_memory.db.connect import connect
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     import uvicorn
 
     from poimen_memory.api.app import create_app
     from poimen_memory.api.http_protocol import FirstRequestDeadline
-    from poimen_memory.db.migrate import migrate
 
     s = load_settings()
     # Start the embedded cluster (when no URL is configured) before serving.
@@ -36,12 +29,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if not s.database_url:
-        with connect(url, autocommit=True) as conn:
-            migrate(conn, s.plpython_root)  # the service's role needs memory_service
-            ensure_service_login(conn, s.service_role)
     # The superuser only migrates; the service runs as its own role, under row-level security.
-    app = create_app(replace(s, database_url=service_database_url(s)))
+    app = create_app(service_settings(s))
     uvicorn.run(
         app,
         host=args.host,

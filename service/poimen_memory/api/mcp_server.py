@@ -1,0 +1,338 @@
+"""The MCP server for agents: tools over the same code path as the HTTP API (docs/mcp.md).
+
+- ``memory_query`` answers exactly what ``GET /memory/query`` answers for the same
+  parameters (the same names, schemas and bounds: api/openapi.py's QUERY_PARAMETERS, then
+  api/params.py), with provenance and the evidence list;
+- ``memory_add`` writes nodes as ``POST /memory/nodes`` does: one transaction, every node or
+  none unless ``skip_invalid``.
+
+Both run api/operations.py, the functions the HTTP routes run, with the caller's API key
+from the transport's headers: the key's projects, read-only keys, the deadline and the
+typed errors are the HTTP API's. A typed error comes back as a tool error
+(``isError: true``) whose structured content is the HTTP error body plus ``status`` and,
+when the database raised it, ``sqlstate``.
+
+Two transports, built on the official SDK's low-level ``Server`` (``MCPServer`` would
+reconfigure the process's root logger):
+
+- streamable HTTP at ``POST /mcp`` inside the service (`McpEndpoint`): stateless, JSON
+  responses, behind the same API keys (a request without a valid key is refused 401 before
+  the MCP layer reads it), bodies capped at POIMEN_MAX_BODY_BYTES;
+- stdio, ``poimen-memory mcp`` (`serve_stdio`): the key, when keys exist, comes from
+  POIMEN_API_KEY.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INVALID_PARAMS,
+    CallToolRequestParams,
+    CallToolResult,
+    ListToolsResult,
+    PaginatedRequestParams,
+    TextContent,
+    Tool,
+    ToolAnnotations,
+)
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
+
+from poimen_memory.api import metrics
+from poimen_memory.api.auth import KeyRing
+from poimen_memory.api.openapi import QUERY_PARAMETERS, openapi_spec
+from poimen_memory.api.operations import query_memory, records_from_lines, write_nodes
+from poimen_memory.db.wrap import translate
+from poimen_memory.embedders.base import Embedder
+from poimen_memory.errors import PoimenError, ValidationError
+from poimen_memory.ingest.nodes import LineError, NodeRecord
+from poimen_memory.services import Services, open_services
+from poimen_memory.settings import Settings
+
+__all__ = ["TOOLS", "Caller", "McpEndpoint", "build_server", "serve_stdio", "tools"]
+
+log = logging.getLogger(__name__)
+
+QUERY, ADD = "memory_query", "memory_add"
+TOOLS = (QUERY, ADD)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling, and what serves them: the services, the key ring, the headers the
+    key is read from, and (over HTTP) the hook that counts an answered query."""
+
+    services: Services
+    keys: KeyRing
+    headers: Mapping[str, str]
+    observe: Callable[[Mapping[str, Any]], None] | None = None
+
+
+def _schemas() -> dict[str, Any]:
+    """The OpenAPI components, as JSON Schema ``$defs`` an MCP schema can refer to."""
+    text = json.dumps(openapi_spec()["components"]["schemas"])
+    defs: dict[str, Any] = json.loads(text.replace("#/components/schemas/", "#/$defs/"))
+    return defs
+
+
+def _query_input(settings: Settings) -> dict[str, Any]:
+    props: dict[str, Any] = {}
+    for name, _, schema, description in QUERY_PARAMETERS:
+        props[name] = {**copy.deepcopy(schema), "description": description}
+    # The bound this service applies (POIMEN_MAX_QUERY_CHARS), not the documented default.
+    props["query"]["maxLength"] = settings.max_query_chars
+    required = [name for name, req, _, _ in QUERY_PARAMETERS if req]
+    return {
+        "type": "object",
+        "properties": props,
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+def _add_input() -> dict[str, Any]:
+    node = copy.deepcopy(_schemas()["Node"])
+    # `project` below names the project of nodes that name none.
+    node["required"] = [r for r in node["required"] if r != "project"]
+    return {
+        "type": "object",
+        "properties": {
+            "nodes": {
+                "type": "array",
+                "minItems": 1,
+                "items": node,
+                "description": "The nodes, as in POST /memory/nodes (docs/ingest.md). One call "
+                "is one transaction: every node is written, or none.",
+            },
+            "project": {
+                **_schemas()["Node"]["properties"]["project"],
+                "description": "The project of nodes that name none.",
+            },
+            "skip_invalid": {
+                "type": "boolean",
+                "default": False,
+                "description": "Write the valid nodes and list the invalid ones in the report "
+                "(an error when none is valid).",
+            },
+        },
+        "required": ["nodes"],
+        "additionalProperties": False,
+    }
+
+
+# What the server checks before a call (the node fields are checked by the ingest code, as
+# for POST /memory/nodes, so that skip_invalid can skip them).
+def _add_checked() -> dict[str, Any]:
+    schema = _add_input()
+    schema["properties"]["nodes"]["items"] = {"type": "object"}
+    return schema
+
+
+def _output(name: str) -> dict[str, Any]:
+    defs = _schemas()
+    return {**defs[name], "$defs": defs}
+
+
+def tools(settings: Settings) -> list[Tool]:
+    spec = openapi_spec()["paths"]
+    return [
+        Tool(
+            name=QUERY,
+            title="Search memory",
+            description=(
+                "Search memory: the best L1/L2 memories for a question, each with its "
+                "provenance down to the L0 turns it derives from, and `evidence`, the L0 turns "
+                "the answer cites. The same answer as GET /memory/query with these parameters. "
+                + spec["/memory/query"]["get"]["summary"]
+                + "."
+            ),
+            input_schema=_query_input(settings),
+            output_schema=_output("QueryResponse"),
+            annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
+        ),
+        Tool(
+            name=ADD,
+            title="Remember",
+            description=(
+                "Write memory nodes (L0 turns, L1 memories, L2 syntheses) with their "
+                "provenance (`parents`: ids one level down), as POST /memory/nodes does. "
+                "Idempotent: a node whose content is stored already counts as a duplicate."
+            ),
+            input_schema=_add_input(),
+            output_schema=_output("IngestReport"),
+            annotations=ToolAnnotations(
+                read_only_hint=False,
+                destructive_hint=False,
+                idempotent_hint=True,
+                open_world_hint=False,
+            ),
+        ),
+    ]
+
+
+def _check(validator: Draft202012Validator, args: Mapping[str, Any]) -> None:
+    error = best_match(validator.iter_errors(dict(args)))
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path) or "arguments"
+        raise ValidationError(f"{where}: {error.message}")
+
+
+def _as_param(value: Any) -> str:
+    """A tool argument as the query string would carry it."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _records(nodes: list[Any], project: str | None) -> tuple[list[NodeRecord], list[LineError]]:
+    """The nodes as the HTTP route reads a JSON array: one line each, then the same parser
+    (10 MB of them takes most of a second: the caller runs this off the event loop)."""
+    return records_from_lines([json.dumps(n) for n in nodes], project)
+
+
+def _tool_error(err: PoimenError) -> CallToolResult:
+    body: dict[str, Any] = {**err.to_json(), "status": err.http_status}
+    if err.sqlstate:
+        body["sqlstate"] = err.sqlstate
+    text = f"{err.code}: {err.message}" + (f" (hint: {err.hint})" if err.hint else "")
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)], structured_content=body, is_error=True
+    )
+
+
+def _answer(body: dict[str, Any]) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(body, default=str))],
+        structured_content=body,
+    )
+
+
+def build_server(settings: Settings, caller: Callable[[Any], Caller]) -> Server[Any]:
+    """The MCP server; ``caller`` finds, from the SDK's request context, who calls."""
+    listed = tools(settings)
+    checks = {
+        QUERY: Draft202012Validator(_query_input(settings)),
+        ADD: Draft202012Validator(_add_checked()),
+    }
+
+    async def list_tools(ctx: Any, params: PaginatedRequestParams | None) -> ListToolsResult:
+        return ListToolsResult(tools=listed)
+
+    async def call_tool(ctx: Any, params: CallToolRequestParams) -> CallToolResult:
+        if params.name not in checks:
+            raise MCPError(code=INVALID_PARAMS, message=f"unknown tool {params.name!r}")
+        args = params.arguments or {}
+        who = caller(ctx)
+        try:
+            _check(checks[params.name], args)
+            if params.name == QUERY:
+                query = {k: _as_param(v) for k, v in args.items() if v is not None}
+                body = await query_memory(who.services, who.keys, who.headers, query)
+                if who.observe is not None:
+                    who.observe(body)
+            else:
+                # As POST /memory/nodes: the key before the body is looked at.
+                await who.keys.write_projects(who.headers, ())
+                records, invalid = await asyncio.to_thread(
+                    _records, args["nodes"], args.get("project")
+                )
+                body = await write_nodes(
+                    who.services,
+                    who.keys,
+                    who.headers,
+                    records,
+                    invalid,
+                    skip_invalid=bool(args.get("skip_invalid", False)),
+                )
+        except PoimenError as err:
+            return _tool_error(err)
+        except psycopg.Error as exc:
+            return _tool_error(translate(exc))
+        return _answer(body)
+
+    return Server(
+        "poimen-memory",
+        version=openapi_spec()["info"]["version"],
+        title="poimen-memory",
+        instructions=(
+            "Long-term memory. memory_query searches it (results with provenance and the L0 "
+            "evidence they cite); memory_add writes nodes."
+        ),
+        get_tool_input_schema=lambda name: next(
+            (t.input_schema for t in listed if t.name == name), None
+        ),
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+def _http_caller(ctx: Any) -> Caller:
+    request = ctx.request
+    if not isinstance(request, Request):  # only the HTTP endpoint serves this server
+        raise MCPError(code=INVALID_PARAMS, message="no HTTP request for this call")
+    app = request.app
+    return Caller(
+        app.state.poimen,
+        app.state.keys,
+        request.headers,
+        lambda body: metrics.observe_query(request, body),
+    )
+
+
+class McpEndpoint:
+    """``POST /mcp``: the SDK's streamable HTTP transport, stateless with JSON responses,
+    behind the service's API keys. `run` is entered in the app's lifespan."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.server = build_server(settings, _http_caller)
+        self.manager = StreamableHTTPSessionManager(
+            app=self.server,
+            json_response=True,
+            stateless=True,
+            max_request_body_size=settings.max_body_bytes,
+        )
+
+    @contextlib.asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        async with self.manager.run():
+            yield
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            # Refused here, before the SDK reads the body; each tool checks the key's
+            # projects again for what it does.
+            await request.app.state.keys.grant(request.headers)
+        except (PoimenError, psycopg.Error) as exc:
+            err = exc if isinstance(exc, PoimenError) else translate(exc)
+            await JSONResponse(err.to_json(), status_code=err.http_status)(scope, receive, send)
+            return
+        await self.manager.handle_request(scope, receive, send)
+
+
+async def serve_stdio(
+    settings: Settings, *, api_key: str | None = None, embedder: Embedder | None = None
+) -> None:
+    """``poimen-memory mcp``: the MCP server on this process's stdin and stdout."""
+    async with open_services(settings, embedder=embedder, check_rls=True) as services:
+        keys = KeyRing(services.retriever, settings.auth_cache_s, settings.default_timeout_s)
+        who = Caller(services, keys, {"authorization": f"Bearer {api_key}"} if api_key else {})
+        server = build_server(settings, lambda ctx: who)
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())

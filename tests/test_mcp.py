@@ -1,0 +1,372 @@
+"""The MCP server driven by the official SDK's own client, against the real service (its own
+uvicorn process on 127.0.0.1, POST /mcp) and over stdio (`poimen-memory mcp`), on a real
+database: the tools and their schemas, a search whose answer is the HTTP answer field by
+field, a write then a read, typed errors as tool errors, and the API keys."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import httpx2
+import psycopg
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolResult
+
+from poimen_lab.live_server import live_server
+from poimen_memory.api.auth import key_hash, new_key
+from poimen_memory.api.openapi import QUERY_PARAMETERS
+from poimen_memory.cli.main import build_parser
+from poimen_memory.db.cluster import Cluster
+from poimen_memory.db.connect import connect
+from poimen_memory.db.queries import q
+from poimen_memory.settings import Settings
+from service_client import KONG
+
+DOCS = Path(__file__).parent.parent / "docs" / "mcp.md"
+
+
+@contextmanager
+def _serving(url: str, log: Path) -> Iterator[str]:
+    with live_server({"POIMEN_DATABASE_URL": url, "POIMEN_AUTH_CACHE_S": "0"}, log) as base:
+        yield base
+    assert "Traceback" not in log.read_text(), log.read_text()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def reader(
+    cluster: Cluster,
+    admin: psycopg.Connection[Any],
+    template_db: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[str]:
+    """One server for the tests that write nothing and make no key, on its own copy of the
+    fixture database (anonymous mode throughout)."""
+    name = f"mcp_{uuid.uuid4().hex[:12]}"
+    admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    try:
+        with _serving(cluster.url(name), tmp_path_factory.mktemp("mcp") / "server.log") as base:
+            yield base
+    finally:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def server(fixture_url: str, tmp_path: Path) -> Iterator[str]:
+    """A server of its own, for a test that writes or makes keys."""
+    with _serving(fixture_url, tmp_path / "server.log") as base:
+        yield base
+
+
+def _key(url: str, projects: list[str], write: bool = False) -> str:
+    key = new_key()
+    with connect(url, autocommit=True) as conn:
+        conn.execute(
+            q("key_insert"),
+            {"key_hash": key_hash(key), "prefix": key[:12], "projects": projects,
+             "can_write": write, "note": "test"},
+        )  # fmt: skip
+    return key
+
+
+def _headers(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The one error inside the task groups' wrapping."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def over_http(
+    base: str,
+    key: str | None,
+    work: Callable[[Client], Awaitable[Any]],
+    mode: str = "auto",
+    statuses: list[int] | None = None,
+) -> Any:
+    """Run ``work`` with an SDK client connected to the service's /mcp with this key;
+    ``statuses`` collects the HTTP statuses the SDK's transport saw."""
+
+    async def record(response: httpx2.Response) -> None:
+        if statuses is not None:
+            statuses.append(response.status_code)
+
+    async def run() -> Any:
+        http = httpx2.AsyncClient(
+            headers=_headers(key), timeout=60, event_hooks={"response": [record]}
+        )
+        transport = streamable_http_client(f"{base}/mcp", http_client=http)
+        async with http, Client(transport, mode=mode) as client:  # type: ignore[arg-type]
+            return await work(client)
+
+    try:
+        return asyncio.run(run())
+    except BaseExceptionGroup as group:
+        raise _leaf(group) from group
+
+
+def _call(name: str, args: dict[str, Any]) -> Callable[[Client], Awaitable[CallToolResult]]:
+    async def work(client: Client) -> CallToolResult:
+        return await client.call_tool(name, args)
+
+    return work
+
+
+def _tool_error(result: CallToolResult) -> dict[str, Any]:
+    assert result.is_error, result
+    body: dict[str, Any] = result.structured_content
+    assert result.content[0].text.startswith(f"{body['error']}: {body['detail']}")  # type: ignore[union-attr]
+    return body
+
+
+# What differs between two runs of the same query: how long it took, and the cache.
+TIMING = re.compile(r"_ms$|^embedding_cache_hit$")
+
+
+def _same_answer(mcp: dict[str, Any], http: dict[str, Any]) -> None:
+    assert set(mcp) == set(http)
+    for field in http:
+        if field == "latency_ms":
+            continue
+        if field == "metrics":
+            left = {k: v for k, v in mcp[field].items() if not TIMING.search(k)}
+            right = {k: v for k, v in http[field].items() if not TIMING.search(k)}
+            assert left == right
+            continue
+        assert mcp[field] == http[field], field
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_tools_and_their_schemas(reader: str, mode: str) -> None:
+    async def work(client: Client) -> Any:
+        return (await client.list_tools()).tools
+
+    tools = {t.name: t for t in over_http(reader, None, work, mode)}
+    assert set(tools) == {"memory_query", "memory_add"}
+    query = tools["memory_query"]
+    # The HTTP route's parameters, with the same schemas.
+    assert set(query.input_schema["properties"]) == {n for n, *_ in QUERY_PARAMETERS}
+    assert query.input_schema["required"] == ["query"]
+    assert query.input_schema["properties"]["strategy"]["enum"] == [
+        "LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly",
+    ]  # fmt: skip
+    assert query.annotations is not None and query.annotations.read_only_hint
+    assert query.output_schema is not None
+    assert {"Result", "Evidence", "Parent"} <= set(query.output_schema["$defs"])
+    add = tools["memory_add"]
+    assert add.input_schema["required"] == ["nodes"]
+    assert add.input_schema["properties"]["nodes"]["items"]["properties"]["level"]["enum"] == [
+        "L0", "L1", "L2",
+    ]  # fmt: skip
+    assert add.output_schema is not None and "inserted" in add.output_schema["properties"]
+
+
+def _scrape(base: str) -> str:
+    return httpx.get(f"{base}/metrics", timeout=30).text
+
+
+def _counter(scrape: str, line: str) -> float:
+    found = re.search(rf"^{re.escape(line)} (\S+)$", scrape, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"query": KONG},
+        {"query": KONG, "project": "poimen", "limit": 3, "level": "L0,L1,L2", "evidence": 4},
+        {"query": "kong", "strategy": "LexicalOnly", "fusion": "rrf", "timeout_seconds": 10},
+        {"query": "uploads", "since": "2020-01-01", "until": "2030-12-31", "limit": 99},
+    ],
+)
+def test_a_query_answers_as_http_does(reader: str, params: dict[str, Any]) -> None:
+    before = _scrape(reader)
+    # The client checks the answer against the tool's output schema (the OpenAPI one).
+    result = over_http(reader, None, _call("memory_query", params))
+    assert not result.is_error, result.content
+    # Counted as any request is, and its strategy as a query's is.
+    after = _scrape(reader)
+    mcp = 'poimen_http_requests_total{method="POST",route="/mcp",status="200"}'
+    assert _counter(after, mcp) > _counter(before, mcp)
+    ran = result.structured_content["search_strategy"]
+    strategy = f'poimen_query_strategy_total{{strategy="{ran}"}}'
+    assert _counter(after, strategy) == _counter(before, strategy) + 1
+    http = httpx.get(f"{reader}/memory/query", params=params, timeout=30)
+    assert http.status_code == 200, http.text
+    _same_answer(result.structured_content, http.json())
+    assert json.loads(result.content[0].text) == result.structured_content
+    assert result.structured_content["results"], "the comparison must compare results"
+
+
+def test_a_write_then_a_read(server: str, fixture_url: str) -> None:
+    word = f"zyx{uuid.uuid4().hex[:10]}"
+    nodes = [
+        {"id": f"{word}-turn", "level": "L0", "text": f"the {word} deploy failed on Tuesday"},
+        {"id": f"{word}-mem", "level": "L1", "text": f"{word} deploys fail on Tuesdays",
+         "parents": [f"{word}-turn"]},
+    ]  # fmt: skip
+    add = _call("memory_add", {"nodes": nodes, "project": "poimen"})
+    report = over_http(server, None, add)
+    assert not report.is_error, report.content
+    assert report.structured_content["inserted"] == 2 and report.structured_content["edges"] == 1
+    again = over_http(server, None, add).structured_content  # idempotent
+    assert again["inserted"] == 0 and again["duplicates"] == 2
+    found = over_http(
+        server, None, _call("memory_query", {"query": word, "project": "poimen", "level": "L1"})
+    ).structured_content
+    top = found["results"][0]
+    assert top["external_id"] == f"{word}-mem"
+    assert [p["text"] for p in top["parents"]] == [nodes[0]["text"]]
+    assert any(e["external_id"] == f"{word}-turn" for e in found["evidence"])
+
+
+def test_a_write_is_one_transaction_unless_skip_invalid(server: str, fixture_url: str) -> None:
+    good = {"id": "mcp-good", "level": "L1", "text": "a valid memory", "project": "poimen"}
+    bad = {"id": "mcp-bad", "level": "L1", "text": "   ", "project": "poimen"}
+    refused = over_http(server, None, _call("memory_add", {"nodes": [good, bad]}))
+    assert _tool_error(refused)["error"] == "invalid_node"
+    with connect(fixture_url) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM memory.nodes WHERE external_id = 'mcp-good'"
+        ).fetchone() == (0,)
+    skipped = over_http(
+        server, None, _call("memory_add", {"nodes": [good, bad], "skip_invalid": True})
+    ).structured_content
+    assert skipped["inserted"] == 1 and len(skipped["invalid"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "status", "sqlstate"),
+    [
+        ({"query": KONG, "project": "nope"}, "unknown_project", 404, "PM404"),
+        ({"query": "   "}, "invalid_parameter", 400, None),
+        ({"query": KONG, "since": "2023-02-30"}, "invalid_parameter", 400, "22023"),
+        ({"query": KONG, "limit": "many"}, "invalid_parameter", 400, None),  # the schema
+        ({"query": KONG, "colour": "red"}, "invalid_parameter", 400, None),
+        ({"query": "x" * 2001}, "invalid_parameter", 400, None),
+    ],
+)
+def test_typed_errors_are_tool_errors(
+    reader: str, args: dict[str, Any], code: str, status: int, sqlstate: str | None
+) -> None:
+    body = _tool_error(over_http(reader, None, _call("memory_query", args)))
+    assert (body["error"], body["status"], body.get("sqlstate")) == (code, status, sqlstate)
+    if "limit" not in args and "colour" not in args:  # the HTTP route answers the same
+        http = httpx.get(f"{reader}/memory/query", params=args, timeout=30)
+        assert http.status_code == status and http.json()["error"] == code
+
+
+def test_an_unknown_tool_is_a_protocol_error(reader: str) -> None:
+    with pytest.raises(MCPError, match="unknown tool"):
+        over_http(reader, None, _call("memory_forget", {}))
+
+
+def test_api_keys_are_enforced(server: str, fixture_url: str) -> None:
+    assert not over_http(server, None, _call("memory_query", {"query": KONG})).is_error
+    reader = _key(fixture_url, ["poimen"])
+    # Without a key the endpoint refuses before MCP: the HTTP API's 401 body.
+    raw = httpx.post(f"{server}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert raw.status_code == 401 and raw.json()["error"] == "unauthorized"
+    for key in (None, "pmk_not-a-key"):
+        statuses: list[int] = []
+        with pytest.raises(MCPError):
+            over_http(server, key, _call("memory_query", {"query": KONG}), statuses=statuses)
+        assert set(statuses) == {401}
+    # A key reads its own project only, and writes nothing when read-only.
+    mine = over_http(server, reader, _call("memory_query", {"query": KONG})).structured_content
+    assert {r["project"] for r in mine["results"]} == {"poimen"}
+    other = over_http(server, reader, _call("memory_query", {"query": KONG, "project": "atlas"}))
+    assert _tool_error(other)["error"] == "forbidden"
+    node = {"id": "mcp-key", "level": "L1", "text": "written with a key", "project": "poimen"}
+    ro = over_http(server, reader, _call("memory_add", {"nodes": [node]}))
+    assert (_tool_error(ro)["error"], _tool_error(ro)["status"]) == ("forbidden", 403)
+    writer = _key(fixture_url, ["poimen"], write=True)
+    elsewhere = over_http(
+        server, writer, _call("memory_add", {"nodes": [{**node, "project": "atlas"}]})
+    )
+    assert _tool_error(elsewhere)["error"] == "forbidden"
+    ok = over_http(server, writer, _call("memory_add", {"nodes": [node]}))
+    assert not ok.is_error and ok.structured_content["inserted"] == 1
+
+
+def test_stdio(fixture_url: str) -> None:
+    """`poimen-memory mcp`: the same tools over stdin and stdout; the key from POIMEN_API_KEY."""
+    key = _key(fixture_url, ["poimen"])
+
+    def params(api_key: str | None) -> StdioServerParameters:
+        env = {k: v for k, v in os.environ.items() if k.startswith(("PYTHON", "POIMEN_"))}
+        env |= {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_AUTH_CACHE_S": "0"}
+        if api_key:
+            env["POIMEN_API_KEY"] = api_key
+        return StdioServerParameters(
+            command=sys.executable, args=["-m", "poimen_memory.cli.main", "mcp"], env=env
+        )
+
+    async def run(api_key: str | None, args: dict[str, Any]) -> tuple[list[str], CallToolResult]:
+        async with Client(params(api_key)) as client:
+            names = [t.name for t in (await client.list_tools()).tools]
+            return names, await client.call_tool("memory_query", args)
+
+    names, result = asyncio.run(run(key, {"query": KONG}))
+    assert sorted(names) == ["memory_add", "memory_query"]
+    assert not result.is_error, result.content
+    assert {r["project"] for r in result.structured_content["results"]} == {"poimen"}
+    _, other = asyncio.run(run(key, {"query": KONG, "project": "atlas"}))
+    assert _tool_error(other)["error"] == "forbidden"
+    _, anonymous = asyncio.run(run(None, {"query": KONG}))
+    assert _tool_error(anonymous)["error"] == "unauthorized"
+
+
+# -- docs/mcp.md: its examples, run ------------------------------------------------------------
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", DOCS.read_text(), re.S)
+
+
+def test_the_docs_python_example_runs(server: str, fixture_url: str) -> None:
+    key = _key(fixture_url, ["poimen"])
+    (code,) = _blocks("python")
+    code = re.sub(r'^URL = ".*"$', f'URL = "{server}/mcp"', code, count=1, flags=re.M)
+    code = re.sub(r'^KEY = ".*"$', f'KEY = "{key}"', code, count=1, flags=re.M)
+    assert server in code and key in code
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("1 ") and " cites [" in lines[0], out.stdout
+
+
+def test_the_docs_configurations_and_error_name_what_is_served(reader: str) -> None:
+    stdio, http, error = (json.loads(b) for b in _blocks("json"))
+    (local,) = stdio["mcpServers"].values()
+    assert Path(local["command"]).name == "poimen-memory" and local["args"] == ["mcp"]
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert "mcp" in commands
+    env_keys = {f.metadata["env"] for f in fields(Settings) if "env" in f.metadata}
+    assert set(local["env"]) <= env_keys
+    (remote,) = http["mcpServers"].values()
+    assert urlsplit(remote["url"]).path == "/mcp" and remote["type"] == "http"
+    assert remote["headers"]["Authorization"].startswith("Bearer pmk_")
+    # The error shown is the one the service gives.
+    result = over_http(reader, None, _call("memory_query", {"query": KONG, "project": "nope"}))
+    assert _tool_error(result) == error
