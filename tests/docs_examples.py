@@ -15,7 +15,9 @@ What counts as an example, in a fenced block (``` or ```lang, possibly indented 
   only checked to run without an ERROR.
 - **a SQL script**: a ```sql block without prompts. Its statements must all run, in one
   transaction that is rolled back.
-- **an HTTP example**: a block whose lines start ``$ curl`` (the output follows, as above).
+- **an HTTP example**: a block whose lines start ``$ curl`` (the output follows, as above);
+  or a block of URLs of the docs' server (``http://127.0.0.1:8765/...``, one a line), each
+  of which must answer 200.
 
 A block may be preceded (blank lines between allowed) by one marker, an HTML comment that
 the rendered page hides but the test reads::
@@ -50,6 +52,7 @@ FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\s*$")
 MARKER = re.compile(r"^\s*<!--\s*example:\s*(?P<body>.*?)\s*-->\s*$")
 PROMPT = re.compile(r"^(?P<prompt>=#|=>|\$) (?P<text>.*)$")
 ELLIPSIS = ("…", "...")
+DOC_SERVER = "http://127.0.0.1:8765"  # the `make demo` server the docs' HTTP examples name
 
 
 @dataclass
@@ -71,7 +74,7 @@ class Example:
     path: Path
     line: int  # 1-based line of the opening fence
     lang: str
-    kind: str  # 'psql', 'sql-script', 'http', 'request-log'
+    kind: str  # 'psql', 'sql-script', 'http', 'http-urls', 'request-log'
     indent: str
     body: list[str]  # lines inside the fence, indent removed
     markers: dict[str, list[str]] = field(default_factory=dict)
@@ -198,6 +201,8 @@ def parse(path: Path) -> list[Example]:
             kind = "http"
         elif lang == "sql":
             kind = "sql-script"
+        elif body and all(b.startswith(DOC_SERVER + "/") for b in body if b.strip()):
+            kind = "http-urls"
         elif lang == "json" and "request-log" in markers:
             kind = "request-log"
         if kind:

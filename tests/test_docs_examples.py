@@ -27,8 +27,9 @@ import httpx
 import psycopg
 import pytest
 
-from conftest import make_role
+from conftest import SQL_MODE, make_role
 from docs_examples import (
+    DOC_SERVER,
     Example,
     Statement,
     all_examples,
@@ -44,9 +45,14 @@ from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.ingest.nodes import parse_lines
 from poimen_memory.ingest.writer import ingest
 
+# The docs show psql's output under the default settings (tests/test_sql_modes.py's modes
+# change plans, ACLs and the path pgvector is found on): run in the default mode only.
+pytestmark = pytest.mark.skipif(
+    bool(SQL_MODE), reason=f"docs examples run in the default SQL mode, not {SQL_MODE}"
+)
+
 REGENERATE = os.environ.get("POIMEN_DOCS_REGENERATE") == "1"
 EXAMPLES = all_examples()
-DOC_SERVER = "http://127.0.0.1:8765"  # the `make demo` server the docs' curl lines name
 DOC_EMBEDDING_SERVER = "http://127.0.0.1:37989"  # the embedding server the docs name
 SEP = "@@docs-example@@"
 LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev"
@@ -397,6 +403,14 @@ def test_http_example(
     ids = re.findall(r"X-Request-ID: ([^'\"]+)", " ".join(s.text for s in ex.statements))
     http_examples_done[ex.id] = (log, ids[0] if ids else "")
     _check(ex, outputs, subs)
+
+
+@pytest.mark.parametrize("ex", _examples("http-urls"))
+def test_http_urls_example(ex: Example, shared_database: str, tmp_path: Path) -> None:
+    urls = [b.strip() for b in ex.body if b.strip()]
+    with live_server({"POIMEN_DATABASE_URL": shared_database}, tmp_path / "server.log") as base:
+        statuses = {u: httpx.get(u.replace(DOC_SERVER, base), timeout=30).status_code for u in urls}
+    assert statuses == dict.fromkeys(urls, 200), statuses
 
 
 @pytest.mark.parametrize("ex", _examples("request-log"))
