@@ -7,7 +7,8 @@ What counts as an example, in a fenced block (``` or ```lang, possibly indented 
   ``=> `` (another role, after ``SET ROLE``). A statement is the prompt line plus the
   following lines up to the first one ending in ``;`` (a trailing ``-- comment`` ignored); a
   psql meta-command (``=# \\set ...``) is its own line. ``$ `` starts a shell command instead
-  (continued by a trailing ``\\``). A prompt line holding only a comment (``=# -- the same
+  (continued by a trailing ``\\``), run between two psql sessions (so settings made before
+  it do not carry over). A prompt line holding only a comment (``=# -- the same
   call again``) runs the previous statement again. The statement's expected output is every
   line after it up to the next prompt line or the closing fence, trailing blank lines
   dropped: psql's own text (``psql -X -q``, aligned, ``footer=off``, ``SHOW_CONTEXT
@@ -26,7 +27,7 @@ the rendered page hides but the test reads::
 
 with ``;``-separated items, each ``key=value[,value...]`` or a bare flag:
 
-- ``setup=NAME,...``: the test prepares the database (or the service) before the block;
+- ``setup=NAME,...``: the test prepares the block's database before the block;
   the names are `tests/test_docs_examples.py`'s SETUPS.
 - ``roles=a,b``: NOLOGIN roles the block refers to (cluster-wide, created if missing).
 - ``data=locomo-dev``: needs data that is not in this repository; skipped, saying so, when
@@ -35,6 +36,9 @@ with ``;``-separated items, each ``key=value[,value...]`` or a bare flag:
   ``<number> s`` in a NOTICE) differ from run to run: the rest, headers and row count
   included, is compared exactly.
 - ``abridged``: a line ``…`` in the expected output stands for any number of lines.
+- ``subset``: (an HTTP example) every line shown is among the lines produced, in order; in a
+  line whose first word contains a ``varies`` item, only that first word is compared (a
+  Prometheus sample's name and labels, not its value).
 - ``skip=REASON``: not run at all; the reason is the skip's.
 - ``request-log``: (a ```json block) the request-log line of the previous block's request:
   its keys, and the values not named by ``varies``, are compared.

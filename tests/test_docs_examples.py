@@ -2,12 +2,15 @@
 
 The examples are parsed out of the Markdown (tests/docs_examples.py says what counts as one,
 and the markers a block may carry). Each psql transcript runs through the real ``psql``
-binary (``-X -q``, ``footer=off``, ``SHOW_CONTEXT never``, ``PGTZ=UTC``) against a fresh copy
-of the fixture database (tests/fixtures/memory_nodes.jsonl), and its output is compared
-with the doc's as text; each SQL script runs in a transaction that is rolled back; each
-``curl`` runs against the real service (``poimen-memory serve`` on 127.0.0.1) over the
-fixture database. With ``POIMEN_DOCS_REGENERATE=1`` the test writes what the product
-printed back into the docs (abridged outputs excepted) instead of failing: review the diff.
+binary (``-X -q``, ``footer=off``, ``SHOW_CONTEXT never``, ``PGTZ=UTC``) against a copy of
+the fixture database (tests/fixtures/memory_nodes.jsonl; its own copy when the block may
+write, else one shared by the read-only blocks), and its output is compared with the doc's
+as text; a ``$`` line in it runs in bash (``poimen-memory`` being this checkout's CLI) with
+``POIMEN_DATABASE_URL`` set to that copy; each SQL script runs in a transaction that is
+rolled back; each ``curl`` runs (with httpx) against the real service (``poimen-memory
+serve`` on 127.0.0.1, started for the block) over its copy. With
+``POIMEN_DOCS_REGENERATE=1`` the test writes what the product printed back into the docs
+(abridged and subset outputs excepted) instead of failing: review the diff.
 """
 
 from __future__ import annotations
@@ -71,7 +74,6 @@ SETUPS: dict[str, str] = {
     "notes-writer": "SELECT memory.grant_project('notes_writer', 'notes', write => true)",
     "embedding-server": "",  # the test double (tests/doubles/embedding_server.py), 384 dims
     "embedding-server-down": "",  # configured at a port where nothing listens
-    "service": "",  # `poimen-memory serve` on the block's database
 }
 
 
