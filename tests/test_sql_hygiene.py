@@ -300,7 +300,8 @@ def test_objects_a_dba_adds_are_not_granted(conn: Conn, fixture_url: str) -> Non
     # A function created in the schema by the owner is not executable by PUBLIC by default
     # (a NULL proacl is the built-in default: PUBLIC may execute).
     public = conn.execute(
-        "SELECT count(*) FROM pg_proc p, aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a"
+        "SELECT count(*) FROM pg_proc p,"
+        " aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a"
         " WHERE p.oid = 'memory.dba_tool()'::regprocedure AND a.grantee = 0"
     ).fetchone()
     assert public == (0,)
