@@ -216,9 +216,12 @@ BEGIN
         rel := pg_catalog.format('memory.%I', w[1])::regclass;
         probe := memory._probe(rel);
         EXECUTE pg_catalog.format('CREATE POLICY %I ON %s %s', w[2], probe, w[3]);
+        -- A column of the table inside a subquery is printed qualified by the table's name.
         CONTINUE WHEN (SELECT ROW(p.polcmd, p.polpermissive, p.polroles,
-                                  pg_catalog.pg_get_expr(p.polqual, p.polrelid),
-                                  pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid))
+                                  pg_catalog.replace(pg_catalog.pg_get_expr(p.polqual, p.polrelid),
+                                                     'poimen_probe_' || w[1] || '.', w[1] || '.'),
+                                  pg_catalog.replace(pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid),
+                                                     'poimen_probe_' || w[1] || '.', w[1] || '.'))
                        FROM pg_catalog.pg_policy p WHERE p.polrelid = probe AND p.polname = w[2])
                       IS NOT DISTINCT FROM
                       (SELECT ROW(p.polcmd, p.polpermissive, p.polroles,
