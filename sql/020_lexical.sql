@@ -100,21 +100,53 @@ COMMENT ON FUNCTION memory.nodes_lexical_row() IS
 COMMENT ON FUNCTION memory.nodes_lexical_statement() IS
     'Statement trigger for INSERT, UPDATE, DELETE and TRUNCATE (which empties the statistics): removes the old rows'' postings, document frequencies and corpus sizes and adds the new rows'' (an UPDATE only for rows whose lexical content, project or level changed). Score bounds only grow: they stay valid, possibly loose.';
 
-CREATE OR REPLACE TRIGGER nodes_lexical_row
-    BEFORE INSERT OR UPDATE OF title, breadcrumb, text ON memory.nodes
-    FOR EACH ROW EXECUTE FUNCTION memory.nodes_lexical_row();
-CREATE OR REPLACE TRIGGER nodes_lexical_insert
-    AFTER INSERT ON memory.nodes REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement();
-CREATE OR REPLACE TRIGGER nodes_lexical_delete
-    AFTER DELETE ON memory.nodes REFERENCING OLD TABLE AS old_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement();
-CREATE OR REPLACE TRIGGER nodes_lexical_update
-    AFTER UPDATE ON memory.nodes REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement();
-CREATE OR REPLACE TRIGGER nodes_lexical_truncate
-    AFTER TRUNCATE ON memory.nodes
-    FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement();
+-- A trigger is (re)created only when it differs from its definition here (or is disabled):
+-- CREATE OR REPLACE TRIGGER locks the table SHARE ROW EXCLUSIVE, which would queue every
+-- writer behind it on a deploy that changes nothing. Definitions are written as
+-- pg_get_triggerdef prints them; memory._ensure_trigger refuses one that is not.
+CREATE OR REPLACE FUNCTION memory._ensure_trigger(tbl regclass, trigger_name name, definition text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    wanted text := pg_catalog.btrim(pg_catalog.regexp_replace(definition, '\s+', ' ', 'g'));
+    have text;
+BEGIN
+    SELECT pg_catalog.pg_get_triggerdef(t.oid) INTO have FROM pg_catalog.pg_trigger t
+    WHERE t.tgrelid = tbl AND t.tgname = trigger_name AND t.tgenabled = 'O';
+    IF have = wanted THEN
+        RETURN false;
+    END IF;
+    EXECUTE pg_catalog.regexp_replace(wanted, '^CREATE TRIGGER ', 'CREATE OR REPLACE TRIGGER ');
+    SELECT pg_catalog.pg_get_triggerdef(t.oid) INTO have FROM pg_catalog.pg_trigger t
+    WHERE t.tgrelid = tbl AND t.tgname = trigger_name;
+    IF have IS DISTINCT FROM wanted THEN
+        RAISE EXCEPTION 'trigger % is not written as PostgreSQL prints it', trigger_name
+            USING DETAIL = pg_catalog.format('sql/ has: %s; pg_get_triggerdef: %s', wanted, have),
+                  HINT = 'Write the definition as pg_get_triggerdef gives it, or every migrate re-creates it.';
+    END IF;
+    RETURN true;
+END $$;
+COMMENT ON FUNCTION memory._ensure_trigger(regclass, name, text) IS
+    'Creates or replaces one of the product''s triggers only when it is missing, disabled or differs from definition (written as pg_get_triggerdef prints it); true when it did. Run by migrate, so a deploy that changes nothing locks no table.';
+
+SELECT memory._ensure_trigger('memory.nodes', 'nodes_lexical_row',
+    'CREATE TRIGGER nodes_lexical_row BEFORE INSERT OR UPDATE OF title, breadcrumb, text ON memory.nodes
+     FOR EACH ROW EXECUTE FUNCTION memory.nodes_lexical_row()');
+SELECT memory._ensure_trigger('memory.nodes', 'nodes_lexical_insert',
+    'CREATE TRIGGER nodes_lexical_insert AFTER INSERT ON memory.nodes REFERENCING NEW TABLE AS new_rows
+     FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement()');
+SELECT memory._ensure_trigger('memory.nodes', 'nodes_lexical_delete',
+    'CREATE TRIGGER nodes_lexical_delete AFTER DELETE ON memory.nodes REFERENCING OLD TABLE AS old_rows
+     FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement()');
+SELECT memory._ensure_trigger('memory.nodes', 'nodes_lexical_update',
+    'CREATE TRIGGER nodes_lexical_update AFTER UPDATE ON memory.nodes
+     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+     FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement()');
+SELECT memory._ensure_trigger('memory.nodes', 'nodes_lexical_truncate',
+    'CREATE TRIGGER nodes_lexical_truncate AFTER TRUNCATE ON memory.nodes
+     FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement()');
 -- The per-operation functions before memory.nodes_lexical_statement, now unused.
 DROP FUNCTION IF EXISTS memory.nodes_lexical_insert();
 DROP FUNCTION IF EXISTS memory.nodes_lexical_delete();

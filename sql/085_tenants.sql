@@ -120,18 +120,55 @@ END $$;
 COMMENT ON FUNCTION memory.revoke_project(regrole, text) IS
     'Removes a grant made by memory.grant_project; true when there was one. Revoke a role''s grants before dropping the role: grants are kept by role name, so a new role of the same name would inherit them.';
 
--- Policies: dropped and re-created so this file stays idempotent. The (SELECT ...) around
+-- A scratch copy of a table's columns, for this transaction only: the policies (here) and
+-- indexes (sql/088_indexes.sql) sql/ wants are made on it first, so what PostgreSQL stores
+-- for them can be compared with what the real table has before anything there is touched.
+CREATE OR REPLACE FUNCTION memory._probe(tbl regclass)
+RETURNS regclass
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    probe text := 'pg_temp.' || pg_catalog.quote_ident(
+        'poimen_probe_' || (SELECT c.relname FROM pg_catalog.pg_class c WHERE c.oid = tbl));
+BEGIN
+    IF pg_catalog.to_regclass(probe) IS NULL THEN
+        EXECUTE pg_catalog.format('CREATE TEMP TABLE %s (LIKE %s) ON COMMIT DROP', probe, tbl);
+    END IF;
+    RETURN probe::regclass;
+END $$;
+COMMENT ON FUNCTION memory._probe(regclass) IS
+    'A temporary table with the columns of tbl (dropped at commit), on which migrate builds the policies and indexes sql/ wants in order to compare them with the real ones.';
+
+-- Row-level security on, and exactly the policies below on the tables that hold project
+-- data: a policy sql/ does not make (a DBA's "FOR SELECT USING (true)" would open every
+-- project: permissive policies are OR-ed) is dropped, a changed one re-created. Each policy
+-- is compared first, on a probe table: CREATE and DROP POLICY lock the table ACCESS
+-- EXCLUSIVE, so a deploy that changes nothing must not run them. The (SELECT ...) around
 -- each helper makes it an InitPlan, computed once per statement rather than once per row.
 DO $$
 DECLARE
     pol record;
     t text;
+    w text[];
+    rel regclass;
+    probe regclass;
     -- A caller granted every project ('*', the service in anonymous mode) passes on the
     -- first, once-per-statement test: otherwise every row would be compared with the ids of
     -- every project, and a query's cost would grow with the number of projects.
     readable text := '(SELECT memory.granted_all(false)) OR project_id = ANY ((SELECT memory.granted_project_ids(false))::integer[])';
     -- Writing a project also needs reading it, as memory.granted_project_ids(true) says.
     writable text := '(SELECT memory.granted_all(true) AND memory.granted_all(false)) OR project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[])';
+    -- Every table that holds project data (migration 0008 turned row-level security on).
+    tables text[] := ARRAY['project_grants', 'projects', 'nodes', 'edges', 'postings',
+                           'term_stats', 'corpus_stats', 'opensearch_outbox'];
+    wanted text[] := '{}';  -- (table, policy, clause) rows
+    notes text[] := ARRAY[
+        'role_name', 'the grantee, by name (kept across pg_dump/pg_restore); every role that has its privileges inherits the grant',
+        'project', 'project name, or * for every project (the name need not exist yet)',
+        'can_write', 'the role may also insert, update and delete the project''s nodes and edges',
+        'granted_at', 'when the grant was made or last changed'];
+    note text := 'Which roles may read (and write) which projects, enforced by row-level security on every table holding project data. Managed with memory.grant_project / memory.revoke_project; each role sees only its own rows.';
 BEGIN
     IF to_regclass('memory.project_grants') IS NULL THEN
         RETURN;  -- migration 0008 not applied yet
@@ -142,53 +179,76 @@ BEGIN
         -- migration per deploy); the policies below need edges.project_id.
         RETURN;
     END IF;
-    FOR pol IN SELECT p.policyname, p.tablename FROM pg_catalog.pg_policies p
-               WHERE p.schemaname = 'memory'
-                 AND p.policyname IN ('own_grants', 'granted_read', 'granted_insert',
-                                      'granted_update', 'granted_delete', 'all_projects') LOOP
-        EXECUTE format('DROP POLICY %I ON memory.%I', pol.policyname, pol.tablename);
+    FOREACH t IN ARRAY tables LOOP
+        IF NOT (SELECT c.relrowsecurity FROM pg_catalog.pg_class c
+                WHERE c.oid = pg_catalog.format('memory.%I', t)::regclass) THEN
+            EXECUTE pg_catalog.format('ALTER TABLE memory.%I ENABLE ROW LEVEL SECURITY', t);
+        END IF;
     END LOOP;
 
-    CREATE POLICY own_grants ON memory.project_grants FOR SELECT
-        USING (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
-                       WHERE r.rolname = role_name AND pg_catalog.pg_has_role(current_user, r.oid, 'USAGE')));
-
-    CREATE POLICY granted_read ON memory.projects FOR SELECT
-        USING ((SELECT memory.granted_projects(false)) && ARRAY[name, '*']);
-    CREATE POLICY granted_insert ON memory.projects FOR INSERT
-        WITH CHECK ((SELECT memory.granted_projects(true)) && ARRAY[name, '*']);
-    CREATE POLICY granted_delete ON memory.projects FOR DELETE
-        USING ((SELECT memory.granted_projects(true)) && ARRAY[name, '*']);
-
+    wanted := ARRAY[
+        ['project_grants', 'own_grants', 'FOR SELECT USING (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = role_name AND pg_catalog.pg_has_role(current_user, r.oid, ''USAGE'')))'],
+        ['projects', 'granted_read', 'FOR SELECT USING ((SELECT memory.granted_projects(false)) && ARRAY[name, ''*''])'],
+        ['projects', 'granted_insert', 'FOR INSERT WITH CHECK ((SELECT memory.granted_projects(true)) && ARRAY[name, ''*''])'],
+        ['projects', 'granted_delete', 'FOR DELETE USING ((SELECT memory.granted_projects(true)) && ARRAY[name, ''*''])'],
+        -- The outbox names nodes of every project, deleted ones included: only a role
+        -- granted every project (the service's drain asserts '*') sees or changes it.
+        ['opensearch_outbox', 'all_projects', 'USING (''*'' = ANY ((SELECT memory.granted_projects(false))::text[])) WITH CHECK (''*'' = ANY ((SELECT memory.granted_projects(true))::text[]))']];
     -- One rule for every table that holds a project's rows: a row is seen in the projects
     -- granted for reading, written in those granted for writing. Edges obey it too: an
     -- edge stays within one project (its foreign keys carry the project, migration 0009).
     -- The statistics are written by the owner's triggers only, so they get no write policy.
     FOREACH t IN ARRAY ARRAY['nodes', 'edges', 'postings', 'term_stats', 'corpus_stats'] LOOP
-        EXECUTE pg_catalog.format(
-            'CREATE POLICY granted_read ON memory.%I FOR SELECT USING (%s)', t, readable);
+        wanted := wanted || ARRAY[[t, 'granted_read', pg_catalog.format('FOR SELECT USING (%s)', readable)]];
         CONTINUE WHEN t NOT IN ('nodes', 'edges');
-        EXECUTE pg_catalog.format(
-            'CREATE POLICY granted_insert ON memory.%I FOR INSERT WITH CHECK (%s)', t, writable);
-        EXECUTE pg_catalog.format(
-            'CREATE POLICY granted_update ON memory.%I FOR UPDATE USING (%s) WITH CHECK (%s)',
-            t, writable, writable);
-        EXECUTE pg_catalog.format(
-            'CREATE POLICY granted_delete ON memory.%I FOR DELETE USING (%s)', t, writable);
+        wanted := wanted || ARRAY[
+            [t, 'granted_insert', pg_catalog.format('FOR INSERT WITH CHECK (%s)', writable)],
+            [t, 'granted_update', pg_catalog.format('FOR UPDATE USING (%s) WITH CHECK (%s)', writable, writable)],
+            [t, 'granted_delete', pg_catalog.format('FOR DELETE USING (%s)', writable)]];
     END LOOP;
 
-    -- The outbox names nodes of every project, deleted ones included: only a role granted
-    -- every project (the service's drain asserts '*') sees or changes it.
-    CREATE POLICY all_projects ON memory.opensearch_outbox
-        USING ('*' = ANY ((SELECT memory.granted_projects(false))::text[]))
-        WITH CHECK ('*' = ANY ((SELECT memory.granted_projects(true))::text[]));
+    FOR pol IN SELECT p.polname, p.polrelid FROM pg_catalog.pg_policy p
+               JOIN pg_catalog.pg_class c ON c.oid = p.polrelid
+               WHERE c.relnamespace = 'memory'::regnamespace AND c.relname = ANY (tables)
+                 AND NOT EXISTS (SELECT 1 FROM generate_subscripts(wanted, 1) i
+                                 WHERE wanted[i][1] = c.relname AND wanted[i][2] = p.polname) LOOP
+        EXECUTE pg_catalog.format('DROP POLICY %I ON %s', pol.polname, pol.polrelid::regclass);
+    END LOOP;
+    FOREACH w SLICE 1 IN ARRAY wanted LOOP
+        rel := pg_catalog.format('memory.%I', w[1])::regclass;
+        probe := memory._probe(rel);
+        EXECUTE pg_catalog.format('CREATE POLICY %I ON %s %s', w[2], probe, w[3]);
+        -- A column of the table inside a subquery is printed qualified by the table's name.
+        CONTINUE WHEN (SELECT ROW(p.polcmd, p.polpermissive, p.polroles,
+                                  pg_catalog.replace(pg_catalog.pg_get_expr(p.polqual, p.polrelid),
+                                                     'poimen_probe_' || w[1] || '.', w[1] || '.'),
+                                  pg_catalog.replace(pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid),
+                                                     'poimen_probe_' || w[1] || '.', w[1] || '.'))
+                       FROM pg_catalog.pg_policy p WHERE p.polrelid = probe AND p.polname = w[2])
+                      IS NOT DISTINCT FROM
+                      (SELECT ROW(p.polcmd, p.polpermissive, p.polroles,
+                                  pg_catalog.pg_get_expr(p.polqual, p.polrelid),
+                                  pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid))
+                       FROM pg_catalog.pg_policy p WHERE p.polrelid = rel AND p.polname = w[2]);
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_policy p WHERE p.polrelid = rel AND p.polname = w[2]) THEN
+            EXECUTE pg_catalog.format('DROP POLICY %I ON %s', w[2], rel);
+        END IF;
+        EXECUTE pg_catalog.format('CREATE POLICY %I ON %s %s', w[2], rel, w[3]);
+    END LOOP;
 
-    COMMENT ON TABLE memory.project_grants IS
-        'Which roles may read (and write) which projects, enforced by row-level security on every table holding project data. Managed with memory.grant_project / memory.revoke_project; each role sees only its own rows.';
-    COMMENT ON COLUMN memory.project_grants.role_name IS 'the grantee, by name (kept across pg_dump/pg_restore); every role that has its privileges inherits the grant';
-    COMMENT ON COLUMN memory.project_grants.project IS 'project name, or * for every project (the name need not exist yet)';
-    COMMENT ON COLUMN memory.project_grants.can_write IS 'the role may also insert, update and delete the project''s nodes and edges';
-    COMMENT ON COLUMN memory.project_grants.granted_at IS 'when the grant was made or last changed';
+    -- COMMENT locks the table SHARE UPDATE EXCLUSIVE: only when the text changed.
+    IF pg_catalog.obj_description('memory.project_grants'::regclass, 'pg_class') IS DISTINCT FROM note THEN
+        EXECUTE pg_catalog.format('COMMENT ON TABLE memory.project_grants IS %L', note);
+    END IF;
+    FOR i IN 1 .. pg_catalog.array_length(notes, 1) BY 2 LOOP
+        IF pg_catalog.col_description('memory.project_grants'::regclass,
+               (SELECT a.attnum FROM pg_catalog.pg_attribute a
+                WHERE a.attrelid = 'memory.project_grants'::regclass AND a.attname = notes[i]))
+           IS DISTINCT FROM notes[i + 1] THEN
+            EXECUTE pg_catalog.format('COMMENT ON COLUMN memory.project_grants.%I IS %L',
+                                      notes[i], notes[i + 1]);
+        END IF;
+    END LOOP;
 END $$;
 
 -- Edges carry their project since migration 0009, so their policies (above) no longer

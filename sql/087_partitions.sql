@@ -84,9 +84,9 @@ END $$;
 COMMENT ON FUNCTION memory.projects_partitions() IS
     'Row trigger on memory.projects: gives a new project its partitions (memory.add_project_partitions) and, on the partitioned layout, deletes a deleted project''s nodes (the ON DELETE CASCADE of the foreign key memory.partition_by_project() does not carry over).';
 
-CREATE OR REPLACE TRIGGER projects_partitions
-    AFTER INSERT OR DELETE ON memory.projects
-    FOR EACH ROW EXECUTE FUNCTION memory.projects_partitions();
+SELECT memory._ensure_trigger('memory.projects', 'projects_partitions',
+    'CREATE TRIGGER projects_partitions AFTER INSERT OR DELETE ON memory.projects
+     FOR EACH ROW EXECUTE FUNCTION memory.projects_partitions()');
 
 -- The move. Everything a table carries is read from the catalog before the tables are
 -- swapped and replayed on the new ones, so nothing is written twice here and a DBA's own

@@ -25,8 +25,36 @@ BEGIN
 END $$;
 
 REVOKE ALL ON SCHEMA memory FROM PUBLIC;
--- Functions the owner creates in the schema later are not executable by PUBLIC either.
-ALTER DEFAULT PRIVILEGES IN SCHEMA memory REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
+-- Functions the owner creates in the schema later are not executable by PUBLIC either. The
+-- default that lets PUBLIC execute every new function is global: "IN SCHEMA memory" can
+-- only add to it, never take it away, so it is revoked for the role that migrates (the
+-- owner, who creates the product's functions and whose later functions these are) and for
+-- the schema's owner if that is another role this one may act for. For those roles it holds
+-- in every schema of this database (default privileges are per database): a function they
+-- create is then executable by its owner only until granted. Nor may a default grant
+-- anything here to the product's roles or PUBLIC: what they get is listed below.
+DO $$
+DECLARE
+    r name;
+BEGIN
+    FOR r IN SELECT DISTINCT x.rolname FROM pg_catalog.pg_roles x
+             WHERE x.rolname IN (current_user,
+                                 (SELECT pg_catalog.pg_get_userbyid(n.nspowner) FROM pg_catalog.pg_namespace n
+                                  WHERE n.nspname = 'memory'))
+               AND pg_catalog.pg_has_role(current_user, x.oid, 'USAGE') LOOP
+        EXECUTE pg_catalog.format(
+            'ALTER DEFAULT PRIVILEGES FOR ROLE %I REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC', r);
+        EXECUTE pg_catalog.format(
+            'ALTER DEFAULT PRIVILEGES FOR ROLE %I IN SCHEMA memory REVOKE ALL ON TABLES'
+            ' FROM PUBLIC, memory_reader, memory_writer, memory_service', r);
+        EXECUTE pg_catalog.format(
+            'ALTER DEFAULT PRIVILEGES FOR ROLE %I IN SCHEMA memory REVOKE ALL ON FUNCTIONS'
+            ' FROM PUBLIC, memory_reader, memory_writer, memory_service', r);
+        EXECUTE pg_catalog.format(
+            'ALTER DEFAULT PRIVILEGES FOR ROLE %I IN SCHEMA memory REVOKE ALL ON SEQUENCES'
+            ' FROM PUBLIC, memory_reader, memory_writer, memory_service', r);
+    END LOOP;
+END $$;
 GRANT USAGE ON SCHEMA memory TO memory_reader;
 
 DO $$
@@ -65,7 +93,8 @@ DECLARE
         'memory.enqueue_opensearch', 'memory.grant_project', 'memory.revoke_project',
         'memory.enable_outbox', 'memory.configure_embedding_server',
         'memory.clear_embedding_server', 'memory.add_project_partitions',
-        'memory.projects_partitions', 'memory.partition_by_project'];
+        'memory.projects_partitions', 'memory.partition_by_project',
+        'memory._ensure_trigger', 'memory._probe', 'memory._ensure_indexes'];
     reader_tables text[] := ARRAY[
         'memory.schema_migrations', 'memory.config', 'memory.projects',
         'memory.embedding_model', 'memory.nodes', 'memory.edges', 'memory.postings',

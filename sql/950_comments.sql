@@ -2,33 +2,35 @@
 -- (after the files that create the types), re-applied on every migrate. Function comments
 -- stay beside their functions.
 
-COMMENT ON TABLE memory.schema_migrations IS
-    'Ledger of applied versioned migrations (migrations/*.sql), frozen by checksum. Written by `poimen-memory migrate` only.';
-
-COMMENT ON TABLE memory.config IS
-    'Owner-only key/value settings read by the SQL layer: the retrieval policy (memory.set_policy), the PL/Python module path, the OpenSearch outbox switch, the remote embedding server (memory.configure_embedding_server). Readable by memory_reader: it holds no secret.';
-
-COMMENT ON TABLE memory.projects IS 'Projects partition memory: every node belongs to one; statistics are per project.';
-
-COMMENT ON TABLE memory.embedding_model IS
-    'The one embedding model and dimension this database stores (a single row); nodes.embedding is typed vector(dim) to match.';
-
-COMMENT ON TABLE memory.nodes IS
-    'Memory nodes: L0 raw evidence, L1 memories, L2 syntheses. Content-addressed by sha256. tsv and lex_len are derived by triggers and cannot be written by hand.';
-
-COMMENT ON TABLE memory.edges IS 'Provenance: child was derived from parent (L2 -> L1 -> L0).';
-
-COMMENT ON TABLE memory.postings IS 'Derived BM25 postings, one row per (lexeme, node); maintained by triggers on memory.nodes.';
-
-COMMENT ON TABLE memory.term_stats IS 'Derived BM25 document frequencies per project and lexeme; maintained by triggers.';
-
-COMMENT ON TABLE memory.corpus_stats IS 'Derived BM25 corpus sizes per project; maintained by triggers.';
+-- Table comments as data too, written only when they differ: COMMENT locks the table SHARE
+-- UPDATE EXCLUSIVE (it would wait behind a VACUUM), and a deploy that changes nothing takes
+-- no lock beyond a query's.
+DO $$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN
+        SELECT v.tbl, v.note FROM (VALUES
+        ('schema_migrations', 'Ledger of applied versioned migrations (migrations/*.sql), frozen by checksum. Written by `poimen-memory migrate` only.'),
+        ('config', 'Owner-only key/value settings read by the SQL layer: the retrieval policy (memory.set_policy), the PL/Python module path, the OpenSearch outbox switch, the remote embedding server (memory.configure_embedding_server). Readable by memory_reader: it holds no secret.'),
+        ('projects', 'Projects partition memory: every node belongs to one; statistics are per project.'),
+        ('embedding_model', 'The one embedding model and dimension this database stores (a single row); nodes.embedding is typed vector(dim) to match.'),
+        ('nodes', 'Memory nodes: L0 raw evidence, L1 memories, L2 syntheses. Content-addressed by sha256. tsv and lex_len are derived by triggers and cannot be written by hand.'),
+        ('edges', 'Provenance: child was derived from parent (L2 -> L1 -> L0).'),
+        ('postings', 'Derived BM25 postings, one row per (lexeme, node); maintained by triggers on memory.nodes.'),
+        ('term_stats', 'Derived BM25 document frequencies per project and lexeme; maintained by triggers.'),
+        ('corpus_stats', 'Derived BM25 corpus sizes per project; maintained by triggers.'),
+        ('opensearch_outbox', 'Queue of node changes to mirror into OpenSearch, filled by triggers while opensearch_outbox = on and drained by the service.')
+        ) AS v(tbl, note)
+        WHERE pg_catalog.obj_description(pg_catalog.format('memory.%I', v.tbl)::regclass, 'pg_class')
+              IS DISTINCT FROM v.note
+    LOOP
+        EXECUTE pg_catalog.format('COMMENT ON TABLE memory.%I IS %L', c.tbl, c.note);
+    END LOOP;
+END $$;
 
 COMMENT ON TYPE memory.query_row IS
     'One row of memory.query and public.memory_query: the node, its scores and ranks per leg, the strategy that ran, and its provenance down to L0. Each column is described in docs/sql-api.md (Result columns).';
-
-COMMENT ON TABLE memory.opensearch_outbox IS
-    'Queue of node changes to mirror into OpenSearch, filled by triggers while opensearch_outbox = on and drained by the service.';
 
 -- Column comments as data, one row per column: a column that a migration has not yet created
 -- (or has dropped) is skipped rather than failing, so this file runs on every schema version;
@@ -105,6 +107,7 @@ BEGIN
         JOIN pg_catalog.pg_attribute a
           ON a.attrelid = pg_catalog.to_regclass('memory.' || v.tbl) AND a.attname = v.col
          AND NOT a.attisdropped
+        WHERE pg_catalog.col_description(a.attrelid, a.attnum) IS DISTINCT FROM v.note
     LOOP
         EXECUTE pg_catalog.format('COMMENT ON COLUMN memory.%I.%I IS %L', c.tbl, c.col, c.note);
     END LOOP;

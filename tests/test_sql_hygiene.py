@@ -50,6 +50,9 @@ OWNER_ONLY = {
     "add_project_partitions",
     "projects_partitions",
     "partition_by_project",
+    "_ensure_trigger",
+    "_probe",
+    "_ensure_indexes",
 }
 # Functions that write content: granted to memory_writer (the service's role inherits them).
 WRITER = {
@@ -301,8 +304,14 @@ def test_objects_a_dba_adds_are_not_granted(conn: Conn, fixture_url: str) -> Non
         and "memory_reader" not in str(acl[0])
         and "memory_reader" not in str(acl[1])
     )
-    # A function created in the schema by the owner is not executable by PUBLIC by default.
-    assert "=X/" not in str(acl[1])
+    # A function created in the schema by the owner is not executable by PUBLIC by default
+    # (a NULL proacl is the built-in default: PUBLIC may execute).
+    public = conn.execute(
+        "SELECT count(*) FROM pg_proc p,"
+        " aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a"
+        " WHERE p.oid = 'memory.dba_tool()'::regprocedure AND a.grantee = 0"
+    ).fetchone()
+    assert public == (0,)
 
 
 def test_derived_columns_cannot_be_written(conn: Conn) -> None:
@@ -392,13 +401,16 @@ def test_check_reports_drift_and_changes_nothing(conn: Conn) -> None:
     assert check(conn).clean
 
 
-def test_migrate_check_cli_exit_codes(fixture_url: str, conn: Conn) -> None:
+def test_migrate_check_cli_exit_codes(
+    fixture_url: str, conn: Conn, plpython_root: Path
+) -> None:
     import sys
 
-    env = dict(os.environ, POIMEN_DATABASE_URL=fixture_url)
+    # The home whose plpython/ the fixture was migrated with: --check compares memory.config.
+    env = dict(os.environ, POIMEN_DATABASE_URL=fixture_url, POIMEN_HOME=str(plpython_root.parent))
     cli = [sys.executable, "-m", "poimen_memory.cli.main", "migrate", "--check"]
     ok = subprocess.run(cli, env=env, capture_output=True, text=True, check=False)
-    assert ok.returncode == 0 and "no drift" in ok.stdout, ok.stderr
+    assert ok.returncode == 0 and "no drift" in ok.stdout, ok.stdout + ok.stderr
     conn.execute("COMMENT ON FUNCTION memory.policy() IS 'edited by hand'")
     drift = subprocess.run(cli, env=env, capture_output=True, text=True, check=False)
     assert drift.returncode == 1 and "memory.policy()" in drift.stdout

@@ -29,6 +29,7 @@ SQL_SUITE = [
     "tests/test_plans.py",
     "tests/test_migrations.py",
     "tests/test_sql_hygiene.py",
+    "tests/test_drift_security.py",
     "tests/test_tenants.py",
     "tests/test_sql_edges.py",
     "tests/test_provenance_caps.py",

@@ -19,7 +19,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     s = load_settings()
     if args.check:
         with connect(started_url(s), autocommit=True) as conn:
-            drift = check(conn, lock_timeout_s=args.lock_timeout)
+            drift = check(
+                conn,
+                lock_timeout_s=args.lock_timeout,
+                plpython_root=None if args.no_plpython else s.plpython_root,
+            )
+        for wait in drift.lock_waits:
+            print(f"notice: waited for a lock, retried: {wait}", file=sys.stderr)
         for label, items in (
             ("pending migration", drift.pending_migrations),
             ("changed by hand (differs from sql/)", drift.changed),
@@ -28,6 +34,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         ):
             for item in items:
                 print(f"{label}: {item}")
+        for finding in drift.findings:
+            print(finding)
         print(
             "no drift"
             if drift.clean
@@ -41,6 +49,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             ensure_service_login(conn, s.service_role)
     for notice in report.notices:
         print(f"notice: {notice}", file=sys.stderr)
+    for wait in report.lock_waits:
+        print(f"notice: waited for a lock, retried: {wait}", file=sys.stderr)
     print(
         f"migrations applied: {report.applied or 'none'}; already: {len(report.already)}; "
         f"sql files: {len(report.sql_files)}; plpython: {report.plpython_path}; "
@@ -95,13 +105,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     mg.add_argument(
         "--check",
         action="store_true",
-        help="change nothing: report pending migrations and sql/ functions edited by hand (exit 1)",
+        help="change nothing: report pending migrations, sql/ functions edited by hand, and "
+        "any difference in row-level security, policies, indexes, triggers, grants, default "
+        "privileges or the product's memory.config keys (exit 1)",
     )
     mg.add_argument(
         "--lock-timeout",
         type=float,
         default=10.0,
         metavar="SECONDS",
-        help="give up when a lock is not granted within this time (default 10)",
+        help="give up when the locks are not granted within this time in all (default 10); "
+        "each attempt waits at most 0.5 s for a table's lock, then is retried",
     )
     mg.set_defaults(func=cmd_migrate)

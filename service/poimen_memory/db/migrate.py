@@ -9,7 +9,15 @@ finds it, creates the functions with that schema on the session's search_path an
 in the ``search_path`` of every function that names ``public`` or sets none.
 
 ``check`` reports drift: it applies sql/ inside a transaction that it rolls back and lists
-every function whose definition (body, settings, ACL) differs from what the files produce.
+every function whose definition (body, settings, comment) differs from what the files produce,
+and every difference in what protects the data (row-level security, policies, indexes,
+triggers, the grants to PUBLIC and the product's roles, default privileges and the product's
+keys in memory.config): the state before, compared with the state the files leave.
+
+A deploy that changes nothing takes no lock a query or a write would wait for: sql/ compares
+before it re-creates a trigger, policy, index or comment. DDL that must run waits at most a
+short ``lock_timeout`` per attempt (a queued ACCESS EXCLUSIVE request blocks every query
+behind it) and is retried, as a whole transaction, until ``--lock-timeout`` is spent.
 """
 
 from __future__ import annotations
@@ -19,9 +27,11 @@ import os
 import re
 import shutil
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -54,14 +64,167 @@ WHERE n.nspname = 'memory'
    OR (n.nspname = 'public' AND p.proname IN ('memory_query', 'memory_optimize_query'))
 """
 
+# Bodies and settings only: who may run a function is compared apart (_PROTECTION, as the
+# set of privileges PUBLIC and the product's roles hold), so an ACL that differs only in its
+# grantor or its order (a restore into another cluster) is no finding.
 _SNAPSHOT = f"""
 SELECT f.signature,
        md5(pg_catalog.pg_get_functiondef(f.signature::regprocedure)
-           || coalesce(p.proacl::text, '') || coalesce(p.proparallel::text, '')
+           || coalesce(p.proparallel::text, '')
            || coalesce(pg_catalog.obj_description(p.oid, 'pg_proc'), ''))
 FROM ({_OUR_FUNCTIONS}) f JOIN pg_catalog.pg_proc p ON p.oid = f.signature::regprocedure
 WHERE p.prokind <> 'a'
 """
+
+
+# What protects the data, as (kind, object, state) rows: compared before and after sql/ is
+# applied, so the files are the one source of truth for what it should be. Grants are the
+# privileges of PUBLIC and the product's roles only (the owner's and a DBA's own roles' are
+# the DBA's), one row per privilege, grantor and order ignored; the default privileges are
+# those of the roles that create the product's objects (the one migrating, the schema's
+# owner), which is what a function such a role adds later gets.
+_PROTECTION = """
+WITH grantee(oid, name) AS (
+    SELECT 0::oid, 'PUBLIC'
+    UNION ALL
+    SELECT r.oid, r.rolname::text FROM pg_catalog.pg_roles r
+    WHERE r.rolname IN ('memory_reader', 'memory_writer', 'memory_service')
+), rels AS (
+    SELECT c.oid, c.relname, c.relkind, c.relacl, c.relowner, c.relrowsecurity,
+           c.relforcerowsecurity
+    FROM pg_catalog.pg_class c
+    WHERE c.relnamespace = 'memory'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+), creators AS (
+    SELECT r.oid, r.rolname FROM pg_catalog.pg_roles r
+    WHERE r.rolname = current_user
+       OR r.oid = (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname = 'memory')
+)
+SELECT 'row-level security', 'memory.' || c.relname,
+       CASE WHEN c.relrowsecurity THEN 'enabled' ELSE 'disabled' END
+       || CASE WHEN c.relforcerowsecurity THEN ', forced' ELSE '' END
+FROM rels c WHERE c.relkind IN ('r', 'p')
+UNION ALL
+SELECT 'policy', p.polname || ' on memory.' || c.relname,
+       pg_catalog.format('%s FOR %s TO %s USING (%s) WITH CHECK (%s)',
+           CASE WHEN p.polpermissive THEN 'PERMISSIVE' ELSE 'RESTRICTIVE' END, p.polcmd,
+           (SELECT pg_catalog.string_agg(CASE WHEN r = 0 THEN 'PUBLIC'
+                                              ELSE pg_catalog.pg_get_userbyid(r)::text END, ', ')
+            FROM pg_catalog.unnest(p.polroles) r),
+           pg_catalog.pg_get_expr(p.polqual, p.polrelid),
+           pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid))
+FROM pg_catalog.pg_policy p JOIN rels c ON c.oid = p.polrelid
+UNION ALL
+SELECT 'index', 'memory.' || ic.relname,
+       pg_catalog.pg_get_indexdef(i.indexrelid)
+       || CASE WHEN i.indisvalid THEN '' ELSE ' (invalid)' END
+FROM pg_catalog.pg_index i JOIN rels c ON c.oid = i.indrelid
+JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid
+UNION ALL
+SELECT 'trigger', t.tgname || ' on memory.' || c.relname,
+       pg_catalog.pg_get_triggerdef(t.oid)
+       || CASE t.tgenabled WHEN 'O' THEN '' WHEN 'D' THEN ' (disabled)'
+                           WHEN 'R' THEN ' (replica only)' ELSE ' (always)' END
+FROM pg_catalog.pg_trigger t JOIN rels c ON c.oid = t.tgrelid
+WHERE NOT t.tgisinternal AND t.tgparentid = 0
+UNION ALL
+SELECT 'grant', pg_catalog.format('%s ON %s memory.%I%s TO %s',
+           a.privilege_type, CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END,
+           c.relname, coalesce(' (' || pg_catalog.quote_ident(x.col) || ')', ''), g.name),
+       CASE WHEN a.is_grantable THEN 'granted with grant option' ELSE 'granted' END
+FROM rels c
+CROSS JOIN LATERAL (
+    SELECT NULL::name AS col,
+           coalesce(c.relacl, pg_catalog.acldefault(
+               CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END::"char", c.relowner)) AS acl
+    UNION ALL
+    SELECT at.attname, at.attacl FROM pg_catalog.pg_attribute at
+    WHERE at.attrelid = c.oid AND at.attnum > 0 AND NOT at.attisdropped
+      AND at.attacl IS NOT NULL) x
+CROSS JOIN LATERAL pg_catalog.aclexplode(x.acl) a
+JOIN grantee g ON g.oid = a.grantee
+UNION ALL
+SELECT 'grant', pg_catalog.format('%s ON FUNCTION %s TO %s', a.privilege_type,
+                                  p.oid::regprocedure, g.name),
+       CASE WHEN a.is_grantable THEN 'granted with grant option' ELSE 'granted' END
+FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+CROSS JOIN LATERAL pg_catalog.aclexplode(
+    coalesce(p.proacl, pg_catalog.acldefault('f', p.proowner))) a
+JOIN grantee g ON g.oid = a.grantee
+WHERE n.nspname = 'memory'
+   OR (n.nspname = 'public' AND p.proname IN ('memory_query', 'memory_optimize_query'))
+UNION ALL
+SELECT 'grant', pg_catalog.format('%s ON SCHEMA memory TO %s', a.privilege_type, g.name),
+       CASE WHEN a.is_grantable THEN 'granted with grant option' ELSE 'granted' END
+FROM pg_catalog.pg_namespace n
+CROSS JOIN LATERAL pg_catalog.aclexplode(
+    coalesce(n.nspacl, pg_catalog.acldefault('n', n.nspowner))) a
+JOIN grantee g ON g.oid = a.grantee
+WHERE n.nspname = 'memory'
+UNION ALL
+SELECT 'default privilege',
+       pg_catalog.format('%s on the %s %I creates%s: %s', a.privilege_type, k.kind, r.rolname,
+                         CASE WHEN d.defaclnamespace = 0 THEN '' ELSE ' in schema memory' END,
+                         g.name),
+       'granted'
+FROM creators r
+CROSS JOIN (VALUES ('f'::"char", 'f'::"char", 'functions'), ('r', 'r', 'tables'),
+                   ('S', 's', 'sequences'), ('T', 'T', 'types')) k(objtype, acltype, kind)
+JOIN pg_catalog.pg_namespace m ON m.nspname = 'memory'
+-- The global entry (or, without one, the built-in default), then the schema's additions.
+CROSS JOIN LATERAL (
+    SELECT 0::oid AS defaclnamespace,
+           coalesce((SELECT d0.defaclacl FROM pg_catalog.pg_default_acl d0
+                     WHERE d0.defaclrole = r.oid AND d0.defaclnamespace = 0
+                       AND d0.defaclobjtype = k.objtype),
+                    pg_catalog.acldefault(k.acltype, r.oid)) AS acl
+    UNION ALL
+    SELECT d1.defaclnamespace, d1.defaclacl FROM pg_catalog.pg_default_acl d1
+    WHERE d1.defaclrole = r.oid AND d1.defaclnamespace = m.oid AND d1.defaclobjtype = k.objtype
+) d
+CROSS JOIN LATERAL pg_catalog.aclexplode(d.acl) a
+JOIN grantee g ON g.oid = a.grantee
+UNION ALL
+SELECT 'config', 'memory.config ' || c.key, c.value FROM memory.config c
+WHERE c.key IN ('plpython_path', 'plpython_checksum', 'plpython_deps')
+"""
+
+
+def _protection(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], str]:
+    return {(str(k), str(o)): str(v) for k, o, v in conn.execute(_PROTECTION).fetchall()}
+
+
+def _findings(before: dict[tuple[str, str], str], after: dict[tuple[str, str], str]) -> list[str]:
+    """One line per difference: what the database has, and what sql/ makes of it."""
+
+    def short(v: str) -> str:
+        return v if len(v) <= 240 else v[:237] + "..."
+
+    out: list[str] = []
+    for key in sorted(before.keys() | after.keys()):
+        kind, obj = key
+        if key not in after:
+            out.append(f"{kind} not from sql/ (migrate removes it): {obj}: {short(before[key])}")
+        elif key not in before:
+            out.append(f"{kind} missing (migrate restores it): {obj}: {short(after[key])}")
+        elif before[key] != after[key]:
+            out.append(
+                f"{kind} changed by hand: {obj}: {short(before[key])}"
+                f" (migrate makes it: {short(after[key])})"
+            )
+    return out
+
+
+def _deps_target(home: Path) -> Path | None:
+    """Where server_python_deps puts (or finds) the embedder's packages, computed without
+    copying anything: what migrate would record as plpython_deps."""
+    src = Path(sys.prefix) / "server-python"
+    stamps = sorted(src.glob("*/.poimen-deps"))
+    if not stamps:
+        return None
+    if _unreachable_ancestor(src) is None:
+        return src
+    digest = hashlib.sha256(b"".join(p.parent.name.encode() + p.read_bytes() for p in stamps))
+    return home / "server-python" / digest.hexdigest()[:16]
 
 
 def server_python_deps(home: Path) -> Path | None:
@@ -71,14 +234,10 @@ def server_python_deps(home: Path) -> Path | None:
     directory (a checkout under /root), it is copied once under ``home``, named by the
     setup stamps so a new install gets a new copy, and older copies are removed."""
     src = Path(sys.prefix) / "server-python"
-    stamps = sorted(src.glob("*/.poimen-deps"))
-    if not stamps:
-        return None
-    if _unreachable_ancestor(src) is None:
-        return src
-    digest = hashlib.sha256(b"".join(p.parent.name.encode() + p.read_bytes() for p in stamps))
+    target = _deps_target(home)
+    if target is None or target == src:
+        return target
     base = home / "server-python"
-    target = base / digest.hexdigest()[:16]
     if not target.is_dir():
         base.mkdir(parents=True, exist_ok=True)
         base.chmod(0o755)
@@ -106,6 +265,8 @@ class MigrateReport:
     notices: list[str] = field(default_factory=list)
     """What the migrations applied now told the operator (RAISE NOTICE in their DO blocks):
     e.g. 0008 names the roles that row-level security now shows no project."""
+    lock_waits: list[str] = field(default_factory=list)
+    """Each attempt that gave up on a lock (and was retried): what it waited for."""
 
 
 @dataclass(frozen=True)
@@ -116,10 +277,14 @@ class DriftReport:
     changed: list[str]  # functions whose definition differs from sql/
     missing: list[str]  # functions sql/ defines that the database lacks
     extra: list[str]  # functions in schema memory that sql/ does not define (a DBA's own)
+    # What protects the data and differs from what sql/ makes: row-level security, policies,
+    # indexes, triggers, grants, default privileges, the product's memory.config keys.
+    findings: list[str] = field(default_factory=list)
+    lock_waits: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
-        return not (self.pending_migrations or self.changed or self.missing)
+        return not (self.pending_migrations or self.changed or self.missing or self.findings)
 
 
 def _checksum(path: Path) -> str:
@@ -284,19 +449,92 @@ def _apply_sql_files(conn: psycopg.Connection[Any], schema: str) -> list[Path]:
     return files
 
 
-def _lock(conn: psycopg.Connection[Any], lock_timeout_s: float) -> None:
+# Each attempt waits at most this long for a table's lock: a DDL statement queued behind a
+# long reader makes every later query on that table queue behind it, so it must give up
+# soon and try again later rather than wait the whole --lock-timeout.
+_LOCK_ATTEMPT_S = 0.5
+
+_T = TypeVar("_T")
+
+
+def _lock(conn: psycopg.Connection[Any], wait_s: float, attempt_s: float) -> None:
+    """The advisory lock (another migrate: waiting for it blocks nobody's query) within
+    wait_s, then a short lock_timeout for everything else the transaction locks."""
     conn.execute(
         sql.SQL("SET LOCAL lock_timeout = {}").format(
-            sql.Literal(f"{int(lock_timeout_s * 1000)}ms")
+            sql.Literal(f"{max(int(wait_s * 1000), 1)}ms")
         )
     )
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+    conn.execute(
+        sql.SQL("SET LOCAL lock_timeout = {}").format(
+            sql.Literal(f"{max(int(attempt_s * 1000), 1)}ms")
+        )
+    )
 
 
-def _lock_error(exc: psycopg.errors.LockNotAvailable, lock_timeout_s: float) -> MigrationError:
+# Who holds a lock on the memory schema's relations (or migrate's advisory lock): named when
+# an attempt gave up, so the operator knows what it waited for.
+_HOLDERS = r"""
+SELECT coalesce(l.relation::regclass::text, 'the advisory lock of another migrate'), l.mode,
+       a.pid, a.usename, a.state,
+       extract(epoch FROM (now() - coalesce(a.xact_start, a.query_start)))::integer,
+       left(regexp_replace(a.query, '\s+', ' ', 'g'), 120)
+FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+WHERE l.granted AND l.pid <> pg_catalog.pg_backend_pid()
+  AND ((l.locktype = 'relation' AND l.database = (SELECT oid FROM pg_catalog.pg_database
+                                                   WHERE datname = current_database())
+        AND l.relation IN (SELECT c.oid FROM pg_catalog.pg_class c
+                           WHERE c.relnamespace = 'memory'::regnamespace))
+       OR (l.locktype = 'advisory' AND l.objid = %s))
+ORDER BY 1, 3
+"""
+
+
+def _waited_for(conn: psycopg.Connection[Any], exc: psycopg.errors.LockNotAvailable) -> str:
+    """The statement that gave up (PostgreSQL's context names it) and the sessions holding
+    locks on the schema at that moment."""
+    where = (exc.diag.context or "").strip().splitlines()
+    stmt = where[0] if where else (exc.diag.message_primary or str(exc)).strip()
+    try:
+        holders = conn.execute(_HOLDERS, (_LOCK_KEY & 0xFFFFFFFF,)).fetchall()
+    except psycopg.Error:
+        holders = []
+    held = "; ".join(
+        f"{rel} {mode} held by pid {pid} ({user}, {state} for {age} s: {query})"
+        for rel, mode, pid, user, state, age, query in holders
+    )
+    return f"{stmt}" + (f" -- {held}" if held else "")
+
+
+def _retrying(
+    conn: psycopg.Connection[Any], lock_timeout_s: float, attempt: Callable[[float, float], _T]
+) -> tuple[_T, list[str]]:
+    """Run attempt(wait_s, attempt_s) (one transaction) until it is not refused a lock, for
+    at most lock_timeout_s in all; what each refused attempt waited for is returned."""
+    deadline = time.monotonic() + lock_timeout_s
+    waits: list[str] = []
+    pause = 0.05
+    while True:
+        left = max(deadline - time.monotonic(), 0.001)
+        try:
+            return attempt(left, min(_LOCK_ATTEMPT_S, left)), waits
+        except psycopg.errors.LockNotAvailable as exc:
+            waits.append(_waited_for(conn, exc))
+            if deadline - time.monotonic() <= pause:
+                raise _lock_error(exc, lock_timeout_s, waits) from exc
+        time.sleep(pause)
+        pause = min(pause * 2, 1.0)
+
+
+def _lock_error(
+    exc: psycopg.errors.LockNotAvailable, lock_timeout_s: float, waits: list[str]
+) -> MigrationError:
     return MigrationError(
-        f"migrate could not take a lock within {lock_timeout_s:g} s",
-        detail=str(exc).strip(),
+        f"migrate could not take a lock within {lock_timeout_s:g} s "
+        f"({len(waits)} attempt{'s' if len(waits) != 1 else ''}, each waiting at most "
+        f"{_LOCK_ATTEMPT_S:g} s)",
+        detail=f"{str(exc).strip()}; waited for: {waits[-1] if waits else '?'}",
         hint="another migrate, a long transaction or a DBA session holds a lock on the memory "
         "schema: find it in pg_stat_activity / pg_locks, or retry with a longer --lock-timeout",
     )
@@ -310,6 +548,27 @@ def _notice_text(source: str, diag: psycopg.errors.Diagnostic) -> str:
     return "\n".join(parts)
 
 
+def _write_config(conn: psycopg.Connection[Any], py_path: str, deps: Path | None) -> None:
+    """The product's keys in memory.config (where PL/Python imports from), as migrate sets
+    them; a row already right is not rewritten."""
+    conn.execute(
+        """INSERT INTO memory.config (key, value) VALUES
+               ('plpython_path', %s), ('plpython_checksum', %s)
+           ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
+           WHERE memory.config.value IS DISTINCT FROM EXCLUDED.value""",
+        (py_path, plpython_checksum()),
+    )
+    if deps is None:  # memory.embed then says to run `make setup` on this host
+        conn.execute("DELETE FROM memory.config WHERE key = 'plpython_deps'")
+    else:
+        conn.execute(
+            """INSERT INTO memory.config (key, value) VALUES ('plpython_deps', %s)
+               ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
+               WHERE memory.config.value IS DISTINCT FROM EXCLUDED.value""",
+            (str(deps),),
+        )
+
+
 def migrate(
     conn: psycopg.Connection[Any], plpython_root: Path | None, *, lock_timeout_s: float = 10.0
 ) -> MigrateReport:
@@ -319,17 +578,20 @@ def migrate(
                 f"{d} does not exist",
                 hint="run from a source checkout (pip install -e .); the SQL ships beside the code",
             )
-    applied: list[str] = []
-    already: list[str] = []
-    notices: list[str] = []
     py_target: Path | None = None
     if plpython_root is not None:
         py_target = install_plpython(plpython_root)
     py_path = None if py_target is None else str(py_target)
     deps = None if plpython_root is None else server_python_deps(plpython_root.parent)
-    try:
+
+    def attempt(
+        wait_s: float, attempt_s: float
+    ) -> tuple[list[str], list[str], list[str], str, list[Path]]:
+        applied: list[str] = []
+        already: list[str] = []
+        notices: list[str] = []
         with conn.transaction():
-            _lock(conn, lock_timeout_s)
+            _lock(conn, wait_s, attempt_s)
             conn.execute(_LEDGER)
             # Independent of the session's search_path (even ''): public, plus pgvector's schema.
             _use_vector_schema(conn, _vector_schema(conn) or "public")
@@ -371,26 +633,11 @@ def migrate(
             schema = _vector_schema(conn) or "public"
             _use_vector_schema(conn, schema)
             if py_path is not None:
-                conn.execute(
-                    """INSERT INTO memory.config (key, value) VALUES
-                           ('plpython_path', %s), ('plpython_checksum', %s)
-                       ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
-                       WHERE memory.config.value IS DISTINCT FROM EXCLUDED.value""",
-                    (py_path, plpython_checksum()),
-                )
-                if deps is None:  # memory.embed then says to run `make setup` on this host
-                    conn.execute("DELETE FROM memory.config WHERE key = 'plpython_deps'")
-                else:
-                    conn.execute(
-                        """INSERT INTO memory.config (key, value) VALUES ('plpython_deps', %s)
-                           ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value,
-                                                           updated_at = now()
-                           WHERE memory.config.value IS DISTINCT FROM EXCLUDED.value""",
-                        (str(deps),),
-                    )
+                _write_config(conn, py_path, deps)
             sql_files = _apply_sql_files(conn, schema)
-    except psycopg.errors.LockNotAvailable as exc:
-        raise _lock_error(exc, lock_timeout_s) from exc
+        return applied, already, notices, schema, sql_files
+
+    (applied, already, notices, schema, sql_files), waits = _retrying(conn, lock_timeout_s, attempt)
     removed: list[str] = []
     if plpython_root is not None and py_target is not None:
         removed = remove_old_copies(plpython_root, py_target)
@@ -403,14 +650,58 @@ def migrate(
         removed,
         None if deps is None else str(deps),
         notices,
+        waits,
     )
 
 
-def check(conn: psycopg.Connection[Any], *, lock_timeout_s: float = 10.0) -> DriftReport:
-    """Compare the database with migrations/ and sql/ without changing it."""
-    try:
+def _plpython_findings(
+    conn: psycopg.Connection[Any], plpython_root: Path | None
+) -> tuple[str | None, list[str]]:
+    """The plpython_path migrate would record (when this host installs the module), and
+    what is wrong with the recorded keys that comparing with it cannot tell."""
+    code = plpython_checksum()
+    if plpython_root is not None:
+        expected = plpython_root / code[:16]
+        found = (
+            []
+            if (expected / "poimen_core" / "__init__.py").exists()
+            else [f"config missing (migrate restores it): PL/Python module directory {expected}"]
+        )
+        return str(expected), found
+    rows = dict(
+        conn.execute(
+            "SELECT key, value FROM memory.config"
+            " WHERE key IN ('plpython_path', 'plpython_checksum')"
+        ).fetchall()
+    )
+    found = []
+    if "plpython_path" in rows:
+        if rows.get("plpython_checksum") != code:
+            found.append(
+                "config changed by hand: memory.config plpython_checksum: "
+                f"{rows.get('plpython_checksum')} (this code: {code})"
+            )
+        if Path(str(rows["plpython_path"])).name != code[:16]:
+            found.append(
+                "config changed by hand: memory.config plpython_path: "
+                f"{rows['plpython_path']} (migrate installs the module into <root>/{code[:16]})"
+            )
+    return None, found
+
+
+def check(
+    conn: psycopg.Connection[Any],
+    *,
+    lock_timeout_s: float = 10.0,
+    plpython_root: Path | None = None,
+) -> DriftReport:
+    """Compare the database with migrations/ and sql/ without changing it. plpython_root:
+    where migrate installs the PL/Python module on this host (then memory.config is compared
+    with what migrate would write there); without it only the keys' consistency is."""
+
+    def attempt(wait_s: float, attempt_s: float) -> DriftReport:
         with conn.transaction(force_rollback=True):
-            _lock(conn, lock_timeout_s)
+            _lock(conn, wait_s, attempt_s)
             if conn.execute("SELECT to_regclass('memory.schema_migrations')").fetchone() == (None,):
                 pending = sorted(p.stem for p in MIGRATIONS_DIR.glob("*.sql"))
                 return DriftReport(pending, [], [], [])
@@ -423,14 +714,28 @@ def check(conn: psycopg.Connection[Any], *, lock_timeout_s: float = 10.0) -> Dri
             before = dict(conn.execute(_SNAPSHOT).fetchall())
             if pending:  # the files need the pending migrations' tables: report those only
                 return DriftReport(pending, [], [], [])
+            protected = _protection(conn)
+            py_path, found = _plpython_findings(conn, plpython_root)
+            if py_path is not None and plpython_root is not None:
+                _write_config(conn, py_path, _deps_target(plpython_root.parent))
             _apply_sql_files(conn, schema)
             after = dict(conn.execute(_SNAPSHOT).fetchall())
             touched = {str(r[0]) for r in conn.execute(_TOUCHED)}
-    except psycopg.errors.LockNotAvailable as exc:
-        raise _lock_error(exc, lock_timeout_s) from exc
+            found = _findings(protected, _protection(conn)) + found
+        return DriftReport(
+            pending_migrations=[],
+            changed=sorted(s for s in after if s in before and before[s] != after[s]),
+            missing=sorted(s for s in after if s not in before),
+            extra=sorted(s for s in before if s not in touched),
+            findings=found,
+        )
+
+    report, waits = _retrying(conn, lock_timeout_s, attempt)
     return DriftReport(
-        pending_migrations=[],
-        changed=sorted(s for s in after if s in before and before[s] != after[s]),
-        missing=sorted(s for s in after if s not in before),
-        extra=sorted(s for s in before if s not in touched),
+        report.pending_migrations,
+        report.changed,
+        report.missing,
+        report.extra,
+        report.findings,
+        waits,
     )
