@@ -222,11 +222,12 @@ def _run_psql(psql: Path, url: str, statements: list[str]) -> list[list[str]]:
     return [c.splitlines() for c in chunks[1:-1]]
 
 
-def _run_shell(command: str, url: str) -> list[str]:
+def _run_shell(command: str, url: str, home: Path) -> list[str]:
     prelude = (
         f'poimen-memory() {{ {shlex.quote(sys.executable)} -m poimen_memory.cli.main "$@"; }}\n'
     )
-    env = {**os.environ, "POIMEN_DATABASE_URL": url}
+    # The home whose plpython/ the fixture was migrated with: --check compares memory.config.
+    env = {**os.environ, "POIMEN_DATABASE_URL": url, "POIMEN_HOME": str(home)}
     proc = subprocess.run(
         ["bash", "-c", prelude + command], env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, timeout=120, check=False,
@@ -310,7 +311,7 @@ def _check(ex: Example, outputs: list[tuple[Statement, list[str]]], subs: dict[s
 
 @pytest.mark.parametrize("ex", _examples("psql"))
 def test_psql_example(
-    ex: Example, psql: Path, database: str, request: pytest.FixtureRequest
+    ex: Example, psql: Path, database: str, plpython_root: Path, request: pytest.FixtureRequest
 ) -> None:
     subs = _prepare(ex, database, request)
     outputs: list[tuple[Statement, list[str]]] = []
@@ -325,7 +326,9 @@ def test_psql_example(
     for stmt in ex.statements:
         if stmt.shell:  # between psql sessions
             flush()
-            outputs.append((stmt, _run_shell(_sub(stmt.text, subs), database)))
+            outputs.append(
+                (stmt, _run_shell(_sub(stmt.text, subs), database, plpython_root.parent))
+            )
         else:
             pending.append(stmt)
     flush()
