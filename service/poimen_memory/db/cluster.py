@@ -111,7 +111,7 @@ class Cluster:
             raise ClusterError(
                 f"{Path(args[0]).name} failed (exit {proc.returncode})",
                 detail=(proc.stderr or proc.stdout).strip()[-2000:],
-                hint=f"see {self.log_file}",
+                hint=f"see {self.log_file} and {self.log_dir}",
             )
         return proc
 
@@ -332,4 +332,4 @@ class Cluster:
             if self.running():
                 return
             time.sleep(0.05)
-        raise ClusterError("cluster did not become ready", hint=f"see {self.log_file}")
+        raise ClusterError("cluster did not become ready", hint=f"see {self.log_file} and {self.log_dir}")
