@@ -332,4 +332,6 @@ class Cluster:
             if self.running():
                 return
             time.sleep(0.05)
-        raise ClusterError("cluster did not become ready", hint=f"see {self.log_file} and {self.log_dir}")
+        raise ClusterError(
+            "cluster did not become ready", hint=f"see {self.log_file} and {self.log_dir}"
+        )
