@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 from collections.abc import AsyncIterator
 
 import psycopg
@@ -19,6 +18,7 @@ from starlette.routing import Route
 
 from poimen_memory.api import metrics, ui
 from poimen_memory.api.admission import Admission, arrived
+from poimen_memory.api.asgi import LastResort
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.health import HealthCache
 from poimen_memory.api.mcp_server import McpEndpoint
@@ -35,8 +35,6 @@ from poimen_memory.errors import (
 from poimen_memory.ingest.nodes import MAX_JSON_DEPTH, LineError, NodeRecord, loads
 from poimen_memory.services import Services, open_services
 from poimen_memory.settings import Settings
-
-log = logging.getLogger("poimen_memory")
 
 
 def _error(err: PoimenError, retry_after_s: int) -> JSONResponse:
@@ -140,11 +138,6 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
                         headers=exc.headers)  # fmt: skip
 
 
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return JSONResponse({"error": "internal_error", "detail": type(exc).__name__}, status_code=500)
-
-
 async def openapi(request: Request) -> JSONResponse:
     return JSONResponse(openapi_spec())
 
@@ -168,7 +161,6 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
             PoimenError: _poimen_error,
             psycopg.Error: _db_error,
             HTTPException: _http_error,
-            Exception: _unexpected,
         },
         routes=[
             Route("/memory/query", memory_query, methods=["GET"]),
@@ -183,6 +175,8 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
         middleware=[
             Middleware(RequestLogMiddleware, log_query_text=cfg.log_query_text),
             Middleware(metrics.MetricsMiddleware),
+            # Inside the log and the metrics, so they record the status it answers.
+            Middleware(LastResort),
             Middleware(
                 Admission,
                 max_inflight=cfg.http_max_inflight,
