@@ -31,7 +31,8 @@ async def _boom(request: Request) -> Any:
 
 @pytest.fixture
 def server(fixture_url: str, embedder: LocalEmbedder) -> Iterator[int]:
-    app = create_app(Settings.from_env({"POIMEN_DATABASE_URL": fixture_url}), embedder=embedder)
+    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_HTTP_BODY_TIMEOUT_S": "1"}
+    app = create_app(Settings.from_env(env), embedder=embedder)
     app.router.routes.insert(0, Route("/memory/boom", _boom))  # a route with a bug
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -79,3 +80,24 @@ def test_a_client_that_leaves_mid_body_is_not_a_server_error(
         lines = [json.loads(m) for m in logged if "/memory/nodes" in m]
         time.sleep(0.05)
     assert lines and lines[0]["status"] == 400, lines
+
+
+def test_a_body_that_trickles_in_is_408_within_its_time(server: int) -> None:
+    """A slow body held its connection (and, for a write, an ingest slot) without limit."""
+    with socket.create_connection(("127.0.0.1", server), timeout=10) as sock:
+        started = time.monotonic()
+        sock.sendall(
+            b"POST /memory/nodes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n["
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+        elapsed = time.monotonic() - started
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer
+    assert json.loads(body)["error"] == "request_timeout"
+    assert 0.9 <= elapsed < 5

@@ -30,6 +30,7 @@ from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import (
     PayloadTooLarge,
     PoimenError,
+    RequestTimeout,
     ValidationError,
 )
 from poimen_memory.ingest.nodes import MAX_JSON_DEPTH, LineError, NodeRecord, loads
@@ -65,8 +66,9 @@ async def memory_query(request: Request) -> JSONResponse:
     return JSONResponse(body)
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) as soon as it passes ``limit`` bytes."""
+async def _body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The request body, refused (413) as soon as it passes ``limit`` bytes, and (408) when
+    it has not all arrived within ``timeout_s``."""
     declared = request.headers.get("content-length", "")
     too_large = PayloadTooLarge(
         f"request body is over {limit} bytes",
@@ -75,11 +77,18 @@ async def _body(request: Request, limit: int) -> bytes:
     if declared.isdigit() and int(declared) > limit:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"the request body did not arrive within {timeout_s:g} s ({size} bytes came)",
+            hint="POIMEN_HTTP_BODY_TIMEOUT_S sets the limit; send the body at once",
+        ) from None
     return b"".join(chunks)
 
 
@@ -110,7 +119,7 @@ async def post_nodes(request: Request) -> JSONResponse:
     keys = request.app.state.keys
     # The key first: an unauthenticated body is never read, let alone parsed.
     await keys.write_projects(request.headers, ())
-    raw = await _body(request, state.settings.max_body_bytes)
+    raw = await _body(request, state.settings.max_body_bytes, state.settings.http_body_timeout_s)
     skip = request.query_params.getlist("skip_invalid")
     if skip not in ([], ["true"], ["false"]):
         raise ValidationError(f"skip_invalid must be true or false, got {skip!r}")
