@@ -101,3 +101,28 @@ def test_a_body_that_trickles_in_is_408_within_its_time(server: int) -> None:
     assert head.startswith(b"HTTP/1.1 408"), answer
     assert json.loads(body)["error"] == "request_timeout"
     assert 0.9 <= elapsed < 5
+
+
+def test_a_database_error_no_table_names_keeps_the_servers_words_in_the_log(
+    fixture_url: str, embedder: LocalEmbedder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unmapped SQLSTATE once went to the client word for word: EFBIG is XX000 'could not
+    extend file "base/16384/2619": File too large', raised here as the server raises it."""
+    import psycopg
+    from starlette.testclient import TestClient
+
+    async def read_file(request: Request) -> Any:
+        with psycopg.connect(fixture_url) as conn:
+            conn.execute(
+                "DO $$ BEGIN RAISE EXCEPTION 'could not extend file \"base/16384/2619\": File "
+                "too large' USING ERRCODE = 'XX000'; END $$"
+            )
+
+    app = create_app(Settings.from_env({"POIMEN_DATABASE_URL": fixture_url}), embedder=embedder)
+    app.router.routes.insert(0, Route("/memory/read-file", read_file))
+    with TestClient(app) as client:
+        r = client.get("/memory/read-file")
+    body = r.json()
+    assert r.status_code == 500 and body["error"] == "database_error"
+    assert "XX000" in body["detail"] and "16384" not in r.text and "X-Request-ID" in body["hint"]
+    assert any("base/16384/2619" in m.getMessage() for m in caplog.records)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 
 import psycopg
@@ -28,6 +29,7 @@ from poimen_memory.api.request_log import RequestLogMiddleware
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import (
+    DatabaseError,
     PayloadTooLarge,
     PoimenError,
     RequestTimeout,
@@ -37,11 +39,24 @@ from poimen_memory.ingest.nodes import MAX_JSON_DEPTH, LineError, NodeRecord, lo
 from poimen_memory.services import Services, open_services
 from poimen_memory.settings import Settings
 
+log = logging.getLogger("poimen_memory")
+
 
 def _error(err: PoimenError, retry_after_s: int) -> JSONResponse:
     # Every 503 (busy, a timeout, the database or an upstream down) says when to try again.
     headers = {"Retry-After": str(retry_after_s)} if err.http_status == 503 else None
-    return JSONResponse(err.to_json(), status_code=err.http_status, headers=headers)
+    body = err.to_json()
+    if isinstance(err, DatabaseError):
+        # A database error no table row names is the server's, in the server's words: data
+        # file paths ("could not extend file base/16384/...": EFBIG), index and constraint
+        # names, SQL. Those go to the service's log; the client gets the SQLSTATE.
+        log.error("database error %s: %s (%s)", err.sqlstate, err.message, err.detail or "")
+        body = {
+            "error": err.code,
+            "detail": f"the database could not complete the request (SQLSTATE {err.sqlstate})",
+            "hint": "the service's log has the server's message, under this X-Request-ID",
+        }
+    return JSONResponse(body, status_code=err.http_status, headers=headers)
 
 
 # Routes raise; these turn typed and database errors into the one JSON error shape. Starlette

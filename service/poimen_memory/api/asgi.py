@@ -21,10 +21,12 @@ class StatusRecorder:
     def __init__(self, send: Send, on_start: Callable[[Message], None] | None = None) -> None:
         self._send, self._on_start = send, on_start
         self.status = 500
+        self.started = False
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.status = int(message["status"])
+            self.started = True
             if self._on_start is not None:
                 self._on_start(message)
         await self._send(message)
@@ -47,22 +49,16 @@ class LastResort:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
-
-        async def tracking(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
+        recorder = StatusRecorder(send)
         try:
-            await self.app(scope, receive, tracking)
+            await self.app(scope, receive, recorder)
         except ClientDisconnect:
-            if not started:
+            if not recorder.started:
                 gone = "the client closed the connection before its request body ended"
                 await _json(send, 400, {"error": "client_disconnected", "detail": gone})
         except Exception as exc:
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
-            if started:
+            if recorder.started:
                 raise  # half a response: only closing the connection ends it
             await _json(send, 500, {"error": "internal_error", "detail": type(exc).__name__})
 
