@@ -9,6 +9,7 @@
 -- from an HTTP query string; every key is checked here, and errors name the argument.
 --   query, project, levels (default L1, L2), k (1..50), strategy, fusion, rrf_k,
 --   candidates, dense_weight, since, until, reference_time, evidence (0..100),
+--   filter (a JSON object a node's metadata must contain; memory.check_filter),
 --   routing: the optimizer's output (memory.optimize_query, or poimen_core.optimizer in
 --   the service: the same module). NULL: the planner asks memory.optimize_query when it
 --   needs to, and routes without it where PL/Python is missing (managed PostgreSQL).
@@ -71,6 +72,8 @@ DECLARE
     budget integer;
     pid integer;
     msg text;
+    grammar jsonb;
+    flt jsonb;
 BEGIN
     IF jsonb_typeof(req) IS DISTINCT FROM 'object' THEN
         RAISE EXCEPTION 'a query request is a JSON object' USING ERRCODE = '22023';
@@ -96,6 +99,19 @@ BEGIN
         RAISE EXCEPTION 'candidates must be within 1..1000, got %', cand USING ERRCODE = '22023';
     END IF;
     SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(req ->> 'since', req ->> 'until') t;
+    IF req ? 'filter' AND jsonb_typeof(req -> 'filter') = 'string' THEN
+        -- from an HTTP query string or a text argument: JSON text
+        BEGIN
+            flt := (req ->> 'filter')::jsonb;
+        EXCEPTION WHEN invalid_text_representation THEN
+            RAISE EXCEPTION 'filter is not valid JSON: %', left(req ->> 'filter', 200)
+                USING ERRCODE = '22023', HINT = 'filter is a JSON object, e.g. {"user": "alice"}.';
+        END;
+    ELSE
+        flt := req -> 'filter';
+    END IF;
+    flt := memory.check_filter(flt);
+    grammar := memory.parse_query(q);
     pid := memory.project_id(req ->> 'project');
     SELECT * INTO pol FROM memory.policy();
     budget := memory.check_evidence_budget(coalesce((req ->> 'evidence')::integer, pol.evidence_budget));
@@ -155,6 +171,12 @@ BEGIN
         IF 'opensearch' = ANY (lexical_engines) AND caps ->> 'opensearch_failed' IS NOT NULL THEN
             degraded := degraded || jsonb_build_object('stage', 'lexical', 'reason', 'opensearch_' || (caps ->> 'opensearch_failed'));
             why := why || to_jsonb('OpenSearch unavailable, used Postgres lexical'::text);
+        ELSIF 'opensearch' = ANY (lexical_engines) AND flt IS NOT NULL THEN
+            -- its documents carry no metadata
+            why := why || to_jsonb('metadata filter: lexical leg on Postgres BM25, not OpenSearch'::text);
+            IF NOT 'postgres' = ANY (lexical_engines) THEN
+                degraded := degraded || jsonb_build_object('stage', 'lexical', 'reason', 'metadata_filter');
+            END IF;
         ELSIF 'opensearch' = ANY (lexical_engines) AND (lo IS NOT NULL OR hi IS NOT NULL
                   OR (pol.extracted_dates = 'filter' AND jsonb_typeof(routing -> 'time_filter') = 'object'
                       AND req ->> 'since' IS NULL AND req ->> 'until' IS NULL)) THEN
@@ -223,6 +245,9 @@ BEGIN
                      END),
         'since_ts', lo,
         'before_ts', hi,
+        -- how the query grammar read the query (memory.parse_query); every leg honours it
+        'grammar', grammar,
+        'filter', flt,
         'time_filter', tf,
         'evidence', jsonb_build_object(
             'budget', budget,
@@ -243,4 +268,4 @@ BEGIN
         'degraded', degraded);
 END $$;
 COMMENT ON FUNCTION memory._plan(jsonb, jsonb) IS
-    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, evidence budget. Errors name the argument (22023), PM404 for an unknown project.';
+    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, filter, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, the query grammar''s parse (grammar) and the metadata filter (filter), evidence budget. Errors name the argument (22023), PM404 for an unknown project.';

@@ -33,6 +33,8 @@ DECLARE
     lo timestamptz;
     hi timestamptz;
     ev jsonb;
+    flt jsonb;
+    gr jsonb;
     opts text := CASE WHEN actual THEN 'FORMAT JSON, ANALYZE, BUFFERS' ELSE 'FORMAT JSON' END;
     x json;
 BEGIN
@@ -46,6 +48,8 @@ BEGIN
     lo := (pl ->> 'since_ts')::timestamptz;
     hi := (pl ->> 'before_ts')::timestamptz;
     ev := pl -> 'evidence';
+    flt := nullif(pl -> 'filter', 'null');
+    gr := memory._grammar_constraints(pl -> 'grammar');
     search_strategy := pl ->> 'search_strategy';
 
     stage := 'plan';
@@ -53,8 +57,8 @@ BEGIN
     time_ms := NULL;
     RETURN NEXT;
     IF pl -> 'lexical' ->> 'engine' = 'postgres-bm25' THEN
-        EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.lexical_search($1, $2, $3, $4, since => $5, before => $6)', opts)
-            INTO x USING pl ->> 'query', pl ->> 'project', lv, (pl -> 'lexical' ->> 'depth')::integer, lo, hi;
+        EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.lexical_search($1, $2, $3, $4, since => $5, before => $6, filter => $7)', opts)
+            INTO x USING pl ->> 'query', pl ->> 'project', lv, (pl -> 'lexical' ->> 'depth')::integer, lo, hi, flt;
         stage := 'lexical';
         plan := x::jsonb -> 0;
         time_ms := (doc -> 'stages' ->> 'lexical_time_ms')::double precision;
@@ -62,7 +66,7 @@ BEGIN
     END IF;
     IF pl -> 'semantic' ->> 'engine' = 'hnsw' THEN
         EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql('semantic')) INTO x
-            USING p.embedding, pid, lv, (pl -> 'semantic' ->> 'depth')::integer, lo, hi;
+            USING p.embedding, pid, lv, (pl -> 'semantic' ->> 'depth')::integer, lo, hi, flt, gr;
         stage := 'semantic';
         plan := x::jsonb -> 0;
         time_ms := (doc -> 'stages' ->> 'semantic_time_ms')::double precision;
@@ -73,7 +77,7 @@ BEGIN
                   pid, lv,
                   coalesce((pl -> 'semantic' ->> 'depth')::integer,
                            greatest(jsonb_array_length(state -> 'lexical' -> 'ids'), 1)),
-                  lo, hi;
+                  lo, hi, flt, gr;
         stage := 'by_ids';
         plan := x::jsonb -> 0;
         time_ms := (doc -> 'stages' ->> 'semantic_time_ms')::double precision;
@@ -81,8 +85,8 @@ BEGIN
     END IF;
     IF (ev ->> 'budget')::integer > 0 AND NOT (ev ->> 'reuses_legs')::boolean THEN
         IF (ev ->> 'lexical')::boolean THEN
-            EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.lexical_search($1, $2, ''{L0}'', $3, since => $4, before => $5)', opts)
-                INTO x USING pl ->> 'query', pl ->> 'project', (ev ->> 'candidates')::integer, lo, hi;
+            EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.lexical_search($1, $2, ''{L0}'', $3, since => $4, before => $5, filter => $6)', opts)
+                INTO x USING pl ->> 'query', pl ->> 'project', (ev ->> 'candidates')::integer, lo, hi, flt;
             stage := 'evidence_lexical';
             plan := x::jsonb -> 0;
             time_ms := (doc -> 'stages' ->> 'evidence_legs_time_ms')::double precision;
@@ -90,7 +94,7 @@ BEGIN
         END IF;
         IF (ev ->> 'semantic')::boolean AND p.embedding IS NOT NULL THEN
             EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql('semantic')) INTO x
-                USING p.embedding, pid, ARRAY['L0'], (ev ->> 'candidates')::integer, lo, hi;
+                USING p.embedding, pid, ARRAY['L0'], (ev ->> 'candidates')::integer, lo, hi, flt, gr;
             stage := 'evidence_semantic';
             plan := x::jsonb -> 0;
             time_ms := (doc -> 'stages' ->> 'evidence_legs_time_ms')::double precision;
