@@ -99,18 +99,7 @@ BEGIN
         RAISE EXCEPTION 'candidates must be within 1..1000, got %', cand USING ERRCODE = '22023';
     END IF;
     SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(req ->> 'since', req ->> 'until') t;
-    IF req ? 'filter' AND jsonb_typeof(req -> 'filter') = 'string' THEN
-        -- from an HTTP query string or a text argument: JSON text
-        BEGIN
-            flt := (req ->> 'filter')::jsonb;
-        EXCEPTION WHEN invalid_text_representation THEN
-            RAISE EXCEPTION 'filter is not valid JSON: %', left(req ->> 'filter', 200)
-                USING ERRCODE = '22023', HINT = 'filter is a JSON object, e.g. {"user": "alice"}.';
-        END;
-    ELSE
-        flt := req -> 'filter';
-    END IF;
-    flt := memory.check_filter(flt);
+    flt := memory.check_filter(req -> 'filter');
     grammar := memory.parse_query(q);
     pid := memory.project_id(req ->> 'project');
     SELECT * INTO pol FROM memory.policy();

@@ -112,6 +112,8 @@ def response(
             "reasons": plan["reasons"],
             "optimizer_strategy": plan["optimizer_strategy"],
             "time_filter": plan["time_filter"],
+            "grammar": plan["grammar"],
+            "filter": plan["filter"],
             "evidence": evidence_plan,
             "engines": engines,
             "why": why,
