@@ -134,6 +134,14 @@ READER = {
     "node_filter",
     "partitioned",
     "partition_tables",
+    "check_filter",
+    "parse_query",
+    "_grammar_item",
+    "_grammar_pattern",
+    "_grammar_doc",
+    "_grammar_has",
+    "_grammar_match",
+    "_grammar_constraints",
 }
 
 
