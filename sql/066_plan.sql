@@ -10,6 +10,7 @@
 --   query, project, levels (default L1, L2), k (1..50), strategy, fusion, rrf_k,
 --   candidates, dense_weight, since, until, reference_time, evidence (0..100),
 --   filter (a JSON object a node's metadata must contain; memory.check_filter),
+--   min_cosine (the relevance floor, -1..1; NULL: the policy's),
 --   routing: the optimizer's output (memory.optimize_query, or poimen_core.optimizer in
 --   the service: the same module). NULL: the planner asks memory.optimize_query when it
 --   needs to, and routes without it where PL/Python is missing (managed PostgreSQL).
@@ -74,6 +75,8 @@ DECLARE
     msg text;
     grammar jsonb;
     flt jsonb;
+    floor double precision := (req ->> 'min_cosine')::double precision;
+    floor_src text := 'argument';
 BEGIN
     IF jsonb_typeof(req) IS DISTINCT FROM 'object' THEN
         RAISE EXCEPTION 'a query request is a JSON object' USING ERRCODE = '22023';
@@ -103,6 +106,13 @@ BEGIN
     grammar := memory.parse_query(q);
     pid := memory.project_id(req ->> 'project');
     SELECT * INTO pol FROM memory.policy();
+    IF floor IS NULL THEN
+        floor := pol.min_cosine;
+        floor_src := CASE WHEN floor IS NOT NULL THEN 'policy' END;
+    ELSIF NOT floor BETWEEN -1 AND 1 THEN
+        RAISE EXCEPTION 'min_cosine must be within -1..1, got %', floor
+            USING ERRCODE = '22023', HINT = 'A cosine similarity; NULL: the policy''s floor (memory.policy() min_cosine).';
+    END IF;
     budget := memory.check_evidence_budget(coalesce((req ->> 'evidence')::integer, pol.evidence_budget));
     SELECT m.model INTO db_model FROM memory.embedding_model m;
 
@@ -211,7 +221,8 @@ BEGIN
         'levels', to_jsonb(lv),
         'k', k,
         'search_strategy', strat,
-        'needs_embedding', strat <> 'LexicalOnly',
+        -- a floor is a cosine: it needs the query vector even where no leg does
+        'needs_embedding', strat <> 'LexicalOnly' OR (floor IS NOT NULL AND has_vec),
         'question_type', routing ->> 'question_type',
         'confidence', (routing ->> 'confidence')::double precision,
         'reasons', coalesce(routing -> 'reasons', '[]'),
@@ -237,6 +248,8 @@ BEGIN
         -- how the query grammar read the query (memory.parse_query); every leg honours it
         'grammar', grammar,
         'filter', flt,
+        'floor', jsonb_build_object('min_cosine', floor, 'source', floor_src,
+                                    'applied', floor IS NOT NULL AND (strat <> 'LexicalOnly' OR has_vec)),
         'time_filter', tf,
         'evidence', jsonb_build_object(
             'budget', budget,
@@ -257,4 +270,4 @@ BEGIN
         'degraded', degraded);
 END $$;
 COMMENT ON FUNCTION memory._plan(jsonb, jsonb) IS
-    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, filter, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, the query grammar''s parse (grammar) and the metadata filter (filter), evidence budget. Errors name the argument (22023), PM404 for an unknown project.';
+    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, filter, min_cosine, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, the query grammar''s parse (grammar) and the metadata filter (filter), the relevance floor (floor), evidence budget. Errors name the argument (22023), PM404 for an unknown project.';

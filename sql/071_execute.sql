@@ -152,6 +152,8 @@ DECLARE
     ev_sem jsonb := empty;
     legs integer := 0;
     fused jsonb;
+    floor double precision := (plan -> 'floor' ->> 'min_cosine')::double precision;
+    withheld integer := 0;
     st jsonb := '{}';
     t timestamptz;
 BEGIN
@@ -231,11 +233,21 @@ BEGIN
       FROM memory.fuse_legs(sem, lex, strat, plan ->> 'fusion',
                             (plan ->> 'dense_weight')::double precision,
                             (plan ->> 'rrf_k')::integer, (plan ->> 'final_k')::integer) f;
+    IF floor IS NOT NULL AND query_embedding IS NOT NULL AND fused IS NOT NULL THEN
+        -- The relevance floor: a fused candidate whose cosine similarity to the query is
+        -- below it is held back (a node without a vector cannot be judged: kept).
+        SELECT coalesce(jsonb_agg(f.v ORDER BY f.o) FILTER (WHERE NOT f.low), '[]'),
+               count(*) FILTER (WHERE f.low)
+          INTO fused, withheld
+          FROM (SELECT x.v, x.o, coalesce(1 - (n.embedding <=> query_embedding) < floor, false) AS low
+                FROM jsonb_array_elements(fused) WITH ORDINALITY AS x(v, o)
+                LEFT JOIN memory.nodes n ON n.id = (x.v ->> 'node_id')::bigint) f;
+    END IF;
     st := memory._stage_time(st, 'fusion_time_ms', t);
     RETURN jsonb_build_object('lexical', lex, 'semantic', sem, 'evidence_lexical', ev_lex,
                               'evidence_semantic', ev_sem, 'evidence_legs', legs,
                               'evidence_failed', ev_failed,
-                              'fused', coalesce(fused, '[]'), 'stages', st);
+                              'fused', coalesce(fused, '[]'), 'withheld', withheld, 'stages', st);
 END $$;
 COMMENT ON FUNCTION memory._run_legs(jsonb, vector, jsonb, boolean, jsonb) IS
     'The first half of memory._execute: the legs a plan names (hits: the OpenSearch leg the service fetched) and their fusion, as the state memory._finish takes: lexical, semantic, evidence_lexical, evidence_semantic, fused (best first, final_k deep) and stage times. answer => false runs the evidence''s direct legs only; prefetched (memory._serve_start''s) gives legs already run, each taken only where its call is the plan''s own.';
@@ -295,6 +307,8 @@ BEGIN
     failed := state -> 'evidence_failed';
     IF budget > 0 AND jsonb_typeof(failed) = 'object' THEN
         NULL;  -- its legs failed (memory._run_legs): no list, whole trees
+    ELSIF budget > 0 AND cardinality(ids) = 0 AND (state ->> 'withheld')::integer > 0 THEN
+        evidence := '[]';  -- the floor withheld every candidate: no answer cites no evidence
     ELSIF budget > 0 THEN
         -- A failure here degrades (the answer keeps its whole trees and says why): the
         -- results are ready by now and must not be lost to it.
@@ -362,6 +376,7 @@ BEGIN
             'semantic_candidates', jsonb_array_length(state -> 'semantic' -> 'ids'),
             'lexical_candidates', jsonb_array_length(state -> 'lexical' -> 'ids'),
             'fused', jsonb_array_length(state -> 'fused'),
+            'withheld', coalesce((state ->> 'withheld')::integer, 0),
             'evidence_legs', state -> 'evidence_legs',
             'direct_candidates', jsonb_array_length(state -> 'evidence_lexical' -> 'ids')
                                  + jsonb_array_length(state -> 'evidence_semantic' -> 'ids')),

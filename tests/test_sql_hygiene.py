@@ -409,9 +409,7 @@ def test_check_reports_drift_and_changes_nothing(conn: Conn) -> None:
     assert check(conn).clean
 
 
-def test_migrate_check_cli_exit_codes(
-    fixture_url: str, conn: Conn, plpython_root: Path
-) -> None:
+def test_migrate_check_cli_exit_codes(fixture_url: str, conn: Conn, plpython_root: Path) -> None:
     import sys
 
     # The home whose plpython/ the fixture was migrated with: --check compares memory.config.

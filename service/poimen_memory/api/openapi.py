@@ -265,6 +265,15 @@ QUERY_PARAMETERS: list[tuple[str, bool, dict[str, Any], str]] = [
         "filter. Not JSON, not an object, or too long → 400. The lexical leg then runs on "
         "Postgres BM25 (OpenSearch documents carry no metadata).",
     ),
+    (
+        "min_cosine",
+        False,
+        {"type": "number", "minimum": -1, "maximum": 1, "examples": [0.25]},
+        "Relevance floor: fused candidates whose cosine similarity to the query is below it "
+        "are held back (counted in `withheld`); the answer may then be empty, and an empty "
+        "answer cites no evidence. Default: the policy's min_cosine (off unless set). "
+        "Outside -1..1 or not a number → 400.",
+    ),
     ("fusion", False, {"type": "string", "enum": ["rrf", "convex"]}, "Fusion for Hybrid."),
     (
         "evidence",
@@ -485,6 +494,11 @@ def openapi_spec() -> dict[str, Any]:
                             "properties": {
                                 "grammar": {"$ref": "#/components/schemas/Grammar"},
                                 "filter": {"type": ["object", "null"]},
+                                "floor": {
+                                    "type": "object",
+                                    "description": "the relevance floor: min_cosine (null: "
+                                    "off), source (argument, policy or null), applied",
+                                },
                             },
                         },
                         "results": {
@@ -508,6 +522,11 @@ def openapi_spec() -> dict[str, Any]:
                             "properties": {
                                 "served_by": {"type": "string", "enum": ["primary", "replica"]}
                             },
+                        },
+                        "withheld": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "description": "fused candidates the relevance floor held back",
                         },
                         "latency_ms": {"type": "number"},
                         "notes": {"type": "string"},

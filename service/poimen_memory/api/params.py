@@ -84,7 +84,25 @@ def parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
         if params.get("evidence") is None
         else _number(params, "evidence", 0, 0, 100, int),
         filter=_filter(params.get("filter")),
+        min_cosine=_min_cosine(params.get("min_cosine")),
     )
+
+
+def _min_cosine(raw: str | None) -> float | None:
+    """The relevance floor: a cosine similarity in [-1, 1] (not clamped: a floor out of
+    range is a mistake, not a preference)."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ValidationError(f"min_cosine must be a number, got {raw!r}") from exc
+    if not -1 <= value <= 1:
+        raise ValidationError(
+            f"min_cosine must be within -1..1, got {raw!r}",
+            hint="a cosine similarity, e.g. min_cosine=0.25; omit it for the policy's floor",
+        )
+    return value
 
 
 def _filter(raw: str | None) -> dict[str, Any] | None:

@@ -36,6 +36,8 @@ class QueryRequest:
     evidence: int | None = None
     # A JSON object a node's metadata must contain (memory.check_filter), in every leg.
     filter: dict[str, Any] | None = None
+    # The relevance floor (cosine, -1..1; None: the policy's min_cosine).
+    min_cosine: float | None = None
 
 
 @dataclass

@@ -221,6 +221,7 @@ class Retriever:
             "reference_time": req.reference_time.isoformat() if req.reference_time else None,
             "evidence": req.evidence,
             "filter": req.filter,
+            "min_cosine": req.min_cosine,
             "routing": routing,
         }
 
