@@ -206,6 +206,47 @@ def test_the_metadata_index_is_used_when_selective(conn: Conn, embedder: LocalEm
     assert "nodes_metadata_gin" in json.dumps(row[0])
 
 
+# --- the relevance floor ------------------------------------------------------------------
+
+OFF_TOPIC = "what is a good chocolate cake recipe"
+
+
+def test_the_floor_withholds_and_an_empty_answer_cites_nothing(conn: Conn) -> None:
+    row = conn.execute(
+        "SELECT memory.answer(%s, project => 'poimen', min_cosine => 0.3)", (OFF_TOPIC,)
+    ).fetchone()
+    assert row is not None
+    doc = row[0]
+    assert doc["results"] == [] and doc["evidence"] == []
+    assert doc["counts"]["withheld"] > 0
+    assert doc["plan"]["floor"] == {"min_cosine": 0.3, "source": "argument", "applied": True}
+    # without a floor (the default policy) the same question returns memories
+    assert texts(conn, OFF_TOPIC, project="poimen")
+    # an on-topic question keeps what clears the floor, in order
+    rows = conn.execute(
+        "SELECT query_score FROM memory_query('why did uploads over 10KB fail at the gateway', "
+        "project => 'poimen', min_cosine => 0.3)"
+    ).fetchall()
+    assert rows and all(r[0] >= 0.3 for r in rows)
+
+
+def test_the_floor_comes_from_the_policy(conn: Conn) -> None:
+    conn.execute("SELECT memory.set_policy('min_cosine', '0.3')")
+    try:
+        assert texts(conn, OFF_TOPIC, project="poimen") == []
+        # LexicalOnly too: the floor asks for the query vector
+        row = conn.execute("SELECT memory.answer('chocolate cake', project => 'poimen')").fetchone()
+        assert row is not None and row[0]["plan"]["floor"]["source"] == "policy"
+        assert row[0]["results"] == []
+    finally:
+        conn.execute("SELECT memory.reset_policy('min_cosine')")
+    for bad in ("1.5", "x"):
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            conn.execute("SELECT memory.set_policy('min_cosine', %s)", (bad,))
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="min_cosine"):
+        conn.execute("SELECT * FROM memory_query('kong', min_cosine => 2)")
+
+
 # --- HTTP ---------------------------------------------------------------------------------
 
 
@@ -226,6 +267,11 @@ def test_http_grammar_and_filter(client: TestClient) -> None:
         assert r.status_code == 400, r.text
     body = query(client, query='"unclosed kong', project="poimen")
     assert body["results"] and body["plan"]["grammar"]["notes"]
+    body = query(client, query="what is a good chocolate cake recipe", min_cosine="0.3")
+    assert body["results"] == [] and body["evidence"] == [] and body["withheld"] > 0
+    for bad in ("2", "x"):
+        r = client.get("/memory/query", params={"query": "kong", "min_cosine": bad})
+        assert r.status_code == 400, r.text
 
 
 # --- OpenSearch: the request body, against the double -----------------------------------------
