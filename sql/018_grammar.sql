@@ -230,3 +230,36 @@ RETURN CASE WHEN jsonb_array_length(coalesce(g -> 'required', '[]')) > 0
             THEN jsonb_build_object('required', g -> 'required', 'exclude', g -> 'exclude') END;
 COMMENT ON FUNCTION memory._grammar_constraints(jsonb) IS
     'The part of a parse (memory.parse_query) a leg filters by: {"required", "exclude"}, or NULL when it has neither.';
+
+-- The constraints of a parse compiled once per query, so a leg tests each row with inline
+-- operators instead of a function call walking JSON: the exclusions as one tsquery (their
+-- tsqueries OR-ed) and one regex (the exact words and tokens, alternated); each required
+-- group as a tsquery and a regex, either of which satisfies it (NULL: none of that kind).
+CREATE OR REPLACE FUNCTION memory._grammar_compile(
+    g jsonb, OUT ex_tsq tsquery, OUT ex_re text, OUT req_tsq tsquery[], OUT req_re text[]
+)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    grp jsonb;
+BEGIN
+    -- a term by its exact word too (as memory._grammar_has), the rest by their pattern
+    SELECT string_agg('(' || CASE WHEN e ? 'tsquery' THEN memory._grammar_pattern(e ->> 'value')
+                                   ELSE e ->> 'pattern' END || ')', '|')
+      INTO ex_re
+      FROM jsonb_array_elements(coalesce(g -> 'exclude', '[]')) e
+     WHERE e ->> 'kind' = 'term' OR NOT e ? 'tsquery';
+    SELECT string_agg('(' || (e ->> 'tsquery') || ')', ' | ')::tsquery INTO ex_tsq
+      FROM jsonb_array_elements(coalesce(g -> 'exclude', '[]')) e WHERE e ? 'tsquery';
+    req_tsq := '{}';
+    req_re := '{}';
+    FOR grp IN SELECT x FROM jsonb_array_elements(coalesce(g -> 'required', '[]')) x LOOP
+        req_tsq := req_tsq || (SELECT string_agg('(' || (i ->> 'tsquery') || ')', ' | ')::tsquery
+                               FROM jsonb_array_elements(grp) i WHERE i ? 'tsquery');
+        req_re := req_re || (SELECT string_agg('(' || (i ->> 'pattern') || ')', '|')
+                             FROM jsonb_array_elements(grp) i WHERE i ? 'pattern');
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION memory._grammar_compile(jsonb) IS
+    'A parse''s constraints (memory._grammar_constraints) compiled for inline row tests: ex_tsq and ex_re (a row containing either is excluded), req_tsq[i] and req_re[i] (a row satisfies group i when it matches either). The same test as memory._grammar_match.';

@@ -263,6 +263,7 @@ DECLARE
     g jsonb := memory.parse_query(query);
     cons jsonb := memory._grammar_constraints(g);
     flt jsonb := memory.check_filter(filter);
+    gc record;
 BEGIN
     SELECT x.terms, x.n, x.avgdl INTO terms, n, avgdl FROM memory.lexical_query(query, pid, k, k1, b) x;
     IF (g ->> 'operators')::boolean THEN
@@ -296,6 +297,7 @@ BEGIN
     -- nodes that fail the test drop out before the top k, so k still fills when enough
     -- nodes pass (the pruning's bounds assume every scored node can be returned).
     IF cons IS NOT NULL OR flt IS NOT NULL THEN
+        gc := memory._grammar_compile(cons);
         RETURN QUERY
         SELECT s.id, (row_number() OVER (ORDER BY s.score DESC, s.id))::integer, s.score
         FROM (SELECT p.node_id AS id, p.project_id AS proj,
@@ -307,7 +309,13 @@ BEGIN
         JOIN memory.nodes tn ON tn.id = s.id AND tn.project_id = s.proj
         WHERE (NOT timed OR (tn.ts >= lo AND tn.ts < hi))
           AND (flt IS NULL OR tn.metadata @> flt)
-          AND (cons IS NULL OR memory._grammar_match(tn.tsv, memory._grammar_doc(tn.title, tn.breadcrumb, tn.text), cons))
+          -- the grammar's test, compiled (memory._grammar_compile): no exclusion, every group
+          AND (gc.ex_tsq IS NULL OR NOT tn.tsv @@ gc.ex_tsq)
+          AND (gc.ex_re IS NULL OR NOT memory._grammar_doc(tn.title, tn.breadcrumb, tn.text) ~* gc.ex_re)
+          AND NOT EXISTS (
+              SELECT 1 FROM generate_subscripts(gc.req_tsq, 1) AS i
+              WHERE NOT (coalesce(tn.tsv @@ gc.req_tsq[i], false)
+                         OR coalesce(memory._grammar_doc(tn.title, tn.breadcrumb, tn.text) ~* gc.req_re[i], false)))
         ORDER BY s.score DESC, s.id
         LIMIT k;
         RETURN;
