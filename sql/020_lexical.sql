@@ -260,13 +260,15 @@ DECLARE
     i integer;
     -- the query grammar (sql/018_grammar.sql) and the metadata filter: either one sends the
     -- query to the filtered exhaustive scorer below
-    g jsonb := memory.parse_query(query);
-    cons jsonb := memory._grammar_constraints(g);
-    flt jsonb := memory.check_filter(filter);
+    -- (parsed only when the query has a quote, sigil, leading "-" or OR: memory.parse_query's
+    -- own first test, repeated here so a plain query pays no function call for it)
+    g jsonb := CASE WHEN query ~ '["#@]|(^|\s)-|(^|\s)OR(\s|$)' THEN memory.parse_query(query) END;
+    cons jsonb := CASE WHEN g IS NOT NULL THEN memory._grammar_constraints(g) END;
+    flt jsonb := CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END;
     gc record;
 BEGIN
     SELECT x.terms, x.n, x.avgdl INTO terms, n, avgdl FROM memory.lexical_query(query, pid, k, k1, b) x;
-    IF (g ->> 'operators')::boolean THEN
+    IF coalesce((g ->> 'operators')::boolean, false) THEN
         -- scored: the plain words, phrase words and tokens; never an excluded word or OR
         terms := tsvector_to_array(to_tsvector('english'::regconfig, g ->> 'text'));
     END IF;

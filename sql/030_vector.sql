@@ -88,7 +88,9 @@ BEGIN
         PERFORM set_config('hnsw.ef_search', greatest(ef_search, 1)::text, true);
     END IF;
     RETURN QUERY EXECUTE memory.stage_sql('semantic')
-        USING q, f.pid, f.lv, k, since, before, memory.check_filter(filter), memory._grammar_constraints(grammar);
+        USING q, f.pid, f.lv, k, since, before,
+              CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END,
+              CASE WHEN grammar IS NOT NULL THEN memory._grammar_constraints(grammar) END;
 END $$;
 COMMENT ON FUNCTION memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz, jsonb, jsonb) IS
     'HNSW top-k by cosine distance with optional project/level/time filters (since <= ts < before), filter (a JSON object the node''s metadata contains) and grammar (a memory.parse_query parse: its required phrases, tags and mentions and its exclusions); the iterative scan fills k under selective filters. query_score = 1 - cosine distance.';
@@ -157,7 +159,9 @@ BEGIN
         RETURN;
     END IF;
     RETURN QUERY EXECUTE memory.stage_sql('by_ids')
-        USING q, ids, f.pid, f.lv, k, since, before, memory.check_filter(filter), memory._grammar_constraints(grammar);
+        USING q, ids, f.pid, f.lv, k, since, before,
+              CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END,
+              CASE WHEN grammar IS NOT NULL THEN memory._grammar_constraints(grammar) END;
 END $$;
 COMMENT ON FUNCTION memory.search_by_ids(vector, bigint[], text, text[], integer, timestamptz, timestamptz, jsonb, jsonb) IS
     'Exact cosine ranking restricted to the given node ids (the second stage of the LexicalFirst cascade). Unknown ids, ids outside since <= ts < before, and ids failing filter (metadata containment) or grammar (a memory.parse_query parse) are ignored.';
