@@ -102,6 +102,8 @@ BEGIN
         RAISE EXCEPTION 'candidates must be within 1..1000, got %', cand USING ERRCODE = '22023';
     END IF;
     SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(req ->> 'since', req ->> 'until') t;
+    -- Checked even where the route never asks the optimizer: SQL and HTTP refuse alike.
+    PERFORM memory.check_reference_time((req ->> 'reference_time')::timestamptz);
     flt := memory.check_filter(req -> 'filter');
     grammar := memory.parse_query(q);
     pid := memory.project_id(req ->> 'project');

@@ -118,6 +118,8 @@ READER = {
     "plpython_path",
     "plpython_load",
     "optimize_query",
+    "_optimize_query",
+    "check_reference_time",
     "embed",
     "stage_sql",
     "explain_query",
@@ -142,6 +144,7 @@ READER = {
     "_grammar_has",
     "_grammar_match",
     "_grammar_constraints",
+    "_grammar_compile",
 }
 
 

@@ -160,6 +160,7 @@ def main() -> None:
             "n": len(on),
             "recall@10": sum(recall[i] for i in on) / len(on),
             "delta_ci": boot([recall[i] - ref[i] for i in on]),
+            "mean_ci": boot([recall[i] for i in on]),
         }
     print(json.dumps(report, indent=1))
     if a.json:

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from poimen_memory.api import metrics, ui
+from poimen_memory.api.admission import Admission, arrived
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.health import HealthCache
 from poimen_memory.api.mcp_server import McpEndpoint
@@ -38,25 +39,30 @@ from poimen_memory.settings import Settings
 log = logging.getLogger("poimen_memory")
 
 
-def _error(err: PoimenError) -> JSONResponse:
-    return JSONResponse(err.to_json(), status_code=err.http_status)
+def _error(err: PoimenError, retry_after_s: int) -> JSONResponse:
+    # Every 503 (busy, a timeout, the database or an upstream down) says when to try again.
+    headers = {"Retry-After": str(retry_after_s)} if err.http_status == 503 else None
+    return JSONResponse(err.to_json(), status_code=err.http_status, headers=headers)
 
 
 # Routes raise; these turn typed and database errors into the one JSON error shape. Starlette
 # picks the handler by the exception's MRO, so OperationalError wins over psycopg.Error.
 async def _poimen_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, PoimenError)
-    return _error(exc)
+    return _error(exc, request.app.state.retry_after_s)
 
 
 async def _db_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, psycopg.Error)
-    return _error(translate(exc))
+    return _error(translate(exc), request.app.state.retry_after_s)
 
 
 async def memory_query(request: Request) -> JSONResponse:
     state: Services = request.app.state.poimen
-    body = await query_memory(state, request.app.state.keys, request.headers, request.query_params)
+    body = await query_memory(
+        state, request.app.state.keys, request.headers, request.query_params,
+        arrived=arrived(request.scope),
+    )  # fmt: skip
     metrics.observe_query(request, body)
     return JSONResponse(body)
 
@@ -157,7 +163,7 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
             async with mcp.run():
                 yield
 
-    return Starlette(
+    app = Starlette(
         exception_handlers={
             PoimenError: _poimen_error,
             psycopg.Error: _db_error,
@@ -177,6 +183,16 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
         middleware=[
             Middleware(RequestLogMiddleware, log_query_text=cfg.log_query_text),
             Middleware(metrics.MetricsMiddleware),
+            Middleware(
+                Admission,
+                max_inflight=cfg.http_max_inflight,
+                queue=cfg.http_queue,
+                wait_s=cfg.http_queue_wait_s,
+                retry_after_s=cfg.http_retry_after_s,
+            ),
         ],
         lifespan=lifespan,
     )
+    # Read by the error handlers, which may run before the lifespan (a 503 at start-up).
+    app.state.retry_after_s = cfg.http_retry_after_s
+    return app
