@@ -107,6 +107,30 @@ $$;
 COMMENT ON FUNCTION memory.check_k(integer) IS
     'Returns k unless it is NULL or outside 1..50 (22023): the number of results a query returns.';
 
+-- A metadata filter: JSON containment (metadata @> filter) on memory.nodes.metadata.
+CREATE OR REPLACE FUNCTION memory.check_filter(filter jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF filter IS NULL OR filter = 'null'::jsonb OR filter = '{}'::jsonb THEN
+        RETURN NULL;  -- no filter (an empty object contains nothing to test)
+    END IF;
+    IF jsonb_typeof(filter) <> 'object' THEN
+        RAISE EXCEPTION 'filter must be a JSON object, got a JSON %', jsonb_typeof(filter)
+            USING ERRCODE = '22023', HINT = 'e.g. filter => ''{"user": "alice"}'': nodes whose metadata contains it.';
+    END IF;
+    IF octet_length(filter::text) > 4096 THEN
+        RAISE EXCEPTION 'filter must be at most 4096 bytes as JSON text, got %', octet_length(filter::text)
+            USING ERRCODE = '22023', HINT = 'Filter on a few keys; metadata containment is an equality test.';
+    END IF;
+    RETURN filter;
+END
+$$;
+COMMENT ON FUNCTION memory.check_filter(jsonb) IS
+    'A metadata filter, checked: NULL for none (NULL, JSON null or {}), else a JSON object of at most 4096 bytes (22023 otherwise) that a node''s metadata must contain (@>).';
+
 CREATE OR REPLACE FUNCTION memory.check_fusion(fusion text)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE

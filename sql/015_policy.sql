@@ -8,7 +8,7 @@ DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
                WHERE p.oid = to_regprocedure('memory.policy()')
-                 AND NOT ('evidence_neighbours' = ANY (p.proargnames))) THEN
+                 AND NOT ('min_cosine' = ANY (p.proargnames))) THEN
         DROP FUNCTION memory.policy();
     END IF;
 END $$;
@@ -17,7 +17,8 @@ CREATE OR REPLACE FUNCTION memory.policy()
 RETURNS TABLE (fusion text, rrf_k integer, dense_weight double precision, candidates integer,
                cascade_candidates integer, fusion_by_type jsonb, extracted_dates text,
                evidence_budget integer, evidence_candidates integer,
-               evidence_weight double precision, evidence_neighbours double precision)
+               evidence_weight double precision, evidence_neighbours double precision,
+               min_cosine double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -28,7 +29,8 @@ BEGIN
         FROM memory.config c
         WHERE c.key IN ('fusion', 'rrf_k', 'dense_weight', 'candidates', 'cascade_candidates',
                         'fusion_by_type', 'extracted_dates', 'evidence_budget',
-                        'evidence_candidates', 'evidence_weight', 'evidence_neighbours')
+                        'evidence_candidates', 'evidence_weight', 'evidence_neighbours',
+                        'min_cosine')
     )
     SELECT coalesce(v ->> 'fusion', 'convex'),
            coalesce((v ->> 'rrf_k')::integer, 10),
@@ -42,12 +44,14 @@ BEGIN
            coalesce((v ->> 'evidence_budget')::integer, 20),
            coalesce((v ->> 'evidence_candidates')::integer, 50),
            coalesce((v ->> 'evidence_weight')::double precision, 0.5),
-           coalesce((v ->> 'evidence_neighbours')::double precision, 0.4)
+           coalesce((v ->> 'evidence_neighbours')::double precision, 0.4),
+           -- the relevance floor: off unless set (docs/benchmarks.md, "A relevance floor")
+           (v ->> 'min_cosine')::double precision
     FROM c;
 END
 $$;
 COMMENT ON FUNCTION memory.policy() IS
-    'The retrieval policy in force: default fusion (convex), RRF k (10), convex dense weight (0.4), Hybrid leg depth (candidates, 50), LexicalFirst lexical depth (cascade_candidates, 200), per-question-type fusion overrides, and what a date the optimizer extracts from the query does (extracted_dates: annotate, the default, only reports it in the plan; filter applies it as since/until when the caller gave none), and the evidence a response cites (memory.select_evidence: evidence_budget, 20, the most L0 turns cited; evidence_candidates, 50, the depth of the direct L0 legs; evidence_weight, 0.5, how much citation by a top result counts against a turn''s own match; evidence_neighbours, 0.4, how much a candidate lifts the turns said just before and after it). Read by memory.query and by the HTTP service; change it with memory.set_policy.';
+    'The retrieval policy in force: default fusion (convex), RRF k (10), convex dense weight (0.4), Hybrid leg depth (candidates, 50), LexicalFirst lexical depth (cascade_candidates, 200), per-question-type fusion overrides, and what a date the optimizer extracts from the query does (extracted_dates: annotate, the default, only reports it in the plan; filter applies it as since/until when the caller gave none), and the evidence a response cites (memory.select_evidence: evidence_budget, 20, the most L0 turns cited; evidence_candidates, 50, the depth of the direct L0 legs; evidence_weight, 0.5, how much citation by a top result counts against a turn''s own match; evidence_neighbours, 0.4, how much a candidate lifts the turns said just before and after it), and the relevance floor (min_cosine, NULL: off; the fused candidates whose cosine similarity to the query is below it are held back and counted as withheld). Read by memory.query and by the HTTP service; change it with memory.set_policy.';
 
 CREATE OR REPLACE FUNCTION memory.set_policy(key text, value text)
 RETURNS void
@@ -73,11 +77,12 @@ BEGIN
         WHEN 'evidence_candidates' THEN value ~ '^[0-9]{1,4}$' AND value::integer BETWEEN 1 AND 1000
         WHEN 'evidence_weight' THEN value ~ '^[0-9]*\.?[0-9]+$' AND value::double precision <= 10
         WHEN 'evidence_neighbours' THEN value ~ '^[0-9]*\.?[0-9]+$' AND value::double precision <= 10
+        WHEN 'min_cosine' THEN value ~ '^-?[0-9]*\.?[0-9]+$' AND value::double precision BETWEEN -1 AND 1
         ELSE NULL END;
     IF ok IS NULL THEN
         RAISE EXCEPTION 'unknown policy key "%"', key
             USING ERRCODE = '22023',
-                  HINT = 'Keys: fusion, rrf_k, dense_weight, candidates, cascade_candidates, fusion_by_type, exact_search_max_k, provenance_max_parents, provenance_max_nodes, extracted_dates, evidence_budget, evidence_candidates, evidence_weight, evidence_neighbours.';
+                  HINT = 'Keys: fusion, rrf_k, dense_weight, candidates, cascade_candidates, fusion_by_type, exact_search_max_k, provenance_max_parents, provenance_max_nodes, extracted_dates, evidence_budget, evidence_candidates, evidence_weight, evidence_neighbours, min_cosine.';
     END IF;
     IF key = 'fusion_by_type' THEN
         -- {"Factual": "convex", "Open": "rrf"}: question types from memory.optimize_query.
@@ -95,7 +100,7 @@ BEGIN
     IF NOT ok THEN
         RAISE EXCEPTION 'invalid value "%" for policy key "%"', value, key
             USING ERRCODE = '22023',
-                  HINT = 'fusion: rrf|convex; rrf_k: integer >= 0; dense_weight: 0..1; candidates: 1..1000; cascade_candidates: 1..10000; fusion_by_type: {"Factual":"convex",...}; exact_search_max_k: 1..100000; provenance_max_parents: 1..1000; provenance_max_nodes: 1..100000; extracted_dates: annotate|filter; evidence_budget: 0..100 (0: off); evidence_candidates: 1..1000; evidence_weight: 0..10; evidence_neighbours: 0..10 (0: off).';
+                  HINT = 'fusion: rrf|convex; rrf_k: integer >= 0; dense_weight: 0..1; candidates: 1..1000; cascade_candidates: 1..10000; fusion_by_type: {"Factual":"convex",...}; exact_search_max_k: 1..100000; provenance_max_parents: 1..1000; provenance_max_nodes: 1..100000; extracted_dates: annotate|filter; evidence_budget: 0..100 (0: off); evidence_candidates: 1..1000; evidence_weight: 0..10; evidence_neighbours: 0..10 (0: off); min_cosine: -1..1.';
     END IF;
     INSERT INTO memory.config AS c (key, value) VALUES (key, value)
     ON CONFLICT ON CONSTRAINT config_pkey DO UPDATE SET value = EXCLUDED.value, updated_at = now();
@@ -112,7 +117,7 @@ AS $$
     WHERE c.key IN ('fusion', 'rrf_k', 'dense_weight', 'candidates', 'cascade_candidates',
                     'fusion_by_type', 'exact_search_max_k', 'provenance_max_parents',
                     'provenance_max_nodes', 'extracted_dates', 'evidence_budget',
-                    'evidence_candidates', 'evidence_weight', 'evidence_neighbours')
+                    'evidence_candidates', 'evidence_weight', 'evidence_neighbours', 'min_cosine')
       AND (reset_policy.key IS NULL OR c.key = reset_policy.key)
 $$;
 COMMENT ON FUNCTION memory.reset_policy(text) IS

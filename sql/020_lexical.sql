@@ -209,6 +209,8 @@ DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, doubl
 DROP FUNCTION IF EXISTS memory.lexical_search_exact(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz);
 DROP FUNCTION IF EXISTS memory.lexical_search_exact(text, text, text[], integer, double precision, double precision);
 DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz);
+-- filter (metadata containment) was added.
+DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz, boolean);
 CREATE OR REPLACE FUNCTION memory.lexical_search(
     query text,
     project text DEFAULT NULL,
@@ -218,7 +220,8 @@ CREATE OR REPLACE FUNCTION memory.lexical_search(
     b double precision DEFAULT 0.75,
     since timestamptz DEFAULT NULL,
     before timestamptz DEFAULT NULL,
-    exhaustive boolean DEFAULT false
+    exhaustive boolean DEFAULT false,
+    filter jsonb DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -255,8 +258,20 @@ DECLARE
     c_proj integer[];
     c_ps double precision[];
     i integer;
+    -- the query grammar (sql/018_grammar.sql) and the metadata filter: either one sends the
+    -- query to the filtered exhaustive scorer below
+    -- (parsed only when the query has a quote, sigil, leading "-" or OR: memory.parse_query's
+    -- own first test, repeated here so a plain query pays no function call for it)
+    g jsonb := CASE WHEN query ~ '["#@]|(^|\s)-|(^|\s)OR(\s|$)' THEN memory.parse_query(query) END;
+    cons jsonb := CASE WHEN g IS NOT NULL THEN memory._grammar_constraints(g) END;
+    flt jsonb := CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END;
+    gc record;
 BEGIN
     SELECT x.terms, x.n, x.avgdl INTO terms, n, avgdl FROM memory.lexical_query(query, pid, k, k1, b) x;
+    IF coalesce((g ->> 'operators')::boolean, false) THEN
+        -- scored: the plain words, phrase words and tokens; never an excluded word or OR
+        terms := tsvector_to_array(to_tsvector('english'::regconfig, g ->> 'text'));
+    END IF;
     IF cardinality(terms) = 0 OR coalesce(n, 0) = 0 THEN
         RETURN;  -- only stop words, or an empty corpus: nothing can match
     END IF;
@@ -278,6 +293,33 @@ BEGIN
                   GROUP BY t.lexeme) g) s;
     m := coalesce(cardinality(t_lex), 0);
     IF m = 0 THEN
+        RETURN;
+    END IF;
+    -- A phrase, tag, mention, exclusion or metadata filter: every posting is scored and the
+    -- nodes that fail the test drop out before the top k, so k still fills when enough
+    -- nodes pass (the pruning's bounds assume every scored node can be returned).
+    IF cons IS NOT NULL OR flt IS NOT NULL THEN
+        gc := memory._grammar_compile(cons);
+        RETURN QUERY
+        SELECT s.id, (row_number() OVER (ORDER BY s.score DESC, s.id))::integer, s.score
+        FROM (SELECT p.node_id AS id, p.project_id AS proj,
+                     sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS score
+              FROM unnest(t_lex, t_w) AS w(lexeme, w)
+              JOIN memory.postings p ON p.lexeme = w.lexeme
+              WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
+              GROUP BY p.node_id, p.project_id) s
+        JOIN memory.nodes tn ON tn.id = s.id AND tn.project_id = s.proj
+        WHERE (NOT timed OR (tn.ts >= lo AND tn.ts < hi))
+          AND (flt IS NULL OR tn.metadata @> flt)
+          -- the grammar's test, compiled (memory._grammar_compile): no exclusion, every group
+          AND (gc.ex_tsq IS NULL OR NOT tn.tsv @@ gc.ex_tsq)
+          AND (gc.ex_re IS NULL OR NOT memory._grammar_doc(tn.title, tn.breadcrumb, tn.text) ~* gc.ex_re)
+          AND NOT EXISTS (
+              SELECT 1 FROM generate_subscripts(gc.req_tsq, 1) AS i
+              WHERE NOT (coalesce(tn.tsv @@ gc.req_tsq[i], false)
+                         OR coalesce(memory._grammar_doc(tn.title, tn.breadcrumb, tn.text) ~* gc.req_re[i], false)))
+        ORDER BY s.score DESC, s.id
+        LIMIT k;
         RETURN;
     END IF;
     -- Few postings in all (measured on SciFact: a claim's median is 3.2k): scoring them all
@@ -378,8 +420,8 @@ BEGIN
     ORDER BY c.ps DESC, c.id
     LIMIT k;
 END $$;
-COMMENT ON FUNCTION memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz, boolean) IS
-    'BM25 (Okapi, k1/b tunable, Lucene IDF) over title, breadcrumb and text with per-project statistics. Disjunctive: any query term can match. Returns node ids ranked 1..k; skips the postings that cannot reach the top k (MaxScore over per-term score bounds) unless exhaustive => true, which scores every posting (the reference, same ranking). since/before (timestamptz, either NULL) keep only nodes with since <= ts < before, before the top k is taken.';
+COMMENT ON FUNCTION memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz, boolean, jsonb) IS
+    'BM25 (Okapi, k1/b tunable, Lucene IDF) over title, breadcrumb and text with per-project statistics. Disjunctive: any query term can match. The query grammar (memory.parse_query) holds: "phrases", #tags and @mentions required, -exclusions never returned; filter (a JSON object) keeps only nodes whose metadata contains it; both apply before the top k. Returns node ids ranked 1..k; skips the postings that cannot reach the top k (MaxScore over per-term score bounds) unless exhaustive => true, which scores every posting (the reference, same ranking). since/before (timestamptz, either NULL) keep only nodes with since <= ts < before, before the top k is taken.';
 
 CREATE OR REPLACE FUNCTION memory.refresh_lexical_bounds(project text DEFAULT NULL)
 RETURNS bigint

@@ -5,6 +5,9 @@
 DROP FUNCTION IF EXISTS memory.semantic_search(vector, text, text[], integer, integer);
 DROP FUNCTION IF EXISTS memory.exact_search(vector, text, text[], integer);
 DROP FUNCTION IF EXISTS memory.search_by_ids(vector, bigint[], text, text[], integer);
+-- filter (metadata containment) and grammar (the query grammar's constraints) were added.
+DROP FUNCTION IF EXISTS memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz);
+DROP FUNCTION IF EXISTS memory.search_by_ids(vector, bigint[], text, text[], integer, timestamptz, timestamptz);
 
 -- The statements of the two vector stages, kept as text in one place: the stage functions
 -- run them and memory.explain_query explains the very same text.
@@ -15,7 +18,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE stage
     -- $1 query vector, $2 project id, $3 levels, $4 k, $5 since, $6 before (the time window
-    -- since <= ts < before; NULL: unbounded, and a node without ts never passes). relaxed_order may return near-ties
+    -- since <= ts < before; NULL: unbounded, and a node without ts never passes), $7 filter
+    -- (metadata containment), $8 grammar (memory._grammar_constraints; NULL: none): both
+    -- inside the scan, so the iterative scan fills k with nodes that pass. relaxed_order may return near-ties
     -- slightly out of order: the materialised top-k is re-sorted by exact distance, as the
     -- pgvector documentation recommends.
     WHEN 'semantic' THEN $q$
@@ -25,13 +30,15 @@ AS $$
         WHERE n.embedding IS NOT NULL
           AND ($2::integer IS NULL OR n.project_id = $2) AND ($3::text[] IS NULL OR n.level = ANY ($3))
           AND ($5::timestamptz IS NULL OR n.ts >= $5) AND ($6::timestamptz IS NULL OR n.ts < $6)
+          AND ($7::jsonb IS NULL OR n.metadata @> $7)
+          AND ($8::jsonb IS NULL OR memory._grammar_match(n.tsv, memory._grammar_doc(n.title, n.breadcrumb, n.text), $8))
         ORDER BY n.embedding <=> $1
         LIMIT $4
     )
     SELECT h.id, (row_number() OVER (ORDER BY h.distance, h.id))::integer, 1 - h.distance
     FROM hits h
     ORDER BY h.distance, h.id$q$
-    -- $1 query vector, $2 ids, $3 project id, $4 levels, $5 k, $6 since, $7 before.
+    -- $1 query vector, $2 ids, $3 project id, $4 levels, $5 k, $6 since, $7 before, $8 filter, $9 grammar.
     WHEN 'by_ids' THEN $q$
     SELECT n.id, (row_number() OVER (ORDER BY n.embedding <=> $1, n.id))::integer,
            1 - (n.embedding <=> $1)
@@ -39,12 +46,14 @@ AS $$
     WHERE n.id = ANY ($2) AND n.embedding IS NOT NULL
       AND ($3::integer IS NULL OR n.project_id = $3) AND ($4::text[] IS NULL OR n.level = ANY ($4))
       AND ($6::timestamptz IS NULL OR n.ts >= $6) AND ($7::timestamptz IS NULL OR n.ts < $7)
+      AND ($8::jsonb IS NULL OR n.metadata @> $8)
+      AND ($9::jsonb IS NULL OR memory._grammar_match(n.tsv, memory._grammar_doc(n.title, n.breadcrumb, n.text), $9))
     ORDER BY n.embedding <=> $1, n.id
     LIMIT $5$q$
     END
 $$;
 COMMENT ON FUNCTION memory.stage_sql(text) IS
-    'The SQL text of a vector stage (semantic: $1 vector, $2 project id, $3 levels, $4 k, $5 since, $6 before; by_ids: $1 vector, $2 ids, $3 project id, $4 levels, $5 k, $6 since, $7 before), run by memory.semantic_search / memory.search_by_ids and explained by memory.explain_query.';
+    'The SQL text of a vector stage (semantic: $1 vector, $2 project id, $3 levels, $4 k, $5 since, $6 before, $7 filter, $8 grammar; by_ids: $1 vector, $2 ids, $3 project id, $4 levels, $5 k, $6 since, $7 before, $8 filter, $9 grammar), run by memory.semantic_search / memory.search_by_ids and explained by memory.explain_query.';
 
 CREATE OR REPLACE FUNCTION memory.semantic_search(
     query_embedding vector,
@@ -53,7 +62,9 @@ CREATE OR REPLACE FUNCTION memory.semantic_search(
     k integer DEFAULT 50,
     ef_search integer DEFAULT NULL,
     since timestamptz DEFAULT NULL,
-    before timestamptz DEFAULT NULL
+    before timestamptz DEFAULT NULL,
+    filter jsonb DEFAULT NULL,
+    grammar jsonb DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
 -- PARALLEL UNSAFE: it sets hnsw.ef_search with set_config, which no parallel mode allows,
@@ -76,10 +87,13 @@ BEGIN
     IF ef_search IS NOT NULL THEN
         PERFORM set_config('hnsw.ef_search', greatest(ef_search, 1)::text, true);
     END IF;
-    RETURN QUERY EXECUTE memory.stage_sql('semantic') USING q, f.pid, f.lv, k, since, before;
+    RETURN QUERY EXECUTE memory.stage_sql('semantic')
+        USING q, f.pid, f.lv, k, since, before,
+              CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END,
+              CASE WHEN grammar IS NOT NULL THEN memory._grammar_constraints(grammar) END;
 END $$;
-COMMENT ON FUNCTION memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz) IS
-    'HNSW top-k by cosine distance with optional project/level/time filters (since <= ts < before; the iterative scan fills k under selective filters). query_score = 1 - cosine distance.';
+COMMENT ON FUNCTION memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz, jsonb, jsonb) IS
+    'HNSW top-k by cosine distance with optional project/level/time filters (since <= ts < before), filter (a JSON object the node''s metadata contains) and grammar (a memory.parse_query parse: its required phrases, tags and mentions and its exclusions); the iterative scan fills k under selective filters. query_score = 1 - cosine distance.';
 
 CREATE OR REPLACE FUNCTION memory.exact_search(
     query_embedding vector,
@@ -128,7 +142,9 @@ CREATE OR REPLACE FUNCTION memory.search_by_ids(
     levels text[] DEFAULT NULL,
     k integer DEFAULT 50,
     since timestamptz DEFAULT NULL,
-    before timestamptz DEFAULT NULL
+    before timestamptz DEFAULT NULL,
+    filter jsonb DEFAULT NULL,
+    grammar jsonb DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -142,7 +158,10 @@ BEGIN
     IF ids IS NULL OR cardinality(ids) = 0 THEN
         RETURN;
     END IF;
-    RETURN QUERY EXECUTE memory.stage_sql('by_ids') USING q, ids, f.pid, f.lv, k, since, before;
+    RETURN QUERY EXECUTE memory.stage_sql('by_ids')
+        USING q, ids, f.pid, f.lv, k, since, before,
+              CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END,
+              CASE WHEN grammar IS NOT NULL THEN memory._grammar_constraints(grammar) END;
 END $$;
-COMMENT ON FUNCTION memory.search_by_ids(vector, bigint[], text, text[], integer, timestamptz, timestamptz) IS
-    'Exact cosine ranking restricted to the given node ids (the second stage of the LexicalFirst cascade). Unknown ids, and ids outside since <= ts < before, are ignored.';
+COMMENT ON FUNCTION memory.search_by_ids(vector, bigint[], text, text[], integer, timestamptz, timestamptz, jsonb, jsonb) IS
+    'Exact cosine ranking restricted to the given node ids (the second stage of the LexicalFirst cascade). Unknown ids, ids outside since <= ts < before, and ids failing filter (metadata containment) or grammar (a memory.parse_query parse) are ignored.';

@@ -9,6 +9,8 @@
 -- from an HTTP query string; every key is checked here, and errors name the argument.
 --   query, project, levels (default L1, L2), k (1..50), strategy, fusion, rrf_k,
 --   candidates, dense_weight, since, until, reference_time, evidence (0..100),
+--   filter (a JSON object a node's metadata must contain; memory.check_filter),
+--   min_cosine (the relevance floor, -1..1; NULL: the policy's),
 --   routing: the optimizer's output (memory.optimize_query, or poimen_core.optimizer in
 --   the service: the same module). NULL: the planner asks memory.optimize_query when it
 --   needs to, and routes without it where PL/Python is missing (managed PostgreSQL).
@@ -71,6 +73,10 @@ DECLARE
     budget integer;
     pid integer;
     msg text;
+    grammar jsonb;
+    flt jsonb;
+    floor double precision := (req ->> 'min_cosine')::double precision;
+    floor_src text := 'argument';
 BEGIN
     IF jsonb_typeof(req) IS DISTINCT FROM 'object' THEN
         RAISE EXCEPTION 'a query request is a JSON object' USING ERRCODE = '22023';
@@ -98,8 +104,17 @@ BEGIN
     SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(req ->> 'since', req ->> 'until') t;
     -- Checked even where the route never asks the optimizer: SQL and HTTP refuse alike.
     PERFORM memory.check_reference_time((req ->> 'reference_time')::timestamptz);
+    flt := memory.check_filter(req -> 'filter');
+    grammar := memory.parse_query(q);
     pid := memory.project_id(req ->> 'project');
     SELECT * INTO pol FROM memory.policy();
+    IF floor IS NULL THEN
+        floor := pol.min_cosine;
+        floor_src := CASE WHEN floor IS NOT NULL THEN 'policy' END;
+    ELSIF NOT floor BETWEEN -1 AND 1 THEN
+        RAISE EXCEPTION 'min_cosine must be within -1..1, got %', floor
+            USING ERRCODE = '22023', HINT = 'A cosine similarity; NULL: the policy''s floor (memory.policy() min_cosine).';
+    END IF;
     budget := memory.check_evidence_budget(coalesce((req ->> 'evidence')::integer, pol.evidence_budget));
     SELECT m.model INTO db_model FROM memory.embedding_model m;
 
@@ -157,6 +172,12 @@ BEGIN
         IF 'opensearch' = ANY (lexical_engines) AND caps ->> 'opensearch_failed' IS NOT NULL THEN
             degraded := degraded || jsonb_build_object('stage', 'lexical', 'reason', 'opensearch_' || (caps ->> 'opensearch_failed'));
             why := why || to_jsonb('OpenSearch unavailable, used Postgres lexical'::text);
+        ELSIF 'opensearch' = ANY (lexical_engines) AND flt IS NOT NULL THEN
+            -- its documents carry no metadata
+            why := why || to_jsonb('metadata filter: lexical leg on Postgres BM25, not OpenSearch'::text);
+            IF NOT 'postgres' = ANY (lexical_engines) THEN
+                degraded := degraded || jsonb_build_object('stage', 'lexical', 'reason', 'metadata_filter');
+            END IF;
         ELSIF 'opensearch' = ANY (lexical_engines) AND (lo IS NOT NULL OR hi IS NOT NULL
                   OR (pol.extracted_dates = 'filter' AND jsonb_typeof(routing -> 'time_filter') = 'object'
                       AND req ->> 'since' IS NULL AND req ->> 'until' IS NULL)) THEN
@@ -202,7 +223,8 @@ BEGIN
         'levels', to_jsonb(lv),
         'k', k,
         'search_strategy', strat,
-        'needs_embedding', strat <> 'LexicalOnly',
+        -- a floor is a cosine: it needs the query vector even where no leg does
+        'needs_embedding', strat <> 'LexicalOnly' OR (floor IS NOT NULL AND has_vec),
         'question_type', routing ->> 'question_type',
         'confidence', (routing ->> 'confidence')::double precision,
         'reasons', coalesce(routing -> 'reasons', '[]'),
@@ -225,6 +247,11 @@ BEGIN
                      END),
         'since_ts', lo,
         'before_ts', hi,
+        -- how the query grammar read the query (memory.parse_query); every leg honours it
+        'grammar', grammar,
+        'filter', flt,
+        'floor', jsonb_build_object('min_cosine', floor, 'source', floor_src,
+                                    'applied', floor IS NOT NULL AND (strat <> 'LexicalOnly' OR has_vec)),
         'time_filter', tf,
         'evidence', jsonb_build_object(
             'budget', budget,
@@ -245,4 +272,4 @@ BEGIN
         'degraded', degraded);
 END $$;
 COMMENT ON FUNCTION memory._plan(jsonb, jsonb) IS
-    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, evidence budget. Errors name the argument (22023), PM404 for an unknown project.';
+    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, filter, min_cosine, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, the query grammar''s parse (grammar) and the metadata filter (filter), the relevance floor (floor), evidence budget. Errors name the argument (22023), PM404 for an unknown project.';

@@ -68,6 +68,21 @@ END $$;
 COMMENT ON FUNCTION memory._answer(jsonb, vector, text) IS
     'Implementation of memory.answer and memory.query: the request (memory._request) planned and run; caller names the entry point in NOTICEs.';
 
+-- filter and min_cosine were added: memory.query and the entry points made from its signature (memory.answer,
+-- memory.plan_query, memory.explain_query) lose their older signatures first.
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid FROM pg_catalog.pg_proc p
+             WHERE p.pronamespace = 'memory'::regnamespace
+               AND p.proname IN ('query', 'answer', 'plan_query', 'explain_query')
+               AND NOT 'min_cosine' = ANY (coalesce(p.proargnames, '{}'))
+    LOOP
+        EXECUTE pg_catalog.format('DROP FUNCTION %s', f);
+    END LOOP;
+END $$;
+
 CREATE OR REPLACE FUNCTION memory.query(
     query text,
     query_embedding vector DEFAULT NULL,
@@ -81,7 +96,9 @@ CREATE OR REPLACE FUNCTION memory.query(
     dense_weight double precision DEFAULT NULL,
     since text DEFAULT NULL,
     until text DEFAULT NULL,
-    reference_time timestamptz DEFAULT NULL
+    reference_time timestamptz DEFAULT NULL,
+    filter jsonb DEFAULT NULL,
+    min_cosine double precision DEFAULT NULL
 )
 RETURNS SETOF memory.query_row
 LANGUAGE sql STABLE PARALLEL UNSAFE
@@ -93,11 +110,11 @@ BEGIN ATOMIC
         NULL::memory.query_row,
         memory._answer(memory._request(query, project, levels, k, strategy, fusion, rrf_k,
                                        candidates, dense_weight, since, until, reference_time,
-                                       0),
+                                       0) || jsonb_build_object('filter', filter, 'min_cosine', min_cosine),
                        query_embedding, 'memory.query') -> 'results');
 END;
-COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz) IS
-    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top k (1..50) nodes with node_id, external_id, scores, ranks and provenance down to L0. Without query_embedding it routes and embeds in the database (memory.embed), as the HTTP service does; where the embedder or PL/Python is missing the lexical leg answers alone, with a NOTICE. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads. since/until (inclusive ISO dates or timestamps) keep only nodes whose timestamp is in range, inside every leg before its top k; reference_time (default now) anchors relative dates the optimizer extracts ("last week"), which filter only under memory.policy() extracted_dates = filter.';
+COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision) IS
+    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top k (1..50) nodes with node_id, external_id, scores, ranks and provenance down to L0. Without query_embedding it routes and embeds in the database (memory.embed), as the HTTP service does; where the embedder or PL/Python is missing the lexical leg answers alone, with a NOTICE. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads. since/until (inclusive ISO dates or timestamps) keep only nodes whose timestamp is in range, inside every leg before its top k; reference_time (default now) anchors relative dates the optimizer extracts ("last week"), which filter only under memory.policy() extracted_dates = filter. The query grammar holds in every leg ("phrases", -exclusions, OR, #tags, @mentions: docs/sql-api.md); filter (a JSON object) keeps only nodes whose metadata contains it, inside every leg before its top k. min_cosine (default memory.policy() min_cosine, NULL: off) holds back the fused candidates whose cosine similarity to the query is below it: the answer may be empty.';
 
 CREATE OR REPLACE FUNCTION memory._only(name text)
 RETURNS regprocedure
@@ -117,7 +134,8 @@ DECLARE
     args text := (SELECT pg_catalog.pg_get_function_arguments(p.oid) FROM pg_catalog.pg_proc p
                   WHERE p.pronamespace = 'memory'::regnamespace AND p.proname = 'query');
     request text := 'memory._request(query, project, levels, k, strategy, fusion, rrf_k, '
-                    'candidates, dense_weight, since, until, reference_time, evidence)';
+                    'candidates, dense_weight, since, until, reference_time, evidence) '
+                    '|| jsonb_build_object(''filter'', filter, ''min_cosine'', min_cosine)';
 BEGIN
     EXECUTE pg_catalog.format(
         'CREATE OR REPLACE FUNCTION memory.answer(%s, evidence integer DEFAULT NULL) '

@@ -9,9 +9,24 @@
 -- One leg as fuse_legs takes it: {"ids": [..], "scores": [..]} in rank order. The three
 -- stage functions behind one aggregation; the one a kind does not name is never run (its
 -- branch is cut by a one-time filter).
+-- filter and grammar were added: the old signature goes, and memory._lexical_call (a SQL
+-- body, which depends on it) with it; both are made again below.
+DO $$
+BEGIN
+    IF pg_catalog.to_regprocedure('memory._leg(text, text, ' || pg_catalog.format_type(
+           (SELECT t.oid FROM pg_catalog.pg_type t WHERE t.typname = 'vector' LIMIT 1), NULL)
+           || ', bigint[], text, text[], integer, timestamptz, timestamptz)') IS NOT NULL THEN
+        DROP FUNCTION IF EXISTS memory._lexical_call(jsonb);
+        EXECUTE pg_catalog.format('DROP FUNCTION %s', pg_catalog.to_regprocedure(
+            'memory._leg(text, text, ' || pg_catalog.format_type(
+                (SELECT t.oid FROM pg_catalog.pg_type t WHERE t.typname = 'vector' LIMIT 1), NULL)
+            || ', bigint[], text, text[], integer, timestamptz, timestamptz)'));
+    END IF;
+END $$;
 CREATE OR REPLACE FUNCTION memory._leg(
     kind text, query text, query_embedding vector, ids bigint[], project text, levels text[],
-    k integer, since timestamptz, before timestamptz
+    k integer, since timestamptz, before timestamptz, filter jsonb DEFAULT NULL,
+    grammar jsonb DEFAULT NULL
 )
 RETURNS jsonb
 -- PL/pgSQL, not SQL: PostgreSQL 15 plans a SQL function's body at every call.
@@ -23,19 +38,21 @@ BEGIN
     RETURN (SELECT jsonb_build_object('ids', coalesce(jsonb_agg(r.node_id ORDER BY r.rank), '[]'),
                                       'scores', coalesce(jsonb_agg(r.score ORDER BY r.rank), '[]'))
             FROM (SELECT l.node_id, l.rank, l.lexical_score AS score
-                  FROM memory.lexical_search($2, $5, $6, $7, since => $8, before => $9) l
+                  FROM memory.lexical_search($2, $5, $6, $7, since => $8, before => $9, filter => $10) l
                   WHERE $1 = 'lexical'
                   UNION ALL
                   SELECT s.node_id, s.rank, s.query_score
-                  FROM memory.semantic_search($3, $5, $6, $7, since => $8, before => $9) s
+                  FROM memory.semantic_search($3, $5, $6, $7, since => $8, before => $9,
+                                              filter => $10, grammar => $11) s
                   WHERE $1 = 'semantic'
                   UNION ALL
                   SELECT s.node_id, s.rank, s.query_score
-                  FROM memory.search_by_ids($3, $4, $5, $6, $7, since => $8, before => $9) s
+                  FROM memory.search_by_ids($3, $4, $5, $6, $7, since => $8, before => $9,
+                                            filter => $10, grammar => $11) s
                   WHERE $1 = 'by_ids') r);
 END $$;
-COMMENT ON FUNCTION memory._leg(text, text, vector, bigint[], text, text[], integer, timestamptz, timestamptz) IS
-    'One leg of memory.fuse_legs ({"ids": [..], "scores": [..]}, best first): kind lexical (memory.lexical_search of query), semantic (memory.semantic_search of query_embedding) or by_ids (memory.search_by_ids over ids), each with the project, levels, k and since/before.';
+COMMENT ON FUNCTION memory._leg(text, text, vector, bigint[], text, text[], integer, timestamptz, timestamptz, jsonb, jsonb) IS
+    'One leg of memory.fuse_legs ({"ids": [..], "scores": [..]}, best first): kind lexical (memory.lexical_search of query, which reads the query grammar itself), semantic (memory.semantic_search of query_embedding) or by_ids (memory.search_by_ids over ids), each with the project, levels, k, since/before and the metadata filter; the vector legs with the grammar''s constraints (grammar, a memory.parse_query parse).';
 
 CREATE OR REPLACE FUNCTION memory._opensearch_leg(hits jsonb, project_id integer)
 RETURNS jsonb
@@ -69,11 +86,13 @@ BEGIN
     'lexical', CASE WHEN plan -> 'lexical' ->> 'engine' = 'postgres-bm25' THEN
         jsonb_build_object('query', plan -> 'query', 'project', plan -> 'project',
                            'levels', plan -> 'levels', 'k', plan -> 'lexical' -> 'depth',
-                           'since', plan -> 'since_ts', 'before', plan -> 'before_ts') END,
+                           'since', plan -> 'since_ts', 'before', plan -> 'before_ts',
+                           'filter', plan -> 'filter') END,
     'evidence_lexical', CASE WHEN (plan -> 'evidence' ->> 'lexical')::boolean THEN
         jsonb_build_object('query', plan -> 'query', 'project', plan -> 'project',
                            'levels', '["L0"]'::jsonb, 'k', plan -> 'evidence' -> 'candidates',
-                           'since', plan -> 'since_ts', 'before', plan -> 'before_ts') END));
+                           'since', plan -> 'since_ts', 'before', plan -> 'before_ts',
+                           'filter', plan -> 'filter') END));
 END
 $$;
 COMMENT ON FUNCTION memory._lexical_calls(jsonb) IS
@@ -86,7 +105,7 @@ SET search_path = pg_catalog, pg_temp
 RETURN memory._leg('lexical', call ->> 'query', NULL, NULL, call ->> 'project',
                    ARRAY(SELECT jsonb_array_elements_text(call -> 'levels')),
                    (call ->> 'k')::integer, (call ->> 'since')::timestamptz,
-                   (call ->> 'before')::timestamptz);
+                   (call ->> 'before')::timestamptz, call -> 'filter');
 COMMENT ON FUNCTION memory._lexical_call(jsonb) IS
     'Runs one call of memory._lexical_calls: memory.lexical_search as a leg.';
 
@@ -121,6 +140,8 @@ DECLARE
     lo timestamptz := (plan ->> 'since_ts')::timestamptz;
     hi timestamptz := (plan ->> 'before_ts')::timestamptz;
     ev jsonb := plan -> 'evidence';
+    flt jsonb := nullif(plan -> 'filter', 'null');
+    gr jsonb := memory._grammar_constraints(plan -> 'grammar');
     empty constant jsonb := '{"ids": [], "scores": []}';
     lex_engine text;
     calls jsonb := memory._lexical_calls(plan);
@@ -131,6 +152,8 @@ DECLARE
     ev_sem jsonb := empty;
     legs integer := 0;
     fused jsonb;
+    floor double precision := (plan -> 'floor' ->> 'min_cosine')::double precision;
+    withheld integer := 0;
     st jsonb := '{}';
     t timestamptz;
 BEGIN
@@ -159,14 +182,14 @@ BEGIN
         NULL;  -- the evidence's legs alone (memory.evidence)
     ELSIF plan -> 'semantic' ->> 'engine' = 'hnsw' THEN
         sem := memory._leg('semantic', NULL, query_embedding, NULL, project, lv,
-                           (plan -> 'semantic' ->> 'depth')::integer, lo, hi);
+                           (plan -> 'semantic' ->> 'depth')::integer, lo, hi, flt, gr);
     ELSIF plan -> 'semantic' ->> 'engine' = 'by-ids' THEN
         sem := memory._leg('by_ids', NULL, query_embedding,
                            ARRAY(SELECT jsonb_array_elements_text(lex -> 'ids')::bigint),
                            project, lv,
                                     coalesce((plan -> 'semantic' ->> 'depth')::integer,
                                              greatest(jsonb_array_length(lex -> 'ids'), 1)),
-                                    lo, hi);
+                                    lo, hi, flt, gr);
     END IF;
     st := memory._stage_time(st, 'semantic_time_ms', t,
                              answer AND plan -> 'semantic' ->> 'engine' IS NOT NULL);
@@ -189,7 +212,7 @@ BEGIN
             END IF;
             IF (ev ->> 'semantic')::boolean AND query_embedding IS NOT NULL THEN
                 ev_sem := memory._leg('semantic', NULL, query_embedding, NULL, project, ARRAY['L0'],
-                                      (ev ->> 'candidates')::integer, lo, hi);
+                                      (ev ->> 'candidates')::integer, lo, hi, flt, gr);
                 legs := legs + 1;
             END IF;
         EXCEPTION WHEN OTHERS THEN
@@ -210,11 +233,21 @@ BEGIN
       FROM memory.fuse_legs(sem, lex, strat, plan ->> 'fusion',
                             (plan ->> 'dense_weight')::double precision,
                             (plan ->> 'rrf_k')::integer, (plan ->> 'final_k')::integer) f;
+    IF floor IS NOT NULL AND query_embedding IS NOT NULL AND fused IS NOT NULL THEN
+        -- The relevance floor: a fused candidate whose cosine similarity to the query is
+        -- below it is held back (a node without a vector cannot be judged: kept).
+        SELECT coalesce(jsonb_agg(f.v ORDER BY f.o) FILTER (WHERE NOT f.low), '[]'),
+               count(*) FILTER (WHERE f.low)
+          INTO fused, withheld
+          FROM (SELECT x.v, x.o, coalesce(1 - (n.embedding <=> query_embedding) < floor, false) AS low
+                FROM jsonb_array_elements(fused) WITH ORDINALITY AS x(v, o)
+                LEFT JOIN memory.nodes n ON n.id = (x.v ->> 'node_id')::bigint) f;
+    END IF;
     st := memory._stage_time(st, 'fusion_time_ms', t);
     RETURN jsonb_build_object('lexical', lex, 'semantic', sem, 'evidence_lexical', ev_lex,
                               'evidence_semantic', ev_sem, 'evidence_legs', legs,
                               'evidence_failed', ev_failed,
-                              'fused', coalesce(fused, '[]'), 'stages', st);
+                              'fused', coalesce(fused, '[]'), 'withheld', withheld, 'stages', st);
 END $$;
 COMMENT ON FUNCTION memory._run_legs(jsonb, vector, jsonb, boolean, jsonb) IS
     'The first half of memory._execute: the legs a plan names (hits: the OpenSearch leg the service fetched) and their fusion, as the state memory._finish takes: lexical, semantic, evidence_lexical, evidence_semantic, fused (best first, final_k deep) and stage times. answer => false runs the evidence''s direct legs only; prefetched (memory._serve_start''s) gives legs already run, each taken only where its call is the plan''s own.';
@@ -274,6 +307,8 @@ BEGIN
     failed := state -> 'evidence_failed';
     IF budget > 0 AND jsonb_typeof(failed) = 'object' THEN
         NULL;  -- its legs failed (memory._run_legs): no list, whole trees
+    ELSIF budget > 0 AND cardinality(ids) = 0 AND (state ->> 'withheld')::integer > 0 THEN
+        evidence := '[]';  -- the floor withheld every candidate: no answer cites no evidence
     ELSIF budget > 0 THEN
         -- A failure here degrades (the answer keeps its whole trees and says why): the
         -- results are ready by now and must not be lost to it.
@@ -341,6 +376,7 @@ BEGIN
             'semantic_candidates', jsonb_array_length(state -> 'semantic' -> 'ids'),
             'lexical_candidates', jsonb_array_length(state -> 'lexical' -> 'ids'),
             'fused', jsonb_array_length(state -> 'fused'),
+            'withheld', coalesce((state ->> 'withheld')::integer, 0),
             'evidence_legs', state -> 'evidence_legs',
             'direct_candidates', jsonb_array_length(state -> 'evidence_lexical' -> 'ids')
                                  + jsonb_array_length(state -> 'evidence_semantic' -> 'ids')),

@@ -33,6 +33,8 @@ DECLARE
     lo timestamptz;
     hi timestamptz;
     ev jsonb;
+    flt jsonb;
+    gr jsonb;
     opts text := CASE WHEN actual THEN 'FORMAT JSON, ANALYZE, BUFFERS' ELSE 'FORMAT JSON' END;
     x json;
 BEGIN
@@ -46,6 +48,8 @@ BEGIN
     lo := (pl ->> 'since_ts')::timestamptz;
     hi := (pl ->> 'before_ts')::timestamptz;
     ev := pl -> 'evidence';
+    flt := nullif(pl -> 'filter', 'null');
+    gr := memory._grammar_constraints(pl -> 'grammar');
     search_strategy := pl ->> 'search_strategy';
 
     stage := 'plan';
@@ -53,8 +57,8 @@ BEGIN
     time_ms := NULL;
     RETURN NEXT;
     IF pl -> 'lexical' ->> 'engine' = 'postgres-bm25' THEN
-        EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.lexical_search($1, $2, $3, $4, since => $5, before => $6)', opts)
-            INTO x USING pl ->> 'query', pl ->> 'project', lv, (pl -> 'lexical' ->> 'depth')::integer, lo, hi;
+        EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.lexical_search($1, $2, $3, $4, since => $5, before => $6, filter => $7)', opts)
+            INTO x USING pl ->> 'query', pl ->> 'project', lv, (pl -> 'lexical' ->> 'depth')::integer, lo, hi, flt;
         stage := 'lexical';
         plan := x::jsonb -> 0;
         time_ms := (doc -> 'stages' ->> 'lexical_time_ms')::double precision;
@@ -62,7 +66,7 @@ BEGIN
     END IF;
     IF pl -> 'semantic' ->> 'engine' = 'hnsw' THEN
         EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql('semantic')) INTO x
-            USING p.embedding, pid, lv, (pl -> 'semantic' ->> 'depth')::integer, lo, hi;
+            USING p.embedding, pid, lv, (pl -> 'semantic' ->> 'depth')::integer, lo, hi, flt, gr;
         stage := 'semantic';
         plan := x::jsonb -> 0;
         time_ms := (doc -> 'stages' ->> 'semantic_time_ms')::double precision;
@@ -73,7 +77,7 @@ BEGIN
                   pid, lv,
                   coalesce((pl -> 'semantic' ->> 'depth')::integer,
                            greatest(jsonb_array_length(state -> 'lexical' -> 'ids'), 1)),
-                  lo, hi;
+                  lo, hi, flt, gr;
         stage := 'by_ids';
         plan := x::jsonb -> 0;
         time_ms := (doc -> 'stages' ->> 'semantic_time_ms')::double precision;
@@ -81,8 +85,8 @@ BEGIN
     END IF;
     IF (ev ->> 'budget')::integer > 0 AND NOT (ev ->> 'reuses_legs')::boolean THEN
         IF (ev ->> 'lexical')::boolean THEN
-            EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.lexical_search($1, $2, ''{L0}'', $3, since => $4, before => $5)', opts)
-                INTO x USING pl ->> 'query', pl ->> 'project', (ev ->> 'candidates')::integer, lo, hi;
+            EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.lexical_search($1, $2, ''{L0}'', $3, since => $4, before => $5, filter => $6)', opts)
+                INTO x USING pl ->> 'query', pl ->> 'project', (ev ->> 'candidates')::integer, lo, hi, flt;
             stage := 'evidence_lexical';
             plan := x::jsonb -> 0;
             time_ms := (doc -> 'stages' ->> 'evidence_legs_time_ms')::double precision;
@@ -90,7 +94,7 @@ BEGIN
         END IF;
         IF (ev ->> 'semantic')::boolean AND p.embedding IS NOT NULL THEN
             EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql('semantic')) INTO x
-                USING p.embedding, pid, ARRAY['L0'], (ev ->> 'candidates')::integer, lo, hi;
+                USING p.embedding, pid, ARRAY['L0'], (ev ->> 'candidates')::integer, lo, hi, flt, gr;
             stage := 'evidence_semantic';
             plan := x::jsonb -> 0;
             time_ms := (doc -> 'stages' ->> 'evidence_legs_time_ms')::double precision;
@@ -139,10 +143,10 @@ BEGIN
         'LANGUAGE sql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp '
         'BEGIN ATOMIC SELECT * FROM memory._explain(memory._request(query, project, levels, k, '
         'strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, '
-        'evidence), query_embedding, actual); END',
+        'evidence) || jsonb_build_object(''filter'', filter, ''min_cosine'', min_cosine), query_embedding, actual); END',
         pg_catalog.regexp_replace(args, ', fusion ', ', actual boolean DEFAULT false, fusion '));
 END $$;
-COMMENT ON FUNCTION memory.explain_query(text, vector, text, text[], integer, text, boolean, text, integer, integer, double precision, text, text, timestamptz, integer) IS
+COMMENT ON FUNCTION memory.explain_query(text, vector, text, text[], integer, text, boolean, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, integer) IS
     'Plans the query with memory.plan_query''s planner and runs it with the executor memory.query and GET /memory/query use, then returns one row per stage that ran: plan (the plan itself, jsonb), lexical, semantic (the HNSW/btree recall) or by_ids (the LexicalFirst cosine stage), evidence_lexical and evidence_semantic (the direct L0 legs), fusion, provenance and evidence, each with EXPLAIN (FORMAT JSON[, ANALYZE, BUFFERS]) of that stage with the plan''s values and settings, and time_ms, the time the stage took when the query ran. Arguments as memory.answer; evidence NULL: the policy''s budget (explain_query shows the evidence stages GET /memory/query runs).';
 
 -- The settings memory.semantic_search runs under (sql/030_vector.sql) are declared there

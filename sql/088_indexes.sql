@@ -24,7 +24,8 @@ DECLARE
         ['0001_initial', 'edges', 'edges_parent_idx', '(parent_id)'],
         ['0001_initial', 'postings', 'postings_node_idx', '(node_id)'],
         ['0004_lexical_bounds', 'term_stats', 'term_stats_lexeme_idx',
-         '(lexeme) INCLUDE (project_id, df, max_tf, min_dl_per_tf)']];
+         '(lexeme) INCLUDE (project_id, df, max_tf, min_dl_per_tf)'],
+        ['0013_query_grammar', 'nodes', 'nodes_metadata_gin', 'USING gin (metadata jsonb_path_ops)']];
     w text[];
     rel regclass;
     probe regclass;

@@ -71,7 +71,11 @@ def test_ensure_index_creates_the_seed_mapping(server: OpenSearchServer, engine:
     puts = [r for r in server.requests if r.method == "PUT"]
     assert [r.path for r in puts] == [f"/{INDEX}"]
     props = puts[0].body["mappings"]["properties"]
-    assert props["content"] == {"type": "text", "analyzer": "english"}
+    assert props["content"] == {
+        "type": "text",
+        "analyzer": "english",
+        "fields": {"exact": {"type": "text", "analyzer": "standard"}},
+    }
     assert props["section_title"]["type"] == props["breadcrumb"]["type"] == "text"
     assert props["source"]["type"] == "text"
     assert props["source"]["fields"]["keyword"]["type"] == "keyword"

@@ -136,6 +136,15 @@ READER = {
     "node_filter",
     "partitioned",
     "partition_tables",
+    "check_filter",
+    "parse_query",
+    "_grammar_item",
+    "_grammar_pattern",
+    "_grammar_doc",
+    "_grammar_has",
+    "_grammar_match",
+    "_grammar_constraints",
+    "_grammar_compile",
 }
 
 
@@ -403,9 +412,7 @@ def test_check_reports_drift_and_changes_nothing(conn: Conn) -> None:
     assert check(conn).clean
 
 
-def test_migrate_check_cli_exit_codes(
-    fixture_url: str, conn: Conn, plpython_root: Path
-) -> None:
+def test_migrate_check_cli_exit_codes(fixture_url: str, conn: Conn, plpython_root: Path) -> None:
     import sys
 
     # The home whose plpython/ the fixture was migrated with: --check compares memory.config.

@@ -226,6 +226,8 @@ class OpenSearchServer:
 
 def _matches_filter(clause: dict[str, Any], doc: dict[str, Any]) -> bool:
     ((kind, spec),) = clause.items()
+    if kind in ("bool", "multi_match"):
+        return _score(clause, doc) is not None
     ((name, wanted),) = spec.items()
     if kind == "term":
         wanted = [wanted["value"] if isinstance(wanted, dict) else wanted]
@@ -236,14 +238,35 @@ def _matches_filter(clause: dict[str, Any], doc: dict[str, Any]) -> bool:
     return any(v in wanted for v in values)
 
 
+def _field(doc: dict[str, Any], name: str) -> Any:
+    # a subfield ("content.exact") reads its field's text: the double does not stem
+    return doc.get(name.split(".")[0])
+
+
+def _phrase(spec: dict[str, Any], doc: dict[str, Any]) -> float:
+    """type phrase: the query's tokens in order and adjacent in one of the fields."""
+    want = tokens(spec["query"])
+    for f in spec.get("fields", ["*"]):
+        name = f.partition("^")[0]
+        for n in list(doc) if name == "*" else [name]:
+            have = tokens(_field(doc, n))
+            if want and any(
+                have[i : i + len(want)] == want for i in range(len(have) - len(want) + 1)
+            ):
+                return 1.0
+    return 0.0
+
+
 def _multi_match(spec: dict[str, Any], doc: dict[str, Any]) -> float:
+    if spec.get("type") == "phrase":
+        return _phrase(spec, doc)
     wanted = set(tokens(spec["query"]))
     score = 0.0
     for f in spec.get("fields", ["*"]):
         name, _, boost = f.partition("^")
         names = list(doc) if name == "*" else [name]
         for n in names:
-            score += float(boost or 1) * len(wanted & set(tokens(doc.get(n))))
+            score += float(boost or 1) * len(wanted & set(tokens(_field(doc, n))))
     return score
 
 
@@ -259,13 +282,18 @@ def _score(query: dict[str, Any], doc: dict[str, Any]) -> float | None:
         raise ValueError(f"query {kind!r} is not supported by the double")
     if not all(_matches_filter(c, doc) for c in spec.get("filter", [])):
         return None
-    total = 0.0
+    if any(_score(c, doc) is not None for c in spec.get("must_not", [])):
+        return None
+    should = [s for s in (_score(c, doc) for c in spec.get("should", [])) if s is not None]
+    if len(should) < int(spec.get("minimum_should_match", 0)):
+        return None
+    total = sum(should)
     for clause in spec.get("must", []):
         s = _score(clause, doc)
         if s is None:
             return None
         total += s
-    return total if spec.get("must") else 0.0
+    return total if spec.get("must") or should else 0.0
 
 
 def _build_app(state: OpenSearchServer) -> Starlette:

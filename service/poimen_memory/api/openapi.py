@@ -41,6 +41,53 @@ def _err(desc: str) -> dict[str, Any]:
     }
 
 
+_OPERAND: dict[str, Any] = {
+    "type": "object",
+    "required": ["kind", "value"],
+    "properties": {
+        "kind": {"type": "string", "enum": ["phrase", "term", "tag", "mention"]},
+        "value": {"type": "string", "description": "lowercased; a tag or mention without # or @"},
+        "tsquery": {
+            "type": "string",
+            "description": "how a phrase or term is matched: on the node's tsvector (stemmed)",
+        },
+        "pattern": {
+            "type": "string",
+            "description": "how a tag, mention or stop-word phrase is matched: a whole-word "
+            "regular expression over the node's title, breadcrumb and text",
+        },
+    },
+}
+
+# memory.parse_query's document (sql/018_grammar.sql).
+_GRAMMAR: dict[str, Any] = {
+    "type": "object",
+    "required": ["operators", "text", "required", "exclude", "or", "notes"],
+    "properties": {
+        "operators": {
+            "type": "boolean",
+            "description": "false: plain words only, every leg as without the grammar",
+        },
+        "text": {"type": "string", "description": "the words BM25 scores"},
+        "required": {
+            "type": "array",
+            "description": "groups a result satisfies, each by any of its operands (OR)",
+            "items": {"type": "array", "items": _OPERAND},
+        },
+        "exclude": {
+            "type": "array",
+            "description": "operands no result contains",
+            "items": _OPERAND,
+        },
+        "or": {"type": "integer", "description": "how many ORs joined operands"},
+        "notes": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "malformed syntax read as plain words, operators ignored",
+        },
+    },
+}
+
 _PARENT: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -154,7 +201,12 @@ QUERY_PARAMETERS: list[tuple[str, bool, dict[str, Any], str]] = [
             "maxLength": 2000,
             "pattern": r"[^\s\u0085\u001c-\u001f]",
         },
-        "Text to search for (not blank).",
+        "Text to search for (not blank), in the query grammar: plain words are scored; "
+        '"quoted phrases" must match in order and adjacent; -word and -"phrase" exclude '
+        "(no result contains them); #tag and @mention must match that exact token, "
+        "unstemmed; OR between phrases, tags or mentions lets either satisfy. Malformed "
+        "syntax (an unclosed quote) is read as plain words, never an error. plan.grammar "
+        "says how the query was read.",
     ),
     ("project", False, _PROJECT, "Restrict to one project; unknown → 404."),
     (
@@ -198,6 +250,29 @@ QUERY_PARAMETERS: list[tuple[str, bool, dict[str, Any], str]] = [
         "The time relative dates in the query ('last week', 'yesterday') count from; "
         "default now. The plan's time_filter reports them; they filter only under the "
         "policy extracted_dates = filter.",
+    ),
+    (
+        "filter",
+        False,
+        {
+            "type": "string",
+            "maxLength": 4096,
+            "contentMediaType": "application/json",
+            "examples": ['{"user": "alice"}'],
+        },
+        "Metadata filter: a JSON object (at most 4096 bytes) that a node's metadata must "
+        "contain (JSON containment, @>), applied in every leg before its top k; {} is no "
+        "filter. Not JSON, not an object, or too long → 400. The lexical leg then runs on "
+        "Postgres BM25 (OpenSearch documents carry no metadata).",
+    ),
+    (
+        "min_cosine",
+        False,
+        {"type": "number", "minimum": -1, "maximum": 1, "examples": [0.25]},
+        "Relevance floor: fused candidates whose cosine similarity to the query is below it "
+        "are held back (counted in `withheld`); the answer may then be empty, and an empty "
+        "answer cites no evidence. Default: the policy's min_cosine (off unless set). "
+        "Outside -1..1 or not a number → 400.",
     ),
     ("fusion", False, {"type": "string", "enum": ["rrf", "convex"]}, "Fusion for Hybrid."),
     (
@@ -400,6 +475,7 @@ def openapi_spec() -> dict[str, Any]:
                     },
                 },
                 "Parent": _PARENT,
+                "Grammar": _GRAMMAR,
                 "Result": _RESULT,
                 "Evidence": _EVIDENCE,
                 "QueryResponse": {
@@ -413,7 +489,18 @@ def openapi_spec() -> dict[str, Any]:
                             "type": "object",
                             "description": "The optimizer's routing, and time_filter: the "
                             "dates the query names, the since/until applied, their source "
-                            "(argument, extracted or null) and why",
+                            "(argument, extracted or null) and why; grammar: how the query "
+                            "grammar read the query (memory.parse_query); filter: the "
+                            "metadata filter applied (null: none)",
+                            "properties": {
+                                "grammar": {"$ref": "#/components/schemas/Grammar"},
+                                "filter": {"type": ["object", "null"]},
+                                "floor": {
+                                    "type": "object",
+                                    "description": "the relevance floor: min_cosine (null: "
+                                    "off), source (argument, policy or null), applied",
+                                },
+                            },
                         },
                         "results": {
                             "type": "array",
@@ -436,6 +523,11 @@ def openapi_spec() -> dict[str, Any]:
                             "properties": {
                                 "served_by": {"type": "string", "enum": ["primary", "replica"]}
                             },
+                        },
+                        "withheld": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "description": "fused candidates the relevance floor held back",
                         },
                         "latency_ms": {"type": "number"},
                         "notes": {"type": "string"},

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from poimen_core.optimizer import QueryOptimizerError, check_reference_time, reference_time_error
 from poimen_memory.errors import ValidationError
@@ -14,6 +15,9 @@ from poimen_memory.retrieval.models import FUSION_METHODS, LEVELS, STRATEGIES, Q
 from poimen_memory.settings import Settings
 
 N = TypeVar("N", int, float)
+
+# The largest metadata filter, as JSON text (memory.check_filter holds the same bound).
+MAX_FILTER_BYTES = 4096
 
 
 def _number(
@@ -80,7 +84,50 @@ def parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
         evidence=None
         if params.get("evidence") is None
         else _number(params, "evidence", 0, 0, 100, int),
+        filter=_filter(params.get("filter")),
+        min_cosine=_min_cosine(params.get("min_cosine")),
     )
+
+
+def _min_cosine(raw: str | None) -> float | None:
+    """The relevance floor: a cosine similarity in [-1, 1] (not clamped: a floor out of
+    range is a mistake, not a preference)."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ValidationError(f"min_cosine must be a number, got {raw!r}") from exc
+    if not -1 <= value <= 1:
+        raise ValidationError(
+            f"min_cosine must be within -1..1, got {raw!r}",
+            hint="a cosine similarity, e.g. min_cosine=0.25; omit it for the policy's floor",
+        )
+    return value
+
+
+def _filter(raw: str | None) -> dict[str, Any] | None:
+    """The metadata filter: a JSON object (containment); None or {} for none."""
+    if raw is None:
+        return None
+    if len(raw.encode()) > MAX_FILTER_BYTES:
+        raise ValidationError(
+            f"filter must be at most {MAX_FILTER_BYTES} bytes of JSON",
+            hint='filter on a few keys, e.g. filter={"user": "alice"}',
+        )
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ValidationError(
+            f"filter is not valid JSON: {raw[:200]!r}",
+            hint='filter is a JSON object, e.g. filter={"user": "alice"}',
+        ) from exc
+    if not isinstance(value, dict):
+        raise ValidationError(
+            f"filter must be a JSON object, got {type(value).__name__}",
+            hint='e.g. filter={"user": "alice"}: nodes whose metadata contains it',
+        )
+    return value or None
 
 
 def _reference_time(raw: str | None) -> datetime | None:

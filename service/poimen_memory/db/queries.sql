@@ -161,7 +161,7 @@ FROM memory.fuse_legs(%(semantic)s::jsonb, %(lexical)s::jsonb, %(strategy)s, %(f
 
 -- name: policy
 SELECT fusion, rrf_k, dense_weight, candidates, cascade_candidates, fusion_by_type, extracted_dates,
-       evidence_budget, evidence_candidates, evidence_weight, evidence_neighbours
+       evidence_budget, evidence_candidates, evidence_weight, evidence_neighbours, min_cosine
 FROM memory.policy();
 
 -- name: set_policy

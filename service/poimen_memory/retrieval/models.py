@@ -34,6 +34,10 @@ class QueryRequest:
     # The most L0 turns the response cites (0: evidence off, full provenance trees; None:
     # the policy's evidence_budget).
     evidence: int | None = None
+    # A JSON object a node's metadata must contain (memory.check_filter), in every leg.
+    filter: dict[str, Any] | None = None
+    # The relevance floor (cosine, -1..1; None: the policy's min_cosine).
+    min_cosine: float | None = None
 
 
 @dataclass

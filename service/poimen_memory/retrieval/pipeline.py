@@ -223,6 +223,8 @@ class Retriever:
             "until": req.until,
             "reference_time": req.reference_time.isoformat() if req.reference_time else None,
             "evidence": req.evidence,
+            "filter": req.filter,
+            "min_cosine": req.min_cosine,
             "routing": routing,
         }
 
@@ -272,7 +274,7 @@ class Retriever:
                 trace.metrics.pop("embedding_cache_hit", None)
             if plan["lexical"]["engine"] == "opensearch":
                 tasks["opensearch"] = asyncio.create_task(
-                    self._opensearch(req, plan["lexical"]["depth"], deadline, trace)
+                    self._opensearch(req, plan, deadline, trace)
                 )
             embedding, hits = await self._upstreams(tasks, caps, deadline)
             if "embed_failed" in caps and self.opensearch is not None and hits is None:
@@ -282,7 +284,7 @@ class Retriever:
                 plan, prefetched = await self._start(body, caps, deadline)
                 if plan["lexical"]["engine"] == "opensearch":
                     tasks["opensearch"] = asyncio.create_task(
-                        self._opensearch(req, plan["lexical"]["depth"], deadline, trace)
+                        self._opensearch(req, plan, deadline, trace)
                     )
                     _, hits = await self._upstreams(tasks, caps, deadline)
         finally:
@@ -380,9 +382,12 @@ class Retriever:
         return vec
 
     async def _opensearch(
-        self, req: QueryRequest, k: int, deadline: Deadline, trace: Trace
+        self, req: QueryRequest, plan: dict[str, Any], deadline: Deadline, trace: Trace
     ) -> list[dict[str, Any]]:
+        """OpenSearch's hits for the plan's lexical leg, with the query grammar as the
+        planner parsed it (memory.parse_query)."""
         assert self.opensearch is not None
+        k = plan["lexical"]["depth"]
         t0 = time.monotonic()
         try:
             with deadline.stage("opensearch"):
@@ -394,6 +399,7 @@ class Retriever:
                     deadline.budget(
                         self.settings.opensearch.timeout_s, self.settings.fallback_reserve_s
                     ),
+                    plan.get("grammar"),
                 )
         finally:
             trace.timed("opensearch_time_ms", t0)

@@ -26,6 +26,8 @@ class Policy:
     evidence_candidates: int
     evidence_weight: float
     evidence_neighbours: float
+    # The relevance floor: fused candidates below this cosine are withheld (None: off).
+    min_cosine: float | None
 
 
 def read_policy(conn: psycopg.Connection[Any]) -> Policy:

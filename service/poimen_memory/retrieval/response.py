@@ -81,6 +81,7 @@ def response(
             "lexical_candidates": counts["lexical_candidates"],
             "evidence_legs": counts["evidence_legs"],
             "final_count": len(results),
+            "withheld": counts["withheld"],
             "total_time_ms": round(elapsed_ms, 3),
         }
     )
@@ -112,11 +113,15 @@ def response(
             "reasons": plan["reasons"],
             "optimizer_strategy": plan["optimizer_strategy"],
             "time_filter": plan["time_filter"],
+            "grammar": plan["grammar"],
+            "filter": plan["filter"],
+            "floor": plan["floor"],
             "evidence": evidence_plan,
             "engines": engines,
             "why": why,
         },
         "results": results,
+        "withheld": counts["withheld"],
         "evidence": [{k: e.get(k) for k in _EVIDENCE_FIELDS} for e in doc["evidence"] or []],
         "metrics": metrics,
         "latency_ms": round(elapsed_ms, 3),

@@ -35,7 +35,13 @@ SEARCH_FIELDS = ["content^2", "section_title^1.5", "breadcrumb", "source"]
 MAPPINGS: dict[str, Any] = {
     "dynamic": "strict",
     "properties": {
-        "content": {"type": "text", "analyzer": "english"},
+        # content.exact: unstemmed, for the query grammar's #tags and @mentions (an index
+        # made before it has no such field: `poimen-memory opensearch reindex` adds it)
+        "content": {
+            "type": "text",
+            "analyzer": "english",
+            "fields": {"exact": {"type": "text", "analyzer": "standard"}},
+        },
         "section_title": {"type": "text"},
         "breadcrumb": {"type": "text"},
         "source": {
@@ -102,16 +108,55 @@ class BulkResult:
         return not self.ok and self.status in RETRIABLE_STATUSES
 
 
+# The fields the query grammar's operands are matched on: a phrase or an excluded term as
+# BM25 stems it (content's english analyzer, like Postgres' tsvector), a tag or mention as
+# the exact token (content.exact; titles and breadcrumbs are not stemmed).
+_STEMMED_FIELDS = ["content", "section_title", "breadcrumb"]
+_EXACT_FIELDS = ["content.exact", "section_title", "breadcrumb"]
+
+
+def _operand(item: dict[str, Any]) -> dict[str, Any]:
+    """One operand of memory.parse_query's parse as an OpenSearch clause."""
+    exact = item["kind"] in ("tag", "mention")
+    return {
+        "multi_match": {
+            "query": item["value"],
+            "type": "phrase",
+            "fields": list(_EXACT_FIELDS if exact else _STEMMED_FIELDS),
+        }
+    }
+
+
 def search_body(
-    query: str, project: str | None, levels: Sequence[str] | None, k: int
+    query: str,
+    project: str | None,
+    levels: Sequence[str] | None,
+    k: int,
+    grammar: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The seed's query body, verbatim; filters appear only when asked for."""
+    """The seed's query body; filters appear only when asked for. ``grammar`` (the plan's
+    parse, memory.parse_query) adds the operators: each required group as a filter that one
+    of its operands satisfies, each exclusion as must_not, and only the words it scores."""
     filters: list[dict[str, Any]] = []
     if project is not None:
         filters.append({"term": {"project_id": project}})
     if levels:
         filters.append({"terms": {"level": list(levels)}})
-    return {
+    must_not: list[dict[str, Any]] = []
+    if grammar and grammar.get("operators"):
+        query = grammar["text"]
+        for group in grammar["required"]:
+            filters.append(
+                {"bool": {"should": [_operand(i) for i in group], "minimum_should_match": 1}}
+            )
+        for item in grammar["exclude"]:
+            clause = _operand(item)
+            must_not.append(clause)
+            if item["kind"] in ("term", "phrase"):
+                # the word itself too, whatever the stemmer makes of it
+                exact = {**clause["multi_match"], "fields": list(_EXACT_FIELDS)}
+                must_not.append({"multi_match": exact})
+    body: dict[str, Any] = {
         "size": k,
         "query": {
             "bool": {
@@ -128,6 +173,9 @@ def search_body(
             }
         },
     }
+    if must_not:
+        body["query"]["bool"]["must_not"] = must_not
+    return body
 
 
 def _unavailable(exc: OpenSearchException, what: str) -> OpenSearchUnavailable:
@@ -250,8 +298,16 @@ class OpenSearchEngine:
         return self.bulk([BulkOp("delete", s) for s in sha256s])
 
     def search(
-        self, query: str, project: str | None, levels: list[str] | None, k: int, timeout_s: float
+        self,
+        query: str,
+        project: str | None,
+        levels: list[str] | None,
+        k: int,
+        timeout_s: float,
+        grammar: dict[str, Any] | None = None,
     ) -> list[LexicalHit]:
+        if grammar and grammar.get("operators"):
+            query = grammar["text"]  # only exclusions: nothing to score, nothing to return
         if k <= 0 or not query.strip():
             return []
         if timeout_s <= 0:
@@ -262,7 +318,7 @@ class OpenSearchEngine:
             # _source=false keeps the payload small without touching the seed body.
             resp = self._client.search(
                 index=self.index,
-                body=search_body(query, project, levels, k),
+                body=search_body(query, project, levels, k, grammar),
                 params={"_source": "false"},
                 request_timeout=timeout_s,
             )
@@ -279,11 +335,17 @@ class OpenSearchEngine:
             raise OpenSearchUnavailable(reason, reason="bad_response") from exc
 
     async def asearch(
-        self, query: str, project: str | None, levels: list[str] | None, k: int, timeout_s: float
+        self,
+        query: str,
+        project: str | None,
+        levels: list[str] | None,
+        k: int,
+        timeout_s: float,
+        grammar: dict[str, Any] | None = None,
     ) -> list[LexicalHit]:
         """`search` off the event loop; ``timeout_s`` should be the request's remaining
         deadline, which also bounds how long the worker thread outlives a cancellation."""
-        return await asyncio.to_thread(self.search, query, project, levels, k, timeout_s)
+        return await asyncio.to_thread(self.search, query, project, levels, k, timeout_s, grammar)
 
     def healthy(self, timeout_s: float | None = None) -> bool:
         try:

@@ -1,0 +1,344 @@
+"""The query grammar (sql/018_grammar.sql) and metadata filters in every engine: Postgres
+BM25 and the vector legs through memory_query(), GET /memory/query, and the OpenSearch
+request body against the REST double."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+from starlette.testclient import TestClient
+
+from doubles.opensearch_server import OpenSearchServer, run_opensearch_server
+from poimen_memory.embedders.local import LocalEmbedder
+from poimen_memory.ingest.outbox import reindex
+from poimen_memory.upstreams.opensearch import OpenSearchEngine, search_body
+from service_client import query, serve
+
+Conn = psycopg.Connection[Any]
+
+# Nodes whose words differ only in order, stem or exact token (project "grammar").
+NODES = [
+    ("g1", "the request buffer body was too large"),
+    ("g2", "the body buffer filled up on the gateway"),
+    ("g3", "buffer sizes and a body limit, nowhere near each other"),
+    ("g4", "networking broke after the switch upgrade #networking"),
+    ("g5", "the network was slow for the whole network team"),
+    ("g6", "@devops rotated the network certificates"),
+    ("g7", "the gateway network buffer had a bug"),
+]
+
+
+def add_grammar_nodes(conn: Conn, embedder: LocalEmbedder, extra: int = 0) -> None:
+    """The nodes above (and extra notes with metadata) in project "grammar", embedded by
+    memory.add_nodes in the database (the embedder fixture loads the model it uses)."""
+    del embedder
+    nodes = [{"id": e, "level": "L1", "project": "grammar", "text": t} for e, t in NODES] + [
+        {
+            "id": f"f{i}",
+            "level": "L1",
+            "project": "grammar",
+            "text": f"gateway buffer note number {i}",
+            "metadata": {"user": "alice" if i % 3 == 0 else "bob", "n": i},
+        }
+        for i in range(extra)
+    ]
+    conn.execute("SELECT memory.add_nodes(%s)", (Jsonb(nodes),))
+
+
+def texts(conn: Conn, q: str, **kw: Any) -> list[str]:
+    args = ", ".join(f"{k} => %({k})s" for k in kw)
+    sql = "SELECT text FROM memory_query(%(q)s" + (", " + args if args else "") + ")"
+    return [r[0] for r in conn.execute(sql, {"q": q, **kw}).fetchall()]
+
+
+def lexical(conn: Conn, q: str, project: str = "grammar", k: int = 10) -> list[str]:
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT n.text FROM memory.lexical_search(%s, %s, NULL, %s) l "
+            "JOIN memory.nodes n ON n.id = l.node_id ORDER BY l.rank",
+            (q, project, k),
+        ).fetchall()
+    ]
+
+
+def parse(conn: Conn, q: str) -> dict[str, Any]:
+    row = conn.execute("SELECT memory.parse_query(%s)", (q,)).fetchone()
+    assert row is not None
+    return dict(row[0])
+
+
+# --- the parser ----------------------------------------------------------------------------
+
+
+def test_parse_plain_words_report_no_operators(conn: Conn) -> None:
+    g = parse(conn, "kong body buffer in 2024")
+    assert g["operators"] is False and g["text"] == "kong body buffer in 2024"
+    assert g["required"] == [] and g["exclude"] == []
+
+
+def test_parse_every_operator(conn: Conn) -> None:
+    g = parse(conn, 'kong -nginx -"body buffer" "Buffer  Body" #Networking OR @dev.ops')
+    assert g["operators"] is True
+    assert g["text"] == "kong buffer body networking dev.ops"
+    assert [e["kind"] for e in g["exclude"]] == ["term", "phrase"]
+    assert [[i["kind"] for i in grp] for grp in g["required"]] == [["phrase"], ["tag", "mention"]]
+    assert g["required"][0][0]["value"] == "buffer body" and g["or"] == 1
+
+
+@pytest.mark.parametrize(
+    ("raw", "text", "note"),
+    [
+        ('"unclosed buffer body', "unclosed buffer body", "unmatched quote"),
+        ('kong "" nginx', "kong nginx", "empty phrase"),
+        ("OR kong", "kong", "nothing before"),
+        ("kong OR", "kong", "nothing after"),
+        ("-5 -- - kong", "-5 -- - kong", None),
+    ],
+)
+def test_malformed_syntax_degrades_to_plain_words(
+    conn: Conn, raw: str, text: str, note: str | None
+) -> None:
+    g = parse(conn, raw)
+    assert g["text"] == text and g["required"] == [] and g["exclude"] == []
+    assert note is None or any(note in n for n in g["notes"])
+    # and it answers, never an error
+    conn.execute("SELECT * FROM memory_query(%s, levels => '{L0,L1,L2}')", (raw,)).fetchall()
+
+
+# --- Postgres: BM25 and the whole pipeline ---------------------------------------------------
+
+
+def test_exclusion_on_the_demo_data(conn: Conn) -> None:
+    # The issue's report: "kong -nginx" at L0 returned exactly the nginx turns.
+    assert texts(conn, "kong -nginx", project="poimen", levels=["L0"]) == []
+    rows = texts(conn, "kong -nginx", project="poimen", levels=["L0", "L1", "L2"], k=10)
+    assert rows and not any("nginx" in t.lower() for t in rows)
+    assert any("nginx" in t.lower() for t in texts(conn, "kong", project="poimen", levels=["L0"]))
+
+
+def test_an_excluded_term_never_appears_in_any_leg(conn: Conn, embedder: LocalEmbedder) -> None:
+    add_grammar_nodes(conn, embedder)
+    for strategy in ("LexicalOnly", "Hybrid", "SemanticOnly", "LexicalFirst"):
+        rows = texts(
+            conn, "gateway buffer body network -network", project="grammar", strategy=strategy
+        )
+        assert not any(re.search(r"\bnetwork", t) for t in rows), (strategy, rows)
+        rows = texts(conn, 'gateway buffer -"body buffer"', project="grammar", strategy=strategy)
+        assert not any("body buffer" in t for t in rows), (strategy, rows)
+
+
+def test_phrase_order_matters(conn: Conn, embedder: LocalEmbedder) -> None:
+    add_grammar_nodes(conn, embedder)
+    assert lexical(conn, '"buffer body"') == ["the request buffer body was too large"]
+    assert lexical(conn, '"body buffer"') == ["the body buffer filled up on the gateway"]
+    assert len(lexical(conn, "buffer body")) >= 3  # bag of words without quotes
+    for strategy in ("Hybrid", "SemanticOnly"):
+        rows = texts(conn, 'what filled "body buffer"', project="grammar", strategy=strategy)
+        assert rows == ["the body buffer filled up on the gateway"], strategy
+
+
+def test_tags_and_mentions_are_exact(conn: Conn, embedder: LocalEmbedder) -> None:
+    add_grammar_nodes(conn, embedder)
+    # "network" stems like "networking": a plain word finds both, the tag only its token
+    assert len(lexical(conn, "networking")) >= 3
+    assert lexical(conn, "#networking") == ["networking broke after the switch upgrade #networking"]
+    assert set(lexical(conn, "#network")) == {t for _, t in NODES if re.search(r"\bnetwork\b", t)}
+    assert lexical(conn, "@devops network") == ["@devops rotated the network certificates"]
+    # OR between required operands: either satisfies
+    assert set(lexical(conn, "#networking OR @devops")) == {NODES[3][1], NODES[5][1]}
+
+
+def test_plan_reports_the_parse(conn: Conn) -> None:
+    row = conn.execute(
+        "SELECT memory.plan_query('kong -nginx \"body buffer\"', project => 'poimen')"
+    ).fetchone()
+    assert row is not None
+    g = row[0]["grammar"]
+    assert g["operators"] and g["exclude"][0]["value"] == "nginx"
+    assert g["required"][0][0]["value"] == "body buffer"
+    rows = conn.execute(
+        "SELECT stage, plan FROM memory.explain_query('kong -nginx', project => 'poimen')"
+    ).fetchall()
+    assert rows[0][0] == "plan" and rows[0][1]["grammar"]["exclude"][0]["value"] == "nginx"
+
+
+# --- metadata filters -------------------------------------------------------------------
+
+
+def test_a_filtered_query_fills_its_limit(conn: Conn, embedder: LocalEmbedder) -> None:
+    add_grammar_nodes(conn, embedder, extra=60)
+    alice = '{"user": "alice"}'  # 20 of the 60 notes
+    for strategy in ("LexicalOnly", "Hybrid", "SemanticOnly", "LexicalFirst"):
+        rows = conn.execute(
+            "SELECT node_id FROM memory_query('gateway buffer note', project => 'grammar', "
+            "strategy => %s, k => 10, filter => %s::jsonb)",
+            (strategy, alice),
+        ).fetchall()
+        assert len(rows) == 10, strategy
+        meta = conn.execute(
+            "SELECT DISTINCT metadata ->> 'user' FROM memory.nodes WHERE id = ANY(%s)",
+            ([r[0] for r in rows],),
+        ).fetchall()
+        assert meta == [("alice",)], strategy
+
+
+@pytest.mark.parametrize("bad", ["[1]", '"alice"', "3"])
+def test_a_filter_that_is_not_an_object_is_refused(conn: Conn, bad: str) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="filter must be a JSON object"):
+        conn.execute("SELECT * FROM memory_query('kong', filter => %s::jsonb)", (bad,))
+
+
+def test_the_metadata_index_is_used_when_selective(conn: Conn, embedder: LocalEmbedder) -> None:
+    add_grammar_nodes(conn, embedder, extra=60)
+    conn.execute("ANALYZE memory.nodes")
+    conn.execute("SET enable_seqscan = off")
+    row = conn.execute(
+        "EXPLAIN (FORMAT JSON) SELECT id FROM memory.nodes WHERE metadata @> '{\"n\": 7}'"
+    ).fetchone()
+    assert row is not None
+    assert "nodes_metadata_gin" in json.dumps(row[0])
+
+
+# --- the relevance floor ------------------------------------------------------------------
+
+OFF_TOPIC = "what is a good chocolate cake recipe"
+
+
+def test_the_floor_withholds_and_an_empty_answer_cites_nothing(conn: Conn) -> None:
+    row = conn.execute(
+        "SELECT memory.answer(%s, project => 'poimen', min_cosine => 0.3)", (OFF_TOPIC,)
+    ).fetchone()
+    assert row is not None
+    doc = row[0]
+    assert doc["results"] == [] and doc["evidence"] == []
+    assert doc["counts"]["withheld"] > 0
+    assert doc["plan"]["floor"] == {"min_cosine": 0.3, "source": "argument", "applied": True}
+    # without a floor (the default policy) the same question returns memories
+    assert texts(conn, OFF_TOPIC, project="poimen")
+    # an on-topic question keeps what clears the floor, in order
+    rows = conn.execute(
+        "SELECT query_score FROM memory_query('why did uploads over 10KB fail at the gateway', "
+        "project => 'poimen', min_cosine => 0.3)"
+    ).fetchall()
+    assert rows and all(r[0] >= 0.3 for r in rows)
+
+
+def test_the_floor_comes_from_the_policy(conn: Conn) -> None:
+    conn.execute("SELECT memory.set_policy('min_cosine', '0.3')")
+    try:
+        assert texts(conn, OFF_TOPIC, project="poimen") == []
+        # LexicalOnly too: the floor asks for the query vector
+        row = conn.execute("SELECT memory.answer('chocolate cake', project => 'poimen')").fetchone()
+        assert row is not None and row[0]["plan"]["floor"]["source"] == "policy"
+        assert row[0]["results"] == []
+    finally:
+        conn.execute("SELECT memory.reset_policy('min_cosine')")
+    for bad in ("1.5", "x"):
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            conn.execute("SELECT memory.set_policy('min_cosine', %s)", (bad,))
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="min_cosine"):
+        conn.execute("SELECT * FROM memory_query('kong', min_cosine => 2)")
+
+
+# --- HTTP ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def client(fixture_url: str, embedder: LocalEmbedder) -> Iterator[TestClient]:
+    with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as c:
+        yield c
+
+
+def test_http_grammar_and_filter(client: TestClient) -> None:
+    body = query(client, query="kong -nginx", project="poimen", level="L0,L1,L2", limit=10)
+    assert body["plan"]["grammar"]["exclude"][0]["value"] == "nginx"
+    assert body["results"] and not any("nginx" in r["text"].lower() for r in body["results"])
+    body = query(client, query="kong", project="poimen", filter='{"nobody": true}')
+    assert body["results"] == [] and body["plan"]["filter"] == {"nobody": True}
+    for bad in ("{", "[1]", "x" * 5000):
+        r = client.get("/memory/query", params={"query": "kong", "filter": bad})
+        assert r.status_code == 400, r.text
+    body = query(client, query='"unclosed kong', project="poimen")
+    assert body["results"] and body["plan"]["grammar"]["notes"]
+    body = query(client, query="what is a good chocolate cake recipe", min_cosine="0.3")
+    assert body["results"] == [] and body["evidence"] == [] and body["withheld"] > 0
+    for bad in ("2", "x"):
+        r = client.get("/memory/query", params={"query": "kong", "min_cosine": bad})
+        assert r.status_code == 400, r.text
+
+
+# --- OpenSearch: the request body, against the double -----------------------------------------
+
+
+@pytest.fixture
+def os_engine(
+    conn: Conn, embedder: LocalEmbedder
+) -> Iterator[tuple[OpenSearchServer, OpenSearchEngine]]:
+    add_grammar_nodes(conn, embedder)
+    with (
+        run_opensearch_server() as server,
+        OpenSearchEngine(server.url, "grammar-test", timeout_s=2.0, bulk_timeout_s=5.0) as e,
+    ):
+        reindex(conn, e, progress=False)
+        yield server, e
+
+
+def os_texts(conn: Conn, engine: OpenSearchEngine, q: str) -> list[str]:
+    g = parse(conn, q)
+    hits = engine.search(q, "grammar", None, 20, 2.0, g)
+    rows = conn.execute(
+        "SELECT encode(sha256, 'hex'), text FROM memory.nodes "
+        "WHERE encode(sha256, 'hex') = ANY(%s)",
+        ([h.sha256 for h in hits],),
+    ).fetchall()
+    by = dict(rows)
+    return [by[h.sha256] for h in hits]
+
+
+def test_opensearch_body_carries_the_grammar(conn: Conn) -> None:
+    g = parse(conn, 'kong -nginx "body buffer" #net OR @ops')
+    body = search_body("ignored", "poimen", None, 5, g)
+    b = body["query"]["bool"]
+    assert b["must"][0]["multi_match"]["query"] == "kong body buffer net ops"
+    assert b["filter"][1] == {
+        "bool": {
+            "should": [
+                {
+                    "multi_match": {
+                        "query": "body buffer",
+                        "type": "phrase",
+                        "fields": ["content", "section_title", "breadcrumb"],
+                    }
+                }
+            ],
+            "minimum_should_match": 1,
+        }
+    }
+    tag = b["filter"][2]["bool"]["should"][0]["multi_match"]
+    assert tag["fields"][0] == "content.exact" and tag["query"] == "net"
+    assert [c["multi_match"]["query"] for c in b["must_not"]] == ["nginx", "nginx"]
+    # without operators the body is the seed's
+    assert search_body("kong", None, None, 5, parse(conn, "kong")) == search_body(
+        "kong", None, None, 5
+    )
+
+
+def test_opensearch_operators_against_the_double(
+    conn: Conn, os_engine: tuple[OpenSearchServer, OpenSearchEngine]
+) -> None:
+    _, engine = os_engine
+    rows = os_texts(conn, engine, "gateway buffer network -network")
+    assert rows and not any(re.search(r"\bnetwork\b", t) for t in rows)
+    assert os_texts(conn, engine, '"buffer body"') == [NODES[0][1]]
+    assert os_texts(conn, engine, '"body buffer"') == [NODES[1][1]]
+    assert os_texts(conn, engine, "#networking") == [NODES[3][1]]
+    assert os_texts(conn, engine, "@devops network") == [NODES[5][1]]
+    assert os_texts(conn, engine, "-network") == []
+    assert os_texts(conn, engine, '"unclosed buffer')  # malformed: plain words, answers
