@@ -17,7 +17,7 @@ SELECT EXISTS (SELECT 1 FROM memory.projects WHERE name = %(name)s);
 SELECT sha256, id FROM memory._stored_hashes(%(shas)s::bytea[]);
 
 -- name: stored_nodes
-SELECT project, external_id, id, level, sha256
+SELECT project, external_id, id, level, sha256, revision
 FROM memory._stored_nodes(%(projects)s::text[], %(external_ids)s::text[]);
 
 -- name: write_nodes
