@@ -91,7 +91,13 @@ def test_written_from_sql_then_found_with_provenance(conn: Conn) -> None:
 def test_a_second_call_reports_duplicates_and_writes_nothing(conn: Conn) -> None:
     _add(conn, NODES)
     before = _count(conn)
-    assert _add(conn, NODES) == {"inserted": 0, "duplicates": 4, "updated": 0, "edges": 0, "unresolved": []}
+    assert _add(conn, NODES) == {
+        "inserted": 0,
+        "duplicates": 4,
+        "updated": 0,
+        "edges": 0,
+        "unresolved": [],
+    }
     assert _count(conn) == before
     # A parent already stored links by id; one found nowhere is reported, the rest kept.
     more = [

@@ -35,11 +35,13 @@ WITH cur AS (SELECT * FROM memory.nodes WHERE expired_at IS NULL),
 post AS (SELECT u.lexeme, n.project_id, n.id AS node_id, n.level, cardinality(u.positions) AS tf,
                 n.lex_len AS dl FROM cur n, unnest(n.tsv) u),
 df AS (SELECT project_id, lexeme, count(*)::integer AS df FROM post GROUP BY 1, 2),
-corpus AS (SELECT project_id, count(*)::bigint AS n, sum(lex_len)::bigint AS len FROM cur GROUP BY 1)
+corpus AS (SELECT project_id, count(*)::bigint AS n, sum(lex_len)::bigint AS len
+           FROM cur GROUP BY 1),
+stored AS (SELECT lexeme, project_id, node_id, level, tf, dl FROM memory.postings)
 SELECT 'postings' AS t, x::text FROM
-  ((SELECT * FROM post EXCEPT SELECT lexeme, project_id, node_id, level, tf, dl FROM memory.postings)
+  ((SELECT * FROM post EXCEPT SELECT * FROM stored)
    UNION ALL
-   (SELECT lexeme, project_id, node_id, level, tf, dl FROM memory.postings EXCEPT SELECT * FROM post)) x
+   (SELECT * FROM stored EXCEPT SELECT * FROM post)) x
 UNION ALL
 SELECT 'term_stats', x::text FROM
   ((SELECT * FROM df EXCEPT SELECT project_id, lexeme, df FROM memory.term_stats)
@@ -284,14 +286,18 @@ def test_erase_leaves_a_tombstone_and_no_text_anywhere(fixture_url: str) -> None
             "SELECT revision, sha256, text, source, end_reason, erased_at IS NOT NULL "
             "FROM memory.history(%s, 'pii:1')", (P,)
         ).fetchall()  # fmt: skip
-        assert hist == [(1, None, None, None, "superseded", True), (2, None, None, None, "erased", True)]
+        assert hist == [
+            (1, None, None, None, "superseded", True),
+            (2, None, None, None, "erased", True),
+        ]
         assert conn.execute(
             "SELECT count(*) FROM memory.nodes WHERE text LIKE '%%Zorblax%%' OR embedding IS NULL "
             "AND erased_at IS NULL"
         ).fetchone() == (0,)
         deletes = conn.execute(
             "SELECT count(DISTINCT o.sha256) FROM memory.opensearch_outbox o "
-            "JOIN memory.nodes n ON n.id = o.node_id WHERE n.external_id = 'pii:1' AND o.op = 'delete'"
+            "JOIN memory.nodes n ON n.id = o.node_id "
+            "WHERE n.external_id = 'pii:1' AND o.op = 'delete'"
         ).fetchone()  # fmt: skip
         assert deletes == (2,)  # both versions' documents
         assert _found(conn, "passport Zorblax") == ["keep:1"]
@@ -305,7 +311,8 @@ def test_erase_leaves_a_tombstone_and_no_text_anywhere(fixture_url: str) -> None
             r[0]
             for r in conn.execute(
                 "SELECT pg_relation_filepath(c.oid) FROM pg_class c "
-                "WHERE c.relkind IN ('r', 'i', 't', 'm') AND pg_relation_filepath(c.oid) IS NOT NULL"
+                "WHERE c.relkind IN ('r', 'i', 't', 'm') "
+                "AND pg_relation_filepath(c.oid) IS NOT NULL"
             ).fetchall()
         ]
     needle = b"Zorblax"
@@ -354,13 +361,27 @@ def test_http_update_history_retire_erase_under_keys(client: TestClient, fixture
         (2, True, None, f"api_key:{key_id}"),
     ]
     q = {"query": "office plant", "project": P, "level": "L0", "strategy": "LexicalOnly"}
-    texts = [x["text"] for x in client.get("/memory/query", params=q, headers=_as(reader)).json()["results"]]  # noqa: E501
+    texts = [
+        x["text"]
+        for x in client.get("/memory/query", params=q, headers=_as(reader)).json()["results"]
+    ]
     assert texts == ["The office plant is a ficus"]
     # keys: a read-only key and a key of another project may not forget
-    assert client.delete("/memory/nodes/h:1", params={"project": P}, headers=_as(reader)).status_code == 403  # noqa: E501
-    assert client.delete("/memory/nodes/h:1", params={"project": P}, headers=_as(other)).status_code == 403  # noqa: E501
-    assert client.delete("/memory/nodes/nope", params={"project": P}, headers=_as(writer)).status_code == 404  # noqa: E501
-    r = client.delete("/memory/nodes/h:1", params={"project": P, "reason": "moved"}, headers=_as(writer))  # noqa: E501
+    assert (
+        client.delete("/memory/nodes/h:1", params={"project": P}, headers=_as(reader)).status_code
+        == 403
+    )
+    assert (
+        client.delete("/memory/nodes/h:1", params={"project": P}, headers=_as(other)).status_code
+        == 403
+    )
+    assert (
+        client.delete("/memory/nodes/nope", params={"project": P}, headers=_as(writer)).status_code
+        == 404
+    )
+    r = client.delete(
+        "/memory/nodes/h:1", params={"project": P, "reason": "moved"}, headers=_as(writer)
+    )
     assert r.status_code == 200 and r.json()["retired"] == 1, r.text
     assert client.get("/memory/query", params=q, headers=_as(reader)).json()["results"] == []
     # by filter, and erase
@@ -370,7 +391,10 @@ def test_http_update_history_retire_erase_under_keys(client: TestClient, fixture
                       headers=_as(writer))  # fmt: skip
     assert r.status_code == 200 and r.json()["erased"] == 2, r.text
     r = client.get("/memory/nodes/h:2/history", params={"project": P}, headers=_as(reader))
-    assert r.json()["versions"][0]["text"] is None and r.json()["versions"][0]["end_reason"] == "erased"
+    assert (
+        r.json()["versions"][0]["text"] is None
+        and r.json()["versions"][0]["end_reason"] == "erased"
+    )
     r = client.delete("/memory/nodes", params={"project": P}, headers=_as(writer))
     assert r.status_code == 400
     with connect(fixture_url, autocommit=True) as conn:
@@ -382,7 +406,8 @@ def writer_id(url: str, key: str) -> int:
 
     with connect(url) as conn:
         row = conn.execute(
-            "SELECT id FROM memory.api_keys WHERE key_hash = %s", (hashlib.sha256(key.encode()).digest(),)
+            "SELECT id FROM memory.api_keys WHERE key_hash = %s",
+            (hashlib.sha256(key.encode()).digest(),),
         ).fetchone()
     assert row is not None
     return int(row[0])

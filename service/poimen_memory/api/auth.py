@@ -94,9 +94,7 @@ class KeyRing:
             if hmac.compare_digest(stored, digest) and grant is not None:
                 # Postgres enforces the key's projects too (RLS, sql/085_tenants.sql).
                 tenant.assert_for_request(
-                    tenant.Tenant.of(
-                        grant.projects, can_write=grant.can_write, key_id=grant.key_id
-                    )
+                    tenant.Tenant.of(grant.projects, can_write=grant.can_write, key_id=grant.key_id)
                 )
                 return grant
         raise Unauthorized("unknown or revoked API key")
