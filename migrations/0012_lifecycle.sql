@@ -24,14 +24,17 @@ ALTER TABLE memory.nodes DROP CONSTRAINT nodes_text_check,
 
 -- Keys per version: an external id and a content hash are unique per revision, and an
 -- external id has at most one current version. Writing an old version's content again
--- makes a new revision (the same hash under another revision number).
+-- makes a new revision (the same hash under another revision number). The index of current
+-- versions names external_id IS NOT NULL in its predicate, which only a lookup by id
+-- implies: otherwise the planner would take it for a project's filtered scans (they say
+-- expired_at IS NULL too) in place of nodes_project_level_idx.
 ALTER TABLE memory.nodes
     DROP CONSTRAINT nodes_project_id_external_id_key,
     ADD CONSTRAINT nodes_external_id_revision_key UNIQUE (project_id, external_id, revision),
     DROP CONSTRAINT nodes_sha256_key,
     ADD CONSTRAINT nodes_sha256_key UNIQUE (sha256, project_id, revision);
-CREATE UNIQUE INDEX nodes_current_external_id ON memory.nodes (project_id, external_id)
-    WHERE expired_at IS NULL;
+CREATE UNIQUE INDEX nodes_current_external_id ON memory.nodes (external_id, project_id)
+    WHERE expired_at IS NULL AND external_id IS NOT NULL;
 
 COMMENT ON COLUMN memory.nodes.revision IS
     'the version number of this row among the rows of its external id (1, 2, ...); a node without an external id has one version';
