@@ -127,6 +127,10 @@ async def post_nodes(request: Request) -> JSONResponse:
     return JSONResponse(report, status_code=201)
 
 
+async def nodes(request: Request) -> JSONResponse:
+    return await (delete_nodes if request.method == "DELETE" else post_nodes)(request)
+
+
 async def delete_node(request: Request) -> JSONResponse:
     """Retire (or, with erase=true, erase) one node: memory.forget."""
     body = await forget_nodes(
@@ -198,8 +202,8 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
         },
         routes=[
             Route("/memory/query", memory_query, methods=["GET"]),
-            Route("/memory/nodes", post_nodes, methods=["POST"]),
-            Route("/memory/nodes", delete_nodes, methods=["DELETE"]),
+            # One route per path, so that a 405 lists every method the path has.
+            Route("/memory/nodes", nodes, methods=["POST", "DELETE"]),
             # Before any /memory/nodes/{id} route: an id may hold a slash.
             Route("/memory/nodes/{id:path}/history", get_history, methods=["GET"]),
             Route("/memory/nodes/{id:path}", delete_node, methods=["DELETE"]),
