@@ -24,13 +24,14 @@ ALTER TABLE memory.nodes DROP CONSTRAINT nodes_text_check,
 
 -- Keys per version: an external id and a content hash are unique per revision, and an
 -- external id has at most one current version. Writing an old version's content again
--- makes a new revision (the same hash under another revision number). The index of current
--- versions names external_id IS NOT NULL in its predicate, which only a lookup by id
--- implies: otherwise the planner would take it for a project's filtered scans (they say
--- expired_at IS NULL too) in place of nodes_project_level_idx.
+-- makes a new revision (the same hash under another revision number). Neither new index
+-- leads with project_id, and the index of current versions names external_id IS NOT NULL
+-- in its predicate, which only a lookup by id implies: otherwise the planner takes them for
+-- a project's filtered scans (which say expired_at IS NULL too) in place of
+-- nodes_project_level_idx.
 ALTER TABLE memory.nodes
     DROP CONSTRAINT nodes_project_id_external_id_key,
-    ADD CONSTRAINT nodes_external_id_revision_key UNIQUE (project_id, external_id, revision),
+    ADD CONSTRAINT nodes_external_id_revision_key UNIQUE (external_id, revision, project_id),
     DROP CONSTRAINT nodes_sha256_key,
     ADD CONSTRAINT nodes_sha256_key UNIQUE (sha256, project_id, revision);
 CREATE UNIQUE INDEX nodes_current_external_id ON memory.nodes (external_id, project_id)

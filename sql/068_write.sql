@@ -16,23 +16,31 @@ BEGIN
 END $$;
 CREATE OR REPLACE FUNCTION memory._stored_nodes(projects text[], external_ids text[])
 RETURNS TABLE (project text, external_id text, id bigint, level text, sha256 bytea, revision integer)
-LANGUAGE sql STABLE PARALLEL SAFE
+-- PL/pgSQL, not SQL: a SQL body is checked when it is created, and a deploy that stops
+-- before migration 0012 (tests apply one migration per deploy) has no revision column yet.
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    RETURN QUERY
     SELECT p.name, n.external_id, n.id, n.level, n.sha256, n.revision
     FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
     WHERE (p.name, n.external_id) IN (SELECT * FROM unnest(projects, external_ids))
-      AND n.expired_at IS NULL
+      AND n.expired_at IS NULL;
+END
 $$;
 COMMENT ON FUNCTION memory._stored_nodes(text[], text[]) IS
     'The current versions of the nodes named by (project, external id) pairs, the i-th project with the i-th id: what a writer validates a batch against before writing (poimen_core.nodes.validate). Row-level security applies.';
 
 CREATE OR REPLACE FUNCTION memory._stored_hashes(hashes bytea[])
 RETURNS TABLE (sha256 bytea, id bigint)
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE plpgsql STABLE PARALLEL SAFE  -- plpgsql: see memory._stored_nodes
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT n.sha256, n.id FROM memory.nodes n WHERE n.sha256 = ANY (hashes) AND n.expired_at IS NULL
+BEGIN
+    RETURN QUERY
+    SELECT n.sha256, n.id FROM memory.nodes n WHERE n.sha256 = ANY (hashes) AND n.expired_at IS NULL;
+END
 $$;
 COMMENT ON FUNCTION memory._stored_hashes(bytea[]) IS
     'The current versions among content hashes (a node''s hash includes its project and external id): the duplicates a writer skips. An old version''s content written again is no duplicate: it becomes a new version. Row-level security applies.';
@@ -155,15 +163,20 @@ BEGIN
                   HINT = 'Read the node again (memory.history, GET /memory/nodes/{id}/history), merge, and write naming its current revision; or name none to write on top of it.';
     END IF;
 
-    -- The current versions the batch gives new content end here: superseded.
-    UPDATE memory.nodes c
-       SET expired_at = now(), end_reason = 'superseded', ended_by = who
-      FROM jsonb_array_elements(nodes) AS e(j)
-      JOIN memory.projects p ON p.name = e.j->>'project'
-     WHERE c.id = ANY (coalesce(locked, '{}')) AND c.project_id = p.id
-       AND c.external_id = e.j->>'external_id'
-       AND c.sha256 <> decode(e.j->>'sha256', 'hex');
-    GET DIAGNOSTICS n_superseded = ROW_COUNT;
+    -- The current versions the batch gives new content end here: superseded. Only when
+    -- the batch names stored ids: an UPDATE fires the statement triggers (statistics,
+    -- outbox) even when it changes no row.
+    n_superseded := 0;
+    IF locked IS NOT NULL THEN
+        UPDATE memory.nodes c
+           SET expired_at = now(), end_reason = 'superseded', ended_by = who
+          FROM jsonb_array_elements(nodes) AS e(j)
+          JOIN memory.projects p ON p.name = e.j->>'project'
+         WHERE c.id = ANY (locked) AND c.project_id = p.id
+           AND c.external_id = e.j->>'external_id'
+           AND c.sha256 <> decode(e.j->>'sha256', 'hex');
+        GET DIAGNOSTICS n_superseded = ROW_COUNT;
+    END IF;
 
     -- Only nodes not current yet: a duplicate is neither embedded nor checked for a vector.
     -- One statement text for both sources of vectors (a vector the caller computed, or

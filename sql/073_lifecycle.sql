@@ -10,9 +10,13 @@
 -- lost); none: none does; partial: some do.
 CREATE OR REPLACE FUNCTION memory.support(node_ids bigint[])
 RETURNS TABLE (node_id bigint, support text, parents integer, supporting integer)
-LANGUAGE sql STABLE PARALLEL SAFE
+-- PL/pgSQL, not SQL: a SQL body is checked when it is created, before migration 0012 on a
+-- deploy that stops there.
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    RETURN QUERY
     SELECT r.id,
            CASE WHEN count(g.key) = count(g.key) FILTER (WHERE g.live) THEN 'full'
                 WHEN count(g.key) FILTER (WHERE g.live) = 0 THEN 'none'
@@ -25,7 +29,8 @@ AS $$
         JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
         WHERE e.child_id = r.id
         GROUP BY 1) g ON true
-    GROUP BY r.id
+    GROUP BY r.id;
+END
 $$;
 COMMENT ON FUNCTION memory.support(bigint[]) IS
     'The support of each node from its evidence: full (every parent, grouped by external id across versions, still has a current version; also a node without parents), partial (some have), none (none has: every source was retired or erased). parents and supporting count the parent groups. Row-level security applies.';

@@ -143,11 +143,21 @@ END $$;
 -- Versions (migration 0012): a writer inserts a revision and who wrote it, and ends a
 -- version (expired_at and the rest); created_at stays the database's clock.
 GRANT INSERT (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
-              metadata, embedding, revision, written_by),
+              metadata, embedding),
       UPDATE (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
-              metadata, embedding, expired_at, end_reason, ended_by, end_note, erased_at),
+              metadata, embedding),
       DELETE
     ON memory.nodes TO memory_writer;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+               WHERE a.attrelid = 'memory.nodes'::regclass AND a.attname = 'revision') THEN
+        -- from migration 0012 on
+        GRANT INSERT (revision, written_by),
+              UPDATE (expired_at, end_reason, ended_by, end_note, erased_at)
+            ON memory.nodes TO memory_writer;
+    END IF;
+END $$;
 GRANT INSERT, UPDATE, DELETE ON memory.edges TO memory_writer;
 GRANT INSERT (name), DELETE ON memory.projects TO memory_writer;
 GRANT INSERT, UPDATE, DELETE ON memory.opensearch_outbox TO memory_writer;
