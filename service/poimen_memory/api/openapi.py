@@ -417,6 +417,7 @@ def openapi_spec() -> dict[str, Any]:
                         "400": _err("invalid_node: a line failed validation; nothing written"),
                         **_AUTH_ERRORS,
                         "409": _err("embedding_model_mismatch, or conflict with stored data"),
+                        "408": _err("request_timeout: body slower than POIMEN_HTTP_BODY_TIMEOUT_S"),
                         "413": _err("payload_too_large: body over POIMEN_MAX_BODY_BYTES"),
                         "503": _err("busy, database_unavailable or embedding_service_unavailable"),
                     },
