@@ -132,10 +132,13 @@ async def _project(keys: KeyRing, headers: Mapping[str, str], named: str | None)
 
 async def _in_thread(state: Services, sql: str, args: dict[str, Any]) -> list[tuple[Any, ...]]:
     caller = tenant.current()  # threads do not carry context variables
+    # A forget by filter may end many versions: the longest budget a request may ask for.
+    ms = str(int(state.settings.max_timeout_s * 1000))
 
     def run() -> list[tuple[Any, ...]]:
         with connect(state.url, autocommit=True) as conn:
             tenant.assert_for_session(conn, caller)
+            conn.execute("SELECT set_config('statement_timeout', %s, false)", (ms,))
             return conn.execute(sql, args).fetchall()
 
     return await asyncio.to_thread(run)
