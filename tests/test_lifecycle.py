@@ -411,3 +411,17 @@ def writer_id(url: str, key: str) -> int:
         ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def test_the_vector_leg_fills_k_past_superseded_versions(conn: Conn) -> None:
+    """Old versions stay in the HNSW graphs (as_of will read them): the leg filters them out
+    before its top k, so a query still gets k current nodes."""
+    _write(conn, [_node(f"v:{i}", f"vector node {i}", "L1") for i in range(40)], seed=1000)
+    _write(conn, [_node(f"v:{i}", f"vector node {i} again", "L1") for i in range(30)], seed=2000)
+    register_vector(conn)
+    rows = conn.execute(
+        "SELECT s.node_id, n.expired_at IS NULL FROM memory.semantic_search(%s, %s, "
+        "ARRAY['L1'], 40) s JOIN memory.nodes n ON n.id = s.node_id",
+        (_vec(2005), P),
+    ).fetchall()
+    assert len(rows) == 40 and all(current for _, current in rows)
