@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -11,9 +12,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from conftest import FIXTURE, free_port
+from poimen_memory.cli.main import main
+from poimen_memory.db.connect import embedded_cluster, embedded_replica
+from poimen_memory.errors import ClusterError
+from poimen_memory.settings import Settings
 
 CLI = [sys.executable, "-m", "poimen_memory.cli.main"]
 
@@ -29,8 +35,11 @@ def cli_env() -> Iterator[dict[str, str]]:
         POIMEN_REPLICA_PG_PORT=str(free_port()),
     )
     yield env
-    subprocess.run([*CLI, "db", "replica", "stop"], env=env, capture_output=True, check=False)
-    subprocess.run([*CLI, "db", "stop"], env=env, capture_output=True, check=False)
+    # What `db replica stop` and `db stop` run, in this process (no interpreter start-up).
+    settings = Settings.from_env(env)
+    for cluster in (embedded_replica(settings), embedded_cluster(settings)):
+        with contextlib.suppress(ClusterError):
+            cluster.stop()
     subprocess.run(["rm", "-rf", str(home)], check=False)
 
 
@@ -41,12 +50,48 @@ def run(env: dict[str, str], *args: str, ok: bool = True) -> subprocess.Complete
     return proc
 
 
+def run_here(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    env: dict[str, str],
+    *args: str,
+) -> subprocess.CompletedProcess[str]:
+    """The same command line through the CLI's own main() in this process, with the same
+    POIMEN_* environment: its exit code, stdout and stderr, without the ~1 s of a new
+    interpreter importing the stack (for checks repeated per parameter)."""
+    for key in [k for k in os.environ if k.startswith("POIMEN_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        if key.startswith("POIMEN_"):
+            monkeypatch.setenv(key, value)
+    capsys.readouterr()
+    code = main(list(args))
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out.out, out.err)
+
+
+def _loaded(env: dict[str, str]) -> bool:
+    """The CLI's cluster is running and holds the fixture (so migrate and ingest ran)."""
+    url = embedded_cluster(Settings.from_env(env)).url()
+    try:
+        with psycopg.connect(url, connect_timeout=10) as conn:
+            return conn.execute("SELECT count(*) FROM memory.nodes").fetchone() == (21,)
+    except psycopg.Error:
+        return False
+
+
 def ready(env: dict[str, str]) -> None:
     """The cluster running, migrated and loaded, whatever ran before: each test that needs
-    data says so, so any one of them can run alone (start, migrate, ingest are idempotent)."""
+    data says so, so any one of them can run alone (start, migrate, ingest are idempotent).
+    Already so (an earlier test did it), nothing is run again: the three commands cost a
+    new interpreter each, and their repeated runs are tested where they are the subject
+    (ingest twice above, migrate twice in tests/test_migrations.py)."""
+    if _loaded(env):
+        return
     run(env, "db", "start")
     run(env, "migrate")
     run(env, "ingest", str(FIXTURE))
+    assert _loaded(env)
 
 
 def test_db_lifecycle_and_sql_user(cli_env: dict[str, str]) -> None:
@@ -206,11 +251,22 @@ def test_keys_create_list_revoke(cli_env: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize("name", ["*", "poimen,atlas", "", " poimen", "_x", "a" * 129])
-def test_keys_create_refuses_an_invalid_project_name(cli_env: dict[str, str], name: str) -> None:
-    """'*' or 'a,b' would assert every project (or two) to row-level security."""
+def test_keys_create_refuses_an_invalid_project_name(
+    cli_env: dict[str, str],
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """'*' or 'a,b' would assert every project (or two) to row-level security. The CLI's
+    main() in this process, against the same running cluster (test_keys_create_list_revoke
+    runs `keys` as its own process)."""
     ready(cli_env)
-    before = run(cli_env, "keys", "list").stdout
-    proc = run(cli_env, "keys", "create", "--project", "poimen", "--project", name, ok=False)
+    before = run_here(monkeypatch, capsys, cli_env, "keys", "list")
+    assert before.returncode == 0, before.stderr
+    proc = run_here(
+        monkeypatch, capsys, cli_env, "keys", "create", "--project", "poimen", "--project", name
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     assert f"invalid project name {name!r}" in proc.stderr and "[A-Za-z0-9]" in proc.stderr
-    assert run(cli_env, "keys", "list").stdout == before  # nothing stored
+    after = run_here(monkeypatch, capsys, cli_env, "keys", "list")
+    assert after.returncode == 0 and after.stdout == before.stdout  # nothing stored
