@@ -78,11 +78,12 @@ BEGIN
         WHEN 'evidence_weight' THEN value ~ '^[0-9]*\.?[0-9]+$' AND value::double precision <= 10
         WHEN 'evidence_neighbours' THEN value ~ '^[0-9]*\.?[0-9]+$' AND value::double precision <= 10
         WHEN 'min_cosine' THEN value ~ '^-?[0-9]*\.?[0-9]+$' AND value::double precision BETWEEN -1 AND 1
+        WHEN 'forget_derived' THEN value IN ('flag', 'cascade')
         ELSE NULL END;
     IF ok IS NULL THEN
         RAISE EXCEPTION 'unknown policy key "%"', key
             USING ERRCODE = '22023',
-                  HINT = 'Keys: fusion, rrf_k, dense_weight, candidates, cascade_candidates, fusion_by_type, exact_search_max_k, provenance_max_parents, provenance_max_nodes, extracted_dates, evidence_budget, evidence_candidates, evidence_weight, evidence_neighbours, min_cosine.';
+                  HINT = 'Keys: fusion, rrf_k, dense_weight, candidates, cascade_candidates, fusion_by_type, exact_search_max_k, provenance_max_parents, provenance_max_nodes, extracted_dates, evidence_budget, evidence_candidates, evidence_weight, evidence_neighbours, min_cosine, forget_derived.';
     END IF;
     IF key = 'fusion_by_type' THEN
         -- {"Factual": "convex", "Open": "rrf"}: question types from memory.optimize_query.
@@ -100,7 +101,7 @@ BEGIN
     IF NOT ok THEN
         RAISE EXCEPTION 'invalid value "%" for policy key "%"', value, key
             USING ERRCODE = '22023',
-                  HINT = 'fusion: rrf|convex; rrf_k: integer >= 0; dense_weight: 0..1; candidates: 1..1000; cascade_candidates: 1..10000; fusion_by_type: {"Factual":"convex",...}; exact_search_max_k: 1..100000; provenance_max_parents: 1..1000; provenance_max_nodes: 1..100000; extracted_dates: annotate|filter; evidence_budget: 0..100 (0: off); evidence_candidates: 1..1000; evidence_weight: 0..10; evidence_neighbours: 0..10 (0: off); min_cosine: -1..1.';
+                  HINT = 'fusion: rrf|convex; rrf_k: integer >= 0; dense_weight: 0..1; candidates: 1..1000; cascade_candidates: 1..10000; fusion_by_type: {"Factual":"convex",...}; exact_search_max_k: 1..100000; provenance_max_parents: 1..1000; provenance_max_nodes: 1..100000; extracted_dates: annotate|filter; evidence_budget: 0..100 (0: off); evidence_candidates: 1..1000; evidence_weight: 0..10; evidence_neighbours: 0..10 (0: off); min_cosine: -1..1; forget_derived: flag|cascade.';
     END IF;
     INSERT INTO memory.config AS c (key, value) VALUES (key, value)
     ON CONFLICT ON CONSTRAINT config_pkey DO UPDATE SET value = EXCLUDED.value, updated_at = now();
@@ -117,7 +118,8 @@ AS $$
     WHERE c.key IN ('fusion', 'rrf_k', 'dense_weight', 'candidates', 'cascade_candidates',
                     'fusion_by_type', 'exact_search_max_k', 'provenance_max_parents',
                     'provenance_max_nodes', 'extracted_dates', 'evidence_budget',
-                    'evidence_candidates', 'evidence_weight', 'evidence_neighbours', 'min_cosine')
+                    'evidence_candidates', 'evidence_weight', 'evidence_neighbours', 'min_cosine',
+                    'forget_derived')
       AND (reset_policy.key IS NULL OR c.key = reset_policy.key)
 $$;
 COMMENT ON FUNCTION memory.reset_policy(text) IS

@@ -29,6 +29,10 @@ END $$;
 -- update is a delete of the old statistics followed by an insert of the new ones, so the two
 -- halves below serve all three. Each half reads only the transition table its operation has
 -- (PL/pgSQL plans a statement when it first runs it).
+-- Only current versions (expired_at IS NULL) have postings and count in df, N and avgdl
+-- (migration 0012): a version that is superseded, retired or erased leaves the statistics
+-- in the statement that ends it, exactly as a DELETE would, and the statistics of a
+-- project always equal a rebuild from its current rows (memory.lexical_rebuild_check).
 CREATE OR REPLACE FUNCTION memory.nodes_lexical_statement()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -49,37 +53,41 @@ BEGIN
         -- transition tables, hence the comparison here.
         SELECT array_agg(o.id) INTO changed
         FROM old_rows o JOIN new_rows n ON n.id = o.id
-        WHERE (o.tsv, o.project_id, o.level, o.lex_len) IS DISTINCT FROM (n.tsv, n.project_id, n.level, n.lex_len);
+        WHERE (o.tsv, o.project_id, o.level, o.lex_len, o.expired_at IS NULL)
+              IS DISTINCT FROM (n.tsv, n.project_id, n.level, n.lex_len, n.expired_at IS NULL);
         IF changed IS NULL THEN
             RETURN NULL;
         END IF;
     END IF;
     IF TG_OP IN ('DELETE', 'UPDATE') THEN
         DELETE FROM memory.postings p USING old_rows o
-        WHERE p.node_id = o.id AND (every OR o.id = ANY (changed));
+        WHERE p.node_id = o.id AND o.expired_at IS NULL AND (every OR o.id = ANY (changed));
         -- Sorted updates and upserts take row locks in one order, so concurrent writers
         -- cannot deadlock. Score bounds are never lowered here: they stay valid, possibly
         -- loose, until the term's last document goes and its row with them.
         UPDATE memory.term_stats t SET df = t.df - d.cnt
         FROM (SELECT o.project_id, u.lexeme, count(*) AS cnt
-              FROM old_rows o, unnest(o.tsv) u WHERE every OR o.id = ANY (changed)
+              FROM old_rows o, unnest(o.tsv) u
+              WHERE o.expired_at IS NULL AND (every OR o.id = ANY (changed))
               GROUP BY 1, 2 ORDER BY 1, 2) d
         WHERE t.project_id = d.project_id AND t.lexeme = d.lexeme;
         DELETE FROM memory.term_stats WHERE df = 0;
         UPDATE memory.corpus_stats c SET n_docs = c.n_docs - d.cnt, total_len = c.total_len - d.len
         FROM (SELECT o.project_id, count(*) AS cnt, sum(o.lex_len) AS len FROM old_rows o
-              WHERE every OR o.id = ANY (changed) GROUP BY 1 ORDER BY 1) d
+              WHERE o.expired_at IS NULL AND (every OR o.id = ANY (changed))
+              GROUP BY 1 ORDER BY 1) d
         WHERE c.project_id = d.project_id;
     END IF;
     IF TG_OP IN ('INSERT', 'UPDATE') THEN
         INSERT INTO memory.postings (lexeme, project_id, node_id, level, tf, dl)
         SELECT u.lexeme, n.project_id, n.id, n.level, cardinality(u.positions), n.lex_len
-        FROM new_rows n, unnest(n.tsv) u WHERE every OR n.id = ANY (changed);
+        FROM new_rows n, unnest(n.tsv) u
+        WHERE n.expired_at IS NULL AND (every OR n.id = ANY (changed));
         INSERT INTO memory.term_stats AS t (project_id, lexeme, df, max_tf, min_dl_per_tf)
         SELECT n.project_id, u.lexeme, count(*), max(cardinality(u.positions)),
                min(n.lex_len::double precision / greatest(cardinality(u.positions), 1))
         FROM new_rows n, unnest(n.tsv) u
-        WHERE every OR n.id = ANY (changed)
+        WHERE n.expired_at IS NULL AND (every OR n.id = ANY (changed))
         GROUP BY 1, 2 ORDER BY 1, 2
         ON CONFLICT (project_id, lexeme) DO UPDATE
             SET df = t.df + EXCLUDED.df,
@@ -87,7 +95,7 @@ BEGIN
                 min_dl_per_tf = least(t.min_dl_per_tf, EXCLUDED.min_dl_per_tf);
         INSERT INTO memory.corpus_stats AS c (project_id, n_docs, total_len)
         SELECT n.project_id, count(*), sum(n.lex_len) FROM new_rows n
-        WHERE every OR n.id = ANY (changed)
+        WHERE n.expired_at IS NULL AND (every OR n.id = ANY (changed))
         GROUP BY 1 ORDER BY 1
         ON CONFLICT (project_id) DO UPDATE
             SET n_docs = c.n_docs + EXCLUDED.n_docs, total_len = c.total_len + EXCLUDED.total_len;

@@ -10,7 +10,9 @@ DROP FUNCTION IF EXISTS memory.semantic_search(vector, text, text[], integer, in
 DROP FUNCTION IF EXISTS memory.search_by_ids(vector, bigint[], text, text[], integer, timestamptz, timestamptz);
 
 -- The statements of the two vector stages, kept as text in one place: the stage functions
--- run them and memory.explain_query explains the very same text.
+-- run them and memory.explain_query explains the very same text. Both see current versions
+-- only (expired_at IS NULL, migration 0012); the HNSW scans filter the others out as they
+-- walk the graph (iterative scans keep filling k).
 CREATE OR REPLACE FUNCTION memory.stage_sql(stage text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -27,7 +29,7 @@ AS $$
     WITH hits AS MATERIALIZED (
         SELECT n.id, n.embedding <=> $1 AS distance
         FROM memory.nodes n
-        WHERE n.embedding IS NOT NULL
+        WHERE n.embedding IS NOT NULL AND n.expired_at IS NULL
           AND ($2::integer IS NULL OR n.project_id = $2) AND ($3::text[] IS NULL OR n.level = ANY ($3))
           AND ($5::timestamptz IS NULL OR n.ts >= $5) AND ($6::timestamptz IS NULL OR n.ts < $6)
           AND ($7::jsonb IS NULL OR n.metadata @> $7)
@@ -43,7 +45,7 @@ AS $$
     SELECT n.id, (row_number() OVER (ORDER BY n.embedding <=> $1, n.id))::integer,
            1 - (n.embedding <=> $1)
     FROM memory.nodes n
-    WHERE n.id = ANY ($2) AND n.embedding IS NOT NULL
+    WHERE n.id = ANY ($2) AND n.embedding IS NOT NULL AND n.expired_at IS NULL
       AND ($3::integer IS NULL OR n.project_id = $3) AND ($4::text[] IS NULL OR n.level = ANY ($4))
       AND ($6::timestamptz IS NULL OR n.ts >= $6) AND ($7::timestamptz IS NULL OR n.ts < $7)
       AND ($8::jsonb IS NULL OR n.metadata @> $8)
@@ -126,7 +128,7 @@ BEGIN
     SELECT n.id, (row_number() OVER (ORDER BY n.embedding <=> q, n.id))::integer,
            1 - (n.embedding <=> q)
     FROM memory.nodes n
-    WHERE n.embedding IS NOT NULL
+    WHERE n.embedding IS NOT NULL AND n.expired_at IS NULL
       AND (f.pid IS NULL OR n.project_id = f.pid) AND (f.lv IS NULL OR n.level = ANY (f.lv))
       AND (NOT f.timed OR (n.ts >= f.lo AND n.ts < f.hi))
     ORDER BY n.embedding <=> q, n.id

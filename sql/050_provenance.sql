@@ -14,17 +14,21 @@ BEGIN
         SELECT r.id, e.child_id, e.parent_id, 1, e.precedence, ARRAY[r.id, e.parent_id]
         FROM unnest(node_ids) AS r(id)
         JOIN memory.edges e ON e.child_id = r.id
+        JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
+                           AND p.expired_at IS NULL
         UNION ALL
         SELECT w.root_id, e.child_id, e.parent_id, w.depth + 1, e.precedence, w.path || e.parent_id
         FROM walk w
         JOIN memory.edges e ON e.child_id = w.parent_id
+        JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
+                           AND p.expired_at IS NULL
         WHERE w.depth < max_depth
           AND e.parent_id <> ALL (w.path)  -- cycle safety
     )
     SELECT w.root_id, w.child_id, w.parent_id, w.depth, w.precedence FROM walk w;
 END $$;
 COMMENT ON FUNCTION memory.provenance_walk(bigint[], integer) IS
-    'Recursive CTE over memory.edges from each given node towards its sources (L2->L1->L0), depth-limited and cycle-safe. One row per edge reached.';
+    'Recursive CTE over memory.edges from each given node towards its sources (L2->L1->L0), depth-limited and cycle-safe, through current versions only (a retired, superseded or erased parent is not evidence). One row per edge reached.';
 
 -- The tree expands shared ancestors into copies, so its size grows as fan-out^depth (fan-out
 -- 20 at depth 4 made one result 30 MB): parents per node and nodes per tree are capped
@@ -101,6 +105,7 @@ BEGIN
             FROM unnest(frontier) WITH ORDINALITY AS f(inst, ord)
             JOIN memory.edges e ON e.child_id = ids[f.inst] AND e.project_id = pids[f.inst]
             JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = pids[f.inst]
+                               AND p.expired_at IS NULL
             WHERE strpos(paths[f.inst], ',' || e.parent_id || ',') = 0
             ORDER BY f.ord, rn
         LOOP

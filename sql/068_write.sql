@@ -4,27 +4,61 @@
 -- validate with poimen_core.nodes and then batch into it. Plain SQL and PL/pgSQL, so the
 -- service can write into a database without PL/Python.
 
+-- The result gained revision (migration 0012): drop the old shape first.
+DO $$
+BEGIN
+    IF to_regprocedure('memory._stored_nodes(text[], text[])') IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+                       WHERE p.oid = to_regprocedure('memory._stored_nodes(text[], text[])')
+                         AND 'revision' = ANY (p.proargnames)) THEN
+        DROP FUNCTION memory._stored_nodes(text[], text[]);
+    END IF;
+END $$;
 CREATE OR REPLACE FUNCTION memory._stored_nodes(projects text[], external_ids text[])
-RETURNS TABLE (project text, external_id text, id bigint, level text, sha256 bytea)
-LANGUAGE sql STABLE PARALLEL SAFE
+RETURNS TABLE (project text, external_id text, id bigint, level text, sha256 bytea, revision integer)
+-- PL/pgSQL, not SQL: a SQL body is checked when it is created, and a deploy that stops
+-- before migration 0012 (tests apply one migration per deploy) has no revision column yet.
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT p.name, n.external_id, n.id, n.level, n.sha256
+BEGIN
+    RETURN QUERY
+    SELECT p.name, n.external_id, n.id, n.level, n.sha256, n.revision
     FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
     WHERE (p.name, n.external_id) IN (SELECT * FROM unnest(projects, external_ids))
+      AND n.expired_at IS NULL;
+END
 $$;
 COMMENT ON FUNCTION memory._stored_nodes(text[], text[]) IS
-    'The stored nodes named by (project, external id) pairs, the i-th project with the i-th id: what a writer validates a batch against before writing (poimen_core.nodes.validate). Row-level security applies.';
+    'The current versions of the nodes named by (project, external id) pairs, the i-th project with the i-th id: what a writer validates a batch against before writing (poimen_core.nodes.validate). Row-level security applies.';
 
 CREATE OR REPLACE FUNCTION memory._stored_hashes(hashes bytea[])
 RETURNS TABLE (sha256 bytea, id bigint)
+LANGUAGE plpgsql STABLE PARALLEL SAFE  -- plpgsql: see memory._stored_nodes
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT n.sha256, n.id FROM memory.nodes n WHERE n.sha256 = ANY (hashes) AND n.expired_at IS NULL;
+END
+$$;
+COMMENT ON FUNCTION memory._stored_hashes(bytea[]) IS
+    'The current versions among content hashes (a node''s hash includes its project and external id): the duplicates a writer skips. An old version''s content written again is no duplicate: it becomes a new version. Row-level security applies.';
+
+CREATE OR REPLACE FUNCTION memory._writer()
+RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT n.sha256, n.id FROM memory.nodes n WHERE n.sha256 = ANY (hashes)
+    -- The service's API key id counts only for members of memory_service, the role that
+    -- asserts projects for its callers (sql/085_tenants.sql); anyone else is its role.
+    SELECT CASE WHEN nullif(current_setting('poimen.api_key', true), '') IS NOT NULL
+                     AND pg_has_role(current_user, 'memory_service', 'MEMBER')
+                THEN 'api_key:' || current_setting('poimen.api_key', true)
+                ELSE 'role:' || current_user END
 $$;
-COMMENT ON FUNCTION memory._stored_hashes(bytea[]) IS
-    'The stored nodes among content hashes (a node''s hash includes its project): the duplicates a writer skips. Row-level security applies.';
+COMMENT ON FUNCTION memory._writer() IS
+    'Who is writing, as memory.nodes.written_by and ended_by record it: api_key:<id> when the HTTP service writes for an API key (poimen.api_key, honoured for members of memory_service only), role:<name> otherwise.';
 
 CREATE OR REPLACE FUNCTION memory._ensure_projects(names text[])
 RETURNS void
@@ -52,8 +86,14 @@ SET search_path = pg_catalog, public, pg_temp
 AS $$
 DECLARE
     n_inserted integer;
+    n_superseded integer;
     n_linked integer;
     unresolved jsonb;
+    locked bigint[];
+    seen bigint[];
+    attempts integer := 0;
+    stale record;
+    who text := memory._writer();
 BEGIN
     IF jsonb_typeof(nodes) IS DISTINCT FROM 'array' THEN
         RAISE EXCEPTION 'nodes must be a JSON array of node rows, got %',
@@ -70,28 +110,118 @@ BEGIN
     -- read leaves would deadlock two writers that create projects at once.
     PERFORM memory._ensure_projects(ARRAY(SELECT e->>'project' FROM jsonb_array_elements(nodes) AS e));
 
-    -- Only nodes not stored yet: a duplicate is neither embedded nor checked for a vector.
+    -- Versions (migration 0012). The current versions of the batch's external ids are
+    -- locked, in id order, before anything is decided about them: two writers of one id
+    -- take turns, and the second decides on what the first wrote. A version the other
+    -- writer ended while this one waited drops out of the locked set (its expired_at is
+    -- set), and the version that replaced it is only visible to a later statement, so the
+    -- lock is taken again until what is locked is what is current (READ COMMITTED; under
+    -- REPEATABLE READ the wait ends in a serialization failure, 40001, instead).
+    LOOP
+        SELECT array_agg(l.id ORDER BY l.id) INTO locked
+        FROM (SELECT n.id FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
+              WHERE (p.name, n.external_id) IN (SELECT e->>'project', e->>'external_id'
+                                                FROM jsonb_array_elements(nodes) AS e
+                                                WHERE e->>'external_id' IS NOT NULL)
+                AND n.expired_at IS NULL
+              ORDER BY n.id FOR UPDATE OF n) l;
+        SELECT array_agg(n.id ORDER BY n.id) INTO seen
+        FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
+        WHERE (p.name, n.external_id) IN (SELECT e->>'project', e->>'external_id'
+                                          FROM jsonb_array_elements(nodes) AS e
+                                          WHERE e->>'external_id' IS NOT NULL)
+          AND n.expired_at IS NULL;
+        EXIT WHEN coalesce(seen, '{}') <@ coalesce(locked, '{}');
+        attempts := attempts + 1;
+        IF attempts > 100 THEN
+            RAISE EXCEPTION 'could not lock the current versions of the nodes being written'
+                USING ERRCODE = '40001', HINT = 'Retry the write.';
+        END IF;
+    END LOOP;
+
+    -- Optimistic concurrency: a node may name the revision it was read at ("revision";
+    -- 0: the id must have no current version). New content under a stale revision is
+    -- refused; content equal to the current version's is a no-op whatever it names.
+    SELECT e.i, e.j->>'project' AS project, e.j->>'external_id' AS external_id,
+           (e.j->>'revision')::integer AS named, c.revision AS current
+      INTO stale
+      FROM jsonb_array_elements(nodes) WITH ORDINALITY AS e(j, i)
+      JOIN memory.projects p ON p.name = e.j->>'project'
+      LEFT JOIN memory.nodes c ON c.project_id = p.id AND c.external_id = e.j->>'external_id'
+                              AND c.expired_at IS NULL
+     WHERE jsonb_typeof(e.j->'revision') = 'number'
+       AND c.sha256 IS DISTINCT FROM decode(e.j->>'sha256', 'hex')
+       AND coalesce(c.revision, 0) <> (e.j->>'revision')::integer
+     ORDER BY e.i
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'node % of project % is at revision %, not %', stale.external_id,
+            stale.project, coalesce(stale.current::text, 'none (no current version)'), stale.named
+            USING ERRCODE = @vocabulary.sqlstate_stale_revision@,
+                  DETAIL = format('node %s of the batch named revision %s; another write came first. Nothing was written.',
+                                  stale.i, stale.named),
+                  HINT = 'Read the node again (memory.history, GET /memory/nodes/{id}/history), merge, and write naming its current revision; or name none to write on top of it.';
+    END IF;
+
+    -- The current versions the batch gives new content end here: superseded. Only when
+    -- the batch names stored ids: an UPDATE fires the statement triggers (statistics,
+    -- outbox) even when it changes no row.
+    n_superseded := 0;
+    IF locked IS NOT NULL THEN
+        UPDATE memory.nodes c
+           SET expired_at = now(), end_reason = 'superseded', ended_by = who
+          FROM jsonb_array_elements(nodes) AS e(j)
+          JOIN memory.projects p ON p.name = e.j->>'project'
+         WHERE c.id = ANY (locked) AND c.project_id = p.id
+           AND c.external_id = e.j->>'external_id'
+           AND c.sha256 <> decode(e.j->>'sha256', 'hex');
+        GET DIAGNOSTICS n_superseded = ROW_COUNT;
+    END IF;
+
+    -- Only nodes not current yet: a duplicate is neither embedded nor checked for a vector.
     -- One statement text for both sources of vectors (a vector the caller computed, or
     -- memory.embed here), so memory.embed is planned only where it is called: a database
     -- without PL/Python has no memory.embed, and the service's writes never name it.
+    -- A new version of an id takes the next revision number after all of the id's rows.
     EXECUTE format($q$
         INSERT INTO memory.nodes AS n
             (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
-             metadata, embedding)
+             metadata, embedding, revision, written_by)
         SELECT decode(e.j->>'sha256', 'hex'), p.id, e.j->>'level', e.j->>'external_id',
                e.j->>'title', ARRAY(SELECT jsonb_array_elements_text(e.j->'breadcrumb')),
                e.j->>'text', e.j->>'source', (e.j->>'ts')::timestamptz, e.j->'metadata',
-               coalesce($2[e.i], %s)
+               coalesce($2[e.i], %s),
+               coalesce((SELECT max(v.revision) FROM memory.nodes v
+                         WHERE v.project_id = p.id AND v.external_id = e.j->>'external_id'), 0) + 1,
+               $3
         FROM jsonb_array_elements($1) WITH ORDINALITY AS e(j, i)
         JOIN memory.projects p ON p.name = e.j->>'project'
         WHERE NOT EXISTS (SELECT 1 FROM memory.nodes s
-                          WHERE s.sha256 = decode(e.j->>'sha256', 'hex') AND s.project_id = p.id)
+                          WHERE s.sha256 = decode(e.j->>'sha256', 'hex') AND s.project_id = p.id
+                            AND s.expired_at IS NULL)
         ORDER BY e.i
-        ON CONFLICT (sha256, project_id) DO NOTHING$q$,
+        ON CONFLICT (sha256, project_id, revision) DO NOTHING$q$,
         CASE WHEN embed THEN $e$memory.embed(e.j->>'text')$e$
              ELSE 'memory._vector_missing(e.i)' END)
-    USING nodes, embeddings;
+    USING nodes, embeddings, who;
     GET DIAGNOSTICS n_inserted = ROW_COUNT;
+
+    IF n_superseded > 0 THEN
+        -- Derived nodes follow the evidence they cite to its new version: each current
+        -- child of a superseded version gets the same edge to the new one (its edge to the
+        -- old version stays, for history).
+        INSERT INTO memory.edges (child_id, parent_id, precedence, project_id)
+        SELECT ed.child_id, nv.id, ed.precedence, ed.project_id
+        FROM memory.nodes old
+        JOIN memory.nodes nv ON nv.project_id = old.project_id AND nv.external_id = old.external_id
+                            AND nv.expired_at IS NULL
+        JOIN memory.edges ed ON ed.parent_id = old.id AND ed.project_id = old.project_id
+        JOIN memory.nodes ch ON ch.id = ed.child_id AND ch.project_id = ed.project_id
+                            AND ch.expired_at IS NULL
+        WHERE old.id = ANY (locked) AND old.expired_at IS NOT NULL
+        ORDER BY ed.child_id, nv.id
+        ON CONFLICT (child_id, parent_id, project_id) DO NOTHING;
+    END IF;
 
     -- A second statement, so that it sees the nodes just written: the edges of every node
     -- of the batch (stored before or now) to its parents, looked up by external id in the
@@ -101,12 +231,14 @@ BEGIN
         FROM jsonb_array_elements(nodes) WITH ORDINALITY AS e(j, i)
         JOIN memory.projects p ON p.name = e.j->>'project'
         JOIN memory.nodes c ON c.sha256 = decode(e.j->>'sha256', 'hex') AND c.project_id = p.id
+                           AND c.expired_at IS NULL
         CROSS JOIN LATERAL jsonb_array_elements_text(coalesce(e.j->'parents', '[]'))
             WITH ORDINALITY AS q(parent, pos)
     ), resolved AS (
         SELECT w.*, pn.id AS parent_id
         FROM wanted w
         LEFT JOIN memory.nodes pn ON pn.project_id = w.project_id AND pn.external_id = w.parent
+                                 AND pn.expired_at IS NULL
     ), made AS (
         INSERT INTO memory.edges (child_id, parent_id, precedence, project_id)
         SELECT child_id, parent_id, precedence, project_id FROM resolved
@@ -124,12 +256,13 @@ BEGIN
     RETURN jsonb_build_object(
         'inserted', n_inserted,
         'duplicates', jsonb_array_length(nodes) - n_inserted,
+        'updated', n_superseded,
         'edges', n_linked,
         'unresolved', unresolved);
 END
 $$;
 COMMENT ON FUNCTION memory._write_nodes(jsonb, vector[], boolean) IS
-    'The one writer of nodes and edges, one batch in the calling transaction. nodes: a JSON array of validated node rows (sha256 as hex, project, level, external_id, title, breadcrumb, text, source, ts, metadata, parents as external ids); embeddings: the i-th node''s vector (NULL for a stored node); embed: compute a missing vector with memory.embed. Creates missing projects first, skips stored nodes (content hashes), links every node of the batch to its parents in its own project. Returns {"inserted", "duplicates", "edges", "unresolved": [[node number from 1, parent id], ...]}. Validation is the caller''s (poimen_core.nodes); row-level security applies.';
+    'The one writer of nodes and edges, one batch in the calling transaction. nodes: a JSON array of validated node rows (sha256 as hex, project, level, external_id, title, breadcrumb, text, source, ts, metadata, parents as external ids, and optionally revision: the revision the writer read, 0 for none); embeddings: the i-th node''s vector (NULL for a stored node); embed: compute a missing vector with memory.embed. Creates missing projects first, skips nodes equal to their current version, writes new content under a stored id as its next version (the current one ends: superseded; its current children get an edge to the new one), refuses a stale revision (PM419, nothing written), links every node of the batch to its parents'' current versions in its own project. Returns {"inserted", "duplicates", "updated" (versions superseded), "edges", "unresolved": [[node number from 1, parent id], ...]}. Validation is the caller''s (poimen_core.nodes); row-level security applies.';
 
 CREATE OR REPLACE FUNCTION memory._vector_missing(node bigint)
 RETURNS vector

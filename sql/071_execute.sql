@@ -66,7 +66,7 @@ BEGIN
     FROM (SELECT DISTINCT ON (h.ord) n.id, h.ord, (h.hit ->> 'score')::double precision AS score
           FROM jsonb_array_elements(coalesce($1, '[]')) WITH ORDINALITY AS h(hit, ord)
           JOIN memory.nodes n ON n.sha256 = decode(h.hit ->> 'sha256', 'hex')
-                             AND ($2 IS NULL OR n.project_id = $2)
+                             AND ($2 IS NULL OR n.project_id = $2) AND n.expired_at IS NULL
           ORDER BY h.ord, n.id) x);
 END $$;
 COMMENT ON FUNCTION memory._opensearch_leg(jsonb, integer) IS

@@ -102,13 +102,13 @@ BEGIN
         CROSS JOIN LATERAL (
             (SELECT n.id FROM memory.nodes n
              WHERE n.id < o.node_id AND n.id >= o.node_id - 64 AND n.project_id = o.project_id
-               AND n.level = 'L0' AND n.title = o.title
+               AND n.level = 'L0' AND n.title = o.title AND n.expired_at IS NULL
                AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
              ORDER BY n.id DESC LIMIT 1)
             UNION ALL
             (SELECT n.id FROM memory.nodes n
              WHERE n.id > o.node_id AND n.id <= o.node_id + 64 AND n.project_id = o.project_id
-               AND n.level = 'L0' AND n.title = o.title
+               AND n.level = 'L0' AND n.title = o.title AND n.expired_at IS NULL
                AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
              ORDER BY n.id LIMIT 1)
         ) b

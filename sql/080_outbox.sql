@@ -18,16 +18,21 @@ BEGIN
         INSERT INTO memory.opensearch_outbox (node_id, op, sha256)
         SELECT o.id, 'delete', o.sha256 FROM old_rows o;
     ELSIF TG_OP = 'UPDATE' THEN
-        -- A new content hash is a new document id: the old document must go.
+        -- A new content hash is a new document id: the old document must go. So must the
+        -- document of a version that stops being current (superseded, retired, erased:
+        -- OpenSearch holds current versions only, migration 0012).
         INSERT INTO memory.opensearch_outbox (node_id, op, sha256)
         SELECT o.id, 'delete', o.sha256
         FROM new_rows n JOIN old_rows o ON o.id = n.id
-        WHERE n.sha256 IS DISTINCT FROM o.sha256;
-        -- Only rows whose document changed; an embedding-only UPDATE (reembed) is not queued.
+        WHERE n.sha256 IS DISTINCT FROM o.sha256
+           OR (o.expired_at IS NULL AND n.expired_at IS NOT NULL);
+        -- Only current rows whose document changed; an embedding-only UPDATE (reembed) is
+        -- not queued.
         INSERT INTO memory.opensearch_outbox (node_id, op, sha256)
         SELECT n.id, 'index', n.sha256
         FROM new_rows n JOIN old_rows o ON o.id = n.id
-        WHERE (n.text, n.title, n.breadcrumb, n.source, n.level, n.project_id, n.sha256)
+        WHERE n.expired_at IS NULL
+          AND (n.text, n.title, n.breadcrumb, n.source, n.level, n.project_id, n.sha256)
               IS DISTINCT FROM (o.text, o.title, o.breadcrumb, o.source, o.level, o.project_id, o.sha256);
     ELSE
         INSERT INTO memory.opensearch_outbox (node_id, op, sha256)

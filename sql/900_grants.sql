@@ -84,11 +84,13 @@ DECLARE
         'memory.stage_sql', 'memory.explain_query', 'memory._explain', 'memory._answer', 'memory.query',
         'public.memory_query', 'public.memory_optimize_query', 'memory.granted_projects',
         'memory.granted_project_ids', 'memory.granted_all', 'memory.time_bound',
-        'memory.time_range', 'memory.partitioned', 'memory.partition_tables'];
+        'memory.time_range', 'memory.partitioned', 'memory.partition_tables',
+        'memory.history', 'memory.support'];
     -- Functions that write content: the writer's (and so the service's, a writer).
     writer_functions text[] := ARRAY[
         'memory.add_nodes', 'memory._write_nodes', 'memory._ensure_projects',
-        'memory._stored_nodes', 'memory._stored_hashes', 'memory._vector_missing'];
+        'memory._stored_nodes', 'memory._stored_hashes', 'memory._vector_missing',
+        'memory._writer', 'memory.forget', 'memory._forget'];
     -- Functions nobody but the owner runs (DDL-ish, policy changes, triggers).
     owner_functions text[] := ARRAY[
         'memory.configure_embedding', 'memory.reset_embedding', 'memory.set_policy',
@@ -142,12 +144,24 @@ END $$;
 -- by trigger) and ids out of their reach; memory.config holds the path PL/Python imports
 -- code from (as the server's OS user), so it, the ledger and the statistics stay
 -- owner-only; the statistics and outbox triggers are SECURITY DEFINER for that reason.
+-- Versions (migration 0012): a writer inserts a revision and who wrote it, and ends a
+-- version (expired_at and the rest); created_at stays the database's clock.
 GRANT INSERT (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
               metadata, embedding),
       UPDATE (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
               metadata, embedding),
       DELETE
     ON memory.nodes TO memory_writer;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+               WHERE a.attrelid = 'memory.nodes'::regclass AND a.attname = 'revision') THEN
+        -- from migration 0012 on
+        GRANT INSERT (revision, written_by),
+              UPDATE (expired_at, end_reason, ended_by, end_note, erased_at)
+            ON memory.nodes TO memory_writer;
+    END IF;
+END $$;
 GRANT INSERT, UPDATE, DELETE ON memory.edges TO memory_writer;
 GRANT INSERT (name), DELETE ON memory.projects TO memory_writer;
 GRANT INSERT, UPDATE, DELETE ON memory.opensearch_outbox TO memory_writer;

@@ -53,7 +53,7 @@ def _count(conn: Conn) -> tuple[int, int, int]:
 def test_written_from_sql_then_found_with_provenance(conn: Conn) -> None:
     before = _count(conn)
     summary = _add(conn, NODES)
-    assert summary == {"inserted": 4, "duplicates": 0, "edges": 3, "unresolved": []}
+    assert summary == {"inserted": 4, "duplicates": 0, "updated": 0, "edges": 3, "unresolved": []}
     assert _count(conn) == (before[0] + 4, before[1] + 3, before[2] + 1)
     # Keys are the writer's node_sha256; the vectors are memory.embed's.
     stored = conn.execute(
@@ -91,7 +91,13 @@ def test_written_from_sql_then_found_with_provenance(conn: Conn) -> None:
 def test_a_second_call_reports_duplicates_and_writes_nothing(conn: Conn) -> None:
     _add(conn, NODES)
     before = _count(conn)
-    assert _add(conn, NODES) == {"inserted": 0, "duplicates": 4, "edges": 0, "unresolved": []}
+    assert _add(conn, NODES) == {
+        "inserted": 0,
+        "duplicates": 4,
+        "updated": 0,
+        "edges": 0,
+        "unresolved": [],
+    }
     assert _count(conn) == before
     # A parent already stored links by id; one found nowhere is reported, the rest kept.
     more = [
@@ -101,6 +107,7 @@ def test_a_second_call_reports_duplicates_and_writes_nothing(conn: Conn) -> None
     assert _add(conn, more) == {
         "inserted": 1,
         "duplicates": 0,
+        "updated": 0,
         "edges": 1,
         "unresolved": ["node 1: parent 'w:gone' not found"],
     }
@@ -133,12 +140,23 @@ def test_a_bad_node_in_the_middle_writes_nothing(
     assert _count(conn) == before  # not even the project
 
 
-def test_an_id_stored_with_other_content_is_refused(conn: Conn) -> None:
+def test_an_id_stored_with_other_content_gets_a_new_version(conn: Conn) -> None:
+    _add(conn, NODES[:1])
+    out = _add(conn, [{**NODES[0], "text": "rewritten"}])
+    assert (out["inserted"], out["updated"]) == (1, 1)
+    rows = conn.execute(
+        "SELECT revision, current, end_reason FROM memory.history(%s, %s)",
+        (PROJECT, NODES[0]["id"]),
+    ).fetchall()
+    assert rows == [(1, False, "superseded"), (2, True, None)]
+
+
+def test_a_new_version_keeps_the_level(conn: Conn) -> None:
     _add(conn, NODES[:1])
     with pytest.raises(psycopg.Error) as exc:
-        _add(conn, [{**NODES[0], "text": "rewritten"}])
+        _add(conn, [{**NODES[0], "level": "L1", "text": "rewritten"}])
     assert exc.value.sqlstate == "22023"
-    assert "already stored in project 'sqlwrite'" in (exc.value.diag.message_detail or "")
+    assert "a new version keeps its level" in (exc.value.diag.message_detail or "")
 
 
 @pytest.mark.parametrize("value", ["{}", "null", '"x"'])

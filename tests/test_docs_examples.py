@@ -352,16 +352,22 @@ def test_sql_script_example(
 
 
 def _curl(command: str, base: str) -> list[str]:
-    """The curl command lines the docs use (-s, -i, -H, -o /dev/null, a `| grep -i`), run
-    with httpx against the real server; its output as curl would print it."""
+    """The curl command lines the docs use (-s, -i, -H, -X METHOD, -d BODY, -o /dev/null, a
+    `| grep -i`), run with httpx against the real server; its output as curl would print it."""
     command = command.replace("\\\n", " ")
     pipeline = [shlex.split(part) for part in command.split(" | ")]
     args, filters = pipeline[0], pipeline[1:]
     assert args[0] == "curl", command
     headers, include, discard, url = {}, False, False, ""
+    method, body = "GET", None
     it = iter(args[1:])
     for arg in it:
-        if arg == "-H":
+        if arg == "-X":
+            method = next(it)
+        elif arg == "-d":
+            body = next(it).encode()
+            method = "POST" if method == "GET" else method
+        elif arg == "-H":
             k, _, v = next(it).partition(":")
             headers[k.strip()] = v.strip()
         elif arg == "-o":
@@ -371,7 +377,7 @@ def _curl(command: str, base: str) -> list[str]:
             include = include or "i" in arg
         else:
             url = arg.replace(DOC_SERVER, base)
-    response = httpx.get(url, headers=headers, timeout=30)
+    response = httpx.request(method, url, headers=headers, content=body, timeout=30)
     out: list[str] = []
     if include:
         out.append(f"HTTP/1.1 {response.status_code} {response.reason_phrase}")

@@ -189,9 +189,10 @@ def test_iterative_scan_fills_limit_on_the_hnsw_path(synthetic: Conn) -> None:
         # Leave the planner no other path: no btree with project_id in it, no seq scan.
         synthetic.execute("DROP INDEX memory.nodes_project_level_idx")
         synthetic.execute(
-            "ALTER TABLE memory.nodes DROP CONSTRAINT nodes_project_id_external_id_key,"
+            "ALTER TABLE memory.nodes DROP CONSTRAINT nodes_external_id_revision_key,"
             " DROP CONSTRAINT nodes_sha256_key, DROP CONSTRAINT nodes_pkey CASCADE"
         )
+        synthetic.execute("DROP INDEX memory.nodes_current_external_id")
         synthetic.execute("SET LOCAL enable_seqscan = off")
         plans = _nested_plans(
             synthetic,

@@ -62,6 +62,9 @@ WRITER = {
     "_stored_nodes",
     "_stored_hashes",
     "_vector_missing",
+    "_writer",
+    "forget",
+    "_forget",
 }
 # Owner-only functions the service's role may also run (sql/900_grants.sql, end).
 SERVICE = {"configure_embedding", "enable_outbox"}
@@ -145,6 +148,8 @@ READER = {
     "_grammar_match",
     "_grammar_constraints",
     "_grammar_compile",
+    "history",
+    "support",
 }
 
 

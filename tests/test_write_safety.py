@@ -63,9 +63,12 @@ def test_a_repeated_id_with_other_text_rejects_the_whole_request(
     assert body["error"] == "invalid_node" and "already used on line 1" in body["context"]
 
 
-def test_an_id_stored_with_other_content_is_refused(client: TestClient, fixture_url: str) -> None:
+def test_a_new_version_at_another_level_is_refused(client: TestClient, fixture_url: str) -> None:
+    # New content under a stored id is its next version (tests/test_lifecycle.py); a
+    # version that changes the node's level is refused, with nothing of the body written.
     assert _post(client, _nodes(2)).status_code == 201
-    _rejected(client, fixture_url, [{**_nodes(1)[0], "text": "rewritten"}])
+    body = _rejected(client, fixture_url, [{**_nodes(1)[0], "level": "L1", "text": "rewritten"}])
+    assert "a new version keeps its level" in body["context"]
 
 
 def test_nan_in_metadata_rejects_the_whole_request(client: TestClient, fixture_url: str) -> None:

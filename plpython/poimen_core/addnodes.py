@@ -35,6 +35,7 @@ __all__ = ["add_nodes_for_sql"]
 INSUFFICIENT_PRIVILEGE = "42501"
 NOT_CONFIGURED = SQLSTATES["embedding_not_configured"]  # as memory.check_embedding
 MODEL_MISMATCH = SQLSTATES["embedding_model_mismatch"]  # as memory.configure_embedding
+STALE_REVISION = SQLSTATES["stale_revision"]  # memory._write_nodes refuses a stale revision
 MAX_LISTED = 20  # errors listed in the DETAIL, as the CLI prints them
 
 
@@ -158,6 +159,18 @@ def _ensure_embedding_model(plpy: PlpySPI) -> None:
         )
 
 
+def _spi_error(exc: Exception) -> tuple[str | None, str | None, str | None]:
+    """SQLSTATE, detail and hint of a plpy.SPIError. A code PL/Python has no class for comes
+    as a generic SPIError whose sqlstate is None: its spidata holds the packed code."""
+    data = getattr(exc, "spidata", None)
+    if not isinstance(data, tuple) or not data or not isinstance(data[0], int):
+        return getattr(exc, "sqlstate", None), None, None
+    code = "".join(chr(((data[0] >> (6 * i)) & 0x3F) + ord("0")) for i in range(5))
+    detail = data[1] if len(data) > 1 and isinstance(data[1], str) else None
+    hint = data[2] if len(data) > 2 and isinstance(data[2], str) else None
+    return code, detail, hint
+
+
 def add_nodes_for_sql(plpy: PlpySPI, nodes: str | None) -> str:
     """Validate, then write nodes and edges; the summary as JSON text (see the SQL comment)."""
     records = _parse(plpy, nodes)
@@ -179,6 +192,16 @@ def add_nodes_for_sql(plpy: PlpySPI, nodes: str | None) -> str:
         _ensure_embedding_model(plpy)
     # Every record in input order, so the writer's node numbers are the caller's.
     rows = json.dumps([write_row(r) for r in records])
-    report = json.loads(_run(plpy, _WRITE, ["jsonb"], [rows])[0]["report"])
+    refused: tuple[str, str | None, str | None] | None = None
+    try:
+        written = _run(plpy, _WRITE, ["jsonb"], [rows])
+    except Exception as exc:  # plpy.SPIError: the writer's own refusal, re-raised as itself
+        code, detail, hint = _spi_error(exc)
+        if code != STALE_REVISION:
+            raise
+        refused = (str(exc.args[0]) if exc.args else str(exc), detail, hint)
+    if refused is not None:  # outside the except: PL/Python would prefix the message
+        plpy.error(refused[0], detail=refused[1], hint=refused[2], sqlstate=STALE_REVISION)
+    report = json.loads(written[0]["report"])
     report["unresolved"] = [f"node {n}: parent {p!r} not found" for n, p in report["unresolved"]]
     return json.dumps(report)

@@ -49,6 +49,9 @@ class NodeRecord:
     breadcrumb: tuple[str, ...] = ()
     parents: tuple[str, ...] = ()
     metadata: dict[str, Any] = field(default_factory=dict)
+    # The revision the writer read (0: the id must have no current version); not content,
+    # so not in the hash. None: write on top of whatever is current.
+    revision: int | None = None
 
     @property
     def sha256(self) -> bytes:
@@ -80,6 +83,7 @@ def write_row(r: NodeRecord) -> dict[str, Any]:
         "ts": timestamp_text(r.timestamp),
         "metadata": r.metadata,
         "parents": list(r.parents),
+        "revision": r.revision,
     }
 
 
@@ -287,6 +291,12 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
         errors.append(LineError(line_no, "metadata", f"larger than {MAX_METADATA_BYTES} bytes "
                                 "as compact JSON"))  # fmt: skip
         metadata = {}
+    revision = obj.get("revision")
+    if revision is not None and (
+        isinstance(revision, bool) or not isinstance(revision, int) or not 0 <= revision < 2**31
+    ):
+        errors.append(LineError(line_no, "revision", "must be a whole number >= 0 or null"))
+        revision = None
     title = _opt_str(obj, "title", line_no, errors, MAX_TITLE_CHARS)
     source = _opt_str(obj, "source", line_no, errors, MAX_SOURCE_CHARS)
     bad = _bad_text(obj)
@@ -308,6 +318,7 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
         breadcrumb=tuple(breadcrumb),
         parents=tuple(parents),
         metadata=metadata,
+        revision=revision,
     )
 
 
@@ -350,8 +361,9 @@ def reference_keys(records: Sequence[NodeRecord]) -> list[Key]:
 
 
 def validate(records: Sequence[NodeRecord], stored: Mapping[Key, Stored]) -> list[LineError]:
-    """What the format alone cannot tell: ids reused for other content, and provenance that
-    does not go exactly one level down (which also rules out cycles)."""
+    """What the format alone cannot tell: an id used twice in the batch for other content, a
+    new version that changes a node's level, and provenance that does not go exactly one
+    level down (which also rules out cycles)."""
     errors: list[LineError] = []
     by_key: dict[Key, NodeRecord] = {}
     for r in records:
@@ -362,10 +374,13 @@ def validate(records: Sequence[NodeRecord], stored: Mapping[Key, Stored]) -> lis
         if first is not r and first.sha256 != r.sha256:
             errors.append(LineError(r.line_no, "id", f"{r.external_id!r} is already used on "
                                     f"line {first.line_no} for other content"))  # fmt: skip
+        # New content under a stored id is its next version (memory._write_nodes); a
+        # version keeps the node's level, which its edges depend on.
         old = stored.get(key)
-        if old is not None and old.sha256 != r.sha256:
-            errors.append(LineError(r.line_no, "id", f"{r.external_id!r} is already stored in "
-                                    f"project {r.project!r} with other content"))  # fmt: skip
+        if old is not None and old.sha256 != r.sha256 and old.level != r.level:
+            errors.append(LineError(r.line_no, "level", f"{r.external_id!r} is stored in "
+                                    f"project {r.project!r} as {old.level}; a new version "
+                                    "keeps its level"))  # fmt: skip
     for r in records:
         if r.level == "L0" and r.parents:
             errors.append(LineError(r.line_no, "parents", "an L0 node has no parents"))

@@ -49,6 +49,10 @@ SQLSTATES = {
     "embedding_model_mismatch": "PM409",
     "embedding_not_configured": "PM412",
     "component_unavailable": "PM503",
+    # A write named a revision that is no longer current (HTTP 409).
+    "stale_revision": "PM419",
+    # No node has this external id in the project (HTTP 404).
+    "unknown_node": "PM444",
 }
 
 

@@ -88,6 +88,14 @@ class ConflictError(PoimenError, code="conflict", status=409):
     """A write collided with stored data (23505: a unique key, e.g. a project's node id)."""
 
 
+class StaleRevision(PoimenError, code="stale_revision", status=409):
+    """A write named the revision it read, and another write came first (PM419)."""
+
+
+class UnknownNode(PoimenError, code="unknown_node", status=404):
+    """No node has this external id in the project (PM444)."""
+
+
 class ConfigError(PoimenError, ValueError, code="config_error"):
     """A setting (environment variable) has an unusable value; the message names it."""
 
@@ -172,6 +180,8 @@ SQLSTATE_TABLE: dict[str, type[PoimenError]] = {
     SQLSTATES["embedding_model_mismatch"]: EmbeddingModelMismatch,
     SQLSTATES["embedding_not_configured"]: EmbeddingNotConfigured,
     SQLSTATES["component_unavailable"]: ComponentUnavailable,
+    SQLSTATES["stale_revision"]: StaleRevision,
+    SQLSTATES["unknown_node"]: UnknownNode,
     "22023": ValidationError,
     "22P02": ValidationError,
     "22000": ValidationError,

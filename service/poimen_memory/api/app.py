@@ -24,7 +24,13 @@ from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.health import HealthCache
 from poimen_memory.api.mcp_server import McpEndpoint
 from poimen_memory.api.openapi import openapi_spec
-from poimen_memory.api.operations import query_memory, records_from_lines, write_nodes
+from poimen_memory.api.operations import (
+    forget_nodes,
+    node_history,
+    query_memory,
+    records_from_lines,
+    write_nodes,
+)
 from poimen_memory.api.request_log import RequestLogMiddleware
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
@@ -149,6 +155,36 @@ async def post_nodes(request: Request) -> JSONResponse:
     return JSONResponse(report, status_code=201)
 
 
+async def nodes(request: Request) -> JSONResponse:
+    return await (delete_nodes if request.method == "DELETE" else post_nodes)(request)
+
+
+async def delete_node(request: Request) -> JSONResponse:
+    """Retire (or, with erase=true, erase) one node: memory.forget."""
+    body = await forget_nodes(
+        request.app.state.poimen, request.app.state.keys, request.headers,
+        request.query_params, request.path_params["id"],
+    )  # fmt: skip
+    return JSONResponse(body)
+
+
+async def delete_nodes(request: Request) -> JSONResponse:
+    """Retire (or erase) a project's nodes by ids or by filter: memory.forget."""
+    body = await forget_nodes(
+        request.app.state.poimen, request.app.state.keys, request.headers,
+        request.query_params, None,
+    )  # fmt: skip
+    return JSONResponse(body)
+
+
+async def get_history(request: Request) -> JSONResponse:
+    body = await node_history(
+        request.app.state.poimen, request.app.state.keys, request.headers,
+        request.query_params, request.path_params["id"],
+    )  # fmt: skip
+    return JSONResponse(body)
+
+
 async def healthz(request: Request) -> JSONResponse:
     body, status = await request.app.state.health.get(request.app.state.poimen)
     return JSONResponse(body, status_code=status)
@@ -188,7 +224,11 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
         },
         routes=[
             Route("/memory/query", memory_query, methods=["GET"]),
-            Route("/memory/nodes", post_nodes, methods=["POST"]),
+            # One route per path, so that a 405 lists every method the path has.
+            Route("/memory/nodes", nodes, methods=["POST", "DELETE"]),
+            # Before any /memory/nodes/{id} route: an id may hold a slash.
+            Route("/memory/nodes/{id:path}/history", get_history, methods=["GET"]),
+            Route("/memory/nodes/{id:path}", delete_node, methods=["DELETE"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
             # The MCP endpoint for agents (api/mcp_server.py, docs/mcp.md).

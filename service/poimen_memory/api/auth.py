@@ -38,6 +38,7 @@ def key_hash(key: str) -> bytes:
 class Grant:
     projects: frozenset[str]
     can_write: bool
+    key_id: int | None = None
 
 
 class KeyRing:
@@ -71,7 +72,8 @@ class KeyRing:
                     )
                     return self._keys
                 self._keys = {
-                    bytes(h): Grant(frozenset(p), w) if live else None for h, p, w, live in rows
+                    bytes(h): Grant(frozenset(p), w, i) if live else None
+                    for h, p, w, live, i in rows
                 }
                 self._at = time.monotonic()
             return self._keys
@@ -92,7 +94,7 @@ class KeyRing:
             if hmac.compare_digest(stored, digest) and grant is not None:
                 # Postgres enforces the key's projects too (RLS, sql/085_tenants.sql).
                 tenant.assert_for_request(
-                    tenant.Tenant.of(grant.projects, can_write=grant.can_write)
+                    tenant.Tenant.of(grant.projects, can_write=grant.can_write, key_id=grant.key_id)
                 )
                 return grant
         raise Unauthorized("unknown or revoked API key")

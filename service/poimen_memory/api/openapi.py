@@ -179,12 +179,79 @@ _NODE: dict[str, Any] = {
         "parents": {"type": ["array", "null"], "items": {"type": "string"}},
         "breadcrumb": {"type": ["array", "null"], "items": {"type": "string"}},
         "metadata": {"type": ["object", "null"]},
+        # Optimistic concurrency (docs/lifecycle.md): the revision the writer read; new
+        # content under a stale one is refused with 409 stale_revision. 0: create only.
+        "revision": {"type": ["integer", "null"], "minimum": 0, "maximum": 2147483647},
     },
 }
 
 _AUTH_ERRORS = {
     "401": _err("unauthorized: API keys exist and the request has no valid one"),
     "403": _err("forbidden: the key does not cover the project, or is read-only"),
+}
+
+
+_ID_PARAMETER: dict[str, Any] = {
+    "name": "id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1},
+    "description": "The node's external id (unique per project).",
+}
+_PROJECT_PARAMETER: dict[str, Any] = {
+    "name": "project",
+    "in": "query",
+    "required": False,
+    "schema": _PROJECT,
+    "description": "The node's project; may be left out when the API key covers one project.",
+}
+_FORGET_PARAMETERS: list[dict[str, Any]] = [
+    {
+        "name": "erase",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string", "enum": ["true", "false"]},
+        "description": "true: erase (every version's text, vector, metadata, postings and "
+        "OpenSearch document go; a tombstone stays). Default false: retire.",
+    },
+    {
+        "name": "reason",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string"},
+        "description": "Why, recorded as the versions' end_note.",
+    },
+]
+_FORGET_RESPONSE: dict[str, Any] = {
+    "description": "What was forgotten",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ForgetReport"}}},
+}
+_TS_OR_NULL: dict[str, Any] = {"type": ["string", "null"], "format": "date-time"}
+_VERSION: dict[str, Any] = {
+    "type": "object",
+    "required": ["revision", "node_id", "current", "level", "created_at", "end_reason"],
+    "properties": {
+        "revision": {"type": "integer", "minimum": 1},
+        "node_id": {"type": "integer"},
+        "current": {"type": "boolean"},
+        "level": {"type": "string", "enum": ["L0", "L1", "L2"]},
+        "sha256": {"type": ["string", "null"], "description": "null once erased"},
+        "title": {"type": ["string", "null"]},
+        "text": {"type": ["string", "null"], "description": "null once erased"},
+        "source": {"type": ["string", "null"]},
+        "timestamp": _TS_OR_NULL,
+        "metadata": {"type": ["object", "null"]},
+        "created_at": {"type": "string", "format": "date-time"},
+        "expired_at": _TS_OR_NULL,
+        "end_reason": {
+            "type": ["string", "null"],
+            "enum": ["superseded", "retired", "erased", None],
+        },
+        "written_by": {"type": ["string", "null"], "description": "api_key:<id> or role:<name>"},
+        "ended_by": {"type": ["string", "null"]},
+        "end_note": {"type": ["string", "null"]},
+        "erased_at": _TS_OR_NULL,
+    },
 }
 
 
@@ -344,6 +411,52 @@ def openapi_spec() -> dict[str, Any]:
                 }
             },
             "/memory/nodes": {
+                "delete": {
+                    "operationId": "forgetNodes",
+                    "tags": ["memory"],
+                    "summary": "Retire (or erase) a project's nodes by ids or by filter: "
+                    "source, and since/until on the node's timestamp (memory.forget). At "
+                    "least one of id, source, since, until is required (400 otherwise).",
+                    "parameters": [
+                        _PROJECT_PARAMETER,
+                        {
+                            "name": "id",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "string", "minLength": 1},
+                            "description": "External ids, comma-separated.",
+                        },
+                        {
+                            "name": "source",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "string", "minLength": 1},
+                            "description": "Only nodes with this source.",
+                        },
+                        {
+                            "name": "since",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "string", "pattern": _ISO_DAY_OR_TIME},
+                            "description": "First day or instant of the nodes' timestamps.",
+                        },
+                        {
+                            "name": "until",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "string", "pattern": _ISO_DAY_OR_TIME},
+                            "description": "Last day or instant (inclusive).",
+                        },
+                        *_FORGET_PARAMETERS,
+                    ],
+                    "responses": {
+                        "200": _FORGET_RESPONSE,
+                        "400": _err("invalid_parameter: no ids or filter, or a bad value"),
+                        **_AUTH_ERRORS,
+                        "404": _err("unknown_project"),
+                        "503": _err("database_unavailable"),
+                    },
+                },
                 "post": {
                     "operationId": "addNodes",
                     "tags": ["memory"],
@@ -382,6 +495,44 @@ def openapi_spec() -> dict[str, Any]:
                         "408": _err("request_timeout: body slower than POIMEN_HTTP_BODY_TIMEOUT_S"),
                         "413": _err("payload_too_large: body over POIMEN_MAX_BODY_BYTES"),
                         "503": _err("busy, database_unavailable or embedding_service_unavailable"),
+                    },
+                },
+            },
+            "/memory/nodes/{id}/history": {
+                "get": {
+                    "operationId": "getNodeHistory",
+                    "tags": ["memory"],
+                    "summary": "Every version of a node, oldest first (memory.history)",
+                    "parameters": [_ID_PARAMETER, _PROJECT_PARAMETER],
+                    "responses": {
+                        "200": {
+                            "description": "The node's versions",
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/History"}
+                                }
+                            },
+                        },
+                        "400": _err("invalid_parameter: no project named, or a bad one"),
+                        **_AUTH_ERRORS,
+                        "404": _err("unknown_node or unknown_project"),
+                        "503": _err("database_unavailable"),
+                    },
+                }
+            },
+            "/memory/nodes/{id}": {
+                "delete": {
+                    "operationId": "forgetNode",
+                    "tags": ["memory"],
+                    "summary": "Retire a node (gone from answers, kept in history) or, with "
+                    "erase=true, erase every version's content (memory.forget)",
+                    "parameters": [_ID_PARAMETER, _PROJECT_PARAMETER, *_FORGET_PARAMETERS],
+                    "responses": {
+                        "200": _FORGET_RESPONSE,
+                        "400": _err("invalid_parameter"),
+                        **_AUTH_ERRORS,
+                        "404": _err("unknown_node (no current version) or unknown_project"),
+                        "503": _err("database_unavailable"),
                     },
                 }
             },
@@ -468,6 +619,11 @@ def openapi_spec() -> dict[str, Any]:
                     "properties": {
                         "inserted": {"type": "integer"},
                         "duplicates": {"type": "integer"},
+                        "updated": {
+                            "type": "integer",
+                            "description": "of the inserted, new versions of stored ids "
+                            "(their previous versions ended: superseded)",
+                        },
                         "edges": {"type": "integer"},
                         "invalid": {"type": "array", "items": {"type": "string"}},
                         "unresolved": {"type": "array", "items": {"type": "string"}},
@@ -476,6 +632,38 @@ def openapi_spec() -> dict[str, Any]:
                 },
                 "Parent": _PARENT,
                 "Grammar": _GRAMMAR,
+                "ForgetReport": {
+                    "type": "object",
+                    "required": ["project", "retired", "erased", "nodes"],
+                    "properties": {
+                        "project": {"type": "string"},
+                        "retired": {"type": "integer", "description": "versions retired"},
+                        "erased": {
+                            "type": "integer",
+                            "description": "versions erased (every version of each node)",
+                        },
+                        "nodes": {"type": "array", "items": {"type": "string"}},
+                        "derived_policy": {"type": "string", "enum": ["flag", "cascade"]},
+                        "derived_ended": {
+                            "type": "integer",
+                            "description": "derived nodes ended by the cascade policy",
+                        },
+                        "derived_unsupported": {
+                            "type": "integer",
+                            "description": "current derived nodes left with partial or no "
+                            "support (memory.support)",
+                        },
+                    },
+                },
+                "History": {
+                    "type": "object",
+                    "required": ["project", "id", "versions"],
+                    "properties": {
+                        "project": {"type": "string"},
+                        "id": {"type": "string"},
+                        "versions": {"type": "array", "items": _VERSION},
+                    },
+                },
                 "Result": _RESULT,
                 "Evidence": _EVIDENCE,
                 "QueryResponse": {

@@ -15,12 +15,13 @@ from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.params import parse_query
 from poimen_memory.db import tenant
 from poimen_memory.db.connect import connect
+from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.errors import Busy, IngestError, ValidationError
 from poimen_memory.ingest.nodes import LineError, NodeRecord, parse_lines
 from poimen_memory.ingest.writer import ingest
 from poimen_memory.services import Services
 
-__all__ = ["query_memory", "records_from_lines", "write_nodes"]
+__all__ = ["forget_nodes", "node_history", "query_memory", "records_from_lines", "write_nodes"]
 
 
 async def query_memory(
@@ -95,3 +96,113 @@ async def write_nodes(
     async with state.ingest_slots:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(state.ingest_pool, run)
+
+
+_FORGET_PARAMS = {"project", "source", "since", "until", "erase", "reason", "id"}
+_HISTORY_COLUMNS = (
+    "revision", "node_id", "current", "level", "sha256", "title", "text", "source",
+    "timestamp", "metadata", "created_at", "expired_at", "end_reason", "written_by",
+    "ended_by", "end_note", "erased_at",
+)  # fmt: skip
+
+
+def _flag(params: Mapping[str, str], name: str) -> bool:
+    raw = params.get(name, "false")
+    if raw not in ("true", "false"):
+        raise ValidationError(f"{name} must be true or false, got {raw!r}")
+    return raw == "true"
+
+
+def _text_params(params: Mapping[str, str], allowed: set[str]) -> None:
+    for name, value in params.items():
+        if name not in allowed:
+            raise ValidationError(
+                f"unknown parameter {name!r}", hint=f"one of {', '.join(sorted(allowed))}"
+            )
+        if "\x00" in value:
+            raise ValidationError(f"{name} contains a NUL character")
+
+
+async def _project(keys: KeyRing, headers: Mapping[str, str], named: str | None) -> str:
+    project = await keys.read_project(headers, named)
+    if project is None:
+        raise ValidationError("project is required", hint="?project=<name> (ids are per project)")
+    return project
+
+
+async def _in_thread(state: Services, sql: str, args: dict[str, Any]) -> list[tuple[Any, ...]]:
+    caller = tenant.current()  # threads do not carry context variables
+    # A forget by filter may end many versions: the longest budget a request may ask for.
+    ms = str(int(state.settings.max_timeout_s * 1000))
+
+    def run() -> list[tuple[Any, ...]]:
+        with connect(state.url, autocommit=True) as conn:
+            tenant.assert_for_session(conn, caller)
+            conn.execute("SELECT set_config('statement_timeout', %s, false)", (ms,))
+            return conn.execute(sql, args).fetchall()
+
+    return await asyncio.to_thread(run)
+
+
+async def forget_nodes(
+    state: Services,
+    keys: KeyRing,
+    headers: Mapping[str, str],
+    params: Mapping[str, str],
+    external_id: str | None,
+) -> dict[str, Any]:
+    """``DELETE /memory/nodes/{id}`` (one node) and ``DELETE /memory/nodes`` (by filter):
+    memory.forget, retire by default, ``erase=true`` for privacy requests."""
+    _text_params(params, _FORGET_PARAMS)
+    project = await _project(keys, headers, params.get("project"))
+    await keys.write_projects(headers, {project})
+    erase = _flag(params, "erase")
+    reason = params.get("reason")
+    if external_id is not None:
+        if set(params) & {"source", "since", "until", "id"}:
+            raise ValidationError("a node's DELETE takes project, erase and reason only")
+        sql = "SELECT memory.forget(%(p)s, %(id)s, erase => %(erase)s, reason => %(reason)s)"
+        args: dict[str, Any] = {"p": project, "id": external_id, "erase": erase, "reason": reason}
+    else:
+        ids = [x for x in params.get("id", "").split(",") if x] or None
+        if not ids and not set(params) & {"source", "since", "until"}:
+            raise ValidationError(
+                "name nodes (id=a,b) or a filter (source, since, until)",
+                hint="to forget a whole project: since=0001-01-01",
+            )
+        sql = (
+            "SELECT memory.forget(%(p)s, %(ids)s, %(source)s, %(since)s, %(until)s,"
+            " %(erase)s, %(reason)s)"
+        )
+        args = {
+            "p": project, "ids": ids, "source": params.get("source"),
+            "since": params.get("since"), "until": params.get("until"),
+            "erase": erase, "reason": reason,
+        }  # fmt: skip
+    with wrap_exceptions("forget"):
+        rows = await _in_thread(state, sql, args)
+    out: dict[str, Any] = rows[0][0]
+    return {"project": project, **out}
+
+
+async def node_history(
+    state: Services,
+    keys: KeyRing,
+    headers: Mapping[str, str],
+    params: Mapping[str, str],
+    external_id: str,
+) -> dict[str, Any]:
+    """``GET /memory/nodes/{id}/history``: memory.history, every version oldest first."""
+    _text_params(params, {"project"})
+    project = await _project(keys, headers, params.get("project"))
+    with wrap_exceptions("history"):
+        rows = await _in_thread(
+            state, "SELECT * FROM memory.history(%(p)s, %(id)s)", {"p": project, "id": external_id}
+        )
+    versions = []
+    for r in rows:
+        v = dict(zip(_HISTORY_COLUMNS, r, strict=True))
+        for k in ("timestamp", "created_at", "expired_at", "erased_at"):
+            v[k] = v[k].isoformat() if v[k] is not None else None
+        versions.append(v)
+    return {"project": project, "id": external_id, "versions": versions}

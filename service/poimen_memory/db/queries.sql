@@ -17,7 +17,7 @@ SELECT EXISTS (SELECT 1 FROM memory.projects WHERE name = %(name)s);
 SELECT sha256, id FROM memory._stored_hashes(%(shas)s::bytea[]);
 
 -- name: stored_nodes
-SELECT project, external_id, id, level, sha256
+SELECT project, external_id, id, level, sha256, revision
 FROM memory._stored_nodes(%(projects)s::text[], %(external_ids)s::text[]);
 
 -- name: write_nodes
@@ -87,11 +87,13 @@ WHERE n.level = 'L0';
 -- projects (sql/085_tenants.sql; counted only for members of memory_service).
 SELECT set_config('statement_timeout', %(ms)s, true),
        set_config('poimen.read_projects', %(read)s, true),
-       set_config('poimen.write_projects', %(write)s, true);
+       set_config('poimen.write_projects', %(write)s, true),
+       set_config('poimen.api_key', %(key)s, true);
 
 -- name: assert_projects_session
 SELECT set_config('poimen.read_projects', %(read)s, false),
-       set_config('poimen.write_projects', %(write)s, false);
+       set_config('poimen.write_projects', %(write)s, false),
+       set_config('poimen.api_key', %(key)s, false);
 
 -- name: service_role_exists
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %(role)s);
@@ -184,7 +186,7 @@ RETURNING id, prefix;
 -- name: keys_active
 -- Revoked keys come too (with can_read false): once any key was ever made, the service
 -- requires one, so revoking the last key locks the API instead of opening it.
-SELECT key_hash, projects, can_write, revoked_at IS NULL AS can_read FROM memory.api_keys;
+SELECT key_hash, projects, can_write, revoked_at IS NULL AS can_read, id FROM memory.api_keys;
 
 -- name: primary_wal_lsn
 SELECT pg_current_wal_lsn()::text AS lsn;

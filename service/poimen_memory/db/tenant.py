@@ -39,6 +39,8 @@ def _refuse(name: str) -> Forbidden:
 class Tenant:
     read: frozenset[str]
     write: frozenset[str]
+    # The API key's id (memory.api_keys.id): recorded as who wrote or ended a version.
+    key_id: int | None = None
 
     def __post_init__(self) -> None:
         # The names are joined with ',' into one setting that Postgres splits again, and '*'
@@ -50,16 +52,20 @@ class Tenant:
                     raise _refuse(name)
 
     @classmethod
-    def of(cls, projects: Iterable[str], *, can_write: bool) -> Tenant:
+    def of(cls, projects: Iterable[str], *, can_write: bool, key_id: int | None = None) -> Tenant:
         """A key's projects: real project names only (never EVERY, whatever is stored)."""
         p = frozenset(projects)
         for name in p:
             if not PROJECT_NAME.fullmatch(name):
                 raise _refuse(name)
-        return cls(p, p if can_write else frozenset())
+        return cls(p, p if can_write else frozenset(), key_id)
 
     def params(self) -> dict[str, str]:
-        return {"read": ",".join(sorted(self.read)), "write": ",".join(sorted(self.write))}
+        return {
+            "read": ",".join(sorted(self.read)),
+            "write": ",".join(sorted(self.write)),
+            "key": "" if self.key_id is None else str(self.key_id),
+        }
 
 
 ALL_PROJECTS = Tenant(frozenset({EVERY}), frozenset({EVERY}))

@@ -51,6 +51,7 @@ VACUUM_AFTER = 1000  # inserted nodes that make a bulk load worth a VACUUM ANALY
 class IngestReport:
     inserted: int = 0
     duplicates: int = 0
+    updated: int = 0  # of the inserted: new versions of stored ids (the old ones superseded)
     edges: int = 0
     invalid: list[LineError] = field(default_factory=list)
     unresolved: list[tuple[int, str]] = field(default_factory=list)
@@ -63,7 +64,8 @@ class IngestReport:
 
     def summary(self) -> str:
         return (
-            f"inserted {self.inserted}, duplicates skipped {self.duplicates}, edges {self.edges}, "
+            f"inserted {self.inserted} (new versions {self.updated}), "
+            f"duplicates skipped {self.duplicates}, edges {self.edges}, "
             f"invalid lines {len(self.invalid)}, unresolved parents {len(self.unresolved)}, "
             f"{self.seconds:.1f}s ({self.rate:.1f} nodes/s; embedding {self.embed_seconds:.1f}s)"
         )
@@ -72,6 +74,7 @@ class IngestReport:
         return {
             "inserted": self.inserted,
             "duplicates": self.duplicates,
+            "updated": self.updated,
             "edges": self.edges,
             "invalid": [str(e) for e in self.invalid],
             "unresolved": [f"line {ln}: parent {p!r} not found" for ln, p in self.unresolved],
@@ -86,6 +89,7 @@ class StoredNode:
     id: int
     level: str
     sha256: bytes
+    revision: int
 
 
 def ensure_embedding_model(conn: psycopg.Connection[Any], embedder: Embedder) -> None:
@@ -241,6 +245,7 @@ class _Writer:
             raise ValueError(f"{len(batch)} nodes but {len(embeddings)} vectors")
         out = self._call(q("write_nodes"), batch, embeddings)
         self.report.inserted += out["inserted"]
+        self.report.updated += out["updated"]
         # A concurrent ingest may have stored some first (ON CONFLICT waited for it).
         self.report.duplicates += out["duplicates"]
 
