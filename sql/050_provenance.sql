@@ -123,7 +123,8 @@ BEGIN
         frontier := nxt;
     END LOOP;
     SELECT jsonb_object_agg(p.id::text, jsonb_build_object(
-               'level', p.level, 'sha256', encode(p.sha256, 'hex'), 'source', p.source,
+               'level', p.level, 'external_id', p.external_id,
+               'sha256', encode(p.sha256, 'hex'), 'source', p.source,
                'title', p.title, 'text', p.text, 'timestamp', p.ts))
       INTO nodes
       FROM (SELECT DISTINCT g.id, g.pid
@@ -170,3 +171,27 @@ AS $$
 $$;
 COMMENT ON FUNCTION memory.provenance_tree(bigint, integer) IS
     'The tree of memory.provenance without its truncated flag: the node''s parents as nested JSON down to L0, capped.';
+
+-- Support (issue 24): a derived node against the parents it was written with
+-- (memory.nodes.parents_declared, migration 0011). One function, so every reader (query
+-- results, memory.get_node, memory.list_nodes) says the same, and a later notion of a
+-- parent that no longer counts (a retired version) changes it in one place.
+CREATE OR REPLACE FUNCTION memory.support_status(parents_declared integer, parents_present integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN coalesce(parents_declared, 0) = 0 AND coalesce(parents_present, 0) = 0 THEN NULL
+            WHEN parents_present >= parents_declared THEN 'full'
+            WHEN coalesce(parents_present, 0) = 0 THEN 'none'
+            ELSE 'partial' END;
+COMMENT ON FUNCTION memory.support_status(integer, integer) IS
+    'full: every parent a node was written with is still there; partial: some are gone; none: all are gone; NULL: the node was written with no parents (evidence, or an underived memory).';
+
+CREATE OR REPLACE FUNCTION memory.parents_present(node_id bigint, project_id integer)
+RETURNS integer
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN (SELECT count(*)::integer FROM memory.edges e
+        WHERE e.child_id = node_id AND e.project_id = parents_present.project_id);
+COMMENT ON FUNCTION memory.parents_present(bigint, integer) IS
+    'How many of a node''s parents are there now (its edges: deleting a parent deletes its edge). What memory.support_status compares with memory.nodes.parents_declared.';

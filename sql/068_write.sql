@@ -77,11 +77,14 @@ BEGIN
     EXECUTE format($q$
         INSERT INTO memory.nodes AS n
             (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
-             metadata, embedding)
+             metadata, embedding, parents_declared)
         SELECT decode(e.j->>'sha256', 'hex'), p.id, e.j->>'level', e.j->>'external_id',
                e.j->>'title', ARRAY(SELECT jsonb_array_elements_text(e.j->'breadcrumb')),
                e.j->>'text', e.j->>'source', (e.j->>'ts')::timestamptz, e.j->'metadata',
-               coalesce($2[e.i], %s)
+               coalesce($2[e.i], %s),
+               -- the parents it names, resolved or not (memory.support_status)
+               (SELECT count(DISTINCT x) FROM jsonb_array_elements_text(
+                    coalesce(e.j->'parents', '[]')) AS x)::integer
         FROM jsonb_array_elements($1) WITH ORDINALITY AS e(j, i)
         JOIN memory.projects p ON p.name = e.j->>'project'
         WHERE NOT EXISTS (SELECT 1 FROM memory.nodes s
@@ -113,8 +116,21 @@ BEGIN
         WHERE parent_id IS NOT NULL
         ORDER BY i, precedence
         ON CONFLICT (child_id, parent_id, project_id) DO NOTHING
+        RETURNING child_id, project_id
+    ), raised AS (
+        -- A stored node linked to more parents than it was written with (a later write
+        -- names them): its count rises, so their loss is seen. Rare: new nodes name at least
+        -- the parents linked here.
+        UPDATE memory.nodes n SET parents_declared = c.cnt
+        FROM (SELECT m.child_id, m.project_id,
+                     (SELECT count(*) FROM memory.edges x
+                      WHERE x.child_id = m.child_id AND x.project_id = m.project_id)
+                     + count(*) AS cnt
+              FROM made m GROUP BY m.child_id, m.project_id) c
+        WHERE n.id = c.child_id AND n.project_id = c.project_id AND n.parents_declared < c.cnt
         RETURNING 1
     )
+    -- (raised runs whether read or not: a data-modifying WITH always runs to completion)
     SELECT (SELECT count(*) FROM made),
            coalesce(jsonb_agg(jsonb_build_array(r.i, r.parent) ORDER BY r.i, r.precedence)
                     FILTER (WHERE r.parent_id IS NULL), '[]')

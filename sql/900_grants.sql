@@ -80,7 +80,10 @@ DECLARE
         'memory.stage_sql', 'memory.explain_query', 'memory._explain', 'memory._answer', 'memory.query',
         'public.memory_query', 'public.memory_optimize_query', 'memory.granted_projects',
         'memory.granted_project_ids', 'memory.granted_all', 'memory.time_bound',
-        'memory.time_range', 'memory.partitioned', 'memory.partition_tables'];
+        'memory.time_range', 'memory.partitioned', 'memory.partition_tables',
+        'memory.support_status', 'memory.parents_present', 'memory._links_max',
+        'memory.get_node', 'memory._get_node', 'memory._node_cursor', 'memory._node_after',
+        'memory.list_nodes', 'memory._list_nodes'];
     -- Functions that write content: the writer's (and so the service's, a writer).
     writer_functions text[] := ARRAY[
         'memory.add_nodes', 'memory._write_nodes', 'memory._ensure_projects',

@@ -44,6 +44,9 @@ SQLSTATES = {
     "embedding_model_mismatch": "PM409",
     "embedding_not_configured": "PM412",
     "component_unavailable": "PM503",
+    # memory.get_node: no node of this id the caller can read; one id in several projects.
+    "unknown_node": "PMN04",
+    "ambiguous_node": "PMA09",
 }
 
 

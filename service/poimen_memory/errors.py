@@ -51,6 +51,16 @@ class UnknownProject(PoimenError, code="unknown_project", status=404):
     """The named project has no row in memory.projects (PM404)."""
 
 
+class UnknownNode(PoimenError, code="unknown_node", status=404):
+    """No node of this id that the caller may read (PMN04): another project's node is as
+    unknown as one that never existed."""
+
+
+class AmbiguousNode(PoimenError, code="ambiguous_node", status=409):
+    """The id names nodes in several of the caller's projects and no project was named
+    (PMA09)."""
+
+
 class DatabaseUnavailable(PoimenError, code="database_unavailable", status=503):
     """No connection to PostgreSQL, or the server refused one (08xxx, 53xxx, 57P01)."""
 
@@ -167,6 +177,8 @@ SQLSTATE_TABLE: dict[str, type[PoimenError]] = {
     SQLSTATES["embedding_model_mismatch"]: EmbeddingModelMismatch,
     SQLSTATES["embedding_not_configured"]: EmbeddingNotConfigured,
     SQLSTATES["component_unavailable"]: ComponentUnavailable,
+    SQLSTATES["unknown_node"]: UnknownNode,
+    SQLSTATES["ambiguous_node"]: AmbiguousNode,
     "22023": ValidationError,
     "22P02": ValidationError,
     "22000": ValidationError,
