@@ -13,7 +13,13 @@ RETURN 100;
 COMMENT ON FUNCTION memory._links_max() IS
     'The most parents or children memory.get_node lists (100); parents_total and children_total count them all.';
 
-CREATE OR REPLACE FUNCTION memory._get_node(p_id text, p_project text)
+-- The signatures gained p_projects (drop the first drafts'), a filter the service passes:
+-- the API key's projects, so a key never reaches beyond them, even over a pool whose role
+-- skips row-level security.
+DROP FUNCTION IF EXISTS memory._get_node(text, text);
+DROP FUNCTION IF EXISTS memory._list_nodes(text, text, text, text, text, text, integer);
+
+CREATE OR REPLACE FUNCTION memory._get_node(p_id text, p_project text, p_projects text[])
 RETURNS TABLE (node_id bigint, external_id text, project text, level text, sha256 text,
                title text, text text, source text, breadcrumb text[], "timestamp" timestamptz,
                metadata jsonb, created_at timestamptz, parents jsonb, parents_total integer,
@@ -36,6 +42,7 @@ BEGIN
     -- project, not across projects.
     found_in := ARRAY(SELECT p.name FROM memory.nodes x JOIN memory.projects p ON p.id = x.project_id
                       WHERE x.external_id = p_id AND (pid IS NULL OR x.project_id = pid)
+                        AND (p_projects IS NULL OR p.name = ANY (p_projects))
                       ORDER BY p.name);
     IF cardinality(found_in) = 0 THEN
         RAISE EXCEPTION 'no node with id "%"%', p_id,
@@ -78,8 +85,8 @@ BEGIN
            -- Versions: not kept yet (every node is its only version); a later change fills it.
            NULL::jsonb;
 END $$;
-COMMENT ON FUNCTION memory._get_node(text, text) IS
-    'Implementation of memory.get_node (positional parameter names: PL/pgSQL forbids a parameter named like a result column).';
+COMMENT ON FUNCTION memory._get_node(text, text, text[]) IS
+    'Implementation of memory.get_node (positional parameter names: PL/pgSQL forbids a parameter named like a result column); p_projects (NULL: no filter) keeps to those projects: the service passes the API key''s.';
 
 CREATE OR REPLACE FUNCTION memory.get_node(id text, project text DEFAULT NULL)
 RETURNS TABLE (node_id bigint, external_id text, project text, level text, sha256 text,
@@ -90,7 +97,7 @@ RETURNS TABLE (node_id bigint, external_id text, project text, level text, sha25
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT * FROM memory._get_node(id, project);
+    SELECT * FROM memory._get_node(id, project, NULL);
 END;
 COMMENT ON FUNCTION memory.get_node(text, text) IS
     'One node by its id (the external id given at ingest; unique per project), with its parents (node_id, external_id, level, precedence; at most 100, parents_total counts them) and children (node_id, external_id, level; at most 100, children_total), parents_declared (the parents it was written with) and support (memory.support_status). project names the project; without it the id must be unique among the projects the caller can read (PMA09 lists them otherwise). No such node, or one the caller may not read: PMN04. versions is NULL (no versions are kept yet).';
@@ -134,7 +141,7 @@ COMMENT ON FUNCTION memory._node_after(text) IS
 
 CREATE OR REPLACE FUNCTION memory._list_nodes(
     p_project text, p_level text, p_source text, p_since text, p_until text, p_after text,
-    p_limit integer
+    p_limit integer, p_projects text[]
 )
 RETURNS TABLE (node_id bigint, external_id text, project text, level text, sha256 text,
                title text, text text, source text, breadcrumb text[], "timestamp" timestamptz,
@@ -174,11 +181,14 @@ BEGIN
         || CASE WHEN p_source IS NULL THEN '' ELSE ' AND n.source = $4' END
         || CASE WHEN tr.since_ts IS NULL THEN '' ELSE ' AND n.ts >= $5' END
         || CASE WHEN tr.before_ts IS NULL THEN '' ELSE ' AND n.ts < $6' END
+        || CASE WHEN p_projects IS NULL THEN '' ELSE
+               ' AND n.project_id = ANY (ARRAY(SELECT p.id FROM memory.projects p
+                                               WHERE p.name = ANY ($8)))' END
         || ' ORDER BY n.id LIMIT $7'
-        USING pid, after_id, p_level, p_source, tr.since_ts, tr.before_ts, p_limit;
+        USING pid, after_id, p_level, p_source, tr.since_ts, tr.before_ts, p_limit, p_projects;
 END $$;
-COMMENT ON FUNCTION memory._list_nodes(text, text, text, text, text, text, integer) IS
-    'Implementation of memory.list_nodes (positional parameter names: PL/pgSQL forbids a parameter named like a result column).';
+COMMENT ON FUNCTION memory._list_nodes(text, text, text, text, text, text, integer, text[]) IS
+    'Implementation of memory.list_nodes (positional parameter names: PL/pgSQL forbids a parameter named like a result column); p_projects (NULL: no filter) keeps to those projects: the service passes the API key''s.';
 
 CREATE OR REPLACE FUNCTION memory.list_nodes(
     project text DEFAULT NULL,
@@ -195,7 +205,7 @@ RETURNS TABLE (node_id bigint, external_id text, project text, level text, sha25
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT * FROM memory._list_nodes(project, level, source, since, until, after, "limit");
+    SELECT * FROM memory._list_nodes(project, level, source, since, until, after, "limit", NULL);
 END;
 COMMENT ON FUNCTION memory.list_nodes(text, text, text, text, text, text, integer) IS
     'A page of nodes in write order (node id), keyset paged: after => the cursor of the last row of the previous page (opaque). Filters: project (PM404 when unknown; NULL: every project the caller can read), level, source (equal), since/until (inclusive ISO dates or timestamps on the node''s timestamp, as memory.query''s). limit 1..100 (default 50). Row-level security applies.';

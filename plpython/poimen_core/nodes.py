@@ -25,6 +25,10 @@ HASH_VERSION = "poimen-node/1"
 PROJECT_NAME = re.compile(vocabulary.PROJECT_NAME)  # as memory.projects CHECK
 MAX_TEXT_CHARS = 100_000
 MAX_JSON_DEPTH = 32  # nesting of a node's JSON (metadata included)
+# A node's metadata as compact JSON, in characters: every query result and evidence turn
+# carries its node's metadata, so this bounds what metadata adds to a response (50 results
+# and 100 turns: at most 2.4 MB on top of the texts).
+MAX_METADATA_CHARS = 16_384
 
 
 @dataclass(frozen=True)
@@ -236,6 +240,20 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
     if not isinstance(metadata, dict):
         errors.append(LineError(line_no, "metadata", "must be a JSON object"))
         metadata = {}
+    else:
+        try:
+            size = len(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False))
+        except (TypeError, ValueError):
+            size = 0  # reported by the JSON checks below
+        if size > MAX_METADATA_CHARS:
+            errors.append(
+                LineError(
+                    line_no,
+                    "metadata",
+                    f"longer than {MAX_METADATA_CHARS} characters as JSON ({size})",
+                )
+            )
+            metadata = {}
     title = _opt_str(obj, "title", line_no, errors)
     source = _opt_str(obj, "source", line_no, errors)
     bad = _bad_text(obj)

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from poimen_memory.api import metrics, ui
+from poimen_memory.api import metrics, nodes, ui
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.health import HealthCache
 from poimen_memory.api.mcp_server import McpEndpoint
@@ -121,6 +121,26 @@ async def post_nodes(request: Request) -> JSONResponse:
     return JSONResponse(report, status_code=201)
 
 
+async def get_node(request: Request) -> JSONResponse:
+    """One node by its id (memory.get_node), with its parents, children and support."""
+    body = await nodes.get_node(
+        request.app.state.poimen,
+        request.app.state.keys,
+        request.headers,
+        request.path_params["node_id"],
+        request.query_params,
+    )
+    return JSONResponse(body)
+
+
+async def list_nodes(request: Request) -> JSONResponse:
+    """A page of nodes (memory.list_nodes), keyset paged by an opaque cursor."""
+    body = await nodes.list_nodes(
+        request.app.state.poimen, request.app.state.keys, request.headers, request.query_params
+    )
+    return JSONResponse(body)
+
+
 async def healthz(request: Request) -> JSONResponse:
     body, status = await request.app.state.health.get(request.app.state.poimen)
     return JSONResponse(body, status_code=status)
@@ -167,6 +187,9 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
         routes=[
             Route("/memory/query", memory_query, methods=["GET"]),
             Route("/memory/nodes", post_nodes, methods=["POST"]),
+            Route("/memory/nodes", list_nodes, methods=["GET"]),
+            # An id may hold "/" (ingest accepts any string): the rest of the path is the id.
+            Route("/memory/nodes/{node_id:path}", get_node, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
             # The MCP endpoint for agents (api/mcp_server.py, docs/mcp.md).

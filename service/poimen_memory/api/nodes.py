@@ -44,11 +44,10 @@ async def _one(state: Services, name: str, args: dict[str, Any]) -> Any:
     deadline = Deadline(state.settings.default_timeout_s)
     ms = str(int(state.settings.default_timeout_s * 1000))
     with deadline.stage(name), wrap_exceptions(name):
-        async with state.retriever.connection(deadline, name) as conn:
-            async with conn.transaction():
-                await conn.execute(q("begin_request"), {"ms": ms, **tenant.current().params()})
-                cur = await conn.execute(q(name), args)
-                row = await cur.fetchone()
+        async with state.retriever.connection(deadline, name) as conn, conn.transaction():
+            await conn.execute(q("begin_request"), {"ms": ms, **tenant.current().params()})
+            cur = await conn.execute(q(name), args)
+            row = await cur.fetchone()
     assert row is not None
     return row[0]
 
@@ -61,8 +60,10 @@ async def get_node(
     _no_nul({**params, "id": node_id})
     if not node_id or len(node_id) > MAX_ID_CHARS:
         raise ValidationError(f"id must be 1 to {MAX_ID_CHARS} characters")
-    project = await keys.read_scope(headers, _project(params))
-    doc: dict[str, Any] = await _one(state, "get_node", {"id": node_id, "project": project})
+    project, projects = await keys.read_scope(headers, _project(params))
+    doc: dict[str, Any] = await _one(
+        state, "get_node", {"id": node_id, "project": project, "projects": projects}
+    )
     return doc
 
 
@@ -81,7 +82,7 @@ async def list_nodes(
     except ValueError as exc:
         raise ValidationError(f"limit must be an integer, got {raw!r}") from exc
     limit = min(max(limit, 1), LIST_MAX)  # clamped, as GET /memory/query's
-    project = await keys.read_scope(headers, _project(params))
+    project, projects = await keys.read_scope(headers, _project(params))
     rows: list[dict[str, Any]] = await _one(
         state,
         "list_nodes",
@@ -93,6 +94,7 @@ async def list_nodes(
             "until": params.get("until"),
             "after": params.get("after"),
             "limit": limit,
+            "projects": projects,
         },
     )
     # A full page may have a next one (keyset: it starts after this page's last row); a
