@@ -6,6 +6,7 @@ tree cut by the budget). Also the evidence recall of each answer (gold L0 turns 
 the trees and the list alike), so a change to the selection is seen on both at once.
 
     python -m poimen_lab.eval.citations --url URL --data ../shared/data/locomo-dev --json OUT
+    python -m poimen_lab.eval.citations --compare A.json B.json   # B - A, paired, 95% CI
 
 The database must hold the data set already (``poimen-memory ingest`` or ``eval`` loads it).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
@@ -95,13 +97,42 @@ async def measure(url: str, data: Path, every: int) -> dict[str, Any]:
     return out
 
 
+def compare(a: dict[str, Any], b: dict[str, Any], rounds: int = 10_000) -> dict[str, Any]:
+    """B - A of evidence recall per result count, over the questions both measured, with a
+    paired bootstrap 95% interval (seeded: the same files give the same interval)."""
+    rng = random.Random(24)
+    out: dict[str, Any] = {}
+    for k in KS:
+        qa, qb = a[f"k{k}"]["per_query"], b[f"k{k}"]["per_query"]
+        ids = sorted(set(qa) & set(qb))
+        d = [qb[i] - qa[i] for i in ids]
+        means = sorted(sum(rng.choices(d, k=len(d))) / len(d) for _ in range(rounds))
+        out[f"k{k}"] = {
+            "questions": len(ids),
+            "A": round(sum(qa[i] for i in ids) / len(ids), 4),
+            "B": round(sum(qb[i] for i in ids) / len(ids), 4),
+            "B-A": round(sum(d) / len(d), 4),
+            "ci95": [round(means[int(0.025 * rounds)], 4), round(means[int(0.975 * rounds)], 4)],
+            "uncited A": a[f"k{k}"]["uncited"],
+            "uncited B": b[f"k{k}"]["uncited"],
+        }
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--url", required=True)
-    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--url")
+    p.add_argument("--data", type=Path)
+    p.add_argument("--compare", nargs=2, type=Path, metavar=("A.json", "B.json"))
     p.add_argument("--every", type=int, default=1, help="every n-th question (default 1)")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
+    if a.compare:
+        first, second = (json.loads(f.read_text()) for f in a.compare)
+        print(json.dumps(compare(first, second), indent=2))
+        return
+    if not (a.url and a.data):
+        p.error("--url and --data are required (or --compare A.json B.json)")
     res = asyncio.run(measure(a.url, a.data, a.every))
     text = json.dumps(res, indent=2)
     print(text)
