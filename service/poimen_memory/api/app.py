@@ -141,6 +141,10 @@ async def list_nodes(request: Request) -> JSONResponse:
     return JSONResponse(body)
 
 
+async def nodes_route(request: Request) -> JSONResponse:
+    return await (list_nodes(request) if request.method == "GET" else post_nodes(request))
+
+
 async def healthz(request: Request) -> JSONResponse:
     body, status = await request.app.state.health.get(request.app.state.poimen)
     return JSONResponse(body, status_code=status)
@@ -186,8 +190,8 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
         },
         routes=[
             Route("/memory/query", memory_query, methods=["GET"]),
-            Route("/memory/nodes", post_nodes, methods=["POST"]),
-            Route("/memory/nodes", list_nodes, methods=["GET"]),
+            # One route for both methods, so a 405 names both in its Allow header.
+            Route("/memory/nodes", nodes_route, methods=["GET", "POST"]),
             # An id may hold "/" (ingest accepts any string): the rest of the path is the id.
             Route("/memory/nodes/{node_id:path}", get_node, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),

@@ -67,7 +67,9 @@ _NODE_FIELDS: dict[str, Any] = {
 
 # A derived node's support (memory.support_status): its parents now against those it was
 # written with; null for a node written without parents.
-_SUPPORT: dict[str, Any] = {"type": ["string", "null"], "enum": ["full", "partial", "none", None]}
+_SUPPORT: dict[str, Any] = {
+    "anyOf": [{"type": "string", "enum": ["full", "partial", "none"]}, {"type": "null"}]
+}
 
 _RESULT: dict[str, Any] = {
     "type": "object",
@@ -90,14 +92,18 @@ _RESULT: dict[str, Any] = {
         "support": _SUPPORT,
         # Why an L1/L2 result cites no L0 turn (null: it cites one, or is L0 itself).
         "uncited_reason": {
-            "type": ["string", "null"],
-            "enum": [
-                "evidence_budget",
-                "provenance_cap",
-                "evidence_missing",
-                "no_l0_evidence",
-                None,
-            ],
+            "anyOf": [
+                {
+                    "type": "string",
+                    "enum": [
+                        "evidence_budget",
+                        "provenance_cap",
+                        "evidence_missing",
+                        "no_l0_evidence",
+                    ],
+                },
+                {"type": "null"},
+            ]
         },
     },
 }
@@ -129,7 +135,7 @@ _NODE_DETAIL: dict[str, Any] = {
         "parents_declared": {"type": "integer", "minimum": 0},
         "support": _SUPPORT,
         # Not kept yet: null (every node is its only version).
-        "versions": {"type": ["array", "null"]},
+        "versions": {"type": ["array", "null"], "items": {"type": "object"}},
     },
 }
 
