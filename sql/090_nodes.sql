@@ -13,12 +13,8 @@ RETURN 100;
 COMMENT ON FUNCTION memory._links_max() IS
     'The most parents or children memory.get_node lists (100); parents_total and children_total count them all.';
 
--- The signatures gained p_projects (drop the first drafts'), a filter the service passes:
--- the API key's projects, so a key never reaches beyond them, even over a pool whose role
--- skips row-level security.
-DROP FUNCTION IF EXISTS memory._get_node(text, text);
-DROP FUNCTION IF EXISTS memory._list_nodes(text, text, text, text, text, text, integer);
-
+-- p_projects: a filter the service passes, the API key's projects, so a key never reaches
+-- beyond them, even over a pool whose role skips row-level security.
 CREATE OR REPLACE FUNCTION memory._get_node(p_id text, p_project text, p_projects text[])
 RETURNS TABLE (node_id bigint, external_id text, project text, level text, sha256 text,
                title text, text text, source text, breadcrumb text[], "timestamp" timestamptz,

@@ -141,10 +141,12 @@ END $$;
 -- by trigger) and ids out of their reach; memory.config holds the path PL/Python imports
 -- code from (as the server's OS user), so it, the ledger and the statistics stay
 -- owner-only; the statistics and outbox triggers are SECURITY DEFINER for that reason.
+-- parents_declared is the writer's too: memory._write_nodes sets it from the parents a
+-- node names (migration 0011), and raises it when a later write links more.
 GRANT INSERT (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
-              metadata, embedding),
+              metadata, embedding, parents_declared),
       UPDATE (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
-              metadata, embedding),
+              metadata, embedding, parents_declared),
       DELETE
     ON memory.nodes TO memory_writer;
 GRANT INSERT, UPDATE, DELETE ON memory.edges TO memory_writer;
