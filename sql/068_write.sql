@@ -53,6 +53,7 @@ AS $$
 DECLARE
     n_inserted integer;
     n_linked integer;
+    linked bigint[];
     unresolved jsonb;
 BEGIN
     IF jsonb_typeof(nodes) IS DISTINCT FROM 'array' THEN
@@ -116,26 +117,25 @@ BEGIN
         WHERE parent_id IS NOT NULL
         ORDER BY i, precedence
         ON CONFLICT (child_id, parent_id, project_id) DO NOTHING
-        RETURNING child_id, project_id
-    ), raised AS (
-        -- A stored node linked to more parents than it was written with (a later write
-        -- names them): its count rises, so their loss is seen. Rare: new nodes name at least
-        -- the parents linked here.
-        UPDATE memory.nodes n SET parents_declared = c.cnt
-        FROM (SELECT m.child_id, m.project_id,
-                     (SELECT count(*) FROM memory.edges x
-                      WHERE x.child_id = m.child_id AND x.project_id = m.project_id)
-                     + count(*) AS cnt
-              FROM made m GROUP BY m.child_id, m.project_id) c
-        WHERE n.id = c.child_id AND n.project_id = c.project_id AND n.parents_declared < c.cnt
-        RETURNING 1
+        RETURNING child_id
     )
-    -- (raised runs whether read or not: a data-modifying WITH always runs to completion)
-    SELECT (SELECT count(*) FROM made),
+    SELECT (SELECT count(*) FROM made), (SELECT array_agg(DISTINCT m.child_id) FROM made m),
            coalesce(jsonb_agg(jsonb_build_array(r.i, r.parent) ORDER BY r.i, r.precedence)
                     FILTER (WHERE r.parent_id IS NULL), '[]')
-    INTO n_linked, unresolved
+    INTO n_linked, linked, unresolved
     FROM resolved r;
+
+    -- A stored node linked to more parents than it was written with (a later write names
+    -- them): its count rises, so their loss is seen. Rare (a new node names at least the
+    -- parents linked here), so the UPDATE, and the statement triggers it would fire, run
+    -- only when some node needs it.
+    IF linked IS NOT NULL AND EXISTS (
+        SELECT 1 FROM memory.nodes n
+        WHERE n.id = ANY (linked) AND n.parents_declared < memory.parents_present(n.id, n.project_id)
+    ) THEN
+        UPDATE memory.nodes n SET parents_declared = memory.parents_present(n.id, n.project_id)
+        WHERE n.id = ANY (linked) AND n.parents_declared < memory.parents_present(n.id, n.project_id);
+    END IF;
 
     RETURN jsonb_build_object(
         'inserted', n_inserted,
