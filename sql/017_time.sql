@@ -84,3 +84,25 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION memory.time_range(text, text) IS
     'The time filter of memory.query and GET /memory/query: since and until (inclusive ISO dates or timestamps, either may be NULL) as since_ts (inclusive) and before_ts (exclusive), the arguments the stage functions take. 22023 naming the argument on a bad value, or when since is after until.';
+
+CREATE OR REPLACE FUNCTION memory.check_reference_time(reference_time timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- The optimizer's bounds (poimen_core.optimizer.check_reference_time): every relative
+    -- date the reference anchors stays within the years Python and PostgreSQL both hold.
+    IF reference_time IS NOT NULL AND NOT (
+        isfinite(reference_time)
+        AND extract(year FROM reference_time AT TIME ZONE 'UTC')
+            BETWEEN @vocabulary.reference_first_year@ AND @vocabulary.reference_last_year@) THEN
+        RAISE EXCEPTION 'reference_time must be an ISO timestamp within years %..% in UTC, got %',
+            @vocabulary.reference_first_year@, @vocabulary.reference_last_year@, reference_time
+            USING ERRCODE = '22023',
+                  HINT = 'e.g. reference_time 2023-05-08T13:56:00Z; relative dates count from it';
+    END IF;
+    RETURN reference_time;
+END $$;
+COMMENT ON FUNCTION memory.check_reference_time(timestamptz) IS
+    'Returns reference_time (NULL: now, for the caller) unless it is infinite or its UTC year is outside 2..9998: then 22023. What the optimizer and the planner take.';

@@ -47,7 +47,7 @@ $$;
 COMMENT ON FUNCTION memory.plpython_load() IS
     'Puts this deploy''s poimen_core directory (memory.plpython_path()) first on the backend''s sys.path, dropping an older copy''s modules, and keeps GD["poimen_entry"](module, name, what, hint): a poimen_core function, or PM503 with the hint when this host cannot import it. Returns the directory. Called by every PL/Python shim.';
 
-CREATE OR REPLACE FUNCTION memory.optimize_query(query text, reference_time timestamptz)
+CREATE OR REPLACE FUNCTION memory._optimize_query(query text, reference_time timestamptz)
 RETURNS jsonb
 -- PARALLEL UNSAFE: every plpy.execute runs in a subtransaction, which a parallel operation
 -- forbids ("cannot start subtransactions during a parallel operation").
@@ -64,8 +64,21 @@ plan_for_sql = GD["poimen_entry"](
     "(no query_embedding) and forced strategies work without it.")
 return plan_for_sql(plpy, query, reference_time)
 $$;
+COMMENT ON FUNCTION memory._optimize_query(text, timestamptz) IS
+    'Routes a raw query: question type, search strategy (LexicalOnly, LexicalFirst, Hybrid), confidence, the reasons, and the dates the text names (relative ones such as "last week" resolved against reference_time; NULL: now) with the time_filter they ask for, as jsonb. Same module as the HTTP service. PM503 when the module is missing on this host. Callers go through memory.optimize_query, which checks reference_time first.';
+
+-- A PL/pgSQL front, so that a bad reference_time is refused as the planner refuses it
+-- (22023 with a plain message), before Python sees a value it cannot represent.
+CREATE OR REPLACE FUNCTION memory.optimize_query(query text, reference_time timestamptz)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN memory._optimize_query(query, memory.check_reference_time(reference_time));
+END $$;
 COMMENT ON FUNCTION memory.optimize_query(text, timestamptz) IS
-    'Routes a raw query: question type, search strategy (LexicalOnly, LexicalFirst, Hybrid), confidence, the reasons, and the dates the text names (relative ones such as "last week" resolved against reference_time; NULL: now) with the time_filter they ask for, as jsonb. Same module as the HTTP service. PM503 when the module is missing on this host.';
+    'Routes a raw query: question type, search strategy (LexicalOnly, LexicalFirst, Hybrid), confidence, the reasons, and the dates the text names (relative ones such as "last week" resolved against reference_time; NULL: now) with the time_filter they ask for, as jsonb. Same module as the HTTP service. 22023 for a reference_time outside the years memory.check_reference_time takes; PM503 when the module is missing on this host.';
 
 CREATE OR REPLACE FUNCTION memory.optimize_query(query text)
 RETURNS jsonb

@@ -96,6 +96,8 @@ BEGIN
         RAISE EXCEPTION 'candidates must be within 1..1000, got %', cand USING ERRCODE = '22023';
     END IF;
     SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(req ->> 'since', req ->> 'until') t;
+    -- Checked even where the route never asks the optimizer: SQL and HTTP refuse alike.
+    PERFORM memory.check_reference_time((req ->> 'reference_time')::timestamptz);
     pid := memory.project_id(req ->> 'project');
     SELECT * INTO pol FROM memory.policy();
     budget := memory.check_evidence_budget(coalesce((req ->> 'evidence')::integer, pol.evidence_budget));

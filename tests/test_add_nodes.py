@@ -116,6 +116,7 @@ def test_a_second_call_reports_duplicates_and_writes_nothing(conn: Conn) -> None
         ({"text": "x" * 100_001}, "text", "longer than 100000"),
         ({"metadata": json.loads("[" * 40 + "]" * 40)}, "<json>", "nested deeper than 32"),
         ({"id": "w:raw:1", "text": "other words"}, "id", "already used on line 1"),
+        ({"id": "w:" + "x" * 3000}, "id", "longer than 512 characters"),
     ],
 )
 def test_a_bad_node_in_the_middle_writes_nothing(

@@ -94,6 +94,19 @@ def test_errors_are_clear(cli_env: dict[str, str]) -> None:
     bad.write_text('{"level": "L0", "project": "p"}\n')
     proc = run(cli_env, "ingest", str(bad), ok=False)
     assert proc.returncode == 1 and "line 1: field 'text'" in proc.stderr
+    # All or nothing per file: a 3,000-character id on line 201 once let 192 nodes commit.
+    lines = [json.dumps({"id": f"b{i}", "level": "L0", "project": "bounds", "text": f"turn {i}"})
+             for i in range(200)]  # fmt: skip
+    bad.write_text("\n".join([*lines, json.dumps({"id": "b" * 3000, "level": "L0",
+                                                  "project": "bounds", "text": "t"})]) + "\n")
+    proc = run(cli_env, "ingest", str(bad), ok=False)
+    assert proc.returncode == 1 and "line 201: field 'id'" in proc.stderr
+    url = run(cli_env, "db", "url").stdout.strip()
+    count = subprocess.run(
+        ["psql", url, "-XtAc", "SELECT count(*) FROM memory.projects WHERE name = 'bounds'"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert count.stdout.strip() == "0"
     unknown = run(cli_env, "query", "kong", "--project", "nope", ok=False)
     assert unknown.returncode == 1 and "unknown project" in unknown.stderr
 

@@ -46,6 +46,8 @@ def test_a_stopped_database_is_503_at_once_and_the_service_recovers(
         assert _get(client)[0] == 200
         own_cluster.stop()
         down = [_get(client) for _ in range(3)]
+        # Every 503 says when to try again (Retry-After, POIMEN_HTTP_RETRY_AFTER_S).
+        retry_after = client.get("/memory/query", params={"query": KONG}).headers["retry-after"]
         health = client.get("/healthz")
         own_cluster.start(fast=True)
         back = None
@@ -59,4 +61,5 @@ def test_a_stopped_database_is_503_at_once_and_the_service_recovers(
         # the bound leaves room for a loaded one).
         assert (status, error) == (503, "database_unavailable") and elapsed < 3.0
     assert health.status_code == 503 and health.json()["down"] == ["database"]
+    assert retry_after == "1"
     assert back is not None and back[0] == 200

@@ -106,11 +106,33 @@ def test_invalid_line_aborts_with_line_and_field(conn: Conn, embedder: LocalEmbe
         ({"level": "L0", "project": "p", "text": "t", "timestamp": "yesterday"}, "timestamp"),
         ({"level": "L0", "project": "p", "text": "t", "parents": "a"}, "parents"),
         ({"level": "L0", "project": "p", "text": "t", "title": 5}, "title"),
+        # Bounds: each write fits its indexes, and every answer carrying a node is bounded.
+        ({"level": "L0", "project": "p", "text": "t", "id": "x" * 513}, "id"),
+        ({"level": "L0", "project": "p", "text": "t", "id": 12345}, "id"),
+        ({"level": "L0", "project": "p", "text": "t", "id": ""}, "id"),
+        ({"level": "L1", "project": "p", "text": "t", "parents": ["ok", "y" * 513]}, "parents"),
+        ({"level": "L1", "project": "p", "text": "t", "parents": [f"{i}" for i in range(257)]},
+         "parents"),
+        ({"level": "L1", "project": "p", "text": "t", "parents": [" "]}, "parents"),
+        ({"level": "L0", "project": "p", "text": "\u200b\u3000\ufeff"}, "text"),
+        ({"level": "L0", "project": "p", "text": "t", "title": "x" * 1001}, "title"),
+        ({"level": "L0", "project": "p", "text": "t", "source": "x" * 2049}, "source"),
+        ({"level": "L0", "project": "p", "text": "t", "breadcrumb": ["a"] * 33}, "breadcrumb"),
+        ({"level": "L0", "project": "p", "text": "t", "metadata": {"k": "é" * 8200}}, "metadata"),
     ],
 )
 def test_field_validation(node: dict[str, Any], field: str) -> None:
     _, errors = parse_lines(_lines(node))
     assert [e.field for e in errors] == [field]
+
+
+def test_the_bounds_themselves_are_accepted() -> None:
+    node = {"level": "L1", "project": "p", "text": "t", "id": "x" * 512,
+            "parents": [f"p{i}" for i in range(255)] + ["y" * 512], "title": "x" * 1000,
+            "source": "s" * 2048, "breadcrumb": ["b" * 1000] * 32,
+            "metadata": {"k": "m" * 16_376}}  # fmt: skip
+    records, errors = parse_lines(_lines(node))
+    assert errors == [] and records[0].external_id == "x" * 512
 
 
 def test_hash_is_canonical_and_distinguishes_sources() -> None:

@@ -3,12 +3,17 @@ connections), after POIMEN_HTTP_KEEP_ALIVE_S, and still serves the clients that 
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 
+from conftest import free_port
 from poimen_lab.live_server import live_server
 
 SILENT = 20
@@ -41,3 +46,36 @@ def test_silent_connections_are_closed_and_others_served(fixture_url: str, tmp_p
                 s.close()
         r = httpx.get(f"{url}/memory/query", params={"query": "kong body buffer"}, timeout=30)
         assert r.status_code == 200 and r.json()["results"]
+
+
+def test_sigterm_stops_the_server_gracefully_with_status_0(
+    fixture_url: str, tmp_path: Path
+) -> None:
+    """uvicorn raised SIGTERM again after its graceful shutdown, so `serve` died of it
+    (status -15), which a service manager reads as a crash."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "poimen_memory.cli.main", "serve", "--host", "127.0.0.1",
+           "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, env={**os.environ, "POIMEN_DATABASE_URL": fixture_url}, stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, log.read_text()
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=15)

@@ -159,12 +159,14 @@ def test_huge_timeout_is_capped(fixture_url: str, slow_embeddings: EmbeddingServ
         started = time.monotonic()
         response = client.get("/memory/query", params={"query": KONG, "timeout_seconds": "600"})
         elapsed = time.monotonic() - started
-    # Capped at 1 s, the embedder gets 1 s less the fallback reserve (0.5 s), gives up, and
-    # the lexical answer arrives within the capped deadline (uncapped it would wait 5 s).
+    # Capped at 1 s, the embedder gets 1 s less the fallback reserve (0.5 s) and less what
+    # came before it since the request arrived (the deadline counts from arrival: auth,
+    # parsing), gives up, and the lexical answer arrives within the capped deadline
+    # (uncapped it would wait 5 s).
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["degraded"][0] == {"stage": "embed", "reason": "timeout"}
-    assert 450 <= body["metrics"]["embed_time_ms"] < 3000
+    assert 250 <= body["metrics"]["embed_time_ms"] < 3000
     assert elapsed < 3.0
 
 

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from conftest import prepare_conn
+from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect
 from poimen_memory.embedders.local import LocalEmbedder
 
@@ -105,3 +106,55 @@ def test_a_forced_lexical_query_does_not_embed(conn: Conn) -> None:
         "'why did requests over 10KB fail', project => 'poimen', strategy => 'LexicalOnly')"
     ).fetchall()
     assert rows and {(r[0], r[1]) for r in rows} == {("LexicalOnly", None)}
+
+
+def _backend(conn: Conn) -> dict[str, str]:
+    """/proc/<pid>/status of the connection's backend (the cluster runs on this host)."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    with open(f"/proc/{row[0]}/status") as fh:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in fh if ":\t" in line)
+
+
+def test_a_backend_embeds_on_one_thread_unless_the_dba_says_otherwise(conn: Conn) -> None:
+    """Each backend that embeds holds its own model: at max_connections 100 its threads and
+    memory multiply (docs/embeddings.md). One intra-op thread by default, and no tokenizer
+    thread pool; poimen.embed_threads raises it per database or role."""
+    _vector(conn, "first")
+    assert int(_backend(conn)["Threads"]) == 1
+    probe = """
+        CREATE FUNCTION pg_temp.poimen_intra_op() RETURNS int LANGUAGE plpython3u AS $$
+        return GD["poimen_minilm"][1].session.get_session_options().intra_op_num_threads
+        $$"""
+    conn.execute(probe)
+    assert conn.execute("SELECT pg_temp.poimen_intra_op()").fetchone() == (1,)
+    conn.execute("SET poimen.embed_threads = 2")
+    _vector(conn, "second")
+    assert conn.execute("SELECT pg_temp.poimen_intra_op()").fetchone() == (2,)
+    for bad in ("0", "lots", "100000"):
+        conn.execute(psycopg.sql.SQL("SET poimen.embed_threads = {}").format(bad))
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"poimen\.embed_threads"):
+            _vector(conn, "third")
+        conn.rollback()
+
+
+def test_a_huge_argument_is_read_only_as_far_as_the_model_reads(conn: Conn) -> None:
+    """repeat('adoption ', 1200000) once tokenized 10.8 MB for 39 s, past any
+    statement_timeout: the model reads 256 tokens, so the tokenizer reads 100,000 characters."""
+    huge = _vector(conn, "adoption " * 1_200_000)
+    assert np.array_equal(huge, _vector(conn, ("adoption " * 1_200_000)[:100_000]))
+    assert np.array_equal(huge, _vector(conn, "adoption " * 300))  # past 256 tokens either way
+
+
+def test_loading_the_model_writes_nothing_to_the_server_log(conn: Conn, cluster: Cluster) -> None:
+    """onnxruntime's telemetry logged an ANSI-coloured warning from every new backend whose
+    home directory is not writable (the postgres user's, on the embedded cluster)."""
+    row = conn.execute("SELECT pg_current_logfile()").fetchone()
+    assert row is not None and row[0]
+    log = cluster.data_dir / row[0]
+    size = log.stat().st_size
+    with connect(conn.info.dsn) as fresh:
+        _vector(fresh, "a new backend loads the model")
+    with log.open("rb") as fh:
+        fh.seek(size)
+        assert b"onnxruntime" not in fh.read()

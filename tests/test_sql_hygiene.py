@@ -127,6 +127,8 @@ READER = {
     "plpython_path",
     "plpython_load",
     "optimize_query",
+    "_optimize_query",
+    "check_reference_time",
     "embed",
     "stage_sql",
     "explain_query",

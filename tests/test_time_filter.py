@@ -206,6 +206,34 @@ def test_relative_dates_count_from_reference_time(tconn: Conn) -> None:
     assert days == [1, 2, 3, 4, 5, 30]  # the notes of 30 January to 5 February
 
 
+@pytest.mark.parametrize(
+    ("query", "reference"),
+    [
+        ("kong notes", "infinity"),
+        ("kong notes", "-infinity"),
+        ("kong notes from last week", "0001-01-01T00:00:00Z"),
+        ("kong notes from last year", "0001-03-01T00:00:00Z"),
+        ("kong notes from yesterday", "0001-01-01 00:00:00+00 BC"),
+        ("kong notes from this month", "9999-12-31T00:00:00Z"),
+    ],
+)
+def test_a_reference_time_far_from_now_is_22023(tconn: Conn, query: str, reference: str) -> None:
+    """Was 38000 ValueError (infinity) or OverflowError (year 1), from PL/Python."""
+    for sql in (
+        "SELECT memory.optimize_query(%s, %s)",
+        "SELECT * FROM public.memory_query(%s, reference_time => %s)",
+        "SELECT * FROM public.memory_query(%s, strategy => 'LexicalOnly', reference_time => %s)",
+    ):
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as info:
+            tconn.execute(sql, (query, reference))
+        assert str(info.value).startswith("reference_time must be an ISO timestamp within years")
+        assert info.value.diag.message_hint and "plpy" not in str(info.value)
+        tconn.rollback()
+    ok = "SELECT count(*) FROM public.memory_query(%s, reference_time => %s)"
+    for edge in ("0002-01-01T00:00:00Z", "9998-12-31T23:59:59Z"):
+        assert tconn.execute(ok, (query, edge)).fetchone() is not None
+
+
 def test_explain_query_reports_the_plan_that_ran(tconn: Conn, embedder: LocalEmbedder) -> None:
     """With fusion_by_type and extracted_dates = filter set, explain_query's plan is the one
     memory.query ran: the per-type fusion, the dates of the text as the time range, in every

@@ -74,6 +74,18 @@ def test_filtered_query_fills_its_limit_and_matches_sql(
             {"reference_time": "0001-01-01T00:00:01+20:10"},
             "reference_time must be an ISO timestamp",
         ),
+        # "last week" at year 1 was an OverflowError, "last year" a ValueError: both 500s.
+        (
+            {"reference_time": "0001-01-01T00:00:00Z", "query": "kong notes from last week"},
+            "reference_time must be an ISO timestamp within years 2..9998",
+        ),
+        (
+            {"reference_time": "0001-03-01T00:00:00Z", "query": "kong notes from last year"},
+            "reference_time must be an ISO timestamp within years 2..9998",
+        ),
+        ({"reference_time": "infinity"}, "reference_time must be an ISO timestamp"),
+        ({"reference_time": "9999-12-31T00:00:00Z", "query": "kong notes from this month"},
+         "reference_time must be an ISO timestamp within years 2..9998"),
     ],
 )
 def test_bad_time_parameters_are_400_naming_them(
@@ -81,6 +93,8 @@ def test_bad_time_parameters_are_400_naming_them(
 ) -> None:
     response = client.get("/memory/query", params={"query": QUERY, **params})
     assert response.status_code == 400, response.text
+    # The connection stays usable after the refusal (it once reset the next request).
+    assert response.headers.get("connection") != "close"
     body = response.json()
     assert body["error"] == "invalid_parameter" and body["detail"].startswith(named)
 

@@ -85,6 +85,16 @@ def test_text_postgres_cannot_store(
     assert why in body["context"]
 
 
+def test_a_long_id_is_refused_before_anything_is_written(
+    client: TestClient, fixture_url: str
+) -> None:
+    """A 3,000-character id once reached the btree and came back as a 500 naming the index."""
+    nodes = _nodes(200)
+    nodes[150]["id"] = "t" * 3000
+    body = _rejected(client, fixture_url, nodes)
+    assert "longer than 512 characters" in body["context"] and "index" not in body["detail"]
+
+
 def test_deep_nesting_and_far_timestamps(client: TestClient, fixture_url: str) -> None:
     deep = json.dumps(_nodes(1)[0])[:-1] + ', "metadata": ' + "[" * 1000 + "]" * 1000 + "}"
     _rejected(client, fixture_url, deep)

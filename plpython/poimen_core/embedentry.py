@@ -22,7 +22,7 @@ from poimen_core.vocabulary import LOCAL_DIM as LOCAL_DIM
 from poimen_core.vocabulary import LOCAL_MODEL as LOCAL_MODEL
 from poimen_core.vocabulary import SQLSTATES
 
-__all__ = ["EMBEDDER_UNAVAILABLE", "LOCAL_DIM", "LOCAL_MODEL", "embed_for_sql"]
+__all__ = ["EMBEDDER_UNAVAILABLE", "LOCAL_DIM", "LOCAL_MODEL", "embed_for_sql", "embed_threads"]
 
 # Same class as the optimizer's missing-module error: the database host lacks a part.
 EMBEDDER_UNAVAILABLE = SQLSTATES["component_unavailable"]
@@ -41,7 +41,21 @@ def _deps_dir(root: str) -> str:
     return os.path.join(root, _pyver())
 
 
-def _load(plpy: PlpyLike, gd: dict[str, Any], deps_root: str | None, code_dir: str) -> Any:
+def embed_threads(setting: str | None) -> int:
+    """The intra-op threads of a backend's model: poimen.embed_threads (a GUC a DBA sets
+    per database or role), 1 by default, at most the host's cores. Every backend that
+    embeds holds its own model, so threads multiply by connections."""
+    cores = os.cpu_count() or 1
+    if setting is None or setting.strip() == "":
+        return 1
+    if not setting.strip().isdigit() or not 1 <= int(setting) <= cores:
+        raise ValueError(f"poimen.embed_threads must be 1..{cores} (this host's cores)")
+    return int(setting)
+
+
+def _load(
+    plpy: PlpyLike, gd: dict[str, Any], deps_root: str | None, code_dir: str, threads: int
+) -> Any:
     if deps_root is None:
         plpy.error(
             "the in-database embedder is not installed on this host",
@@ -51,13 +65,16 @@ def _load(plpy: PlpyLike, gd: dict[str, Any], deps_root: str | None, code_dir: s
         )
     deps = _deps_dir(deps_root)
     tokenizer = Path(code_dir) / "tokenizer.json"
-    threads = min(2, os.cpu_count() or 1)  # the service's default (POIMEN_EMBED_THREADS)
     key = (deps, str(tokenizer), threads)
     cached = gd.get(_CACHE_KEY)
     if cached is not None and cached[0] == key:
         return cached[1]
     if deps not in sys.path:
         sys.path.insert(0, deps)
+    # A backend embeds one text at a time: the tokenizer's and OpenBLAS's thread pools
+    # (numpy only pools and normalises here) would only add threads to every connection.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     started = time.perf_counter()
     try:
         from poimen_core.minilm import MiniLM, ModelFileError, model_path
@@ -94,6 +111,7 @@ def embed_for_sql(
     server_url: str | None = None,
     server_model: str | None = None,
     server_timeout_s: float | None = None,
+    threads_setting: str | None = None,
 ) -> str:
     """The text's vector in pgvector's input format, from the database's configured model:
     the remote server of memory.configure_embedding_server when one is set, else the local
@@ -111,7 +129,16 @@ def embed_for_sql(
             "or pass query_embedding computed by that model's client.",
             sqlstate=EMBEDDER_UNAVAILABLE,
         )
-    vec = _load(plpy, gd, deps_root, code_dir).embed_one(text)
+    try:
+        threads = embed_threads(threads_setting)
+    except ValueError as exc:
+        plpy.error(
+            str(exc),
+            detail=f"got {threads_setting!r}",
+            hint="e.g. ALTER DATABASE ... SET poimen.embed_threads = 1 (the default)",
+            sqlstate="22023",
+        )
+    vec = _load(plpy, gd, deps_root, code_dir, threads).embed_one(text)
     # repr of each float32 (widened to a Python float) reads back to the same float32.
     return "[" + ",".join(map(repr, vec.tolist())) + "]"
 

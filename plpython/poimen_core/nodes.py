@@ -25,10 +25,15 @@ HASH_VERSION = "poimen-node/1"
 PROJECT_NAME = re.compile(vocabulary.PROJECT_NAME)  # as memory.projects CHECK
 MAX_TEXT_CHARS = 100_000
 MAX_JSON_DEPTH = 32  # nesting of a node's JSON (metadata included)
-# A node's metadata as compact JSON, in characters: every query result and evidence turn
-# carries its node's metadata, so this bounds what metadata adds to a response (50 results
-# and 100 turns: at most 2.4 MB on top of the texts).
-MAX_METADATA_CHARS = 16_384
+# Bounds on the other fields, so that every write fits its indexes (an external id is a
+# btree key, at most 2,704 bytes: 512 characters of up to 4 UTF-8 bytes stay below) and
+# every answer that carries a node stays bounded too.
+MAX_ID_CHARS = 512
+MAX_PARENTS = 256
+MAX_TITLE_CHARS = 1_000
+MAX_SOURCE_CHARS = 2_048
+MAX_BREADCRUMB = 32  # items, each at most MAX_TITLE_CHARS
+MAX_METADATA_BYTES = 16_384  # compact JSON, UTF-8
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,9 @@ def _bad_text(value: Any) -> str | None:
     return None
 
 
-def _opt_str(obj: dict[str, Any], key: str, line_no: int, errors: list[LineError]) -> str | None:
+def _opt_str(
+    obj: dict[str, Any], key: str, line_no: int, errors: list[LineError], most: int
+) -> str | None:
     value = obj.get(key)
     if value is None:
         return None
@@ -178,7 +185,28 @@ def _opt_str(obj: dict[str, Any], key: str, line_no: int, errors: list[LineError
             LineError(line_no, key, f"must be a string or null, got {type(value).__name__}")
         )
         return None
+    if len(value) > most:
+        errors.append(LineError(line_no, key, f"longer than {most} characters"))
+        return None
     return value
+
+
+def _blank(text: str) -> bool:
+    """Nothing but white space, controls and format characters (a zero-width space or a
+    BOM is not white space to str.strip, yet it is nothing to search or cite either)."""
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf") for ch in text)
+
+
+def _id_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be a node id (an id or a parent), or None. Strings only: a JSON
+    number would be stored as its text, and 12345 and 12345.0 would not name one node."""
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__}"
+    if _blank(value):
+        return "must not be empty or blank"
+    if len(value) > MAX_ID_CHARS:
+        return f"longer than {MAX_ID_CHARS} characters"
+    return None
 
 
 def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecord | list[LineError]:
@@ -192,14 +220,14 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
     if not isinstance(obj, dict):
         return [LineError(line_no, "<json>", "each node must be a JSON object")]
     text = obj.get("text")
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str) or _blank(text):
         errors.append(LineError(line_no, "text", "required, a non-empty string"))
     elif len(text) > MAX_TEXT_CHARS:
         errors.append(LineError(line_no, "text", f"longer than {MAX_TEXT_CHARS} characters"))
     level = obj.get("level")
     if level not in LEVELS:
         errors.append(LineError(line_no, "level", f"must be one of L0, L1, L2, got {level!r}"))
-    project = _opt_str(obj, "project", line_no, errors) or default_project
+    project = _opt_str(obj, "project", line_no, errors, 128) or default_project
     if not project:
         errors.append(LineError(line_no, "project", "required (or pass --project)"))
     elif not PROJECT_NAME.fullmatch(project):
@@ -208,8 +236,9 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
                       "(letters, digits, _ . : -; at most 128; starts alphanumeric)")
         )  # fmt: skip
     ext_id = obj.get("id")
-    if ext_id is not None and (isinstance(ext_id, bool) or not isinstance(ext_id, str | int)):
-        errors.append(LineError(line_no, "id", "must be a string"))
+    id_problem = None if ext_id is None else _id_problem(ext_id)
+    if id_problem:
+        errors.append(LineError(line_no, "id", id_problem))
     ts: datetime | None = None
     raw_ts = obj.get("timestamp")
     if raw_ts is not None and raw_ts != "":  # "" means unknown, like null
@@ -227,35 +256,39 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
                 errors.append(LineError(line_no, "timestamp", f"out of range: {raw_ts!r}"))
     parents = obj.get("parents")
     parents = [] if parents is None else parents
-    if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
+    if not isinstance(parents, list):
         errors.append(LineError(line_no, "parents", "must be a list of node ids"))
         parents = []
+    elif len(parents) > MAX_PARENTS:
+        errors.append(LineError(line_no, "parents", f"more than {MAX_PARENTS} parents"))
+        parents = []
+    else:
+        problem = next(((i, m) for i, p in enumerate(parents) if (m := _id_problem(p))), None)
+        if problem:
+            errors.append(LineError(line_no, "parents", f"parent {problem[0]} {problem[1]}"))
+            parents = []
     breadcrumb = obj.get("breadcrumb")
     breadcrumb = [] if breadcrumb is None else breadcrumb
     if not isinstance(breadcrumb, list) or not all(isinstance(b, str) for b in breadcrumb):
         errors.append(LineError(line_no, "breadcrumb", "must be a list of strings"))
+        breadcrumb = []
+    elif len(breadcrumb) > MAX_BREADCRUMB or any(len(b) > MAX_TITLE_CHARS for b in breadcrumb):
+        errors.append(LineError(line_no, "breadcrumb", f"at most {MAX_BREADCRUMB} items of "
+                                f"at most {MAX_TITLE_CHARS} characters"))  # fmt: skip
         breadcrumb = []
     metadata = obj.get("metadata")
     metadata = {} if metadata is None else metadata
     if not isinstance(metadata, dict):
         errors.append(LineError(line_no, "metadata", "must be a JSON object"))
         metadata = {}
-    else:
-        try:
-            size = len(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False))
-        except (TypeError, ValueError):
-            size = 0  # reported by the JSON checks below
-        if size > MAX_METADATA_CHARS:
-            errors.append(
-                LineError(
-                    line_no,
-                    "metadata",
-                    f"longer than {MAX_METADATA_CHARS} characters as JSON ({size})",
-                )
-            )
-            metadata = {}
-    title = _opt_str(obj, "title", line_no, errors)
-    source = _opt_str(obj, "source", line_no, errors)
+    elif len(json.dumps(metadata, ensure_ascii=False, separators=(",", ":")).encode(
+        "utf-8", "surrogatepass"
+    )) > MAX_METADATA_BYTES:  # fmt: skip
+        errors.append(LineError(line_no, "metadata", f"larger than {MAX_METADATA_BYTES} bytes "
+                                "as compact JSON"))  # fmt: skip
+        metadata = {}
+    title = _opt_str(obj, "title", line_no, errors, MAX_TITLE_CHARS)
+    source = _opt_str(obj, "source", line_no, errors, MAX_SOURCE_CHARS)
     bad = _bad_text(obj)
     if bad:
         # PostgreSQL text and jsonb cannot store it; say so instead of failing mid-batch.
@@ -268,7 +301,7 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
         project=project,
         level=level,
         text=text,
-        external_id=None if ext_id is None else str(ext_id),
+        external_id=ext_id,
         title=title,
         source=source,
         timestamp=ts,

@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from poimen_core.dates import DateRange, extract_dates, span
+from poimen_core.vocabulary import REFERENCE_YEARS
 
 __all__ = [
     "ENTITY_KEYS",
@@ -27,7 +28,9 @@ __all__ = [
     "QueryOptimizerError",
     "QuestionType",
     "SearchStrategy",
+    "check_reference_time",
     "optimize_query",
+    "reference_time_error",
 ]
 
 # Bump whenever a rule, pattern or confidence changes: the service compares it with
@@ -43,9 +46,36 @@ ENTITY_KEYS = ("year", "phrase", "tag", "mention")
 
 MIN_TOKENS_FOR_ROUTING = 3
 
+QUERY_HINT = "Pass a query containing at least one non-whitespace character."
+
 
 class QueryOptimizerError(ValueError):
-    """Raised when a query cannot be optimized: not a string, or empty after normalizing."""
+    """Raised when a query cannot be optimized: not a string, empty after normalizing, or a
+    reference time outside REFERENCE_YEARS. ``hint`` says what to pass instead."""
+
+    def __init__(self, message: str, hint: str = QUERY_HINT) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+def reference_time_error(shown: str) -> QueryOptimizerError:
+    first, last = REFERENCE_YEARS
+    return QueryOptimizerError(
+        f"reference_time must be an ISO timestamp within years {first}..{last} in UTC, got {shown}",
+        hint="e.g. reference_time 2023-05-08T13:56:00Z; relative dates count from it",
+    )
+
+
+def check_reference_time(ts: datetime) -> datetime:
+    """``ts`` in UTC when its year is within REFERENCE_YEARS; QueryOptimizerError otherwise
+    (a naive timestamp is taken as UTC)."""
+    try:
+        utc = (ts if ts.tzinfo else ts.replace(tzinfo=UTC)).astimezone(UTC)
+    except OverflowError:
+        utc = None
+    if utc is None or not REFERENCE_YEARS[0] <= utc.year <= REFERENCE_YEARS[1]:
+        raise reference_time_error(ts.isoformat())
+    return utc
 
 
 class SearchStrategy(StrEnum):
@@ -208,7 +238,7 @@ def optimize_query(raw: str, reference_time: datetime | None = None) -> QueryCon
     has_date_filters = bool(entities["year"])
     has_negation = any(_is_negation(token) for token in tokens)
 
-    now = reference_time or datetime.now(UTC)
+    now = check_reference_time(reference_time) if reference_time else datetime.now(UTC)
     dates = tuple(extract_dates(normalized, now))
     relative = any(d.form == "relative" for d in dates)
 

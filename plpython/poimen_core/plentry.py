@@ -11,7 +11,12 @@ import json
 from datetime import datetime
 from typing import NoReturn, Protocol
 
-from poimen_core.optimizer import OPTIMIZER_VERSION, QueryOptimizerError, optimize_query
+from poimen_core.optimizer import (
+    OPTIMIZER_VERSION,
+    QueryOptimizerError,
+    optimize_query,
+    reference_time_error,
+)
 
 __all__ = ["INVALID_PARAMETER_VALUE", "PlpyLike", "optimize_query_json", "plan_for_sql"]
 
@@ -38,7 +43,12 @@ def optimize_query_json(raw: str | None, reference_time: str | None = None) -> s
     ``reference_time`` is an ISO timestamp (the SQL function pins DateStyle ISO)."""
     if raw is None:
         raise QueryOptimizerError("query is NULL")
-    ref = datetime.fromisoformat(reference_time) if reference_time else None
+    ref = None
+    if reference_time:
+        try:
+            ref = datetime.fromisoformat(reference_time)
+        except ValueError:  # 'infinity' or a BC date: PostgreSQL holds them, Python cannot
+            raise reference_time_error(reference_time) from None
     # ensure_ascii keeps the text valid in any server encoding, SQL_ASCII included.
     return json.dumps(optimize_query(raw, ref).to_dict())
 
@@ -56,6 +66,6 @@ def plan_for_sql(plpy: PlpyLike, raw: str | None, reference_time: str | None = N
         plpy.error(
             f"poimen query optimizer: {exc}",
             detail=f"received {received}; optimizer version {OPTIMIZER_VERSION}",
-            hint="Pass a query containing at least one non-whitespace character.",
+            hint=exc.hint,
             sqlstate=INVALID_PARAMETER_VALUE,
         )

@@ -15,6 +15,7 @@ __all__ = [
     "LOCAL_MODEL",
     "PROJECT_NAME",
     "QUESTION_TYPES",
+    "REFERENCE_YEARS",
     "SQLSTATES",
     "STRATEGIES",
     "sql_literals",
@@ -34,6 +35,10 @@ QUESTION_TYPES = (
 )
 # A project's name (memory.projects.name's CHECK, from migration 0001, says the same).
 PROJECT_NAME = "[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
+# The years (UTC) a reference_time may fall in: every relative date it anchors ("last
+# year", "this month", "past week") then stays within the years 1..9999 that both Python
+# and PostgreSQL dates hold. 'infinity' and year 1 are refused (22023), never a 500.
+REFERENCE_YEARS = (2, 9998)
 # The local embedding model's name and dimension, as memory.embedding_model records them
 # (no numpy needed to compare them).
 LOCAL_MODEL = "all-MiniLM-L6-v2-onnx-int8"
@@ -64,5 +69,6 @@ def sql_literals() -> dict[str, str]:
     }
     out = {k: "ARRAY[" + ", ".join(_text(v) for v in vs) + "]::text[]" for k, vs in arrays.items()}
     out["project_name"] = _text("^" + PROJECT_NAME + "$")
+    out["reference_first_year"], out["reference_last_year"] = map(str, REFERENCE_YEARS)
     out |= {f"sqlstate_{k}": _text(v) for k, v in SQLSTATES.items()}
     return out

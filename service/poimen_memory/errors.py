@@ -85,8 +85,13 @@ class PayloadTooLarge(PoimenError, code="payload_too_large", status=413):
     """A request body over POIMEN_MAX_BODY_BYTES; it was not read to the end."""
 
 
+class RequestTimeout(PoimenError, code="request_timeout", status=408):
+    """The request body did not arrive within POIMEN_HTTP_BODY_TIMEOUT_S."""
+
+
 class Busy(PoimenError, code="busy", status=503):
-    """Every ingest slot is taken (POIMEN_INGEST_WORKERS + POIMEN_INGEST_QUEUE); retry later."""
+    """At capacity: every ingest slot (POIMEN_INGEST_WORKERS + POIMEN_INGEST_QUEUE), or the
+    admission queue (POIMEN_HTTP_MAX_INFLIGHT + POIMEN_HTTP_QUEUE), is taken; retry later."""
 
 
 class ConflictError(PoimenError, code="conflict", status=409):

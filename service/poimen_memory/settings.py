@@ -243,7 +243,13 @@ class Settings(FromEnv):
     pool_timeout_s: float = setting("POIMEN_POOL_TIMEOUT_S", positive, 0.5)
     pool_check_idle_s: float = setting("POIMEN_POOL_CHECK_IDLE_S", at_least(0.0, float), 1.0)
     http_keep_alive_s: int = setting("POIMEN_HTTP_KEEP_ALIVE_S", at_least(1), 5)
-    http_max_concurrency: int = setting("POIMEN_HTTP_MAX_CONCURRENCY", at_least(1), 64)
+    # uvicorn's own bound on connections and tasks (beyond it uvicorn answers a bare 503);
+    # the service's admission (api/admission.py) refuses first, with Retry-After.
+    http_max_concurrency: int = setting("POIMEN_HTTP_MAX_CONCURRENCY", at_least(1), 1024)
+    http_max_inflight: int = setting("POIMEN_HTTP_MAX_INFLIGHT", at_least(1), 16)
+    http_queue: int = setting("POIMEN_HTTP_QUEUE", at_least(0), 64)
+    http_queue_wait_s: float = setting("POIMEN_HTTP_QUEUE_WAIT_S", at_least(0.0, float), 1.0)
+    http_retry_after_s: int = setting("POIMEN_HTTP_RETRY_AFTER_S", at_least(1), 1)
     http_max_header_bytes: int = setting("POIMEN_HTTP_MAX_HEADER_BYTES", at_least(1024), 16384)
     auth_cache_s: float = setting("POIMEN_AUTH_CACHE_S", at_least(0.0, float), 5.0)
     # The key `poimen-memory mcp` (stdio) calls with, as an HTTP client sends its own.
@@ -257,6 +263,8 @@ class Settings(FromEnv):
     ingest_workers: int = setting("POIMEN_INGEST_WORKERS", at_least(1), 1)
     ingest_queue: int = setting("POIMEN_INGEST_QUEUE", at_least(0), 4)
     max_body_bytes: int = setting("POIMEN_MAX_BODY_BYTES", at_least(1024), 10 * 1024 * 1024)
+    # A body trickling in holds a connection and an ingest slot: it has this long, in all.
+    http_body_timeout_s: float = setting("POIMEN_HTTP_BODY_TIMEOUT_S", positive, 30.0)
     pg_lexical: bool = setting("POIMEN_PG_LEXICAL", _bool, True)
     # The request log never carries query text unless this is on (docs/observability.md).
     log_query_text: bool = setting("POIMEN_LOG_QUERY_TEXT", _bool, False)

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given
@@ -329,3 +330,25 @@ def test_property_valid_context_or_documented_error(raw: str) -> None:
     assert len(ctx.normalized_query) <= MAX_QUERY_CHARS
     assert ctx.reasons
     json.dumps(ctx.to_dict())
+
+
+@pytest.mark.parametrize(
+    ("query", "reference"),
+    [
+        ("notes from last week", datetime(1, 1, 1, tzinfo=UTC)),
+        ("notes from last year", datetime(1, 3, 1, tzinfo=UTC)),
+        ("notes from this month", datetime(9999, 12, 31, tzinfo=UTC)),
+        ("notes", datetime(1, 1, 1, 1, tzinfo=timezone(timedelta(hours=20)))),
+    ],
+)
+def test_a_reference_time_outside_its_years_is_refused(query: str, reference: datetime) -> None:
+    with pytest.raises(QueryOptimizerError, match=r"within years 2\.\.9998") as info:
+        optimize_query(query, reference)
+    assert "reference_time" in info.value.hint
+
+
+def test_every_relative_date_resolves_at_the_edges_of_the_years() -> None:
+    for reference in (datetime(2, 1, 1, tzinfo=UTC), datetime(9998, 12, 31, 23, tzinfo=UTC)):
+        for term in ("yesterday", "today", "last week", "this month", "last year", "past year"):
+            ctx = optimize_query(f"notes from {term}", reference)
+            assert ctx.dates and ctx.dates[0].form == "relative"

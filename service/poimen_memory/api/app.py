@@ -18,6 +18,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from poimen_memory.api import metrics, nodes, ui
+from poimen_memory.api.admission import Admission, arrived
+from poimen_memory.api.asgi import LastResort
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.health import HealthCache
 from poimen_memory.api.mcp_server import McpEndpoint
@@ -27,8 +29,10 @@ from poimen_memory.api.request_log import RequestLogMiddleware
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import (
+    DatabaseError,
     PayloadTooLarge,
     PoimenError,
+    RequestTimeout,
     ValidationError,
 )
 from poimen_memory.ingest.nodes import MAX_JSON_DEPTH, LineError, NodeRecord, loads
@@ -38,31 +42,48 @@ from poimen_memory.settings import Settings
 log = logging.getLogger("poimen_memory")
 
 
-def _error(err: PoimenError) -> JSONResponse:
-    return JSONResponse(err.to_json(), status_code=err.http_status)
+def _error(err: PoimenError, retry_after_s: int) -> JSONResponse:
+    # Every 503 (busy, a timeout, the database or an upstream down) says when to try again.
+    headers = {"Retry-After": str(retry_after_s)} if err.http_status == 503 else None
+    body = err.to_json()
+    if isinstance(err, DatabaseError):
+        # A database error no table row names is the server's, in the server's words: data
+        # file paths ("could not extend file base/16384/...": EFBIG), index and constraint
+        # names, SQL. Those go to the service's log; the client gets the SQLSTATE.
+        log.error("database error %s: %s (%s)", err.sqlstate, err.message, err.detail or "")
+        body = {
+            "error": err.code,
+            "detail": f"the database could not complete the request (SQLSTATE {err.sqlstate})",
+            "hint": "the service's log has the server's message, under this X-Request-ID",
+        }
+    return JSONResponse(body, status_code=err.http_status, headers=headers)
 
 
 # Routes raise; these turn typed and database errors into the one JSON error shape. Starlette
 # picks the handler by the exception's MRO, so OperationalError wins over psycopg.Error.
 async def _poimen_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, PoimenError)
-    return _error(exc)
+    return _error(exc, request.app.state.retry_after_s)
 
 
 async def _db_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, psycopg.Error)
-    return _error(translate(exc))
+    return _error(translate(exc), request.app.state.retry_after_s)
 
 
 async def memory_query(request: Request) -> JSONResponse:
     state: Services = request.app.state.poimen
-    body = await query_memory(state, request.app.state.keys, request.headers, request.query_params)
+    body = await query_memory(
+        state, request.app.state.keys, request.headers, request.query_params,
+        arrived=arrived(request.scope),
+    )  # fmt: skip
     metrics.observe_query(request, body)
     return JSONResponse(body)
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) as soon as it passes ``limit`` bytes."""
+async def _body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The request body, refused (413) as soon as it passes ``limit`` bytes, and (408) when
+    it has not all arrived within ``timeout_s``."""
     declared = request.headers.get("content-length", "")
     too_large = PayloadTooLarge(
         f"request body is over {limit} bytes",
@@ -71,11 +92,18 @@ async def _body(request: Request, limit: int) -> bytes:
     if declared.isdigit() and int(declared) > limit:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"the request body did not arrive within {timeout_s:g} s ({size} bytes came)",
+            hint="POIMEN_HTTP_BODY_TIMEOUT_S sets the limit; send the body at once",
+        ) from None
     return b"".join(chunks)
 
 
@@ -106,7 +134,7 @@ async def post_nodes(request: Request) -> JSONResponse:
     keys = request.app.state.keys
     # The key first: an unauthenticated body is never read, let alone parsed.
     await keys.write_projects(request.headers, ())
-    raw = await _body(request, state.settings.max_body_bytes)
+    raw = await _body(request, state.settings.max_body_bytes, state.settings.http_body_timeout_s)
     skip = request.query_params.getlist("skip_invalid")
     if skip not in ([], ["true"], ["false"]):
         raise ValidationError(f"skip_invalid must be true or false, got {skip!r}")
@@ -158,11 +186,6 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
                         headers=exc.headers)  # fmt: skip
 
 
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return JSONResponse({"error": "internal_error", "detail": type(exc).__name__}, status_code=500)
-
-
 async def openapi(request: Request) -> JSONResponse:
     return JSONResponse(openapi_spec())
 
@@ -181,12 +204,11 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
             async with mcp.run():
                 yield
 
-    return Starlette(
+    app = Starlette(
         exception_handlers={
             PoimenError: _poimen_error,
             psycopg.Error: _db_error,
             HTTPException: _http_error,
-            Exception: _unexpected,
         },
         routes=[
             Route("/memory/query", memory_query, methods=["GET"]),
@@ -204,6 +226,18 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
         middleware=[
             Middleware(RequestLogMiddleware, log_query_text=cfg.log_query_text),
             Middleware(metrics.MetricsMiddleware),
+            # Inside the log and the metrics, so they record the status it answers.
+            Middleware(LastResort),
+            Middleware(
+                Admission,
+                max_inflight=cfg.http_max_inflight,
+                queue=cfg.http_queue,
+                wait_s=cfg.http_queue_wait_s,
+                retry_after_s=cfg.http_retry_after_s,
+            ),
         ],
         lifespan=lifespan,
     )
+    # Read by the error handlers, which may run before the lifespan (a 503 at start-up).
+    app.state.retry_after_s = cfg.http_retry_after_s
+    return app

@@ -1,10 +1,16 @@
-"""A small piece both middlewares need: the response status, seen as it is sent."""
+"""Small ASGI pieces the middlewares share: the response status seen as it is sent, and
+the last-resort handler of what no route caught."""
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Callable
 
-from starlette.types import Message, Send
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("poimen_memory")
 
 
 class StatusRecorder:
@@ -15,10 +21,51 @@ class StatusRecorder:
     def __init__(self, send: Send, on_start: Callable[[Message], None] | None = None) -> None:
         self._send, self._on_start = send, on_start
         self.status = 500
+        self.started = False
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.status = int(message["status"])
+            self.started = True
             if self._on_start is not None:
                 self._on_start(message)
         await self._send(message)
+
+
+class LastResort:
+    """Answers what nothing else caught, and keeps the connection usable.
+
+    Starlette's own last handler re-raises after its 500, and uvicorn then closes a
+    keep-alive connection without saying so: the client's next request on it failed with
+    ECONNRESET. Here the exception ends with the response: a JSON 500 (the route's
+    traceback goes to the log), or, for a client that went away mid-body, a 400 nobody
+    reads but the request log and the metrics count as the client's doing, not a 500.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        recorder = StatusRecorder(send)
+        try:
+            await self.app(scope, receive, recorder)
+        except ClientDisconnect:
+            if not recorder.started:
+                gone = "the client closed the connection before its request body ended"
+                await _json(send, 400, {"error": "client_disconnected", "detail": gone})
+        except Exception as exc:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if recorder.started:
+                raise  # half a response: only closing the connection ends it
+            await _json(send, 500, {"error": "internal_error", "detail": type(exc).__name__})
+
+
+async def _json(send: Send, status: int, body: dict[str, str]) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})  # fmt: skip
+    await send({"type": "http.response.body", "body": data})

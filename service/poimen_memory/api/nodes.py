@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from poimen_core.nodes import MAX_ID_CHARS
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.db import tenant
 from poimen_memory.db.queries import q
@@ -21,7 +22,6 @@ from poimen_memory.services import Services
 __all__ = ["LIST_DEFAULT", "LIST_MAX", "get_node", "list_nodes"]
 
 LIST_DEFAULT, LIST_MAX = 50, 100  # memory.list_nodes' default and bound
-MAX_ID_CHARS = 1000
 
 
 def _project(params: Mapping[str, str]) -> str | None:

@@ -61,7 +61,7 @@ _NODE_FIELDS: dict[str, Any] = {
         for k in ("level", "sha256", "project", "title", "text", "source", "timestamp")
     },
     "breadcrumb": {"type": ["array", "null"], "items": {"type": "string"}},
-    # As written (ingest's metadata object; at most 16 KiB as compact JSON since issue 24).
+    # As written (ingest's metadata object: at most 16 KiB as compact UTF-8 JSON).
     "metadata": {"type": "object"},
 }
 
@@ -452,6 +452,7 @@ def openapi_spec() -> dict[str, Any]:
                         "400": _err("invalid_node: a line failed validation; nothing written"),
                         **_AUTH_ERRORS,
                         "409": _err("embedding_model_mismatch, or conflict with stored data"),
+                        "408": _err("request_timeout: body slower than POIMEN_HTTP_BODY_TIMEOUT_S"),
                         "413": _err("payload_too_large: body over POIMEN_MAX_BODY_BYTES"),
                         "503": _err("busy, database_unavailable or embedding_service_unavailable"),
                     },
@@ -470,7 +471,7 @@ def openapi_spec() -> dict[str, Any]:
                             "name": "node_id",
                             "in": "path",
                             "required": True,
-                            "schema": {"type": "string", "minLength": 1, "maxLength": 1000},
+                            "schema": {"type": "string", "minLength": 1, "maxLength": 512},
                             "description": "The node's id (external_id).",
                         },
                         {

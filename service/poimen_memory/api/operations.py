@@ -24,12 +24,18 @@ __all__ = ["query_memory", "records_from_lines", "write_nodes"]
 
 
 async def query_memory(
-    state: Services, keys: KeyRing, headers: Mapping[str, str], params: Mapping[str, str]
+    state: Services,
+    keys: KeyRing,
+    headers: Mapping[str, str],
+    params: Mapping[str, str],
+    *,
+    arrived: float | None = None,
 ) -> dict[str, Any]:
-    """The GET /memory/query answer for these query parameters (as strings, as in a URL)."""
+    """The GET /memory/query answer for these query parameters (as strings, as in a URL).
+    The deadline counts from ``arrived`` (time.monotonic()) when given: time queued counts."""
     req = parse_query(params, state.settings)
     req = replace(req, project=await keys.read_project(headers, req.project))
-    return await state.retriever.query(req)
+    return await state.retriever.query(req, started=arrived)
 
 
 def records_from_lines(

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TypeVar
 
+from poimen_core.optimizer import QueryOptimizerError, check_reference_time, reference_time_error
 from poimen_memory.errors import ValidationError
 from poimen_memory.ingest.nodes import PROJECT_NAME
 from poimen_memory.retrieval.models import FUSION_METHODS, LEVELS, STRATEGIES, QueryRequest
@@ -86,13 +87,10 @@ def _reference_time(raw: str | None) -> datetime | None:
     if raw is None:
         return None
     try:
-        ts = datetime.fromisoformat(raw)
-        ts = ts if ts.tzinfo else ts.replace(tzinfo=UTC)  # without an offset: UTC
-        # Relative dates are computed in UTC: 0001-01-01T00:00+20:00 has no UTC date.
-        ts.astimezone(UTC)
-    except (ValueError, OverflowError) as exc:
-        raise ValidationError(
-            f"reference_time must be an ISO timestamp within years 1..9999 in UTC, got {raw!r}",
-            hint="e.g. reference_time=2023-05-08T13:56:00Z; relative dates count from it",
-        ) from exc
-    return ts
+        # The optimizer's bounds, the same for SQL users (memory.optimize_query).
+        return check_reference_time(datetime.fromisoformat(raw))
+    except QueryOptimizerError as exc:
+        raise ValidationError(str(exc), hint=exc.hint) from exc
+    except ValueError as exc:
+        error = reference_time_error(repr(raw))
+        raise ValidationError(str(error), hint=error.hint) from exc

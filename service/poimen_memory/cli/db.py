@@ -31,7 +31,7 @@ def cmd_db(args: argparse.Namespace) -> int:
     cluster = embedded_cluster(s)
     if args.action == "start":
         cluster.start()
-        print(f"running: {cluster.url()}  (data {cluster.data_dir}, log {cluster.log_file})")
+        print(f"running: {cluster.url()}  (data {cluster.data_dir}, log {cluster.log_dir})")
     elif args.action == "stop":
         cluster.stop()
         print("stopped")
@@ -65,7 +65,7 @@ def _replica(s: Settings, action: str | None) -> int:
         replica.start()
         print(
             f"streaming standby running: {replica.url()}  (data {replica.data_dir}, "
-            f"log {replica.log_file})"
+            f"log {replica.log_dir})"
         )
         print(f"hint: POIMEN_READ_URLS={read_url}", file=sys.stderr)
     elif action == "stop":

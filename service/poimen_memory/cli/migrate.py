@@ -49,6 +49,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             ensure_service_login(conn, s.service_role)
     for notice in report.notices:
         print(f"notice: {notice}", file=sys.stderr)
+    if not report.plpython_installed:
+        print(
+            "notice: this database has no plpython3u (a managed service, or not a superuser):"
+            " memory.embed, memory.add_nodes and the in-database optimizer raise PM503;"
+            " the HTTP service is complete, and memory_query() answers with query_embedding"
+            " (docs/managed-postgres.md)",
+            file=sys.stderr,
+        )
     for wait in report.lock_waits:
         print(f"notice: waited for a lock, retried: {wait}", file=sys.stderr)
     print(

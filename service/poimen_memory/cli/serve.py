@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 from poimen_memory.cli.common import load_settings, service_settings, started_url
 from poimen_memory.db.connect import connect
@@ -31,7 +34,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     # The superuser only migrates; the service runs as its own role, under row-level security.
     app = create_app(service_settings(s))
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
@@ -44,7 +47,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
         limit_concurrency=s.http_max_concurrency,
         h11_max_incomplete_event_size=s.http_max_header_bytes,
     )
+    _graceful_server(config).run()
     return 0
+
+
+def _graceful_server(config: Any) -> Any:
+    """uvicorn.Server, except that a stop by SIGTERM or SIGINT, once the server has shut
+    down gracefully, exits 0 (as PostgreSQL's does): uvicorn raises the signal again, and
+    the process then died of it (status -15, 143 in a shell), which a service manager reads
+    as a crash. (uvicorn is imported only by `serve`: the other commands start faster.)"""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                yield
+                self._captured_signals.clear()  # handled: nothing to raise again
+
+    return Server(config)
 
 
 def _has_keys(url: str) -> bool:

@@ -25,7 +25,21 @@ DB_NAME = "poimen"
 # includes, not on the command line: a command-line setting beats ALTER SYSTEM, and a DBA
 # who raises shared_buffers for a million nodes must be able to.
 DEFAULTS_FILE = "poimen.conf"
-SERVER_DEFAULTS = {"shared_buffers": "256MB", "maintenance_work_mem": "512MB"}
+SERVER_DEFAULTS = {
+    "shared_buffers": "256MB",
+    "maintenance_work_mem": "512MB",
+    # The server log holds the SQL of failed statements, node text included: PostgreSQL's
+    # own collector writes it inside the data directory (0700), each file 0600, one file a
+    # weekday truncated a week later, a new one past 100 MB; every line says who and where.
+    "logging_collector": "on",
+    "log_directory": "log",
+    "log_filename": "postgresql-%a.log",
+    "log_file_mode": "0600",
+    "log_truncate_on_rotation": "on",
+    "log_rotation_age": "1d",
+    "log_rotation_size": "100MB",
+    "log_line_prefix": "%m [%p] %q%u@%d ",
+}
 
 
 def find_pg_bin(explicit: Path | None = None, setup_state: Path = DEFAULT_SETUP_STATE) -> Path:
@@ -74,7 +88,13 @@ class Cluster:
 
     @property
     def log_file(self) -> Path:
+        """What the server says while it starts, before its collector takes over."""
         return self.data_dir.parent / f"{self.data_dir.name}.log"
+
+    @property
+    def log_dir(self) -> Path:
+        """The server's log (SERVER_DEFAULTS: log_directory), private to its OS user."""
+        return self.data_dir / "log"
 
     def url(self, dbname: str = DB_NAME, user: str = "postgres") -> str:
         return f"postgresql://{user}@/{dbname}?host={self.socket_dir}&port={self.port}"
@@ -91,7 +111,7 @@ class Cluster:
             raise ClusterError(
                 f"{Path(args[0]).name} failed (exit {proc.returncode})",
                 detail=(proc.stderr or proc.stdout).strip()[-2000:],
-                hint=f"see {self.log_file}",
+                hint=f"see {self.log_file} and {self.log_dir}",
             )
         return proc
 
@@ -254,6 +274,7 @@ class Cluster:
         if fast:
             opts += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
         self.log_file.touch()
+        self.log_file.chmod(0o600)  # it was 0644 in a 0755 POIMEN_HOME: anyone read it
         _chown_postgres(self.log_file)
         self._run(
             str(self.bin_dir / "pg_ctl"),
@@ -311,4 +332,6 @@ class Cluster:
             if self.running():
                 return
             time.sleep(0.05)
-        raise ClusterError("cluster did not become ready", hint=f"see {self.log_file}")
+        raise ClusterError(
+            "cluster did not become ready", hint=f"see {self.log_file} and {self.log_dir}"
+        )

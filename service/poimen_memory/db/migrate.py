@@ -267,6 +267,9 @@ class MigrateReport:
     e.g. 0008 names the roles that row-level security now shows no project."""
     lock_waits: list[str] = field(default_factory=list)
     """Each attempt that gave up on a lock (and was retried): what it waited for."""
+    plpython_installed: bool = True
+    """False on a database without plpython3u (a managed service): the functions that need
+    it raise PM503 (docs/managed-postgres.md)."""
 
 
 @dataclass(frozen=True)
@@ -434,11 +437,60 @@ def _with_vocabulary(text: str, path: Path) -> str:
     return _VOCABULARY.sub(word, text)
 
 
+# PL/Python is an add-on: a managed PostgreSQL (RDS, Cloud SQL, Azure, Supabase, Neon)
+# never offers plpython3u, and only a superuser may create it. Without it every PL/Python
+# function is made as a PL/pgSQL function of the same signature that raises PM503, which
+# the planner already answers (routing as Hybrid; the lexical leg where memory.embed is
+# missing) and callers already expect where the module is not installed on a host.
+_PLPYTHON_EXTENSION = re.compile(r"^CREATE EXTENSION IF NOT EXISTS plpython3u;$", re.MULTILINE)
+_PLPYTHON_FUNCTION = re.compile(
+    r"(?P<head>CREATE OR REPLACE FUNCTION (?P<name>[\w.]+)\((?:(?!\$\$).)*?)"
+    r"LANGUAGE plpython3u(?P<tail>(?:(?!\$\$).)*?)AS \$\$\n.*?\n\$\$;",
+    re.DOTALL,
+)
+_PLPYTHON_STATUS = """
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'plpython3u'),
+       EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'plpython3u')
+       OR ((SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user)
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_available_extensions
+                       WHERE name = 'plpython3u'))
+"""
+
+
+def plpython_status(conn: psycopg.Connection[Any]) -> tuple[bool, bool]:
+    """(installed in this database, installed or creatable by this role)."""
+    row = conn.execute(_PLPYTHON_STATUS).fetchone()
+    assert row is not None
+    return bool(row[0]), bool(row[1])
+
+
+def _without_plpython(text: str) -> str:
+    def stub(m: re.Match[str]) -> str:
+        return (
+            f"{m.group('head')}LANGUAGE plpgsql{m.group('tail')}AS $$\nBEGIN\n"
+            f"    RAISE EXCEPTION '{m.group('name')} needs PL/Python, which this database "
+            "does not have'\n"
+            "        USING ERRCODE = @vocabulary.sqlstate_component_unavailable@,\n"
+            "              HINT = 'plpython3u is a superuser''s extension (managed services do "
+            "not offer it): pass query_embedding, write through the service, or see "
+            "docs/managed-postgres.md';\n"
+            "END $$;"
+        )
+
+    return _PLPYTHON_FUNCTION.sub(stub, text)
+
+
 def _apply_sql_files(conn: psycopg.Connection[Any], schema: str) -> list[Path]:
     files = sorted(SQL_DIR.glob("*.sql"))
     conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_MARK} () ON COMMIT DROP")
+    installed, _ = plpython_status(conn)
+    # pgvector's hnsw.* settings exist once its library is loaded in this backend; before,
+    # they are placeholders, which `SET hnsw.ef_search` in a function's definition may name
+    # only as a superuser (42501). Reading a vector loads the library.
+    conn.execute("SELECT '[1]'::vector")
     for path in files:
-        text = _with_vocabulary(path.read_text(), path)
+        raw = path.read_text()
+        text = _with_vocabulary(raw if installed else _without_plpython(raw), path)
         conn.execute(_with_vector_schema(text, schema).encode())
     _pin_search_path(conn, schema)
     if schema not in ("public", "pg_catalog"):
@@ -615,8 +667,14 @@ def migrate(
                     notices.append(_notice_text(name, diag))
 
                 conn.add_notice_handler(tell)
+                text = path.read_text()
+                if not plpython_status(conn)[1]:
+                    text = _PLPYTHON_EXTENSION.sub(
+                        "-- plpython3u: not in this database, and this role may not create it",
+                        text,
+                    )
                 try:
-                    conn.execute(path.read_text().encode())
+                    conn.execute(text.encode())
                 finally:
                     conn.remove_notice_handler(tell)
                 conn.execute(
@@ -638,6 +696,7 @@ def migrate(
         return applied, already, notices, schema, sql_files
 
     (applied, already, notices, schema, sql_files), waits = _retrying(conn, lock_timeout_s, attempt)
+    installed, _ = plpython_status(conn)
     removed: list[str] = []
     if plpython_root is not None and py_target is not None:
         removed = remove_old_copies(plpython_root, py_target)
@@ -651,6 +710,7 @@ def migrate(
         None if deps is None else str(deps),
         notices,
         waits,
+        installed,
     )
 
 

@@ -159,10 +159,13 @@ class Retriever:
 
     # -- one query -----------------------------------------------------------------------
 
-    async def query(self, req: QueryRequest) -> dict[str, Any]:
-        deadline = Deadline(req.timeout_s)
+    async def query(self, req: QueryRequest, *, started: float | None = None) -> dict[str, Any]:
+        """The answer to ``req`` within its timeout, counted from ``started`` (a
+        time.monotonic(); default now): a request that waited in the admission queue has
+        that much less time."""
+        deadline = Deadline(req.timeout_s, time.monotonic() if started is None else started)
         try:
-            async with asyncio.timeout(req.timeout_s + 0.05):
+            async with asyncio.timeout(deadline.remaining() + 0.05):
                 return await self._routed(req, deadline)
         except TimeoutError as exc:
             waiting = deadline.waiting_for()

@@ -1,0 +1,126 @@
+"""A managed PostgreSQL (RDS, Cloud SQL, Azure, Supabase, Neon), as far as one cluster can
+play it: the application's role owns its database and may create roles, an administrator
+created `vector` for it, and `plpython3u` does not exist (only a superuser may create it,
+and managed services never offer it). `migrate` ran into 42501 there; now it succeeds as
+that owner, PL/Python's functions become PM503 stubs, and the service and memory_query()
+with a caller's vector answer in full. A cluster of its own: its roles are cluster-wide."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from conftest import FIXTURE, free_port
+from poimen_memory.db.cluster import Cluster, find_pg_bin
+from poimen_memory.db.connect import connect, ensure_service_login
+from poimen_memory.db.migrate import check, migrate, plpython_status
+from poimen_memory.embedders.local import LocalEmbedder
+from poimen_memory.ingest.nodes import parse_lines
+from poimen_memory.ingest.writer import ingest
+from service_client import KONG, query, serve
+
+OWNER = "app_owner"
+
+
+@pytest.fixture(scope="module")
+def managed(work_dir: Path) -> Iterator[tuple[Cluster, str]]:
+    base = work_dir / "managed"  # the server's OS user must reach it
+    c = Cluster(base / "data", base / "run", free_port(), find_pg_bin())
+    c.start(fast=True)
+    with psycopg.connect(c.url("postgres"), autocommit=True) as su:
+        su.execute(f"CREATE ROLE {OWNER} LOGIN CREATEROLE")
+        su.execute(f"CREATE DATABASE managed OWNER {OWNER}")
+    with psycopg.connect(c.url("managed"), autocommit=True) as su:
+        su.execute("CREATE EXTENSION vector")  # what the provider's administrator does
+    # This OS user may log in as the owner too (peer authentication, as for the service).
+    me = "root" if os.geteuid() == 0 else None
+    users = ["postgres", "root"] if me else [os.environ.get("USER", "postgres")]
+    ident = c.data_dir / "pg_ident.conf"
+    ident.write_text(ident.read_text() + "".join(f"poimen {u} {OWNER}\n" for u in users))
+    with psycopg.connect(c.url("postgres"), autocommit=True) as su:
+        su.execute("SELECT pg_reload_conf()")
+    yield c, c.url("managed", user=OWNER)
+    c.destroy()
+
+
+@pytest.fixture(scope="module")
+def migrated(managed: tuple[Cluster, str], embedder: LocalEmbedder) -> str:
+    _, url = managed
+    with connect(url, autocommit=True) as conn:
+        assert conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")\
+            .fetchone() == (False,)  # fmt: skip
+        assert plpython_status(conn) == (False, False)
+        migrate(conn, None)
+        ensure_service_login(conn, "poimen_service")
+        records, _ = parse_lines(FIXTURE.read_text().splitlines())
+        ingest(conn, records, embedder, progress=False)
+    return url
+
+
+def test_migrate_succeeds_as_the_owner_and_check_finds_no_drift(migrated: str) -> None:
+    with connect(migrated, autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM pg_extension WHERE extname = 'plpython3u'"
+        ).fetchone() == (0,)
+        drift = check(conn)
+        assert drift.clean, drift
+        migrate(conn, None)  # and again: idempotent
+        langs = dict(
+            conn.execute(
+                "SELECT p.proname, l.lanname FROM pg_proc p JOIN pg_language l"
+                " ON l.oid = p.prolang WHERE p.pronamespace = 'memory'::regnamespace"
+                " AND p.proname IN ('embed', 'add_nodes', '_optimize_query', 'plpython_load')"
+            ).fetchall()
+        )
+    assert langs == dict.fromkeys(("embed", "add_nodes", "_optimize_query", "plpython_load"),
+                                  "plpgsql")  # fmt: skip
+
+
+def test_the_pl_python_functions_say_what_is_missing(migrated: str) -> None:
+    with connect(migrated) as conn:
+        for call in ("SELECT memory.embed('kong')", "SELECT memory.optimize_query('kong')",
+                     "SELECT memory.add_nodes('[]')"):  # fmt: skip
+            with pytest.raises(psycopg.Error) as info:
+                conn.execute(call)
+            assert info.value.sqlstate == "PM503"
+            assert "needs PL/Python" in str(info.value) and info.value.diag.message_hint
+            conn.rollback()
+
+
+def test_memory_query_answers_with_the_callers_vector_and_without_one(
+    migrated: str, embedder: LocalEmbedder
+) -> None:
+    notices: list[str] = []
+    with connect(migrated) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        vec = embedder.embed_query(KONG)
+        full: list[Any] = conn.execute(
+            "SELECT external_id, search_strategy FROM public.memory_query(%s, %s, 'poimen')",
+            (KONG, vec),
+        ).fetchall()
+        assert full and {r[1] for r in full} == {"Hybrid"}  # no optimizer: routed as Hybrid
+        text_only = conn.execute(
+            "SELECT external_id FROM public.memory_query('kong body buffer', project => 'poimen')"
+        ).fetchall()
+    assert text_only and any("lexical leg answers alone" in n for n in notices)
+
+
+def test_the_service_is_complete_on_it(
+    managed: tuple[Cluster, str], migrated: str, embedder: LocalEmbedder
+) -> None:
+    cluster, _ = managed
+    with serve({"POIMEN_DATABASE_URL": cluster.url("managed", user="poimen_service")},
+               embedder) as client:  # fmt: skip
+        body = query(client, query=KONG, project="poimen")
+        assert body["results"] and body["search_strategy"] in ("Hybrid", "LexicalFirst")
+        r = client.post(
+            "/memory/nodes",
+            json=[{"id": "managed:1", "level": "L0", "project": "poimen",
+                   "text": "written through the service on a managed database"}],
+        )  # fmt: skip
+        assert r.status_code == 201 and r.json()["inserted"] == 1, r.text
