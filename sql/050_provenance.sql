@@ -187,11 +187,16 @@ RETURN CASE WHEN coalesce(parents_declared, 0) = 0 AND coalesce(parents_present,
 COMMENT ON FUNCTION memory.support_status(integer, integer) IS
     'full: every parent a node was written with is still there; partial: some are gone; none: all are gone; NULL: the node was written with no parents (evidence, or an underived memory).';
 
+-- PL/pgSQL, not SQL: its body is checked when it runs, not when it is made, so sql/ applies
+-- on a schema between migrations (edges.project_id came with 0009).
 CREATE OR REPLACE FUNCTION memory.parents_present(node_id bigint, project_id integer)
 RETURNS integer
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-RETURN (SELECT count(*)::integer FROM memory.edges e
-        WHERE e.child_id = node_id AND e.project_id = parents_present.project_id);
+AS $$
+BEGIN
+    RETURN (SELECT count(*)::integer FROM memory.edges e
+            WHERE e.child_id = $1 AND e.project_id = $2);
+END $$;
 COMMENT ON FUNCTION memory.parents_present(bigint, integer) IS
     'How many of a node''s parents are there now (its edges: deleting a parent deletes its edge). What memory.support_status compares with memory.nodes.parents_declared.';

@@ -143,13 +143,20 @@ END $$;
 -- code from (as the server's OS user), so it, the ledger and the statistics stay
 -- owner-only; the statistics and outbox triggers are SECURITY DEFINER for that reason.
 -- parents_declared is the writer's too: memory._write_nodes sets it from the parents a
--- node names (migration 0011), and raises it when a later write links more.
-GRANT INSERT (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
-              metadata, embedding, parents_declared),
-      UPDATE (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
-              metadata, embedding, parents_declared),
-      DELETE
-    ON memory.nodes TO memory_writer;
+-- node names (migration 0011; the grant waits for the column), and raises it when a later
+-- write links more.
+DO $$
+DECLARE
+    cols text := 'sha256, project_id, level, external_id, title, breadcrumb, text, source, ts, '
+                 'metadata, embedding'
+                 || CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                                      WHERE a.attrelid = 'memory.nodes'::regclass
+                                        AND a.attname = 'parents_declared' AND NOT a.attisdropped)
+                         THEN ', parents_declared' ELSE '' END;
+BEGIN
+    EXECUTE pg_catalog.format('GRANT INSERT (%s), UPDATE (%s), DELETE ON memory.nodes TO memory_writer',
+                              cols, cols);
+END $$;
 GRANT INSERT, UPDATE, DELETE ON memory.edges TO memory_writer;
 GRANT INSERT (name), DELETE ON memory.projects TO memory_writer;
 GRANT INSERT, UPDATE, DELETE ON memory.opensearch_outbox TO memory_writer;
