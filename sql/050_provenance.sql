@@ -128,7 +128,8 @@ BEGIN
         frontier := nxt;
     END LOOP;
     SELECT jsonb_object_agg(p.id::text, jsonb_build_object(
-               'level', p.level, 'sha256', encode(p.sha256, 'hex'), 'source', p.source,
+               'level', p.level, 'external_id', p.external_id,
+               'sha256', encode(p.sha256, 'hex'), 'source', p.source,
                'title', p.title, 'text', p.text, 'timestamp', p.ts))
       INTO nodes
       FROM (SELECT DISTINCT g.id, g.pid
@@ -175,3 +176,37 @@ AS $$
 $$;
 COMMENT ON FUNCTION memory.provenance_tree(bigint, integer) IS
     'The tree of memory.provenance without its truncated flag: the node''s parents as nested JSON down to L0, capped.';
+
+-- Support (issue 24): a derived node against the parents it was written with
+-- (memory.nodes.parents_declared, migration 0011). One function, so every reader (query
+-- results, memory.get_node, memory.list_nodes) says the same, and a later notion of a
+-- parent that no longer counts (a retired version) changes it in one place.
+CREATE OR REPLACE FUNCTION memory.support_status(parents_declared integer, parents_present integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN coalesce(parents_declared, 0) = 0 AND coalesce(parents_present, 0) = 0 THEN NULL
+            WHEN parents_present >= parents_declared THEN 'full'
+            WHEN coalesce(parents_present, 0) = 0 THEN 'none'
+            ELSE 'partial' END;
+COMMENT ON FUNCTION memory.support_status(integer, integer) IS
+    'full: every parent a node was written with is still there; partial: some are gone; none: all are gone; NULL: the node was written with no parents (evidence, or an underived memory).';
+
+-- PL/pgSQL, not SQL: its body is checked when it runs, not when it is made, so sql/ applies
+-- on a schema between migrations (edges.project_id came with 0009).
+CREATE OR REPLACE FUNCTION memory.parents_present(node_id bigint, project_id integer)
+RETURNS integer
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- A parent is its external id across versions (memory._write_nodes gives a current
+    -- child an edge to its parent's new version): it counts while one version is current;
+    -- a hard delete removes its edges, a retire or an erase ends its versions.
+    RETURN (SELECT count(DISTINCT coalesce(p.external_id, p.id::text))::integer
+            FROM memory.edges e
+            JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
+            WHERE e.child_id = $1 AND e.project_id = $2 AND p.expired_at IS NULL);
+END $$;
+COMMENT ON FUNCTION memory.parents_present(bigint, integer) IS
+    'How many of the parents a node names are there now: parents counted by external id across versions, while one version is current (a deleted parent takes its edges along; a retired or erased one has no current version). What memory.support_status compares with memory.nodes.parents_declared, for query results, memory.get_node, memory.list_nodes and memory.support alike.';

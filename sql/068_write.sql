@@ -88,6 +88,7 @@ DECLARE
     n_inserted integer;
     n_superseded integer;
     n_linked integer;
+    linked bigint[];
     unresolved jsonb;
     locked bigint[];
     seen bigint[];
@@ -186,14 +187,17 @@ BEGIN
     EXECUTE format($q$
         INSERT INTO memory.nodes AS n
             (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
-             metadata, embedding, revision, written_by)
+             metadata, embedding, revision, written_by, parents_declared)
         SELECT decode(e.j->>'sha256', 'hex'), p.id, e.j->>'level', e.j->>'external_id',
                e.j->>'title', ARRAY(SELECT jsonb_array_elements_text(e.j->'breadcrumb')),
                e.j->>'text', e.j->>'source', (e.j->>'ts')::timestamptz, e.j->'metadata',
                coalesce($2[e.i], %s),
                coalesce((SELECT max(v.revision) FROM memory.nodes v
                          WHERE v.project_id = p.id AND v.external_id = e.j->>'external_id'), 0) + 1,
-               $3
+               $3,
+               -- the parents it names, resolved or not (memory.support_status)
+               (SELECT count(DISTINCT x) FROM jsonb_array_elements_text(
+                    coalesce(e.j->'parents', '[]')) AS x)::integer
         FROM jsonb_array_elements($1) WITH ORDINALITY AS e(j, i)
         JOIN memory.projects p ON p.name = e.j->>'project'
         WHERE NOT EXISTS (SELECT 1 FROM memory.nodes s
@@ -245,13 +249,25 @@ BEGIN
         WHERE parent_id IS NOT NULL
         ORDER BY i, precedence
         ON CONFLICT (child_id, parent_id, project_id) DO NOTHING
-        RETURNING 1
+        RETURNING child_id
     )
-    SELECT (SELECT count(*) FROM made),
+    SELECT (SELECT count(*) FROM made), (SELECT array_agg(DISTINCT m.child_id) FROM made m),
            coalesce(jsonb_agg(jsonb_build_array(r.i, r.parent) ORDER BY r.i, r.precedence)
                     FILTER (WHERE r.parent_id IS NULL), '[]')
-    INTO n_linked, unresolved
+    INTO n_linked, linked, unresolved
     FROM resolved r;
+
+    -- A stored node linked to more parents than it was written with (a later write names
+    -- them): its count rises, so their loss is seen. Rare (a new node names at least the
+    -- parents linked here), so the UPDATE, and the statement triggers it would fire, run
+    -- only when some node needs it.
+    IF linked IS NOT NULL AND EXISTS (
+        SELECT 1 FROM memory.nodes n
+        WHERE n.id = ANY (linked) AND n.parents_declared < memory.parents_present(n.id, n.project_id)
+    ) THEN
+        UPDATE memory.nodes n SET parents_declared = memory.parents_present(n.id, n.project_id)
+        WHERE n.id = ANY (linked) AND n.parents_declared < memory.parents_present(n.id, n.project_id);
+    END IF;
 
     RETURN jsonb_build_object(
         'inserted', n_inserted,

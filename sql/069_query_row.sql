@@ -41,7 +41,10 @@ BEGIN
         fusion_method text,
         search_strategy text,
         provenance jsonb,
-        provenance_truncated boolean
+        provenance_truncated boolean,
+        metadata jsonb,
+        support text,
+        uncited_reason text
     );
     IF to_regtype('memory.query_row') IS NULL
        OR EXISTS ((SELECT a.attname, a.atttypid, a.atttypmod, a.attnum FROM pg_catalog.pg_attribute a

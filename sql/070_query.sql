@@ -4,8 +4,17 @@
 -- a subtransaction, which a parallel operation forbids: it and its aliases are PARALLEL
 -- UNSAFE. The stages it calls stay PARALLEL SAFE where they are.
 
--- project was added (the old signature goes first).
+-- project was added (the old signature goes first); metadata and support were added (a
+-- result column: the function goes, then comes back below).
 DROP FUNCTION IF EXISTS memory.hydrate(bigint[], vector, integer);
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+               WHERE p.oid = pg_catalog.to_regprocedure('memory.hydrate(bigint[], vector, integer, text)')
+                 AND NOT 'support' = ANY (p.proargnames)) THEN
+        DROP FUNCTION memory.hydrate(bigint[], vector, integer, text);
+    END IF;
+END $$;
 
 CREATE OR REPLACE FUNCTION memory.hydrate(
     ids bigint[],
@@ -16,7 +25,7 @@ CREATE OR REPLACE FUNCTION memory.hydrate(
 RETURNS TABLE (node_id bigint, level text, sha256 text, project text, title text, text text,
                source text, breadcrumb text[], "timestamp" timestamptz,
                query_score double precision, provenance jsonb, external_id text,
-               provenance_truncated boolean)
+               provenance_truncated boolean, metadata jsonb, support text)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 -- public holds pgvector's <=> unless migrate finds vector elsewhere and pins that schema.
 SET search_path = pg_catalog, public, pg_temp
@@ -30,7 +39,8 @@ BEGIN
     RETURN QUERY EXECUTE
         'WITH page AS MATERIALIZED (
              SELECT n.id, n.project_id, n.level, n.sha256, n.title, n.text, n.source,
-                    n.breadcrumb, n.ts, n.embedding, n.external_id,
+                    n.breadcrumb, n.ts, n.embedding, n.external_id, n.metadata,
+                    n.parents_declared,
                     row_number() OVER (ORDER BY i.ord)::integer AS pos
              FROM unnest($1) WITH ORDINALITY AS i(id, ord)
              JOIN memory.nodes n ON n.id = i.id'
@@ -41,7 +51,9 @@ BEGIN
                 n.title, n.text, n.source, n.breadcrumb, n.ts,
                 CASE WHEN $2 IS NULL OR n.embedding IS NULL THEN NULL
                      ELSE 1 - (n.embedding <=> memory.check_embedding($2)) END,
-                pv.tree, n.external_id, pv.truncated
+                pv.tree, n.external_id, pv.truncated, n.metadata,
+                memory.support_status(n.parents_declared,
+                                      memory.parents_present(n.id, n.project_id))
          FROM page n
          JOIN memory.provenance_forest(
                   ARRAY(SELECT g.id FROM page g ORDER BY g.pos), $3,
@@ -51,7 +63,7 @@ BEGIN
         USING ids, query_embedding, max_depth, pid, CASE WHEN pid IS NOT NULL THEN project_name END;
 END $$;
 COMMENT ON FUNCTION memory.hydrate(bigint[], vector, integer, text) IS
-    'Node rows for the given ids, in input order (with project_name: only ids of that project, PM404 when unknown), with query_score (if an embedding is given), provenance down to L0 as nested jsonb (capped: memory.provenance_forest, all trees in one pass), external_id, and provenance_truncated when a cap left parents out. One round trip for a whole result page.';
+    'Node rows for the given ids, in input order (with project_name: only ids of that project, PM404 when unknown), with query_score (if an embedding is given), provenance down to L0 as nested jsonb (capped: memory.provenance_forest, all trees in one pass), external_id, provenance_truncated when a cap left parents out, metadata, and support (memory.support_status: full, partial, none, or NULL for a node written without parents). One round trip for a whole result page.';
 
 CREATE OR REPLACE FUNCTION memory._answer(req jsonb, query_embedding vector, caller text)
 RETURNS jsonb

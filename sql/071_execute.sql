@@ -353,7 +353,17 @@ BEGIN
                'semantic_rank', fz.v -> 'ranks' -> 0, 'lexical_rank', fz.v -> 'ranks' -> 1,
                'fusion_method', fz.v -> 'fusion_method', 'search_strategy', strat,
                'provenance', coalesce(c.kept, h.provenance),
-               'provenance_truncated', h.provenance_truncated)
+               'provenance_truncated', h.provenance_truncated,
+               'metadata', h.metadata, 'support', h.support,
+               -- why a derived result cites no L0 turn (NULL: it cites one, or is L0)
+               'uncited_reason', CASE
+                   WHEN h.level = 'L0'
+                        OR jsonb_path_exists(coalesce(c.kept, h.provenance),
+                                             'strict $.** ? (@.level == "L0")') THEN NULL
+                   WHEN coalesce(c.omitted, 0) > 0 THEN 'evidence_budget'
+                   WHEN h.provenance_truncated THEN 'provenance_cap'
+                   WHEN h.support IN ('partial', 'none') THEN 'evidence_missing'
+                   ELSE 'no_l0_evidence' END)
            || CASE WHEN evidence IS NULL THEN '{}'
                    ELSE jsonb_build_object('provenance_l0_omitted', c.omitted) END
            ORDER BY h.pos)

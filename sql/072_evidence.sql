@@ -12,6 +12,20 @@
 -- the scores of the candidates said just before and after it. Measured on LoCoMo dev in
 -- docs/benchmarks.md ("Evidence within a budget"); the policy keys evidence_* tune it.
 
+-- metadata was added to the rows (issue 24): a changed result row needs the functions
+-- dropped first, callers before what they call.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+               WHERE p.pronamespace = 'memory'::regnamespace
+                 AND p.proname IN ('select_evidence', 'evidence', '_evidence')
+                 AND NOT 'metadata' = ANY (p.proargnames)) THEN
+        DROP FUNCTION IF EXISTS memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz);
+        DROP FUNCTION IF EXISTS memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz);
+        DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer);
+    END IF;
+END $$;
+
 CREATE OR REPLACE FUNCTION memory.select_evidence(
     result_ids bigint[],
     semantic jsonb,
@@ -28,7 +42,7 @@ CREATE OR REPLACE FUNCTION memory.select_evidence(
 RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
                title text, text text, source text, breadcrumb text[],
                "timestamp" timestamptz, score double precision, direct_rank integer,
-               cited_by integer[], neighbour_score double precision)
+               cited_by integer[], neighbour_score double precision, metadata jsonb)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -37,6 +51,9 @@ DECLARE
     pol record;
     pid integer := memory.project_id(project_name);
     lim integer;
+    cands jsonb;
+    reserved bigint[] := '{}';
+    pick bigint;
 BEGIN
     SELECT * INTO pol FROM memory.policy();
     lim := coalesce(budget, pol.evidence_budget);
@@ -53,7 +70,7 @@ BEGIN
     IF lim = 0 THEN
         RETURN;
     END IF;
-    RETURN QUERY
+    -- Every candidate scoring above 0, best first, as {id, s, pos, by, beside}.
     -- The direct legs fused as a Hybrid pair even when one is empty: a lone leg is then
     -- min-max scaled as in a fusion, so its scores weigh against citations the same way
     -- whichever leg ran. Only L0 turns of the project in the time range count.
@@ -120,20 +137,52 @@ BEGIN
                coalesce(o.score, 0) + coalesce(nb.s, 0) AS score, coalesce(nb.s, 0) AS beside
         FROM own o FULL JOIN near nb ON nb.node_id = o.node_id
     )
+    SELECT coalesce(jsonb_agg(jsonb_build_object('id', x.node_id, 's', x.score, 'pos', x.pos,
+                                                 'by', coalesce(x.by_rank, '{}'),
+                                                 'beside', x.beside)
+                              ORDER BY x.score DESC, x.node_id), '[]')
+      INTO cands
+      FROM total x
+     WHERE x.score > 0;  -- the weakest direct match of a convex leg scores 0: no evidence
+    -- Citation integrity (issue 24): every result whose provenance reaches an L0 candidate
+    -- keeps at least one cited turn. In rank order, a result no reserved turn cites yet
+    -- reserves its best-scoring cited turn, while the budget lasts; the rest of the budget
+    -- is filled by score as before. A result the top turns already cite reserves nothing
+    -- new (its best turn is among them), so the change touches only results the budget
+    -- would have stripped.
+    FOR r IN 1..coalesce(cardinality(result_ids), 0) LOOP
+        EXIT WHEN cardinality(reserved) >= lim;
+        CONTINUE WHEN EXISTS (SELECT 1 FROM jsonb_array_elements(cands) AS c(v)
+                              WHERE (c.v ->> 'id')::bigint = ANY (reserved)
+                                AND c.v -> 'by' @> to_jsonb(r));
+        pick := (SELECT (c.v ->> 'id')::bigint
+                 FROM jsonb_array_elements(cands) WITH ORDINALITY AS c(v, o)
+                 WHERE c.v -> 'by' @> to_jsonb(r)
+                 ORDER BY c.o LIMIT 1);
+        IF pick IS NOT NULL THEN
+            reserved := reserved || pick;
+        END IF;
+    END LOOP;
+    RETURN QUERY
     -- The project's name by a lookup per row, not a join: under row-level security the
     -- planner cannot estimate the projects policy and would loop over every project the
     -- caller sees (the cost then grew with their number: tests/test_query_cost.py).
-    SELECT (row_number() OVER (ORDER BY x.score DESC, x.node_id))::integer, n.id, n.external_id,
+    SELECT (row_number() OVER (ORDER BY x.o))::integer, n.id, n.external_id,
            encode(n.sha256, 'hex'),
            coalesce(CASE WHEN pid IS NOT NULL THEN project_name END,
                     (SELECT p.name FROM memory.projects p WHERE p.id = n.project_id)),
            n.title, n.text, n.source, n.breadcrumb, n.ts,
-           x.score, x.pos, coalesce(x.by_rank, '{}'), x.beside
-    FROM total x
-    JOIN memory.nodes n ON n.id = x.node_id AND (pid IS NULL OR n.project_id = pid)
-    WHERE x.score > 0  -- the weakest direct match of a convex leg scores 0: no evidence
-    ORDER BY x.score DESC, x.node_id
-    LIMIT lim;
+           (x.v ->> 's')::double precision, (x.v ->> 'pos')::integer,
+           ARRAY(SELECT jsonb_array_elements_text(x.v -> 'by')::integer),
+           (x.v ->> 'beside')::double precision, n.metadata
+    FROM ((SELECT c.v, c.o FROM jsonb_array_elements(cands) WITH ORDINALITY AS c(v, o)
+           WHERE (c.v ->> 'id')::bigint = ANY (reserved))
+          UNION ALL
+          (SELECT c.v, c.o FROM jsonb_array_elements(cands) WITH ORDINALITY AS c(v, o)
+           WHERE (c.v ->> 'id')::bigint <> ALL (reserved)
+           ORDER BY c.o LIMIT lim - cardinality(reserved))) x
+    JOIN memory.nodes n ON n.id = (x.v ->> 'id')::bigint AND (pid IS NULL OR n.project_id = pid)
+    ORDER BY x.o;
 END $$;
 COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer) IS
     'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank) summed over the results citing it; then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range; a result''s own sources are cited whatever their time. Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it.';
@@ -152,7 +201,7 @@ CREATE OR REPLACE FUNCTION memory._evidence(
 RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
                title text, text text, source text, breadcrumb text[],
                "timestamp" timestamptz, score double precision, direct_rank integer,
-               cited_by integer[], neighbour_score double precision)
+               cited_by integer[], neighbour_score double precision, metadata jsonb)
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
@@ -207,7 +256,7 @@ CREATE OR REPLACE FUNCTION memory.evidence(
 RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
                title text, text text, source text, breadcrumb text[],
                "timestamp" timestamptz, score double precision, direct_rank integer,
-               cited_by integer[], neighbour_score double precision)
+               cited_by integer[], neighbour_score double precision, metadata jsonb)
 LANGUAGE sql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC

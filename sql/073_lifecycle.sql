@@ -3,11 +3,9 @@
 -- (memory._write_nodes, sql/068_write.sql); these functions only end versions (UPDATE),
 -- never insert a node or an edge.
 
--- The support of derived nodes: a node's parents are grouped by their external id (an
--- updated parent is the same evidence in a new version; memory._write_nodes gives each
--- current child an edge to the new version). A group supports the node while one of its
--- versions is current. full: every group does (and a node without parents: nothing was
--- lost); none: none does; partial: some do.
+-- The support of derived nodes, for forget's policy (flag or cascade): the same definition
+-- as every result's support (memory.support_status over memory.parents_present, in
+-- sql/050_provenance.sql), so the two can never disagree.
 CREATE OR REPLACE FUNCTION memory.support(node_ids bigint[])
 RETURNS TABLE (node_id bigint, support text, parents integer, supporting integer)
 -- PL/pgSQL, not SQL: a SQL body is checked when it is created, before migration 0012 on a
@@ -17,23 +15,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RETURN QUERY
-    SELECT r.id,
-           CASE WHEN count(g.key) = count(g.key) FILTER (WHERE g.live) THEN 'full'
-                WHEN count(g.key) FILTER (WHERE g.live) = 0 THEN 'none'
-                ELSE 'partial' END,
-           count(g.key)::integer, (count(g.key) FILTER (WHERE g.live))::integer
+    SELECT n.id, memory.support_status(n.parents_declared, s.present), n.parents_declared,
+           s.present
     FROM unnest(node_ids) AS r(id)
-    LEFT JOIN LATERAL (
-        SELECT coalesce(p.external_id, p.id::text) AS key, bool_or(p.expired_at IS NULL) AS live
-        FROM memory.edges e
-        JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
-        WHERE e.child_id = r.id
-        GROUP BY 1) g ON true
-    GROUP BY r.id;
+    JOIN memory.nodes n ON n.id = r.id
+    CROSS JOIN LATERAL (SELECT memory.parents_present(n.id, n.project_id) AS present) s;
 END
 $$;
 COMMENT ON FUNCTION memory.support(bigint[]) IS
-    'The support of each node from its evidence: full (every parent, grouped by external id across versions, still has a current version; also a node without parents), partial (some have), none (none has: every source was retired or erased). parents and supporting count the parent groups. Row-level security applies.';
+    'The support of each node from its evidence (memory.support_status): full (every parent it was written with, by external id across versions, still has a current version), partial (some have), none (none has: every source was retired, erased or deleted), NULL for a node written without parents. parents: memory.nodes.parents_declared; supporting: memory.parents_present. Row-level security applies.';
 
 CREATE OR REPLACE FUNCTION memory._forget(
     project text, external_ids text[], source text, since text, until text,

@@ -85,7 +85,10 @@ DECLARE
         'public.memory_query', 'public.memory_optimize_query', 'memory.granted_projects',
         'memory.granted_project_ids', 'memory.granted_all', 'memory.time_bound',
         'memory.time_range', 'memory.partitioned', 'memory.partition_tables',
-        'memory.history', 'memory.support'];
+        'memory.history', 'memory.support',
+        'memory.support_status', 'memory.parents_present', 'memory._links_max',
+        'memory.get_node', 'memory._get_node', 'memory._node_cursor', 'memory._node_after',
+        'memory.list_nodes', 'memory._list_nodes'];
     -- Functions that write content: the writer's (and so the service's, a writer).
     writer_functions text[] := ARRAY[
         'memory.add_nodes', 'memory._write_nodes', 'memory._ensure_projects',
@@ -144,19 +147,24 @@ END $$;
 -- by trigger) and ids out of their reach; memory.config holds the path PL/Python imports
 -- code from (as the server's OS user), so it, the ledger and the statistics stay
 -- owner-only; the statistics and outbox triggers are SECURITY DEFINER for that reason.
--- Versions (migration 0012): a writer inserts a revision and who wrote it, and ends a
--- version (expired_at and the rest); created_at stays the database's clock.
-GRANT INSERT (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
-              metadata, embedding),
-      UPDATE (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
-              metadata, embedding),
-      DELETE
-    ON memory.nodes TO memory_writer;
+-- What a writer may set: the node's content; parents_declared (migration 0011), which
+-- memory._write_nodes sets from the parents a node names and raises when a later write
+-- links more; a version's revision and who wrote it, and its end (migration 0012:
+-- expired_at and the rest); created_at stays the database's clock. Each grant waits for
+-- its columns, so sql/ applies on a schema between migrations.
 DO $$
+DECLARE
+    cols text := 'sha256, project_id, level, external_id, title, breadcrumb, text, source, ts, '
+                 'metadata, embedding'
+                 || CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                                      WHERE a.attrelid = 'memory.nodes'::regclass
+                                        AND a.attname = 'parents_declared' AND NOT a.attisdropped)
+                         THEN ', parents_declared' ELSE '' END;
 BEGIN
+    EXECUTE pg_catalog.format('GRANT INSERT (%s), UPDATE (%s), DELETE ON memory.nodes TO memory_writer',
+                              cols, cols);
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
                WHERE a.attrelid = 'memory.nodes'::regclass AND a.attname = 'revision') THEN
-        -- from migration 0012 on
         GRANT INSERT (revision, written_by),
               UPDATE (expired_at, end_reason, ended_by, end_note, erased_at)
             ON memory.nodes TO memory_writer;

@@ -74,6 +74,12 @@ SETUPS: dict[str, str] = {
     "notes-writer": "SELECT memory.grant_project('notes_writer', 'notes', write => true)",
     "embedding-server": "",  # the test double (tests/doubles/embedding_server.py), 384 dims
     "embedding-server-down": "",  # configured at a port where nothing listens
+    # the id poimen:chat:1 in project atlas too (ids are unique per project only)
+    "twin-id": "INSERT INTO memory.nodes (sha256, project_id, level, external_id, text) "
+    "SELECT sha256('twin'), id, 'L0', 'poimen:chat:1', 'the twin' FROM memory.projects "
+    "WHERE name = 'atlas'",
+    # the L0 turn poimen:mem:5 was derived from, deleted
+    "delete-chat-6": "DELETE FROM memory.nodes WHERE external_id = 'poimen:chat:6'",
 }
 
 

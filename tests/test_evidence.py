@@ -138,10 +138,27 @@ def test_neighbours_lift_the_turns_said_beside_a_candidate(conn: Conn) -> None:
 def test_budget_caps_and_zero_turns_it_off(conn: Conn) -> None:
     ids = _results(conn, KONG)
     lex, _ = _lexical_l0(conn, KONG)
-    sql = "SELECT node_id FROM memory.select_evidence(%s, %s, %s, budget => %s) ORDER BY rank"
+    sql = (
+        "SELECT node_id, cited_by FROM memory.select_evidence(%s, %s, %s, budget => %s) "
+        "ORDER BY rank"
+    )
     all_rows = conn.execute(sql, (ids, NO_LEG, lex, 100)).fetchall()
     assert len(all_rows) > 3
-    assert conn.execute(sql, (ids, NO_LEG, lex, 3)).fetchall() == all_rows[:3]
+    for budget in (1, 2, 3, len(ids), len(all_rows)):
+        # The oracle of issue 24's reservation: in rank order, each result no chosen turn
+        # cites yet takes its best cited turn, while the budget lasts; then by score.
+        chosen: list[int] = []
+        for rank in range(1, len(ids) + 1):
+            if len(chosen) >= budget:
+                break
+            mine = [n for n, by in all_rows if rank in by]
+            if mine and not set(mine) & set(chosen):
+                chosen.append(mine[0])
+        chosen += [n for n, _ in all_rows if n not in chosen][: budget - len(chosen)]
+        want = [r for r in all_rows if r[0] in chosen]  # in score order
+        assert conn.execute(sql, (ids, NO_LEG, lex, budget)).fetchall() == want, budget
+        cited = {rank for _, by in want for rank in by}
+        assert len(cited) >= min(budget, len(ids)), budget
     assert conn.execute(sql, (ids, NO_LEG, lex, 0)).fetchall() == []
 
 

@@ -221,7 +221,7 @@ def test_a_write_then_a_read(server: str, fixture_url: str) -> None:
     nodes = [
         {"id": f"{word}-turn", "level": "L0", "text": f"the {word} deploy failed on Tuesday"},
         {"id": f"{word}-mem", "level": "L1", "text": f"{word} deploys fail on Tuesdays",
-         "parents": [f"{word}-turn"]},
+         "parents": [f"{word}-turn"], "metadata": {"team": "ops"}},
     ]  # fmt: skip
     add = _call("memory_add", {"nodes": nodes, "project": "poimen"})
     report = over_http(server, None, add)
@@ -234,6 +234,9 @@ def test_a_write_then_a_read(server: str, fixture_url: str) -> None:
     ).structured_content
     top = found["results"][0]
     assert top["external_id"] == f"{word}-mem"
+    # Identity in results (issue 24): the id, the metadata, the support, the parents' ids.
+    assert top["metadata"] == {"team": "ops"} and top["support"] == "full"
+    assert [p["external_id"] for p in top["parents"]] == [f"{word}-turn"]
     assert [p["text"] for p in top["parents"]] == [nodes[0]["text"]]
     assert any(e["external_id"] == f"{word}-turn" for e in found["evidence"])
 

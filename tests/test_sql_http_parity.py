@@ -54,11 +54,11 @@ EVIDENCE = (None, 0, 5)
 FIELDS = (
     "rank", "external_id", "level", "sha256", "project", "title", "text", "source",
     "breadcrumb", "query_score", "lexical_score", "final_score", "semantic_rank",
-    "lexical_rank", "fusion_method",
+    "lexical_rank", "fusion_method", "metadata", "support",
 )  # fmt: skip
 EVIDENCE_FIELDS = (
     "rank", "external_id", "sha256", "project", "title", "text", "source", "breadcrumb",
-    "score", "direct_rank", "cited_by", "neighbour_score",
+    "score", "direct_rank", "cited_by", "neighbour_score", "metadata",
 )  # fmt: skip
 
 
@@ -227,10 +227,17 @@ def test_http_and_sql_give_the_same_answer_field_by_field(
                 for h, s in zip(results, rows, strict=True):
                     cited = {e["sha256"] for e in evidence if e["project"] == s["project"]}
                     assert h["parents"] == _pruned(s["provenance"], cited), params
+                    # The whole tree (SQL) and the trimmed one (HTTP) give the same reason,
+                    # but where the budget cut every L0 turn of a tree that has some.
+                    cut = h["uncited_reason"] == "evidence_budget"
+                    assert (None if cut else h["uncited_reason"]) == s["uncited_reason"], params
+                    if cut:  # only where the budget is smaller than the results (issue 24)
+                        assert h["provenance_l0_omitted"] > 0 and budget < len(rows), params
             else:
                 assert body["evidence"] == []
                 for h, s in zip(results, rows, strict=True):
                     assert h["parents"] == s["provenance"], params
+                    assert h["uncited_reason"] == s["uncited_reason"], params
             compared["results"] += len(rows)
             strategies[body["search_strategy"]] += 1
             seen[(req["since"] is not None, req["strategy"], req["fusion"], req["evidence"])] += 1

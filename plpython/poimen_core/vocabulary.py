@@ -53,6 +53,8 @@ SQLSTATES = {
     "stale_revision": "PM419",
     # No node has this external id in the project (HTTP 404).
     "unknown_node": "PM444",
+    # memory.get_node: one id in several projects the caller can read.
+    "ambiguous_node": "PMA09",
 }
 
 

@@ -51,6 +51,16 @@ class UnknownProject(PoimenError, code="unknown_project", status=404):
     """The named project has no row in memory.projects (PM404)."""
 
 
+class UnknownNode(PoimenError, code="unknown_node", status=404):
+    """No node of this id that the caller may read (PM444): another project's node is as
+    unknown as one that never existed."""
+
+
+class AmbiguousNode(PoimenError, code="ambiguous_node", status=409):
+    """The id names nodes in several of the caller's projects and no project was named
+    (PMA09)."""
+
+
 class DatabaseUnavailable(PoimenError, code="database_unavailable", status=503):
     """No connection to PostgreSQL, or the server refused one (08xxx, 53xxx, 57P01)."""
 
@@ -90,10 +100,6 @@ class ConflictError(PoimenError, code="conflict", status=409):
 
 class StaleRevision(PoimenError, code="stale_revision", status=409):
     """A write named the revision it read, and another write came first (PM419)."""
-
-
-class UnknownNode(PoimenError, code="unknown_node", status=404):
-    """No node has this external id in the project (PM444)."""
 
 
 class ConfigError(PoimenError, ValueError, code="config_error"):
@@ -182,6 +188,7 @@ SQLSTATE_TABLE: dict[str, type[PoimenError]] = {
     SQLSTATES["component_unavailable"]: ComponentUnavailable,
     SQLSTATES["stale_revision"]: StaleRevision,
     SQLSTATES["unknown_node"]: UnknownNode,
+    SQLSTATES["ambiguous_node"]: AmbiguousNode,
     "22023": ValidationError,
     "22P02": ValidationError,
     "22000": ValidationError,

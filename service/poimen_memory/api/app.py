@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from poimen_memory.api import metrics, ui
+from poimen_memory.api import metrics, nodes, ui
 from poimen_memory.api.admission import Admission, arrived
 from poimen_memory.api.asgi import LastResort
 from poimen_memory.api.auth import KeyRing
@@ -155,8 +155,33 @@ async def post_nodes(request: Request) -> JSONResponse:
     return JSONResponse(report, status_code=201)
 
 
-async def nodes(request: Request) -> JSONResponse:
-    return await (delete_nodes if request.method == "DELETE" else post_nodes)(request)
+async def nodes_route(request: Request) -> JSONResponse:
+    handler = {"GET": list_nodes, "DELETE": delete_nodes}.get(request.method, post_nodes)
+    return await handler(request)
+
+
+async def node_route(request: Request) -> JSONResponse:
+    return await (delete_node if request.method == "DELETE" else get_node)(request)
+
+
+async def get_node(request: Request) -> JSONResponse:
+    """One node by its id (memory.get_node), with its parents, children and support."""
+    body = await nodes.get_node(
+        request.app.state.poimen,
+        request.app.state.keys,
+        request.headers,
+        request.path_params["id"],
+        request.query_params,
+    )
+    return JSONResponse(body)
+
+
+async def list_nodes(request: Request) -> JSONResponse:
+    """A page of nodes (memory.list_nodes), keyset paged by an opaque cursor."""
+    body = await nodes.list_nodes(
+        request.app.state.poimen, request.app.state.keys, request.headers, request.query_params
+    )
+    return JSONResponse(body)
 
 
 async def delete_node(request: Request) -> JSONResponse:
@@ -225,10 +250,10 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
         routes=[
             Route("/memory/query", memory_query, methods=["GET"]),
             # One route per path, so that a 405 lists every method the path has.
-            Route("/memory/nodes", nodes, methods=["POST", "DELETE"]),
-            # Before any /memory/nodes/{id} route: an id may hold a slash.
+            Route("/memory/nodes", nodes_route, methods=["GET", "POST", "DELETE"]),
+            # Before /memory/nodes/{id}: an id may hold a slash (ingest accepts any string).
             Route("/memory/nodes/{id:path}/history", get_history, methods=["GET"]),
-            Route("/memory/nodes/{id:path}", delete_node, methods=["DELETE"]),
+            Route("/memory/nodes/{id:path}", node_route, methods=["GET", "DELETE"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
             # The MCP endpoint for agents (api/mcp_server.py, docs/mcp.md).

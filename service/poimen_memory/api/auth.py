@@ -116,6 +116,20 @@ class KeyRing:
             raise Forbidden(f"this key does not cover project {project!r}")
         return project
 
+    async def read_scope(
+        self, headers: Mapping[str, str], project: str | None
+    ) -> tuple[str | None, list[str] | None]:
+        """What a read of nodes may see: the project it names, if the key covers it (403
+        otherwise), and the key's projects (None: anonymous, every project). The database
+        keeps to both, beside row-level security, so a node of another project is not
+        found and its existence does not leak."""
+        grant = await self.grant(headers)
+        if grant is None:
+            return project, None
+        if project is not None and project not in grant.projects:
+            raise Forbidden(f"this key does not cover project {project!r}")
+        return project, sorted(grant.projects)
+
     async def write_projects(self, headers: Mapping[str, str], projects: Iterable[str]) -> None:
         grant = await self.grant(headers)
         if grant is None:

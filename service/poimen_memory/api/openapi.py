@@ -92,7 +92,7 @@ _PARENT: dict[str, Any] = {
     "type": "object",
     "properties": {
         k: {"type": ["string", "null"]}
-        for k in ("level", "sha256", "source", "title", "text", "timestamp")
+        for k in ("level", "external_id", "sha256", "source", "title", "text", "timestamp")
     }
     | {
         "parents": {"type": "array", "items": {"$ref": "#/components/schemas/Parent"}},
@@ -108,6 +108,14 @@ _NODE_FIELDS: dict[str, Any] = {
         for k in ("level", "sha256", "project", "title", "text", "source", "timestamp")
     },
     "breadcrumb": {"type": ["array", "null"], "items": {"type": "string"}},
+    # As written (ingest's metadata object: at most 16 KiB as compact UTF-8 JSON).
+    "metadata": {"type": "object"},
+}
+
+# A derived node's support (memory.support_status): its parents now against those it was
+# written with; null for a node written without parents.
+_SUPPORT: dict[str, Any] = {
+    "anyOf": [{"type": "string", "enum": ["full", "partial", "none"]}, {"type": "null"}]
 }
 
 _RESULT: dict[str, Any] = {
@@ -128,6 +136,65 @@ _RESULT: dict[str, Any] = {
         "provenance_truncated": {"type": "boolean"},
         # L0 turns of the tree left out because the response's evidence does not cite them.
         "provenance_l0_omitted": {"type": "integer", "minimum": 0},
+        "support": _SUPPORT,
+        # Why an L1/L2 result cites no L0 turn (null: it cites one, or is L0 itself).
+        "uncited_reason": {
+            "anyOf": [
+                {
+                    "type": "string",
+                    "enum": [
+                        "evidence_budget",
+                        "provenance_cap",
+                        "evidence_missing",
+                        "no_l0_evidence",
+                    ],
+                },
+                {"type": "null"},
+            ]
+        },
+    },
+}
+
+_LINK: dict[str, Any] = {
+    "type": "object",
+    "required": ["node_id", "external_id", "level"],
+    "properties": {
+        "node_id": {"type": "integer"},
+        "external_id": {"type": ["string", "null"]},
+        "level": {"type": "string", "enum": ["L0", "L1", "L2"]},
+        "precedence": {"type": "integer"},
+    },
+}
+
+_NODE_DETAIL: dict[str, Any] = {
+    "type": "object",
+    "required": ["node_id", "external_id", "project", "level", "parents", "children"],
+    "properties": {
+        **_NODE_FIELDS,
+        "node_id": {"type": "integer"},
+        "external_id": {"type": ["string", "null"]},
+        "created_at": {"type": "string"},
+        # At most 100 of each are listed; the totals count them all.
+        "parents": {"type": "array", "items": {"$ref": "#/components/schemas/Link"}},
+        "parents_total": {"type": "integer", "minimum": 0},
+        "children": {"type": "array", "items": {"$ref": "#/components/schemas/Link"}},
+        "children_total": {"type": "integer", "minimum": 0},
+        "parents_declared": {"type": "integer", "minimum": 0},
+        "support": _SUPPORT,
+        # Not kept yet: null (every node is its only version).
+        "versions": {"type": ["array", "null"], "items": {"type": "object"}},
+    },
+}
+
+_NODE_ROW: dict[str, Any] = {
+    "type": "object",
+    "required": ["node_id", "external_id", "project", "level"],
+    "properties": {
+        **_NODE_FIELDS,
+        "node_id": {"type": "integer"},
+        "external_id": {"type": ["string", "null"]},
+        "created_at": {"type": "string"},
+        "support": _SUPPORT,
     },
 }
 
@@ -143,6 +210,11 @@ _EVIDENCE: dict[str, Any] = {
         "cited_by": {"type": "array", "items": {"type": "integer"}},
     },
 }
+
+_PROJECT_PARAM_DESC = (
+    "The project; needed where the id is in several of the caller's projects (409 "
+    "ambiguous_node otherwise). A project the key does not cover: 403."
+)
 
 
 _PROJECT: dict[str, Any] = {"type": "string", "pattern": f"^{vocabulary.PROJECT_NAME}$"}
@@ -411,6 +483,82 @@ def openapi_spec() -> dict[str, Any]:
                 }
             },
             "/memory/nodes": {
+                "get": {
+                    "operationId": "listNodes",
+                    "tags": ["memory"],
+                    "summary": "A page of nodes in write order, keyset paged",
+                    "description": "memory.list_nodes. Pass next_cursor as after for the "
+                    "next page; null means this page is the last.",
+                    "parameters": [
+                        {
+                            "name": "project",
+                            "in": "query",
+                            "required": False,
+                            "schema": _PROJECT,
+                            "description": "Only this project (unknown: 404); default every "
+                            "project the key covers.",
+                        },
+                        {
+                            "name": "level",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "string", "enum": ["L0", "L1", "L2"]},
+                            "description": "Only this level.",
+                        },
+                        {
+                            "name": "source",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "string"},
+                            "description": "Only nodes with this source (equal).",
+                        },
+                        {
+                            "name": "since",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "string", "pattern": _ISO_DAY_OR_TIME},
+                            "description": "Only nodes whose timestamp is at or after this "
+                            "(as GET /memory/query's since).",
+                        },
+                        {
+                            "name": "until",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "string", "pattern": _ISO_DAY_OR_TIME},
+                            "description": "Only nodes whose timestamp is at or before this "
+                            "(as GET /memory/query's until).",
+                        },
+                        {
+                            "name": "after",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "string"},
+                            "description": "The previous page's next_cursor (opaque); "
+                            "anything else is 400.",
+                        },
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "integer", "default": 50},
+                            "description": "Any integer; clamped to [1, 100].",
+                        },
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "A page of nodes",
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/NodePage"}
+                                }
+                            },
+                        },
+                        "400": _err("invalid_parameter: bad level, limit, cursor or since/until"),
+                        **_AUTH_ERRORS,
+                        "404": _err("unknown_project"),
+                        "503": _err("timeout or database_unavailable"),
+                    },
+                },
                 "delete": {
                     "operationId": "forgetNodes",
                     "tags": ["memory"],
@@ -521,6 +669,40 @@ def openapi_spec() -> dict[str, Any]:
                 }
             },
             "/memory/nodes/{id}": {
+                "get": {
+                    "operationId": "getNode",
+                    "tags": ["memory"],
+                    "summary": "One node by its id, with its parents, children and support",
+                    "description": "memory.get_node: the node's id is the id given at "
+                    "ingest (external_id), unique per project; percent-encode it in the path "
+                    "(# is %23). A node of a project the key does not cover is not found.",
+                    "parameters": [
+                        {**_ID_PARAMETER, "schema": {"type": "string", "minLength": 1,
+                                                     "maxLength": 512}},
+                        {
+                            "name": "project",
+                            "in": "query",
+                            "required": False,
+                            "schema": _PROJECT,
+                            "description": _PROJECT_PARAM_DESC,
+                        },
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "The node",
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/NodeDetail"}
+                                }
+                            },
+                        },
+                        "400": _err("invalid_parameter: bad project name, id too long"),
+                        **_AUTH_ERRORS,
+                        "404": _err("unknown_node (or one the key may not read), unknown_project"),
+                        "409": _err("ambiguous_node: the id is in several projects; name one"),
+                        "503": _err("timeout or database_unavailable"),
+                    },
+                },
                 "delete": {
                     "operationId": "forgetNode",
                     "tags": ["memory"],
@@ -632,6 +814,20 @@ def openapi_spec() -> dict[str, Any]:
                 },
                 "Parent": _PARENT,
                 "Grammar": _GRAMMAR,
+                "Link": _LINK,
+                "NodeDetail": _NODE_DETAIL,
+                "NodePage": {
+                    "type": "object",
+                    "required": ["nodes", "next_cursor"],
+                    "properties": {
+                        "nodes": {
+                            "type": "array",
+                            "items": {"$ref": "#/components/schemas/NodeRow"},
+                        },
+                        "next_cursor": {"type": ["string", "null"]},
+                    },
+                },
+                "NodeRow": _NODE_ROW,
                 "ForgetReport": {
                     "type": "object",
                     "required": ["project", "retired", "erased", "nodes"],

@@ -231,3 +231,14 @@ SELECT memory._serve(%(req)s::jsonb, %(caps)s::jsonb, %(embedding)s, %(hits)s::j
 -- After a reranker: the answer in its order.
 SELECT memory._serve_finish(%(req)s::jsonb, %(caps)s::jsonb, %(state)s::jsonb, %(embedding)s,
                             %(order)s::bigint[], %(rerank)s::jsonb);
+
+-- name: get_node
+-- One node by id (sql/090_nodes.sql), under the projects begin_request asserted.
+-- projects: the API key's (NULL: anonymous), a filter beside row-level security.
+SELECT to_jsonb(g) FROM memory._get_node(%(id)s, %(project)s, %(projects)s) g;
+
+-- name: list_nodes
+-- A page of nodes (sql/090_nodes.sql), under the projects begin_request asserted.
+SELECT coalesce(jsonb_agg(to_jsonb(g) ORDER BY g.node_id), '[]')
+FROM memory._list_nodes(%(project)s, %(level)s, %(source)s, %(since)s, %(until)s,
+                        %(after)s, %(limit)s, %(projects)s) g;

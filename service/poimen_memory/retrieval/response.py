@@ -31,6 +31,7 @@ _NODE_FIELDS = (
     "source",
     "breadcrumb",
     "timestamp",
+    "metadata",
 )
 _RESULT_FIELDS = (
     *_NODE_FIELDS,
@@ -51,6 +52,8 @@ def _result(r: dict[str, Any]) -> dict[str, Any]:
     out["provenance_truncated"] = r["provenance_truncated"]
     if "provenance_l0_omitted" in r:
         out["provenance_l0_omitted"] = r["provenance_l0_omitted"]
+    out["support"] = r["support"]
+    out["uncited_reason"] = r["uncited_reason"]
     return out
 
 

@@ -1,0 +1,207 @@
+-- Reading nodes by id, and listing a project's nodes (issue 24): memory.get_node and
+-- memory.list_nodes, what GET /memory/nodes/{id} and GET /memory/nodes call. SECURITY
+-- INVOKER (the default): row-level security decides what a caller sees, so a node of a
+-- project the caller may not read is as unknown as one that never existed.
+
+-- A node's links, bounded: at most this many parents or children are listed (the counts
+-- say how many there are).
+CREATE OR REPLACE FUNCTION memory._links_max()
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN 100;
+COMMENT ON FUNCTION memory._links_max() IS
+    'The most parents or children memory.get_node lists (100); parents_total and children_total count them all.';
+
+-- p_projects: a filter the service passes, the API key's projects, so a key never reaches
+-- beyond them, even over a pool whose role skips row-level security.
+CREATE OR REPLACE FUNCTION memory._get_node(p_id text, p_project text, p_projects text[])
+RETURNS TABLE (node_id bigint, external_id text, project text, level text, sha256 text,
+               title text, text text, source text, breadcrumb text[], "timestamp" timestamptz,
+               metadata jsonb, created_at timestamptz, parents jsonb, parents_total integer,
+               children jsonb, children_total integer, parents_declared integer,
+               support text, versions jsonb)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    pid integer := memory.project_id(p_project);
+    found_in text[];
+    n record;
+BEGIN
+    IF p_id IS NULL OR p_id = '' THEN
+        RAISE EXCEPTION 'id must not be empty'
+            USING ERRCODE = '22023', HINT = 'Pass the node''s id as ingested (its external_id).';
+    END IF;
+    -- The projects (visible to the caller) holding a node of this id: ids are unique per
+    -- project, not across projects.
+    found_in := ARRAY(SELECT p.name FROM memory.nodes x JOIN memory.projects p ON p.id = x.project_id
+                      WHERE x.external_id = p_id AND (pid IS NULL OR x.project_id = pid)
+                        AND (p_projects IS NULL OR p.name = ANY (p_projects))
+                      ORDER BY p.name);
+    IF cardinality(found_in) = 0 THEN
+        RAISE EXCEPTION 'no node with id "%"%', p_id,
+                        CASE WHEN pid IS NULL THEN '' ELSE format(' in project "%s"', p_project) END
+            USING ERRCODE = @vocabulary.sqlstate_unknown_node@,
+                  HINT = 'Ids are the ones given at ingest (external_id), unique per project.';
+    END IF;
+    IF cardinality(found_in) > 1 THEN
+        RAISE EXCEPTION 'id "%" names nodes in % projects', p_id, cardinality(found_in)
+            USING ERRCODE = @vocabulary.sqlstate_ambiguous_node@,
+                  DETAIL = format('Projects: %s.', array_to_string(found_in, ', ')),
+                  HINT = 'Name the project (project => ..., or ?project= over HTTP).';
+    END IF;
+    SELECT x.* INTO n FROM memory.nodes x JOIN memory.projects p ON p.id = x.project_id
+    WHERE x.external_id = p_id AND p.name = found_in[1];
+    RETURN QUERY
+    SELECT n.id, n.external_id, found_in[1], n.level, encode(n.sha256, 'hex'), n.title, n.text,
+           n.source, n.breadcrumb, n.ts, n.metadata, n.created_at,
+           (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                       'node_id', l.id, 'external_id', l.external_id, 'level', l.level,
+                       'precedence', l.precedence) ORDER BY l.precedence, l.id), '[]')
+            FROM (SELECT q.id, q.external_id, q.level, e.precedence
+                  FROM memory.edges e
+                  JOIN memory.nodes q ON q.id = e.parent_id AND q.project_id = e.project_id
+                  WHERE e.child_id = n.id AND e.project_id = n.project_id
+                  ORDER BY e.precedence, q.id LIMIT memory._links_max()) l),
+           memory.parents_present(n.id, n.project_id),
+           (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                       'node_id', l.id, 'external_id', l.external_id, 'level', l.level)
+                       ORDER BY l.id), '[]')
+            FROM (SELECT q.id, q.external_id, q.level
+                  FROM memory.edges e
+                  JOIN memory.nodes q ON q.id = e.child_id AND q.project_id = e.project_id
+                  WHERE e.parent_id = n.id AND e.project_id = n.project_id
+                  ORDER BY q.id LIMIT memory._links_max()) l),
+           (SELECT count(*)::integer FROM memory.edges e
+            WHERE e.parent_id = n.id AND e.project_id = n.project_id),
+           n.parents_declared,
+           memory.support_status(n.parents_declared, memory.parents_present(n.id, n.project_id)),
+           -- Versions: not kept yet (every node is its only version); a later change fills it.
+           NULL::jsonb;
+END $$;
+COMMENT ON FUNCTION memory._get_node(text, text, text[]) IS
+    'Implementation of memory.get_node (positional parameter names: PL/pgSQL forbids a parameter named like a result column); p_projects (NULL: no filter) keeps to those projects: the service passes the API key''s.';
+
+CREATE OR REPLACE FUNCTION memory.get_node(id text, project text DEFAULT NULL)
+RETURNS TABLE (node_id bigint, external_id text, project text, level text, sha256 text,
+               title text, text text, source text, breadcrumb text[], "timestamp" timestamptz,
+               metadata jsonb, created_at timestamptz, parents jsonb, parents_total integer,
+               children jsonb, children_total integer, parents_declared integer,
+               support text, versions jsonb)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT * FROM memory._get_node(id, project, NULL);
+END;
+COMMENT ON FUNCTION memory.get_node(text, text) IS
+    'One node by its id (the external id given at ingest; unique per project), with its parents (node_id, external_id, level, precedence; at most 100, parents_total counts them) and children (node_id, external_id, level; at most 100, children_total), parents_declared (the parents it was written with) and support (memory.support_status). project names the project; without it the id must be unique among the projects the caller can read (PMA09 lists them otherwise). No such node, or one the caller may not read: PM444. versions is NULL (no versions are kept yet).';
+
+-- The cursor of memory.list_nodes: opaque to callers, the last node id of a page.
+CREATE OR REPLACE FUNCTION memory._node_cursor(node_id bigint)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN translate(encode(convert_to('n1:' || node_id::text, 'UTF8'), 'base64'), '+/=', '-_');
+COMMENT ON FUNCTION memory._node_cursor(bigint) IS
+    'The opaque cursor memory.list_nodes returns for a row (URL-safe base64 of a versioned node id).';
+
+CREATE OR REPLACE FUNCTION memory._node_after(cursor text)
+RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    raw text;
+    padded text := translate(cursor, '-_', '+/');
+BEGIN
+    IF cursor IS NULL OR cursor = '' THEN
+        RETURN NULL;
+    END IF;
+    BEGIN
+        padded := padded || repeat('=', (4 - length(padded) % 4) % 4);
+        raw := convert_from(decode(padded, 'base64'), 'UTF8');
+    EXCEPTION WHEN OTHERS THEN
+        raw := NULL;
+    END;
+    IF raw IS NULL OR raw !~ '^n1:[0-9]{1,18}$' THEN
+        RAISE EXCEPTION 'after is not a cursor of memory.list_nodes: %', left(cursor, 40)
+            USING ERRCODE = '22023',
+                  HINT = 'Pass the next_cursor (HTTP) or the cursor of the last row (SQL) of the previous page.';
+    END IF;
+    RETURN substr(raw, 4)::bigint;
+END $$;
+COMMENT ON FUNCTION memory._node_after(text) IS
+    'The node id a memory.list_nodes cursor stands for (22023 for anything else); NULL or empty: from the start.';
+
+CREATE OR REPLACE FUNCTION memory._list_nodes(
+    p_project text, p_level text, p_source text, p_since text, p_until text, p_after text,
+    p_limit integer, p_projects text[]
+)
+RETURNS TABLE (node_id bigint, external_id text, project text, level text, sha256 text,
+               title text, text text, source text, breadcrumb text[], "timestamp" timestamptz,
+               metadata jsonb, created_at timestamptz, support text, cursor text)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    pid integer := memory.project_id(p_project);
+    tr record;
+    after_id bigint := memory._node_after(p_after);
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 100 THEN
+        RAISE EXCEPTION 'limit must be between 1 and 100, got %', coalesce(p_limit::text, 'NULL')
+            USING ERRCODE = '22023', HINT = 'Page with after => the last row''s cursor.';
+    END IF;
+    IF p_level IS NOT NULL AND NOT p_level = ANY (@vocabulary.levels@) THEN
+        RAISE EXCEPTION 'level must be one of L0, L1, L2, got %', p_level
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO tr FROM memory.time_range(p_since, p_until);
+    -- Dynamic, so the project is a constant to the planner: one index range of
+    -- nodes_project_id_idx (project_id, id) read in id order, stopping at the page's end.
+    RETURN QUERY EXECUTE
+        'SELECT n.id, n.external_id,
+                (SELECT p.name FROM memory.projects p WHERE p.id = n.project_id),
+                n.level, encode(n.sha256, ''hex''), n.title, n.text, n.source, n.breadcrumb,
+                n.ts, n.metadata, n.created_at,
+                memory.support_status(n.parents_declared, memory.parents_present(n.id, n.project_id)),
+                memory._node_cursor(n.id)
+         FROM memory.nodes n
+         WHERE true'
+        || CASE WHEN pid IS NULL THEN '' ELSE ' AND n.project_id = $1' END
+        || CASE WHEN after_id IS NULL THEN '' ELSE ' AND n.id > $2' END
+        || CASE WHEN p_level IS NULL THEN '' ELSE ' AND n.level = $3' END
+        || CASE WHEN p_source IS NULL THEN '' ELSE ' AND n.source = $4' END
+        || CASE WHEN tr.since_ts IS NULL THEN '' ELSE ' AND n.ts >= $5' END
+        || CASE WHEN tr.before_ts IS NULL THEN '' ELSE ' AND n.ts < $6' END
+        || CASE WHEN p_projects IS NULL THEN '' ELSE
+               ' AND n.project_id = ANY (ARRAY(SELECT p.id FROM memory.projects p
+                                               WHERE p.name = ANY ($8)))' END
+        || ' ORDER BY n.id LIMIT $7'
+        USING pid, after_id, p_level, p_source, tr.since_ts, tr.before_ts, p_limit, p_projects;
+END $$;
+COMMENT ON FUNCTION memory._list_nodes(text, text, text, text, text, text, integer, text[]) IS
+    'Implementation of memory.list_nodes (positional parameter names: PL/pgSQL forbids a parameter named like a result column); p_projects (NULL: no filter) keeps to those projects: the service passes the API key''s.';
+
+CREATE OR REPLACE FUNCTION memory.list_nodes(
+    project text DEFAULT NULL,
+    level text DEFAULT NULL,
+    source text DEFAULT NULL,
+    since text DEFAULT NULL,
+    until text DEFAULT NULL,
+    after text DEFAULT NULL,
+    "limit" integer DEFAULT 50
+)
+RETURNS TABLE (node_id bigint, external_id text, project text, level text, sha256 text,
+               title text, text text, source text, breadcrumb text[], "timestamp" timestamptz,
+               metadata jsonb, created_at timestamptz, support text, cursor text)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT * FROM memory._list_nodes(project, level, source, since, until, after, "limit", NULL);
+END;
+COMMENT ON FUNCTION memory.list_nodes(text, text, text, text, text, text, integer) IS
+    'A page of nodes in write order (node id), keyset paged: after => the cursor of the last row of the previous page (opaque). Filters: project (PM404 when unknown; NULL: every project the caller can read), level, source (equal), since/until (inclusive ISO dates or timestamps on the node''s timestamp, as memory.query''s). limit 1..100 (default 50). Row-level security applies.';
