@@ -178,7 +178,7 @@ COMMENT ON FUNCTION memory.provenance_tree(bigint, integer) IS
     'The tree of memory.provenance without its truncated flag: the node''s parents as nested JSON down to L0, capped.';
 
 -- Support (issue 24): a derived node against the parents it was written with
--- (memory.nodes.parents_declared, migration 0011). One function, so every reader (query
+-- (memory.nodes.parents_declared, migration 0014). One function, so every reader (query
 -- results, memory.get_node, memory.list_nodes) says the same, and a later notion of a
 -- parent that no longer counts (a retired version) changes it in one place.
 CREATE OR REPLACE FUNCTION memory.support_status(parents_declared integer, parents_present integer)

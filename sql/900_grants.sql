@@ -147,7 +147,7 @@ END $$;
 -- by trigger) and ids out of their reach; memory.config holds the path PL/Python imports
 -- code from (as the server's OS user), so it, the ledger and the statistics stay
 -- owner-only; the statistics and outbox triggers are SECURITY DEFINER for that reason.
--- What a writer may set: the node's content; parents_declared (migration 0011), which
+-- What a writer may set: the node's content; parents_declared (migration 0014), which
 -- memory._write_nodes sets from the parents a node names and raises when a later write
 -- links more; a version's revision and who wrote it, and its end (migration 0012:
 -- expired_at and the rest); created_at stays the database's clock. Each grant waits for

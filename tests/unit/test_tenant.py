@@ -27,6 +27,9 @@ def test_direct_construction_refuses_comma_and_star(read: set[str], write: set[s
 
 def test_valid_names_and_the_sentinels() -> None:
     t = tenant.Tenant.of(["b", "a.1:x-y_z"], can_write=False)
-    assert t.params() == {"read": "a.1:x-y_z,b", "write": ""}
-    assert tenant.ALL_PROJECTS.params() == {"read": "*", "write": "*"}
-    assert tenant.NO_PROJECT.params() == {"read": "", "write": ""}
+    assert t.params() == {"read": "a.1:x-y_z,b", "write": "", "key": ""}
+    assert tenant.ALL_PROJECTS.params() == {"read": "*", "write": "*", "key": ""}
+    assert tenant.NO_PROJECT.params() == {"read": "", "write": "", "key": ""}
+    # The API key's id travels too: memory.history records it as the writer.
+    keyed = tenant.Tenant.of(["a"], can_write=True, key_id=7)
+    assert keyed.params() == {"read": "a", "write": "a", "key": "7"}
