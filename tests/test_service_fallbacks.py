@@ -57,7 +57,7 @@ SLOW_SQL = {
     "lexical_search": """
         ALTER FUNCTION memory.lexical_search(text, text, text[], integer,
                                              double precision, double precision,
-                                             timestamptz, timestamptz, boolean)
+                                             timestamptz, timestamptz, boolean, jsonb)
             RENAME TO lexical_search_real;
         CREATE FUNCTION memory.lexical_search(query text, project text DEFAULT NULL,
                                               levels text[] DEFAULT NULL, k integer DEFAULT 50,
@@ -65,30 +65,35 @@ SLOW_SQL = {
                                               b double precision DEFAULT 0.75,
                                               since timestamptz DEFAULT NULL,
                                               before timestamptz DEFAULT NULL,
-                                              exhaustive boolean DEFAULT false)
+                                              exhaustive boolean DEFAULT false,
+                                              filter jsonb DEFAULT NULL)
         RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
         LANGUAGE plpgsql AS $$
         BEGIN
             PERFORM pg_sleep({seconds});
             RETURN QUERY SELECT * FROM memory.lexical_search_real(query, project, levels, k, k1, b,
-                                                                  since, before, exhaustive);
+                                                                  since, before, exhaustive,
+                                                                  filter);
         END $$;""",
     "semantic_search": """
         ALTER FUNCTION memory.semantic_search(vector, text, text[], integer, integer,
-                                              timestamptz, timestamptz)
+                                              timestamptz, timestamptz, jsonb, jsonb)
             RENAME TO semantic_search_real;
         CREATE FUNCTION memory.semantic_search(query_embedding vector, project text DEFAULT NULL,
                                                levels text[] DEFAULT NULL, k integer DEFAULT 50,
                                                ef_search integer DEFAULT NULL,
                                                since timestamptz DEFAULT NULL,
-                                               before timestamptz DEFAULT NULL)
+                                               before timestamptz DEFAULT NULL,
+                                               filter jsonb DEFAULT NULL,
+                                               grammar jsonb DEFAULT NULL)
         RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
         LANGUAGE plpgsql AS $$
         BEGIN
             PERFORM pg_sleep({seconds});
             RETURN QUERY SELECT * FROM memory.semantic_search_real(query_embedding, project,
                                                                    levels, k, ef_search,
-                                                                   since, before);
+                                                                   since, before, filter,
+                                                                   grammar);
         END $$;""",
 }
 

@@ -43,13 +43,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--connections", default="16,64,256", help="comma-separated counts")
     p.add_argument("--seconds", type=float, default=20.0, help="per connection count")
     p.add_argument("--timeout", type=float, default=2.0, help="each request's timeout_seconds")
+    p.add_argument("--evidence", type=int, help="the evidence budget (default: the policy's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
     p.set_defaults(func=cmd_bench_overload)
 
 
 def _clients(
-    base: str, n: int, seconds: float, timeout_s: float, texts: list[str]
+    base: str, n: int, seconds: float, timeout_s: float, texts: list[str],
+    extra: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     where = urlsplit(base)
     host = where.hostname or "127.0.0.1"
@@ -70,7 +72,7 @@ def _clients(
                 j += 1
                 path = "/memory/query?" + urlencode(
                     {"query": text, "limit": "10", "project": synthetic.MAIN,
-                     "timeout_seconds": f"{timeout_s:g}"}
+                     "timeout_seconds": f"{timeout_s:g}", **(extra or {})}
                 )  # fmt: skip
                 t0 = time.perf_counter()
                 try:
@@ -146,10 +148,11 @@ def cmd_bench_overload(args: argparse.Namespace) -> int:
             live_server({"POIMEN_DATABASE_URL": service}, Path(tmp) / "server.log", drop=drop)
             as base,
         ):
-            _clients(base, 2, 2.0, args.timeout, texts)  # warm-up, discarded
+            extra = {} if args.evidence is None else {"evidence": str(args.evidence)}
+            _clients(base, 2, 2.0, args.timeout, texts, extra)  # warm-up, discarded
             for c in counts:
                 print(f"bench-overload: {c} connections for {args.seconds:g} s", file=sys.stderr)
-                results.append(_clients(base, c, args.seconds, args.timeout, texts))
+                results.append(_clients(base, c, args.seconds, args.timeout, texts, extra))
     finally:
         drop_database(server_url, name)
     rows = [

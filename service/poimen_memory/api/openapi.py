@@ -483,6 +483,46 @@ def openapi_spec() -> dict[str, Any]:
                 }
             },
             "/memory/nodes": {
+                "post": {
+                    "operationId": "addNodes",
+                    "tags": ["memory"],
+                    "summary": "Ingest nodes (JSON array or NDJSON, the nodes.jsonl format)",
+                    "requestBody": {
+                        "required": True,
+                        "description": "A JSON array of nodes (NDJSON, one node per line, is "
+                        "accepted too, as `poimen-memory ingest` reads). "
+                        "One request is one transaction: every node is written, or none. "
+                        "Two query parameters relax this contract, as the CLI's flags do: "
+                        "`project` names the project of nodes that name none, and "
+                        "`skip_invalid=true` loads the valid nodes and lists the invalid "
+                        "ones in the report (400 when none is valid).",
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "array",
+                                    "minItems": 1,
+                                    "items": {"$ref": "#/components/schemas/Node"},
+                                }
+                            },
+                        },
+                    },
+                    "responses": {
+                        "201": {
+                            "description": "Ingest report",
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/IngestReport"}
+                                }
+                            },
+                        },
+                        "400": _err("invalid_node: a line failed validation; nothing written"),
+                        **_AUTH_ERRORS,
+                        "409": _err("embedding_model_mismatch, or conflict with stored data"),
+                        "408": _err("request_timeout: body slower than POIMEN_HTTP_BODY_TIMEOUT_S"),
+                        "413": _err("payload_too_large: body over POIMEN_MAX_BODY_BYTES"),
+                        "503": _err("busy, database_unavailable or embedding_service_unavailable"),
+                    },
+                },
                 "get": {
                     "operationId": "listNodes",
                     "tags": ["memory"],
@@ -603,46 +643,6 @@ def openapi_spec() -> dict[str, Any]:
                         **_AUTH_ERRORS,
                         "404": _err("unknown_project"),
                         "503": _err("database_unavailable"),
-                    },
-                },
-                "post": {
-                    "operationId": "addNodes",
-                    "tags": ["memory"],
-                    "summary": "Ingest nodes (JSON array or NDJSON, the nodes.jsonl format)",
-                    "requestBody": {
-                        "required": True,
-                        "description": "A JSON array of nodes (NDJSON, one node per line, is "
-                        "accepted too, as `poimen-memory ingest` reads). "
-                        "One request is one transaction: every node is written, or none. "
-                        "Two query parameters relax this contract, as the CLI's flags do: "
-                        "`project` names the project of nodes that name none, and "
-                        "`skip_invalid=true` loads the valid nodes and lists the invalid "
-                        "ones in the report (400 when none is valid).",
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "array",
-                                    "minItems": 1,
-                                    "items": {"$ref": "#/components/schemas/Node"},
-                                }
-                            },
-                        },
-                    },
-                    "responses": {
-                        "201": {
-                            "description": "Ingest report",
-                            "content": {
-                                "application/json": {
-                                    "schema": {"$ref": "#/components/schemas/IngestReport"}
-                                }
-                            },
-                        },
-                        "400": _err("invalid_node: a line failed validation; nothing written"),
-                        **_AUTH_ERRORS,
-                        "409": _err("embedding_model_mismatch, or conflict with stored data"),
-                        "408": _err("request_timeout: body slower than POIMEN_HTTP_BODY_TIMEOUT_S"),
-                        "413": _err("payload_too_large: body over POIMEN_MAX_BODY_BYTES"),
-                        "503": _err("busy, database_unavailable or embedding_service_unavailable"),
                     },
                 },
             },
