@@ -9,6 +9,9 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from poimen_memory.api.app import create_app
+from poimen_memory.api.auth import key_hash, new_key
+from poimen_memory.db.connect import connect
+from poimen_memory.db.queries import q
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.settings import Settings
 
@@ -28,3 +31,17 @@ def query(client: TestClient, **params: Any) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
     return body
+
+
+def make_key(url: str, projects: list[str], write: bool = False) -> str:
+    """A new API key for these projects (read-only unless ``write``), stored as the service
+    stores one: what a test needs to call the service as a tenant."""
+    key = new_key()
+    with connect(url, autocommit=True) as conn:
+        conn.execute(
+            q("key_insert"),
+            {"key_hash": key_hash(key), "prefix": key[:12], "projects": projects,
+             "can_write": write, "note": "test"},
+        )  # fmt: skip
+    return key
+

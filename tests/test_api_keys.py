@@ -9,24 +9,15 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from poimen_memory.api.auth import key_hash, new_key
+from poimen_memory.api.auth import key_hash
 from poimen_memory.db.connect import connect
 from poimen_memory.db.queries import q
 from poimen_memory.embedders.local import LocalEmbedder
-from service_client import KONG, serve
+from service_client import KONG, make_key, serve
 
 PLANT = {"id": "plant", "level": "L1", "project": "atlas", "text": "Caroline researched kong"}
 
 
-def _key(url: str, projects: list[str], write: bool = False) -> str:
-    key = new_key()
-    with connect(url, autocommit=True) as conn:
-        conn.execute(
-            q("key_insert"),
-            {"key_hash": key_hash(key), "prefix": key[:12], "projects": projects,
-             "can_write": write, "note": "test"},
-        )  # fmt: skip
-    return key
 
 
 @pytest.fixture
@@ -46,7 +37,7 @@ def _query(client: TestClient, key: str | None, **params: Any) -> Any:
 
 def test_anonymous_until_the_first_key(client: TestClient, fixture_url: str) -> None:
     assert _query(client, None).status_code == 200
-    _key(fixture_url, ["poimen"])
+    make_key(fixture_url, ["poimen"])
     r = _query(client, None)
     assert r.status_code == 401 and r.json()["error"] == "unauthorized"
     assert _query(client, "pmk_not-a-key").status_code == 401
@@ -54,21 +45,21 @@ def test_anonymous_until_the_first_key(client: TestClient, fixture_url: str) -> 
 
 
 def test_a_key_reads_only_its_projects(client: TestClient, fixture_url: str) -> None:
-    key = _key(fixture_url, ["poimen"])
+    key = make_key(fixture_url, ["poimen"])
     mine = _query(client, key)  # no project named: the key's one project
     assert mine.status_code == 200
     assert {r["project"] for r in mine.json()["results"]} == {"poimen"}
     other = _query(client, key, project="atlas")
     assert other.status_code == 403 and other.json()["error"] == "forbidden"
-    several = _key(fixture_url, ["poimen", "atlas"])
+    several = make_key(fixture_url, ["poimen", "atlas"])
     assert _query(client, several).status_code == 403  # must name one of its projects
     assert _query(client, several, project="atlas").status_code == 200
 
 
 def test_writes_need_a_write_key_for_every_project(client: TestClient, fixture_url: str) -> None:
-    reader = _key(fixture_url, ["atlas"])
-    writer = _key(fixture_url, ["poimen"], write=True)
-    owner = _key(fixture_url, ["atlas"], write=True)
+    reader = make_key(fixture_url, ["atlas"])
+    writer = make_key(fixture_url, ["poimen"], write=True)
+    owner = make_key(fixture_url, ["atlas"], write=True)
     for key, status in ((None, 401), (reader, 403), (writer, 403)):
         r = client.post("/memory/nodes", json=[PLANT], headers=_as(key))
         assert r.status_code == status, r.text
@@ -80,7 +71,7 @@ def test_writes_need_a_write_key_for_every_project(client: TestClient, fixture_u
 
 
 def test_a_revoked_key_is_refused(client: TestClient, fixture_url: str) -> None:
-    key = _key(fixture_url, ["poimen"])
+    key = make_key(fixture_url, ["poimen"])
     assert _query(client, key).status_code == 200
     with connect(fixture_url, autocommit=True) as conn:
         conn.execute(q("key_revoke"), {"key": key[:12]})
@@ -92,13 +83,13 @@ def test_a_revoked_key_is_refused(client: TestClient, fixture_url: str) -> None:
 def test_an_unauthenticated_body_is_refused_before_it_is_read(
     client: TestClient, fixture_url: str
 ) -> None:
-    _key(fixture_url, ["poimen"], write=True)
+    make_key(fixture_url, ["poimen"], write=True)
     r = client.post("/memory/nodes", content=b"not even json")
     assert r.status_code == 401 and r.json()["error"] == "unauthorized"
 
 
 def test_keys_are_stored_hashed_and_hidden_from_sql_roles(fixture_url: str) -> None:
-    key = _key(fixture_url, ["poimen"])
+    key = make_key(fixture_url, ["poimen"])
     with connect(fixture_url, autocommit=True) as conn:
         stored = conn.execute("SELECT key_hash, prefix FROM memory.api_keys").fetchall()
         assert stored == [(key_hash(key), key[:12])]

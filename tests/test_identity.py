@@ -15,25 +15,13 @@ import pytest
 from psycopg.rows import dict_row
 from starlette.testclient import TestClient
 
-from poimen_memory.api.auth import key_hash, new_key
-from poimen_memory.db.connect import connect
-from poimen_memory.db.queries import q
 from poimen_memory.embedders.local import LocalEmbedder
-from service_client import KONG, query, serve
+from service_client import KONG, make_key, query, serve
 
 Conn = psycopg.Connection[Any]
 BACKUP = "why did the nightly backups break"
 
 
-def _key(url: str, projects: list[str], write: bool = False) -> str:
-    key = new_key()
-    with connect(url, autocommit=True) as conn:
-        conn.execute(
-            q("key_insert"),
-            {"key_hash": key_hash(key), "prefix": key[:12], "projects": projects,
-             "can_write": write, "note": "test"},
-        )  # fmt: skip
-    return key
 
 
 def _as(key: str | None) -> dict[str, str]:
@@ -210,14 +198,14 @@ def test_get_node_over_http(client: TestClient, conn: Conn, fixture_url: str) ->
     )
     # Keys: a key for atlas does not find poimen's node (404: its existence does not leak),
     # and one for both gets the 409.
-    atlas = _key(fixture_url, ["atlas"])
+    atlas = make_key(fixture_url, ["atlas"])
     r = client.get("/memory/nodes/poimen:mem:5", headers=_as(atlas))
     assert r.status_code == 404 and r.json()["error"] == "unknown_node"
     r = client.get("/memory/nodes/poimen:chat:1", headers=_as(atlas))
     assert r.status_code == 200 and r.json()["project"] == "atlas"
     r = client.get("/memory/nodes/poimen:mem:5", params={"project": "poimen"}, headers=_as(atlas))
     assert r.status_code == 403
-    both = _key(fixture_url, ["atlas", "poimen"])
+    both = make_key(fixture_url, ["atlas", "poimen"])
     assert client.get("/memory/nodes/poimen:chat:1", headers=_as(both)).status_code == 409
     assert client.get("/memory/nodes/poimen:mem:5").status_code == 401
 
@@ -263,7 +251,7 @@ def test_list_nodes_pages_by_keyset(conn: Conn, client: TestClient) -> None:
 
 
 def test_list_nodes_under_keys(client: TestClient, fixture_url: str) -> None:
-    atlas = _key(fixture_url, ["atlas"])
+    atlas = make_key(fixture_url, ["atlas"])
     page = client.get("/memory/nodes", headers=_as(atlas)).json()
     assert page["nodes"] and {n["project"] for n in page["nodes"]} == {"atlas"}
     assert (

@@ -29,14 +29,12 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult
 
 from poimen_lab.live_server import live_server
-from poimen_memory.api.auth import key_hash, new_key
 from poimen_memory.api.openapi import QUERY_PARAMETERS
 from poimen_memory.cli.main import build_parser
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect
-from poimen_memory.db.queries import q
 from poimen_memory.settings import Settings
-from service_client import KONG
+from service_client import KONG, make_key
 
 DOCS = Path(__file__).parent.parent / "docs" / "mcp.md"
 
@@ -73,15 +71,6 @@ def server(fixture_url: str, tmp_path: Path) -> Iterator[str]:
         yield base
 
 
-def _key(url: str, projects: list[str], write: bool = False) -> str:
-    key = new_key()
-    with connect(url, autocommit=True) as conn:
-        conn.execute(
-            q("key_insert"),
-            {"key_hash": key_hash(key), "prefix": key[:12], "projects": projects,
-             "can_write": write, "note": "test"},
-        )  # fmt: skip
-    return key
 
 
 def _headers(key: str | None) -> dict[str, str]:
@@ -284,7 +273,7 @@ def test_an_unknown_tool_is_a_protocol_error(reader: str) -> None:
 
 def test_api_keys_are_enforced(server: str, fixture_url: str) -> None:
     assert not over_http(server, None, _call("memory_query", {"query": KONG})).is_error
-    reader = _key(fixture_url, ["poimen"])
+    reader = make_key(fixture_url, ["poimen"])
     # Without a key the endpoint refuses before MCP: the HTTP API's 401 body.
     raw = httpx.post(f"{server}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
     assert raw.status_code == 401 and raw.json()["error"] == "unauthorized"
@@ -301,7 +290,7 @@ def test_api_keys_are_enforced(server: str, fixture_url: str) -> None:
     node = {"id": "mcp-key", "level": "L1", "text": "written with a key", "project": "poimen"}
     ro = over_http(server, reader, _call("memory_add", {"nodes": [node]}))
     assert (_tool_error(ro)["error"], _tool_error(ro)["status"]) == ("forbidden", 403)
-    writer = _key(fixture_url, ["poimen"], write=True)
+    writer = make_key(fixture_url, ["poimen"], write=True)
     elsewhere = over_http(
         server, writer, _call("memory_add", {"nodes": [{**node, "project": "atlas"}]})
     )
@@ -312,7 +301,7 @@ def test_api_keys_are_enforced(server: str, fixture_url: str) -> None:
 
 def test_stdio(fixture_url: str) -> None:
     """`poimen-memory mcp`: the same tools over stdin and stdout; the key from POIMEN_API_KEY."""
-    key = _key(fixture_url, ["poimen"])
+    key = make_key(fixture_url, ["poimen"])
 
     def params(api_key: str | None) -> StdioServerParameters:
         env = {k: v for k, v in os.environ.items() if k.startswith(("PYTHON", "POIMEN_"))}
@@ -346,7 +335,7 @@ def _blocks(lang: str) -> list[str]:
 
 
 def test_the_docs_python_example_runs(server: str, fixture_url: str) -> None:
-    key = _key(fixture_url, ["poimen"])
+    key = make_key(fixture_url, ["poimen"])
     (code,) = _blocks("python")
     code = re.sub(r'^URL = ".*"$', f'URL = "{server}/mcp"', code, count=1, flags=re.M)
     code = re.sub(r'^KEY = ".*"$', f'KEY = "{key}"', code, count=1, flags=re.M)
