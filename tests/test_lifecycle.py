@@ -20,8 +20,8 @@ from poimen_core.vocabulary import SQLSTATES
 from poimen_memory.db.connect import connect, ensure_service_login
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.ingest.nodes import parse_lines, write_row
-from service_client import serve
-from test_api_keys import _as, _key
+from service_client import make_key, serve
+from test_api_keys import _as
 
 Conn = psycopg.Connection[Any]
 P = "life"
@@ -342,9 +342,9 @@ def _post(client: TestClient, key: str | None, nodes: list[dict[str, Any]]) -> A
 
 
 def test_http_update_history_retire_erase_under_keys(client: TestClient, fixture_url: str) -> None:
-    writer = _key(fixture_url, [P], write=True)
-    other = _key(fixture_url, ["poimen"], write=True)
-    reader = _key(fixture_url, [P])
+    writer = make_key(fixture_url, [P], write=True)
+    other = make_key(fixture_url, ["poimen"], write=True)
+    reader = make_key(fixture_url, [P])
     r = _post(client, writer, [_node("h:1", "The office plant is a monstera")])
     assert r.status_code == 201, r.text
     r = _post(client, writer, [_node("h:1", "The office plant is a ficus", revision=1)])

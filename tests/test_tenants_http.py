@@ -17,8 +17,8 @@ from poimen_memory.api.auth import KeyRing
 from poimen_memory.db.connect import connect, ensure_service_login, open_pool
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.services import warn_if_rls_bypassed
-from service_client import serve
-from test_api_keys import PLANT, _as, _key
+from service_client import make_key, serve
+from test_api_keys import PLANT, _as
 
 ROLE = "poimen_service"  # the embedded cluster's default; the test cluster maps it too
 ALL_LEVELS = "L0,L1,L2"
@@ -97,8 +97,8 @@ def test_postgres_confines_a_key_even_without_the_python_checks(
 
     monkeypatch.setattr(KeyRing, "read_project", any_project)
     monkeypatch.setattr(KeyRing, "write_projects", any_write)
-    reader = _key(fixture_url, ["poimen"])
-    writer = _key(fixture_url, ["poimen"], write=True)
+    reader = make_key(fixture_url, ["poimen"])
+    writer = make_key(fixture_url, ["poimen"], write=True)
     assert _projects(_q(client, reader)) == {"poimen"}  # no project named: only the key's
     hidden = _q(client, reader, project="atlas")
     assert hidden.status_code == 404 and hidden.json()["error"] == "unknown_project"
@@ -128,7 +128,7 @@ def test_a_stored_key_with_an_invalid_project_name_is_refused(
 ) -> None:
     """A key written before the CLI checked names: refused, never widened to '*' or two
     projects by the ',' join of the per-transaction setting."""
-    key = _key(fixture_url, stored)
+    key = make_key(fixture_url, stored)
     r = _q(client, key, project="atlas")
     assert r.status_code == 403, r.text
     body = r.json()
