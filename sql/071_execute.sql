@@ -240,8 +240,9 @@ BEGIN
                count(*) FILTER (WHERE f.low)
           INTO fused, withheld
           FROM (SELECT x.v, x.o, coalesce(1 - (n.embedding <=> query_embedding) < floor, false) AS low
-                FROM jsonb_array_elements(fused) WITH ORDINALITY AS x(v, o)
-                LEFT JOIN memory.nodes n ON n.id = (x.v ->> 'node_id')::bigint) f;
+                FROM ROWS FROM (jsonb_array_elements(fused), jsonb_to_recordset(fused) AS (node_id bigint))
+                     WITH ORDINALITY AS x(v, node_id, o)
+                LEFT JOIN memory.nodes n ON n.id = x.node_id) f;
     END IF;
     st := memory._stage_time(st, 'fusion_time_ms', t);
     RETURN jsonb_build_object('lexical', lex, 'semantic', sem, 'evidence_lexical', ev_lex,

@@ -96,18 +96,27 @@ BEGIN
         JOIN unnest(result_ids) WITH ORDINALITY AS r(id, ord) ON r.id = w.root_id
         GROUP BY w.parent_id
     ),
-    scored AS (
+    scored AS MATERIALIZED (
         SELECT coalesce(s.node_id, c.node_id) AS node_id, s.pos, c.by_rank,
                coalesce(s.s, 0)
                  + coalesce(pol.evidence_weight * (SELECT sum(1 / sqrt(x)) FROM unnest(c.by_rank) x), 0)
                    AS score
         FROM scaled s FULL JOIN cites c ON c.node_id = s.node_id
     ),
+    -- The neighbour window's bounds are columns here, not arithmetic in near's WHERE: under
+    -- row-level security a qual that calls a function which is not leakproof (int8 '-' can
+    -- raise) waits behind the policy's, so it cannot bound an index scan, and each probe
+    -- read every L0 row of the project (1.8 s against 40 ms at 20k nodes, bench-overload).
+    -- One index probe per candidate (LATERAL ... LIMIT 1) on a plain column (scored is
+    -- MATERIALIZED: its coalesce(), pulled up into the probe, is not leakproof either): with
+    -- the policy's qual the planner would otherwise hash a scan of the whole project.
     own AS (
-        SELECT x.*, n.project_id, n.title
+        SELECT x.*, n.project_id, n.title, n.id - 64 AS lo, n.id + 64 AS hi
         FROM scored x
-        JOIN memory.nodes n ON n.id = x.node_id AND n.level = 'L0'
-             AND (pid IS NULL OR n.project_id = pid)
+        CROSS JOIN LATERAL (SELECT n.id, n.project_id, n.title FROM memory.nodes n
+                            WHERE n.id = x.node_id AND n.level = 'L0'
+                              AND (pid IS NULL OR n.project_id = pid)
+                            LIMIT 1) n
     ),
     -- The turns said just before and after a candidate, in the same session: the L0 node
     -- of the same project and title (a session's or a document's heading) nearest in
@@ -118,13 +127,13 @@ BEGIN
         FROM own o
         CROSS JOIN LATERAL (
             (SELECT n.id FROM memory.nodes n
-             WHERE n.id < o.node_id AND n.id >= o.node_id - 64 AND n.project_id = o.project_id
+             WHERE n.id < o.node_id AND n.id >= o.lo AND n.project_id = o.project_id
                AND n.level = 'L0' AND n.title = o.title AND n.expired_at IS NULL
                AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
              ORDER BY n.id DESC LIMIT 1)
             UNION ALL
             (SELECT n.id FROM memory.nodes n
-             WHERE n.id > o.node_id AND n.id <= o.node_id + 64 AND n.project_id = o.project_id
+             WHERE n.id > o.node_id AND n.id <= o.hi AND n.project_id = o.project_id
                AND n.level = 'L0' AND n.title = o.title AND n.expired_at IS NULL
                AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
              ORDER BY n.id LIMIT 1)
@@ -172,16 +181,22 @@ BEGIN
            coalesce(CASE WHEN pid IS NOT NULL THEN project_name END,
                     (SELECT p.name FROM memory.projects p WHERE p.id = n.project_id)),
            n.title, n.text, n.source, n.breadcrumb, n.ts,
-           (x.v ->> 's')::double precision, (x.v ->> 'pos')::integer,
-           ARRAY(SELECT jsonb_array_elements_text(x.v -> 'by')::integer),
-           (x.v ->> 'beside')::double precision, n.metadata
-    FROM ((SELECT c.v, c.o FROM jsonb_array_elements(cands) WITH ORDINALITY AS c(v, o)
-           WHERE (c.v ->> 'id')::bigint = ANY (reserved))
+           x.s, x.pos, ARRAY(SELECT jsonb_array_elements_text(x.by)::integer),
+           x.beside, n.metadata
+    -- Typed columns, not (v ->> 'id')::bigint in the join: the cast is not leakproof, so
+    -- under row-level security it could not reach the index and every row of the project
+    -- was read (the same in memory._run_legs' floor).
+    FROM ((SELECT c.* FROM ROWS FROM (jsonb_to_recordset(cands)
+                  AS (id bigint, s double precision, pos integer, by jsonb, beside double precision))
+                  WITH ORDINALITY AS c(id, s, pos, by, beside, o)
+           WHERE c.id = ANY (reserved))
           UNION ALL
-          (SELECT c.v, c.o FROM jsonb_array_elements(cands) WITH ORDINALITY AS c(v, o)
-           WHERE (c.v ->> 'id')::bigint <> ALL (reserved)
+          (SELECT c.* FROM ROWS FROM (jsonb_to_recordset(cands)
+                  AS (id bigint, s double precision, pos integer, by jsonb, beside double precision))
+                  WITH ORDINALITY AS c(id, s, pos, by, beside, o)
+           WHERE c.id <> ALL (reserved)
            ORDER BY c.o LIMIT lim - cardinality(reserved))) x
-    JOIN memory.nodes n ON n.id = (x.v ->> 'id')::bigint AND (pid IS NULL OR n.project_id = pid)
+    JOIN memory.nodes n ON n.id = x.id AND (pid IS NULL OR n.project_id = pid)
     ORDER BY x.o;
 END $$;
 COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer) IS
