@@ -254,7 +254,7 @@ def test_row_level_security_costs_a_query_no_more_pages_than_the_owner_reads(
     with connect(fixture_url, autocommit=True) as owner:
         ensure_service_login(owner, ROLE)
         _extra_projects(owner, "big", 1, 2500)
-    queries = FIXTURE_QUERIES + [("note of project", "big-1"), ("note 17 of project", "big-1")]
+    queries = [*FIXTURE_QUERIES, ("note of project", "big-1"), ("note 17 of project", "big-1")]
     service_url = fixture_url.replace("postgresql://postgres@", f"postgresql://{ROLE}@")
     with (
         connect(fixture_url, autocommit=True) as owner,
