@@ -373,7 +373,9 @@ def _ranked(conn: Conn, **kw: Any) -> list[tuple[str, float]]:
 
 def test_recency_is_off_by_default_and_the_plan_says_so(conn: Conn) -> None:
     _recency_nodes(conn)
-    row = conn.execute("SELECT memory.answer('deploy key rotation', project => 'recency')").fetchone()
+    row = conn.execute(
+        "SELECT memory.answer('deploy key rotation', project => 'recency')"
+    ).fetchone()
     assert row is not None
     assert row[0]["plan"]["recency"]["applied"] is False
     assert row[0]["plan"]["recency"]["half_life_days"] is None
