@@ -344,7 +344,7 @@ BEGIN
                                           plan ->> 'fusion', budget, plan ->> 'project', 4,
                                           (plan ->> 'since_ts')::timestamptz, (plan ->> 'before_ts')::timestamptz,
                                           (plan ->> 'dense_weight')::double precision,
-                                          (plan ->> 'rrf_k')::integer) e;
+                                          (plan ->> 'rrf_k')::integer, nullif(plan -> 'filter', 'null')) e;
             evidence := coalesce(evidence, '[]');
         EXCEPTION WHEN OTHERS THEN
             IF SQLSTATE = '40001' THEN
