@@ -57,7 +57,7 @@ def main() -> None:
     recall: dict[str, list[float]] = {}
     with psycopg.connect(a.url, autocommit=True) as conn:
         register_vector(conn)
-        origins = dict(
+        origins: dict[str, Any] = dict(
             conn.execute(
                 "SELECT p.name, max(n.ts) FROM memory.nodes n JOIN memory.projects p"
                 " ON p.id = n.project_id GROUP BY p.name"
