@@ -121,8 +121,7 @@ DECLARE
     q vector := memory.require_embedding(query_embedding);
     flt jsonb := memory.check_filter(filter);
     -- Brute force reads every row: the owner bounds k (memory.set_policy).
-    max_k integer := coalesce((SELECT c.value::integer FROM memory.config c
-                               WHERE c.key = 'exact_search_max_k'), 1000);
+    max_k integer := memory._policy_value('exact_search_max_k')::integer;
 BEGIN
     IF k IS NULL OR k < 1 OR k > max_k THEN
         RAISE EXCEPTION 'k must be within 1..%, got %', max_k, coalesce(k::text, 'NULL')
