@@ -262,6 +262,9 @@ class Settings(FromEnv):
     ingest_embed_group: int = setting("POIMEN_INGEST_EMBED_GROUP", at_least(1), 256)
     ingest_workers: int = setting("POIMEN_INGEST_WORKERS", at_least(1), 1)
     ingest_queue: int = setting("POIMEN_INGEST_QUEUE", at_least(0), 4)
+    # An HTTP write's embedding, retries included, has this long in all: a hung embedding
+    # server then holds an ingest slot no longer (attempts x timeout was 42.5 s).
+    ingest_timeout_s: float = setting("POIMEN_INGEST_TIMEOUT_S", positive, 60.0)
     max_body_bytes: int = setting("POIMEN_MAX_BODY_BYTES", at_least(1024), 10 * 1024 * 1024)
     # What one answer may weigh as JSON: provenance trees repeat shared ancestors, so a page
     # of them could reach hundreds of MB (their texts are cut at the policy's
