@@ -39,6 +39,7 @@ from jsonschema.exceptions import best_match
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     INVALID_PARAMS,
@@ -301,11 +302,18 @@ class McpEndpoint:
 
     def __init__(self, settings: Settings) -> None:
         self.server = build_server(settings, _http_caller)
+        hosts, origins = settings.mcp_allowed_hosts, settings.mcp_allowed_origins
         self.manager = StreamableHTTPSessionManager(
             app=self.server,
             json_response=True,
             stateless=True,
             max_request_body_size=settings.max_body_bytes,
+            # Host and Origin checked against DNS rebinding (hosts "*": not checked).
+            security_settings=TransportSecuritySettings(
+                enable_dns_rebinding_protection=hosts != ("*",),
+                allowed_hosts=list(hosts),
+                allowed_origins=list(origins),
+            ),
         )
 
     @contextlib.asynccontextmanager

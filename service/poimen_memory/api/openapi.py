@@ -896,11 +896,14 @@ def openapi_spec() -> dict[str, Any]:
                                     "description": "recency as a ranking signal (the policy's "
                                     "recency_half_life_days and recency_weight; off unless "
                                     "set): half_life_days, weight, origin (the time ages count "
-                                    "from: reference_time, or now), applied",
+                                    "from: reference_time; null: now), applied",
                                     "properties": {
                                         "half_life_days": {"type": ["number", "null"]},
                                         "weight": {"type": "number"},
-                                        "origin": {"type": "string", "format": "date-time"},
+                                        "origin": {
+                                            "type": ["string", "null"],
+                                            "format": "date-time",
+                                        },
                                         "applied": {"type": "boolean"},
                                     },
                                 },
