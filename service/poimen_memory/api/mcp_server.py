@@ -57,7 +57,7 @@ from starlette.types import Receive, Scope, Send
 
 from poimen_memory.api import metrics
 from poimen_memory.api.auth import KeyRing
-from poimen_memory.api.openapi import QUERY_PARAMETERS, openapi_spec
+from poimen_memory.api.openapi import openapi_spec, query_parameters
 from poimen_memory.api.operations import query_memory, records_from_lines, write_nodes
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
@@ -94,11 +94,11 @@ def _schemas() -> dict[str, Any]:
 
 def _query_input(settings: Settings) -> dict[str, Any]:
     props: dict[str, Any] = {}
-    for name, _, schema, description in QUERY_PARAMETERS:
+    # With the bounds this service applies (POIMEN_MAX_QUERY_CHARS, ...), as /openapi.json.
+    params = query_parameters(settings)
+    for name, _, schema, description in params:
         props[name] = {**copy.deepcopy(schema), "description": description}
-    # The bound this service applies (POIMEN_MAX_QUERY_CHARS), not the documented default.
-    props["query"]["maxLength"] = settings.max_query_chars
-    required = [name for name, req, _, _ in QUERY_PARAMETERS if req]
+    required = [name for name, req, _, _ in params if req]
     return {
         "type": "object",
         "properties": props,
@@ -151,7 +151,7 @@ def _output(name: str) -> dict[str, Any]:
 
 
 def tools(settings: Settings) -> list[Tool]:
-    spec = openapi_spec()["paths"]
+    spec = openapi_spec(settings)["paths"]
     return [
         Tool(
             name=QUERY,
