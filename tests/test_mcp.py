@@ -29,7 +29,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult
 
 from poimen_lab.live_server import live_server
-from poimen_memory.api.openapi import QUERY_PARAMETERS
+from poimen_memory.api.openapi import query_parameters
 from poimen_memory.cli.main import build_parser
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect
@@ -153,7 +153,7 @@ def test_tools_and_their_schemas(reader: str, mode: str) -> None:
     assert set(tools) == {"memory_query", "memory_add"}
     query = tools["memory_query"]
     # The HTTP route's parameters, with the same schemas.
-    assert set(query.input_schema["properties"]) == {n for n, *_ in QUERY_PARAMETERS}
+    assert set(query.input_schema["properties"]) == {n for n, *_ in query_parameters()}
     assert query.input_schema["required"] == ["query"]
     assert query.input_schema["properties"]["strategy"]["enum"] == [
         "LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly",

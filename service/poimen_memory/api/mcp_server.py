@@ -1,7 +1,7 @@
 """The MCP server for agents: tools over the same code path as the HTTP API (docs/mcp.md).
 
 - ``memory_query`` answers exactly what ``GET /memory/query`` answers for the same
-  parameters (the same names, schemas and bounds: api/openapi.py's QUERY_PARAMETERS, then
+  parameters (the same names, schemas and bounds: api/openapi.py's query_parameters, then
   api/params.py), with provenance and the evidence list;
 - ``memory_add`` writes nodes as ``POST /memory/nodes`` does: one transaction, every node or
   none unless ``skip_invalid``.
