@@ -483,7 +483,13 @@ def _ratios(r: dict[str, Any]) -> dict[str, Any]:
             out[f"{prefix}_p50_over_owner_p50"] = round(
                 by[1]["p50_ms"] / max(owner[1]["p50_ms"], 1e-9), 2
             )
-    if r.get("http_evidence") and r.get("http_owner_evidence"):
+    # A run with failed requests measured its failures: no ratio from it.
+    if (
+        r.get("http_evidence")
+        and r.get("http_owner_evidence")
+        and not r["http_evidence"][0].get("errors")
+        and not r["http_owner_evidence"][0].get("errors")
+    ):
         out["http_evidence_p50_over_owner_p50"] = round(
             r["http_evidence"][0]["p50_ms"] / max(r["http_owner_evidence"][0]["p50_ms"], 1e-9), 2
         )
