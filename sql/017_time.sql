@@ -97,10 +97,8 @@ BEGIN
         isfinite(reference_time)
         AND extract(year FROM reference_time AT TIME ZONE 'UTC')
             BETWEEN @vocabulary.reference_first_year@ AND @vocabulary.reference_last_year@) THEN
-        RAISE EXCEPTION 'reference_time must be an ISO timestamp within years %..% in UTC, got %',
-            @vocabulary.reference_first_year@, @vocabulary.reference_last_year@, reference_time
-            USING ERRCODE = '22023',
-                  HINT = 'e.g. reference_time 2023-05-08T13:56:00Z; relative dates count from it';
+        RAISE EXCEPTION '%, got %', @vocabulary.reference_time_rule@, reference_time
+            USING ERRCODE = '22023', HINT = @vocabulary.reference_time_hint@;
     END IF;
     RETURN reference_time;
 END $$;

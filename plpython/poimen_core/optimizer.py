@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from poimen_core.dates import DateRange, extract_dates, span
-from poimen_core.vocabulary import REFERENCE_YEARS
+from poimen_core.vocabulary import REFERENCE_TIME_HINT, REFERENCE_TIME_RULE, REFERENCE_YEARS
 
 __all__ = [
     "ENTITY_KEYS",
@@ -59,11 +59,7 @@ class QueryOptimizerError(ValueError):
 
 
 def reference_time_error(shown: str) -> QueryOptimizerError:
-    first, last = REFERENCE_YEARS
-    return QueryOptimizerError(
-        f"reference_time must be an ISO timestamp within years {first}..{last} in UTC, got {shown}",
-        hint="e.g. reference_time 2023-05-08T13:56:00Z; relative dates count from it",
-    )
+    return QueryOptimizerError(f"{REFERENCE_TIME_RULE}, got {shown}", hint=REFERENCE_TIME_HINT)
 
 
 def check_reference_time(ts: datetime) -> datetime:

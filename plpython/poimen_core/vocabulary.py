@@ -15,6 +15,8 @@ __all__ = [
     "LOCAL_MODEL",
     "PROJECT_NAME",
     "QUESTION_TYPES",
+    "REFERENCE_TIME_HINT",
+    "REFERENCE_TIME_RULE",
     "REFERENCE_YEARS",
     "SQLSTATES",
     "STRATEGIES",
@@ -39,6 +41,12 @@ PROJECT_NAME = "[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
 # year", "this month", "past week") then stays within the years 1..9999 that both Python
 # and PostgreSQL dates hold. 'infinity' and year 1 are refused (22023), never a 500.
 REFERENCE_YEARS = (2, 9998)
+# What a caller is told when a reference_time is outside them, by SQL and Python alike.
+REFERENCE_TIME_RULE = (
+    f"reference_time must be an ISO timestamp within years "
+    f"{REFERENCE_YEARS[0]}..{REFERENCE_YEARS[1]} in UTC"
+)
+REFERENCE_TIME_HINT = "e.g. reference_time 2023-05-08T13:56:00Z; relative dates count from it"
 # The local embedding model's name and dimension, as memory.embedding_model records them
 # (no numpy needed to compare them).
 LOCAL_MODEL = "all-MiniLM-L6-v2-onnx-int8"
@@ -73,5 +81,7 @@ def sql_literals() -> dict[str, str]:
     out = {k: "ARRAY[" + ", ".join(_text(v) for v in vs) + "]::text[]" for k, vs in arrays.items()}
     out["project_name"] = _text("^" + PROJECT_NAME + "$")
     out["reference_first_year"], out["reference_last_year"] = map(str, REFERENCE_YEARS)
+    out["reference_time_rule"] = _text(REFERENCE_TIME_RULE)
+    out["reference_time_hint"] = _text(REFERENCE_TIME_HINT)
     out |= {f"sqlstate_{k}": _text(v) for k, v in SQLSTATES.items()}
     return out
