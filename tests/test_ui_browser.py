@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+import httpx
 import psycopg
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
@@ -326,3 +327,28 @@ def test_readable_on_a_narrow_screen(browser: Browser, server: str) -> None:
             page.screenshot(path=target.replace(".png", "-narrow.png"), full_page=True)
     finally:
         context.close()
+
+
+def test_results_show_their_id_support_and_versions(page: Page, server: str) -> None:
+    """Each result says who it is (its external id) and, when derived, its support; its
+    versions open on demand from GET /memory/nodes/{id}/history, as the API gives them."""
+    body, _ = open_query(page, ui_url(server, query=QUESTION, project="poimen"))
+    results = page.locator("#results > li.result")
+    for i, r in enumerate(body["results"]):
+        item = results.nth(i)
+        expect(item.locator(".external-id")).to_have_text(r["external_id"])
+        if r["support"] is None:
+            expect(item.locator(".support")).to_have_count(0)
+        else:
+            expect(item.locator(".support")).to_have_text(f"support: {r['support']}")
+    first = body["results"][0]
+    history = httpx.get(
+        f"{server}/memory/nodes/{first['external_id']}/history", params={"project": "poimen"}
+    ).json()
+    results.nth(0).locator(".versions summary").click()
+    versions = results.nth(0).locator(".version")
+    expect(versions).to_have_count(len(history["versions"]))
+    for i, v in enumerate(history["versions"]):
+        expect(versions.nth(i).locator(".revision")).to_have_text(f"r{v['revision']}")
+        expect(versions.nth(i)).to_have_attribute("data-current", str(v["current"]).lower())
+    expect(versions.last.locator(".ended")).to_have_text("current")

@@ -139,6 +139,53 @@
     );
   }
 
+  // Who a result is (its id, as ingested) and what still supports it (memory.support_status:
+  // full, partial, none; null for evidence itself), and why it cites nothing, if it does not.
+  function identity(r) {
+    return el(
+      "div",
+      { class: "identity" },
+      r.external_id ? el("span", { class: "external-id", text: r.external_id }) : null,
+      r.support ? el("span", { class: `support support-${r.support}`, text: `support: ${r.support}` }) : null,
+      r.uncited_reason ? el("span", { class: "uncited muted", text: `cites no turn: ${r.uncited_reason}` }) : null,
+    );
+  }
+
+  // The node's versions (GET /memory/nodes/{id}/history), fetched when first opened.
+  function versions(r, project) {
+    if (!r.external_id || !project) return null;
+    const list = el("ol", { class: "version-list" });
+    const box = el("details", { class: "versions" }, el("summary", {}, "Versions"), list);
+    box.addEventListener("toggle", async () => {
+      if (!box.open || list.childElementCount) return;
+      const url = `/memory/nodes/${encodeURIComponent(r.external_id)}/history?project=${encodeURIComponent(project)}`;
+      try {
+        const response = await fetch(url, { headers: { Accept: "application/json" } });
+        const body = await response.json();
+        if (!response.ok) {
+          list.append(el("li", { class: "muted", text: `${response.status} ${body.error || ""}` }));
+          return;
+        }
+        for (const v of body.versions) {
+          const ended = v.current ? "current" : `${v.end_reason} ${when(v.expired_at)}`;
+          list.append(
+            el(
+              "li",
+              { class: "version", "data-revision": String(v.revision), "data-current": String(v.current) },
+              el("span", { class: "revision", text: `r${v.revision}` }),
+              el("span", { class: "since", text: `from ${when(v.created_at)}` }),
+              el("span", { class: "ended", text: ended }),
+              v.text === null ? el("span", { class: "muted", text: "erased" }) : el("p", { class: "version-text", text: v.text }),
+            ),
+          );
+        }
+      } catch (err) {
+        list.append(el("li", { class: "muted", text: `Failed: ${err.message}` }));
+      }
+    });
+    return box;
+  }
+
   function legCell(name, rank, score, scoreName) {
     return el(
       "div",
@@ -162,6 +209,7 @@
           "li",
           { class: "result", "data-level": r.level },
           el("div", { class: "result-head" }, el("span", { class: "rank", text: `#${i + 1}` }), nodeHead(r)),
+          identity(r),
           el("p", { class: "result-text", text: r.text }),
           r.breadcrumb && r.breadcrumb.length ? el("p", { class: "breadcrumb muted", text: r.breadcrumb.join(" › ") }) : null,
           el(
@@ -186,6 +234,7 @@
               : null,
           ),
           provenance(r.parents),
+          versions(r, r.project),
         ),
       );
     });
