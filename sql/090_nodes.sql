@@ -164,7 +164,7 @@ BEGIN
     -- nodes_project_id_idx (project_id, id) read in id order, stopping at the page's end.
     RETURN QUERY EXECUTE
         'SELECT n.id, n.external_id,
-                (SELECT p.name FROM memory.projects p WHERE p.id = n.project_id),
+                (SELECT p.name::text FROM memory.projects p WHERE p.id = n.project_id),
                 n.level, encode(n.sha256, ''hex''), n.title, n.text, n.source, n.breadcrumb,
                 n.ts, n.metadata, n.created_at,
                 memory.support_status(n.parents_declared, memory.parents_present(n.id, n.project_id)),
