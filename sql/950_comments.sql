@@ -32,6 +32,15 @@ END $$;
 COMMENT ON TYPE memory.query_row IS
     'One row of memory.query and public.memory_query: the node, its scores and ranks per leg, the strategy that ran, and its provenance down to L0. Each column is described in docs/sql-api.md (Result columns).';
 
+COMMENT ON TYPE memory.fused_row IS
+    'One row of memory.fuse and memory.fuse_legs: a node id, its rank and score in each input list (NULL where it is absent), the fused score and the fusion method.';
+
+COMMENT ON TYPE memory.node_row IS
+    'One node as memory.get_node returns it: its columns, its parents and children (at most memory._links_max() each, with the totals), parents_declared, support and versions.';
+
+COMMENT ON TYPE memory.node_list_row IS
+    'One node of a memory.list_nodes page: its columns, support and the cursor to page on from it.';
+
 -- The domain came with migration 0015: this file also runs on a schema before it.
 DO $$
 BEGIN

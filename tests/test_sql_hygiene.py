@@ -53,6 +53,7 @@ OWNER_ONLY = {
     "_ensure_trigger",
     "_probe",
     "_ensure_indexes",
+    "_declare_row",
 }
 # Functions that write content: granted to memory_writer (the service's role inherits them).
 WRITER = {
