@@ -39,14 +39,16 @@ BEGIN
 END $$;
 
 -- A declared result row, memory.<name>, as the functions that return it want it: sql/ files
--- declare their rows with it before the functions (sql/040_fusion.sql, 069_query_row.sql,
--- 090_nodes.sql), rather than in a migration, since a row type holds no data. The wanted
--- shape is built as a temporary type and compared with the stored one; only a different
--- shape replaces it, after dropping the functions that return it (an unchanged type keeps
--- its OID and its functions). returned_by names those functions, callers first (a SQL
--- function's atomic body depends on what it calls): each is dropped in that order, and also
--- where it still returns another type (an anonymous TABLE before the row was declared). No
--- CASCADE: an object a DBA built on them stops the migration and is named in the error.
+-- declare their rows with it before the functions (sql/040_fusion.sql, 090_nodes.sql; the
+-- older memory.query_row of 069_query_row.sql is declared the same way by hand, with the
+-- query functions' past signatures), rather than in a migration, since a row type holds
+-- no data. The wanted shape is built as a temporary type and compared with the stored one;
+-- only a different shape replaces it, after dropping the functions that return it (an
+-- unchanged type keeps its OID and its functions). returned_by names those functions,
+-- callers first (a SQL function's atomic body depends on what it calls): each is dropped in
+-- that order, and also where it still returns another type (an anonymous TABLE before the
+-- row was declared). No CASCADE: an object a DBA built on them stops the migration and is
+-- named in the error.
 CREATE OR REPLACE FUNCTION memory._declare_row(type_name text, columns text, returned_by text[])
 RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
