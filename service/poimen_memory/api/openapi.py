@@ -884,6 +884,19 @@ def openapi_spec() -> dict[str, Any]:
                                     "description": "the relevance floor: min_cosine (null: "
                                     "off), source (argument, policy or null), applied",
                                 },
+                                "recency": {
+                                    "type": "object",
+                                    "description": "recency as a ranking signal (the policy's "
+                                    "recency_half_life_days and recency_weight; off unless "
+                                    "set): half_life_days, weight, origin (the time ages count "
+                                    "from: reference_time, or now), applied",
+                                    "properties": {
+                                        "half_life_days": {"type": ["number", "null"]},
+                                        "weight": {"type": "number"},
+                                        "origin": {"type": "string", "format": "date-time"},
+                                        "applied": {"type": "boolean"},
+                                    },
+                                },
                             },
                         },
                         "results": {
