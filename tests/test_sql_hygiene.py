@@ -52,6 +52,7 @@ OWNER_ONLY = {
     "projects_partitions",
     "partition_by_project",
     "_ensure_trigger",
+    "_ensure_statement_triggers",
     "_probe",
     "_ensure_indexes",
     "_declare_row",
