@@ -32,8 +32,10 @@ BEGIN
         ('cascade_candidates', '200', '$1 ~ ''^[0-9]{1,5}$'' AND $1::integer BETWEEN 1 AND 10000', '1..10000'),
         ('fusion_by_type', '{}', 'memory._valid_fusion_by_type($1)', '{"Factual":"convex",...}'),
         ('exact_search_max_k', '1000', '$1 ~ ''^[0-9]{1,6}$'' AND $1::integer BETWEEN 1 AND 100000', '1..100000'),
-        ('provenance_max_parents', NULL, '$1 ~ ''^[0-9]{1,4}$'' AND $1::integer BETWEEN 1 AND 1000', '1..1000'),
-        ('provenance_max_nodes', NULL, '$1 ~ ''^[0-9]{1,6}$'' AND $1::integer BETWEEN 1 AND 100000', '1..100000'),
+        ('provenance_max_parents', '32', '$1 ~ ''^[0-9]{1,4}$'' AND $1::integer BETWEEN 1 AND 1000', '1..1000'),
+        ('provenance_max_nodes', '256', '$1 ~ ''^[0-9]{1,6}$'' AND $1::integer BETWEEN 1 AND 100000', '1..100000'),
+        -- a provenance tree's node shows this much of its text (bounded responses, issue 26)
+        ('provenance_text_chars', '1000', '$1 ~ ''^[0-9]{1,6}$'' AND $1::integer BETWEEN 1 AND 100000', '1..100000 characters'),
         -- measured on LoCoMo dev (docs/benchmarks.md, "Time filters")
         ('extracted_dates', 'annotate', '$1 IN (''annotate'', ''filter'')', 'annotate|filter'),
         -- measured on LoCoMo dev (docs/benchmarks.md, "Evidence within a budget")
@@ -50,6 +52,18 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION memory._policy_keys() IS
     'Every retrieval policy key: its built-in default (NULL: off, or the engine''s own), the check memory.set_policy applies to a new value (an SQL expression of $1) and the hint it gives when the check fails.';
+
+CREATE OR REPLACE FUNCTION memory._policy_value(key text)
+RETURNS text
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN coalesce((SELECT c.value FROM memory.config c WHERE c.key = _policy_value.key),
+                    (SELECT p.default_value FROM memory._policy_keys() p WHERE p.key = _policy_value.key));
+END $$;
+COMMENT ON FUNCTION memory._policy_value(text) IS
+    'One policy key''s value in force: memory.config''s, else its default from memory._policy_keys() (NULL: off, or an unknown key).';
 
 CREATE OR REPLACE FUNCTION memory._valid_fusion_by_type(value text)
 RETURNS boolean

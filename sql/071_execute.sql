@@ -264,7 +264,7 @@ BEGIN
                          WITH ORDINALITY AS x(v, node_id, o)
                     CROSS JOIN (SELECT (plan -> 'recency' ->> 'weight')::double precision AS w,
                                        (plan -> 'recency' ->> 'half_life_days')::double precision AS h,
-                                       (plan -> 'recency' ->> 'origin')::timestamptz AS origin) w
+                                       coalesce((plan -> 'recency' ->> 'origin')::timestamptz, now()) AS origin) w
                     LEFT JOIN memory.nodes n ON n.id = x.node_id) f
                 ORDER BY f.s DESC, f.o
                 LIMIT (plan ->> 'final_k')::integer) r;
@@ -344,7 +344,7 @@ BEGIN
                                           plan ->> 'fusion', budget, plan ->> 'project', 4,
                                           (plan ->> 'since_ts')::timestamptz, (plan ->> 'before_ts')::timestamptz,
                                           (plan ->> 'dense_weight')::double precision,
-                                          (plan ->> 'rrf_k')::integer) e;
+                                          (plan ->> 'rrf_k')::integer, nullif(plan -> 'filter', 'null')) e;
             evidence := coalesce(evidence, '[]');
         EXCEPTION WHEN OTHERS THEN
             IF SQLSTATE = '40001' THEN

@@ -423,3 +423,33 @@ def test_http_reports_recency_as_sql_does(client: TestClient, fixture_url: str) 
         "half_life_days": 7, "weight": 0.5, "applied": True,
         "origin": "2024-03-01T00:00:00+00:00",
     }  # fmt: skip
+
+
+def test_the_filter_holds_in_evidence_and_exact_search(conn: Conn) -> None:
+    """memory.evidence and memory.exact_search take the metadata filter memory.query takes:
+    every turn they return contains it (without it, both users' turns come back)."""
+    turns = [
+        {"id": f"t{i}", "level": "L0", "project": "flt", "title": "session",
+         "text": f"the gateway buffer overflowed again, report {i}",
+         "metadata": {"user": "alice" if i % 2 else "bob"}}
+        for i in range(12)
+    ]  # fmt: skip
+    conn.execute("SELECT memory.add_nodes(%s)", (Jsonb(turns),))
+    users = "SELECT DISTINCT metadata ->> 'user' FROM ({}) x"
+    ev = (
+        "SELECT metadata FROM memory.evidence('gateway buffer overflow', '{{}}', project => 'flt'"
+        ", levels => ARRAY['L0']{})"
+    )
+    ex = (
+        "SELECT n.metadata FROM memory.exact_search(memory.embed('gateway buffer overflow'),"
+        " 'flt', ARRAY['L0'], 10{}) e JOIN memory.nodes n ON n.id = e.node_id"
+    )
+    alice = ", filter => '{\"user\": \"alice\"}'"
+    for sql in (ev, ex):
+        assert {r[0] for r in conn.execute(users.format(sql.format(""))).fetchall()} == {
+            "alice", "bob"
+        }, sql
+        rows = conn.execute(users.format(sql.format(alice))).fetchall()
+        assert {r[0] for r in rows} == {"alice"}, sql
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        conn.execute(ex.format(", filter => '[1]'"))

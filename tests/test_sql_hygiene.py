@@ -81,6 +81,7 @@ READER = {
     "check_weight",
     "policy",
     "_policy_keys",
+    "_policy_value",
     "lexical_document",
     "lexical_search",
     "lexical_kth",
