@@ -139,19 +139,36 @@ END $$;
 COMMENT ON FUNCTION memory._ensure_trigger(regclass, name, text) IS
     'Creates or replaces one of the product''s triggers only when it is missing, disabled or differs from definition (written as pg_get_triggerdef prints it); true when it did. Run by migrate, so a deploy that changes nothing locks no table.';
 
+-- The statement triggers of a table that read its transition tables, one per change
+-- (<prefix>_insert, <prefix>_update, <prefix>_delete), all running one function: the BM25
+-- statistics here and the OpenSearch outbox (sql/080_outbox.sql) follow every change so.
+CREATE OR REPLACE FUNCTION memory._ensure_statement_triggers(tbl regclass, prefix text, func regproc)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record;
+    made integer := 0;
+BEGIN
+    FOR c IN SELECT * FROM (VALUES ('insert', 'NEW TABLE AS new_rows'),
+                                   ('update', 'OLD TABLE AS old_rows NEW TABLE AS new_rows'),
+                                   ('delete', 'OLD TABLE AS old_rows')) AS v(op, transition) LOOP
+        IF memory._ensure_trigger(tbl, (prefix || '_' || c.op)::name, pg_catalog.format(
+               'CREATE TRIGGER %I AFTER %s ON %s REFERENCING %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+               prefix || '_' || c.op, pg_catalog.upper(c.op), tbl, c.transition, func)) THEN
+            made := made + 1;
+        END IF;
+    END LOOP;
+    RETURN made;
+END $$;
+COMMENT ON FUNCTION memory._ensure_statement_triggers(regclass, text, regproc) IS
+    'Ensures (memory._ensure_trigger) the AFTER INSERT, UPDATE and DELETE statement triggers prefix_insert, prefix_update and prefix_delete on tbl, with their transition tables (new_rows, old_rows), each executing func; returns how many it made or replaced.';
+
 SELECT memory._ensure_trigger('memory.nodes', 'nodes_lexical_row',
     'CREATE TRIGGER nodes_lexical_row BEFORE INSERT OR UPDATE OF title, breadcrumb, text ON memory.nodes
      FOR EACH ROW EXECUTE FUNCTION memory.nodes_lexical_row()');
-SELECT memory._ensure_trigger('memory.nodes', 'nodes_lexical_insert',
-    'CREATE TRIGGER nodes_lexical_insert AFTER INSERT ON memory.nodes REFERENCING NEW TABLE AS new_rows
-     FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement()');
-SELECT memory._ensure_trigger('memory.nodes', 'nodes_lexical_delete',
-    'CREATE TRIGGER nodes_lexical_delete AFTER DELETE ON memory.nodes REFERENCING OLD TABLE AS old_rows
-     FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement()');
-SELECT memory._ensure_trigger('memory.nodes', 'nodes_lexical_update',
-    'CREATE TRIGGER nodes_lexical_update AFTER UPDATE ON memory.nodes
-     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-     FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement()');
+SELECT memory._ensure_statement_triggers('memory.nodes', 'nodes_lexical', 'memory.nodes_lexical_statement');
 SELECT memory._ensure_trigger('memory.nodes', 'nodes_lexical_truncate',
     'CREATE TRIGGER nodes_lexical_truncate AFTER TRUNCATE ON memory.nodes
      FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement()');

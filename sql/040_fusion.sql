@@ -1,13 +1,19 @@
 -- Rank fusion of two or more ranked lists.
 
+-- The row both fusions return, declared once (memory._declare_row): per id its rank and
+-- score in each input list, the fused score, and how it was fused.
+SELECT memory._declare_row('fused_row',
+    'node_id bigint, ranks integer[], scores double precision[], fused_score double precision, fusion_method text',
+    ARRAY['memory.fuse(jsonb, text, integer, integer)',
+          'memory.fuse_legs(jsonb, jsonb, text, text, double precision, integer, integer)']);
+
 CREATE OR REPLACE FUNCTION memory.fuse(
     lists jsonb,
     method text DEFAULT 'rrf',
     k integer DEFAULT 60,
     final_k integer DEFAULT 50
 )
-RETURNS TABLE (node_id bigint, ranks integer[], scores double precision[],
-               fused_score double precision, fusion_method text)
+RETURNS SETOF memory.fused_row
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 -- Pure computation over its arguments: a plan made for one call's lists serves any other,
@@ -15,7 +21,6 @@ SET search_path = pg_catalog, pg_temp
 -- 1.1 ms fusion of two 50-lists.
 SET plan_cache_mode = force_generic_plan
 AS $$
-#variable_conflict use_column
 DECLARE
     n_lists integer;
     bad text;
@@ -106,8 +111,7 @@ CREATE OR REPLACE FUNCTION memory.fuse_legs(
     k integer DEFAULT 60,
     final_k integer DEFAULT 50
 )
-RETURNS TABLE (node_id bigint, ranks integer[], scores double precision[],
-               fused_score double precision, fusion_method text)
+RETURNS SETOF memory.fused_row
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 -- One place decides how a routed strategy weighs its legs, for memory.query and the service.

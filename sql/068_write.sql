@@ -23,7 +23,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RETURN QUERY
-    SELECT p.name, n.external_id, n.id, n.level, n.sha256, n.revision
+    SELECT p.name::text, n.external_id, n.id, n.level, n.sha256, n.revision
     FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
     WHERE (p.name, n.external_id) IN (SELECT * FROM unnest(projects, external_ids))
       AND n.expired_at IS NULL;

@@ -43,16 +43,7 @@ END $$;
 COMMENT ON FUNCTION memory.enqueue_opensearch() IS
     'Statement trigger on memory.nodes: queues index/delete operations for OpenSearch while memory.config opensearch_outbox = on.';
 
-SELECT memory._ensure_trigger('memory.nodes', 'nodes_outbox_insert',
-    'CREATE TRIGGER nodes_outbox_insert AFTER INSERT ON memory.nodes REFERENCING NEW TABLE AS new_rows
-     FOR EACH STATEMENT EXECUTE FUNCTION memory.enqueue_opensearch()');
-SELECT memory._ensure_trigger('memory.nodes', 'nodes_outbox_update',
-    'CREATE TRIGGER nodes_outbox_update AFTER UPDATE ON memory.nodes
-     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-     FOR EACH STATEMENT EXECUTE FUNCTION memory.enqueue_opensearch()');
-SELECT memory._ensure_trigger('memory.nodes', 'nodes_outbox_delete',
-    'CREATE TRIGGER nodes_outbox_delete AFTER DELETE ON memory.nodes REFERENCING OLD TABLE AS old_rows
-     FOR EACH STATEMENT EXECUTE FUNCTION memory.enqueue_opensearch()');
+SELECT memory._ensure_statement_triggers('memory.nodes', 'nodes_outbox', 'memory.enqueue_opensearch');
 
 CREATE OR REPLACE FUNCTION memory.enable_outbox()
 RETURNS void

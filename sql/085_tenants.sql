@@ -90,11 +90,16 @@ BEGIN
     IF role IS NULL OR project IS NULL OR write IS NULL THEN
         RAISE EXCEPTION 'role, project and write must not be NULL' USING ERRCODE = '22023';
     END IF;
-    IF project <> '*' AND project !~ @vocabulary.project_name@ THEN
-        RAISE EXCEPTION 'invalid project name "%"', project
-            USING ERRCODE = '22023',
-                  DETAIL = 'A project name matches [A-Za-z0-9][A-Za-z0-9_.:-]{0,127}, or is * for every project.',
-                  HINT = 'The project need not exist yet: the grant applies once it does.';
+    IF project <> '*' THEN
+        BEGIN
+            PERFORM project::memory.project_name;  -- the domain's CHECK (migration 0015)
+        EXCEPTION WHEN check_violation THEN
+            RAISE EXCEPTION 'invalid project name "%"', project
+                USING ERRCODE = '22023',
+                      DETAIL = 'A project name matches ' || @vocabulary.project_name_pattern@
+                               || ', or is * for every project.',
+                      HINT = 'The project need not exist yet: the grant applies once it does.';
+        END;
     END IF;
     INSERT INTO memory.project_grants AS g (role_name, project, can_write)
     VALUES ((SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = role::oid), project, write)

@@ -13,18 +13,24 @@ RETURN 100;
 COMMENT ON FUNCTION memory._links_max() IS
     'The most parents or children memory.get_node lists (100); parents_total and children_total count them all.';
 
+-- The rows they return, declared once (memory._declare_row) for the public function and
+-- the implementation it calls: memory.node_row, one node with its links and support
+-- (memory.get_node), and memory.node_list_row, a node of a page (memory.list_nodes).
+SELECT memory._declare_row('node_row',
+    'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, parents jsonb, parents_total integer, children jsonb, children_total integer, parents_declared integer, support text, versions jsonb',
+    ARRAY['memory.get_node(text, text)', 'memory._get_node(text, text, text[])']);
+SELECT memory._declare_row('node_list_row',
+    'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, support text, cursor text',
+    ARRAY['memory.list_nodes(text, text, text, text, text, text, integer)',
+          'memory._list_nodes(text, text, text, text, text, text, integer, text[])']);
+
 -- p_projects: a filter the service passes, the API key's projects, so a key never reaches
 -- beyond them, even over a pool whose role skips row-level security.
 CREATE OR REPLACE FUNCTION memory._get_node(p_id text, p_project text, p_projects text[])
-RETURNS TABLE (node_id bigint, external_id text, project text, level text, sha256 text,
-               title text, text text, source text, breadcrumb text[], "timestamp" timestamptz,
-               metadata jsonb, created_at timestamptz, parents jsonb, parents_total integer,
-               children jsonb, children_total integer, parents_declared integer,
-               support text, versions jsonb)
+RETURNS SETOF memory.node_row
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-#variable_conflict use_column
 DECLARE
     pid integer := memory.project_id(p_project);
     found_in text[];
@@ -85,11 +91,7 @@ COMMENT ON FUNCTION memory._get_node(text, text, text[]) IS
     'Implementation of memory.get_node (positional parameter names: PL/pgSQL forbids a parameter named like a result column); p_projects (NULL: no filter) keeps to those projects: the service passes the API key''s.';
 
 CREATE OR REPLACE FUNCTION memory.get_node(id text, project text DEFAULT NULL)
-RETURNS TABLE (node_id bigint, external_id text, project text, level text, sha256 text,
-               title text, text text, source text, breadcrumb text[], "timestamp" timestamptz,
-               metadata jsonb, created_at timestamptz, parents jsonb, parents_total integer,
-               children jsonb, children_total integer, parents_declared integer,
-               support text, versions jsonb)
+RETURNS SETOF memory.node_row
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
@@ -139,13 +141,10 @@ CREATE OR REPLACE FUNCTION memory._list_nodes(
     p_project text, p_level text, p_source text, p_since text, p_until text, p_after text,
     p_limit integer, p_projects text[]
 )
-RETURNS TABLE (node_id bigint, external_id text, project text, level text, sha256 text,
-               title text, text text, source text, breadcrumb text[], "timestamp" timestamptz,
-               metadata jsonb, created_at timestamptz, support text, cursor text)
+RETURNS SETOF memory.node_list_row
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-#variable_conflict use_column
 DECLARE
     pid integer := memory.project_id(p_project);
     tr record;
@@ -164,7 +163,7 @@ BEGIN
     -- nodes_project_id_idx (project_id, id) read in id order, stopping at the page's end.
     RETURN QUERY EXECUTE
         'SELECT n.id, n.external_id,
-                (SELECT p.name FROM memory.projects p WHERE p.id = n.project_id),
+                (SELECT p.name::text FROM memory.projects p WHERE p.id = n.project_id),
                 n.level, encode(n.sha256, ''hex''), n.title, n.text, n.source, n.breadcrumb,
                 n.ts, n.metadata, n.created_at,
                 memory.support_status(n.parents_declared, memory.parents_present(n.id, n.project_id)),
@@ -195,9 +194,7 @@ CREATE OR REPLACE FUNCTION memory.list_nodes(
     after text DEFAULT NULL,
     "limit" integer DEFAULT 50
 )
-RETURNS TABLE (node_id bigint, external_id text, project text, level text, sha256 text,
-               title text, text text, source text, breadcrumb text[], "timestamp" timestamptz,
-               metadata jsonb, created_at timestamptz, support text, cursor text)
+RETURNS SETOF memory.node_list_row
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC

@@ -103,7 +103,7 @@ DECLARE
         'memory.enable_outbox', 'memory.configure_embedding_server',
         'memory.clear_embedding_server', 'memory.add_project_partitions',
         'memory.projects_partitions', 'memory.partition_by_project',
-        'memory._ensure_trigger', 'memory._probe', 'memory._ensure_indexes'];
+        'memory._ensure_trigger', 'memory._ensure_statement_triggers', 'memory._probe', 'memory._ensure_indexes', 'memory._declare_row'];
     reader_tables text[] := ARRAY[
         'memory.schema_migrations', 'memory.config', 'memory.projects',
         'memory.embedding_model', 'memory.nodes', 'memory.edges', 'memory.postings',

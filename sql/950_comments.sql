@@ -32,6 +32,25 @@ END $$;
 COMMENT ON TYPE memory.query_row IS
     'One row of memory.query and public.memory_query: the node, its scores and ranks per leg, the strategy that ran, and its provenance down to L0. Each column is described in docs/sql-api.md (Result columns).';
 
+COMMENT ON TYPE memory.fused_row IS
+    'One row of memory.fuse and memory.fuse_legs: a node id, its rank and score in each input list (NULL where it is absent), the fused score and the fusion method.';
+
+COMMENT ON TYPE memory.node_row IS
+    'One node as memory.get_node returns it: its columns, its parents and children (at most memory._links_max() each, with the totals), parents_declared, support and versions.';
+
+COMMENT ON TYPE memory.node_list_row IS
+    'One node of a memory.list_nodes page: its columns, support and the cursor to page on from it.';
+
+-- The domain came with migration 0015: this file also runs on a schema before it.
+DO $$
+BEGIN
+    IF pg_catalog.to_regtype('memory.project_name') IS NOT NULL THEN
+        EXECUTE pg_catalog.format('COMMENT ON DOMAIN memory.project_name IS %L',
+            'A project''s name: ' || @vocabulary.project_name_pattern@
+            || ' (poimen_core/vocabulary.py PROJECT_NAME; sql/005_catalog.sql keeps the CHECK equal to it). The type of memory.projects.name.');
+    END IF;
+END $$;
+
 -- Column comments as data, one row per column: a column that a migration has not yet created
 -- (or has dropped) is skipped rather than failing, so this file runs on every schema version;
 -- tests/test_sql_hygiene.py fails on any column left without a comment.
@@ -49,7 +68,7 @@ BEGIN
         ('config',            'value',         'setting value as text, validated by the function that writes it'),
         ('config',            'updated_at',    'when the value last changed'),
         ('projects',          'id',            'surrogate key'),
-        ('projects',          'name',          'unique project name ([A-Za-z0-9][A-Za-z0-9_.:-]{0,127}) used by every query function'),
+        ('projects',          'name',          'unique project name (a memory.project_name) used by every query function'),
         ('projects',          'created_at',    'when the project was first written'),
         ('embedding_model',   'singleton',     'always true: at most one row'),
         ('embedding_model',   'model',         'embedding model name, e.g. sentence-transformers/all-MiniLM-L6-v2'),

@@ -204,7 +204,7 @@ def counts(url: str) -> tuple[int, int, list[str]]:
     with psycopg.connect(url) as conn:
         row = conn.execute(
             "SELECT (SELECT count(*) FROM memory.nodes), (SELECT count(*) FROM memory.edges), "
-            "ARRAY(SELECT name FROM memory.projects ORDER BY name)"
+            "ARRAY(SELECT name::text FROM memory.projects ORDER BY name)"
         ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1]), list(row[2])

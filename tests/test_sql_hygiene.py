@@ -52,8 +52,10 @@ OWNER_ONLY = {
     "projects_partitions",
     "partition_by_project",
     "_ensure_trigger",
+    "_ensure_statement_triggers",
     "_probe",
     "_ensure_indexes",
+    "_declare_row",
 }
 # Functions that write content: granted to memory_writer (the service's role inherits them).
 WRITER = {
@@ -547,3 +549,39 @@ def test_sql_reads_the_shared_vocabulary(conn: Conn) -> None:
         " WHERE p.pronamespace = 'memory'::regnamespace AND p.prosrc LIKE '%@vocabulary.%'"
     ).fetchall()
     assert leftover == []
+
+
+def test_project_name_is_one_domain_from_the_vocabulary(conn: Conn) -> None:
+    """memory.projects.name is a memory.project_name, whose CHECK is the vocabulary's
+    pattern: migrate puts it back when it was changed by hand, and memory.grant_project
+    refuses what the domain refuses with the same error as before the domain."""
+    from poimen_core import vocabulary
+
+    def check_clause() -> Any:
+        return one(
+            conn,
+            "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c"
+            " WHERE c.contypid = 'memory.project_name'::regtype",
+        )
+
+    want = f"CHECK ((VALUE ~ '^{vocabulary.PROJECT_NAME}$'::text))"
+    column_type = one(
+        conn,
+        "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
+        " WHERE a.attrelid = 'memory.projects'::regclass AND a.attname = 'name'",
+    )
+    assert column_type == "memory.project_name" and check_clause() == want
+    assert one(conn, "SELECT 'poimen:a_b-1.2'::memory.project_name") == "poimen:a_b-1.2"
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("INSERT INTO memory.projects (name) VALUES ('no spaces')")
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as exc:
+        conn.execute("SELECT memory.grant_project('memory_reader', 'no spaces')")
+    assert exc.value.diag.message_primary == 'invalid project name "no spaces"'
+    assert exc.value.diag.message_detail == (
+        f"A project name matches {vocabulary.PROJECT_NAME}, or is * for every project."
+    )
+    conn.execute("ALTER DOMAIN memory.project_name DROP CONSTRAINT project_name_check")
+    conn.execute("ALTER DOMAIN memory.project_name ADD CONSTRAINT project_name_check CHECK (true)")
+    migrate(conn, None)
+    assert check_clause() == want
+    assert check(conn).clean

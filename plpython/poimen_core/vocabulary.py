@@ -35,7 +35,8 @@ QUESTION_TYPES = (
     "Navigational",
     "Open",
 )
-# A project's name (memory.projects.name's CHECK, from migration 0001, says the same).
+# A project's name: the CHECK of the domain memory.project_name (memory.projects.name),
+# which migrate keeps equal to it (sql/005_catalog.sql).
 PROJECT_NAME = "[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
 # The years (UTC) a reference_time may fall in: every relative date it anchors ("last
 # year", "this month", "past week") then stays within the years 1..9999 that both Python
@@ -79,7 +80,9 @@ def sql_literals() -> dict[str, str]:
         "question_types": QUESTION_TYPES,
     }
     out = {k: "ARRAY[" + ", ".join(_text(v) for v in vs) + "]::text[]" for k, vs in arrays.items()}
+    # Anchored, as memory.project_name's CHECK tests it; the bare pattern for messages.
     out["project_name"] = _text("^" + PROJECT_NAME + "$")
+    out["project_name_pattern"] = _text(PROJECT_NAME)
     out["reference_first_year"], out["reference_last_year"] = map(str, REFERENCE_YEARS)
     out["reference_time_rule"] = _text(REFERENCE_TIME_RULE)
     out["reference_time_hint"] = _text(REFERENCE_TIME_HINT)

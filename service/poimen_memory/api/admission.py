@@ -20,6 +20,7 @@ from collections import deque
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from poimen_memory.api.asgi import HttpMiddleware
 from poimen_memory.errors import Busy
 
 __all__ = ["ARRIVED", "Admission", "arrived"]
@@ -35,20 +36,17 @@ def arrived(scope: Scope) -> float | None:
     return value if isinstance(value, float) else None
 
 
-class Admission:
+class Admission(HttpMiddleware):
     def __init__(
         self, app: ASGIApp, *, max_inflight: int, queue: int, wait_s: float, retry_after_s: int
     ) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_inflight, self.queue, self.wait_s = max_inflight, queue, wait_s
         self.retry_after_s = retry_after_s
         self.inflight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope.setdefault("state", {})[ARRIVED] = time.monotonic()
         if not str(scope.get("path", "")).startswith(_WORK):
             await self.app(scope, receive, send)

@@ -7,8 +7,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import psycopg
 from starlette.applications import Starlette
@@ -200,30 +200,39 @@ async def list_nodes(request: Request) -> JSONResponse:
     return _bounded(request, body)
 
 
-async def delete_node(request: Request) -> JSONResponse:
-    """Retire (or, with erase=true, erase) one node: memory.forget."""
-    body = await forget_nodes(
+# The id a node operation takes: a node's (str), or none where it may act on several.
+_Id = TypeVar("_Id", bound=str | None)
+
+
+async def _node_operation(
+    request: Request,
+    operation: Callable[
+        [Services, KeyRing, Mapping[str, str], Mapping[str, str], _Id],
+        Awaitable[dict[str, Any]],
+    ],
+    external_id: _Id,
+) -> JSONResponse:
+    """One of the node operations (api/operations.py) on this request's key and parameters."""
+    body = await operation(
         request.app.state.poimen, request.app.state.keys, request.headers,
-        request.query_params, request.path_params["id"],
+        request.query_params, external_id,
     )  # fmt: skip
     return JSONResponse(body)
+
+
+async def delete_node(request: Request) -> JSONResponse:
+    """Retire (or, with erase=true, erase) one node: memory.forget."""
+    return await _node_operation(request, forget_nodes, request.path_params["id"])
 
 
 async def delete_nodes(request: Request) -> JSONResponse:
     """Retire (or erase) a project's nodes by ids or by filter: memory.forget."""
-    body = await forget_nodes(
-        request.app.state.poimen, request.app.state.keys, request.headers,
-        request.query_params, None,
-    )  # fmt: skip
-    return JSONResponse(body)
+    return await _node_operation(request, forget_nodes, None)
 
 
 async def get_history(request: Request) -> JSONResponse:
-    body = await node_history(
-        request.app.state.poimen, request.app.state.keys, request.headers,
-        request.query_params, request.path_params["id"],
-    )  # fmt: skip
-    return JSONResponse(body)
+    """Every version of one node, oldest first: memory.history."""
+    return await _node_operation(request, node_history, request.path_params["id"])
 
 
 async def healthz(request: Request) -> JSONResponse:

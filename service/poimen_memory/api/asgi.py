@@ -1,5 +1,5 @@
-"""Small ASGI pieces the middlewares share: the response status seen as it is sent, and
-the last-resort handler of what no route caught."""
+"""Small ASGI pieces the middlewares share: the base of an HTTP-only middleware, the
+response status seen as it is sent, and the last-resort handler of what no route caught."""
 
 from __future__ import annotations
 
@@ -11,6 +11,23 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("poimen_memory")
+
+
+class HttpMiddleware:
+    """A pure ASGI middleware of HTTP requests: anything else (lifespan, websockets) goes
+    straight through to the app; a subclass handles each request in ``http``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await self.http(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
 
 
 class StatusRecorder:
@@ -32,7 +49,7 @@ class StatusRecorder:
         await self._send(message)
 
 
-class LastResort:
+class LastResort(HttpMiddleware):
     """Answers what nothing else caught, and keeps the connection usable.
 
     Starlette's own last handler re-raises after its 500, and uvicorn then closes a
@@ -42,13 +59,7 @@ class LastResort:
     reads but the request log and the metrics count as the client's doing, not a 500.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         recorder = StatusRecorder(send)
         try:
             await self.app(scope, receive, recorder)

@@ -30,9 +30,9 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
-from poimen_memory.api.asgi import StatusRecorder
+from poimen_memory.api.asgi import HttpMiddleware, StatusRecorder
 from poimen_memory.api.request_log import annotate
 from poimen_memory.db import tenant
 from poimen_memory.db.queries import q
@@ -261,17 +261,11 @@ async def metrics_endpoint(request: Request) -> Response:
     return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-class MetricsMiddleware:
+class MetricsMiddleware(HttpMiddleware):
     """Counts and times every HTTP request by its route template (never the raw path, so
     unknown URLs cannot blow up the label set: they count as ``unmatched``)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         recorder = StatusRecorder(send)
         try:

@@ -20,16 +20,20 @@ N = TypeVar("N", int, float)
 MAX_FILTER_BYTES = 4096
 
 
+def _parsed(name: str, raw: str, cast: Callable[[str], N]) -> N:
+    try:
+        return cast(raw)
+    except ValueError as exc:
+        raise ValidationError(f"{name} must be a number, got {raw!r}") from exc
+
+
 def _number(
     params: Mapping[str, str], name: str, default: N, lo: N, hi: N, cast: Callable[[str], N]
 ) -> N:
     raw = params.get(name)
     if raw is None:
         return default
-    try:
-        value = cast(raw)
-    except ValueError as exc:
-        raise ValidationError(f"{name} must be a number, got {raw!r}") from exc
+    value = _parsed(name, raw, cast)
     if not math.isfinite(value):
         raise ValidationError(f"{name} must be a finite number, got {raw!r}")
     return min(max(value, lo), hi)  # clamped, as documented
@@ -94,10 +98,7 @@ def _min_cosine(raw: str | None) -> float | None:
     range is a mistake, not a preference)."""
     if raw is None:
         return None
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise ValidationError(f"min_cosine must be a number, got {raw!r}") from exc
+    value = _parsed("min_cosine", raw, float)
     if not -1 <= value <= 1:
         raise ValidationError(
             f"min_cosine must be within -1..1, got {raw!r}",

@@ -35,7 +35,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from poimen_memory.api.asgi import StatusRecorder
+from poimen_memory.api.asgi import HttpMiddleware, StatusRecorder
 
 __all__ = ["HEADER", "LOGGER", "RequestLogMiddleware", "annotate", "request_id"]
 
@@ -79,16 +79,13 @@ def _ensure_output() -> None:
         log.addHandler(handler)
 
 
-class RequestLogMiddleware:
+class RequestLogMiddleware(HttpMiddleware):
     def __init__(self, app: ASGIApp, *, log_query_text: bool = False) -> None:
-        self.app = app
+        super().__init__(app)
         self.log_query_text = log_query_text
         _ensure_output()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         rid = _incoming_id(scope) or uuid.uuid4().hex
         # scope["state"] is per request (uvicorn and TestClient copy the lifespan state), and
         # Request.state reads and writes this same dict.

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from opensearchpy import OpenSearch
 from opensearchpy.exceptions import (
@@ -198,6 +198,19 @@ def _item_error(error: Any) -> str:
     return str(error)
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _off_the_loop(call: Callable[_P, _R]) -> Callable[_P, Awaitable[_R]]:
+    """A blocking call as a coroutine function with the same parameters, run in a thread."""
+
+    async def in_a_thread(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return await asyncio.to_thread(call, *args, **kwargs)
+
+    return in_a_thread
+
+
 class OpenSearchEngine:
     def __init__(
         self,
@@ -334,18 +347,10 @@ class OpenSearchEngine:
             reason = f"search: malformed response ({exc!r})"
             raise OpenSearchUnavailable(reason, reason="bad_response") from exc
 
-    async def asearch(
-        self,
-        query: str,
-        project: str | None,
-        levels: list[str] | None,
-        k: int,
-        timeout_s: float,
-        grammar: dict[str, Any] | None = None,
-    ) -> list[LexicalHit]:
-        """`search` off the event loop; ``timeout_s`` should be the request's remaining
-        deadline, which also bounds how long the worker thread outlives a cancellation."""
-        return await asyncio.to_thread(self.search, query, project, levels, k, timeout_s, grammar)
+    # `search` off the event loop, with the same parameters; timeout_s should be the
+    # request's remaining deadline, which also bounds how long the worker thread outlives a
+    # cancellation.
+    asearch = _off_the_loop(search)
 
     def healthy(self, timeout_s: float | None = None) -> bool:
         try:
