@@ -38,15 +38,60 @@ if SQL_MODE and SQL_MODE not in SQL_MODES:
     raise RuntimeError(f"POIMEN_TEST_SQL_MODE must be one of {SQL_MODES}, not {SQL_MODE!r}")
 
 
-# The SQL-mode sessions started early (pytest_collection_finish), for tests/test_sql_modes.py.
+# The SQL-mode sessions started early (pytest_collection_finish), for tests/test_sql_modes.py:
+# the running processes and their directory. Under pytest-xdist the controller starts them
+# (it alone sees every worker) and hands the directory to the workers in workerinput.
 EARLY = pytest.StashKey[dict[str, Any]]()
-EARLY_DEADLINE = pytest.StashKey[float]()
 EARLY_LOGS = pytest.StashKey[Path]()
+EARLY_DIR_KEY = "poimen_sql_modes_dir"
+MODE_TEST = "test_sql_modes.py::test_sql_suite_passes_in_mode["
+
+
+def _xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    return config.pluginmanager.has_plugin("dsession")
+
+
+def _start_early(config: pytest.Config, modes: list[str]) -> None:
+    """Start the SQL-mode sessions of ``modes`` (once per run) into EARLY_LOGS."""
+    if not modes or SQL_MODE or config.option.collectonly or EARLY in config.stash:
+        return
+    from test_sql_modes import start
+
+    logs = config.stash.get(EARLY_LOGS, None)
+    if logs is None:
+        logs = config.stash[EARLY_LOGS] = Path(tempfile.mkdtemp(prefix="poimen-sql-modes-"))
+    config.stash[EARLY] = start(modes, logs)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _xdist_controller(config) and not SQL_MODE:
+        config.stash[EARLY_LOGS] = Path(tempfile.mkdtemp(prefix="poimen-sql-modes-"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist, in the controller: tell each worker where the sessions write."""
+    logs = node.config.stash.get(EARLY_LOGS, None)
+    if logs is not None:
+        node.workerinput[EARLY_DIR_KEY] = str(logs)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """pytest-xdist, in the controller: the first worker to finish collecting says which
+    modes the run selected (every worker collects the same tests)."""
+    modes = [i.split(MODE_TEST, 1)[1].rstrip("]") for i in ids if MODE_TEST in i]
+    _start_early(node.config, modes)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the SQL-mode sessions the run selected as soon as it knows: they then run
-    beside the rest of the suite instead of after it (tests/test_sql_modes.py).
+    beside the rest of the suite instead of after it (tests/test_sql_modes.py). A
+    pytest-xdist worker leaves that to the controller.
 
     And move what collection left alive (every imported module, class, function, test
     item: about 200,000 objects) out of the garbage collector's sight with gc.freeze():
@@ -54,25 +99,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     tests themselves allocate, not the whole import graph each time (it took 0.6 s a test
     on a loaded 2-core machine, about a tenth of the suite). A frozen object is still freed
     when its reference count drops; only a cycle among them would stay, and none of these
-    is a task."""
+    is a task. Each pytest-xdist worker collects, so each freezes its own."""
     gc.collect()
     gc.freeze()
+    if _xdist_worker(session.config):
+        return
     modes = [
         item.callspec.params["mode"]
         for item in session.items
         if getattr(item, "originalname", "") == "test_sql_suite_passes_in_mode"
         and hasattr(item, "callspec")
     ]
-    if not modes or SQL_MODE or session.config.option.collectonly:
-        return
-    import time
-
-    from test_sql_modes import SESSIONS_TIMEOUT_S, start
-
-    logs = Path(tempfile.mkdtemp(prefix="poimen-sql-modes-"))
-    session.config.stash[EARLY_LOGS] = logs
-    session.config.stash[EARLY] = start(modes, logs)
-    session.config.stash[EARLY_DEADLINE] = time.monotonic() + SESSIONS_TIMEOUT_S
+    _start_early(session.config, modes)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -81,7 +119,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         from test_sql_modes import stop_all
 
         stop_all(early)
-        shutil.rmtree(session.config.stash[EARLY_LOGS], ignore_errors=True)
+    logs = session.config.stash.get(EARLY_LOGS, None)
+    if logs is not None:
+        shutil.rmtree(logs, ignore_errors=True)
+
 
 
 def prepare_conn(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
