@@ -27,6 +27,44 @@ from poimen_memory.settings import Settings
 
 FIXTURE = Path(__file__).parent / "fixtures" / "memory_nodes.jsonl"
 
+# Scratch space. The suite's clusters, CLI homes and servers' files go where tempfile puts
+# them. This project's CI machines have / on ext4 without a journal, where creating a file
+# while many were deleted in the last 30 s scans the inode table past every one of them:
+# a CREATE DATABASE per test (about 300 files) and a DROP DATABASE after it made that scan
+# (find_inode_bit, recently_deleted) a quarter of the machine's CPU in perf, 0.85 ms of CPU
+# a file on /tmp against 0.015 ms on tmpfs. So a run takes a directory of its own on a
+# tmpfs (/dev/shm) that has room, and removes it at the end; the pytest-xdist workers and
+# the SQL-mode sessions inherit it (TMPDIR). pytest's own tmp_path stays where it was
+# (PYTEST_DEBUG_TEMPROOT), kept for a look after a failure. With POIMEN_TEST_SCRATCH set
+# (to anything) tempfile is left alone: a run sets it for its workers and sessions.
+SCRATCH_ENV = "POIMEN_TEST_SCRATCH"
+SCRATCH_TMPFS = Path("/dev/shm")
+SCRATCH_MIN_FREE = 4 << 30
+
+
+def _tmpfs_with_room(path: Path) -> bool:
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    tmpfs = any(m.split()[1:3] == [str(path), "tmpfs"] for m in mounts if len(m.split()) > 2)
+    return tmpfs and st.f_bavail * st.f_frsize >= SCRATCH_MIN_FREE and os.access(path, os.W_OK)
+
+
+def _own_scratch() -> Path | None:
+    if SCRATCH_ENV in os.environ or not _tmpfs_with_room(SCRATCH_TMPFS):
+        return None
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    d = Path(tempfile.mkdtemp(prefix="poimen-tests-", dir=SCRATCH_TMPFS))
+    d.chmod(0o755)  # the server runs as postgres and must reach its directories inside
+    os.environ[SCRATCH_ENV] = os.environ["TMPDIR"] = str(d)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    return d
+
+
+OWN_SCRATCH = _own_scratch()
+
 # The SQL suite runs once more under each of these (tests/test_sql_modes.py sets it):
 #   parallel           force_parallel_mode = on with free parallel costs, cluster-wide;
 #   empty_search_path  every test connection runs with search_path = '';
@@ -123,6 +161,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if logs is not None:
         shutil.rmtree(logs, ignore_errors=True)
 
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if OWN_SCRATCH is not None:
+        shutil.rmtree(OWN_SCRATCH, ignore_errors=True)
 
 
 def prepare_conn(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
