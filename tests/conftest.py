@@ -82,7 +82,8 @@ if SQL_MODE and SQL_MODE not in SQL_MODES:
 EARLY = pytest.StashKey[dict[str, Any]]()
 EARLY_LOGS = pytest.StashKey[Path]()
 EARLY_DIR_KEY = "poimen_sql_modes_dir"
-MODE_TEST = "test_sql_modes.py::test_sql_suite_passes_in_mode["
+MODE_TEST_NAME = "test_sql_suite_passes_in_mode"
+MODE_TEST = f"test_sql_modes.py::{MODE_TEST_NAME}["
 
 
 def _xdist_worker(config: pytest.Config) -> bool:
@@ -126,6 +127,13 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     _start_early(node.config, modes)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The SQL-mode tests last. They only wait for the sessions started when collection
+    ends; a pytest-xdist worker given them in the middle of its share sat there (372 s in
+    one run) while its other tests waited behind them."""
+    items.sort(key=lambda item: getattr(item, "originalname", "") == MODE_TEST_NAME)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the SQL-mode sessions the run selected as soon as it knows: they then run
     beside the rest of the suite instead of after it (tests/test_sql_modes.py). A
@@ -145,7 +153,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     modes = [
         item.callspec.params["mode"]
         for item in session.items
-        if getattr(item, "originalname", "") == "test_sql_suite_passes_in_mode"
+        if getattr(item, "originalname", "") == MODE_TEST_NAME
         and hasattr(item, "callspec")
     ]
     _start_early(session.config, modes)
