@@ -228,13 +228,9 @@ BEGIN
     -- again (migration 0010 says why).
     EXECUTE pg_catalog.format('ALTER TABLE memory.nodes ALTER COLUMN embedding TYPE %I.vector(%s),
              ALTER COLUMN embedding SET STORAGE MAIN', vs, dim);
-    -- m=16, ef_construction=64 are pgvector''s defaults, written out so DBAs can see them.
-    EXECUTE pg_catalog.format('CREATE INDEX IF NOT EXISTS nodes_embedding_hnsw ON memory.nodes
-             USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64)', vs);
-    -- The default levels' own graph (migration 0007 explains why).
-    EXECUTE pg_catalog.format('CREATE INDEX IF NOT EXISTS nodes_embedding_hnsw_l1_l2 ON memory.nodes
-             USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64)
-             WHERE level IN (''L1'', ''L2'')', vs);
+    -- The HNSW indexes, from their one definition (sql/088_indexes.sql), now that a model
+    -- is recorded.
+    PERFORM memory._ensure_indexes();
 END $$;
 COMMENT ON FUNCTION memory.configure_embedding(text, integer) IS
     'Records the embedding model and dimension once; types nodes.embedding as vector(dim) stored in the row (MAIN) and builds the HNSW indexes (all levels, and L1/L2 only). A different model raises PM409.';

@@ -3,55 +3,119 @@
 -- The defaults are the measured ones (docs/benchmarks.md); a DBA changes them with
 -- memory.set_policy, which validates the value and records it in memory.config.
 
--- extracted_dates, then the evidence keys were added to the result: drop an older shape first.
+-- extracted_dates, the evidence keys, min_cosine, then recency were added to the result: drop
+-- an older shape first.
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
                WHERE p.oid = to_regprocedure('memory.policy()')
-                 AND NOT ('min_cosine' = ANY (p.proargnames))) THEN
+                 AND NOT ('recency_weight' = ANY (p.proargnames))) THEN
         DROP FUNCTION memory.policy();
     END IF;
 END $$;
+
+-- The one table of policy keys: memory.policy reads the defaults here, memory.set_policy the
+-- check of a value (an expression of $1, the value as text) and its hint, memory.reset_policy
+-- the names. A key is added here and in memory.policy's result columns, nowhere else.
+CREATE OR REPLACE FUNCTION memory._policy_keys()
+RETURNS TABLE (key text, default_value text, valid text, hint text)
+-- PL/pgSQL, not SQL: it keeps its plan for the session (memory.policy runs twice a query).
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY VALUES
+        ('fusion', 'convex', '$1 = ANY (' || quote_literal(@vocabulary.fusions@) || '::text[])', 'rrf|convex'),
+        ('rrf_k', '10', '$1 ~ ''^[0-9]{1,6}$''', 'an integer >= 0'),
+        ('dense_weight', '0.4', '$1 ~ ''^[0-9]*\.?[0-9]+$'' AND $1::double precision <= 1', '0..1'),
+        ('candidates', '50', '$1 ~ ''^[0-9]{1,4}$'' AND $1::integer BETWEEN 1 AND 1000', '1..1000'),
+        ('cascade_candidates', '200', '$1 ~ ''^[0-9]{1,5}$'' AND $1::integer BETWEEN 1 AND 10000', '1..10000'),
+        ('fusion_by_type', '{}', 'memory._valid_fusion_by_type($1)', '{"Factual":"convex",...}'),
+        ('exact_search_max_k', '1000', '$1 ~ ''^[0-9]{1,6}$'' AND $1::integer BETWEEN 1 AND 100000', '1..100000'),
+        ('provenance_max_parents', '32', '$1 ~ ''^[0-9]{1,4}$'' AND $1::integer BETWEEN 1 AND 1000', '1..1000'),
+        ('provenance_max_nodes', '256', '$1 ~ ''^[0-9]{1,6}$'' AND $1::integer BETWEEN 1 AND 100000', '1..100000'),
+        -- a provenance tree's node shows this much of its text (bounded responses, issue 26)
+        ('provenance_text_chars', '1000', '$1 ~ ''^[0-9]{1,6}$'' AND $1::integer BETWEEN 1 AND 100000', '1..100000 characters'),
+        -- measured on LoCoMo dev (docs/benchmarks.md, "Time filters")
+        ('extracted_dates', 'annotate', '$1 IN (''annotate'', ''filter'')', 'annotate|filter'),
+        -- measured on LoCoMo dev (docs/benchmarks.md, "Evidence within a budget")
+        ('evidence_budget', '20', '$1 ~ ''^[0-9]{1,3}$'' AND $1::integer BETWEEN 0 AND 100', '0..100 (0: off)'),
+        ('evidence_candidates', '50', '$1 ~ ''^[0-9]{1,4}$'' AND $1::integer BETWEEN 1 AND 1000', '1..1000'),
+        ('evidence_weight', '0.5', '$1 ~ ''^[0-9]*\.?[0-9]+$'' AND $1::double precision <= 10', '0..10'),
+        ('evidence_neighbours', '0.4', '$1 ~ ''^[0-9]*\.?[0-9]+$'' AND $1::double precision <= 10', '0..10 (0: off)'),
+        -- the relevance floor: off unless set (docs/benchmarks.md, "A relevance floor")
+        ('min_cosine', NULL, '$1 ~ ''^-?[0-9]*\.?[0-9]+$'' AND $1::double precision BETWEEN -1 AND 1', '-1..1'),
+        -- recency: off unless set (docs/benchmarks.md, "Recency")
+        ('recency_half_life_days', NULL, '$1 ~ ''^[0-9]*\.?[0-9]+$'' AND $1::double precision BETWEEN 0.001 AND 36500', '0.001..36500 days'),
+        ('recency_weight', '0.5', '$1 ~ ''^[0-9]*\.?[0-9]+$'' AND $1::double precision <= 1', '0..1'),
+        ('forget_derived', 'flag', '$1 IN (''flag'', ''cascade'')', 'flag|cascade');
+END $$;
+COMMENT ON FUNCTION memory._policy_keys() IS
+    'Every retrieval policy key: its built-in default (NULL: off, or the engine''s own), the check memory.set_policy applies to a new value (an SQL expression of $1) and the hint it gives when the check fails.';
+
+CREATE OR REPLACE FUNCTION memory._policy_value(key text)
+RETURNS text
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN coalesce((SELECT c.value FROM memory.config c WHERE c.key = _policy_value.key),
+                    (SELECT p.default_value FROM memory._policy_keys() p WHERE p.key = _policy_value.key));
+END $$;
+COMMENT ON FUNCTION memory._policy_value(text) IS
+    'One policy key''s value in force: memory.config''s, else its default from memory._policy_keys() (NULL: off, or an unknown key).';
+
+CREATE OR REPLACE FUNCTION memory._valid_fusion_by_type(value text)
+RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- {"Factual": "convex", "Open": "rrf"}: question types from memory.optimize_query.
+    IF value IS NULL OR jsonb_typeof(value::jsonb) <> 'object' THEN
+        RETURN false;
+    END IF;
+    RETURN NOT EXISTS (SELECT 1 FROM jsonb_each(value::jsonb) j
+                       WHERE NOT j.key = ANY (@vocabulary.question_types@)
+                          OR jsonb_typeof(j.value) <> 'string'
+                          OR NOT (j.value #>> '{}') = ANY (@vocabulary.fusions@));
+EXCEPTION WHEN invalid_text_representation THEN
+    RETURN false;  -- not JSON at all
+END $$;
+COMMENT ON FUNCTION memory._valid_fusion_by_type(text) IS
+    'Whether a fusion_by_type value is a JSON object from question types (memory.optimize_query''s) to fusions.';
 
 CREATE OR REPLACE FUNCTION memory.policy()
 RETURNS TABLE (fusion text, rrf_k integer, dense_weight double precision, candidates integer,
                cascade_candidates integer, fusion_by_type jsonb, extracted_dates text,
                evidence_budget integer, evidence_candidates integer,
                evidence_weight double precision, evidence_neighbours double precision,
-               min_cosine double precision)
+               min_cosine double precision, recency_half_life_days double precision,
+               recency_weight double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RETURN QUERY
-    WITH c AS (
-        SELECT coalesce(jsonb_object_agg(c.key, c.value), '{}'::jsonb) AS v
-        FROM memory.config c
-        WHERE c.key IN ('fusion', 'rrf_k', 'dense_weight', 'candidates', 'cascade_candidates',
-                        'fusion_by_type', 'extracted_dates', 'evidence_budget',
-                        'evidence_candidates', 'evidence_weight', 'evidence_neighbours',
-                        'min_cosine')
+    WITH v AS (
+        SELECT jsonb_object_agg(k.key, coalesce(c.value, k.default_value)) AS v
+        FROM memory._policy_keys() k
+        LEFT JOIN memory.config c ON c.key = k.key
     )
-    SELECT coalesce(v ->> 'fusion', 'convex'),
-           coalesce((v ->> 'rrf_k')::integer, 10),
-           coalesce((v ->> 'dense_weight')::double precision, 0.4),
-           coalesce((v ->> 'candidates')::integer, 50),
-           coalesce((v ->> 'cascade_candidates')::integer, 200),
-           coalesce((v ->> 'fusion_by_type')::jsonb, '{}'::jsonb),
-           -- measured on LoCoMo dev (docs/benchmarks.md, "Time filters")
-           coalesce(v ->> 'extracted_dates', 'annotate'),
-           -- measured on LoCoMo dev (docs/benchmarks.md, "Evidence within a budget")
-           coalesce((v ->> 'evidence_budget')::integer, 20),
-           coalesce((v ->> 'evidence_candidates')::integer, 50),
-           coalesce((v ->> 'evidence_weight')::double precision, 0.5),
-           coalesce((v ->> 'evidence_neighbours')::double precision, 0.4),
-           -- the relevance floor: off unless set (docs/benchmarks.md, "A relevance floor")
-           (v ->> 'min_cosine')::double precision
-    FROM c;
+    SELECT v ->> 'fusion', (v ->> 'rrf_k')::integer, (v ->> 'dense_weight')::double precision,
+           (v ->> 'candidates')::integer, (v ->> 'cascade_candidates')::integer,
+           (v ->> 'fusion_by_type')::jsonb, v ->> 'extracted_dates',
+           (v ->> 'evidence_budget')::integer, (v ->> 'evidence_candidates')::integer,
+           (v ->> 'evidence_weight')::double precision,
+           (v ->> 'evidence_neighbours')::double precision,
+           (v ->> 'min_cosine')::double precision,
+           (v ->> 'recency_half_life_days')::double precision,
+           (v ->> 'recency_weight')::double precision
+    FROM v;
 END
 $$;
 COMMENT ON FUNCTION memory.policy() IS
-    'The retrieval policy in force: default fusion (convex), RRF k (10), convex dense weight (0.4), Hybrid leg depth (candidates, 50), LexicalFirst lexical depth (cascade_candidates, 200), per-question-type fusion overrides, and what a date the optimizer extracts from the query does (extracted_dates: annotate, the default, only reports it in the plan; filter applies it as since/until when the caller gave none), and the evidence a response cites (memory.select_evidence: evidence_budget, 20, the most L0 turns cited; evidence_candidates, 50, the depth of the direct L0 legs; evidence_weight, 0.5, how much citation by a top result counts against a turn''s own match; evidence_neighbours, 0.4, how much a candidate lifts the turns said just before and after it), and the relevance floor (min_cosine, NULL: off; the fused candidates whose cosine similarity to the query is below it are held back and counted as withheld). Read by memory.query and by the HTTP service; change it with memory.set_policy.';
+    'The retrieval policy in force, each key''s value or its default (memory._policy_keys()): default fusion (convex), RRF k (10), convex dense weight (0.4), Hybrid leg depth (candidates, 50), LexicalFirst lexical depth (cascade_candidates, 200), per-question-type fusion overrides, and what a date the optimizer extracts from the query does (extracted_dates: annotate, the default, only reports it in the plan; filter applies it as since/until when the caller gave none), and the evidence a response cites (memory.select_evidence: evidence_budget, 20, the most L0 turns cited; evidence_candidates, 50, the depth of the direct L0 legs; evidence_weight, 0.5, how much citation by a top result counts against a turn''s own match; evidence_neighbours, 0.4, how much a candidate lifts the turns said just before and after it), the relevance floor (min_cosine, NULL: off; the fused candidates whose cosine similarity to the query is below it are held back and counted as withheld), and recency (recency_half_life_days, NULL: off; each fused candidate''s score is multiplied by 1 - recency_weight + recency_weight * 0.5 ^ (age / half-life), its age counted from the request''s reference_time or now; a node without a timestamp gets no boost). Read by memory.query and by the HTTP service; change it with memory.set_policy.';
 
 CREATE OR REPLACE FUNCTION memory.set_policy(key text, value text)
 RETURNS void
@@ -59,49 +123,21 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    k record;
     ok boolean;
-    t text;
 BEGIN
-    ok := CASE key
-        WHEN 'fusion' THEN value = ANY (@vocabulary.fusions@)
-        WHEN 'rrf_k' THEN value ~ '^[0-9]{1,6}$'
-        WHEN 'dense_weight' THEN value ~ '^[0-9]*\.?[0-9]+$' AND value::double precision <= 1
-        WHEN 'candidates' THEN value ~ '^[0-9]{1,4}$' AND value::integer BETWEEN 1 AND 1000
-        WHEN 'cascade_candidates' THEN value ~ '^[0-9]{1,5}$' AND value::integer BETWEEN 1 AND 10000
-        WHEN 'fusion_by_type' THEN value IS NOT NULL
-        WHEN 'exact_search_max_k' THEN value ~ '^[0-9]{1,6}$' AND value::integer BETWEEN 1 AND 100000
-        WHEN 'provenance_max_parents' THEN value ~ '^[0-9]{1,4}$' AND value::integer BETWEEN 1 AND 1000
-        WHEN 'provenance_max_nodes' THEN value ~ '^[0-9]{1,6}$' AND value::integer BETWEEN 1 AND 100000
-        WHEN 'extracted_dates' THEN value IN ('annotate', 'filter')
-        WHEN 'evidence_budget' THEN value ~ '^[0-9]{1,3}$' AND value::integer BETWEEN 0 AND 100
-        WHEN 'evidence_candidates' THEN value ~ '^[0-9]{1,4}$' AND value::integer BETWEEN 1 AND 1000
-        WHEN 'evidence_weight' THEN value ~ '^[0-9]*\.?[0-9]+$' AND value::double precision <= 10
-        WHEN 'evidence_neighbours' THEN value ~ '^[0-9]*\.?[0-9]+$' AND value::double precision <= 10
-        WHEN 'min_cosine' THEN value ~ '^-?[0-9]*\.?[0-9]+$' AND value::double precision BETWEEN -1 AND 1
-        WHEN 'forget_derived' THEN value IN ('flag', 'cascade')
-        ELSE NULL END;
-    IF ok IS NULL THEN
+    SELECT * INTO k FROM memory._policy_keys() p WHERE p.key = set_policy.key;
+    IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown policy key "%"', key
             USING ERRCODE = '22023',
-                  HINT = 'Keys: fusion, rrf_k, dense_weight, candidates, cascade_candidates, fusion_by_type, exact_search_max_k, provenance_max_parents, provenance_max_nodes, extracted_dates, evidence_budget, evidence_candidates, evidence_weight, evidence_neighbours, min_cosine, forget_derived.';
+                  HINT = 'Keys: ' || (SELECT string_agg(p.key, ', ') FROM memory._policy_keys() p) || '.';
     END IF;
-    IF key = 'fusion_by_type' THEN
-        -- {"Factual": "convex", "Open": "rrf"}: question types from memory.optimize_query.
-        IF jsonb_typeof(value::jsonb) <> 'object' THEN
-            ok := false;
-        ELSE
-            FOR t IN SELECT j.value FROM jsonb_each_text(value::jsonb) j LOOP
-                ok := ok AND t = ANY (@vocabulary.fusions@);
-            END LOOP;
-            ok := ok AND NOT EXISTS (
-                SELECT 1 FROM jsonb_object_keys(value::jsonb) k(name)
-                WHERE NOT k.name = ANY (@vocabulary.question_types@));
-        END IF;
-    END IF;
+    -- The checks are this file's constants, never the caller's text.
+    EXECUTE 'SELECT coalesce(' || k.valid || ', false)' INTO ok USING value;
     IF NOT ok THEN
         RAISE EXCEPTION 'invalid value "%" for policy key "%"', value, key
             USING ERRCODE = '22023',
-                  HINT = 'fusion: rrf|convex; rrf_k: integer >= 0; dense_weight: 0..1; candidates: 1..1000; cascade_candidates: 1..10000; fusion_by_type: {"Factual":"convex",...}; exact_search_max_k: 1..100000; provenance_max_parents: 1..1000; provenance_max_nodes: 1..100000; extracted_dates: annotate|filter; evidence_budget: 0..100 (0: off); evidence_candidates: 1..1000; evidence_weight: 0..10; evidence_neighbours: 0..10 (0: off); min_cosine: -1..1; forget_derived: flag|cascade.';
+                  HINT = pg_catalog.format('%s: %s.', key, k.hint);
     END IF;
     INSERT INTO memory.config AS c (key, value) VALUES (key, value)
     ON CONFLICT ON CONSTRAINT config_pkey DO UPDATE SET value = EXCLUDED.value, updated_at = now();
@@ -115,11 +151,7 @@ LANGUAGE sql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
     DELETE FROM memory.config c
-    WHERE c.key IN ('fusion', 'rrf_k', 'dense_weight', 'candidates', 'cascade_candidates',
-                    'fusion_by_type', 'exact_search_max_k', 'provenance_max_parents',
-                    'provenance_max_nodes', 'extracted_dates', 'evidence_budget',
-                    'evidence_candidates', 'evidence_weight', 'evidence_neighbours', 'min_cosine',
-                    'forget_derived')
+    WHERE c.key IN (SELECT p.key FROM memory._policy_keys() p)
       AND (reset_policy.key IS NULL OR c.key = reset_policy.key)
 $$;
 COMMENT ON FUNCTION memory.reset_policy(text) IS

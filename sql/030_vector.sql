@@ -97,13 +97,17 @@ END $$;
 COMMENT ON FUNCTION memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz, jsonb, jsonb) IS
     'HNSW top-k by cosine distance with optional project/level/time filters (since <= ts < before), filter (a JSON object the node''s metadata contains) and grammar (a memory.parse_query parse: its required phrases, tags and mentions and its exclusions); the iterative scan fills k under selective filters. query_score = 1 - cosine distance.';
 
+-- The form before the metadata filter goes first.
+DROP FUNCTION IF EXISTS memory.exact_search(vector, text, text[], integer, timestamptz, timestamptz);
+
 CREATE OR REPLACE FUNCTION memory.exact_search(
     query_embedding vector,
     project text DEFAULT NULL,
     levels text[] DEFAULT NULL,
     k integer DEFAULT 50,
     since timestamptz DEFAULT NULL,
-    before timestamptz DEFAULT NULL
+    before timestamptz DEFAULT NULL,
+    filter jsonb DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -115,9 +119,9 @@ AS $$
 DECLARE
     f record := memory.node_filter(project, levels, since, before);
     q vector := memory.require_embedding(query_embedding);
+    flt jsonb := memory.check_filter(filter);
     -- Brute force reads every row: the owner bounds k (memory.set_policy).
-    max_k integer := coalesce((SELECT c.value::integer FROM memory.config c
-                               WHERE c.key = 'exact_search_max_k'), 1000);
+    max_k integer := memory._policy_value('exact_search_max_k')::integer;
 BEGIN
     IF k IS NULL OR k < 1 OR k > max_k THEN
         RAISE EXCEPTION 'k must be within 1..%, got %', max_k, coalesce(k::text, 'NULL')
@@ -131,11 +135,12 @@ BEGIN
     WHERE n.embedding IS NOT NULL AND n.expired_at IS NULL
       AND (f.pid IS NULL OR n.project_id = f.pid) AND (f.lv IS NULL OR n.level = ANY (f.lv))
       AND (NOT f.timed OR (n.ts >= f.lo AND n.ts < f.hi))
+      AND (flt IS NULL OR n.metadata @> flt)
     ORDER BY n.embedding <=> q, n.id
     LIMIT k;
 END $$;
-COMMENT ON FUNCTION memory.exact_search(vector, text, text[], integer, timestamptz, timestamptz) IS
-    'Exact cosine top-k without the HNSW index: the recall reference for benchmarks. k is capped by memory.config exact_search_max_k (default 1000; memory.set_policy). since/before: only nodes with since <= ts < before.';
+COMMENT ON FUNCTION memory.exact_search(vector, text, text[], integer, timestamptz, timestamptz, jsonb) IS
+    'Exact cosine top-k without the HNSW index: the recall reference for benchmarks. k is capped by memory.config exact_search_max_k (default 1000; memory.set_policy). since/before: only nodes with since <= ts < before; filter: only nodes whose metadata contains it (JSON containment, as memory.semantic_search).';
 
 CREATE OR REPLACE FUNCTION memory.search_by_ids(
     query_embedding vector,

@@ -32,8 +32,8 @@ COMMENT ON FUNCTION memory.provenance_walk(bigint[], integer) IS
 
 -- The tree expands shared ancestors into copies, so its size grows as fan-out^depth (fan-out
 -- 20 at depth 4 made one result 30 MB): parents per node and nodes per tree are capped
--- (memory.config provenance_max_parents / provenance_max_nodes, memory.set_policy), and
--- every cut is flagged. Built breadth first, so a capped tree keeps the nearest sources.
+-- (policy provenance_max_parents / provenance_max_nodes, memory.set_policy), and
+-- every cut is flagged; a node's text is cut at provenance_text_chars (text_truncated). Built breadth first, so a capped tree keeps the nearest sources.
 -- A whole result page is built in one pass, one statement per depth for all its trees:
 -- tree by tree, the statements' own start-up cost made hydrate the page's slowest stage.
 CREATE OR REPLACE FUNCTION memory.provenance_forest(
@@ -45,10 +45,11 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    max_parents integer := coalesce((SELECT c.value::integer FROM memory.config c
-                                     WHERE c.key = 'provenance_max_parents'), 32);
-    max_nodes integer := coalesce((SELECT c.value::integer FROM memory.config c
-                                   WHERE c.key = 'provenance_max_nodes'), 256);
+    max_parents integer := memory._policy_value('provenance_max_parents')::integer;
+    max_nodes integer := memory._policy_value('provenance_max_nodes')::integer;
+    -- A tree repeats shared ancestors: with long texts one page of trees reached 226 MB.
+    -- Each node shows the start of its text (the whole text: memory.get_node, evidence).
+    max_chars integer := memory._policy_value('provenance_text_chars')::integer;
     roots integer := coalesce(cardinality(node_ids), 0);
     -- One entry per tree position ("instance"); instances 1..roots are the given nodes.
     ids bigint[] := coalesce(node_ids, '{}');
@@ -130,7 +131,10 @@ BEGIN
     SELECT jsonb_object_agg(p.id::text, jsonb_build_object(
                'level', p.level, 'external_id', p.external_id,
                'sha256', encode(p.sha256, 'hex'), 'source', p.source,
-               'title', p.title, 'text', p.text, 'timestamp', p.ts))
+               'title', p.title, 'text', left(p.text, max_chars), 'timestamp', p.ts)
+           || CASE WHEN length(p.text) > max_chars
+                   THEN jsonb_build_object('text_truncated', true, 'text_chars', length(p.text))
+                   ELSE '{}' END)
       INTO nodes
       FROM (SELECT DISTINCT g.id, g.pid
             FROM unnest(ids[roots + 1:], pids[roots + 1:]) AS g(id, pid)) g

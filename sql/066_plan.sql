@@ -77,6 +77,7 @@ DECLARE
     flt jsonb;
     floor double precision := (req ->> 'min_cosine')::double precision;
     floor_src text := 'argument';
+    origin timestamptz;
 BEGIN
     IF jsonb_typeof(req) IS DISTINCT FROM 'object' THEN
         RAISE EXCEPTION 'a query request is a JSON object' USING ERRCODE = '22023';
@@ -116,6 +117,8 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'A cosine similarity; NULL: the policy''s floor (memory.policy() min_cosine).';
     END IF;
     budget := memory.check_evidence_budget(coalesce((req ->> 'evidence')::integer, pol.evidence_budget));
+    -- Recency counts a node's age from the moment the question is asked about.
+    origin := coalesce((req ->> 'reference_time')::timestamptz, now());
     SELECT m.model INTO db_model FROM memory.embedding_model m;
 
     -- The optimizer's routing, asked for only when something depends on it.
@@ -253,6 +256,11 @@ BEGIN
         'floor', jsonb_build_object('min_cosine', floor, 'source', floor_src,
                                     'applied', floor IS NOT NULL AND (strat <> 'LexicalOnly' OR has_vec)),
         'time_filter', tf,
+        -- recency as a ranking signal (the policy's; docs/benchmarks.md, "Recency")
+        'recency', jsonb_build_object('half_life_days', pol.recency_half_life_days,
+                                      'weight', pol.recency_weight, 'origin', origin,
+                                      'applied', pol.recency_half_life_days IS NOT NULL
+                                                 AND pol.recency_weight > 0),
         'evidence', jsonb_build_object(
             'budget', budget,
             'source', CASE WHEN req ->> 'evidence' IS NULL THEN 'policy' ELSE 'argument' END,
@@ -272,4 +280,4 @@ BEGIN
         'degraded', degraded);
 END $$;
 COMMENT ON FUNCTION memory._plan(jsonb, jsonb) IS
-    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, filter, min_cosine, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, the query grammar''s parse (grammar) and the metadata filter (filter), the relevance floor (floor), evidence budget. Errors name the argument (22023), PM404 for an unknown project.';
+    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, filter, min_cosine, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, the query grammar''s parse (grammar) and the metadata filter (filter), the relevance floor (floor), recency (the policy''s half-life and weight, and the origin its ages count from: reference_time or now), evidence budget. Errors name the argument (22023), PM404 for an unknown project.';

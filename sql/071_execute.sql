@@ -153,6 +153,7 @@ DECLARE
     legs integer := 0;
     fused jsonb;
     floor double precision := (plan -> 'floor' ->> 'min_cosine')::double precision;
+    recent boolean := coalesce((plan -> 'recency' ->> 'applied')::boolean, false);
     withheld integer := 0;
     st jsonb := '{}';
     t timestamptz;
@@ -232,7 +233,9 @@ BEGIN
       INTO fused
       FROM memory.fuse_legs(sem, lex, strat, plan ->> 'fusion',
                             (plan ->> 'dense_weight')::double precision,
-                            (plan ->> 'rrf_k')::integer, (plan ->> 'final_k')::integer) f;
+                            (plan ->> 'rrf_k')::integer,
+                            -- recency may lift a candidate from below the final k: all of them
+                            CASE WHEN recent THEN 1000 ELSE (plan ->> 'final_k')::integer END) f;
     IF floor IS NOT NULL AND query_embedding IS NOT NULL AND fused IS NOT NULL THEN
         -- The relevance floor: a fused candidate whose cosine similarity to the query is
         -- below it is held back (a node without a vector cannot be judged: kept).
@@ -243,6 +246,28 @@ BEGIN
                 FROM ROWS FROM (jsonb_array_elements(fused), jsonb_to_recordset(fused) AS (node_id bigint))
                      WITH ORDINALITY AS x(v, node_id, o)
                 LEFT JOIN memory.nodes n ON n.id = x.node_id) f;
+    END IF;
+    IF recent AND fused IS NOT NULL THEN
+        -- Recency: each score times 1 - w + w * 0.5 ^ (age / half-life), the age counted
+        -- from the plan's origin (a node from its future counts as new, one without a
+        -- timestamp gets no boost); then the final k again. Ties keep the fused order.
+        SELECT coalesce(jsonb_agg(r.v || jsonb_build_object('fused_score', r.s) ORDER BY r.s DESC, r.o), '[]')
+          INTO fused
+          FROM (SELECT f.v, f.o, f.s FROM (
+                    SELECT x.v, x.o,
+                           (x.v ->> 'fused_score')::double precision
+                             * (1 - w.w + w.w * CASE WHEN n.ts IS NULL THEN 0  -- (greatest skips NULLs)
+                                   ELSE power(0.5::double precision, least(  -- 0.5 ^ 1000: no underflow
+                                       greatest(extract(epoch FROM w.origin - n.ts), 0) / 86400.0 / w.h,
+                                       1000)) END) AS s
+                    FROM ROWS FROM (jsonb_array_elements(fused), jsonb_to_recordset(fused) AS (node_id bigint))
+                         WITH ORDINALITY AS x(v, node_id, o)
+                    CROSS JOIN (SELECT (plan -> 'recency' ->> 'weight')::double precision AS w,
+                                       (plan -> 'recency' ->> 'half_life_days')::double precision AS h,
+                                       (plan -> 'recency' ->> 'origin')::timestamptz AS origin) w
+                    LEFT JOIN memory.nodes n ON n.id = x.node_id) f
+                ORDER BY f.s DESC, f.o
+                LIMIT (plan ->> 'final_k')::integer) r;
     END IF;
     st := memory._stage_time(st, 'fusion_time_ms', t);
     RETURN jsonb_build_object('lexical', lex, 'semantic', sem, 'evidence_lexical', ev_lex,
@@ -319,7 +344,7 @@ BEGIN
                                           plan ->> 'fusion', budget, plan ->> 'project', 4,
                                           (plan ->> 'since_ts')::timestamptz, (plan ->> 'before_ts')::timestamptz,
                                           (plan ->> 'dense_weight')::double precision,
-                                          (plan ->> 'rrf_k')::integer) e;
+                                          (plan ->> 'rrf_k')::integer, nullif(plan -> 'filter', 'null')) e;
             evidence := coalesce(evidence, '[]');
         EXCEPTION WHEN OTHERS THEN
             IF SQLSTATE = '40001' THEN

@@ -25,6 +25,8 @@ BEGIN
         DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer);
     END IF;
 END $$;
+-- ... and the form before the metadata filter.
+DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer);
 
 CREATE OR REPLACE FUNCTION memory.select_evidence(
     result_ids bigint[],
@@ -37,7 +39,8 @@ CREATE OR REPLACE FUNCTION memory.select_evidence(
     since timestamptz DEFAULT NULL,
     before timestamptz DEFAULT NULL,
     dense_weight double precision DEFAULT NULL,
-    rrf_k integer DEFAULT NULL
+    rrf_k integer DEFAULT NULL,
+    filter jsonb DEFAULT NULL
 )
 RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
                title text, text text, source text, breadcrumb text[],
@@ -50,6 +53,7 @@ AS $$
 DECLARE
     pol record;
     pid integer := memory.project_id(project_name);
+    flt jsonb := memory.check_filter(filter);
     lim integer;
     cands jsonb;
     reserved bigint[] := '{}';
@@ -130,12 +134,14 @@ BEGIN
              WHERE n.id < o.node_id AND n.id >= o.lo AND n.project_id = o.project_id
                AND n.level = 'L0' AND n.title = o.title AND n.expired_at IS NULL
                AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
+               AND (flt IS NULL OR n.metadata @> flt)
              ORDER BY n.id DESC LIMIT 1)
             UNION ALL
             (SELECT n.id FROM memory.nodes n
              WHERE n.id > o.node_id AND n.id <= o.hi AND n.project_id = o.project_id
                AND n.level = 'L0' AND n.title = o.title AND n.expired_at IS NULL
                AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
+               AND (flt IS NULL OR n.metadata @> flt)
              ORDER BY n.id LIMIT 1)
         ) b
         WHERE pol.evidence_neighbours > 0
@@ -199,19 +205,22 @@ BEGIN
     JOIN memory.nodes n ON n.id = x.id AND (pid IS NULL OR n.project_id = pid)
     ORDER BY x.o;
 END $$;
-COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer) IS
-    'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank) summed over the results citing it; then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range; a result''s own sources are cited whatever their time. Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it.';
+COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb) IS
+    'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank) summed over the results citing it; then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range, and filter (a JSON object the metadata contains) the neighbours as the legs it ran did their matches; a result''s own sources are cited whatever their time or metadata. Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it.';
 
 -- memory.evidence runs the plan memory.query runs (the evidence legs it names) for the
 -- SQL user's results; the old two-step form and its signature go first.
 DROP FUNCTION IF EXISTS memory.evidence(text, bigint[], vector, text, integer, text, text, text);
 DROP FUNCTION IF EXISTS memory.evidence_legs(text, bigint[], vector, text, integer, text, text, text);
+-- ... and the form before the metadata filter.
+DROP FUNCTION IF EXISTS memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz);
+DROP FUNCTION IF EXISTS memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz);
 
 CREATE OR REPLACE FUNCTION memory._evidence(
     p_query text, p_result_ids bigint[], p_embedding vector, p_project text, p_budget integer,
     p_since text, p_until text, p_fusion text, p_levels text[], p_strategy text,
     p_candidates integer, p_dense_weight double precision, p_rrf_k integer,
-    p_reference_time timestamptz
+    p_reference_time timestamptz, p_filter jsonb
 )
 RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
                title text, text text, source text, breadcrumb text[],
@@ -235,7 +244,8 @@ BEGIN
     -- k does not change the evidence: the plan's own check wants one.
     SELECT * INTO p FROM memory._prepare(
         memory._request($1, $4, $9, 5, $10, $8, $13, $11, $12, $6, $7, $14, memory.check_evidence_budget(
-            coalesce($5, (SELECT pol.evidence_budget FROM memory.policy() pol)))),
+            coalesce($5, (SELECT pol.evidence_budget FROM memory.policy() pol))))
+          || jsonb_build_object('filter', $15),
         $3, 'memory.evidence');
     IF (p.plan -> 'evidence' ->> 'budget')::integer = 0 THEN
         RETURN;  -- off costs no search
@@ -246,10 +256,11 @@ BEGIN
         $2, state -> 'evidence_semantic', state -> 'evidence_lexical', p.plan ->> 'fusion',
         (p.plan -> 'evidence' ->> 'budget')::integer, $4, 4,
         (p.plan ->> 'since_ts')::timestamptz, (p.plan ->> 'before_ts')::timestamptz,
-        (p.plan ->> 'dense_weight')::double precision, (p.plan ->> 'rrf_k')::integer) e
+        (p.plan ->> 'dense_weight')::double precision, (p.plan ->> 'rrf_k')::integer,
+        nullif(p.plan -> 'filter', 'null')) e
     ORDER BY e.rank;
 END $$;
-COMMENT ON FUNCTION memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz) IS
+COMMENT ON FUNCTION memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb) IS
     'Implementation of memory.evidence (positional parameters: PL/pgSQL forbids a parameter named like a result column; call memory.evidence instead).';
 
 CREATE OR REPLACE FUNCTION memory.evidence(
@@ -266,7 +277,8 @@ CREATE OR REPLACE FUNCTION memory.evidence(
     candidates integer DEFAULT NULL,
     dense_weight double precision DEFAULT NULL,
     rrf_k integer DEFAULT NULL,
-    reference_time timestamptz DEFAULT NULL
+    reference_time timestamptz DEFAULT NULL,
+    filter jsonb DEFAULT NULL
 )
 RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
                title text, text text, source text, breadcrumb text[],
@@ -277,7 +289,7 @@ SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
     SELECT * FROM memory._evidence(query, result_ids, query_embedding, project, budget, since,
                                    until, fusion, levels, strategy, candidates, dense_weight,
-                                   rrf_k, reference_time);
+                                   rrf_k, reference_time, filter);
 END;
-COMMENT ON FUNCTION memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz) IS
-    'The L0 evidence of an answer, for SQL users: pass the query and memory.query''s result ids in rank order (its embedding too, or it embeds again) with the same arguments memory.query had. It plans as memory.query does (the same route, fusion and time range, dates the optimizer extracts included under extracted_dates = filter), runs the direct L0 legs that plan names (lexical unless SemanticOnly, semantic unless LexicalOnly; each evidence_candidates deep) and returns memory.select_evidence: the list GET /memory/query and memory.answer return as "evidence". budget NULL: the policy''s evidence_budget; 0: none.';
+COMMENT ON FUNCTION memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb) IS
+    'The L0 evidence of an answer, for SQL users: pass the query and memory.query''s result ids in rank order (its embedding too, or it embeds again) with the same arguments memory.query had (filter: the same metadata filter, which the direct L0 legs then apply as memory.query''s legs do). It plans as memory.query does (the same route, fusion and time range, dates the optimizer extracts included under extracted_dates = filter), runs the direct L0 legs that plan names (lexical unless SemanticOnly, semantic unless LexicalOnly; each evidence_candidates deep) and returns memory.select_evidence: the list GET /memory/query and memory.answer return as "evidence". budget NULL: the policy''s evidence_budget; 0: none.';

@@ -39,7 +39,7 @@ DECLARE
     lo timestamptz;
     hi timestamptz;
     who text := memory._writer();
-    policy text := coalesce((SELECT c.value FROM memory.config c WHERE c.key = 'forget_derived'), 'flag');
+    policy text := memory._policy_value('forget_derived');
     hit bigint[];      -- the versions the filter names
     ended bigint[];    -- current versions this call ended
     derived bigint[];  -- current derived nodes the cascade ended

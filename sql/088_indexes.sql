@@ -6,7 +6,9 @@
 -- left alone; indexes behind constraints (primary keys, unique) are not listed here.
 -- Each index is wanted once the migration that created it is recorded (tests apply one
 -- migration per deploy), the HNSW ones once an embedding model is configured
--- (memory.configure_embedding builds them with these definitions).
+-- (memory.configure_embedding calls this then). m=16, ef_construction=64 are pgvector's
+-- defaults, written out so DBAs can see them; the L1/L2 graph is the default levels' own
+-- (migration 0007 explains why).
 CREATE OR REPLACE FUNCTION memory._ensure_indexes()
 RETURNS text[]
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE

@@ -63,7 +63,7 @@ DECLARE
     reader_functions text[] := ARRAY[
         'memory.version', 'memory.project_id', 'memory.check_levels', 'memory.check_embedding', 'memory.require_embedding',
         'memory.check_query', 'memory.check_weight', 'memory.node_filter',
-        'memory.policy', 'memory.lexical_document', 'memory.lexical_search',
+        'memory.policy', 'memory._policy_keys', 'memory._policy_value', 'memory.lexical_document', 'memory.lexical_search',
         'memory.lexical_kth', 'memory.lexical_query', 'memory.semantic_search',
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory.fuse_legs',
         'memory.provenance_walk', 'memory.provenance_tree', 'memory.provenance',

@@ -141,3 +141,33 @@ def test_two_versions_side_by_side(fixture_url: str) -> None:
     assert out["ratios"]["p50_b_over_a"] == round(out["B"]["p50_ms"] / out["A"]["p50_ms"], 3)
     with pytest.raises(ValueError, match="need 13 questions"):
         run(env, env, questions[:12], single=4, block=2, concurrency=2)
+
+
+def test_the_http_ratios_are_the_runs_they_name() -> None:
+    """Each HTTP ratio divides the two runs its name says, and the evidence-list pair has a
+    goal of its own: the default answer through the service's role costs what the owner's
+    does (row-level security adds no scan)."""
+    from poimen_lab.bench.command import GOALS, _ratios
+
+    def one(p50: float, rps: float = 1.0) -> list[dict[str, Any]]:
+        return [{"clients": 1, "p50_ms": p50}, {"clients": 8, "req_per_s": rps}]
+
+    r: dict[str, Any] = {
+        "load": {"hnsw_build_seconds": 2.0},
+        "ann": {"hnswlib_build_seconds": 1.0, "unfiltered": {"exact_search": {"p50_ms": 4.0},
+                "numpy": {"p50_ms": 2.0}, "matched": [], "ours": []},
+                "filtered_1pct": {"matched": [], "ours": []}},
+        "lexical": {"ratio_p50_ours_over_bm25s": 3.0},
+        "http": one(30.0, 60.0), "http_key": one(33.0, 50.0), "http_owner": one(24.0),
+        "http_evidence": [{"clients": 1, "p50_ms": 45.0}],
+        "http_owner_evidence": [{"clients": 1, "p50_ms": 40.0}],
+        "inprocess": {"p50_ms": 20.0}, "embed_only": {"queries_per_s": 100.0},
+    }  # fmt: skip
+    ratios = _ratios(r)
+    assert ratios["http_p50_over_inprocess_p50"] == 1.5
+    assert ratios["http_key_rps8_over_embed_rps8"] == 0.5
+    assert ratios["http_p50_over_owner_p50"] == 1.25
+    assert ratios["http_evidence_p50_over_owner_p50"] == 1.12
+    assert GOALS["http_evidence_p50_over_owner_p50"] == (1.2, "<=")
+    del r["http_owner_evidence"]
+    assert "http_evidence_p50_over_owner_p50" not in _ratios(r)

@@ -202,3 +202,34 @@ def test_ddl_that_must_run_waits_briefly_retries_and_says_for_what(
     # The loop queued behind each attempt for at most its lock_timeout (0.5 s), plus the
     # sampler's resolution: never the whole --lock-timeout.
     assert watch.longest_wait(watch.loop_pid) < migrate_mod._LOCK_ATTEMPT_S + 0.3
+
+
+def test_serve_starts_and_answers_beside_a_writer_and_a_vacuum(
+    conn: Conn, fixture_url: str, embedder: Any
+) -> None:
+    """The service starting (pool, plan checks, the key ring) takes no lock that a writer or
+    a VACUUM holding every table of the schema would make it wait for: it comes up and
+    answers a query while they hold them (an issue saw serve refuse to start behind any
+    session's lock on memory.*)."""
+    from service_client import KONG, query, serve
+
+    tables = [
+        str(r[0])
+        for r in conn.execute(
+            "SELECT c.oid::regclass::text FROM pg_class c"
+            " WHERE c.relnamespace = 'memory'::regnamespace AND c.relkind IN ('r', 'p')"
+        )
+    ]
+    with connect(fixture_url, autocommit=False) as holder:
+        holder.execute(f"LOCK TABLE {', '.join(tables)} IN ROW EXCLUSIVE MODE")
+        holder.execute(f"LOCK TABLE {', '.join(tables)} IN SHARE UPDATE EXCLUSIVE MODE")
+        env = {"POIMEN_DATABASE_URL": fixture_url}
+        with serve(env, embedder) as client:
+            assert client.get("/healthz").status_code == 200
+            assert query(client, query=KONG, project="poimen")["results"]
+        waiting = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND database ="
+            " (SELECT oid FROM pg_database WHERE datname = current_database())"
+        ).fetchone()
+        holder.rollback()
+    assert waiting == (0,)

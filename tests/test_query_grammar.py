@@ -342,3 +342,114 @@ def test_opensearch_operators_against_the_double(
     assert os_texts(conn, engine, "@devops network") == [NODES[5][1]]
     assert os_texts(conn, engine, "-network") == []
     assert os_texts(conn, engine, '"unclosed buffer')  # malformed: plain words, answers
+
+
+# --- recency -------------------------------------------------------------------------------
+
+
+def _recency_nodes(conn: Conn) -> None:
+    """Three notes of one project that match a query equally well, one a day, a month and a
+    year old (from 2026-06-01), and one without a timestamp."""
+    nodes = [
+        {"id": f"r-{age}", "level": "L1", "project": "recency",
+         "text": f"the deploy key rotation happened ({age})",
+         "timestamp": ts}
+        for age, ts in [("day", "2026-05-31T00:00:00Z"), ("month", "2026-05-02T00:00:00Z"),
+                        ("year", "2025-06-01T00:00:00Z"), ("untimed", None)]
+    ]  # fmt: skip
+    conn.execute("SELECT memory.add_nodes(%s)", (Jsonb(nodes),))
+
+
+def _ranked(conn: Conn, **kw: Any) -> list[tuple[str, float]]:
+    args = "".join(f", {k} => %({k})s" for k in kw)
+    rows = conn.execute(
+        "SELECT external_id, final_score FROM memory_query('deploy key rotation', "
+        "project => 'recency', strategy => 'Hybrid', reference_time => '2026-06-01T00:00:00Z'"
+        + args + ")",
+        kw,
+    ).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+def test_recency_is_off_by_default_and_the_plan_says_so(conn: Conn) -> None:
+    _recency_nodes(conn)
+    row = conn.execute(
+        "SELECT memory.answer('deploy key rotation', project => 'recency')"
+    ).fetchone()
+    assert row is not None
+    assert row[0]["plan"]["recency"]["applied"] is False
+    assert row[0]["plan"]["recency"]["half_life_days"] is None
+
+
+def test_recency_multiplies_each_score_by_its_decay(conn: Conn) -> None:
+    _recency_nodes(conn)
+    before = dict(_ranked(conn))
+    conn.execute("SELECT memory.set_policy('recency_half_life_days', '30')")
+    conn.execute("SELECT memory.set_policy('recency_weight', '0.8')")
+    try:
+        after = _ranked(conn)
+        row = conn.execute(
+            "SELECT memory.answer('deploy key rotation', project => 'recency', "
+            "reference_time => '2026-06-01T00:00:00Z')"
+        ).fetchone()
+    finally:
+        conn.execute("SELECT memory.reset_policy('recency_half_life_days')")
+        conn.execute("SELECT memory.reset_policy('recency_weight')")
+    assert row is not None
+    rec = row[0]["plan"]["recency"]
+    assert rec["applied"] is True and rec["half_life_days"] == 30 and rec["weight"] == 0.8
+    assert rec["origin"].startswith("2026-06-01")
+    days = {"r-day": 1, "r-month": 30, "r-year": 365}
+    for ext, score in after:
+        decay = 0.5 ** (days[ext] / 30) if ext in days else 0.0  # untimed: no boost
+        assert score == pytest.approx(before[ext] * (1 - 0.8 + 0.8 * decay)), ext
+    order = [e for e, _ in after]
+    assert order.index("r-day") < order.index("r-month") < order.index("r-year")
+    assert _ranked(conn) and dict(_ranked(conn)) == pytest.approx(before)  # reset: as before
+
+
+def test_recency_policy_values_are_checked(conn: Conn) -> None:
+    for key, bad in [("recency_half_life_days", "0"), ("recency_half_life_days", "x"),
+                     ("recency_half_life_days", "-3"), ("recency_weight", "1.5")]:  # fmt: skip
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=key):
+            conn.execute("SELECT memory.set_policy(%s, %s)", (key, bad))
+
+
+def test_http_reports_recency_as_sql_does(client: TestClient, fixture_url: str) -> None:
+    with psycopg.connect(fixture_url, autocommit=True) as c:
+        c.execute("SELECT memory.set_policy('recency_half_life_days', '7')")
+    body = query(client, query="kong", project="poimen", reference_time="2024-03-01T00:00:00Z")
+    assert body["plan"]["recency"] == {
+        "half_life_days": 7, "weight": 0.5, "applied": True,
+        "origin": "2024-03-01T00:00:00+00:00",
+    }  # fmt: skip
+
+
+def test_the_filter_holds_in_evidence_and_exact_search(conn: Conn) -> None:
+    """memory.evidence and memory.exact_search take the metadata filter memory.query takes:
+    every turn they return contains it (without it, both users' turns come back)."""
+    turns = [
+        {"id": f"t{i}", "level": "L0", "project": "flt", "title": "session",
+         "text": f"the gateway buffer overflowed again, report {i}",
+         "metadata": {"user": "alice" if i % 2 else "bob"}}
+        for i in range(12)
+    ]  # fmt: skip
+    conn.execute("SELECT memory.add_nodes(%s)", (Jsonb(turns),))
+    users = "SELECT DISTINCT metadata ->> 'user' FROM ({}) x"
+    ev = (
+        "SELECT metadata FROM memory.evidence('gateway buffer overflow', '{{}}', project => 'flt'"
+        ", levels => ARRAY['L0']{})"
+    )
+    ex = (
+        "SELECT n.metadata FROM memory.exact_search(memory.embed('gateway buffer overflow'),"
+        " 'flt', ARRAY['L0'], 10{}) e JOIN memory.nodes n ON n.id = e.node_id"
+    )
+    alice = ", filter => '{\"user\": \"alice\"}'"
+    for sql in (ev, ex):
+        assert {r[0] for r in conn.execute(users.format(sql.format(""))).fetchall()} == {
+            "alice", "bob"
+        }, sql
+        rows = conn.execute(users.format(sql.format(alice))).fetchall()
+        assert {r[0] for r in rows} == {"alice"}, sql
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        conn.execute(ex.format(", filter => '[1]'"))

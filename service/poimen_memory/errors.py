@@ -85,6 +85,11 @@ class PayloadTooLarge(PoimenError, code="payload_too_large", status=413):
     """A request body over POIMEN_MAX_BODY_BYTES; it was not read to the end."""
 
 
+class ResponseTooLarge(PoimenError, code="response_too_large", status=413):
+    """An answer over POIMEN_HTTP_MAX_RESPONSE_BYTES even with its provenance texts cut
+    (policy provenance_text_chars): refused whole rather than sent in part."""
+
+
 class RequestTimeout(PoimenError, code="request_timeout", status=408):
     """The request body did not arrive within POIMEN_HTTP_BODY_TIMEOUT_S."""
 

@@ -263,6 +263,12 @@ class Settings(FromEnv):
     ingest_workers: int = setting("POIMEN_INGEST_WORKERS", at_least(1), 1)
     ingest_queue: int = setting("POIMEN_INGEST_QUEUE", at_least(0), 4)
     max_body_bytes: int = setting("POIMEN_MAX_BODY_BYTES", at_least(1024), 10 * 1024 * 1024)
+    # What one answer may weigh as JSON: provenance trees repeat shared ancestors, so a page
+    # of them could reach hundreds of MB (their texts are cut at the policy's
+    # provenance_text_chars first); a heavier answer is refused whole with 413.
+    max_response_bytes: int = setting(
+        "POIMEN_HTTP_MAX_RESPONSE_BYTES", at_least(64 * 1024), 32 * 1024 * 1024
+    )
     # A body trickling in holds a connection and an ingest slot: it has this long, in all.
     http_body_timeout_s: float = setting("POIMEN_HTTP_BODY_TIMEOUT_S", positive, 30.0)
     pg_lexical: bool = setting("POIMEN_PG_LEXICAL", _bool, True)

@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import psycopg
 from starlette.applications import Starlette
@@ -39,6 +40,7 @@ from poimen_memory.errors import (
     PayloadTooLarge,
     PoimenError,
     RequestTimeout,
+    ResponseTooLarge,
     ValidationError,
 )
 from poimen_memory.ingest.nodes import MAX_JSON_DEPTH, LineError, NodeRecord, loads
@@ -77,6 +79,20 @@ async def _db_error(request: Request, exc: Exception) -> JSONResponse:
     return _error(translate(exc), request.app.state.retry_after_s)
 
 
+def _bounded(request: Request, body: Any) -> JSONResponse:
+    """A read's answer, within the response byte budget (POIMEN_HTTP_MAX_RESPONSE_BYTES)."""
+    response = JSONResponse(body)
+    limit: int = request.app.state.poimen.settings.max_response_bytes
+    if len(response.body) > limit:
+        raise ResponseTooLarge(
+            f"the answer is {len(response.body)} bytes, over the {limit}-byte budget",
+            detail="provenance texts are already cut at the policy's provenance_text_chars",
+            hint="ask for fewer results (limit), fewer cited turns (evidence), lower levels, "
+            "or raise POIMEN_HTTP_MAX_RESPONSE_BYTES",
+        )
+    return response
+
+
 async def memory_query(request: Request) -> JSONResponse:
     state: Services = request.app.state.poimen
     body = await query_memory(
@@ -84,7 +100,7 @@ async def memory_query(request: Request) -> JSONResponse:
         arrived=arrived(request.scope),
     )  # fmt: skip
     metrics.observe_query(request, body)
-    return JSONResponse(body)
+    return _bounded(request, body)
 
 
 async def _body(request: Request, limit: int, timeout_s: float) -> bytes:
@@ -173,7 +189,7 @@ async def get_node(request: Request) -> JSONResponse:
         request.path_params["id"],
         request.query_params,
     )
-    return JSONResponse(body)
+    return _bounded(request, body)
 
 
 async def list_nodes(request: Request) -> JSONResponse:
@@ -181,7 +197,7 @@ async def list_nodes(request: Request) -> JSONResponse:
     body = await nodes.list_nodes(
         request.app.state.poimen, request.app.state.keys, request.headers, request.query_params
     )
-    return JSONResponse(body)
+    return _bounded(request, body)
 
 
 async def delete_node(request: Request) -> JSONResponse:

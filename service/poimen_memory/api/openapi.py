@@ -41,6 +41,10 @@ def _err(desc: str) -> dict[str, Any]:
     }
 
 
+# Every read's answer is bounded (POIMEN_HTTP_MAX_RESPONSE_BYTES).
+_TOO_LARGE = _err("response_too_large: the answer is over POIMEN_HTTP_MAX_RESPONSE_BYTES")
+
+
 _OPERAND: dict[str, Any] = {
     "type": "object",
     "required": ["kind", "value"],
@@ -476,6 +480,7 @@ def openapi_spec() -> dict[str, Any]:
                         "404": _err("unknown_project"),
                         "409": _err("embedding_model_mismatch: query vector dimension differs"),
                         "412": _err("embedding_not_configured: nothing ingested yet"),
+                        "413": _TOO_LARGE,
                         "503": _err(
                             "timeout, embedding_service_unavailable or database_unavailable"
                         ),
@@ -596,6 +601,7 @@ def openapi_spec() -> dict[str, Any]:
                         "400": _err("invalid_parameter: bad level, limit, cursor or since/until"),
                         **_AUTH_ERRORS,
                         "404": _err("unknown_project"),
+                        "413": _TOO_LARGE,
                         "503": _err("timeout or database_unavailable"),
                     },
                 },
@@ -700,6 +706,7 @@ def openapi_spec() -> dict[str, Any]:
                         **_AUTH_ERRORS,
                         "404": _err("unknown_node (or one the key may not read), unknown_project"),
                         "409": _err("ambiguous_node: the id is in several projects; name one"),
+                        "413": _TOO_LARGE,
                         "503": _err("timeout or database_unavailable"),
                     },
                 },
@@ -883,6 +890,19 @@ def openapi_spec() -> dict[str, Any]:
                                     "type": "object",
                                     "description": "the relevance floor: min_cosine (null: "
                                     "off), source (argument, policy or null), applied",
+                                },
+                                "recency": {
+                                    "type": "object",
+                                    "description": "recency as a ranking signal (the policy's "
+                                    "recency_half_life_days and recency_weight; off unless "
+                                    "set): half_life_days, weight, origin (the time ages count "
+                                    "from: reference_time, or now), applied",
+                                    "properties": {
+                                        "half_life_days": {"type": ["number", "null"]},
+                                        "weight": {"type": "number"},
+                                        "origin": {"type": "string", "format": "date-time"},
+                                        "applied": {"type": "boolean"},
+                                    },
                                 },
                             },
                         },

@@ -119,6 +119,7 @@ def response(
             "grammar": plan["grammar"],
             "filter": plan["filter"],
             "floor": plan["floor"],
+            "recency": plan["recency"],
             "evidence": evidence_plan,
             "engines": engines,
             "why": why,
