@@ -90,10 +90,6 @@ def _xdist_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
-def _xdist_controller(config: pytest.Config) -> bool:
-    return config.pluginmanager.has_plugin("dsession")
-
-
 def _start_early(config: pytest.Config, modes: list[str]) -> None:
     """Start the SQL-mode sessions of ``modes`` (once per run) into EARLY_LOGS."""
     if not modes or SQL_MODE or config.option.collectonly or EARLY in config.stash:
@@ -106,17 +102,18 @@ def _start_early(config: pytest.Config, modes: list[str]) -> None:
     config.stash[EARLY] = start(modes, logs)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    if _xdist_controller(config) and not SQL_MODE:
-        config.stash[EARLY_LOGS] = Path(tempfile.mkdtemp(prefix="poimen-sql-modes-"))
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """pytest-xdist, in the controller: tell each worker where the sessions write."""
-    logs = node.config.stash.get(EARLY_LOGS, None)
-    if logs is not None:
-        node.workerinput[EARLY_DIR_KEY] = str(logs)
+    """pytest-xdist, in the controller, before each worker starts: tell it where the
+    sessions will write (made here: pytest-xdist's own pytest_configure runs last, so a
+    conftest's cannot tell a controller yet)."""
+    if SQL_MODE:
+        return
+    config = node.config
+    logs = config.stash.get(EARLY_LOGS, None)
+    if logs is None:
+        logs = config.stash[EARLY_LOGS] = Path(tempfile.mkdtemp(prefix="poimen-sql-modes-"))
+    node.workerinput[EARLY_DIR_KEY] = str(logs)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -133,7 +133,7 @@ def sessions(
     workers), so they run beside the rest of the suite (most of which waits on servers,
     not on the cores); run alone, this module starts them itself."""
     workerinput: dict[str, Any] | None = getattr(request.config, "workerinput", None)
-    if workerinput is not None and EARLY_DIR_KEY in workerinput:
+    if workerinput is not None:  # a worker never starts them: each would start them all
         yield Path(workerinput[EARLY_DIR_KEY])
         return
     early: Path | None = request.config.stash.get(EARLY_LOGS, None)
