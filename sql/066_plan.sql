@@ -117,8 +117,9 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'A cosine similarity; NULL: the policy''s floor (memory.policy() min_cosine).';
     END IF;
     budget := memory.check_evidence_budget(coalesce((req ->> 'evidence')::integer, pol.evidence_budget));
-    -- Recency counts a node's age from the moment the question is asked about.
-    origin := coalesce((req ->> 'reference_time')::timestamptz, now());
+    -- Recency counts a node's age from the moment the question is asked about (NULL: now,
+    -- the executor's; the plan stays the same for the same request).
+    origin := (req ->> 'reference_time')::timestamptz;
     SELECT m.model INTO db_model FROM memory.embedding_model m;
 
     -- The optimizer's routing, asked for only when something depends on it.
@@ -280,4 +281,4 @@ BEGIN
         'degraded', degraded);
 END $$;
 COMMENT ON FUNCTION memory._plan(jsonb, jsonb) IS
-    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, filter, min_cosine, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, the query grammar''s parse (grammar) and the metadata filter (filter), the relevance floor (floor), recency (the policy''s half-life and weight, and the origin its ages count from: reference_time or now), evidence budget. Errors name the argument (22023), PM404 for an unknown project.';
+    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, filter, min_cosine, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, the query grammar''s parse (grammar) and the metadata filter (filter), the relevance floor (floor), recency (the policy''s half-life and weight, and the origin its ages count from: reference_time, NULL for now), evidence budget. Errors name the argument (22023), PM404 for an unknown project.';

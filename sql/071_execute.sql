@@ -264,7 +264,7 @@ BEGIN
                          WITH ORDINALITY AS x(v, node_id, o)
                     CROSS JOIN (SELECT (plan -> 'recency' ->> 'weight')::double precision AS w,
                                        (plan -> 'recency' ->> 'half_life_days')::double precision AS h,
-                                       (plan -> 'recency' ->> 'origin')::timestamptz AS origin) w
+                                       coalesce((plan -> 'recency' ->> 'origin')::timestamptz, now()) AS origin) w
                     LEFT JOIN memory.nodes n ON n.id = x.node_id) f
                 ORDER BY f.s DESC, f.o
                 LIMIT (plan ->> 'final_k')::integer) r;

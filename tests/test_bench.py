@@ -169,5 +169,7 @@ def test_the_http_ratios_are_the_runs_they_name() -> None:
     assert ratios["http_p50_over_owner_p50"] == 1.25
     assert ratios["http_evidence_p50_over_owner_p50"] == 1.12
     assert GOALS["http_evidence_p50_over_owner_p50"] == (1.2, "<=")
+    r["http_evidence"][0]["errors"] = 200  # every request failed: nothing to compare
+    assert "http_evidence_p50_over_owner_p50" not in _ratios(r)
     del r["http_owner_evidence"]
     assert "http_evidence_p50_over_owner_p50" not in _ratios(r)

@@ -108,3 +108,20 @@ def test_a_generated_client_queries_and_writes(generated: tuple[str, Any]) -> No
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.startswith("[(1, "), run.stdout
+
+
+def test_the_document_states_this_deployments_bounds(fixture_url: str, embedder: Any) -> None:
+    """/openapi.json (and MCP's tool schema) give the bounds this service applies, read from
+    its settings, not the defaults written in the code."""
+    from service_client import serve
+
+    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_MAX_QUERY_CHARS": "300",
+           "POIMEN_MAX_LIMIT": "7", "POIMEN_MAX_TIMEOUT_S": "12"}  # fmt: skip
+    with serve(env, embedder) as client:
+        spec = client.get("/openapi.json").json()
+        params = {p["name"]: p for p in spec["paths"]["/memory/query"]["get"]["parameters"]}
+        assert params["query"]["schema"]["maxLength"] == 300
+        assert "POIMEN_MAX_LIMIT (7)" in params["limit"]["description"]
+        assert "POIMEN_MAX_TIMEOUT_S (12)" in params["timeout_seconds"]["description"]
+        too_long = client.get("/memory/query", params={"query": "k" * 301})
+        assert too_long.status_code == 400

@@ -29,10 +29,11 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult
 
 from poimen_lab.live_server import live_server
-from poimen_memory.api.openapi import QUERY_PARAMETERS
+from poimen_memory.api.openapi import query_parameters
 from poimen_memory.cli.main import build_parser
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect
+from poimen_memory.errors import ConfigError
 from poimen_memory.settings import Settings
 from service_client import KONG, make_key
 
@@ -152,7 +153,7 @@ def test_tools_and_their_schemas(reader: str, mode: str) -> None:
     assert set(tools) == {"memory_query", "memory_add"}
     query = tools["memory_query"]
     # The HTTP route's parameters, with the same schemas.
-    assert set(query.input_schema["properties"]) == {n for n, *_ in QUERY_PARAMETERS}
+    assert set(query.input_schema["properties"]) == {n for n, *_ in query_parameters()}
     assert query.input_schema["required"] == ["query"]
     assert query.input_schema["properties"]["strategy"]["enum"] == [
         "LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly",
@@ -362,3 +363,30 @@ def test_the_docs_configurations_and_error_name_what_is_served(reader: str) -> N
     # The error shown is the one the service gives.
     result = over_http(reader, None, _call("memory_query", {"query": KONG, "project": "nope"}))
     assert _tool_error(result) == error
+
+
+def test_dns_rebinding_is_refused(reader: str) -> None:
+    """Anonymous mode on loopback is what a web page reached through DNS rebinding would
+    find: it sends its own name as Host (and its origin as Origin). POST /mcp answers only
+    loopback names (POIMEN_MCP_ALLOWED_HOSTS / _ORIGINS), before any tool runs."""
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    headers = {"Accept": "application/json, text/event-stream"}
+    port = urlsplit(reader).port
+    ok = httpx.post(f"{reader}/mcp", json=ping, headers=headers)
+    assert ok.status_code == 200, ok.text
+    rebound = httpx.post(
+        f"{reader}/mcp", json=ping, headers={**headers, "Host": f"evil.example:{port}"}
+    )
+    assert rebound.status_code == 421, rebound.text
+    foreign = httpx.post(
+        f"{reader}/mcp", json=ping, headers={**headers, "Origin": "http://evil.example"}
+    )
+    assert foreign.status_code == 403, foreign.text
+    local = httpx.post(
+        f"{reader}/mcp", json=ping, headers={**headers, "Origin": f"http://localhost:{port}"}
+    )
+    assert local.status_code == 200, local.text
+    for bad in ("*", "a,*", ","):
+        with pytest.raises(ConfigError):
+            Settings.from_env({"POIMEN_MCP_ALLOWED_ORIGINS": bad})
+    assert Settings.from_env({"POIMEN_MCP_ALLOWED_HOSTS": "*"}).mcp_allowed_hosts == ("*",)

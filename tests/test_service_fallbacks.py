@@ -524,3 +524,33 @@ def test_database_unreachable_is_503(embedder: LocalEmbedder) -> None:
     assert response.json()["error"] == "database_unavailable"
     assert elapsed < CUT_SHORT_S
     assert post.status_code == 503 and post.json()["error"] == "database_unavailable"
+
+
+def test_a_hung_embedder_holds_an_ingest_slot_only_for_the_writes_time(
+    fixture_url: str, embeddings: EmbeddingServer
+) -> None:
+    """A write behind an embedding server that never answers gets the write's time
+    (POIMEN_INGEST_TIMEOUT_S), retries included, not attempts x timeout (10 s x 4 was
+    42.5 s): with 1 s for the write and 10 s for each attempt, the server sees one attempt
+    per write, each write is a 503 that wrote nothing, and the one ingest slot is free again
+    for the next (no 503 busy)."""
+    env = remote_env(
+        fixture_url, embeddings,
+        POIMEN_INGEST_TIMEOUT_S="1", POIMEN_EMBEDDINGS_TIMEOUT_S="10",
+        POIMEN_INGEST_WORKERS="1", POIMEN_INGEST_QUEUE="0",
+    )  # fmt: skip
+    node = {"id": "hung:1", "level": "L0", "project": "poimen", "text": "never embedded"}
+    with serve(env) as client:
+        embeddings.reset(dim=384, delay_s=30)
+        bodies = []
+        for i in range(2):
+            r = client.post("/memory/nodes", json=[{**node, "id": f"hung:{i}"}])
+            assert r.status_code == 503, r.text
+            bodies.append(r.json())
+        sent = embeddings.embedding_requests
+        documents = [r for r in sent if r.body["input"] != ["health check"]]
+    assert [b["error"] for b in bodies] == ["embedding_service_unavailable"] * 2, bodies
+    assert len(documents) == 2, [r.body["input"] for r in documents]
+    with connect(fixture_url) as conn:
+        gone = conn.execute("SELECT count(*) FROM memory.nodes WHERE external_id LIKE 'hung:%'")
+        assert gone.fetchone() == (0,)

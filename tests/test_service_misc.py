@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -156,18 +155,15 @@ def test_huge_timeout_is_capped(fixture_url: str, slow_embeddings: EmbeddingServ
     slow_embeddings.reset(dim=384, delay_s=5)
     env = remote_env(fixture_url, slow_embeddings, POIMEN_MAX_TIMEOUT_S="1")
     with TestClient(make_app(env)) as client:
-        started = time.monotonic()
         response = client.get("/memory/query", params={"query": KONG, "timeout_seconds": "600"})
-        elapsed = time.monotonic() - started
     # Capped at 1 s, the embedder gets 1 s less the fallback reserve (0.5 s) and less what
     # came before it since the request arrived (the deadline counts from arrival: auth,
-    # parsing), gives up, and the lexical answer arrives within the capped deadline
-    # (uncapped it would wait 5 s).
+    # parsing), gives up, and the lexical answer comes instead. Uncapped, the embedder
+    # would have had minutes for its 5 s and answered: the timeout is the cap's doing.
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["degraded"][0] == {"stage": "embed", "reason": "timeout"}
-    assert 250 <= body["metrics"]["embed_time_ms"] < 3000
-    assert elapsed < 3.0
+    assert body["search_strategy"] == "LexicalOnly" and body["metrics"]["embed_time_ms"] >= 250
 
 
 # -- POST /memory/nodes ---------------------------------------------------------------------

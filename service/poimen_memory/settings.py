@@ -152,6 +152,27 @@ def url_list(raw: str) -> tuple[str, ...]:
     return urls
 
 
+def name_list(raw: str) -> tuple[str, ...]:
+    """Comma-separated names (Host or Origin values; ``host:*`` for any port; ``*`` alone:
+    any)."""
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    if not names:
+        raise ValueError("no name given")
+    if "*" in names and len(names) > 1:
+        raise ValueError("* (any) stands alone")
+    return names
+
+
+def origin_list(raw: str) -> tuple[str, ...]:
+    names = name_list(raw)
+    if names == ("*",):
+        raise ValueError("list the origins (POIMEN_MCP_ALLOWED_HOSTS=* turns the whole check off)")
+    return names
+
+
+LOOPBACK_HOSTS = ("127.0.0.1:*", "localhost:*", "[::1]:*")
+
+
 def role_name(raw: str) -> str:
     if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", raw):
         raise ValueError("must be a lower-case SQL identifier ([a-z_][a-z0-9_]*, at most 63)")
@@ -254,6 +275,15 @@ class Settings(FromEnv):
     auth_cache_s: float = setting("POIMEN_AUTH_CACHE_S", at_least(0.0, float), 5.0)
     # The key `poimen-memory mcp` (stdio) calls with, as an HTTP client sends its own.
     api_key: str | None = setting("POIMEN_API_KEY", str, repr=False)
+    # POST /mcp answers only requests whose Host (and Origin, when a browser sends one) is
+    # here: a web page cannot reach a loopback server through DNS rebinding (the MCP SDK's
+    # check). Behind a proxy or on a public address, list the names clients use.
+    mcp_allowed_hosts: tuple[str, ...] = setting(
+        "POIMEN_MCP_ALLOWED_HOSTS", name_list, LOOPBACK_HOSTS
+    )
+    mcp_allowed_origins: tuple[str, ...] = setting(
+        "POIMEN_MCP_ALLOWED_ORIGINS", origin_list, tuple(f"http://{h}" for h in LOOPBACK_HOSTS)
+    )
     health_cache_s: float = setting("POIMEN_HEALTH_CACHE_S", at_least(0.0, float), 5.0)
     rerank_min_remaining_s: float = setting(
         "POIMEN_RERANK_MIN_REMAINING_S", at_least(0.0, float), 0.25
@@ -262,6 +292,9 @@ class Settings(FromEnv):
     ingest_embed_group: int = setting("POIMEN_INGEST_EMBED_GROUP", at_least(1), 256)
     ingest_workers: int = setting("POIMEN_INGEST_WORKERS", at_least(1), 1)
     ingest_queue: int = setting("POIMEN_INGEST_QUEUE", at_least(0), 4)
+    # An HTTP write's embedding, retries included, has this long in all: a hung embedding
+    # server then holds an ingest slot no longer (attempts x timeout was 42.5 s).
+    ingest_timeout_s: float = setting("POIMEN_INGEST_TIMEOUT_S", positive, 60.0)
     max_body_bytes: int = setting("POIMEN_MAX_BODY_BYTES", at_least(1024), 10 * 1024 * 1024)
     # What one answer may weigh as JSON: provenance trees repeat shared ancestors, so a page
     # of them could reach hundreds of MB (their texts are cut at the policy's

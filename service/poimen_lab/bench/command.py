@@ -368,6 +368,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
             result["http"] = run(service_url, http_texts, requests=n, params=params)
             print("bench: HTTP as the owner (no row-level security)", file=sys.stderr)
             result["http_owner"] = run(url, http_texts, requests=n, params=params)
+            # The default answer cites its evidence list (the policy's budget), which the
+            # in-process reference has no part of: measured apart, one client, as the
+            # service role and as the owner, so row-level security's share of its cost shows
+            # (it was 1.9 s against 46 ms at 20k nodes before the evidence joins were made
+            # leakproof; tests/test_query_cost.py). Before the key below exists: once one
+            # does, anonymous mode is over and keyless requests are 401s.
+            cited = {k: v for k, v in params.items() if k != "evidence"}
+            print("bench: HTTP with the evidence list, service role and owner", file=sys.stderr)
+            result["http_evidence"] = run(
+                service_url, http_texts, concurrency=(1,), requests=n, params=cited
+            )
+            result["http_owner_evidence"] = run(
+                url, http_texts, concurrency=(1,), requests=n, params=cited
+            )
             key = new_key()
             with connect(url, autocommit=True) as conn:
                 conn.execute(
@@ -387,19 +401,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 requests=n,
                 params=params,
                 headers={"Authorization": f"Bearer {key}"},
-            )
-            # The default answer cites its evidence list (the policy's budget), which the
-            # in-process reference has no part of: measured apart, one client, as the
-            # service role and as the owner, so row-level security's share of its cost shows
-            # (it was 1.9 s against 46 ms at 20k nodes before the evidence joins were made
-            # leakproof; tests/test_query_cost.py).
-            cited = {k: v for k, v in params.items() if k != "evidence"}
-            print("bench: HTTP with the evidence list, service role and owner", file=sys.stderr)
-            result["http_evidence"] = run(
-                service_url, http_texts, concurrency=(1,), requests=n, params=cited
-            )
-            result["http_owner_evidence"] = run(
-                url, http_texts, concurrency=(1,), requests=n, params=cited
             )
             print("bench: the same pipeline in process", file=sys.stderr)
             one = slice(5, 5 + args.http_requests)  # the texts the 1-client run sent
@@ -482,7 +483,13 @@ def _ratios(r: dict[str, Any]) -> dict[str, Any]:
             out[f"{prefix}_p50_over_owner_p50"] = round(
                 by[1]["p50_ms"] / max(owner[1]["p50_ms"], 1e-9), 2
             )
-    if r.get("http_evidence") and r.get("http_owner_evidence"):
+    # A run with failed requests measured its failures: no ratio from it.
+    if (
+        r.get("http_evidence")
+        and r.get("http_owner_evidence")
+        and not r["http_evidence"][0].get("errors")
+        and not r["http_owner_evidence"][0].get("errors")
+    ):
         out["http_evidence_p50_over_owner_p50"] = round(
             r["http_evidence"][0]["p50_ms"] / max(r["http_owner_evidence"][0]["p50_ms"], 1e-9), 2
         )

@@ -240,7 +240,7 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def openapi(request: Request) -> JSONResponse:
-    return JSONResponse(openapi_spec())
+    return JSONResponse(openapi_spec(request.app.state.settings))
 
 
 def create_app(settings: Settings | None = None, *, embedder: Embedder | None = None) -> Starlette:
@@ -294,4 +294,5 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
     )
     # Read by the error handlers, which may run before the lifespan (a 503 at start-up).
     app.state.retry_after_s = cfg.http_retry_after_s
+    app.state.settings = cfg
     return app

@@ -1,7 +1,7 @@
 """The MCP server for agents: tools over the same code path as the HTTP API (docs/mcp.md).
 
 - ``memory_query`` answers exactly what ``GET /memory/query`` answers for the same
-  parameters (the same names, schemas and bounds: api/openapi.py's QUERY_PARAMETERS, then
+  parameters (the same names, schemas and bounds: api/openapi.py's query_parameters, then
   api/params.py), with provenance and the evidence list;
 - ``memory_add`` writes nodes as ``POST /memory/nodes`` does: one transaction, every node or
   none unless ``skip_invalid``.
@@ -39,6 +39,7 @@ from jsonschema.exceptions import best_match
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     INVALID_PARAMS,
@@ -56,7 +57,7 @@ from starlette.types import Receive, Scope, Send
 
 from poimen_memory.api import metrics
 from poimen_memory.api.auth import KeyRing
-from poimen_memory.api.openapi import QUERY_PARAMETERS, openapi_spec
+from poimen_memory.api.openapi import openapi_spec, query_parameters
 from poimen_memory.api.operations import query_memory, records_from_lines, write_nodes
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
@@ -93,11 +94,11 @@ def _schemas() -> dict[str, Any]:
 
 def _query_input(settings: Settings) -> dict[str, Any]:
     props: dict[str, Any] = {}
-    for name, _, schema, description in QUERY_PARAMETERS:
+    # With the bounds this service applies (POIMEN_MAX_QUERY_CHARS, ...), as /openapi.json.
+    params = query_parameters(settings)
+    for name, _, schema, description in params:
         props[name] = {**copy.deepcopy(schema), "description": description}
-    # The bound this service applies (POIMEN_MAX_QUERY_CHARS), not the documented default.
-    props["query"]["maxLength"] = settings.max_query_chars
-    required = [name for name, req, _, _ in QUERY_PARAMETERS if req]
+    required = [name for name, req, _, _ in params if req]
     return {
         "type": "object",
         "properties": props,
@@ -150,7 +151,7 @@ def _output(name: str) -> dict[str, Any]:
 
 
 def tools(settings: Settings) -> list[Tool]:
-    spec = openapi_spec()["paths"]
+    spec = openapi_spec(settings)["paths"]
     return [
         Tool(
             name=QUERY,
@@ -301,11 +302,18 @@ class McpEndpoint:
 
     def __init__(self, settings: Settings) -> None:
         self.server = build_server(settings, _http_caller)
+        hosts, origins = settings.mcp_allowed_hosts, settings.mcp_allowed_origins
         self.manager = StreamableHTTPSessionManager(
             app=self.server,
             json_response=True,
             stateless=True,
             max_request_body_size=settings.max_body_bytes,
+            # Host and Origin checked against DNS rebinding (hosts "*": not checked).
+            security_settings=TransportSecuritySettings(
+                enable_dns_rebinding_protection=hosts != ("*",),
+                allowed_hosts=list(hosts),
+                allowed_origins=list(origins),
+            ),
         )
 
     @contextlib.asynccontextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from poimen_core import vocabulary
+from poimen_memory.settings import Settings
 
 _ERROR = {
     "type": "object",
@@ -333,106 +334,113 @@ _VERSION: dict[str, Any] = {
 
 # GET /memory/query's parameters: (name, required, schema, description). The MCP tool
 # memory_query takes the same ones (api/mcp_server.py).
-QUERY_PARAMETERS: list[tuple[str, bool, dict[str, Any], str]] = [
-    (
-        "query",
-        True,
-        # Not blank: at least one character Python does not count as white space.
-        {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": 2000,
-            "pattern": r"[^\s\u0085\u001c-\u001f]",
-        },
-        "Text to search for (not blank), in the query grammar: plain words are scored; "
-        '"quoted phrases" must match in order and adjacent; -word and -"phrase" exclude '
-        "(no result contains them); #tag and @mention must match that exact token, "
-        "unstemmed; OR between phrases, tags or mentions lets either satisfy. Malformed "
-        "syntax (an unclosed quote) is read as plain words, never an error. plan.grammar "
-        "says how the query was read.",
-    ),
-    ("project", False, _PROJECT, "Restrict to one project; unknown → 404."),
-    (
-        "level",
-        False,
-        {"type": "string", "default": "L1,L2", "pattern": r"^L[012](,L[012]){0,2}$"},
-        "Comma-separated subset of L0,L1,L2.",
-    ),
-    (
-        "limit",
-        False,
-        {"type": "integer", "default": 5},
-        "Any integer; clamped to [1, POIMEN_MAX_LIMIT (50)].",
-    ),
-    (
-        "timeout_seconds",
-        False,
-        {"type": "number", "default": 5},
-        "One deadline for the whole request, in seconds; any finite number, clamped to "
-        "[1, POIMEN_MAX_TIMEOUT_S (30)].",
-    ),
-    (
-        "since",
-        False,
-        {"type": "string", "pattern": _ISO_DAY_OR_TIME, "examples": ["2023-05-08"]},
-        "Only nodes whose timestamp is at or after this ISO date (a whole UTC day) or "
-        "timestamp (UTC unless it has an offset), applied in every leg before its top k; "
-        "nodes without a timestamp are left out. Bad value, or after until → 400.",
-    ),
-    (
-        "until",
-        False,
-        {"type": "string", "pattern": _ISO_DAY_OR_TIME, "examples": ["2023-05-31"]},
-        "Only nodes whose timestamp is at or before this ISO date (the whole day) or "
-        "timestamp (the whole minute for hh:mm, second for hh:mm:ss, or last digit given).",
-    ),
-    (
-        "reference_time",
-        False,
-        {"type": "string", "format": "date-time"},
-        "The time relative dates in the query ('last week', 'yesterday') count from; "
-        "default now. The plan's time_filter reports them; they filter only under the "
-        "policy extracted_dates = filter.",
-    ),
-    (
-        "filter",
-        False,
-        {
-            "type": "string",
-            "maxLength": 4096,
-            "contentMediaType": "application/json",
-            "examples": ['{"user": "alice"}'],
-        },
-        "Metadata filter: a JSON object (at most 4096 bytes) that a node's metadata must "
-        "contain (JSON containment, @>), applied in every leg before its top k; {} is no "
-        "filter. Not JSON, not an object, or too long → 400. The lexical leg then runs on "
-        "Postgres BM25 (OpenSearch documents carry no metadata).",
-    ),
-    (
-        "min_cosine",
-        False,
-        {"type": "number", "minimum": -1, "maximum": 1, "examples": [0.25]},
-        "Relevance floor: fused candidates whose cosine similarity to the query is below it "
-        "are held back (counted in `withheld`); the answer may then be empty, and an empty "
-        "answer cites no evidence. Default: the policy's min_cosine (off unless set). "
-        "Outside -1..1 or not a number → 400.",
-    ),
-    ("fusion", False, {"type": "string", "enum": ["rrf", "convex"]}, "Fusion for Hybrid."),
-    (
-        "evidence",
-        False,
-        {"type": "integer", "examples": [20]},
-        "The most L0 turns the response cites (`evidence`), clamped to [0, 100]; default "
-        "the policy's evidence_budget (20). The results' provenance trees keep only the "
-        "cited turns. 0: no evidence list, full trees.",
-    ),
-    (
-        "strategy",
-        False,
-        {"type": "string", "enum": ["LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly"]},
-        "Override the optimizer's routing.",
-    ),
-]
+def query_parameters(
+    settings: Settings | None = None,
+) -> list[tuple[str, bool, dict[str, Any], str]]:
+    """GET /memory/query's parameters with this deployment's bounds (POIMEN_MAX_QUERY_CHARS,
+    POIMEN_MAX_LIMIT, POIMEN_MAX_TIMEOUT_S); memory_query (MCP) takes the same ones."""
+    s = settings or Settings()
+    return [
+        (
+            "query",
+            True,
+            # Not blank: at least one character Python does not count as white space.
+            {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": s.max_query_chars,
+                "pattern": r"[^\s\u0085\u001c-\u001f]",
+            },
+            "Text to search for (not blank), in the query grammar: plain words are scored; "
+            '"quoted phrases" must match in order and adjacent; -word and -"phrase" exclude '
+            "(no result contains them); #tag and @mention must match that exact token, "
+            "unstemmed; OR between phrases, tags or mentions lets either satisfy. Malformed "
+            "syntax (an unclosed quote) is read as plain words, never an error. plan.grammar "
+            "says how the query was read.",
+        ),
+        ("project", False, _PROJECT, "Restrict to one project; unknown → 404."),
+        (
+            "level",
+            False,
+            {"type": "string", "default": "L1,L2", "pattern": r"^L[012](,L[012]){0,2}$"},
+            "Comma-separated subset of L0,L1,L2.",
+        ),
+        (
+            "limit",
+            False,
+            {"type": "integer", "default": 5},
+            f"Any integer; clamped to [1, POIMEN_MAX_LIMIT ({s.max_limit})].",
+        ),
+        (
+            "timeout_seconds",
+            False,
+            {"type": "number", "default": 5},
+            "One deadline for the whole request, in seconds; any finite number, clamped to "
+            f"[1, POIMEN_MAX_TIMEOUT_S ({s.max_timeout_s:g})].",
+        ),
+        (
+            "since",
+            False,
+            {"type": "string", "pattern": _ISO_DAY_OR_TIME, "examples": ["2023-05-08"]},
+            "Only nodes whose timestamp is at or after this ISO date (a whole UTC day) or "
+            "timestamp (UTC unless it has an offset), applied in every leg before its top k; "
+            "nodes without a timestamp are left out. Bad value, or after until → 400.",
+        ),
+        (
+            "until",
+            False,
+            {"type": "string", "pattern": _ISO_DAY_OR_TIME, "examples": ["2023-05-31"]},
+            "Only nodes whose timestamp is at or before this ISO date (the whole day) or "
+            "timestamp (the whole minute for hh:mm, second for hh:mm:ss, or last digit given).",
+        ),
+        (
+            "reference_time",
+            False,
+            {"type": "string", "format": "date-time"},
+            "The time relative dates in the query ('last week', 'yesterday') count from; "
+            "default now. The plan's time_filter reports them; they filter only under the "
+            "policy extracted_dates = filter.",
+        ),
+        (
+            "filter",
+            False,
+            {
+                "type": "string",
+                "maxLength": 4096,
+                "contentMediaType": "application/json",
+                "examples": ['{"user": "alice"}'],
+            },
+            "Metadata filter: a JSON object (at most 4096 bytes) that a node's metadata must "
+            "contain (JSON containment, @>), applied in every leg before its top k; {} is no "
+            "filter. Not JSON, not an object, or too long → 400. The lexical leg then runs on "
+            "Postgres BM25 (OpenSearch documents carry no metadata).",
+        ),
+        (
+            "min_cosine",
+            False,
+            {"type": "number", "minimum": -1, "maximum": 1, "examples": [0.25]},
+            "Relevance floor: fused candidates whose cosine similarity to the query is below it "
+            "are held back (counted in `withheld`); the answer may then be empty, and an empty "
+            "answer cites no evidence. Default: the policy's min_cosine (off unless set). "
+            "Outside -1..1 or not a number → 400.",
+        ),
+        ("fusion", False, {"type": "string", "enum": ["rrf", "convex"]}, "Fusion for Hybrid."),
+        (
+            "evidence",
+            False,
+            {"type": "integer", "examples": [20]},
+            "The most L0 turns the response cites (`evidence`), clamped to [0, 100]; default "
+            "the policy's evidence_budget (20). The results' provenance trees keep only the "
+            "cited turns. 0: no evidence list, full trees.",
+        ),
+        (
+            "strategy",
+            False,
+            {"type": "string", "enum": ["LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly"]},
+            "Override the optimizer's routing.",
+        ),
+    ]
+
 
 # Each operation's operationId (what generated clients name the call) and tag.
 TAGS = [
@@ -443,8 +451,9 @@ TAGS = [
 ]
 
 
-def openapi_spec() -> dict[str, Any]:
-    q = QUERY_PARAMETERS
+def openapi_spec(settings: Settings | None = None) -> dict[str, Any]:
+    """The OpenAPI document, with this deployment's bounds (default settings: None)."""
+    q = query_parameters(settings)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -683,8 +692,10 @@ def openapi_spec() -> dict[str, Any]:
                     "ingest (external_id), unique per project; percent-encode it in the path "
                     "(# is %23). A node of a project the key does not cover is not found.",
                     "parameters": [
-                        {**_ID_PARAMETER, "schema": {"type": "string", "minLength": 1,
-                                                     "maxLength": 512}},
+                        {
+                            **_ID_PARAMETER,
+                            "schema": {"type": "string", "minLength": 1, "maxLength": 512},
+                        },
                         {
                             "name": "project",
                             "in": "query",
@@ -723,7 +734,7 @@ def openapi_spec() -> dict[str, Any]:
                         "404": _err("unknown_node (no current version) or unknown_project"),
                         "503": _err("database_unavailable"),
                     },
-                }
+                },
             },
             "/healthz": {
                 "get": {
@@ -896,11 +907,14 @@ def openapi_spec() -> dict[str, Any]:
                                     "description": "recency as a ranking signal (the policy's "
                                     "recency_half_life_days and recency_weight; off unless "
                                     "set): half_life_days, weight, origin (the time ages count "
-                                    "from: reference_time, or now), applied",
+                                    "from: reference_time; null: now), applied",
                                     "properties": {
                                         "half_life_days": {"type": ["number", "null"]},
                                         "weight": {"type": "number"},
-                                        "origin": {"type": "string", "format": "date-time"},
+                                        "origin": {
+                                            "type": ["string", "null"],
+                                            "format": "date-time",
+                                        },
                                         "applied": {"type": "boolean"},
                                     },
                                 },

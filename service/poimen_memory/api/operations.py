@@ -7,6 +7,7 @@ whichever way the request came."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -16,6 +17,7 @@ from poimen_memory.api.params import parse_query
 from poimen_memory.db import tenant
 from poimen_memory.db.connect import connect
 from poimen_memory.db.wrap import wrap_exceptions
+from poimen_memory.embedders.base import WRITE_DEADLINE
 from poimen_memory.errors import Busy, IngestError, ValidationError
 from poimen_memory.ingest.nodes import LineError, NodeRecord, parse_lines
 from poimen_memory.ingest.writer import ingest
@@ -75,6 +77,13 @@ async def write_nodes(
     caller = tenant.current()  # run_in_executor does not carry context variables
 
     def run() -> dict[str, Any]:
+        bound = WRITE_DEADLINE.set(time.monotonic() + state.settings.ingest_timeout_s)
+        try:
+            return write()
+        finally:
+            WRITE_DEADLINE.reset(bound)
+
+    def write() -> dict[str, Any]:
         with connect(state.url, autocommit=True) as conn:
             tenant.assert_for_session(conn, caller)
             report = ingest(

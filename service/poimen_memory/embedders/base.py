@@ -11,6 +11,7 @@ differently (prefixes), and every failure to produce a vector surfaces as
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -18,6 +19,12 @@ import numpy.typing as npt
 
 from poimen_core.minilm import l2_normalise
 from poimen_memory.errors import EmbeddingModelError, EmbeddingUnavailable
+
+# When (time.monotonic()) the documents of the write being served must be embedded by; None:
+# only each call's own timeouts. Set around an HTTP write (api/operations.py) and read by an
+# embedder that retries (remote.py): a hung server then holds an ingest slot this long at
+# most, not attempts x timeout (42.5 s before).
+WRITE_DEADLINE: ContextVar[float | None] = ContextVar("write_deadline", default=None)
 
 __all__ = [
     "Embedder",

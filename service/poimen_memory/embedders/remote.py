@@ -31,6 +31,7 @@ from poimen_core.openai_embed import (
     prefixes_for_model,
 )
 from poimen_memory.embedders.base import (
+    WRITE_DEADLINE,
     EmbeddingUnavailable,
     Vector,
     Vectors,
@@ -250,9 +251,19 @@ class RemoteEmbedder:
     def _post_with_retries(self, inputs: list[str]) -> Vectors:
         client = self._clients.sync()
         attempt = 0
+        deadline = WRITE_DEADLINE.get()
         while True:
+            timeout = self.timeout_s
+            if deadline is not None:
+                timeout = min(timeout, deadline - time.monotonic())
+                if timeout <= 0:
+                    raise EmbeddingUnavailable(
+                        f"embedding server {self.endpoint}: the write's time "
+                        "(POIMEN_INGEST_TIMEOUT_S) ran out",
+                        reason="timeout",
+                    )
             try:
-                return self._post_once(client, inputs, self.timeout_s)
+                return self._post_once(client, inputs, timeout)
             except EmbeddingUnavailable as exc:
                 retryable = exc.reason in ("timeout", "transport") or (
                     exc.reason == "http_status" and exc.status in _RETRYABLE_STATUS
@@ -260,8 +271,10 @@ class RemoteEmbedder:
                 if not retryable or attempt >= self.max_retries:
                     raise
                 reason = exc.tag
-            # Full jitter keeps several ingest workers from retrying in lockstep.
-            pause = random.uniform(0, self.backoff_s * (2**attempt))
+                # Full jitter keeps several ingest workers from retrying in lockstep.
+                pause = random.uniform(0, self.backoff_s * (2**attempt))
+                if deadline is not None and time.monotonic() + pause >= deadline:
+                    raise  # no time left for another attempt
             log.warning(
                 "embedding request failed (%s), retry %d of %d in %.2fs",
                 reason, attempt + 1, self.max_retries, pause,

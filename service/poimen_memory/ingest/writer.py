@@ -17,6 +17,7 @@ Keys are content hashes, so re-running after a crash finishes the job without du
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -164,8 +165,11 @@ def ingest(
             # One thread embeds the next group while this one writes the current group, so
             # the embedder and the database work at the same time, not in turns.
             ahead = ThreadPoolExecutor(1, thread_name_prefix="ingest-embed")
+            # The embedding thread runs in this thread's context (a write's deadline,
+            # embedders/base.py WRITE_DEADLINE, is a context variable).
+            ctx = contextvars.copy_context()
             with Progress(len(todo), "ingest", "nodes", enabled=progress) as bar:
-                nxt = ahead.submit(_embed, embedder, groups[0], report) if todo else None
+                nxt = ahead.submit(ctx.run, _embed, embedder, groups[0], report) if todo else None
                 try:
                     for i, nodes in enumerate(groups):
                         if nxt is None:
@@ -173,7 +177,8 @@ def ingest(
                         vectors = nxt.result()
                         nxt = None
                         if i + 1 < len(groups):
-                            nxt = ahead.submit(_embed, embedder, groups[i + 1], report)
+                            run = ctx.copy().run
+                            nxt = ahead.submit(run, _embed, embedder, groups[i + 1], report)
                         for at in range(0, len(nodes), batch_size):
                             batch = nodes[at : at + batch_size]
                             with conn.transaction():
