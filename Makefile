@@ -20,8 +20,12 @@ lint: setup-dev
 	$(BIN)/ruff check service plpython tests
 	$(BIN)/mypy
 
+# The suite in $(TEST_WORKERS) pytest-xdist workers, each with its own throwaway clusters
+# (tests/conftest.py); `make test TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= 3
+
 test: setup-dev lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS)
 
 demo: setup
 	@bash scripts/demo.sh

@@ -27,6 +27,44 @@ from poimen_memory.settings import Settings
 
 FIXTURE = Path(__file__).parent / "fixtures" / "memory_nodes.jsonl"
 
+# Scratch space. The suite's clusters, CLI homes and servers' files go where tempfile puts
+# them. This project's CI machines have / on ext4 without a journal, where creating a file
+# while many were deleted in the last 30 s scans the inode table past every one of them:
+# a CREATE DATABASE per test (about 300 files) and a DROP DATABASE after it made that scan
+# (find_inode_bit, recently_deleted) a quarter of the machine's CPU in perf, 0.85 ms of CPU
+# a file on /tmp against 0.015 ms on tmpfs. So a run takes a directory of its own on a
+# tmpfs (/dev/shm) that has room, and removes it at the end; the pytest-xdist workers and
+# the SQL-mode sessions inherit it (TMPDIR). pytest's own tmp_path stays where it was
+# (PYTEST_DEBUG_TEMPROOT), kept for a look after a failure. With POIMEN_TEST_SCRATCH set
+# (to anything) tempfile is left alone: a run sets it for its workers and sessions.
+SCRATCH_ENV = "POIMEN_TEST_SCRATCH"
+SCRATCH_TMPFS = Path("/dev/shm")
+SCRATCH_MIN_FREE = 4 << 30
+
+
+def _tmpfs_with_room(path: Path) -> bool:
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    tmpfs = any(m.split()[1:3] == [str(path), "tmpfs"] for m in mounts if len(m.split()) > 2)
+    return tmpfs and st.f_bavail * st.f_frsize >= SCRATCH_MIN_FREE and os.access(path, os.W_OK)
+
+
+def _own_scratch() -> Path | None:
+    if SCRATCH_ENV in os.environ or not _tmpfs_with_room(SCRATCH_TMPFS):
+        return None
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    d = Path(tempfile.mkdtemp(prefix="poimen-tests-", dir=SCRATCH_TMPFS))
+    d.chmod(0o755)  # the server runs as postgres and must reach its directories inside
+    os.environ[SCRATCH_ENV] = os.environ["TMPDIR"] = str(d)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    return d
+
+
+OWN_SCRATCH = _own_scratch()
+
 # The SQL suite runs once more under each of these (tests/test_sql_modes.py sets it):
 #   parallel           force_parallel_mode = on with free parallel costs, cluster-wide;
 #   empty_search_path  every test connection runs with search_path = '';
@@ -38,15 +76,65 @@ if SQL_MODE and SQL_MODE not in SQL_MODES:
     raise RuntimeError(f"POIMEN_TEST_SQL_MODE must be one of {SQL_MODES}, not {SQL_MODE!r}")
 
 
-# The SQL-mode sessions started early (pytest_collection_finish), for tests/test_sql_modes.py.
+# The SQL-mode sessions started early (pytest_collection_finish), for tests/test_sql_modes.py:
+# the running processes and their directory. Under pytest-xdist the controller starts them
+# (it alone sees every worker) and hands the directory to the workers in workerinput.
 EARLY = pytest.StashKey[dict[str, Any]]()
-EARLY_DEADLINE = pytest.StashKey[float]()
 EARLY_LOGS = pytest.StashKey[Path]()
+EARLY_DIR_KEY = "poimen_sql_modes_dir"
+MODE_TEST_NAME = "test_sql_suite_passes_in_mode"
+MODE_TEST = f"test_sql_modes.py::{MODE_TEST_NAME}["
+
+
+def _xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _start_early(config: pytest.Config, modes: list[str]) -> None:
+    """Start the SQL-mode sessions of ``modes`` (once per run) into EARLY_LOGS."""
+    if not modes or SQL_MODE or config.option.collectonly or EARLY in config.stash:
+        return
+    from test_sql_modes import start
+
+    logs = config.stash.get(EARLY_LOGS, None)
+    if logs is None:
+        logs = config.stash[EARLY_LOGS] = Path(tempfile.mkdtemp(prefix="poimen-sql-modes-"))
+    config.stash[EARLY] = start(modes, logs)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist, in the controller, before each worker starts: tell it where the
+    sessions will write (made here: pytest-xdist's own pytest_configure runs last, so a
+    conftest's cannot tell a controller yet)."""
+    if SQL_MODE:
+        return
+    config = node.config
+    logs = config.stash.get(EARLY_LOGS, None)
+    if logs is None:
+        logs = config.stash[EARLY_LOGS] = Path(tempfile.mkdtemp(prefix="poimen-sql-modes-"))
+    node.workerinput[EARLY_DIR_KEY] = str(logs)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """pytest-xdist, in the controller: the first worker to finish collecting says which
+    modes the run selected (every worker collects the same tests)."""
+    modes = [i.split(MODE_TEST, 1)[1].rstrip("]") for i in ids if MODE_TEST in i]
+    _start_early(node.config, modes)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The SQL-mode tests last. They only wait for the sessions started when collection
+    ends; a pytest-xdist worker given them in the middle of its share sat there (372 s in
+    one run) while its other tests waited behind them."""
+    items.sort(key=lambda item: getattr(item, "originalname", "") == MODE_TEST_NAME)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the SQL-mode sessions the run selected as soon as it knows: they then run
-    beside the rest of the suite instead of after it (tests/test_sql_modes.py).
+    beside the rest of the suite instead of after it (tests/test_sql_modes.py). A
+    pytest-xdist worker leaves that to the controller.
 
     And move what collection left alive (every imported module, class, function, test
     item: about 200,000 objects) out of the garbage collector's sight with gc.freeze():
@@ -54,25 +142,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     tests themselves allocate, not the whole import graph each time (it took 0.6 s a test
     on a loaded 2-core machine, about a tenth of the suite). A frozen object is still freed
     when its reference count drops; only a cycle among them would stay, and none of these
-    is a task."""
+    is a task. Each pytest-xdist worker collects, so each freezes its own."""
     gc.collect()
     gc.freeze()
+    if _xdist_worker(session.config):
+        return
     modes = [
         item.callspec.params["mode"]
         for item in session.items
-        if getattr(item, "originalname", "") == "test_sql_suite_passes_in_mode"
+        if getattr(item, "originalname", "") == MODE_TEST_NAME
         and hasattr(item, "callspec")
     ]
-    if not modes or SQL_MODE or session.config.option.collectonly:
-        return
-    import time
-
-    from test_sql_modes import SESSIONS_TIMEOUT_S, start
-
-    logs = Path(tempfile.mkdtemp(prefix="poimen-sql-modes-"))
-    session.config.stash[EARLY_LOGS] = logs
-    session.config.stash[EARLY] = start(modes, logs)
-    session.config.stash[EARLY_DEADLINE] = time.monotonic() + SESSIONS_TIMEOUT_S
+    _start_early(session.config, modes)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -81,7 +162,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         from test_sql_modes import stop_all
 
         stop_all(early)
-        shutil.rmtree(session.config.stash[EARLY_LOGS], ignore_errors=True)
+    logs = session.config.stash.get(EARLY_LOGS, None)
+    if logs is not None:
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if OWN_SCRATCH is not None:
+        shutil.rmtree(OWN_SCRATCH, ignore_errors=True)
 
 
 def prepare_conn(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:

@@ -10,17 +10,20 @@ session spends most of its time waiting on servers); each test below waits for i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conftest import EARLY, EARLY_DEADLINE, SQL_MODE, SQL_MODES
+from conftest import EARLY_DIR_KEY, EARLY_LOGS, SQL_MODE, SQL_MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 SQL_SUITE = [
@@ -44,7 +47,12 @@ SESSIONS_TIMEOUT_S = 1500
 # that session's PostgreSQL and removes its directory (SIGKILL would leave both behind).
 STOP_GRACE_S = 60
 
-Session = tuple[subprocess.Popen[bytes], Path]
+# Each session's files in the run's directory: <mode>.log (its output), <mode>.pid, and
+# <mode>.rc (its exit code, written when it ends); `deadline` holds the time (time.time())
+# past which the tests stop waiting. Files, so that a test waits the same way wherever it
+# runs: in the process that started the sessions, or in a pytest-xdist worker while the
+# controller started them (conftest.py).
+DEADLINE_FILE = "deadline"
 # pytest with Python's own SIGINT handler even where SIGINT is inherited as ignored (a
 # background job of a non-interactive shell): without it the SIGINT below does nothing.
 _RUN_PYTEST = (
@@ -64,12 +72,21 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def start(modes: list[str], logs: Path) -> dict[str, Session]:
-    """The sessions of ``modes``, started at once, each logging to its own file."""
-    running: dict[str, Session] = {}
+def _record_exit(proc: subprocess.Popen[bytes], rc: Path) -> None:
+    code = proc.wait()
+    tmp = rc.with_suffix(".rc.tmp")
+    with contextlib.suppress(FileNotFoundError):  # the run ended and removed the directory
+        tmp.write_text(str(code))
+        tmp.replace(rc)  # whole or absent: a reader never sees half of it
+
+
+def start(modes: list[str], logs: Path) -> dict[str, subprocess.Popen[bytes]]:
+    """The sessions of ``modes``, started at once, each logging to its own file in ``logs``;
+    a thread per session writes its exit code there when it ends."""
+    (logs / DEADLINE_FILE).write_text(repr(time.time() + SESSIONS_TIMEOUT_S))
+    running: dict[str, subprocess.Popen[bytes]] = {}
     for mode in dict.fromkeys(modes):
-        log = logs / f"{mode}.log"
-        with log.open("wb") as out:
+        with (logs / f"{mode}.log").open("wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-c", _RUN_PYTEST, "-q", "-p", "no:cacheprovider", *SQL_SUITE],
                 cwd=ROOT,
@@ -77,47 +94,72 @@ def start(modes: list[str], logs: Path) -> dict[str, Session]:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        running[mode] = (proc, log)
+        (logs / f"{mode}.pid").write_text(str(proc.pid))
+        threading.Thread(target=_record_exit, args=(proc, logs / f"{mode}.rc"), daemon=True).start()
+        running[mode] = proc
     return running
 
 
-def stop_all(running: dict[str, Session]) -> None:
-    for proc, _ in running.values():
+def stop_all(running: dict[str, subprocess.Popen[bytes]]) -> None:
+    for proc in running.values():
         _stop(proc)
+
+
+def _exit_code(logs: Path, mode: str, until: float) -> int | None:
+    rc = logs / f"{mode}.rc"
+    while not rc.exists():
+        if time.time() > until:
+            return None
+        time.sleep(0.2)
+    return int(rc.read_text())
+
+
+def _stop_by_pid(logs: Path, mode: str) -> None:
+    """_stop for a session this process may not have started: SIGINT, then SIGKILL."""
+    pid = int((logs / f"{mode}.pid").read_text())
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+    if _exit_code(logs, mode, time.time() + STOP_GRACE_S) is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
 def sessions(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[dict[str, Session], float]]:
-    """The sessions of the modes this run selected, and their deadline. conftest.py starts
-    them when collection ends, so they run beside the rest of the suite (most of which
-    waits on servers, not on the cores); run alone, this module starts them itself."""
-    early: dict[str, Session] | None = request.config.stash.get(EARLY, None)
+) -> Iterator[Path]:
+    """The directory of the sessions of the modes this run selected. conftest.py starts
+    them when collection ends (under pytest-xdist, the controller does, once for all its
+    workers), so they run beside the rest of the suite (most of which waits on servers,
+    not on the cores); run alone, this module starts them itself."""
+    workerinput: dict[str, Any] | None = getattr(request.config, "workerinput", None)
+    if workerinput is not None:  # a worker never starts them: each would start them all
+        yield Path(workerinput[EARLY_DIR_KEY])
+        return
+    early: Path | None = request.config.stash.get(EARLY_LOGS, None)
     if early is not None:
-        yield early, request.config.stash[EARLY_DEADLINE]
+        yield early
         return
     selected = [
         item.callspec.params["mode"]
         for item in request.session.items
         if item.originalname == "test_sql_suite_passes_in_mode"
     ]
-    running = start(selected, tmp_path_factory.mktemp("sql-modes"))
+    logs = tmp_path_factory.mktemp("sql-modes")
+    running = start(selected, logs)
     try:
-        yield running, time.monotonic() + SESSIONS_TIMEOUT_S
+        yield logs
     finally:
         stop_all(running)
 
 
 @pytest.mark.skipif(bool(SQL_MODE), reason="already inside a SQL-mode run")
 @pytest.mark.parametrize("mode", SQL_MODES)
-def test_sql_suite_passes_in_mode(mode: str, sessions: tuple[dict[str, Session], float]) -> None:
-    running, deadline = sessions
-    proc, log = running[mode]
-    try:
-        code = proc.wait(timeout=max(deadline - time.monotonic(), 1.0))
-    except subprocess.TimeoutExpired:
-        _stop(proc)
+def test_sql_suite_passes_in_mode(mode: str, sessions: Path) -> None:
+    log = sessions / f"{mode}.log"
+    code = _exit_code(sessions, mode, float((sessions / DEADLINE_FILE).read_text()))
+    if code is None:
+        _stop_by_pid(sessions, mode)
         pytest.fail(
             f"the {mode} session ran past {SESSIONS_TIMEOUT_S} s:\n{log.read_text()[-6000:]}"
         )
