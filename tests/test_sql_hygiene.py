@@ -132,6 +132,7 @@ READER = {
     "list_nodes",
     "_list_nodes",
     "granted_all",
+    "_asserted_all",
     "plpython_path",
     "plpython_load",
     "optimize_query",
