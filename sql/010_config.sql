@@ -46,12 +46,66 @@ END $$;
 COMMENT ON FUNCTION memory.check_levels(text[]) IS
     'Validates a level filter: NULL means all levels; otherwise a non-empty subset of {L0,L1,L2} (22023).';
 
+-- Time travel (issue 24). A version is visible as of t when the database knew it then:
+-- created_at <= t < expired_at (NULL: still current), and it is not erased (an erased
+-- version has no content to show, whenever it was current). as_of NULL: the current
+-- versions. Valid time is a filter of what is ranked: a node is valid at t when
+-- valid_from <= t < valid_to (a NULL bound is open). memory._valid_at says at which instant
+-- a stage tests it, or NULL for no test: the caller's valid_at, else as_of, else now, and
+-- now only when the scope holds a current version with a bounded valid time at all (one
+-- probe of the partial index nodes_valid_bounded), so the usual store pays nothing.
+CREATE OR REPLACE FUNCTION memory._valid_at(pid integer, as_of timestamptz, valid_at timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF valid_at IS NOT NULL OR as_of IS NOT NULL THEN
+        RETURN coalesce(valid_at, as_of);
+    END IF;
+    IF EXISTS (SELECT 1 FROM memory.nodes n
+               WHERE (pid IS NULL OR n.project_id = pid) AND n.expired_at IS NULL
+                 AND (n.valid_from IS NOT NULL OR n.valid_to IS NOT NULL)) THEN
+        RETURN now();
+    END IF;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION memory._valid_at(integer, timestamptz, timestamptz) IS
+    'The instant a search stage tests valid time at (valid_from <= t < valid_to): valid_at, else as_of, else now() when the project (NULL: any) has a current version with a bounded valid time; NULL: no test needed.';
+
+CREATE OR REPLACE FUNCTION memory.check_instant(value timestamptz, name text)
+RETURNS timestamptz
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- as reference_time's bounds: an infinite or far instant is a mistake, not a question
+    IF value IS NOT NULL AND NOT (
+        isfinite(value)
+        AND extract(year FROM value AT TIME ZONE 'UTC')
+            BETWEEN @vocabulary.reference_first_year@ AND @vocabulary.reference_last_year@) THEN
+        RAISE EXCEPTION '% must be a finite timestamp between the years % and %, got %', name,
+            @vocabulary.reference_first_year@, @vocabulary.reference_last_year@, value
+            USING ERRCODE = '22023',
+                  HINT = format('For example %s => ''2024-06-01T00:00:00Z''; NULL: now.', name);
+    END IF;
+    RETURN value;
+END $$;
+COMMENT ON FUNCTION memory.check_instant(timestamptz, text) IS
+    'Returns value (as_of, valid_at) unless it is infinite or its UTC year is outside the optimizer''s years: then 22023 naming the argument.';
+
 -- The filter every search stage applies, checked once: project and level arguments
 -- validated (memory.project_id, memory.check_levels) and the time window as bounds that
--- always compare (timed false: no window, and the planner folds that condition away).
+-- always compare (timed false: no window, and the planner folds that condition away),
+-- with the instant valid time is tested at (memory._valid_at; NULL: no test).
+-- as_of and valid_at were added (an OUT column too): the old form goes first.
+DROP FUNCTION IF EXISTS memory.node_filter(text, text[], timestamptz, timestamptz);
 CREATE OR REPLACE FUNCTION memory.node_filter(
     project text, levels text[], since timestamptz, before timestamptz,
-    OUT pid integer, OUT lv text[], OUT timed boolean, OUT lo timestamptz, OUT hi timestamptz
+    as_of timestamptz DEFAULT NULL, valid_at timestamptz DEFAULT NULL,
+    OUT pid integer, OUT lv text[], OUT timed boolean, OUT lo timestamptz, OUT hi timestamptz,
+    OUT va timestamptz
 )
 -- PL/pgSQL, not SQL, here and in the other small helpers every query calls: a SQL function
 -- with SET search_path is never inlined, and PostgreSQL 15 plans its body again at every
@@ -65,10 +119,12 @@ BEGIN
     timed := since IS NOT NULL OR before IS NOT NULL;
     lo := coalesce(since, '-infinity');
     hi := coalesce(before, 'infinity');
+    va := memory._valid_at(pid, memory.check_instant(as_of, 'as_of'),
+                           memory.check_instant(valid_at, 'valid_at'));
 END
 $$;
-COMMENT ON FUNCTION memory.node_filter(text, text[], timestamptz, timestamptz) IS
-    'The node filter of the search stages: the project id (PM404 when unknown), the checked level list, and the time window since <= ts < before as timed, lo and hi. Errors name the argument.';
+COMMENT ON FUNCTION memory.node_filter(text, text[], timestamptz, timestamptz, timestamptz, timestamptz) IS
+    'The node filter of the search stages: the project id (PM404 when unknown), the checked level list, the time window since <= ts < before as timed, lo and hi, and va, the instant valid time is tested at (memory._valid_at of as_of and valid_at; NULL: no test). Errors name the argument.';
 
 CREATE OR REPLACE FUNCTION memory.strategies()
 RETURNS text[]

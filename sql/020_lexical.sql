@@ -234,8 +234,9 @@ DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, doubl
 DROP FUNCTION IF EXISTS memory.lexical_search_exact(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz);
 DROP FUNCTION IF EXISTS memory.lexical_search_exact(text, text, text[], integer, double precision, double precision);
 DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz);
--- filter (metadata containment) was added.
+-- filter (metadata containment) was added, then as_of and valid_at (time travel).
 DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz, boolean);
+DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz, boolean, jsonb);
 CREATE OR REPLACE FUNCTION memory.lexical_search(
     query text,
     project text DEFAULT NULL,
@@ -246,7 +247,9 @@ CREATE OR REPLACE FUNCTION memory.lexical_search(
     since timestamptz DEFAULT NULL,
     before timestamptz DEFAULT NULL,
     exhaustive boolean DEFAULT false,
-    filter jsonb DEFAULT NULL
+    filter jsonb DEFAULT NULL,
+    as_of timestamptz DEFAULT NULL,
+    valid_at timestamptz DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -291,11 +294,60 @@ DECLARE
     cons jsonb := CASE WHEN g IS NOT NULL THEN memory._grammar_constraints(g) END;
     flt jsonb := CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END;
     gc record;
+    -- valid time's instant (memory._valid_at; NULL: no test, the usual case)
+    va timestamptz := memory._valid_at(pid, memory.check_instant(as_of, 'as_of'),
+                                       memory.check_instant(valid_at, 'valid_at'));
 BEGIN
     SELECT x.terms, x.n, x.avgdl INTO terms, n, avgdl FROM memory.lexical_query(query, pid, k, k1, b) x;
     IF coalesce((g ->> 'operators')::boolean, false) THEN
         -- scored: the plain words, phrase words and tokens; never an excluded word or OR
         terms := tsvector_to_array(to_tsvector('english'::regconfig, g ->> 'text'));
+    END IF;
+    IF as_of IS NOT NULL AND cardinality(terms) > 0 THEN
+        -- The past: postings and statistics hold current versions only, so BM25 is scored
+        -- here from the versions visible as of as_of, with the statistics of the corpus as
+        -- it stood then (N, mean length and document frequencies counted over those
+        -- versions, all levels, as the postings count them now). Exact, and slower: it
+        -- counts the project's versions of that moment and reads the matching ones' tsv.
+        gc := memory._grammar_compile(cons);
+        RETURN QUERY
+        WITH st AS (
+            SELECT count(*)::double precision AS n, avg(v.lex_len)::double precision AS avgdl
+            FROM memory.nodes v
+            WHERE (pid IS NULL OR v.project_id = pid) AND v.created_at <= as_of
+              AND (v.expired_at IS NULL OR v.expired_at > as_of) AND v.erased_at IS NULL
+        ), tp AS MATERIALIZED (
+            SELECT m.id, u.lexeme, cardinality(u.positions) AS tf, m.lex_len AS dl
+            FROM memory.nodes m, unnest(m.tsv) u
+            WHERE m.tsv @@ (SELECT string_agg('''' || replace(replace(t, '\', '\\'), '''', '''''') || '''', ' | ')
+                            FROM unnest(terms) t)::tsquery
+              AND (pid IS NULL OR m.project_id = pid) AND m.created_at <= as_of
+              AND (m.expired_at IS NULL OR m.expired_at > as_of) AND m.erased_at IS NULL
+              AND u.lexeme = ANY (terms)
+        ), df AS (
+            SELECT tp.lexeme, count(*)::double precision AS df FROM tp GROUP BY tp.lexeme
+        ), sc AS (
+            SELECT tp.id, sum(ln(1 + (st.n - df.df + 0.5) / (df.df + 0.5))
+                              * tp.tf * (k1 + 1) / (tp.tf + k1 * (1 - b + b * tp.dl / st.avgdl))) AS score
+            FROM tp JOIN df ON df.lexeme = tp.lexeme CROSS JOIN st
+            GROUP BY tp.id
+        )
+        SELECT s.id, (row_number() OVER (ORDER BY s.score DESC, s.id))::integer, s.score
+        FROM sc s
+        JOIN memory.nodes tn ON tn.id = s.id
+        WHERE (lv IS NULL OR tn.level = ANY (lv))
+          AND (NOT timed OR (tn.ts >= lo AND tn.ts < hi))
+          AND (tn.valid_from IS NULL OR tn.valid_from <= va) AND (tn.valid_to IS NULL OR tn.valid_to > va)
+          AND (flt IS NULL OR tn.metadata @> flt)
+          AND (gc.ex_tsq IS NULL OR NOT tn.tsv @@ gc.ex_tsq)
+          AND (gc.ex_re IS NULL OR NOT memory._grammar_doc(tn.title, tn.breadcrumb, tn.text) ~* gc.ex_re)
+          AND NOT EXISTS (
+              SELECT 1 FROM generate_subscripts(gc.req_tsq, 1) AS i
+              WHERE NOT (coalesce(tn.tsv @@ gc.req_tsq[i], false)
+                         OR coalesce(memory._grammar_doc(tn.title, tn.breadcrumb, tn.text) ~* gc.req_re[i], false)))
+        ORDER BY s.score DESC, s.id
+        LIMIT k;
+        RETURN;
     END IF;
     IF cardinality(terms) = 0 OR coalesce(n, 0) = 0 THEN
         RETURN;  -- only stop words, or an empty corpus: nothing can match
@@ -320,10 +372,11 @@ BEGIN
     IF m = 0 THEN
         RETURN;
     END IF;
-    -- A phrase, tag, mention, exclusion or metadata filter: every posting is scored and the
+    -- A phrase, tag, mention, exclusion, metadata filter or valid-time test (a project
+    -- holding nodes with a bounded valid time): every posting is scored and the
     -- nodes that fail the test drop out before the top k, so k still fills when enough
     -- nodes pass (the pruning's bounds assume every scored node can be returned).
-    IF cons IS NOT NULL OR flt IS NOT NULL THEN
+    IF cons IS NOT NULL OR flt IS NOT NULL OR va IS NOT NULL THEN
         gc := memory._grammar_compile(cons);
         RETURN QUERY
         SELECT s.id, (row_number() OVER (ORDER BY s.score DESC, s.id))::integer, s.score
@@ -335,6 +388,8 @@ BEGIN
               GROUP BY p.node_id, p.project_id) s
         JOIN memory.nodes tn ON tn.id = s.id AND tn.project_id = s.proj
         WHERE (NOT timed OR (tn.ts >= lo AND tn.ts < hi))
+          AND (va IS NULL OR ((tn.valid_from IS NULL OR tn.valid_from <= va)
+                              AND (tn.valid_to IS NULL OR tn.valid_to > va)))
           AND (flt IS NULL OR tn.metadata @> flt)
           -- the grammar's test, compiled (memory._grammar_compile): no exclusion, every group
           AND (gc.ex_tsq IS NULL OR NOT tn.tsv @@ gc.ex_tsq)
@@ -445,8 +500,8 @@ BEGIN
     ORDER BY c.ps DESC, c.id
     LIMIT k;
 END $$;
-COMMENT ON FUNCTION memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz, boolean, jsonb) IS
-    'BM25 (Okapi, k1/b tunable, Lucene IDF) over title, breadcrumb and text with per-project statistics. Disjunctive: any query term can match. The query grammar (memory.parse_query) holds: "phrases", #tags and @mentions required, -exclusions never returned; filter (a JSON object) keeps only nodes whose metadata contains it; both apply before the top k. Returns node ids ranked 1..k; skips the postings that cannot reach the top k (MaxScore over per-term score bounds) unless exhaustive => true, which scores every posting (the reference, same ranking). since/before (timestamptz, either NULL) keep only nodes with since <= ts < before, before the top k is taken.';
+COMMENT ON FUNCTION memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz, boolean, jsonb, timestamptz, timestamptz) IS
+    'BM25 (Okapi, k1/b tunable, Lucene IDF) over title, breadcrumb and text with per-project statistics. Disjunctive: any query term can match. The query grammar (memory.parse_query) holds: "phrases", #tags and @mentions required, -exclusions never returned; filter (a JSON object) keeps only nodes whose metadata contains it; both apply before the top k. Returns node ids ranked 1..k; skips the postings that cannot reach the top k (MaxScore over per-term score bounds) unless exhaustive => true, which scores every posting (the reference, same ranking). since/before (timestamptz, either NULL) keep only nodes with since <= ts < before, before the top k is taken. as_of: the versions the database held then, scored exactly with the statistics of the corpus as it stood then (NULL: the current versions and their postings); valid_at: only nodes valid then (valid_from <= t < valid_to; default as_of, else now).';
 
 CREATE OR REPLACE FUNCTION memory.refresh_lexical_bounds(project text DEFAULT NULL)
 RETURNS bigint

@@ -5,9 +5,13 @@
 DROP FUNCTION IF EXISTS memory.semantic_search(vector, text, text[], integer, integer);
 DROP FUNCTION IF EXISTS memory.exact_search(vector, text, text[], integer);
 DROP FUNCTION IF EXISTS memory.search_by_ids(vector, bigint[], text, text[], integer);
--- filter (metadata containment) and grammar (the query grammar's constraints) were added.
+-- filter (metadata containment) and grammar (the query grammar's constraints) were added,
+-- then as_of and valid_at (time travel).
 DROP FUNCTION IF EXISTS memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz);
 DROP FUNCTION IF EXISTS memory.search_by_ids(vector, bigint[], text, text[], integer, timestamptz, timestamptz);
+DROP FUNCTION IF EXISTS memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz, jsonb, jsonb);
+DROP FUNCTION IF EXISTS memory.search_by_ids(vector, bigint[], text, text[], integer, timestamptz, timestamptz, jsonb, jsonb);
+DROP FUNCTION IF EXISTS memory.exact_search(vector, text, text[], integer, timestamptz, timestamptz, jsonb);
 
 -- The statements of the two vector stages, kept as text in one place: the stage functions
 -- run them and memory.explain_query explains the very same text. Both see current versions
@@ -21,7 +25,9 @@ AS $$
     SELECT CASE stage
     -- $1 query vector, $2 project id, $3 levels, $4 k, $5 since, $6 before (the time window
     -- since <= ts < before; NULL: unbounded, and a node without ts never passes), $7 filter
-    -- (metadata containment), $8 grammar (memory._grammar_constraints; NULL: none): both
+    -- (metadata containment), $8 grammar (memory._grammar_constraints; NULL: none), $9 as_of
+    -- (the versions visible then; NULL: the current ones), $10 the instant valid time is
+    -- tested at (memory._valid_at; NULL: none): all
     -- inside the scan, so the iterative scan fills k with nodes that pass. relaxed_order may return near-ties
     -- slightly out of order: the materialised top-k is re-sorted by exact distance, as the
     -- pgvector documentation recommends.
@@ -29,7 +35,12 @@ AS $$
     WITH hits AS MATERIALIZED (
         SELECT n.id, n.embedding <=> $1 AS distance
         FROM memory.nodes n
-        WHERE n.embedding IS NOT NULL AND n.expired_at IS NULL
+        WHERE n.embedding IS NOT NULL
+          AND CASE WHEN $9::timestamptz IS NULL THEN n.expired_at IS NULL
+                   ELSE n.created_at <= $9 AND (n.expired_at IS NULL OR n.expired_at > $9)
+                        AND n.erased_at IS NULL END
+          AND ($10::timestamptz IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= $10)
+                                            AND (n.valid_to IS NULL OR n.valid_to > $10)))
           AND ($2::integer IS NULL OR n.project_id = $2) AND ($3::text[] IS NULL OR n.level = ANY ($3))
           AND ($5::timestamptz IS NULL OR n.ts >= $5) AND ($6::timestamptz IS NULL OR n.ts < $6)
           AND ($7::jsonb IS NULL OR n.metadata @> $7)
@@ -40,12 +51,18 @@ AS $$
     SELECT h.id, (row_number() OVER (ORDER BY h.distance, h.id))::integer, 1 - h.distance
     FROM hits h
     ORDER BY h.distance, h.id$q$
-    -- $1 query vector, $2 ids, $3 project id, $4 levels, $5 k, $6 since, $7 before, $8 filter, $9 grammar.
+    -- $1 query vector, $2 ids, $3 project id, $4 levels, $5 k, $6 since, $7 before, $8 filter, $9 grammar,
+    -- $10 as_of, $11 valid time's instant.
     WHEN 'by_ids' THEN $q$
     SELECT n.id, (row_number() OVER (ORDER BY n.embedding <=> $1, n.id))::integer,
            1 - (n.embedding <=> $1)
     FROM memory.nodes n
-    WHERE n.id = ANY ($2) AND n.embedding IS NOT NULL AND n.expired_at IS NULL
+    WHERE n.id = ANY ($2) AND n.embedding IS NOT NULL
+      AND CASE WHEN $10::timestamptz IS NULL THEN n.expired_at IS NULL
+               ELSE n.created_at <= $10 AND (n.expired_at IS NULL OR n.expired_at > $10)
+                    AND n.erased_at IS NULL END
+      AND ($11::timestamptz IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= $11)
+                                        AND (n.valid_to IS NULL OR n.valid_to > $11)))
       AND ($3::integer IS NULL OR n.project_id = $3) AND ($4::text[] IS NULL OR n.level = ANY ($4))
       AND ($6::timestamptz IS NULL OR n.ts >= $6) AND ($7::timestamptz IS NULL OR n.ts < $7)
       AND ($8::jsonb IS NULL OR n.metadata @> $8)
@@ -55,7 +72,7 @@ AS $$
     END
 $$;
 COMMENT ON FUNCTION memory.stage_sql(text) IS
-    'The SQL text of a vector stage (semantic: $1 vector, $2 project id, $3 levels, $4 k, $5 since, $6 before, $7 filter, $8 grammar; by_ids: $1 vector, $2 ids, $3 project id, $4 levels, $5 k, $6 since, $7 before, $8 filter, $9 grammar), run by memory.semantic_search / memory.search_by_ids and explained by memory.explain_query.';
+    'The SQL text of a vector stage (semantic: $1 vector, $2 project id, $3 levels, $4 k, $5 since, $6 before, $7 filter, $8 grammar, $9 as_of, $10 valid-time instant; by_ids: $1 vector, $2 ids, $3 project id, $4 levels, $5 k, $6 since, $7 before, $8 filter, $9 grammar, $10 as_of, $11 valid-time instant), run by memory.semantic_search / memory.search_by_ids and explained by memory.explain_query.';
 
 CREATE OR REPLACE FUNCTION memory.semantic_search(
     query_embedding vector,
@@ -66,7 +83,9 @@ CREATE OR REPLACE FUNCTION memory.semantic_search(
     since timestamptz DEFAULT NULL,
     before timestamptz DEFAULT NULL,
     filter jsonb DEFAULT NULL,
-    grammar jsonb DEFAULT NULL
+    grammar jsonb DEFAULT NULL,
+    as_of timestamptz DEFAULT NULL,
+    valid_at timestamptz DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
 -- PARALLEL UNSAFE: it sets hnsw.ef_search with set_config, which no parallel mode allows,
@@ -80,7 +99,7 @@ SET search_path = pg_catalog, public, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    f record := memory.node_filter(project, levels, since, before);
+    f record := memory.node_filter(project, levels, since, before, as_of, valid_at);
     q vector := memory.require_embedding(query_embedding);
 BEGIN
     IF k IS NULL OR k < 1 OR k > 1000 THEN
@@ -92,12 +111,13 @@ BEGIN
     RETURN QUERY EXECUTE memory.stage_sql('semantic')
         USING q, f.pid, f.lv, k, since, before,
               CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END,
-              CASE WHEN grammar IS NOT NULL THEN memory._grammar_constraints(grammar) END;
+              CASE WHEN grammar IS NOT NULL THEN memory._grammar_constraints(grammar) END,
+              as_of, f.va;
 END $$;
-COMMENT ON FUNCTION memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz, jsonb, jsonb) IS
-    'HNSW top-k by cosine distance with optional project/level/time filters (since <= ts < before), filter (a JSON object the node''s metadata contains) and grammar (a memory.parse_query parse: its required phrases, tags and mentions and its exclusions); the iterative scan fills k under selective filters. query_score = 1 - cosine distance.';
+COMMENT ON FUNCTION memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz, jsonb, jsonb, timestamptz, timestamptz) IS
+    'HNSW top-k by cosine distance with optional project/level/time filters (since <= ts < before), filter (a JSON object the node''s metadata contains) and grammar (a memory.parse_query parse: its required phrases, tags and mentions and its exclusions); as_of: the versions the database held then (NULL: the current ones); valid_at: only nodes valid then (default: as_of, else now); the iterative scan fills k under selective filters. query_score = 1 - cosine distance.';
 
--- The form before the metadata filter goes first.
+-- The form before the metadata filter goes first (and the one before time travel, above).
 DROP FUNCTION IF EXISTS memory.exact_search(vector, text, text[], integer, timestamptz, timestamptz);
 
 CREATE OR REPLACE FUNCTION memory.exact_search(
@@ -107,7 +127,9 @@ CREATE OR REPLACE FUNCTION memory.exact_search(
     k integer DEFAULT 50,
     since timestamptz DEFAULT NULL,
     before timestamptz DEFAULT NULL,
-    filter jsonb DEFAULT NULL
+    filter jsonb DEFAULT NULL,
+    as_of timestamptz DEFAULT NULL,
+    valid_at timestamptz DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -117,7 +139,7 @@ SET search_path = pg_catalog, public, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    f record := memory.node_filter(project, levels, since, before);
+    f record := memory.node_filter(project, levels, since, before, as_of, valid_at);
     q vector := memory.require_embedding(query_embedding);
     flt jsonb := memory.check_filter(filter);
     -- Brute force reads every row: the owner bounds k (memory.set_policy).
@@ -132,15 +154,20 @@ BEGIN
     SELECT n.id, (row_number() OVER (ORDER BY n.embedding <=> q, n.id))::integer,
            1 - (n.embedding <=> q)
     FROM memory.nodes n
-    WHERE n.embedding IS NOT NULL AND n.expired_at IS NULL
+    WHERE n.embedding IS NOT NULL
+      AND CASE WHEN as_of IS NULL THEN n.expired_at IS NULL
+               ELSE n.created_at <= as_of AND (n.expired_at IS NULL OR n.expired_at > as_of)
+                    AND n.erased_at IS NULL END
+      AND (f.va IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= f.va)
+                            AND (n.valid_to IS NULL OR n.valid_to > f.va)))
       AND (f.pid IS NULL OR n.project_id = f.pid) AND (f.lv IS NULL OR n.level = ANY (f.lv))
       AND (NOT f.timed OR (n.ts >= f.lo AND n.ts < f.hi))
       AND (flt IS NULL OR n.metadata @> flt)
     ORDER BY n.embedding <=> q, n.id
     LIMIT k;
 END $$;
-COMMENT ON FUNCTION memory.exact_search(vector, text, text[], integer, timestamptz, timestamptz, jsonb) IS
-    'Exact cosine top-k without the HNSW index: the recall reference for benchmarks. k is capped by memory.config exact_search_max_k (default 1000; memory.set_policy). since/before: only nodes with since <= ts < before; filter: only nodes whose metadata contains it (JSON containment, as memory.semantic_search).';
+COMMENT ON FUNCTION memory.exact_search(vector, text, text[], integer, timestamptz, timestamptz, jsonb, timestamptz, timestamptz) IS
+    'Exact cosine top-k without the HNSW index: the recall reference for benchmarks. k is capped by memory.config exact_search_max_k (default 1000; memory.set_policy). since/before: only nodes with since <= ts < before; filter: only nodes whose metadata contains it (JSON containment, as memory.semantic_search); as_of and valid_at as memory.semantic_search.';
 
 CREATE OR REPLACE FUNCTION memory.search_by_ids(
     query_embedding vector,
@@ -151,7 +178,9 @@ CREATE OR REPLACE FUNCTION memory.search_by_ids(
     since timestamptz DEFAULT NULL,
     before timestamptz DEFAULT NULL,
     filter jsonb DEFAULT NULL,
-    grammar jsonb DEFAULT NULL
+    grammar jsonb DEFAULT NULL,
+    as_of timestamptz DEFAULT NULL,
+    valid_at timestamptz DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -159,7 +188,7 @@ SET search_path = pg_catalog, public, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    f record := memory.node_filter(project, levels, since, before);
+    f record := memory.node_filter(project, levels, since, before, as_of, valid_at);
     q vector := memory.require_embedding(query_embedding);
 BEGIN
     IF ids IS NULL OR cardinality(ids) = 0 THEN
@@ -168,7 +197,8 @@ BEGIN
     RETURN QUERY EXECUTE memory.stage_sql('by_ids')
         USING q, ids, f.pid, f.lv, k, since, before,
               CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END,
-              CASE WHEN grammar IS NOT NULL THEN memory._grammar_constraints(grammar) END;
+              CASE WHEN grammar IS NOT NULL THEN memory._grammar_constraints(grammar) END,
+              as_of, f.va;
 END $$;
-COMMENT ON FUNCTION memory.search_by_ids(vector, bigint[], text, text[], integer, timestamptz, timestamptz, jsonb, jsonb) IS
-    'Exact cosine ranking restricted to the given node ids (the second stage of the LexicalFirst cascade). Unknown ids, ids outside since <= ts < before, and ids failing filter (metadata containment) or grammar (a memory.parse_query parse) are ignored.';
+COMMENT ON FUNCTION memory.search_by_ids(vector, bigint[], text, text[], integer, timestamptz, timestamptz, jsonb, jsonb, timestamptz, timestamptz) IS
+    'Exact cosine ranking restricted to the given node ids (the second stage of the LexicalFirst cascade). Unknown ids, ids outside since <= ts < before, ids failing filter (metadata containment) or grammar (a memory.parse_query parse), and ids not visible as of as_of (NULL: not current) or not valid at valid_at (as memory.semantic_search) are ignored.';

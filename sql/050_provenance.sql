@@ -2,7 +2,11 @@
 
 -- PL/pgSQL, not SQL: PostgreSQL 15 plans a SQL function's body at every call, PL/pgSQL
 -- keeps the statement's plan for the session (memory.select_evidence calls this per query).
-CREATE OR REPLACE FUNCTION memory.provenance_walk(node_ids bigint[], max_depth integer DEFAULT 4)
+-- as_of was added (the versions visible then): the old signatures go first.
+DROP FUNCTION IF EXISTS memory.provenance_walk(bigint[], integer);
+CREATE OR REPLACE FUNCTION memory.provenance_walk(
+    node_ids bigint[], max_depth integer DEFAULT 4, as_of timestamptz DEFAULT NULL
+)
 RETURNS TABLE (root_id bigint, child_id bigint, parent_id bigint, depth integer, precedence integer)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -15,20 +19,24 @@ BEGIN
         FROM unnest(node_ids) AS r(id)
         JOIN memory.edges e ON e.child_id = r.id
         JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
-                           AND p.expired_at IS NULL
+                           AND CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
+                                    ELSE p.created_at <= as_of AND p.erased_at IS NULL
+                                         AND (p.expired_at IS NULL OR p.expired_at > as_of) END
         UNION ALL
         SELECT w.root_id, e.child_id, e.parent_id, w.depth + 1, e.precedence, w.path || e.parent_id
         FROM walk w
         JOIN memory.edges e ON e.child_id = w.parent_id
         JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
-                           AND p.expired_at IS NULL
+                           AND CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
+                                    ELSE p.created_at <= as_of AND p.erased_at IS NULL
+                                         AND (p.expired_at IS NULL OR p.expired_at > as_of) END
         WHERE w.depth < max_depth
           AND e.parent_id <> ALL (w.path)  -- cycle safety
     )
     SELECT w.root_id, w.child_id, w.parent_id, w.depth, w.precedence FROM walk w;
 END $$;
-COMMENT ON FUNCTION memory.provenance_walk(bigint[], integer) IS
-    'Recursive CTE over memory.edges from each given node towards its sources (L2->L1->L0), depth-limited and cycle-safe, through current versions only (a retired, superseded or erased parent is not evidence). One row per edge reached.';
+COMMENT ON FUNCTION memory.provenance_walk(bigint[], integer, timestamptz) IS
+    'Recursive CTE over memory.edges from each given node towards its sources (L2->L1->L0), depth-limited and cycle-safe, through current versions only (a retired, superseded or erased parent is not evidence), or with as_of through the versions visible then (never an erased one). One row per edge reached.';
 
 -- The tree expands shared ancestors into copies, so its size grows as fan-out^depth (fan-out
 -- 20 at depth 4 made one result 30 MB): parents per node and nodes per tree are capped
@@ -36,8 +44,10 @@ COMMENT ON FUNCTION memory.provenance_walk(bigint[], integer) IS
 -- every cut is flagged; a node's text is cut at provenance_text_chars (text_truncated). Built breadth first, so a capped tree keeps the nearest sources.
 -- A whole result page is built in one pass, one statement per depth for all its trees:
 -- tree by tree, the statements' own start-up cost made hydrate the page's slowest stage.
+DROP FUNCTION IF EXISTS memory.provenance_forest(bigint[], integer, integer[]);
 CREATE OR REPLACE FUNCTION memory.provenance_forest(
-    node_ids bigint[], max_depth integer DEFAULT 4, root_projects integer[] DEFAULT NULL
+    node_ids bigint[], max_depth integer DEFAULT 4, root_projects integer[] DEFAULT NULL,
+    as_of timestamptz DEFAULT NULL
 )
 RETURNS TABLE ("position" integer, node_id bigint, tree jsonb, truncated boolean)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -106,7 +116,9 @@ BEGIN
             FROM unnest(frontier) WITH ORDINALITY AS f(inst, ord)
             JOIN memory.edges e ON e.child_id = ids[f.inst] AND e.project_id = pids[f.inst]
             JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = pids[f.inst]
-                               AND p.expired_at IS NULL
+                               AND CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
+                                        ELSE p.created_at <= as_of AND p.erased_at IS NULL
+                                             AND (p.expired_at IS NULL OR p.expired_at > as_of) END
             WHERE strpos(paths[f.inst], ',' || e.parent_id || ',') = 0
             ORDER BY f.ord, rn
         LOOP
@@ -151,8 +163,8 @@ BEGIN
         FROM unnest(node_ids) WITH ORDINALITY AS g(id, ord)
         ORDER BY g.ord;
 END $$;
-COMMENT ON FUNCTION memory.provenance_forest(bigint[], integer, integer[]) IS
-    'memory.provenance for many nodes in one pass: one row per given node, in input order (position is 1-based), each with its own tree and truncated flag and its own provenance_max_nodes budget. root_projects: the nodes'' project ids, in the same order, when the caller knows them (saves a lookup). What memory.hydrate uses for a page of results.';
+COMMENT ON FUNCTION memory.provenance_forest(bigint[], integer, integer[], timestamptz) IS
+    'memory.provenance for many nodes in one pass: one row per given node, in input order (position is 1-based), each with its own tree and truncated flag and its own provenance_max_nodes budget. root_projects: the nodes'' project ids, in the same order, when the caller knows them (saves a lookup). as_of: parents as the database held them then (NULL: current versions). What memory.hydrate uses for a page of results.';
 
 -- root_project was added: the old signature goes first.
 DROP FUNCTION IF EXISTS memory.provenance(bigint, integer);

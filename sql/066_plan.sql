@@ -11,6 +11,7 @@
 --   candidates, dense_weight, since, until, reference_time, evidence (0..100),
 --   filter (a JSON object a node's metadata must contain; memory.check_filter),
 --   min_cosine (the relevance floor, -1..1; NULL: the policy's),
+--   as_of (the versions visible then; NULL: current), valid_at (valid time's instant),
 --   routing: the optimizer's output (memory.optimize_query, or poimen_core.optimizer in
 --   the service: the same module). NULL: the planner asks memory.optimize_query when it
 --   needs to, and routes without it where PL/Python is missing (managed PostgreSQL).
@@ -78,6 +79,8 @@ DECLARE
     floor double precision := (req ->> 'min_cosine')::double precision;
     floor_src text := 'argument';
     origin timestamptz;
+    as_of timestamptz := memory.check_instant((req ->> 'as_of')::timestamptz, 'as_of');
+    valid_at timestamptz := memory.check_instant((req ->> 'valid_at')::timestamptz, 'valid_at');
 BEGIN
     IF jsonb_typeof(req) IS DISTINCT FROM 'object' THEN
         RAISE EXCEPTION 'a query request is a JSON object' USING ERRCODE = '22023';
@@ -176,6 +179,12 @@ BEGIN
         IF 'opensearch' = ANY (lexical_engines) AND caps ->> 'opensearch_failed' IS NOT NULL THEN
             degraded := degraded || jsonb_build_object('stage', 'lexical', 'reason', 'opensearch_' || (caps ->> 'opensearch_failed'));
             why := why || to_jsonb('OpenSearch unavailable, used Postgres lexical'::text);
+        ELSIF 'opensearch' = ANY (lexical_engines) AND (as_of IS NOT NULL OR valid_at IS NOT NULL) THEN
+            -- its documents are the current versions, without their valid time
+            why := why || to_jsonb('as_of/valid_at: lexical leg on Postgres BM25, not OpenSearch'::text);
+            IF NOT 'postgres' = ANY (lexical_engines) THEN
+                degraded := degraded || jsonb_build_object('stage', 'lexical', 'reason', 'time_travel');
+            END IF;
         ELSIF 'opensearch' = ANY (lexical_engines) AND flt IS NOT NULL THEN
             -- its documents carry no metadata
             why := why || to_jsonb('metadata filter: lexical leg on Postgres BM25, not OpenSearch'::text);
@@ -254,6 +263,10 @@ BEGIN
         -- how the query grammar read the query (memory.parse_query); every leg honours it
         'grammar', grammar,
         'filter', flt,
+        -- time travel: the versions the database held at as_of (NULL: the current ones),
+        -- and the instant valid time is tested at (NULL: as_of, else now)
+        'as_of', as_of,
+        'valid_at', valid_at,
         'floor', jsonb_build_object('min_cosine', floor, 'source', floor_src,
                                     'applied', floor IS NOT NULL AND (strat <> 'LexicalOnly' OR has_vec)),
         'time_filter', tf,
@@ -281,4 +294,4 @@ BEGIN
         'degraded', degraded);
 END $$;
 COMMENT ON FUNCTION memory._plan(jsonb, jsonb) IS
-    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, filter, min_cosine, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, the query grammar''s parse (grammar) and the metadata filter (filter), the relevance floor (floor), recency (the policy''s half-life and weight, and the origin its ages count from: reference_time, NULL for now), evidence budget. Errors name the argument (22023), PM404 for an unknown project.';
+    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, filter, min_cosine, as_of, valid_at, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, the query grammar''s parse (grammar) and the metadata filter (filter), time travel (as_of, valid_at), the relevance floor (floor), recency (the policy''s half-life and weight, and the origin its ages count from: reference_time, NULL for now), evidence budget. Errors name the argument (22023), PM404 for an unknown project.';

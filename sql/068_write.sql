@@ -187,7 +187,7 @@ BEGIN
     EXECUTE format($q$
         INSERT INTO memory.nodes AS n
             (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
-             metadata, embedding, revision, written_by, parents_declared)
+             metadata, embedding, revision, written_by, parents_declared, valid_from, valid_to)
         SELECT decode(e.j->>'sha256', 'hex'), p.id, e.j->>'level', e.j->>'external_id',
                e.j->>'title', ARRAY(SELECT jsonb_array_elements_text(e.j->'breadcrumb')),
                e.j->>'text', e.j->>'source', (e.j->>'ts')::timestamptz, e.j->'metadata',
@@ -197,7 +197,8 @@ BEGIN
                $3,
                -- the parents it names, resolved or not (memory.support_status)
                (SELECT count(DISTINCT x) FROM jsonb_array_elements_text(
-                    coalesce(e.j->'parents', '[]')) AS x)::integer
+                    coalesce(e.j->'parents', '[]')) AS x)::integer,
+               (e.j->>'valid_from')::timestamptz, (e.j->>'valid_to')::timestamptz
         FROM jsonb_array_elements($1) WITH ORDINALITY AS e(j, i)
         JOIN memory.projects p ON p.name = e.j->>'project'
         WHERE NOT EXISTS (SELECT 1 FROM memory.nodes s
@@ -278,7 +279,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION memory._write_nodes(jsonb, vector[], boolean) IS
-    'The one writer of nodes and edges, one batch in the calling transaction. nodes: a JSON array of validated node rows (sha256 as hex, project, level, external_id, title, breadcrumb, text, source, ts, metadata, parents as external ids, and optionally revision: the revision the writer read, 0 for none); embeddings: the i-th node''s vector (NULL for a stored node); embed: compute a missing vector with memory.embed. Creates missing projects first, skips nodes equal to their current version, writes new content under a stored id as its next version (the current one ends: superseded; its current children get an edge to the new one), refuses a stale revision (PM419, nothing written), links every node of the batch to its parents'' current versions in its own project. Returns {"inserted", "duplicates", "updated" (versions superseded), "edges", "unresolved": [[node number from 1, parent id], ...]}. Validation is the caller''s (poimen_core.nodes); row-level security applies.';
+    'The one writer of nodes and edges, one batch in the calling transaction. nodes: a JSON array of validated node rows (sha256 as hex, project, level, external_id, title, breadcrumb, text, source, ts, metadata, parents as external ids, valid_from and valid_to (valid time, either NULL), and optionally revision: the revision the writer read, 0 for none); embeddings: the i-th node''s vector (NULL for a stored node); embed: compute a missing vector with memory.embed. Creates missing projects first, skips nodes equal to their current version, writes new content under a stored id as its next version (the current one ends: superseded; its current children get an edge to the new one), refuses a stale revision (PM419, nothing written), links every node of the batch to its parents'' current versions in its own project. Returns {"inserted", "duplicates", "updated" (versions superseded), "edges", "unresolved": [[node number from 1, parent id], ...]}. Validation is the caller''s (poimen_core.nodes); row-level security applies.';
 
 CREATE OR REPLACE FUNCTION memory._vector_missing(node bigint)
 RETURNS vector

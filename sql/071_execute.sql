@@ -23,10 +23,24 @@ BEGIN
             || ', bigint[], text, text[], integer, timestamptz, timestamptz)'));
     END IF;
 END $$;
+-- as_of and valid_at were added (time travel): every older form goes, with
+-- memory._lexical_call.
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid FROM pg_catalog.pg_proc p
+             WHERE p.pronamespace = 'memory'::regnamespace AND p.proname = '_leg'
+               AND NOT 'valid_at' = ANY (coalesce(p.proargnames, '{}'))
+    LOOP
+        DROP FUNCTION IF EXISTS memory._lexical_call(jsonb);
+        EXECUTE pg_catalog.format('DROP FUNCTION %s', f);
+    END LOOP;
+END $$;
 CREATE OR REPLACE FUNCTION memory._leg(
     kind text, query text, query_embedding vector, ids bigint[], project text, levels text[],
     k integer, since timestamptz, before timestamptz, filter jsonb DEFAULT NULL,
-    grammar jsonb DEFAULT NULL
+    grammar jsonb DEFAULT NULL, as_of timestamptz DEFAULT NULL, valid_at timestamptz DEFAULT NULL
 )
 RETURNS jsonb
 -- PL/pgSQL, not SQL: PostgreSQL 15 plans a SQL function's body at every call.
@@ -38,21 +52,24 @@ BEGIN
     RETURN (SELECT jsonb_build_object('ids', coalesce(jsonb_agg(r.node_id ORDER BY r.rank), '[]'),
                                       'scores', coalesce(jsonb_agg(r.score ORDER BY r.rank), '[]'))
             FROM (SELECT l.node_id, l.rank, l.lexical_score AS score
-                  FROM memory.lexical_search($2, $5, $6, $7, since => $8, before => $9, filter => $10) l
+                  FROM memory.lexical_search($2, $5, $6, $7, since => $8, before => $9, filter => $10,
+                                             as_of => $12, valid_at => $13) l
                   WHERE $1 = 'lexical'
                   UNION ALL
                   SELECT s.node_id, s.rank, s.query_score
                   FROM memory.semantic_search($3, $5, $6, $7, since => $8, before => $9,
-                                              filter => $10, grammar => $11) s
+                                              filter => $10, grammar => $11,
+                                              as_of => $12, valid_at => $13) s
                   WHERE $1 = 'semantic'
                   UNION ALL
                   SELECT s.node_id, s.rank, s.query_score
                   FROM memory.search_by_ids($3, $4, $5, $6, $7, since => $8, before => $9,
-                                            filter => $10, grammar => $11) s
+                                            filter => $10, grammar => $11,
+                                            as_of => $12, valid_at => $13) s
                   WHERE $1 = 'by_ids') r);
 END $$;
-COMMENT ON FUNCTION memory._leg(text, text, vector, bigint[], text, text[], integer, timestamptz, timestamptz, jsonb, jsonb) IS
-    'One leg of memory.fuse_legs ({"ids": [..], "scores": [..]}, best first): kind lexical (memory.lexical_search of query, which reads the query grammar itself), semantic (memory.semantic_search of query_embedding) or by_ids (memory.search_by_ids over ids), each with the project, levels, k, since/before and the metadata filter; the vector legs with the grammar''s constraints (grammar, a memory.parse_query parse).';
+COMMENT ON FUNCTION memory._leg(text, text, vector, bigint[], text, text[], integer, timestamptz, timestamptz, jsonb, jsonb, timestamptz, timestamptz) IS
+    'One leg of memory.fuse_legs ({"ids": [..], "scores": [..]}, best first): kind lexical (memory.lexical_search of query, which reads the query grammar itself), semantic (memory.semantic_search of query_embedding) or by_ids (memory.search_by_ids over ids), each with the project, levels, k, since/before, the metadata filter, as_of and valid_at; the vector legs with the grammar''s constraints (grammar, a memory.parse_query parse).';
 
 CREATE OR REPLACE FUNCTION memory._opensearch_leg(hits jsonb, project_id integer)
 RETURNS jsonb
@@ -87,12 +104,14 @@ BEGIN
         jsonb_build_object('query', plan -> 'query', 'project', plan -> 'project',
                            'levels', plan -> 'levels', 'k', plan -> 'lexical' -> 'depth',
                            'since', plan -> 'since_ts', 'before', plan -> 'before_ts',
-                           'filter', plan -> 'filter') END,
+                           'filter', plan -> 'filter', 'as_of', plan -> 'as_of',
+                           'valid_at', plan -> 'valid_at') END,
     'evidence_lexical', CASE WHEN (plan -> 'evidence' ->> 'lexical')::boolean THEN
         jsonb_build_object('query', plan -> 'query', 'project', plan -> 'project',
                            'levels', '["L0"]'::jsonb, 'k', plan -> 'evidence' -> 'candidates',
                            'since', plan -> 'since_ts', 'before', plan -> 'before_ts',
-                           'filter', plan -> 'filter') END));
+                           'filter', plan -> 'filter', 'as_of', plan -> 'as_of',
+                           'valid_at', plan -> 'valid_at') END));
 END
 $$;
 COMMENT ON FUNCTION memory._lexical_calls(jsonb) IS
@@ -105,7 +124,8 @@ SET search_path = pg_catalog, pg_temp
 RETURN memory._leg('lexical', call ->> 'query', NULL, NULL, call ->> 'project',
                    ARRAY(SELECT jsonb_array_elements_text(call -> 'levels')),
                    (call ->> 'k')::integer, (call ->> 'since')::timestamptz,
-                   (call ->> 'before')::timestamptz, call -> 'filter');
+                   (call ->> 'before')::timestamptz, call -> 'filter', NULL,
+                   (call ->> 'as_of')::timestamptz, (call ->> 'valid_at')::timestamptz);
 COMMENT ON FUNCTION memory._lexical_call(jsonb) IS
     'Runs one call of memory._lexical_calls: memory.lexical_search as a leg.';
 
@@ -142,6 +162,8 @@ DECLARE
     ev jsonb := plan -> 'evidence';
     flt jsonb := nullif(plan -> 'filter', 'null');
     gr jsonb := memory._grammar_constraints(plan -> 'grammar');
+    as_of timestamptz := (plan ->> 'as_of')::timestamptz;
+    va timestamptz := (plan ->> 'valid_at')::timestamptz;
     empty constant jsonb := '{"ids": [], "scores": []}';
     lex_engine text;
     calls jsonb := memory._lexical_calls(plan);
@@ -183,14 +205,14 @@ BEGIN
         NULL;  -- the evidence's legs alone (memory.evidence)
     ELSIF plan -> 'semantic' ->> 'engine' = 'hnsw' THEN
         sem := memory._leg('semantic', NULL, query_embedding, NULL, project, lv,
-                           (plan -> 'semantic' ->> 'depth')::integer, lo, hi, flt, gr);
+                           (plan -> 'semantic' ->> 'depth')::integer, lo, hi, flt, gr, as_of, va);
     ELSIF plan -> 'semantic' ->> 'engine' = 'by-ids' THEN
         sem := memory._leg('by_ids', NULL, query_embedding,
                            ARRAY(SELECT jsonb_array_elements_text(lex -> 'ids')::bigint),
                            project, lv,
                                     coalesce((plan -> 'semantic' ->> 'depth')::integer,
                                              greatest(jsonb_array_length(lex -> 'ids'), 1)),
-                                    lo, hi, flt, gr);
+                                    lo, hi, flt, gr, as_of, va);
     END IF;
     st := memory._stage_time(st, 'semantic_time_ms', t,
                              answer AND plan -> 'semantic' ->> 'engine' IS NOT NULL);
@@ -213,7 +235,7 @@ BEGIN
             END IF;
             IF (ev ->> 'semantic')::boolean AND query_embedding IS NOT NULL THEN
                 ev_sem := memory._leg('semantic', NULL, query_embedding, NULL, project, ARRAY['L0'],
-                                      (ev ->> 'candidates')::integer, lo, hi, flt, gr);
+                                      (ev ->> 'candidates')::integer, lo, hi, flt, gr, as_of, va);
                 legs := legs + 1;
             END IF;
         EXCEPTION WHEN OTHERS THEN
@@ -344,7 +366,8 @@ BEGIN
                                           plan ->> 'fusion', budget, plan ->> 'project', 4,
                                           (plan ->> 'since_ts')::timestamptz, (plan ->> 'before_ts')::timestamptz,
                                           (plan ->> 'dense_weight')::double precision,
-                                          (plan ->> 'rrf_k')::integer, nullif(plan -> 'filter', 'null')) e;
+                                          (plan ->> 'rrf_k')::integer, nullif(plan -> 'filter', 'null'),
+                                          (plan ->> 'as_of')::timestamptz) e;
             evidence := coalesce(evidence, '[]');
         EXCEPTION WHEN OTHERS THEN
             IF SQLSTATE = '40001' THEN
@@ -395,7 +418,8 @@ BEGIN
            ORDER BY h.pos)
       INTO results
       FROM (SELECT x.*, x.ordinality::integer AS pos
-            FROM memory.hydrate(ids, query_embedding, 4, plan ->> 'project') WITH ORDINALITY AS x) h
+            FROM memory.hydrate(ids, query_embedding, 4, plan ->> 'project',
+                                (plan ->> 'as_of')::timestamptz) WITH ORDINALITY AS x) h
       JOIN fz ON fz.id = h.node_id
       LEFT JOIN LATERAL memory._cited_only(
                     h.provenance,

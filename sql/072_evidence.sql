@@ -25,8 +25,9 @@ BEGIN
         DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer);
     END IF;
 END $$;
--- ... and the form before the metadata filter.
+-- ... and the form before the metadata filter, and the one before as_of.
 DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer);
+DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb);
 
 CREATE OR REPLACE FUNCTION memory.select_evidence(
     result_ids bigint[],
@@ -40,7 +41,8 @@ CREATE OR REPLACE FUNCTION memory.select_evidence(
     before timestamptz DEFAULT NULL,
     dense_weight double precision DEFAULT NULL,
     rrf_k integer DEFAULT NULL,
-    filter jsonb DEFAULT NULL
+    filter jsonb DEFAULT NULL,
+    as_of timestamptz DEFAULT NULL
 )
 RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
                title text, text text, source text, breadcrumb text[],
@@ -96,7 +98,7 @@ BEGIN
     -- A result's own sources are cited whatever their time: the result passed the filter.
     cites AS (
         SELECT w.parent_id AS node_id, array_agg(DISTINCT r.ord::integer ORDER BY r.ord::integer) AS by_rank
-        FROM memory.provenance_walk(result_ids, max_depth) w
+        FROM memory.provenance_walk(result_ids, max_depth, as_of) w
         JOIN unnest(result_ids) WITH ORDINALITY AS r(id, ord) ON r.id = w.root_id
         GROUP BY w.parent_id
     ),
@@ -132,14 +134,20 @@ BEGIN
         CROSS JOIN LATERAL (
             (SELECT n.id FROM memory.nodes n
              WHERE n.id < o.node_id AND n.id >= o.lo AND n.project_id = o.project_id
-               AND n.level = 'L0' AND n.title = o.title AND n.expired_at IS NULL
+               AND n.level = 'L0' AND n.title = o.title
+               AND CASE WHEN as_of IS NULL THEN n.expired_at IS NULL
+                        ELSE n.created_at <= as_of AND n.erased_at IS NULL
+                             AND (n.expired_at IS NULL OR n.expired_at > as_of) END
                AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
                AND (flt IS NULL OR n.metadata @> flt)
              ORDER BY n.id DESC LIMIT 1)
             UNION ALL
             (SELECT n.id FROM memory.nodes n
              WHERE n.id > o.node_id AND n.id <= o.hi AND n.project_id = o.project_id
-               AND n.level = 'L0' AND n.title = o.title AND n.expired_at IS NULL
+               AND n.level = 'L0' AND n.title = o.title
+               AND CASE WHEN as_of IS NULL THEN n.expired_at IS NULL
+                        ELSE n.created_at <= as_of AND n.erased_at IS NULL
+                             AND (n.expired_at IS NULL OR n.expired_at > as_of) END
                AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
                AND (flt IS NULL OR n.metadata @> flt)
              ORDER BY n.id LIMIT 1)
@@ -205,8 +213,8 @@ BEGIN
     JOIN memory.nodes n ON n.id = x.id AND (pid IS NULL OR n.project_id = pid)
     ORDER BY x.o;
 END $$;
-COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb) IS
-    'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank) summed over the results citing it; then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range, and filter (a JSON object the metadata contains) the neighbours as the legs it ran did their matches; a result''s own sources are cited whatever their time or metadata. Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it.';
+COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz) IS
+    'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank) summed over the results citing it; then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range, and filter (a JSON object the metadata contains) the neighbours as the legs it ran did their matches; a result''s own sources are cited whatever their time or metadata; as_of: provenance and neighbours as the database held them then (NULL: current versions). Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it.';
 
 -- memory.evidence runs the plan memory.query runs (the evidence legs it names) for the
 -- SQL user's results; the old two-step form and its signature go first.
@@ -257,7 +265,7 @@ BEGIN
         (p.plan -> 'evidence' ->> 'budget')::integer, $4, 4,
         (p.plan ->> 'since_ts')::timestamptz, (p.plan ->> 'before_ts')::timestamptz,
         (p.plan ->> 'dense_weight')::double precision, (p.plan ->> 'rrf_k')::integer,
-        nullif(p.plan -> 'filter', 'null')) e
+        nullif(p.plan -> 'filter', 'null'), (p.plan ->> 'as_of')::timestamptz) e
     ORDER BY e.rank;
 END $$;
 COMMENT ON FUNCTION memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb) IS

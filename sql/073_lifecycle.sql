@@ -91,7 +91,7 @@ BEGIN
         -- WAL until it is recycled (docs/lifecycle.md, "Erase").
         UPDATE memory.nodes n
            SET text = '', title = NULL, breadcrumb = '{}', source = NULL, ts = NULL,
-               metadata = '{}', embedding = NULL,
+               metadata = '{}', embedding = NULL, valid_from = NULL, valid_to = NULL,
                sha256 = sha256(convert_to('poimen-erased:' || n.id, 'UTF8')),
                erased_at = now(),
                expired_at = coalesce(n.expired_at, now()),
@@ -123,7 +123,7 @@ BEGIN
             IF erase THEN
                 UPDATE memory.nodes n
                    SET text = '', title = NULL, breadcrumb = '{}', source = NULL, ts = NULL,
-                       metadata = '{}', embedding = NULL,
+                       metadata = '{}', embedding = NULL, valid_from = NULL, valid_to = NULL,
                        sha256 = sha256(convert_to('poimen-erased:' || n.id, 'UTF8')),
                        erased_at = now(), expired_at = now(), end_reason = 'erased',
                        ended_by = who, end_note = 'its evidence was erased'
@@ -193,12 +193,21 @@ END $$;
 COMMENT ON FUNCTION memory.forget(text, text, boolean, text) IS
     'Forgets one node by external id: memory.forget with external_ids => ARRAY[external_id]; PM444 when the id has no current version (or, with erase, no version left to erase).';
 
--- The shape of memory.history's rows.
+-- The shape of memory.history's rows; valid_from and valid_to were added (valid time).
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+               WHERE p.oid = pg_catalog.to_regprocedure('memory.history(text, text)')
+                 AND NOT 'valid_to' = ANY (p.proargnames)) THEN
+        DROP FUNCTION memory.history(text, text);
+    END IF;
+END $$;
 CREATE OR REPLACE FUNCTION memory.history(project text, external_id text)
 RETURNS TABLE (revision integer, node_id bigint, current boolean, level text, sha256 text,
                title text, text text, source text, "timestamp" timestamptz, metadata jsonb,
                created_at timestamptz, expired_at timestamptz, end_reason text,
-               written_by text, ended_by text, end_note text, erased_at timestamptz)
+               written_by text, ended_by text, end_note text, erased_at timestamptz,
+               valid_from timestamptz, valid_to timestamptz)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -210,7 +219,8 @@ BEGIN
     SELECT n.revision, n.id, n.expired_at IS NULL, n.level,
            CASE WHEN n.erased_at IS NULL THEN encode(n.sha256, 'hex') END,
            n.title, nullif(n.text, ''), n.source, n.ts, n.metadata, n.created_at, n.expired_at,
-           n.end_reason, n.written_by, n.ended_by, n.end_note, n.erased_at
+           n.end_reason, n.written_by, n.ended_by, n.end_note, n.erased_at,
+           n.valid_from, n.valid_to
     FROM memory.nodes n
     WHERE n.project_id = pid AND n.external_id = history.external_id
     ORDER BY n.revision;
@@ -221,4 +231,4 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION memory.history(text, text) IS
-    'Every version of a node, oldest first: revision, node_id, whether it is current, its content (NULL once erased), when it became current (created_at) and ended (expired_at), why it ended (superseded, retired, erased), who wrote and who ended it (api_key:<id> or role:<name>), the forgetter''s note. PM444 for an unknown id. Row-level security applies.';
+    'Every version of a node, oldest first: revision, node_id, whether it is current, its content (NULL once erased), when it became current (created_at) and ended (expired_at), why it ended (superseded, retired, erased), who wrote and who ended it (api_key:<id> or role:<name>), the forgetter''s note, its valid time (valid_from, valid_to). PM444 for an unknown id. Row-level security applies.';

@@ -35,6 +35,8 @@ DECLARE
     ev jsonb;
     flt jsonb;
     gr jsonb;
+    as_of timestamptz;
+    va timestamptz;
     opts text := CASE WHEN actual THEN 'FORMAT JSON, ANALYZE, BUFFERS' ELSE 'FORMAT JSON' END;
     x json;
 BEGIN
@@ -50,6 +52,9 @@ BEGIN
     ev := pl -> 'evidence';
     flt := nullif(pl -> 'filter', 'null');
     gr := memory._grammar_constraints(pl -> 'grammar');
+    as_of := (pl ->> 'as_of')::timestamptz;
+    -- the instant the vector stages test valid time at, as they compute it
+    va := memory._valid_at(pid, as_of, (pl ->> 'valid_at')::timestamptz);
     search_strategy := pl ->> 'search_strategy';
 
     stage := 'plan';
@@ -57,8 +62,9 @@ BEGIN
     time_ms := NULL;
     RETURN NEXT;
     IF pl -> 'lexical' ->> 'engine' = 'postgres-bm25' THEN
-        EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.lexical_search($1, $2, $3, $4, since => $5, before => $6, filter => $7)', opts)
-            INTO x USING pl ->> 'query', pl ->> 'project', lv, (pl -> 'lexical' ->> 'depth')::integer, lo, hi, flt;
+        EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.lexical_search($1, $2, $3, $4, since => $5, before => $6, filter => $7, as_of => $8, valid_at => $9)', opts)
+            INTO x USING pl ->> 'query', pl ->> 'project', lv, (pl -> 'lexical' ->> 'depth')::integer, lo, hi, flt,
+                         as_of, (pl ->> 'valid_at')::timestamptz;
         stage := 'lexical';
         plan := x::jsonb -> 0;
         time_ms := (doc -> 'stages' ->> 'lexical_time_ms')::double precision;
@@ -66,7 +72,7 @@ BEGIN
     END IF;
     IF pl -> 'semantic' ->> 'engine' = 'hnsw' THEN
         EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql('semantic')) INTO x
-            USING p.embedding, pid, lv, (pl -> 'semantic' ->> 'depth')::integer, lo, hi, flt, gr;
+            USING p.embedding, pid, lv, (pl -> 'semantic' ->> 'depth')::integer, lo, hi, flt, gr, as_of, va;
         stage := 'semantic';
         plan := x::jsonb -> 0;
         time_ms := (doc -> 'stages' ->> 'semantic_time_ms')::double precision;
@@ -77,7 +83,7 @@ BEGIN
                   pid, lv,
                   coalesce((pl -> 'semantic' ->> 'depth')::integer,
                            greatest(jsonb_array_length(state -> 'lexical' -> 'ids'), 1)),
-                  lo, hi, flt, gr;
+                  lo, hi, flt, gr, as_of, va;
         stage := 'by_ids';
         plan := x::jsonb -> 0;
         time_ms := (doc -> 'stages' ->> 'semantic_time_ms')::double precision;
@@ -85,8 +91,9 @@ BEGIN
     END IF;
     IF (ev ->> 'budget')::integer > 0 AND NOT (ev ->> 'reuses_legs')::boolean THEN
         IF (ev ->> 'lexical')::boolean THEN
-            EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.lexical_search($1, $2, ''{L0}'', $3, since => $4, before => $5, filter => $6)', opts)
-                INTO x USING pl ->> 'query', pl ->> 'project', (ev ->> 'candidates')::integer, lo, hi, flt;
+            EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.lexical_search($1, $2, ''{L0}'', $3, since => $4, before => $5, filter => $6, as_of => $7, valid_at => $8)', opts)
+                INTO x USING pl ->> 'query', pl ->> 'project', (ev ->> 'candidates')::integer, lo, hi, flt,
+                             as_of, (pl ->> 'valid_at')::timestamptz;
             stage := 'evidence_lexical';
             plan := x::jsonb -> 0;
             time_ms := (doc -> 'stages' ->> 'evidence_legs_time_ms')::double precision;
@@ -94,7 +101,7 @@ BEGIN
         END IF;
         IF (ev ->> 'semantic')::boolean AND p.embedding IS NOT NULL THEN
             EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql('semantic')) INTO x
-                USING p.embedding, pid, ARRAY['L0'], (ev ->> 'candidates')::integer, lo, hi, flt, gr;
+                USING p.embedding, pid, ARRAY['L0'], (ev ->> 'candidates')::integer, lo, hi, flt, gr, as_of, va;
             stage := 'evidence_semantic';
             plan := x::jsonb -> 0;
             time_ms := (doc -> 'stages' ->> 'evidence_legs_time_ms')::double precision;
@@ -109,18 +116,18 @@ BEGIN
     plan := x::jsonb -> 0;
     time_ms := (doc -> 'stages' ->> 'fusion_time_ms')::double precision;
     RETURN NEXT;
-    EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.hydrate($1, $2, 4, $3)', opts)
-        INTO x USING ids, p.embedding, pl ->> 'project';
+    EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.hydrate($1, $2, 4, $3, $4)', opts)
+        INTO x USING ids, p.embedding, pl ->> 'project', as_of;
     stage := 'provenance';
     plan := x::jsonb -> 0;
     time_ms := (doc -> 'stages' ->> 'provenance_time_ms')::double precision;
     RETURN NEXT;
     IF (ev ->> 'budget')::integer > 0 THEN
-        EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.select_evidence($1, $2, $3, $4, $5, $6, 4, $7, $8, $9, $10, $11)', opts)
+        EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.select_evidence($1, $2, $3, $4, $5, $6, 4, $7, $8, $9, $10, $11, $12)', opts)
             INTO x USING ids, state -> 'evidence_semantic', state -> 'evidence_lexical', pl ->> 'fusion',
                          (ev ->> 'budget')::integer, pl ->> 'project', lo, hi,
                          (pl ->> 'dense_weight')::double precision, (pl ->> 'rrf_k')::integer,
-                         nullif(pl -> 'filter', 'null');
+                         nullif(pl -> 'filter', 'null'), as_of;
         stage := 'evidence';
         plan := x::jsonb -> 0;
         time_ms := (doc -> 'stages' ->> 'evidence_time_ms')::double precision;
@@ -144,10 +151,10 @@ BEGIN
         'LANGUAGE sql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp '
         'BEGIN ATOMIC SELECT * FROM memory._explain(memory._request(query, project, levels, k, '
         'strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, '
-        'evidence) || jsonb_build_object(''filter'', filter, ''min_cosine'', min_cosine), query_embedding, actual); END',
+        'evidence) || jsonb_build_object(''filter'', filter, ''min_cosine'', min_cosine, ''as_of'', as_of, ''valid_at'', valid_at), query_embedding, actual); END',
         pg_catalog.regexp_replace(args, ', fusion ', ', actual boolean DEFAULT false, fusion '));
 END $$;
-COMMENT ON FUNCTION memory.explain_query(text, vector, text, text[], integer, text, boolean, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, integer) IS
+COMMENT ON FUNCTION memory.explain_query(text, vector, text, text[], integer, text, boolean, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, integer) IS
     'Plans the query with memory.plan_query''s planner and runs it with the executor memory.query and GET /memory/query use, then returns one row per stage that ran: plan (the plan itself, jsonb), lexical, semantic (the HNSW/btree recall) or by_ids (the LexicalFirst cosine stage), evidence_lexical and evidence_semantic (the direct L0 legs), fusion, provenance and evidence, each with EXPLAIN (FORMAT JSON[, ANALYZE, BUFFERS]) of that stage with the plan''s values and settings, and time_ms, the time the stage took when the query ran. Arguments as memory.answer; evidence NULL: the policy''s budget (explain_query shows the evidence stages GET /memory/query runs).';
 
 -- The settings memory.semantic_search runs under (sql/030_vector.sql) are declared there

@@ -27,7 +27,9 @@ DECLARE
         ['0001_initial', 'postings', 'postings_node_idx', '(node_id)'],
         ['0004_lexical_bounds', 'term_stats', 'term_stats_lexeme_idx',
          '(lexeme) INCLUDE (project_id, df, max_tf, min_dl_per_tf)'],
-        ['0013_query_grammar', 'nodes', 'nodes_metadata_gin', 'USING gin (metadata jsonb_path_ops)']];
+        ['0013_query_grammar', 'nodes', 'nodes_metadata_gin', 'USING gin (metadata jsonb_path_ops)'],
+        ['0018_valid_time', 'nodes', 'nodes_valid_bounded',
+         '(project_id) WHERE expired_at IS NULL AND (valid_from IS NOT NULL OR valid_to IS NOT NULL)']];
     w text[];
     rel regclass;
     probe regclass;

@@ -17,10 +17,10 @@ COMMENT ON FUNCTION memory._links_max() IS
 -- the implementation it calls: memory.node_row, one node with its links and support
 -- (memory.get_node), and memory.node_list_row, a node of a page (memory.list_nodes).
 SELECT memory._declare_row('node_row',
-    'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, parents jsonb, parents_total integer, children jsonb, children_total integer, parents_declared integer, support text, versions jsonb',
+    'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, parents jsonb, parents_total integer, children jsonb, children_total integer, parents_declared integer, support text, versions jsonb, valid_from timestamptz, valid_to timestamptz',
     ARRAY['memory.get_node(text, text)', 'memory._get_node(text, text, text[])']);
 SELECT memory._declare_row('node_list_row',
-    'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, support text, cursor text',
+    'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, support text, cursor text, valid_from timestamptz, valid_to timestamptz',
     ARRAY['memory.list_nodes(text, text, text, text, text, text, integer)',
           'memory._list_nodes(text, text, text, text, text, text, integer, text[])']);
 
@@ -85,7 +85,8 @@ BEGIN
            n.parents_declared,
            memory.support_status(n.parents_declared, memory.parents_present(n.id, n.project_id)),
            -- Versions: not kept yet (every node is its only version); a later change fills it.
-           NULL::jsonb;
+           NULL::jsonb,
+           n.valid_from, n.valid_to;
 END $$;
 COMMENT ON FUNCTION memory._get_node(text, text, text[]) IS
     'Implementation of memory.get_node (positional parameter names: PL/pgSQL forbids a parameter named like a result column); p_projects (NULL: no filter) keeps to those projects: the service passes the API key''s.';
@@ -167,7 +168,7 @@ BEGIN
                 n.level, encode(n.sha256, ''hex''), n.title, n.text, n.source, n.breadcrumb,
                 n.ts, n.metadata, n.created_at,
                 memory.support_status(n.parents_declared, memory.parents_present(n.id, n.project_id)),
-                memory._node_cursor(n.id)
+                memory._node_cursor(n.id), n.valid_from, n.valid_to
          FROM memory.nodes n
          WHERE true'
         || CASE WHEN pid IS NULL THEN '' ELSE ' AND n.project_id = $1' END

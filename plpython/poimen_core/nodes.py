@@ -52,12 +52,17 @@ class NodeRecord:
     # The revision the writer read (0: the id must have no current version); not content,
     # so not in the hash. None: write on top of whatever is current.
     revision: int | None = None
+    # Valid time: when the fact held in the world (None: unbounded). Content: the same text
+    # with a new bound ("until 2024-06") is a new version.
+    valid_from: datetime | None = None
+    valid_to: datetime | None = None
 
     @property
     def sha256(self) -> bytes:
         return node_sha256(
-            self.project, self.level, self.external_id, self.source, self.title, self.text
-        )
+            self.project, self.level, self.external_id, self.source, self.title, self.text,
+            timestamp_text(self.valid_from), timestamp_text(self.valid_to),
+        )  # fmt: skip
 
 
 def timestamp_text(ts: datetime | None) -> str | None:
@@ -84,6 +89,8 @@ def write_row(r: NodeRecord) -> dict[str, Any]:
         "metadata": r.metadata,
         "parents": list(r.parents),
         "revision": r.revision,
+        "valid_from": timestamp_text(r.valid_from),
+        "valid_to": timestamp_text(r.valid_to),
     }
 
 
@@ -94,9 +101,13 @@ def node_sha256(
     source: str | None,
     title: str | None,
     text: str,
+    valid_from: str | None = None,
+    valid_to: str | None = None,
 ) -> bytes:
     """Canonical form: the UTF-8 of the compact JSON array
-    ["poimen-node/1", project, level, external_id, source, title, NFC(text)], with nulls as "".
+    ["poimen-node/1", project, level, external_id, source, title, NFC(text)], with nulls as "",
+    and, only when the node has a valid time, its two bounds after it (so every key made
+    before valid time existed is unchanged).
 
     Identical input gives the identical key (re-ingest is a no-op); the external id and
     source keep two equal texts from different places distinct.
@@ -110,6 +121,8 @@ def node_sha256(
         title or "",
         unicodedata.normalize("NFC", text),
     ]
+    if valid_from is not None or valid_to is not None:
+        canonical += [valid_from or "", valid_to or ""]
     data = json.dumps(canonical, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     return hashlib.sha256(data).digest()
 
@@ -243,21 +256,16 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
     id_problem = None if ext_id is None else _id_problem(ext_id)
     if id_problem:
         errors.append(LineError(line_no, "id", id_problem))
-    ts: datetime | None = None
-    raw_ts = obj.get("timestamp")
-    if raw_ts is not None and raw_ts != "":  # "" means unknown, like null
-        if not isinstance(raw_ts, str):
-            errors.append(LineError(line_no, "timestamp", "must be an ISO 8601 string or null"))
-        else:
-            try:
-                ts = datetime.fromisoformat(raw_ts.replace("Z", "+00:00"))
-                # Stored as timestamptz (UTC) and read back into Python: both ends must fit.
-                if ts.tzinfo is not None:
-                    ts.astimezone(UTC)
-            except ValueError:
-                errors.append(LineError(line_no, "timestamp", f"not ISO 8601: {raw_ts!r}"))
-            except OverflowError:
-                errors.append(LineError(line_no, "timestamp", f"out of range: {raw_ts!r}"))
+    ts = _instant(obj, "timestamp", line_no, errors)
+    valid_from = _instant(obj, "valid_from", line_no, errors)
+    valid_to = _instant(obj, "valid_to", line_no, errors)
+    if valid_from is not None and valid_to is not None:
+        try:
+            ordered = _as_utc(valid_from) < _as_utc(valid_to)
+        except TypeError:  # one naive, one aware: PostgreSQL reads both as instants
+            ordered = True
+        if not ordered:
+            errors.append(LineError(line_no, "valid_to", "must be after valid_from"))
     parents = obj.get("parents")
     parents = [] if parents is None else parents
     if not isinstance(parents, list):
@@ -319,7 +327,36 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
         parents=tuple(parents),
         metadata=metadata,
         revision=revision,
+        valid_from=valid_from,
+        valid_to=valid_to,
     )
+
+
+def _as_utc(ts: datetime) -> datetime:
+    return ts.astimezone(UTC) if ts.tzinfo is not None else ts
+
+
+def _instant(
+    obj: Mapping[str, Any], name: str, line_no: int, errors: list[LineError]
+) -> datetime | None:
+    """An optional ISO 8601 field (timestamp, valid_from, valid_to): null or "" is unknown."""
+    raw = obj.get(name)
+    if raw is None or raw == "":
+        return None
+    if not isinstance(raw, str):
+        errors.append(LineError(line_no, name, "must be an ISO 8601 string or null"))
+        return None
+    try:
+        ts = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        # Stored as timestamptz (UTC) and read back into Python: both ends must fit.
+        _as_utc(ts)
+    except ValueError:
+        errors.append(LineError(line_no, name, f"not ISO 8601: {raw!r}"))
+        return None
+    except OverflowError:
+        errors.append(LineError(line_no, name, f"out of range: {raw!r}"))
+        return None
+    return ts
 
 
 def parse_lines(

@@ -424,6 +424,22 @@ def query_parameters(
             "answer cites no evidence. Default: the policy's min_cosine (off unless set). "
             "Outside -1..1 or not a number → 400.",
         ),
+        (
+            "as_of",
+            False,
+            {"type": "string", "format": "date-time", "examples": ["2024-06-01T00:00:00Z"]},
+            "Time travel: answer from the versions the database held at this instant (a "
+            "superseded or retired version that was current then comes back; one written later "
+            "does not), BM25 scored with the statistics of the corpus as it stood then. Default: "
+            "the current versions. Not ISO 8601 → 400.",
+        ),
+        (
+            "valid_at",
+            False,
+            {"type": "string", "format": "date-time", "examples": ["2023-01-01T00:00:00Z"]},
+            "Valid time: keep only nodes whose valid_from <= valid_at < valid_to (open bounds "
+            "hold always). Default: as_of, else now. Not ISO 8601 → 400.",
+        ),
         ("fusion", False, {"type": "string", "enum": ["rrf", "convex"]}, "Fusion for Hybrid."),
         (
             "evidence",
@@ -897,6 +913,11 @@ def openapi_spec(settings: Settings | None = None) -> dict[str, Any]:
                             "properties": {
                                 "grammar": {"$ref": "#/components/schemas/Grammar"},
                                 "filter": {"type": ["object", "null"]},
+                                "as_of": {"type": ["string", "null"], "format": "date-time"},
+                                "valid_at": {
+                                    "type": ["string", "null"],
+                                    "format": "date-time",
+                                },
                                 "floor": {
                                     "type": "object",
                                     "description": "the relevance floor: min_cosine (null: "

@@ -111,7 +111,7 @@ _FORGET_PARAMS = {"project", "source", "since", "until", "erase", "reason", "id"
 _HISTORY_COLUMNS = (
     "revision", "node_id", "current", "level", "sha256", "title", "text", "source",
     "timestamp", "metadata", "created_at", "expired_at", "end_reason", "written_by",
-    "ended_by", "end_note", "erased_at",
+    "ended_by", "end_note", "erased_at", "valid_from", "valid_to",
 )  # fmt: skip
 
 
@@ -211,7 +211,7 @@ async def node_history(
     versions = []
     for r in rows:
         v = dict(zip(_HISTORY_COLUMNS, r, strict=True))
-        for k in ("timestamp", "created_at", "expired_at", "erased_at"):
+        for k in ("timestamp", "created_at", "expired_at", "erased_at", "valid_from", "valid_to"):
             v[k] = v[k].isoformat() if v[k] is not None else None
         versions.append(v)
     return {"project": project, "id": external_id, "versions": versions}

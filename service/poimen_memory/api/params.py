@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from poimen_core.optimizer import QueryOptimizerError, check_reference_time, reference_time_error
@@ -90,7 +90,24 @@ def parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
         else _number(params, "evidence", 0, 0, 100, int),
         filter=_filter(params.get("filter")),
         min_cosine=_min_cosine(params.get("min_cosine")),
+        as_of=_instant(params.get("as_of"), "as_of"),
+        valid_at=_instant(params.get("valid_at"), "valid_at"),
     )
+
+
+def _instant(raw: str | None, name: str) -> datetime | None:
+    """as_of / valid_at: an ISO 8601 instant (UTC unless it has an offset); its range is
+    the database's to check (memory.check_instant), as for SQL users."""
+    if raw is None or raw == "":
+        return None
+    try:
+        ts = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ValidationError(
+            f"{name} must be an ISO 8601 timestamp, got {raw!r}",
+            hint=f"for example {name}=2024-06-01T00:00:00Z",
+        ) from exc
+    return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
 
 
 def _min_cosine(raw: str | None) -> float | None:

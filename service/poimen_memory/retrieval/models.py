@@ -38,6 +38,10 @@ class QueryRequest:
     filter: dict[str, Any] | None = None
     # The relevance floor (cosine, -1..1; None: the policy's min_cosine).
     min_cosine: float | None = None
+    # Time travel: the versions the database held then (None: the current ones), and the
+    # instant valid time is tested at (None: as_of, else now).
+    as_of: datetime | None = None
+    valid_at: datetime | None = None
 
 
 @dataclass

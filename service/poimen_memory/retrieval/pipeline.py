@@ -225,6 +225,8 @@ class Retriever:
             "evidence": req.evidence,
             "filter": req.filter,
             "min_cosine": req.min_cosine,
+            "as_of": req.as_of.isoformat() if req.as_of else None,
+            "valid_at": req.valid_at.isoformat() if req.valid_at else None,
             "routing": routing,
         }
 

@@ -120,6 +120,8 @@ def response(
             "filter": plan["filter"],
             "floor": plan["floor"],
             "recency": plan["recency"],
+            "as_of": plan["as_of"],
+            "valid_at": plan["valid_at"],
             "evidence": evidence_plan,
             "engines": engines,
             "why": why,

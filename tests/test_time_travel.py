@@ -1,0 +1,173 @@
+"""Time travel and valid time (issue 24): as_of answers from the versions the database held
+then, in every leg, with BM25 scored on the corpus as it stood; valid_at selects by world
+time and still fills its limit. Real PostgreSQL, real SQL, the real app."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import pytest
+from pgvector.psycopg import register_vector
+
+from poimen_memory.embedders.local import LocalEmbedder
+from service_client import query, serve
+from test_lifecycle import P, _node, _vec, _write
+
+Conn = psycopg.Connection[Any]
+
+
+def _now(conn: Conn) -> datetime:
+    row = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    t: datetime = row[0]
+    return t
+
+
+def _ids(conn: Conn, q: str, **kw: Any) -> list[tuple[str, int]]:
+    """memory_query's (external_id, node_id), best first."""
+    register_vector(conn)
+    args = {"q": q, "p": kw.pop("project", P), "lv": kw.pop("levels", ["L0", "L1", "L2"]), **kw}
+    named = "".join(f", {k} => %({k})s" for k in kw)
+    rows = conn.execute(
+        f"SELECT external_id, node_id FROM memory_query(%(q)s, project => %(p)s, "
+        f"levels => %(lv)s{named}) ORDER BY rank",
+        args,
+    ).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+def test_as_of_answers_from_the_versions_known_then_in_every_leg(conn: Conn) -> None:
+    _write(conn, [_node("pref:1", "Mara prefers tea in the morning"),
+                  _node("note:1", "The kettle is broken")], seed=1)  # fmt: skip
+    old_id = conn.execute(
+        "SELECT id FROM memory.nodes WHERE external_id = 'pref:1' AND revision = 1"
+    ).fetchone()
+    assert old_id is not None
+    t1 = _now(conn)
+    _write(conn, [_node("pref:1", "Mara prefers coffee in the morning")], seed=50)
+    conn.execute("SELECT memory.forget(%s, ARRAY['note:1'])", (P,))
+    lex = {"strategy": "LexicalOnly", "k": 10}
+    # today: the tea version and the kettle are gone
+    assert _ids(conn, "tea", **lex) == []
+    assert _ids(conn, "kettle", **lex) == []
+    assert [i for i, _ in _ids(conn, "coffee", **lex)] == ["pref:1"]
+    # as of t1: what the database held then, and nothing written later
+    assert _ids(conn, "tea", as_of=t1, **lex) == [("pref:1", old_id[0])]
+    assert [i for i, _ in _ids(conn, "kettle", as_of=t1, **lex)] == ["note:1"]
+    assert _ids(conn, "coffee", as_of=t1, **lex) == []
+    # the vector legs too: the old version's own vector finds it only under as_of
+    v1 = _vec(1)
+    sem = {"strategy": "SemanticOnly", "k": 3, "query_embedding": v1}
+    assert _ids(conn, "tea", as_of=t1, **sem)[0] == ("pref:1", old_id[0])
+    assert old_id[0] not in [n for _, n in _ids(conn, "tea", **sem)]
+    hybrid = _ids(conn, "tea", as_of=t1, strategy="Hybrid", k=3, query_embedding=v1)
+    assert hybrid[0] == ("pref:1", old_id[0])
+    cascade = _ids(conn, "tea", as_of=t1, strategy="LexicalFirst", k=3, query_embedding=v1)
+    assert cascade == [("pref:1", old_id[0])]
+    # the plan says what it answered from
+    row = conn.execute(
+        "SELECT memory.plan_query('tea', project => %s, as_of => %s)", (P, t1)
+    ).fetchone()
+    assert row is not None and datetime.fromisoformat(row[0]["as_of"]) == t1
+    # before anything was written: nothing
+    assert _ids(conn, "tea", as_of=datetime(2001, 1, 1).astimezone(), **lex) == []
+
+
+def test_bm25_as_of_scores_with_the_corpus_as_it_stood(conn: Conn) -> None:
+    docs = [
+        ("a", "the red fox jumps over the lazy dog"),
+        ("b", "a red apple and a green apple"),
+        ("c", "the dog sleeps by the red door"),
+    ]
+    _write(conn, [_node(i, t) for i, t in docs])
+    t1 = _now(conn)
+    # later: one updated, one retired, one added, in a corpus that grows
+    _write(conn, [_node("a", "a blue bird sings"), _node("d", "red red red everywhere")], seed=9)
+    conn.execute("SELECT memory.forget(%s, ARRAY['b'])", (P,))
+    # the same contents written fresh in a project of their own: the reference
+    _write(conn, [{**_node(i, t), "project": "as-it-stood"} for i, t in docs], seed=20)
+    sql = (
+        "SELECT n.external_id, round(l.lexical_score::numeric, 9) FROM memory.lexical_search("
+        "'red dog', %s, k => 10, as_of => %s) l JOIN memory.nodes n ON n.id = l.node_id "
+        "ORDER BY l.rank"
+    )
+    past = conn.execute(sql, (P, t1)).fetchall()
+    ref = conn.execute(sql.replace("as_of => %s", "as_of => NULL"), ("as-it-stood",)).fetchall()
+    assert len(past) == 3 and past == ref
+    # and today's answer differs: its statistics are today's
+    now = conn.execute(sql.replace("as_of => %s", "as_of => NULL"), (P,)).fetchall()
+    assert sorted(i for i, _ in now) == ["c", "d"]
+
+
+def test_valid_at_selects_by_world_time_and_still_fills_its_limit(conn: Conn) -> None:
+    groups = {
+        "old": {"valid_to": "2020-01-01T00:00:00Z"},
+        "mid": {"valid_from": "2020-01-01T00:00:00Z", "valid_to": "2024-01-01T00:00:00Z"},
+        "new": {"valid_from": "2024-01-01T00:00:00Z"},
+    }
+    nodes = [
+        _node(f"{g}:{i}", f"Mara lives in a flat, note {g} {i}", **bounds)
+        for g, bounds in groups.items()
+        for i in range(10)
+    ]
+    nodes += [_node(f"plain:{i}", f"unrelated words {i}") for i in range(200)]
+    _write(conn, nodes, seed=100)
+    lex = {"strategy": "LexicalOnly", "k": 5}
+
+    def groups_of(rows: list[tuple[str, int]]) -> set[str]:
+        return {i.split(":")[0] for i, _ in rows}
+
+    # today (2026): only what holds now
+    today = _ids(conn, "flat", **lex)
+    assert len(today) == 5 and groups_of(today) == {"new"}
+    mid = _ids(conn, "flat", valid_at=datetime.fromisoformat("2022-06-01T00:00:00+00:00"), **lex)
+    assert len(mid) == 5 and groups_of(mid) == {"mid"}
+    # valid_to is exclusive: at the boundary the next group holds
+    edge = datetime.fromisoformat("2024-01-01T00:00:00+00:00")
+    assert groups_of(_ids(conn, "flat", valid_at=edge, **lex)) == {"new"}
+    # the vector leg fills its limit under the filter too (30 of 230 nodes match in time)
+    old = datetime.fromisoformat("2019-01-01T00:00:00+00:00")
+    sem = _ids(conn, "flat", valid_at=old, strategy="SemanticOnly", k=5, query_embedding=_vec(7))
+    assert len(sem) == 5 and groups_of(sem) <= {"old", "plain"} and "mid" not in groups_of(sem)
+    # a new valid time for the same text is a new version (the old one leaves answers)
+    out = _write(conn, [_node("new:0", "Mara lives in a flat, note new 0",
+                              valid_from="2024-01-01T00:00:00Z",
+                              valid_to="2025-01-01T00:00:00Z")])  # fmt: skip
+    assert (out["inserted"], out["updated"]) == (1, 1)
+    assert "new:0" not in [i for i, _ in _ids(conn, "flat", strategy="LexicalOnly", k=20)]
+    hist = conn.execute(
+        "SELECT revision, valid_from, valid_to FROM memory.history(%s, 'new:0')", (P,)
+    ).fetchall()
+    assert [(r[0], r[2] is None) for r in hist] == [(1, True), (2, False)]
+
+
+def test_a_bad_instant_is_refused_by_name(conn: Conn) -> None:
+    for arg in ("as_of", "valid_at"):
+        with pytest.raises(psycopg.Error) as exc:
+            conn.execute(f"SELECT * FROM memory_query('tea', {arg} => 'infinity')")
+        assert exc.value.sqlstate == "22023"
+        assert arg in (exc.value.diag.message_primary or "")
+
+
+def test_http_as_of_and_valid_at(fixture_url: str, embedder: LocalEmbedder, conn: Conn) -> None:
+    _write(conn, [_node("pref:1", "Mara prefers tea in the morning")])
+    t1 = _now(conn)
+    _write(conn, [_node("pref:1", "Mara prefers coffee in the morning")], seed=3)
+    with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as client:
+        params = {"query": "tea", "project": P, "level": "L0", "strategy": "LexicalOnly"}
+        assert query(client, **params)["results"] == []
+        body = query(client, **params, as_of=t1.isoformat())
+        assert [r["text"] for r in body["results"]] == ["Mara prefers tea in the morning"]
+        assert datetime.fromisoformat(body["plan"]["as_of"]) == t1
+        # the same answer as SQL's
+        sql = _ids(conn, "tea", levels=["L0"], strategy="LexicalOnly", as_of=t1)
+        assert [r["external_id"] for r in body["results"]] == [i for i, _ in sql] == ["pref:1"]
+        # not ISO 8601 (the service refuses it), and a year the database refuses (22023)
+        for bad in ("yesterday", "infinity", "0001-01-01T00:00:00Z"):
+            r = client.get("/memory/query", params={**params, "as_of": bad})
+            assert r.status_code == 400, r.text
+            assert "as_of" in r.json()["detail"], r.text
+        r = client.get("/memory/query", params={**params, "valid_at": "2022-01-01T00:00:00Z"})
+        assert r.status_code == 200 and r.json()["plan"]["valid_at"].startswith("2022-01-01")
