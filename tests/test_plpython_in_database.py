@@ -22,9 +22,10 @@ def _migrated(url: str) -> psycopg.Connection[object]:
 
 def test_optimizer_imports_from_the_database(empty_url: str) -> None:
     with _migrated(empty_url) as conn:
-        assert conn.execute(
-            "SELECT value FROM memory.config WHERE key = 'plpython_path'"
-        ).fetchone() is None
+        assert (
+            conn.execute("SELECT value FROM memory.config WHERE key = 'plpython_path'").fetchone()
+            is None
+        )
         where = conn.execute("SELECT memory.plpython_load()").fetchone()
         assert where == (f"database:{plpython_checksum()}",)
         plan = conn.execute(
@@ -66,7 +67,9 @@ def test_check_reports_a_module_edited_or_removed_by_hand(empty_url: str) -> Non
         )
         conn.execute("DELETE FROM memory._plpython_modules WHERE name = 'dates.py'")
         found = check(conn).findings
-        assert any(f.startswith("plpython module changed by hand: optimizer.py") for f in found), found
+        assert any(f.startswith("plpython module changed by hand: optimizer.py") for f in found), (
+            found
+        )
         assert "plpython module missing (migrate restores it): dates.py" in found, found
         migrate(conn, None)
         assert check(conn).clean
