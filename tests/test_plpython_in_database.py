@@ -6,11 +6,23 @@ by hand."""
 
 from __future__ import annotations
 
-import psycopg
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
 
-from conftest import prepare_database
+import psycopg
+import pytest
+
+from conftest import FIXTURE, prepare_database
 from poimen_memory.db.connect import connect
-from poimen_memory.db.migrate import check, migrate, plpython_checksum
+from poimen_memory.db.migrate import ROOT, check, migrate, plpython_checksum
+from poimen_memory.embedders.local import LocalEmbedder
+from poimen_memory.ingest.nodes import parse_lines
+from poimen_memory.ingest.writer import ingest
 
 
 def _migrated(url: str) -> psycopg.Connection[object]:
@@ -73,3 +85,72 @@ def test_check_reports_a_module_edited_or_removed_by_hand(empty_url: str) -> Non
         assert "plpython module missing (migrate restores it): dates.py" in found, found
         migrate(conn, None)
         assert check(conn).clean
+
+
+def test_a_server_that_cannot_read_the_checkout_or_home_routes_hybrid(
+    empty_url: str, work_dir: Path, embedder: LocalEmbedder
+) -> None:
+    """The issue's acceptance test: `migrate` from a checkout and a POIMEN_HOME that the
+    server's OS user cannot read, the embedder's packages in a directory of the database
+    host's own (what scripts/install-embedder.sh fills), then a text memory_query()."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the server then runs as postgres, another OS user")
+    made = Path(sys.prefix) / "server-python"
+    if not any(made.glob("*/.poimen-deps")):
+        pytest.skip("`make setup` did not install the embedder's packages for the server")
+    private = Path(tempfile.mkdtemp(prefix="poimen-private-"))
+    try:
+        private.chmod(0o700)
+        for d in ("service", "plpython", "sql", "migrations"):
+            shutil.copytree(ROOT / d, private / d, ignore=shutil.ignore_patterns("__pycache__"))
+        home = private / "home"
+        home.mkdir()
+        deps = work_dir / f"db-host-embedder-{uuid.uuid4().hex[:8]}"
+        shutil.copytree(made, deps, symlinks=True)
+        deps.chmod(0o755)
+        env = {
+            **os.environ,
+            "PYTHONPATH": f"{private / 'service'}:{private / 'plpython'}",
+            "POIMEN_HOME": str(home),
+            "POIMEN_DATABASE_URL": empty_url,
+        }
+        with connect(empty_url, autocommit=True) as conn:
+            prepare_database(conn)
+        run = subprocess.run(
+            [sys.executable, "-m", "poimen_memory.cli.main", "migrate"],
+            env=env, capture_output=True, text=True, check=False, cwd=private,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        with connect(empty_url, autocommit=True) as conn:
+            conn.execute(
+                "CREATE FUNCTION pg_temp.can_read(p text) RETURNS bool LANGUAGE plpython3u AS"
+                " $$ import os; return os.access(p, os.R_OK) or os.access(p, os.X_OK) $$"
+            )
+            for p in (private, home, private / "plpython" / "poimen_core"):
+                assert conn.execute("SELECT pg_temp.can_read(%s)", (str(p),)).fetchone() == (
+                    False,
+                ), p
+            assert (
+                conn.execute(
+                    "SELECT value FROM memory.config WHERE key = 'plpython_path'"
+                ).fetchone()
+                is None
+            )
+            conn.execute(
+                "INSERT INTO memory.config (key, value) VALUES ('plpython_deps', %s)"
+                " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                (str(deps),),
+            )
+            records, _ = parse_lines(FIXTURE.read_text().splitlines())
+            ingest(conn, records, embedder, progress=False)
+            rows = conn.execute(
+                "SELECT search_strategy, query_score, semantic_rank FROM public.memory_query("
+                "'why did requests over 10KB fail', project => 'poimen')"
+            ).fetchall()
+            assert rows and {r[0] for r in rows} == {"Hybrid"}, rows
+            assert any(r[2] is not None for r in rows), rows
+            assert check(conn).clean, check(conn)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+        if "deps" in locals():
+            shutil.rmtree(deps, ignore_errors=True)

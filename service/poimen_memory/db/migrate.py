@@ -601,8 +601,11 @@ def _notice_text(source: str, diag: psycopg.errors.Diagnostic) -> str:
 
 
 def plpython_sources() -> dict[str, str]:
-    """poimen_core's files as memory._plpython_modules holds them: name to source."""
-    return {f.name: f.read_text() for f in sorted(PLPYTHON_SRC.glob("*.py"))}
+    """poimen_core's files as memory._plpython_modules holds them (name to source), and the
+    tokenizer memory.embed loads (the model itself comes with the embedder's packages)."""
+    out = {f.name: f.read_text() for f in sorted(PLPYTHON_SRC.glob("*.py"))}
+    out[TOKENIZER.name] = TOKENIZER.read_text()
+    return out
 
 
 def _write_modules(conn: psycopg.Connection[Any]) -> None:
@@ -680,6 +683,11 @@ def migrate(
                 hint="run from a source checkout (pip install -e .); the SQL ships beside the code",
             )
     py_target: Path | None = None
+    # A POIMEN_HOME the server's OS user cannot reach (or a database on another host, where
+    # no path of this one means anything): the module is imported from the database alone.
+    in_database = plpython_root is not None and _unreachable_ancestor(plpython_root) is not None
+    if in_database:
+        plpython_root = None
     if plpython_root is not None:
         py_target = install_plpython(plpython_root)
     py_path = None if py_target is None else str(py_target)
@@ -742,6 +750,8 @@ def migrate(
             if py_path is not None:
                 _write_config(conn, py_path, deps)
             _write_modules(conn)
+            if in_database:
+                conn.execute("DELETE FROM memory.config WHERE key = 'plpython_path'")
             conn.execute(
                 """INSERT INTO memory.config (key, value) VALUES ('plpython_checksum', %s)
                    ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
@@ -776,6 +786,8 @@ def _plpython_findings(
     """The plpython_path migrate would record (when this host installs the module), and
     what is wrong with the recorded keys that comparing with it cannot tell."""
     code = plpython_checksum()
+    if plpython_root is not None and _unreachable_ancestor(plpython_root) is not None:
+        plpython_root = None  # migrate imports from the database then (see migrate)
     if plpython_root is not None:
         expected = plpython_root / code[:16]
         found = (
