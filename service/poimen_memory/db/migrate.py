@@ -612,6 +612,8 @@ def _write_modules(conn: psycopg.Connection[Any]) -> None:
     """This code's poimen_core into memory._plpython_modules (migration 0017), so that the
     database imports it without reading any file of this host; a row already right is not
     rewritten, and a file this version no longer has is removed."""
+    if conn.execute("SELECT to_regclass('memory._plpython_modules')").fetchone() == (None,):
+        return  # a ledger staged before 0017 (tests of older releases' upgrades)
     src = plpython_sources()
     rows = [(n, t, hashlib.sha256(t.encode()).hexdigest()) for n, t in src.items()]
     conn.execute("DELETE FROM memory._plpython_modules WHERE NOT (name = ANY(%s))", (list(src),))
