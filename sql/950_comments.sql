@@ -23,7 +23,9 @@ BEGIN
         ('corpus_stats', 'Derived BM25 corpus sizes per project; maintained by triggers.'),
         ('opensearch_outbox', 'Queue of node changes to mirror into OpenSearch, filled by triggers while opensearch_outbox = on and drained by the service.')
         ) AS v(tbl, note)
-        WHERE pg_catalog.obj_description(pg_catalog.format('memory.%I', v.tbl)::regclass, 'pg_class')
+        -- to_regclass: this file also runs on a schema before 0017 made _plpython_modules.
+        WHERE pg_catalog.to_regclass(pg_catalog.format('memory.%I', v.tbl)) IS NOT NULL
+          AND pg_catalog.obj_description(pg_catalog.to_regclass(pg_catalog.format('memory.%I', v.tbl)), 'pg_class')
               IS DISTINCT FROM v.note
     LOOP
         EXECUTE pg_catalog.format('COMMENT ON TABLE memory.%I IS %L', c.tbl, c.note);
