@@ -26,10 +26,43 @@ LANGUAGE plpython3u STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 import sys
-path = plpy.execute("SELECT memory.plpython_path() AS p")[0]["p"]
-if GD.get("poimen_path") != path:  # new deploy: drop the stale module, import the new one
+row = plpy.execute("SELECT (SELECT value FROM memory.config WHERE key = 'plpython_path') AS p,"
+                   " (SELECT value FROM memory.config WHERE key = 'plpython_checksum') AS c")[0]
+# Without a directory on this host, the package comes from memory._plpython_modules, which
+# migrate rewrites on every deploy: the checksum names the version a backend has imported.
+where = row["p"] if row["p"] is not None else "database:%s" % (row["c"] or "none")
+if GD.get("poimen_path") != where:  # new deploy: drop the stale module, import the new one
     for m in [m for m in sys.modules if m.split(".")[0] == "poimen_core"]: del sys.modules[m]
-    sys.path[:] = [path] + [p for p in sys.path if p != GD.get("poimen_path")]; GD["poimen_path"] = path
+    sys.path[:] = [p for p in sys.path if p != GD.get("poimen_path")]
+    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "poimen_finder", False)]
+    if row["p"] is not None:
+        sys.path.insert(0, row["p"])
+    else:
+        import importlib.abc, importlib.util
+        src = {r["name"]: r["source"] for r in plpy.execute(
+            "SELECT name, source FROM memory._plpython_modules WHERE name LIKE '%.py'")}
+        class PoimenFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+            # Imports poimen_core.* from the rows read above, never from a file.
+            poimen_finder = True
+            def find_spec(self, fullname, path=None, target=None):
+                parts = fullname.split(".")
+                if parts[0] != "poimen_core" or len(parts) > 2:
+                    return None
+                fname = "__init__.py" if len(parts) == 1 else parts[1] + ".py"
+                if fname not in src:
+                    return None
+                return importlib.util.spec_from_loader(
+                    fullname, self, origin="memory._plpython_modules:" + fname,
+                    is_package=len(parts) == 1)
+            def create_module(self, spec):
+                return None
+            def exec_module(self, module):
+                fname = module.__spec__.origin.rsplit(":", 1)[1]
+                if fname == "__init__.py":
+                    module.__path__ = []
+                exec(compile(src[fname], module.__spec__.origin, "exec"), module.__dict__)
+        sys.meta_path.insert(0, PoimenFinder())
+    GD["poimen_path"] = where
 if "poimen_entry" not in GD:
     import importlib
     def poimen_entry(module, name, what, hint):
@@ -42,10 +75,10 @@ if "poimen_entry" not in GD:
                        sqlstate=@vocabulary.sqlstate_component_unavailable@, hint=hint,
                        detail="%s (memory.config plpython_path = %s)" % (e, GD["poimen_path"]))
     GD["poimen_entry"] = poimen_entry
-return path
+return where
 $$;
 COMMENT ON FUNCTION memory.plpython_load() IS
-    'Puts this deploy''s poimen_core directory (memory.plpython_path()) first on the backend''s sys.path, dropping an older copy''s modules, and keeps GD["poimen_entry"](module, name, what, hint): a poimen_core function, or PM503 with the hint when this host cannot import it. Returns the directory. Called by every PL/Python shim.';
+    'Makes this deploy''s poimen_core importable in the backend, dropping an older version''s modules: from the directory memory.config plpython_path names when it has one, else from memory._plpython_modules (written by migrate, so a database on another host needs none of the service''s files). Keeps GD["poimen_entry"](module, name, what, hint): a poimen_core function, or PM503 with the hint when it cannot be imported. Returns the directory, or database:<checksum>. Called by every PL/Python shim.';
 
 CREATE OR REPLACE FUNCTION memory._optimize_query(query text, reference_time timestamptz)
 RETURNS jsonb

@@ -73,7 +73,10 @@ cfg = plpy.execute(
     " (SELECT value::float8 FROM memory.config WHERE key = 'embedding_server_timeout_s') AS server_timeout_s"
     ", current_setting('poimen.embed_threads', true) AS threads_setting"
     " FROM (SELECT 1) one LEFT JOIN memory.embedding_model m ON true")[0]
-return embed_for_sql(plpy, GD, query, code_dir=code, **cfg)
+def tokenizer_json():  # read once per backend, when the model loads (poimen_core from the database)
+    r = plpy.execute("SELECT source FROM memory._plpython_modules WHERE name = 'tokenizer.json'")
+    return r[0]["source"] if len(r) else None
+return embed_for_sql(plpy, GD, query, code_dir=code, tokenizer_json=tokenizer_json, **cfg)
 $$;
 COMMENT ON FUNCTION memory.embed(text) IS
     'The text''s embedding from the database''s model: from the remote server set by memory.configure_embedding_server when there is one (PM503 naming its URL when it fails, PM409 when its dimension differs), else from the local all-MiniLM-L6-v2 int8 (loaded once per backend, about 180 MB and poimen.embed_threads intra-op threads, 1 by default: see docs/embeddings.md; it reads at most the first 100,000 characters; PM503 with a hint when the model or its packages are missing on this host).';

@@ -12,6 +12,7 @@ BEGIN
     FOR c IN
         SELECT v.tbl, v.note FROM (VALUES
         ('schema_migrations', 'Ledger of applied versioned migrations (migrations/*.sql), frozen by checksum. Written by `poimen-memory migrate` only.'),
+        ('_plpython_modules', 'The poimen_core package''s source files (and the tokenizer), written by `poimen-memory migrate` on every deploy: memory.plpython_load() imports from here when memory.config has no plpython_path, so a database on another host needs none of the service''s files. Owner-only.'),
         ('config', 'Owner-only key/value settings read by the SQL layer: the retrieval policy (memory.set_policy), the PL/Python module path, the OpenSearch outbox switch, the remote embedding server (memory.configure_embedding_server). Readable by memory_reader: it holds no secret.'),
         ('projects', 'Projects partition memory: every node belongs to one; statistics are per project.'),
         ('embedding_model', 'The one embedding model and dimension this database stores (a single row); nodes.embedding is typed vector(dim) to match.'),
@@ -22,7 +23,9 @@ BEGIN
         ('corpus_stats', 'Derived BM25 corpus sizes per project; maintained by triggers.'),
         ('opensearch_outbox', 'Queue of node changes to mirror into OpenSearch, filled by triggers while opensearch_outbox = on and drained by the service.')
         ) AS v(tbl, note)
-        WHERE pg_catalog.obj_description(pg_catalog.format('memory.%I', v.tbl)::regclass, 'pg_class')
+        -- to_regclass: this file also runs on a schema before 0017 made _plpython_modules.
+        WHERE pg_catalog.to_regclass(pg_catalog.format('memory.%I', v.tbl)) IS NOT NULL
+          AND pg_catalog.obj_description(pg_catalog.to_regclass(pg_catalog.format('memory.%I', v.tbl)), 'pg_class')
               IS DISTINCT FROM v.note
     LOOP
         EXECUTE pg_catalog.format('COMMENT ON TABLE memory.%I IS %L', c.tbl, c.note);
@@ -64,6 +67,9 @@ BEGIN
         ('schema_migrations', 'version',       'migration file name without .sql, e.g. 0001_initial'),
         ('schema_migrations', 'checksum',      'sha256 of the migration file when it was applied'),
         ('schema_migrations', 'applied_at',    'when the migration ran'),
+        ('_plpython_modules', 'name',          'file name inside poimen_core, e.g. optimizer.py, or tokenizer.json'),
+        ('_plpython_modules', 'source',        'the file''s text as migrate read it'),
+        ('_plpython_modules', 'checksum',      'sha256 of source: migrate --check reports a row that differs'),
         ('config',            'key',           'setting name, e.g. fusion, rrf_k, plpython_path, opensearch_outbox'),
         ('config',            'value',         'setting value as text, validated by the function that writes it'),
         ('config',            'updated_at',    'when the value last changed'),

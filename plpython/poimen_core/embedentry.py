@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,12 @@ def embed_threads(setting: str | None) -> int:
 
 
 def _load(
-    plpy: PlpyLike, gd: dict[str, Any], deps_root: str | None, code_dir: str, threads: int
+    plpy: PlpyLike,
+    gd: dict[str, Any],
+    deps_root: str | None,
+    code_dir: str,
+    threads: int,
+    tokenizer_json: Callable[[], str | None] | None = None,
 ) -> Any:
     if deps_root is None:
         plpy.error(
@@ -64,8 +70,12 @@ def _load(
             sqlstate=EMBEDDER_UNAVAILABLE,
         )
     deps = _deps_dir(deps_root)
+    # code_dir is database:<checksum> when poimen_core came from memory._plpython_modules
+    # (memory.plpython_load): the tokenizer is a row there too, so nothing is read from the
+    # service's files; otherwise migrate copied it beside the package.
+    in_db = code_dir.startswith("database:")
     tokenizer = Path(code_dir) / "tokenizer.json"
-    key = (deps, str(tokenizer), threads)
+    key = (deps, code_dir if in_db else str(tokenizer), threads)
     cached = gd.get(_CACHE_KEY)
     if cached is not None and cached[0] == key:
         return cached[1]
@@ -79,7 +89,13 @@ def _load(
     try:
         from poimen_core.minilm import MiniLM, ModelFileError, model_path
 
-        model = MiniLM(model_path(), tokenizer, threads=threads)
+        if in_db:
+            text = None if tokenizer_json is None else tokenizer_json()
+            if text is None:
+                raise ModelFileError("memory._plpython_modules has no tokenizer.json row")
+            model = MiniLM(model_path(), None, threads=threads, tokenizer_json=text)
+        else:
+            model = MiniLM(model_path(), tokenizer, threads=threads)
     except ImportError as exc:
         plpy.error(
             "the in-database embedder cannot be imported on this host",
@@ -112,6 +128,7 @@ def embed_for_sql(
     server_model: str | None = None,
     server_timeout_s: float | None = None,
     threads_setting: str | None = None,
+    tokenizer_json: Callable[[], str | None] | None = None,
 ) -> str:
     """The text's vector in pgvector's input format, from the database's configured model:
     the remote server of memory.configure_embedding_server when one is set, else the local
@@ -138,7 +155,7 @@ def embed_for_sql(
             hint="e.g. ALTER DATABASE ... SET poimen.embed_threads = 1 (the default)",
             sqlstate="22023",
         )
-    vec = _load(plpy, gd, deps_root, code_dir, threads).embed_one(text)
+    vec = _load(plpy, gd, deps_root, code_dir, threads, tokenizer_json).embed_one(text)
     # repr of each float32 (widened to a Python float) reads back to the same float32.
     return "[" + ",".join(map(repr, vec.tolist())) + "]"
 

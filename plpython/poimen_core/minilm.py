@@ -104,9 +104,10 @@ class MiniLM:
     def __init__(
         self,
         model: Path,
-        tokenizer: Path,
+        tokenizer: Path | None,
         *,
         threads: int,
+        tokenizer_json: str | None = None,
         max_tokens: int = MAX_TOKENS,
         model_sha256: str | None = MODEL_SHA256,
         tokenizer_sha256: str | None = TOKENIZER_SHA256,
@@ -117,7 +118,18 @@ class MiniLM:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_file(str(verified(tokenizer, tokenizer_sha256, "tokenizer.json")))
+        if tokenizer_json is not None:  # memory._plpython_modules' copy: no file on this host
+            actual = hashlib.sha256(tokenizer_json.encode()).hexdigest()
+            if tokenizer_sha256 is not None and actual != tokenizer_sha256:
+                raise ModelFileError(
+                    f"tokenizer.json in the database has sha256 {actual}, expected "
+                    f"{tokenizer_sha256}: run `poimen-memory migrate` again"
+                )
+            tok = Tokenizer.from_str(tokenizer_json)
+        elif tokenizer is None:
+            raise ModelFileError("no tokenizer.json was given")
+        else:
+            tok = Tokenizer.from_file(str(verified(tokenizer, tokenizer_sha256, "tokenizer.json")))
         # The shipped file pins truncation at 128 and fixed padding to 128;
         # we truncate like sentence-transformers and pad per chunk ourselves.
         tok.enable_truncation(max_length=max_tokens)

@@ -600,6 +600,60 @@ def _notice_text(source: str, diag: psycopg.errors.Diagnostic) -> str:
     return "\n".join(parts)
 
 
+def plpython_sources() -> dict[str, str]:
+    """poimen_core's files as memory._plpython_modules holds them (name to source), and the
+    tokenizer memory.embed loads (the model itself comes with the embedder's packages)."""
+    out = {f.name: f.read_text() for f in sorted(PLPYTHON_SRC.glob("*.py"))}
+    out[TOKENIZER.name] = TOKENIZER.read_text()
+    return out
+
+
+def _write_modules(conn: psycopg.Connection[Any]) -> None:
+    """This code's poimen_core into memory._plpython_modules (migration 0017), so that the
+    database imports it without reading any file of this host; a row already right is not
+    rewritten, and a file this version no longer has is removed."""
+    if conn.execute("SELECT to_regclass('memory._plpython_modules')").fetchone() == (None,):
+        return  # a ledger staged before 0017 (tests of older releases' upgrades)
+    src = plpython_sources()
+    rows = [(n, t, hashlib.sha256(t.encode()).hexdigest()) for n, t in src.items()]
+    conn.execute("DELETE FROM memory._plpython_modules WHERE NOT (name = ANY(%s))", (list(src),))
+    with conn.cursor() as cur:
+        cur.executemany(
+            """INSERT INTO memory._plpython_modules (name, source, checksum) VALUES (%s, %s, %s)
+               ON CONFLICT (name) DO UPDATE SET source = EXCLUDED.source,
+                   checksum = EXCLUDED.checksum
+               WHERE memory._plpython_modules.source IS DISTINCT FROM EXCLUDED.source""",
+            rows,
+        )
+
+
+def _module_findings(conn: psycopg.Connection[Any]) -> list[str]:
+    """How memory._plpython_modules differs from this code's poimen_core: a row edited by
+    hand (its source, or its checksum column), missing, or not from this code."""
+    if conn.execute("SELECT to_regclass('memory._plpython_modules')").fetchone() == (None,):
+        return []
+    have = {
+        str(n): (str(t), str(c))
+        for n, t, c in conn.execute("SELECT name, source, checksum FROM memory._plpython_modules")
+    }
+    out: list[str] = []
+    for name, text in plpython_sources().items():
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        if name not in have:
+            out.append(f"plpython module missing (migrate restores it): {name}")
+        elif have[name][0] != text or have[name][1] != digest:
+            out.append(
+                f"plpython module changed by hand: {name}: sha256 "
+                f"{hashlib.sha256(have[name][0].encode()).hexdigest()[:16]}, recorded "
+                f"{have[name][1][:16]} (migrate makes it: {digest[:16]})"
+            )
+    out += [
+        f"plpython module not from this code (migrate removes it): {n}"
+        for n in sorted(set(have) - set(plpython_sources()))
+    ]
+    return out
+
+
 def _write_config(conn: psycopg.Connection[Any], py_path: str, deps: Path | None) -> None:
     """The product's keys in memory.config (where PL/Python imports from), as migrate sets
     them; a row already right is not rewritten."""
@@ -631,6 +685,11 @@ def migrate(
                 hint="run from a source checkout (pip install -e .); the SQL ships beside the code",
             )
     py_target: Path | None = None
+    # A POIMEN_HOME the server's OS user cannot reach (or a database on another host, where
+    # no path of this one means anything): the module is imported from the database alone.
+    in_database = plpython_root is not None and _unreachable_ancestor(plpython_root) is not None
+    if in_database:
+        plpython_root = None
     if plpython_root is not None:
         py_target = install_plpython(plpython_root)
     py_path = None if py_target is None else str(py_target)
@@ -692,6 +751,15 @@ def migrate(
             _use_vector_schema(conn, schema)
             if py_path is not None:
                 _write_config(conn, py_path, deps)
+            _write_modules(conn)
+            if in_database:
+                conn.execute("DELETE FROM memory.config WHERE key = 'plpython_path'")
+            conn.execute(
+                """INSERT INTO memory.config (key, value) VALUES ('plpython_checksum', %s)
+                   ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
+                   WHERE memory.config.value IS DISTINCT FROM EXCLUDED.value""",
+                (plpython_checksum(),),
+            )
             sql_files = _apply_sql_files(conn, schema)
         return applied, already, notices, schema, sql_files
 
@@ -720,6 +788,8 @@ def _plpython_findings(
     """The plpython_path migrate would record (when this host installs the module), and
     what is wrong with the recorded keys that comparing with it cannot tell."""
     code = plpython_checksum()
+    if plpython_root is not None and _unreachable_ancestor(plpython_root) is not None:
+        plpython_root = None  # migrate imports from the database then (see migrate)
     if plpython_root is not None:
         expected = plpython_root / code[:16]
         found = (
@@ -781,7 +851,7 @@ def check(
             _apply_sql_files(conn, schema)
             after = dict(conn.execute(_SNAPSHOT).fetchall())
             touched = {str(r[0]) for r in conn.execute(_TOUCHED)}
-            found = _findings(protected, _protection(conn)) + found
+            found = _findings(protected, _protection(conn)) + found + _module_findings(conn)
         return DriftReport(
             pending_migrations=[],
             changed=sorted(s for s in after if s in before and before[s] != after[s]),
