@@ -159,7 +159,12 @@ DECLARE
                  || CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
                                       WHERE a.attrelid = 'memory.nodes'::regclass
                                         AND a.attname = 'parents_declared' AND NOT a.attisdropped)
-                         THEN ', parents_declared' ELSE '' END;
+                         THEN ', parents_declared' ELSE '' END
+                 -- valid time (migration 0018): content, blanked by an erase
+                 || CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                                      WHERE a.attrelid = 'memory.nodes'::regclass
+                                        AND a.attname = 'valid_to' AND NOT a.attisdropped)
+                         THEN ', valid_from, valid_to' ELSE '' END;
 BEGIN
     EXECUTE pg_catalog.format('GRANT INSERT (%s), UPDATE (%s), DELETE ON memory.nodes TO memory_writer',
                               cols, cols);
