@@ -62,7 +62,7 @@ DECLARE
     -- Functions the reader may call (every overload of each name).
     reader_functions text[] := ARRAY[
         'memory.version', 'memory.project_id', 'memory.check_levels', 'memory.check_embedding', 'memory.require_embedding',
-        'memory.check_query', 'memory.check_weight', 'memory.node_filter', 'memory._valid_at', 'memory.check_instant', 'memory._lexical_as_of',
+        'memory.check_query', 'memory.check_weight', 'memory.node_filter', 'memory._valid_at', 'memory.check_instant',
         'memory.policy', 'memory._policy_keys', 'memory._policy_value', 'memory.lexical_document', 'memory.lexical_search',
         'memory.lexical_kth', 'memory.lexical_query', 'memory.semantic_search',
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory.fuse_legs',

@@ -57,7 +57,8 @@ SLOW_SQL = {
     "lexical_search": """
         ALTER FUNCTION memory.lexical_search(text, text, text[], integer,
                                              double precision, double precision,
-                                             timestamptz, timestamptz, boolean, jsonb)
+                                             timestamptz, timestamptz, boolean, jsonb,
+                                             timestamptz, timestamptz)
             RENAME TO lexical_search_real;
         CREATE FUNCTION memory.lexical_search(query text, project text DEFAULT NULL,
                                               levels text[] DEFAULT NULL, k integer DEFAULT 50,
@@ -66,18 +67,21 @@ SLOW_SQL = {
                                               since timestamptz DEFAULT NULL,
                                               before timestamptz DEFAULT NULL,
                                               exhaustive boolean DEFAULT false,
-                                              filter jsonb DEFAULT NULL)
+                                              filter jsonb DEFAULT NULL,
+                                              as_of timestamptz DEFAULT NULL,
+                                              valid_at timestamptz DEFAULT NULL)
         RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
         LANGUAGE plpgsql AS $$
         BEGIN
             PERFORM pg_sleep({seconds});
             RETURN QUERY SELECT * FROM memory.lexical_search_real(query, project, levels, k, k1, b,
                                                                   since, before, exhaustive,
-                                                                  filter);
+                                                                  filter, as_of, valid_at);
         END $$;""",
     "semantic_search": """
         ALTER FUNCTION memory.semantic_search(vector, text, text[], integer, integer,
-                                              timestamptz, timestamptz, jsonb, jsonb)
+                                              timestamptz, timestamptz, jsonb, jsonb,
+                                              timestamptz, timestamptz)
             RENAME TO semantic_search_real;
         CREATE FUNCTION memory.semantic_search(query_embedding vector, project text DEFAULT NULL,
                                                levels text[] DEFAULT NULL, k integer DEFAULT 50,
@@ -85,7 +89,9 @@ SLOW_SQL = {
                                                since timestamptz DEFAULT NULL,
                                                before timestamptz DEFAULT NULL,
                                                filter jsonb DEFAULT NULL,
-                                               grammar jsonb DEFAULT NULL)
+                                               grammar jsonb DEFAULT NULL,
+                                               as_of timestamptz DEFAULT NULL,
+                                               valid_at timestamptz DEFAULT NULL)
         RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
         LANGUAGE plpgsql AS $$
         BEGIN
@@ -93,7 +99,7 @@ SLOW_SQL = {
             RETURN QUERY SELECT * FROM memory.semantic_search_real(query_embedding, project,
                                                                    levels, k, ef_search,
                                                                    since, before, filter,
-                                                                   grammar);
+                                                                   grammar, as_of, valid_at);
         END $$;""",
 }
 

@@ -397,6 +397,8 @@ def test_openapi_lists_every_route_and_the_error_schema(
         "evidence",
         "filter",
         "min_cosine",
+        "as_of",
+        "valid_at",
     }
     # The documented response shapes cover what the service really returns.
     assert set(sample) <= set(schemas["QueryResponse"]["properties"])

@@ -192,7 +192,7 @@ def test_convex_fusion_on_request(client: TestClient) -> None:
 
 BY_IDS_SPY = """
 ALTER FUNCTION memory.search_by_ids(vector, bigint[], text, text[], integer, timestamptz,
-                                    timestamptz, jsonb, jsonb)
+                                    timestamptz, jsonb, jsonb, timestamptz, timestamptz)
     RENAME TO search_by_ids_real;
 CREATE TABLE memory.by_ids_calls (call serial PRIMARY KEY, ids bigint[], project text,
                                   levels text[], k integer);
@@ -200,14 +200,17 @@ CREATE FUNCTION memory.search_by_ids(query_embedding vector, ids bigint[],
                                      project text DEFAULT NULL, levels text[] DEFAULT NULL,
                                      k integer DEFAULT 50, since timestamptz DEFAULT NULL,
                                      before timestamptz DEFAULT NULL,
-                                     filter jsonb DEFAULT NULL, grammar jsonb DEFAULT NULL)
+                                     filter jsonb DEFAULT NULL, grammar jsonb DEFAULT NULL,
+                                     as_of timestamptz DEFAULT NULL,
+                                     valid_at timestamptz DEFAULT NULL)
 RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     INSERT INTO memory.by_ids_calls (ids, project, levels, k) VALUES (ids, project, levels, k);
     RETURN QUERY SELECT * FROM memory.search_by_ids_real(query_embedding, ids, project, levels, k,
-                                                         since, before, filter, grammar);
+                                                         since, before, filter, grammar,
+                                                         as_of, valid_at);
 END $$;
 """
 

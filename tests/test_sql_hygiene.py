@@ -73,6 +73,8 @@ WRITER = {
 SERVICE = {"configure_embedding", "enable_outbox"}
 READER = {
     "version",
+    "_valid_at",
+    "check_instant",
     "project_id",
     "check_levels",
     "check_embedding",

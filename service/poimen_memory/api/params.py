@@ -102,12 +102,14 @@ def _instant(raw: str | None, name: str) -> datetime | None:
         return None
     try:
         ts = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError as exc:
+        # As its UTC instant: Python accepts offsets PostgreSQL's input refuses (beyond
+        # +-15:59), which would reach the database as 22009.
+        return ts.astimezone(UTC) if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
+    except (ValueError, OverflowError) as exc:
         raise ValidationError(
             f"{name} must be an ISO 8601 timestamp, got {raw!r}",
             hint=f"for example {name}=2024-06-01T00:00:00Z",
         ) from exc
-    return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
 
 
 def _min_cosine(raw: str | None) -> float | None:
