@@ -4,7 +4,7 @@
 -- where (memory.config plpython_deps) and copies the tokenizer beside poimen_core.
 
 -- Or a remote OpenAI-compatible /v1/embeddings server named here, in memory.config. That
--- table is readable by memory_reader, so the URL must carry no secret: no user:password@
+-- table is readable by @role.reader@, so the URL must carry no secret: no user:password@
 -- and no query string (API keys are not supported; docs/embeddings.md). Owner-only, like
 -- memory.set_policy: the owner decides where a reader's query text is sent.
 CREATE OR REPLACE FUNCTION memory.configure_embedding_server(
@@ -19,7 +19,7 @@ BEGIN
     IF url IS NULL OR url !~ '^https?://[^/?#@[:space:]]+(/[^?#@[:space:]]*)?$' THEN
         RAISE EXCEPTION 'invalid embedding server URL %', coalesce(url, 'NULL')
             USING ERRCODE = '22023',
-                  DETAIL = 'memory.config is readable by memory_reader, so the URL may hold no credentials (user@), query string or fragment.',
+                  DETAIL = 'memory.config is readable by @role.reader@, so the URL may hold no credentials (user@), query string or fragment.',
                   HINT = 'A base URL (http://host:7997, tried as /v1/embeddings then /embeddings) or the full endpoint.';
     END IF;
     -- statement_timeout cannot interrupt a backend blocked in a socket call: this is the bound.

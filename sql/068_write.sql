@@ -50,15 +50,15 @@ RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    -- The service's API key id counts only for members of memory_service, the role that
+    -- The service's API key id counts only for members of @role.service@, the role that
     -- asserts projects for its callers (sql/085_tenants.sql); anyone else is its role.
     SELECT CASE WHEN nullif(current_setting('poimen.api_key', true), '') IS NOT NULL
-                     AND pg_has_role(current_user, 'memory_service', 'MEMBER')
+                     AND pg_has_role(current_user, '@role.service@', 'MEMBER')
                 THEN 'api_key:' || current_setting('poimen.api_key', true)
                 ELSE 'role:' || current_user END
 $$;
 COMMENT ON FUNCTION memory._writer() IS
-    'Who is writing, as memory.nodes.written_by and ended_by record it: api_key:<id> when the HTTP service writes for an API key (poimen.api_key, honoured for members of memory_service only), role:<name> otherwise.';
+    'Who is writing, as memory.nodes.written_by and ended_by record it: api_key:<id> when the HTTP service writes for an API key (poimen.api_key, honoured for members of @role.service@ only), role:<name> otherwise.';
 
 CREATE OR REPLACE FUNCTION memory._ensure_projects(names text[])
 RETURNS void
@@ -313,4 +313,4 @@ add_nodes_for_sql = GD["poimen_entry"](
 return add_nodes_for_sql(plpy, nodes)
 $$;
 COMMENT ON FUNCTION memory.add_nodes(jsonb) IS
-    'Writes a JSON array of nodes in the JSONL format of `poimen-memory ingest` (docs/ingest.md), with its guarantees: every node validated first by the same code (22023 naming the node and field; nothing written), content-hash keys (a node already stored counts as a duplicate), parents linked by id within the array or among the project''s stored nodes, vectors from memory.embed, all in the calling statement (all or nothing). Returns {"inserted", "duplicates", "edges", "unresolved"}. The first write into an empty database records the model, which only the owner or memory_service may do (PM412 otherwise). Row-level security applies: 42501 names the node whose project the caller may not write.';
+    'Writes a JSON array of nodes in the JSONL format of `poimen-memory ingest` (docs/ingest.md), with its guarantees: every node validated first by the same code (22023 naming the node and field; nothing written), content-hash keys (a node already stored counts as a duplicate), parents linked by id within the array or among the project''s stored nodes, vectors from memory.embed, all in the calling statement (all or nothing). Returns {"inserted", "duplicates", "edges", "unresolved"}. The first write into an empty database records the model, which only the owner or @role.service@ may do (PM412 otherwise). Row-level security applies: 42501 names the node whose project the caller may not write.';

@@ -522,7 +522,7 @@ BEGIN
         'calls', done, 'lexical', lex, 'evidence_lexical', ev_lex, 'stages', st));
 END $$;
 COMMENT ON FUNCTION memory._serve_start(jsonb, jsonb) IS
-    'The HTTP service''s first statement, under the projects caps asserts (read_projects, write_projects; honoured for members of memory_service only): the plan (memory._plan), and under prefetched the Postgres lexical legs it names, run while the service embeds the query; memory._serve takes them back.';
+    'The HTTP service''s first statement, under the projects caps asserts (read_projects, write_projects; honoured for members of @role.service@ only): the plan (memory._plan), and under prefetched the Postgres lexical legs it names, run while the service embeds the query; memory._serve takes them back.';
 
 CREATE OR REPLACE FUNCTION memory._serve(
     req jsonb, caps jsonb, query_embedding vector, hits jsonb DEFAULT NULL,
@@ -581,4 +581,4 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION memory._assert_projects(jsonb) IS
-    'Sets poimen.read_projects / poimen.write_projects for the transaction from caps (read_projects, write_projects: comma-separated names or *), as the service''s begin_request does; the policies honour them for members of memory_service only.';
+    'Sets poimen.read_projects / poimen.write_projects for the transaction from caps (read_projects, write_projects: comma-separated names or *), as the service''s begin_request does; the policies honour them for members of @role.service@ only.';

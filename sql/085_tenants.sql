@@ -3,9 +3,9 @@
 --
 -- A role sees the projects granted to it (or to a role whose privileges it has) with
 -- memory.grant_project; '*' grants every project. The HTTP service's role (a member of
--- memory_service) may also assert, per transaction, the projects of the API key it is
+-- @role.service@) may also assert, per transaction, the projects of the API key it is
 -- serving: set_config('poimen.read_projects' / 'poimen.write_projects', 'a,b', true).
--- Anyone can set those settings; the policies honour them only for memory_service
+-- Anyone can set those settings; the policies honour them only for @role.service@
 -- members, so a plain SQL user gains nothing by it.
 --
 -- Every query function is SECURITY INVOKER, so the policies apply inside them and top-k
@@ -14,6 +14,15 @@
 -- project's BM25 statistics exact. BM25 statistics are per project; a query over several
 -- projects sums the statistics of the projects its caller can see, so nothing about a
 -- hidden project reaches a score.
+
+-- The names migrate renders for this database (service/poimen_memory/db/roles.py), for
+-- DBAs and tests to read rather than spell.
+CREATE OR REPLACE FUNCTION memory.roles(OUT reader name, OUT writer name, OUT service name)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT '@role.reader@'::name, '@role.writer@'::name, '@role.service@'::name $$;
+COMMENT ON FUNCTION memory.roles() IS
+    'This database''s own roles: reader (the query functions and the tables they read), writer (a reader that may write content) and service (the HTTP service''s writer). Roles are the cluster''s, so each product database has its own three (<prefix>_memory_reader, _writer, _service; the prefix chosen at the first migrate: POIMEN_ROLE_PREFIX or the database''s name).';
 
 -- plpgsql, not sql: its body is not resolved at creation, so the sql/ files still apply
 -- over a schema migrated only up to an earlier version (before memory.project_grants).
@@ -40,11 +49,11 @@ BEGIN
             -- By oid: pg_has_role with the name raises when the role does not exist (a
             -- restore without globals), and every policy would then fail. No role: no member.
             WHERE coalesce(pg_catalog.pg_has_role(
-                      current_user, pg_catalog.to_regrole('memory_service'), 'MEMBER'), false)
+                      current_user, pg_catalog.to_regrole('@role.service@'), 'MEMBER'), false)
         ) g);
 END $$;
 COMMENT ON FUNCTION memory.granted_projects(boolean) IS
-    'Names of the projects the current user may read (write => true: write); ''*'' means every project. The union of memory.project_grants for the user''s roles and, for members of memory_service only, the poimen.read_projects / poimen.write_projects settings of the transaction.';
+    'Names of the projects the current user may read (write => true: write); ''*'' means every project. The union of memory.project_grants for the user''s roles and, for members of @role.service@ only, the poimen.read_projects / poimen.write_projects settings of the transaction.';
 
 CREATE OR REPLACE FUNCTION memory.granted_project_ids(write boolean DEFAULT false)
 RETURNS integer[]
@@ -72,11 +81,11 @@ BEGIN
     -- membership, without reading the grants table.
     RETURN current_setting(CASE WHEN write THEN 'poimen.write_projects'
                                 ELSE 'poimen.read_projects' END, true) = '*'
-           AND coalesce(pg_catalog.pg_has_role(current_user, pg_catalog.to_regrole('memory_service'),
+           AND coalesce(pg_catalog.pg_has_role(current_user, pg_catalog.to_regrole('@role.service@'),
                                                'MEMBER'), false);
 END $$;
 COMMENT ON FUNCTION memory._asserted_all(boolean) IS
-    'Whether the service (a member of memory_service) asserts every project (''*'') in poimen.read_projects (write: poimen.write_projects): the first, cheap half of memory.granted_all, which memory.projects'' policy tests before reading the grants.';
+    'Whether the service (a member of @role.service@) asserts every project (''*'') in poimen.read_projects (write: poimen.write_projects): the first, cheap half of memory.granted_all, which memory.projects'' policy tests before reading the grants.';
 
 CREATE OR REPLACE FUNCTION memory.granted_all(write boolean DEFAULT false)
 RETURNS boolean
@@ -115,7 +124,7 @@ BEGIN
         DO UPDATE SET can_write = EXCLUDED.can_write, granted_at = now();
 END $$;
 COMMENT ON FUNCTION memory.grant_project(regrole, text, boolean) IS
-    'Lets a role (and every role that has its privileges) read one project, or every project with ''*''; write => true also lets it insert, update and delete the project''s nodes and edges. Re-granting replaces the write flag. Row access only: the role still needs memory_reader or memory_writer for the functions and tables.';
+    'Lets a role (and every role that has its privileges) read one project, or every project with ''*''; write => true also lets it insert, update and delete the project''s nodes and edges. Re-granting replaces the write flag. Row access only: the role still needs @role.reader@ or @role.writer@ for the functions and tables.';
 
 CREATE OR REPLACE FUNCTION memory.revoke_project(role regrole, project text)
 RETURNS boolean

@@ -1,26 +1,47 @@
--- Grants last, after every function exists. Least privilege, listed object by object:
---   memory_reader  runs the query functions and reads the tables they read;
---   memory_writer  is a reader that may also write content (never derived columns) and
---                  call memory.add_nodes (SECURITY INVOKER: its grants and RLS apply);
---   memory_service is the HTTP service's writer: it may also read the API keys, record the
---                  embedding model, and assert its caller's projects (sql/085_tenants.sql);
---   the owner      keeps everything else: DDL-ish functions (configure_embedding,
---                  reset_embedding, set_policy, reset_policy, refresh_lexical_bounds,
---                  configure_embedding_server, clear_embedding_server), the
---                  trigger functions, memory.config writes, the statistics and API keys.
+-- Grants last, after every function exists. Least privilege, listed object by object, to
+-- this database's own three roles (service/poimen_memory/db/roles.py: migrate renders the
+-- @role.*@ markers with <prefix>_memory_reader, _writer and _service, the prefix recorded
+-- in memory.config at the first migrate):
+--   reader   runs the query functions and reads the tables they read;
+--   writer   is a reader that may also write content (never derived columns) and
+--            call memory.add_nodes (SECURITY INVOKER: its grants and RLS apply);
+--   service  is the HTTP service's writer: it may also read the API keys, record the
+--            embedding model, and assert its caller's projects (sql/085_tenants.sql);
+--   the owner keeps everything else: DDL-ish functions (configure_embedding,
+--            reset_embedding, set_policy, reset_policy, refresh_lexical_bounds,
+--            configure_embedding_server, clear_embedding_server), the
+--            trigger functions, memory.config writes, the statistics and API keys.
 -- Only objects named here are granted: a table or function a DBA adds to the schema stays
--- the DBA's to grant. PUBLIC has nothing. After pg_dump/pg_restore into a cluster without
--- these roles, `poimen-memory migrate` re-creates the roles and re-applies this file.
+-- the DBA's to grant. PUBLIC has nothing, not even CONNECT to the database. After
+-- pg_dump/pg_restore into a cluster without these roles, `poimen-memory migrate`
+-- re-creates the roles and re-applies this file.
 DO $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'memory_reader') THEN
-        CREATE ROLE memory_reader NOLOGIN;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = '@role.reader@') THEN
+        CREATE ROLE @role.reader@ NOLOGIN;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'memory_writer') THEN
-        CREATE ROLE memory_writer NOLOGIN IN ROLE memory_reader;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = '@role.writer@') THEN
+        CREATE ROLE @role.writer@ NOLOGIN IN ROLE @role.reader@;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'memory_service') THEN
-        CREATE ROLE memory_service NOLOGIN IN ROLE memory_writer;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = '@role.service@') THEN
+        CREATE ROLE @role.service@ NOLOGIN IN ROLE @role.writer@;
+    END IF;
+END $$;
+
+-- CONNECT is the cluster's first line between databases: only this database's roles (and
+-- its owner, and superusers) may connect, not PUBLIC, so a role made for another product
+-- database of the cluster cannot even log in here. Only the database's owner may change
+-- its privileges; a schema owner who is not (a DBA's split of duties) is told so by
+-- `migrate --check`, which reports PUBLIC's CONNECT.
+DO $$
+BEGIN
+    IF pg_catalog.pg_has_role(current_user,
+                              (SELECT d.datdba FROM pg_catalog.pg_database d
+                               WHERE d.datname = pg_catalog.current_database()), 'USAGE') THEN
+        EXECUTE pg_catalog.format('REVOKE CONNECT ON DATABASE %I FROM PUBLIC',
+                                  pg_catalog.current_database());
+        EXECUTE pg_catalog.format('GRANT CONNECT ON DATABASE %I TO @role.reader@',
+                                  pg_catalog.current_database());
     END IF;
 END $$;
 
@@ -46,22 +67,22 @@ BEGIN
             'ALTER DEFAULT PRIVILEGES FOR ROLE %I REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC', r);
         EXECUTE pg_catalog.format(
             'ALTER DEFAULT PRIVILEGES FOR ROLE %I IN SCHEMA memory REVOKE ALL ON TABLES'
-            ' FROM PUBLIC, memory_reader, memory_writer, memory_service', r);
+            ' FROM PUBLIC, @role.reader@, @role.writer@, @role.service@', r);
         EXECUTE pg_catalog.format(
             'ALTER DEFAULT PRIVILEGES FOR ROLE %I IN SCHEMA memory REVOKE ALL ON FUNCTIONS'
-            ' FROM PUBLIC, memory_reader, memory_writer, memory_service', r);
+            ' FROM PUBLIC, @role.reader@, @role.writer@, @role.service@', r);
         EXECUTE pg_catalog.format(
             'ALTER DEFAULT PRIVILEGES FOR ROLE %I IN SCHEMA memory REVOKE ALL ON SEQUENCES'
-            ' FROM PUBLIC, memory_reader, memory_writer, memory_service', r);
+            ' FROM PUBLIC, @role.reader@, @role.writer@, @role.service@', r);
     END LOOP;
 END $$;
-GRANT USAGE ON SCHEMA memory TO memory_reader;
+GRANT USAGE ON SCHEMA memory TO @role.reader@;
 
 DO $$
 DECLARE
     -- Functions the reader may call (every overload of each name).
     reader_functions text[] := ARRAY[
-        'memory.version', 'memory.project_id', 'memory.check_levels', 'memory.check_embedding', 'memory.require_embedding',
+        'memory.version', 'memory.roles', 'memory.project_id', 'memory.check_levels', 'memory.check_embedding', 'memory.require_embedding',
         'memory.check_query', 'memory.check_weight', 'memory.node_filter', 'memory._valid_at', 'memory.check_instant',
         'memory.policy', 'memory._policy_keys', 'memory._policy_value', 'memory.lexical_document', 'memory.lexical_search',
         'memory.lexical_kth', 'memory.lexical_query', 'memory.semantic_search',
@@ -118,10 +139,10 @@ BEGIN
         JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
         WHERE n.nspname || '.' || p.proname = ANY (reader_functions || writer_functions || owner_functions)
     LOOP
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, memory_reader, memory_writer, memory_service', f);
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC, @role.reader@, @role.writer@, @role.service@', f);
     END LOOP;
-    FOR g IN SELECT * FROM (VALUES ('memory_reader', reader_functions),
-                                   ('memory_writer', writer_functions)) AS v(grantee, names)
+    FOR g IN SELECT * FROM (VALUES ('@role.reader@', reader_functions),
+                                   ('@role.writer@', writer_functions)) AS v(grantee, names)
     LOOP
         FOR f IN
             SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
@@ -133,12 +154,12 @@ BEGIN
     END LOOP;
     FOREACH t IN ARRAY reader_tables || ARRAY['memory.api_keys'] LOOP
         IF to_regclass(t) IS NOT NULL THEN
-            EXECUTE format('REVOKE ALL ON TABLE %s FROM PUBLIC, memory_reader, memory_writer, memory_service', t);
+            EXECUTE format('REVOKE ALL ON TABLE %s FROM PUBLIC, @role.reader@, @role.writer@, @role.service@', t);
         END IF;
     END LOOP;
     FOREACH t IN ARRAY reader_tables LOOP
         IF to_regclass(t) IS NOT NULL THEN  -- project_grants: from migration 0008 on
-            EXECUTE format('GRANT SELECT ON TABLE %s TO memory_reader', t);
+            EXECUTE format('GRANT SELECT ON TABLE %s TO @role.reader@', t);
         END IF;
     END LOOP;
 END $$;
@@ -166,26 +187,26 @@ DECLARE
                                         AND a.attname = 'valid_to' AND NOT a.attisdropped)
                          THEN ', valid_from, valid_to' ELSE '' END;
 BEGIN
-    EXECUTE pg_catalog.format('GRANT INSERT (%s), UPDATE (%s), DELETE ON memory.nodes TO memory_writer',
+    EXECUTE pg_catalog.format('GRANT INSERT (%s), UPDATE (%s), DELETE ON memory.nodes TO @role.writer@',
                               cols, cols);
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
                WHERE a.attrelid = 'memory.nodes'::regclass AND a.attname = 'revision') THEN
         GRANT INSERT (revision, written_by),
               UPDATE (expired_at, end_reason, ended_by, end_note, erased_at)
-            ON memory.nodes TO memory_writer;
+            ON memory.nodes TO @role.writer@;
     END IF;
 END $$;
-GRANT INSERT, UPDATE, DELETE ON memory.edges TO memory_writer;
-GRANT INSERT (name), DELETE ON memory.projects TO memory_writer;
-GRANT INSERT, UPDATE, DELETE ON memory.opensearch_outbox TO memory_writer;
+GRANT INSERT, UPDATE, DELETE ON memory.edges TO @role.writer@;
+GRANT INSERT (name), DELETE ON memory.projects TO @role.writer@;
+GRANT INSERT, UPDATE, DELETE ON memory.opensearch_outbox TO @role.writer@;
 
 -- The service checks API keys, records the embedding model on the first ingest into a
 -- fresh database and switches the OpenSearch outbox on (both SECURITY DEFINER for it).
 DO $$
 BEGIN
     IF to_regclass('memory.api_keys') IS NOT NULL THEN  -- from migration 0005 on
-        GRANT SELECT ON memory.api_keys TO memory_service;
+        GRANT SELECT ON memory.api_keys TO @role.service@;
     END IF;
 END $$;
-GRANT EXECUTE ON FUNCTION memory.configure_embedding(text, integer) TO memory_service;
-GRANT EXECUTE ON FUNCTION memory.enable_outbox() TO memory_service;
+GRANT EXECUTE ON FUNCTION memory.configure_embedding(text, integer) TO @role.service@;
+GRANT EXECUTE ON FUNCTION memory.enable_outbox() TO @role.service@;

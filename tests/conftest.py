@@ -20,6 +20,7 @@ import pytest
 from poimen_memory.db.cluster import Cluster, find_pg_bin
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import migrate
+from poimen_memory.db.roles import KINDS, Roles
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.ingest.nodes import parse_lines
 from poimen_memory.ingest.writer import ingest
@@ -186,9 +187,20 @@ def prepare_database(conn: psycopg.Connection[Any]) -> None:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA extensions")
 
 
+def db_roles(conn: psycopg.Connection[Any]) -> Roles:
+    """The database's own reader, writer and service roles (memory.roles())."""
+    row = conn.execute("SELECT reader FROM memory.roles()").fetchone()
+    assert row is not None and str(row[0]).endswith("_memory_reader")
+    return Roles(str(row[0]).removesuffix("_memory_reader"))
+
+
 def make_role(conn: psycopg.Connection[Any], name: str, *member_of: str) -> None:
-    """A NOLOGIN role, member of the given roles. Roles are cluster-wide and the session's
-    databases share them: created once, granted again harmlessly."""
+    """A NOLOGIN role, member of the given roles: "reader", "writer" and "service" name the
+    database's own (memory.roles()). Roles are cluster-wide and the session's databases
+    share them: created once, granted again harmlessly."""
+    if any(r in KINDS for r in member_of):
+        roles = db_roles(conn)
+        member_of = tuple(roles.name(r) if r in KINDS else r for r in member_of)
     conn.execute(
         f"""DO $$ BEGIN
                 IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{name}') THEN
@@ -293,7 +305,9 @@ def template_db(
     admin.execute(f"CREATE DATABASE {name}")
     with connect(cluster.url(name), autocommit=True) as conn:
         prepare_database(conn)
-        migrate(conn, plpython_root)
+        # The demo database's role names (poimen_memory_reader, ...): the docs' examples
+        # run in copies of this one and name them.
+        migrate(conn, plpython_root, role_prefix="poimen")
         records, errors = parse_lines(FIXTURE.read_text().splitlines())
         assert not errors
         report = ingest(conn, records, embedder, progress=False)
@@ -301,9 +315,31 @@ def template_db(
     return name
 
 
+# A copy made with CREATE DATABASE ... TEMPLATE starts with the default privileges on the
+# database, PUBLIC's CONNECT among them (they belong to pg_database, not to the copied
+# files): what migrate makes of them (sql/900_grants.sql), so the copy is as a migrated
+# database is and `migrate --check` finds no drift in it.
+_OWN_CONNECT = """
+DO $$ BEGIN
+    IF pg_catalog.to_regprocedure('memory.roles()') IS NOT NULL THEN
+        EXECUTE format('REVOKE CONNECT ON DATABASE %I FROM PUBLIC', current_database());
+        EXECUTE format('GRANT CONNECT ON DATABASE %I TO %I', current_database(),
+                       (SELECT reader FROM memory.roles()));
+    END IF;
+END $$
+"""
+
+
+def own_connect(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(_OWN_CONNECT)
+
+
 def _clone(cluster: Cluster, admin: psycopg.Connection[Any], template: str | None) -> Iterator[str]:
     name = f"t_{uuid.uuid4().hex[:12]}"
     admin.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
+    if template:
+        own_connect(cluster.url(name))
     try:
         yield cluster.url(name)
     finally:

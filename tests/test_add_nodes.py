@@ -169,7 +169,7 @@ def test_not_an_array(conn: Conn, value: str) -> None:
 
 
 def test_a_writer_writes_only_its_granted_projects(conn: Conn) -> None:
-    make_role(conn, "addnodes_writer", "memory_writer")
+    make_role(conn, "addnodes_writer", "writer")
     conn.execute("SELECT memory.grant_project('addnodes_writer', 'proj_a', write => true)")
     conn.execute("SELECT memory.grant_project('addnodes_writer', 'proj_b')")  # read only
     before = _count(conn)
@@ -189,7 +189,7 @@ def test_a_writer_writes_only_its_granted_projects(conn: Conn) -> None:
 
 
 def test_a_reader_may_not_call_it(conn: Conn) -> None:
-    make_role(conn, "addnodes_reader", "memory_reader")
+    make_role(conn, "addnodes_reader", "reader")
     conn.execute("SELECT memory.grant_project('addnodes_reader', '*', write => true)")
     conn.execute("SET ROLE addnodes_reader")
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -206,8 +206,8 @@ def fresh(empty_url: str, plpython_root: Path) -> Iterator[Conn]:
 
 
 def test_the_first_write_configures_the_model_when_the_role_may(fresh: Conn) -> None:
-    make_role(fresh, "addnodes_plain", "memory_writer")
-    make_role(fresh, "addnodes_service", "memory_service")
+    make_role(fresh, "addnodes_plain", "writer")
+    make_role(fresh, "addnodes_service", "service")
     for role in ("addnodes_plain", "addnodes_service"):
         fresh.execute(f"SELECT memory.grant_project('{role}', '*', write => true)")
     fresh.execute("SET ROLE addnodes_plain")

@@ -93,6 +93,6 @@ def test_keys_are_stored_hashed_and_hidden_from_sql_roles(fixture_url: str) -> N
     with connect(fixture_url, autocommit=True) as conn:
         stored = conn.execute("SELECT key_hash, prefix FROM memory.api_keys").fetchall()
         assert stored == [(key_hash(key), key[:12])]
-        conn.execute("SET ROLE memory_writer")
+        conn.execute("SET ROLE poimen_memory_writer")
         with pytest.raises(Exception, match="permission denied"):
             conn.execute("SELECT * FROM memory.api_keys")

@@ -30,7 +30,7 @@ import httpx
 import psycopg
 import pytest
 
-from conftest import SQL_MODE, make_role
+from conftest import SQL_MODE, make_role, own_connect
 from docs_examples import (
     DOC_SERVER,
     Example,
@@ -70,7 +70,7 @@ SETUPS: dict[str, str] = {
     "no-embedder": "DELETE FROM memory.config WHERE key = 'plpython_deps'",
     # the PL/Python module cannot be imported: its directory is not there
     "no-optimizer": "UPDATE memory.config SET value = '/nonexistent' WHERE key = 'plpython_path'",
-    # a memory_writer granted the project notes only
+    # a poimen_memory_writer granted the project notes only
     "notes-writer": "SELECT memory.grant_project('notes_writer', 'notes', write => true)",
     "embedding-server": "",  # the test double (tests/doubles/embedding_server.py), 384 dims
     "embedding-server-down": "",  # configured at a port where nothing listens
@@ -148,6 +148,7 @@ def shared_database(
     """One copy of the fixture database for the blocks that only read."""
     name = f"t_docs_{uuid.uuid4().hex[:12]}"
     admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    own_connect(cluster.url(name))
     try:
         yield cluster.url(name)
     finally:
@@ -174,6 +175,7 @@ def database(
         template = request.getfixturevalue("data_templates")(data)
     name = f"t_docs_{uuid.uuid4().hex[:12]}"
     admin.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+    own_connect(cluster.url(name))
     try:
         yield cluster.url(name)
     finally:
@@ -192,7 +194,7 @@ def _prepare(ex: Example, url: str, request: pytest.FixtureRequest) -> dict[str,
             make_role(conn, role)
         for name in ex.marker("setup"):
             if name == "notes-writer":
-                make_role(conn, "notes_writer", "memory_writer")
+                make_role(conn, "notes_writer", "writer")
             if name == "embedding-server":
                 double: EmbeddingServer = request.getfixturevalue("double")
                 double.reset(dim=384)

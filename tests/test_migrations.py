@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from conftest import stage_migrations
+from conftest import make_role, stage_migrations
 from poimen_memory.db import migrate as migrate_mod
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect
@@ -111,14 +111,15 @@ def test_incremental_equals_fresh_install(
     with connect(empty_url, autocommit=True) as conn:
         for m in all_migs:
             (staged / m.name).write_text(m.read_text())
-            migrate(conn, plpython_root)
+            # One prefix for both databases: their dumps name the same roles.
+            migrate(conn, plpython_root, role_prefix="incremental")
     monkeypatch.undo()
     other = "t_fresh_install"
     admin.execute(f"DROP DATABASE IF EXISTS {other}")
     admin.execute(f"CREATE DATABASE {other}")
     try:
         with connect(cluster.url(other), autocommit=True) as conn:
-            migrate(conn, plpython_root)
+            migrate(conn, plpython_root, role_prefix="incremental")
         assert _schema_dump(cluster, cluster.url(other)) == _schema_dump(cluster, empty_url)
     finally:
         admin.execute(f"DROP DATABASE IF EXISTS {other} WITH (FORCE)")
@@ -137,6 +138,10 @@ def test_0008_names_the_roles_it_leaves_without_a_project(
     with connect(empty_url, autocommit=True) as conn:
         first = migrate(conn, plpython_root)  # before 0008: sql/ makes the group roles
         assert "0008_project_grants" not in first.applied and first.notices == []
+        # 0008 ran on databases whose roles were the cluster-wide memory_reader trio
+        # (before roles were per database): its notice names their members.
+        make_role(admin, "memory_reader")
+        make_role(admin, "memory_service")
         # Roles are cluster-wide: created once per session, like tests/test_tenants.py's.
         for role, group in (
             ("legacy_reader", "memory_reader"),

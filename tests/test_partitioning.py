@@ -176,7 +176,7 @@ def test_a_project_query_reads_only_its_partition(conn: Conn, embedder: LocalEmb
 
 def test_a_new_project_gets_its_partitions_and_rls_still_holds(conn: Conn) -> None:
     conn.execute("SELECT memory.partition_by_project()")
-    make_role(conn, "part_writer", "memory_writer")
+    make_role(conn, "part_writer", "writer")
     conn.execute("SELECT memory.grant_project('part_writer', 'fresh', write => true)")
     conn.execute("SET ROLE part_writer")
     summary = conn.execute(
@@ -341,7 +341,7 @@ def test_a_partitioned_database_survives_dump_and_restore(
             assert r.execute("SELECT memory.partitioned()").fetchone() == (True,)
             assert _state(r) == before
             assert _to_the_ulp(_rankings(r, embedder)) == _to_the_ulp(ranked)
-            make_role(r, "restored_writer", "memory_writer")
+            make_role(r, "restored_writer", "writer")
             r.execute("SELECT memory.grant_project('restored_writer', 'fresh', write => true)")
             r.execute("SET ROLE restored_writer")
             summary = r.execute(
@@ -485,7 +485,7 @@ def test_a_partition_read_directly_shows_no_row(conn: Conn) -> None:
     included; RLS applies through the parent only, so a partition must refuse rows itself:
     those made by the move and those a new project gets."""
     conn.execute(
-        "ALTER DEFAULT PRIVILEGES IN SCHEMA memory GRANT SELECT ON TABLES TO memory_reader"
+        "ALTER DEFAULT PRIVILEGES IN SCHEMA memory GRANT SELECT ON TABLES TO poimen_memory_reader"
     )
     conn.execute("SELECT memory.partition_by_project()")
     conn.execute("INSERT INTO memory.projects (name) VALUES ('fresh')")
@@ -494,7 +494,7 @@ def test_a_partition_read_directly_shows_no_row(conn: Conn) -> None:
         " SELECT sha256('late'::bytea), id, 'L0', 'a late node' FROM memory.projects"
         " WHERE name = 'fresh'"
     )
-    make_role(conn, "part_reader", "memory_reader")
+    make_role(conn, "part_reader", "reader")
     conn.execute("SELECT memory.grant_project('part_reader', 'poimen')")
     hidden = [
         f"memory.{t}_p{pid}"

@@ -57,7 +57,7 @@ OWNER_ONLY = {
     "_ensure_indexes",
     "_declare_row",
 }
-# Functions that write content: granted to memory_writer (the service's role inherits them).
+# Functions that write content: granted to poimen_memory_writer (the service's role inherits them).
 WRITER = {
     "add_nodes",
     "_write_nodes",
@@ -73,6 +73,7 @@ WRITER = {
 SERVICE = {"configure_embedding", "enable_outbox"}
 READER = {
     "version",
+    "roles",
     "_valid_at",
     "check_instant",
     "project_id",
@@ -294,29 +295,29 @@ def test_grants_are_listed_per_function(conn: Conn) -> None:
         seen.add(name)
         assert "PUBLIC" not in g, f"PUBLIC may execute {sig}"
         # Writers inherit the reader's functions; only the writing ones are granted to them.
-        assert ("memory_writer" in g) == (name in WRITER), sig
+        assert ("poimen_memory_writer" in g) == (name in WRITER), sig
         if name in READER:
-            assert g.get("memory_reader") == "X", sig
+            assert g.get("poimen_memory_reader") == "X", sig
         elif name in WRITER:
-            assert g.get("memory_writer") == "X" and "memory_reader" not in g, sig
+            assert g.get("poimen_memory_writer") == "X" and "poimen_memory_reader" not in g, sig
         else:
             assert name in OWNER_ONLY, f"{sig} is in neither list of sql/900_grants.sql"
-            assert "memory_reader" not in g, sig
-            assert ("memory_service" in g) == (name in SERVICE), sig
+            assert "poimen_memory_reader" not in g, sig
+            assert ("poimen_memory_service" in g) == (name in SERVICE), sig
     assert (READER | WRITER) - seen <= {"lexical_kth"}
 
 
 def test_reader_cannot_run_ddl_ish_functions(conn: Conn) -> None:
-    conn.execute("SELECT memory.grant_project('memory_reader', 'poimen')")  # rows: RLS
-    conn.execute("SET ROLE memory_reader")
+    conn.execute("SELECT memory.grant_project('poimen_memory_reader', 'poimen')")  # rows: RLS
+    conn.execute("SET ROLE poimen_memory_reader")
     assert one(conn, "SELECT count(*) FROM public.memory_query('kong')")
     for call in (
         "SELECT memory.configure_embedding('x', 3)",
         "SELECT memory.reset_embedding('x', 3)",
         "SELECT memory.set_policy('fusion', 'rrf')",
         "SELECT memory.reset_policy()",
-        "SELECT memory.grant_project('memory_reader', '*')",
-        "SELECT memory.revoke_project('memory_reader', 'poimen')",
+        "SELECT memory.grant_project('poimen_memory_reader', '*')",
+        "SELECT memory.revoke_project('poimen_memory_reader', 'poimen')",
         "SELECT memory.configure_embedding_server('http://127.0.0.1:9')",
         "SELECT memory.clear_embedding_server()",
     ):
@@ -334,8 +335,8 @@ def test_objects_a_dba_adds_are_not_granted(conn: Conn, fixture_url: str) -> Non
     ).fetchone()
     assert (
         acl is not None
-        and "memory_reader" not in str(acl[0])
-        and "memory_reader" not in str(acl[1])
+        and "poimen_memory_reader" not in str(acl[0])
+        and "poimen_memory_reader" not in str(acl[1])
     )
     # A function created in the schema by the owner is not executable by PUBLIC by default
     # (a NULL proacl is the built-in default: PUBLIC may execute).
@@ -348,8 +349,8 @@ def test_objects_a_dba_adds_are_not_granted(conn: Conn, fixture_url: str) -> Non
 
 
 def test_derived_columns_cannot_be_written(conn: Conn) -> None:
-    conn.execute("SELECT memory.grant_project('memory_writer', 'poimen', write => true)")
-    conn.execute("SET ROLE memory_writer")
+    conn.execute("SELECT memory.grant_project('poimen_memory_writer', 'poimen', write => true)")
+    conn.execute("SET ROLE poimen_memory_writer")
     nid = one(conn, "SELECT id FROM memory.nodes WHERE external_id = 'poimen:mem:1'")
     for stmt in (
         "UPDATE memory.nodes SET tsv = 'zzz:1' WHERE id = %s",
@@ -509,7 +510,7 @@ def test_dump_restores_into_a_fresh_cluster(
     migrate there: the grants are back exactly and PUBLIC executes nothing."""
     assert FIXTURE.exists()
     # Project grants are kept by role name, so they survive into a cluster with other oids.
-    conn.execute("SELECT memory.grant_project('memory_reader', 'poimen')")
+    conn.execute("SELECT memory.grant_project('poimen_memory_reader', 'poimen')")
     dump = work_dir / f"memory-{no_acl}.dump"
     bin_dir = fresh_cluster.bin_dir
     subprocess.run(
@@ -531,7 +532,7 @@ def test_dump_restores_into_a_fresh_cluster(
         after = _acl_map(target)
         assert after == _acl_map(conn)
         assert all("PUBLIC" not in g for g in after.values())
-        target.execute("SET ROLE memory_reader")
+        target.execute("SET ROLE poimen_memory_reader")
         rows = target.execute(
             "SELECT external_id FROM public.memory_query('kong body buffer', project => 'poimen')"
         )
@@ -578,7 +579,7 @@ def test_project_name_is_one_domain_from_the_vocabulary(conn: Conn) -> None:
     with pytest.raises(psycopg.errors.CheckViolation):
         conn.execute("INSERT INTO memory.projects (name) VALUES ('no spaces')")
     with pytest.raises(psycopg.errors.InvalidParameterValue) as exc:
-        conn.execute("SELECT memory.grant_project('memory_reader', 'no spaces')")
+        conn.execute("SELECT memory.grant_project('poimen_memory_reader', 'no spaces')")
     assert exc.value.diag.message_primary == 'invalid project name "no spaces"'
     assert exc.value.diag.message_detail == (
         f"A project name matches {vocabulary.PROJECT_NAME}, or is * for every project."

@@ -1,7 +1,7 @@
 """Tenants apart in Postgres (sql/085_tenants.sql): a role granted one project sees and
 changes only that project, through every function and every table; top-k is computed
 after the filter; the service's per-transaction project setting counts only for members
-of memory_service. Roles are switched with SET ROLE, so RLS applies as it would to a
+of poimen_memory_service. Roles are switched with SET ROLE, so RLS applies as it would to a
 login of that role."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _project_ids(conn: Conn) -> dict[str, int]:
 
 @pytest.fixture
 def reader(conn: Conn) -> Conn:
-    make_role(conn, "tenant_reader", "memory_reader")
+    make_role(conn, "tenant_reader", "reader")
     conn.execute("SELECT memory.grant_project('tenant_reader', 'poimen')")
     return conn
 
@@ -52,7 +52,7 @@ def _plant_atlas(conn: Conn, n: int) -> list[int]:
 
 
 def test_a_role_without_grants_sees_nothing(conn: Conn) -> None:
-    make_role(conn, "tenant_nobody", "memory_reader")
+    make_role(conn, "tenant_nobody", "reader")
     conn.execute("SET ROLE tenant_nobody")
     for table in ("projects", "nodes", "edges", "postings", "term_stats", "corpus_stats",
                   "opensearch_outbox", "project_grants"):  # fmt: skip
@@ -144,7 +144,7 @@ def test_top_k_is_computed_after_the_filter(reader: Conn, embedder: LocalEmbedde
 
 
 def test_a_writer_changes_only_its_writable_project(conn: Conn) -> None:
-    make_role(conn, "tenant_writer", "memory_writer")
+    make_role(conn, "tenant_writer", "writer")
     conn.execute("SELECT memory.grant_project('tenant_writer', 'poimen', write => true)")
     conn.execute("SELECT memory.grant_project('tenant_writer', 'atlas')")  # read-only
     pids = _project_ids(conn)
@@ -185,9 +185,9 @@ def test_edges_stay_within_one_project_and_follow_its_grants(conn: Conn) -> None
     """An edge carries its project (migration 0009): one joining two projects is refused by
     its foreign keys, whichever project it names, so no edge can leak a hidden node's id;
     an edge is seen and changed exactly like its project's nodes."""
-    make_role(conn, "tenant_reader", "memory_reader")
+    make_role(conn, "tenant_reader", "reader")
     conn.execute("SELECT memory.grant_project('tenant_reader', 'poimen')")
-    make_role(conn, "tenant_edger", "memory_writer")
+    make_role(conn, "tenant_edger", "writer")
     conn.execute("SELECT memory.grant_project('tenant_edger', 'poimen', write => true)")
     conn.execute("SELECT memory.grant_project('tenant_edger', 'atlas')")  # read-only
     pids = _project_ids(conn)
@@ -220,8 +220,8 @@ def test_edges_stay_within_one_project_and_follow_its_grants(conn: Conn) -> None
 
 
 def test_the_project_setting_counts_only_for_the_service_role(conn: Conn) -> None:
-    make_role(conn, "tenant_plain", "memory_writer")
-    make_role(conn, "tenant_service", "memory_service")
+    make_role(conn, "tenant_plain", "writer")
+    make_role(conn, "tenant_service", "service")
     conn.execute("SELECT memory.grant_project('tenant_plain', 'poimen')")
     pids = _project_ids(conn)
     for who in ("tenant_plain", "tenant_service"):
@@ -251,28 +251,28 @@ def test_the_policies_work_when_memory_service_does_not_exist(conn: Conn) -> Non
     """A restore without the cluster's roles (pg_restore without pg_dumpall --globals): the
     role is renamed away inside a transaction that is rolled back, so no other test sees it.
     Grants still work, and the project setting counts for nobody."""
-    make_role(conn, "tenant_reader", "memory_reader")
+    make_role(conn, "tenant_reader", "reader")
     conn.execute("SELECT memory.grant_project('tenant_reader', 'poimen')")
     pids = _project_ids(conn)
     with conn.transaction(force_rollback=True):
-        conn.execute("ALTER ROLE memory_service RENAME TO memory_service_restored_without")
-        assert _ids(conn, "SELECT to_regrole('memory_service')") == [None]
+        conn.execute("ALTER ROLE poimen_memory_service RENAME TO memory_service_restored_without")
+        assert _ids(conn, "SELECT to_regrole('poimen_memory_service')") == [None]
         conn.execute("SET LOCAL ROLE tenant_reader")
         conn.execute("SELECT set_config('poimen.read_projects', 'atlas', true)")
         seen = set(_ids(conn, "SELECT DISTINCT project_id FROM memory.nodes"))
         hits = _ids(conn, "SELECT project FROM public.memory_query(%s)", (KONG,))
     assert seen == {pids["poimen"]} and hits and set(hits) == {"poimen"}
-    assert _ids(conn, "SELECT to_regrole('memory_service') IS NOT NULL") == [True]
+    assert _ids(conn, "SELECT to_regrole('poimen_memory_service') IS NOT NULL") == [True]
 
 
 def test_grant_and_revoke(conn: Conn) -> None:
-    make_role(conn, "tenant_granted", "memory_reader")
+    make_role(conn, "tenant_granted", "reader")
     with pytest.raises(psycopg.errors.InvalidParameterValue):
         conn.execute("SELECT memory.grant_project('tenant_granted', 'no spaces')")
     with pytest.raises(psycopg.errors.UndefinedObject):
         conn.execute("SELECT memory.grant_project('no_such_role_here', 'poimen')")
     conn.execute("SELECT memory.grant_project('tenant_granted', '*')")
-    conn.execute("SELECT memory.grant_project('memory_writer', 'atlas', write => true)")
+    conn.execute("SELECT memory.grant_project('poimen_memory_writer', 'atlas', write => true)")
     conn.execute("SET ROLE tenant_granted")
     # '*' is every project; each role sees its own grants only.
     assert sorted(_ids(conn, "SELECT name FROM memory.projects")) == ["atlas", "poimen"]
@@ -288,7 +288,7 @@ def test_from_psql_the_setting_helps_only_the_service_role(conn: Conn, cluster: 
     """The same rule through the real psql client, logged in (peer) as the service's role
     and as the superuser switched to a plain role."""
     ensure_service_login(conn, "poimen_service")
-    make_role(conn, "tenant_plain", "memory_writer")
+    make_role(conn, "tenant_plain", "writer")
     conn.execute("SELECT memory.grant_project('tenant_plain', 'poimen')")
     seen = (
         "SELECT coalesce(string_agg(DISTINCT p.name, ','), '-') FROM memory.nodes n"

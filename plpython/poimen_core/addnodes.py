@@ -142,10 +142,10 @@ def _ensure_embedding_model(plpy: PlpySPI) -> None:
         plpy.error(
             f"no embedding model is configured, and role {row['who']} may not configure one",
             detail="The first write records the model and builds the HNSW indexes, which "
-            "only the owner and the service's role (memory_service) may do.",
+            "only the owner and the database's service role (memory.roles()) may do.",
             hint=f"The owner runs SELECT memory.configure_embedding('{LOCAL_MODEL}', "
             f"{LOCAL_DIM}); or call memory.add_nodes once as the owner or a member of "
-            "memory_service.",
+            "the service role.",
             sqlstate=NOT_CONFIGURED,
         )
     elif row["model"] != LOCAL_MODEL:

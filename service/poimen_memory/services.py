@@ -106,7 +106,7 @@ async def warn_if_rls_bypassed(
     msg = (
         f"{where} connects as role {row[0]!r} ({row[1]}): row-level security does not apply, "
         "so tenant isolation is not enforced by Postgres for it; connect as a member of "
-        "memory_service instead (docs/security.md)"
+        "the database's service role instead (memory.roles(), docs/security.md)"
     )
     log.warning("%s", msg)
     warnings.append(msg)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
+from poimen_memory.db.roles import check_prefix
 from poimen_memory.errors import ConfigError
 
 T = TypeVar("T")
@@ -240,11 +241,15 @@ class Settings(FromEnv):
     pg_data_dir: Path | None = setting("POIMEN_PG_DATA_DIR", Path)
     pg_socket_dir: Path | None = setting("POIMEN_PG_SOCKET_DIR", Path)
     pg_bin_dir: Path | None = setting("POIMEN_PG_BIN_DIR", Path)
-    # What `serve` connects as: a member of memory_service, never a superuser, so row-level
-    # security applies (docs/security.md). On the embedded cluster, `migrate` makes the
-    # login role below; with POIMEN_DATABASE_URL unset for the service, that URL is used.
+    # What `serve` connects as: a member of the database's service role, never a
+    # superuser, so row-level security applies (docs/security.md). On the embedded
+    # cluster, `migrate` makes the login role below; with POIMEN_DATABASE_URL unset for
+    # the service, that URL is used.
     service_database_url: str | None = setting("POIMEN_SERVICE_DATABASE_URL", str)
     service_role: str = setting("POIMEN_SERVICE_ROLE", role_name, "poimen_service")
+    # The prefix of the database's own roles (<prefix>_memory_reader, _writer, _service),
+    # used by its first migrate only; unset: the database's name (db/roles.py).
+    role_prefix: str | None = setting("POIMEN_ROLE_PREFIX", check_prefix)
     # Read replicas (docs/scaling.md): queries go to a standby that is up and within the
     # lag bound, everything else (writes, API keys, health of the primary) to the primary.
     read_urls: tuple[str, ...] = setting("POIMEN_READ_URLS", url_list, ())

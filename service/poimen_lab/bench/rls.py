@@ -59,10 +59,13 @@ def cmd_bench_rls(args: argparse.Namespace) -> int:
         with connect(url, autocommit=True) as owner:
             migrate(owner, None)
             synthetic.load(owner, corpus, "synthetic")
+            row = owner.execute("SELECT reader FROM memory.roles()").fetchone()
+            assert row is not None
             owner.execute(
                 f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{ROLE}')"
-                f" THEN CREATE ROLE {ROLE} NOLOGIN IN ROLE memory_reader; END IF; END $$"
+                f" THEN CREATE ROLE {ROLE} NOLOGIN; END IF; END $$"
             )
+            owner.execute(f'GRANT "{row[0]}" TO {ROLE}')
             owner.execute("SELECT memory.grant_project(%s, %s)", (ROLE, synthetic.MAIN))
             with connect(url, autocommit=True) as tenant:
                 register_vector(tenant)

@@ -23,6 +23,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
                 conn,
                 lock_timeout_s=args.lock_timeout,
                 plpython_root=None if args.no_plpython else s.plpython_root,
+                role_prefix=s.role_prefix,
             )
         for wait in drift.lock_waits:
             print(f"notice: waited for a lock, retried: {wait}", file=sys.stderr)
@@ -36,6 +37,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
                 print(f"{label}: {item}")
         for finding in drift.findings:
             print(finding)
+        for warning in drift.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         print(
             "no drift"
             if drift.clean
@@ -44,11 +47,15 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         return 0 if drift.clean else 1
     root = None if args.no_plpython else s.plpython_root
     with connect(started_url(s), autocommit=True) as conn:
-        report = migrate(conn, root, lock_timeout_s=args.lock_timeout)
+        report = migrate(
+            conn, root, lock_timeout_s=args.lock_timeout, role_prefix=s.role_prefix
+        )
         if not s.database_url:  # a DBA's cluster: the DBA makes the service's login role
             ensure_service_login(conn, s.service_role)
     for notice in report.notices:
         print(f"notice: {notice}", file=sys.stderr)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     if not report.plpython_installed:
         print(
             "notice: this database has no plpython3u (a managed service, or not a superuser):"
@@ -63,7 +70,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         f"migrations applied: {report.applied or 'none'}; already: {len(report.already)}; "
         f"sql files: {len(report.sql_files)}; plpython: {report.plpython_path}; "
         f"embedder packages: {report.embedder_path or 'none (run `make setup`)'}; "
-        f"vector schema: {report.vector_schema}"
+        f"vector schema: {report.vector_schema}; roles: {', '.join(report.roles.all)}"
         + (
             f"; removed old plpython copies: {report.removed_copies}"
             if report.removed_copies

@@ -52,8 +52,8 @@ def database_url(settings: Settings, *, start: bool = False) -> str:
 
 def service_database_url(settings: Settings) -> str:
     """What `serve` connects as: POIMEN_SERVICE_DATABASE_URL; else POIMEN_DATABASE_URL (a
-    DBA's cluster: give it a member of memory_service, docs/security.md); else the embedded
-    cluster's service role, never its superuser."""
+    DBA's cluster: give it a member of the database's service role, docs/security.md);
+    else the embedded cluster's service role, never its superuser."""
     if settings.service_database_url:
         return settings.service_database_url
     if settings.database_url:
@@ -63,11 +63,14 @@ def service_database_url(settings: Settings) -> str:
 
 def ensure_service_login(conn: psycopg.Connection[Any], role: str) -> None:
     """The embedded cluster's login role for the service (peer authentication maps the
-    server's OS user to it): a member of memory_service, which migrate has created."""
-    ident = {"role": sql.Identifier(role)}
+    server's OS user to it): a member of this database's service role, which migrate has
+    created (memory.roles())."""
+    roles = conn.execute(q("database_roles")).fetchone()
+    assert roles is not None
+    ident = {"role": sql.Identifier(role), "group": sql.Identifier(str(roles[2]))}
     row = conn.execute(q("service_role_exists"), {"role": role}).fetchone()
     if row is None or not row[0]:
-        conn.execute(q("create_service_login").format(**ident))
+        conn.execute(q("create_service_login").format(role=ident["role"]))
     conn.execute(q("grant_service_role").format(**ident))
 
 

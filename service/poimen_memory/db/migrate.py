@@ -29,7 +29,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,6 +37,7 @@ import psycopg
 from psycopg import sql
 
 from poimen_core.vocabulary import sql_literals
+from poimen_memory.db.roles import KINDS, LEGACY, Roles, prefix_for
 from poimen_memory.errors import MigrationError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -88,7 +89,7 @@ WITH grantee(oid, name) AS (
     SELECT 0::oid, 'PUBLIC'
     UNION ALL
     SELECT r.oid, r.rolname::text FROM pg_catalog.pg_roles r
-    WHERE r.rolname IN ('memory_reader', 'memory_writer', 'memory_service')
+    WHERE r.rolname IN (@grantees@)
 ), rels AS (
     SELECT c.oid, c.relname, c.relkind, c.relacl, c.relowner, c.relrowsecurity,
            c.relforcerowsecurity
@@ -161,6 +162,14 @@ CROSS JOIN LATERAL pg_catalog.aclexplode(
 JOIN grantee g ON g.oid = a.grantee
 WHERE n.nspname = 'memory'
 UNION ALL
+SELECT 'grant', pg_catalog.format('%s ON DATABASE %I TO %s', a.privilege_type, d.datname, g.name),
+       CASE WHEN a.is_grantable THEN 'granted with grant option' ELSE 'granted' END
+FROM pg_catalog.pg_database d
+CROSS JOIN LATERAL pg_catalog.aclexplode(
+    coalesce(d.datacl, pg_catalog.acldefault('d', d.datdba))) a
+JOIN grantee g ON g.oid = a.grantee
+WHERE d.datname = pg_catalog.current_database() AND a.privilege_type = 'CONNECT'
+UNION ALL
 SELECT 'default privilege',
        pg_catalog.format('%s on the %s %I creates%s: %s', a.privilege_type, k.kind, r.rolname,
                          CASE WHEN d.defaclnamespace = 0 THEN '' ELSE ' in schema memory' END,
@@ -185,12 +194,19 @@ CROSS JOIN LATERAL pg_catalog.aclexplode(d.acl) a
 JOIN grantee g ON g.oid = a.grantee
 UNION ALL
 SELECT 'config', 'memory.config ' || c.key, c.value FROM memory.config c
-WHERE c.key IN ('plpython_path', 'plpython_checksum', 'plpython_deps')
+WHERE c.key IN ('plpython_path', 'plpython_checksum', 'plpython_deps', 'role_prefix')
 """
 
 
-def _protection(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], str]:
-    return {(str(k), str(o)): str(v) for k, o, v in conn.execute(_PROTECTION).fetchall()}
+def _protection(
+    conn: psycopg.Connection[Any], *roles: Roles
+) -> dict[tuple[str, str], str]:
+    """What protects the data, for PUBLIC and the given roles' privileges (this database's,
+    and the shared ones it moves away from)."""
+    names = sorted({n for r in roles for n in r.all})
+    grantees = ", ".join(sql.Literal(n).as_string(conn) for n in names)
+    rows = conn.execute(_PROTECTION.replace("@grantees@", grantees).encode()).fetchall()
+    return {(str(r[0]), str(r[1])): str(r[2]) for r in rows}
 
 
 def _findings(before: dict[tuple[str, str], str], after: dict[tuple[str, str], str]) -> list[str]:
@@ -270,6 +286,10 @@ class MigrateReport:
     plpython_installed: bool = True
     """False on a database without plpython3u (a managed service): the functions that need
     it raise PM503 (docs/managed-postgres.md)."""
+    roles: Roles = field(default_factory=lambda: LEGACY)
+    """This database's own roles (db/roles.py)."""
+    warnings: list[str] = field(default_factory=list)
+    """This database's roles holding privileges in another database too."""
 
 
 @dataclass(frozen=True)
@@ -284,6 +304,9 @@ class DriftReport:
     # indexes, triggers, grants, default privileges, the product's memory.config keys.
     findings: list[str] = field(default_factory=list)
     lock_waits: list[str] = field(default_factory=list)
+    # Not drift from sql/ (nothing migrate would change), but worth a DBA's look: this
+    # database's roles holding privileges in another database too.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -480,7 +503,7 @@ def _without_plpython(text: str) -> str:
     return _PLPYTHON_FUNCTION.sub(stub, text)
 
 
-def _apply_sql_files(conn: psycopg.Connection[Any], schema: str) -> list[Path]:
+def _apply_sql_files(conn: psycopg.Connection[Any], schema: str, roles: Roles) -> list[Path]:
     files = sorted(SQL_DIR.glob("*.sql"))
     conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_MARK} () ON COMMIT DROP")
     installed, _ = plpython_status(conn)
@@ -491,14 +514,138 @@ def _apply_sql_files(conn: psycopg.Connection[Any], schema: str) -> list[Path]:
     for path in files:
         raw = path.read_text()
         text = _with_vocabulary(raw if installed else _without_plpython(raw), path)
-        conn.execute(_with_vector_schema(text, schema).encode())
+        conn.execute(_with_vector_schema(roles.render(text), schema).encode())
     _pin_search_path(conn, schema)
     if schema not in ("public", "pg_catalog"):
         # Readers resolve pgvector's type and operators through its schema.
         conn.execute(
-            sql.SQL("GRANT USAGE ON SCHEMA {} TO memory_reader").format(sql.Identifier(schema))
+            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                sql.Identifier(schema), sql.Identifier(roles.reader)
+            )
         )
     return files
+
+
+# ---------------------------------------------------------------------------------------
+# This database's roles (db/roles.py): chosen at the first migrate, recorded, then kept.
+_LEGACY_HERE = """
+SELECT CASE WHEN pg_catalog.to_regrole('memory_reader') IS NULL THEN false
+            ELSE pg_catalog.has_schema_privilege('memory_reader', 'memory', 'USAGE') END
+"""
+
+
+def _choose_roles(
+    conn: psycopg.Connection[Any], configured: str | None
+) -> tuple[Roles, Roles | None, bool]:
+    """This database's roles; the cluster-wide ones its grants and members move from when
+    it was migrated before roles were per database; whether its prefix is recorded. The
+    first migrate records it (_record_roles: POIMEN_ROLE_PREFIX, else the database's name),
+    so the names then follow the data through a dump and restore under another name."""
+    row = conn.execute("SELECT value FROM memory.config WHERE key = 'role_prefix'").fetchone()
+    if row is not None:
+        stored = Roles(str(row[0]))
+        if configured is not None and configured != stored.prefix:
+            raise MigrationError(
+                f"POIMEN_ROLE_PREFIX is {configured}, but this database's roles have the"
+                f" prefix {stored.prefix}",
+                detail=f"its roles are {', '.join(stored.all)}, recorded in memory.config"
+                " (role_prefix) at its first migrate",
+                hint=f"unset POIMEN_ROLE_PREFIX for this database, or set it to {stored.prefix}",
+            )
+        return stored, None, True
+    name = conn.execute("SELECT pg_catalog.current_database()").fetchone()
+    assert name is not None
+    roles = Roles(configured or prefix_for(str(name[0])))
+    legacy = conn.execute(_LEGACY_HERE).fetchone()
+    moving = legacy is not None and bool(legacy[0]) and roles != LEGACY
+    return roles, (LEGACY if moving else None), False
+
+
+def _record_roles(conn: psycopg.Connection[Any], roles: Roles) -> None:
+    conn.execute(
+        "INSERT INTO memory.config (key, value) VALUES ('role_prefix', %s)", (roles.prefix,)
+    )
+
+
+def _move_roles(conn: psycopg.Connection[Any], old: Roles, new: Roles, schema: str) -> list[str]:
+    """The move from the cluster-wide roles (every database's memory_reader trio) to this
+    database's own, after sql/ granted the new ones: each direct member of an old role gets
+    the new one, so nobody loses what they had here; the project grants follow; the old
+    roles keep nothing here, so a role made for another database and granted one of them
+    later gains nothing here. The members are named: those made for another database
+    should have the new role revoked."""
+    told: list[str] = []
+    ours = list(old.all) + list(new.all)
+    for kind in KINDS:
+        was, now = old.name(kind), new.name(kind)
+        if conn.execute("SELECT pg_catalog.to_regrole(%s)", (was,)).fetchone() == (None,):
+            continue
+        members = [
+            str(r[0])
+            for r in conn.execute(
+                "SELECT m.rolname FROM pg_catalog.pg_auth_members a"
+                " JOIN pg_catalog.pg_roles m ON m.oid = a.member"
+                " WHERE a.roleid = pg_catalog.to_regrole(%s) AND m.rolname <> ALL (%s)"
+                " ORDER BY 1",
+                (was, ours),
+            )
+        ]
+        for member in members:
+            grant = sql.SQL("GRANT {} TO {}")
+            conn.execute(grant.format(sql.Identifier(now), sql.Identifier(member)))
+        conn.execute(
+            "INSERT INTO memory.project_grants (role_name, project, can_write, granted_at)"
+            " SELECT %s, g.project, g.can_write, g.granted_at FROM memory.project_grants g"
+            " WHERE g.role_name = %s ON CONFLICT DO NOTHING",
+            (now, was),
+        )
+        conn.execute("DELETE FROM memory.project_grants WHERE role_name = %s", (was,))
+        ident = sql.Identifier(was)
+        for what in ("TABLES", "FUNCTIONS", "SEQUENCES"):
+            revoke = sql.SQL("REVOKE ALL ON ALL {} IN SCHEMA memory FROM {}")
+            conn.execute(revoke.format(sql.SQL(what), ident))
+        conn.execute(sql.SQL("REVOKE ALL ON SCHEMA memory FROM {}").format(ident))
+        for (fn,) in conn.execute(
+            "SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p"
+            " WHERE p.pronamespace = 'public'::regnamespace"
+            " AND p.proname IN ('memory_query', 'memory_optimize_query')"
+        ).fetchall():
+            conn.execute(sql.SQL("REVOKE ALL ON FUNCTION {} FROM {}").format(sql.SQL(fn), ident))
+        if schema not in ("public", "pg_catalog"):
+            conn.execute(
+                sql.SQL("REVOKE USAGE ON SCHEMA {} FROM {}").format(sql.Identifier(schema), ident)
+            )
+        if members:
+            told.append(
+                f"this database's roles are its own now: {now} in place of the cluster-wide"
+                f" {was}, whose members here were granted {now}: {', '.join(members)}."
+                f" {was} is shared by every database of the cluster: revoke {now} from any"
+                " of them made for another database"
+            )
+    return told
+
+
+_SHARED_ROLES = """
+SELECT DISTINCT r.rolname::text, d.datname::text
+FROM pg_catalog.pg_shdepend s
+JOIN pg_catalog.pg_roles r ON r.oid = s.refobjid
+JOIN pg_catalog.pg_database d ON d.oid = s.dbid
+WHERE s.refclassid = 'pg_catalog.pg_authid'::regclass
+  AND r.rolname = ANY (%s) AND d.datname <> pg_catalog.current_database()
+ORDER BY 1, 2
+"""
+
+
+def _shared_roles(conn: psycopg.Connection[Any], roles: Roles) -> list[str]:
+    """This database's roles holding privileges in another database too (one made as a
+    TEMPLATE copy of this one, or given the same POIMEN_ROLE_PREFIX): a grant made to them
+    here reaches there."""
+    return [
+        f"role {role} also holds privileges in database {db}: the two databases share their"
+        " roles, so a grant made to it in one reaches the other (POIMEN_ROLE_PREFIX, at the"
+        " first migrate, gives a database its own)"
+        for role, db in conn.execute(_SHARED_ROLES, (list(roles.all),)).fetchall()
+    ]
 
 
 # Each attempt waits at most this long for a table's lock: a DDL statement queued behind a
@@ -676,8 +823,14 @@ def _write_config(conn: psycopg.Connection[Any], py_path: str, deps: Path | None
 
 
 def migrate(
-    conn: psycopg.Connection[Any], plpython_root: Path | None, *, lock_timeout_s: float = 10.0
+    conn: psycopg.Connection[Any],
+    plpython_root: Path | None,
+    *,
+    lock_timeout_s: float = 10.0,
+    role_prefix: str | None = None,
 ) -> MigrateReport:
+    """Migrations, then sql/, in one transaction. role_prefix: POIMEN_ROLE_PREFIX, used by
+    the first migrate of a database only (db/roles.py)."""
     for d in (MIGRATIONS_DIR, SQL_DIR):
         if not d.is_dir():
             raise MigrationError(
@@ -697,7 +850,7 @@ def migrate(
 
     def attempt(
         wait_s: float, attempt_s: float
-    ) -> tuple[list[str], list[str], list[str], str, list[Path]]:
+    ) -> tuple[list[str], list[str], list[str], str, list[Path], Roles]:
         applied: list[str] = []
         already: list[str] = []
         notices: list[str] = []
@@ -760,10 +913,17 @@ def migrate(
                    WHERE memory.config.value IS DISTINCT FROM EXCLUDED.value""",
                 (plpython_checksum(),),
             )
-            sql_files = _apply_sql_files(conn, schema)
-        return applied, already, notices, schema, sql_files
+            roles, move_from, kept = _choose_roles(conn, role_prefix)
+            if not kept:
+                _record_roles(conn, roles)
+            sql_files = _apply_sql_files(conn, schema, roles)
+            if move_from is not None:
+                notices.extend(_move_roles(conn, move_from, roles, schema))
+        return applied, already, notices, schema, sql_files, roles
 
-    (applied, already, notices, schema, sql_files), waits = _retrying(conn, lock_timeout_s, attempt)
+    (applied, already, notices, schema, sql_files, roles), waits = _retrying(
+        conn, lock_timeout_s, attempt
+    )
     installed, _ = plpython_status(conn)
     removed: list[str] = []
     if plpython_root is not None and py_target is not None:
@@ -779,6 +939,8 @@ def migrate(
         notices,
         waits,
         installed,
+        roles,
+        _shared_roles(conn, roles),
     )
 
 
@@ -824,6 +986,7 @@ def check(
     *,
     lock_timeout_s: float = 10.0,
     plpython_root: Path | None = None,
+    role_prefix: str | None = None,
 ) -> DriftReport:
     """Compare the database with migrations/ and sql/ without changing it. plpython_root:
     where migrate installs the PL/Python module on this host (then memory.config is compared
@@ -844,28 +1007,32 @@ def check(
             before = dict(conn.execute(_SNAPSHOT).fetchall())
             if pending:  # the files need the pending migrations' tables: report those only
                 return DriftReport(pending, [], [], [])
-            protected = _protection(conn)
+            roles, move_from, kept = _choose_roles(conn, role_prefix)
+            compared = (roles,) if move_from is None else (roles, move_from)
+            protected = _protection(conn, *compared)
+            if not kept:  # a finding: "config missing (migrate restores it)"
+                _record_roles(conn, roles)
             py_path, found = _plpython_findings(conn, plpython_root)
             if py_path is not None and plpython_root is not None:
                 _write_config(conn, py_path, _deps_target(plpython_root.parent))
-            _apply_sql_files(conn, schema)
+            _apply_sql_files(conn, schema, roles)
+            if move_from is not None:
+                _move_roles(conn, move_from, roles, schema)
             after = dict(conn.execute(_SNAPSHOT).fetchall())
             touched = {str(r[0]) for r in conn.execute(_TOUCHED)}
-            found = _findings(protected, _protection(conn)) + found + _module_findings(conn)
+            found = (
+                _findings(protected, _protection(conn, *compared))
+                + found
+                + _module_findings(conn)
+            )
         return DriftReport(
             pending_migrations=[],
             changed=sorted(s for s in after if s in before and before[s] != after[s]),
             missing=sorted(s for s in after if s not in before),
             extra=sorted(s for s in before if s not in touched),
             findings=found,
+            warnings=_shared_roles(conn, roles),
         )
 
     report, waits = _retrying(conn, lock_timeout_s, attempt)
-    return DriftReport(
-        report.pending_migrations,
-        report.changed,
-        report.missing,
-        report.extra,
-        report.findings,
-        waits,
-    )
+    return replace(report, lock_waits=waits)

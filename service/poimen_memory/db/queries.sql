@@ -84,7 +84,7 @@ WHERE n.level = 'L0';
 
 -- name: begin_request
 -- The first statement of every pooled transaction: its time budget and the caller's
--- projects (sql/085_tenants.sql; counted only for members of memory_service).
+-- projects (sql/085_tenants.sql; counted only for members of the database's service role).
 SELECT set_config('statement_timeout', %(ms)s, true),
        set_config('poimen.read_projects', %(read)s, true),
        set_config('poimen.write_projects', %(write)s, true),
@@ -95,6 +95,9 @@ SELECT set_config('poimen.read_projects', %(read)s, false),
        set_config('poimen.write_projects', %(write)s, false),
        set_config('poimen.api_key', %(key)s, false);
 
+-- name: database_roles
+SELECT reader, writer, service FROM memory.roles();
+
 -- name: service_role_exists
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %(role)s);
 
@@ -102,7 +105,7 @@ SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %(role)s);
 CREATE ROLE {role} LOGIN;
 
 -- name: grant_service_role
-GRANT memory_service TO {role};
+GRANT {group} TO {role};
 
 -- name: outbox_batch
 SELECT o.id, o.node_id, o.op, encode(coalesce(o.sha256, n.sha256), 'hex') AS sha256, n.text,

@@ -1,7 +1,7 @@
 """The projects the service asserts to PostgreSQL for the request it serves.
 
 Row-level security (sql/085_tenants.sql) honours ``poimen.read_projects`` and
-``poimen.write_projects`` only for members of ``memory_service``, the service's role. The
+``poimen.write_projects`` only for members of the database's service role. The
 API layer decides them from the caller's key (every project in anonymous mode) and they
 travel with the request in a context variable; each pooled transaction sets them with
 ``set_config(..., true)``, so they end with the transaction and never leak to the next
