@@ -636,15 +636,18 @@ ORDER BY 1, 2
 """
 
 
-def _shared_roles(conn: psycopg.Connection[Any], roles: Roles) -> list[str]:
-    """This database's roles holding privileges in another database too (one made as a
-    TEMPLATE copy of this one, or given the same POIMEN_ROLE_PREFIX): a grant made to them
-    here reaches there."""
+def _shared_roles(conn: psycopg.Connection[Any], roles: Roles, shown: int = 5) -> list[str]:
+    """This database's roles holding privileges in other databases too (a TEMPLATE copy
+    of this one, or one given the same POIMEN_ROLE_PREFIX): a grant made to them here
+    reaches there. One warning, naming the first few of those databases."""
+    dbs = sorted({str(db) for _role, db in conn.execute(_SHARED_ROLES, (list(roles.all),))})
+    if not dbs:
+        return []
+    named = ", ".join(dbs[:shown]) + (f" and {len(dbs) - shown} more" if len(dbs) > shown else "")
     return [
-        f"role {role} also holds privileges in database {db}: the two databases share their"
-        " roles, so a grant made to it in one reaches the other (POIMEN_ROLE_PREFIX, at the"
-        " first migrate, gives a database its own)"
-        for role, db in conn.execute(_SHARED_ROLES, (list(roles.all),)).fetchall()
+        f"this database's roles ({', '.join(roles.all)}) also hold privileges in {named}:"
+        " a grant made to them in one database reaches the others (a database gets roles of"
+        " its own from POIMEN_ROLE_PREFIX at its first migrate)"
     ]
 
 
