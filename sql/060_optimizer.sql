@@ -1,6 +1,31 @@
 -- The query optimizer inside PostgreSQL: a shim into the same stdlib-only module the
 -- service imports (plpython/poimen_core), installed by `poimen-memory migrate`.
 
+-- PL/Python prefixes every error it raises with the Python exception's type
+-- ("plpy.Error: ...", "spiexceptions.InsufficientPrivilege: ..."), which no SQL user should
+-- have to read past. The entry points a user calls are PL/pgSQL fronts over the PL/Python
+-- bodies (memory.embed over memory._embed, memory.add_nodes over memory._add_nodes,
+-- memory.optimize_query over memory._optimize_query) that re-raise through this.
+CREATE OR REPLACE FUNCTION memory._plain_error(sqlstate text, message text, detail text, hint text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    m text := regexp_replace(message, '^(plpy\.Error|spiexceptions\.[A-Za-z]+): ', '');
+BEGIN
+    IF coalesce(detail, '') <> '' AND coalesce(hint, '') <> '' THEN
+        RAISE EXCEPTION USING ERRCODE = sqlstate, MESSAGE = m, DETAIL = detail, HINT = hint;
+    ELSIF coalesce(detail, '') <> '' THEN
+        RAISE EXCEPTION USING ERRCODE = sqlstate, MESSAGE = m, DETAIL = detail;
+    ELSIF coalesce(hint, '') <> '' THEN
+        RAISE EXCEPTION USING ERRCODE = sqlstate, MESSAGE = m, HINT = hint;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = sqlstate, MESSAGE = m;
+END $$;
+COMMENT ON FUNCTION memory._plain_error(text, text, text, text) IS
+    'Raises the error (SQLSTATE, message, detail, hint) again, without the exception type PL/Python puts before a message (plpy.Error: ...): the PL/pgSQL fronts of the PL/Python functions call it.';
+
 CREATE OR REPLACE FUNCTION memory.plpython_path()
 RETURNS text
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -101,14 +126,21 @@ COMMENT ON FUNCTION memory._optimize_query(text, timestamptz) IS
     'Routes a raw query: question type, search strategy (LexicalOnly, LexicalFirst, Hybrid), confidence, the reasons, and the dates the text names (relative ones such as "last week" resolved against reference_time; NULL: now) with the time_filter they ask for, as jsonb. Same module as the HTTP service. PM503 when the module is missing on this host. Callers go through memory.optimize_query, which checks reference_time first.';
 
 -- A PL/pgSQL front, so that a bad reference_time is refused as the planner refuses it
--- (22023 with a plain message), before Python sees a value it cannot represent.
+-- (22023 with a plain message), before Python sees a value it cannot represent, and the
+-- module's errors read without PL/Python's prefix.
 CREATE OR REPLACE FUNCTION memory.optimize_query(query text, reference_time timestamptz)
 RETURNS jsonb
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    st text; m text; d text; h text;
 BEGIN
     RETURN memory._optimize_query(query, memory.check_reference_time(reference_time));
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, m = MESSAGE_TEXT, d = PG_EXCEPTION_DETAIL,
+                            h = PG_EXCEPTION_HINT;
+    PERFORM memory._plain_error(st, m, d, h);
 END $$;
 COMMENT ON FUNCTION memory.optimize_query(text, timestamptz) IS
     'Routes a raw query: question type, search strategy (LexicalOnly, LexicalFirst, Hybrid), confidence, the reasons, and the dates the text names (relative ones such as "last week" resolved against reference_time; NULL: now) with the time_filter they ask for, as jsonb. Same module as the HTTP service. 22023 for a reference_time outside the years memory.check_reference_time takes; PM503 when the module is missing on this host.';

@@ -54,7 +54,7 @@ $$;
 COMMENT ON FUNCTION memory.clear_embedding_server() IS
     'Forgets the remote embedding server (memory.configure_embedding_server): memory.embed uses the local model again.';
 
-CREATE OR REPLACE FUNCTION memory.embed(query text)
+CREATE OR REPLACE FUNCTION memory._embed(query text)
 RETURNS vector
 -- STABLE: the vector depends on the configured model, not only on the text. PARALLEL
 -- UNSAFE: plpy.execute runs in a subtransaction.
@@ -78,5 +78,23 @@ def tokenizer_json():  # read once per backend, when the model loads (poimen_cor
     return r[0]["source"] if len(r) else None
 return embed_for_sql(plpy, GD, query, code_dir=code, tokenizer_json=tokenizer_json, **cfg)
 $$;
+COMMENT ON FUNCTION memory._embed(text) IS
+    'The PL/Python body of memory.embed, which callers use.';
+
+-- The entry point: PL/pgSQL, so its errors read without PL/Python's prefix.
+CREATE OR REPLACE FUNCTION memory.embed(query text)
+RETURNS vector
+LANGUAGE plpgsql STABLE STRICT PARALLEL UNSAFE
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+DECLARE
+    st text; m text; d text; h text;
+BEGIN
+    RETURN memory._embed(query);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, m = MESSAGE_TEXT, d = PG_EXCEPTION_DETAIL,
+                            h = PG_EXCEPTION_HINT;
+    PERFORM memory._plain_error(st, m, d, h);
+END $$;
 COMMENT ON FUNCTION memory.embed(text) IS
     'The text''s embedding from the database''s model: from the remote server set by memory.configure_embedding_server when there is one (PM503 naming its URL when it fails, PM409 when its dimension differs), else from the local all-MiniLM-L6-v2 int8 (loaded once per backend, about 180 MB and poimen.embed_threads intra-op threads, 1 by default: see docs/embeddings.md; it reads at most the first 100,000 characters; PM503 with a hint when the model or its packages are missing on this host).';

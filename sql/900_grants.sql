@@ -101,7 +101,7 @@ DECLARE
         'memory._grammar_doc', 'memory._grammar_has', 'memory._grammar_match',
         'memory._grammar_constraints', 'memory._grammar_compile',
         'memory.plpython_path', 'memory.plpython_load', 'memory.optimize_query', 'memory._optimize_query',
-        'memory.check_reference_time', 'memory.embed',
+        'memory.check_reference_time', 'memory.embed', 'memory._embed', 'memory._plain_error',
         'memory.stage_sql', 'memory.explain_query', 'memory._explain', 'memory._answer', 'memory.query',
         'public.memory_query', 'public.memory_optimize_query', 'memory.granted_projects',
         'memory.granted_project_ids', 'memory.granted_all', 'memory._asserted_all', 'memory.time_bound',
@@ -112,7 +112,7 @@ DECLARE
         'memory.list_nodes', 'memory._list_nodes'];
     -- Functions that write content: the writer's (and so the service's, a writer).
     writer_functions text[] := ARRAY[
-        'memory.add_nodes', 'memory._write_nodes', 'memory._ensure_projects',
+        'memory.add_nodes', 'memory._add_nodes', 'memory._write_nodes', 'memory._ensure_projects',
         'memory._stored_nodes', 'memory._stored_hashes', 'memory._vector_missing',
         'memory._writer', 'memory.forget', 'memory._forget'];
     -- Functions nobody but the owner runs (DDL-ish, policy changes, triggers).

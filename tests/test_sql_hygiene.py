@@ -60,6 +60,7 @@ OWNER_ONLY = {
 # Functions that write content: granted to poimen_memory_writer (the service's role inherits them).
 WRITER = {
     "add_nodes",
+    "_add_nodes",
     "_write_nodes",
     "_ensure_projects",
     "_stored_nodes",
@@ -74,6 +75,8 @@ SERVICE = {"configure_embedding", "enable_outbox"}
 READER = {
     "version",
     "roles",
+    "_embed",
+    "_plain_error",
     "_valid_at",
     "check_instant",
     "project_id",
