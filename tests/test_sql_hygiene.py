@@ -74,6 +74,7 @@ SERVICE = {"configure_embedding", "enable_outbox"}
 READER = {
     "version",
     "roles",
+    "capabilities",
     "_valid_at",
     "check_instant",
     "project_id",
