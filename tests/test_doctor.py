@@ -150,7 +150,9 @@ def test_a_database_without_pgvector_fails_with_the_reason(
     # The probes ran as this code's copy of the function, in pg_temp, rolled back.
     assert json.loads(out)["source"].startswith("092_capabilities.sql of this poimen-memory")
     assert caps["pgvector"]["status"] == "off"
-    assert caps["pgvector"]["detail"].startswith("not installed in this database; the server offers")
+    assert caps["pgvector"]["detail"].startswith(
+        "not installed in this database; the server offers"
+    )
     assert caps["pgvector"]["cost"] == COSTS["pgvector"]
     assert caps["schema"]["detail"] == "schema memory is not installed in this database"
     assert caps["row_level_security"]["detail"] == "needs the schema (`poimen-memory migrate`)"

@@ -93,8 +93,7 @@ WITHOUT_PLPYTHON = (
     (
         "`memory_query(text)` without a vector",
         "embeds in the database",
-        "the lexical leg answers alone, with a NOTICE; pass `query_embedding` for the full "
-        "answer",
+        "the lexical leg answers alone, with a NOTICE; pass `query_embedding` for the full answer",
     ),
     (
         "`memory.embed`, `memory.add_nodes`, `memory.optimize_query`",
@@ -184,9 +183,7 @@ CAPABILITIES = (
 
 def capability_costs() -> list[dict[str, object]]:
     """CAPABILITIES as memory.capabilities() reads them (a JSON array of objects)."""
-    return [
-        {"name": n, "required": r, "what": w, "cost": c} for n, r, w, c in CAPABILITIES
-    ]
+    return [{"name": n, "required": r, "what": w, "cost": c} for n, r, w, c in CAPABILITIES]
 
 
 def _text(value: str) -> str:

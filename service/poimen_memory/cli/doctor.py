@@ -33,7 +33,8 @@ def render(rep: Report, width: int = 100) -> str:
     lines.append("")
     if rep.missing:
         lines.append(
-            "missing (required): " + ", ".join(c.name for c in rep.missing)
+            "missing (required): "
+            + ", ".join(c.name for c in rep.missing)
             + ": poimen-memory cannot run on this database as it is"
         )
     else:
