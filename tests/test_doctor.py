@@ -163,11 +163,12 @@ def test_a_database_without_pgvector_fails_with_the_reason(
         ).fetchone() == (None, None)  # left nothing behind
     code, text = doctor(bare_url, monkeypatch, capsys)
     assert code == 1
+    words = " ".join(text.split())
     assert (
         "missing (required): pgvector, schema, row_level_security: poimen-memory cannot run on "
         "this database as it is"
-    ) in text
-    assert "without it: nothing works: the embeddings column" in " ".join(text.split())
+    ) in words
+    assert "without it: nothing works: the embeddings column" in words
 
 
 def test_an_unmigrated_database_with_pgvector_names_migrate(
@@ -227,6 +228,22 @@ def test_the_module_from_the_database_and_no_embedder_are_warnings(
     assert caps["embedder"]["status"] == "off"
     assert "the in-database embedder is not installed on this host" in caps["embedder"]["detail"]
     assert caps["embedder"]["cost"] == COSTS["embedder"]
+
+
+def test_a_module_directory_missing_on_the_database_host_is_named(
+    conn: psycopg.Connection[Any],
+    fixture_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    conn.execute("UPDATE memory.config SET value = '/nonexistent' WHERE key = 'plpython_path'")
+    code, out = doctor(fixture_url, monkeypatch, capsys, "--json")
+    caps = by_name(out)
+    assert code == 0
+    module = caps["plpython_module"]
+    assert module["status"] == "off" and module["cost"] == COSTS["plpython_module"]
+    assert module["detail"].startswith("the PL/Python optimizer module cannot be imported")
+    assert "plpython_path = /nonexistent" in module["detail"]
 
 
 def test_the_installed_command_runs(fixture_url: str) -> None:

@@ -170,6 +170,9 @@ def test_doctor_lists_what_is_off_and_what_it_costs(
     assert text.splitlines()[-1] == (
         "warning: off (optional): plpython3u, plpython_module, embedder, pg_stat_statements"
     )
+    # Once each: under what needs plpython3u only its reason, not the same cost again.
+    assert text.count("without it: ") == 2  # plpython3u's and pg_stat_statements'
+    assert "routed as Hybrid unless" in " ".join(text.split())
     # The service's role, under row-level security: the same report, as it sees it.
     cluster, _ = managed
     with connect(cluster.url("managed", user="poimen_service")) as conn:

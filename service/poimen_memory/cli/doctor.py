@@ -24,23 +24,28 @@ def render(rep: Report, width: int = 100) -> str:
     text_w = max(width - len(indent), 40)
     lines = [f"{rep.database} as {rep.role}", ""]
     lines.append(f"{'capability':<{name_w}}{'status':<{status_w}}detail")
+    def wrap(text: str, w: int) -> list[str]:
+        return textwrap.wrap(text, w, break_on_hyphens=False) or [""]
+
     for c in rep.capabilities:
-        detail = textwrap.wrap(c.detail, text_w) or [""]
+        detail = wrap(c.detail, text_w)
         lines.append(f"{c.name:<{name_w}}{c.status:<{status_w}}{detail[0]}")
         lines += [indent + d for d in detail[1:]]
-        if c.cost is not None:
-            lines += [indent + d for d in textwrap.wrap("without it: " + c.cost, text_w)]
+        # "needs plpython3u", "needs the schema": that one's cost is the one to read.
+        if c.cost is not None and not c.detail.startswith("needs "):
+            lines += [indent + d for d in wrap("without it: " + c.cost, text_w)]
     lines.append("")
     if rep.missing:
-        lines.append(
+        lines += wrap(
             "missing (required): "
             + ", ".join(c.name for c in rep.missing)
-            + ": poimen-memory cannot run on this database as it is"
+            + ": poimen-memory cannot run on this database as it is",
+            width,
         )
     else:
         lines.append("ok: everything poimen-memory needs is here")
     if rep.warnings:
-        lines.append("warning: off (optional): " + ", ".join(c.name for c in rep.warnings))
+        lines += wrap("warning: off (optional): " + ", ".join(c.name for c in rep.warnings), width)
     return "\n".join(lines)
 
 
