@@ -7,7 +7,7 @@
 -- creates this same function in pg_temp there): it names nothing of the schema before it
 -- has checked that it is there, and needs neither pgvector nor PL/Python.
 --
--- Granted to memory_reader: everything it reports a reader can already read (pg_extension,
+-- Granted to the reader role: everything it reports a reader can already read (pg_extension,
 -- pg_class, pg_roles, memory.config, memory.schema_migrations) or run (memory.embed,
 -- memory.optimize_query), and what it runs is what a reader may run anyway: the embedder
 -- probe loads the model in the calling backend (about 1 s and 180 MB, once per backend).
@@ -37,6 +37,7 @@ DECLARE
     t text;
     msg text;
     det text;
+    member_of text;
 BEGIN
     SELECT r.rolsuper, r.rolcreaterole, r.rolbypassrls
       INTO is_super, may_create_roles, bypasses_rls
@@ -201,8 +202,15 @@ BEGIN
         END;
     END IF;
 
-    -- The role running this: the schema's owner (or a superuser) may migrate and configure.
+    -- The role running this: the schema's owner (or a superuser) may migrate and configure;
+    -- and which of this database's roles (memory.roles()) it has.
     SELECT ns.nspowner INTO owner_oid FROM pg_catalog.pg_namespace ns WHERE ns.nspname = 'memory';
+    IF has_schema AND pg_catalog.to_regprocedure('memory.roles()') IS NOT NULL AND NOT is_super THEN
+        EXECUTE 'SELECT ''member of '' || pg_catalog.string_agg(r.rolname::text, '', '' ORDER BY r.rolname)'
+                ' FROM memory.roles() d, pg_catalog.pg_roles r'
+                ' WHERE r.rolname IN (d.reader, d.writer, d.service)'
+                '   AND pg_catalog.pg_has_role(current_user, r.oid, ''USAGE'')' INTO member_of;
+    END IF;
     probes := probes || jsonb_build_object('owner', jsonb_build_object(
         'on', is_super OR (owner_oid IS NOT NULL AND pg_catalog.pg_has_role(current_user, owner_oid, 'USAGE'))
               OR (owner_oid IS NULL AND pg_catalog.has_database_privilege(pg_catalog.current_database(), 'CREATE')),
@@ -217,11 +225,7 @@ BEGIN
                 ELSE pg_catalog.format('not the owner of schema memory (%s is)', pg_catalog.pg_get_userbyid(owner_oid)) END,
             CASE WHEN is_super THEN 'a superuser' ELSE 'not a superuser' END,
             CASE WHEN may_create_roles THEN 'may create roles' END,
-            (SELECT 'member of ' || pg_catalog.string_agg(r.rolname::text, ', ' ORDER BY r.rolname)
-               FROM pg_catalog.pg_roles r
-              WHERE r.rolname IN ('memory_reader', 'memory_writer', 'memory_service')
-                AND pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER')
-                AND NOT is_super))));
+            member_of)));
 
     RETURN QUERY
     SELECT f.j->>'name', (f.j->>'required')::boolean,
