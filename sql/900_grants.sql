@@ -82,7 +82,7 @@ DO $$
 DECLARE
     -- Functions the reader may call (every overload of each name).
     reader_functions text[] := ARRAY[
-        'memory.version', 'memory.roles', 'memory.project_id', 'memory.check_levels', 'memory.check_embedding', 'memory.require_embedding',
+        'memory.version', 'memory.roles', 'memory.capabilities', 'memory.project_id', 'memory.check_levels', 'memory.check_embedding', 'memory.require_embedding',
         'memory.check_query', 'memory.check_weight', 'memory.node_filter', 'memory._valid_at', 'memory.check_instant',
         'memory.policy', 'memory._policy_keys', 'memory._policy_value', 'memory.lexical_document', 'memory.lexical_search',
         'memory.lexical_kth', 'memory.lexical_query', 'memory.semantic_search',

@@ -131,6 +131,17 @@ def test_query_prints_citations(cli_env: dict[str, str]) -> None:
     assert js["results"] and js["metrics"]["total_time_ms"] > 0
 
 
+def test_doctor_reports_on_the_embedded_cluster(cli_env: dict[str, str]) -> None:
+    """`poimen-memory doctor` without POIMEN_DATABASE_URL: the CLI's own cluster, as every
+    command; migrated by it, so PL/Python imports from POIMEN_HOME and memory.embed works."""
+    ready(cli_env)
+    body = json.loads(run(cli_env, "doctor", "--json").stdout)
+    caps = {c["name"]: c for c in body["capabilities"]}
+    assert body["ok"] and caps["embedder"]["status"] == "on"
+    plpython = Path(cli_env["POIMEN_HOME"]) / "plpython"
+    assert caps["plpython_module"]["detail"].startswith(f"imported from the directory {plpython}/")
+
+
 def test_errors_are_clear(cli_env: dict[str, str]) -> None:
     ready(cli_env)
     missing = run(cli_env, "ingest", "/nonexistent.jsonl", ok=False)

@@ -7,7 +7,10 @@ with a caller's vector answer in full. A cluster of its own: its roles are clust
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ import psycopg
 import pytest
 
 from conftest import FIXTURE, free_port
+from poimen_core import vocabulary
 from poimen_memory.db.cluster import Cluster, find_pg_bin
 from poimen_memory.db.connect import connect, ensure_service_login
 from poimen_memory.db.migrate import check, migrate, plpython_status
@@ -124,3 +128,53 @@ def test_the_service_is_complete_on_it(
                    "text": "written through the service on a managed database"}],
         )  # fmt: skip
         assert r.status_code == 201 and r.json()["inserted"] == 1, r.text
+
+
+def test_doctor_lists_what_is_off_and_what_it_costs(
+    managed: tuple[Cluster, str], migrated: str
+) -> None:
+    """`poimen-memory doctor` as the owner: exit 0 (nothing required is missing), PL/Python
+    and what needs it off, each with its reason and the vocabulary's cost."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "poimen_memory.cli.main", "doctor", "--json"],
+        env={**env, "POIMEN_DATABASE_URL": migrated},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    body = json.loads(proc.stdout)
+    caps = {c["name"]: c for c in body["capabilities"]}
+    costs = {n: c for n, _r, _w, c in vocabulary.CAPABILITIES}
+    assert body["ok"] is True and body["role"] == OWNER
+    assert {n for n, c in caps.items() if c["status"] == "off"} == {
+        "plpython3u", "plpython_module", "embedder", "pg_stat_statements",
+    }  # fmt: skip
+    # The test cluster's server has the package; a managed service's does not offer it.
+    assert caps["plpython3u"]["detail"] == (
+        "not in this database; the server offers it, but only a superuser may create it"
+    )
+    assert caps["plpython3u"]["cost"] == costs["plpython3u"]
+    for without in vocabulary.WITHOUT_PLPYTHON[1:]:
+        assert f"{without[0]}: {without[2]}" in caps["plpython3u"]["cost"]
+    assert caps["plpython_module"]["detail"] == caps["embedder"]["detail"] == "needs plpython3u"
+    assert caps["owner"]["detail"] == (
+        f"{OWNER}: owns schema memory; not a superuser; may create roles"
+    )
+    rls = caps["row_level_security"]["detail"]
+    assert rls.endswith("this role bypasses it (it owns the tables)")
+    text = subprocess.run(
+        [sys.executable, "-m", "poimen_memory.cli.main", "doctor"],
+        env={**env, "POIMEN_DATABASE_URL": migrated},
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    assert text.splitlines()[-1] == (
+        "warning: off (optional): plpython3u, plpython_module, embedder, pg_stat_statements"
+    )
+    # Once each: under what needs plpython3u only its reason, not the same cost again.
+    assert text.count("without it: ") == 2  # plpython3u's and pg_stat_statements'
+    assert "routed as Hybrid unless" in " ".join(text.split())
+    # The service's role, under row-level security: the same report, as it sees it.
+    cluster, _ = managed
+    with connect(cluster.url("managed", user="poimen_service")) as conn:
+        rows = dict(conn.execute("SELECT name, status FROM memory.capabilities()").fetchall())
+    assert rows["owner"] == "off" and rows["schema"] == "on"

@@ -29,10 +29,11 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult
 
 from poimen_lab.live_server import live_server
+from poimen_memory.api.mcp_server import PROJECT_URI
 from poimen_memory.api.openapi import query_parameters
 from poimen_memory.cli.main import build_parser
 from poimen_memory.db.cluster import Cluster
-from poimen_memory.db.connect import connect
+from poimen_memory.db.connect import connect, ensure_service_login
 from poimen_memory.errors import ConfigError
 from poimen_memory.settings import Settings
 from service_client import KONG, make_key
@@ -300,6 +301,95 @@ def test_api_keys_are_enforced(server: str, fixture_url: str) -> None:
     assert not ok.is_error and ok.structured_content["inserted"] == 1
 
 
+def _summaries(url: str) -> dict[str, dict[str, Any]]:
+    """What each project's resource must say, read from the database as its owner."""
+    with connect(url) as conn:
+        rows = conn.execute(
+            "SELECT p.name, n.level, count(*) FILTER (WHERE n.expired_at IS NULL),"
+            " count(*) FILTER (WHERE n.expired_at IS NOT NULL),"
+            " max(greatest(n.created_at, n.expired_at))"
+            " FROM memory.projects p JOIN memory.nodes n ON n.project_id = p.id"
+            " GROUP BY p.name, n.level"
+        ).fetchall()
+    out: dict[str, dict[str, Any]] = {}
+    for name, level, current, ended, latest in rows:
+        empty = {"L0": 0, "L1": 0, "L2": 0}
+        s = out.setdefault(name, {"project": name, "nodes": empty, "total": 0,
+                                  "ended_versions": 0, "latest_write": None})  # fmt: skip
+        s["nodes"][level] = current
+        s["total"] += current
+        s["ended_versions"] += ended
+        s["latest_write"] = max(filter(None, [s["latest_write"], latest.isoformat()]))
+    return out
+
+
+def _resources(uris: list[str]) -> Callable[[Client], Awaitable[dict[str, Any]]]:
+    """List the resources and the templates, then read each of uris (an error as its data)."""
+
+    async def work(client: Client) -> dict[str, Any]:
+        listed = (await client.list_resources()).resources
+        templates = (await client.list_resource_templates()).resource_templates
+        read: dict[str, Any] = {}
+        for uri in uris:
+            try:
+                result = await client.read_resource(uri)
+            except MCPError as err:
+                read[uri] = ("error", err.code, err.data)
+            else:
+                (content,) = result.contents
+                assert content.mime_type == "application/json" and content.uri == uri
+                read[uri] = json.loads(content.text)  # type: ignore[union-attr]
+        return {"listed": listed, "templates": templates, "read": read}
+
+    return work
+
+
+def test_projects_are_resources(reader: str, template_db: str, cluster: Cluster) -> None:
+    expected = _summaries(cluster.url(template_db))
+    assert set(expected) == {"atlas", "poimen"}
+    uris = ["poimen://projects/poimen", "poimen://projects/atlas", "poimen://projects/nope",
+            "file:///etc/passwd"]  # fmt: skip
+    got = over_http(reader, None, _resources(uris))
+    assert [(r.uri, r.name, r.mime_type) for r in got["listed"]] == [
+        ("poimen://projects/atlas", "atlas", "application/json"),
+        ("poimen://projects/poimen", "poimen", "application/json"),
+    ]
+    (template,) = got["templates"]
+    assert template.uri_template == "poimen://projects/{name}"
+    read = got["read"]
+    assert read["poimen://projects/poimen"] == expected["poimen"]
+    assert read["poimen://projects/atlas"] == expected["atlas"]
+    assert read["poimen://projects/poimen"]["nodes"]["L0"] > 0
+    code, status, data = read["poimen://projects/nope"]
+    assert (code, status) == ("error", -32602)
+    assert (data["error"], data["status"], data["sqlstate"]) == ("unknown_project", 404, "PM404")
+    _, _, bad = read["file:///etc/passwd"]
+    assert (bad["error"], bad["status"]) == ("invalid_parameter", 400)
+
+
+def test_a_key_sees_only_its_projects_as_resources(fixture_url: str, tmp_path: Path) -> None:
+    """As deployed: the service's own role, under row-level security (the stdio test below
+    runs as the superuser, where only the key's filter stands between the projects)."""
+    with connect(fixture_url, autocommit=True) as conn:
+        ensure_service_login(conn, "poimen_service")
+    service_url = fixture_url.replace("postgresql://postgres@", "postgresql://poimen_service@")
+    key = make_key(fixture_url, ["poimen"])
+    uris = ["poimen://projects/poimen", "poimen://projects/atlas"]
+    with _serving(service_url, tmp_path / "server.log") as server:
+        got = over_http(server, key, _resources(uris))
+        # Without a key, once keys exist, the endpoint refuses before MCP.
+        with pytest.raises(MCPError):
+            over_http(server, None, _resources([]))
+    assert [r.uri for r in got["listed"]] == ["poimen://projects/poimen"]
+    assert got["read"]["poimen://projects/poimen"] == _summaries(fixture_url)["poimen"]
+    code, status, data = got["read"]["poimen://projects/atlas"]
+    assert (code, status) == ("error", -32602)
+    # Refused with the typed error, and nothing of the project's in it.
+    assert (data["error"], data["status"]) == ("forbidden", 403)
+    assert data["detail"] == "this key does not cover project 'atlas'"
+    assert set(data) <= {"error", "detail", "context", "hint", "status", "sqlstate"}
+
+
 def test_stdio(fixture_url: str) -> None:
     """`poimen-memory mcp`: the same tools over stdin and stdout; the key from POIMEN_API_KEY."""
     key = make_key(fixture_url, ["poimen"])
@@ -320,6 +410,17 @@ def test_stdio(fixture_url: str) -> None:
 
     names, result = asyncio.run(run(key, {"query": KONG}))
     assert sorted(names) == ["memory_add", "memory_query"]
+
+    async def resources() -> dict[str, Any]:
+        async with Client(params(key)) as client:
+            uris = ["poimen://projects/poimen", "poimen://projects/atlas"]
+            return await _resources(uris)(client)
+
+    got = asyncio.run(resources())
+    assert [r.uri for r in got["listed"]] == ["poimen://projects/poimen"]
+    assert got["read"]["poimen://projects/poimen"] == _summaries(fixture_url)["poimen"]
+    _, _, refused = got["read"]["poimen://projects/atlas"]
+    assert (refused["error"], refused["status"]) == ("forbidden", 403)
     assert not result.is_error, result.content
     assert {r["project"] for r in result.structured_content["results"]} == {"poimen"}
     _, other = asyncio.run(run(key, {"query": KONG, "project": "atlas"}))
@@ -350,7 +451,7 @@ def test_the_docs_python_example_runs(server: str, fixture_url: str) -> None:
 
 
 def test_the_docs_configurations_and_error_name_what_is_served(reader: str) -> None:
-    stdio, http, error = (json.loads(b) for b in _blocks("json"))
+    stdio, http, error, resource = (json.loads(b) for b in _blocks("json"))
     (local,) = stdio["mcpServers"].values()
     assert Path(local["command"]).name == "poimen-memory" and local["args"] == ["mcp"]
     commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
@@ -363,6 +464,11 @@ def test_the_docs_configurations_and_error_name_what_is_served(reader: str) -> N
     # The error shown is the one the service gives.
     result = over_http(reader, None, _call("memory_query", {"query": KONG, "project": "nope"}))
     assert _tool_error(result) == error
+    # The resource shown is poimen's as the service reads it (its latest write aside).
+    served = over_http(reader, None, _resources([PROJECT_URI.format(name="poimen")]))["read"]
+    (summary,) = served.values()
+    assert {**summary, "latest_write": None} == {**resource, "latest_write": None}
+    assert summary["latest_write"] and resource["latest_write"]
 
 
 def test_dns_rebinding_is_refused(reader: str) -> None:

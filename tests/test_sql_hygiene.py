@@ -77,6 +77,7 @@ READER = {
     "roles",
     "_embed",
     "_plain_error",
+    "capabilities",
     "_valid_at",
     "check_instant",
     "project_id",

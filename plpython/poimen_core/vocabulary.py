@@ -8,7 +8,10 @@ imports this package on the database host too.
 
 from __future__ import annotations
 
+import json
+
 __all__ = [
+    "CAPABILITIES",
     "FUSIONS",
     "LEVELS",
     "LOCAL_DIM",
@@ -20,6 +23,8 @@ __all__ = [
     "REFERENCE_YEARS",
     "SQLSTATES",
     "STRATEGIES",
+    "WITHOUT_PLPYTHON",
+    "capability_costs",
     "sql_literals",
 ]
 
@@ -67,6 +72,120 @@ SQLSTATES = {
 }
 
 
+# What changes on a database without PL/Python (a managed service: plpython3u is a
+# superuser's extension), one row each: what, with PL/Python, without it. The one
+# definition of these facts: docs/managed-postgres.md shows this table and the capability
+# report (memory.capabilities(), `poimen-memory doctor`) says it as the cost of
+# plpython3u; tests/test_doctor.py checks that the doc shows exactly these rows.
+WITHOUT_PLPYTHON = (
+    (
+        "HTTP service (`GET /memory/query`, `POST /memory/nodes`, MCP)",
+        "complete",
+        "complete: it embeds, routes and validates in its own process and writes through "
+        "`memory._write_nodes` (PL/pgSQL)",
+    ),
+    (
+        "`memory_query(text, query_embedding, ...)` with the caller's vector",
+        "routed by the optimizer",
+        "routed as Hybrid unless `strategy` is given (the plan's `why` says so): the routing "
+        "rules are the optimizer's module, which runs only in Python",
+    ),
+    (
+        "`memory_query(text)` without a vector",
+        "embeds in the database",
+        "the lexical leg answers alone, with a NOTICE; pass `query_embedding` for the full answer",
+    ),
+    (
+        "`memory.embed`, `memory.add_nodes`, `memory.optimize_query`",
+        "available",
+        "raise PM503 naming the function, with a hint; write through the service instead",
+    ),
+    (
+        'dates in the text ("last week")',
+        "extracted by the optimizer",
+        "not extracted; `since`/`until` work as always",
+    ),
+)
+
+# What memory.capabilities() reports, in its order: the name, whether the product needs it
+# (`poimen-memory doctor` exits 1 when a required one is off; an optional one off is a
+# warning), what it is, and what it costs when it is off. docs/managed-postgres.md shows
+# this table (tests/test_doctor.py checks it).
+CAPABILITIES = (
+    (
+        "pgvector",
+        True,
+        "the extension `vector`, 0.8 or newer",
+        "nothing works: the embeddings column, the HNSW indexes and every semantic "
+        "leg are pgvector's, and 0.8 brings the iterative index scans a filtered search needs "
+        "to find its k rows; an administrator runs `CREATE EXTENSION vector` (or `ALTER "
+        "EXTENSION vector UPDATE`)",
+    ),
+    (
+        "schema",
+        True,
+        "schema `memory` at this code's migration level (`memory.version()`)",
+        "nothing is installed, or an older release is: run `poimen-memory migrate` as the "
+        "database's owner",
+    ),
+    (
+        "row_level_security",
+        True,
+        "row-level security on every table that holds a project's rows",
+        "every reader, writer and API key sees every project; `poimen-memory migrate` "
+        "enables it again (docs/security.md)",
+    ),
+    (
+        "plpython3u",
+        False,
+        "PL/Python, in which the optimizer and the in-database embedder run",
+        # The rows of WITHOUT_PLPYTHON: what changes, then what stays as it is.
+        "; ".join(
+            [f"{what}: {no}" for what, yes, no in WITHOUT_PLPYTHON if not no.startswith(yes)]
+            + [f"{what}: still {yes}" for what, yes, no in WITHOUT_PLPYTHON if no.startswith(yes)]
+        ),
+    ),
+    (
+        "plpython_module",
+        False,
+        "poimen_core imports inside the server: from memory._plpython_modules (in the "
+        "database) or from the directory memory.config plpython_path names",
+        "as without plpython3u: the optimizer and memory.embed raise PM503; run "
+        "`poimen-memory migrate` (it writes the module into the database)",
+    ),
+    (
+        "embedder",
+        False,
+        "`memory.embed` works: the embedder's packages (onnxruntime, tokenizers) import inside "
+        "the server, or the remote embedding server answers",
+        "memory.embed raises PM503: a text-only `memory_query()` answers with the lexical leg "
+        "alone (with a NOTICE) and `memory.add_nodes` cannot write new nodes; pass "
+        "`query_embedding` and write through the service, or install the embedder on the "
+        "database host (`make setup` there, then `poimen-memory migrate`: docs/embeddings.md)",
+    ),
+    (
+        "pg_stat_statements",
+        False,
+        "the extension `pg_stat_statements`, loaded",
+        "no per-statement counts and times for a DBA: add it to `shared_preload_libraries`, "
+        "restart, then `CREATE EXTENSION pg_stat_statements`",
+    ),
+    (
+        "owner",
+        False,
+        "the role running the report owns schema `memory` (or is a superuser)",
+        "this role cannot run `poimen-memory migrate`, `memory.set_policy`, "
+        "`memory.grant_project` or `memory.configure_embedding_server`, and row-level "
+        "security limits what it sees",
+    ),
+)
+
+
+def capability_costs() -> list[dict[str, object]]:
+    """CAPABILITIES as memory.capabilities() reads them (a JSON array of objects)."""
+    return [{"name": n, "required": r, "what": w, "cost": c} for n, r, w, c in CAPABILITIES]
+
+
 def _text(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -87,4 +206,5 @@ def sql_literals() -> dict[str, str]:
     out["reference_time_rule"] = _text(REFERENCE_TIME_RULE)
     out["reference_time_hint"] = _text(REFERENCE_TIME_HINT)
     out |= {f"sqlstate_{k}": _text(v) for k, v in SQLSTATES.items()}
+    out["capabilities"] = _text(json.dumps(capability_costs())) + "::jsonb"
     return out

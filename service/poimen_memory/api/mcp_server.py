@@ -4,7 +4,12 @@
   parameters (the same names, schemas and bounds: api/openapi.py's query_parameters, then
   api/params.py), with provenance and the evidence list;
 - ``memory_add`` writes nodes as ``POST /memory/nodes`` does: one transaction, every node or
-  none unless ``skip_invalid``.
+  none unless ``skip_invalid``;
+- the projects the caller may read are resources, ``poimen://projects/{name}`` (a template
+  too): each one's summary, its current nodes per level and its latest write. Listed and
+  read under row-level security with the key's projects, as the tools search; a project the
+  key does not cover is a typed error (JSON-RPC invalid params whose data is the HTTP error
+  body), never its data.
 
 Both run api/operations.py, the functions the HTTP routes run, with the caller's API key
 from the transport's headers: the key's projects, read-only keys, the deadline and the
@@ -45,9 +50,16 @@ from mcp_types import (
     INVALID_PARAMS,
     CallToolRequestParams,
     CallToolResult,
+    ListResourcesResult,
+    ListResourceTemplatesResult,
     ListToolsResult,
     PaginatedRequestParams,
+    ReadResourceRequestParams,
+    ReadResourceResult,
+    Resource,
+    ResourceTemplate,
     TextContent,
+    TextResourceContents,
     Tool,
     ToolAnnotations,
 )
@@ -58,20 +70,38 @@ from starlette.types import Receive, Scope, Send
 from poimen_memory.api import metrics
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.openapi import openapi_spec, query_parameters
-from poimen_memory.api.operations import query_memory, records_from_lines, write_nodes
+from poimen_memory.api.operations import (
+    list_projects,
+    project_summary,
+    query_memory,
+    records_from_lines,
+    write_nodes,
+)
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import PoimenError, ValidationError
-from poimen_memory.ingest.nodes import LineError, NodeRecord
+from poimen_memory.ingest.nodes import PROJECT_NAME, LineError, NodeRecord
 from poimen_memory.services import Services, open_services
 from poimen_memory.settings import Settings
 
-__all__ = ["TOOLS", "Caller", "McpEndpoint", "build_server", "serve_stdio", "tools"]
+__all__ = [
+    "PROJECT_URI",
+    "TOOLS",
+    "Caller",
+    "McpEndpoint",
+    "build_server",
+    "serve_stdio",
+    "tools",
+]
 
 log = logging.getLogger(__name__)
 
 QUERY, ADD = "memory_query", "memory_add"
 TOOLS = (QUERY, ADD)
+# A project as a resource: its summary (api/operations.py project_summary).
+PROJECT_URI = "poimen://projects/{name}"
+_PROJECT_PREFIX = PROJECT_URI.removesuffix("{name}")
+JSON = "application/json"
 
 
 @dataclass(frozen=True)
@@ -217,6 +247,36 @@ def _tool_error(err: PoimenError) -> CallToolResult:
     )
 
 
+def _resource_error(err: PoimenError) -> MCPError:
+    """A typed error of resources/read or resources/list: JSON-RPC invalid params (what the
+    MCP specification names for a resource that cannot be read), its data the HTTP API's
+    error body plus ``status`` and ``sqlstate``, as a tool error's structured content."""
+    data: dict[str, Any] = {**err.to_json(), "status": err.http_status}
+    if err.sqlstate:
+        data["sqlstate"] = err.sqlstate
+    return MCPError(code=INVALID_PARAMS, message=f"{err.code}: {err.message}", data=data)
+
+
+def _project_resource(name: str) -> Resource:
+    return Resource(
+        uri=_PROJECT_PREFIX + name,
+        name=name,
+        title=f"Project {name}",
+        description=f"Project {name}: its current nodes per level and its latest write.",
+        mime_type=JSON,
+    )
+
+
+def _project_of(uri: str) -> str:
+    name = uri.removeprefix(_PROJECT_PREFIX)
+    if not uri.startswith(_PROJECT_PREFIX) or not PROJECT_NAME.fullmatch(name):
+        raise ValidationError(
+            f"unknown resource {uri!r}",
+            hint=f"a project's resource is {PROJECT_URI} (resources/list names them)",
+        )
+    return name
+
+
 def _answer(body: dict[str, Any]) -> CallToolResult:
     return CallToolResult(
         content=[TextContent(type="text", text=json.dumps(body, default=str))],
@@ -267,19 +327,65 @@ def build_server(settings: Settings, caller: Callable[[Any], Caller]) -> Server[
             return _tool_error(translate(exc))
         return _answer(body)
 
+    async def list_resources(
+        ctx: Any, params: PaginatedRequestParams | None
+    ) -> ListResourcesResult:
+        who = caller(ctx)
+        try:
+            names = await list_projects(who.services, who.keys, who.headers)
+        except PoimenError as err:
+            raise _resource_error(err) from None
+        except psycopg.Error as exc:
+            raise _resource_error(translate(exc)) from None
+        return ListResourcesResult(resources=[_project_resource(n) for n in names])
+
+    async def list_resource_templates(
+        ctx: Any, params: PaginatedRequestParams | None
+    ) -> ListResourceTemplatesResult:
+        return ListResourceTemplatesResult(
+            resource_templates=[
+                ResourceTemplate(
+                    uri_template=PROJECT_URI,
+                    name="project",
+                    title="A project",
+                    description="A project's summary: its current nodes per level and its "
+                    "latest write (a project the API key covers).",
+                    mime_type=JSON,
+                )
+            ]
+        )
+
+    async def read_resource(ctx: Any, params: ReadResourceRequestParams) -> ReadResourceResult:
+        who = caller(ctx)
+        try:
+            body = await project_summary(
+                who.services, who.keys, who.headers, _project_of(params.uri)
+            )
+        except PoimenError as err:
+            raise _resource_error(err) from None
+        except psycopg.Error as exc:
+            raise _resource_error(translate(exc)) from None
+        return ReadResourceResult(
+            contents=[TextResourceContents(uri=params.uri, mime_type=JSON, text=json.dumps(body))]
+        )
+
     return Server(
         "poimen-memory",
         version=openapi_spec()["info"]["version"],
         title="poimen-memory",
         instructions=(
             "Long-term memory. memory_query searches it (results with provenance and the L0 "
-            "evidence they cite); memory_add writes nodes."
+            "evidence they cite); memory_add writes nodes. The projects are resources, "
+            "poimen://projects/{name}: each one's nodes per level and latest write."
         ),
         get_tool_input_schema=lambda name: next(
             (t.input_schema for t in listed if t.name == name), None
         ),
         on_list_tools=list_tools,
         on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_list_resource_templates=list_resource_templates,
+        on_read_resource=read_resource,
     )
 
 

@@ -12,10 +12,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from psycopg import sql as pgsql
+
+from poimen_core.vocabulary import LEVELS
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.params import parse_query
 from poimen_memory.db import tenant
 from poimen_memory.db.connect import connect
+from poimen_memory.db.queries import q
 from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.embedders.base import WRITE_DEADLINE
 from poimen_memory.errors import Busy, IngestError, ValidationError
@@ -23,7 +27,15 @@ from poimen_memory.ingest.nodes import LineError, NodeRecord, parse_lines
 from poimen_memory.ingest.writer import ingest
 from poimen_memory.services import Services
 
-__all__ = ["forget_nodes", "node_history", "query_memory", "records_from_lines", "write_nodes"]
+__all__ = [
+    "forget_nodes",
+    "list_projects",
+    "node_history",
+    "project_summary",
+    "query_memory",
+    "records_from_lines",
+    "write_nodes",
+]
 
 
 async def query_memory(
@@ -139,7 +151,9 @@ async def _project(keys: KeyRing, headers: Mapping[str, str], named: str | None)
     return project
 
 
-async def _in_thread(state: Services, sql: str, args: dict[str, Any]) -> list[tuple[Any, ...]]:
+async def _in_thread(
+    state: Services, sql: str | pgsql.SQL, args: dict[str, Any]
+) -> list[tuple[Any, ...]]:
     caller = tenant.current()  # threads do not carry context variables
     # A forget by filter may end many versions: the longest budget a request may ask for.
     ms = str(int(state.settings.max_timeout_s * 1000))
@@ -215,3 +229,32 @@ async def node_history(
             v[k] = v[k].isoformat() if v[k] is not None else None
         versions.append(v)
     return {"project": project, "id": external_id, "versions": versions}
+
+
+async def list_projects(state: Services, keys: KeyRing, headers: Mapping[str, str]) -> list[str]:
+    """The projects the caller may read: the key's (every project in anonymous mode), both
+    as a filter and under row-level security, as a search's scope (KeyRing.read_scope)."""
+    _, projects = await keys.read_scope(headers, None)
+    with wrap_exceptions("projects"):
+        rows = await _in_thread(state, q("project_names"), {"projects": projects})
+    return [str(r[0]) for r in rows]
+
+
+async def project_summary(
+    state: Services, keys: KeyRing, headers: Mapping[str, str], project: str
+) -> dict[str, Any]:
+    """One project's summary: its current nodes per level, the versions that ended and the
+    latest write. A project the key does not cover is forbidden (403) before anything is
+    read; one that does not exist, or that row-level security hides, is unknown (PM404)."""
+    await keys.read_scope(headers, project)  # forbidden unless the key covers it
+    with wrap_exceptions("projects"):
+        rows = await _in_thread(state, q("project_summary"), {"project": project})
+    current, ended, latest = rows[0]
+    nodes = {level: int(current.get(level, 0)) for level in LEVELS}
+    return {
+        "project": project,
+        "nodes": nodes,
+        "total": sum(nodes.values()),
+        "ended_versions": int(ended),
+        "latest_write": latest.isoformat() if latest is not None else None,
+    }

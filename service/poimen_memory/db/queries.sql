@@ -245,3 +245,25 @@ SELECT to_jsonb(g) FROM memory._get_node(%(id)s, %(project)s, %(projects)s) g;
 SELECT coalesce(jsonb_agg(to_jsonb(g) ORDER BY g.node_id), '[]')
 FROM memory._list_nodes(%(project)s, %(level)s, %(source)s, %(since)s, %(until)s,
                         %(after)s, %(limit)s, %(projects)s) g;
+
+-- name: project_names
+-- The projects the caller may read, for MCP's resources/list (api/operations.py
+-- list_projects). projects: the API key's (NULL: anonymous), a filter beside row-level
+-- security, which shows the service's role no other project either.
+SELECT p.name::text FROM memory.projects p
+WHERE %(projects)s::text[] IS NULL OR p.name = ANY (%(projects)s::text[])
+ORDER BY p.name;
+
+-- name: project_summary
+-- One project's summary for MCP's resources/read: its current nodes per level, the versions
+-- that ended (superseded or forgotten), and the latest write (a version made or ended).
+-- memory.project_id runs first, under row-level security: PM404 for a project the caller
+-- cannot see, as for one that does not exist.
+SELECT (SELECT coalesce(jsonb_object_agg(c.level, c.n), '{}')
+        FROM (SELECT n.level, count(*) AS n FROM memory.nodes n
+              WHERE n.project_id = p.id AND n.expired_at IS NULL GROUP BY n.level) c) AS current,
+       (SELECT count(*) FROM memory.nodes n
+        WHERE n.project_id = p.id AND n.expired_at IS NOT NULL) AS ended,
+       (SELECT max(greatest(n.created_at, n.expired_at)) FROM memory.nodes n
+        WHERE n.project_id = p.id) AS latest_write
+FROM (SELECT memory.project_id(%(project)s) AS id) p;
