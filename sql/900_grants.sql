@@ -38,10 +38,16 @@ BEGIN
     IF pg_catalog.pg_has_role(current_user,
                               (SELECT d.datdba FROM pg_catalog.pg_database d
                                WHERE d.datname = pg_catalog.current_database()), 'USAGE') THEN
-        EXECUTE pg_catalog.format('REVOKE CONNECT ON DATABASE %I FROM PUBLIC',
-                                  pg_catalog.current_database());
-        EXECUTE pg_catalog.format('GRANT CONNECT ON DATABASE %I TO @role.reader@',
-                                  pg_catalog.current_database());
+        -- Only what differs: a migrate that changes nothing writes no catalog row.
+        IF pg_catalog.has_database_privilege('public', pg_catalog.current_database(), 'CONNECT') THEN
+            EXECUTE pg_catalog.format('REVOKE CONNECT ON DATABASE %I FROM PUBLIC',
+                                      pg_catalog.current_database());
+        END IF;
+        IF NOT pg_catalog.has_database_privilege('@role.reader@', pg_catalog.current_database(),
+                                                 'CONNECT') THEN
+            EXECUTE pg_catalog.format('GRANT CONNECT ON DATABASE %I TO @role.reader@',
+                                      pg_catalog.current_database());
+        END IF;
     END IF;
 END $$;
 

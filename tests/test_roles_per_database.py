@@ -144,7 +144,10 @@ def test_the_prefix_is_kept_and_a_different_one_refused(
     a_url, _ = two_databases
     with connect(a_url, autocommit=True) as a:
         before = db_roles(a)
+        row = "SELECT xmin::text FROM pg_database WHERE datname = current_database()"
+        version = _one(a, row)
         assert migrate(a, plpython_root, role_prefix=before.prefix).roles == before
+        assert _one(a, row) == version  # CONNECT already right: the row is not rewritten
         with pytest.raises(MigrationError, match="POIMEN_ROLE_PREFIX is other_db"):
             migrate(a, plpython_root, role_prefix="other_db")
         assert db_roles(a) == before

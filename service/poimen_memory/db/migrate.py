@@ -336,6 +336,16 @@ def _unreachable_ancestor(root: Path) -> Path | None:
     return None
 
 
+def _module_root(plpython_root: Path | None) -> Path | None:
+    """Where this host installs the PL/Python module for the server to import, or None
+    when the server imports it from the database alone (memory._plpython_modules): no root,
+    or one the server's OS user cannot reach (a database on another host, where no path of
+    this one means anything, is the same case). migrate and check both decide it here."""
+    if plpython_root is None or _unreachable_ancestor(plpython_root) is not None:
+        return None
+    return plpython_root
+
+
 def install_plpython(root: Path) -> Path:
     """Copy the stdlib-only module where the server's postgres user can import it.
 
@@ -841,11 +851,8 @@ def migrate(
                 hint="run from a source checkout (pip install -e .); the SQL ships beside the code",
             )
     py_target: Path | None = None
-    # A POIMEN_HOME the server's OS user cannot reach (or a database on another host, where
-    # no path of this one means anything): the module is imported from the database alone.
-    in_database = plpython_root is not None and _unreachable_ancestor(plpython_root) is not None
-    if in_database:
-        plpython_root = None
+    in_database = plpython_root is not None and _module_root(plpython_root) is None
+    plpython_root = _module_root(plpython_root)
     if plpython_root is not None:
         py_target = install_plpython(plpython_root)
     py_path = None if py_target is None else str(py_target)
@@ -953,8 +960,7 @@ def _plpython_findings(
     """The plpython_path migrate would record (when this host installs the module), and
     what is wrong with the recorded keys that comparing with it cannot tell."""
     code = plpython_checksum()
-    if plpython_root is not None and _unreachable_ancestor(plpython_root) is not None:
-        plpython_root = None  # migrate imports from the database then (see migrate)
+    plpython_root = _module_root(plpython_root)
     if plpython_root is not None:
         expected = plpython_root / code[:16]
         found = (
