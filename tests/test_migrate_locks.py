@@ -17,6 +17,7 @@ import pytest
 from poimen_memory.db import migrate as migrate_mod
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import migrate
+from poimen_memory.db.roles import Roles
 from poimen_memory.errors import MigrationError
 
 Conn = psycopg.Connection[Any]
@@ -106,8 +107,8 @@ def test_a_noop_migrate_takes_no_lock_beyond_a_writers(
     held: list[tuple[str, str]] = []
     real = migrate_mod._apply_sql_files
 
-    def spy(c: Conn, schema: str) -> list[Path]:
-        files = real(c, schema)
+    def spy(c: Conn, schema: str, roles: Roles) -> list[Path]:
+        files = real(c, schema, roles)
         held.extend(
             (str(r[0]), str(r[1]))
             for r in c.execute(
@@ -191,6 +192,15 @@ def test_ddl_that_must_run_waits_briefly_retries_and_says_for_what(
 
         t = threading.Thread(target=deploy)
         t.start()
+        # The reader finishes 1.5 s (three attempts) after the deploy first queues behind
+        # it: timed from then, since on a loaded machine the deploy takes a while to get
+        # there.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted"
+            " AND relation = 'memory.nodes'::regclass"
+        ).fetchone() == (0,):
+            time.sleep(0.05)
         time.sleep(1.5)
         reader.rollback()
         t.join(timeout=60)
