@@ -186,7 +186,7 @@ _NODE_DETAIL: dict[str, Any] = {
         "children_total": {"type": "integer", "minimum": 0},
         "parents_declared": {"type": "integer", "minimum": 0},
         "support": _SUPPORT,
-        # Not kept yet: null (every node is its only version).
+        # null: GET /memory/nodes/{id}/history lists the versions (this is the current one).
         "versions": {"type": ["array", "null"], "items": {"type": "object"}},
     },
 }
