@@ -715,6 +715,9 @@ def test_the_docs_python_example_runs(server: str, fixture_url: str) -> None:
 
 def test_the_docs_configurations_and_error_name_what_is_served(reader: str) -> None:
     stdio, http, error, resource = (json.loads(b) for b in _blocks("json"))
+    # The table of tools names every tool served, once.
+    table = re.findall(r"^\| `(memory_\w+)` \|", DOCS.read_text(), re.M)
+    assert sorted(table) == sorted(TOOLS)
     (local,) = stdio["mcpServers"].values()
     assert Path(local["command"]).name == "poimen-memory" and local["args"] == ["mcp"]
     commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
