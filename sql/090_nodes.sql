@@ -40,10 +40,13 @@ BEGIN
         RAISE EXCEPTION 'id must not be empty'
             USING ERRCODE = '22023', HINT = 'Pass the node''s id as ingested (its external_id).';
     END IF;
-    -- The projects (visible to the caller) holding a node of this id: ids are unique per
-    -- project, not across projects.
+    -- The projects (visible to the caller) holding a current version of this id: ids are
+    -- unique per project, not across projects. A node's ended versions (superseded, retired,
+    -- erased: docs/lifecycle.md) are its history (memory.history), not the node: a retired
+    -- or erased node is unknown here, and an updated one is its current version.
     found_in := ARRAY(SELECT p.name FROM memory.nodes x JOIN memory.projects p ON p.id = x.project_id
-                      WHERE x.external_id = p_id AND (pid IS NULL OR x.project_id = pid)
+                      WHERE x.external_id = p_id AND x.expired_at IS NULL
+                        AND (pid IS NULL OR x.project_id = pid)
                         AND (p_projects IS NULL OR p.name = ANY (p_projects))
                       ORDER BY p.name);
     IF cardinality(found_in) = 0 THEN
@@ -59,7 +62,7 @@ BEGIN
                   HINT = 'Name the project (project => ..., or ?project= over HTTP).';
     END IF;
     SELECT x.* INTO n FROM memory.nodes x JOIN memory.projects p ON p.id = x.project_id
-    WHERE x.external_id = p_id AND p.name = found_in[1];
+    WHERE x.external_id = p_id AND p.name = found_in[1] AND x.expired_at IS NULL;
     RETURN QUERY
     SELECT n.id, n.external_id, found_in[1], n.level, encode(n.sha256, 'hex'), n.title, n.text,
            n.source, n.breadcrumb, n.ts, n.metadata, n.created_at,
@@ -84,7 +87,7 @@ BEGIN
             WHERE e.parent_id = n.id AND e.project_id = n.project_id),
            n.parents_declared,
            memory.support_status(n.parents_declared, memory.parents_present(n.id, n.project_id)),
-           -- Versions: not kept yet (every node is its only version); a later change fills it.
+           -- Versions: memory.history lists them (GET /memory/nodes/{id}/history).
            NULL::jsonb,
            n.valid_from, n.valid_to;
 END $$;
@@ -99,7 +102,7 @@ BEGIN ATOMIC
     SELECT * FROM memory._get_node(id, project, NULL);
 END;
 COMMENT ON FUNCTION memory.get_node(text, text) IS
-    'One node by its id (the external id given at ingest; unique per project), with its parents (node_id, external_id, level, precedence; at most 100, parents_total counts them) and children (node_id, external_id, level; at most 100, children_total), parents_declared (the parents it was written with) and support (memory.support_status). project names the project; without it the id must be unique among the projects the caller can read (PMA09 lists them otherwise). No such node, or one the caller may not read: PM444. versions is NULL (no versions are kept yet).';
+    'One node by its id (the external id given at ingest; unique per project), with its parents (node_id, external_id, level, precedence; at most 100, parents_total counts them) and children (node_id, external_id, level; at most 100, children_total), parents_declared (the parents it was written with) and support (memory.support_status). project names the project; without it the id must be unique among the projects the caller can read (PMA09 lists them otherwise). The node is its current version: no such node, one with no current version (retired or erased; memory.history lists its versions), or one the caller may not read: PM444. versions is NULL (memory.history lists them).';
 
 -- The cursor of memory.list_nodes: opaque to callers, the last node id of a page.
 CREATE OR REPLACE FUNCTION memory._node_cursor(node_id bigint)

@@ -152,6 +152,30 @@ def test_get_node_in_sql(conn: Conn) -> None:
     assert e.value.sqlstate == "PM404"
 
 
+def test_get_node_reads_the_current_version(conn: Conn) -> None:
+    """An updated node is its latest content, not several nodes of the id; a retired or
+    erased one has no current version and is not found (memory.history keeps it)."""
+    conn.execute(
+        "SELECT memory.add_nodes(%s)",
+        (json.dumps([{"project": "poimen", "level": "L0", "id": "v:1", "text": "first"}]),),
+    )
+    conn.execute(
+        "SELECT memory.add_nodes(%s)",
+        (json.dumps([{"project": "poimen", "level": "L0", "id": "v:1", "text": "second"}]),),
+    )
+    assert conn.execute("SELECT text FROM memory.get_node('v:1')").fetchone() == ("second",)
+    conn.execute("SELECT memory.forget('poimen', 'v:1')")
+    with pytest.raises(psycopg.Error) as e:
+        conn.execute("SELECT * FROM memory.get_node('v:1')")
+    assert e.value.sqlstate == "PM444"
+    with pytest.raises(psycopg.Error) as e:
+        conn.execute("SELECT * FROM memory.get_node('v:1', 'poimen')")
+    assert e.value.sqlstate == "PM444"
+    assert conn.execute(
+        "SELECT array_agg(end_reason ORDER BY revision) FROM memory.history('poimen', 'v:1')"
+    ).fetchone() == (["superseded", "retired"],)
+
+
 def _twin(conn: Conn) -> None:
     """The id poimen:chat:1 in project atlas too (ids are unique per project only)."""
     conn.execute(

@@ -28,9 +28,10 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult
 
+from poimen_core.nodes import MAX_ID_CHARS
 from poimen_lab.live_server import live_server
-from poimen_memory.api.mcp_server import PROJECT_URI
-from poimen_memory.api.openapi import query_parameters
+from poimen_memory.api.mcp_server import PROJECT_URI, TOOLS
+from poimen_memory.api.openapi import openapi_spec, query_parameters
 from poimen_memory.cli.main import build_parser
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect, ensure_service_login
@@ -71,8 +72,6 @@ def server(fixture_url: str, tmp_path: Path) -> Iterator[str]:
     """A server of its own, for a test that writes or makes keys."""
     with _serving(fixture_url, tmp_path / "server.log") as base:
         yield base
-
-
 
 
 def _headers(key: str | None) -> dict[str, str]:
@@ -151,7 +150,9 @@ def test_tools_and_their_schemas(reader: str, mode: str) -> None:
         return (await client.list_tools()).tools
 
     tools = {t.name: t for t in over_http(reader, None, work, mode)}
-    assert set(tools) == {"memory_query", "memory_add"}
+    assert set(tools) == set(TOOLS) == {
+        "memory_query", "memory_add", "memory_get", "memory_forget", "memory_history",
+    }  # fmt: skip
     query = tools["memory_query"]
     # The HTTP route's parameters, with the same schemas.
     assert set(query.input_schema["properties"]) == {n for n, *_ in query_parameters()}
@@ -168,6 +169,32 @@ def test_tools_and_their_schemas(reader: str, mode: str) -> None:
         "L0", "L1", "L2",
     ]  # fmt: skip
     assert add.output_schema is not None and "inserted" in add.output_schema["properties"]
+    # Fetch by id and history: GET /memory/nodes/{id}'s id and project, read-only.
+    for name, output in (("memory_get", "NodeDetail"), ("memory_history", "History")):
+        tool = tools[name]
+        assert tool.input_schema["required"] == ["id"]
+        assert set(tool.input_schema["properties"]) == {"id", "project"}
+        id_schema = tool.input_schema["properties"]["id"]
+        assert (id_schema["minLength"], id_schema["maxLength"]) == (1, MAX_ID_CHARS)
+        assert tool.annotations is not None and tool.annotations.read_only_hint
+        assert tool.output_schema is not None
+        assert tool.output_schema["required"] == _openapi_schema(output)["required"]
+    assert "parents" in tools["memory_get"].output_schema["properties"]  # type: ignore[index]
+    forget = tools["memory_forget"]
+    assert forget.input_schema["required"] == ["ids"]
+    props = forget.input_schema["properties"]
+    assert set(props) == {"ids", "project", "erase", "reason"}
+    assert props["ids"]["minItems"] == 1 and props["ids"]["items"]["maxLength"] == MAX_ID_CHARS
+    assert props["erase"] == {**props["erase"], "type": "boolean", "default": False}
+    assert forget.annotations is not None and forget.annotations.destructive_hint
+    assert not forget.annotations.read_only_hint
+    assert forget.output_schema is not None
+    assert forget.output_schema["required"] == ["project", "retired", "erased", "nodes"]
+
+
+def _openapi_schema(name: str) -> dict[str, Any]:
+    schema: dict[str, Any] = openapi_spec()["components"]["schemas"][name]
+    return schema
 
 
 def _scrape(base: str) -> str:
@@ -270,7 +297,7 @@ def test_typed_errors_are_tool_errors(
 
 def test_an_unknown_tool_is_a_protocol_error(reader: str) -> None:
     with pytest.raises(MCPError, match="unknown tool"):
-        over_http(reader, None, _call("memory_forget", {}))
+        over_http(reader, None, _call("memory_forget_everything", {}))
 
 
 def test_api_keys_are_enforced(server: str, fixture_url: str) -> None:
@@ -390,18 +417,23 @@ def test_a_key_sees_only_its_projects_as_resources(fixture_url: str, tmp_path: P
     assert set(data) <= {"error", "detail", "context", "hint", "status", "sqlstate"}
 
 
+def _stdio(url: str, api_key: str | None) -> StdioServerParameters:
+    """`poimen-memory mcp` on this database, with this key in POIMEN_API_KEY."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(("PYTHON", "POIMEN_"))}
+    env |= {"POIMEN_DATABASE_URL": url, "POIMEN_AUTH_CACHE_S": "0"}
+    if api_key:
+        env["POIMEN_API_KEY"] = api_key
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "poimen_memory.cli.main", "mcp"], env=env
+    )
+
+
 def test_stdio(fixture_url: str) -> None:
     """`poimen-memory mcp`: the same tools over stdin and stdout; the key from POIMEN_API_KEY."""
     key = make_key(fixture_url, ["poimen"])
 
     def params(api_key: str | None) -> StdioServerParameters:
-        env = {k: v for k, v in os.environ.items() if k.startswith(("PYTHON", "POIMEN_"))}
-        env |= {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_AUTH_CACHE_S": "0"}
-        if api_key:
-            env["POIMEN_API_KEY"] = api_key
-        return StdioServerParameters(
-            command=sys.executable, args=["-m", "poimen_memory.cli.main", "mcp"], env=env
-        )
+        return _stdio(fixture_url, api_key)
 
     async def run(api_key: str | None, args: dict[str, Any]) -> tuple[list[str], CallToolResult]:
         async with Client(params(api_key)) as client:
@@ -409,7 +441,7 @@ def test_stdio(fixture_url: str) -> None:
             return names, await client.call_tool("memory_query", args)
 
     names, result = asyncio.run(run(key, {"query": KONG}))
-    assert sorted(names) == ["memory_add", "memory_query"]
+    assert sorted(names) == sorted(TOOLS)
 
     async def resources() -> dict[str, Any]:
         async with Client(params(key)) as client:
@@ -427,6 +459,237 @@ def test_stdio(fixture_url: str) -> None:
     assert _tool_error(other)["error"] == "forbidden"
     _, anonymous = asyncio.run(run(None, {"query": KONG}))
     assert _tool_error(anonymous)["error"] == "unauthorized"
+
+
+# -- fetch by id, forget, history: over both transports --------------------------------------
+
+Calls = list[tuple[str, dict[str, Any]]]
+
+
+def _session(
+    transport: str, base: str, url: str, key: str | None, calls: Calls
+) -> list[CallToolResult]:
+    """These tool calls in order, in one client session: over HTTP to the service at
+    ``base``, or over stdio to a `poimen-memory mcp` of its own on ``url``."""
+
+    async def work(client: Client) -> list[CallToolResult]:
+        return [await client.call_tool(name, args) for name, args in calls]
+
+    if transport == "http":
+        results: list[CallToolResult] = over_http(base, key, work)
+        return results
+
+    async def run() -> list[CallToolResult]:
+        async with Client(_stdio(url, key)) as client:
+            return await work(client)
+
+    try:
+        return asyncio.run(run())
+    except BaseExceptionGroup as group:
+        raise _leaf(group) from group
+
+
+def _ok(result: CallToolResult) -> dict[str, Any]:
+    assert not result.is_error, result.content
+    body: dict[str, Any] = result.structured_content
+    assert json.loads(result.content[0].text) == body  # type: ignore[union-attr]
+    return body
+
+
+def _http_get(base: str, key: str, node_id: str, **params: str) -> httpx.Response:
+    return httpx.get(
+        f"{base}/memory/nodes/{node_id}", params=params, headers=_headers(key), timeout=30
+    )
+
+
+def _as_http(tool_error: dict[str, Any]) -> dict[str, Any]:
+    """A tool error's body as the HTTP route answers it (without status and sqlstate)."""
+    return {k: v for k, v in tool_error.items() if k not in ("status", "sqlstate")}
+
+
+def _current(url: str, project: str, external_id: str) -> int:
+    with connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id"
+            " WHERE p.name = %s AND n.external_id = %s AND n.expired_at IS NULL",
+            (project, external_id),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_remember_fetch_forget(transport: str, server: str, fixture_url: str) -> None:
+    """Remember, fetch by id, forget, fetch again (unknown_node), with the key checks of the
+    HTTP routes: a read-only key fetches but does not forget; a key for another project
+    finds nothing of this one's (as if missing) and forgets none of it."""
+    word = f"mcp{uuid.uuid4().hex[:10]}"
+    turn, mem, comma = f"{word}-turn", f"{word}-mem", f"{word},with-a-comma"
+    writer = make_key(fixture_url, ["poimen"], write=True)
+    reader = make_key(fixture_url, ["poimen"])
+    other = make_key(fixture_url, ["atlas"], write=True)
+
+    def run(key: str, calls: Calls) -> list[CallToolResult]:
+        return _session(transport, server, fixture_url, key, calls)
+
+    nodes = [
+        {"id": turn, "level": "L0", "text": f"the {word} rollout stalled at 40%"},
+        {"id": mem, "level": "L1", "text": f"{word} rollouts stall near half way",
+         "parents": [turn], "metadata": {"team": "release"}},
+        {"id": comma, "level": "L1", "text": f"{word} ids may hold commas", "parents": [turn]},
+    ]  # fmt: skip
+    added, got, history = run(
+        writer,
+        [
+            ("memory_add", {"nodes": nodes, "project": "poimen"}),
+            ("memory_get", {"id": mem}),
+            ("memory_history", {"id": mem}),
+        ],
+    )
+    assert _ok(added)["inserted"] == 3
+    node = _ok(got)
+    # What GET /memory/nodes/{id} answers, field by field.
+    http = _http_get(server, writer, mem)
+    assert http.status_code == 200, http.text
+    assert node == http.json()
+    assert (node["external_id"], node["project"], node["level"]) == (mem, "poimen", "L1")
+    assert node["metadata"] == {"team": "release"} and node["support"] == "full"
+    assert [p["external_id"] for p in node["parents"]] == [turn]
+    (version,) = _ok(history)["versions"]
+    assert version["current"] and version["text"] == nodes[1]["text"]
+
+    # A read-only key fetches, and is refused a forget (nothing ended).
+    read_get, read_forget = run(
+        reader, [("memory_get", {"id": mem}), ("memory_forget", {"ids": [mem]})]
+    )
+    assert _ok(read_get) == node
+    refused = _tool_error(read_forget)
+    assert (refused["error"], refused["status"]) == ("forbidden", 403)
+    assert refused["detail"] == "this key is read-only"
+
+    # A key for another project: the node is not found, exactly as a missing one is; naming
+    # its project is forbidden; a forget ends nothing.
+    missing = f"{word}-never-written"
+    hidden, absent, named, forget_named, forget_own = run(
+        other,
+        [
+            ("memory_get", {"id": mem}),
+            ("memory_get", {"id": missing}),
+            ("memory_get", {"id": mem, "project": "poimen"}),
+            ("memory_forget", {"ids": [mem], "project": "poimen"}),
+            ("memory_forget", {"ids": [mem]}),  # the key's project, atlas
+        ],
+    )
+    hidden_body, absent_body = _tool_error(hidden), _tool_error(absent)
+    assert (hidden_body["error"], hidden_body["status"]) == ("unknown_node", 404)
+    assert hidden_body == {
+        k: (v.replace(missing, mem) if isinstance(v, str) else v) for k, v in absent_body.items()
+    }
+    http = _http_get(server, other, mem)
+    assert http.status_code == 404 and http.json() == _as_http(hidden_body)
+    for result in (named, forget_named):
+        body = _tool_error(result)
+        assert (body["error"], body["status"]) == ("forbidden", 403)
+        assert body["detail"] == "this key does not cover project 'poimen'"
+    assert (_tool_error(forget_own)["error"], _tool_error(forget_own)["status"]) == (
+        "unknown_node", 404,
+    )  # fmt: skip
+    assert _current(fixture_url, "poimen", mem) == 1
+
+    # The writer forgets: retired, then unknown to a fetch and to a second forget; its
+    # history keeps the version. Several ids at once (one holding a comma) are erased.
+    forgot, gone, after, again, erased, turn_history = run(
+        writer,
+        [
+            ("memory_forget", {"ids": [mem], "reason": "wrong about the rollout"}),
+            ("memory_get", {"id": mem}),
+            ("memory_history", {"id": mem, "project": "poimen"}),
+            ("memory_forget", {"ids": [mem]}),
+            ("memory_forget", {"ids": [turn, comma, missing], "erase": True}),
+            ("memory_history", {"id": turn}),
+        ],
+    )
+    report = _ok(forgot)
+    assert (report["project"], report["retired"], report["erased"]) == ("poimen", 1, 0)
+    assert report["nodes"] == [mem]
+    assert _current(fixture_url, "poimen", mem) == 0
+    gone_body = _tool_error(gone)
+    assert (gone_body["error"], gone_body["status"], gone_body["sqlstate"]) == (
+        "unknown_node", 404, "PM444",
+    )  # fmt: skip
+    http = _http_get(server, writer, mem)
+    assert http.status_code == 404 and http.json() == _as_http(gone_body)
+    (ended,) = _ok(after)["versions"]
+    assert not ended["current"] and ended["end_reason"] == "retired"
+    assert ended["end_note"] == "wrong about the rollout"
+    assert _tool_error(again)["error"] == "unknown_node"
+    wiped = _ok(erased)
+    assert (wiped["retired"], wiped["erased"]) == (0, 2)
+    assert sorted(wiped["nodes"]) == sorted([turn, comma])  # the missing id: not there
+    (tombstone,) = _ok(turn_history)["versions"]
+    assert tombstone["end_reason"] == "erased" and tombstone["text"] is None
+    assert _current(fixture_url, "poimen", turn) == _current(fixture_url, "poimen", comma) == 0
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_an_id_in_two_projects_is_ambiguous(transport: str, server: str, fixture_url: str) -> None:
+    both = make_key(fixture_url, ["poimen", "atlas"], write=True)
+    dup = f"mcp-dup-{uuid.uuid4().hex[:8]}"
+    nodes = [
+        {"id": dup, "level": "L1", "text": f"{dup} in poimen", "project": "poimen"},
+        {"id": dup, "level": "L1", "text": f"{dup} in atlas", "project": "atlas"},
+    ]
+    # atlas's node updated: a fetch reads its current version, and its old one does not
+    # count as a third node of the id.
+    update = {**nodes[1], "text": f"{dup} in atlas, updated"}
+    added, updated, ambiguous, named, forget = _session(
+        transport, server, fixture_url, both,
+        [
+            ("memory_add", {"nodes": nodes}),
+            ("memory_add", {"nodes": [update]}),
+            ("memory_get", {"id": dup}),
+            ("memory_get", {"id": dup, "project": "atlas"}),
+            ("memory_forget", {"ids": [dup]}),  # a key for two projects must name one
+        ],
+    )  # fmt: skip
+    assert _ok(added)["inserted"] == 2 and _ok(updated)["updated"] == 1
+    body = _tool_error(ambiguous)
+    assert (body["error"], body["status"]) == ("ambiguous_node", 409)
+    assert body["detail"] == f'id "{dup}" names nodes in 2 projects'
+    http = _http_get(server, both, dup)
+    assert http.status_code == 409 and http.json() == _as_http(body)
+    assert _ok(named)["text"] == update["text"]
+    assert _ok(named) == _http_get(server, both, dup, project="atlas").json()
+    assert (_tool_error(forget)["error"], _tool_error(forget)["status"]) == ("forbidden", 403)
+    assert _current(fixture_url, "poimen", dup) == _current(fixture_url, "atlas", dup) == 1
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "code", "status"),
+    [
+        ("memory_get", {}, "invalid_parameter", 400),
+        ("memory_get", {"id": ""}, "invalid_parameter", 400),
+        ("memory_get", {"id": "x" * (MAX_ID_CHARS + 1)}, "invalid_parameter", 400),
+        ("memory_get", {"id": 7}, "invalid_parameter", 400),
+        ("memory_get", {"id": "a\x00b"}, "invalid_parameter", 400),  # api/nodes.py's check
+        ("memory_get", {"id": "x", "project": "no spaces"}, "invalid_parameter", 400),
+        ("memory_get", {"id": "x", "level": "L1"}, "invalid_parameter", 400),
+        ("memory_get", {"id": "x", "project": "nope"}, "unknown_project", 404),
+        ("memory_forget", {"ids": []}, "invalid_parameter", 400),
+        ("memory_forget", {"ids": "a,b", "project": "poimen"}, "invalid_parameter", 400),
+        ("memory_forget", {"ids": ["a"], "erase": "yes"}, "invalid_parameter", 400),
+        ("memory_forget", {"ids": ["a\x00b"], "project": "poimen"}, "invalid_parameter", 400),
+        ("memory_forget", {"ids": ["a"]}, "invalid_parameter", 400),  # no project (no key)
+        ("memory_forget", {"ids": ["a"], "project": "nope"}, "unknown_project", 404),
+        ("memory_history", {"id": "a"}, "invalid_parameter", 400),  # no project (no key)
+        ("memory_history", {"id": "never-written", "project": "poimen"}, "unknown_node", 404),
+    ],
+)
+def test_node_tools_typed_errors(
+    reader: str, tool: str, args: dict[str, Any], code: str, status: int
+) -> None:
+    body = _tool_error(over_http(reader, None, _call(tool, args)))
+    assert (body["error"], body["status"]) == (code, status), body
 
 
 # -- docs/mcp.md: its examples, run ------------------------------------------------------------
@@ -452,6 +715,9 @@ def test_the_docs_python_example_runs(server: str, fixture_url: str) -> None:
 
 def test_the_docs_configurations_and_error_name_what_is_served(reader: str) -> None:
     stdio, http, error, resource = (json.loads(b) for b in _blocks("json"))
+    # The table of tools names every tool served, once.
+    table = re.findall(r"^\| `(memory_\w+)` \|", DOCS.read_text(), re.M)
+    assert sorted(table) == sorted(TOOLS)
     (local,) = stdio["mcpServers"].values()
     assert Path(local["command"]).name == "poimen-memory" and local["args"] == ["mcp"]
     commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]

@@ -5,15 +5,20 @@
   api/params.py), with provenance and the evidence list;
 - ``memory_add`` writes nodes as ``POST /memory/nodes`` does: one transaction, every node or
   none unless ``skip_invalid``;
+- ``memory_get`` answers what ``GET /memory/nodes/{id}`` answers (a node of a project the key
+  does not cover is not found, as a missing one); ``memory_history`` what
+  ``GET /memory/nodes/{id}/history`` answers;
+- ``memory_forget`` retires (or erases) nodes by id as ``DELETE /memory/nodes/{id}`` (one id)
+  and ``DELETE /memory/nodes?id=...`` (several) do: a write, so a read-only key is refused;
 - the projects the caller may read are resources, ``poimen://projects/{name}`` (a template
   too): each one's summary, its current nodes per level and its latest write. Listed and
   read under row-level security with the key's projects, as the tools search; a project the
   key does not cover is a typed error (JSON-RPC invalid params whose data is the HTTP error
   body), never its data.
 
-Both run api/operations.py, the functions the HTTP routes run, with the caller's API key
-from the transport's headers: the key's projects, read-only keys, the deadline and the
-typed errors are the HTTP API's. A typed error comes back as a tool error
+All run api/operations.py (and api/nodes.py), the functions the HTTP routes run, with the
+caller's API key from the transport's headers: the key's projects, read-only keys, the
+deadline and the typed errors are the HTTP API's. A typed error comes back as a tool error
 (``isError: true``) whose structured content is the HTTP error body plus ``status`` and,
 when the database raised it, ``sqlstate``.
 
@@ -34,7 +39,7 @@ import contextlib
 import copy
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,9 +74,12 @@ from starlette.types import Receive, Scope, Send
 
 from poimen_memory.api import metrics
 from poimen_memory.api.auth import KeyRing
+from poimen_memory.api.nodes import get_node
 from poimen_memory.api.openapi import openapi_spec, query_parameters
 from poimen_memory.api.operations import (
+    forget_nodes,
     list_projects,
+    node_history,
     project_summary,
     query_memory,
     records_from_lines,
@@ -96,8 +104,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-QUERY, ADD = "memory_query", "memory_add"
-TOOLS = (QUERY, ADD)
+QUERY, ADD, GET, FORGET, HISTORY = (
+    "memory_query", "memory_add", "memory_get", "memory_forget", "memory_history",
+)  # fmt: skip
+TOOLS = (QUERY, ADD, GET, FORGET, HISTORY)
 # A project as a resource: its summary (api/operations.py project_summary).
 PROJECT_URI = "poimen://projects/{name}"
 _PROJECT_PREFIX = PROJECT_URI.removesuffix("{name}")
@@ -175,6 +185,76 @@ def _add_checked() -> dict[str, Any]:
     return schema
 
 
+def _parameters(spec: Mapping[str, Any], path: str, method: str) -> dict[str, Any]:
+    """An HTTP operation's parameters (/openapi.json's), by name: their schemas and words."""
+    return {p["name"]: p for p in spec[path][method]["parameters"]}
+
+
+def _argument(parameter: Mapping[str, Any], description: str | None = None) -> dict[str, Any]:
+    return {
+        **copy.deepcopy(parameter["schema"]),
+        "description": description or parameter["description"],
+    }
+
+
+def _get_input(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """memory_get's and memory_history's arguments: GET /memory/nodes/{id}'s parameters."""
+    params = _parameters(spec, "/memory/nodes/{id}", "get")
+    return {
+        "type": "object",
+        "properties": {
+            "id": _argument(params["id"], "The node's id: the id given at ingest (external_id)."),
+            "project": _argument(params["project"]),
+        },
+        "required": ["id"],
+        "additionalProperties": False,
+    }
+
+
+def _history_input(spec: Mapping[str, Any]) -> dict[str, Any]:
+    params = _parameters(spec, "/memory/nodes/{id}/history", "get")
+    schema = _get_input(spec)
+    schema["properties"]["project"] = _argument(
+        params["project"],
+        "The node's project; may be left out when the API key covers one project "
+        "(invalid_parameter otherwise: ids are per project).",
+    )
+    return schema
+
+
+def _forget_input(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """memory_forget's arguments: DELETE /memory/nodes/{id}'s, with several ids as a list
+    (DELETE /memory/nodes?id=...) and erase a boolean."""
+    one = _parameters(spec, "/memory/nodes/{id}", "delete")
+    ids = _parameters(spec, "/memory/nodes/{id}", "get")["id"]["schema"]
+    return {
+        "type": "object",
+        "properties": {
+            "ids": {
+                "type": "array",
+                "minItems": 1,
+                "items": copy.deepcopy(ids),
+                "description": "The nodes' ids (external_id). One id: unknown_node (404) "
+                "when it has no current version; several: those without one are not in the "
+                "report's `nodes`.",
+            },
+            "project": _argument(
+                one["project"],
+                "The nodes' project; may be left out when the API key covers one project "
+                "(invalid_parameter otherwise: ids are per project).",
+            ),
+            "erase": {
+                "type": "boolean",
+                "default": False,
+                "description": one["erase"]["description"],
+            },
+            "reason": _argument(one["reason"]),
+        },
+        "required": ["ids"],
+        "additionalProperties": False,
+    }
+
+
 def _output(name: str) -> dict[str, Any]:
     defs = _schemas()
     return {**defs[name], "$defs": defs}
@@ -213,6 +293,51 @@ def tools(settings: Settings) -> list[Tool]:
                 idempotent_hint=True,
                 open_world_hint=False,
             ),
+        ),
+        Tool(
+            name=GET,
+            title="Fetch a memory by id",
+            description=(
+                "One node by its id, as GET /memory/nodes/{id}: its text, metadata, "
+                "support, parents (provenance, one level down) and children. A node of a "
+                "project the API key does not cover is unknown_node, as a missing one; an id "
+                "in several projects is ambiguous_node: name the project."
+            ),
+            input_schema=_get_input(spec),
+            output_schema=_output("NodeDetail"),
+            annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
+        ),
+        Tool(
+            name=FORGET,
+            title="Forget",
+            description=(
+                "Forget nodes by id, as DELETE /memory/nodes/{id} (one id) and DELETE "
+                "/memory/nodes?id=... (several) do: retire by default (gone from answers, "
+                "kept in their history), or with erase every version's content is destroyed "
+                "(privacy requests; a tombstone stays). Derived nodes left without support "
+                "are flagged, or ended too under the forget_derived = cascade policy. Needs "
+                "a key made with --write."
+            ),
+            input_schema=_forget_input(spec),
+            output_schema=_output("ForgetReport"),
+            annotations=ToolAnnotations(
+                read_only_hint=False,
+                destructive_hint=True,
+                idempotent_hint=False,
+                open_world_hint=False,
+            ),
+        ),
+        Tool(
+            name=HISTORY,
+            title="A memory's history",
+            description=(
+                "Every version of a node, oldest first, as GET /memory/nodes/{id}/history: "
+                "its revisions, which one is current, and how each ended (superseded, "
+                "retired, erased), by whom and why."
+            ),
+            input_schema=_history_input(spec),
+            output_schema=_output("History"),
+            annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
         ),
     ]
 
@@ -284,13 +409,61 @@ def _answer(body: dict[str, Any]) -> CallToolResult:
     )
 
 
+def _strings(args: Mapping[str, Any], *names: str) -> dict[str, str]:
+    """These arguments as an HTTP request's query parameters (the absent ones left out)."""
+    return {n: _as_param(args[n]) for n in names if args.get(n) is not None}
+
+
+async def _query(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
+    query = {k: _as_param(v) for k, v in args.items() if v is not None}
+    body = await query_memory(who.services, who.keys, who.headers, query)
+    if who.observe is not None:
+        who.observe(body)
+    return body
+
+
+async def _add(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
+    # As POST /memory/nodes: the key before the body is looked at.
+    await who.keys.write_projects(who.headers, ())
+    records, invalid = await asyncio.to_thread(_records, args["nodes"], args.get("project"))
+    return await write_nodes(
+        who.services, who.keys, who.headers, records, invalid,
+        skip_invalid=bool(args.get("skip_invalid", False)),
+    )  # fmt: skip
+
+
+async def _get(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
+    return await get_node(
+        who.services, who.keys, who.headers, args["id"], _strings(args, "project")
+    )
+
+
+async def _forget(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
+    params = _strings(args, "project", "reason")
+    params["erase"] = "true" if args.get("erase") else "false"
+    ids: list[str] = args["ids"]
+    if len(ids) == 1:  # DELETE /memory/nodes/{id}: unknown_node when it has no current version
+        return await forget_nodes(who.services, who.keys, who.headers, params, ids[0])
+    return await forget_nodes(who.services, who.keys, who.headers, params, None, ids=ids)
+
+
+async def _history(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
+    return await node_history(
+        who.services, who.keys, who.headers, _strings(args, "project"), args["id"]
+    )
+
+
 def build_server(settings: Settings, caller: Callable[[Any], Caller]) -> Server[Any]:
     """The MCP server; ``caller`` finds, from the SDK's request context, who calls."""
     listed = tools(settings)
+    # What the server checks before a call, and what the call runs.
     checks = {
-        QUERY: Draft202012Validator(_query_input(settings)),
-        ADD: Draft202012Validator(_add_checked()),
+        t.name: Draft202012Validator(_add_checked() if t.name == ADD else t.input_schema)
+        for t in listed
     }
+    runs: dict[str, Callable[[Caller, Mapping[str, Any]], Awaitable[dict[str, Any]]]] = {
+        QUERY: _query, ADD: _add, GET: _get, FORGET: _forget, HISTORY: _history,
+    }  # fmt: skip
 
     async def list_tools(ctx: Any, params: PaginatedRequestParams | None) -> ListToolsResult:
         return ListToolsResult(tools=listed)
@@ -302,25 +475,7 @@ def build_server(settings: Settings, caller: Callable[[Any], Caller]) -> Server[
         who = caller(ctx)
         try:
             _check(checks[params.name], args)
-            if params.name == QUERY:
-                query = {k: _as_param(v) for k, v in args.items() if v is not None}
-                body = await query_memory(who.services, who.keys, who.headers, query)
-                if who.observe is not None:
-                    who.observe(body)
-            else:
-                # As POST /memory/nodes: the key before the body is looked at.
-                await who.keys.write_projects(who.headers, ())
-                records, invalid = await asyncio.to_thread(
-                    _records, args["nodes"], args.get("project")
-                )
-                body = await write_nodes(
-                    who.services,
-                    who.keys,
-                    who.headers,
-                    records,
-                    invalid,
-                    skip_invalid=bool(args.get("skip_invalid", False)),
-                )
+            body = await runs[params.name](who, args)
         except PoimenError as err:
             return _tool_error(err)
         except psycopg.Error as exc:
@@ -375,8 +530,10 @@ def build_server(settings: Settings, caller: Callable[[Any], Caller]) -> Server[
         title="poimen-memory",
         instructions=(
             "Long-term memory. memory_query searches it (results with provenance and the L0 "
-            "evidence they cite); memory_add writes nodes. The projects are resources, "
-            "poimen://projects/{name}: each one's nodes per level and latest write."
+            "evidence they cite); memory_add writes nodes; memory_get fetches one by id, "
+            "memory_history lists its versions; memory_forget retires or erases nodes. The "
+            "projects are resources, poimen://projects/{name}: each one's nodes per level "
+            "and latest write."
         ),
         get_tool_input_schema=lambda name: next(
             (t.input_schema for t in listed if t.name == name), None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from poimen_core import vocabulary
+from poimen_core.nodes import MAX_ID_CHARS
 from poimen_memory.settings import Settings
 
 _ERROR = {
@@ -186,7 +187,7 @@ _NODE_DETAIL: dict[str, Any] = {
         "children_total": {"type": "integer", "minimum": 0},
         "parents_declared": {"type": "integer", "minimum": 0},
         "support": _SUPPORT,
-        # Not kept yet: null (every node is its only version).
+        # null: GET /memory/nodes/{id}/history lists the versions (this is the current one).
         "versions": {"type": ["array", "null"], "items": {"type": "object"}},
     },
 }
@@ -710,7 +711,11 @@ def openapi_spec(settings: Settings | None = None) -> dict[str, Any]:
                     "parameters": [
                         {
                             **_ID_PARAMETER,
-                            "schema": {"type": "string", "minLength": 1, "maxLength": 512},
+                            "schema": {
+                                "type": "string",
+                                "minLength": 1,
+                                "maxLength": MAX_ID_CHARS,
+                            },
                         },
                         {
                             "name": "project",

@@ -1,14 +1,15 @@
-"""What a search and a write do once a transport has read the request: the one code path
-behind ``GET /memory/query`` and ``POST /memory/nodes`` and the MCP tools ``memory_query``
-and ``memory_add`` (api/mcp_server.py). Each takes the caller's headers for the API key, so
-the key's projects, the parameter bounds, the deadline and the typed errors are the same
-whichever way the request came."""
+"""What a search, a write and a forget do once a transport has read the request: the one
+code path behind ``GET /memory/query``, ``POST /memory/nodes``, ``DELETE /memory/nodes`` and
+``GET /memory/nodes/{id}/history`` and the MCP tools ``memory_query``, ``memory_add``,
+``memory_forget`` and ``memory_history`` (api/mcp_server.py). Each takes the caller's headers
+for the API key, so the key's projects, the parameter bounds, the deadline and the typed
+errors are the same whichever way the request came."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -173,10 +174,19 @@ async def forget_nodes(
     headers: Mapping[str, str],
     params: Mapping[str, str],
     external_id: str | None,
+    *,
+    ids: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """``DELETE /memory/nodes/{id}`` (one node) and ``DELETE /memory/nodes`` (by filter):
-    memory.forget, retire by default, ``erase=true`` for privacy requests."""
+    """``DELETE /memory/nodes/{id}`` (one node) and ``DELETE /memory/nodes`` (by ids or by
+    filter): memory.forget, retire by default, ``erase=true`` for privacy requests. The ids
+    of several nodes come comma-separated in ``id`` over HTTP, or as ``ids`` (the MCP tool's
+    list, where an id may hold a comma)."""
     _text_params(params, _FORGET_PARAMS)
+    named = [external_id] if external_id is not None else list(ids or ())
+    if any("\x00" in x for x in named):
+        raise ValidationError("id contains a NUL character")
+    if ids is not None and (external_id is not None or "id" in params):
+        raise ValidationError("name the nodes once: one id, or ids")
     project = await _project(keys, headers, params.get("project"))
     await keys.write_projects(headers, {project})
     erase = _flag(params, "erase")
@@ -187,7 +197,9 @@ async def forget_nodes(
         sql = "SELECT memory.forget(%(p)s, %(id)s, erase => %(erase)s, reason => %(reason)s)"
         args: dict[str, Any] = {"p": project, "id": external_id, "erase": erase, "reason": reason}
     else:
-        ids = [x for x in params.get("id", "").split(",") if x] or None
+        if ids is None:
+            ids = [x for x in params.get("id", "").split(",") if x]
+        ids = list(ids) or None
         if not ids and not set(params) & {"source", "since", "until"}:
             raise ValidationError(
                 "name nodes (id=a,b) or a filter (source, since, until)",
