@@ -173,7 +173,7 @@ BEGIN
                 memory.support_status(n.parents_declared, memory.parents_present(n.id, n.project_id)),
                 memory._node_cursor(n.id), n.valid_from, n.valid_to
          FROM memory.nodes n
-         WHERE true'
+         WHERE n.expired_at IS NULL'  -- current versions, as memory.get_node
         || CASE WHEN pid IS NULL THEN '' ELSE ' AND n.project_id = $1' END
         || CASE WHEN after_id IS NULL THEN '' ELSE ' AND n.id > $2' END
         || CASE WHEN p_level IS NULL THEN '' ELSE ' AND n.level = $3' END

@@ -22,8 +22,6 @@ Conn = psycopg.Connection[Any]
 BACKUP = "why did the nightly backups break"
 
 
-
-
 def _as(key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
@@ -154,7 +152,8 @@ def test_get_node_in_sql(conn: Conn) -> None:
 
 def test_get_node_reads_the_current_version(conn: Conn) -> None:
     """An updated node is its latest content, not several nodes of the id; a retired or
-    erased one has no current version and is not found (memory.history keeps it)."""
+    erased one has no current version and is not found (memory.history keeps it). The
+    listing agrees."""
     conn.execute(
         "SELECT memory.add_nodes(%s)",
         (json.dumps([{"project": "poimen", "level": "L0", "id": "v:1", "text": "first"}]),),
@@ -164,7 +163,13 @@ def test_get_node_reads_the_current_version(conn: Conn) -> None:
         (json.dumps([{"project": "poimen", "level": "L0", "id": "v:1", "text": "second"}]),),
     )
     assert conn.execute("SELECT text FROM memory.get_node('v:1')").fetchone() == ("second",)
+    listed = (
+        "SELECT text FROM memory.list_nodes(project => 'poimen', \"limit\" => 100)"
+        " WHERE external_id = 'v:1'"
+    )
+    assert conn.execute(listed).fetchall() == [("second",)]  # the current version only
     conn.execute("SELECT memory.forget('poimen', 'v:1')")
+    assert conn.execute(listed).fetchall() == []
     with pytest.raises(psycopg.Error) as e:
         conn.execute("SELECT * FROM memory.get_node('v:1')")
     assert e.value.sqlstate == "PM444"
