@@ -164,7 +164,8 @@ def test_doctor_lists_what_is_off_and_what_it_costs(
     assert rls.endswith("this role bypasses it (it owns the tables)")
     text = subprocess.run(
         [sys.executable, "-m", "poimen_memory.cli.main", "doctor"],
-        env={**env, "POIMEN_DATABASE_URL": migrated},
+        # The table wraps at the terminal's width (COLUMNS where set): 100, as without one.
+        env={**env, "POIMEN_DATABASE_URL": migrated, "COLUMNS": "100"},
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout  # fmt: skip
     assert text.splitlines()[-1] == (
