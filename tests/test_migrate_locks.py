@@ -210,8 +210,9 @@ def test_ddl_that_must_run_waits_briefly_retries_and_says_for_what(
         "SELECT relrowsecurity FROM pg_class WHERE oid = 'memory.nodes'::regclass"
     ).fetchone() == (True,)
     # The loop queued behind each attempt for at most its lock_timeout (0.5 s), plus the
-    # sampler's resolution: never the whole --lock-timeout.
-    assert watch.longest_wait(watch.loop_pid) < migrate_mod._LOCK_ATTEMPT_S + 0.3
+    # sampler's resolution and a loaded machine's scheduling (0.89 s seen beside other
+    # work on 2 cores): one attempt's wait, never the whole --lock-timeout (20 s here).
+    assert watch.longest_wait(watch.loop_pid) < migrate_mod._LOCK_ATTEMPT_S + 1.0
 
 
 def test_serve_starts_and_answers_beside_a_writer_and_a_vacuum(
