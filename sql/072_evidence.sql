@@ -60,6 +60,8 @@ DECLARE
     cands jsonb;
     reserved bigint[] := '{}';
     pick bigint;
+    terms text;
+    hop jsonb := '[]';
 BEGIN
     SELECT * INTO pol FROM memory.policy();
     lim := coalesce(budget, pol.evidence_budget);
@@ -102,12 +104,26 @@ BEGIN
         JOIN unnest(result_ids) WITH ORDINALITY AS r(id, ord) ON r.id = w.root_id
         GROUP BY w.parent_id
     ),
-    scored AS MATERIALIZED (
-        SELECT coalesce(s.node_id, c.node_id) AS node_id, s.pos, c.by_rank,
+    scored0 AS MATERIALIZED (
+        SELECT coalesce(s.node_id, c.node_id) AS node_id, s.pos, c.by_rank, coalesce(s.s, 0) AS direct,
                coalesce(s.s, 0)
                  + coalesce(pol.evidence_weight * (SELECT sum(1 / sqrt(x)) FROM unnest(c.by_rank) x), 0)
                    AS score
         FROM scaled s FULL JOIN cites c ON c.node_id = s.node_id
+    ),
+    -- The sessions the results span (evidence_session_weight > 0): a session scores
+    -- 1 / sqrt(rank) summed over the results whose provenance reaches one of its turns.
+    spans AS (
+        SELECT sp.project_id, sp.title, sum(1 / sqrt(sp.r)) AS span
+        FROM (SELECT DISTINCT n.project_id, n.title, r.r
+              FROM cites c
+              CROSS JOIN LATERAL unnest(c.by_rank) AS r(r)
+              CROSS JOIN LATERAL (SELECT n.project_id, n.title FROM memory.nodes n
+                                  WHERE n.id = c.node_id AND n.level = 'L0'
+                                    AND (pid IS NULL OR n.project_id = pid)
+                                  LIMIT 1) n
+              WHERE pol.evidence_session_weight > 0) sp
+        GROUP BY sp.project_id, sp.title
     ),
     -- The neighbour window's bounds are columns here, not arithmetic in near's WHERE: under
     -- row-level security a qual that calls a function which is not leakproof (int8 '-' can
@@ -116,20 +132,31 @@ BEGIN
     -- One index probe per candidate (LATERAL ... LIMIT 1) on a plain column (scored is
     -- MATERIALIZED: its coalesce(), pulled up into the probe, is not leakproof either): with
     -- the policy's qual the planner would otherwise hash a scan of the whole project.
-    own AS (
+    own0 AS (
         SELECT x.*, n.project_id, n.title, n.id - 64 AS lo, n.id + 64 AS hi
-        FROM scored x
+        FROM scored0 x
         CROSS JOIN LATERAL (SELECT n.id, n.project_id, n.title FROM memory.nodes n
                             WHERE n.id = x.node_id AND n.level = 'L0'
                               AND (pid IS NULL OR n.project_id = pid)
                             LIMIT 1) n
+    ),
+    -- A direct match in a session the results span gains evidence_session_weight times
+    -- its direct score times the session's span: the results route the budget to the
+    -- sessions they come from, beyond the turns their own provenance names.
+    own AS (
+        SELECT o.node_id, o.pos, o.by_rank,
+               o.score + coalesce(pol.evidence_session_weight * o.direct * sp.span, 0) AS score,
+               o.project_id, o.title, o.lo, o.hi
+        FROM own0 o
+        LEFT JOIN spans sp ON sp.project_id = o.project_id AND sp.title = o.title
     ),
     -- The turns said just before and after a candidate, in the same session: the L0 node
     -- of the same project and title (a session's or a document's heading) nearest in
     -- ingest order, at most 64 ids away, in the time range. An answer often spans a
     -- question and its reply.
     near AS (
-        SELECT b.id AS node_id, sum(o.score) * pol.evidence_neighbours AS s
+        SELECT b.id AS node_id, sum(o.score) * pol.evidence_neighbours AS s,
+               min(o.project_id) AS project_id, min(o.title) AS title
         FROM own o
         CROSS JOIN LATERAL (
             (SELECT n.id FROM memory.nodes n
@@ -157,16 +184,74 @@ BEGIN
     ),
     total AS (
         SELECT coalesce(o.node_id, nb.node_id) AS node_id, o.pos, o.by_rank,
-               coalesce(o.score, 0) + coalesce(nb.s, 0) AS score, coalesce(nb.s, 0) AS beside
+               coalesce(o.score, 0) + coalesce(nb.s, 0) AS score, coalesce(nb.s, 0) AS beside,
+               coalesce(o.project_id, nb.project_id) AS project_id, coalesce(o.title, nb.title) AS title
         FROM own o FULL JOIN near nb ON nb.node_id = o.node_id
-    )
+    ),
     SELECT coalesce(jsonb_agg(jsonb_build_object('id', x.node_id, 's', x.score, 'pos', x.pos,
                                                  'by', coalesce(x.by_rank, '{}'),
-                                                 'beside', x.beside)
+                                                 'beside', x.beside, 'project_id', x.project_id,
+                                                 'title', x.title)
                               ORDER BY x.score DESC, x.node_id), '[]')
       INTO cands
       FROM total x
      WHERE x.score > 0;  -- the weakest direct match of a convex leg scores 0: no evidence
+    -- A second hop (evidence_hop_weight > 0): the names in the best evidence so far (words
+    -- written with a capital inside a sentence: people, places, events, titles) are a second,
+    -- disjunctive lexical query over the L0 turns, and each of its turns gains
+    -- evidence_hop_weight times its BM25 score over the best, competing for the budget: the
+    -- turns a question needs that share a name with its best evidence but no word with it.
+    IF pol.evidence_hop_weight > 0 AND jsonb_array_length(cands) > 0 THEN
+        SELECT string_agg(DISTINCT m.w[1], ' ') INTO terms
+          FROM (SELECT (c.v ->> 'id')::bigint AS id
+                FROM jsonb_array_elements(cands) WITH ORDINALITY AS c(v, o)
+                ORDER BY c.o LIMIT pol.evidence_hop_seeds) c
+          JOIN memory.nodes n ON n.id = c.id AND (pid IS NULL OR n.project_id = pid)
+          CROSS JOIN LATERAL regexp_matches(n.text, '[^.!?:\s]\s+([A-Z][[:alpha:]]+)', 'g') AS m(w);
+        IF terms IS NOT NULL THEN
+            SELECT coalesce(jsonb_agg(jsonb_build_object('id', h.node_id, 's', h.lexical_score)), '[]')
+              INTO hop
+              FROM memory.lexical_search(terms, project_name, ARRAY['L0'], pol.evidence_candidates,
+                                         since => since, before => before, filter => flt,
+                                         as_of => as_of) h;
+        END IF;
+    END IF;
+    -- Coverage (evidence_session_decay < 1): the budget is spent greedily by score, each
+    -- turn's score multiplied by the decay once for every better turn of its session, so
+    -- the n-th turn of one session competes with the best of another at decay^(n-1).
+    -- Within a session the order is unchanged, which makes the greedy order a sort. A turn
+    -- without a title is a session of its own (no heading says which turns go together).
+    WITH c AS (
+        SELECT * FROM jsonb_to_recordset(cands)
+            AS (id bigint, s double precision, pos integer, by jsonb, beside double precision,
+                project_id integer, title text)
+    ),
+    h AS (
+        SELECT x.id, pol.evidence_hop_weight * x.s / nullif(max(x.s) OVER (), 0) AS hs
+        FROM jsonb_to_recordset(hop) AS x(id bigint, s double precision)
+    ),
+    merged AS (
+        SELECT coalesce(c.id, h.id) AS id, coalesce(c.s, 0) + coalesce(h.hs, 0) AS s, c.pos,
+               coalesce(c.by, '[]') AS by, coalesce(c.beside, 0) AS beside,
+               coalesce(c.project_id, n.project_id) AS project_id,
+               CASE WHEN c.id IS NOT NULL THEN c.title ELSE n.title END AS title
+        FROM c FULL JOIN h ON h.id = c.id
+        LEFT JOIN LATERAL (SELECT n.project_id, n.title FROM memory.nodes n
+                           WHERE c.id IS NULL AND n.id = h.id LIMIT 1) n ON true
+    ),
+    covered AS (
+        SELECT x.*, x.s * power(pol.evidence_session_decay,
+                                row_number() OVER (PARTITION BY x.project_id, x.title,
+                                                                CASE WHEN x.title IS NULL THEN x.id END
+                                                   ORDER BY x.s DESC, x.id) - 1) AS spread
+        FROM merged x
+        WHERE x.s > 0
+    )
+    SELECT coalesce(jsonb_agg(jsonb_build_object('id', x.id, 's', x.s, 'pos', x.pos, 'by', x.by,
+                                                 'beside', x.beside)
+                              ORDER BY x.spread DESC, x.s DESC, x.id), '[]')
+      INTO cands
+      FROM covered x;
     -- Citation integrity (issue 24): every result whose provenance reaches an L0 candidate
     -- keeps at least one cited turn. In rank order, a result no reserved turn cites yet
     -- reserves its best-scoring cited turn, while the budget lasts; the rest of the budget
