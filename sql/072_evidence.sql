@@ -25,9 +25,11 @@ BEGIN
         DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer);
     END IF;
 END $$;
--- ... and the form before the metadata filter, and the one before as_of.
+-- ... and the form before the metadata filter, the one before as_of, and the one before
+-- the deeper candidates (issue 29).
 DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer);
 DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb);
+DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz);
 
 CREATE OR REPLACE FUNCTION memory.select_evidence(
     result_ids bigint[],
@@ -42,7 +44,8 @@ CREATE OR REPLACE FUNCTION memory.select_evidence(
     dense_weight double precision DEFAULT NULL,
     rrf_k integer DEFAULT NULL,
     filter jsonb DEFAULT NULL,
-    as_of timestamptz DEFAULT NULL
+    as_of timestamptz DEFAULT NULL,
+    deeper bigint[] DEFAULT NULL
 )
 RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
                title text, text text, source text, breadcrumb text[],
@@ -98,10 +101,12 @@ BEGIN
         SELECT d.node_id, d.pos, d.s / nullif(max(d.s) OVER (), 0) AS s FROM direct d
     ),
     -- A result's own sources are cited whatever their time: the result passed the filter.
+    -- The deeper candidates (the fused ones after the results, memory._deeper) cite theirs
+    -- at the ranks that follow the results', without reserving a turn.
     cites AS (
         SELECT w.parent_id AS node_id, array_agg(DISTINCT r.ord::integer ORDER BY r.ord::integer) AS by_rank
-        FROM memory.provenance_walk(result_ids, max_depth, as_of) w
-        JOIN unnest(result_ids) WITH ORDINALITY AS r(id, ord) ON r.id = w.root_id
+        FROM memory.provenance_walk(result_ids || coalesce(deeper, '{}'), max_depth, as_of) w
+        JOIN unnest(result_ids || coalesce(deeper, '{}')) WITH ORDINALITY AS r(id, ord) ON r.id = w.root_id
         GROUP BY w.parent_id
     ),
     scored0 AS MATERIALIZED (
@@ -187,7 +192,7 @@ BEGIN
                coalesce(o.score, 0) + coalesce(nb.s, 0) AS score, coalesce(nb.s, 0) AS beside,
                coalesce(o.project_id, nb.project_id) AS project_id, coalesce(o.title, nb.title) AS title
         FROM own o FULL JOIN near nb ON nb.node_id = o.node_id
-    ),
+    )
     SELECT coalesce(jsonb_agg(jsonb_build_object('id', x.node_id, 's', x.score, 'pos', x.pos,
                                                  'by', coalesce(x.by_rank, '{}'),
                                                  'beside', x.beside, 'project_id', x.project_id,
@@ -298,8 +303,35 @@ BEGIN
     JOIN memory.nodes n ON n.id = x.id AND (pid IS NULL OR n.project_id = pid)
     ORDER BY x.o;
 END $$;
-COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz) IS
+COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[]) IS
     'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank) summed over the results citing it; then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range, and filter (a JSON object the metadata contains) the neighbours as the legs it ran did their matches; a result''s own sources are cited whatever their time or metadata; as_of: provenance and neighbours as the database held them then (NULL: current versions). Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it.';
+
+-- The fused candidates after an answer's results (issue 29): their provenance routes the
+-- budget to the memories and sessions just below the page, at the ranks after the results'.
+CREATE OR REPLACE FUNCTION memory._deeper(plan jsonb, state jsonb, ids bigint[])
+RETURNS bigint[]
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    deep integer := (SELECT pol.evidence_deeper FROM memory.policy() pol);
+BEGIN
+    IF deep = 0 OR plan ->> 'search_strategy' IS NULL THEN
+        RETURN '{}';
+    END IF;
+    RETURN ARRAY(
+        SELECT f.node_id
+        FROM memory.fuse_legs(coalesce(state -> 'semantic', '{"ids":[],"scores":[]}'),
+                              coalesce(state -> 'lexical', '{"ids":[],"scores":[]}'),
+                              plan ->> 'search_strategy', plan ->> 'fusion',
+                              (plan ->> 'dense_weight')::double precision,
+                              (plan ->> 'rrf_k')::integer, coalesce(cardinality(ids), 0) + deep) f
+        WHERE f.node_id <> ALL (coalesce(ids, '{}'))
+        ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]), f.node_id
+        LIMIT deep);
+END $$;
+COMMENT ON FUNCTION memory._deeper(jsonb, jsonb, bigint[]) IS
+    'The fused candidates of a plan''s legs (memory._run_legs'' state) after the results ids, best first, at most memory.policy() evidence_deeper of them (0: none): memory.select_evidence cites their provenance at the ranks after the results''. Fused as the answer was, without the relevance floor or recency.';
 
 -- memory.evidence runs the plan memory.query runs (the evidence legs it names) for the
 -- SQL user's results; the old two-step form and its signature go first.
@@ -343,14 +375,17 @@ BEGIN
     IF (p.plan -> 'evidence' ->> 'budget')::integer = 0 THEN
         RETURN;  -- off costs no search
     END IF;
-    state := memory._run_legs(p.plan, p.embedding, NULL, false);
+    -- The answer's own legs too when the policy cites deeper candidates (memory._deeper).
+    state := memory._run_legs(p.plan, p.embedding, NULL,
+                              (SELECT pol.evidence_deeper > 0 FROM memory.policy() pol));
     RETURN QUERY
     SELECT e.* FROM memory.select_evidence(
         $2, state -> 'evidence_semantic', state -> 'evidence_lexical', p.plan ->> 'fusion',
         (p.plan -> 'evidence' ->> 'budget')::integer, $4, 4,
         (p.plan ->> 'since_ts')::timestamptz, (p.plan ->> 'before_ts')::timestamptz,
         (p.plan ->> 'dense_weight')::double precision, (p.plan ->> 'rrf_k')::integer,
-        nullif(p.plan -> 'filter', 'null'), (p.plan ->> 'as_of')::timestamptz) e
+        nullif(p.plan -> 'filter', 'null'), (p.plan ->> 'as_of')::timestamptz,
+        memory._deeper(p.plan, state, $2)) e
     ORDER BY e.rank;
 END $$;
 COMMENT ON FUNCTION memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb) IS

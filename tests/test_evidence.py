@@ -352,7 +352,8 @@ def test_an_evidence_failure_degrades_and_keeps_the_trees(client: TestClient, co
     whole = query(client, query=KONG, evidence=0)
     conn.execute(
         "ALTER FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text,"
-        " integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz)"
+        " integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz,"
+        " bigint[])"
         " RENAME TO gone"
     )
     body = query(client, query=KONG)

@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--setting", action="append", required=True, type=_setting)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--every", type=int, default=1, help="every n-th question only")
+    p.add_argument("--projects", help="only these projects' questions (comma-separated)")
     p.add_argument("--split", default="conv-26,conv-41,conv-43",
                    help="projects reported apart (the ones the defaults are chosen on)")
     p.add_argument("--json", type=Path)
@@ -114,6 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     queries, gold = _load(args.data)
     vecs = vectors(args.vectors, queries)
     queries = queries[:: args.every]
+    if args.projects:
+        queries = [qy for qy in queries if qy["project"] in args.projects.split(",")]
     cats = {qy["id"]: qy.get("category") for qy in queries}
     train = set(args.split.split(","))
     per: dict[str, dict[str, dict[str, float]]] = {}
