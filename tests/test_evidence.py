@@ -67,9 +67,12 @@ SELECT_ALL = (
 
 @pytest.fixture
 def no_neighbours(conn: Conn) -> Iterator[None]:
+    """No neighbour term, and no routing to the results' sessions (issue 29's default)."""
     conn.execute("SELECT memory.set_policy('evidence_neighbours', '0')")
+    conn.execute("SELECT memory.set_policy('evidence_session_weight', '0')")
     yield
     conn.execute("SELECT memory.reset_policy('evidence_neighbours')")
+    conn.execute("SELECT memory.reset_policy('evidence_session_weight')")
 
 
 @pytest.mark.usefixtures("no_neighbours")
@@ -222,6 +225,8 @@ def test_memory_evidence_checks_its_budget_before_searching(conn: Conn) -> None:
         ("evidence_hop_weight", "twice"),
         ("evidence_hop_seeds", "0"),
         ("evidence_hop_seeds", "101"),
+        ("evidence_deeper", "51"),
+        ("evidence_deeper", "-1"),
     ],
 )
 def test_bad_evidence_policy_values_are_22023_and_write_nothing(
@@ -379,7 +384,7 @@ TURNS: list[dict[str, Any]] = [
     {"id": "c:1:2", "title": "session 1", "text": "Ana: the tomatoes in the garden are ripe."},
     {"id": "c:1:3", "title": "session 1", "text": "Ana: I water the garden tomatoes every day."},
     {"id": "c:1:4", "title": "session 1", "text": "Ana: garden tomatoes again, the last ones."},
-    {"id": "c:2:1", "title": "session 2", "text": "Ana: we started a garden at school with the kids."},
+    {"id": "c:2:1", "title": "session 2", "text": "Ana: we started a garden at school."},
     {"id": "c:2:2", "title": "session 2", "text": "Ana: my cousin moved to Lisbon in spring."},
     {"id": "c:3:1", "title": "session 3", "text": "Ana: the trams of Lisbon are yellow and old."},
     {"id": "c:3:2", "title": "session 3", "text": "Ana: nothing to report about the weather."},
@@ -391,6 +396,8 @@ def sessions(conn: Conn) -> Iterator[dict[str, int]]:
     nodes = [{"project": SESSIONS, "level": "L0", **t} for t in TURNS] + [
         {"project": SESSIONS, "level": "L1", "id": "c:m:1", "parents": ["c:1:1"],
          "text": "Ana grows tomatoes and basil in her garden."},
+        {"project": SESSIONS, "level": "L1", "id": "c:m:2", "parents": ["c:3:2"],
+         "text": "Ana had nothing to say about the weather."},
     ]  # fmt: skip
     conn.execute("SELECT memory.add_nodes(%s)", (Jsonb(nodes),))
     ids = dict(
@@ -401,6 +408,7 @@ def sessions(conn: Conn) -> Iterator[dict[str, int]]:
         ).fetchall()
     )
     conn.execute("SELECT memory.set_policy('evidence_neighbours', '0')")
+    conn.execute("SELECT memory.set_policy('evidence_session_weight', '0')")
     yield ids
     conn.execute("SELECT memory.reset_policy()")
 
@@ -435,7 +443,8 @@ def test_session_decay_spreads_the_budget_over_sessions(
     conn.execute("SELECT memory.set_policy('evidence_session_decay', '0.5')")
     spread = _select(conn, [], leg, 3)
     chosen: list[int] = []
-    while len(chosen) < 3:  # the oracle: greedy, each turn at score x 0.5^(turns of its session chosen)
+    # the oracle: greedy, each turn at its score x 0.5^(turns of its session chosen before)
+    while len(chosen) < 3:
         left = [(s * 0.5 ** sum(title[c] == title[n] for c in chosen), n) for n, s in full
                 if n not in chosen]  # fmt: skip
         chosen.append(max(left)[1])
@@ -491,3 +500,36 @@ def test_a_second_hop_follows_the_names_in_the_best_evidence(
     )
     # "Ana" opens every sentence (the speaker) and is no name to follow
     assert set(hopped) == set(base) | {sessions["c:3:1"]}
+
+
+def test_deeper_candidates_cite_at_the_ranks_after_the_results(
+    conn: Conn, sessions: dict[str, int]
+) -> None:
+    """The fused candidates after the results (memory._deeper, evidence_deeper of them) cite
+    their provenance at the ranks after the results', and reserve no turn."""
+    m1, m2 = sessions["c:m:1"], sessions["c:m:2"]
+    rows = conn.execute(
+        "SELECT node_id, score, cited_by FROM memory.select_evidence(%s, %s, %s, budget => 100,"
+        " project_name => %s, deeper => %s) ORDER BY rank",
+        ([m1], NO_LEG, NO_LEG, SESSIONS, [m2]),
+    ).fetchall()
+    got = {r[0]: (r[1], r[2]) for r in rows}
+    assert got == {
+        sessions["c:1:1"]: (pytest.approx(0.5), [1]),
+        sessions["c:3:2"]: (pytest.approx(0.5 / math.sqrt(2)), [2]),
+    }
+    # budget 1: the result's own turn is reserved, the deeper one waits
+    one = conn.execute(
+        "SELECT node_id FROM memory.select_evidence(%s, %s, %s, budget => 1, deeper => %s)",
+        ([m1], NO_LEG, NO_LEG, [m2]),
+    ).fetchall()
+    assert one == [(sessions["c:1:1"],)]
+    # memory._deeper: the legs fused again past the results, at most evidence_deeper
+    plan = Jsonb({"search_strategy": "LexicalOnly", "fusion": "convex", "dense_weight": 0.4,
+                  "rrf_k": 10})  # fmt: skip
+    state = Jsonb({"lexical": {"ids": [m1, m2, sessions["c:1:2"]], "scores": [3.0, 2.0, 1.0]}})
+    deeper = "SELECT memory._deeper(%s, %s, %s)"
+    conn.execute("SELECT memory.set_policy('evidence_deeper', '1')")
+    assert conn.execute(deeper, (plan, state, [m1])).fetchone() == ([m2],)
+    conn.execute("SELECT memory.set_policy('evidence_deeper', '0')")
+    assert conn.execute(deeper, (plan, state, [m1])).fetchone() == ([],)

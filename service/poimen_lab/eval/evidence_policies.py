@@ -15,7 +15,9 @@ Each ``--setting NAME:key=value,key=value`` is one run (``NAME:`` alone: the pol
 force). The JSON has ``per_query`` by setting name in the form ``poimen_lab.eval.compare``
 reads (``python -m poimen_lab.eval.compare OUT.json OUT.json --mode base --mode-b decay``),
 and ``--split`` prints the means on the projects named (the conversations the defaults are
-chosen on) and on the rest apart.
+chosen on) and on the rest apart. The settings run interleaved, question by question on a
+connection each, so their p50 latencies (of the whole ``memory.answer`` statement) are side
+by side under the same load.
 """
 
 from __future__ import annotations
@@ -73,29 +75,45 @@ def _setting(raw: str) -> tuple[str, dict[str, str]]:
 
 
 def run(
-    url: str, queries: list[dict[str, Any]], gold: dict[str, set[str]],
-    vecs: dict[str, np.ndarray[Any, Any]], keys: dict[str, str], k: int,
-) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
-    with connect(url) as conn:
-        for key, value in keys.items():
-            conn.execute("SELECT memory.set_policy(%s, %s)", (key, value))
-        for qy in queries:
-            t0 = time.perf_counter()
-            ids, titles = conn.execute(
-                ANSWER_SQL,
-                {"text": qy["text"], "vec": "[" + ",".join(f"{x:.7g}" for x in vecs[qy["id"]]) + "]",
-                 "project": qy["project"], "k": k},
-            ).fetchone() or ([], [])
-            ms = (time.perf_counter() - t0) * 1000
-            g = gold[qy["id"]]
-            out[qy["id"]] = {
-                "evidence_recall@10": len(g & set(ids)) / len(g),
-                "cited_l0@10": float(len(ids)),
-                "sessions@10": float(len(titles)),
-                "latency_ms": ms,
+    url: str,
+    queries: list[dict[str, Any]],
+    gold: dict[str, set[str]],
+    vecs: dict[str, np.ndarray[Any, Any]],
+    settings: list[tuple[str, dict[str, str]]],
+    k: int,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Every setting on its own connection (its policy set in a transaction that is rolled
+    back), the settings interleaved question by question, their order rotating, so their
+    latencies are taken side by side under the same load."""
+    out: dict[str, dict[str, dict[str, float]]] = {name: {} for name, _ in settings}
+    conns = [connect(url) for _ in settings]
+    try:
+        for conn, (_, keys) in zip(conns, settings, strict=True):
+            for key, value in keys.items():
+                conn.execute("SELECT memory.set_policy(%s, %s)", (key, value))
+        for i, qy in enumerate(queries):
+            params = {
+                "text": qy["text"],
+                "vec": "[" + ",".join(f"{x:.7g}" for x in vecs[qy["id"]]) + "]",
+                "project": qy["project"],
+                "k": k,
             }
-        conn.rollback()  # the policy was never the database's
+            g = gold[qy["id"]]
+            for j in range(len(settings)):
+                at = (i + j) % len(settings)
+                t0 = time.perf_counter()
+                ids, titles = conns[at].execute(ANSWER_SQL, params).fetchone() or ([], [])
+                ms = (time.perf_counter() - t0) * 1000
+                out[settings[at][0]][qy["id"]] = {
+                    "evidence_recall@10": len(g & set(ids)) / len(g),
+                    "cited_l0@10": float(len(ids)),
+                    "sessions@10": float(len(titles)),
+                    "latency_ms": ms,
+                }
+    finally:
+        for conn in conns:
+            conn.rollback()  # the policy was never the database's
+            conn.close()
     return out
 
 
@@ -108,8 +126,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--every", type=int, default=1, help="every n-th question only")
     p.add_argument("--projects", help="only these projects' questions (comma-separated)")
-    p.add_argument("--split", default="conv-26,conv-41,conv-43",
-                   help="projects reported apart (the ones the defaults are chosen on)")
+    p.add_argument(
+        "--split",
+        default="conv-26,conv-41,conv-43",
+        help="projects reported apart (the ones the defaults are chosen on)",
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     queries, gold = _load(args.data)
@@ -119,9 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         queries = [qy for qy in queries if qy["project"] in args.projects.split(",")]
     cats = {qy["id"]: qy.get("category") for qy in queries}
     train = set(args.split.split(","))
-    per: dict[str, dict[str, dict[str, float]]] = {}
-    for name, keys in args.setting:
-        per[name] = run(args.url, queries, gold, vecs, keys, args.k)
+    per = run(args.url, queries, gold, vecs, args.setting, args.k)
     base = args.setting[0][0]
     groups: dict[str, list[str]] = {"all": [qy["id"] for qy in queries]}
     groups["train"] = [qy["id"] for qy in queries if qy["project"] in train]
