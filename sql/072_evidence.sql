@@ -102,11 +102,18 @@ BEGIN
     ),
     -- A result's own sources are cited whatever their time: the result passed the filter.
     -- The deeper candidates (the fused ones after the results, memory._deeper) cite theirs
-    -- at the ranks that follow the results', without reserving a turn.
+    -- at the ranks that follow the results', without reserving a turn, and only in the time
+    -- range and the metadata filter (they are not shown, so they vouch for nothing).
     cites AS (
         SELECT w.parent_id AS node_id, array_agg(DISTINCT r.ord::integer ORDER BY r.ord::integer) AS by_rank
         FROM memory.provenance_walk(result_ids || coalesce(deeper, '{}'), max_depth, as_of) w
         JOIN unnest(result_ids || coalesce(deeper, '{}')) WITH ORDINALITY AS r(id, ord) ON r.id = w.root_id
+        WHERE r.ord <= cardinality(result_ids)
+           OR (since IS NULL AND before IS NULL AND flt IS NULL)
+           OR EXISTS (SELECT 1 FROM memory.nodes n
+                      WHERE n.id = w.parent_id
+                        AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
+                        AND (flt IS NULL OR n.metadata @> flt))
         GROUP BY w.parent_id
     ),
     scored0 AS MATERIALIZED (
