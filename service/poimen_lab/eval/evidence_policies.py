@@ -64,7 +64,7 @@ def vectors(path: Path, queries: list[dict[str, Any]]) -> dict[str, np.ndarray[A
             return have
     emb = build_embedder(Settings.from_env().embedding)
     have = {qy["id"]: np.asarray(emb.embed_query(qy["text"]), dtype=np.float32) for qy in queries}
-    np.savez(path, **have)  # type: ignore[arg-type]
+    np.savez(path, **have)
     return have
 
 
