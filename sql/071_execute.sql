@@ -367,7 +367,8 @@ BEGIN
                                           (plan ->> 'since_ts')::timestamptz, (plan ->> 'before_ts')::timestamptz,
                                           (plan ->> 'dense_weight')::double precision,
                                           (plan ->> 'rrf_k')::integer, nullif(plan -> 'filter', 'null'),
-                                          (plan ->> 'as_of')::timestamptz) e;
+                                          (plan ->> 'as_of')::timestamptz,
+                                          memory._deeper(plan, state, ids)) e;
             evidence := coalesce(evidence, '[]');
         EXCEPTION WHEN OTHERS THEN
             IF SQLSTATE = '40001' THEN

@@ -25,9 +25,11 @@ BEGIN
         DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer);
     END IF;
 END $$;
--- ... and the form before the metadata filter, and the one before as_of.
+-- ... and the form before the metadata filter, the one before as_of, and the one before
+-- the deeper candidates (issue 29).
 DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer);
 DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb);
+DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz);
 
 CREATE OR REPLACE FUNCTION memory.select_evidence(
     result_ids bigint[],
@@ -42,7 +44,8 @@ CREATE OR REPLACE FUNCTION memory.select_evidence(
     dense_weight double precision DEFAULT NULL,
     rrf_k integer DEFAULT NULL,
     filter jsonb DEFAULT NULL,
-    as_of timestamptz DEFAULT NULL
+    as_of timestamptz DEFAULT NULL,
+    deeper bigint[] DEFAULT NULL
 )
 RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
                title text, text text, source text, breadcrumb text[],
@@ -60,6 +63,8 @@ DECLARE
     cands jsonb;
     reserved bigint[] := '{}';
     pick bigint;
+    terms text;
+    hop jsonb := '[]';
 BEGIN
     SELECT * INTO pol FROM memory.policy();
     lim := coalesce(budget, pol.evidence_budget);
@@ -96,18 +101,41 @@ BEGIN
         SELECT d.node_id, d.pos, d.s / nullif(max(d.s) OVER (), 0) AS s FROM direct d
     ),
     -- A result's own sources are cited whatever their time: the result passed the filter.
+    -- The deeper candidates (the fused ones after the results, memory._deeper) cite theirs
+    -- at the ranks that follow the results', without reserving a turn, and only in the time
+    -- range and the metadata filter (they are not shown, so they vouch for nothing).
     cites AS (
         SELECT w.parent_id AS node_id, array_agg(DISTINCT r.ord::integer ORDER BY r.ord::integer) AS by_rank
-        FROM memory.provenance_walk(result_ids, max_depth, as_of) w
-        JOIN unnest(result_ids) WITH ORDINALITY AS r(id, ord) ON r.id = w.root_id
+        FROM memory.provenance_walk(result_ids || coalesce(deeper, '{}'), max_depth, as_of) w
+        JOIN unnest(result_ids || coalesce(deeper, '{}')) WITH ORDINALITY AS r(id, ord) ON r.id = w.root_id
+        WHERE r.ord <= cardinality(result_ids)
+           OR (since IS NULL AND before IS NULL AND flt IS NULL)
+           OR EXISTS (SELECT 1 FROM memory.nodes n
+                      WHERE n.id = w.parent_id
+                        AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
+                        AND (flt IS NULL OR n.metadata @> flt))
         GROUP BY w.parent_id
     ),
-    scored AS MATERIALIZED (
-        SELECT coalesce(s.node_id, c.node_id) AS node_id, s.pos, c.by_rank,
+    scored0 AS MATERIALIZED (
+        SELECT coalesce(s.node_id, c.node_id) AS node_id, s.pos, c.by_rank, coalesce(s.s, 0) AS direct,
                coalesce(s.s, 0)
                  + coalesce(pol.evidence_weight * (SELECT sum(1 / sqrt(x)) FROM unnest(c.by_rank) x), 0)
                    AS score
         FROM scaled s FULL JOIN cites c ON c.node_id = s.node_id
+    ),
+    -- The sessions the results span (evidence_session_weight > 0): a session scores
+    -- 1 / sqrt(rank) summed over the results whose provenance reaches one of its turns.
+    spans AS (
+        SELECT sp.project_id, sp.title, sum(1 / sqrt(sp.r)) AS span
+        FROM (SELECT DISTINCT n.project_id, n.title, r.r
+              FROM cites c
+              CROSS JOIN LATERAL unnest(c.by_rank) AS r(r)
+              CROSS JOIN LATERAL (SELECT n.project_id, n.title FROM memory.nodes n
+                                  WHERE n.id = c.node_id AND n.level = 'L0'
+                                    AND (pid IS NULL OR n.project_id = pid)
+                                  LIMIT 1) n
+              WHERE pol.evidence_session_weight > 0) sp
+        GROUP BY sp.project_id, sp.title
     ),
     -- The neighbour window's bounds are columns here, not arithmetic in near's WHERE: under
     -- row-level security a qual that calls a function which is not leakproof (int8 '-' can
@@ -116,20 +144,31 @@ BEGIN
     -- One index probe per candidate (LATERAL ... LIMIT 1) on a plain column (scored is
     -- MATERIALIZED: its coalesce(), pulled up into the probe, is not leakproof either): with
     -- the policy's qual the planner would otherwise hash a scan of the whole project.
-    own AS (
+    own0 AS (
         SELECT x.*, n.project_id, n.title, n.id - 64 AS lo, n.id + 64 AS hi
-        FROM scored x
+        FROM scored0 x
         CROSS JOIN LATERAL (SELECT n.id, n.project_id, n.title FROM memory.nodes n
                             WHERE n.id = x.node_id AND n.level = 'L0'
                               AND (pid IS NULL OR n.project_id = pid)
                             LIMIT 1) n
+    ),
+    -- A direct match in a session the results span gains evidence_session_weight times
+    -- its direct score times the session's span: the results route the budget to the
+    -- sessions they come from, beyond the turns their own provenance names.
+    own AS (
+        SELECT o.node_id, o.pos, o.by_rank,
+               o.score + coalesce(pol.evidence_session_weight * o.direct * sp.span, 0) AS score,
+               o.project_id, o.title, o.lo, o.hi
+        FROM own0 o
+        LEFT JOIN spans sp ON sp.project_id = o.project_id AND sp.title = o.title
     ),
     -- The turns said just before and after a candidate, in the same session: the L0 node
     -- of the same project and title (a session's or a document's heading) nearest in
     -- ingest order, at most 64 ids away, in the time range. An answer often spans a
     -- question and its reply.
     near AS (
-        SELECT b.id AS node_id, sum(o.score) * pol.evidence_neighbours AS s
+        SELECT b.id AS node_id, sum(o.score) * pol.evidence_neighbours AS s,
+               min(o.project_id) AS project_id, min(o.title) AS title
         FROM own o
         CROSS JOIN LATERAL (
             (SELECT n.id FROM memory.nodes n
@@ -157,16 +196,74 @@ BEGIN
     ),
     total AS (
         SELECT coalesce(o.node_id, nb.node_id) AS node_id, o.pos, o.by_rank,
-               coalesce(o.score, 0) + coalesce(nb.s, 0) AS score, coalesce(nb.s, 0) AS beside
+               coalesce(o.score, 0) + coalesce(nb.s, 0) AS score, coalesce(nb.s, 0) AS beside,
+               coalesce(o.project_id, nb.project_id) AS project_id, coalesce(o.title, nb.title) AS title
         FROM own o FULL JOIN near nb ON nb.node_id = o.node_id
     )
     SELECT coalesce(jsonb_agg(jsonb_build_object('id', x.node_id, 's', x.score, 'pos', x.pos,
                                                  'by', coalesce(x.by_rank, '{}'),
-                                                 'beside', x.beside)
+                                                 'beside', x.beside, 'project_id', x.project_id,
+                                                 'title', x.title)
                               ORDER BY x.score DESC, x.node_id), '[]')
       INTO cands
       FROM total x
      WHERE x.score > 0;  -- the weakest direct match of a convex leg scores 0: no evidence
+    -- A second hop (evidence_hop_weight > 0): the names in the best evidence so far (words
+    -- written with a capital inside a sentence: people, places, events, titles) are a second,
+    -- disjunctive lexical query over the L0 turns, and each of its turns gains
+    -- evidence_hop_weight times its BM25 score over the best, competing for the budget: the
+    -- turns a question needs that share a name with its best evidence but no word with it.
+    IF pol.evidence_hop_weight > 0 AND jsonb_array_length(cands) > 0 THEN
+        SELECT string_agg(DISTINCT m.w[1], ' ') INTO terms
+          FROM (SELECT (c.v ->> 'id')::bigint AS id
+                FROM jsonb_array_elements(cands) WITH ORDINALITY AS c(v, o)
+                ORDER BY c.o LIMIT pol.evidence_hop_seeds) c
+          JOIN memory.nodes n ON n.id = c.id AND (pid IS NULL OR n.project_id = pid)
+          CROSS JOIN LATERAL regexp_matches(n.text, '[^.!?:\s]\s+([A-Z][[:alpha:]]+)', 'g') AS m(w);
+        IF terms IS NOT NULL THEN
+            SELECT coalesce(jsonb_agg(jsonb_build_object('id', h.node_id, 's', h.lexical_score)), '[]')
+              INTO hop
+              FROM memory.lexical_search(terms, project_name, ARRAY['L0'], pol.evidence_candidates,
+                                         since => since, before => before, filter => flt,
+                                         as_of => as_of) h;
+        END IF;
+    END IF;
+    -- Coverage (evidence_session_decay < 1): the budget is spent greedily by score, each
+    -- turn's score multiplied by the decay once for every better turn of its session, so
+    -- the n-th turn of one session competes with the best of another at decay^(n-1).
+    -- Within a session the order is unchanged, which makes the greedy order a sort. A turn
+    -- without a title is a session of its own (no heading says which turns go together).
+    WITH c AS (
+        SELECT * FROM jsonb_to_recordset(cands)
+            AS (id bigint, s double precision, pos integer, by jsonb, beside double precision,
+                project_id integer, title text)
+    ),
+    h AS (
+        SELECT x.id, pol.evidence_hop_weight * x.s / nullif(max(x.s) OVER (), 0) AS hs
+        FROM jsonb_to_recordset(hop) AS x(id bigint, s double precision)
+    ),
+    merged AS (
+        SELECT coalesce(c.id, h.id) AS id, coalesce(c.s, 0) + coalesce(h.hs, 0) AS s, c.pos,
+               coalesce(c.by, '[]') AS by, coalesce(c.beside, 0) AS beside,
+               coalesce(c.project_id, n.project_id) AS project_id,
+               CASE WHEN c.id IS NOT NULL THEN c.title ELSE n.title END AS title
+        FROM c FULL JOIN h ON h.id = c.id
+        LEFT JOIN LATERAL (SELECT n.project_id, n.title FROM memory.nodes n
+                           WHERE c.id IS NULL AND n.id = h.id LIMIT 1) n ON true
+    ),
+    covered AS (
+        SELECT x.*, x.s * power(pol.evidence_session_decay,
+                                row_number() OVER (PARTITION BY x.project_id, x.title,
+                                                                CASE WHEN x.title IS NULL THEN x.id END
+                                                   ORDER BY x.s DESC, x.id) - 1) AS spread
+        FROM merged x
+        WHERE x.s > 0
+    )
+    SELECT coalesce(jsonb_agg(jsonb_build_object('id', x.id, 's', x.s, 'pos', x.pos, 'by', x.by,
+                                                 'beside', x.beside)
+                              ORDER BY x.spread DESC, x.s DESC, x.id), '[]')
+      INTO cands
+      FROM covered x;
     -- Citation integrity (issue 24): every result whose provenance reaches an L0 candidate
     -- keeps at least one cited turn. In rank order, a result no reserved turn cites yet
     -- reserves its best-scoring cited turn, while the budget lasts; the rest of the budget
@@ -213,8 +310,35 @@ BEGIN
     JOIN memory.nodes n ON n.id = x.id AND (pid IS NULL OR n.project_id = pid)
     ORDER BY x.o;
 END $$;
-COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz) IS
-    'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank) summed over the results citing it; then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range, and filter (a JSON object the metadata contains) the neighbours as the legs it ran did their matches; a result''s own sources are cited whatever their time or metadata; as_of: provenance and neighbours as the database held them then (NULL: current versions). Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it.';
+COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[]) IS
+    'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank) summed over the results citing it; then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range, and filter (a JSON object the metadata contains) the neighbours as the legs it ran did their matches; a result''s own sources are cited whatever their time or metadata; as_of: provenance and neighbours as the database held them then (NULL: current versions). Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it. Issue 29''s policy keys: deeper (candidates after the results, memory._deeper) cite at the ranks after the results'' without reserving a turn; evidence_session_weight lifts a direct match in a session the results'' provenance reaches by that weight times its direct score times the session''s 1 / sqrt(rank) sum; evidence_hop_weight (off) adds a second lexical query of the names in the evidence_hop_seeds best turns; evidence_session_decay (off at 1) spends the budget at score times decay^(better turns of the same session).';
+
+-- The fused candidates after an answer's results (issue 29): their provenance routes the
+-- budget to the memories and sessions just below the page, at the ranks after the results'.
+CREATE OR REPLACE FUNCTION memory._deeper(plan jsonb, state jsonb, ids bigint[])
+RETURNS bigint[]
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    deep integer := (SELECT pol.evidence_deeper FROM memory.policy() pol);
+BEGIN
+    IF deep = 0 OR plan ->> 'search_strategy' IS NULL THEN
+        RETURN '{}';
+    END IF;
+    RETURN ARRAY(
+        SELECT f.node_id
+        FROM memory.fuse_legs(coalesce(state -> 'semantic', '{"ids":[],"scores":[]}'),
+                              coalesce(state -> 'lexical', '{"ids":[],"scores":[]}'),
+                              plan ->> 'search_strategy', plan ->> 'fusion',
+                              (plan ->> 'dense_weight')::double precision,
+                              (plan ->> 'rrf_k')::integer, coalesce(cardinality(ids), 0) + deep) f
+        WHERE f.node_id <> ALL (coalesce(ids, '{}'))
+        ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]), f.node_id
+        LIMIT deep);
+END $$;
+COMMENT ON FUNCTION memory._deeper(jsonb, jsonb, bigint[]) IS
+    'The fused candidates of a plan''s legs (memory._run_legs'' state) after the results ids, best first, at most memory.policy() evidence_deeper of them (0: none): memory.select_evidence cites their provenance at the ranks after the results''. Fused as the answer was, without the relevance floor or recency.';
 
 -- memory.evidence runs the plan memory.query runs (the evidence legs it names) for the
 -- SQL user's results; the old two-step form and its signature go first.
@@ -258,14 +382,17 @@ BEGIN
     IF (p.plan -> 'evidence' ->> 'budget')::integer = 0 THEN
         RETURN;  -- off costs no search
     END IF;
-    state := memory._run_legs(p.plan, p.embedding, NULL, false);
+    -- The answer's own legs too when the policy cites deeper candidates (memory._deeper).
+    state := memory._run_legs(p.plan, p.embedding, NULL,
+                              (SELECT pol.evidence_deeper > 0 FROM memory.policy() pol));
     RETURN QUERY
     SELECT e.* FROM memory.select_evidence(
         $2, state -> 'evidence_semantic', state -> 'evidence_lexical', p.plan ->> 'fusion',
         (p.plan -> 'evidence' ->> 'budget')::integer, $4, 4,
         (p.plan ->> 'since_ts')::timestamptz, (p.plan ->> 'before_ts')::timestamptz,
         (p.plan ->> 'dense_weight')::double precision, (p.plan ->> 'rrf_k')::integer,
-        nullif(p.plan -> 'filter', 'null'), (p.plan ->> 'as_of')::timestamptz) e
+        nullif(p.plan -> 'filter', 'null'), (p.plan ->> 'as_of')::timestamptz,
+        memory._deeper(p.plan, state, $2)) e
     ORDER BY e.rank;
 END $$;
 COMMENT ON FUNCTION memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb) IS

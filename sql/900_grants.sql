@@ -95,7 +95,7 @@ DECLARE
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory.fuse_legs',
         'memory.provenance_walk', 'memory.provenance_tree', 'memory.provenance',
         'memory.provenance_forest', 'memory.hydrate',
-        'memory.select_evidence', 'memory.evidence', 'memory._evidence',
+        'memory.select_evidence', 'memory.evidence', 'memory._evidence', 'memory._deeper',
         'memory._plan', 'memory.plan_query', 'memory._request', 'memory.strategies',
         'memory.check_k', 'memory.check_within', 'memory._leg',
         'memory._opensearch_leg', 'memory._stage_time', 'memory._run_legs', 'memory._cited_only', 'memory._finish',

@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 from starlette.testclient import TestClient
 
 from poimen_memory.embedders.local import LocalEmbedder
@@ -66,9 +67,12 @@ SELECT_ALL = (
 
 @pytest.fixture
 def no_neighbours(conn: Conn) -> Iterator[None]:
+    """No neighbour term, and no routing to the results' sessions (issue 29's default)."""
     conn.execute("SELECT memory.set_policy('evidence_neighbours', '0')")
+    conn.execute("SELECT memory.set_policy('evidence_session_weight', '0')")
     yield
     conn.execute("SELECT memory.reset_policy('evidence_neighbours')")
+    conn.execute("SELECT memory.reset_policy('evidence_session_weight')")
 
 
 @pytest.mark.usefixtures("no_neighbours")
@@ -215,6 +219,14 @@ def test_memory_evidence_checks_its_budget_before_searching(conn: Conn) -> None:
         ("evidence_weight", "11"),
         ("evidence_neighbours", "-0.1"),
         ("evidence_neighbours", "lots"),
+        ("evidence_session_decay", "1.5"),
+        ("evidence_session_decay", "-0.5"),
+        ("evidence_session_weight", "11"),
+        ("evidence_hop_weight", "twice"),
+        ("evidence_hop_seeds", "0"),
+        ("evidence_hop_seeds", "101"),
+        ("evidence_deeper", "51"),
+        ("evidence_deeper", "-1"),
     ],
 )
 def test_bad_evidence_policy_values_are_22023_and_write_nothing(
@@ -345,7 +357,8 @@ def test_an_evidence_failure_degrades_and_keeps_the_trees(client: TestClient, co
     whole = query(client, query=KONG, evidence=0)
     conn.execute(
         "ALTER FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text,"
-        " integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz)"
+        " integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz,"
+        " bigint[])"
         " RENAME TO gone"
     )
     body = query(client, query=KONG)
@@ -362,3 +375,161 @@ def test_an_l0_hybrid_query_reuses_its_legs(client: TestClient) -> None:
     assert body["metrics"]["evidence_legs"] == 0 and len(body["evidence"]) == 5
     assert query(client, query=KONG, strategy="Hybrid")["metrics"]["evidence_legs"] == 2
     assert query(client, query=KONG, evidence=0)["metrics"]["evidence_legs"] == 0
+
+
+# Issue 29: a small conversation of three sessions, for the coverage, session and hop keys.
+SESSIONS = "cover"
+TURNS: list[dict[str, Any]] = [
+    {"id": "c:1:1", "title": "session 1", "text": "Ana: the garden has tomatoes and basil now."},
+    {"id": "c:1:2", "title": "session 1", "text": "Ana: the tomatoes in the garden are ripe."},
+    {"id": "c:1:3", "title": "session 1", "text": "Ana: I water the garden tomatoes every day."},
+    {"id": "c:1:4", "title": "session 1", "text": "Ana: garden tomatoes again, the last ones."},
+    {"id": "c:2:1", "title": "session 2", "text": "Ana: we started a garden at school."},
+    {"id": "c:2:2", "title": "session 2", "text": "Ana: my cousin moved to Lisbon in spring."},
+    {"id": "c:3:1", "title": "session 3", "text": "Ana: the trams of Lisbon are yellow and old."},
+    {"id": "c:3:2", "title": "session 3", "text": "Ana: nothing to report about the weather."},
+]  # fmt: skip
+
+
+@pytest.fixture
+def sessions(conn: Conn) -> Iterator[dict[str, int]]:
+    nodes = [{"project": SESSIONS, "level": "L0", **t} for t in TURNS] + [
+        {"project": SESSIONS, "level": "L1", "id": "c:m:1", "parents": ["c:1:1"],
+         "text": "Ana grows tomatoes and basil in her garden."},
+        {"project": SESSIONS, "level": "L1", "id": "c:m:2", "parents": ["c:3:2"],
+         "text": "Ana had nothing to say about the weather."},
+    ]  # fmt: skip
+    conn.execute("SELECT memory.add_nodes(%s)", (Jsonb(nodes),))
+    ids = dict(
+        conn.execute(
+            "SELECT n.external_id, n.id FROM memory.nodes n JOIN memory.projects p"
+            " ON p.id = n.project_id WHERE p.name = %s",
+            (SESSIONS,),
+        ).fetchall()
+    )
+    conn.execute("SELECT memory.set_policy('evidence_neighbours', '0')")
+    conn.execute("SELECT memory.set_policy('evidence_session_weight', '0')")
+    yield ids
+    conn.execute("SELECT memory.reset_policy()")
+
+
+def _leg(ids: dict[str, int], scores: dict[str, float]) -> str:
+    return json.dumps({"ids": [ids[k] for k in scores], "scores": list(scores.values())})
+
+
+def _select(conn: Conn, results: list[int], leg: str, budget: int) -> list[tuple[int, float]]:
+    rows = conn.execute(
+        "SELECT node_id, score FROM memory.select_evidence(%s, %s, %s, budget => %s,"
+        " project_name => %s) ORDER BY rank",
+        (results, NO_LEG, leg, budget, SESSIONS),
+    ).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+GARDEN = {"c:1:1": 10.0, "c:1:2": 9.0, "c:1:3": 8.0, "c:1:4": 7.0, "c:2:1": 6.0, "c:3:2": 1.0}
+
+
+def test_session_decay_spreads_the_budget_over_sessions(
+    conn: Conn, sessions: dict[str, int]
+) -> None:
+    """The plain top 3 are three turns of session 1; with evidence_session_decay 0.5 the
+    n-th turn of a session competes at 0.5^(n-1) of its score, so session 2's best (scaled
+    0.556 against session 1's second, 0.889 x 0.5) is in the three: the greedy oracle."""
+    title = {sessions[t["id"]]: t["title"] for t in TURNS}
+    leg = _leg(sessions, GARDEN)
+    plain = _select(conn, [], leg, 3)
+    assert [n for n, _ in plain] == [sessions[k] for k in ("c:1:1", "c:1:2", "c:1:3")]
+    full = _select(conn, [], leg, 100)
+    conn.execute("SELECT memory.set_policy('evidence_session_decay', '0.5')")
+    spread = _select(conn, [], leg, 3)
+    chosen: list[int] = []
+    # the oracle: greedy, each turn at its score x 0.5^(turns of its session chosen before)
+    while len(chosen) < 3:
+        left = [(s * 0.5 ** sum(title[c] == title[n] for c in chosen), n) for n, s in full
+                if n not in chosen]  # fmt: skip
+        chosen.append(max(left)[1])
+    assert [n for n, _ in spread] == chosen
+    assert len({title[n] for n, _ in spread}) > len({title[n] for n, _ in plain}) == 1
+    # the scores are the turns' own, and every candidate is still one: only the order of
+    # spending the budget changed
+    assert dict(spread).items() <= dict(full).items()
+    assert sorted(_select(conn, [], leg, 100)) == sorted(full)
+
+
+def test_session_weight_routes_to_the_sessions_results_cite(
+    conn: Conn, sessions: dict[str, int]
+) -> None:
+    """A direct match in a session a result's provenance reaches gains
+    evidence_session_weight x its direct score x 1/sqrt(the result's rank)."""
+    results = [sessions["c:m:1"]]
+    leg = _leg(sessions, {"c:1:2": 5.0, "c:2:1": 5.0, "c:3:2": 1.0})
+    base = dict(_select(conn, results, leg, 100))
+    conn.execute("SELECT memory.set_policy('evidence_session_weight', '0.5')")
+    routed = dict(_select(conn, results, leg, 100))
+    assert base[sessions["c:1:2"]] == pytest.approx(base[sessions["c:2:1"]])
+    assert routed[sessions["c:1:2"]] == pytest.approx(1.5 * base[sessions["c:1:2"]])
+    assert routed[sessions["c:2:1"]] == pytest.approx(base[sessions["c:2:1"]])
+    # the cited turn itself is no direct match: it keeps its citation score
+    assert routed[sessions["c:1:1"]] == pytest.approx(base[sessions["c:1:1"]])
+
+
+def test_a_second_hop_follows_the_names_in_the_best_evidence(
+    conn: Conn, sessions: dict[str, int]
+) -> None:
+    """With evidence_hop_weight the capitalised words inside the best turns' sentences
+    (here "Lisbon") are a second lexical query: the turn of another session that shares the
+    name and no word of the first leg becomes a candidate, scored the weight times its
+    BM25 over the best."""
+    leg = _leg(sessions, {"c:2:2": 3.0, "c:3:2": 1.0})
+    base = dict(_select(conn, [], leg, 100))
+    assert sessions["c:3:1"] not in base
+    conn.execute("SELECT memory.set_policy('evidence_hop_weight', '0.5')")
+    conn.execute("SELECT memory.set_policy('evidence_hop_seeds', '1')")
+    hopped = dict(_select(conn, [], leg, 100))
+    lisbon = dict(
+        conn.execute(
+            "SELECT node_id, lexical_score FROM memory.lexical_search('Lisbon', %s, '{L0}')",
+            (SESSIONS,),
+        ).fetchall()
+    )
+    assert set(lisbon) == {sessions["c:2:2"], sessions["c:3:1"]}
+    best = max(lisbon.values())
+    assert hopped[sessions["c:3:1"]] == pytest.approx(0.5 * lisbon[sessions["c:3:1"]] / best)
+    assert hopped[sessions["c:2:2"]] == pytest.approx(
+        base[sessions["c:2:2"]] + 0.5 * lisbon[sessions["c:2:2"]] / best
+    )
+    # "Ana" opens every sentence (the speaker) and is no name to follow
+    assert set(hopped) == set(base) | {sessions["c:3:1"]}
+
+
+def test_deeper_candidates_cite_at_the_ranks_after_the_results(
+    conn: Conn, sessions: dict[str, int]
+) -> None:
+    """The fused candidates after the results (memory._deeper, evidence_deeper of them) cite
+    their provenance at the ranks after the results', and reserve no turn."""
+    m1, m2 = sessions["c:m:1"], sessions["c:m:2"]
+    rows = conn.execute(
+        "SELECT node_id, score, cited_by FROM memory.select_evidence(%s, %s, %s, budget => 100,"
+        " project_name => %s, deeper => %s) ORDER BY rank",
+        ([m1], NO_LEG, NO_LEG, SESSIONS, [m2]),
+    ).fetchall()
+    got = {r[0]: (r[1], r[2]) for r in rows}
+    assert got == {
+        sessions["c:1:1"]: (pytest.approx(0.5), [1]),
+        sessions["c:3:2"]: (pytest.approx(0.5 / math.sqrt(2)), [2]),
+    }
+    # budget 1: the result's own turn is reserved, the deeper one waits
+    one = conn.execute(
+        "SELECT node_id FROM memory.select_evidence(%s, %s, %s, budget => 1, deeper => %s)",
+        ([m1], NO_LEG, NO_LEG, [m2]),
+    ).fetchall()
+    assert one == [(sessions["c:1:1"],)]
+    # memory._deeper: the legs fused again past the results, at most evidence_deeper
+    plan = Jsonb({"search_strategy": "LexicalOnly", "fusion": "convex", "dense_weight": 0.4,
+                  "rrf_k": 10})  # fmt: skip
+    state = Jsonb({"lexical": {"ids": [m1, m2, sessions["c:1:2"]], "scores": [3.0, 2.0, 1.0]}})
+    deeper = "SELECT memory._deeper(%s, %s, %s)"
+    conn.execute("SELECT memory.set_policy('evidence_deeper', '1')")
+    assert conn.execute(deeper, (plan, state, [m1])).fetchone() == ([m2],)
+    conn.execute("SELECT memory.set_policy('evidence_deeper', '0')")
+    assert conn.execute(deeper, (plan, state, [m1])).fetchone() == ([],)

@@ -108,6 +108,7 @@ READER = {
     "check_evidence_budget",
     "check_fusion",
     "_evidence",
+    "_deeper",
     "_plan",
     "plan_query",
     "_request",
