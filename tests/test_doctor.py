@@ -23,6 +23,7 @@ from conftest import make_role, prepare_database
 from poimen_core import vocabulary
 from poimen_memory.cli.doctor import render
 from poimen_memory.cli.main import main
+from poimen_memory.db import capabilities
 from poimen_memory.db.capabilities import report
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import MIGRATIONS_DIR, migrate
@@ -170,6 +171,33 @@ def test_a_database_without_pgvector_fails_with_the_reason(
         "this database as it is"
     ) in words
     assert "without it: nothing works: the embeddings column" in words
+
+
+def test_the_copy_in_pg_temp_is_rendered_as_migrate_renders_the_file(
+    bare_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy goes through migrate.render_sql: a role marker in the file is this
+    database's role (POIMEN_ROLE_PREFIX where given, else the database's name), as the
+    function migrate makes would say, not the marker."""
+    source = tmp_path / "092_capabilities.sql"
+    source.write_text(
+        "CREATE OR REPLACE FUNCTION memory.capabilities()\n"
+        "RETURNS TABLE (name text, required boolean, status text, detail text, cost text)\n"
+        "LANGUAGE sql STABLE\n"
+        "SET search_path = pg_catalog, public, pg_temp\n"
+        "AS $$\n"
+        "SELECT 'roles', true, 'on', '@role.reader@ @vocabulary.reference_first_year@',"
+        " NULL::text\n"
+        "$$;\n"
+    )
+    monkeypatch.setattr(capabilities, "SOURCE", source)
+    first_year = vocabulary.sql_literals()["reference_first_year"]
+    with connect(bare_url, autocommit=True) as conn:
+        database = conn.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+        (row,) = report(conn).capabilities
+        assert row.detail == f"{database}_memory_reader {first_year}"
+        (row,) = report(conn, "tenant_a").capabilities
+        assert row.detail == f"tenant_a_memory_reader {first_year}"
 
 
 def test_an_unmigrated_database_with_pgvector_names_migrate(

@@ -52,7 +52,7 @@ def render(rep: Report, width: int = 100) -> str:
 def cmd_doctor(args: argparse.Namespace) -> int:
     s = load_settings()
     with connect(started_url(s), autocommit=True) as conn:
-        rep = report(conn)
+        rep = report(conn, s.role_prefix)
     if args.json:
         print(json.dumps(rep.to_json(), indent=2))
     else:

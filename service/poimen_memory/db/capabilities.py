@@ -14,7 +14,14 @@ from typing import Any
 import psycopg
 
 from poimen_core import vocabulary
-from poimen_memory.db.migrate import MIGRATIONS_DIR, SQL_DIR, _with_vocabulary
+from poimen_memory.db.migrate import (
+    MIGRATIONS_DIR,
+    SQL_DIR,
+    database_roles,
+    plpython_status,
+    render_sql,
+    vector_schema,
+)
 
 __all__ = ["Capability", "Report", "report"]
 
@@ -67,12 +74,19 @@ class Report:
         }
 
 
-def _temp_function() -> str:
-    """This code's memory.capabilities(), as a function of this session only."""
+def _temp_function(conn: psycopg.Connection[Any], role_prefix: str | None = None) -> str:
+    """This code's memory.capabilities(), as a function of this session only, rendered as
+    migrate renders the file for this database."""
     m = _CREATE.search(SOURCE.read_text())
     assert m is not None, f"{SOURCE} defines memory.capabilities()"
     text = m.group(0).replace("FUNCTION memory.capabilities()", f"FUNCTION {_TEMP_NAME}()", 1)
-    return _with_vocabulary(text, SOURCE)
+    return render_sql(
+        text,
+        SOURCE,
+        roles=database_roles(conn, role_prefix),
+        schema=vector_schema(conn) or "public",
+        plpython=plpython_status(conn)[0],
+    )
 
 
 def _schema_level(conn: psycopg.Connection[Any], row: Capability) -> Capability:
@@ -100,8 +114,9 @@ def _schema_level(conn: psycopg.Connection[Any], row: Capability) -> Capability:
     return row
 
 
-def report(conn: psycopg.Connection[Any]) -> Report:
-    """The capability report of the database ``conn`` is connected to, as its role sees it."""
+def report(conn: psycopg.Connection[Any], role_prefix: str | None = None) -> Report:
+    """The capability report of the database ``conn`` is connected to, as its role sees it;
+    ``role_prefix`` (POIMEN_ROLE_PREFIX) names its roles where no migrate has recorded them."""
     row = conn.execute(
         "SELECT current_database(), current_user,"
         " to_regprocedure('memory.capabilities()') IS NOT NULL"
@@ -113,7 +128,7 @@ def report(conn: psycopg.Connection[Any]) -> Report:
         source = "memory.capabilities()"
     else:
         with conn.transaction(force_rollback=True):
-            conn.execute(_temp_function().encode())
+            conn.execute(_temp_function(conn, role_prefix).encode())
             rows = conn.execute(f"SELECT * FROM {_TEMP_NAME}()").fetchall()
         source = f"{SOURCE.name} of this poimen-memory (the database has no memory.capabilities())"
     caps = [Capability(str(n), bool(r), str(s), str(d), c) for n, r, s, d, c in rows]

@@ -397,7 +397,8 @@ def remove_old_copies(root: Path, keep: Path) -> list[str]:
     return sorted(removed)
 
 
-def _vector_schema(conn: psycopg.Connection[Any]) -> str | None:
+def vector_schema(conn: psycopg.Connection[Any]) -> str | None:
+    """The schema pgvector is installed in; None where it is not installed."""
     row = conn.execute(
         "SELECT n.nspname FROM pg_catalog.pg_extension e"
         " JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'vector'"
@@ -513,6 +514,17 @@ def _without_plpython(text: str) -> str:
     return _PLPYTHON_FUNCTION.sub(stub, text)
 
 
+def render_sql(
+    text: str, path: Path, *, roles: Roles, schema: str = "public", plpython: bool = True
+) -> str:
+    """A sql/ file's text (or a part of one, read from ``path``) as this database runs it:
+    PL/Python functions as PM503 stubs where it has no plpython3u, the vocabulary's words,
+    this database's role names, and pgvector's ``schema`` in the functions' search_path.
+    Everything that runs the files' SQL renders it here, so no copy misses a marker."""
+    text = _with_vocabulary(text if plpython else _without_plpython(text), path)
+    return _with_vector_schema(roles.render(text), schema)
+
+
 def _apply_sql_files(conn: psycopg.Connection[Any], schema: str, roles: Roles) -> list[Path]:
     files = sorted(SQL_DIR.glob("*.sql"))
     conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_MARK} () ON COMMIT DROP")
@@ -522,9 +534,8 @@ def _apply_sql_files(conn: psycopg.Connection[Any], schema: str, roles: Roles) -
     # only as a superuser (42501). Reading a vector loads the library.
     conn.execute("SELECT '[1]'::vector")
     for path in files:
-        raw = path.read_text()
-        text = _with_vocabulary(raw if installed else _without_plpython(raw), path)
-        conn.execute(_with_vector_schema(roles.render(text), schema).encode())
+        text = render_sql(path.read_text(), path, roles=roles, schema=schema, plpython=installed)
+        conn.execute(text.encode())
     _pin_search_path(conn, schema)
     if schema not in ("public", "pg_catalog"):
         # Readers resolve pgvector's type and operators through its schema.
@@ -544,6 +555,28 @@ SELECT CASE WHEN pg_catalog.to_regrole('memory_reader') IS NULL THEN false
 """
 
 
+def _recorded_prefix(conn: psycopg.Connection[Any]) -> str | None:
+    """The prefix this database's first migrate recorded; None before it."""
+    row = conn.execute("SELECT pg_catalog.to_regclass('memory.config') IS NOT NULL").fetchone()
+    if row is None or not row[0]:
+        return None
+    found = conn.execute("SELECT value FROM memory.config WHERE key = 'role_prefix'").fetchone()
+    return None if found is None else str(found[0])
+
+
+def _default_prefix(conn: psycopg.Connection[Any]) -> str:
+    name = conn.execute("SELECT pg_catalog.current_database()").fetchone()
+    assert name is not None
+    return prefix_for(str(name[0]))
+
+
+def database_roles(conn: psycopg.Connection[Any], configured: str | None = None) -> Roles:
+    """The roles the sql/ files name in this database: the recorded ones, else those its
+    first migrate would choose (``configured``: POIMEN_ROLE_PREFIX)."""
+    recorded = _recorded_prefix(conn)
+    return Roles(recorded if recorded is not None else configured or _default_prefix(conn))
+
+
 def _choose_roles(
     conn: psycopg.Connection[Any], configured: str | None
 ) -> tuple[Roles, Roles | None, bool]:
@@ -551,9 +584,9 @@ def _choose_roles(
     it was migrated before roles were per database; whether its prefix is recorded. The
     first migrate records it (_record_roles: POIMEN_ROLE_PREFIX, else the database's name),
     so the names then follow the data through a dump and restore under another name."""
-    row = conn.execute("SELECT value FROM memory.config WHERE key = 'role_prefix'").fetchone()
-    if row is not None:
-        stored = Roles(str(row[0]))
+    recorded = _recorded_prefix(conn)
+    if recorded is not None:
+        stored = Roles(recorded)
         if configured is not None and configured != stored.prefix:
             raise MigrationError(
                 f"POIMEN_ROLE_PREFIX is {configured}, but this database's roles have the"
@@ -563,9 +596,7 @@ def _choose_roles(
                 hint=f"unset POIMEN_ROLE_PREFIX for this database, or set it to {stored.prefix}",
             )
         return stored, None, True
-    name = conn.execute("SELECT pg_catalog.current_database()").fetchone()
-    assert name is not None
-    roles = Roles(configured or prefix_for(str(name[0])))
+    roles = Roles(configured or _default_prefix(conn))
     legacy = conn.execute(_LEGACY_HERE).fetchone()
     moving = legacy is not None and bool(legacy[0]) and roles != LEGACY
     return roles, (LEGACY if moving else None), False
@@ -868,7 +899,7 @@ def migrate(
             _lock(conn, wait_s, attempt_s)
             conn.execute(_LEDGER)
             # Independent of the session's search_path (even ''): public, plus pgvector's schema.
-            _use_vector_schema(conn, _vector_schema(conn) or "public")
+            _use_vector_schema(conn, vector_schema(conn) or "public")
             rows = conn.execute("SELECT version, checksum FROM memory.schema_migrations").fetchall()
             recorded: dict[str, str] = {str(r[0]): str(r[1]) for r in rows}
             for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
@@ -910,7 +941,7 @@ def migrate(
                     f"database has migrations this code does not know: {sorted(unknown)}",
                     hint="deploy a newer poimen-memory; migrations are forward-only",
                 )
-            schema = _vector_schema(conn) or "public"
+            schema = vector_schema(conn) or "public"
             _use_vector_schema(conn, schema)
             if py_path is not None:
                 _write_config(conn, py_path, deps)
@@ -1011,7 +1042,7 @@ def check(
                 str(r[0]) for r in conn.execute("SELECT version FROM memory.schema_migrations")
             }
             pending = sorted(p.stem for p in MIGRATIONS_DIR.glob("*.sql") if p.stem not in recorded)
-            schema = _vector_schema(conn) or "public"
+            schema = vector_schema(conn) or "public"
             _use_vector_schema(conn, schema)
             before = dict(conn.execute(_SNAPSHOT).fetchall())
             if pending:  # the files need the pending migrations' tables: report those only
