@@ -5,7 +5,9 @@
 -- ("plpy.Error: ...", "spiexceptions.InsufficientPrivilege: ..."), which no SQL user should
 -- have to read past. The entry points a user calls are PL/pgSQL fronts over the PL/Python
 -- bodies (memory.embed over memory._embed, memory.add_nodes over memory._add_nodes,
--- memory.optimize_query over memory._optimize_query) that re-raise through this.
+-- memory.optimize_query over memory._optimize_query) that re-raise through this: each
+-- front's `@plain_errors@` is the one exception handler migrate writes in its place
+-- (db/migrate.py, _with_plain_errors).
 CREATE OR REPLACE FUNCTION memory._plain_error(sqlstate text, message text, detail text, hint text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -133,14 +135,9 @@ RETURNS jsonb
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    st text; m text; d text; h text;
 BEGIN
     RETURN memory._optimize_query(query, memory.check_reference_time(reference_time));
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, m = MESSAGE_TEXT, d = PG_EXCEPTION_DETAIL,
-                            h = PG_EXCEPTION_HINT;
-    PERFORM memory._plain_error(st, m, d, h);
+@plain_errors@
 END $$;
 COMMENT ON FUNCTION memory.optimize_query(text, timestamptz) IS
     'Routes a raw query: question type, search strategy (LexicalOnly, LexicalFirst, Hybrid), confidence, the reasons, and the dates the text names (relative ones such as "last week" resolved against reference_time; NULL: now) with the time_filter they ask for, as jsonb. Same module as the HTTP service. 22023 for a reference_time outside the years memory.check_reference_time takes; PM503 when the module is missing on this host.';

@@ -87,14 +87,9 @@ RETURNS vector
 LANGUAGE plpgsql STABLE STRICT PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
-DECLARE
-    st text; m text; d text; h text;
 BEGIN
     RETURN memory._embed(query);
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, m = MESSAGE_TEXT, d = PG_EXCEPTION_DETAIL,
-                            h = PG_EXCEPTION_HINT;
-    PERFORM memory._plain_error(st, m, d, h);
+@plain_errors@
 END $$;
 COMMENT ON FUNCTION memory.embed(text) IS
     'The text''s embedding from the database''s model: from the remote server set by memory.configure_embedding_server when there is one (PM503 naming its URL when it fails, PM409 when its dimension differs), else from the local all-MiniLM-L6-v2 int8 (loaded once per backend, about 180 MB and poimen.embed_threads intra-op threads, 1 by default: see docs/embeddings.md; it reads at most the first 100,000 characters; PM503 with a hint when the model or its packages are missing on this host).';

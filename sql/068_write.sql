@@ -321,14 +321,9 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    st text; m text; d text; h text;
 BEGIN
     RETURN memory._add_nodes(nodes);
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, m = MESSAGE_TEXT, d = PG_EXCEPTION_DETAIL,
-                            h = PG_EXCEPTION_HINT;
-    PERFORM memory._plain_error(st, m, d, h);
+@plain_errors@
 END $$;
 COMMENT ON FUNCTION memory.add_nodes(jsonb) IS
     'Writes a JSON array of nodes in the JSONL format of `poimen-memory ingest` (docs/ingest.md), with its guarantees: every node validated first by the same code (22023 naming the node and field; nothing written), content-hash keys (a node already stored counts as a duplicate), parents linked by id within the array or among the project''s stored nodes, vectors from memory.embed, all in the calling statement (all or nothing). Returns {"inserted", "duplicates", "edges", "unresolved"}. The first write into an empty database records the model, which only the owner or @role.service@ may do (PM412 otherwise). Row-level security applies: 42501 names the node whose project the caller may not write.';

@@ -514,15 +514,40 @@ def _without_plpython(text: str) -> str:
     return _PLPYTHON_FUNCTION.sub(stub, text)
 
 
+# PL/Python prefixes an error's message with the Python exception's type ("plpy.Error: ...");
+# the functions users call are PL/pgSQL fronts over the PL/Python bodies, whose exception
+# handler re-raises through memory._plain_error (sql/060_optimizer.sql). The handler is one
+# text, here: a front's file writes the marker `@plain_errors@` on its own line where the
+# handler goes (after the block's statements), and holds only the call of its body.
+_PLAIN_ERRORS = re.compile(r"^(?P<indent>[ \t]*)@plain_errors@[ \t]*$", re.MULTILINE)
+_PLAIN_ERRORS_HANDLER = """\
+EXCEPTION WHEN OTHERS THEN
+    DECLARE
+        st text; m text; d text; h text;
+    BEGIN
+        GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, m = MESSAGE_TEXT,
+                                d = PG_EXCEPTION_DETAIL, h = PG_EXCEPTION_HINT;
+        PERFORM memory._plain_error(st, m, d, h);
+    END;"""
+
+
+def _with_plain_errors(text: str) -> str:
+    def handler(m: re.Match[str]) -> str:
+        return "\n".join(m.group("indent") + line for line in _PLAIN_ERRORS_HANDLER.split("\n"))
+
+    return _PLAIN_ERRORS.sub(handler, text)
+
+
 def render_sql(
     text: str, path: Path, *, roles: Roles, schema: str = "public", plpython: bool = True
 ) -> str:
     """A sql/ file's text (or a part of one, read from ``path``) as this database runs it:
-    PL/Python functions as PM503 stubs where it has no plpython3u, the vocabulary's words,
+    PL/Python functions as PM503 stubs where it has no plpython3u, the PL/pgSQL fronts'
+    exception handler (``@plain_errors@``), the vocabulary's words,
     this database's role names, and pgvector's ``schema`` in the functions' search_path.
     Everything that runs the files' SQL renders it here, so no copy misses a marker."""
     text = _with_vocabulary(text if plpython else _without_plpython(text), path)
-    return _with_vector_schema(roles.render(text), schema)
+    return _with_vector_schema(roles.render(_with_plain_errors(text)), schema)
 
 
 def _apply_sql_files(conn: psycopg.Connection[Any], schema: str, roles: Roles) -> list[Path]:
