@@ -125,6 +125,27 @@ def test_http_load_against_the_fixture_database(fixture_url: str) -> None:
     for r in rows:
         assert r["errors"] == 0 and r["requests"] == 4 and r["req_per_s"] > 0
         assert 0 < r["p50_ms"] <= r["p95_ms"] and sum(r["strategies"].values()) == 4
+        # Each request embeds (the server process) and runs statements (its sessions).
+        assert r["server_cpu_ms"] > 0 and r["database_cpu_ms"] > 0
+
+
+def test_the_service_query_path_in_process(fixture_url: str, embedder: Any) -> None:
+    """inprocess.service runs the service's own Retriever.query with no HTTP in front, over
+    the same pool and role, and counts its CPU as the HTTP load does."""
+    from poimen_lab.bench import inprocess
+
+    texts = [f"kong upload body buffer incident number {i}" for i in range(5 + 2 * 4)]
+    params = {"limit": "3", "evidence": "0", "project": "poimen"}
+    rows = inprocess.service(fixture_url, embedder, texts, params, concurrency=(1, 2), requests=4)
+    assert [r["clients"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["errors"] == 0 and r["requests"] == 4 and 0 < r["p50_ms"] <= r["p95_ms"]
+        assert r["server_cpu_ms"] > 0 and r["database_cpu_ms"] > 0
+    bad = inprocess.service(
+        fixture_url, embedder, texts, {**params, "project": "no-such-project"},
+        concurrency=(1,), requests=4,
+    )  # fmt: skip
+    assert bad[0]["errors"] == 4  # an unknown project is counted, as a 404 would be
 
 
 def test_two_versions_side_by_side(fixture_url: str) -> None:
@@ -162,8 +183,14 @@ def test_the_http_ratios_are_the_runs_they_name() -> None:
         "http_evidence": [{"clients": 1, "p50_ms": 45.0}],
         "http_owner_evidence": [{"clients": 1, "p50_ms": 40.0}],
         "inprocess": {"p50_ms": 20.0}, "embed_only": {"queries_per_s": 100.0},
+        "service_inprocess": one(25.0, 75.0),
     }  # fmt: skip
     ratios = _ratios(r)
+    # Where the time goes: HTTP over the service's own path, that path over the reference.
+    assert ratios["http_p50_over_service_p50"] == 1.2
+    assert ratios["http_rps8_over_service_rps8"] == 0.8
+    assert ratios["service_p50_over_inprocess_p50"] == 1.25
+    assert ratios["service_rps8_over_embed_rps8"] == 0.75
     assert ratios["http_p50_over_inprocess_p50"] == 1.5
     assert ratios["http_key_rps8_over_embed_rps8"] == 0.5
     assert ratios["http_p50_over_owner_p50"] == 1.25

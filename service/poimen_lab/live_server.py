@@ -30,6 +30,16 @@ def live_server(env: Mapping[str, str], output: Path, *, drop: Sequence[str] = (
     """Yields the base URL once GET /healthz answers 200; stops the process on exit. The
     server inherits this process's environment, less the variables in ``drop``, plus
     ``env``."""
+    with live_server_process(env, output, drop=drop) as (url, _):
+        yield url
+
+
+@contextmanager
+def live_server_process(
+    env: Mapping[str, str], output: Path, *, drop: Sequence[str] = ()
+) -> Iterator[tuple[str, int]]:
+    """``live_server``, yielding the server's process id beside its URL (the benchmark
+    reads the process's CPU time)."""
     port = free_port()
     # `poimen-memory serve` itself, so its uvicorn settings (limits, the first-request
     # deadline) are what the tests and the benchmark meet.
@@ -58,7 +68,7 @@ def live_server(env: Mapping[str, str], output: Path, *, drop: Sequence[str] = (
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"server did not start:\n{output.read_text()}")
                 time.sleep(0.1)
-            yield url
+            yield url, proc.pid
         finally:
             proc.terminate()
             try:

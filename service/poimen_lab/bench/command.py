@@ -402,6 +402,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 params=params,
                 headers={"Authorization": f"Bearer {key}"},
             )
+            print("bench: the service's query path in process, no HTTP", file=sys.stderr)
+            result["service_inprocess"] = inprocess.service(
+                service_url, embedder, http_texts, params, requests=n
+            )
             print("bench: the same pipeline in process", file=sys.stderr)
             one = slice(5, 5 + args.http_requests)  # the texts the 1-client run sent
             result["inprocess"] = inprocess.pipeline(
@@ -482,6 +486,26 @@ def _ratios(r: dict[str, Any]) -> dict[str, Any]:
         if 1 in by and 1 in owner:
             out[f"{prefix}_p50_over_owner_p50"] = round(
                 by[1]["p50_ms"] / max(owner[1]["p50_ms"], 1e-9), 2
+            )
+    # Where the time goes (no goal of their own): what HTTP adds to the service's own query
+    # path, and that path (the database's statements beside the embedding) against the
+    # in-process reference.
+    svc = {h["clients"]: h for h in r.get("service_inprocess", [])}
+    http = {h["clients"]: h for h in r.get("http", [])}
+    for c, tag in ((1, "p50"), (8, "rps8")):
+        if c not in svc:
+            continue
+        field = "p50_ms" if c == 1 else "req_per_s"
+        if c in http:
+            over = http[c][field] / max(svc[c][field], 1e-9)
+            out[f"http_{tag}_over_service_{tag}"] = round(over, 2)
+        if c == 1 and "inprocess" in r:
+            out["service_p50_over_inprocess_p50"] = round(
+                svc[1]["p50_ms"] / max(r["inprocess"]["p50_ms"], 1e-9), 2
+            )
+        if c == 8 and "embed_only" in r:
+            out["service_rps8_over_embed_rps8"] = round(
+                svc[8]["req_per_s"] / max(r["embed_only"]["queries_per_s"], 1e-9), 2
             )
     # A run with failed requests measured its failures: no ratio from it.
     if (
@@ -581,6 +605,7 @@ def _print(r: dict[str, Any]) -> None:
             ("owner (no row-level security)", "http_owner"),
             ("service role, anonymous, evidence list", "http_evidence"),
             ("owner, evidence list", "http_owner_evidence"),
+            ("service role, anonymous, in process (no HTTP)", "service_inprocess"),
         ]
         print(
             table(
@@ -593,11 +618,23 @@ def _print(r: dict[str, Any]) -> None:
                         h["p50_ms"],
                         h["p95_ms"],
                         h["req_per_s"],
+                        h.get("server_cpu_ms"),
+                        h.get("database_cpu_ms"),
                     ]
                     for label, key in modes
                     for h in r.get(key, [])
                 ],
-                ["as", "clients", "requests", "errors", "p50_ms", "p95_ms", "req/s"],
+                [
+                    "as",
+                    "clients",
+                    "requests",
+                    "errors",
+                    "p50_ms",
+                    "p95_ms",
+                    "req/s",
+                    "server cpu ms/req",
+                    "database cpu ms/req",
+                ],
             )
         )
     if "lexical_natural" in r:
@@ -612,7 +649,8 @@ def _print(r: dict[str, Any]) -> None:
         print(
             f"same pipeline in process (embed + hnswlib + bm25s + convex fusion): p50 "
             f"{r['inprocess']['p50_ms']:.2f} ms; embedder alone, 8 threads: "
-            f"{r['embed_only']['queries_per_s']:.1f} queries/s"
+            f"{r['embed_only']['queries_per_s']:.1f} queries/s, "
+            f"{r['embed_only']['cpu_ms']:.1f} ms of CPU a query"
         )
     print("\n" + table(goals(r["ratios"]), ["ratio", "measured", "goal", "met"]))
     print("\nratios: " + json.dumps(r["ratios"]))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import tempfile
 import threading
 import time
@@ -20,8 +21,56 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from poimen_lab.live_server import live_server
+import psycopg
+
+from poimen_lab.live_server import live_server_process
 from poimen_lab.measures import percentile
+
+
+def cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
+    """User plus system CPU time of each process still running (Linux /proc): CPU spent,
+    which the machine's other work does not inflate as it inflates wall-clock time."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for pid in pids:
+        try:
+            # The fields after the command name, which may hold spaces: utime, stime are
+            # the 14th and 15th of the line.
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+class CPU:
+    """The CPU the server process and its database sessions spend over a load."""
+
+    def __init__(self, server_pid: int, database_url: str) -> None:
+        self.server_pid = server_pid
+        self.url = database_url
+
+    def _backends(self) -> list[int]:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_catalog.pg_stat_activity WHERE datname = current_database()"
+                " AND backend_type = 'client backend' AND pid <> pg_catalog.pg_backend_pid()"
+            ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def snapshot(self) -> tuple[float, dict[int, float]]:
+        return cpu_seconds([self.server_pid]).get(self.server_pid, 0.0), cpu_seconds(
+            self._backends()
+        )
+
+    @staticmethod
+    def spent(
+        before: tuple[float, dict[int, float]], after: tuple[float, dict[int, float]]
+    ) -> tuple[float, float]:
+        """(server, database) CPU seconds between the two snapshots; a session opened in
+        between counts from its start."""
+        database = sum(t - before[1].get(pid, 0.0) for pid, t in after[1].items())
+        return after[0] - before[0], database
 
 
 def _load(
@@ -30,6 +79,7 @@ def _load(
     clients: int,
     params: dict[str, str],
     headers: dict[str, str] | None = None,
+    cpu: CPU | None = None,
 ) -> dict[str, Any]:
     ms: list[float] = []
     errors = 0
@@ -63,11 +113,21 @@ def _load(
         finally:
             conn.close()
 
+    before = cpu.snapshot() if cpu else None
     t0 = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         for f in [pool.submit(worker) for _ in range(clients)]:
             f.result()
     wall = time.perf_counter() - t0
+    used: dict[str, float] = {}
+    if cpu and before:
+        server_s, database_s = cpu.spent(before, cpu.snapshot())
+        # Per request: the server process (its Python and the embedder's threads) and the
+        # PostgreSQL sessions serving it.
+        used = {
+            "server_cpu_ms": round(server_s * 1000 / len(texts), 2),
+            "database_cpu_ms": round(database_s * 1000 / len(texts), 2),
+        }
     return {
         "clients": clients,
         "requests": len(texts),
@@ -76,6 +136,7 @@ def _load(
         "p95_ms": round(percentile(ms, 95), 2),
         "req_per_s": round(len(texts) / wall, 2),
         "strategies": strategies,
+        **used,
     }
 
 
@@ -99,13 +160,14 @@ def run(
     drop = ("POIMEN_RERANK_URL", "POIMEN_OPENSEARCH_URL")
     with (
         tempfile.TemporaryDirectory() as tmp,
-        live_server(
+        live_server_process(
             {"POIMEN_DATABASE_URL": database_url}, Path(tmp) / "server.log", drop=drop
-        ) as base,
+        ) as (base, pid),
     ):
         _load(base, texts[:5], 1, params, headers)  # warm-up
+        cpu = CPU(pid, database_url)
         out, start = [], 5
         for c in concurrency:
-            out.append(_load(base, texts[start : start + requests], c, params, headers))
+            out.append(_load(base, texts[start : start + requests], c, params, headers, cpu))
             start += requests
     return out

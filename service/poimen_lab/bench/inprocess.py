@@ -74,7 +74,90 @@ def embed_throughput(
     at a time (as `clients` concurrent requests would), over distinct texts."""
     todo = list(texts)
     with ThreadPoolExecutor(clients) as pool:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         list(pool.map(embed, todo))
-        wall = time.perf_counter() - t0
-    return {"clients": clients, "queries": len(todo), "queries_per_s": round(len(todo) / wall, 2)}
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {
+        "clients": clients,
+        "queries": len(todo),
+        "queries_per_s": round(len(todo) / wall, 2),
+        # this process's CPU (every thread, the runtime's own included) per query
+        "cpu_ms": round(cpu * 1000 / len(todo), 2),
+    }
+
+
+def service(
+    url: str,
+    embedder: Any,
+    texts: Sequence[str],
+    params: dict[str, str],
+    *,
+    concurrency: Sequence[int] = (1, 8),
+    requests: int = 200,
+) -> list[dict[str, Any]]:
+    """The service's own query path (``Retriever.query``, what ``GET /memory/query`` awaits
+    after parsing and the key check) in this process, with no HTTP, no ASGI and no JSON
+    response: the same statements, the same pool, as the role in ``url``, in anonymous
+    mode. Beside the HTTP runs it splits the end-to-end latency into what the HTTP layer
+    adds and what the database's statements and the embedding take. The texts are those
+    ``bench.http.run`` sends (the first 5 warm up, then ``requests`` per concurrency level);
+    a fresh embedding cache, as each of its servers has."""
+    import asyncio
+    import os
+
+    from poimen_lab.bench.http import CPU
+    from poimen_memory.api.params import parse_query
+    from poimen_memory.db import tenant
+    from poimen_memory.errors import PoimenError
+    from poimen_memory.services import open_services
+    from poimen_memory.settings import Settings
+
+    settings = Settings.from_env()
+    cpu = CPU(os.getpid(), url)  # this process: the service's Python and the embedder
+
+    async def main() -> list[dict[str, Any]]:
+        async with open_services(
+            settings, url=url, embedder=embedder, rerank=False, wait=True
+        ) as svc:
+            tenant.assert_for_request(tenant.ALL_PROJECTS)
+
+            async def load(batch: Sequence[str], clients: int) -> dict[str, Any]:
+                todo = list(batch)
+                ms: list[float] = []
+                errors = 0
+
+                async def worker() -> None:
+                    nonlocal errors
+                    while todo:
+                        req = parse_query({"query": todo.pop(), **params}, settings)
+                        t0 = time.perf_counter()
+                        try:
+                            await svc.retriever.query(req)
+                        except PoimenError:  # counted, as the HTTP load counts non-200s
+                            errors += 1
+                        ms.append((time.perf_counter() - t0) * 1000)
+
+                before = cpu.snapshot()
+                t0 = time.perf_counter()
+                await asyncio.gather(*(worker() for _ in range(clients)))
+                wall = time.perf_counter() - t0
+                server_s, database_s = cpu.spent(before, cpu.snapshot())
+                return {
+                    "clients": clients,
+                    "requests": len(batch),
+                    "errors": errors,
+                    "p50_ms": round(percentile(ms, 50), 2),
+                    "p95_ms": round(percentile(ms, 95), 2),
+                    "req_per_s": round(len(batch) / wall, 2),
+                    "server_cpu_ms": round(server_s * 1000 / len(batch), 2),
+                    "database_cpu_ms": round(database_s * 1000 / len(batch), 2),
+                }
+
+            await load(texts[:5], 1)
+            out, start = [], 5
+            for c in concurrency:
+                out.append(await load(texts[start : start + requests], c))
+                start += requests
+            return out
+
+    return asyncio.run(main())
