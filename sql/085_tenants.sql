@@ -3,10 +3,11 @@
 --
 -- A role sees the projects granted to it (or to a role whose privileges it has) with
 -- memory.grant_project; '*' grants every project. The HTTP service's role (a member of
--- @role.service@) may also assert, per transaction, the projects of the API key it is
--- serving: set_config('poimen.read_projects' / 'poimen.write_projects', 'a,b', true).
--- Anyone can set those settings; the policies honour them only for @role.service@
--- members, so a plain SQL user gains nothing by it.
+-- @role.service@) instead asserts, per transaction, the projects of the API key it is
+-- serving: set_config('poimen.read_projects' / 'poimen.write_projects', 'a,b', true); while
+-- it asserts any, it sees those alone, whatever is granted to it. Anyone can set those
+-- settings; the policies honour them only for @role.service@ members, so a plain SQL user
+-- gains nothing by it.
 --
 -- Every query function is SECURITY INVOKER, so the policies apply inside them and top-k
 -- is computed over the visible rows only. The statistics and outbox triggers are SECURITY
@@ -31,29 +32,67 @@ RETURNS text[]
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    asserted text[] := string_to_array(nullif(current_setting(
+        CASE WHEN write THEN 'poimen.write_projects' ELSE 'poimen.read_projects' END, true), ''), ',');
 BEGIN
-    RETURN (
-        SELECT coalesce(array_agg(DISTINCT g.project), '{}')
-        FROM (
-            -- memory.project_grants shows each role only its own grants (policy below).
-            SELECT pg.project
-            FROM memory.project_grants pg
-            JOIN pg_catalog.pg_roles r ON r.rolname = pg.role_name  -- a dropped role grants nothing
-            WHERE (pg.can_write OR NOT write)
-              AND pg_catalog.pg_has_role(current_user, r.oid, 'USAGE')
-            UNION ALL
-            SELECT s.project
-            FROM unnest(string_to_array(nullif(current_setting(
-                     CASE WHEN write THEN 'poimen.write_projects' ELSE 'poimen.read_projects' END,
-                     true), ''), ',')) AS s(project)
-            -- By oid: pg_has_role with the name raises when the role does not exist (a
-            -- restore without globals), and every policy would then fail. No role: no member.
-            WHERE coalesce(pg_catalog.pg_has_role(
-                      current_user, pg_catalog.to_regrole('@role.service@'), 'MEMBER'), false)
-        ) g);
+    -- A member of @role.service@ asserting projects (the API key's, or '*' in anonymous
+    -- mode) sees those and no others: a key is the tenant, so a grant made to the service's
+    -- own role does not widen every key. By oid: pg_has_role with the name raises when the
+    -- role does not exist (a restore without globals), and every policy would then fail.
+    -- No role: no member. Every policy reaches this function once per statement and table
+    -- (memory._granted_ids), dozens of times a query, so the service's path reads no table.
+    IF asserted IS NOT NULL AND coalesce(pg_catalog.pg_has_role(
+           current_user, pg_catalog.to_regrole('@role.service@'), 'MEMBER'), false) THEN
+        RETURN CASE WHEN cardinality(asserted) = 1 THEN asserted
+                    ELSE ARRAY(SELECT DISTINCT g.project FROM unnest(asserted) AS g(project)
+                               ORDER BY g.project) END;
+    END IF;
+    -- memory.project_grants shows each role only its own grants (policy below). A dropped
+    -- role grants nothing: to_regrole gives NULL, and so does pg_has_role. Not a join with
+    -- pg_roles: that view's plan read pg_authid whole at every call.
+    RETURN ARRAY(SELECT DISTINCT pg.project
+                 FROM memory.project_grants pg
+                 WHERE (pg.can_write OR NOT write)
+                   AND pg_catalog.pg_has_role(current_user,
+                           pg_catalog.to_regrole(pg_catalog.quote_ident(pg.role_name)), 'USAGE')
+                 ORDER BY pg.project);
 END $$;
 COMMENT ON FUNCTION memory.granted_projects(boolean) IS
-    'Names of the projects the current user may read (write => true: write); ''*'' means every project. The union of memory.project_grants for the user''s roles and, for members of @role.service@ only, the poimen.read_projects / poimen.write_projects settings of the transaction.';
+    'Names of the projects the current user may read (write => true: write); ''*'' means every project. For a member of @role.service@ that asserts projects in the transaction''s poimen.read_projects / poimen.write_projects settings (the HTTP service: its API key''s, or ''*'' in anonymous mode), those projects alone; otherwise memory.project_grants for the user''s roles.';
+
+CREATE OR REPLACE FUNCTION memory._granted_ids(write boolean DEFAULT false)
+RETURNS integer[]
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    every boolean := memory._asserted_all(write);
+    names text[];
+BEGIN
+    -- What each row-level security policy compares a row's project with, as one InitPlan
+    -- (NULL: every project, and the policy passes the row on that alone). A query runs it
+    -- once per statement and table it reads, about 30 times, so the grants are read once a
+    -- call: a policy that tested memory.granted_all and then memory.granted_project_ids
+    -- read them three times.
+    IF NOT every THEN
+        names := memory.granted_projects(write);
+        every := '*' = ANY (names);
+    END IF;
+    -- Writing a project also needs reading it.
+    IF every AND (NOT write OR memory._granted_ids(false) IS NULL) THEN
+        RETURN NULL;
+    END IF;
+    -- memory.projects is itself filtered by the read grants (its policy), so reading needs
+    -- no second look at them. The named projects are looked up by name (its unique index).
+    IF every THEN
+        RETURN ARRAY(SELECT p.id FROM memory.projects p ORDER BY p.id);
+    END IF;
+    RETURN ARRAY(SELECT p.id FROM memory.projects p WHERE p.name::text = ANY (names) ORDER BY p.id);
+END
+$$;
+COMMENT ON FUNCTION memory._granted_ids(boolean) IS
+    'The ids of the projects the current user may read (write => true: write, which also needs reading), or NULL when that is every project: the one InitPlan of each row-level security policy, coalesce(project_id = ANY (...), true).';
 
 CREATE OR REPLACE FUNCTION memory.granted_project_ids(write boolean DEFAULT false)
 RETURNS integer[]
@@ -61,15 +100,12 @@ LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    -- memory.projects is itself filtered by the read grants (its policy), so reading needs
-    -- no second look at them; writing a project also needs reading it.
-    RETURN (SELECT coalesce(array_agg(p.id), '{}')
-            FROM memory.projects p
-            WHERE NOT write OR (SELECT memory.granted_projects(true)) && ARRAY[p.name, '*']);
+    RETURN coalesce(memory._granted_ids(write),
+                    ARRAY(SELECT p.id FROM memory.projects p ORDER BY p.id));
 END
 $$;
 COMMENT ON FUNCTION memory.granted_project_ids(boolean) IS
-    'Ids of the projects memory.granted_projects(write) names: what the row-level security policies compare project_id with (evaluated once per statement).';
+    'Ids of the projects memory.granted_projects(write) names (writing also needs reading), every project''s when it names ''*'': memory._granted_ids, with the NULL of "every project" spelled out.';
 
 CREATE OR REPLACE FUNCTION memory._asserted_all(write boolean DEFAULT false)
 RETURNS boolean
@@ -79,8 +115,9 @@ AS $$
 BEGIN
     -- The service asserting every project (anonymous mode) is told by one setting and one
     -- membership, without reading the grants table.
-    RETURN current_setting(CASE WHEN write THEN 'poimen.write_projects'
-                                ELSE 'poimen.read_projects' END, true) = '*'
+    -- coalesce: an unset setting is NULL, and the answer must be false, not NULL.
+    RETURN coalesce(current_setting(CASE WHEN write THEN 'poimen.write_projects'
+                                         ELSE 'poimen.read_projects' END, true) = '*', false)
            AND coalesce(pg_catalog.pg_has_role(current_user, pg_catalog.to_regrole('@role.service@'),
                                                'MEMBER'), false);
 END $$;
@@ -178,9 +215,11 @@ DECLARE
     -- A caller granted every project ('*', the service in anonymous mode) passes on the
     -- first, once-per-statement test: otherwise every row would be compared with the ids of
     -- every project, and a query's cost would grow with the number of projects.
-    readable text := '(SELECT memory.granted_all(false)) OR project_id = ANY ((SELECT memory.granted_project_ids(false))::integer[])';
-    -- Writing a project also needs reading it, as memory.granted_project_ids(true) says.
-    writable text := '(SELECT memory.granted_all(true) AND memory.granted_all(false)) OR project_id = ANY ((SELECT memory.granted_project_ids(true))::integer[])';
+    -- memory._granted_ids is NULL for every project, so `project_id = ANY (NULL)` is NULL
+    -- and the coalesce passes the row.
+    readable text := 'COALESCE(project_id = ANY ((SELECT memory._granted_ids(false))::integer[]), true)';
+    -- Writing a project also needs reading it, as memory._granted_ids(true) says.
+    writable text := 'COALESCE(project_id = ANY ((SELECT memory._granted_ids(true))::integer[]), true)';
     -- Every table that holds project data (migration 0008 turned row-level security on).
     tables text[] := ARRAY['project_grants', 'projects', 'nodes', 'edges', 'postings',
                            'term_stats', 'corpus_stats', 'opensearch_outbox'];
@@ -209,7 +248,10 @@ BEGIN
     END LOOP;
 
     wanted := ARRAY[
-        ['project_grants', 'own_grants', 'FOR SELECT USING (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = role_name AND pg_catalog.pg_has_role(current_user, r.oid, ''USAGE'')))'],
+        -- By to_regrole (NULL for a dropped role, and pg_has_role of NULL is NULL): an
+        -- EXISTS over pg_roles was planned as a scan of pg_authid at every statement that
+        -- read the grants, and every policy reads them (memory.granted_projects).
+        ['project_grants', 'own_grants', 'FOR SELECT USING (pg_catalog.pg_has_role(current_user, pg_catalog.to_regrole(pg_catalog.quote_ident(role_name)), ''USAGE''))'],
         -- Anonymous mode passes on the setting alone (memory._asserted_all): every query looks
         -- its project up by name several times, and memory.granted_projects reads the grants
         -- each time. Not memory.granted_all, which with a key would read them twice.

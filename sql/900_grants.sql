@@ -110,7 +110,7 @@ DECLARE
         'memory.check_reference_time', 'memory.embed', 'memory._embed', 'memory._plain_error',
         'memory.stage_sql', 'memory.explain_query', 'memory._explain', 'memory._answer', 'memory.query',
         'public.memory_query', 'public.memory_optimize_query', 'memory.granted_projects',
-        'memory.granted_project_ids', 'memory.granted_all', 'memory._asserted_all', 'memory.time_bound',
+        'memory.granted_project_ids', 'memory._granted_ids', 'memory.granted_all', 'memory._asserted_all', 'memory.time_bound',
         'memory.time_range', 'memory.partitioned', 'memory.partition_tables',
         'memory.history', 'memory.support',
         'memory.support_status', 'memory.parents_present', 'memory._links_max',

@@ -157,6 +157,7 @@ READER = {
     "memory_optimize_query",
     "granted_projects",
     "granted_project_ids",
+    "_granted_ids",
     "time_bound",
     "time_range",
     "node_filter",

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from conftest import make_role
+from conftest import db_roles, make_role
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import ensure_service_login
 from poimen_memory.embedders.local import LocalEmbedder
@@ -245,6 +245,53 @@ def test_the_project_setting_counts_only_for_the_service_role(conn: Conn) -> Non
     # Outside a transaction that asserts projects, the service role sees nothing.
     conn.execute("SET ROLE tenant_service")
     assert _ids(conn, "SELECT count(*) FROM memory.nodes") == [0]
+
+
+def test_asserted_projects_replace_the_service_roles_own_grants(conn: Conn) -> None:
+    """A key is the tenant: while the service's role asserts projects it sees those alone,
+    so a project granted to the role itself does not reach every key; with nothing asserted
+    its own grants count, as any role's do."""
+    make_role(conn, "tenant_service_granted", "service")
+    conn.execute("SELECT memory.grant_project('tenant_service_granted', 'poimen', true)")
+    pids = _project_ids(conn)
+    conn.execute("SET ROLE tenant_service_granted")
+    try:
+        with conn.transaction():
+            conn.execute("SELECT set_config('poimen.read_projects', 'atlas', true)")
+            seen = set(_ids(conn, "SELECT DISTINCT project_id FROM memory.nodes"))
+            names = _ids(conn, "SELECT name FROM memory.projects")
+            granted = conn.execute("SELECT memory.granted_projects()").fetchone()
+            writable = _ids(conn, "SELECT unnest(memory.granted_project_ids(true))")
+        with conn.transaction():
+            conn.execute("SELECT set_config('poimen.read_projects', 'atlas,poimen,atlas', true)")
+            both = conn.execute("SELECT memory.granted_projects()").fetchone()
+        own = set(_ids(conn, "SELECT DISTINCT project_id FROM memory.nodes"))
+    finally:
+        conn.execute("RESET ROLE")
+    assert seen == {pids["atlas"]} and names == ["atlas"] and granted == (["atlas"],)
+    assert writable == []  # its own write grant is of poimen, and writing needs reading
+    assert both == (["atlas", "poimen"],)  # distinct and sorted
+    assert own == {pids["poimen"]}
+
+
+def test_grants_follow_roles_by_name_quoted_and_dropped(conn: Conn) -> None:
+    """memory.project_grants keeps roles by name; each name is resolved as an identifier
+    (a name that needs quoting still grants), and a dropped role's grant grants nothing
+    and breaks nobody's queries. In a transaction rolled back: roles are the cluster's."""
+    pids = _project_ids(conn)
+    with conn.transaction(force_rollback=True):
+        conn.execute('CREATE ROLE "Tenant Quoted" NOLOGIN')
+        conn.execute('CREATE ROLE tenant_dropped NOLOGIN')
+        conn.execute(f'GRANT "{db_roles(conn).reader}" TO "Tenant Quoted"')
+        conn.execute("""SELECT memory.grant_project('"Tenant Quoted"', 'atlas')""")
+        conn.execute("SELECT memory.grant_project('tenant_dropped', 'poimen')")
+        conn.execute("DROP ROLE tenant_dropped")
+        assert _ids(conn, "SELECT count(*) FROM memory.project_grants"
+                    " WHERE role_name = 'tenant_dropped'") == [1]  # fmt: skip
+        assert "poimen" not in conn.execute("SELECT memory.granted_projects()").fetchone()[0]
+        conn.execute('SET LOCAL ROLE "Tenant Quoted"')
+        seen = set(_ids(conn, "SELECT DISTINCT project_id FROM memory.nodes"))
+        assert seen == {pids["atlas"]}
 
 
 def test_the_policies_work_when_memory_service_does_not_exist(conn: Conn) -> None:
