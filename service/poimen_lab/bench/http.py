@@ -119,25 +119,33 @@ def _load(
         for f in [pool.submit(worker) for _ in range(clients)]:
             f.result()
     wall = time.perf_counter() - t0
-    used: dict[str, float] = {}
-    if cpu and before:
-        server_s, database_s = cpu.spent(before, cpu.snapshot())
-        # Per request: the server process (its Python and the embedder's threads) and the
-        # PostgreSQL sessions serving it.
-        used = {
-            "server_cpu_ms": round(server_s * 1000 / len(texts), 2),
-            "database_cpu_ms": round(database_s * 1000 / len(texts), 2),
-        }
-    return {
+    spent = cpu.spent(before, cpu.snapshot()) if cpu and before else None
+    return {**summary(clients, ms, errors, wall, spent), "strategies": strategies}
+
+
+def summary(
+    clients: int,
+    ms: Sequence[float],
+    errors: int,
+    wall: float,
+    spent: tuple[float, float] | None,
+) -> dict[str, Any]:
+    """One load's row: latency, throughput and, when measured (``CPU.spent``), the CPU a
+    request cost the server process (its Python and the embedder's threads) and the
+    PostgreSQL sessions serving it."""
+    n = len(ms)
+    row: dict[str, Any] = {
         "clients": clients,
-        "requests": len(texts),
+        "requests": n,
         "errors": errors,
         "p50_ms": round(percentile(ms, 50), 2),
         "p95_ms": round(percentile(ms, 95), 2),
-        "req_per_s": round(len(texts) / wall, 2),
-        "strategies": strategies,
-        **used,
+        "req_per_s": round(n / wall, 2),
     }
+    if spent is not None:
+        row["server_cpu_ms"] = round(spent[0] * 1000 / n, 2)
+        row["database_cpu_ms"] = round(spent[1] * 1000 / n, 2)
+    return row
 
 
 def run(

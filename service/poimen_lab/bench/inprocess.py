@@ -105,7 +105,7 @@ def service(
     import asyncio
     import os
 
-    from poimen_lab.bench.http import CPU
+    from poimen_lab.bench.http import CPU, summary
     from poimen_memory.api.params import parse_query
     from poimen_memory.db import tenant
     from poimen_memory.errors import PoimenError
@@ -141,17 +141,7 @@ def service(
                 t0 = time.perf_counter()
                 await asyncio.gather(*(worker() for _ in range(clients)))
                 wall = time.perf_counter() - t0
-                server_s, database_s = cpu.spent(before, cpu.snapshot())
-                return {
-                    "clients": clients,
-                    "requests": len(batch),
-                    "errors": errors,
-                    "p50_ms": round(percentile(ms, 50), 2),
-                    "p95_ms": round(percentile(ms, 95), 2),
-                    "req_per_s": round(len(batch) / wall, 2),
-                    "server_cpu_ms": round(server_s * 1000 / len(batch), 2),
-                    "database_cpu_ms": round(database_s * 1000 / len(batch), 2),
-                }
+                return summary(clients, ms, errors, wall, cpu.spent(before, cpu.snapshot()))
 
             await load(texts[:5], 1)
             out, start = [], 5
