@@ -248,7 +248,7 @@ class Settings(FromEnv):
     service_database_url: str | None = setting("POIMEN_SERVICE_DATABASE_URL", str)
     service_role: str = setting("POIMEN_SERVICE_ROLE", role_name, "poimen_service")
     # The prefix of the database's own roles (<prefix>_memory_reader, _writer, _service),
-    # used by its first migrate only; unset: the database's name (db/roles.py).
+    # used by its first migrate only; unset or empty: the database's name (db/roles.py).
     role_prefix: str | None = setting("POIMEN_ROLE_PREFIX", check_prefix)
     # Read replicas (docs/scaling.md): queries go to a standby that is up and within the
     # lag bound, everything else (writes, API keys, health of the primary) to the primary.
