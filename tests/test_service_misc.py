@@ -243,7 +243,7 @@ def test_post_invalid_node_writes_nothing(client: TestClient, fixture_url: str) 
     body = error(response, 400, "invalid_node")
     assert "1 invalid line(s); nothing was written" in body["detail"]
     assert body["context"] == "line 2: field 'level': must be one of L0, L1, L2, got 'L7'"
-    assert "--skip-invalid" in body["hint"]
+    assert body["hint"] == "fix the lines, or skip them (?skip_invalid=true)"
     assert counts(fixture_url) == before  # not even the project was created
 
 
