@@ -289,6 +289,11 @@ class Settings(FromEnv):
     mcp_allowed_origins: tuple[str, ...] = setting(
         "POIMEN_MCP_ALLOWED_ORIGINS", origin_list, tuple(f"http://{h}" for h in LOOPBACK_HOSTS)
     )
+    # Every other route answers only requests whose Host is here, for the same reason
+    # (api/asgi.py HostCheck; "*" turns the check off).
+    http_allowed_hosts: tuple[str, ...] = setting(
+        "POIMEN_HTTP_ALLOWED_HOSTS", name_list, LOOPBACK_HOSTS
+    )
     health_cache_s: float = setting("POIMEN_HEALTH_CACHE_S", at_least(0.0, float), 5.0)
     rerank_min_remaining_s: float = setting(
         "POIMEN_RERANK_MIN_REMAINING_S", at_least(0.0, float), 0.25

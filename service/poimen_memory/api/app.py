@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from poimen_memory.api import metrics, nodes, ui
 from poimen_memory.api.admission import Admission, arrived
-from poimen_memory.api.asgi import LastResort
+from poimen_memory.api.asgi import HostCheck, LastResort
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.health import HealthCache
 from poimen_memory.api.mcp_server import McpEndpoint
@@ -288,6 +288,8 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
             Middleware(metrics.MetricsMiddleware),
             # Inside the log and the metrics, so they record the status it answers.
             Middleware(LastResort),
+            # A request for another Host (DNS rebinding) is refused before it queues.
+            Middleware(HostCheck, allowed=cfg.http_allowed_hosts, skip=("/mcp",)),
             Middleware(
                 Admission,
                 max_inflight=cfg.http_max_inflight,
