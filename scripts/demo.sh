@@ -8,6 +8,9 @@ PM="$ROOT/.venv/bin/poimen-memory"
 PY="$ROOT/.venv/bin/python"
 HOST="${POIMEN_DEMO_HOST:-127.0.0.1}"
 PORT="${POIMEN_DEMO_PORT:-8765}"
+# The server answers only the Host names it is told (POIMEN_HTTP_ALLOWED_HOSTS, loopback
+# by default): the address it is served on, too.
+export POIMEN_HTTP_ALLOWED_HOSTS="${POIMEN_HTTP_ALLOWED_HOSTS:-$HOST:*,127.0.0.1:*,localhost:*,[::1]:*}"
 STATE="${POIMEN_DEMO_STATE:-/tmp/poimen-demo}"
 mkdir -p "$STATE"
 

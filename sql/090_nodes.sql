@@ -59,7 +59,7 @@ BEGIN
         RAISE EXCEPTION 'id "%" names nodes in % projects', p_id, cardinality(found_in)
             USING ERRCODE = @vocabulary.sqlstate_ambiguous_node@,
                   DETAIL = format('Projects: %s.', array_to_string(found_in, ', ')),
-                  HINT = 'Name the project (project => ..., or ?project= over HTTP).';
+                  HINT = 'Name the project (project => ...): ids are unique per project.';
     END IF;
     SELECT x.* INTO n FROM memory.nodes x JOIN memory.projects p ON p.id = x.project_id
     WHERE x.external_id = p_id AND p.name = found_in[1] AND x.expired_at IS NULL;

@@ -18,10 +18,18 @@ from poimen_memory.settings import Settings
 KONG = "how do I fix uploads over 10KB failing through the kong gateway"  # routes Hybrid
 
 
+class LoopbackClient(TestClient):
+    """Starlette's TestClient as a local client: its requests name a loopback Host, one the
+    service answers by default (POIMEN_HTTP_ALLOWED_HOSTS), not ``testserver``."""
+
+    def __init__(self, app: Any, base_url: str = "http://127.0.0.1", **kw: Any) -> None:
+        super().__init__(app, base_url=base_url, **kw)
+
+
 @contextmanager
 def serve(env: Mapping[str, str], embedder: Embedder | None = None) -> Iterator[TestClient]:
     app = create_app(Settings.from_env(env), embedder=embedder)
-    with TestClient(app) as client:
+    with LoopbackClient(app) as client:
         yield client
 
 
@@ -44,4 +52,3 @@ def make_key(url: str, projects: list[str], write: bool = False) -> str:
              "can_write": write, "note": "test"},
         )  # fmt: skip
     return key
-

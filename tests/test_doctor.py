@@ -27,6 +27,7 @@ from poimen_memory.db import capabilities
 from poimen_memory.db.capabilities import report
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import MIGRATIONS_DIR, migrate
+from poimen_memory.db.roles import Roles, prefix_for
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "managed-postgres.md"
 NAMES = [n for n, _r, _w, _c in vocabulary.CAPABILITIES]
@@ -195,9 +196,10 @@ def test_the_copy_in_pg_temp_is_rendered_as_migrate_renders_the_file(
     with connect(bare_url, autocommit=True) as conn:
         database = conn.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
         (row,) = report(conn).capabilities
-        assert row.detail == f"{database}_memory_reader {first_year}"
+        # The names migrate's render_sql would write (db/roles.py), not restated here.
+        assert row.detail == f"{Roles(prefix_for(database)).reader} {first_year}"
         (row,) = report(conn, "tenant_a").capabilities
-        assert row.detail == f"tenant_a_memory_reader {first_year}"
+        assert row.detail == f"{Roles('tenant_a').reader} {first_year}"
 
 
 def test_an_unmigrated_database_with_pgvector_names_migrate(

@@ -69,7 +69,7 @@ def test_a_client_that_leaves_mid_body_is_not_a_server_error(
     caplog.set_level(logging.INFO, logger="poimen_memory.request")
     with socket.create_connection(("127.0.0.1", server), timeout=10) as sock:
         sock.sendall(
-            b"POST /memory/nodes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /memory/nodes HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: 100000\r\n\r\n[{\"level\": \"L0\""
         )
         time.sleep(0.3)
@@ -87,7 +87,7 @@ def test_a_body_that_trickles_in_is_408_within_its_time(server: int) -> None:
     with socket.create_connection(("127.0.0.1", server), timeout=10) as sock:
         started = time.monotonic()
         sock.sendall(
-            b"POST /memory/nodes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /memory/nodes HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: 1000\r\n\r\n["
         )
         answer = b""
@@ -111,7 +111,8 @@ def test_a_database_error_no_table_names_keeps_the_servers_words_in_the_log(
     """An unmapped SQLSTATE once went to the client word for word: EFBIG is XX000 'could not
     extend file "base/16384/2619": File too large', raised here as the server raises it."""
     import psycopg
-    from starlette.testclient import TestClient
+
+    from service_client import LoopbackClient
 
     async def read_file(request: Request) -> Any:
         with psycopg.connect(fixture_url) as conn:
@@ -122,7 +123,7 @@ def test_a_database_error_no_table_names_keeps_the_servers_words_in_the_log(
 
     app = create_app(Settings.from_env({"POIMEN_DATABASE_URL": fixture_url}), embedder=embedder)
     app.router.routes.insert(0, Route("/memory/read-file", read_file))
-    with TestClient(app) as client:
+    with LoopbackClient(app) as client:
         r = client.get("/memory/read-file")
     body = r.json()
     assert r.status_code == 500 and body["error"] == "database_error"

@@ -43,8 +43,9 @@ DOCS = Path(__file__).parent.parent / "docs" / "mcp.md"
 
 
 @contextmanager
-def _serving(url: str, log: Path) -> Iterator[str]:
-    with live_server({"POIMEN_DATABASE_URL": url, "POIMEN_AUTH_CACHE_S": "0"}, log) as base:
+def _serving(url: str, log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    env = {"POIMEN_DATABASE_URL": url, "POIMEN_AUTH_CACHE_S": "0", **(env or {})}
+    with live_server(env, log) as base:
         yield base
     assert "Traceback" not in log.read_text(), log.read_text()[-4000:]
 
@@ -264,6 +265,10 @@ def test_a_write_is_one_transaction_unless_skip_invalid(server: str, fixture_url
     bad = {"id": "mcp-bad", "level": "L1", "text": "   ", "project": "poimen"}
     refused = over_http(server, None, _call("memory_add", {"nodes": [good, bad]}))
     assert _tool_error(refused)["error"] == "invalid_node"
+    # The tool's argument, not the CLI's flag or the HTTP route's query parameter.
+    assert _tool_error(refused)["hint"] == (
+        "fix the lines, or skip them (the `skip_invalid` argument set to true)"
+    )
     with connect(fixture_url) as conn:
         assert conn.execute(
             "SELECT count(*) FROM memory.nodes WHERE external_id = 'mcp-good'"
@@ -417,10 +422,12 @@ def test_a_key_sees_only_its_projects_as_resources(fixture_url: str, tmp_path: P
     assert set(data) <= {"error", "detail", "context", "hint", "status", "sqlstate"}
 
 
-def _stdio(url: str, api_key: str | None) -> StdioServerParameters:
+def _stdio(
+    url: str, api_key: str | None, extra: dict[str, str] | None = None
+) -> StdioServerParameters:
     """`poimen-memory mcp` on this database, with this key in POIMEN_API_KEY."""
     env = {k: v for k, v in os.environ.items() if k.startswith(("PYTHON", "POIMEN_"))}
-    env |= {"POIMEN_DATABASE_URL": url, "POIMEN_AUTH_CACHE_S": "0"}
+    env |= {"POIMEN_DATABASE_URL": url, "POIMEN_AUTH_CACHE_S": "0", **(extra or {})}
     if api_key:
         env["POIMEN_API_KEY"] = api_key
     return StdioServerParameters(
@@ -467,10 +474,15 @@ Calls = list[tuple[str, dict[str, Any]]]
 
 
 def _session(
-    transport: str, base: str, url: str, key: str | None, calls: Calls
+    transport: str,
+    base: str,
+    url: str,
+    key: str | None,
+    calls: Calls,
+    env: dict[str, str] | None = None,
 ) -> list[CallToolResult]:
     """These tool calls in order, in one client session: over HTTP to the service at
-    ``base``, or over stdio to a `poimen-memory mcp` of its own on ``url``."""
+    ``base``, or over stdio to a `poimen-memory mcp` of its own on ``url`` (with ``env``)."""
 
     async def work(client: Client) -> list[CallToolResult]:
         return [await client.call_tool(name, args) for name, args in calls]
@@ -480,7 +492,7 @@ def _session(
         return results
 
     async def run() -> list[CallToolResult]:
-        async with Client(_stdio(url, key)) as client:
+        async with Client(_stdio(url, key, env)) as client:
             return await work(client)
 
     try:
@@ -657,11 +669,87 @@ def test_an_id_in_two_projects_is_ambiguous(transport: str, server: str, fixture
     assert (body["error"], body["status"]) == ("ambiguous_node", 409)
     assert body["detail"] == f'id "{dup}" names nodes in 2 projects'
     http = _http_get(server, both, dup)
-    assert http.status_code == 409 and http.json() == _as_http(body)
+    assert http.status_code == 409
+    # The same error, each hint in its front's words: a tool argument, a query parameter.
+    assert (
+        body["hint"] == "name the project with the `project` argument (ids are unique per project)"
+    )
+    assert http.json()["hint"] == "name the project with ?project= (ids are unique per project)"
+    assert {**http.json(), "hint": None} == {**_as_http(body), "hint": None}
+    assert "hint: name the project with the `project` argument" in ambiguous.content[0].text  # type: ignore[union-attr]
     assert _ok(named)["text"] == update["text"]
     assert _ok(named) == _http_get(server, both, dup, project="atlas").json()
-    assert (_tool_error(forget)["error"], _tool_error(forget)["status"]) == ("forbidden", 403)
+    refused = _tool_error(forget)
+    assert (refused["error"], refused["status"]) == ("forbidden", 403)
+    assert refused["hint"] == "name it with the `project` argument: one of atlas, poimen"
+    deleted = httpx.delete(f"{server}/memory/nodes/{dup}", headers=_headers(both), timeout=30)
+    assert deleted.status_code == 403
+    assert deleted.json()["hint"] == "name it with ?project=: one of atlas, poimen"
     assert _current(fixture_url, "poimen", dup) == _current(fixture_url, "atlas", dup) == 1
+
+
+def test_a_missing_project_is_asked_for_in_each_fronts_words(reader: str) -> None:
+    """Anonymous mode: a node's history needs its project (ids are per project)."""
+    body = _tool_error(over_http(reader, None, _call("memory_history", {"id": "a"})))
+    http = httpx.get(f"{reader}/memory/nodes/a/history", timeout=30)
+    assert http.status_code == 400 and (body["error"], body["status"]) == ("invalid_parameter", 400)
+    assert body["hint"] == "name it with the `project` argument (ids are per project)"
+    assert http.json() == {**_as_http(body), "hint": "name it with ?project= (ids are per project)"}
+
+
+# The least POIMEN_HTTP_MAX_RESPONSE_BYTES takes, and texts that outweigh it together.
+BUDGET = {"POIMEN_HTTP_MAX_RESPONSE_BYTES": str(64 * 1024)}
+
+
+def _long(word: str, n: int) -> str:
+    return (f"{word} note {n} on the storage migration " * 600)[:20_000]
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_a_read_over_the_byte_budget_is_the_http_413(
+    transport: str, fixture_url: str, tmp_path: Path
+) -> None:
+    """memory_query, memory_get and memory_history answer within the HTTP routes' byte
+    budget (POIMEN_HTTP_MAX_RESPONSE_BYTES, one check for both fronts): over it, the tool
+    error is the HTTP route's 413 body, plus its status; a write's report is not refused."""
+    word = f"budget{uuid.uuid4().hex[:8]}"
+    notes = [{"id": f"{word}-{n}", "level": "L1", "text": _long(word, n)} for n in range(4)]
+    lived = f"{word}-lived"
+    versions = [{"id": lived, "level": "L1", "text": _long(f"{word}v{v}", v)} for v in range(5)]
+    calls: Calls = [("memory_add", {"nodes": notes, "project": "poimen"})]
+    calls += [("memory_add", {"nodes": [v], "project": "poimen"}) for v in versions]
+    search = {"query": f"{word} storage migration", "project": "poimen", "limit": 5}
+    calls += [
+        ("memory_get", {"id": lived, "project": "poimen"}),
+        ("memory_history", {"id": lived, "project": "poimen"}),
+        ("memory_query", search),
+        ("memory_query", {**search, "limit": 1}),
+    ]
+    with _serving(fixture_url, tmp_path / "server.log", BUDGET) as base:
+        *added, got, history, query, one = _session(
+            transport, base, fixture_url, None, calls, BUDGET
+        )
+        http_history = httpx.get(
+            f"{base}/memory/nodes/{lived}/history", params={"project": "poimen"}, timeout=30
+        )
+        http_query = httpx.get(f"{base}/memory/query", params={**search, "limit": "5"}, timeout=30)
+    assert [_ok(a)["inserted"] for a in added[:2]] == [4, 1]
+    assert [_ok(a)["updated"] for a in added[2:]] == [1] * 4
+    assert _ok(got)["text"] == versions[-1]["text"]
+    assert len(_ok(one)["results"]) == 1
+    body = _tool_error(history)
+    assert (body["error"], body["status"]) == ("response_too_large", 413)
+    assert http_history.status_code == 413 and http_history.json() == _as_http(body)
+    assert "POIMEN_HTTP_MAX_RESPONSE_BYTES" in body["hint"]
+    body = _tool_error(query)
+    assert (body["error"], body["status"]) == ("response_too_large", 413)
+    refused = http_query.json()
+    assert http_query.status_code == 413
+    # The weights differ by the latencies' digits; the words do not.
+    assert {k: v for k, v in refused.items() if k != "detail"} == {
+        k: v for k, v in _as_http(body).items() if k != "detail"
+    }
+    assert re.fullmatch(r"the answer is \d+ bytes, over the 65536-byte budget", body["detail"])
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from poimen_memory.api.app import create_app
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.settings import Settings
-from service_client import KONG, query
+from service_client import KONG, LoopbackClient, query
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -43,7 +43,7 @@ def stage_count(samples: Samples, stage: str) -> float:
 @pytest.fixture
 def client(fixture_url: str, embedder: LocalEmbedder) -> Iterator[TestClient]:
     app = create_app(Settings.from_env({"POIMEN_DATABASE_URL": fixture_url}), embedder=embedder)
-    with TestClient(app) as c:
+    with LoopbackClient(app) as c:
         yield c
 
 
@@ -133,8 +133,8 @@ def test_pool_and_outbox_backlog(client: TestClient, fixture_url: str) -> None:
 def test_each_app_has_its_own_registry(fixture_url: str, embedder: LocalEmbedder) -> None:
     env = {"POIMEN_DATABASE_URL": fixture_url}
     with (
-        TestClient(create_app(Settings.from_env(env), embedder=embedder)) as a,
-        TestClient(create_app(Settings.from_env(env), embedder=embedder)) as b,
+        LoopbackClient(create_app(Settings.from_env(env), embedder=embedder)) as a,
+        LoopbackClient(create_app(Settings.from_env(env), embedder=embedder)) as b,
     ):
         query(a, query=KONG, project="poimen")
         query(a, query=KONG, project="poimen")

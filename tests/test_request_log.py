@@ -18,7 +18,7 @@ from poimen_memory.api.app import create_app
 from poimen_memory.api.request_log import LOGGER
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.settings import Settings
-from service_client import KONG
+from service_client import KONG, LoopbackClient
 
 TIMINGS = {"embed", "lexical", "semantic", "fusion", "rerank", "provenance", "evidence", "total"}
 
@@ -39,7 +39,7 @@ def client_for(fixture_url: str, embedder: LocalEmbedder) -> Iterator[Any]:
 
     def make(extra: Mapping[str, str] | None = None) -> TestClient:
         env = {"POIMEN_DATABASE_URL": fixture_url, **(extra or {})}
-        c = TestClient(create_app(Settings.from_env(env), embedder=embedder))
+        c = LoopbackClient(create_app(Settings.from_env(env), embedder=embedder))
         c.__enter__()
         clients.append(c)
         return c

@@ -102,3 +102,41 @@ def test_an_answer_over_the_budget_is_a_typed_413(wide: str, embedder: LocalEmbe
         # the same connection answers a smaller question at once
         small = client.get("/memory/query", params={**PARAMS, "limit": "1"})
         assert small.status_code == 200 and len(small.content) < 1024 * 1024
+
+
+# The least POIMEN_HTTP_MAX_RESPONSE_BYTES takes: five 20,000-character versions weigh more.
+BUDGET = 64 * 1024
+
+
+def _versions(url: str, node_id: str, count: int) -> None:
+    """``count`` versions of one node (each write of new text supersedes the last)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for v in range(count):
+            text = (f"revision {v} of the long storage migration note " * 500)[:LONG]
+            node = {"id": node_id, "level": "L1", "project": "poimen", "text": text}
+            conn.execute("SELECT memory.add_nodes(%s)", (Jsonb([node]),))
+
+
+def test_a_history_over_the_budget_is_a_typed_413(
+    fixture_url: str, embedder: LocalEmbedder
+) -> None:
+    """GET /memory/nodes/{id}/history holds every version with its text: it is held to the
+    same budget as the other reads, counted in the bytes it would have sent."""
+    _versions(fixture_url, "long-lived", 5)
+    path, params = "/memory/nodes/long-lived", {"project": "poimen"}
+    with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as client:
+        whole = client.get(f"{path}/history", params=params)
+    assert whole.status_code == 200, whole.text[:500]
+    assert len(whole.json()["versions"]) == 5 and len(whole.content) > BUDGET
+    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_HTTP_MAX_RESPONSE_BYTES": str(BUDGET)}
+    with serve(env, embedder) as client:
+        r = client.get(f"{path}/history", params=params)
+        one = client.get(path, params=params)  # the current version alone fits
+    assert one.status_code == 200 and len(one.content) < BUDGET
+    assert r.status_code == 413, r.text[:500]
+    assert r.json() == {
+        "error": "response_too_large",
+        "detail": f"the answer is {len(whole.content)} bytes, over the {BUDGET}-byte budget",
+        "context": "a node's history is answered whole, every version with its text",
+        "hint": "raise POIMEN_HTTP_MAX_RESPONSE_BYTES, or read it in SQL (memory.history)",
+    }

@@ -20,7 +20,9 @@ from poimen_memory.api.app import create_app
 from poimen_memory.api.openapi import openapi_spec
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.embedders.local import LOCAL_MODEL_NAME, LocalEmbedder
+from poimen_memory.errors import ConfigError
 from poimen_memory.settings import Settings
+from service_client import LoopbackClient
 
 KONG = "how do I fix uploads over 10KB failing through the kong gateway"  # routes Hybrid
 ERROR_KEYS = {"error", "detail", "context", "hint"}  # the Error schema's properties
@@ -32,7 +34,7 @@ def make_app(env: Mapping[str, str], embedder: Embedder | None = None) -> Any:
 
 @pytest.fixture
 def client(fixture_url: str, embedder: LocalEmbedder) -> Iterator[TestClient]:
-    with TestClient(make_app({"POIMEN_DATABASE_URL": fixture_url}, embedder)) as c:
+    with LoopbackClient(make_app({"POIMEN_DATABASE_URL": fixture_url}, embedder)) as c:
         yield c
 
 
@@ -57,7 +59,7 @@ def test_missing_or_empty_query_is_400(client: TestClient, params: dict[str, str
 
 def test_overlong_query_is_400(fixture_url: str, embedder: LocalEmbedder) -> None:
     env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_MAX_QUERY_CHARS": "20"}
-    with TestClient(make_app(env, embedder)) as client:
+    with LoopbackClient(make_app(env, embedder)) as client:
         body = error(
             client.get("/memory/query", params={"query": "x" * 21}), 400, "invalid_parameter"
         )
@@ -117,7 +119,7 @@ def test_limit_is_clamped(
     fixture_url: str, embedder: LocalEmbedder, limit: str, expected: int
 ) -> None:
     env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_MAX_LIMIT": "4"}
-    with TestClient(make_app(env, embedder)) as client:
+    with LoopbackClient(make_app(env, embedder)) as client:
         params = {"query": KONG, "level": "L0,L1,L2", "limit": limit}
         body = client.get("/memory/query", params=params).json()
     assert len(body["results"]) == body["metrics"]["final_count"] == expected
@@ -144,7 +146,7 @@ def test_tiny_timeout_is_raised_to_the_minimum(
     fixture_url: str, slow_embeddings: EmbeddingServer
 ) -> None:
     slow_embeddings.reset(dim=384, delay_s=0.3)
-    with TestClient(make_app(remote_env(fixture_url, slow_embeddings))) as client:
+    with LoopbackClient(make_app(remote_env(fixture_url, slow_embeddings))) as client:
         response = client.get("/memory/query", params={"query": KONG, "timeout_seconds": "0.01"})
     # Unclamped, 10 ms could not cover a 300 ms embedding; clamped to 1 s it does.
     assert response.status_code == 200, response.text
@@ -154,7 +156,7 @@ def test_tiny_timeout_is_raised_to_the_minimum(
 def test_huge_timeout_is_capped(fixture_url: str, slow_embeddings: EmbeddingServer) -> None:
     slow_embeddings.reset(dim=384, delay_s=5)
     env = remote_env(fixture_url, slow_embeddings, POIMEN_MAX_TIMEOUT_S="1")
-    with TestClient(make_app(env)) as client:
+    with LoopbackClient(make_app(env)) as client:
         response = client.get("/memory/query", params={"query": KONG, "timeout_seconds": "600"})
     # Capped at 1 s, the embedder gets 1 s less the fallback reserve (0.5 s) and less what
     # came before it since the request arrived (the deadline counts from arrival: auth,
@@ -243,7 +245,7 @@ def test_post_invalid_node_writes_nothing(client: TestClient, fixture_url: str) 
     body = error(response, 400, "invalid_node")
     assert "1 invalid line(s); nothing was written" in body["detail"]
     assert body["context"] == "line 2: field 'level': must be one of L0, L1, L2, got 'L7'"
-    assert "--skip-invalid" in body["hint"]
+    assert body["hint"] == "fix the lines, or skip them (?skip_invalid=true)"
     assert counts(fixture_url) == before  # not even the project was created
 
 
@@ -311,7 +313,7 @@ def test_healthz_with_every_dependency(fixture_url: str, embedder: LocalEmbedder
             "POIMEN_EMBED_CACHE_SIZE": "7",
         }
         env["POIMEN_HEALTH_CACHE_S"] = "0"  # probe on every call
-        with TestClient(make_app(env, embedder)) as client:
+        with LoopbackClient(make_app(env, embedder)) as client:
             up = client.get("/healthz").json()
             opensearch.down = True
             down = client.get("/healthz")
@@ -333,7 +335,7 @@ def test_healthz_with_every_dependency(fixture_url: str, embedder: LocalEmbedder
 
 def test_healthz_without_lexical_engine(fixture_url: str, embedder: LocalEmbedder) -> None:
     env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_PG_LEXICAL": "off"}
-    with TestClient(make_app(env, embedder)) as client:
+    with LoopbackClient(make_app(env, embedder)) as client:
         assert client.get("/healthz").json()["engines"]["lexical"] is None
 
 
@@ -357,7 +359,7 @@ def test_openapi_lists_every_route_and_the_error_schema(
     fixture_url: str, embedder: LocalEmbedder
 ) -> None:
     app = make_app({"POIMEN_DATABASE_URL": fixture_url}, embedder)
-    with TestClient(app) as client:
+    with LoopbackClient(app) as client:
         response = client.get("/openapi.json")
         sample = client.get("/memory/query", params={"query": KONG}).json()
     assert response.status_code == 200
@@ -414,7 +416,7 @@ def test_healthz_flags_an_embedding_model_mismatch(fixture_url: str, embedder: A
     with psycopg.connect(fixture_url, autocommit=True) as conn:
         conn.execute("UPDATE memory.embedding_model SET model = 'another-384-dim-model'")
     env = {"POIMEN_DATABASE_URL": fixture_url}
-    with TestClient(create_app(Settings.from_env(env), embedder=embedder)) as client:
+    with LoopbackClient(create_app(Settings.from_env(env), embedder=embedder)) as client:
         body = client.get("/healthz").json()
     assert body["checks"]["embedder"]["ok"] is False
     assert body["checks"]["embedder"]["error"] == "model_mismatch"
@@ -424,6 +426,32 @@ def test_healthz_flags_an_embedding_model_mismatch(fixture_url: str, embedder: A
 def test_unknown_route_and_method_answer_in_json(client: TestClient) -> None:
     error(client.get("/nope"), 404, "not_found")
     error(client.delete("/memory/query"), 405, "method_not_allowed")
+
+
+def test_a_request_for_another_host_is_refused(
+    client: TestClient, fixture_url: str, embedder: LocalEmbedder
+) -> None:
+    """DNS rebinding: a web page that reaches a loopback server sends its own name as Host.
+    By default only loopback names are answered (POIMEN_HTTP_ALLOWED_HOSTS), on every route
+    but /mcp, which the MCP SDK checks against POIMEN_MCP_ALLOWED_HOSTS."""
+    for host in ("127.0.0.1", "127.0.0.1:8765", "localhost:80", "[::1]:8000", "LOCALHOST"):
+        r = client.get("/memory/query", params={"query": KONG}, headers={"Host": host})
+        assert r.status_code == 200, (host, r.text)
+    for host in ("evil.example", "evil.example:8765", "testserver", "127.0.0.1.evil.example",
+                 "localhost:80x", ""):  # fmt: skip
+        r = client.get("/healthz", headers={"Host": host})
+        body = error(r, 421, "misdirected_request")
+        assert body["detail"] == f"this service does not answer to Host {host!r}"
+        assert "POIMEN_HTTP_ALLOWED_HOSTS" in body["hint"]
+    listed = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_HTTP_ALLOWED_HOSTS": "memory.internal:*"}
+    with LoopbackClient(make_app(listed, embedder), base_url="http://memory.internal:8000") as c:
+        assert c.get("/openapi.json").status_code == 200
+        error(c.get("/openapi.json", headers={"Host": "127.0.0.1"}), 421, "misdirected_request")
+    anyone = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_HTTP_ALLOWED_HOSTS": "*"}
+    with LoopbackClient(make_app(anyone, embedder), base_url="http://testserver") as c:
+        assert c.get("/openapi.json").status_code == 200
+    with pytest.raises(ConfigError, match="POIMEN_HTTP_ALLOWED_HOSTS"):
+        Settings.from_env({"POIMEN_HTTP_ALLOWED_HOSTS": "a,*"})
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
@@ -449,7 +477,7 @@ def test_post_nodes_rejects_what_postgres_cannot_store(
 
 
 def test_an_unmigrated_database_says_so(empty_url: str, embedder: LocalEmbedder) -> None:
-    with TestClient(make_app({"POIMEN_DATABASE_URL": empty_url}, embedder)) as client:
+    with LoopbackClient(make_app({"POIMEN_DATABASE_URL": empty_url}, embedder)) as client:
         response = client.get("/memory/query", params={"query": KONG})
     assert response.status_code == 503, response.text
     body = response.json()

@@ -4,12 +4,43 @@ from __future__ import annotations
 
 from poimen_core.vocabulary import SQLSTATES
 
+# How each front takes a request's parameters, for the hints that ask for one: HTTP's
+# query string, an MCP tool's arguments; None: the neutral name (the CLI's report, logs).
+FRONTS = ("http", "mcp")
+
+
+def parameter(spec: str, front: str | None) -> str:
+    """How ``front`` takes a parameter, in a hint's words: ``spec`` is its name, or
+    ``name=value``."""
+    name, _, value = spec.partition("=")
+    if front == "http":
+        return f"?{name}={value}"
+    if front == "mcp":
+        return f"the `{name}` argument" + (f" set to {value}" if value else "")
+    return f"`{spec}`"
+
+
+class _Parameters(dict[str, str]):
+    def __init__(self, front: str | None) -> None:
+        super().__init__()
+        self.front = front
+
+    def __missing__(self, name: str) -> str:
+        return parameter(name, self.front)
+
 
 class PoimenError(Exception):
-    """Base class: every error carries a stable code, a detail and a hint."""
+    """Base class: every error carries a stable code, a detail and a hint.
+
+    ``front_hint``, where the hint asks for a parameter, says it in each front's words:
+    ``{project}`` is how that front takes ``project``, ``{skip_invalid=true}`` how it sets
+    it (`parameter`). Given (or set on the
+    class), it is what the fronts answer (`hint_for`), in place of the hint the error was
+    raised with (a SQL function's own words, ``project => ...``)."""
 
     code = "internal_error"
     http_status = 500
+    front_hint: str | None = None
 
     def __init_subclass__(cls, code: str | None = None, status: int | None = None) -> None:
         # Each error names its API code and HTTP status in its class line.
@@ -19,19 +50,38 @@ class PoimenError(Exception):
         if status is not None:
             cls.http_status = status
 
-    def __init__(self, message: str, *, detail: str | None = None, hint: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        detail: str | None = None,
+        hint: str | None = None,
+        front_hint: str | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.detail = detail
+        if front_hint is not None:
+            self.front_hint = front_hint
+        if hint is None and self.front_hint is not None:
+            hint = self.front_hint.format_map(_Parameters(None))
         self.hint = hint
         self.sqlstate: str | None = None
 
-    def to_json(self) -> dict[str, str]:
+    def hint_for(self, front: str | None) -> str | None:
+        """The hint in this front's words (FRONTS); None: the hint as raised."""
+        if front is None or self.front_hint is None:
+            return self.hint
+        return self.front_hint.format_map(_Parameters(front))
+
+    def to_json(self, front: str | None = None) -> dict[str, str]:
+        """The error body; ``front`` (FRONTS) words the hint for the caller's front."""
         body = {"error": self.code, "detail": self.message}
         if self.detail:
             body["context"] = self.detail
-        if self.hint:
-            body["hint"] = self.hint
+        hint = self.hint_for(front)
+        if hint:
+            body["hint"] = hint
         return body
 
 
@@ -59,6 +109,8 @@ class UnknownNode(PoimenError, code="unknown_node", status=404):
 class AmbiguousNode(PoimenError, code="ambiguous_node", status=409):
     """The id names nodes in several of the caller's projects and no project was named
     (PMA09)."""
+
+    front_hint = "name the project with {project} (ids are unique per project)"
 
 
 class DatabaseUnavailable(PoimenError, code="database_unavailable", status=503):

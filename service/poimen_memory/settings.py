@@ -248,7 +248,7 @@ class Settings(FromEnv):
     service_database_url: str | None = setting("POIMEN_SERVICE_DATABASE_URL", str)
     service_role: str = setting("POIMEN_SERVICE_ROLE", role_name, "poimen_service")
     # The prefix of the database's own roles (<prefix>_memory_reader, _writer, _service),
-    # used by its first migrate only; unset: the database's name (db/roles.py).
+    # used by its first migrate only; unset or empty: the database's name (db/roles.py).
     role_prefix: str | None = setting("POIMEN_ROLE_PREFIX", check_prefix)
     # Read replicas (docs/scaling.md): queries go to a standby that is up and within the
     # lag bound, everything else (writes, API keys, health of the primary) to the primary.
@@ -288,6 +288,11 @@ class Settings(FromEnv):
     )
     mcp_allowed_origins: tuple[str, ...] = setting(
         "POIMEN_MCP_ALLOWED_ORIGINS", origin_list, tuple(f"http://{h}" for h in LOOPBACK_HOSTS)
+    )
+    # Every other route answers only requests whose Host is here, for the same reason
+    # (api/asgi.py HostCheck; "*" turns the check off).
+    http_allowed_hosts: tuple[str, ...] = setting(
+        "POIMEN_HTTP_ALLOWED_HOSTS", name_list, LOOPBACK_HOSTS
     )
     health_cache_s: float = setting("POIMEN_HEALTH_CACHE_S", at_least(0.0, float), 5.0)
     rerank_min_remaining_s: float = setting(

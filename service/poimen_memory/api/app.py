@@ -15,17 +15,18 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from poimen_memory.api import metrics, nodes, ui
 from poimen_memory.api.admission import Admission, arrived
-from poimen_memory.api.asgi import LastResort
+from poimen_memory.api.asgi import HostCheck, LastResort
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.health import HealthCache
 from poimen_memory.api.mcp_server import McpEndpoint
 from poimen_memory.api.openapi import openapi_spec
 from poimen_memory.api.operations import (
+    bounded_json,
     forget_nodes,
     node_history,
     query_memory,
@@ -40,7 +41,6 @@ from poimen_memory.errors import (
     PayloadTooLarge,
     PoimenError,
     RequestTimeout,
-    ResponseTooLarge,
     ValidationError,
 )
 from poimen_memory.ingest.nodes import MAX_JSON_DEPTH, LineError, NodeRecord, loads
@@ -53,7 +53,7 @@ log = logging.getLogger("poimen_memory")
 def _error(err: PoimenError, retry_after_s: int) -> JSONResponse:
     # Every 503 (busy, a timeout, the database or an upstream down) says when to try again.
     headers = {"Retry-After": str(retry_after_s)} if err.http_status == 503 else None
-    body = err.to_json()
+    body = err.to_json("http")
     if isinstance(err, DatabaseError):
         # A database error no table row names is the server's, in the server's words: data
         # file paths ("could not extend file base/16384/...": EFBIG), index and constraint
@@ -79,21 +79,14 @@ async def _db_error(request: Request, exc: Exception) -> JSONResponse:
     return _error(translate(exc), request.app.state.retry_after_s)
 
 
-def _bounded(request: Request, body: Any) -> JSONResponse:
-    """A read's answer, within the response byte budget (POIMEN_HTTP_MAX_RESPONSE_BYTES)."""
-    response = JSONResponse(body)
-    limit: int = request.app.state.poimen.settings.max_response_bytes
-    if len(response.body) > limit:
-        raise ResponseTooLarge(
-            f"the answer is {len(response.body)} bytes, over the {limit}-byte budget",
-            detail="provenance texts are already cut at the policy's provenance_text_chars",
-            hint="ask for fewer results (limit), fewer cited turns (evidence), lower levels, "
-            "or raise POIMEN_HTTP_MAX_RESPONSE_BYTES",
-        )
-    return response
+def _bounded(request: Request, body: Any, *, history: bool = False) -> Response:
+    """A read's answer, within the response byte budget (POIMEN_HTTP_MAX_RESPONSE_BYTES):
+    operations.bounded_json, as the MCP tools check theirs."""
+    encoded = bounded_json(request.app.state.poimen.settings, body, history=history)
+    return Response(encoded, media_type="application/json")
 
 
-async def memory_query(request: Request) -> JSONResponse:
+async def memory_query(request: Request) -> Response:
     state: Services = request.app.state.poimen
     body = await query_memory(
         state, request.app.state.keys, request.headers, request.query_params,
@@ -171,16 +164,16 @@ async def post_nodes(request: Request) -> JSONResponse:
     return JSONResponse(report, status_code=201)
 
 
-async def nodes_route(request: Request) -> JSONResponse:
+async def nodes_route(request: Request) -> Response:
     handler = {"GET": list_nodes, "DELETE": delete_nodes}.get(request.method, post_nodes)
     return await handler(request)
 
 
-async def node_route(request: Request) -> JSONResponse:
+async def node_route(request: Request) -> Response:
     return await (delete_node if request.method == "DELETE" else get_node)(request)
 
 
-async def get_node(request: Request) -> JSONResponse:
+async def get_node(request: Request) -> Response:
     """One node by its id (memory.get_node), with its parents, children and support."""
     body = await nodes.get_node(
         request.app.state.poimen,
@@ -192,7 +185,7 @@ async def get_node(request: Request) -> JSONResponse:
     return _bounded(request, body)
 
 
-async def list_nodes(request: Request) -> JSONResponse:
+async def list_nodes(request: Request) -> Response:
     """A page of nodes (memory.list_nodes), keyset paged by an opaque cursor."""
     body = await nodes.list_nodes(
         request.app.state.poimen, request.app.state.keys, request.headers, request.query_params
@@ -230,9 +223,13 @@ async def delete_nodes(request: Request) -> JSONResponse:
     return await _node_operation(request, forget_nodes, None)
 
 
-async def get_history(request: Request) -> JSONResponse:
-    """Every version of one node, oldest first: memory.history."""
-    return await _node_operation(request, node_history, request.path_params["id"])
+async def get_history(request: Request) -> Response:
+    """Every version of one node, oldest first: memory.history, within the byte budget."""
+    body = await node_history(
+        request.app.state.poimen, request.app.state.keys, request.headers,
+        request.query_params, request.path_params["id"],
+    )  # fmt: skip
+    return _bounded(request, body, history=True)
 
 
 async def healthz(request: Request) -> JSONResponse:
@@ -291,6 +288,8 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
             Middleware(metrics.MetricsMiddleware),
             # Inside the log and the metrics, so they record the status it answers.
             Middleware(LastResort),
+            # A request for another Host (DNS rebinding) is refused before it queues.
+            Middleware(HostCheck, allowed=cfg.http_allowed_hosts, skip=("/mcp",)),
             Middleware(
                 Admission,
                 max_inflight=cfg.http_max_inflight,

@@ -1,11 +1,12 @@
 """Small ASGI pieces the middlewares share: the base of an HTTP-only middleware, the
-response status seen as it is sent, and the last-resort handler of what no route caught."""
+response status seen as it is sent, the last-resort handler of what no route caught, and
+the check of the Host a request names."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -72,6 +73,49 @@ class LastResort(HttpMiddleware):
             if recorder.started:
                 raise  # half a response: only closing the connection ends it
             await _json(send, 500, {"error": "internal_error", "detail": type(exc).__name__})
+
+
+def host_allowed(host: str, allowed: Sequence[str]) -> bool:
+    """Whether a request's Host is one of ``allowed`` (POIMEN_HTTP_ALLOWED_HOSTS): a name
+    as given, ``name:*`` that name on any port (or none), ``*`` alone any Host at all."""
+    if tuple(allowed) == ("*",):
+        return True
+    host = host.lower()
+    for name in allowed:
+        name = name.lower()
+        if host == name:
+            return True
+        if name.endswith(":*") and (
+            host == name[:-2] or (host.startswith(name[:-1]) and host[len(name) - 1 :].isdigit())
+        ):
+            return True
+    return False
+
+
+class HostCheck(HttpMiddleware):
+    """Answers only requests whose Host is allowed (POIMEN_HTTP_ALLOWED_HOSTS, loopback
+    names by default): a web page that reaches a loopback server through DNS rebinding
+    sends its own name as Host, and is refused 421 before any route runs. ``/mcp`` has the
+    MCP SDK's own check (POIMEN_MCP_ALLOWED_HOSTS) and is left to it."""
+
+    def __init__(self, app: ASGIApp, allowed: Sequence[str], skip: Sequence[str] = ()) -> None:
+        super().__init__(app)
+        self.allowed, self.skip = tuple(allowed), tuple(skip)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("path") in self.skip:
+            await self.app(scope, receive, send)
+            return
+        host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+        if host_allowed(host, self.allowed):
+            await self.app(scope, receive, send)
+            return
+        await _json(send, 421, {
+            "error": "misdirected_request",
+            "detail": f"this service does not answer to Host {host!r}",
+            "hint": "POIMEN_HTTP_ALLOWED_HOSTS lists the names clients reach it by "
+                    "(behind a proxy or on a public address, list those)",
+        })  # fmt: skip
 
 
 async def _json(send: Send, status: int, body: dict[str, str]) -> None:

@@ -110,7 +110,8 @@ class KeyRing:
                 return next(iter(grant.projects))
             raise Forbidden(
                 "this key covers several projects: name one",
-                hint=f"project= one of {', '.join(sorted(grant.projects))}",
+                front_hint="name it with {project}: one of "
+                + ", ".join(sorted(grant.projects)).replace("{", "{{").replace("}", "}}"),
             )
         if project not in grant.projects:
             raise Forbidden(f"this key does not cover project {project!r}")

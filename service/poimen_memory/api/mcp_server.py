@@ -20,7 +20,8 @@ All run api/operations.py (and api/nodes.py), the functions the HTTP routes run,
 caller's API key from the transport's headers: the key's projects, read-only keys, the
 deadline and the typed errors are the HTTP API's. A typed error comes back as a tool error
 (``isError: true``) whose structured content is the HTTP error body plus ``status`` and,
-when the database raised it, ``sqlstate``.
+when the database raised it, ``sqlstate``. The reads' answers are held to the HTTP routes'
+byte budget by the routes' own check (operations.bounded_json).
 
 Two transports, built on the official SDK's low-level ``Server`` (``MCPServer`` would
 reconfigure the process's root logger):
@@ -77,6 +78,7 @@ from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.nodes import get_node
 from poimen_memory.api.openapi import openapi_spec, query_parameters
 from poimen_memory.api.operations import (
+    bounded_json,
     forget_nodes,
     list_projects,
     node_history,
@@ -108,6 +110,8 @@ QUERY, ADD, GET, FORGET, HISTORY = (
     "memory_query", "memory_add", "memory_get", "memory_forget", "memory_history",
 )  # fmt: skip
 TOOLS = (QUERY, ADD, GET, FORGET, HISTORY)
+# The tools that read, whose answers are held to the HTTP routes' byte budget.
+READS = frozenset({QUERY, GET, HISTORY})
 # A project as a resource: its summary (api/operations.py project_summary).
 PROJECT_URI = "poimen://projects/{name}"
 _PROJECT_PREFIX = PROJECT_URI.removesuffix("{name}")
@@ -363,10 +367,11 @@ def _records(nodes: list[Any], project: str | None) -> tuple[list[NodeRecord], l
 
 
 def _tool_error(err: PoimenError) -> CallToolResult:
-    body: dict[str, Any] = {**err.to_json(), "status": err.http_status}
+    body: dict[str, Any] = {**err.to_json("mcp"), "status": err.http_status}
     if err.sqlstate:
         body["sqlstate"] = err.sqlstate
-    text = f"{err.code}: {err.message}" + (f" (hint: {err.hint})" if err.hint else "")
+    hint = err.hint_for("mcp")
+    text = f"{err.code}: {err.message}" + (f" (hint: {hint})" if hint else "")
     return CallToolResult(
         content=[TextContent(type="text", text=text)], structured_content=body, is_error=True
     )
@@ -376,7 +381,7 @@ def _resource_error(err: PoimenError) -> MCPError:
     """A typed error of resources/read or resources/list: JSON-RPC invalid params (what the
     MCP specification names for a resource that cannot be read), its data the HTTP API's
     error body plus ``status`` and ``sqlstate``, as a tool error's structured content."""
-    data: dict[str, Any] = {**err.to_json(), "status": err.http_status}
+    data: dict[str, Any] = {**err.to_json("mcp"), "status": err.http_status}
     if err.sqlstate:
         data["sqlstate"] = err.sqlstate
     return MCPError(code=INVALID_PARAMS, message=f"{err.code}: {err.message}", data=data)
@@ -402,9 +407,9 @@ def _project_of(uri: str) -> str:
     return name
 
 
-def _answer(body: dict[str, Any]) -> CallToolResult:
+def _answer(body: dict[str, Any], text: str | None = None) -> CallToolResult:
     return CallToolResult(
-        content=[TextContent(type="text", text=json.dumps(body, default=str))],
+        content=[TextContent(type="text", text=text or json.dumps(body, default=str))],
         structured_content=body,
     )
 
@@ -476,11 +481,18 @@ def build_server(settings: Settings, caller: Callable[[Any], Caller]) -> Server[
         try:
             _check(checks[params.name], args)
             body = await runs[params.name](who, args)
+            # A read's answer within POIMEN_HTTP_MAX_RESPONSE_BYTES, counted as the HTTP
+            # route counts it (a write's report is not refused: the write is done).
+            text = (
+                bounded_json(who.services.settings, body, history=params.name == HISTORY)
+                if params.name in READS
+                else None
+            )
         except PoimenError as err:
             return _tool_error(err)
         except psycopg.Error as exc:
             return _tool_error(translate(exc))
-        return _answer(body)
+        return _answer(body, text.decode("utf-8") if text is not None else None)
 
     async def list_resources(
         ctx: Any, params: PaginatedRequestParams | None

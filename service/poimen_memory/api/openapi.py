@@ -696,6 +696,7 @@ def openapi_spec(settings: Settings | None = None) -> dict[str, Any]:
                         "400": _err("invalid_parameter: no project named, or a bad one"),
                         **_AUTH_ERRORS,
                         "404": _err("unknown_node or unknown_project"),
+                        "413": _TOO_LARGE,
                         "503": _err("database_unavailable"),
                     },
                 }

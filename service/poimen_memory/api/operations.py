@@ -8,6 +8,7 @@ errors are the same whichever way the request came."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -23,12 +24,14 @@ from poimen_memory.db.connect import connect
 from poimen_memory.db.queries import q
 from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.embedders.base import WRITE_DEADLINE
-from poimen_memory.errors import Busy, IngestError, ValidationError
+from poimen_memory.errors import Busy, IngestError, ResponseTooLarge, ValidationError
 from poimen_memory.ingest.nodes import LineError, NodeRecord, parse_lines
 from poimen_memory.ingest.writer import ingest
 from poimen_memory.services import Services
+from poimen_memory.settings import Settings
 
 __all__ = [
+    "bounded_json",
     "forget_nodes",
     "list_projects",
     "node_history",
@@ -37,6 +40,33 @@ __all__ = [
     "records_from_lines",
     "write_nodes",
 ]
+
+
+def bounded_json(settings: Settings, body: Any, *, history: bool = False) -> bytes:
+    """A read's answer as the JSON sent (compact UTF-8, as Starlette's JSONResponse writes
+    it), refused whole with ResponseTooLarge (413) when it weighs more than
+    POIMEN_HTTP_MAX_RESPONSE_BYTES: the one check of the HTTP routes and the MCP tools, so
+    an answer one front refuses the other refuses too, in the same words. ``history``: the
+    answer is a node's history (memory.history), which has no page or limit to ask for."""
+    encoded = json.dumps(
+        body, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+    ).encode("utf-8")
+    limit = settings.max_response_bytes
+    if len(encoded) <= limit:
+        return encoded
+    weight = f"the answer is {len(encoded)} bytes, over the {limit}-byte budget"
+    if history:
+        raise ResponseTooLarge(
+            weight,
+            detail="a node's history is answered whole, every version with its text",
+            hint="raise POIMEN_HTTP_MAX_RESPONSE_BYTES, or read it in SQL (memory.history)",
+        )
+    raise ResponseTooLarge(
+        weight,
+        detail="provenance texts are already cut at the policy's provenance_text_chars",
+        hint="ask for fewer results (limit), fewer cited turns (evidence), lower levels, "
+        "or raise POIMEN_HTTP_MAX_RESPONSE_BYTES",
+    )
 
 
 async def query_memory(
@@ -148,7 +178,9 @@ def _text_params(params: Mapping[str, str], allowed: set[str]) -> None:
 async def _project(keys: KeyRing, headers: Mapping[str, str], named: str | None) -> str:
     project = await keys.read_project(headers, named)
     if project is None:
-        raise ValidationError("project is required", hint="?project=<name> (ids are per project)")
+        raise ValidationError(
+            "project is required", front_hint="name it with {project} (ids are per project)"
+        )
     return project
 
 

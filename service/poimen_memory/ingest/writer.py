@@ -140,6 +140,7 @@ def ingest(
                 f"{len(problems)} invalid line(s); nothing was written",
                 detail=shown + more,
                 hint="fix the lines, or skip them (--skip-invalid, ?skip_invalid=true)",
+                front_hint="fix the lines, or skip them ({skip_invalid=true})",
             )
         records = [r for r in records if r.line_no not in bad_lines]
         report = IngestReport(invalid=sorted(problems, key=lambda e: e.line_no))
