@@ -52,7 +52,9 @@ END $$;
 CREATE OR REPLACE FUNCTION memory._declare_row(type_name text, columns text, returned_by text[])
 RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
+-- public: pgvector's schema (migrate writes the real one), so that returned_by may name a
+-- function with a vector argument (memory.evidence).
+SET search_path = pg_catalog, public, pg_temp
 AS $$
 DECLARE
     target text := 'memory.' || pg_catalog.quote_ident(type_name);

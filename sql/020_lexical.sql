@@ -303,12 +303,44 @@ BEGIN
         -- scored: the plain words, phrase words and tokens; never an excluded word or OR
         terms := tsvector_to_array(to_tsvector('english'::regconfig, g ->> 'text'));
     END IF;
-    IF as_of IS NOT NULL AND cardinality(terms) > 0 THEN
-        -- The past: postings and statistics hold current versions only, so BM25 is scored
-        -- here from the versions visible as of as_of, with the statistics of the corpus as
-        -- it stood then (N, mean length and document frequencies counted over those
-        -- versions, all levels, as the postings count them now). Exact, and slower: it
-        -- counts the project's versions of that moment and reads the matching ones' tsv.
+    IF cardinality(terms) = 0 OR (as_of IS NULL AND coalesce(n, 0) = 0) THEN
+        RETURN;  -- only stop words, or an empty corpus: nothing can match
+    END IF;
+    IF as_of IS NULL THEN
+        SELECT array_agg(s.lexeme ORDER BY s.ub, s.lexeme), array_agg(s.w ORDER BY s.ub, s.lexeme),
+               array_agg(s.ub ORDER BY s.ub, s.lexeme), array_agg(s.df ORDER BY s.ub, s.lexeme),
+               sum(s.df)
+          INTO t_lex, t_w, t_ub, t_df, total_df
+          FROM (SELECT g.lexeme, g.w, g.df,
+                       -- the largest weight any posting can have: tf -> max_tf, dl/tf -> min_dl_per_tf
+                       g.w * CASE WHEN g.unknown THEN k1 + 1
+                                  ELSE (k1 + 1) / (1 + k1 * (1 - b) / g.max_tf + k1 * b * g.min_ratio / avgdl)
+                             END * (1 + 1e-9) AS ub
+                FROM (SELECT t.lexeme, sum(t.df) AS df,
+                             ln(1 + (n - sum(t.df) + 0.5) / (sum(t.df) + 0.5)) AS w,
+                             bool_or(t.max_tf < 1) AS unknown,  -- no bound recorded: the loosest one
+                             max(t.max_tf) AS max_tf, min(t.min_dl_per_tf) AS min_ratio
+                      FROM memory.term_stats t
+                      WHERE t.lexeme = ANY (terms) AND (pid IS NULL OR t.project_id = pid)
+                      GROUP BY t.lexeme) g) s;
+        m := coalesce(cardinality(t_lex), 0);
+        IF m = 0 THEN
+            RETURN;
+        END IF;
+    END IF;
+    -- The past, or a phrase, tag, mention, exclusion, metadata filter or valid-time test (a
+    -- project holding nodes with a bounded valid time): every candidate is scored and the
+    -- nodes that fail the test drop out before the top k, so k still fills when enough
+    -- nodes pass (the pruning's bounds assume every scored node can be returned). One
+    -- test of the nodes, over scores from one of two places, the other branch cut by a
+    -- one-time filter (the plan is made per call, with as_of a constant):
+    -- * the past (as_of): postings and statistics hold current versions only, so BM25 is
+    --   scored here from the versions visible as of as_of, with the statistics of the
+    --   corpus as it stood then (N, mean length and document frequencies counted over
+    --   those versions, all levels, as the postings count them now). Exact, and slower: it
+    --   counts the project's versions of that moment and reads the matching ones' tsv;
+    -- * now: every posting of the terms, with the current statistics.
+    IF as_of IS NOT NULL OR cons IS NOT NULL OR flt IS NOT NULL OR va IS NOT NULL THEN
         gc := memory._grammar_compile(cons);
         RETURN QUERY
         WITH st AS (
@@ -317,7 +349,7 @@ BEGIN
             WHERE (pid IS NULL OR v.project_id = pid) AND v.created_at <= as_of
               AND (v.expired_at IS NULL OR v.expired_at > as_of) AND v.erased_at IS NULL
         ), tp AS MATERIALIZED (
-            SELECT m.id, u.lexeme, cardinality(u.positions) AS tf, m.lex_len AS dl
+            SELECT m.id, m.project_id, u.lexeme, cardinality(u.positions) AS tf, m.lex_len AS dl
             FROM memory.nodes m, unnest(m.tsv) u
             WHERE m.tsv @@ (SELECT string_agg('''' || replace(replace(t, '\', '\\'), '''', '''''') || '''', ' | ')
                             FROM unnest(terms) t)::tsquery
@@ -326,68 +358,26 @@ BEGIN
               AND u.lexeme = ANY (terms)
         ), df AS (
             SELECT tp.lexeme, count(*)::double precision AS df FROM tp GROUP BY tp.lexeme
-        ), sc AS (
-            SELECT tp.id, sum(ln(1 + (st.n - df.df + 0.5) / (df.df + 0.5))
-                              * tp.tf * (k1 + 1) / (tp.tf + k1 * (1 - b + b * tp.dl / st.avgdl))) AS score
-            FROM tp JOIN df ON df.lexeme = tp.lexeme CROSS JOIN st
-            GROUP BY tp.id
         )
         SELECT s.id, (row_number() OVER (ORDER BY s.score DESC, s.id))::integer, s.score
-        FROM sc s
-        JOIN memory.nodes tn ON tn.id = s.id
-        WHERE (lv IS NULL OR tn.level = ANY (lv))
-          AND (NOT timed OR (tn.ts >= lo AND tn.ts < hi))
-          AND (tn.valid_from IS NULL OR tn.valid_from <= va) AND (tn.valid_to IS NULL OR tn.valid_to > va)
-          AND (flt IS NULL OR tn.metadata @> flt)
-          AND (gc.ex_tsq IS NULL OR NOT tn.tsv @@ gc.ex_tsq)
-          AND (gc.ex_re IS NULL OR NOT memory._grammar_doc(tn.title, tn.breadcrumb, tn.text) ~* gc.ex_re)
-          AND NOT EXISTS (
-              SELECT 1 FROM generate_subscripts(gc.req_tsq, 1) AS i
-              WHERE NOT (coalesce(tn.tsv @@ gc.req_tsq[i], false)
-                         OR coalesce(memory._grammar_doc(tn.title, tn.breadcrumb, tn.text) ~* gc.req_re[i], false)))
-        ORDER BY s.score DESC, s.id
-        LIMIT k;
-        RETURN;
-    END IF;
-    IF cardinality(terms) = 0 OR coalesce(n, 0) = 0 THEN
-        RETURN;  -- only stop words, or an empty corpus: nothing can match
-    END IF;
-    SELECT array_agg(s.lexeme ORDER BY s.ub, s.lexeme), array_agg(s.w ORDER BY s.ub, s.lexeme),
-           array_agg(s.ub ORDER BY s.ub, s.lexeme), array_agg(s.df ORDER BY s.ub, s.lexeme),
-           sum(s.df)
-      INTO t_lex, t_w, t_ub, t_df, total_df
-      FROM (SELECT g.lexeme, g.w, g.df,
-                   -- the largest weight any posting can have: tf -> max_tf, dl/tf -> min_dl_per_tf
-                   g.w * CASE WHEN g.unknown THEN k1 + 1
-                              ELSE (k1 + 1) / (1 + k1 * (1 - b) / g.max_tf + k1 * b * g.min_ratio / avgdl)
-                         END * (1 + 1e-9) AS ub
-            FROM (SELECT t.lexeme, sum(t.df) AS df,
-                         ln(1 + (n - sum(t.df) + 0.5) / (sum(t.df) + 0.5)) AS w,
-                         bool_or(t.max_tf < 1) AS unknown,  -- no bound recorded: the loosest one
-                         max(t.max_tf) AS max_tf, min(t.min_dl_per_tf) AS min_ratio
-                  FROM memory.term_stats t
-                  WHERE t.lexeme = ANY (terms) AND (pid IS NULL OR t.project_id = pid)
-                  GROUP BY t.lexeme) g) s;
-    m := coalesce(cardinality(t_lex), 0);
-    IF m = 0 THEN
-        RETURN;
-    END IF;
-    -- A phrase, tag, mention, exclusion, metadata filter or valid-time test (a project
-    -- holding nodes with a bounded valid time): every posting is scored and the
-    -- nodes that fail the test drop out before the top k, so k still fills when enough
-    -- nodes pass (the pruning's bounds assume every scored node can be returned).
-    IF cons IS NOT NULL OR flt IS NOT NULL OR va IS NOT NULL THEN
-        gc := memory._grammar_compile(cons);
-        RETURN QUERY
-        SELECT s.id, (row_number() OVER (ORDER BY s.score DESC, s.id))::integer, s.score
-        FROM (SELECT p.node_id AS id, p.project_id AS proj,
-                     sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS score
+        FROM (SELECT tp.id, tp.project_id AS proj,
+                     sum(ln(1 + (st.n - df.df + 0.5) / (df.df + 0.5))
+                         * tp.tf * (k1 + 1) / (tp.tf + k1 * (1 - b + b * tp.dl / st.avgdl))) AS score
+              FROM tp JOIN df ON df.lexeme = tp.lexeme CROSS JOIN st
+              WHERE as_of IS NOT NULL
+              GROUP BY tp.id, tp.project_id
+              UNION ALL
+              SELECT p.node_id, p.project_id,
+                     sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl)))
               FROM unnest(t_lex, t_w) AS w(lexeme, w)
               JOIN memory.postings p ON p.lexeme = w.lexeme
-              WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
+              WHERE as_of IS NULL
+                AND (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
               GROUP BY p.node_id, p.project_id) s
         JOIN memory.nodes tn ON tn.id = s.id AND tn.project_id = s.proj
-        WHERE (NOT timed OR (tn.ts >= lo AND tn.ts < hi))
+        -- the level again for the past's scores (now's postings are filtered by it already)
+        WHERE (lv IS NULL OR tn.level = ANY (lv))
+          AND (NOT timed OR (tn.ts >= lo AND tn.ts < hi))
           AND (va IS NULL OR ((tn.valid_from IS NULL OR tn.valid_from <= va)
                               AND (tn.valid_to IS NULL OR tn.valid_to > va)))
           AND (flt IS NULL OR tn.metadata @> flt)

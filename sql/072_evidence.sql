@@ -30,6 +30,13 @@ END $$;
 DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer);
 DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb);
 DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz);
+-- The row the three return, declared once (memory._declare_row): one cited L0 turn, its
+-- rank, its score, its own direct rank and the ranks of the results that cite it.
+SELECT memory._declare_row('evidence_row',
+    'rank integer, node_id bigint, external_id text, sha256 text, project text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, score double precision, direct_rank integer, cited_by integer[], neighbour_score double precision, metadata jsonb',
+    ARRAY['memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb)',
+          'memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb)',
+          'memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[])']);
 
 CREATE OR REPLACE FUNCTION memory.select_evidence(
     result_ids bigint[],
@@ -47,10 +54,7 @@ CREATE OR REPLACE FUNCTION memory.select_evidence(
     as_of timestamptz DEFAULT NULL,
     deeper bigint[] DEFAULT NULL
 )
-RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
-               title text, text text, source text, breadcrumb text[],
-               "timestamp" timestamptz, score double precision, direct_rank integer,
-               cited_by integer[], neighbour_score double precision, metadata jsonb)
+RETURNS SETOF memory.evidence_row
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -354,10 +358,7 @@ CREATE OR REPLACE FUNCTION memory._evidence(
     p_candidates integer, p_dense_weight double precision, p_rrf_k integer,
     p_reference_time timestamptz, p_filter jsonb
 )
-RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
-               title text, text text, source text, breadcrumb text[],
-               "timestamp" timestamptz, score double precision, direct_rank integer,
-               cited_by integer[], neighbour_score double precision, metadata jsonb)
+RETURNS SETOF memory.evidence_row
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
@@ -415,10 +416,7 @@ CREATE OR REPLACE FUNCTION memory.evidence(
     reference_time timestamptz DEFAULT NULL,
     filter jsonb DEFAULT NULL
 )
-RETURNS TABLE (rank integer, node_id bigint, external_id text, sha256 text, project text,
-               title text, text text, source text, breadcrumb text[],
-               "timestamp" timestamptz, score double precision, direct_rank integer,
-               cited_by integer[], neighbour_score double precision, metadata jsonb)
+RETURNS SETOF memory.evidence_row
 LANGUAGE sql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC

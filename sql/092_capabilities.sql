@@ -31,6 +31,8 @@ DECLARE
     py_installed boolean;
     py_works boolean := false;
     loaded text;
+    py_probe text;  -- one of the probes that need PL/Python
+    py_detail text;
     url text;
     deps text;
     n integer;
@@ -136,49 +138,43 @@ BEGIN
                 ELSE 'the server offers it, but only a superuser may create it' END));
     END IF;
 
-    -- poimen_core importable inside the server, and from where.
-    IF py_works THEN
+    -- What needs PL/Python working in this database, each probed once in turn:
+    -- plpython_module, poimen_core importable inside the server, and from where; embedder,
+    -- memory.embed (the local model's packages import in the server, or the remote
+    -- embedding server answers). A failure reports its error without PL/Python's prefix.
+    FOREACH py_probe IN ARRAY ARRAY['plpython_module', 'embedder'] LOOP
+        IF NOT py_works THEN
+            probes := probes || jsonb_build_object(py_probe, jsonb_build_object('on', false,
+                'detail', CASE WHEN has_schema THEN 'needs plpython3u' ELSE 'needs the schema (`poimen-memory migrate`)' END));
+            CONTINUE;
+        END IF;
+        IF py_probe = 'embedder' THEN
+            EXECUTE 'SELECT (SELECT c.value FROM memory.config c WHERE c.key = ''embedding_server_url''),'
+                    ' (SELECT c.value FROM memory.config c WHERE c.key = ''plpython_deps'')' INTO url, deps;
+        END IF;
         BEGIN
-            EXECUTE 'SELECT memory.plpython_load()' INTO loaded;
-            EXECUTE 'SELECT memory.optimize_query($1)' USING 'poimen-memory doctor';
-            probes := probes || jsonb_build_object('plpython_module', jsonb_build_object('on', true,
-                'detail', CASE WHEN loaded LIKE 'database:%'
+            IF py_probe = 'plpython_module' THEN
+                EXECUTE 'SELECT memory.plpython_load()' INTO loaded;
+                EXECUTE 'SELECT memory.optimize_query($1)' USING 'poimen-memory doctor';
+                py_detail := CASE WHEN loaded LIKE 'database:%'
                     THEN pg_catalog.format('imported from memory._plpython_modules, in the database (checksum %s)',
                                            pg_catalog.left(pg_catalog.split_part(loaded, ':', 2), 16))
-                    ELSE pg_catalog.format('imported from the directory %s on the database host', loaded) END));
-        EXCEPTION WHEN OTHERS THEN
-            GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL;
-            probes := probes || jsonb_build_object('plpython_module', jsonb_build_object('on', false,
-                'detail', pg_catalog.regexp_replace(msg, '^plpy\.\w+: ', '')
-                          || coalesce(' (' || nullif(det, '') || ')', '')));
-        END;
-    ELSE
-        probes := probes || jsonb_build_object('plpython_module', jsonb_build_object('on', false,
-            'detail', CASE WHEN has_schema THEN 'needs plpython3u' ELSE 'needs the schema (`poimen-memory migrate`)' END));
-    END IF;
-
-    -- memory.embed, once: the local model's packages import in the server (or the remote
-    -- embedding server answers).
-    IF py_works THEN
-        EXECUTE 'SELECT (SELECT c.value FROM memory.config c WHERE c.key = ''embedding_server_url''),'
-                ' (SELECT c.value FROM memory.config c WHERE c.key = ''plpython_deps'')' INTO url, deps;
-        BEGIN
-            EXECUTE 'SELECT memory.embed($1) IS NOT NULL' USING 'poimen-memory doctor';
-            probes := probes || jsonb_build_object('embedder', jsonb_build_object('on', true,
-                'detail', CASE WHEN url IS NOT NULL
+                    ELSE pg_catalog.format('imported from the directory %s on the database host', loaded) END;
+            ELSE
+                EXECUTE 'SELECT memory.embed($1) IS NOT NULL' USING 'poimen-memory doctor';
+                py_detail := CASE WHEN url IS NOT NULL
                     THEN pg_catalog.format('memory.embed works, with the remote embedding server %s', url)
                     ELSE pg_catalog.format('memory.embed works, with the local model (its packages from %s)',
-                                           coalesce(deps, 'the server''s own site-packages')) END));
+                                           coalesce(deps, 'the server''s own site-packages')) END;
+            END IF;
+            probes := probes || jsonb_build_object(py_probe, jsonb_build_object('on', true, 'detail', py_detail));
         EXCEPTION WHEN OTHERS THEN
             GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL;
-            probes := probes || jsonb_build_object('embedder', jsonb_build_object('on', false,
+            probes := probes || jsonb_build_object(py_probe, jsonb_build_object('on', false,
                 'detail', pg_catalog.regexp_replace(msg, '^plpy\.\w+: ', '')
                           || coalesce(' (' || nullif(det, '') || ')', '')));
         END;
-    ELSE
-        probes := probes || jsonb_build_object('embedder', jsonb_build_object('on', false,
-            'detail', CASE WHEN has_schema THEN 'needs plpython3u' ELSE 'needs the schema (`poimen-memory migrate`)' END));
-    END IF;
+    END LOOP;
 
     -- pg_stat_statements: created here, and its library loaded (shared_preload_libraries).
     ver := NULL;

@@ -38,6 +38,9 @@ COMMENT ON TYPE memory.query_row IS
 COMMENT ON TYPE memory.fused_row IS
     'One row of memory.fuse and memory.fuse_legs: a node id, its rank and score in each input list (NULL where it is absent), the fused score and the fusion method.';
 
+COMMENT ON TYPE memory.evidence_row IS
+    'One cited L0 turn as memory.select_evidence, memory.evidence and memory._evidence return it: its rank in the list, the node, its score, its own direct rank (NULL: only cited), the ranks of the results that cite it, the score its neighbours lent it and its metadata.';
+
 COMMENT ON TYPE memory.node_row IS
     'One node as memory.get_node returns it: its columns, its parents and children (at most memory._links_max() each, with the totals), parents_declared, support and versions.';
 
