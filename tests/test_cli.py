@@ -247,6 +247,21 @@ def test_serve_refuses_a_public_address_without_authentication(
     assert "refusing to serve on 0.0.0.0" in proc.stderr and "--allow-anonymous" in proc.stderr
 
 
+def test_serve_on_a_public_address_warns_of_the_loopback_host_list(
+    cli_env: dict[str, str],
+) -> None:
+    """Bound beyond loopback with the default POIMEN_HTTP_ALLOWED_HOSTS, every request that
+    names the machine's address would be a 421: said at start-up. (Port 70000 makes uvicorn
+    give up right after, so the test starts no server.)"""
+    run(cli_env, "db", "start")
+    args = ("serve", "--host", "0.0.0.0", "--port", "70000", "--allow-anonymous")
+    warned = run(cli_env, *args, ok=False)
+    assert "POIMEN_HTTP_ALLOWED_HOSTS names loopback hosts only" in warned.stderr
+    listed = run({**cli_env, "POIMEN_HTTP_ALLOWED_HOSTS": "memory.example:*"}, *args, ok=False)
+    assert warned.returncode != 0 and listed.returncode != 0  # neither served
+    assert "POIMEN_HTTP_ALLOWED_HOSTS" not in listed.stderr
+
+
 def test_keys_create_list_revoke(cli_env: dict[str, str]) -> None:
     ready(cli_env)
     created = run(cli_env, "keys", "create", "--project", "poimen", "--write", "--note", "ci")

@@ -10,6 +10,7 @@ from typing import Any
 
 from poimen_memory.cli.common import load_settings, service_settings, started_url
 from poimen_memory.db.connect import connect
+from poimen_memory.settings import LOOPBACK_HOSTS
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -32,6 +33,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if not _loopback(args.host) and s.http_allowed_hosts == LOOPBACK_HOSTS:
+        # Not an error: a proxy on this machine may forward with Host 127.0.0.1.
+        print(
+            f"warning: serving on {args.host}, but POIMEN_HTTP_ALLOWED_HOSTS names loopback "
+            "hosts only: a request for any other Host gets 421 misdirected_request",
+            file=sys.stderr,
+        )
+        print(
+            "hint: set POIMEN_HTTP_ALLOWED_HOSTS to the names clients reach the service by",
+            file=sys.stderr,
+        )
     # The superuser only migrates; the service runs as its own role, under row-level security.
     app = create_app(service_settings(s))
     config = uvicorn.Config(
