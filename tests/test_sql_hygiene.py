@@ -473,7 +473,8 @@ def test_migrate_and_check_print_the_scale_warnings(
     for args in (["--check"], []):
         out = subprocess.run([*cli, *args], env=env, capture_output=True, text=True, check=False)
         assert out.returncode == 0, out.stdout + out.stderr
-        assert f"scale warning: filtered_hnsw (project {project}): project {project} holds" in out.stdout
+        line = f"scale warning: filtered_hnsw (project {project}): project {project} holds"
+        assert line in out.stdout, out.stdout
     conn.execute("SELECT memory.reset_policy('exact_scan_max_nodes')")
     out = subprocess.run([*cli, "--check"], env=env, capture_output=True, text=True, check=False)
     assert out.returncode == 0 and "scale warning" not in out.stdout, out.stdout

@@ -320,8 +320,8 @@ class DriftReport:
 def scale_warnings(conn: psycopg.Connection[Any]) -> list[str]:
     """memory.scale_warnings(), one line each, naming the project: none on a database whose
     sql/ predates the function (a database migrated only to an old level has none)."""
-    exists = conn.execute("SELECT to_regprocedure('memory.scale_warnings()') IS NOT NULL").fetchone()
-    if exists != (True,):
+    found = conn.execute("SELECT to_regprocedure('memory.scale_warnings()') IS NOT NULL")
+    if found.fetchone() != (True,):
         return []
     rows = conn.execute("SELECT project, what, hint FROM memory.scale_warnings()").fetchall()
     return [
