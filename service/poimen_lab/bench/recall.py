@@ -59,6 +59,15 @@ def add_corpus_arguments(p: argparse.ArgumentParser) -> None:
         help="with --corpus real: where the real vectors are cached (never the repository)",
     )
     p.add_argument(
+        "--vectors-from",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="with --corpus real: a database whose nodes already hold this embedder's vectors of "
+        "these texts (e.g. the one `poimen-memory eval` ingested); texts found there are not "
+        "embedded again (repeatable)",
+    )
+    p.add_argument(
         "--projects",
         type=int,
         default=1000,
@@ -74,9 +83,31 @@ def real_texts(args: argparse.Namespace, s: Settings) -> realistic.RealTexts:
     folders = [args.data / name for name in realistic.SOURCES if (args.data / name).is_dir()]
     if not folders:
         raise SystemExit(f"error: --corpus real needs locomo-dev/ or scifact/ in {args.data}")
-    return realistic.embed_cached(
-        folders, embedder.embed_documents, embedder.model_name, args.cache
-    )
+    known: dict[str, Any] = {}
+    for url in args.vectors_from:
+        known.update(stored_vectors(url, embedder.model_name))
+
+    def embed(texts: list[str]) -> Any:
+        missing = [t for t in texts if t not in known]
+        if missing:
+            known.update(zip(missing, embedder.embed_documents(missing), strict=True))
+        return np.stack([np.asarray(known[t], dtype=np.float32) for t in texts])
+
+    return realistic.embed_cached(folders, embed, embedder.model_name, args.cache)
+
+
+def stored_vectors(url: str, model: str) -> dict[str, Any]:
+    """text -> vector of a database's current nodes, when its model is ``model`` (ingest
+    embeds a node's text alone, as embed_cached would)."""
+    with connect(url) as conn:
+        row = conn.execute("SELECT model FROM memory.embedding_model").fetchone()
+        if row is None or row[0] != model:
+            raise SystemExit(f"error: {url} holds vectors of {row and row[0]!r}, not {model!r}")
+        rows = conn.execute(
+            "SELECT text, embedding::real[] FROM memory.nodes"
+            " WHERE embedding IS NOT NULL AND expired_at IS NULL"
+        ).fetchall()
+    return {str(t): np.asarray(v, dtype=np.float32) for t, v in rows}
 
 
 def make_corpus(
