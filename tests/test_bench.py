@@ -251,3 +251,22 @@ def test_bench_recall_on_the_realistic_corpus(
             assert x["path"].startswith("hnsw"), x
     assert r["profile"]["real"]["nn1_cosine_p50"] > r["profile"]["real"]["random_pair_cosine_p50"]
     assert _databases(admin) == before
+
+
+def test_bench_on_the_realistic_corpus(env: str, real_folder: Path, tmp_path: Path) -> None:
+    """`poimen-memory bench --corpus real`: the same parts on the realistic corpus, whose
+    largest project is the bench's main and the one nearest 1% its small one."""
+    (tmp_path / "fixture-data").rename(tmp_path / "scifact")
+    out = tmp_path / "bench.json"
+    args = ["bench", "--corpus", "real", "--data", str(tmp_path), "--cache",
+            str(tmp_path / "cache"), "--nodes", "800", "--queries", "5", "--projects", "20",
+            "--no-http", "--ingest-nodes", "0", "--natural", str(tmp_path / "none"),
+            "--json", str(out)]  # fmt: skip
+    assert main(args) == 0
+    r = json.loads(out.read_text())
+    assert r["corpus"] == "real" and r["dim"] == 384
+    small = r["ann"]["filtered_1pct"]
+    assert 0 < small["filter_nodes"] < 80
+    # The bench's 1% project is under exact_scan_max_nodes: the exact stage at every ef.
+    assert all(x["recall@10"] == 1.0 for x in small["ours"])
+    assert r["ann"]["unfiltered"]["ours"][-1]["recall@10"] >= 0.9
