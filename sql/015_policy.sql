@@ -32,6 +32,11 @@ BEGIN
         ('cascade_candidates', '200', '$1 ~ ''^[0-9]{1,5}$'' AND $1::integer BETWEEN 1 AND 10000', '1..10000'),
         ('fusion_by_type', '{}', 'memory._valid_fusion_by_type($1)', '{"Factual":"convex",...}'),
         ('exact_search_max_k', '1000', '$1 ~ ''^[0-9]{1,6}$'' AND $1::integer BETWEEN 1 AND 100000', '1..100000'),
+        -- the semantic leg of a named project with at most this many current nodes ranks
+        -- them exactly (stage semantic_exact, memory._semantic_stage); 0: always HNSW (issue 28)
+        ('exact_scan_max_nodes', '5000', '$1 ~ ''^[0-9]{1,7}$'' AND $1::integer BETWEEN 0 AND 1000000', '0..1000000 nodes (0: off)'),
+        -- hnsw.ef_search of a project-filtered HNSW scan (memory._semantic_ef; issue 28)
+        ('filtered_ef_search', '200', '$1 ~ ''^[0-9]{1,4}$'' AND $1::integer BETWEEN 1 AND 1000', '1..1000'),
         ('provenance_max_parents', '32', '$1 ~ ''^[0-9]{1,4}$'' AND $1::integer BETWEEN 1 AND 1000', '1..1000'),
         ('provenance_max_nodes', '256', '$1 ~ ''^[0-9]{1,6}$'' AND $1::integer BETWEEN 1 AND 100000', '1..100000'),
         -- a provenance tree's node shows this much of its text (bounded responses, issue 26)

@@ -51,6 +51,30 @@ AS $$
     SELECT h.id, (row_number() OVER (ORDER BY h.distance, h.id))::integer, 1 - h.distance
     FROM hits h
     ORDER BY h.distance, h.id$q$
+    -- A named project small enough (memory._semantic_stage): its rows read through the
+    -- (project_id, level) btree (or whatever scan the planner finds cheapest for them) and
+    -- ranked by exact distance, the recall of brute force. Same parameters as semantic; $2
+    -- is never NULL here. OFFSET 0 keeps the subquery apart, so the ORDER BY ... LIMIT k
+    -- cannot be served by an HNSW index (this stage must not be approximate).
+    WHEN 'semantic_exact' THEN $q$
+    SELECT h.id, (row_number() OVER (ORDER BY h.distance, h.id))::integer, 1 - h.distance
+    FROM (SELECT r.id, r.distance
+          FROM (SELECT n.id, n.embedding <=> $1 AS distance
+                FROM memory.nodes n
+                WHERE n.project_id = $2 AND n.embedding IS NOT NULL
+                  AND CASE WHEN $9::timestamptz IS NULL THEN n.expired_at IS NULL
+                           ELSE n.created_at <= $9 AND (n.expired_at IS NULL OR n.expired_at > $9)
+                                AND n.erased_at IS NULL END
+                  AND ($10::timestamptz IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= $10)
+                                                    AND (n.valid_to IS NULL OR n.valid_to > $10)))
+                  AND ($3::text[] IS NULL OR n.level = ANY ($3))
+                  AND ($5::timestamptz IS NULL OR n.ts >= $5) AND ($6::timestamptz IS NULL OR n.ts < $6)
+                  AND ($7::jsonb IS NULL OR n.metadata @> $7)
+                  AND ($8::jsonb IS NULL OR memory._grammar_match(n.tsv, memory._grammar_doc(n.title, n.breadcrumb, n.text), $8))
+                OFFSET 0) r
+          ORDER BY r.distance, r.id
+          LIMIT $4) h
+    ORDER BY h.distance, h.id$q$
     -- $1 query vector, $2 ids, $3 project id, $4 levels, $5 k, $6 since, $7 before, $8 filter, $9 grammar,
     -- $10 as_of, $11 valid time's instant.
     WHEN 'by_ids' THEN $q$
@@ -72,7 +96,55 @@ AS $$
     END
 $$;
 COMMENT ON FUNCTION memory.stage_sql(text) IS
-    'The SQL text of a vector stage (semantic: $1 vector, $2 project id, $3 levels, $4 k, $5 since, $6 before, $7 filter, $8 grammar, $9 as_of, $10 valid-time instant; by_ids: $1 vector, $2 ids, $3 project id, $4 levels, $5 k, $6 since, $7 before, $8 filter, $9 grammar, $10 as_of, $11 valid-time instant), run by memory.semantic_search / memory.search_by_ids and explained by memory.explain_query.';
+    'The SQL text of a vector stage (semantic, the HNSW scan, and semantic_exact, a named project''s rows ranked exactly: $1 vector, $2 project id, $3 levels, $4 k, $5 since, $6 before, $7 filter, $8 grammar, $9 as_of, $10 valid-time instant; by_ids: $1 vector, $2 ids, $3 project id, $4 levels, $5 k, $6 since, $7 before, $8 filter, $9 grammar, $10 as_of, $11 valid-time instant), run by memory.semantic_search / memory.search_by_ids and explained by memory.explain_query.';
+
+-- Which vector stage the semantic leg runs (issue 28): a named project holding at most
+-- exact_scan_max_nodes current nodes (memory.corpus_stats, kept by the lexical triggers: one
+-- primary-key read) is ranked exactly; a larger project, or no project (every project the
+-- caller may see), takes the HNSW scan. memory.semantic_search runs it and memory._explain
+-- explains it, both through this function.
+CREATE OR REPLACE FUNCTION memory._semantic_stage(project_id integer)
+RETURNS text
+-- STABLE PARALLEL SAFE: it only reads (the policy, corpus_stats); it sets nothing.
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    cap integer;
+BEGIN
+    IF project_id IS NULL THEN
+        RETURN 'semantic';
+    END IF;
+    cap := memory._policy_value('exact_scan_max_nodes')::integer;
+    IF cap > 0 AND coalesce((SELECT c.n_docs FROM memory.corpus_stats c
+                             WHERE c.project_id = _semantic_stage.project_id), 0) <= cap THEN
+        RETURN 'semantic_exact';
+    END IF;
+    RETURN 'semantic';
+END $$;
+COMMENT ON FUNCTION memory._semantic_stage(integer) IS
+    'The vector stage (memory.stage_sql) the semantic leg of project_id runs: semantic_exact when a project is named and holds at most the policy''s exact_scan_max_nodes current nodes (memory.corpus_stats; 0: never), else semantic (HNSW). Called by memory.semantic_search and memory.explain_query alike.';
+
+-- The hnsw.ef_search of an HNSW scan: the caller's, else filtered_ef_search when a project
+-- filters the graph (its iterative scan needs the wider beam to reach the project's own
+-- neighbours), else NULL: memory.semantic_search's own SET (100).
+CREATE OR REPLACE FUNCTION memory._semantic_ef(project_id integer, ef_search integer DEFAULT NULL)
+RETURNS integer
+-- STABLE PARALLEL SAFE: it reads the policy and returns a number; the callers (PARALLEL
+-- UNSAFE) are the ones that set hnsw.ef_search.
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF ef_search IS NOT NULL THEN
+        RETURN greatest(ef_search, 1);
+    ELSIF project_id IS NOT NULL THEN
+        RETURN memory._policy_value('filtered_ef_search')::integer;
+    END IF;
+    RETURN NULL;
+END $$;
+COMMENT ON FUNCTION memory._semantic_ef(integer, integer) IS
+    'The hnsw.ef_search an HNSW semantic scan of project_id runs with: ef_search when given (at least 1), else the policy''s filtered_ef_search when a project is named, else NULL (memory.semantic_search''s own setting, 100). Called by memory.semantic_search and memory.explain_query alike.';
 
 CREATE OR REPLACE FUNCTION memory.semantic_search(
     query_embedding vector,
@@ -95,27 +167,41 @@ LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 -- these settings are restored when the function returns.
 SET hnsw.iterative_scan = 'relaxed_order'
 SET hnsw.ef_search = 100
+-- No parallel workers: memory._semantic_stage has chosen between the exact stage and the
+-- graph already. pgvector costs an HNSW scan in proportion to ef_search, so at
+-- filtered_ef_search (200) a cheap enough parallel plan (a Parallel Seq Scan, Sort, Gather
+-- Merge: brute force split over workers) would undo the choice of the graph; found under
+-- debug_parallel_query with free parallel costs (tests/test_sql_modes.py, issue 28). Neither
+-- stage gains from workers: the exact one reads at most exact_scan_max_nodes rows.
+SET max_parallel_workers_per_gather = 0
 SET search_path = pg_catalog, public, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
     f record := memory.node_filter(project, levels, since, before, as_of, valid_at);
     q vector := memory.require_embedding(query_embedding);
+    stage text := memory._semantic_stage(f.pid);
+    ef integer;
 BEGIN
     IF k IS NULL OR k < 1 OR k > 1000 THEN
         RAISE EXCEPTION 'k must be 1..1000, got %', k USING ERRCODE = '22023';
     END IF;
-    IF ef_search IS NOT NULL THEN
-        PERFORM set_config('hnsw.ef_search', greatest(ef_search, 1)::text, true);
+    IF stage = 'semantic' THEN
+        ef := memory._semantic_ef(f.pid, ef_search);
+        IF ef IS NOT NULL THEN
+            PERFORM set_config('hnsw.ef_search', ef::text, true);
+        END IF;
     END IF;
-    RETURN QUERY EXECUTE memory.stage_sql('semantic')
+    RAISE DEBUG 'memory.semantic_search: stage %, hnsw.ef_search %', stage,
+        current_setting('hnsw.ef_search');
+    RETURN QUERY EXECUTE memory.stage_sql(stage)
         USING q, f.pid, f.lv, k, since, before,
               CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END,
               CASE WHEN grammar IS NOT NULL THEN memory._grammar_constraints(grammar) END,
               as_of, f.va;
 END $$;
 COMMENT ON FUNCTION memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz, jsonb, jsonb, timestamptz, timestamptz) IS
-    'HNSW top-k by cosine distance with optional project/level/time filters (since <= ts < before), filter (a JSON object the node''s metadata contains) and grammar (a memory.parse_query parse: its required phrases, tags and mentions and its exclusions); as_of: the versions the database held then (NULL: the current ones); valid_at: only nodes valid then (default: as_of, else now); the iterative scan fills k under selective filters. query_score = 1 - cosine distance.';
+    'Top-k by cosine distance (HNSW; a named project with at most exact_scan_max_nodes nodes ranked exactly, memory._semantic_stage; a project-filtered HNSW scan with ef_search, else the policy''s filtered_ef_search, memory._semantic_ef) with optional project/level/time filters (since <= ts < before), filter (a JSON object the node''s metadata contains) and grammar (a memory.parse_query parse: its required phrases, tags and mentions and its exclusions); as_of: the versions the database held then (NULL: the current ones); valid_at: only nodes valid then (default: as_of, else now); the iterative scan fills k under selective filters. query_score = 1 - cosine distance.';
 
 -- The form before the metadata filter goes first (and the one before time travel, above).
 DROP FUNCTION IF EXISTS memory.exact_search(vector, text, text[], integer, timestamptz, timestamptz);

@@ -17,8 +17,8 @@ RETURNS TABLE (stage text, search_strategy text, plan jsonb, time_ms double prec
 -- VOLATILE: PL/pgSQL runs EXPLAIN, a utility statement, only from a volatile function.
 -- PARALLEL UNSAFE: it may embed and route in PL/Python (subtransactions).
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
--- It also runs under memory.semantic_search's hnsw settings, copied from that function's
--- catalog entry below, so the plan is the one it gets.
+-- It also runs under memory.semantic_search's hnsw and parallel settings, copied from that
+-- function's catalog entry below, so the plan is the one it gets.
 SET search_path = pg_catalog, public, pg_temp
 AS $$
 #variable_conflict use_variable
@@ -39,6 +39,11 @@ DECLARE
     va timestamptz;
     opts text := CASE WHEN actual THEN 'FORMAT JSON, ANALYZE, BUFFERS' ELSE 'FORMAT JSON' END;
     x json;
+    -- the vector stage memory.semantic_search runs for this project and its ef_search, as it
+    -- chooses them (memory._semantic_stage, memory._semantic_ef); ef0: its own SET
+    sem text;
+    ef integer;
+    ef0 text := current_setting('hnsw.ef_search');
 BEGIN
     SELECT * INTO p FROM memory._prepare(req, query_embedding, 'memory.explain_query');
     pl := p.plan;
@@ -56,6 +61,9 @@ BEGIN
     -- the instant the vector stages test valid time at, as they compute it
     va := memory._valid_at(pid, as_of, (pl ->> 'valid_at')::timestamptz);
     search_strategy := pl ->> 'search_strategy';
+    sem := memory._semantic_stage(pid);
+    ef := CASE WHEN sem = 'semantic' THEN memory._semantic_ef(pid, NULL) END;
+    PERFORM set_config('hnsw.ef_search', coalesce(ef::text, ef0), true);
 
     stage := 'plan';
     plan := pl;
@@ -71,10 +79,11 @@ BEGIN
         RETURN NEXT;
     END IF;
     IF pl -> 'semantic' ->> 'engine' = 'hnsw' THEN
-        EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql('semantic')) INTO x
+        EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql(sem)) INTO x
             USING p.embedding, pid, lv, (pl -> 'semantic' ->> 'depth')::integer, lo, hi, flt, gr, as_of, va;
         stage := 'semantic';
-        plan := x::jsonb -> 0;
+        plan := x::jsonb -> 0 || jsonb_build_object('Stage', sem, 'hnsw.ef_search',
+                                                     CASE WHEN sem = 'semantic' THEN current_setting('hnsw.ef_search')::integer END);
         time_ms := (doc -> 'stages' ->> 'semantic_time_ms')::double precision;
         RETURN NEXT;
     ELSIF pl -> 'semantic' ->> 'engine' = 'by-ids' THEN
@@ -100,10 +109,11 @@ BEGIN
             RETURN NEXT;
         END IF;
         IF (ev ->> 'semantic')::boolean AND p.embedding IS NOT NULL THEN
-            EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql('semantic')) INTO x
+            EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql(sem)) INTO x
                 USING p.embedding, pid, ARRAY['L0'], (ev ->> 'candidates')::integer, lo, hi, flt, gr, as_of, va;
             stage := 'evidence_semantic';
-            plan := x::jsonb -> 0;
+            plan := x::jsonb -> 0 || jsonb_build_object('Stage', sem, 'hnsw.ef_search',
+                                                         CASE WHEN sem = 'semantic' THEN current_setting('hnsw.ef_search')::integer END);
             time_ms := (doc -> 'stages' ->> 'evidence_legs_time_ms')::double precision;
             RETURN NEXT;
         END IF;
@@ -155,18 +165,20 @@ BEGIN
         pg_catalog.regexp_replace(args, ', fusion ', ', actual boolean DEFAULT false, fusion '));
 END $$;
 COMMENT ON FUNCTION memory.explain_query(text, vector, text, text[], integer, text, boolean, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, integer) IS
-    'Plans the query with memory.plan_query''s planner and runs it with the executor memory.query and GET /memory/query use, then returns one row per stage that ran: plan (the plan itself, jsonb), lexical, semantic (the HNSW/btree recall) or by_ids (the LexicalFirst cosine stage), evidence_lexical and evidence_semantic (the direct L0 legs), fusion, provenance and evidence, each with EXPLAIN (FORMAT JSON[, ANALYZE, BUFFERS]) of that stage with the plan''s values and settings, and time_ms, the time the stage took when the query ran. Arguments as memory.answer; evidence NULL: the policy''s budget (explain_query shows the evidence stages GET /memory/query runs).';
+    'Plans the query with memory.plan_query''s planner and runs it with the executor memory.query and GET /memory/query use, then returns one row per stage that ran: plan (the plan itself, jsonb), lexical, semantic (the recall statement memory.semantic_search runs, memory._semantic_stage''s choice: HNSW or, for a small named project, the exact semantic_exact stage; its plan carries Stage and the hnsw.ef_search it ran with, memory._semantic_ef, NULL on the exact stage) or by_ids (the LexicalFirst cosine stage), evidence_lexical and evidence_semantic (the direct L0 legs), fusion, provenance and evidence, each with EXPLAIN (FORMAT JSON[, ANALYZE, BUFFERS]) of that stage with the plan''s values and settings, and time_ms, the time the stage took when the query ran. Arguments as memory.answer; evidence NULL: the policy''s budget (explain_query shows the evidence stages GET /memory/query runs).';
 
 -- The settings memory.semantic_search runs under (sql/030_vector.sql) are declared there
--- only: memory._explain takes each hnsw.* one from its catalog entry, so the two can never
--- disagree.
+-- only: memory._explain takes each hnsw.* one and max_parallel_workers_per_gather from its
+-- catalog entry, so the two can never disagree (the other stages explained are Function
+-- Scans of PL/pgSQL functions, whose plans these settings do not change).
 DO $$
 DECLARE
     setting text;
 BEGIN
     FOR setting IN
         SELECT c FROM pg_catalog.pg_proc p, unnest(p.proconfig) AS c
-        WHERE p.oid = memory._only('semantic_search') AND c LIKE 'hnsw.%'
+        WHERE p.oid = memory._only('semantic_search')
+          AND (c LIKE 'hnsw.%' OR c LIKE 'max_parallel_workers_per_gather=%')
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s SET %s = %L', memory._only('_explain'),
                                   split_part(setting, '=', 1),

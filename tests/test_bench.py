@@ -200,3 +200,100 @@ def test_the_http_ratios_are_the_runs_they_name() -> None:
     assert "http_evidence_p50_over_owner_p50" not in _ratios(r)
     del r["http_owner_evidence"]
     assert "http_evidence_p50_over_owner_p50" not in _ratios(r)
+
+
+# --- the realistic corpus and bench-recall (issue 28) ------------------------------------
+
+
+@pytest.fixture
+def real_folder(tmp_path: Path) -> Path:
+    """The project's own fixture as a data folder (nodes.jsonl, queries.jsonl): the
+    evaluation sets are never test inputs."""
+    folder = tmp_path / "fixture-data"
+    folder.mkdir()
+    fixtures = Path(__file__).parent / "fixtures"
+    (folder / "nodes.jsonl").write_text((fixtures / "memory_nodes.jsonl").read_text())
+    (folder / "queries.jsonl").write_text((fixtures / "eval_queries.jsonl").read_text())
+    return folder
+
+
+def test_realistic_corpus_shape(real_folder: Path, tmp_path: Path) -> None:
+    from poimen_lab.bench import realistic
+
+    calls: list[int] = []
+
+    def embed(texts: list[str]) -> Any:  # deterministic stand-in vectors, counted
+        calls.append(len(texts))
+        rng = np.random.default_rng(len(texts))
+        return rng.standard_normal((len(texts), 24)).astype(np.float32)
+
+    real = realistic.embed_cached([real_folder], embed, "stand-in", tmp_path / "cache")
+    again = realistic.embed_cached([real_folder], embed, "stand-in", tmp_path / "cache")
+    assert len(calls) == 2  # texts and questions once; the second call read the cache
+    assert np.array_equal(again.vectors, real.vectors)
+    assert list((tmp_path / "cache").glob("real-*.npz"))
+    c = realistic.generate(real, 3000, 7, seed=1, projects=40)
+    assert c.vectors.shape == (3000, 24) and c.query_vectors.shape == (7, 24)
+    assert np.allclose(np.linalg.norm(c.vectors, axis=1), 1, atol=1e-5)
+    sizes = sorted((c.projects.count(p) for p in set(c.projects)), reverse=True)
+    assert len(sizes) == 40 and sum(sizes) == 3000
+    assert sizes[0] == c.projects.count(synthetic.MAIN)  # the largest is the bench's main
+    assert 0.1 < sizes[0] / 3000 < 0.3 and sizes[0] > 10 * sizes[-1]  # Zipf: 1/r
+    assert 0 < c.projects.count(synthetic.SMALL) <= 0.03 * 3000  # the one nearest 1%
+    # Every node is a real text, and lies near a real vector (the mix of a real vector and
+    # one of its neighbours, plus noise).
+    assert set(c.texts) <= set(real.texts)
+    nearest_real = (c.vectors @ real.vectors.T).max(axis=1)
+    assert np.median(nearest_real) > 0.7
+    assert set(c.query_texts) <= set(real.questions)
+    same = realistic.generate(real, 3000, 7, seed=1, projects=40)
+    assert same.texts == c.texts and np.array_equal(same.vectors, c.vectors)
+
+
+def test_bench_recall_on_the_realistic_corpus(
+    env: str, real_folder: Path, tmp_path: Path, admin: psycopg.Connection[Any]
+) -> None:
+    """bench-recall at a tiny size, on real MiniLM vectors of the fixture's texts: as the
+    service's role under row-level security, the exact stage returns numpy's top 10 for every
+    project (all are under exact_scan_max_nodes here), side by side with the HNSW path."""
+    before = _databases(admin)
+    out = tmp_path / "recall.json"
+    args = ["bench-recall", "--corpus", "real", "--data", str(tmp_path), "--cache",
+            str(tmp_path / "cache"), "--nodes", "1500", "--queries", "6", "--projects", "30",
+            "--json", str(out)]  # fmt: skip
+    # --data names the folder holding the sources: the fixture folder under a source's name
+    (tmp_path / "fixture-data").rename(tmp_path / "locomo-dev")
+    assert main(args) == 0
+    r = json.loads(out.read_text())
+    by = {(x["scope"], x["setting"]): x for x in r["results"]}
+    assert by[("unfiltered", "default")]["path"] == "hnsw ef 100"
+    assert by[("unfiltered", "default")]["recall@10"] >= 0.9
+    projects = [x for x in r["results"] if x["project"] is not None]
+    assert {x["setting"] for x in projects} == {"default", "exact stage off", "HNSW, ef_search 100"}
+    for x in projects:
+        assert x["p50_ms"] > 0 and x["queries"] == 6
+        if x["setting"] == "default":
+            assert x["path"] == "exact" and x["recall@10"] == 1.0, x
+        else:
+            assert x["path"].startswith("hnsw"), x
+    assert r["profile"]["real"]["nn1_cosine_p50"] > r["profile"]["real"]["random_pair_cosine_p50"]
+    assert _databases(admin) == before
+
+
+def test_bench_on_the_realistic_corpus(env: str, real_folder: Path, tmp_path: Path) -> None:
+    """`poimen-memory bench --corpus real`: the same parts on the realistic corpus, whose
+    largest project is the bench's main and the one nearest 1% its small one."""
+    (tmp_path / "fixture-data").rename(tmp_path / "scifact")
+    out = tmp_path / "bench.json"
+    args = ["bench", "--corpus", "real", "--data", str(tmp_path), "--cache",
+            str(tmp_path / "cache"), "--nodes", "800", "--queries", "5", "--projects", "20",
+            "--no-http", "--ingest-nodes", "0", "--natural", str(tmp_path / "none"),
+            "--json", str(out)]  # fmt: skip
+    assert main(args) == 0
+    r = json.loads(out.read_text())
+    assert r["corpus"] == "real" and r["dim"] == 384
+    small = r["ann"]["filtered_1pct"]
+    assert 0 < small["filter_nodes"] < 80
+    # The bench's 1% project is under exact_scan_max_nodes: the exact stage at every ef.
+    assert all(x["recall@10"] == 1.0 for x in small["ours"])
+    assert r["ann"]["unfiltered"]["ours"][-1]["recall@10"] >= 0.9

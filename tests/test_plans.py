@@ -194,6 +194,8 @@ def test_iterative_scan_fills_limit_on_the_hnsw_path(synthetic: Conn) -> None:
         )
         synthetic.execute("DROP INDEX memory.nodes_current_external_id")
         synthetic.execute("SET LOCAL enable_seqscan = off")
+        # 'rare' (60 nodes) would take the exact stage (issue 28): this test is the HNSW one.
+        synthetic.execute("SELECT memory.set_policy('exact_scan_max_nodes', '0')")
         plans = _nested_plans(
             synthetic,
             "SELECT * FROM memory.semantic_search(%s, 'rare', NULL, 50)",
@@ -245,6 +247,18 @@ def test_explain_query_runs_under_the_semantic_stage_settings(synthetic: Conn) -
     )
     assert config["semantic_search"] == ["hnsw.iterative_scan=relaxed_order", "hnsw.ef_search=100"]
     assert config["_explain"] == config["semantic_search"]
+    workers = dict(
+        synthetic.execute(
+            "SELECT p.proname, ARRAY(SELECT c FROM unnest(p.proconfig) c"
+            " WHERE c LIKE 'max_parallel%%') FROM pg_proc p"
+            " WHERE p.pronamespace = 'memory'::regnamespace"
+            " AND p.proname IN ('semantic_search', '_explain')"
+        ).fetchall()
+    )
+    # No workers: a parallel brute-force plan would undo memory._semantic_stage's choice of
+    # the graph at filtered_ef_search (issue 28; tests/test_sql_modes.py's parallel mode).
+    assert workers["semantic_search"] == ["max_parallel_workers_per_gather=0"]
+    assert workers["_explain"] == workers["semantic_search"]
 
 
 def test_explain_query_of_a_lexical_first_cascade_shows_the_by_ids_stage(synthetic: Conn) -> None:
@@ -257,3 +271,151 @@ def test_explain_query_of_a_lexical_first_cascade_shows_the_by_ids_stage(synthet
     assert list(stages) == ["plan", "lexical", "by_ids", "fusion", "provenance"]
     assert {r[1] for r in rows} == {"LexicalFirst"}
     assert stages["by_ids"]["Plan"]["Node Type"] == "Limit"
+
+
+# --- issue 28: the exact stage for small named projects, filtered_ef_search ----------------
+
+
+def _semantic_plan(conn: Conn, project: str | None, seed: int = 6) -> dict[str, Any]:
+    """explain_query's semantic row (the stage memory.semantic_search runs) at the default
+    levels, SemanticOnly, k 10."""
+    rows = conn.execute(
+        "SELECT stage, plan FROM memory.explain_query("
+        "'topic1', %s, %s, k => 10, strategy => 'SemanticOnly', evidence => 0)",
+        (_query_vec(seed), project),
+    ).fetchall()
+    (plan,) = [r[1] for r in rows if r[0] == "semantic"]
+    return dict(plan)
+
+
+def _brute_force(conn: Conn, project: str, vec: str, k: int) -> list[int]:
+    """numpy's exact top k of the project's current L1/L2 nodes by cosine distance."""
+    rows = conn.execute(
+        "SELECT n.id, n.embedding::text FROM memory.nodes n JOIN memory.projects p"
+        " ON p.id = n.project_id WHERE p.name = %s AND n.level IN ('L1', 'L2')",
+        (project,),
+    ).fetchall()
+    ids = np.array([r[0] for r in rows])
+    mat = np.array([json.loads(r[1]) for r in rows], dtype=np.float64)
+    q = np.array(json.loads(vec), dtype=np.float64)
+    dist = 1 - (mat @ q) / (np.linalg.norm(mat, axis=1) * np.linalg.norm(q))
+    order = np.lexsort((ids, dist))[:k]
+    return [int(i) for i in ids[order]]
+
+
+@pytest.fixture
+def policy(synthetic: Conn) -> Iterator[Any]:
+    """memory.set_policy for one test; every key it set is reset afterwards."""
+    keys: list[str] = []
+
+    def set_policy(key: str, value: str) -> None:
+        keys.append(key)
+        synthetic.execute("SELECT memory.set_policy(%s, %s)", (key, value))
+
+    yield set_policy
+    for key in keys:
+        synthetic.execute("SELECT memory.reset_policy(%s)", (key,))
+
+
+def test_a_small_named_project_takes_the_exact_stage(synthetic: Conn) -> None:
+    """'rare' (60 nodes, under exact_scan_max_nodes 5000) is read through the project btree
+    and ranked exactly: no HNSW index in the plan, and the answer is numpy's top 10."""
+    plan = _semantic_plan(synthetic, "rare")
+    assert plan["Stage"] == "semantic_exact" and plan["hnsw.ef_search"] is None
+    indexes = _index_names([json.dumps(plan)])
+    assert not {i for i in indexes if "hnsw" in i}, indexes
+    assert indexes == {"nodes_project_level_idx"}, indexes
+    for seed in range(5):
+        vec = _query_vec(100 + seed)
+        got = synthetic.execute(
+            "SELECT node_id FROM memory.semantic_search(%s, 'rare', '{L1,L2}', 10)", (vec,)
+        ).fetchall()
+        assert [r[0] for r in got] == _brute_force(synthetic, "rare", vec, 10)
+
+
+def test_the_threshold_is_the_policy(synthetic: Conn, policy: Any) -> None:
+    """With exact_scan_max_nodes above its size, 'big' (5,940 nodes) is ranked exactly too,
+    and memory_query's semantic leg returns numpy's exact top 10."""
+    policy("exact_scan_max_nodes", "10000")
+    plan = _semantic_plan(synthetic, "big")
+    assert plan["Stage"] == "semantic_exact"
+    assert not {i for i in _index_names([json.dumps(plan)]) if "hnsw" in i}
+    vec = _query_vec(200)
+    got = synthetic.execute(
+        "SELECT node_id FROM memory.semantic_search(%s, 'big', '{L1,L2}', 10)", (vec,)
+    ).fetchall()
+    assert [r[0] for r in got] == _brute_force(synthetic, "big", vec, 10)
+
+
+def test_a_project_above_the_threshold_and_no_project_take_hnsw(synthetic: Conn) -> None:
+    big = _semantic_plan(synthetic, "big")
+    assert big["Stage"] == "semantic" and big["hnsw.ef_search"] == 200  # filtered_ef_search
+    assert _index_names([json.dumps(big)]) == {"nodes_embedding_hnsw_l1_l2"}
+    every = _semantic_plan(synthetic, None)
+    assert every["Stage"] == "semantic" and every["hnsw.ef_search"] == 100  # the function's own
+    assert _index_names([json.dumps(every)]) == {"nodes_embedding_hnsw_l1_l2"}
+
+
+def test_policy_zero_turns_the_exact_path_off(synthetic: Conn, policy: Any) -> None:
+    policy("exact_scan_max_nodes", "0")
+    plan = _semantic_plan(synthetic, "rare")
+    assert plan["Stage"] == "semantic" and plan["hnsw.ef_search"] == 200
+    assert synthetic.execute("SELECT memory._semantic_stage(2)").fetchone() == ("semantic",)
+    # 'big' takes HNSW with the project's ef as before.
+    assert _index_names([json.dumps(_semantic_plan(synthetic, "big"))]) == {
+        "nodes_embedding_hnsw_l1_l2"
+    }
+
+
+def _stage_notices(conn: Conn, sql: str, params: tuple[Any, ...]) -> list[str]:
+    """memory.semantic_search's DEBUG line (its stage and the hnsw.ef_search it set, read
+    with current_setting inside it) for the call ``sql``."""
+    notices: list[str] = []
+
+    def handler(d: psycopg.errors.Diagnostic) -> None:
+        if (d.message_primary or "").startswith("memory.semantic_search:"):
+            notices.append(d.message_primary or "")
+
+    conn.add_notice_handler(handler)
+    try:
+        with conn.transaction():
+            conn.execute("SET LOCAL client_min_messages = debug1")
+            # A forced Gather would run the function in a worker: its DEBUG goes to the log.
+            conn.execute(f"SET LOCAL {force_parallel(conn)} = off")
+            conn.execute(sql, params).fetchall()
+    finally:
+        conn.remove_notice_handler(handler)
+    return notices
+
+
+def test_filtered_ef_search_is_in_effect(synthetic: Conn, policy: Any) -> None:
+    sql = "SELECT * FROM memory.semantic_search(%s, %s, NULL, 10)"
+    vec = _query_vec(300)
+    assert _stage_notices(synthetic, sql, (vec, "big")) == [
+        "memory.semantic_search: stage semantic, hnsw.ef_search 200"
+    ]
+    assert _stage_notices(synthetic, sql, (vec, None)) == [
+        "memory.semantic_search: stage semantic, hnsw.ef_search 100"
+    ]
+    assert _stage_notices(synthetic, sql, (vec, "rare")) == [
+        "memory.semantic_search: stage semantic_exact, hnsw.ef_search 100"
+    ]
+    # The caller's ef_search wins; the policy moves the filtered default.
+    assert _stage_notices(
+        synthetic, "SELECT * FROM memory.semantic_search(%s, %s, NULL, 10, 40)", (vec, "big")
+    ) == ["memory.semantic_search: stage semantic, hnsw.ef_search 40"]
+    policy("filtered_ef_search", "321")
+    assert _stage_notices(synthetic, sql, (vec, "big")) == [
+        "memory.semantic_search: stage semantic, hnsw.ef_search 321"
+    ]
+    assert _semantic_plan(synthetic, "big")["hnsw.ef_search"] == 321
+
+
+def test_scale_warnings_flag_a_project_past_the_exact_path(synthetic: Conn, policy: Any) -> None:
+    """'rare' (1% of the store) past a tiny exact_scan_max_nodes is flagged; 'big' (99%, over
+    half of the store, so not filtered in effect) is not; nothing at the defaults."""
+    assert synthetic.execute("SELECT * FROM memory.scale_warnings()").fetchall() == []
+    policy("exact_scan_max_nodes", "10")
+    rows = synthetic.execute("SELECT project, what, hint FROM memory.scale_warnings()").fetchall()
+    assert [(r[0], r[1]) for r in rows] == [("rare", "filtered_hnsw")]
+    assert "project rare holds 60 nodes (1.0% of 6000)" in rows[0][2]

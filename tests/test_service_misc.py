@@ -294,6 +294,7 @@ def test_healthz_minimal(client: TestClient, embedder: LocalEmbedder) -> None:
         "nodes": 21,
         "embedding_model": embedder.model_name,
         "outbox": {"depth": 0, "lag_s": 0.0},
+        "scale_warnings": 0,
     }
     assert body["down"] == []
     assert checks["embedder"] == {"ok": True, "model": embedder.model_name, "dim": 384}

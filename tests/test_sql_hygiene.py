@@ -94,6 +94,9 @@ READER = {
     "lexical_kth",
     "lexical_query",
     "semantic_search",
+    "_semantic_stage",
+    "_semantic_ef",
+    "scale_warnings",
     "exact_search",
     "search_by_ids",
     "fuse",
@@ -452,6 +455,30 @@ def test_migrate_check_cli_exit_codes(fixture_url: str, conn: Conn, plpython_roo
     conn.execute("COMMENT ON FUNCTION memory.policy() IS 'edited by hand'")
     drift = subprocess.run(cli, env=env, capture_output=True, text=True, check=False)
     assert drift.returncode == 1 and "memory.policy()" in drift.stdout
+
+
+def test_migrate_and_check_print_the_scale_warnings(
+    fixture_url: str, conn: Conn, plpython_root: Path
+) -> None:
+    """memory.scale_warnings() (issue 28) in the CLI: migrate and migrate --check name the
+    project that outgrew the exact path; a warning, not drift (--check still exits 0)."""
+    import sys
+
+    env = dict(os.environ, POIMEN_DATABASE_URL=fixture_url, POIMEN_HOME=str(plpython_root.parent))
+    cli = [sys.executable, "-m", "poimen_memory.cli.main", "migrate"]
+    conn.execute("SELECT memory.set_policy('exact_scan_max_nodes', '1')")
+    (project,) = conn.execute(
+        "SELECT p.name FROM memory.corpus_stats c JOIN memory.projects p ON p.id = c.project_id"
+        " ORDER BY c.n_docs LIMIT 1"
+    ).fetchone()  # type: ignore[misc]
+    for args in (["--check"], []):
+        out = subprocess.run([*cli, *args], env=env, capture_output=True, text=True, check=False)
+        assert out.returncode == 0, out.stdout + out.stderr
+        line = f"scale warning: filtered_hnsw (project {project}): project {project} holds"
+        assert line in out.stdout, out.stdout
+    conn.execute("SELECT memory.reset_policy('exact_scan_max_nodes')")
+    out = subprocess.run([*cli, "--check"], env=env, capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and "scale warning" not in out.stdout, out.stdout
 
 
 def test_plpython_install_touches_only_its_own_directories(work_dir: Path) -> None:

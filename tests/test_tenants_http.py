@@ -167,3 +167,28 @@ def test_healthz_lists_the_warning(fixture_url: str, embedder: LocalEmbedder) ->
             assert time.monotonic() < deadline, "no warning for a superuser pool"
             time.sleep(0.05)
     assert len(warnings) == 1 and "the primary pool connects as role 'postgres'" in warnings[0]
+
+
+def test_healthz_counts_the_scale_warnings(
+    fixture_url: str, service_url: str, embedder: LocalEmbedder
+) -> None:
+    """A project past exact_scan_max_nodes holding under half of the store is a scale
+    warning (memory.scale_warnings(), issue 28): /healthz, as the service's role under
+    row-level security, counts it (migrate --check names it)."""
+    env = {"POIMEN_DATABASE_URL": service_url, "POIMEN_HEALTH_CACHE_S": "0"}
+    with connect(fixture_url, autocommit=True) as conn:
+        sizes = dict(
+            conn.execute(
+                "SELECT p.name, c.n_docs FROM memory.corpus_stats c"
+                " JOIN memory.projects p ON p.id = c.project_id"
+            ).fetchall()
+        )
+        with serve(env, embedder) as c:
+            assert c.get("/healthz").json()["checks"]["database"]["scale_warnings"] == 0
+            conn.execute("SELECT memory.set_policy('exact_scan_max_nodes', '1')")
+            database = c.get("/healthz").json()["checks"]["database"]
+        flagged = conn.execute("SELECT project, what FROM memory.scale_warnings()").fetchall()
+    total = sum(sizes.values())
+    expected = {(name, "filtered_hnsw") for name, n in sizes.items() if n > 1 and 2 * n < total}
+    assert expected and set(flagged) == expected
+    assert database["scale_warnings"] == len(expected)

@@ -1,6 +1,6 @@
-"""The lab's CLI commands (`eval`, `bench`, `bench-rls`, `bench-overload`), registered into
-`poimen-memory` through the ``poimen_memory.commands`` entry point, so the product never
-imports the lab by name."""
+"""The lab's CLI commands (`eval`, `bench`, `bench-rls`, `bench-recall`, `bench-overload`),
+registered into `poimen-memory` through the ``poimen_memory.commands`` entry point, so the
+product never imports the lab by name."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import argparse
 
 from poimen_lab.bench.command import add_parser as add_bench
 from poimen_lab.bench.overload import add_parser as add_bench_overload
+from poimen_lab.bench.recall import add_parser as add_bench_recall
 from poimen_lab.bench.rls import add_parser as add_bench_rls
 from poimen_lab.eval.command import add_parser as add_eval
 
@@ -16,4 +17,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_eval(sub)
     add_bench(sub)
     add_bench_rls(sub)
+    add_bench_recall(sub)
     add_bench_overload(sub)

@@ -19,6 +19,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from poimen_lab.bench import synthetic
 from poimen_lab.bench.ann import AnnBench, matched
+from poimen_lab.bench.recall import add_corpus_arguments, make_corpus
 from poimen_lab.bench.scratch import drop_database, fresh_database
 from poimen_lab.bm25_peer import PgLexemeBM25
 from poimen_lab.measures import percentile
@@ -94,6 +95,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--keep-db", action="store_true", help="keep the benchmark database")
     p.add_argument("--json", type=Path, metavar="OUT")
     p.add_argument("--plot", type=Path, metavar="OUT.png")
+    add_corpus_arguments(p)
     p.set_defaults(func=cmd_bench)
 
 
@@ -322,7 +324,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         with connect(url, autocommit=True) as conn:
             migrate(conn, s.plpython_root)
             t0 = time.perf_counter()
-            corpus = synthetic.generate(args.nodes, args.dim, args.queries, seed=args.seed)
+            if args.corpus == "real":  # real MiniLM vectors recombined (bench/realistic.py)
+                corpus, _ = make_corpus(args, s)
+            else:
+                corpus = synthetic.generate(args.nodes, args.dim, args.queries, seed=args.seed)
+            result["corpus"] = args.corpus
             gen_s = time.perf_counter() - t0
             print(f"bench: generated {args.nodes} nodes in {gen_s:.1f}s; loading", file=sys.stderr)
             load = synthetic.load(conn, corpus, model)
@@ -532,7 +538,10 @@ def goals(ratios: dict[str, Any]) -> list[list[Any]]:
 
 def _print(r: dict[str, Any]) -> None:
     load, ann = r["load"], r["ann"]
-    print(f"synthetic corpus: {r['nodes']} nodes x {r['dim']} dims, {r['queries']} queries")
+    print(
+        f"{r.get('corpus', 'synthetic')} corpus: {r['nodes']} nodes x {r['dim']} dims, "
+        f"{r['queries']} queries"
+    )
     print(
         f"COPY {load['copy_seconds']:.1f}s ({load['copy_nodes_per_s']:.0f} nodes/s, lexical "
         f"triggers included); edges {load['edges']} in {load['edges_seconds']:.1f}s"

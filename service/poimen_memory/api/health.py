@@ -43,6 +43,8 @@ async def _database(svc: Services) -> dict[str, Any]:
         "nodes": row["nodes"],
         "embedding_model": row["embedding_model"],
         "outbox": {"depth": row["outbox_depth"], "lag_s": float(lag) if lag else 0.0},
+        # memory.scale_warnings(): counted only; `poimen-memory migrate --check` lists them
+        "scale_warnings": row["scale_warnings"],
     }
 
 

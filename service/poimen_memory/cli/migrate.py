@@ -39,6 +39,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             print(finding)
         for warning in drift.warnings:
             print(f"warning: {warning}", file=sys.stderr)
+        for warning in drift.scale_warnings:
+            print(f"scale warning: {warning}")
         print(
             "no drift"
             if drift.clean
@@ -56,6 +58,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(f"notice: {notice}", file=sys.stderr)
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    for warning in report.scale_warnings:
+        print(f"scale warning: {warning}")
     if not report.plpython_installed:
         print(
             "notice: this database has no plpython3u (a managed service, or not a superuser):"

@@ -290,6 +290,8 @@ class MigrateReport:
     """This database's own roles (db/roles.py)."""
     warnings: list[str] = field(default_factory=list)
     """This database's roles holding privileges in another database too."""
+    scale_warnings: list[str] = field(default_factory=list)
+    """What the store has outgrown (memory.scale_warnings(), issue 28), one line each."""
 
 
 @dataclass(frozen=True)
@@ -307,10 +309,25 @@ class DriftReport:
     # Not drift from sql/ (nothing migrate would change), but worth a DBA's look: this
     # database's roles holding privileges in another database too.
     warnings: list[str] = field(default_factory=list)
+    # Not drift either: what the store has outgrown (memory.scale_warnings(), issue 28).
+    scale_warnings: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
         return not (self.pending_migrations or self.changed or self.missing or self.findings)
+
+
+def scale_warnings(conn: psycopg.Connection[Any]) -> list[str]:
+    """memory.scale_warnings(), one line each, naming the project: none on a database whose
+    sql/ predates the function (a database migrated only to an old level has none)."""
+    found = conn.execute("SELECT to_regprocedure('memory.scale_warnings()') IS NOT NULL")
+    if found.fetchone() != (True,):
+        return []
+    rows = conn.execute("SELECT project, what, hint FROM memory.scale_warnings()").fetchall()
+    return [
+        f"{what}{'' if project is None else f' (project {project})'}: {hint}"
+        for project, what, hint in rows
+    ]
 
 
 def _checksum(path: Path) -> str:
@@ -1007,6 +1024,7 @@ def migrate(
         installed,
         roles,
         _shared_roles(conn, roles),
+        scale_warnings(conn),
     )
 
 
@@ -1090,6 +1108,8 @@ def check(
                 + found
                 + _module_findings(conn)
             )
+            # sql/ as it would be applied: the function exists here even before migrate.
+            outgrown = scale_warnings(conn)
         return DriftReport(
             pending_migrations=[],
             changed=sorted(s for s in after if s in before and before[s] != after[s]),
@@ -1097,6 +1117,7 @@ def check(
             extra=sorted(s for s in before if s not in touched),
             findings=found,
             warnings=_shared_roles(conn, roles),
+            scale_warnings=outgrown,
         )
 
     report, waits = _retrying(conn, lock_timeout_s, attempt)

@@ -151,7 +151,9 @@ SELECT (SELECT count(*) FROM memory.nodes) AS nodes,
        (SELECT model FROM memory.embedding_model) AS embedding_model,
        (SELECT count(*) FROM memory.opensearch_outbox) AS outbox_depth,
        (SELECT extract(epoch FROM now() - min(enqueued_at)) FROM memory.opensearch_outbox)
-           AS outbox_lag_s;
+           AS outbox_lag_s,
+       -- what the store has outgrown (issue 28): counted here, listed by migrate --check
+       (SELECT count(*) FROM memory.scale_warnings()) AS scale_warnings;
 
 -- name: vacuum_postings
 VACUUM (ANALYZE) memory.postings;
