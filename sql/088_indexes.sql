@@ -113,9 +113,11 @@ BEGIN
             project := NULL;
             what := 'hnsw_graph';
             hint := pg_catalog.format(
-                'the store holds %s nodes on HNSW graphs built with m = %s: past 500,000 nodes a graph with '
-                'm = 24, ef_construction = 128 recalls more (measured at 100,000 nodes: recall@10 0.983 -> 0.993, '
-                'build time 1.4x; docs/benchmarks.md, "Recall at scale (issue 28)")', total, m);
+                'the store holds %s nodes on HNSW graphs built with m = %s: past 500,000 nodes an unfiltered '
+                'search at ef_search 100 misses more of the true top 10 (recall@10 0.979 at 100,000 nodes, 0.644 '
+                'at 1,000,000 on the synthetic corpus; docs/benchmarks.md). Partition the store by project '
+                '(docs/scaling.md) so each project''s search reads a graph of its own size; migrate builds every '
+                'graph with m = 16, so a denser graph is not a setting yet', total, m);
             RETURN NEXT;
             EXIT;
         END LOOP;
