@@ -37,6 +37,10 @@ BEGIN
         ('exact_scan_max_nodes', '5000', '$1 ~ ''^[0-9]{1,7}$'' AND $1::integer BETWEEN 0 AND 1000000', '0..1000000 nodes (0: off)'),
         -- hnsw.ef_search of a project-filtered HNSW scan (memory._semantic_ef; issue 28)
         ('filtered_ef_search', '200', '$1 ~ ''^[0-9]{1,4}$'' AND $1::integer BETWEEN 1 AND 1000', '1..1000'),
+        -- a project past this many current nodes (and past exact_scan_max_nodes) holding
+        -- under half of the store gets HNSW graphs of its own at the next migrate
+        -- (memory._project_graphs, sql/088_indexes.sql; issue 28)
+        ('project_graph_min_nodes', '5000', '$1 ~ ''^[0-9]{1,7}$'' AND $1::integer BETWEEN 0 AND 10000000', '0..10000000 nodes (0: off)'),
         ('provenance_max_parents', '32', '$1 ~ ''^[0-9]{1,4}$'' AND $1::integer BETWEEN 1 AND 1000', '1..1000'),
         ('provenance_max_nodes', '256', '$1 ~ ''^[0-9]{1,6}$'' AND $1::integer BETWEEN 1 AND 100000', '1..100000'),
         -- a provenance tree's node shows this much of its text (bounded responses, issue 26)

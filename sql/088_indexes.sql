@@ -9,6 +9,33 @@
 -- (memory.configure_embedding calls this then). m=16, ef_construction=64 are pgvector's
 -- defaults, written out so DBAs can see them; the L1/L2 graph is the default levels' own
 -- (migration 0007 explains why).
+-- The projects that get HNSW graphs of their own (issue 28): past the exact stage
+-- (exact_scan_max_nodes) and past project_graph_min_nodes, holding under half of the store.
+-- Such a project's filtered scan of the shared graph walks mostly other projects' nodes and,
+-- on the realistic corpus at 100k nodes, found 0.83-0.92 of the true top 10 at ef_search 200
+-- (docs/benchmarks.md, "Recall at scale"). A partial index per filter value is pgvector's own
+-- answer for a filter over a few values; the planner picks the smallest graph whose predicate
+-- the query's project implies. Zipf-sized tenants keep the list short: the projects past
+-- 5,000 nodes are few, whatever the store's size. A store partitioned by project has a graph
+-- per partition already.
+CREATE OR REPLACE FUNCTION memory._project_graphs()
+RETURNS TABLE (project_id integer, n_docs bigint)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.project_id, c.n_docs::bigint
+    FROM memory.corpus_stats c,
+         (SELECT greatest(memory._policy_value('exact_scan_max_nodes')::bigint,
+                          memory._policy_value('project_graph_min_nodes')::bigint) AS least_nodes,
+                 memory._policy_value('project_graph_min_nodes')::bigint AS on_at,
+                 (SELECT coalesce(sum(s.n_docs), 0) FROM memory.corpus_stats s) AS total) p
+    WHERE p.on_at > 0 AND c.n_docs > p.least_nodes AND 2 * c.n_docs < p.total
+      AND NOT memory.partitioned()
+    ORDER BY c.project_id
+$$;
+COMMENT ON FUNCTION memory._project_graphs() IS
+    'The projects memory._ensure_indexes gives HNSW graphs of their own (nodes_embedding_hnsw_p<id>, nodes_embedding_hnsw_l1_l2_p<id>: partial indexes WHERE project_id = <id>): more current nodes than both exact_scan_max_nodes and project_graph_min_nodes (policy; 0: none), under half of the store, on a store not partitioned by project. Over the projects the caller may see.';
+
 CREATE OR REPLACE FUNCTION memory._ensure_indexes()
 RETURNS text[]
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -34,6 +61,9 @@ DECLARE
     rel regclass;
     probe regclass;
     have oid;
+    pid integer;
+    own name;
+    own_graphs text[] := '{}';
     made text[] := '{}';
 BEGIN
     IF hnsw THEN
@@ -42,11 +72,35 @@ BEGIN
                 'USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64)', vs)],
             ['0001_initial', 'nodes', 'nodes_embedding_hnsw_l1_l2', pg_catalog.format(
                 'USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE level IN (''L1'', ''L2'')', vs)]];
+        -- A large project's own pair of graphs (memory._project_graphs), named by its id so
+        -- a rename keeps them.
+        FOR pid IN SELECT g.project_id FROM memory._project_graphs() g LOOP
+            own_graphs := own_graphs || ARRAY['nodes_embedding_hnsw_p' || pid, 'nodes_embedding_hnsw_l1_l2_p' || pid];
+            wanted := wanted || ARRAY[
+                ['0001_initial', 'nodes', 'nodes_embedding_hnsw_p' || pid, pg_catalog.format(
+                    'USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE project_id = %s', vs, pid)],
+                ['0001_initial', 'nodes', 'nodes_embedding_hnsw_l1_l2_p' || pid, pg_catalog.format(
+                    'USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE project_id = %s AND level IN (''L1'', ''L2'')', vs, pid)]];
+        END LOOP;
     END IF;
+    -- A project's own graphs that are no longer wanted (it shrank, grew past half of the
+    -- store, was deleted, or the policy changed) go: the shared graph serves it again.
+    FOR own IN
+        SELECT c.relname FROM pg_catalog.pg_index i
+        JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+        WHERE i.indrelid = 'memory.nodes'::regclass
+          AND c.relname ~ '^nodes_embedding_hnsw(_l1_l2)?_p[0-9]+$'
+          AND NOT c.relname = ANY (own_graphs)
+    LOOP
+        EXECUTE pg_catalog.format('DROP INDEX memory.%I', own);
+        made := made || ('-' || own);
+    END LOOP;
     FOREACH w SLICE 1 IN ARRAY wanted LOOP
         CONTINUE WHEN NOT EXISTS (SELECT 1 FROM memory.schema_migrations m WHERE m.version = w[1]);
         rel := pg_catalog.format('memory.%I', w[2])::regclass;
         probe := memory._probe(rel);
+        -- A second pass in one transaction finds the first one's probe index.
+        EXECUTE pg_catalog.format('DROP INDEX IF EXISTS pg_temp.%I', w[3]);
         EXECUTE pg_catalog.format('CREATE INDEX %I ON %s %s', w[3], probe, w[4]);
         SELECT i.indexrelid INTO have FROM pg_catalog.pg_index i
         JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
@@ -64,17 +118,19 @@ BEGIN
     RETURN made;
 END $$;
 COMMENT ON FUNCTION memory._ensure_indexes() IS
-    'Builds the product''s indexes that are missing, invalid or differ from their definition here (compared on a probe table first); returns the names it built. Run by migrate; a DBA''s own indexes are left alone.';
+    'Builds the product''s indexes that are missing, invalid or differ from their definition here (compared on a probe table first), among them the HNSW graphs of each project memory._project_graphs names, and drops such a project graph no longer wanted; returns the names it built, and those it dropped prefixed with -. Run by migrate; a DBA''s own indexes are left alone.';
 
 SELECT memory._ensure_indexes();
 
 -- What a deployment must change as it grows (issue 28), as rows a DBA reads: migrate and
 -- migrate --check print them, GET /healthz counts them. Over the projects the caller sees
 -- (the owner, migrate: all of them).
--- - filtered_hnsw: a project past exact_scan_max_nodes holding under half of the store: its
---   queries take the project-filtered HNSW scan of the shared graph, whose recall falls as
---   the rest of the store grows (docs/benchmarks.md, "Recall at scale (issue 28)"). Not on a
---   store partitioned by project: each project has its own graph there.
+-- - filtered_hnsw: a project past exact_scan_max_nodes holding under half of the store with
+--   no graph of its own yet: its queries take the project-filtered HNSW scan of the shared
+--   graph, whose recall falls as the rest of the store grows (docs/benchmarks.md, "Recall at
+--   scale (issue 28)"). The next migrate builds it one when memory._project_graphs names it;
+--   the hint says which. Not on a store partitioned by project: each project has its own
+--   graph there.
 -- - hnsw_graph: more than 500,000 nodes on graphs built with m = 16.
 CREATE OR REPLACE FUNCTION memory.scale_warnings()
 RETURNS TABLE (project text, what text, hint text)
@@ -91,14 +147,27 @@ BEGIN
         RETURN QUERY
         SELECT p.name::text, 'filtered_hnsw'::text,
                pg_catalog.format('project %s holds %s nodes (%s%% of %s), above exact_scan_max_nodes = %s: '
-                                 'its semantic leg takes the project-filtered HNSW scan (hnsw.ef_search = filtered_ef_search, %s), '
-                                 'whose recall falls as the store grows; raise exact_scan_max_nodes if an exact scan of it is fast enough, '
-                                 'raise filtered_ef_search (memory.set_policy), or give each project its own graph '
-                                 '(poimen-memory migrate --partition-by-project, docs/scaling.md)',
+                                 'its semantic leg takes the project-filtered scan of the shared HNSW graph '
+                                 '(hnsw.ef_search = filtered_ef_search, %s), whose recall falls as the store grows; ',
                                  p.name, c.n_docs, round(100.0 * c.n_docs / total, 1), total, cap,
                                  memory._policy_value('filtered_ef_search'))
+               || CASE WHEN g.project_id IS NOT NULL THEN
+                      'run poimen-memory migrate: it builds the project HNSW graphs of its own (nodes_embedding_hnsw_p'
+                      || c.project_id || ')'
+                  ELSE
+                      pg_catalog.format('set project_graph_min_nodes (now %s) below its size and run poimen-memory migrate '
+                                        'to give it HNSW graphs of its own, raise exact_scan_max_nodes if an exact scan of it '
+                                        'is fast enough, or partition the store by project '
+                                        '(poimen-memory migrate --partition-by-project, docs/scaling.md)',
+                                        memory._policy_value('project_graph_min_nodes'))
+                  END
         FROM memory.corpus_stats c JOIN memory.projects p ON p.id = c.project_id
+        LEFT JOIN memory._project_graphs() g ON g.project_id = c.project_id
         WHERE c.n_docs > cap AND 2 * c.n_docs < total
+          AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+                          JOIN pg_catalog.pg_class r ON r.oid = i.indexrelid
+                          WHERE i.indrelid = 'memory.nodes'::regclass AND i.indisvalid
+                            AND r.relname = 'nodes_embedding_hnsw_p' || c.project_id)
         ORDER BY c.n_docs DESC, p.name;
     END IF;
     IF total > 500000 THEN
@@ -124,4 +193,4 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION memory.scale_warnings() IS
-    'What the store has outgrown, one row each (project, what, hint): filtered_hnsw, a project above the policy''s exact_scan_max_nodes holding under half of the store (its project-filtered HNSW recall falls as the store grows; not on a store partitioned by project); hnsw_graph (project NULL), more than 500,000 nodes on HNSW graphs built with m = 16. Over the projects the caller may see. Printed by poimen-memory migrate and migrate --check, counted by GET /healthz.';
+    'What the store has outgrown, one row each (project, what, hint): filtered_hnsw, a project above the policy''s exact_scan_max_nodes holding under half of the store with no HNSW graph of its own yet (its project-filtered recall of the shared graph falls as the store grows; the hint says whether the next migrate builds one, memory._project_graphs; not on a store partitioned by project); hnsw_graph (project NULL), more than 500,000 nodes on HNSW graphs built with m = 16. Over the projects the caller may see. Printed by poimen-memory migrate and migrate --check, counted by GET /healthz.';

@@ -255,27 +255,44 @@ def test_bench_recall_on_the_realistic_corpus(
 ) -> None:
     """bench-recall at a tiny size, on real MiniLM vectors of the fixture's texts: as the
     service's role under row-level security, the exact stage returns numpy's top 10 for every
-    project (all are under exact_scan_max_nodes here), side by side with the HNSW path."""
+    project under exact_scan_max_nodes (200 here), side by side with the HNSW path; the
+    largest project (past both thresholds) gets graphs of its own at load, measured beside
+    the shared graph's filtered scan; memory_query()'s answers against an exact semantic leg."""
     before = _databases(admin)
     out = tmp_path / "recall.json"
     args = ["bench-recall", "--corpus", "real", "--data", str(tmp_path), "--cache",
             str(tmp_path / "cache"), "--nodes", "1500", "--queries", "6", "--projects", "30",
-            "--json", str(out)]  # fmt: skip
+            "--exact-scan-max-nodes", "200", "--project-graph-min-nodes", "200",
+            "--answer-queries", "3", "--json", str(out)]  # fmt: skip
     # --data names the folder holding the sources: the fixture folder under a source's name
     (tmp_path / "fixture-data").rename(tmp_path / "locomo-dev")
     assert main(args) == 0
     r = json.loads(out.read_text())
+    assert r["load"]["project_graphs"] >= 1
     by = {(x["scope"], x["setting"]): x for x in r["results"]}
-    assert by[("unfiltered", "default")]["path"] == "hnsw ef 100"
+    assert by[("unfiltered", "default")]["path"] == "shared graph, ef 100"
     assert by[("unfiltered", "default")]["recall@10"] >= 0.9
+    assert by[("unfiltered", "ef_search 400")]["path"] == "shared graph, ef 400"
     projects = [x for x in r["results"] if x["project"] is not None]
-    assert {x["setting"] for x in projects} == {"default", "exact stage off", "HNSW, ef_search 100"}
+    largest = max(projects, key=lambda x: x["nodes"])
+    owned = {x["setting"]: x for x in projects if x["project"] == largest["project"]}
+    assert owned["default"]["path"] == "own graph, ef 200", owned
+    assert owned["shared graph"]["path"] == "shared graph, ef 200", owned
+    assert owned["HNSW, ef_search 400"]["path"] == "own graph, ef 400", owned
+    small = [x for x in projects if x["nodes"] <= 200]
+    assert small
     for x in projects:
         assert x["p50_ms"] > 0 and x["queries"] == 6
+        assert x["recall@10"] >= 0.5, x
+    for x in small:
         if x["setting"] == "default":
             assert x["path"] == "exact" and x["recall@10"] == 1.0, x
         else:
-            assert x["path"].startswith("hnsw"), x
+            assert x["path"].startswith("shared graph"), x
+    answers = {a["scope"]: a for a in r["answers"]}
+    assert set(answers) == {x["scope"] for x in r["results"]}
+    for a in answers.values():
+        assert a["queries"] == 3 and 0.5 <= a["recall@10"] <= 1.0 and a["exact_p50_ms"] > 0, a
     assert r["profile"]["real"]["nn1_cosine_p50"] > r["profile"]["real"]["random_pair_cosine_p50"]
     assert _databases(admin) == before
 

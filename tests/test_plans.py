@@ -419,3 +419,75 @@ def test_scale_warnings_flag_a_project_past_the_exact_path(synthetic: Conn, poli
     rows = synthetic.execute("SELECT project, what, hint FROM memory.scale_warnings()").fetchall()
     assert [(r[0], r[1]) for r in rows] == [("rare", "filtered_hnsw")]
     assert "project rare holds 60 nodes (1.0% of 6000)" in rows[0][2]
+    # project_graph_min_nodes (5000) keeps 'rare' on the shared graph: the hint says so.
+    assert "set project_graph_min_nodes (now 5000) below its size" in rows[0][2]
+
+
+class _Rollback(Exception):
+    """Raised to roll a test's transaction back (the indexes it built go with it)."""
+
+
+def _rare_id(conn: Conn) -> int:
+    row = conn.execute("SELECT id FROM memory.projects WHERE name = 'rare'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_large_project_gets_hnsw_graphs_of_its_own(synthetic: Conn, policy: Any) -> None:
+    """Past both thresholds and under half of the store, 'rare' is named by
+    memory._project_graphs; migrate's index pass builds its pair of partial graphs, the
+    planner reads them for its queries (all levels and the default L1/L2), the answer is
+    numpy's, and the scale warning goes. 'big' (99% of the store) never gets one."""
+    rid = _rare_id(synthetic)
+    policy("exact_scan_max_nodes", "10")
+    policy("project_graph_min_nodes", "10")
+    graphs = synthetic.execute("SELECT project_id, n_docs FROM memory._project_graphs()")
+    assert graphs.fetchall() == [(rid, 60)]
+    (hint,) = synthetic.execute("SELECT hint FROM memory.scale_warnings()").fetchone() or ("",)
+    assert (
+        "run poimen-memory migrate: it builds the project HNSW graphs of its own "
+        f"(nodes_embedding_hnsw_p{rid})"
+    ) in hint
+    with pytest.raises(_Rollback), synthetic.transaction():
+        (made,) = synthetic.execute("SELECT memory._ensure_indexes()").fetchone() or (None,)
+        assert made == [f"nodes_embedding_hnsw_p{rid}", f"nodes_embedding_hnsw_l1_l2_p{rid}"]
+        (indexdef,) = synthetic.execute(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = %s",
+            (f"nodes_embedding_hnsw_l1_l2_p{rid}",),
+        ).fetchone() or ("",)
+        assert indexdef.endswith(
+            f"WHERE ((project_id = {rid}) AND (level = ANY (ARRAY['L1'::text, 'L2'::text])))"
+        ), indexdef
+        synthetic.execute("ANALYZE memory.nodes")
+        plan = _semantic_plan(synthetic, "rare")
+        assert plan["Stage"] == "semantic" and plan["hnsw.ef_search"] == 200
+        assert _index_names([json.dumps(plan)]) == {f"nodes_embedding_hnsw_l1_l2_p{rid}"}
+        # memory.semantic_search itself (auto_explain inside it), at every level.
+        plans = _nested_plans(
+            synthetic,
+            "SELECT * FROM memory.semantic_search(%s, 'rare', NULL, 10)",
+            (_query_vec(11),),
+        )
+        assert f"nodes_embedding_hnsw_p{rid}" in _index_names(plans)
+        for seed in range(3):
+            vec = _query_vec(300 + seed)
+            got = synthetic.execute(
+                "SELECT node_id FROM memory.semantic_search(%s, 'rare', '{L1,L2}', 10)", (vec,)
+            ).fetchall()
+            assert [r[0] for r in got] == _brute_force(synthetic, "rare", vec, 10)
+        assert synthetic.execute("SELECT * FROM memory.scale_warnings()").fetchall() == []
+        # A second pass builds nothing; turning the policy off drops the pair.
+        assert synthetic.execute("SELECT memory._ensure_indexes()").fetchone() == ([],)
+        synthetic.execute("SELECT memory.set_policy('project_graph_min_nodes', '0')")
+        (dropped,) = synthetic.execute("SELECT memory._ensure_indexes()").fetchone() or ([],)
+        assert sorted(dropped) == [
+            f"-nodes_embedding_hnsw_l1_l2_p{rid}",
+            f"-nodes_embedding_hnsw_p{rid}",
+        ]
+        # (the planner reads 60 nodes through the project btree once the graph is gone)
+        gone = _index_names([json.dumps(_semantic_plan(synthetic, "rare"))])
+        assert gone and not {i for i in gone if i.endswith(f"_p{rid}")}, gone
+        raise _Rollback
+    # 'big' holds 99% of the store: a graph of its own would be the shared one again.
+    policy("exact_scan_max_nodes", "5000")
+    assert synthetic.execute("SELECT count(*) FROM memory._project_graphs()").fetchone() == (0,)

@@ -97,6 +97,7 @@ READER = {
     "_semantic_stage",
     "_semantic_ef",
     "scale_warnings",
+    "_project_graphs",
     "exact_search",
     "search_by_ids",
     "fuse",

@@ -195,13 +195,17 @@ def generate(
     )
 
 
-def project_queries(real: RealTexts, corpus: synthetic.Corpus, project: str, count: int) -> F32:
-    """The ``count`` real questions nearest a project's nodes (their mean direction): what a
-    tenant about that topic asks."""
+def project_queries(
+    real: RealTexts, corpus: synthetic.Corpus, project: str, count: int
+) -> tuple[F32, list[str]]:
+    """The ``count`` real questions nearest a project's nodes (their mean direction), vectors
+    and texts: what a tenant about that topic asks."""
     members = np.array([p == project for p in corpus.projects])
     centre = _unit(corpus.vectors[members].mean(axis=0, keepdims=True))[0]
     order = np.argsort(-(real.question_vectors @ centre), kind="stable")[:count]
-    return np.ascontiguousarray(real.question_vectors[order])
+    return np.ascontiguousarray(real.question_vectors[order]), [
+        real.questions[int(i)] for i in order
+    ]
 
 
 def profile(vectors: F32, sample: int = 500, seed: int = 0) -> dict[str, float]:

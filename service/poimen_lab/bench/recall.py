@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -20,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import psycopg
+import psycopg.sql
+from psycopg.conninfo import make_conninfo
 
 from poimen_lab.bench import realistic, synthetic
 from poimen_lab.bench.ann import K, recall
@@ -137,7 +140,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--queries", type=int, default=200, help="queries per scope")
     p.add_argument("--seed", type=int, default=0)
     add_corpus_arguments(p)
+    p.add_argument(
+        "--answer-queries",
+        type=int,
+        default=100,
+        metavar="N",
+        help="queries per scope for memory_query()'s recall against an exact semantic leg "
+        "(0: skip)",
+    )
+    for key in ("exact_scan_max_nodes", "project_graph_min_nodes"):
+        p.add_argument(
+            "--" + key.replace("_", "-"),
+            type=int,
+            metavar="N",
+            help=f"the policy's {key} for this run's database (default: the policy's own)",
+        )
+    p.add_argument(
+        "--maintenance-work-mem",
+        default="3GB",
+        help="for the HNSW builds: above the largest graph (about 2 GB at 1M nodes)",
+    )
     p.add_argument("--keep-db", action="store_true")
+    p.add_argument(
+        "--reuse-db",
+        metavar="NAME",
+        help="a database an earlier run kept (--keep-db) with the same --nodes, --seed and "
+        "corpus: migrated by this checkout, then measured (kept afterwards)",
+    )
     p.add_argument("--json", type=Path, metavar="OUT")
     p.set_defaults(func=cmd_bench_recall, corpus="real")
 
@@ -187,49 +216,110 @@ def _run(
     return (time.perf_counter() - t0) * 1000, [r[0] for r in rows]
 
 
+# The HNSW stage's own SQL text (memory.stage_sql('semantic')) with its project test written
+# project_id + 0 = $2: the same rows, but a predicate the planner cannot match to a project's
+# partial index (its own graph, memory._project_graphs), so the scan is the project-filtered
+# one of the shared graph, as memory.semantic_search ran it before projects had graphs of
+# their own. Sent with its parameters bound (a custom plan, as the function's EXECUTE has).
+def shared_graph_sql(conn: psycopg.Connection[Any]) -> str:
+    text = str(_one(conn, "SELECT memory.stage_sql('semantic')"))
+    assert text.count("n.project_id = $2") == 1 and "%" not in text, text
+    text = text.replace("n.project_id = $2", "n.project_id + 0 = $2")
+    return re.sub(r"\$(\d+)", r"%(p\1)s", text)
+
+
+def _run_shared(
+    conn: psycopg.Connection[Any], sql: str, vec: Any, project_id: int, ef: int
+) -> tuple[float, list[int]]:
+    conn.execute(
+        "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', false),"
+        " set_config('max_parallel_workers_per_gather', '0', false),"
+        " set_config('hnsw.ef_search', %s, false)",
+        (str(ef),),
+    )
+    params: dict[str, Any] = {f"p{i}": None for i in range(1, 11)}
+    params.update(p1=vec, p2=project_id, p4=K)
+    t0 = time.perf_counter()
+    rows = conn.execute(sql, params, prepare=False).fetchall()
+    ms = (time.perf_counter() - t0) * 1000
+    conn.execute("RESET hnsw.iterative_scan; RESET max_parallel_workers_per_gather; "
+                 "RESET hnsw.ef_search")  # fmt: skip
+    return ms, [r[0] for r in rows]
+
+
+def own_graphs(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    """project name -> id, for the projects that have HNSW graphs of their own."""
+    rows = conn.execute(
+        "SELECT p.name, p.id FROM memory.projects p WHERE EXISTS ("
+        " SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+        " WHERE i.indrelid = 'memory.nodes'::regclass AND i.indisvalid"
+        " AND c.relname = 'nodes_embedding_hnsw_p' || p.id)"
+    ).fetchall()
+    return {str(n): int(i) for n, i in rows}
+
+
 def measure(
     owner: psycopg.Connection[Any],
     service: psycopg.Connection[Any],
     corpus: synthetic.Corpus,
     db_ids: np.ndarray[Any, Any],
-    queries: dict[str | None, np.ndarray[Any, Any]],
+    queries: dict[str | None, tuple[np.ndarray[Any, Any], list[str]]],
     scope_list: list[tuple[str, str | None, np.ndarray[Any, Any]]],
 ) -> list[dict[str, Any]]:
     """Each scope's settings interleaved query by query: default, exact stage off, and on
-    the HNSW path ef_search 100. The policy is switched by the owner between calls."""
+    the HNSW path ef_search 100; for a project with graphs of its own, the shared graph's
+    project-filtered scan beside them (at filtered_ef_search and at 100). The policy is
+    switched by the owner between calls."""
     pos = {int(d): i for i, d in enumerate(db_ids)}
     filtered_ef = int(_one(owner, "SELECT memory._policy_value('filtered_ef_search')"))
     cap = int(_one(owner, "SELECT memory._policy_value('exact_scan_max_nodes')"))
+    own = own_graphs(owner)
+    shared_sql = shared_graph_sql(owner)
     results = []
     for label, project, idx in scope_list:
-        qv = queries[project]
+        qv = queries[project][0]
         truth = _truth(corpus.vectors, idx, qv)
         exact_default = project is not None and cap > 0 and len(idx) <= cap
-        settings: list[tuple[str, int | None, bool]] = [("default", None, True)]
+        # (name, ef_search, exact stage on, the shared graph's filtered scan)
+        settings: list[tuple[str, int | None, bool, bool]] = [("default", None, True, False)]
         if exact_default:
-            settings.append(("exact stage off", None, False))
+            settings.append(("exact stage off", None, False, False))
         if project is not None:
-            settings.append(("HNSW, ef_search 100", 100, False))
+            settings.append(("HNSW, ef_search 100", 100, False, False))
+            if project in own:
+                settings.append(("HNSW, ef_search 400", 400, False, False))
+        else:
+            # what a wider beam buys the unfiltered scan as the store grows
+            settings += [(f"ef_search {ef}", ef, False, False) for ef in (200, 400)]
+        if project in own:
+            settings.append(("shared graph", filtered_ef, False, True))
+            settings.append(("shared graph, ef_search 100", 100, False, True))
         found: dict[str, list[list[int]]] = {s[0]: [] for s in settings}
         ms: dict[str, list[float]] = {s[0]: [] for s in settings}
-        for i, vec in enumerate(qv):
-            order = settings if i % 2 == 0 else settings[::-1]
-            for name, ef, exact in order:
-                owner.execute(
-                    "SELECT memory.set_policy('exact_scan_max_nodes', %s)",
-                    (str(cap) if exact else "0",),
-                )
-                t, ids = _run(service, vec, project, ef)
-                ms[name].append(t)
-                found[name].append([pos[d] for d in ids])
-        owner.execute("SELECT memory.reset_policy('exact_scan_max_nodes')")
-        if cap != 5000:
+        try:
+            for i, vec in enumerate(qv):
+                order = settings if i % 2 == 0 else settings[::-1]
+                for name, ef, exact, shared in order:
+                    if shared:
+                        assert project is not None and ef is not None
+                        t, ids = _run_shared(service, shared_sql, vec, own[project], ef)
+                    else:
+                        owner.execute(
+                            "SELECT memory.set_policy('exact_scan_max_nodes', %s)",
+                            (str(cap) if exact else "0",),
+                        )
+                        t, ids = _run(service, vec, project, ef)
+                    ms[name].append(t)
+                    found[name].append([pos[d] for d in ids])
+        finally:
+            # The store's own setting back, whatever stopped the run.
             owner.execute("SELECT memory.set_policy('exact_scan_max_nodes', %s)", (str(cap),))
-        for name, ef, exact in settings:
+        for name, ef, exact, shared in settings:
+            graph = "own graph" if project in own and not shared else "shared graph"
             path = (
                 "exact"
                 if exact and exact_default
-                else f"hnsw ef {ef or (filtered_ef if project is not None else 100)}"
+                else f"{graph}, ef {ef or (filtered_ef if project is not None else 100)}"
             )
             results.append(
                 {
@@ -247,13 +337,77 @@ def measure(
     return results
 
 
+ANSWER = "SELECT node_id FROM memory_query(%s, %s, %s, k => %s)"
+
+
+def answer_recall(
+    owner: psycopg.Connection[Any],
+    service: psycopg.Connection[Any],
+    queries: dict[str | None, tuple[np.ndarray[Any, Any], list[str]]],
+    scope_list: list[tuple[str, str | None, np.ndarray[Any, Any]]],
+    count: int,
+) -> list[dict[str, Any]]:
+    """recall@10 of memory_query() (the one pipeline at its defaults: both legs, fusion, the
+    default levels L1/L2) against the same calls with an exact semantic leg. The ground truth
+    is computed by the owner in a transaction that drops every HNSW index on memory.nodes,
+    so each semantic leg is a scan and an exact sort, and is rolled back; the defaults then
+    run as the service's role under row-level security, which sees the same rows (every
+    project asserted)."""
+    calls = [
+        (label, project, text, vec)
+        for label, project, _idx in scope_list
+        for vec, text in list(zip(*queries[project], strict=True))[:count]
+    ]
+    truth: list[list[int]] = []
+    truth_ms: dict[str, list[float]] = {}
+    with owner.transaction(force_rollback=True):
+        for (index,) in owner.execute(
+            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "JOIN pg_am a ON a.oid = c.relam "
+            "WHERE i.indrelid = 'memory.nodes'::regclass AND a.amname = 'hnsw'"
+        ).fetchall():
+            drop = psycopg.sql.SQL("DROP INDEX memory.{}")
+            owner.execute(drop.format(psycopg.sql.Identifier(index)))
+        for label, project, text, vec in calls:
+            t0 = time.perf_counter()
+            truth.append([r[0] for r in owner.execute(ANSWER, (text, vec, project, K)).fetchall()])
+            truth_ms.setdefault(label, []).append((time.perf_counter() - t0) * 1000)
+    found: dict[str, list[list[int]]] = {}
+    want: dict[str, list[list[int]]] = {}
+    ms: dict[str, list[float]] = {}
+    for (label, project, text, vec), exact in zip(calls, truth, strict=True):
+        t0 = time.perf_counter()
+        got = [r[0] for r in service.execute(ANSWER, (text, vec, project, K)).fetchall()]
+        ms.setdefault(label, []).append((time.perf_counter() - t0) * 1000)
+        found.setdefault(label, []).append(got)
+        want.setdefault(label, []).append(exact)
+    return [
+        {
+            "scope": label,
+            "project": project,
+            "nodes": len(idx),
+            "queries": len(found[label]),
+            "recall@10": round(_id_recall(found[label], want[label]), 4),
+            "p50_ms": round(statistics.median(ms[label]), 3),
+            "exact_p50_ms": round(statistics.median(truth_ms[label]), 3),
+        }
+        for label, project, idx in scope_list
+        if label in found
+    ]
+
+
+def _id_recall(found: list[list[int]], truth: list[list[int]]) -> float:
+    """Mean share of each exact answer's ids the default answer holds (an answer shorter
+    than k, as a min_cosine floor or a thin project gives, counts against its own length)."""
+    shares = [len(set(f) & set(t)) / len(t) for f, t in zip(found, truth, strict=True) if t]
+    return statistics.fmean(shares) if shares else 1.0
+
+
 def service_connection(
     url: str, owner: psycopg.Connection[Any], s: Settings
 ) -> psycopg.Connection[Any]:
     """A connection as the service's role under row-level security, every project asserted
     (anonymous mode), as the service's pool has it."""
-    from psycopg.conninfo import make_conninfo
-
     from poimen_memory.db.tenant import ALL_PROJECTS
 
     ensure_service_login(owner, s.service_role)
@@ -275,17 +429,42 @@ def cmd_bench_recall(args: argparse.Namespace) -> int:
         f"bench-recall: {args.nodes} nodes generated in {time.perf_counter() - t0:.1f}s",
         file=sys.stderr,
     )
-    name, url = fresh_database(server)
+    if args.reuse_db:
+        name, url = args.reuse_db, make_conninfo(server, dbname=args.reuse_db)
+    else:
+        name, url = fresh_database(server)
     out: dict[str, Any] = {"corpus": args.corpus, "nodes": args.nodes, "queries": args.queries}
     try:
         with connect(url, autocommit=True) as owner:
-            migrate(owner, None)
-            model = "synthetic" if real is None else "realistic-minilm"
-            load = synthetic.load(owner, corpus, model)
-            db_ids = load.pop("db_ids")
-            out["load"] = {k: round(v, 3) if isinstance(v, float) else v for k, v in load.items()}
+            # The HNSW builds (the shared graphs, then each large project's) hold a graph in
+            # memory; past it they slow down by an order of magnitude.
+            owner.execute(
+                "SELECT set_config('maintenance_work_mem', %s, false)", (args.maintenance_work_mem,)
+            )
+            t0 = time.perf_counter()
+            migrate(owner, s.plpython_root, role_prefix=s.role_prefix)
+            # Before the load: its index pass builds the graphs these thresholds ask for.
+            for key in ("exact_scan_max_nodes", "project_graph_min_nodes"):
+                value = getattr(args, key)
+                if value is not None:
+                    owner.execute("SELECT memory.set_policy(%s, %s)", (key, str(value)))
+            if args.reuse_db:
+                # Migrate builds what this checkout's SQL wants of the kept database (the
+                # graphs of its large projects among them), so the timing is migrate's.
+                out["load"] = {"migrate_seconds": round(time.perf_counter() - t0, 3)}
+                ids = dict(owner.execute("SELECT external_id, id FROM memory.nodes").fetchall())
+                db_ids = np.array([ids[f"n{i}"] for i in range(args.nodes)], dtype=np.int64)
+            else:
+                model = "synthetic" if real is None else "realistic-minilm"
+                load = synthetic.load(owner, corpus, model)
+                db_ids = load.pop("db_ids")
+                out["load"] = {
+                    k: round(v, 3) if isinstance(v, float) else v for k, v in load.items()
+                }
             scope_list = scopes(corpus)
-            queries: dict[str | None, np.ndarray[Any, Any]] = {None: corpus.query_vectors}
+            queries: dict[str | None, tuple[np.ndarray[Any, Any], list[str]]] = {
+                None: (corpus.query_vectors, corpus.query_texts)
+            }
             for _label, project, _idx in scope_list[1:]:
                 assert project is not None
                 queries[project] = (
@@ -295,15 +474,19 @@ def cmd_bench_recall(args: argparse.Namespace) -> int:
                 )
             with service_connection(url, owner, s) as service:
                 for _label, project, _idx in scope_list:  # warm-up, discarded
-                    _run(service, queries[project][0], project, None)
+                    _run(service, queries[project][0][0], project, None)
                 out["results"] = measure(owner, service, corpus, db_ids, queries, scope_list)
+                if args.answer_queries > 0:
+                    out["answers"] = answer_recall(
+                        owner, service, queries, scope_list, args.answer_queries
+                    )
             if real is not None:
                 out["profile"] = {
                     "real": realistic.profile(real.vectors),
                     "corpus": realistic.profile(corpus.vectors),
                 }
     finally:
-        if not args.keep_db:
+        if not args.keep_db and not args.reuse_db:
             drop_database(server, name)
     _print(out)
     if args.json:
@@ -312,15 +495,21 @@ def cmd_bench_recall(args: argparse.Namespace) -> int:
     return 0
 
 
-def _nearby(corpus: synthetic.Corpus, project: str, count: int, seed: int) -> np.ndarray[Any, Any]:
-    """Synthetic queries for a project: its own nodes, perturbed as synthetic.generate does."""
+def _nearby(
+    corpus: synthetic.Corpus, project: str, count: int, seed: int
+) -> tuple[np.ndarray[Any, Any], list[str]]:
+    """Synthetic queries for a project: its own nodes, perturbed as synthetic.generate does,
+    with their texts."""
     rng = np.random.default_rng(seed + 3)
     idx = np.array([i for i, p in enumerate(corpus.projects) if p == project])
-    src = corpus.vectors[rng.choice(idx, size=count)]
+    picks = rng.choice(idx, size=count)
+    src = corpus.vectors[picks]
     dim = corpus.vectors.shape[1]
     jitter = rng.standard_normal(src.shape).astype(np.float32) / np.sqrt(dim)
     v = src + jitter
-    return np.ascontiguousarray(v / np.linalg.norm(v, axis=1, keepdims=True))
+    return np.ascontiguousarray(v / np.linalg.norm(v, axis=1, keepdims=True)), [
+        corpus.texts[int(i)] for i in picks
+    ]
 
 
 def _print(out: dict[str, Any]) -> None:
@@ -346,5 +535,20 @@ def _print(out: dict[str, Any]) -> None:
             ["scope", "project", "nodes", "setting", "path", "recall@10", "p50_ms", "p95_ms"],
         )
     )
+    if out.get("answers"):
+        print(
+            "memory_query() (k 10, the default levels) against the same calls with an exact "
+            "semantic leg; medians"
+        )
+        print(
+            table(
+                [
+                    [a["scope"], a["project"] or "-", a["nodes"], a["queries"], a["recall@10"],
+                     a["p50_ms"], a["exact_p50_ms"]]
+                    for a in out["answers"]
+                ],
+                ["scope", "project", "nodes", "queries", "recall@10", "p50_ms", "exact_p50_ms"],
+            )
+        )  # fmt: skip
     if "profile" in out:
         print("neighbour profile (median cosine): " + json.dumps(out["profile"]))

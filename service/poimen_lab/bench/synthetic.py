@@ -197,15 +197,26 @@ def load(conn: psycopg.Connection[Any], corpus: Corpus, model: str) -> dict[str,
         "(embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64) "
         "WHERE level IN ('L1', 'L2')"
     )
+    all_graphs_s = time.perf_counter() - t0
+    # What migrate adds now that the projects have their sizes: the graphs of each large
+    # project (memory._project_graphs, issue 28).
+    t0 = time.perf_counter()
+    own = conn.execute("SELECT memory._ensure_indexes()").fetchone()
+    project_graphs_s = time.perf_counter() - t0
     conn.execute("VACUUM ANALYZE memory.nodes")
     conn.execute("VACUUM ANALYZE memory.postings")
     conn.execute("VACUUM ANALYZE memory.edges")
     size = conn.execute(
         "SELECT pg_relation_size('memory.nodes_embedding_hnsw'), "
         "current_setting('max_parallel_maintenance_workers'), "
-        "current_setting('shared_buffers'), current_setting('maintenance_work_mem')"
+        "current_setting('shared_buffers'), current_setting('maintenance_work_mem'), "
+        "(SELECT coalesce(sum(pg_relation_size(indexrelid)), 0)::bigint FROM pg_index i "
+        " JOIN pg_class c ON c.oid = i.indexrelid "
+        " WHERE i.indrelid = 'memory.nodes'::regclass"
+        "   AND c.relname LIKE 'nodes_embedding_hnsw%%'), "
+        "pg_total_relation_size('memory.nodes')"
     ).fetchone()
-    assert size is not None
+    assert size is not None and own is not None
     return {
         "db_ids": db_ids,
         "copy_seconds": copy_s,
@@ -214,6 +225,11 @@ def load(conn: psycopg.Connection[Any], corpus: Corpus, model: str) -> dict[str,
         "edges_seconds": edges_s,
         "hnsw_build_seconds": hnsw_s,
         "hnsw_index_mb": size[0] / 2**20,
+        "hnsw_both_graphs_seconds": all_graphs_s,
+        "project_graphs": len([n for n in own[0] if not n.startswith("-")]) // 2,
+        "project_graphs_seconds": project_graphs_s,
+        "hnsw_all_indexes_mb": size[4] / 2**20,
+        "nodes_total_mb": size[5] / 2**20,
         "parallel_maintenance_workers": int(size[1]),
         "shared_buffers": size[2],
         "maintenance_work_mem": size[3],
