@@ -295,6 +295,12 @@ def test_bench_recall_on_the_realistic_corpus(
         assert a["queries"] == 3 and 0.5 <= a["recall@10"] <= 1.0 and a["exact_p50_ms"] > 0, a
     assert r["profile"]["real"]["nn1_cosine_p50"] > r["profile"]["real"]["random_pair_cosine_p50"]
     assert _databases(admin) == before
+    # the plot of recall against the store's size reads the run's JSON
+    from poimen_lab.bench import recall
+
+    png = tmp_path / "recall.png"
+    assert recall.main([str(out), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_on_the_realistic_corpus(env: str, real_folder: Path, tmp_path: Path) -> None:

@@ -48,3 +48,58 @@ def plot(path: Path, result: Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# bench-recall's scopes in the order it measures them (recall.scopes): the label of each
+# position, whatever share the project nearest it holds at a given size.
+RECALL_SCOPES = ("unfiltered", "largest project", "project ~10%", "project ~1%", "project ~0.1%")
+
+
+def recall_by_size(path: Path, runs: list[Mapping[str, Any]]) -> None:
+    """recall@10 against the store's size, from `bench-recall --json` runs at several sizes:
+    the semantic leg at its defaults and memory_query()'s answers, per scope."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = sorted(runs, key=lambda r: int(r["nodes"]))
+    sizes = [int(r["nodes"]) for r in runs]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), sharey=True)
+    panels = (
+        ("semantic leg (memory.semantic_search, its defaults)", "results"),
+        ("memory_query() answers (k 10, default levels)", "answers"),
+    )
+    for ax, (title, key) in zip(axes, panels, strict=True):
+        for pos, label in enumerate(RECALL_SCOPES):
+            ys = []
+            for r in runs:
+                scope = _scope_at(r, pos)
+                rows = [
+                    x
+                    for x in r.get(key, [])
+                    if x["scope"] == scope and x.get("setting", "default") == "default"
+                ]
+                ys.append(rows[0]["recall@10"] if rows else float("nan"))
+            ax.plot(sizes, ys, "o-", label=label)
+        ax.axhline(0.95, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("nodes in the store (log)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("recall@10 against an exact ground truth")
+    axes[1].legend(fontsize=8, loc="lower left")
+    fig.suptitle(f"bench-recall, {runs[0]['corpus']} corpus, as the service's role under RLS")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _scope_at(run: Mapping[str, Any], pos: int) -> str | None:
+    """The label of the run's pos-th scope, in the order it measured them."""
+    seen: list[str] = []
+    for x in run.get("results", []):
+        if x["scope"] not in seen:
+            seen.append(x["scope"])
+    return seen[pos] if pos < len(seen) else None

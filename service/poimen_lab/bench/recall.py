@@ -552,3 +552,21 @@ def _print(out: dict[str, Any]) -> None:
         )  # fmt: skip
     if "profile" in out:
         print("neighbour profile (median cosine): " + json.dumps(out["profile"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m poimen_lab.bench.recall RUN.json ... --plot OUT.png`: recall@10 against the
+    store's size, from bench-recall runs at several sizes."""
+    from poimen_lab.bench.plot import recall_by_size
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("runs", nargs="+", type=Path, help="bench-recall --json outputs")
+    ap.add_argument("--plot", type=Path, required=True, metavar="OUT")
+    args = ap.parse_args(argv)
+    recall_by_size(args.plot, [json.loads(p.read_text()) for p in args.runs])
+    print(args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
