@@ -263,7 +263,7 @@ def test_bench_recall_on_the_realistic_corpus(
     args = ["bench-recall", "--corpus", "real", "--data", str(tmp_path), "--cache",
             str(tmp_path / "cache"), "--nodes", "1500", "--queries", "6", "--projects", "30",
             "--exact-scan-max-nodes", "200", "--project-graph-min-nodes", "200",
-            "--answer-queries", "3", "--json", str(out)]  # fmt: skip
+            "--answer-queries", "3", "--http-requests", "2", "--json", str(out)]  # fmt: skip
     # --data names the folder holding the sources: the fixture folder under a source's name
     (tmp_path / "fixture-data").rename(tmp_path / "locomo-dev")
     assert main(args) == 0
@@ -293,6 +293,14 @@ def test_bench_recall_on_the_realistic_corpus(
     assert set(answers) == {x["scope"] for x in r["results"]}
     for a in answers.values():
         assert a["queries"] == 3 and 0.5 <= a["recall@10"] <= 1.0 and a["exact_p50_ms"] > 0, a
+    # GET /memory/query per scope, one client and eight, beside the embedder's own rate
+    assert [h["scope"] for h in r["http"]["scopes"]] == [x["scope"] for x in r["answers"]]
+    for h in r["http"]["scopes"]:
+        assert [(x["clients"], x["requests"], x["errors"]) for x in h["loads"]] == [
+            (1, 2, 0),
+            (8, 2, 0),
+        ], h
+    assert r["http"]["embed_only"]["queries_per_s"] > 0
     assert r["profile"]["real"]["nn1_cosine_p50"] > r["profile"]["real"]["random_pair_cosine_p50"]
     assert _databases(admin) == before
     # the plot of recall against the store's size reads the run's JSON

@@ -160,6 +160,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default="3GB",
         help="for the HNSW builds: above the largest graph (about 2 GB at 1M nodes)",
     )
+    p.add_argument(
+        "--http-requests",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --corpus real: GET /memory/query per scope, N requests at one client and N "
+        "at eight, beside the embedder's own rate (0: skip)",
+    )
     p.add_argument("--keep-db", action="store_true")
     p.add_argument(
         "--reuse-db",
@@ -396,6 +404,34 @@ def answer_recall(
     ]
 
 
+def http_rows(
+    service_url: str,
+    questions: list[str],
+    scope_list: list[tuple[str, str | None, np.ndarray[Any, Any]]],
+    requests: int,
+    embedder: Any,
+) -> dict[str, Any]:
+    """GET /memory/query (limit 10, no evidence list) per scope, one client and eight, as the
+    service's role (anonymous mode), with the embedder's own rate at eight threads beside
+    it. Each request a question text not sent before (no embedding-cache hits)."""
+    from poimen_lab.bench import inprocess
+    from poimen_lab.bench.http import run
+
+    need = 5 + 2 * requests
+    texts = [f"{questions[i % len(questions)]} ({i})" for i in range(need * (len(scope_list) + 1))]
+    rows: dict[str, Any] = {"scopes": []}
+    for n, (label, project, idx) in enumerate(scope_list):
+        params = {"limit": "10", "evidence": "0"} | ({"project": project} if project else {})
+        loads = run(service_url, texts[n * need : (n + 1) * need], requests=requests, params=params)
+        rows["scopes"].append(
+            {"scope": label, "project": project, "nodes": len(idx), "loads": loads}
+        )
+    rows["embed_only"] = inprocess.embed_throughput(
+        embedder.embed_query, texts[len(scope_list) * need :], 8
+    )
+    return rows
+
+
 def _id_recall(found: list[list[int]], truth: list[list[int]]) -> float:
     """Mean share of each exact answer's ids the default answer holds (an answer shorter
     than k, as a min_cosine floor or a thin project gives, counts against its own length)."""
@@ -480,6 +516,18 @@ def cmd_bench_recall(args: argparse.Namespace) -> int:
                     out["answers"] = answer_recall(
                         owner, service, queries, scope_list, args.answer_queries
                     )
+            if args.http_requests > 0:
+                from poimen_memory.embedders.factory import build_embedder
+
+                if real is None:
+                    raise SystemExit("error: --http-requests needs --corpus real")
+                out["http"] = http_rows(
+                    make_conninfo(url, user=s.service_role),
+                    real.questions,
+                    scope_list,
+                    args.http_requests,
+                    build_embedder(s.embedding),
+                )
             if real is not None:
                 out["profile"] = {
                     "real": realistic.profile(real.vectors),
@@ -548,6 +596,23 @@ def _print(out: dict[str, Any]) -> None:
                     for a in out["answers"]
                 ],
                 ["scope", "project", "nodes", "queries", "recall@10", "p50_ms", "exact_p50_ms"],
+            )
+        )  # fmt: skip
+    if out.get("http"):
+        h = out["http"]
+        print(
+            "GET /memory/query (limit 10, no evidence list) as the service's role; the "
+            f"embedder alone: {h['embed_only']['queries_per_s']} q/s at 8 threads"
+        )
+        print(
+            table(
+                [
+                    [x["scope"], x["project"] or "-", x["nodes"], load["clients"],
+                     load["p50_ms"], load["p95_ms"], load["req_per_s"], load["errors"]]
+                    for x in h["scopes"]
+                    for load in x["loads"]
+                ],
+                ["scope", "project", "nodes", "clients", "p50_ms", "p95_ms", "req_per_s", "errors"],
             )
         )  # fmt: skip
     if "profile" in out:
