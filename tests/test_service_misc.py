@@ -453,6 +453,11 @@ def test_a_request_for_another_host_is_refused(
         assert c.get("/openapi.json").status_code == 200
     with pytest.raises(ConfigError, match="POIMEN_HTTP_ALLOWED_HOSTS"):
         Settings.from_env({"POIMEN_HTTP_ALLOWED_HOSTS": "a,*"})
+    # The spec says so for every operation the check guards, and not for /mcp.
+    spec = client.get("/openapi.json").json()
+    for path, item in spec["paths"].items():
+        for method, operation in item.items():
+            assert ("421" in operation["responses"]) == (path != "/mcp"), (path, method)
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])

@@ -468,8 +468,25 @@ TAGS = [
 ]
 
 
+# Every route but /mcp (the MCP SDK checks its own Host) answers a Host not listed in
+# POIMEN_HTTP_ALLOWED_HOSTS before it runs (api/asgi.py HostCheck).
+_HOST_REFUSED = _err(
+    "misdirected_request: the request's Host is not one POIMEN_HTTP_ALLOWED_HOSTS lists "
+    "(loopback names by default)"
+)
+
+
 def openapi_spec(settings: Settings | None = None) -> dict[str, Any]:
     """The OpenAPI document, with this deployment's bounds (default settings: None)."""
+    spec = _spec(settings)
+    for path, item in spec["paths"].items():
+        if path != "/mcp":
+            for operation in item.values():
+                operation["responses"].setdefault("421", _HOST_REFUSED)
+    return spec
+
+
+def _spec(settings: Settings | None) -> dict[str, Any]:
     q = query_parameters(settings)
     return {
         "openapi": "3.1.0",
