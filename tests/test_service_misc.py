@@ -488,3 +488,26 @@ def test_an_unmigrated_database_says_so(empty_url: str, embedder: LocalEmbedder)
     assert response.status_code == 503, response.text
     body = response.json()
     assert body["error"] == "not_migrated" and "poimen-memory migrate" in body["hint"]
+
+
+def test_healthz_names_an_unmigrated_database(
+    cluster: Any, admin: psycopg.Connection[Any], embedder: LocalEmbedder
+) -> None:
+    """A database without the memory schema: /healthz says not_migrated with the command
+    that fixes it, as a query does (the SQLSTATE table), not the driver's class name."""
+    admin.execute("DROP DATABASE IF EXISTS t_unmigrated WITH (FORCE)")
+    admin.execute("CREATE DATABASE t_unmigrated")
+    try:
+        env = {"POIMEN_DATABASE_URL": cluster.url("t_unmigrated")}
+        with LoopbackClient(make_app(env, embedder)) as c:
+            r = c.get("/healthz")
+            assert r.status_code == 503 and r.json()["down"] == ["database"], r.text
+            assert r.json()["checks"]["database"] == {
+                "ok": False,
+                "error": "not_migrated",
+                "sqlstate": "42P01",
+                "hint": "run `poimen-memory migrate` against this database",
+            }
+            error(c.get("/memory/query", params={"query": KONG}), 503, "not_migrated")
+    finally:
+        admin.execute("DROP DATABASE IF EXISTS t_unmigrated WITH (FORCE)")

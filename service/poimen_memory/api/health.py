@@ -9,11 +9,12 @@ import time
 from collections.abc import Awaitable
 from typing import Any
 
+import psycopg
 from psycopg.rows import dict_row
 
 from poimen_memory.db import tenant
 from poimen_memory.db.queries import q
-from poimen_memory.errors import UpstreamUnavailable
+from poimen_memory.errors import UpstreamUnavailable, from_sqlstate
 from poimen_memory.services import Services
 
 PROBE_TIMEOUT_S = 1.0
@@ -34,6 +35,11 @@ async def _database(svc: Services) -> dict[str, Any]:
                 )
                 await cur.execute(q("health"))
                 row = await cur.fetchone()
+    except psycopg.Error as exc:
+        # The API's own code and hint (errors.SQLSTATE_TABLE), as a query would answer:
+        # not_migrated says which command fixes it.
+        err = from_sqlstate(exc.sqlstate, str(exc))
+        return {"ok": False, "error": err.code, "sqlstate": exc.sqlstate, "hint": err.hint}
     except Exception as exc:
         return {"ok": False, "error": type(exc).__name__}
     assert row is not None
