@@ -241,7 +241,8 @@ def test_stop(cli_env: dict[str, str]) -> None:
 def test_serve_refuses_a_public_address_without_authentication(
     cli_env: dict[str, str],
 ) -> None:
-    run(cli_env, "db", "start")
+    # serve reads whether keys exist: a migrated database, whatever ran before
+    ready(cli_env)
     proc = run(cli_env, "serve", "--host", "0.0.0.0", "--port", "1", ok=False)
     assert proc.returncode == 2
     assert "refusing to serve on 0.0.0.0" in proc.stderr and "--allow-anonymous" in proc.stderr
