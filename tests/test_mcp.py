@@ -850,3 +850,37 @@ def test_dns_rebinding_is_refused(reader: str) -> None:
         with pytest.raises(ConfigError):
             Settings.from_env({"POIMEN_MCP_ALLOWED_ORIGINS": bad})
     assert Settings.from_env({"POIMEN_MCP_ALLOWED_HOSTS": "*"}).mcp_allowed_hosts == ("*",)
+
+
+def test_resources_list_is_paged(
+    cluster: Cluster,
+    admin: psycopg.Connection[Any],
+    template_db: str,
+    tmp_path: Path,
+) -> None:
+    """POIMEN_MCP_PAGE_SIZE bounds a resources/list page; nextCursor walks the rest in name
+    order, and a cursor the server did not make is a typed invalid_parameter."""
+
+    async def pages(client: Client) -> dict[str, Any]:
+        first = await client.list_resources()
+        second = await client.list_resources(cursor=first.next_cursor)
+        try:
+            await client.list_resources(cursor="not base64 ~~~")
+        except MCPError as err:
+            bad = (err.code, err.data)
+        return {"first": first, "second": second, "bad": bad}
+
+    name = f"mcp_{uuid.uuid4().hex[:12]}"
+    admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    try:
+        env = {"POIMEN_MCP_PAGE_SIZE": "1"}
+        with _serving(cluster.url(name), tmp_path / "server.log", env) as base:
+            got = over_http(base, None, pages)
+    finally:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    assert [r.name for r in got["first"].resources] == ["atlas"]
+    assert got["first"].next_cursor
+    assert [r.name for r in got["second"].resources] == ["poimen"]
+    assert got["second"].next_cursor is None
+    code, data = got["bad"]
+    assert code == -32602 and (data["error"], data["status"]) == ("invalid_parameter", 400), data

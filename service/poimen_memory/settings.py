@@ -289,6 +289,8 @@ class Settings(FromEnv):
     mcp_allowed_origins: tuple[str, ...] = setting(
         "POIMEN_MCP_ALLOWED_ORIGINS", origin_list, tuple(f"http://{h}" for h in LOOPBACK_HOSTS)
     )
+    # resources/list names at most this many projects a page (nextCursor for the rest).
+    mcp_page_size: int = setting("POIMEN_MCP_PAGE_SIZE", at_least(1), 100)
     # Every other route answers only requests whose Host is here, for the same reason
     # (api/asgi.py HostCheck; "*" turns the check off).
     http_allowed_hosts: tuple[str, ...] = setting(

@@ -36,6 +36,8 @@ reconfigure the process's root logger):
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import copy
 import json
@@ -387,6 +389,25 @@ def _resource_error(err: PoimenError) -> MCPError:
     return MCPError(code=INVALID_PARAMS, message=f"{err.code}: {err.message}", data=data)
 
 
+def _cursor(name: str) -> str:
+    """resources/list's opaque cursor: the last name of the page, URL-safe base64."""
+    return base64.urlsafe_b64encode(name.encode("utf-8")).decode("ascii")
+
+
+def _after(cursor: str | None) -> str | None:
+    """The name a cursor of _cursor's continues after; a cursor it did not make is a typed
+    invalid_parameter."""
+    if cursor is None:
+        return None
+    try:
+        return base64.urlsafe_b64decode(cursor.encode("ascii")).decode("utf-8")
+    except (binascii.Error, ValueError, UnicodeError):
+        raise ValidationError(
+            f"cursor {cursor[:40]!r} is not one resources/list returned",
+            hint="pass the nextCursor of the previous page, or none for the first",
+        ) from None
+
+
 def _project_resource(name: str) -> Resource:
     return Resource(
         uri=_PROJECT_PREFIX + name,
@@ -499,12 +520,21 @@ def build_server(settings: Settings, caller: Callable[[Any], Caller]) -> Server[
     ) -> ListResourcesResult:
         who = caller(ctx)
         try:
+            after = _after(params.cursor if params else None)
             names = await list_projects(who.services, who.keys, who.headers)
         except PoimenError as err:
             raise _resource_error(err) from None
         except psycopg.Error as exc:
             raise _resource_error(translate(exc)) from None
-        return ListResourcesResult(resources=[_project_resource(n) for n in names])
+        # Keyset pages over the sorted names: a project made or dropped between two pages
+        # moves no other one to another page.
+        rest = sorted(n for n in names if after is None or n > after)
+        page = rest[: who.services.settings.mcp_page_size]
+        more = len(rest) > len(page)
+        return ListResourcesResult(
+            resources=[_project_resource(n) for n in page],
+            next_cursor=_cursor(page[-1]) if more else None,
+        )
 
     async def list_resource_templates(
         ctx: Any, params: PaginatedRequestParams | None
