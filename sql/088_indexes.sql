@@ -100,7 +100,9 @@ BEGIN
         rel := pg_catalog.format('memory.%I', w[2])::regclass;
         probe := memory._probe(rel);
         -- A second pass in one transaction finds the first one's probe index.
-        EXECUTE pg_catalog.format('DROP INDEX IF EXISTS pg_temp.%I', w[3]);
+        IF pg_catalog.to_regclass(pg_catalog.format('pg_temp.%I', w[3])) IS NOT NULL THEN
+            EXECUTE pg_catalog.format('DROP INDEX pg_temp.%I', w[3]);
+        END IF;
         EXECUTE pg_catalog.format('CREATE INDEX %I ON %s %s', w[3], probe, w[4]);
         SELECT i.indexrelid INTO have FROM pg_catalog.pg_index i
         JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
