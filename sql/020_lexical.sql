@@ -237,6 +237,21 @@ DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, doubl
 -- filter (metadata containment) was added, then as_of and valid_at (time travel).
 DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz, boolean);
 DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz, boolean, jsonb);
+-- A BM25 score as lexical_search returns it: rounded to 1e-9. A document's score is a sum
+-- over the query's terms, and a floating-point sum depends on the order its terms arrive
+-- in, which the plan decides (row-level security's quals, the pruned or the exhaustive
+-- path): two documents with the same text could score an ulp apart, and which of them
+-- ranks first, or makes the top k, would differ between the owner and the service's role
+-- (measured on the realistic corpus: 3 of 100 answers of one project). Rounded, equal
+-- documents tie exactly and the tie breaks by id, whoever asks.
+CREATE OR REPLACE FUNCTION memory._bm25_score(raw double precision)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT round(raw * 1e9) / 1e9 $$;
+COMMENT ON FUNCTION memory._bm25_score(double precision) IS
+    'A BM25 score rounded to 1e-9, so that documents of equal score tie exactly whatever order the plan summed their terms in (ties then break by id). Used by memory.lexical_search on every path.';
+
 CREATE OR REPLACE FUNCTION memory.lexical_search(
     query text,
     project text DEFAULT NULL,
@@ -361,14 +376,14 @@ BEGIN
         )
         SELECT s.id, (row_number() OVER (ORDER BY s.score DESC, s.id))::integer, s.score
         FROM (SELECT tp.id, tp.project_id AS proj,
-                     sum(ln(1 + (st.n - df.df + 0.5) / (df.df + 0.5))
-                         * tp.tf * (k1 + 1) / (tp.tf + k1 * (1 - b + b * tp.dl / st.avgdl))) AS score
+                     memory._bm25_score(sum(ln(1 + (st.n - df.df + 0.5) / (df.df + 0.5))
+                         * tp.tf * (k1 + 1) / (tp.tf + k1 * (1 - b + b * tp.dl / st.avgdl)))) AS score
               FROM tp JOIN df ON df.lexeme = tp.lexeme CROSS JOIN st
               WHERE as_of IS NOT NULL
               GROUP BY tp.id, tp.project_id
               UNION ALL
               SELECT p.node_id, p.project_id,
-                     sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl)))
+                     memory._bm25_score(sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))))
               FROM unnest(t_lex, t_w) AS w(lexeme, w)
               JOIN memory.postings p ON p.lexeme = w.lexeme
               WHERE as_of IS NULL
@@ -399,7 +414,7 @@ BEGIN
         RETURN QUERY
         SELECT s.id, (row_number() OVER (ORDER BY s.score DESC, s.id))::integer, s.score
         FROM (SELECT p.node_id AS id,
-                     sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS score
+                     memory._bm25_score(sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl)))) AS score
               FROM unnest(t_lex, t_w) AS w(lexeme, w)
               JOIN memory.postings p ON p.lexeme = w.lexeme
               WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
@@ -486,7 +501,7 @@ BEGIN
     END LOOP;
     RETURN QUERY
     SELECT c.id, (row_number() OVER (ORDER BY c.ps DESC, c.id))::integer, c.ps
-    FROM unnest(c_id, c_ps) AS c(id, ps)
+    FROM (SELECT u.id, memory._bm25_score(u.ps) AS ps FROM unnest(c_id, c_ps) AS u(id, ps)) c
     ORDER BY c.ps DESC, c.id
     LIMIT k;
 END $$;

@@ -82,8 +82,10 @@ BEGIN
                array_agg(n.rank ORDER BY n.list_no) AS rank_by_list,
                array_agg(n.list_no ORDER BY n.list_no) AS list_nos,
                array_agg(n.score ORDER BY n.list_no) AS score_by_list,
-               CASE WHEN method = 'rrf' THEN sum(n.weight / (k + n.rank))
-                    ELSE sum(n.weight * coalesce(n.norm, 0)) END AS fused,
+               -- summed in list order: a floating-point sum's last bit depends on the order
+               -- its terms arrive in, and equal candidates must tie exactly (then by id)
+               CASE WHEN method = 'rrf' THEN sum(n.weight / (k + n.rank) ORDER BY n.list_no)
+                    ELSE sum(n.weight * coalesce(n.norm, 0) ORDER BY n.list_no) END AS fused,
                min(n.rank) AS best_rank
         FROM normed n
         GROUP BY n.id

@@ -91,7 +91,7 @@ DECLARE
         'memory.version', 'memory.roles', 'memory.capabilities', 'memory.project_id', 'memory.check_levels', 'memory.check_embedding', 'memory.require_embedding',
         'memory.check_query', 'memory.check_weight', 'memory.node_filter', 'memory._valid_at', 'memory.check_instant',
         'memory.policy', 'memory._policy_keys', 'memory._policy_value', 'memory.lexical_document', 'memory.lexical_search',
-        'memory.lexical_kth', 'memory.lexical_query', 'memory.semantic_search', 'memory._semantic_stage',
+        'memory.lexical_kth', 'memory._bm25_score', 'memory.lexical_query', 'memory.semantic_search', 'memory._semantic_stage',
         'memory._semantic_ef', 'memory.scale_warnings', 'memory._project_graphs',
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory.fuse_legs',
         'memory.provenance_walk', 'memory.provenance_tree', 'memory.provenance',

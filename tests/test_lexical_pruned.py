@@ -71,14 +71,10 @@ def assert_same_ranking(
     args = (query, project, levels, k, *window)
     got = conn.execute(PRUNED, args).fetchall()
     want = conn.execute(EXACT, args).fetchall()
-    assert len(got) == len(want), query
-    for (gid, gs), (wid, ws) in zip(got, want, strict=True):
-        # Both sum the same per-term weights, in different orders: scores agree to the last
-        # bits, and ids may swap only between documents whose scores tie.
-        assert gs == pytest.approx(ws, rel=1e-12), query
-        if gid != wid:
-            tied = [i for i, s in want if s == pytest.approx(ws, rel=1e-12)]
-            assert gid in tied, (query, got, want)
+    # Both sum the same per-term weights, in different orders, so their raw sums may differ
+    # in the last bits; rounded (memory._bm25_score), equal documents tie exactly and break
+    # by id: the same ids, the same order, the same scores.
+    assert got == want, (query, got, want)
 
 
 @pytest.fixture(scope="module")

@@ -92,6 +92,7 @@ READER = {
     "lexical_document",
     "lexical_search",
     "lexical_kth",
+    "_bm25_score",
     "lexical_query",
     "semantic_search",
     "_semantic_stage",
