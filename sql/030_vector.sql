@@ -126,8 +126,13 @@ COMMENT ON FUNCTION memory._semantic_stage(integer) IS
     'The vector stage (memory.stage_sql) the semantic leg of project_id runs: semantic_exact when a project is named and holds at most the policy''s exact_scan_max_nodes current nodes (memory.corpus_stats; 0: never), else semantic (HNSW). Called by memory.semantic_search and memory.explain_query alike.';
 
 -- The hnsw.ef_search of an HNSW scan: the caller's, else filtered_ef_search when a project
--- filters the graph (its iterative scan needs the wider beam to reach the project's own
--- neighbours), else NULL: memory.semantic_search's own SET (100).
+-- is named (its own graph, or the shared one filtered), else large_store_ef_search once the
+-- store is past large_store_nodes (a graph's recall at a fixed beam falls as it grows:
+-- 0.969 at 100k nodes, 0.928 at 1M at ef 100; docs/benchmarks.md), else NULL:
+-- memory.semantic_search's own SET (100). The store's size is the table's planner estimate
+-- (pg_class.reltuples, which row-level security does not hide: the graph holds every row
+-- whoever asks); a partitioned table's own estimate is not kept, and each of its
+-- partitions has a graph of its own size.
 CREATE OR REPLACE FUNCTION memory._semantic_ef(project_id integer, ef_search integer DEFAULT NULL)
 RETURNS integer
 -- STABLE PARALLEL SAFE: it reads the policy and returns a number; the callers (PARALLEL
@@ -140,11 +145,14 @@ BEGIN
         RETURN greatest(ef_search, 1);
     ELSIF project_id IS NOT NULL THEN
         RETURN memory._policy_value('filtered_ef_search')::integer;
+    ELSIF (SELECT c.reltuples FROM pg_catalog.pg_class c WHERE c.oid = 'memory.nodes'::regclass)
+          > memory._policy_value('large_store_nodes')::bigint THEN
+        RETURN memory._policy_value('large_store_ef_search')::integer;
     END IF;
     RETURN NULL;
 END $$;
 COMMENT ON FUNCTION memory._semantic_ef(integer, integer) IS
-    'The hnsw.ef_search an HNSW semantic scan of project_id runs with: ef_search when given (at least 1), else the policy''s filtered_ef_search when a project is named, else NULL (memory.semantic_search''s own setting, 100). Called by memory.semantic_search and memory.explain_query alike.';
+    'The hnsw.ef_search an HNSW semantic scan of project_id runs with: ef_search when given (at least 1), else the policy''s filtered_ef_search when a project is named, else large_store_ef_search when memory.nodes holds more than large_store_nodes rows (pg_class.reltuples), else NULL (memory.semantic_search''s own setting, 100). Called by memory.semantic_search and memory.explain_query alike.';
 
 CREATE OR REPLACE FUNCTION memory.semantic_search(
     query_embedding vector,

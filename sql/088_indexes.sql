@@ -133,7 +133,7 @@ SELECT memory._ensure_indexes();
 --   scale (issue 28)"). The next migrate builds it one when memory._project_graphs names it;
 --   the hint says which. Not on a store partitioned by project: each project has its own
 --   graph there.
--- - hnsw_graph: more than 500,000 nodes on graphs built with m = 16.
+-- - hnsw_graph: more than large_store_nodes (500,000) nodes on graphs built with m = 16.
 CREATE OR REPLACE FUNCTION memory.scale_warnings()
 RETURNS TABLE (project text, what text, hint text)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -172,7 +172,7 @@ BEGIN
                             AND r.relname = 'nodes_embedding_hnsw_p' || c.project_id)
         ORDER BY c.n_docs DESC, p.name;
     END IF;
-    IF total > 500000 THEN
+    IF total > memory._policy_value('large_store_nodes')::bigint THEN
         FOR m IN
             SELECT coalesce((SELECT split_part(o, '=', 2)::integer FROM unnest(r.reloptions) o
                              WHERE o LIKE 'm=%'), 16)
@@ -184,15 +184,17 @@ BEGIN
             project := NULL;
             what := 'hnsw_graph';
             hint := pg_catalog.format(
-                'the store holds %s nodes on HNSW graphs built with m = %s: past 500,000 nodes an unfiltered '
-                'search at ef_search 100 misses more of the true top 10 (recall@10 0.979 at 100,000 nodes, 0.644 '
-                'at 1,000,000 on the synthetic corpus; docs/benchmarks.md). Partition the store by project '
-                '(docs/scaling.md) so each project''s search reads a graph of its own size; migrate builds every '
-                'graph with m = 16, so a denser graph is not a setting yet', total, m);
+                'the store holds %s nodes on HNSW graphs built with m = %s, past large_store_nodes = %s: a scan '
+                'naming no project runs at large_store_ef_search = %s (recall@10 0.966 at 1,000,000 nodes on the '
+                'realistic corpus, against 0.928 at ef_search 100; docs/benchmarks.md), and a large project''s '
+                'own graph at filtered_ef_search. Partition the store by project (docs/scaling.md) so each '
+                'project''s search reads a graph of its own size; migrate builds every graph with m = 16, so a '
+                'denser graph is not a setting yet', total, m, memory._policy_value('large_store_nodes'),
+                memory._policy_value('large_store_ef_search'));
             RETURN NEXT;
             EXIT;
         END LOOP;
     END IF;
 END $$;
 COMMENT ON FUNCTION memory.scale_warnings() IS
-    'What the store has outgrown, one row each (project, what, hint): filtered_hnsw, a project above the policy''s exact_scan_max_nodes holding under half of the store with no HNSW graph of its own yet (its project-filtered recall of the shared graph falls as the store grows; the hint says whether the next migrate builds one, memory._project_graphs; not on a store partitioned by project); hnsw_graph (project NULL), more than 500,000 nodes on HNSW graphs built with m = 16. Over the projects the caller may see. Printed by poimen-memory migrate and migrate --check, counted by GET /healthz.';
+    'What the store has outgrown, one row each (project, what, hint): filtered_hnsw, a project above the policy''s exact_scan_max_nodes holding under half of the store with no HNSW graph of its own yet (its project-filtered recall of the shared graph falls as the store grows; the hint says whether the next migrate builds one, memory._project_graphs; not on a store partitioned by project); hnsw_graph (project NULL), more than the policy''s large_store_nodes (500,000) nodes on HNSW graphs built with m = 16. Over the projects the caller may see. Printed by poimen-memory migrate and migrate --check, counted by GET /healthz.';

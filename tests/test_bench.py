@@ -276,9 +276,9 @@ def test_bench_recall_on_the_realistic_corpus(
     projects = [x for x in r["results"] if x["project"] is not None]
     largest = max(projects, key=lambda x: x["nodes"])
     owned = {x["setting"]: x for x in projects if x["project"] == largest["project"]}
-    assert owned["default"]["path"] == "own graph, ef 200", owned
-    assert owned["shared graph"]["path"] == "shared graph, ef 200", owned
-    assert owned["HNSW, ef_search 400"]["path"] == "own graph, ef 400", owned
+    assert owned["default"]["path"] == "own graph, ef 400", owned
+    assert owned["shared graph"]["path"] == "shared graph, ef 400", owned
+    assert owned["HNSW, ef_search 200"]["path"] == "own graph, ef 200", owned
     small = [x for x in projects if x["nodes"] <= 200]
     assert small
     for x in projects:

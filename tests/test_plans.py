@@ -213,9 +213,18 @@ def test_iterative_scan_fills_limit_on_the_hnsw_path(synthetic: Conn) -> None:
     ).fetchone() == (1,)
 
 
-def test_explain_query_shows_the_l1_l2_hnsw_index_at_the_default_levels(synthetic: Conn) -> None:
+# pgvector costs an HNSW scan in proportion to hnsw.ef_search: at filtered_ef_search's 400
+# the planner finds an exact sort of 'big''s 3,960 L1/L2 rows cheaper (a sound choice at
+# this size). The tests about the graph's plan search at 200, where the graph is cheaper.
+GRAPH_EF = "200"
+
+
+def test_explain_query_shows_the_l1_l2_hnsw_index_at_the_default_levels(
+    synthetic: Conn, policy: Any
+) -> None:
     """memory.explain_query returns the plan of the semantic stage the query ran: at the
     default levels (L1,L2) in one project the partial HNSW index serves it."""
+    policy("filtered_ef_search", GRAPH_EF)
     rows = synthetic.execute(
         "SELECT stage, search_strategy, plan, time_ms FROM memory.explain_query("
         "'topic1', %s, 'big', k => 10, strategy => 'SemanticOnly', actual => true, evidence => 0)",
@@ -347,21 +356,56 @@ def test_the_threshold_is_the_policy(synthetic: Conn, policy: Any) -> None:
     assert [r[0] for r in got] == _brute_force(synthetic, "big", vec, 10)
 
 
-def test_a_project_above_the_threshold_and_no_project_take_hnsw(synthetic: Conn) -> None:
+def test_a_project_above_the_threshold_and_no_project_take_hnsw(
+    synthetic: Conn, policy: Any
+) -> None:
+    assert _semantic_plan(synthetic, "big")["hnsw.ef_search"] == 400  # filtered_ef_search
+    policy("filtered_ef_search", GRAPH_EF)
     big = _semantic_plan(synthetic, "big")
-    assert big["Stage"] == "semantic" and big["hnsw.ef_search"] == 200  # filtered_ef_search
+    assert big["Stage"] == "semantic" and big["hnsw.ef_search"] == 200
     assert _index_names([json.dumps(big)]) == {"nodes_embedding_hnsw_l1_l2"}
     every = _semantic_plan(synthetic, None)
     assert every["Stage"] == "semantic" and every["hnsw.ef_search"] == 100  # the function's own
     assert _index_names([json.dumps(every)]) == {"nodes_embedding_hnsw_l1_l2"}
 
 
+def test_a_large_store_widens_the_unfiltered_beam(synthetic: Conn, policy: Any) -> None:
+    """Past large_store_nodes (the table's planner estimate, 6,000 rows here) a scan naming
+    no project runs at large_store_ef_search; a named project keeps filtered_ef_search and a
+    caller's ef_search still wins. The warning names the store's graphs."""
+    sql = "SELECT * FROM memory.semantic_search(%s, %s, NULL, 10)"
+    vec = _query_vec(310)
+    policy("large_store_nodes", "1000")
+    assert _stage_notices(synthetic, sql, (vec, None)) == [
+        "memory.semantic_search: stage semantic, hnsw.ef_search 200"
+    ]
+    assert _semantic_plan(synthetic, None)["hnsw.ef_search"] == 200
+    policy("large_store_ef_search", "321")
+    assert _stage_notices(synthetic, sql, (vec, None)) == [
+        "memory.semantic_search: stage semantic, hnsw.ef_search 321"
+    ]
+    assert _stage_notices(synthetic, sql, (vec, "big")) == [
+        "memory.semantic_search: stage semantic, hnsw.ef_search 400"
+    ]
+    assert _stage_notices(
+        synthetic, "SELECT * FROM memory.semantic_search(%s, %s, NULL, 10, 40)", (vec, None)
+    ) == ["memory.semantic_search: stage semantic, hnsw.ef_search 40"]
+    rows = synthetic.execute("SELECT what, hint FROM memory.scale_warnings()").fetchall()
+    assert [r[0] for r in rows] == ["hnsw_graph"], rows
+    assert "past large_store_nodes = 1000" in rows[0][1] and "= 321" in rows[0][1], rows
+    policy("large_store_nodes", "500000")
+    assert _stage_notices(synthetic, sql, (vec, None)) == [
+        "memory.semantic_search: stage semantic, hnsw.ef_search 100"
+    ]
+
+
 def test_policy_zero_turns_the_exact_path_off(synthetic: Conn, policy: Any) -> None:
     policy("exact_scan_max_nodes", "0")
     plan = _semantic_plan(synthetic, "rare")
-    assert plan["Stage"] == "semantic" and plan["hnsw.ef_search"] == 200
+    assert plan["Stage"] == "semantic" and plan["hnsw.ef_search"] == 400
     assert synthetic.execute("SELECT memory._semantic_stage(2)").fetchone() == ("semantic",)
     # 'big' takes HNSW with the project's ef as before.
+    policy("filtered_ef_search", GRAPH_EF)
     assert _index_names([json.dumps(_semantic_plan(synthetic, "big"))]) == {
         "nodes_embedding_hnsw_l1_l2"
     }
@@ -392,7 +436,7 @@ def test_filtered_ef_search_is_in_effect(synthetic: Conn, policy: Any) -> None:
     sql = "SELECT * FROM memory.semantic_search(%s, %s, NULL, 10)"
     vec = _query_vec(300)
     assert _stage_notices(synthetic, sql, (vec, "big")) == [
-        "memory.semantic_search: stage semantic, hnsw.ef_search 200"
+        "memory.semantic_search: stage semantic, hnsw.ef_search 400"
     ]
     assert _stage_notices(synthetic, sql, (vec, None)) == [
         "memory.semantic_search: stage semantic, hnsw.ef_search 100"
@@ -460,7 +504,7 @@ def test_a_large_project_gets_hnsw_graphs_of_its_own(synthetic: Conn, policy: An
         ), indexdef
         synthetic.execute("ANALYZE memory.nodes")
         plan = _semantic_plan(synthetic, "rare")
-        assert plan["Stage"] == "semantic" and plan["hnsw.ef_search"] == 200
+        assert plan["Stage"] == "semantic" and plan["hnsw.ef_search"] == 400
         assert _index_names([json.dumps(plan)]) == {f"nodes_embedding_hnsw_l1_l2_p{rid}"}
         # memory.semantic_search itself (auto_explain inside it), at every level.
         plans = _nested_plans(

@@ -280,6 +280,8 @@ def measure(
     switched by the owner between calls."""
     pos = {int(d): i for i, d in enumerate(db_ids)}
     filtered_ef = int(_one(owner, "SELECT memory._policy_value('filtered_ef_search')"))
+    # what a scan naming no project runs at here (large_store_ef_search past large_store_nodes)
+    unfiltered_ef = int(_one(owner, "SELECT coalesce(memory._semantic_ef(NULL), 100)"))
     cap = int(_one(owner, "SELECT memory._policy_value('exact_scan_max_nodes')"))
     own = own_graphs(owner)
     shared_sql = shared_graph_sql(owner)
@@ -295,10 +297,11 @@ def measure(
         if project is not None:
             settings.append(("HNSW, ef_search 100", 100, False, False))
             if project in own:
-                settings.append(("HNSW, ef_search 400", 400, False, False))
+                settings.append(("HNSW, ef_search 200", 200, False, False))
         else:
             # what a wider beam buys the unfiltered scan as the store grows
-            settings += [(f"ef_search {ef}", ef, False, False) for ef in (200, 400)]
+            wider = [ef for ef in (100, 200, 400) if ef != unfiltered_ef]
+            settings += [(f"ef_search {ef}", ef, False, False) for ef in wider]
         if project in own:
             settings.append(("shared graph", filtered_ef, False, True))
             settings.append(("shared graph, ef_search 100", 100, False, True))
@@ -327,7 +330,7 @@ def measure(
             path = (
                 "exact"
                 if exact and exact_default
-                else f"{graph}, ef {ef or (filtered_ef if project is not None else 100)}"
+                else f"{graph}, ef {ef or (filtered_ef if project is not None else unfiltered_ef)}"
             )
             results.append(
                 {
