@@ -57,8 +57,7 @@ CREATE OR REPLACE FUNCTION memory.select_evidence(
     query text DEFAULT NULL
 )
 RETURNS SETOF memory.evidence_row
--- PARALLEL UNSAFE: the probes call memory.semantic_search, which sets hnsw.ef_search.
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -207,44 +206,12 @@ BEGIN
         WHERE pol.evidence_neighbours > 0
         GROUP BY b.id
     ),
-    total0 AS (
+    total AS (
         SELECT coalesce(o.node_id, nb.node_id) AS node_id, o.pos, o.by_rank,
                coalesce(o.score, 0) + coalesce(nb.s, 0) AS score, coalesce(nb.s, 0) AS beside,
                coalesce(o.project_id, nb.project_id) AS project_id, coalesce(o.title, nb.title) AS title,
                CASE WHEN o.node_id IS NOT NULL THEN o.label ELSE nb.label END AS label
         FROM own o FULL JOIN near nb ON nb.node_id = o.node_id
-    ),
-    -- Probes (evidence_probe_weight > 0): each result's own vector is a query over the L0
-    -- turns of its project, and the evidence_probe_turns nearest gain the weight over
-    -- sqrt(the result's rank) sqrt(their rank among its neighbours): a multi-hop question's
-    -- results are each one aspect of it (a church, a gym), and the turns most like a result
-    -- are the other turns about that aspect, which share no word with the question. The
-    -- legs, time range, metadata filter and as_of apply as the direct legs' do.
-    probes AS (
-        SELECT p.node_id, sum(pol.evidence_probe_weight / sqrt(r.ord) / sqrt(p.rank)) AS s
-        FROM unnest(result_ids) WITH ORDINALITY AS r(id, ord)
-        CROSS JOIN LATERAL (SELECT n.embedding, n.project_id FROM memory.nodes n
-                            WHERE n.id = r.id AND n.embedding IS NOT NULL
-                              AND (pid IS NULL OR n.project_id = pid)
-                            LIMIT 1) rn
-        CROSS JOIN LATERAL memory.semantic_search(
-            rn.embedding,
-            coalesce(CASE WHEN pid IS NOT NULL THEN project_name END,
-                     (SELECT pr.name FROM memory.projects pr WHERE pr.id = rn.project_id)),
-            ARRAY['L0'], pol.evidence_probe_turns, since => since, before => before,
-            filter => flt, as_of => as_of) p
-        WHERE pol.evidence_probe_weight > 0
-        GROUP BY p.node_id
-    ),
-    total AS (
-        SELECT coalesce(t.node_id, pr.node_id) AS node_id, t.pos, t.by_rank,
-               coalesce(t.score, 0) + coalesce(pr.s, 0) AS score, coalesce(t.beside, 0) AS beside,
-               coalesce(t.project_id, n.project_id) AS project_id,
-               CASE WHEN t.node_id IS NOT NULL THEN t.title ELSE n.title END AS title,
-               CASE WHEN t.node_id IS NOT NULL THEN t.label ELSE n.label END AS label
-        FROM total0 t FULL JOIN probes pr ON pr.node_id = t.node_id
-        LEFT JOIN LATERAL (SELECT n.project_id, n.title, CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label FROM memory.nodes n
-                           WHERE t.node_id IS NULL AND n.id = pr.node_id LIMIT 1) n ON true
     ),
     -- The speaker (evidence_speaker_weight > 0): a turn whose text opens with a label
     -- ("Caroline: ...") that is a word of the question scores 1 + the weight times as
@@ -375,7 +342,7 @@ BEGIN
     ORDER BY x.o;
 END $$;
 COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[], text) IS
-    'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank) summed over the results citing it; then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range, and filter (a JSON object the metadata contains) the neighbours as the legs it ran did their matches; a result''s own sources are cited whatever their time or metadata; as_of: provenance and neighbours as the database held them then (NULL: current versions). Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it. Issue 29''s policy keys: deeper (candidates after the results, memory._deeper) cite at the ranks after the results'' without reserving a turn; evidence_session_weight lifts a direct match in a session the results'' provenance reaches by that weight times its direct score times the session''s 1 / sqrt(rank) sum; evidence_hop_weight (off) adds a second lexical query of the names in the evidence_hop_seeds best turns; evidence_session_decay (off at 1) spends the budget at score times decay^(better turns of the same session).';
+    'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank) summed over the results citing it; then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range, and filter (a JSON object the metadata contains) the neighbours as the legs it ran did their matches; a result''s own sources are cited whatever their time or metadata; as_of: provenance and neighbours as the database held them then (NULL: current versions). Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it. Issue 29''s policy keys: deeper (candidates after the results, memory._deeper) cite at the ranks after the results'' without reserving a turn; evidence_session_weight lifts a direct match in a session the results'' provenance reaches by that weight times its direct score times the session''s 1 / sqrt(rank) sum; evidence_hop_weight (off) adds a second lexical query of the names in the evidence_hop_seeds best turns; evidence_session_decay (off at 1) spends the budget at score times decay^(better turns of the same session); evidence_speaker_weight (0.5) multiplies by 1 + the weight the score of a turn whose text opens with a label ("Ana: ...") that is a word of query (the question''s text; NULL: no speaker term), when most of the evidence_speaker_seeds (10) best candidates carry that label.';
 
 -- The fused candidates after an answer's results (issue 29): their provenance routes the
 -- budget to the memories and sessions just below the page, at the ranks after the results'.

@@ -227,10 +227,9 @@ def test_memory_evidence_checks_its_budget_before_searching(conn: Conn) -> None:
         ("evidence_hop_seeds", "101"),
         ("evidence_deeper", "51"),
         ("evidence_deeper", "-1"),
-        ("evidence_probe_weight", "11"),
-        ("evidence_probe_turns", "0"),
-        ("evidence_probe_turns", "51"),
         ("evidence_speaker_weight", "-1"),
+        ("evidence_speaker_seeds", "0"),
+        ("evidence_speaker_seeds", "101"),
     ],
 )
 def test_bad_evidence_policy_values_are_22023_and_write_nothing(
@@ -539,43 +538,13 @@ def test_deeper_candidates_cite_at_the_ranks_after_the_results(
     assert conn.execute(deeper, (plan, state, [m1])).fetchone() == ([],)
 
 
-def test_probes_cite_the_turns_most_like_each_result(conn: Conn, sessions: dict[str, int]) -> None:
-    """With evidence_probe_weight each result's own vector is a query over its project's L0
-    turns: the evidence_probe_turns nearest gain the weight / sqrt(the result's rank) /
-    sqrt(their rank among its neighbours), new candidates included (measured in
-    docs/benchmarks.md, "Evidence for the hard questions"; off by default)."""
-    results = [sessions["c:m:1"], sessions["c:m:2"]]
-    leg = _leg(sessions, {"c:1:2": 2.0, "c:3:2": 1.0})
-    base = dict(_select(conn, results, leg, 100))
-    # the oracle: each result's nearest L0 turns by the database's own semantic search
-    near = {
-        r: conn.execute(
-            "SELECT s.node_id, s.rank FROM memory.nodes n, memory.semantic_search(n.embedding,"
-            " %s, '{L0}', 2) s WHERE n.id = %s",
-            (SESSIONS, r),
-        ).fetchall()
-        for r in results
-    }
-    assert all(len(v) == 2 for v in near.values())
-    gain: dict[int, float] = {}
-    for at, r in enumerate(results, start=1):
-        for node, rank in near[r]:
-            gain[node] = gain.get(node, 0.0) + 0.4 / math.sqrt(at) / math.sqrt(rank)
-    conn.execute("SELECT memory.set_policy('evidence_probe_weight', '0.4')")
-    conn.execute("SELECT memory.set_policy('evidence_probe_turns', '2')")
-    probed = dict(_select(conn, results, leg, 100))
-    assert set(probed) == set(base) | set(gain)
-    for node, score in probed.items():
-        assert score == pytest.approx(base.get(node, 0.0) + gain.get(node, 0.0)), node
-    assert set(gain) - set(base)  # a turn no leg and no citation reached is a candidate now
-
-
 SPEAKERS = "speakers"
 
 
 def test_speaker_weight_lifts_the_turns_of_the_person_the_question_names(conn: Conn) -> None:
-    """With evidence_speaker_weight a turn whose text opens with a label the question has as
-    a word ("Ana: ...", case aside) scores 1 + the weight times as much, when most of the
+    """With evidence_speaker_weight (0.5 by default; 0 turns it off) a turn whose text opens
+    with a label the question has as a word ("Ana: ...", case aside) scores 1 + the weight
+    times as much, when most of the
     evidence_speaker_seeds best candidates are that person's; another speaker's turn, a
     label inside a longer word, a person whose turns are not most of the best, or no
     question text change nothing."""
@@ -609,6 +578,7 @@ def test_speaker_weight_lifts_the_turns_of_the_person_the_question_names(conn: C
 
     try:
         conn.execute("SELECT memory.set_policy('evidence_neighbours', '0')")
+        conn.execute("SELECT memory.set_policy('evidence_speaker_weight', '0')")
         plain = select("What does ana grow?")
         conn.execute("SELECT memory.set_policy('evidence_speaker_weight', '0.5')")
         named = select("What does ana grow?")
