@@ -9,7 +9,7 @@ DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
                WHERE p.oid = to_regprocedure('memory.policy()')
-                 AND NOT ('evidence_deeper' = ANY (p.proargnames))) THEN
+                 AND NOT ('evidence_speaker_seeds' = ANY (p.proargnames))) THEN
         DROP FUNCTION memory.policy();
     END IF;
 END $$;
@@ -64,6 +64,8 @@ BEGIN
         ('evidence_hop_weight', '0', '$1 ~ ''^[0-9]*\.?[0-9]+$'' AND $1::double precision <= 10', '0..10 (0: off)'),
         ('evidence_hop_seeds', '3', '$1 ~ ''^[0-9]{1,3}$'' AND $1::integer BETWEEN 1 AND 100', '1..100'),
         ('evidence_deeper', '20', '$1 ~ ''^[0-9]{1,2}$'' AND $1::integer BETWEEN 0 AND 50', '0..50 (0: off)'),
+        ('evidence_speaker_weight', '0.5', '$1 ~ ''^[0-9]*\.?[0-9]+$'' AND $1::double precision <= 10', '0..10 (0: off)'),
+        ('evidence_speaker_seeds', '10', '$1 ~ ''^[0-9]{1,3}$'' AND $1::integer BETWEEN 1 AND 100', '1..100'),
         -- the relevance floor: off unless set (docs/benchmarks.md, "A relevance floor")
         ('min_cosine', NULL, '$1 ~ ''^-?[0-9]*\.?[0-9]+$'' AND $1::double precision BETWEEN -1 AND 1', '-1..1'),
         -- recency: off unless set (docs/benchmarks.md, "Recency")
@@ -113,7 +115,8 @@ RETURNS TABLE (fusion text, rrf_k integer, dense_weight double precision, candid
                evidence_weight double precision, evidence_neighbours double precision,
                evidence_session_decay double precision, evidence_session_weight double precision,
                evidence_hop_weight double precision, evidence_hop_seeds integer,
-               evidence_deeper integer,
+               evidence_deeper integer, evidence_speaker_weight double precision,
+               evidence_speaker_seeds integer,
                min_cosine double precision, recency_half_life_days double precision,
                recency_weight double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -137,6 +140,8 @@ BEGIN
            (v ->> 'evidence_hop_weight')::double precision,
            (v ->> 'evidence_hop_seeds')::integer,
            (v ->> 'evidence_deeper')::integer,
+           (v ->> 'evidence_speaker_weight')::double precision,
+           (v ->> 'evidence_speaker_seeds')::integer,
            (v ->> 'min_cosine')::double precision,
            (v ->> 'recency_half_life_days')::double precision,
            (v ->> 'recency_weight')::double precision

@@ -25,18 +25,19 @@ BEGIN
         DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer);
     END IF;
 END $$;
--- ... and the form before the metadata filter, the one before as_of, and the one before
--- the deeper candidates (issue 29).
+-- ... and the form before the metadata filter, the one before as_of, the one before the
+-- deeper candidates and the one before the query's text (issue 29).
 DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer);
 DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb);
 DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz);
+DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[]);
 -- The row the three return, declared once (memory._declare_row): one cited L0 turn, its
 -- rank, its score, its own direct rank and the ranks of the results that cite it.
 SELECT memory._declare_row('evidence_row',
     'rank integer, node_id bigint, external_id text, sha256 text, project text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, score double precision, direct_rank integer, cited_by integer[], neighbour_score double precision, metadata jsonb',
     ARRAY['memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb)',
           'memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb)',
-          'memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[])']);
+          'memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[], text)']);
 
 CREATE OR REPLACE FUNCTION memory.select_evidence(
     result_ids bigint[],
@@ -52,7 +53,8 @@ CREATE OR REPLACE FUNCTION memory.select_evidence(
     rrf_k integer DEFAULT NULL,
     filter jsonb DEFAULT NULL,
     as_of timestamptz DEFAULT NULL,
-    deeper bigint[] DEFAULT NULL
+    deeper bigint[] DEFAULT NULL,
+    query text DEFAULT NULL
 )
 RETURNS SETOF memory.evidence_row
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -69,8 +71,12 @@ DECLARE
     pick bigint;
     terms text;
     hop jsonb := '[]';
+    words text[];
 BEGIN
     SELECT * INTO pol FROM memory.policy();
+    IF pol.evidence_speaker_weight > 0 AND query IS NOT NULL THEN
+        words := regexp_split_to_array(lower(query), '[^[:alnum:]]+');
+    END IF;
     lim := coalesce(budget, pol.evidence_budget);
     PERFORM memory.check_evidence_budget(lim);
     IF result_ids IS NULL THEN
@@ -149,9 +155,11 @@ BEGIN
     -- MATERIALIZED: its coalesce(), pulled up into the probe, is not leakproof either): with
     -- the policy's qual the planner would otherwise hash a scan of the whole project.
     own0 AS (
-        SELECT x.*, n.project_id, n.title, n.id - 64 AS lo, n.id + 64 AS hi
+        SELECT x.*, n.project_id, n.title, n.label, n.id - 64 AS lo, n.id + 64 AS hi
         FROM scored0 x
-        CROSS JOIN LATERAL (SELECT n.id, n.project_id, n.title FROM memory.nodes n
+        CROSS JOIN LATERAL (SELECT n.id, n.project_id, n.title,
+                                   CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label
+                            FROM memory.nodes n
                             WHERE n.id = x.node_id AND n.level = 'L0'
                               AND (pid IS NULL OR n.project_id = pid)
                             LIMIT 1) n
@@ -162,7 +170,7 @@ BEGIN
     own AS (
         SELECT o.node_id, o.pos, o.by_rank,
                o.score + coalesce(pol.evidence_session_weight * o.direct * sp.span, 0) AS score,
-               o.project_id, o.title, o.lo, o.hi
+               o.project_id, o.title, o.label, o.lo, o.hi
         FROM own0 o
         LEFT JOIN spans sp ON sp.project_id = o.project_id AND sp.title = o.title
     ),
@@ -172,10 +180,10 @@ BEGIN
     -- question and its reply.
     near AS (
         SELECT b.id AS node_id, sum(o.score) * pol.evidence_neighbours AS s,
-               min(o.project_id) AS project_id, min(o.title) AS title
+               min(o.project_id) AS project_id, min(o.title) AS title, min(b.label) AS label
         FROM own o
         CROSS JOIN LATERAL (
-            (SELECT n.id FROM memory.nodes n
+            (SELECT n.id, CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label FROM memory.nodes n
              WHERE n.id < o.node_id AND n.id >= o.lo AND n.project_id = o.project_id
                AND n.level = 'L0' AND n.title = o.title
                AND CASE WHEN as_of IS NULL THEN n.expired_at IS NULL
@@ -185,7 +193,7 @@ BEGIN
                AND (flt IS NULL OR n.metadata @> flt)
              ORDER BY n.id DESC LIMIT 1)
             UNION ALL
-            (SELECT n.id FROM memory.nodes n
+            (SELECT n.id, CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label FROM memory.nodes n
              WHERE n.id > o.node_id AND n.id <= o.hi AND n.project_id = o.project_id
                AND n.level = 'L0' AND n.title = o.title
                AND CASE WHEN as_of IS NULL THEN n.expired_at IS NULL
@@ -201,8 +209,27 @@ BEGIN
     total AS (
         SELECT coalesce(o.node_id, nb.node_id) AS node_id, o.pos, o.by_rank,
                coalesce(o.score, 0) + coalesce(nb.s, 0) AS score, coalesce(nb.s, 0) AS beside,
-               coalesce(o.project_id, nb.project_id) AS project_id, coalesce(o.title, nb.title) AS title
+               coalesce(o.project_id, nb.project_id) AS project_id, coalesce(o.title, nb.title) AS title,
+               CASE WHEN o.node_id IS NOT NULL THEN o.label ELSE nb.label END AS label
         FROM own o FULL JOIN near nb ON nb.node_id = o.node_id
+    ),
+    -- The speaker (evidence_speaker_weight > 0): a turn whose text opens with a label
+    -- ("Caroline: ...") that is a word of the question scores 1 + the weight times as
+    -- much: a question about a person is mostly answered by what that person said. Only
+    -- when most of the evidence_speaker_seeds best candidates are that person's already: a
+    -- question whose best evidence another person said (one that names the wrong person)
+    -- keeps its order. The label is read where each candidate's row is looked up anyway
+    -- (own0, near, total).
+    gate AS (
+        SELECT count(*) FILTER (WHERE lower(t.label) = ANY (words)) * 2 > count(*) AS named
+        FROM (SELECT t.label FROM total t WHERE words IS NOT NULL
+              ORDER BY t.score DESC, t.node_id LIMIT pol.evidence_speaker_seeds) t
+    ),
+    spoken AS (
+        SELECT x.node_id, x.pos, x.by_rank, x.beside, x.project_id, x.title,
+               x.score * CASE WHEN g.named AND lower(x.label) = ANY (words)
+                              THEN 1 + pol.evidence_speaker_weight ELSE 1 END AS score
+        FROM total x CROSS JOIN gate g
     )
     SELECT coalesce(jsonb_agg(jsonb_build_object('id', x.node_id, 's', x.score, 'pos', x.pos,
                                                  'by', coalesce(x.by_rank, '{}'),
@@ -210,7 +237,7 @@ BEGIN
                                                  'title', x.title)
                               ORDER BY x.score DESC, x.node_id), '[]')
       INTO cands
-      FROM total x
+      FROM spoken x
      WHERE x.score > 0;  -- the weakest direct match of a convex leg scores 0: no evidence
     -- A second hop (evidence_hop_weight > 0): the names in the best evidence so far (words
     -- written with a capital inside a sentence: people, places, events, titles) are a second,
@@ -314,8 +341,8 @@ BEGIN
     JOIN memory.nodes n ON n.id = x.id AND (pid IS NULL OR n.project_id = pid)
     ORDER BY x.o;
 END $$;
-COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[]) IS
-    'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank) summed over the results citing it; then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range, and filter (a JSON object the metadata contains) the neighbours as the legs it ran did their matches; a result''s own sources are cited whatever their time or metadata; as_of: provenance and neighbours as the database held them then (NULL: current versions). Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it. Issue 29''s policy keys: deeper (candidates after the results, memory._deeper) cite at the ranks after the results'' without reserving a turn; evidence_session_weight lifts a direct match in a session the results'' provenance reaches by that weight times its direct score times the session''s 1 / sqrt(rank) sum; evidence_hop_weight (off) adds a second lexical query of the names in the evidence_hop_seeds best turns; evidence_session_decay (off at 1) spends the budget at score times decay^(better turns of the same session).';
+COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[], text) IS
+    'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank) summed over the results citing it; then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range, and filter (a JSON object the metadata contains) the neighbours as the legs it ran did their matches; a result''s own sources are cited whatever their time or metadata; as_of: provenance and neighbours as the database held them then (NULL: current versions). Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it. Issue 29''s policy keys: deeper (candidates after the results, memory._deeper) cite at the ranks after the results'' without reserving a turn; evidence_session_weight lifts a direct match in a session the results'' provenance reaches by that weight times its direct score times the session''s 1 / sqrt(rank) sum; evidence_hop_weight (off) adds a second lexical query of the names in the evidence_hop_seeds best turns; evidence_session_decay (off at 1) spends the budget at score times decay^(better turns of the same session); evidence_speaker_weight (0.5) multiplies by 1 + the weight the score of a turn whose text opens with a label ("Ana: ...") that is a word of query (the question''s text; NULL: no speaker term), when most of the evidence_speaker_seeds (10) best candidates carry that label.';
 
 -- The fused candidates after an answer's results (issue 29): their provenance routes the
 -- budget to the memories and sessions just below the page, at the ranks after the results'.
@@ -393,7 +420,7 @@ BEGIN
         (p.plan ->> 'since_ts')::timestamptz, (p.plan ->> 'before_ts')::timestamptz,
         (p.plan ->> 'dense_weight')::double precision, (p.plan ->> 'rrf_k')::integer,
         nullif(p.plan -> 'filter', 'null'), (p.plan ->> 'as_of')::timestamptz,
-        memory._deeper(p.plan, state, $2)) e
+        memory._deeper(p.plan, state, $2), $1) e
     ORDER BY e.rank;
 END $$;
 COMMENT ON FUNCTION memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb) IS

@@ -227,6 +227,9 @@ def test_memory_evidence_checks_its_budget_before_searching(conn: Conn) -> None:
         ("evidence_hop_seeds", "101"),
         ("evidence_deeper", "51"),
         ("evidence_deeper", "-1"),
+        ("evidence_speaker_weight", "-1"),
+        ("evidence_speaker_seeds", "0"),
+        ("evidence_speaker_seeds", "101"),
     ],
 )
 def test_bad_evidence_policy_values_are_22023_and_write_nothing(
@@ -358,7 +361,7 @@ def test_an_evidence_failure_degrades_and_keeps_the_trees(client: TestClient, co
     conn.execute(
         "ALTER FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text,"
         " integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz,"
-        " bigint[])"
+        " bigint[], text)"
         " RENAME TO gone"
     )
     body = query(client, query=KONG)
@@ -533,3 +536,62 @@ def test_deeper_candidates_cite_at_the_ranks_after_the_results(
     assert conn.execute(deeper, (plan, state, [m1])).fetchone() == ([m2],)
     conn.execute("SELECT memory.set_policy('evidence_deeper', '0')")
     assert conn.execute(deeper, (plan, state, [m1])).fetchone() == ([],)
+
+
+SPEAKERS = "speakers"
+
+
+def test_speaker_weight_lifts_the_turns_of_the_person_the_question_names(conn: Conn) -> None:
+    """With evidence_speaker_weight (0.5 by default; 0 turns it off) a turn whose text opens
+    with a label the question has as a word ("Ana: ...", case aside) scores 1 + the weight
+    times as much, when most of the
+    evidence_speaker_seeds best candidates are that person's; another speaker's turn, a
+    label inside a longer word, a person whose turns are not most of the best, or no
+    question text change nothing."""
+    turns = [
+        {"id": "s:1", "text": "Ana: I grow tomatoes on the balcony."},
+        {"id": "s:2", "text": "Ana: the basil grows there too."},
+        {"id": "s:3", "text": "Ana: and some mint, in a pot."},
+        {"id": "s:4", "text": "Bo: I grow basil on the balcony."},
+        {"id": "s:5", "text": "Anabel: my balcony has tomatoes too."},
+    ]
+    conn.execute(
+        "SELECT memory.add_nodes(%s)",
+        (Jsonb([{"project": SPEAKERS, "level": "L0", "title": "day 1", **t} for t in turns]),),
+    )
+    ids = dict(
+        conn.execute(
+            "SELECT n.external_id, n.id FROM memory.nodes n JOIN memory.projects p"
+            " ON p.id = n.project_id WHERE p.name = %s",
+            (SPEAKERS,),
+        ).fetchall()
+    )
+    ana = {ids["s:1"], ids["s:2"], ids["s:3"]}
+    leg = json.dumps({"ids": [ids[t["id"]] for t in turns], "scores": [2.0] * len(turns)})
+    sql = (
+        "SELECT node_id, score FROM memory.select_evidence('{}', %s, %s, budget => 100,"
+        " project_name => %s, query => %s)"
+    )
+
+    def select(text: str | None) -> dict[int, float]:
+        return dict(conn.execute(sql, (NO_LEG, leg, SPEAKERS, text)).fetchall())
+
+    try:
+        conn.execute("SELECT memory.set_policy('evidence_neighbours', '0')")
+        conn.execute("SELECT memory.set_policy('evidence_speaker_weight', '0')")
+        plain = select("What does ana grow?")
+        conn.execute("SELECT memory.set_policy('evidence_speaker_weight', '0.5')")
+        named = select("What does ana grow?")
+        other = select("What does Bo grow?")
+        nobody = select("Who grows basil?")
+        no_text = select(None)
+        conn.execute("SELECT memory.set_policy('evidence_speaker_seeds', '2')")
+        two = select("What does Bo grow?")  # the two best (by id on a tie) are Ana's
+    finally:
+        conn.execute("SELECT memory.reset_policy()")
+    assert set(plain) == set(ids.values())
+    assert all(v == pytest.approx(1.0) for v in plain.values())
+    for node, score in named.items():
+        assert score == pytest.approx(1.5 if node in ana else 1.0), node
+    assert other == pytest.approx(plain) and two == pytest.approx(plain)
+    assert nobody == pytest.approx(plain) and no_text == pytest.approx(plain)
