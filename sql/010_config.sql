@@ -296,9 +296,19 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
+DECLARE
+    graph name;
 BEGIN
-    DROP INDEX IF EXISTS memory.nodes_embedding_hnsw;
-    DROP INDEX IF EXISTS memory.nodes_embedding_hnsw_l1_l2;
+    -- Every HNSW graph, the large projects' own too (memory._project_graphs): one left on
+    -- the column would be rebuilt on an undimensioned vector, which pgvector refuses.
+    -- configure_embedding builds them again.
+    FOR graph IN
+        SELECT c.relname FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+        WHERE i.indrelid = 'memory.nodes'::regclass
+          AND c.relname ~ '^nodes_embedding_hnsw(_l1_l2)?(_p[0-9]+)?$'
+    LOOP
+        EXECUTE pg_catalog.format('DROP INDEX memory.%I', graph);
+    END LOOP;
     UPDATE memory.nodes SET embedding = NULL WHERE embedding IS NOT NULL;
     ALTER TABLE memory.nodes ALTER COLUMN embedding TYPE vector;
     DELETE FROM memory.embedding_model;

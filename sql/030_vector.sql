@@ -131,8 +131,8 @@ COMMENT ON FUNCTION memory._semantic_stage(integer) IS
 -- 0.969 at 100k nodes, 0.928 at 1M at ef 100; docs/benchmarks.md), else NULL:
 -- memory.semantic_search's own SET (100). The store's size is the table's planner estimate
 -- (pg_class.reltuples, which row-level security does not hide: the graph holds every row
--- whoever asks); a partitioned table's own estimate is not kept, and each of its
--- partitions has a graph of its own size.
+-- whoever asks). Not on a partitioned table: each partition has a graph of its own size,
+-- and the parent's estimate (set by the ANALYZE that partitioned it) is never refreshed.
 CREATE OR REPLACE FUNCTION memory._semantic_ef(project_id integer, ef_search integer DEFAULT NULL)
 RETURNS integer
 -- STABLE PARALLEL SAFE: it reads the policy and returns a number; the callers (PARALLEL
@@ -145,7 +145,8 @@ BEGIN
         RETURN greatest(ef_search, 1);
     ELSIF project_id IS NOT NULL THEN
         RETURN memory._policy_value('filtered_ef_search')::integer;
-    ELSIF (SELECT c.reltuples FROM pg_catalog.pg_class c WHERE c.oid = 'memory.nodes'::regclass)
+    ELSIF (SELECT c.reltuples FROM pg_catalog.pg_class c
+           WHERE c.oid = 'memory.nodes'::regclass AND c.relkind = 'r')
           > memory._policy_value('large_store_nodes')::bigint THEN
         RETURN memory._policy_value('large_store_ef_search')::integer;
     END IF;
@@ -177,7 +178,7 @@ SET hnsw.iterative_scan = 'relaxed_order'
 SET hnsw.ef_search = 100
 -- No parallel workers: memory._semantic_stage has chosen between the exact stage and the
 -- graph already. pgvector costs an HNSW scan in proportion to ef_search, so at
--- filtered_ef_search (200) a cheap enough parallel plan (a Parallel Seq Scan, Sort, Gather
+-- filtered_ef_search (400) a cheap enough parallel plan (a Parallel Seq Scan, Sort, Gather
 -- Merge: brute force split over workers) would undo the choice of the graph; found under
 -- debug_parallel_query with free parallel costs (tests/test_sql_modes.py, issue 28). Neither
 -- stage gains from workers: the exact one reads at most exact_scan_max_nodes rows.
@@ -209,7 +210,7 @@ BEGIN
               as_of, f.va;
 END $$;
 COMMENT ON FUNCTION memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz, jsonb, jsonb, timestamptz, timestamptz) IS
-    'Top-k by cosine distance (HNSW; a named project with at most exact_scan_max_nodes nodes ranked exactly, memory._semantic_stage; a project-filtered HNSW scan with ef_search, else the policy''s filtered_ef_search, memory._semantic_ef) with optional project/level/time filters (since <= ts < before), filter (a JSON object the node''s metadata contains) and grammar (a memory.parse_query parse: its required phrases, tags and mentions and its exclusions); as_of: the versions the database held then (NULL: the current ones); valid_at: only nodes valid then (default: as_of, else now); the iterative scan fills k under selective filters. query_score = 1 - cosine distance.';
+    'Top-k by cosine distance (HNSW; a named project with at most exact_scan_max_nodes nodes ranked exactly, memory._semantic_stage; a project''s HNSW scan, its own graph''s or the shared one''s, with ef_search, else the policy''s filtered_ef_search; a scan naming no project at large_store_ef_search past large_store_nodes: memory._semantic_ef) with optional project/level/time filters (since <= ts < before), filter (a JSON object the node''s metadata contains) and grammar (a memory.parse_query parse: its required phrases, tags and mentions and its exclusions); as_of: the versions the database held then (NULL: the current ones); valid_at: only nodes valid then (default: as_of, else now); the iterative scan fills k under selective filters. query_score = 1 - cosine distance.';
 
 -- The form before the metadata filter goes first (and the one before time travel, above).
 DROP FUNCTION IF EXISTS memory.exact_search(vector, text, text[], integer, timestamptz, timestamptz);

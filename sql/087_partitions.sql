@@ -136,6 +136,11 @@ BEGIN
             FROM pg_catalog.pg_index i
             WHERE i.indrelid = pg_catalog.format('memory.%I', t)::regclass
               AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint c WHERE c.conindid = i.indexrelid)
+              -- a large project's own graphs (memory._project_graphs): on the partitioned
+              -- layout each partition's graph is its project's already, and a copy would
+              -- give every partition an empty pair per large project
+              AND (SELECT c.relname FROM pg_catalog.pg_class c WHERE c.oid = i.indexrelid)
+                  !~ '^nodes_embedding_hnsw(_l1_l2)?_p[0-9]+$'
             ORDER BY i.indexrelid);
         stmts := stmts || ARRAY(
             SELECT pg_catalog.format('ALTER TABLE memory.%I ADD CONSTRAINT %I %s', t, c.conname,

@@ -18,7 +18,11 @@
 -- the query's project implies. Zipf-sized tenants keep the list short: the projects past
 -- 5,000 nodes are few, whatever the store's size. A store partitioned by project has a graph
 -- per partition already.
-CREATE OR REPLACE FUNCTION memory._project_graphs()
+-- hold: the looser bounds a project that has its graphs keeps them under (past 80% of the
+-- size threshold, under 60% of the store), so one that hovers at a threshold is not built
+-- and dropped on alternate migrates.
+DROP FUNCTION IF EXISTS memory._project_graphs();
+CREATE OR REPLACE FUNCTION memory._project_graphs(hold boolean DEFAULT false)
 RETURNS TABLE (project_id integer, n_docs bigint)
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -28,13 +32,15 @@ AS $$
          (SELECT greatest(memory._policy_value('exact_scan_max_nodes')::bigint,
                           memory._policy_value('project_graph_min_nodes')::bigint) AS least_nodes,
                  memory._policy_value('project_graph_min_nodes')::bigint AS on_at,
-                 (SELECT coalesce(sum(s.n_docs), 0) FROM memory.corpus_stats s) AS total) p
-    WHERE p.on_at > 0 AND c.n_docs > p.least_nodes AND 2 * c.n_docs < p.total
+                 (SELECT coalesce(sum(s.n_docs), 0) FROM memory.corpus_stats s) AS total,
+                 CASE WHEN hold THEN 0.8 ELSE 1.0 END AS margin) p
+    WHERE p.on_at > 0 AND c.n_docs > p.least_nodes * p.margin
+      AND 2 * c.n_docs * p.margin < p.total
       AND NOT memory.partitioned()
     ORDER BY c.project_id
 $$;
-COMMENT ON FUNCTION memory._project_graphs() IS
-    'The projects memory._ensure_indexes gives HNSW graphs of their own (nodes_embedding_hnsw_p<id>, nodes_embedding_hnsw_l1_l2_p<id>: partial indexes WHERE project_id = <id>): more current nodes than both exact_scan_max_nodes and project_graph_min_nodes (policy; 0: none), under half of the store, on a store not partitioned by project. Over the projects the caller may see.';
+COMMENT ON FUNCTION memory._project_graphs(boolean) IS
+    'The projects memory._ensure_indexes gives HNSW graphs of their own (nodes_embedding_hnsw_p<id>, nodes_embedding_hnsw_l1_l2_p<id>: partial indexes WHERE project_id = <id>): more current nodes than both exact_scan_max_nodes and project_graph_min_nodes (policy; 0: none), under half of the store, on a store not partitioned by project; hold => true: the looser bounds (80% of the size, 60% of the store) under which a project that has them keeps them. Over the projects the caller may see.';
 
 CREATE OR REPLACE FUNCTION memory._ensure_indexes()
 RETURNS text[]
@@ -64,6 +70,7 @@ DECLARE
     pid integer;
     own name;
     own_graphs text[] := '{}';
+    checking boolean := coalesce(pg_catalog.current_setting('poimen.migrate_check', true), '') = 'on';
     made text[] := '{}';
 BEGIN
     IF hnsw THEN
@@ -73,8 +80,16 @@ BEGIN
             ['0001_initial', 'nodes', 'nodes_embedding_hnsw_l1_l2', pg_catalog.format(
                 'USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE level IN (''L1'', ''L2'')', vs)]];
         -- A large project's own pair of graphs (memory._project_graphs), named by its id so
-        -- a rename keeps them.
-        FOR pid IN SELECT g.project_id FROM memory._project_graphs() g LOOP
+        -- a rename keeps them; one that has them keeps them within the looser bounds.
+        -- Not under migrate --check (poimen.migrate_check): it rolls back, and building a
+        -- graph holds writes off memory.nodes for the build's whole time; its scale
+        -- warnings say which projects the next migrate gives graphs.
+        FOR pid IN
+            SELECT g.project_id FROM memory._project_graphs(true) g
+            WHERE NOT checking
+              AND (g.project_id IN (SELECT w.project_id FROM memory._project_graphs() w)
+                   OR pg_catalog.to_regclass(pg_catalog.format('memory.%I', 'nodes_embedding_hnsw_p' || g.project_id)) IS NOT NULL)
+        LOOP
             own_graphs := own_graphs || ARRAY['nodes_embedding_hnsw_p' || pid, 'nodes_embedding_hnsw_l1_l2_p' || pid];
             wanted := wanted || ARRAY[
                 ['0001_initial', 'nodes', 'nodes_embedding_hnsw_p' || pid, pg_catalog.format(
@@ -91,6 +106,7 @@ BEGIN
         WHERE i.indrelid = 'memory.nodes'::regclass
           AND c.relname ~ '^nodes_embedding_hnsw(_l1_l2)?_p[0-9]+$'
           AND NOT c.relname = ANY (own_graphs)
+          AND NOT checking
     LOOP
         EXECUTE pg_catalog.format('DROP INDEX memory.%I', own);
         made := made || ('-' || own);
@@ -157,22 +173,28 @@ BEGIN
                       'run poimen-memory migrate: it builds the project HNSW graphs of its own (nodes_embedding_hnsw_p'
                       || c.project_id || ')'
                   ELSE
-                      pg_catalog.format('set project_graph_min_nodes (now %s) below its size and run poimen-memory migrate '
-                                        'to give it HNSW graphs of its own, raise exact_scan_max_nodes if an exact scan of it '
-                                        'is fast enough, or partition the store by project '
-                                        '(poimen-memory migrate --partition-by-project, docs/scaling.md)',
-                                        memory._policy_value('project_graph_min_nodes'))
+                      CASE WHEN memory._policy_value('project_graph_min_nodes')::bigint = 0
+                           THEN 'turn project graphs on (project_graph_min_nodes is 0: off) and run poimen-memory migrate '
+                           ELSE pg_catalog.format('set project_graph_min_nodes (now %s) below its size and run poimen-memory migrate ',
+                                                  memory._policy_value('project_graph_min_nodes')) END
+                      || 'to give it HNSW graphs of its own, raise exact_scan_max_nodes if an exact scan of it '
+                         'is fast enough, or partition the store by project '
+                         '(poimen-memory migrate --partition-by-project, docs/scaling.md)'
                   END
         FROM memory.corpus_stats c JOIN memory.projects p ON p.id = c.project_id
         LEFT JOIN memory._project_graphs() g ON g.project_id = c.project_id
         WHERE c.n_docs > cap AND 2 * c.n_docs < total
-          AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
-                          JOIN pg_catalog.pg_class r ON r.oid = i.indexrelid
-                          WHERE i.indrelid = 'memory.nodes'::regclass AND i.indisvalid
-                            AND r.relname = 'nodes_embedding_hnsw_p' || c.project_id)
+          AND (SELECT count(*) FROM pg_catalog.pg_index i
+               JOIN pg_catalog.pg_class r ON r.oid = i.indexrelid
+               WHERE i.indrelid = 'memory.nodes'::regclass AND i.indisvalid
+                 AND r.relname IN ('nodes_embedding_hnsw_p' || c.project_id,
+                                   'nodes_embedding_hnsw_l1_l2_p' || c.project_id)) < 2
         ORDER BY c.n_docs DESC, p.name;
     END IF;
-    IF total > memory._policy_value('large_store_nodes')::bigint THEN
+    -- The measure memory._semantic_ef reads: the table's planner estimate, every row.
+    IF (SELECT c.reltuples FROM pg_catalog.pg_class c
+        WHERE c.oid = 'memory.nodes'::regclass AND c.relkind = 'r')
+       > memory._policy_value('large_store_nodes')::bigint THEN
         FOR m IN
             SELECT coalesce((SELECT split_part(o, '=', 2)::integer FROM unnest(r.reloptions) o
                              WHERE o LIKE 'm=%'), 16)

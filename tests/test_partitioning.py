@@ -174,6 +174,29 @@ def test_a_project_query_reads_only_its_partition(conn: Conn, embedder: LocalEmb
     assert hnsw == (2,)
 
 
+def test_a_large_projects_own_graphs_are_not_copied_to_every_partition(conn: Conn) -> None:
+    """A project's own HNSW graphs (memory._project_graphs) are partial indexes of the one
+    table; partitioning gives each project a graph of its own anyway, so they are not copied:
+    each partition keeps its pair, none gets an empty pair per large project."""
+    pid = conn.execute("SELECT id FROM memory.projects WHERE name = 'poimen'").fetchone()
+    assert pid is not None
+    vs = conn.execute(
+        "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
+        " WHERE e.extname = 'vector'"
+    ).fetchone()
+    assert vs is not None
+    conn.execute(
+        f"CREATE INDEX nodes_embedding_hnsw_p{pid[0]} ON memory.nodes USING hnsw "
+        f'(embedding "{vs[0]}".vector_cosine_ops) WHERE project_id = {pid[0]}'
+    )
+    conn.execute("SELECT memory.partition_by_project()")
+    per_partition = conn.execute(
+        "SELECT tablename, count(*) FROM pg_indexes WHERE schemaname = 'memory'"
+        " AND tablename ~ '^nodes_p[0-9]+$' AND indexdef LIKE '%%USING hnsw%%' GROUP BY 1"
+    ).fetchall()
+    assert per_partition and all(n == 2 for _, n in per_partition), per_partition
+
+
 def test_a_new_project_gets_its_partitions_and_rls_still_holds(conn: Conn) -> None:
     conn.execute("SELECT memory.partition_by_project()")
     make_role(conn, "part_writer", "writer")

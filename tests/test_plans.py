@@ -522,6 +522,21 @@ def test_a_large_project_gets_hnsw_graphs_of_its_own(synthetic: Conn, policy: An
         assert synthetic.execute("SELECT * FROM memory.scale_warnings()").fetchall() == []
         # A second pass builds nothing; turning the policy off drops the pair.
         assert synthetic.execute("SELECT memory._ensure_indexes()").fetchone() == ([],)
+        # Within the looser bounds a project keeps its graphs (no build-drop flapping).
+        synthetic.execute("SELECT memory.set_policy('project_graph_min_nodes', '70')")
+        assert synthetic.execute("SELECT count(*) FROM memory._project_graphs()").fetchone() == (0,)
+        assert synthetic.execute("SELECT memory._ensure_indexes()").fetchone() == ([],)
+        synthetic.execute("SELECT memory.set_policy('project_graph_min_nodes', '10')")
+        # reembed's reset drops every graph, the project's too, and configure rebuilds them
+        # on the new column (one left behind would block the column's retyping).
+        synthetic.execute("SAVEPOINT reembed")
+        synthetic.execute("SELECT memory.reset_embedding('synthetic-2', %s)", (DIM,))
+        rebuilt = synthetic.execute(
+            "SELECT count(*) FROM pg_indexes WHERE schemaname = 'memory' AND indexname IN (%s, %s)",
+            (f"nodes_embedding_hnsw_p{rid}", f"nodes_embedding_hnsw_l1_l2_p{rid}"),
+        ).fetchone()
+        assert rebuilt == (2,)
+        synthetic.execute("ROLLBACK TO SAVEPOINT reembed")
         synthetic.execute("SELECT memory.set_policy('project_graph_min_nodes', '0')")
         (dropped,) = synthetic.execute("SELECT memory._ensure_indexes()").fetchone() or ([],)
         assert sorted(dropped) == [
@@ -531,6 +546,11 @@ def test_a_large_project_gets_hnsw_graphs_of_its_own(synthetic: Conn, policy: An
         # (the planner reads 60 nodes through the project btree once the graph is gone)
         gone = _index_names([json.dumps(_semantic_plan(synthetic, "rare"))])
         assert gone and not {i for i in gone if i.endswith(f"_p{rid}")}, gone
+        raise _Rollback
+    # migrate --check applies sql/ and rolls back: it builds no project's graph.
+    with pytest.raises(_Rollback), synthetic.transaction():
+        synthetic.execute("SELECT set_config('poimen.migrate_check', 'on', true)")
+        assert synthetic.execute("SELECT memory._ensure_indexes()").fetchone() == ([],)
         raise _Rollback
     # 'big' holds 99% of the store: a graph of its own would be the shared one again.
     policy("exact_scan_max_nodes", "5000")

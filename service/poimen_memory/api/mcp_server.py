@@ -395,8 +395,9 @@ def _cursor(name: str) -> str:
 
 
 def _after(cursor: str | None) -> str | None:
-    """The name a cursor of _cursor's continues after; a cursor it did not make is a typed
-    invalid_parameter."""
+    """The name a cursor of _cursor's continues after; a malformed one is a typed
+    invalid_parameter (a well-formed one is a position in the sorted names, whoever made it:
+    it grants nothing, list_projects decides what the caller sees)."""
     if cursor is None:
         return None
     try:
