@@ -18,6 +18,7 @@ setup-dev:
 
 lint: setup-dev
 	$(BIN)/ruff check service plpython tests
+	$(BIN)/ruff format --check service plpython tests
 	$(BIN)/mypy
 
 # The suite in $(TEST_WORKERS) pytest-xdist workers, each with its own throwaway clusters

@@ -151,8 +151,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     modes = [
         item.callspec.params["mode"]
         for item in session.items
-        if getattr(item, "originalname", "") == MODE_TEST_NAME
-        and hasattr(item, "callspec")
+        if getattr(item, "originalname", "") == MODE_TEST_NAME and hasattr(item, "callspec")
     ]
     _start_early(session.config, modes)
 

@@ -18,8 +18,6 @@ from service_client import KONG, make_key, serve
 PLANT = {"id": "plant", "level": "L1", "project": "atlas", "text": "Caroline researched kong"}
 
 
-
-
 @pytest.fixture
 def client(fixture_url: str, embedder: LocalEmbedder) -> Iterator[TestClient]:
     env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_AUTH_CACHE_S": "0"}

@@ -153,8 +153,15 @@ def test_errors_are_clear(cli_env: dict[str, str]) -> None:
     # All or nothing per file: a 3,000-character id on line 201 once let 192 nodes commit.
     lines = [json.dumps({"id": f"b{i}", "level": "L0", "project": "bounds", "text": f"turn {i}"})
              for i in range(200)]  # fmt: skip
-    bad.write_text("\n".join([*lines, json.dumps({"id": "b" * 3000, "level": "L0",
-                                                  "project": "bounds", "text": "t"})]) + "\n")
+    bad.write_text(
+        "\n".join(
+            [
+                *lines,
+                json.dumps({"id": "b" * 3000, "level": "L0", "project": "bounds", "text": "t"}),
+            ]
+        )
+        + "\n"
+    )
     proc = run(cli_env, "ingest", str(bad), ok=False)
     assert proc.returncode == 1 and "line 201: field 'id'" in proc.stderr
     url = run(cli_env, "db", "url").stdout.strip()

@@ -111,8 +111,10 @@ def test_invalid_line_aborts_with_line_and_field(conn: Conn, embedder: LocalEmbe
         ({"level": "L0", "project": "p", "text": "t", "id": 12345}, "id"),
         ({"level": "L0", "project": "p", "text": "t", "id": ""}, "id"),
         ({"level": "L1", "project": "p", "text": "t", "parents": ["ok", "y" * 513]}, "parents"),
-        ({"level": "L1", "project": "p", "text": "t", "parents": [f"{i}" for i in range(257)]},
-         "parents"),
+        (
+            {"level": "L1", "project": "p", "text": "t", "parents": [f"{i}" for i in range(257)]},
+            "parents",
+        ),
         ({"level": "L1", "project": "p", "text": "t", "parents": [" "]}, "parents"),
         ({"level": "L0", "project": "p", "text": "\u200b\u3000\ufeff"}, "text"),
         ({"level": "L0", "project": "p", "text": "t", "title": "x" * 1001}, "title"),

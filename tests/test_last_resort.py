@@ -70,7 +70,7 @@ def test_a_client_that_leaves_mid_body_is_not_a_server_error(
     with socket.create_connection(("127.0.0.1", server), timeout=10) as sock:
         sock.sendall(
             b"POST /memory/nodes HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 100000\r\n\r\n[{\"level\": \"L0\""
+            b'Content-Length: 100000\r\n\r\n[{"level": "L0"'
         )
         time.sleep(0.3)
     deadline = time.monotonic() + 10
@@ -117,7 +117,7 @@ def test_a_database_error_no_table_names_keeps_the_servers_words_in_the_log(
     async def read_file(request: Request) -> Any:
         with psycopg.connect(fixture_url) as conn:
             conn.execute(
-                "DO $$ BEGIN RAISE EXCEPTION 'could not extend file \"base/16384/2619\": File "
+                'DO $$ BEGIN RAISE EXCEPTION \'could not extend file "base/16384/2619": File '
                 "too large' USING ERRCODE = 'XX000'; END $$"
             )
 

@@ -365,7 +365,8 @@ def _ranked(conn: Conn, **kw: Any) -> list[tuple[str, float]]:
     rows = conn.execute(
         "SELECT external_id, final_score FROM memory_query('deploy key rotation', "
         "project => 'recency', strategy => 'Hybrid', reference_time => '2026-06-01T00:00:00Z'"
-        + args + ")",
+        + args
+        + ")",
         kw,
     ).fetchall()
     return [(r[0], r[1]) for r in rows]
@@ -444,10 +445,11 @@ def test_the_filter_holds_in_evidence_and_exact_search(conn: Conn) -> None:
         "SELECT n.metadata FROM memory.exact_search(memory.embed('gateway buffer overflow'),"
         " 'flt', ARRAY['L0'], 10{}) e JOIN memory.nodes n ON n.id = e.node_id"
     )
-    alice = ", filter => '{\"user\": \"alice\"}'"
+    alice = ', filter => \'{"user": "alice"}\''
     for sql in (ev, ex):
         assert {r[0] for r in conn.execute(users.format(sql.format(""))).fetchall()} == {
-            "alice", "bob"
+            "alice",
+            "bob",
         }, sql
         rows = conn.execute(users.format(sql.format(alice))).fetchall()
         assert {r[0] for r in rows} == {"alice"}, sql

@@ -281,7 +281,7 @@ def test_grants_follow_roles_by_name_quoted_and_dropped(conn: Conn) -> None:
     pids = _project_ids(conn)
     with conn.transaction(force_rollback=True):
         conn.execute('CREATE ROLE "Tenant Quoted" NOLOGIN')
-        conn.execute('CREATE ROLE tenant_dropped NOLOGIN')
+        conn.execute("CREATE ROLE tenant_dropped NOLOGIN")
         conn.execute(f'GRANT "{db_roles(conn).reader}" TO "Tenant Quoted"')
         conn.execute("""SELECT memory.grant_project('"Tenant Quoted"', 'atlas')""")
         conn.execute("SELECT memory.grant_project('tenant_dropped', 'poimen')")

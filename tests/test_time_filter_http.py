@@ -84,8 +84,10 @@ def test_filtered_query_fills_its_limit_and_matches_sql(
             "reference_time must be an ISO timestamp within years 2..9998",
         ),
         ({"reference_time": "infinity"}, "reference_time must be an ISO timestamp"),
-        ({"reference_time": "9999-12-31T00:00:00Z", "query": "kong notes from this month"},
-         "reference_time must be an ISO timestamp within years 2..9998"),
+        (
+            {"reference_time": "9999-12-31T00:00:00Z", "query": "kong notes from this month"},
+            "reference_time must be an ISO timestamp within years 2..9998",
+        ),
     ],
 )
 def test_bad_time_parameters_are_400_naming_them(

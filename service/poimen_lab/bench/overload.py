@@ -50,7 +50,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def _clients(
-    base: str, n: int, seconds: float, timeout_s: float, texts: list[str],
+    base: str,
+    n: int,
+    seconds: float,
+    timeout_s: float,
+    texts: list[str],
     extra: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     where = urlsplit(base)
@@ -145,8 +149,9 @@ def cmd_bench_overload(args: argparse.Namespace) -> int:
         drop = ("POIMEN_RERANK_URL", "POIMEN_OPENSEARCH_URL")
         with (
             tempfile.TemporaryDirectory() as tmp,
-            live_server({"POIMEN_DATABASE_URL": service}, Path(tmp) / "server.log", drop=drop)
-            as base,
+            live_server(
+                {"POIMEN_DATABASE_URL": service}, Path(tmp) / "server.log", drop=drop
+            ) as base,
         ):
             extra = {} if args.evidence is None else {"evidence": str(args.evidence)}
             _clients(base, 2, 2.0, args.timeout, texts, extra)  # warm-up, discarded

@@ -24,6 +24,7 @@ def render(rep: Report, width: int = 100) -> str:
     text_w = max(width - len(indent), 40)
     lines = [f"{rep.database} as {rep.role}", ""]
     lines.append(f"{'capability':<{name_w}}{'status':<{status_w}}detail")
+
     def wrap(text: str, w: int) -> list[str]:
         return textwrap.wrap(text, w, break_on_hyphens=False) or [""]
 

@@ -49,9 +49,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         return 0 if drift.clean else 1
     root = None if args.no_plpython else s.plpython_root
     with connect(started_url(s), autocommit=True) as conn:
-        report = migrate(
-            conn, root, lock_timeout_s=args.lock_timeout, role_prefix=s.role_prefix
-        )
+        report = migrate(conn, root, lock_timeout_s=args.lock_timeout, role_prefix=s.role_prefix)
         if not s.database_url:  # a DBA's cluster: the DBA makes the service's login role
             ensure_service_login(conn, s.service_role)
     for notice in report.notices:

@@ -198,9 +198,7 @@ WHERE c.key IN ('plpython_path', 'plpython_checksum', 'plpython_deps', 'role_pre
 """
 
 
-def _protection(
-    conn: psycopg.Connection[Any], *roles: Roles
-) -> dict[tuple[str, str], str]:
+def _protection(conn: psycopg.Connection[Any], *roles: Roles) -> dict[tuple[str, str], str]:
     """What protects the data, for PUBLIC and the given roles' privileges (this database's,
     and the shared ones it moves away from)."""
     names = sorted({n for r in roles for n in r.all})
@@ -1107,9 +1105,7 @@ def check(
             after = dict(conn.execute(_SNAPSHOT).fetchall())
             touched = {str(r[0]) for r in conn.execute(_TOUCHED)}
             found = (
-                _findings(protected, _protection(conn, *compared))
-                + found
-                + _module_findings(conn)
+                _findings(protected, _protection(conn, *compared)) + found + _module_findings(conn)
             )
             # sql/ as it would be applied: the function exists here even before migrate.
             outgrown = scale_warnings(conn)
