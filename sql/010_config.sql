@@ -305,7 +305,8 @@ BEGIN
     FOR graph IN
         SELECT c.relname FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
         WHERE i.indrelid = 'memory.nodes'::regclass
-          AND c.relname ~ '^nodes_embedding_hnsw(_l1_l2)?(_p[0-9]+)?$'
+          AND (c.relname IN ('nodes_embedding_hnsw', 'nodes_embedding_hnsw_l1_l2')
+               OR memory._is_project_graph(c.relname))
     LOOP
         EXECUTE pg_catalog.format('DROP INDEX memory.%I', graph);
     END LOOP;

@@ -139,8 +139,8 @@ BEGIN
               -- a large project's own graphs (memory._project_graphs): on the partitioned
               -- layout each partition's graph is its project's already, and a copy would
               -- give every partition an empty pair per large project
-              AND (SELECT c.relname FROM pg_catalog.pg_class c WHERE c.oid = i.indexrelid)
-                  !~ '^nodes_embedding_hnsw(_l1_l2)?_p[0-9]+$'
+              AND NOT memory._is_project_graph(
+                  (SELECT c.relname::text FROM pg_catalog.pg_class c WHERE c.oid = i.indexrelid))
             ORDER BY i.indexrelid);
         stmts := stmts || ARRAY(
             SELECT pg_catalog.format('ALTER TABLE memory.%I ADD CONSTRAINT %I %s', t, c.conname,

@@ -18,6 +18,25 @@
 -- the query's project implies. Zipf-sized tenants keep the list short: the projects past
 -- 5,000 nodes are few, whatever the store's size. A store partitioned by project has a graph
 -- per partition already.
+-- A large project's own pair of graphs, named by its id so a rename keeps them: the one
+-- place their names are made (memory._ensure_indexes, scale_warnings) and recognised
+-- (migrate's index pass, memory.reset_embedding, memory.partition_by_project).
+CREATE OR REPLACE FUNCTION memory._project_graph_names(project_id integer)
+RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT ARRAY['nodes_embedding_hnsw_p' || project_id, 'nodes_embedding_hnsw_l1_l2_p' || project_id] $$;
+COMMENT ON FUNCTION memory._project_graph_names(integer) IS
+    'The names of a project''s own HNSW graphs (memory._project_graphs): nodes_embedding_hnsw_p<id> (every level) and nodes_embedding_hnsw_l1_l2_p<id> (the default levels).';
+
+CREATE OR REPLACE FUNCTION memory._is_project_graph(index_name text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT index_name ~ '^nodes_embedding_hnsw(_l1_l2)?_p[0-9]+$' $$;
+COMMENT ON FUNCTION memory._is_project_graph(text) IS
+    'Whether an index name is one of memory._project_graph_names'' (a project''s own HNSW graph).';
+
 -- hold: the looser bounds a project that has its graphs keeps them under (past 80% of the
 -- size threshold, under 60% of the store), so one that hovers at a threshold is not built
 -- and dropped on alternate migrates.
@@ -88,13 +107,13 @@ BEGIN
             SELECT g.project_id FROM memory._project_graphs(true) g
             WHERE NOT checking
               AND (g.project_id IN (SELECT w.project_id FROM memory._project_graphs() w)
-                   OR pg_catalog.to_regclass(pg_catalog.format('memory.%I', 'nodes_embedding_hnsw_p' || g.project_id)) IS NOT NULL)
+                   OR pg_catalog.to_regclass(pg_catalog.format('memory.%I', (memory._project_graph_names(g.project_id))[1])) IS NOT NULL)
         LOOP
-            own_graphs := own_graphs || ARRAY['nodes_embedding_hnsw_p' || pid, 'nodes_embedding_hnsw_l1_l2_p' || pid];
+            own_graphs := own_graphs || memory._project_graph_names(pid);
             wanted := wanted || ARRAY[
-                ['0001_initial', 'nodes', 'nodes_embedding_hnsw_p' || pid, pg_catalog.format(
+                ['0001_initial', 'nodes', (memory._project_graph_names(pid))[1], pg_catalog.format(
                     'USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE project_id = %s', vs, pid)],
-                ['0001_initial', 'nodes', 'nodes_embedding_hnsw_l1_l2_p' || pid, pg_catalog.format(
+                ['0001_initial', 'nodes', (memory._project_graph_names(pid))[2], pg_catalog.format(
                     'USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE project_id = %s AND level IN (''L1'', ''L2'')', vs, pid)]];
         END LOOP;
     END IF;
@@ -104,7 +123,7 @@ BEGIN
         SELECT c.relname FROM pg_catalog.pg_index i
         JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
         WHERE i.indrelid = 'memory.nodes'::regclass
-          AND c.relname ~ '^nodes_embedding_hnsw(_l1_l2)?_p[0-9]+$'
+          AND memory._is_project_graph(c.relname)
           AND NOT c.relname = ANY (own_graphs)
           AND NOT checking
     LOOP
@@ -170,8 +189,8 @@ BEGIN
                                  p.name, c.n_docs, round(100.0 * c.n_docs / total, 1), total, cap,
                                  memory._policy_value('filtered_ef_search'))
                || CASE WHEN g.project_id IS NOT NULL THEN
-                      'run poimen-memory migrate: it builds the project HNSW graphs of its own (nodes_embedding_hnsw_p'
-                      || c.project_id || ')'
+                      'run poimen-memory migrate: it builds the project HNSW graphs of its own ('
+                      || (memory._project_graph_names(c.project_id))[1] || ')'
                   ELSE
                       CASE WHEN memory._policy_value('project_graph_min_nodes')::bigint = 0
                            THEN 'turn project graphs on (project_graph_min_nodes is 0: off) and run poimen-memory migrate '
@@ -187,8 +206,7 @@ BEGIN
           AND (SELECT count(*) FROM pg_catalog.pg_index i
                JOIN pg_catalog.pg_class r ON r.oid = i.indexrelid
                WHERE i.indrelid = 'memory.nodes'::regclass AND i.indisvalid
-                 AND r.relname IN ('nodes_embedding_hnsw_p' || c.project_id,
-                                   'nodes_embedding_hnsw_l1_l2_p' || c.project_id)) < 2
+                 AND r.relname = ANY (memory._project_graph_names(c.project_id))) < 2
         ORDER BY c.n_docs DESC, p.name;
     END IF;
     -- The measure memory._semantic_ef reads: the table's planner estimate, every row.

@@ -92,7 +92,7 @@ DECLARE
         'memory.check_query', 'memory.check_weight', 'memory.node_filter', 'memory._valid_at', 'memory.check_instant',
         'memory.policy', 'memory._policy_keys', 'memory._policy_value', 'memory.lexical_document', 'memory.lexical_search',
         'memory.lexical_kth', 'memory._bm25_score', 'memory.lexical_query', 'memory.semantic_search', 'memory._semantic_stage',
-        'memory._semantic_ef', 'memory.scale_warnings', 'memory._project_graphs',
+        'memory._semantic_ef', 'memory.scale_warnings', 'memory._project_graphs', 'memory._project_graph_names',
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory.fuse_legs',
         'memory.provenance_walk', 'memory.provenance_tree', 'memory.provenance',
         'memory.provenance_forest', 'memory.hydrate',
@@ -131,7 +131,7 @@ DECLARE
         'memory.enable_outbox', 'memory.configure_embedding_server',
         'memory.clear_embedding_server', 'memory.add_project_partitions',
         'memory.projects_partitions', 'memory.partition_by_project',
-        'memory._ensure_trigger', 'memory._ensure_statement_triggers', 'memory._probe', 'memory._ensure_indexes', 'memory._declare_row'];
+        'memory._ensure_trigger', 'memory._ensure_statement_triggers', 'memory._probe', 'memory._ensure_indexes', 'memory._is_project_graph', 'memory._declare_row'];
     reader_tables text[] := ARRAY[
         'memory.schema_migrations', 'memory.config', 'memory.projects',
         'memory.embedding_model', 'memory.nodes', 'memory.edges', 'memory.postings',

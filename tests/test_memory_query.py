@@ -235,6 +235,11 @@ def test_policy_is_validated_and_applies_to_memory_query(
         ("fusion", "borda"),
         ("dense_weight", "1.5"),
         ("rrf_k", "-1"),
+        # issue 28's keys
+        ("filtered_ef_search", "0"),
+        ("project_graph_min_nodes", "-1"),
+        ("large_store_nodes", "0"),
+        ("large_store_ef_search", "1001"),
         ("nope", "1"),
     ):
         with pytest.raises(psycopg.errors.InvalidParameterValue):

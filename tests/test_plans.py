@@ -312,6 +312,16 @@ def _brute_force(conn: Conn, project: str, vec: str, k: int) -> list[int]:
     return [int(i) for i in ids[order]]
 
 
+def _assert_exact(conn: Conn, project: str, seeds: range) -> None:
+    """memory.semantic_search at the default levels returns numpy's top 10 for each seed."""
+    for seed in seeds:
+        vec = _query_vec(seed)
+        got = conn.execute(
+            "SELECT node_id FROM memory.semantic_search(%s, %s, '{L1,L2}', 10)", (vec, project)
+        ).fetchall()
+        assert [r[0] for r in got] == _brute_force(conn, project, vec, 10)
+
+
 @pytest.fixture
 def policy(synthetic: Conn) -> Iterator[Any]:
     """memory.set_policy for one test; every key it set is reset afterwards."""
@@ -334,12 +344,7 @@ def test_a_small_named_project_takes_the_exact_stage(synthetic: Conn) -> None:
     indexes = _index_names([json.dumps(plan)])
     assert not {i for i in indexes if "hnsw" in i}, indexes
     assert indexes == {"nodes_project_level_idx"}, indexes
-    for seed in range(5):
-        vec = _query_vec(100 + seed)
-        got = synthetic.execute(
-            "SELECT node_id FROM memory.semantic_search(%s, 'rare', '{L1,L2}', 10)", (vec,)
-        ).fetchall()
-        assert [r[0] for r in got] == _brute_force(synthetic, "rare", vec, 10)
+    _assert_exact(synthetic, "rare", range(100, 105))
 
 
 def test_the_threshold_is_the_policy(synthetic: Conn, policy: Any) -> None:
@@ -513,12 +518,7 @@ def test_a_large_project_gets_hnsw_graphs_of_its_own(synthetic: Conn, policy: An
             (_query_vec(11),),
         )
         assert f"nodes_embedding_hnsw_p{rid}" in _index_names(plans)
-        for seed in range(3):
-            vec = _query_vec(300 + seed)
-            got = synthetic.execute(
-                "SELECT node_id FROM memory.semantic_search(%s, 'rare', '{L1,L2}', 10)", (vec,)
-            ).fetchall()
-            assert [r[0] for r in got] == _brute_force(synthetic, "rare", vec, 10)
+        _assert_exact(synthetic, "rare", range(300, 303))
         assert synthetic.execute("SELECT * FROM memory.scale_warnings()").fetchall() == []
         # A second pass builds nothing; turning the policy off drops the pair.
         assert synthetic.execute("SELECT memory._ensure_indexes()").fetchone() == ([],)

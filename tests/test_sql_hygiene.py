@@ -55,6 +55,7 @@ OWNER_ONLY = {
     "_ensure_statement_triggers",
     "_probe",
     "_ensure_indexes",
+    "_is_project_graph",
     "_declare_row",
 }
 # Functions that write content: granted to poimen_memory_writer (the service's role inherits them).
@@ -99,6 +100,7 @@ READER = {
     "_semantic_ef",
     "scale_warnings",
     "_project_graphs",
+    "_project_graph_names",
     "exact_search",
     "search_by_ids",
     "fuse",

@@ -261,7 +261,7 @@ def own_graphs(conn: psycopg.Connection[Any]) -> dict[str, int]:
         "SELECT p.name, p.id FROM memory.projects p WHERE EXISTS ("
         " SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
         " WHERE i.indrelid = 'memory.nodes'::regclass AND i.indisvalid"
-        " AND c.relname = 'nodes_embedding_hnsw_p' || p.id)"
+        " AND c.relname = (memory._project_graph_names(p.id))[1])"
     ).fetchall()
     return {str(n): int(i) for n, i in rows}
 
