@@ -136,12 +136,75 @@ def run(
     return out
 
 
+def ceilings(
+    per: dict[str, dict[str, dict[str, float]]],
+    cats: dict[str, Any],
+    projects: dict[str, str],
+    train: set[str],
+) -> dict[str, Any]:
+    """What any choice among the settings run could reach (evidence recall@10 by group).
+
+    ``oracle``: each question's best setting, chosen knowing its gold turns: the ceiling of
+    every router over these settings. ``by type``: each category's setting best on the
+    ``train`` projects (the true category standing in for a perfect classifier), applied to
+    every question; ``held out`` compares it with the first setting (today) on the other
+    projects, where a choice made on ``train`` has to hold."""
+    names = list(per)
+    ids = list(per[names[0]])
+
+    def recall(name: str, qid: str) -> float:
+        return per[name][qid]["evidence_recall@10"]
+
+    def mean(xs: list[float]) -> float:
+        return float(np.mean(xs)) if xs else float("nan")
+
+    kinds = sorted({str(c) for c in cats.values()})
+    chosen: dict[str, str] = {}
+    for c in kinds:
+        on_train = [i for i in ids if str(cats[i]) == c and projects[i] in train]
+        chosen[c] = max(
+            names, key=lambda n: (mean([recall(n, i) for i in on_train]), -names.index(n))
+        )
+    groups = {"all": ids} | {f"cat {c}": [i for i in ids if str(cats[i]) == c] for c in kinds}
+    best = {i: max(recall(n, i) for n in names) for i in ids}
+    routed = {i: recall(chosen[str(cats[i])], i) for i in ids}
+    held = [i for i in ids if projects[i] not in train]
+    return {
+        "oracle": {g: mean([best[i] for i in q]) for g, q in groups.items()},
+        "by type": {g: mean([routed[i] for i in q]) for g, q in groups.items()},
+        "chosen": chosen,
+        "held out": {
+            f"cat {c}": (
+                mean([routed[i] for i in held if str(cats[i]) == c]),
+                mean([recall(names[0], i) for i in held if str(cats[i]) == c]),
+            )
+            for c in kinds
+        },
+    }
+
+
+def _print_ceilings(path: Path, train: set[str]) -> None:
+    got = json.loads(path.read_text())
+    c = ceilings(got["per_query"], got["categories"], got["projects"], train)
+    groups = list(c["oracle"])
+    print("| ceiling | " + " | ".join(groups) + " |")
+    print("|---|" + "---:|" * len(groups))
+    for row in ("oracle", "by type"):
+        print(f"| {row} | " + " | ".join(f"{c[row][g]:.3f}" for g in groups) + " |")
+    for g, (routed, today) in c["held out"].items():
+        cat = g.split()[1]
+        print(
+            f"{g}: {c['chosen'][cat]} chosen on the training projects;"
+            f" held out {routed:.3f} (today {today:.3f})"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", required=True)
-    p.add_argument("--data", type=Path, required=True)
-    p.add_argument("--vectors", type=Path, required=True)
-    p.add_argument("--setting", action="append", required=True, type=_setting)
+    p.add_argument("--url")
+    p.add_argument("--data", type=Path)
+    p.add_argument("--vectors", type=Path)
+    p.add_argument("--setting", action="append", type=_setting)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--every", type=int, default=1, help="every n-th question only")
     p.add_argument("--projects", help="only these projects' questions (comma-separated)")
@@ -151,7 +214,18 @@ def main(argv: list[str] | None = None) -> None:
         help="projects reported apart (the ones the defaults are chosen on)",
     )
     p.add_argument("--json", type=Path)
+    p.add_argument(
+        "--oracle",
+        type=Path,
+        metavar="JSON",
+        help="only print what any choice among the settings of an earlier --json could reach",
+    )
     args = p.parse_args(argv)
+    if args.oracle:
+        _print_ceilings(args.oracle, set(args.split.split(",")))
+        return
+    if not (args.url and args.data and args.vectors and args.setting):
+        p.error("--url, --data, --vectors and --setting are required (or --oracle)")
     queries, gold = _load(args.data)
     vecs = vectors(args.vectors, queries)
     queries = queries[:: args.every]
@@ -194,7 +268,10 @@ def main(argv: list[str] | None = None) -> None:
                 f"{p50 / np.percentile([per[name][i]['base_latency_ms'] for i in ids], 50):.2f} |"
             )
     if args.json:
-        args.json.write_text(json.dumps({"per_query": per, "categories": cats}) + "\n")
+        projects = {qy["id"]: qy["project"] for qy in queries}
+        args.json.write_text(
+            json.dumps({"per_query": per, "categories": cats, "projects": projects}) + "\n"
+        )
 
 
 if __name__ == "__main__":
