@@ -14,7 +14,13 @@ import pytest
 
 from conftest import force_parallel, prepare_conn, prepare_database
 from poimen_memory.db.connect import connect
-from poimen_memory.db.migrate import build_project_graphs, check, migrate, missing_project_graphs
+from poimen_memory.db.migrate import (
+    _BUILD_LOCK_KEY,
+    build_project_graphs,
+    check,
+    migrate,
+    missing_project_graphs,
+)
 from poimen_memory.errors import MigrationError
 
 Conn = psycopg.Connection[Any]
@@ -714,4 +720,20 @@ def test_project_graphs_are_not_built_inside_a_transaction_block(
         with pytest.raises(MigrationError, match="cannot run inside a transaction block"):
             build_project_graphs(synthetic)
         raise _Rollback
+    assert _graphs_valid(synthetic, rare_graphs) == []
+
+
+def test_a_second_migrate_waits_for_the_first_ones_builds(
+    synthetic: Conn, cluster: Any, rare_graphs: int
+) -> None:
+    """While another session builds (holds the build lock), build_project_graphs waits for
+    it rather than dropping an index that looks invalid only because it is being built;
+    past its lock timeout it says who holds it, and builds nothing."""
+    lines: list[str] = []
+    with connect(cluster.url("t_plans"), autocommit=True) as first:
+        pid = first.info.backend_pid
+        first.execute("SELECT pg_advisory_lock(%s)", (_BUILD_LOCK_KEY,))
+        with pytest.raises(MigrationError, match=rf"another migrate \(pid {pid}\)"):
+            build_project_graphs(synthetic, lock_timeout_s=0.3, progress=lines.append)
+    assert lines == [f"waiting for pid {pid}, which is building project graphs"]
     assert _graphs_valid(synthetic, rare_graphs) == []
