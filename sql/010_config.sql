@@ -301,7 +301,9 @@ DECLARE
 BEGIN
     -- Every HNSW graph, the large projects' own too (memory._project_graphs): one left on
     -- the column would be rebuilt on an undimensioned vector, which pgvector refuses.
-    -- configure_embedding builds them again.
+    -- configure_embedding builds the shared ones again; the projects' own are built
+    -- concurrently after this transaction (reembed's last step, or the next migrate:
+    -- memory._missing_project_graphs).
     FOR graph IN
         SELECT c.relname FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
         WHERE i.indrelid = 'memory.nodes'::regclass
@@ -316,7 +318,7 @@ BEGIN
     PERFORM memory.configure_embedding(model, dim);
 END $$;
 COMMENT ON FUNCTION memory.reset_embedding(text, integer) IS
-    'Switches the embedding model: clears every stored embedding and re-creates the column and HNSW indexes. Used by `poimen-memory reembed`.';
+    'Switches the embedding model: clears every stored embedding and re-creates the column and the shared HNSW indexes; the large projects'' own graphs it drops, and `poimen-memory reembed` builds them concurrently once the vectors are back (memory._missing_project_graphs). Used by `poimen-memory reembed`.';
 
 CREATE OR REPLACE FUNCTION memory.check_embedding(query_embedding vector)
 RETURNS vector

@@ -19,7 +19,7 @@
 -- 5,000 nodes are few, whatever the store's size. A store partitioned by project has a graph
 -- per partition already.
 -- A large project's own pair of graphs, named by its id so a rename keeps them: the one
--- place their names are made (memory._ensure_indexes, scale_warnings) and recognised
+-- place their names are made (memory._project_graph_defs, scale_warnings) and recognised
 -- (migrate's index pass, memory.reset_embedding, memory.partition_by_project).
 CREATE OR REPLACE FUNCTION memory._project_graph_names(project_id integer)
 RETURNS text[]
@@ -59,7 +59,93 @@ AS $$
     ORDER BY c.project_id
 $$;
 COMMENT ON FUNCTION memory._project_graphs(boolean) IS
-    'The projects memory._ensure_indexes gives HNSW graphs of their own (nodes_embedding_hnsw_p<id>, nodes_embedding_hnsw_l1_l2_p<id>: partial indexes WHERE project_id = <id>): more current nodes than both exact_scan_max_nodes and project_graph_min_nodes (policy; 0: none), under half of the store, on a store not partitioned by project; hold => true: the looser bounds (80% of the size, 60% of the store) under which a project that has them keeps them. Over the projects the caller may see.';
+    'The projects migrate gives HNSW graphs of their own (nodes_embedding_hnsw_p<id>, nodes_embedding_hnsw_l1_l2_p<id>: partial indexes WHERE project_id = <id>): more current nodes than both exact_scan_max_nodes and project_graph_min_nodes (policy; 0: none), under half of the store, on a store not partitioned by project; hold => true: the looser bounds (80% of the size, 60% of the store) under which a project that has them keeps them. Over the projects the caller may see.';
+
+-- The one definition of a large project's own pair of graphs (what follows "CREATE INDEX
+-- name ON memory.nodes"), for each project that is to have them: those memory._project_graphs
+-- names, and one that has them (its first graph exists, valid or not) within the looser
+-- bounds. memory._ensure_indexes keeps these and drops the others; migrate builds the
+-- missing ones after its transaction (memory._missing_project_graphs). None before an
+-- embedding model is configured: the column has no dimension to build a graph on.
+CREATE OR REPLACE FUNCTION memory._project_graph_defs()
+RETURNS TABLE (project_id integer, index_name text, definition text)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT g.project_id, n.name, pg_catalog.format(
+               'USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE project_id = %s%s',
+               (SELECT s.nspname FROM pg_catalog.pg_extension e
+                JOIN pg_catalog.pg_namespace s ON s.oid = e.extnamespace WHERE e.extname = 'vector'),
+               g.project_id, CASE n.k WHEN 2 THEN ' AND level IN (''L1'', ''L2'')' ELSE '' END)
+    FROM memory._project_graphs(true) g
+    CROSS JOIN LATERAL pg_catalog.unnest(memory._project_graph_names(g.project_id)) WITH ORDINALITY n(name, k)
+    WHERE EXISTS (SELECT 1 FROM memory.embedding_model)
+      AND (g.project_id IN (SELECT w.project_id FROM memory._project_graphs() w)
+           OR pg_catalog.to_regclass(pg_catalog.format('memory.%I', (memory._project_graph_names(g.project_id))[1])) IS NOT NULL)
+    ORDER BY g.project_id, n.k
+$$;
+COMMENT ON FUNCTION memory._project_graph_defs() IS
+    'The HNSW graphs of their own the large projects are to have (memory._project_graphs; one that has them keeps them within the looser bounds): project, index name (memory._project_graph_names) and its definition after "ON memory.nodes". Empty before an embedding model is configured.';
+
+-- How an index of tbl stands against the definition sql/ wants: missing, invalid (a
+-- CREATE INDEX CONCURRENTLY that failed or was interrupted leaves one behind, and the
+-- planner never reads it), differs (compared with the same index built on a probe table
+-- first), or ok. The one comparison memory._ensure_indexes and memory._missing_project_graphs
+-- share.
+CREATE OR REPLACE FUNCTION memory._index_state(tbl regclass, index_name text, definition text)
+RETURNS text
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    have oid;
+    valid boolean;
+    probe regclass;
+BEGIN
+    SELECT i.indexrelid, i.indisvalid INTO have, valid FROM pg_catalog.pg_index i
+    JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+    WHERE i.indrelid = tbl AND c.relname = index_name;
+    IF have IS NULL THEN
+        RETURN 'missing';
+    ELSIF NOT valid THEN
+        RETURN 'invalid';
+    END IF;
+    probe := memory._probe(tbl);
+    -- A second pass in one transaction finds the first one's probe index.
+    IF pg_catalog.to_regclass(pg_catalog.format('pg_temp.%I', index_name)) IS NOT NULL THEN
+        EXECUTE pg_catalog.format('DROP INDEX pg_temp.%I', index_name);
+    END IF;
+    EXECUTE pg_catalog.format('CREATE INDEX %I ON %s %s', index_name, probe, definition);
+    -- The definitions compared from USING on: the table's name differs, and a partitioned
+    -- table's index reads ON ONLY.
+    RETURN CASE WHEN pg_catalog.substring(pg_catalog.pg_get_indexdef(have), ' USING .*$')
+                     = (SELECT pg_catalog.substring(pg_catalog.pg_get_indexdef(i.indexrelid), ' USING .*$')
+                        FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+                        WHERE i.indrelid = probe AND c.relname = index_name)
+                THEN 'ok' ELSE 'differs' END;
+END $$;
+COMMENT ON FUNCTION memory._index_state(regclass, text, text) IS
+    'How the index index_name of tbl stands against definition (what follows "CREATE INDEX name ON tbl"): missing, invalid (pg_index.indisvalid false: a failed or interrupted concurrent build), differs (compared with the same index built on a probe table, memory._probe), or ok.';
+
+-- A project's own graphs are not built in migrate's transaction: a plain CREATE INDEX holds
+-- writes off memory.nodes for the whole build (about 8 minutes for 26 projects at 1M nodes).
+-- migrate runs these statements after its commit, one at a time, where CREATE INDEX
+-- CONCURRENTLY lets writes go on (db/migrate.py, build_project_graphs); an invalid or
+-- different one it drops (DROP INDEX CONCURRENTLY) first.
+CREATE OR REPLACE FUNCTION memory._missing_project_graphs()
+RETURNS TABLE (index_name text, project_id integer, state text, statement text)
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT d.index_name, d.project_id, s.state,
+           pg_catalog.format('CREATE INDEX CONCURRENTLY %I ON memory.nodes %s', d.index_name, d.definition)
+    FROM memory._project_graph_defs() d
+    CROSS JOIN LATERAL memory._index_state('memory.nodes'::regclass, d.index_name, d.definition) s(state)
+    WHERE s.state <> 'ok'
+    ORDER BY d.project_id, pg_catalog.array_position(memory._project_graph_names(d.project_id), d.index_name)
+$$;
+COMMENT ON FUNCTION memory._missing_project_graphs() IS
+    'The large projects'' own HNSW graphs (memory._project_graph_defs) that are missing, invalid or differ from their definition: index name, project, state (memory._index_state) and the CREATE INDEX CONCURRENTLY statement that builds it, which migrate runs after its transaction has committed (outside any transaction block) so that writes go on meanwhile.';
 
 CREATE OR REPLACE FUNCTION memory._ensure_indexes()
 RETURNS text[]
@@ -84,11 +170,10 @@ DECLARE
          '(project_id) WHERE expired_at IS NULL AND (valid_from IS NOT NULL OR valid_to IS NOT NULL)']];
     w text[];
     rel regclass;
-    probe regclass;
-    have oid;
-    pid integer;
     own name;
-    own_graphs text[] := '{}';
+    -- The large projects' own graphs are kept here, not built: migrate builds the missing
+    -- ones concurrently after its commit (memory._missing_project_graphs).
+    own_graphs text[] := ARRAY(SELECT d.index_name FROM memory._project_graph_defs() d);
     checking boolean := coalesce(pg_catalog.current_setting('poimen.migrate_check', true), '') = 'on';
     made text[] := '{}';
 BEGIN
@@ -98,27 +183,10 @@ BEGIN
                 'USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64)', vs)],
             ['0001_initial', 'nodes', 'nodes_embedding_hnsw_l1_l2', pg_catalog.format(
                 'USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE level IN (''L1'', ''L2'')', vs)]];
-        -- A large project's own pair of graphs (memory._project_graphs), named by its id so
-        -- a rename keeps them; one that has them keeps them within the looser bounds.
-        -- Not under migrate --check (poimen.migrate_check): it rolls back, and building a
-        -- graph holds writes off memory.nodes for the build's whole time; its scale
-        -- warnings say which projects the next migrate gives graphs.
-        FOR pid IN
-            SELECT g.project_id FROM memory._project_graphs(true) g
-            WHERE NOT checking
-              AND (g.project_id IN (SELECT w.project_id FROM memory._project_graphs() w)
-                   OR pg_catalog.to_regclass(pg_catalog.format('memory.%I', (memory._project_graph_names(g.project_id))[1])) IS NOT NULL)
-        LOOP
-            own_graphs := own_graphs || memory._project_graph_names(pid);
-            wanted := wanted || ARRAY[
-                ['0001_initial', 'nodes', (memory._project_graph_names(pid))[1], pg_catalog.format(
-                    'USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE project_id = %s', vs, pid)],
-                ['0001_initial', 'nodes', (memory._project_graph_names(pid))[2], pg_catalog.format(
-                    'USING hnsw (embedding %I.vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE project_id = %s AND level IN (''L1'', ''L2'')', vs, pid)]];
-        END LOOP;
     END IF;
     -- A project's own graphs that are no longer wanted (it shrank, grew past half of the
-    -- store, was deleted, or the policy changed) go: the shared graph serves it again.
+    -- store, was deleted, or the policy changed) go: the shared graph serves it again. A
+    -- drop is quick; not under migrate --check (poimen.migrate_check), which changes nothing.
     FOR own IN
         SELECT c.relname FROM pg_catalog.pg_index i
         JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
@@ -133,21 +201,7 @@ BEGIN
     FOREACH w SLICE 1 IN ARRAY wanted LOOP
         CONTINUE WHEN NOT EXISTS (SELECT 1 FROM memory.schema_migrations m WHERE m.version = w[1]);
         rel := pg_catalog.format('memory.%I', w[2])::regclass;
-        probe := memory._probe(rel);
-        -- A second pass in one transaction finds the first one's probe index.
-        IF pg_catalog.to_regclass(pg_catalog.format('pg_temp.%I', w[3])) IS NOT NULL THEN
-            EXECUTE pg_catalog.format('DROP INDEX pg_temp.%I', w[3]);
-        END IF;
-        EXECUTE pg_catalog.format('CREATE INDEX %I ON %s %s', w[3], probe, w[4]);
-        SELECT i.indexrelid INTO have FROM pg_catalog.pg_index i
-        JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
-        WHERE i.indrelid = rel AND c.relname = w[3] AND i.indisvalid;
-        -- The definitions compared from USING on: the table's name differs, and a
-        -- partitioned table's index reads ON ONLY.
-        CONTINUE WHEN pg_catalog.substring(pg_catalog.pg_get_indexdef(have), ' USING .*$')
-                      = (SELECT pg_catalog.substring(pg_catalog.pg_get_indexdef(i.indexrelid), ' USING .*$')
-                         FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
-                         WHERE i.indrelid = probe AND c.relname = w[3]);
+        CONTINUE WHEN memory._index_state(rel, w[3], w[4]) = 'ok';
         EXECUTE pg_catalog.format('DROP INDEX IF EXISTS memory.%I', w[3]);
         EXECUTE pg_catalog.format('CREATE INDEX %I ON %s %s', w[3], rel, w[4]);
         made := made || w[3];
@@ -155,7 +209,7 @@ BEGIN
     RETURN made;
 END $$;
 COMMENT ON FUNCTION memory._ensure_indexes() IS
-    'Builds the product''s indexes that are missing, invalid or differ from their definition here (compared on a probe table first), among them the HNSW graphs of each project memory._project_graphs names, and drops such a project graph no longer wanted; returns the names it built, and those it dropped prefixed with -. Run by migrate; a DBA''s own indexes are left alone.';
+    'Builds the product''s indexes that are missing, invalid or differ from their definition here (memory._index_state), and drops the large projects'' own HNSW graphs no longer wanted (memory._project_graph_defs; not under migrate --check); returns the names it built, and those it dropped prefixed with -. The projects'' graphs it does not build: migrate builds them after its commit with CREATE INDEX CONCURRENTLY (memory._missing_project_graphs). Run by migrate; a DBA''s own indexes are left alone.';
 
 SELECT memory._ensure_indexes();
 

@@ -131,7 +131,8 @@ DECLARE
         'memory.enable_outbox', 'memory.configure_embedding_server',
         'memory.clear_embedding_server', 'memory.add_project_partitions',
         'memory.projects_partitions', 'memory.partition_by_project',
-        'memory._ensure_trigger', 'memory._ensure_statement_triggers', 'memory._probe', 'memory._ensure_indexes', 'memory._is_project_graph', 'memory._declare_row'];
+        'memory._ensure_trigger', 'memory._ensure_statement_triggers', 'memory._probe', 'memory._ensure_indexes', 'memory._is_project_graph', 'memory._declare_row',
+        'memory._project_graph_defs', 'memory._index_state', 'memory._missing_project_graphs'];
     reader_tables text[] := ARRAY[
         'memory.schema_migrations', 'memory.config', 'memory.projects',
         'memory.embedding_model', 'memory.nodes', 'memory.edges', 'memory.postings',

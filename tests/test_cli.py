@@ -193,6 +193,53 @@ def test_reembed_rebuilds_every_vector(cli_env: dict[str, str]) -> None:
     assert after == before  # same model: the same vectors come back
 
 
+def test_migrate_and_reembed_build_a_project_graph_after_commit(cli_env: dict[str, str]) -> None:
+    """A project past tiny thresholds ('atlas', 6 of 21 nodes): migrate --check names its
+    graphs and builds none; migrate builds them after its transaction and says so (a line
+    per graph with its time, and its progress on stderr); reembed drops them with the
+    column and builds them again once the vectors are back."""
+    ready(cli_env)
+    url = run(cli_env, "db", "url").stdout.strip()
+
+    def psql(sql: str) -> str:
+        out = subprocess.run(
+            ["psql", url, "-XtAc", sql], capture_output=True, text=True, check=True
+        )
+        return out.stdout.strip()
+
+    pid = psql("SELECT id FROM memory.projects WHERE name = 'atlas'")
+    names = [f"nodes_embedding_hnsw_p{pid}", f"nodes_embedding_hnsw_l1_l2_p{pid}"]
+    valid = (
+        "SELECT string_agg(c.relname || ':' || i.indisvalid, ',' ORDER BY c.relname DESC)"
+        " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+        f" WHERE c.relname IN ('{names[0]}', '{names[1]}')"
+    )
+    psql("SELECT memory.set_policy('exact_scan_max_nodes', '1')")
+    psql("SELECT memory.set_policy('project_graph_min_nodes', '1')")
+    try:
+        checked = run(cli_env, "migrate", "--check", ok=False).stdout
+        assert f"project graph to build: memory.{names[0]} (project {pid}): missing" in checked
+        assert psql(valid) == ""
+        migrated = run(cli_env, "migrate", "--build-lock-timeout", "60")
+        for name in names:
+            assert f"project graph built: memory.{name} (project {pid}, was missing) in " in (
+                migrated.stdout
+            )
+            assert f"notice: building memory.{name} (project {pid}, missing)" in migrated.stderr
+        assert psql(valid) == f"{names[0]}:true,{names[1]}:true"
+        assert "project graph built" not in run(cli_env, "migrate").stdout
+        reembedded = run(cli_env, "reembed").stdout
+        assert f"project graph built: memory.{names[1]} (project {pid}, was missing)" in (
+            reembedded
+        )
+        assert psql(valid) == f"{names[0]}:true,{names[1]}:true"
+    finally:
+        psql("SELECT memory.reset_policy('exact_scan_max_nodes')")
+        psql("SELECT memory.reset_policy('project_graph_min_nodes')")
+        run(cli_env, "migrate")
+    assert psql(valid) == ""
+
+
 def test_db_replica_lifecycle(cli_env: dict[str, str]) -> None:
     """A streaming standby made with pg_basebackup: read-only, has the primary's data, and
     receives new writes."""

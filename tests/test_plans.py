@@ -14,7 +14,14 @@ import pytest
 
 from conftest import force_parallel, prepare_conn, prepare_database
 from poimen_memory.db.connect import connect
-from poimen_memory.db.migrate import migrate
+from poimen_memory.db.migrate import (
+    _BUILD_LOCK_KEY,
+    build_project_graphs,
+    check,
+    migrate,
+    missing_project_graphs,
+)
+from poimen_memory.errors import MigrationError
 
 Conn = psycopg.Connection[Any]
 DIM = 32
@@ -482,14 +489,43 @@ def _rare_id(conn: Conn) -> int:
     return int(row[0])
 
 
-def test_a_large_project_gets_hnsw_graphs_of_its_own(synthetic: Conn, policy: Any) -> None:
-    """Past both thresholds and under half of the store, 'rare' is named by
-    memory._project_graphs; migrate's index pass builds its pair of partial graphs, the
-    planner reads them for its queries (all levels and the default L1/L2), the answer is
-    numpy's, and the scale warning goes. 'big' (99% of the store) never gets one."""
+def _graph_names(rid: int) -> list[str]:
+    return [f"nodes_embedding_hnsw_p{rid}", f"nodes_embedding_hnsw_l1_l2_p{rid}"]
+
+
+def _graphs_valid(conn: Conn, rid: int) -> list[tuple[str, bool]]:
+    rows = conn.execute(
+        "SELECT c.relname::text, i.indisvalid FROM pg_index i"
+        " JOIN pg_class c ON c.oid = i.indexrelid"
+        " WHERE i.indrelid = 'memory.nodes'::regclass AND c.relname = ANY (%s) ORDER BY 1 DESC",
+        (_graph_names(rid),),
+    ).fetchall()
+    return [(str(n), bool(v)) for n, v in rows]
+
+
+@pytest.fixture
+def rare_graphs(synthetic: Conn, policy: Any) -> Iterator[int]:
+    """'rare' past both thresholds, so it is to have graphs of its own; they are built
+    outside any transaction now (CONCURRENTLY), so dropped by hand afterwards."""
     rid = _rare_id(synthetic)
     policy("exact_scan_max_nodes", "10")
     policy("project_graph_min_nodes", "10")
+    try:
+        yield rid
+    finally:
+        for name in _graph_names(rid):
+            synthetic.execute(f"DROP INDEX IF EXISTS memory.{name}")
+
+
+def test_a_large_project_gets_hnsw_graphs_of_its_own(
+    synthetic: Conn, policy: Any, rare_graphs: int
+) -> None:
+    """Past both thresholds and under half of the store, 'rare' is named by
+    memory._project_graphs; migrate's transaction builds none of its graphs but names them
+    (memory._missing_project_graphs), and build_project_graphs builds the pair concurrently
+    after it; the planner reads them for its queries (all levels and the default L1/L2), the
+    answer is numpy's, and the scale warning goes. 'big' (99% of the store) never gets one."""
+    rid = rare_graphs
     graphs = synthetic.execute("SELECT project_id, n_docs FROM memory._project_graphs()")
     assert graphs.fetchall() == [(rid, 60)]
     (hint,) = synthetic.execute("SELECT hint FROM memory.scale_warnings()").fetchone() or ("",)
@@ -498,60 +534,206 @@ def test_a_large_project_gets_hnsw_graphs_of_its_own(synthetic: Conn, policy: An
         f"(nodes_embedding_hnsw_p{rid})"
     ) in hint
     with pytest.raises(_Rollback), synthetic.transaction():
-        (made,) = synthetic.execute("SELECT memory._ensure_indexes()").fetchone() or (None,)
-        assert made == [f"nodes_embedding_hnsw_p{rid}", f"nodes_embedding_hnsw_l1_l2_p{rid}"]
-        (indexdef,) = synthetic.execute(
-            "SELECT indexdef FROM pg_indexes WHERE indexname = %s",
-            (f"nodes_embedding_hnsw_l1_l2_p{rid}",),
-        ).fetchone() or ("",)
-        assert indexdef.endswith(
-            f"WHERE ((project_id = {rid}) AND (level = ANY (ARRAY['L1'::text, 'L2'::text])))"
-        ), indexdef
-        synthetic.execute("ANALYZE memory.nodes")
-        plan = _semantic_plan(synthetic, "rare")
-        assert plan["Stage"] == "semantic" and plan["hnsw.ef_search"] == 400
-        assert _index_names([json.dumps(plan)]) == {f"nodes_embedding_hnsw_l1_l2_p{rid}"}
-        # memory.semantic_search itself (auto_explain inside it), at every level.
-        plans = _nested_plans(
-            synthetic,
-            "SELECT * FROM memory.semantic_search(%s, 'rare', NULL, 10)",
-            (_query_vec(11),),
-        )
-        assert f"nodes_embedding_hnsw_p{rid}" in _index_names(plans)
-        _assert_exact(synthetic, "rare", range(300, 303))
-        assert synthetic.execute("SELECT * FROM memory.scale_warnings()").fetchall() == []
-        # A second pass builds nothing; turning the policy off drops the pair.
         assert synthetic.execute("SELECT memory._ensure_indexes()").fetchone() == ([],)
-        # Within the looser bounds a project keeps its graphs (no build-drop flapping).
-        synthetic.execute("SELECT memory.set_policy('project_graph_min_nodes', '70')")
-        assert synthetic.execute("SELECT count(*) FROM memory._project_graphs()").fetchone() == (0,)
-        assert synthetic.execute("SELECT memory._ensure_indexes()").fetchone() == ([],)
-        synthetic.execute("SELECT memory.set_policy('project_graph_min_nodes', '10')")
-        # reembed's reset drops every graph, the project's too, and configure rebuilds them
-        # on the new column (one left behind would block the column's retyping).
-        synthetic.execute("SAVEPOINT reembed")
-        synthetic.execute("SELECT memory.reset_embedding('synthetic-2', %s)", (DIM,))
-        rebuilt = synthetic.execute(
-            "SELECT count(*) FROM pg_indexes WHERE schemaname = 'memory' AND indexname IN (%s, %s)",
-            (f"nodes_embedding_hnsw_p{rid}", f"nodes_embedding_hnsw_l1_l2_p{rid}"),
-        ).fetchone()
-        assert rebuilt == (2,)
-        synthetic.execute("ROLLBACK TO SAVEPOINT reembed")
-        synthetic.execute("SELECT memory.set_policy('project_graph_min_nodes', '0')")
-        (dropped,) = synthetic.execute("SELECT memory._ensure_indexes()").fetchone() or ([],)
-        assert sorted(dropped) == [
-            f"-nodes_embedding_hnsw_l1_l2_p{rid}",
-            f"-nodes_embedding_hnsw_p{rid}",
-        ]
-        # (the planner reads 60 nodes through the project btree once the graph is gone)
-        gone = _index_names([json.dumps(_semantic_plan(synthetic, "rare"))])
-        assert gone and not {i for i in gone if i.endswith(f"_p{rid}")}, gone
+        missing = synthetic.execute(
+            "SELECT index_name, project_id, state, statement FROM memory._missing_project_graphs()"
+        ).fetchall()
+        assert [r[:3] for r in missing] == [(n, rid, "missing") for n in _graph_names(rid)]
+        assert missing[1][3].startswith(
+            f"CREATE INDEX CONCURRENTLY nodes_embedding_hnsw_l1_l2_p{rid} ON memory.nodes"
+            " USING hnsw"
+        ), missing[1][3]
         raise _Rollback
-    # migrate --check applies sql/ and rolls back: it builds no project's graph.
+    built = build_project_graphs(synthetic)
+    assert [(b.index, b.project_id, b.was) for b in built] == [
+        (n, rid, "missing") for n in _graph_names(rid)
+    ]
+    assert _graphs_valid(synthetic, rid) == [(n, True) for n in _graph_names(rid)]
+    (indexdef,) = synthetic.execute(
+        "SELECT indexdef FROM pg_indexes WHERE indexname = %s",
+        (f"nodes_embedding_hnsw_l1_l2_p{rid}",),
+    ).fetchone() or ("",)
+    assert indexdef.endswith(
+        f"WHERE ((project_id = {rid}) AND (level = ANY (ARRAY['L1'::text, 'L2'::text])))"
+    ), indexdef
+    synthetic.execute("ANALYZE memory.nodes")
+    plan = _semantic_plan(synthetic, "rare")
+    assert plan["Stage"] == "semantic" and plan["hnsw.ef_search"] == 400
+    assert _index_names([json.dumps(plan)]) == {f"nodes_embedding_hnsw_l1_l2_p{rid}"}
+    # memory.semantic_search itself (auto_explain inside it), at every level.
+    plans = _nested_plans(
+        synthetic,
+        "SELECT * FROM memory.semantic_search(%s, 'rare', NULL, 10)",
+        (_query_vec(11),),
+    )
+    assert f"nodes_embedding_hnsw_p{rid}" in _index_names(plans)
+    _assert_exact(synthetic, "rare", range(300, 303))
+    assert synthetic.execute("SELECT * FROM memory.scale_warnings()").fetchall() == []
+    # A second pass builds nothing.
+    assert synthetic.execute("SELECT memory._ensure_indexes()").fetchone() == ([],)
+    assert build_project_graphs(synthetic) == []
+    # Within the looser bounds a project keeps its graphs (no build-drop flapping).
+    synthetic.execute("SELECT memory.set_policy('project_graph_min_nodes', '70')")
+    assert synthetic.execute("SELECT count(*) FROM memory._project_graphs()").fetchone() == (0,)
+    assert synthetic.execute("SELECT memory._ensure_indexes()").fetchone() == ([],)
+    assert missing_project_graphs(synthetic) == []
+    synthetic.execute("SELECT memory.set_policy('project_graph_min_nodes', '10')")
+    # reembed's reset drops every graph, the project's too (one left behind would block the
+    # column's retyping); configure rebuilds the shared ones in its transaction, and the
+    # project's are named missing, for reembed's last step (build_project_graphs, after the
+    # commit) or the next migrate to build.
+    with pytest.raises(_Rollback), synthetic.transaction():
+        synthetic.execute("SELECT memory.reset_embedding('synthetic-2', %s)", (DIM,))
+        assert _graphs_valid(synthetic, rid) == []
+        shared = synthetic.execute(
+            "SELECT count(*) FROM pg_indexes WHERE schemaname = 'memory'"
+            " AND indexname IN ('nodes_embedding_hnsw', 'nodes_embedding_hnsw_l1_l2')"
+        ).fetchone()
+        assert shared == (2,)
+        assert [r[:3] for r in missing_project_graphs(synthetic)] == [
+            (n, rid, "missing") for n in _graph_names(rid)
+        ]
+        raise _Rollback
+    assert _graphs_valid(synthetic, rid) == [(n, True) for n in _graph_names(rid)]
+    # Turning the policy off drops the pair, in the transaction (a drop is quick); not
+    # under migrate --check, which changes nothing.
+    synthetic.execute("SELECT memory.set_policy('project_graph_min_nodes', '0')")
     with pytest.raises(_Rollback), synthetic.transaction():
         synthetic.execute("SELECT set_config('poimen.migrate_check', 'on', true)")
         assert synthetic.execute("SELECT memory._ensure_indexes()").fetchone() == ([],)
         raise _Rollback
+    (dropped,) = synthetic.execute("SELECT memory._ensure_indexes()").fetchone() or ([],)
+    assert sorted(dropped) == sorted("-" + n for n in _graph_names(rid))
+    # (the planner reads 60 nodes through the project btree once the graph is gone)
+    gone = _index_names([json.dumps(_semantic_plan(synthetic, "rare"))])
+    assert gone and not {i for i in gone if i.endswith(f"_p{rid}")}, gone
+    assert synthetic.execute("SELECT memory._ensure_indexes()").fetchone() == ([],)
+    assert build_project_graphs(synthetic) == []
     # 'big' holds 99% of the store: a graph of its own would be the shared one again.
     policy("exact_scan_max_nodes", "5000")
     assert synthetic.execute("SELECT count(*) FROM memory._project_graphs()").fetchone() == (0,)
+
+
+def test_migrate_builds_a_project_graph_after_its_commit(
+    synthetic: Conn, cluster: Any, plpython_root: Path, rare_graphs: int
+) -> None:
+    """migrate's transaction has committed when the project's graphs are built: at the
+    first build's progress line its backend holds no transaction id, the graphs do not
+    exist yet, and another session's INSERT into memory.nodes is not kept waiting; once
+    migrate returns both are there and valid, and its report says so."""
+    rid = rare_graphs
+    seen: list[tuple[bool, str, list[tuple[str, bool]]]] = []
+    pid = synthetic.info.backend_pid
+    with connect(cluster.url("t_plans"), autocommit=True) as other:
+
+        def progress(line: str) -> None:
+            if not line.startswith("building ") or seen:
+                return
+            row = other.execute(
+                "SELECT backend_xid IS NULL AND state = 'idle' FROM pg_stat_activity"
+                " WHERE pid = %s",
+                (pid,),
+            ).fetchone()
+            assert row is not None
+            with pytest.raises(_Rollback), other.transaction():
+                other.execute("SET LOCAL lock_timeout = '200ms'")
+                other.execute(
+                    "INSERT INTO memory.nodes (sha256, project_id, level, text)"
+                    " VALUES (%s, %s, 'L0', 'written while migrate builds')",
+                    (b"\xff" * 32, rid),
+                )
+                raise _Rollback
+            seen.append((bool(row[0]), line, _graphs_valid(other, rid)))
+
+        report = migrate(synthetic, plpython_root, progress=progress)
+    assert seen and seen[0][0], seen
+    assert seen[0][2] == [], seen
+    assert seen[0][1].startswith(f"building memory.nodes_embedding_hnsw_p{rid} (project {rid}")
+    assert [(g.index, g.was) for g in report.project_graphs] == [
+        (n, "missing") for n in _graph_names(rid)
+    ]
+    assert _graphs_valid(synthetic, rid) == [(n, True) for n in _graph_names(rid)]
+    assert not [w for w in report.scale_warnings if "filtered_hnsw" in w]
+    # The next migrate finds them and builds nothing.
+    assert migrate(synthetic, plpython_root).project_graphs == []
+
+
+def test_an_interrupted_build_leaves_an_invalid_graph_the_next_migrate_mends(
+    synthetic: Conn, cluster: Any, plpython_root: Path, rare_graphs: int
+) -> None:
+    """A CREATE INDEX CONCURRENTLY that gives up (here: a writer's transaction is open past
+    the build's lock timeout) leaves its index INVALID; migrate --check names it, the scale
+    warning stays, and the next migrate drops it and builds it again."""
+    rid = rare_graphs
+    with connect(cluster.url("t_plans"), autocommit=True) as writer, writer.transaction():
+        writer.execute("LOCK TABLE memory.nodes IN ROW EXCLUSIVE MODE")
+        with pytest.raises(MigrationError) as failed:
+            build_project_graphs(synthetic, lock_timeout_s=0.3)
+    assert f"building the project graph memory.nodes_embedding_hnsw_p{rid} failed" in str(
+        failed.value
+    )
+    assert "which the next migrate drops and builds again" in str(failed.value.detail)
+    assert _graphs_valid(synthetic, rid) == [(f"nodes_embedding_hnsw_p{rid}", False)]
+    # The planner never reads an invalid index; the project is still flagged.
+    assert synthetic.execute("SELECT count(*) FROM memory.scale_warnings()").fetchone() == (1,)
+    assert check(synthetic).project_graphs == [
+        f"memory.nodes_embedding_hnsw_p{rid} (project {rid}): invalid",
+        f"memory.nodes_embedding_hnsw_l1_l2_p{rid} (project {rid}): missing",
+    ]
+    report = migrate(synthetic, plpython_root)
+    assert [(g.index, g.was) for g in report.project_graphs] == [
+        (f"nodes_embedding_hnsw_p{rid}", "invalid"),
+        (f"nodes_embedding_hnsw_l1_l2_p{rid}", "missing"),
+    ]
+    assert _graphs_valid(synthetic, rid) == [(n, True) for n in _graph_names(rid)]
+    # One marked invalid by hand (as a crash mid-build leaves it) is mended the same way.
+    synthetic.execute(
+        "UPDATE pg_index SET indisvalid = false WHERE indexrelid = %s::regclass",
+        (f"memory.nodes_embedding_hnsw_l1_l2_p{rid}",),
+    )
+    report = migrate(synthetic, plpython_root)
+    assert [(g.index, g.was) for g in report.project_graphs] == [
+        (f"nodes_embedding_hnsw_l1_l2_p{rid}", "invalid")
+    ]
+    assert _graphs_valid(synthetic, rid) == [(n, True) for n in _graph_names(rid)]
+    assert check(synthetic).project_graphs == []
+
+
+def test_migrate_check_builds_no_project_graph(synthetic: Conn, rare_graphs: int) -> None:
+    """migrate --check rolls back: it builds none of the graphs, names them, and its scale
+    warning says the next migrate builds them."""
+    rid = rare_graphs
+    drift = check(synthetic)
+    assert drift.project_graphs == [
+        f"memory.{n} (project {rid}): missing" for n in _graph_names(rid)
+    ]
+    assert any("run poimen-memory migrate: it builds" in w for w in drift.scale_warnings)
+    assert _graphs_valid(synthetic, rid) == []
+
+
+def test_project_graphs_are_not_built_inside_a_transaction_block(
+    synthetic: Conn, rare_graphs: int
+) -> None:
+    """CREATE INDEX CONCURRENTLY cannot run in a transaction block: a caller holding one
+    open is told so, and nothing is built."""
+    with pytest.raises(_Rollback), synthetic.transaction():
+        with pytest.raises(MigrationError, match="cannot run inside a transaction block"):
+            build_project_graphs(synthetic)
+        raise _Rollback
+    assert _graphs_valid(synthetic, rare_graphs) == []
+
+
+def test_a_second_migrate_waits_for_the_first_ones_builds(
+    synthetic: Conn, cluster: Any, rare_graphs: int
+) -> None:
+    """While another session builds (holds the build lock), build_project_graphs waits for
+    it rather than dropping an index that looks invalid only because it is being built;
+    past its lock timeout it says who holds it, and builds nothing."""
+    lines: list[str] = []
+    with connect(cluster.url("t_plans"), autocommit=True) as first:
+        pid = first.info.backend_pid
+        first.execute("SELECT pg_advisory_lock(%s)", (_BUILD_LOCK_KEY,))
+        with pytest.raises(MigrationError, match=rf"another migrate \(pid {pid}\)"):
+            build_project_graphs(synthetic, lock_timeout_s=0.3, progress=lines.append)
+    assert lines == [f"waiting for pid {pid}, which is building project graphs"]
+    assert _graphs_valid(synthetic, rare_graphs) == []

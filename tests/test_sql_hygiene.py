@@ -57,6 +57,9 @@ OWNER_ONLY = {
     "_ensure_indexes",
     "_is_project_graph",
     "_declare_row",
+    "_project_graph_defs",
+    "_index_state",
+    "_missing_project_graphs",
 }
 # Functions that write content: granted to poimen_memory_writer (the service's role inherits them).
 WRITER = {

@@ -61,6 +61,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_reembed(args: argparse.Namespace) -> int:
+    from poimen_memory.db.migrate import build_project_graphs
     from poimen_memory.db.queries import q
     from poimen_memory.progress import Progress
 
@@ -89,7 +90,14 @@ def cmd_reembed(args: argparse.Namespace) -> int:
                     )
                 after = rows[-1][0]
                 bar.update(len(rows))
+        # reset_embedding dropped the large projects' own graphs: built again now that the
+        # vectors are back, after its transaction, so writes go on meanwhile.
+        graphs = build_project_graphs(
+            conn, progress=lambda line: print(f"notice: {line}", file=sys.stderr, flush=True)
+        )
     print(f"re-embedded {total} nodes with {embedder.model_name} ({embedder.dim} dims)")
+    for graph in graphs:
+        print(f"project graph built: {graph.line()}")
     return 0
 
 

@@ -10,6 +10,7 @@ from poimen_memory.db.connect import (
     connect,
     ensure_service_login,
 )
+from poimen_memory.db.migrate import GRAPH_BUILD_LOCK_TIMEOUT_S
 from poimen_memory.settings import Settings
 
 
@@ -41,6 +42,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             print(f"warning: {warning}", file=sys.stderr)
         for warning in drift.scale_warnings:
             print(f"scale warning: {warning}")
+        for wanted in drift.project_graphs:
+            print(
+                f"project graph to build: {wanted}: the next migrate builds it after its"
+                " transaction (CREATE INDEX CONCURRENTLY: writes go on)"
+            )
         print(
             "no drift"
             if drift.clean
@@ -49,7 +55,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         return 0 if drift.clean else 1
     root = None if args.no_plpython else s.plpython_root
     with connect(started_url(s), autocommit=True) as conn:
-        report = migrate(conn, root, lock_timeout_s=args.lock_timeout, role_prefix=s.role_prefix)
+        report = migrate(
+            conn,
+            root,
+            lock_timeout_s=args.lock_timeout,
+            role_prefix=s.role_prefix,
+            build_lock_timeout_s=args.build_lock_timeout,
+            progress=_progress,
+        )
         if not s.database_url:  # a DBA's cluster: the DBA makes the service's login role
             ensure_service_login(conn, s.service_role)
     for notice in report.notices:
@@ -58,6 +71,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     for warning in report.scale_warnings:
         print(f"scale warning: {warning}")
+    for graph in report.project_graphs:
+        print(f"project graph built: {graph.line()}")
     if not report.plpython_installed:
         print(
             "notice: this database has no plpython3u (a managed service, or not a superuser):"
@@ -82,6 +97,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if args.partition_by_project:
         return _partition_by_project(s, args.maintenance_work_mem)
     return 0
+
+
+def _progress(line: str) -> None:
+    """A project graph's build as it goes (minutes on a large store): on stderr, now."""
+    print(f"notice: {line}", file=sys.stderr, flush=True)
 
 
 def _partition_by_project(s: Settings, maintenance_work_mem: str | None) -> int:
@@ -133,5 +153,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         metavar="SECONDS",
         help="give up when the locks are not granted within this time in all (default 10); "
         "each attempt waits at most 0.5 s for a table's lock, then is retried",
+    )
+    mg.add_argument(
+        "--build-lock-timeout",
+        type=float,
+        default=GRAPH_BUILD_LOCK_TIMEOUT_S,
+        metavar="SECONDS",
+        help="after the transaction, each large project's own HNSW graph is built with CREATE "
+        "INDEX CONCURRENTLY (writes go on): it waits at most this long for a lock or for the "
+        f"transactions it must outlast (default {GRAPH_BUILD_LOCK_TIMEOUT_S:g}; docs/scaling.md)",
     )
     mg.set_defaults(func=cmd_migrate)

@@ -18,10 +18,17 @@ A deploy that changes nothing takes no lock a query or a write would wait for: s
 before it re-creates a trigger, policy, index or comment. DDL that must run waits at most a
 short ``lock_timeout`` per attempt (a queued ACCESS EXCLUSIVE request blocks every query
 behind it) and is retried, as a whole transaction, until ``--lock-timeout`` is spent.
+
+The large projects' own HNSW graphs (sql/088_indexes.sql) are the exception to the one
+transaction: a plain CREATE INDEX would hold writes off memory.nodes for the whole build
+(minutes at a million nodes), so migrate builds them after its commit with CREATE INDEX
+CONCURRENTLY (``build_project_graphs``), one at a time; a build that fails leaves an INVALID
+index, which the next migrate drops and builds again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -46,6 +53,14 @@ SQL_DIR = ROOT / "sql"
 PLPYTHON_SRC = ROOT / "plpython" / "poimen_core"
 TOKENIZER = ROOT / "service" / "poimen_memory" / "data" / "tokenizer.json"
 _LOCK_KEY = 0x706F696D656E  # "poimen"
+# Held for the session while the project graphs are built (after the transaction, whose
+# advisory lock is gone by then): a second migrate waits for the first's builds instead of
+# dropping an index the first is still building, which looks INVALID until it is done.
+_BUILD_LOCK_KEY = _LOCK_KEY + 1
+# How long each concurrent build waits for a lock, or for the transactions it must outlast
+# (CREATE INDEX CONCURRENTLY waits for every writer, then every older snapshot, to finish).
+# Writes and queries do not wait behind it, so this can be long; migrate --build-lock-timeout.
+GRAPH_BUILD_LOCK_TIMEOUT_S = 600.0
 _COPY_NAME = re.compile(r"^[0-9a-f]{16}(\.tmp\d+)?$")
 
 _LEDGER = """
@@ -290,6 +305,8 @@ class MigrateReport:
     """This database's roles holding privileges in another database too."""
     scale_warnings: list[str] = field(default_factory=list)
     """What the store has outgrown (memory.scale_warnings(), issue 28), one line each."""
+    project_graphs: list[GraphBuild] = field(default_factory=list)
+    """The large projects' own HNSW graphs built after the transaction (CONCURRENTLY)."""
 
 
 @dataclass(frozen=True)
@@ -309,6 +326,9 @@ class DriftReport:
     warnings: list[str] = field(default_factory=list)
     # Not drift either: what the store has outgrown (memory.scale_warnings(), issue 28).
     scale_warnings: list[str] = field(default_factory=list)
+    # The large projects' own HNSW graphs the next migrate builds (concurrently, after its
+    # transaction), one line each: not drift, as migrate's transaction leaves them to it too.
+    project_graphs: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -326,6 +346,165 @@ def scale_warnings(conn: psycopg.Connection[Any]) -> list[str]:
         f"{what}{'' if project is None else f' (project {project})'}: {hint}"
         for project, what, hint in rows
     ]
+
+
+@dataclass(frozen=True)
+class GraphBuild:
+    """A large project's own HNSW graph that build_project_graphs built."""
+
+    index: str
+    project_id: int
+    was: str
+    """What it was before: missing, invalid (a failed or interrupted build's leftover, which
+    was dropped first) or differs (from its definition in sql/; dropped first too)."""
+    seconds: float
+
+    def line(self) -> str:
+        return (
+            f"memory.{self.index} (project {self.project_id}, was {self.was})"
+            f" in {self.seconds:.1f} s"
+        )
+
+
+def missing_project_graphs(conn: psycopg.Connection[Any]) -> list[tuple[str, int, str, str]]:
+    """memory._missing_project_graphs(): (index, project id, state, CREATE INDEX CONCURRENTLY
+    statement) of each large project's graph that is missing, invalid or differs; none on a
+    database whose sql/ predates the function."""
+    found = conn.execute("SELECT to_regprocedure('memory._missing_project_graphs()') IS NOT NULL")
+    if found.fetchone() != (True,):
+        return []
+    rows = conn.execute(
+        "SELECT index_name, project_id, state, statement FROM memory._missing_project_graphs()"
+    ).fetchall()
+    return [(str(n), int(p), str(s), str(stmt)) for n, p, s, stmt in rows]
+
+
+def build_project_graphs(
+    conn: psycopg.Connection[Any],
+    *,
+    lock_timeout_s: float = GRAPH_BUILD_LOCK_TIMEOUT_S,
+    progress: Callable[[str], None] | None = None,
+) -> list[GraphBuild]:
+    """Build the large projects' own HNSW graphs that are missing, invalid or differ
+    (memory._missing_project_graphs, the one place they are defined) with CREATE INDEX
+    CONCURRENTLY, so writes to memory.nodes go on during the build. Must run outside a
+    transaction block (migrate runs it after its commit; so does reembed, and the bench
+    after its load). An invalid or different index is dropped (DROP INDEX CONCURRENTLY)
+    first. progress: told one line before each build and one after it, with its time."""
+    tell = progress or (lambda _line: None)
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        if missing_project_graphs(conn):
+            raise MigrationError(
+                "the large projects' own HNSW graphs are built with CREATE INDEX CONCURRENTLY,"
+                " which cannot run inside a transaction block",
+                hint="call build_project_graphs on a connection with no transaction open",
+            )
+        return []
+    autocommit = conn.autocommit
+    conn.autocommit = True
+    try:
+        if not missing_project_graphs(conn):
+            return []
+        return _build(conn, lock_timeout_s, tell)
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            conn.autocommit = autocommit
+
+
+def _build(
+    conn: psycopg.Connection[Any], lock_timeout_s: float, tell: Callable[[str], None]
+) -> list[GraphBuild]:
+    saved = conn.execute(
+        "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+    ).fetchone()
+    assert saved is not None
+    built: list[GraphBuild] = []
+    try:
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, false)",
+            (f"{max(int(lock_timeout_s * 1000), 1)}ms",),
+        )
+        # A build of minutes must not be cut short by a role's statement_timeout.
+        conn.execute("SELECT set_config('statement_timeout', '0', false)")
+        _build_lock(conn, lock_timeout_s, tell)
+        try:
+            # Again under the lock: a migrate waited for may have built them meanwhile.
+            for name, project_id, state, statement in missing_project_graphs(conn):
+                tell(
+                    f"building memory.{name} (project {project_id}, {state}) with CREATE INDEX"
+                    " CONCURRENTLY: writes to memory.nodes go on meanwhile"
+                )
+                t0 = time.monotonic()
+                try:
+                    if state != "missing":
+                        conn.execute(
+                            sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS memory.{}").format(
+                                sql.Identifier(name)
+                            )
+                        )
+                    conn.execute(statement.encode())
+                except psycopg.Error as exc:
+                    raise _build_error(name, exc, lock_timeout_s) from exc
+                done = GraphBuild(name, project_id, state, time.monotonic() - t0)
+                built.append(done)
+                tell(f"built {done.line()}")
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("SELECT pg_advisory_unlock(%s)", (_BUILD_LOCK_KEY,))
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            conn.execute(
+                "SELECT set_config('lock_timeout', %s, false),"
+                " set_config('statement_timeout', %s, false)",
+                (saved[0], saved[1]),
+            )
+    return built
+
+
+def _build_lock(
+    conn: psycopg.Connection[Any], lock_timeout_s: float, tell: Callable[[str], None]
+) -> None:
+    """The session's build lock (_BUILD_LOCK_KEY), waiting at most lock_timeout_s (the
+    session's lock_timeout) for a session that holds it, named."""
+    got = conn.execute("SELECT pg_try_advisory_lock(%s)", (_BUILD_LOCK_KEY,)).fetchone()
+    if got == (True,):
+        return
+    holder = conn.execute(
+        "SELECT string_agg(pid::text, ', ') FROM pg_catalog.pg_locks"
+        " WHERE locktype = 'advisory' AND granted AND objid = %s AND pid <> pg_backend_pid()",
+        (_BUILD_LOCK_KEY & 0xFFFFFFFF,),
+    ).fetchone()
+    who = f"pid {holder[0]}" if holder and holder[0] else "another session"
+    tell(f"waiting for {who}, which is building project graphs")
+    try:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_BUILD_LOCK_KEY,))
+    except psycopg.errors.LockNotAvailable as exc:
+        raise MigrationError(
+            f"another migrate ({who}) has been building the large projects' own HNSW graphs"
+            f" for more than {lock_timeout_s:g} s",
+            detail="migrate's transaction had committed: the schema is migrated; the graphs"
+            " are that session's to build",
+            hint="let it finish (pg_stat_progress_create_index shows how far it is), then run"
+            " poimen-memory migrate again, or raise --build-lock-timeout",
+        ) from exc
+
+
+def _build_error(name: str, exc: psycopg.Error, lock_timeout_s: float) -> MigrationError:
+    waited = isinstance(exc, psycopg.errors.LockNotAvailable)
+    return MigrationError(
+        f"building the project graph memory.{name} failed: {str(exc).strip()}",
+        detail="migrate's transaction had committed: the schema is migrated, and queries of"
+        " the project read the shared graph meanwhile; the failed CREATE INDEX CONCURRENTLY"
+        " may leave the index INVALID (pg_index.indisvalid false, never read by the planner),"
+        " which the next migrate drops and builds again",
+        hint=(
+            f"the build waited more than {lock_timeout_s:g} s for a lock or for a transaction"
+            " older than it (a long or idle-in-transaction session in pg_stat_activity):"
+            " end it, or raise --build-lock-timeout, and run poimen-memory migrate again"
+            if waited
+            else "run poimen-memory migrate again once the cause is fixed"
+        ),
+    )
 
 
 def _checksum(path: Path) -> str:
@@ -912,8 +1091,12 @@ def migrate(
     *,
     lock_timeout_s: float = 10.0,
     role_prefix: str | None = None,
+    build_lock_timeout_s: float = GRAPH_BUILD_LOCK_TIMEOUT_S,
+    progress: Callable[[str], None] | None = None,
 ) -> MigrateReport:
-    """Migrations, then sql/, in one transaction. role_prefix: POIMEN_ROLE_PREFIX, used by
+    """Migrations, then sql/, in one transaction; then, committed, the large projects' own
+    HNSW graphs that are missing (build_project_graphs: concurrently, each waiting at most
+    build_lock_timeout_s; progress is told of each). role_prefix: POIMEN_ROLE_PREFIX, used by
     the first migrate of a database only (db/roles.py)."""
     for d in (MIGRATIONS_DIR, SQL_DIR):
         if not d.is_dir():
@@ -1005,6 +1188,7 @@ def migrate(
     (applied, already, notices, schema, sql_files, roles), waits = _retrying(
         conn, lock_timeout_s, attempt
     )
+    graphs = build_project_graphs(conn, lock_timeout_s=build_lock_timeout_s, progress=progress)
     installed, _ = plpython_status(conn)
     removed: list[str] = []
     if plpython_root is not None and py_target is not None:
@@ -1023,6 +1207,7 @@ def migrate(
         roles,
         _shared_roles(conn, roles),
         scale_warnings(conn),
+        graphs,
     )
 
 
@@ -1096,8 +1281,7 @@ def check(
             py_path, found = _plpython_findings(conn, plpython_root)
             if py_path is not None and plpython_root is not None:
                 _write_config(conn, py_path, _deps_target(plpython_root.parent))
-            # The large projects' own HNSW graphs are not built for a rollback: their build
-            # holds writes off memory.nodes (sql/088_indexes.sql reads this).
+            # Nothing is dropped for a rollback either (sql/088_indexes.sql reads this).
             conn.execute("SELECT set_config('poimen.migrate_check', 'on', true)")
             _apply_sql_files(conn, schema, roles)
             if move_from is not None:
@@ -1109,6 +1293,10 @@ def check(
             )
             # sql/ as it would be applied: the function exists here even before migrate.
             outgrown = scale_warnings(conn)
+            graphs = [
+                f"memory.{name} (project {project_id}): {state}"
+                for name, project_id, state, _ in missing_project_graphs(conn)
+            ]
         return DriftReport(
             pending_migrations=[],
             changed=sorted(s for s in after if s in before and before[s] != after[s]),
@@ -1117,6 +1305,7 @@ def check(
             findings=found,
             warnings=_shared_roles(conn, roles),
             scale_warnings=outgrown,
+            project_graphs=graphs,
         )
 
     report, waits = _retrying(conn, lock_timeout_s, attempt)
