@@ -243,10 +243,13 @@ def test_evidence_as_of_cites_the_turns_known_then_as_the_answer_does(conn: Conn
             assert arg in (exc.value.diag.message_primary or "")
 
 
-def test_evidence_neighbours_hold_in_valid_time(conn: Conn) -> None:
+def test_evidence_neighbours_hold_in_valid_time(
+    fixture_url: str, embedder: LocalEmbedder, conn: Conn
+) -> None:
     """A turn said beside a direct match is cited only where it holds at the instant the
-    legs test valid time at (valid_at, else as_of, else now), in memory.evidence and in
-    memory.answer alike: today's answer does not cite a fact that ended in 2024."""
+    legs test valid time at (valid_at, else as_of, else now), in memory.evidence, in
+    memory.answer and over HTTP alike: today's answer does not cite a fact that ended in
+    2024."""
     _write(conn, [
         _node("t:a", "Mara: where do you live these days?", title="s2"),
         _node("t:b", "Ben: Berlin, in a flat by the river", title="s2",
@@ -257,11 +260,19 @@ def test_evidence_neighbours_hold_in_valid_time(conn: Conn) -> None:
     berlin, lisbon = _version(conn, "t:b", 1), _version(conn, "t:c", 1)
     then = datetime.fromisoformat("2023-01-01T00:00:00+00:00")
     q, lv = "where do you live", ("L0",)
-    for when in ({}, {"valid_at": then}):
-        ev = _evidence(conn, "evidence", q, lv, **when)
-        assert ev == _evidence(conn, "answer", q, lv, **when), when
-        # the neighbour is the nearest turn of the session that holds then
-        assert {n for _, n, _ in ev} & {berlin, lisbon} == ({berlin} if when else {lisbon})
+    with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as client:
+        for when in ({}, {"valid_at": then}):
+            ev = _evidence(conn, "evidence", q, lv, **when)
+            assert ev == _evidence(conn, "answer", q, lv, **when), when
+            # the neighbour is the nearest turn of the session that holds then
+            assert {n for _, n, _ in ev} & {berlin, lisbon} == ({berlin} if when else {lisbon})
+            params = {"query": q, "project": P, "level": "L0", "strategy": "LexicalOnly"}
+            http = query(client, **params, **{k: v.isoformat() for k, v in when.items()})
+            sha = dict(conn.execute(
+                "SELECT id, encode(sha256, 'hex') FROM memory.nodes WHERE id = ANY (%s)",
+                ([n for _, n, _ in ev],),
+            ).fetchall())  # fmt: skip
+            assert [e["sha256"] for e in http["evidence"]] == [sha[n] for _, n, _ in ev]
 
 
 # The forms before as_of and valid_at (sql/072_evidence.sql drops them).
