@@ -368,7 +368,8 @@ BEGIN
                                           (plan ->> 'dense_weight')::double precision,
                                           (plan ->> 'rrf_k')::integer, nullif(plan -> 'filter', 'null'),
                                           (plan ->> 'as_of')::timestamptz,
-                                          memory._deeper(plan, state, ids), plan ->> 'query') e;
+                                          memory._deeper(plan, state, ids), plan ->> 'query',
+                                          (plan ->> 'valid_at')::timestamptz) e;
             evidence := coalesce(evidence, '[]');
         EXCEPTION WHEN OTHERS THEN
             IF SQLSTATE = '40001' THEN

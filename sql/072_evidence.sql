@@ -26,18 +26,20 @@ BEGIN
     END IF;
 END $$;
 -- ... and the form before the metadata filter, the one before as_of, the one before the
--- deeper candidates and the one before the query's text (issue 29).
+-- deeper candidates, the one before the query's text (issue 29) and the one before
+-- valid_at.
 DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer);
 DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb);
 DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz);
 DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[]);
+DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[], text);
 -- The row the three return, declared once (memory._declare_row): one cited L0 turn, its
 -- rank, its score, its own direct rank and the ranks of the results that cite it.
 SELECT memory._declare_row('evidence_row',
     'rank integer, node_id bigint, external_id text, sha256 text, project text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, score double precision, direct_rank integer, cited_by integer[], neighbour_score double precision, metadata jsonb',
-    ARRAY['memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb)',
-          'memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb)',
-          'memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[], text)']);
+    ARRAY['memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb, timestamptz, timestamptz)',
+          'memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb, timestamptz, timestamptz)',
+          'memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[], text, timestamptz)']);
 
 CREATE OR REPLACE FUNCTION memory.select_evidence(
     result_ids bigint[],
@@ -54,7 +56,8 @@ CREATE OR REPLACE FUNCTION memory.select_evidence(
     filter jsonb DEFAULT NULL,
     as_of timestamptz DEFAULT NULL,
     deeper bigint[] DEFAULT NULL,
-    query text DEFAULT NULL
+    query text DEFAULT NULL,
+    valid_at timestamptz DEFAULT NULL
 )
 RETURNS SETOF memory.evidence_row
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -72,6 +75,10 @@ DECLARE
     terms text;
     hop jsonb := '[]';
     words text[];
+    -- the instant the legs tested valid time at (memory._valid_at; NULL: no test): a turn
+    -- the evidence adds beside them holds then too
+    va timestamptz := memory._valid_at(pid, memory.check_instant(as_of, 'as_of'),
+                                       memory.check_instant(valid_at, 'valid_at'));
 BEGIN
     SELECT * INTO pol FROM memory.policy();
     IF pol.evidence_speaker_weight > 0 AND query IS NOT NULL THEN
@@ -113,16 +120,19 @@ BEGIN
     -- A result's own sources are cited whatever their time: the result passed the filter.
     -- The deeper candidates (the fused ones after the results, memory._deeper) cite theirs
     -- at the ranks that follow the results', without reserving a turn, and only in the time
-    -- range and the metadata filter (they are not shown, so they vouch for nothing).
+    -- range, valid time and the metadata filter (they are not shown, so they vouch for
+    -- nothing).
     cites AS (
         SELECT w.parent_id AS node_id, array_agg(DISTINCT r.ord::integer ORDER BY r.ord::integer) AS by_rank
         FROM memory.provenance_walk(result_ids || coalesce(deeper, '{}'), max_depth, as_of) w
         JOIN unnest(result_ids || coalesce(deeper, '{}')) WITH ORDINALITY AS r(id, ord) ON r.id = w.root_id
         WHERE r.ord <= cardinality(result_ids)
-           OR (since IS NULL AND before IS NULL AND flt IS NULL)
+           OR (since IS NULL AND before IS NULL AND flt IS NULL AND va IS NULL)
            OR EXISTS (SELECT 1 FROM memory.nodes n
                       WHERE n.id = w.parent_id
                         AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
+                        AND (va IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= va)
+                                            AND (n.valid_to IS NULL OR n.valid_to > va)))
                         AND (flt IS NULL OR n.metadata @> flt))
         GROUP BY w.parent_id
     ),
@@ -176,8 +186,8 @@ BEGIN
     ),
     -- The turns said just before and after a candidate, in the same session: the L0 node
     -- of the same project and title (a session's or a document's heading) nearest in
-    -- ingest order, at most 64 ids away, in the time range. An answer often spans a
-    -- question and its reply.
+    -- ingest order, at most 64 ids away, in the time range and valid then. An answer often
+    -- spans a question and its reply.
     near AS (
         SELECT b.id AS node_id, sum(o.score) * pol.evidence_neighbours AS s,
                min(o.project_id) AS project_id, min(o.title) AS title, min(b.label) AS label
@@ -190,6 +200,8 @@ BEGIN
                         ELSE n.created_at <= as_of AND n.erased_at IS NULL
                              AND (n.expired_at IS NULL OR n.expired_at > as_of) END
                AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
+               AND (va IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= va)
+                                   AND (n.valid_to IS NULL OR n.valid_to > va)))
                AND (flt IS NULL OR n.metadata @> flt)
              ORDER BY n.id DESC LIMIT 1)
             UNION ALL
@@ -200,6 +212,8 @@ BEGIN
                         ELSE n.created_at <= as_of AND n.erased_at IS NULL
                              AND (n.expired_at IS NULL OR n.expired_at > as_of) END
                AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
+               AND (va IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= va)
+                                   AND (n.valid_to IS NULL OR n.valid_to > va)))
                AND (flt IS NULL OR n.metadata @> flt)
              ORDER BY n.id LIMIT 1)
         ) b
@@ -257,7 +271,7 @@ BEGIN
               INTO hop
               FROM memory.lexical_search(terms, project_name, ARRAY['L0'], pol.evidence_candidates,
                                          since => since, before => before, filter => flt,
-                                         as_of => as_of) h;
+                                         as_of => as_of, valid_at => valid_at) h;
         END IF;
     END IF;
     -- Coverage (evidence_session_decay < 1): the budget is spent greedily by score, each
@@ -342,8 +356,8 @@ BEGIN
     JOIN memory.nodes n ON n.id = x.id AND (pid IS NULL OR n.project_id = pid)
     ORDER BY x.o;
 END $$;
-COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[], text) IS
-    'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank) summed over the results citing it; then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range, and filter (a JSON object the metadata contains) the neighbours as the legs it ran did their matches; a result''s own sources are cited whatever their time or metadata; as_of: provenance and neighbours as the database held them then (NULL: current versions). Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it. Issue 29''s policy keys: deeper (candidates after the results, memory._deeper) cite at the ranks after the results'' without reserving a turn; evidence_session_weight lifts a direct match in a session the results'' provenance reaches by that weight times its direct score times the session''s 1 / sqrt(rank) sum; evidence_hop_weight (off) adds a second lexical query of the names in the evidence_hop_seeds best turns; evidence_session_decay (off at 1) spends the budget at score times decay^(better turns of the same session); evidence_speaker_weight (0.5) multiplies by 1 + the weight the score of a turn whose text opens with a label ("Ana: ...") that is a word of query (the question''s text; NULL: no speaker term), when more than half of the evidence_speaker_seeds (10) best candidates carry such a label (not necessarily the same one).';
+COMMENT ON FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[], text, timestamptz) IS
+    'The L0 turns an answer cites, best first, at most budget (default memory.policy() evidence_budget; 0: none): the L0 provenance of result_ids (the results in rank order, walked max_depth levels) and the direct L0 legs the caller ran ({"ids":[..],"scores":[..]}, fused as a Hybrid pair by memory.fuse_legs with fusion, dense_weight and rrf_k, each NULL: the policy). Each turn scores its direct match over the best plus evidence_weight / sqrt(rank) summed over the results citing it; then every turn gains evidence_neighbours times the scores of the candidates just before and after it in its session (same project and title, nearest in ingest order within 64 ids; neighbour_score is that part). since/before (since <= ts < before) keep direct matches and neighbours in range, and filter (a JSON object the metadata contains) the neighbours as the legs it ran did their matches; a result''s own sources are cited whatever their time or metadata; as_of: provenance and neighbours as the database held them then (NULL: current versions); valid_at: the neighbours (and the deeper candidates'' citations and the second hop) hold in valid time where the legs tested it (memory._valid_at: valid_at, else as_of, else now where the project has bounded nodes). Turns scoring 0 are left out. direct_rank is the turn''s rank among the direct matches (NULL: not one), cited_by the ranks of the results whose provenance reaches it. Issue 29''s policy keys: deeper (candidates after the results, memory._deeper) cite at the ranks after the results'' without reserving a turn; evidence_session_weight lifts a direct match in a session the results'' provenance reaches by that weight times its direct score times the session''s 1 / sqrt(rank) sum; evidence_hop_weight (off) adds a second lexical query of the names in the evidence_hop_seeds best turns; evidence_session_decay (off at 1) spends the budget at score times decay^(better turns of the same session); evidence_speaker_weight (0.5) multiplies by 1 + the weight the score of a turn whose text opens with a label ("Ana: ...") that is a word of query (the question''s text; NULL: no speaker term), when more than half of the evidence_speaker_seeds (10) best candidates carry such a label (not necessarily the same one).';
 
 -- The fused candidates after an answer's results (issue 29): their provenance routes the
 -- budget to the memories and sessions just below the page, at the ranks after the results'.
@@ -376,15 +390,18 @@ COMMENT ON FUNCTION memory._deeper(jsonb, jsonb, bigint[]) IS
 -- SQL user's results; the old two-step form and its signature go first.
 DROP FUNCTION IF EXISTS memory.evidence(text, bigint[], vector, text, integer, text, text, text);
 DROP FUNCTION IF EXISTS memory.evidence_legs(text, bigint[], vector, text, integer, text, text, text);
--- ... and the form before the metadata filter.
+-- ... and the form before the metadata filter, and the one before as_of and valid_at
+-- (each caller before what its atomic body calls).
 DROP FUNCTION IF EXISTS memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz);
 DROP FUNCTION IF EXISTS memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz);
+DROP FUNCTION IF EXISTS memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb);
+DROP FUNCTION IF EXISTS memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb);
 
 CREATE OR REPLACE FUNCTION memory._evidence(
     p_query text, p_result_ids bigint[], p_embedding vector, p_project text, p_budget integer,
     p_since text, p_until text, p_fusion text, p_levels text[], p_strategy text,
     p_candidates integer, p_dense_weight double precision, p_rrf_k integer,
-    p_reference_time timestamptz, p_filter jsonb
+    p_reference_time timestamptz, p_filter jsonb, p_as_of timestamptz, p_valid_at timestamptz
 )
 RETURNS SETOF memory.evidence_row
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
@@ -406,7 +423,7 @@ BEGIN
     SELECT * INTO p FROM memory._prepare(
         memory._request($1, $4, $9, 5, $10, $8, $13, $11, $12, $6, $7, $14, memory.check_evidence_budget(
             coalesce($5, (SELECT pol.evidence_budget FROM memory.policy() pol))))
-          || jsonb_build_object('filter', $15),
+          || jsonb_build_object('filter', $15, 'as_of', $16, 'valid_at', $17),
         $3, 'memory.evidence');
     IF (p.plan -> 'evidence' ->> 'budget')::integer = 0 THEN
         RETURN;  -- off costs no search
@@ -421,10 +438,10 @@ BEGIN
         (p.plan ->> 'since_ts')::timestamptz, (p.plan ->> 'before_ts')::timestamptz,
         (p.plan ->> 'dense_weight')::double precision, (p.plan ->> 'rrf_k')::integer,
         nullif(p.plan -> 'filter', 'null'), (p.plan ->> 'as_of')::timestamptz,
-        memory._deeper(p.plan, state, $2), $1) e
+        memory._deeper(p.plan, state, $2), $1, (p.plan ->> 'valid_at')::timestamptz) e
     ORDER BY e.rank;
 END $$;
-COMMENT ON FUNCTION memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb) IS
+COMMENT ON FUNCTION memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb, timestamptz, timestamptz) IS
     'Implementation of memory.evidence (positional parameters: PL/pgSQL forbids a parameter named like a result column; call memory.evidence instead).';
 
 CREATE OR REPLACE FUNCTION memory.evidence(
@@ -442,7 +459,9 @@ CREATE OR REPLACE FUNCTION memory.evidence(
     dense_weight double precision DEFAULT NULL,
     rrf_k integer DEFAULT NULL,
     reference_time timestamptz DEFAULT NULL,
-    filter jsonb DEFAULT NULL
+    filter jsonb DEFAULT NULL,
+    as_of timestamptz DEFAULT NULL,
+    valid_at timestamptz DEFAULT NULL
 )
 RETURNS SETOF memory.evidence_row
 LANGUAGE sql STABLE PARALLEL UNSAFE
@@ -450,7 +469,7 @@ SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
     SELECT * FROM memory._evidence(query, result_ids, query_embedding, project, budget, since,
                                    until, fusion, levels, strategy, candidates, dense_weight,
-                                   rrf_k, reference_time, filter);
+                                   rrf_k, reference_time, filter, as_of, valid_at);
 END;
-COMMENT ON FUNCTION memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb) IS
-    'The L0 evidence of an answer, for SQL users: pass the query and memory.query''s result ids in rank order (its embedding too, or it embeds again) with the same arguments memory.query had (filter: the same metadata filter, which the direct L0 legs then apply as memory.query''s legs do). It plans as memory.query does (the same route, fusion and time range, dates the optimizer extracts included under extracted_dates = filter), runs the direct L0 legs that plan names (lexical unless SemanticOnly, semantic unless LexicalOnly; each evidence_candidates deep) and returns memory.select_evidence: the list GET /memory/query and memory.answer return as "evidence". budget NULL: the policy''s evidence_budget; 0: none.';
+COMMENT ON FUNCTION memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb, timestamptz, timestamptz) IS
+    'The L0 evidence of an answer, for SQL users: pass the query and memory.query''s result ids in rank order (its embedding too, or it embeds again) with the same arguments memory.query had (filter: the same metadata filter, which the direct L0 legs then apply as memory.query''s legs do; as_of and valid_at: the same instants, so the direct legs, the provenance and the neighbours are the versions held then and valid then, as in memory.answer; not min_cosine, which holds back results, the page the caller passes, and no evidence leg reads). It plans as memory.query does (the same route, fusion and time range, dates the optimizer extracts included under extracted_dates = filter), runs the direct L0 legs that plan names (lexical unless SemanticOnly, semantic unless LexicalOnly; each evidence_candidates deep) and returns memory.select_evidence: the list GET /memory/query and memory.answer return as "evidence". budget NULL: the policy''s evidence_budget; 0: none.';

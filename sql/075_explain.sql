@@ -135,12 +135,12 @@ BEGIN
     IF (ev ->> 'budget')::integer > 0 THEN
         -- the call memory._finish makes (sql/071_execute.sql), its deeper candidates and the
         -- question's text (the speaker term) included
-        EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.select_evidence($1, $2, $3, $4, $5, $6, 4, $7, $8, $9, $10, $11, $12, $13, $14)', opts)
+        EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.select_evidence($1, $2, $3, $4, $5, $6, 4, $7, $8, $9, $10, $11, $12, $13, $14, $15)', opts)
             INTO x USING ids, state -> 'evidence_semantic', state -> 'evidence_lexical', pl ->> 'fusion',
                          (ev ->> 'budget')::integer, pl ->> 'project', lo, hi,
                          (pl ->> 'dense_weight')::double precision, (pl ->> 'rrf_k')::integer,
                          nullif(pl -> 'filter', 'null'), as_of, memory._deeper(pl, state, ids),
-                         pl ->> 'query';
+                         pl ->> 'query', (pl ->> 'valid_at')::timestamptz;
         stage := 'evidence';
         plan := x::jsonb -> 0;
         time_ms := (doc -> 'stages' ->> 'evidence_time_ms')::double precision;

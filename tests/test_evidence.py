@@ -361,7 +361,7 @@ def test_an_evidence_failure_degrades_and_keeps_the_trees(client: TestClient, co
     conn.execute(
         "ALTER FUNCTION memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text,"
         " integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz,"
-        " bigint[], text)"
+        " bigint[], text, timestamptz)"
         " RENAME TO gone"
     )
     body = query(client, query=KONG)

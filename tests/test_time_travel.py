@@ -5,12 +5,14 @@ time and still fills its limit. Real PostgreSQL, real SQL, the real app."""
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from pgvector.psycopg import register_vector
 
+from poimen_memory.db.migrate import migrate
 from poimen_memory.embedders.local import LocalEmbedder
 from service_client import query, serve
 from test_lifecycle import P, _node, _vec, _write
@@ -171,3 +173,135 @@ def test_http_as_of_and_valid_at(fixture_url: str, embedder: LocalEmbedder, conn
             assert "as_of" in r.json()["detail"], r.text
         r = client.get("/memory/query", params={**params, "valid_at": "2022-01-01T00:00:00Z"})
         assert r.status_code == 200 and r.json()["plan"]["valid_at"].startswith("2022-01-01")
+
+
+def _evidence(
+    conn: Conn, fn: str, q: str, levels: tuple[str, ...] = ("L1",), **kw: Any
+) -> list[tuple[int, int, float]]:
+    """The evidence of the page memory_query gives for these arguments, as (rank, node_id,
+    score): from memory.evidence (fn "evidence", given the page) or memory.answer's own."""
+    args = {"q": q, "p": P, "lv": list(levels), "s": "LexicalOnly", **kw}
+    named = "".join(f", {k} => %({k})s" for k in kw)
+    common = f"%(q)s, project => %(p)s, levels => %(lv)s, strategy => %(s)s{named}"
+    if fn == "answer":
+        rows = conn.execute(
+            f"SELECT (e ->> 'rank')::integer, (e ->> 'node_id')::bigint, (e ->> 'score')::float8"
+            f" FROM memory.answer({common}) a, jsonb_array_elements(a -> 'evidence') e",
+            args,
+        ).fetchall()
+    else:
+        page = f"ARRAY(SELECT node_id FROM memory_query({common}) ORDER BY rank)"
+        rows = conn.execute(
+            f"SELECT rank, node_id, score FROM memory.evidence(%(q)s, {page}, project => %(p)s,"
+            f" levels => %(lv)s, strategy => %(s)s{named}) ORDER BY rank",
+            args,
+        ).fetchall()
+    return [(r[0], r[1], round(r[2], 9)) for r in rows]
+
+
+def _version(conn: Conn, external_id: str, revision: int) -> int:
+    row = conn.execute(
+        "SELECT id FROM memory.nodes WHERE project_id = memory.project_id(%s)"
+        " AND external_id = %s AND revision = %s",
+        (P, external_id, revision),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_evidence_as_of_cites_the_turns_known_then_as_the_answer_does(conn: Conn) -> None:
+    """memory.evidence takes memory.query's as_of: the evidence of a page asked as of t is
+    cited from the versions held then (a turn superseded or forgotten since comes back,
+    one written later does not), and is the list memory.answer gives for the same page."""
+    _write(conn, [
+        _node("t:1", "Mara: I drink green tea every morning", title="s1"),
+        _node("t:2", "Ben: tea in the morning keeps me calm", title="s1"),
+        _node("m:1", "Mara drinks tea every morning", "L1", parents=["t:1"]),
+    ], seed=200)  # fmt: skip
+    t1 = _now(conn)
+    _write(conn, [_node("t:1", "Mara: I drink tea with lemon every morning", title="s1")], seed=300)
+    conn.execute("SELECT memory.forget(%s, ARRAY['t:2'])", (P,))
+    old, new, gone = _version(conn, "t:1", 1), _version(conn, "t:1", 2), _version(conn, "t:2", 1)
+    past = _evidence(conn, "evidence", "tea morning", as_of=t1)
+    now = _evidence(conn, "evidence", "tea morning")
+    # as of t1: the first version of t:1 (cited by m:1) and t:2 (a direct match), not t:1's
+    # second version; today the reverse
+    assert {old, gone} <= {n for _, n, _ in past} and new not in {n for _, n, _ in past}
+    assert new in {n for _, n, _ in now} and not {old, gone} & {n for _, n, _ in now}
+    # one pipeline: the list memory.answer cites for the same page, rank for rank
+    assert past == _evidence(conn, "answer", "tea morning", as_of=t1)
+    assert now == _evidence(conn, "answer", "tea morning")
+    # valid_at defaults to as_of there, as in memory_query; a bad instant is refused alike
+    assert _evidence(conn, "evidence", "tea morning", as_of=t1, valid_at=t1) == past
+    for arg in ("as_of", "valid_at"):
+        for bad in ("infinity", "0001-01-01T00:00:00Z"):
+            with pytest.raises(psycopg.Error) as exc:
+                conn.execute(f"SELECT * FROM memory.evidence('tea', '{{}}', {arg} => %s)", (bad,))
+            with pytest.raises(psycopg.Error) as ref:
+                conn.execute(f"SELECT * FROM memory_query('tea', {arg} => %s)", (bad,))
+            assert exc.value.sqlstate == ref.value.sqlstate == "22023"
+            assert arg in (exc.value.diag.message_primary or "")
+
+
+def test_evidence_neighbours_hold_in_valid_time(
+    fixture_url: str, embedder: LocalEmbedder, conn: Conn
+) -> None:
+    """A turn said beside a direct match is cited only where it holds at the instant the
+    legs test valid time at (valid_at, else as_of, else now), in memory.evidence, in
+    memory.answer and over HTTP alike: today's answer does not cite a fact that ended in
+    2024."""
+    _write(conn, [
+        _node("t:a", "Mara: where do you live these days?", title="s2"),
+        _node("t:b", "Ben: Berlin, in a flat by the river", title="s2",
+              valid_to="2024-06-01T00:00:00Z"),
+        _node("t:c", "Ben: Lisbon, in a flat by the sea", title="s2",
+              valid_from="2024-06-01T00:00:00Z"),
+    ], seed=400)  # fmt: skip
+    berlin, lisbon = _version(conn, "t:b", 1), _version(conn, "t:c", 1)
+    then = datetime.fromisoformat("2023-01-01T00:00:00+00:00")
+    q, lv = "where do you live", ("L0",)
+    with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as client:
+        for when in ({}, {"valid_at": then}):
+            ev = _evidence(conn, "evidence", q, lv, **when)
+            assert ev == _evidence(conn, "answer", q, lv, **when), when
+            # the neighbour is the nearest turn of the session that holds then
+            assert {n for _, n, _ in ev} & {berlin, lisbon} == ({berlin} if when else {lisbon})
+            params = {"query": q, "project": P, "level": "L0", "strategy": "LexicalOnly"}
+            http = query(client, **params, **{k: v.isoformat() for k, v in when.items()})
+            sha = dict(conn.execute(
+                "SELECT id, encode(sha256, 'hex') FROM memory.nodes WHERE id = ANY (%s)",
+                ([n for _, n, _ in ev],),
+            ).fetchall())  # fmt: skip
+            assert [e["sha256"] for e in http["evidence"]] == [sha[n] for _, n, _ in ev]
+
+
+# The forms before as_of and valid_at (sql/072_evidence.sql drops them).
+OLD_EVIDENCE_FORMS = [
+    "memory.evidence(query text, result_ids bigint[], query_embedding vector, project text,"
+    " budget integer, since text, until text, fusion text, levels text[], strategy text,"
+    " candidates integer, dense_weight double precision, rrf_k integer,"
+    " reference_time timestamptz, filter jsonb)",
+    "memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text,"
+    " integer, double precision, integer, timestamptz, jsonb)",
+    "memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz,"
+    " timestamptz, double precision, integer, jsonb, timestamptz, bigint[], text)",
+]
+
+
+def test_migrate_leaves_one_evidence_signature(conn: Conn, plpython_root: Path) -> None:
+    """A database migrated before as_of came keeps no older form beside the new one, so a
+    call naming only the old arguments is not ambiguous."""
+    for sig in OLD_EVIDENCE_FORMS:
+        conn.execute(
+            f"CREATE FUNCTION {sig} RETURNS SETOF memory.evidence_row LANGUAGE sql"
+            " SET search_path = pg_catalog, public, pg_temp"
+            " AS 'SELECT NULL::memory.evidence_row WHERE false'"
+        )
+    migrate(conn, plpython_root)
+    rows = conn.execute(
+        "SELECT proname, count(*) FROM pg_proc WHERE pronamespace = 'memory'::regnamespace"
+        " AND proname IN ('evidence', '_evidence', 'select_evidence') GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    assert rows == [("_evidence", 1), ("evidence", 1), ("select_evidence", 1)]
+    # beside an older form this call would be ambiguous (42725)
+    conn.execute("SELECT count(*) FROM memory.evidence('kong', '{}')")
