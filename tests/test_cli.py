@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -78,6 +78,18 @@ def _loaded(env: dict[str, str]) -> bool:
             return conn.execute("SELECT count(*) FROM memory.nodes").fetchone() == (21,)
     except psycopg.Error:
         return False
+
+
+def _psql_on(url: str) -> Callable[[str], str]:
+    """psql -XtAc on url: one statement's unaligned output."""
+
+    def psql(sql: str) -> str:
+        out = subprocess.run(
+            ["psql", url, "-XtAc", sql], capture_output=True, text=True, check=True
+        )
+        return out.stdout.strip()
+
+    return psql
 
 
 def ready(env: dict[str, str]) -> None:
@@ -176,13 +188,7 @@ def test_errors_are_clear(cli_env: dict[str, str]) -> None:
 
 def test_reembed_rebuilds_every_vector(cli_env: dict[str, str]) -> None:
     ready(cli_env)
-    url = run(cli_env, "db", "url").stdout.strip()
-
-    def psql(sql: str) -> str:
-        out = subprocess.run(
-            ["psql", url, "-XtAc", sql], capture_output=True, text=True, check=True
-        )
-        return out.stdout.strip()
+    psql = _psql_on(run(cli_env, "db", "url").stdout.strip())
 
     before = psql("SELECT embedding::text FROM memory.nodes WHERE external_id = 'poimen:mem:1'")
     out = run(cli_env, "reembed").stdout
@@ -199,13 +205,7 @@ def test_migrate_and_reembed_build_a_project_graph_after_commit(cli_env: dict[st
     per graph with its time, and its progress on stderr); reembed drops them with the
     column and builds them again once the vectors are back."""
     ready(cli_env)
-    url = run(cli_env, "db", "url").stdout.strip()
-
-    def psql(sql: str) -> str:
-        out = subprocess.run(
-            ["psql", url, "-XtAc", sql], capture_output=True, text=True, check=True
-        )
-        return out.stdout.strip()
+    psql = _psql_on(run(cli_env, "db", "url").stdout.strip())
 
     pid = psql("SELECT id FROM memory.projects WHERE name = 'atlas'")
     names = [f"nodes_embedding_hnsw_p{pid}", f"nodes_embedding_hnsw_l1_l2_p{pid}"]
