@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import math
+import sys
 from dataclasses import replace
 
 from poimen_memory.db.connect import (
@@ -11,6 +14,23 @@ from poimen_memory.db.connect import (
     service_database_url,
 )
 from poimen_memory.settings import Settings
+
+
+def seconds(raw: str) -> float:
+    """An argparse type: a finite, positive number of seconds (a bad one exits 2, named)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a positive number of seconds")
+    return value
+
+
+def notice(line: str) -> None:
+    """Progress of long work (a project graph's build: minutes on a large store), on
+    stderr as it happens."""
+    print(f"notice: {line}", file=sys.stderr, flush=True)
 
 
 def load_settings() -> Settings:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from poimen_memory.cli.common import load_settings, started_url
+from poimen_memory.cli.common import load_settings, notice, started_url
 from poimen_memory.db.connect import (
     connect,
 )
@@ -92,9 +92,7 @@ def cmd_reembed(args: argparse.Namespace) -> int:
                 bar.update(len(rows))
         # reset_embedding dropped the large projects' own graphs: built again now that the
         # vectors are back, after its transaction, so writes go on meanwhile.
-        graphs = build_project_graphs(
-            conn, progress=lambda line: print(f"notice: {line}", file=sys.stderr, flush=True)
-        )
+        graphs = build_project_graphs(conn, progress=notice)
     print(f"re-embedded {total} nodes with {embedder.model_name} ({embedder.dim} dims)")
     for graph in graphs:
         print(f"project graph built: {graph.line()}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from poimen_memory.cli.common import load_settings, started_url
+from poimen_memory.cli.common import load_settings, notice, seconds, started_url
 from poimen_memory.db.connect import (
     connect,
     ensure_service_login,
@@ -61,12 +61,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             lock_timeout_s=args.lock_timeout,
             role_prefix=s.role_prefix,
             build_lock_timeout_s=args.build_lock_timeout,
-            progress=_progress,
+            progress=notice,
         )
         if not s.database_url:  # a DBA's cluster: the DBA makes the service's login role
             ensure_service_login(conn, s.service_role)
-    for notice in report.notices:
-        print(f"notice: {notice}", file=sys.stderr)
+    for line in report.notices:
+        print(f"notice: {line}", file=sys.stderr)
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     for warning in report.scale_warnings:
@@ -97,11 +97,6 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if args.partition_by_project:
         return _partition_by_project(s, args.maintenance_work_mem)
     return 0
-
-
-def _progress(line: str) -> None:
-    """A project graph's build as it goes (minutes on a large store): on stderr, now."""
-    print(f"notice: {line}", file=sys.stderr, flush=True)
 
 
 def _partition_by_project(s: Settings, maintenance_work_mem: str | None) -> int:
@@ -148,7 +143,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     mg.add_argument(
         "--lock-timeout",
-        type=float,
+        type=seconds,
         default=10.0,
         metavar="SECONDS",
         help="give up when the locks are not granted within this time in all (default 10); "
@@ -156,7 +151,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     mg.add_argument(
         "--build-lock-timeout",
-        type=float,
+        type=seconds,
         default=GRAPH_BUILD_LOCK_TIMEOUT_S,
         metavar="SECONDS",
         help="after the transaction, each large project's own HNSW graph is built with CREATE "
