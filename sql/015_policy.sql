@@ -71,7 +71,10 @@ BEGIN
         -- recency: off unless set (docs/benchmarks.md, "Recency")
         ('recency_half_life_days', NULL, '$1 ~ ''^[0-9]*\.?[0-9]+$'' AND $1::double precision BETWEEN 0.001 AND 36500', '0.001..36500 days'),
         ('recency_weight', '0.5', '$1 ~ ''^[0-9]*\.?[0-9]+$'' AND $1::double precision <= 1', '0..1'),
-        ('forget_derived', 'flag', '$1 IN (''flag'', ''cascade'')', 'flag|cascade');
+        ('forget_derived', 'flag', '$1 IN (''flag'', ''cascade'')', 'flag|cascade'),
+        -- what an answer does with a result whose evidence changed or went (issue 40):
+        -- ranks it below the supported ones, leaves it out, or keeps the fused order
+        ('unsupported', 'demote', '$1 IN (''demote'', ''exclude'', ''keep'')', 'demote|exclude|keep');
 END $$;
 COMMENT ON FUNCTION memory._policy_keys() IS
     'Every retrieval policy key: its built-in default (NULL: off, or the engine''s own), the check memory.set_policy applies to a new value (an SQL expression of $1) and the hint it gives when the check fails.';

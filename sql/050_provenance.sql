@@ -19,24 +19,28 @@ BEGIN
         FROM unnest(node_ids) AS r(id)
         JOIN memory.edges e ON e.child_id = r.id
         JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
-                           AND CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
-                                    ELSE p.created_at <= as_of AND p.erased_at IS NULL
-                                         AND (p.expired_at IS NULL OR p.expired_at > as_of) END
+                           AND (CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
+                                     ELSE p.created_at <= as_of AND p.erased_at IS NULL
+                                          AND (p.expired_at IS NULL OR p.expired_at > as_of) END
+                                OR (p.end_reason = 'superseded' AND p.erased_at IS NULL
+                                    AND memory._cites_superseded(e.child_id, p.id, as_of)))
         UNION ALL
         SELECT w.root_id, e.child_id, e.parent_id, w.depth + 1, e.precedence, w.path || e.parent_id
         FROM walk w
         JOIN memory.edges e ON e.child_id = w.parent_id
         JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
-                           AND CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
-                                    ELSE p.created_at <= as_of AND p.erased_at IS NULL
-                                         AND (p.expired_at IS NULL OR p.expired_at > as_of) END
+                           AND (CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
+                                     ELSE p.created_at <= as_of AND p.erased_at IS NULL
+                                          AND (p.expired_at IS NULL OR p.expired_at > as_of) END
+                                OR (p.end_reason = 'superseded' AND p.erased_at IS NULL
+                                    AND memory._cites_superseded(e.child_id, p.id, as_of)))
         WHERE w.depth < max_depth
           AND e.parent_id <> ALL (w.path)  -- cycle safety
     )
     SELECT w.root_id, w.child_id, w.parent_id, w.depth, w.precedence FROM walk w;
 END $$;
 COMMENT ON FUNCTION memory.provenance_walk(bigint[], integer, timestamptz) IS
-    'Recursive CTE over memory.edges from each given node towards its sources (L2->L1->L0), depth-limited and cycle-safe, through current versions only (a retired, superseded or erased parent is not evidence), or with as_of through the versions visible then (never an erased one). One row per edge reached.';
+    'Recursive CTE over memory.edges from each given node towards its sources (L2->L1->L0), depth-limited and cycle-safe, through the versions each node rests on: current ones, and a version rewritten since (superseded: memory._cites_superseded), never a retired or erased one; with as_of the versions visible then. One row per edge reached.';
 
 -- The tree expands shared ancestors into copies, so its size grows as fan-out^depth (fan-out
 -- 20 at depth 4 made one result 30 MB): parents per node and nodes per tree are capped
@@ -116,9 +120,11 @@ BEGIN
             FROM unnest(frontier) WITH ORDINALITY AS f(inst, ord)
             JOIN memory.edges e ON e.child_id = ids[f.inst] AND e.project_id = pids[f.inst]
             JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = pids[f.inst]
-                               AND CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
-                                        ELSE p.created_at <= as_of AND p.erased_at IS NULL
-                                             AND (p.expired_at IS NULL OR p.expired_at > as_of) END
+                               AND (CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
+                                         ELSE p.created_at <= as_of AND p.erased_at IS NULL
+                                              AND (p.expired_at IS NULL OR p.expired_at > as_of) END
+                                    OR (p.end_reason = 'superseded' AND p.erased_at IS NULL
+                                        AND memory._cites_superseded(e.child_id, p.id, as_of)))
             WHERE strpos(paths[f.inst], ',' || e.parent_id || ',') = 0
             ORDER BY f.ord, rn
         LOOP
@@ -146,7 +152,19 @@ BEGIN
                'title', p.title, 'text', left(p.text, max_chars), 'timestamp', p.ts)
            || CASE WHEN length(p.text) > max_chars
                    THEN jsonb_build_object('text_truncated', true, 'text_chars', length(p.text))
-                   ELSE '{}' END)
+                   ELSE '{}' END
+           -- the version a derived node rests on, rewritten since: shown, marked
+           || CASE WHEN CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
+                             ELSE p.expired_at IS NULL OR p.expired_at > as_of END THEN '{}'
+                   ELSE jsonb_build_object(
+                            'superseded', true, 'revision', p.revision,
+                            'current_revision', (
+                                SELECT v.revision FROM memory.nodes v
+                                WHERE v.project_id = p.project_id AND v.external_id = p.external_id
+                                  AND CASE WHEN as_of IS NULL THEN v.expired_at IS NULL
+                                           ELSE v.created_at <= as_of AND v.erased_at IS NULL
+                                                AND (v.expired_at IS NULL OR v.expired_at > as_of) END
+                                ORDER BY v.revision DESC LIMIT 1)) END)
       INTO nodes
       FROM (SELECT DISTINCT g.id, g.pid
             FROM unnest(ids[roots + 1:], pids[roots + 1:]) AS g(id, pid)) g

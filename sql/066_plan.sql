@@ -81,6 +81,7 @@ DECLARE
     origin timestamptz;
     as_of timestamptz := memory.check_instant((req ->> 'as_of')::timestamptz, 'as_of');
     valid_at timestamptz := memory.check_instant((req ->> 'valid_at')::timestamptz, 'valid_at');
+    unsupported text;
 BEGIN
     IF jsonb_typeof(req) IS DISTINCT FROM 'object' THEN
         RAISE EXCEPTION 'a query request is a JSON object' USING ERRCODE = '22023';
@@ -120,6 +121,12 @@ BEGIN
             USING ERRCODE = '22023', HINT = 'A cosine similarity; NULL: the policy''s floor (memory.policy() min_cosine).';
     END IF;
     budget := memory.check_evidence_budget(coalesce((req ->> 'evidence')::integer, pol.evidence_budget));
+    unsupported := coalesce(req ->> 'unsupported', memory._policy_value('unsupported'));
+    IF unsupported NOT IN ('demote', 'exclude', 'keep') THEN
+        RAISE EXCEPTION 'unsupported must be demote, exclude or keep, got %', unsupported
+            USING ERRCODE = '22023',
+                  HINT = 'What an answer does with results whose evidence changed or went (docs/lifecycle.md); NULL: the policy''s (memory.policy: unsupported).';
+    END IF;
     -- Recency counts a node's age from the moment the question is asked about (NULL: now,
     -- the executor's; the plan stays the same for the same request).
     origin := (req ->> 'reference_time')::timestamptz;
@@ -267,6 +274,10 @@ BEGIN
         -- and the instant valid time is tested at (NULL: as_of, else now)
         'as_of', as_of,
         'valid_at', valid_at,
+        -- results whose support is stale, partial or none (issue 40): demoted, excluded or kept
+        'unsupported', jsonb_build_object('policy', unsupported,
+                                          'source', CASE WHEN req ? 'unsupported' AND req ->> 'unsupported' IS NOT NULL
+                                                         THEN 'argument' ELSE 'policy' END),
         'floor', jsonb_build_object('min_cosine', floor, 'source', floor_src,
                                     'applied', floor IS NOT NULL AND (strat <> 'LexicalOnly' OR has_vec)),
         'time_filter', tf,
@@ -294,4 +305,4 @@ BEGIN
         'degraded', degraded);
 END $$;
 COMMENT ON FUNCTION memory._plan(jsonb, jsonb) IS
-    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, filter, min_cosine, as_of, valid_at, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, the query grammar''s parse (grammar) and the metadata filter (filter), time travel (as_of, valid_at), the relevance floor (floor), recency (the policy''s half-life and weight, and the origin its ages count from: reference_time, NULL for now), evidence budget. Errors name the argument (22023), PM404 for an unknown project.';
+    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, filter, min_cosine, as_of, valid_at, unsupported, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, the query grammar''s parse (grammar) and the metadata filter (filter), time travel (as_of, valid_at), what happens to results in doubt (unsupported: demote, exclude or keep), the relevance floor (floor), recency (the policy''s half-life and weight, and the origin its ages count from: reference_time, NULL for now), evidence budget. Errors name the argument (22023), PM404 for an unknown project.';

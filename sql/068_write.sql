@@ -212,14 +212,16 @@ BEGIN
     GET DIAGNOSTICS n_inserted = ROW_COUNT;
 
     IF n_superseded > 0 THEN
-        -- Derived nodes follow the evidence they cite to its new version: each current
-        -- child of a superseded version gets the same edge to the new one (its edge to the
-        -- old version stays, for history).
+        -- Derived nodes rest on the versions they were derived from (issue 40): new content
+        -- under a parent's id leaves them on the old version, stale, and in the review
+        -- queue (memory._review_changes, below), never silently relinked. A new version
+        -- with the old one's content (its metadata or timestamp alone changed) is the same
+        -- evidence: its current children rest on it at once.
         INSERT INTO memory.edges (child_id, parent_id, precedence, project_id)
         SELECT ed.child_id, nv.id, ed.precedence, ed.project_id
         FROM memory.nodes old
         JOIN memory.nodes nv ON nv.project_id = old.project_id AND nv.external_id = old.external_id
-                            AND nv.expired_at IS NULL
+                            AND nv.expired_at IS NULL AND nv.sha256 = old.sha256
         JOIN memory.edges ed ON ed.parent_id = old.id AND ed.project_id = old.project_id
         JOIN memory.nodes ch ON ch.id = ed.child_id AND ch.project_id = ed.project_id
                             AND ch.expired_at IS NULL
@@ -270,6 +272,15 @@ BEGIN
         WHERE n.id = ANY (linked) AND n.parents_declared < memory.parents_present(n.id, n.project_id);
     END IF;
 
+    -- What the batch put in doubt (after the edges: a node rewritten here with its parents
+    -- named rests on their current versions): the review queue, and the items of the
+    -- versions it ended are done (rewritten).
+    IF n_superseded > 0 THEN
+        PERFORM memory._review_changes(
+            ARRAY(SELECT c.id FROM memory.nodes c
+                  WHERE c.id = ANY (locked) AND c.expired_at IS NOT NULL ORDER BY c.id), who);
+    END IF;
+
     RETURN jsonb_build_object(
         'inserted', n_inserted,
         'duplicates', jsonb_array_length(nodes) - n_inserted,
@@ -279,7 +290,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION memory._write_nodes(jsonb, vector[], boolean) IS
-    'The one writer of nodes and edges, one batch in the calling transaction. nodes: a JSON array of validated node rows (sha256 as hex, project, level, external_id, title, breadcrumb, text, source, ts, metadata, parents as external ids, valid_from and valid_to (valid time, either NULL), and optionally revision: the revision the writer read, 0 for none); embeddings: the i-th node''s vector (NULL for a stored node); embed: compute a missing vector with memory.embed. Creates missing projects first, skips nodes equal to their current version, writes new content under a stored id as its next version (the current one ends: superseded; its current children get an edge to the new one), refuses a stale revision (PM419, nothing written), links every node of the batch to its parents'' current versions in its own project. Returns {"inserted", "duplicates", "updated" (versions superseded), "edges", "unresolved": [[node number from 1, parent id], ...]}. Validation is the caller''s (poimen_core.nodes); row-level security applies.';
+    'The one writer of nodes and edges, one batch in the calling transaction. nodes: a JSON array of validated node rows (sha256 as hex, project, level, external_id, title, breadcrumb, text, source, ts, metadata, parents as external ids, valid_from and valid_to (valid time, either NULL), and optionally revision: the revision the writer read, 0 for none); embeddings: the i-th node''s vector (NULL for a stored node); embed: compute a missing vector with memory.embed. Creates missing projects first, skips nodes equal to their current version, writes new content under a stored id as its next version (the current one ends: superseded; its current children keep resting on it, stale, and enter the review queue, unless only metadata or timestamp changed: then they rest on the new one), refuses a stale revision (PM419, nothing written), links every node of the batch to its parents'' current versions in its own project. Returns {"inserted", "duplicates", "updated" (versions superseded), "edges", "unresolved": [[node number from 1, parent id], ...]}. Validation is the caller''s (poimen_core.nodes); row-level security applies.';
 
 CREATE OR REPLACE FUNCTION memory._vector_missing(node bigint)
 RETURNS vector

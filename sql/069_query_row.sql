@@ -44,6 +44,7 @@ BEGIN
         provenance_truncated boolean,
         metadata jsonb,
         support text,
+        changed_parents jsonb,
         uncited_reason text
     );
     IF to_regtype('memory.query_row') IS NULL

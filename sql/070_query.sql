@@ -18,17 +18,22 @@ BEGIN
     END IF;
 END $$;
 
+-- support_valid_at and changed_parents were added (issue 40: support at the answer's
+-- instants, and which parents put it in doubt).
+DROP FUNCTION IF EXISTS memory.hydrate(bigint[], vector, integer, text, timestamptz);
 CREATE OR REPLACE FUNCTION memory.hydrate(
     ids bigint[],
     query_embedding vector DEFAULT NULL,
     max_depth integer DEFAULT 4,
     project_name text DEFAULT NULL,  -- not "project": that is a result column
-    as_of timestamptz DEFAULT NULL
+    as_of timestamptz DEFAULT NULL,
+    support_valid_at timestamptz DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, level text, sha256 text, project text, title text, text text,
                source text, breadcrumb text[], "timestamp" timestamptz,
                query_score double precision, provenance jsonb, external_id text,
-               provenance_truncated boolean, metadata jsonb, support text)
+               provenance_truncated boolean, metadata jsonb, support text,
+               changed_parents jsonb)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 -- public holds pgvector's <=> unless migrate finds vector elsewhere and pins that schema.
 SET search_path = pg_catalog, public, pg_temp
@@ -54,20 +59,20 @@ BEGIN
                 n.title, n.text, n.source, n.breadcrumb, n.ts,
                 CASE WHEN $2 IS NULL OR n.embedding IS NULL THEN NULL
                      ELSE 1 - (n.embedding <=> memory.check_embedding($2)) END,
-                pv.tree, n.external_id, pv.truncated, n.metadata,
-                memory.support_status(n.parents_declared,
-                                      memory.parents_present(n.id, n.project_id))
+                pv.tree, n.external_id, pv.truncated, n.metadata, su.support, su.changed_parents
          FROM page n
          JOIN memory.provenance_forest(
                   ARRAY(SELECT g.id FROM page g ORDER BY g.pos), $3,
                   ARRAY(SELECT g.project_id FROM page g ORDER BY g.pos), $6) pv
            ON pv.position = n.pos
+         JOIN memory._support_at(ARRAY(SELECT g.id FROM page g ORDER BY g.pos), $6, $7) su
+           ON su.node_id = n.id
          ORDER BY n.pos'
         USING ids, query_embedding, max_depth, pid, CASE WHEN pid IS NOT NULL THEN project_name END,
-              as_of;
+              as_of, support_valid_at;
 END $$;
-COMMENT ON FUNCTION memory.hydrate(bigint[], vector, integer, text, timestamptz) IS
-    'Node rows for the given ids, in input order (with project_name: only ids of that project, PM404 when unknown), with query_score (if an embedding is given), provenance down to L0 as nested jsonb (capped: memory.provenance_forest, all trees in one pass), external_id, provenance_truncated when a cap left parents out, metadata, and support (memory.support_status: full, partial, none, or NULL for a node written without parents). as_of: provenance through the versions visible then. One round trip for a whole result page.';
+COMMENT ON FUNCTION memory.hydrate(bigint[], vector, integer, text, timestamptz, timestamptz) IS
+    'Node rows for the given ids, in input order (with project_name: only ids of that project, PM404 when unknown), with query_score (if an embedding is given), provenance down to L0 as nested jsonb (capped: memory.provenance_forest, all trees in one pass; a parent version rewritten since is shown marked superseded), external_id, provenance_truncated when a cap left parents out, metadata, support and changed_parents (memory._support_at at as_of and support_valid_at: full, stale, partial, none, or NULL for a node written without parents). as_of: provenance through the versions visible then. One round trip for a whole result page.';
 
 CREATE OR REPLACE FUNCTION memory._answer(req jsonb, query_embedding vector, caller text)
 RETURNS jsonb
@@ -84,7 +89,7 @@ END $$;
 COMMENT ON FUNCTION memory._answer(jsonb, vector, text) IS
     'Implementation of memory.answer and memory.query: the request (memory._request) planned and run; caller names the entry point in NOTICEs.';
 
--- filter and min_cosine were added, then as_of and valid_at: memory.query and the entry points made from its signature (memory.answer,
+-- filter and min_cosine were added, then as_of and valid_at, then unsupported (issue 40): memory.query and the entry points made from its signature (memory.answer,
 -- memory.plan_query, memory.explain_query) lose their older signatures first.
 DO $$
 DECLARE
@@ -93,7 +98,7 @@ BEGIN
     FOR f IN SELECT p.oid FROM pg_catalog.pg_proc p
              WHERE p.pronamespace = 'memory'::regnamespace
                AND p.proname IN ('query', 'answer', 'plan_query', 'explain_query')
-               AND NOT 'valid_at' = ANY (coalesce(p.proargnames, '{}'))
+               AND NOT 'unsupported' = ANY (coalesce(p.proargnames, '{}'))
     LOOP
         EXECUTE pg_catalog.format('DROP FUNCTION %s', f);
     END LOOP;
@@ -116,7 +121,8 @@ CREATE OR REPLACE FUNCTION memory.query(
     filter jsonb DEFAULT NULL,
     min_cosine double precision DEFAULT NULL,
     as_of timestamptz DEFAULT NULL,
-    valid_at timestamptz DEFAULT NULL
+    valid_at timestamptz DEFAULT NULL,
+    unsupported text DEFAULT NULL
 )
 RETURNS SETOF memory.query_row
 LANGUAGE sql STABLE PARALLEL UNSAFE
@@ -129,11 +135,12 @@ BEGIN ATOMIC
         memory._answer(memory._request(query, project, levels, k, strategy, fusion, rrf_k,
                                        candidates, dense_weight, since, until, reference_time,
                                        0) || jsonb_build_object('filter', filter, 'min_cosine', min_cosine,
-                                                                'as_of', as_of, 'valid_at', valid_at),
+                                                                'as_of', as_of, 'valid_at', valid_at,
+                                                                'unsupported', unsupported),
                        query_embedding, 'memory.query') -> 'results');
 END;
-COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz) IS
-    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top k (1..50) nodes with node_id, external_id, scores, ranks and provenance down to L0. Without query_embedding it routes and embeds in the database (memory.embed), as the HTTP service does; where the embedder or PL/Python is missing the lexical leg answers alone, with a NOTICE. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads. since/until (inclusive ISO dates or timestamps) keep only nodes whose timestamp is in range, inside every leg before its top k; reference_time (default now) anchors relative dates the optimizer extracts ("last week"), which filter only under memory.policy() extracted_dates = filter. The query grammar holds in every leg ("phrases", -exclusions, OR, #tags, @mentions: docs/sql-api.md); filter (a JSON object) keeps only nodes whose metadata contains it, inside every leg before its top k. min_cosine (default memory.policy() min_cosine, NULL: off) holds back the fused candidates whose cosine similarity to the query is below it: the answer may be empty. as_of (time travel) answers from the versions the database held then, BM25 scored with the corpus statistics of that moment; valid_at keeps nodes whose valid time holds then (default: as_of, else now); both inside every leg before its top k (docs/lifecycle.md).';
+COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text) IS
+    'One-call retrieval: routes by the optimizer (or strategy), runs lexical/semantic legs, fuses them, and returns the top k (1..50) nodes with node_id, external_id, scores, ranks and provenance down to L0. Without query_embedding it routes and embeds in the database (memory.embed), as the HTTP service does; where the embedder or PL/Python is missing the lexical leg answers alone, with a NOTICE. fusion, rrf_k, candidates and dense_weight default to memory.policy(), the same policy the HTTP service reads. since/until (inclusive ISO dates or timestamps) keep only nodes whose timestamp is in range, inside every leg before its top k; reference_time (default now) anchors relative dates the optimizer extracts ("last week"), which filter only under memory.policy() extracted_dates = filter. The query grammar holds in every leg ("phrases", -exclusions, OR, #tags, @mentions: docs/sql-api.md); filter (a JSON object) keeps only nodes whose metadata contains it, inside every leg before its top k. min_cosine (default memory.policy() min_cosine, NULL: off) holds back the fused candidates whose cosine similarity to the query is below it: the answer may be empty. as_of (time travel) answers from the versions the database held then, BM25 scored with the corpus statistics of that moment; valid_at keeps nodes whose valid time holds then (default: as_of, else now); both inside every leg before its top k (docs/lifecycle.md). Each row says its support (full, stale, partial, none: memory._support_at at those instants) and changed_parents; unsupported (demote, exclude, keep; NULL: the policy''s, demote) ranks results in doubt below the supported ones, leaves them out, or keeps the fused order.';
 
 CREATE OR REPLACE FUNCTION memory._only(name text)
 RETURNS regprocedure
@@ -155,7 +162,7 @@ DECLARE
     request text := 'memory._request(query, project, levels, k, strategy, fusion, rrf_k, '
                     'candidates, dense_weight, since, until, reference_time, evidence) '
                     '|| jsonb_build_object(''filter'', filter, ''min_cosine'', min_cosine, '
-                    '''as_of'', as_of, ''valid_at'', valid_at)';
+                    '''as_of'', as_of, ''valid_at'', valid_at, ''unsupported'', unsupported)';
 BEGIN
     EXECUTE pg_catalog.format(
         'CREATE OR REPLACE FUNCTION memory.answer(%s, evidence integer DEFAULT NULL) '

@@ -345,12 +345,31 @@ DECLARE
     failed jsonb;
     code text;
     msg text;
+    doubted bigint[] := '{}';
 BEGIN
     -- The results: the reranker's order when one reordered the candidates, else the top k.
     ids := coalesce(result_order,
                     ARRAY(SELECT (f.v ->> 'node_id')::bigint
                           FROM jsonb_array_elements(state -> 'fused') WITH ORDINALITY AS f(v, o)
                           ORDER BY f.o LIMIT (plan ->> 'k')::integer));
+    -- Support (issue 40): a result whose evidence changed or went (stale, partial, none at
+    -- the answer's instants) ranks below the supported ones (demote, the default), or is
+    -- left out (exclude), or keeps its place (keep); the answer counts what it moved.
+    IF coalesce(plan -> 'unsupported' ->> 'policy', 'keep') <> 'keep' AND cardinality(ids) > 0 THEN
+        doubted := ARRAY(SELECT x.id
+                         FROM unnest(ids) WITH ORDINALITY AS x(id, o)
+                         JOIN memory._support_at(ids, (plan ->> 'as_of')::timestamptz,
+                                                 memory._support_valid_at(plan)) su
+                           ON su.node_id = x.id
+                         WHERE su.support IN ('stale', 'partial', 'none')
+                         ORDER BY x.o);
+        IF cardinality(doubted) > 0 THEN
+            ids := ARRAY(SELECT x.id FROM unnest(ids) WITH ORDINALITY AS x(id, o)
+                         WHERE x.id <> ALL (doubted) ORDER BY x.o)
+                   || CASE WHEN plan -> 'unsupported' ->> 'policy' = 'demote' THEN doubted
+                           ELSE '{}'::bigint[] END;
+        END IF;
+    END IF;
     t := clock_timestamp();
     failed := state -> 'evidence_failed';
     IF budget > 0 AND jsonb_typeof(failed) = 'object' THEN
@@ -406,6 +425,7 @@ BEGIN
                'provenance', coalesce(c.kept, h.provenance),
                'provenance_truncated', h.provenance_truncated,
                'metadata', h.metadata, 'support', h.support,
+               'changed_parents', h.changed_parents,
                -- why a derived result cites no L0 turn (NULL: it cites one, or is L0)
                'uncited_reason', CASE
                    WHEN h.level = 'L0'
@@ -421,7 +441,8 @@ BEGIN
       INTO results
       FROM (SELECT x.*, x.ordinality::integer AS pos
             FROM memory.hydrate(ids, query_embedding, 4, plan ->> 'project',
-                                (plan ->> 'as_of')::timestamptz) WITH ORDINALITY AS x) h
+                                (plan ->> 'as_of')::timestamptz,
+                                memory._support_valid_at(plan)) WITH ORDINALITY AS x) h
       JOIN fz ON fz.id = h.node_id
       LEFT JOIN LATERAL memory._cited_only(
                     h.provenance,
@@ -439,13 +460,16 @@ BEGIN
             'lexical_candidates', jsonb_array_length(state -> 'lexical' -> 'ids'),
             'fused', jsonb_array_length(state -> 'fused'),
             'withheld', coalesce((state ->> 'withheld')::integer, 0),
+            -- results in doubt that the unsupported policy moved down or left out
+            'demoted', CASE WHEN plan -> 'unsupported' ->> 'policy' = 'demote' THEN cardinality(doubted) ELSE 0 END,
+            'excluded', CASE WHEN plan -> 'unsupported' ->> 'policy' = 'exclude' THEN cardinality(doubted) ELSE 0 END,
             'evidence_legs', state -> 'evidence_legs',
             'direct_candidates', jsonb_array_length(state -> 'evidence_lexical' -> 'ids')
                                  + jsonb_array_length(state -> 'evidence_semantic' -> 'ids')),
         'stages', st);
 END $$;
 COMMENT ON FUNCTION memory._finish(jsonb, jsonb, vector, bigint[], jsonb) IS
-    'The second half of memory._execute: the answer document of a plan and the state memory._run_legs returned (result_order: the results in the reranker''s order; NULL: the fused top k; rerank: {"node_id": score}): search_strategy, plan, results (each with its scores, ranks and provenance, kept to the cited L0 turns when the plan cites evidence), evidence (NULL: none asked, or evidence_failed says why: sqlstate and message, and the trees stay whole), counts and stage times.';
+    'The second half of memory._execute: the answer document of a plan and the state memory._run_legs returned (result_order: the results in the reranker''s order; NULL: the fused top k; rerank: {"node_id": score}): search_strategy, plan, results (each with its scores, ranks, provenance, kept to the cited L0 turns when the plan cites evidence, support and changed_parents; results in doubt demoted or excluded as the plan''s unsupported policy says), evidence (NULL: none asked, or evidence_failed says why: sqlstate and message, and the trees stay whole), counts (demoted and excluded among them) and stage times.';
 
 CREATE OR REPLACE FUNCTION memory._execute(plan jsonb, query_embedding vector, hits jsonb DEFAULT NULL)
 RETURNS jsonb

@@ -4,8 +4,8 @@
 -- never insert a node or an edge.
 
 -- The support of derived nodes, for forget's policy (flag or cascade): the same definition
--- as every result's support (memory.support_status over memory.parents_present, in
--- sql/050_provenance.sql), so the two can never disagree.
+-- as every result's support (memory._support_at, sql/055_support.sql), so the two can never
+-- disagree.
 CREATE OR REPLACE FUNCTION memory.support(node_ids bigint[])
 RETURNS TABLE (node_id bigint, support text, parents integer, supporting integer)
 -- PL/pgSQL, not SQL: a SQL body is checked when it is created, before migration 0012 on a
@@ -15,15 +15,12 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RETURN QUERY
-    SELECT n.id, memory.support_status(n.parents_declared, s.present), n.parents_declared,
-           s.present
-    FROM unnest(node_ids) AS r(id)
-    JOIN memory.nodes n ON n.id = r.id
-    CROSS JOIN LATERAL (SELECT memory.parents_present(n.id, n.project_id) AS present) s;
+    SELECT s.node_id, s.support, s.parents, s.supporting
+    FROM memory._support_at(node_ids) s;
 END
 $$;
 COMMENT ON FUNCTION memory.support(bigint[]) IS
-    'The support of each node from its evidence (memory.support_status): full (every parent it was written with, by external id across versions, still has a current version), partial (some have), none (none has: every source was retired, erased or deleted), NULL for a node written without parents. parents: memory.nodes.parents_declared; supporting: memory.parents_present. Row-level security applies.';
+    'The support of each node from its evidence, now (memory._support_at): full (every parent it rests on is current and itself full), stale (a parent, or one further down, was rewritten since: the review queue lists it), partial (some parents were retired, erased or never resolved), none (all were), NULL for a node written without parents. parents: memory.nodes.parents_declared; supporting: the parents still there. Row-level security applies.';
 
 CREATE OR REPLACE FUNCTION memory._forget(
     project text, external_ids text[], source text, since text, until text,
@@ -138,6 +135,9 @@ BEGIN
             affected := more;
         END LOOP;
     END IF;
+    -- What this put in doubt goes to the review queue; the items of the versions it ended
+    -- are done (retired).
+    PERFORM memory._review_changes(CASE WHEN erase THEN hit ELSE ended END || derived, who);
     RETURN jsonb_build_object(
         'retired', CASE WHEN erase THEN 0 ELSE cardinality(ended) END,
         'erased', n_erased,

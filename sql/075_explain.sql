@@ -164,10 +164,10 @@ BEGIN
         'LANGUAGE sql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp '
         'BEGIN ATOMIC SELECT * FROM memory._explain(memory._request(query, project, levels, k, '
         'strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, '
-        'evidence) || jsonb_build_object(''filter'', filter, ''min_cosine'', min_cosine, ''as_of'', as_of, ''valid_at'', valid_at), query_embedding, actual); END',
+        'evidence) || jsonb_build_object(''filter'', filter, ''min_cosine'', min_cosine, ''as_of'', as_of, ''valid_at'', valid_at, ''unsupported'', unsupported), query_embedding, actual); END',
         pg_catalog.regexp_replace(args, ', fusion ', ', actual boolean DEFAULT false, fusion '));
 END $$;
-COMMENT ON FUNCTION memory.explain_query(text, vector, text, text[], integer, text, boolean, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, integer) IS
+COMMENT ON FUNCTION memory.explain_query(text, vector, text, text[], integer, text, boolean, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text, integer) IS
     'Plans the query with memory.plan_query''s planner and runs it with the executor memory.query and GET /memory/query use, then returns one row per stage that ran: plan (the plan itself, jsonb), lexical, semantic (the recall statement memory.semantic_search runs, memory._semantic_stage''s choice: HNSW or, for a small named project, the exact semantic_exact stage; its plan carries Stage and the hnsw.ef_search it ran with, memory._semantic_ef, NULL on the exact stage) or by_ids (the LexicalFirst cosine stage), evidence_lexical and evidence_semantic (the direct L0 legs), fusion, provenance and evidence, each with EXPLAIN (FORMAT JSON[, ANALYZE, BUFFERS]) of that stage with the plan''s values and settings, and time_ms, the time the stage took when the query ran. Arguments as memory.answer; evidence NULL: the policy''s budget (explain_query shows the evidence stages GET /memory/query runs).';
 
 -- The settings memory.semantic_search runs under (sql/030_vector.sql) are declared there

@@ -86,7 +86,7 @@ BEGIN
            (SELECT count(*)::integer FROM memory.edges e
             WHERE e.parent_id = n.id AND e.project_id = n.project_id),
            n.parents_declared,
-           memory.support_status(n.parents_declared, memory.parents_present(n.id, n.project_id)),
+           (SELECT s.support FROM memory._support_at(ARRAY[n.id]) s),
            -- Versions: memory.history lists them (GET /memory/nodes/{id}/history).
            NULL::jsonb,
            n.valid_from, n.valid_to;
@@ -170,7 +170,7 @@ BEGIN
                 (SELECT p.name::text FROM memory.projects p WHERE p.id = n.project_id),
                 n.level, encode(n.sha256, ''hex''), n.title, n.text, n.source, n.breadcrumb,
                 n.ts, n.metadata, n.created_at,
-                memory.support_status(n.parents_declared, memory.parents_present(n.id, n.project_id)),
+                (SELECT s.support FROM memory._support_at(ARRAY[n.id]) s),
                 memory._node_cursor(n.id), n.valid_from, n.valid_to
          FROM memory.nodes n
          WHERE n.expired_at IS NULL'  -- current versions, as memory.get_node

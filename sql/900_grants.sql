@@ -116,12 +116,16 @@ DECLARE
         'memory.history', 'memory.support',
         'memory.support_status', 'memory.parents_present', 'memory._links_max',
         'memory.get_node', 'memory._get_node', 'memory._node_cursor', 'memory._node_after',
-        'memory.list_nodes', 'memory._list_nodes'];
+        'memory.list_nodes', 'memory._list_nodes',
+        'memory._rested_parents', 'memory._support_at', 'memory._support_valid_at',
+        'memory._cites_superseded', 'memory.review_list', 'memory._review_rows',
+        'memory._review_limit'];
     -- Functions that write content: the writer's (and so the service's, a writer).
     writer_functions text[] := ARRAY[
         'memory.add_nodes', 'memory._add_nodes', 'memory._write_nodes', 'memory._ensure_projects',
         'memory._stored_nodes', 'memory._stored_hashes', 'memory._vector_missing',
-        'memory._writer', 'memory.forget', 'memory._forget'];
+        'memory._writer', 'memory.forget', 'memory._forget',
+        'memory._review_changes', 'memory.review_claim', 'memory.review_confirm'];
     -- Functions nobody but the owner runs (DDL-ish, policy changes, triggers).
     owner_functions text[] := ARRAY[
         'memory.configure_embedding', 'memory.reset_embedding', 'memory.set_policy',
@@ -137,7 +141,7 @@ DECLARE
         'memory.schema_migrations', 'memory.config', 'memory.projects',
         'memory.embedding_model', 'memory.nodes', 'memory.edges', 'memory.postings',
         'memory.term_stats', 'memory.corpus_stats', 'memory.opensearch_outbox',
-        'memory.project_grants'];
+        'memory.project_grants', 'memory.review_queue'];
     f regprocedure;
     g record;
     t text;
@@ -207,6 +211,14 @@ END $$;
 GRANT INSERT, UPDATE, DELETE ON memory.edges TO @role.writer@;
 GRANT INSERT (name), DELETE ON memory.projects TO @role.writer@;
 GRANT INSERT, UPDATE, DELETE ON memory.opensearch_outbox TO @role.writer@;
+-- The review queue (migration 0019): writers fill it (the writer, forget) and work it
+-- (claim, confirm); row-level security keeps each to its projects.
+DO $$
+BEGIN
+    IF to_regclass('memory.review_queue') IS NOT NULL THEN
+        GRANT INSERT, UPDATE ON memory.review_queue TO @role.writer@;
+    END IF;
+END $$;
 
 -- The service checks API keys, records the embedding model on the first ingest into a
 -- fresh database and switches the OpenSearch outbox on (both SECURITY DEFINER for it).

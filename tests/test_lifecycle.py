@@ -218,7 +218,8 @@ def test_retire_by_id_and_by_filter_flags_derived_nodes(conn: Conn) -> None:
     out = conn.execute("SELECT memory.forget(%s, 't:1', reason => 'wrong')", (P,)).fetchone()
     assert out is not None and out[0]["retired"] == 1 and out[0]["derived_policy"] == "flag"
     assert _found(conn, "Lisbon", levels=["L0"]) == []
-    assert _support(conn)["m:1"] == "partial" and _support(conn)["s:1"] == "full"
+    # support is transitive: the synthesis over the memory that lost a turn lost it too
+    assert _support(conn)["m:1"] == "partial" and _support(conn)["s:1"] == "partial"
     _stats_exact(conn)
     # provenance no longer cites the retired turn
     prov = conn.execute(
@@ -258,16 +259,20 @@ def test_cascade_retires_derived_nodes_left_without_support(conn: Conn) -> None:
     _stats_exact(conn)
 
 
-def test_an_updated_parent_keeps_supporting_its_children(conn: Conn) -> None:
+def test_an_updated_parent_leaves_its_children_stale_citing_the_old_version(conn: Conn) -> None:
     _load_derived(conn)
     _write(conn, [_node("t:3", "Mara adopted a grey cat named Pixel")])
-    assert _support(conn)["m:2"] == "full"
+    # not relinked in silence: the memory rests on the version it was derived from
+    assert _support(conn)["m:2"] == "stale" and _support(conn)["s:1"] == "stale"
     prov = conn.execute(
         "SELECT provenance FROM memory_query('cat Pixel', project => %s, "
         "levels => ARRAY['L1'], strategy => 'LexicalOnly', k => 1)", (P,)
     ).fetchone()  # fmt: skip
-    assert prov is not None and "grey cat" in json.dumps(prov[0])
-    assert "Mara adopted a cat" not in json.dumps(prov[0])
+    assert prov is not None and "grey cat" not in json.dumps(prov[0])
+    (cited,) = prov[0]
+    assert cited["text"] == "Mara adopted a cat named Pixel"
+    assert cited["superseded"] is True and cited["revision"] == 1
+    assert cited["current_revision"] == 2
 
 
 SECRET = "Zorblax Quintavelle's passport number is QX7731942"

@@ -69,6 +69,11 @@ SQLSTATES = {
     "unknown_node": "PM444",
     # memory.get_node: one id in several projects the caller can read.
     "ambiguous_node": "PMA09",
+    # The review queue (issue 40): no open item of this id the caller can see (HTTP 404),
+    # and an item that cannot be confirmed as it stands (a parent is itself in doubt, or
+    # none is left: HTTP 409).
+    "unknown_review_item": "PM446",
+    "review_conflict": "PM449",
 }
 
 

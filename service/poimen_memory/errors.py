@@ -113,6 +113,16 @@ class AmbiguousNode(PoimenError, code="ambiguous_node", status=409):
     front_hint = "name the project with {project} (ids are unique per project)"
 
 
+class UnknownReviewItem(PoimenError, code="unknown_review_item", status=404):
+    """No open review item of this id that the caller may see (PM446): done, or another
+    project's."""
+
+
+class ReviewConflict(PoimenError, code="review_conflict", status=409):
+    """A review item cannot be confirmed as it stands (PM449): a parent it rests on is
+    itself in doubt (review that one first), or none of its parents is left."""
+
+
 class DatabaseUnavailable(PoimenError, code="database_unavailable", status=503):
     """No connection to PostgreSQL, or the server refused one (08xxx, 53xxx, 57P01)."""
 
@@ -246,6 +256,8 @@ SQLSTATE_TABLE: dict[str, type[PoimenError]] = {
     SQLSTATES["stale_revision"]: StaleRevision,
     SQLSTATES["unknown_node"]: UnknownNode,
     SQLSTATES["ambiguous_node"]: AmbiguousNode,
+    SQLSTATES["unknown_review_item"]: UnknownReviewItem,
+    SQLSTATES["review_conflict"]: ReviewConflict,
     "22023": ValidationError,
     "22P02": ValidationError,
     "22000": ValidationError,

@@ -1,0 +1,47 @@
+-- Memory that keeps itself true (issue 40). A derived node rests on the parent versions it
+-- was written with: an update of its evidence no longer relinks it to the new version
+-- (memory._write_nodes did, so an L2 citing a contradicted claim stayed "full"). What a
+-- change puts in doubt is computed from the edges (memory._support_at: stale, partial,
+-- none, at any as_of) and listed here, as work for a person, an agent or a job.
+--
+-- The queue is pgmq's model in one table: an item is claimable once its visibility time
+-- (vt) has passed; a claim moves vt into the future (FOR UPDATE SKIP LOCKED, so concurrent
+-- workers never take the same item) and a worker that dies loses nothing: the item comes
+-- back when vt passes. An item ends when the node gets a new version (rewritten), is
+-- confirmed against its current parents (confirmed) or leaves the store (retired).
+CREATE TABLE memory.review_queue (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    project_id   integer NOT NULL REFERENCES memory.projects (id) ON DELETE CASCADE,
+    node_id      bigint NOT NULL,
+    external_id  text,
+    level        text NOT NULL CHECK (level IN ('L1', 'L2')),
+    reason       text NOT NULL CHECK (reason IN ('evidence_changed', 'evidence_gone', 'evidence_stale')),
+    changes      jsonb NOT NULL DEFAULT '[]' CHECK (jsonb_typeof(changes) = 'array'),
+    enqueued_at  timestamptz NOT NULL DEFAULT now(),
+    vt           timestamptz NOT NULL DEFAULT now(),
+    claims       integer NOT NULL DEFAULT 0 CHECK (claims >= 0),
+    claimed_by   text,
+    completed_at timestamptz,
+    completed_by text,
+    outcome      text CHECK (outcome IN ('confirmed', 'rewritten', 'retired')),
+    note         text CHECK (length(note) <= 2000),
+    CONSTRAINT review_queue_done_check CHECK ((completed_at IS NULL) = (outcome IS NULL))
+);
+-- One open item per derived version: a second change below it updates the item.
+CREATE UNIQUE INDEX review_queue_open ON memory.review_queue (node_id) WHERE completed_at IS NULL;
+-- What a worker claims next: a project's open items by visibility time.
+CREATE INDEX review_queue_ready ON memory.review_queue (project_id, vt, id) WHERE completed_at IS NULL;
+ALTER TABLE memory.review_queue ENABLE ROW LEVEL SECURITY;
+
+COMMENT ON TABLE memory.review_queue IS
+    'Derived nodes (L1/L2) whose evidence changed, one open item per current version: listed, claimed (visibility timeout) and completed by review workers (memory.review_claim, memory.review_confirm; a new version of the node completes its item). Row-level security: the project''s readers see, its writers work the items.';
+COMMENT ON COLUMN memory.review_queue.node_id IS 'the derived version whose evidence changed (memory.nodes.id)';
+COMMENT ON COLUMN memory.review_queue.reason IS
+    'evidence_changed: a parent it rests on has a newer version; evidence_gone: a parent was retired or erased; evidence_stale: a parent is itself in doubt (a change further down)';
+COMMENT ON COLUMN memory.review_queue.changes IS
+    'the parents that changed: [{"external_id", "revision" (the version it rests on), "current_revision" (NULL: gone), "state"}]';
+COMMENT ON COLUMN memory.review_queue.vt IS 'visibility time: the item may be claimed from then on (a claim moves it into the future)';
+COMMENT ON COLUMN memory.review_queue.claims IS 'how many times the item was claimed';
+COMMENT ON COLUMN memory.review_queue.claimed_by IS 'who claimed it last (api_key:<id> or role:<name>)';
+COMMENT ON COLUMN memory.review_queue.outcome IS
+    'confirmed (the claim holds against the current parents), rewritten (a new version was written), retired (the node left the store)';

@@ -1,0 +1,175 @@
+-- Support (issue 40): a derived node rests on the parent versions it was written with, and
+-- is only as true as they are. One definition, read by every reader (query results and
+-- their demotion, memory.get_node, memory.list_nodes, memory.support, forget's cascade and
+-- the review queue), evaluated at any instant of transaction time (as_of) and valid time.
+--
+-- A parent is an external id (a node without one: its row). The version a child rests on
+-- is the newest version of that id it has an edge to (a database from before issue 40 also
+-- holds the edges the writer added to newer versions; the newest wins, so those still read
+-- as current). At an instant T (NULL: now) that version is
+--   current     visible at T (created_at <= T < expired_at, not erased) and valid at the
+--               valid-time instant when one is tested;
+--   superseded  not visible at T, while another version of the id is: the evidence was
+--               rewritten after the claim was derived from it;
+--   retired / erased  the id has no version visible at T;
+--   invalid     visible, but not valid at the valid-time instant.
+-- A node's support then combines its parents', a derived parent counting with its own:
+--   full     every parent it was written with is current and itself full (or evidence);
+--   stale    none is gone, but one was superseded, or rests on a superseded one below it;
+--   partial  some parents are gone (retired, erased, invalid, never resolved), or partial;
+--   none     every parent is gone;
+--   NULL     the node was written without parents (evidence, or an underived memory).
+
+CREATE OR REPLACE FUNCTION memory._rested_parents(
+    ids bigint[], as_of timestamptz DEFAULT NULL, valid_at timestamptz DEFAULT NULL
+)
+RETURNS TABLE (child_id bigint, parent_id bigint, external_id text, level text,
+               revision integer, precedence integer, state text, current_id bigint,
+               current_revision integer)
+-- PL/pgSQL: it keeps its plan for the session (every answer calls it).
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH rested AS (
+        SELECT DISTINCT ON (e.child_id, coalesce(p.external_id, '#' || p.id))
+               e.child_id, p.id, p.project_id, p.external_id, p.level, p.revision, e.precedence,
+               CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
+                    ELSE p.created_at <= as_of AND p.erased_at IS NULL
+                         AND (p.expired_at IS NULL OR p.expired_at > as_of) END AS visible,
+               (valid_at IS NULL OR ((p.valid_from IS NULL OR p.valid_from <= valid_at)
+                                     AND (p.valid_to IS NULL OR p.valid_to > valid_at))) AS valid,
+               p.erased_at IS NOT NULL AS erased
+        FROM unnest(ids) AS r(id)
+        JOIN memory.edges e ON e.child_id = r.id
+        JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
+        WHERE as_of IS NULL OR p.created_at <= as_of
+        ORDER BY e.child_id, coalesce(p.external_id, '#' || p.id), p.revision DESC
+    )
+    SELECT r.child_id, r.id, r.external_id, r.level, r.revision, r.precedence,
+           CASE WHEN r.visible AND r.valid THEN 'current'
+                WHEN r.visible THEN 'invalid'
+                WHEN c.id IS NOT NULL THEN 'superseded'
+                WHEN r.erased THEN 'erased'
+                ELSE 'retired' END,
+           CASE WHEN r.visible THEN r.id ELSE c.id END,
+           CASE WHEN r.visible THEN r.revision ELSE c.revision END
+    FROM rested r
+    -- Only for a version that is no longer visible (rare): the id's visible version, by the
+    -- index of current versions (now) or of revisions (as_of).
+    LEFT JOIN LATERAL (
+        SELECT v.id, v.revision FROM memory.nodes v
+        WHERE NOT r.visible AND r.external_id IS NOT NULL
+          AND v.external_id = r.external_id AND v.project_id = r.project_id
+          AND CASE WHEN as_of IS NULL THEN v.expired_at IS NULL
+                   ELSE v.created_at <= as_of AND v.erased_at IS NULL
+                        AND (v.expired_at IS NULL OR v.expired_at > as_of) END
+        ORDER BY v.revision DESC LIMIT 1) c ON true;
+END $$;
+COMMENT ON FUNCTION memory._rested_parents(bigint[], timestamptz, timestamptz) IS
+    'The parents each node rests on, one row per parent (external id): the newest version it has an edge to (parent_id, revision), its state at as_of (NULL: now) and valid_at (NULL: no valid-time test): current, superseded (another version of the id is visible: current_id, current_revision), retired, erased (the id has no visible version) or invalid (visible, not valid at valid_at).';
+
+CREATE OR REPLACE FUNCTION memory._support_at(
+    ids bigint[], as_of timestamptz DEFAULT NULL, valid_at timestamptz DEFAULT NULL,
+    depth integer DEFAULT 4
+)
+RETURNS TABLE (node_id bigint, support text, parents integer, supporting integer,
+               changed_parents jsonb)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    rp jsonb;
+    derived bigint[];
+    below jsonb := '{}';
+BEGIN
+    IF ids IS NULL OR cardinality(ids) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(jsonb_agg(to_jsonb(r)), '[]') INTO rp
+      FROM memory._rested_parents(ids, as_of, valid_at) r;
+    -- The derived parents that are there: their own support counts (L2 over L1 over L0).
+    derived := ARRAY(SELECT DISTINCT (x ->> 'current_id')::bigint FROM jsonb_array_elements(rp) x
+                     WHERE x ->> 'state' = 'current' AND x ->> 'level' <> 'L0');
+    IF cardinality(derived) > 0 AND depth > 1 THEN
+        SELECT coalesce(jsonb_object_agg(s.node_id::text, s.support), '{}') INTO below
+          FROM memory._support_at(derived, as_of, valid_at, depth - 1) s
+         WHERE s.support IS NOT NULL;
+    END IF;
+    RETURN QUERY
+    WITH p AS (
+        SELECT (x ->> 'child_id')::bigint AS child_id, x ->> 'external_id' AS external_id,
+               (x ->> 'revision')::integer AS revision,
+               (x ->> 'current_revision')::integer AS current_revision, x ->> 'state' AS state,
+               (x ->> 'precedence')::integer AS precedence,
+               -- what this parent does to its child
+               CASE x ->> 'state'
+                    WHEN 'current' THEN CASE below ->> (x ->> 'current_id')
+                                            WHEN 'stale' THEN 'stale'
+                                            WHEN 'partial' THEN 'partial'
+                                            WHEN 'none' THEN 'gone'
+                                            ELSE 'ok' END
+                    WHEN 'superseded' THEN 'stale'
+                    ELSE 'gone' END AS effect,
+               below ->> (x ->> 'current_id') AS parent_support
+        FROM jsonb_array_elements(rp) x
+    ),
+    agg AS (
+        SELECT p.child_id,
+               count(*) FILTER (WHERE p.effect <> 'gone')::integer AS there,
+               count(*) FILTER (WHERE p.effect = 'stale') AS stale,
+               count(*) FILTER (WHERE p.effect = 'partial') AS partial,
+               jsonb_agg(jsonb_build_object(
+                   'external_id', p.external_id, 'revision', p.revision,
+                   'current_revision', p.current_revision,
+                   -- a current parent in doubt itself says so (stale, partial, none)
+                   'state', CASE WHEN p.state = 'current' THEN p.parent_support ELSE p.state END)
+                   ORDER BY p.precedence, p.external_id) FILTER (WHERE p.effect <> 'ok') AS changed
+        FROM p GROUP BY p.child_id
+    )
+    SELECT n.id,
+           CASE WHEN greatest(n.parents_declared, coalesce(a.there, 0)) = 0
+                     AND a.child_id IS NULL THEN NULL
+                WHEN coalesce(a.there, 0) = 0 THEN 'none'
+                WHEN a.there < n.parents_declared OR a.partial > 0 THEN 'partial'
+                WHEN a.stale > 0 THEN 'stale'
+                ELSE 'full' END,
+           n.parents_declared, coalesce(a.there, 0), a.changed
+    FROM unnest(ids) WITH ORDINALITY AS r(id, ord)
+    JOIN memory.nodes n ON n.id = r.id
+    LEFT JOIN agg a ON a.child_id = n.id
+    ORDER BY r.ord;
+END $$;
+COMMENT ON FUNCTION memory._support_at(bigint[], timestamptz, timestamptz, integer) IS
+    'The support of each node at as_of (NULL: now) and valid_at (NULL: no valid-time test), from the parents it rests on (memory._rested_parents), transitively: full, stale (a parent, or one further down, was superseded), partial (some parents gone or partial), none (every parent gone), NULL (written without parents). parents: the parents it was written with; supporting: those still there; changed_parents: the parents that are not full and current, [{external_id, revision (the version it rests on), current_revision (NULL: gone), state}]. depth bounds the recursion through derived parents.';
+
+-- The instant support tests valid time at: the caller's, else as_of (as the legs do), but
+-- not now by default: a claim derived from a fact whose valid time has ended is no less
+-- supported for it (a query about that period finds both).
+CREATE OR REPLACE FUNCTION memory._support_valid_at(plan jsonb)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN coalesce((plan ->> 'valid_at')::timestamptz, (plan ->> 'as_of')::timestamptz);
+COMMENT ON FUNCTION memory._support_valid_at(jsonb) IS
+    'The valid-time instant an answer''s support is evaluated at: the plan''s valid_at, else its as_of, else none (support is about what the store holds, not about when facts held).';
+
+-- Is a parent version one the child still cites? Its current version, or the version the
+-- child rests on when the id has been rewritten since (marked superseded where shown). Only
+-- called for a version that is not current (rare), from the provenance walk and forest.
+CREATE OR REPLACE FUNCTION memory._cites_superseded(
+    child_id bigint, parent_id bigint, as_of timestamptz DEFAULT NULL
+)
+RETURNS boolean
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM memory._rested_parents(ARRAY[child_id], as_of) r
+                   WHERE r.parent_id = _cites_superseded.parent_id AND r.state = 'superseded');
+END $$;
+COMMENT ON FUNCTION memory._cites_superseded(bigint, bigint, timestamptz) IS
+    'Whether child_id still cites parent_id although it is not the visible version at as_of (NULL: now): the version the child rests on, superseded since by another version of the same id (memory._rested_parents).';
