@@ -74,7 +74,7 @@ BEGIN
         ('forget_derived', 'flag', '$1 IN (''flag'', ''cascade'')', 'flag|cascade'),
         -- what an answer does with a result whose evidence changed or went (issue 40):
         -- ranks it below the supported ones, leaves it out, or keeps the fused order
-        ('unsupported', 'demote', '$1 IN (''demote'', ''exclude'', ''keep'')', 'demote|exclude|keep');
+        ('unsupported', 'demote', '$1 = ANY (' || quote_literal(@vocabulary.unsupported@) || '::text[])', 'demote|exclude|keep');
 END $$;
 COMMENT ON FUNCTION memory._policy_keys() IS
     'Every retrieval policy key: its built-in default (NULL: off, or the engine''s own), the check memory.set_policy applies to a new value (an SQL expression of $1) and the hint it gives when the check fails.';

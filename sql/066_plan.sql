@@ -122,7 +122,7 @@ BEGIN
     END IF;
     budget := memory.check_evidence_budget(coalesce((req ->> 'evidence')::integer, pol.evidence_budget));
     unsupported := coalesce(req ->> 'unsupported', memory._policy_value('unsupported'));
-    IF unsupported NOT IN ('demote', 'exclude', 'keep') THEN
+    IF NOT unsupported = ANY (@vocabulary.unsupported@) THEN
         RAISE EXCEPTION 'unsupported must be demote, exclude or keep, got %', unsupported
             USING ERRCODE = '22023',
                   HINT = 'What an answer does with results whose evidence changed or went (docs/lifecycle.md); NULL: the policy''s (memory.policy: unsupported).';

@@ -23,6 +23,7 @@ __all__ = [
     "REFERENCE_YEARS",
     "SQLSTATES",
     "STRATEGIES",
+    "UNSUPPORTED",
     "WITHOUT_PLPYTHON",
     "capability_costs",
     "sql_literals",
@@ -40,6 +41,9 @@ QUESTION_TYPES = (
     "Navigational",
     "Open",
 )
+# What an answer does with a result whose support is stale, partial or none (issue 40):
+# rank it below the supported ones, leave it out, or keep the fused order.
+UNSUPPORTED = ("demote", "exclude", "keep")
 # A project's name: the CHECK of the domain memory.project_name (memory.projects.name),
 # which migrate keeps equal to it (sql/005_catalog.sql).
 PROJECT_NAME = "[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
@@ -202,6 +206,7 @@ def sql_literals() -> dict[str, str]:
         "fusions": FUSIONS,
         "strategies": STRATEGIES,
         "question_types": QUESTION_TYPES,
+        "unsupported": UNSUPPORTED,
     }
     out = {k: "ARRAY[" + ", ".join(_text(v) for v in vs) + "]::text[]" for k, vs in arrays.items()}
     # Anchored, as memory.project_name's CHECK tests it; the bare pattern for messages.

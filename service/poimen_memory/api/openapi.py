@@ -104,6 +104,10 @@ _PARENT: dict[str, Any] = {
         "parents": {"type": "array", "items": {"$ref": "#/components/schemas/Parent"}},
         # A cap (memory.provenance) left some of this node's parents out.
         "truncated": {"type": "boolean"},
+        # The version the child rests on, rewritten since (only then present).
+        "superseded": {"type": "boolean"},
+        "revision": {"type": "integer", "minimum": 1},
+        "current_revision": {"type": ["integer", "null"]},
     },
 }
 
@@ -118,10 +122,39 @@ _NODE_FIELDS: dict[str, Any] = {
     "metadata": {"type": "object"},
 }
 
-# A derived node's support (memory.support_status): its parents now against those it was
-# written with; null for a node written without parents.
+# A derived node's support (memory._support_at): the parent versions it rests on now,
+# transitively; null for a node written without parents.
 _SUPPORT: dict[str, Any] = {
-    "anyOf": [{"type": "string", "enum": ["full", "partial", "none"]}, {"type": "null"}]
+    "anyOf": [
+        {"type": "string", "enum": ["full", "stale", "partial", "none"]},
+        {"type": "null"},
+    ]
+}
+
+# The parents that put a result in doubt (null: its support is full).
+_CHANGED_PARENTS: dict[str, Any] = {
+    "type": ["array", "null"],
+    "items": {
+        "type": "object",
+        "properties": {
+            "external_id": {"type": ["string", "null"]},
+            "revision": {"type": "integer"},
+            "current_revision": {"type": ["integer", "null"]},
+            "state": {
+                "type": ["string", "null"],
+                "enum": [
+                    "superseded",
+                    "retired",
+                    "erased",
+                    "invalid",
+                    "stale",
+                    "partial",
+                    "none",
+                    None,
+                ],
+            },
+        },
+    },
 }
 
 _RESULT: dict[str, Any] = {
@@ -143,6 +176,7 @@ _RESULT: dict[str, Any] = {
         # L0 turns of the tree left out because the response's evidence does not cite them.
         "provenance_l0_omitted": {"type": "integer", "minimum": 0},
         "support": _SUPPORT,
+        "changed_parents": _CHANGED_PARENTS,
         # Why an L1/L2 result cites no L0 turn (null: it cites one, or is L0 itself).
         "uncited_reason": {
             "anyOf": [
@@ -214,6 +248,9 @@ _EVIDENCE: dict[str, Any] = {
         "neighbour_score": {"type": "number"},
         "direct_rank": {"type": ["integer", "null"]},
         "cited_by": {"type": "array", "items": {"type": "integer"}},
+        # The cited version; superseded: a result rests on it, rewritten since.
+        "revision": {"type": "integer", "minimum": 1},
+        "superseded": {"type": "boolean"},
     },
 }
 
@@ -424,6 +461,15 @@ def query_parameters(
             "are held back (counted in `withheld`); the answer may then be empty, and an empty "
             "answer cites no evidence. Default: the policy's min_cosine (off unless set). "
             "Outside -1..1 or not a number → 400.",
+        ),
+        (
+            "unsupported",
+            False,
+            {"type": "string", "enum": list(vocabulary.UNSUPPORTED)},
+            "Results in doubt (support stale, partial or none: their evidence was rewritten, "
+            "retired or erased since they were derived): demote ranks them below the supported "
+            "ones (counted in `demoted`), exclude leaves them out (`excluded`), keep keeps the "
+            "fused order. Default: the policy's unsupported (demote).",
         ),
         (
             "as_of",
@@ -990,6 +1036,16 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                             "type": "integer",
                             "minimum": 0,
                             "description": "fused candidates the relevance floor held back",
+                        },
+                        "demoted": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "description": "results in doubt ranked below the supported ones",
+                        },
+                        "excluded": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "description": "results in doubt left out (unsupported=exclude)",
                         },
                         "latency_ms": {"type": "number"},
                         "notes": {"type": "string"},

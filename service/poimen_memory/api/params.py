@@ -11,7 +11,13 @@ from typing import Any, TypeVar
 from poimen_core.optimizer import QueryOptimizerError, check_reference_time, reference_time_error
 from poimen_memory.errors import ValidationError
 from poimen_memory.ingest.nodes import PROJECT_NAME
-from poimen_memory.retrieval.models import FUSION_METHODS, LEVELS, STRATEGIES, QueryRequest
+from poimen_memory.retrieval.models import (
+    FUSION_METHODS,
+    LEVELS,
+    STRATEGIES,
+    UNSUPPORTED,
+    QueryRequest,
+)
 from poimen_memory.settings import Settings
 
 N = TypeVar("N", int, float)
@@ -92,7 +98,21 @@ def parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
         min_cosine=_min_cosine(params.get("min_cosine")),
         as_of=_instant(params.get("as_of"), "as_of"),
         valid_at=_instant(params.get("valid_at"), "valid_at"),
+        unsupported=_choice(params, "unsupported", UNSUPPORTED),
     )
+
+
+def _choice(params: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str | None:
+    """A parameter that takes one of a few words (None: the database's policy decides)."""
+    raw = params.get(name)
+    if raw is None:
+        return None
+    if raw not in allowed:
+        raise ValidationError(
+            f"{name} must be one of {', '.join(allowed)}, got {raw!r}",
+            hint=f"omit {name} for the policy's choice",
+        )
+    return raw
 
 
 def _instant(raw: str | None, name: str) -> datetime | None:

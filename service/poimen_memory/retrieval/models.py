@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import Any
 
 from poimen_core.vocabulary import FUSIONS as FUSION_METHODS
-from poimen_core.vocabulary import LEVELS, STRATEGIES
+from poimen_core.vocabulary import LEVELS, STRATEGIES, UNSUPPORTED
 
-__all__ = ["FUSION_METHODS", "LEVELS", "STRATEGIES", "QueryRequest", "Trace"]
+__all__ = ["FUSION_METHODS", "LEVELS", "STRATEGIES", "UNSUPPORTED", "QueryRequest", "Trace"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ class QueryRequest:
     # instant valid time is tested at (None: as_of, else now).
     as_of: datetime | None = None
     valid_at: datetime | None = None
+    # Results in doubt (support stale, partial, none): demote, exclude or keep (None: the
+    # policy's unsupported, memory.policy).
+    unsupported: str | None = None
 
 
 @dataclass

@@ -227,6 +227,7 @@ class Retriever:
             "min_cosine": req.min_cosine,
             "as_of": req.as_of.isoformat() if req.as_of else None,
             "valid_at": req.valid_at.isoformat() if req.valid_at else None,
+            "unsupported": req.unsupported,
             "routing": routing,
         }
 

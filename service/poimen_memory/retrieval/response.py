@@ -43,7 +43,15 @@ _RESULT_FIELDS = (
     "lexical_rank",
     "fusion_method",
 )
-_EVIDENCE_FIELDS = (*_NODE_FIELDS, "score", "direct_rank", "cited_by", "neighbour_score")
+_EVIDENCE_FIELDS = (
+    *_NODE_FIELDS,
+    "score",
+    "direct_rank",
+    "cited_by",
+    "neighbour_score",
+    "revision",
+    "superseded",
+)
 
 
 def _result(r: dict[str, Any]) -> dict[str, Any]:
@@ -53,6 +61,7 @@ def _result(r: dict[str, Any]) -> dict[str, Any]:
     if "provenance_l0_omitted" in r:
         out["provenance_l0_omitted"] = r["provenance_l0_omitted"]
     out["support"] = r["support"]
+    out["changed_parents"] = r["changed_parents"]
     out["uncited_reason"] = r["uncited_reason"]
     return out
 
@@ -128,6 +137,8 @@ def response(
         },
         "results": results,
         "withheld": counts["withheld"],
+        "demoted": counts["demoted"],
+        "excluded": counts["excluded"],
         "evidence": [{k: e.get(k) for k in _EVIDENCE_FIELDS} for e in doc["evidence"] or []],
         "metrics": metrics,
         "latency_ms": round(elapsed_ms, 3),

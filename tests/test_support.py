@@ -1,0 +1,264 @@
+"""Memory that keeps itself true (issue 40): derived memories rest on the versions they were
+derived from, their support is transitive and evaluated in time, answers demote (or leave
+out) what a change put in doubt, and the review queue lists it for workers, against real
+PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from poimen_core.vocabulary import SQLSTATES
+from poimen_memory.db.connect import connect
+from test_lifecycle import P, Conn, _node, _write
+
+
+def _coffee(conn: Conn) -> None:
+    _write(conn, [
+        _node("t:coffee", "Mara: I take my coffee black, always."),
+        _node("t:office", "Mara: the office has an espresso machine."),
+        _node("m:coffee", "Mara takes her coffee black", "L1", parents=["t:coffee"]),
+        _node("m:office", "The office has an espresso machine", "L1", parents=["t:office"]),
+        # the profile the update will put in doubt, and a weaker competitor that stays true
+        _node("s:profile", "Mara profile: a black coffee drinker, coffee coffee black",
+              "L2", parents=["m:coffee"]),
+        _node("s:office", "Office profile: coffee from the espresso machine", "L2",
+              parents=["m:office"]),
+    ])  # fmt: skip
+
+
+def _answer(conn: Conn, query: str, **kw: Any) -> dict[str, Any]:
+    row = conn.execute(
+        "SELECT memory.answer(%(q)s, project => %(p)s, levels => ARRAY['L2'], "
+        "strategy => 'LexicalOnly', k => 5, as_of => %(as_of)s, unsupported => %(u)s)",
+        {"q": query, "p": P, "as_of": kw.get("as_of"), "u": kw.get("unsupported")},
+    ).fetchone()
+    assert row is not None
+    out: dict[str, Any] = row[0]
+    return out
+
+
+def _queue(conn: Conn) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        "SELECT external_id, reason, changes FROM memory.review_list(%s) ORDER BY item_id", (P,)
+    ).fetchall()
+
+
+def _support_of(conn: Conn, external_id: str) -> str | None:
+    row = conn.execute(
+        "SELECT s.support FROM memory.nodes n, memory.support(ARRAY[n.id]) s "
+        "WHERE n.external_id = %s AND n.project_id = memory.project_id(%s) "
+        "AND n.expired_at IS NULL", (external_id, P)
+    ).fetchone()  # fmt: skip
+    assert row is not None
+    return None if row[0] is None else str(row[0])
+
+
+def test_the_coffee_scenario(conn: Conn) -> None:
+    _coffee(conn)
+    before = _answer(conn, "coffee black drinker")
+    assert [r["external_id"] for r in before["results"]] == ["s:profile", "s:office"]
+    assert [r["support"] for r in before["results"]] == ["full", "full"]
+    assert _queue(conn) == []
+    t_before = conn.execute("SELECT now()").fetchone()
+    conn.commit() if not conn.autocommit else None
+    # the memory changes: revision 2 of the L1
+    _write(conn, [_node("m:coffee", "Mara now drinks her coffee with oat milk", "L1",
+                        parents=["t:coffee"], revision=1)])  # fmt: skip
+    after = _answer(conn, "coffee black drinker")
+    profile = next(r for r in after["results"] if r["external_id"] == "s:profile")
+    assert profile["support"] == "stale"
+    assert profile["changed_parents"] == [
+        {"external_id": "m:coffee", "revision": 1, "current_revision": 2, "state": "superseded"}
+    ]
+    # it cites the version it rested on, marked
+    (cited,) = profile["provenance"]
+    assert cited["text"] == "Mara takes her coffee black" and cited["superseded"] is True
+    assert (cited["revision"], cited["current_revision"]) == (1, 2)
+    # it ranks below the supported competitor with the lower score, and the answer says so
+    assert [r["external_id"] for r in after["results"]] == ["s:office", "s:profile"]
+    assert after["results"][1]["final_score"] > after["results"][0]["final_score"]
+    assert after["counts"]["demoted"] == 1 and after["plan"]["unsupported"]["policy"] == "demote"
+    # per request: keep the fused order, or leave it out
+    kept = _answer(conn, "coffee black drinker", unsupported="keep")
+    assert [r["external_id"] for r in kept["results"]] == ["s:profile", "s:office"]
+    assert kept["counts"]["demoted"] == 0
+    excluded = _answer(conn, "coffee black drinker", unsupported="exclude")
+    assert [r["external_id"] for r in excluded["results"]] == ["s:office"]
+    assert excluded["counts"]["excluded"] == 1
+    # in the review queue, with the change named
+    (item,) = _queue(conn)
+    assert item[:2] == ("s:profile", "evidence_changed")
+    assert item[2][0]["external_id"] == "m:coffee" and item[2][0]["state"] == "superseded"
+    # as of a time before the update it was fully supported
+    assert t_before is not None
+    old = _answer(conn, "coffee black drinker", as_of=t_before[0])
+    assert [(r["external_id"], r["support"]) for r in old["results"]] == [
+        ("s:profile", "full"),
+        ("s:office", "full"),
+    ]
+    # completing the review with a new version makes it full and takes it off the queue
+    _write(conn, [_node("s:profile", "Mara profile: a coffee drinker, with oat milk", "L2",
+                        parents=["m:coffee"])])  # fmt: skip
+    assert _support_of(conn, "s:profile") == "full"
+    assert _queue(conn) == []
+    outcome = conn.execute(
+        "SELECT outcome, completed_by FROM memory.review_queue q WHERE external_id = 's:profile'"
+    ).fetchall()
+    assert outcome == [("rewritten", "role:postgres")]
+
+
+def test_forgetting_evidence_takes_support_two_levels_up(conn: Conn) -> None:
+    _coffee(conn)
+    conn.execute("SELECT memory.forget(%s, 't:coffee')", (P,))
+    assert _support_of(conn, "m:coffee") == "none"
+    assert _support_of(conn, "s:profile") == "none"  # its only parent has no support left
+    assert _support_of(conn, "s:office") == "full"
+    reasons = {r[0]: r[1] for r in _queue(conn)}
+    assert reasons == {"m:coffee": "evidence_gone", "s:profile": "evidence_stale"}
+    # a synthesis over two memories, one of which lost its evidence: partial
+    _write(conn, [_node("s:both", "Mara and the office: coffee", "L2",
+                        parents=["m:coffee", "m:office"])])  # fmt: skip
+    assert _support_of(conn, "s:both") == "partial"
+    # as of before the forget, everything held
+    row = conn.execute(
+        "SELECT s.support FROM memory.nodes n, memory._support_at(ARRAY[n.id], "
+        "(SELECT created_at FROM memory.nodes WHERE external_id = 's:profile')) s "
+        "WHERE n.external_id = 's:profile'"
+    ).fetchone()
+    assert row == ("full",)
+
+
+def test_a_metadata_only_version_of_evidence_keeps_its_children_supported(conn: Conn) -> None:
+    _coffee(conn)
+    # the same text under a new source is new content; a relink happens only for equal content
+    _write(conn, [_node("t:coffee", "Mara: I take my coffee black, always.", source="chat/9")])
+    assert _support_of(conn, "m:coffee") == "stale"
+    # confirming the claim against the current evidence: full again, the item done, and the
+    # profile above, in doubt only because of it, holds again too
+    items = {r[0]: r[1] for r in conn.execute(
+        "SELECT external_id, item_id FROM memory.review_list(%s)", (P,)).fetchall()}  # fmt: skip
+    assert set(items) == {"m:coffee", "s:profile"}
+    with pytest.raises(psycopg.Error) as exc:  # the profile's parent is itself in doubt
+        conn.execute("SELECT memory.review_confirm(%s)", (items["s:profile"],))
+    assert exc.value.sqlstate == SQLSTATES["review_conflict"]
+    assert "Review the parent first" in (exc.value.diag.message_hint or "")
+    out = conn.execute(
+        "SELECT memory.review_confirm(%s, 'still black')", (items["m:coffee"],)
+    ).fetchone()
+    assert out is not None
+    assert out[0]["support"] == "full" and out[0]["relinked"] == 1
+    assert out[0]["resolved"] == [items["s:profile"]]
+    assert _support_of(conn, "m:coffee") == "full" and _support_of(conn, "s:profile") == "full"
+    assert _queue(conn) == []
+    done = conn.execute(
+        "SELECT external_id, outcome, note FROM memory.review_queue ORDER BY id"
+    ).fetchall()
+    assert done[0] == ("m:coffee", "confirmed", "still black")
+    with pytest.raises(psycopg.Error) as exc:
+        conn.execute("SELECT memory.review_confirm(%s)", (items["m:coffee"],))
+    assert exc.value.sqlstate == SQLSTATES["unknown_review_item"]
+
+
+def _many_stale(conn: Conn, n: int) -> None:
+    _write(
+        conn,
+        [_node(f"t:{i}", f"turn number {i}") for i in range(n)]
+        + [_node(f"m:{i}", f"memory number {i}", "L1", parents=[f"t:{i}"]) for i in range(n)],
+    )
+    _write(conn, [_node(f"t:{i}", f"turn number {i}, corrected") for i in range(n)], seed=50)
+    conn.commit() if not conn.autocommit else None
+
+
+def test_concurrent_workers_claim_disjoint_items_and_a_dead_one_loses_nothing(
+    fixture_url: str,
+) -> None:
+    with connect(fixture_url, autocommit=True) as c:
+        _many_stale(c, 40)
+        assert c.execute("SELECT count(*) FROM memory.review_list(%s, 100)", (P,)).fetchone() == (
+            40,
+        )
+    workers = 8
+    barrier = threading.Barrier(workers)
+    claimed: list[list[int]] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        with connect(fixture_url, autocommit=True) as c:
+            barrier.wait()
+            got: list[int] = []
+            for _ in range(5):
+                rows = c.execute(
+                    "SELECT item_id FROM memory.review_claim(%s, 2, 60)", (P,)
+                ).fetchall()
+                got += [r[0] for r in rows]
+            with lock:
+                claimed.append(got)
+
+    threads = [threading.Thread(target=work) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [i for got in claimed for i in got]
+    assert len(every) == len(set(every)) == 40  # each item once, none lost
+    with connect(fixture_url, autocommit=True) as c:
+        # all are claimed now: a ninth worker gets nothing until a timeout passes
+        assert c.execute("SELECT * FROM memory.review_claim(%s, 10, 60)", (P,)).fetchall() == []
+        # a worker dies mid-item: it claimed, its session ends, it never completes
+        c.execute("UPDATE memory.review_queue SET vt = now() WHERE id = %s", (every[0],))
+    dead = psycopg.connect(fixture_url, autocommit=True)
+    (item,) = dead.execute("SELECT item_id FROM memory.review_claim(%s, 1, 1)", (P,)).fetchone()
+    assert item == every[0]
+    with connect(fixture_url, autocommit=True) as c:
+        c.execute("SELECT pg_terminate_backend(%s)", (dead.info.backend_pid,))
+        assert c.execute("SELECT * FROM memory.review_claim(%s, 1, 60)", (P,)).fetchall() == []
+        time.sleep(1.2)  # the visibility timeout passes: the item comes back
+        back = c.execute(
+            "SELECT item_id, claims, text, parents FROM memory.review_claim(%s, 1, 60)", (P,)
+        ).fetchall()
+        assert [(r[0], r[1]) for r in back] == [(item, 3)]  # claimed thrice: 8 workers, dead, now
+        # what a worker needs: the memory and the turn then and now
+        (parent,) = back[0][3]
+        assert parent["state"] == "superseded" and parent["current_text"].endswith("corrected")
+        assert back[0][2].startswith("memory number")
+    with pytest.raises(psycopg.Error):
+        dead.execute("SELECT 1")
+
+
+def test_review_arguments_are_checked(conn: Conn) -> None:
+    _coffee(conn)
+    for sql in ("SELECT * FROM memory.review_claim(%s, 0)", "SELECT * FROM memory.review_claim(%s, 101)",
+                "SELECT * FROM memory.review_claim(%s, 1, 0)", "SELECT * FROM memory.review_list(%s, 0)"):  # fmt: skip
+        with pytest.raises(psycopg.Error) as exc:
+            conn.execute(sql, (P,))
+        assert exc.value.sqlstate == "22023"
+        conn.rollback() if not conn.autocommit else None
+    with pytest.raises(psycopg.Error) as exc:
+        conn.execute("SELECT * FROM memory.review_list('no-such-project')")
+    assert exc.value.sqlstate == SQLSTATES["unknown_project"]
+    with pytest.raises(psycopg.Error) as exc:
+        conn.execute("SELECT memory.answer('x', unsupported => 'hide')")
+    assert exc.value.sqlstate == "22023" and "demote, exclude or keep" in str(exc.value)
+
+
+def test_the_evidence_list_cites_the_superseded_version_marked(conn: Conn) -> None:
+    _coffee(conn)
+    _write(conn, [_node("t:coffee", "Mara: these days I take oat milk in my coffee.")])
+    row = conn.execute(
+        "SELECT memory.answer('coffee black espresso', project => %s, levels => ARRAY['L1'], "
+        "strategy => 'LexicalOnly', k => 3, evidence => 10)", (P,)
+    ).fetchone()  # fmt: skip
+    assert row is not None
+    ev = {e["text"]: e for e in row[0]["evidence"]}
+    old = ev["Mara: I take my coffee black, always."]
+    assert old["superseded"] is True and old["revision"] == 1
+    assert all(e["superseded"] is False for t, e in ev.items() if t != old["text"])
+    results = {r["external_id"]: r for r in row[0]["results"]}
+    assert results["m:coffee"]["support"] == "stale"
+    assert json.dumps(results["m:office"]["changed_parents"]) == "null"
