@@ -15,7 +15,7 @@ import pytest
 
 from poimen_core.vocabulary import SQLSTATES
 from poimen_memory.db.connect import connect
-from test_lifecycle import P, Conn, _node, _write
+from test_lifecycle import Conn, P, _node, _write
 
 
 def _coffee(conn: Conn) -> None:
@@ -233,8 +233,12 @@ def test_concurrent_workers_claim_disjoint_items_and_a_dead_one_loses_nothing(
 
 def test_review_arguments_are_checked(conn: Conn) -> None:
     _coffee(conn)
-    for sql in ("SELECT * FROM memory.review_claim(%s, 0)", "SELECT * FROM memory.review_claim(%s, 101)",
-                "SELECT * FROM memory.review_claim(%s, 1, 0)", "SELECT * FROM memory.review_list(%s, 0)"):  # fmt: skip
+    for sql in (
+        "SELECT * FROM memory.review_claim(%s, 0)",
+        "SELECT * FROM memory.review_claim(%s, 101)",
+        "SELECT * FROM memory.review_claim(%s, 1, 0)",
+        "SELECT * FROM memory.review_list(%s, 0)",
+    ):
         with pytest.raises(psycopg.Error) as exc:
             conn.execute(sql, (P,))
         assert exc.value.sqlstate == "22023"
