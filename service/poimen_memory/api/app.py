@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from poimen_memory.api import metrics, nodes, ui
+from poimen_memory.api import metrics, nodes, review, ui
 from poimen_memory.api.admission import Admission, arrived
 from poimen_memory.api.asgi import HostCheck, LastResort
 from poimen_memory.api.auth import KeyRing
@@ -232,6 +232,69 @@ async def get_history(request: Request) -> Response:
     return _bounded(request, body, history=True)
 
 
+MAX_PARAMS_BODY = 8192  # a review request's JSON body: a few parameters and a note
+
+
+async def _json_params(request: Request) -> dict[str, str]:
+    """The parameters of a POST that changes state and writes no nodes, as a JSON object of
+    scalars. application/json only: a browser sends it from another origin only after a
+    CORS preflight, which this service never grants, so no web page can post one."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    state: Services = request.app.state.poimen
+    raw = await _body(request, MAX_PARAMS_BODY, state.settings.http_body_timeout_s)
+    if not raw.strip():
+        return {}
+    if kind != "application/json":
+        raise ValidationError(
+            f"the body must be application/json, got {kind or 'no content type'!r}",
+            hint='send a JSON object, e.g. {"project": "p"}, with Content-Type: application/json',
+        )
+    try:
+        body = loads(raw.decode("utf-8"), 2)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValidationError(f"body is not a JSON object: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ValidationError("body must be a JSON object of parameters")
+    out: dict[str, str] = {}
+    for name, value in body.items():
+        if isinstance(value, bool) or value is None:
+            raise ValidationError(f"{name} must be a string or a whole number")
+        if isinstance(value, int | str):
+            out[name] = str(value)
+        else:
+            raise ValidationError(f"{name} must be a string or a whole number")
+    return out
+
+
+async def review_list(request: Request) -> Response:
+    """The open review items, oldest first (memory.review_list)."""
+    body = await review.list_items(
+        request.app.state.poimen, request.app.state.keys, request.headers, request.query_params
+    )
+    return _bounded(request, body)
+
+
+async def review_claim(request: Request) -> Response:
+    """Claim ready review items for a visibility timeout (memory.review_claim)."""
+    await request.app.state.keys.write_projects(request.headers, ())  # before the body
+    params = await _json_params(request)
+    body = await review.claim_items(
+        request.app.state.poimen, request.app.state.keys, request.headers, params
+    )
+    return _bounded(request, body)
+
+
+async def review_confirm(request: Request) -> JSONResponse:
+    """Complete a review item: the claim holds against the current parents."""
+    await request.app.state.keys.write_projects(request.headers, ())  # before the body
+    params = await _json_params(request)
+    body = await review.confirm_item(
+        request.app.state.poimen, request.app.state.keys, request.headers, params,
+        request.path_params["item"],
+    )  # fmt: skip
+    return JSONResponse(body)
+
+
 async def healthz(request: Request) -> JSONResponse:
     body, status = await request.app.state.health.get(request.app.state.poimen)
     return JSONResponse(body, status_code=status)
@@ -276,6 +339,10 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
             # Before /memory/nodes/{id}: an id may hold a slash (ingest accepts any string).
             Route("/memory/nodes/{id:path}/history", get_history, methods=["GET"]),
             Route("/memory/nodes/{id:path}", node_route, methods=["GET", "DELETE"]),
+            # The review queue (api/review.py, docs/lifecycle.md).
+            Route("/memory/review", review_list, methods=["GET"]),
+            Route("/memory/review/claim", review_claim, methods=["POST"]),
+            Route("/memory/review/{item}/confirm", review_confirm, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
             # The MCP endpoint for agents (api/mcp_server.py, docs/mcp.md).

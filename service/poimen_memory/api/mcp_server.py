@@ -89,6 +89,7 @@ from poimen_memory.api.operations import (
     records_from_lines,
     write_nodes,
 )
+from poimen_memory.api.review import claim_items, confirm_item, list_items
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import PoimenError, ValidationError
@@ -111,9 +112,14 @@ log = logging.getLogger(__name__)
 QUERY, ADD, GET, FORGET, HISTORY = (
     "memory_query", "memory_add", "memory_get", "memory_forget", "memory_history",
 )  # fmt: skip
-TOOLS = (QUERY, ADD, GET, FORGET, HISTORY)
-# The tools that read, whose answers are held to the HTTP routes' byte budget.
-READS = frozenset({QUERY, GET, HISTORY})
+# The review queue (issue 40, api/review.py).
+REVIEW_LIST, REVIEW_CLAIM, REVIEW_CONFIRM = (
+    "memory_review_list", "memory_review_claim", "memory_review_confirm",
+)  # fmt: skip
+TOOLS = (QUERY, ADD, GET, FORGET, HISTORY, REVIEW_LIST, REVIEW_CLAIM, REVIEW_CONFIRM)
+# The tools that read, whose answers are held to the HTTP routes' byte budget (a claim
+# hands out texts as a read does; what it changed is only the items' visibility).
+READS = frozenset({QUERY, GET, HISTORY, REVIEW_LIST, REVIEW_CLAIM})
 # A project as a resource: its summary (api/operations.py project_summary).
 PROJECT_URI = "poimen://projects/{name}"
 _PROJECT_PREFIX = PROJECT_URI.removesuffix("{name}")
@@ -261,6 +267,34 @@ def _forget_input(spec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _review_inputs(spec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The review tools' arguments: the HTTP routes' parameters and JSON bodies."""
+    listed = _parameters(spec, "/memory/review", "get")
+    claim = spec["/memory/review/claim"]["post"]["requestBody"]["content"][JSON]["schema"]
+    confirm = spec["/memory/review/{item}/confirm"]["post"]
+    item = {p["name"]: p for p in confirm["parameters"]}["item"]
+    return {
+        REVIEW_LIST: {
+            "type": "object",
+            "properties": {n: copy.deepcopy(p["schema"]) for n, p in listed.items()},
+            "additionalProperties": False,
+        },
+        REVIEW_CLAIM: copy.deepcopy(claim),
+        REVIEW_CONFIRM: {
+            "type": "object",
+            "properties": {
+                "item": {
+                    **copy.deepcopy(item["schema"]),
+                    "description": "The item_id memory_review_claim (or _list) gave.",
+                },
+                **copy.deepcopy(confirm["requestBody"]["content"][JSON]["schema"]["properties"]),
+            },
+            "required": ["item"],
+            "additionalProperties": False,
+        },
+    }
+
+
 def _output(name: str) -> dict[str, Any]:
     defs = _schemas()
     return {**defs[name], "$defs": defs}
@@ -268,6 +302,7 @@ def _output(name: str) -> dict[str, Any]:
 
 def tools(settings: Settings) -> list[Tool]:
     spec = openapi_spec(settings)["paths"]
+    review = _review_inputs(spec)
     return [
         Tool(
             name=QUERY,
@@ -344,6 +379,57 @@ def tools(settings: Settings) -> list[Tool]:
             input_schema=_history_input(spec),
             output_schema=_output("History"),
             annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
+        ),
+        Tool(
+            name=REVIEW_LIST,
+            title="Memories in doubt",
+            description=(
+                "The open review items, oldest first, as GET /memory/review: derived "
+                "memories whose evidence was rewritten, retired or erased since they were "
+                "written (reason, changes), each with its text and its parents' texts then "
+                "and now. Paged: after = the last item_id."
+            ),
+            input_schema=review[REVIEW_LIST],
+            output_schema=_output("ReviewPage"),
+            annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
+        ),
+        Tool(
+            name=REVIEW_CLAIM,
+            title="Take review work",
+            description=(
+                "Claim up to `limit` review items (L1 before L2, oldest first), hidden from "
+                "other workers for `visibility_timeout` seconds, as POST /memory/review/claim. "
+                "For each: read the memory and its parents then and now, and either write a "
+                "new version of the memory with memory_add (same id, its parents named: "
+                "that completes the item) or, if the claim still holds, "
+                "memory_review_confirm. An item not finished in time comes back."
+            ),
+            input_schema=review[REVIEW_CLAIM],
+            output_schema=_output("ReviewPage"),
+            annotations=ToolAnnotations(
+                read_only_hint=False,
+                destructive_hint=False,
+                idempotent_hint=False,
+                open_world_hint=False,
+            ),
+        ),
+        Tool(
+            name=REVIEW_CONFIRM,
+            title="Confirm a memory",
+            description=(
+                "Complete a review item: the memory's claim still holds against its parents' "
+                "current versions, as POST /memory/review/{item}/confirm. It rests on them "
+                "from now on; `note` says why. review_conflict while a parent is itself in "
+                "doubt (review that one first)."
+            ),
+            input_schema=review[REVIEW_CONFIRM],
+            output_schema=_output("ReviewDone"),
+            annotations=ToolAnnotations(
+                read_only_hint=False,
+                destructive_hint=False,
+                idempotent_hint=False,
+                open_world_hint=False,
+            ),
         ),
     ]
 
@@ -480,6 +566,19 @@ async def _history(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
+async def _review_list(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
+    return await list_items(who.services, who.keys, who.headers, _strings(args, *args))
+
+
+async def _review_claim(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
+    return await claim_items(who.services, who.keys, who.headers, _strings(args, *args))
+
+
+async def _review_confirm(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
+    params = _strings(args, "note")
+    return await confirm_item(who.services, who.keys, who.headers, params, str(args["item"]))
+
+
 def build_server(settings: Settings, caller: Callable[[Any], Caller]) -> Server[Any]:
     """The MCP server; ``caller`` finds, from the SDK's request context, who calls."""
     listed = tools(settings)
@@ -490,6 +589,7 @@ def build_server(settings: Settings, caller: Callable[[Any], Caller]) -> Server[
     }
     runs: dict[str, Callable[[Caller, Mapping[str, Any]], Awaitable[dict[str, Any]]]] = {
         QUERY: _query, ADD: _add, GET: _get, FORGET: _forget, HISTORY: _history,
+        REVIEW_LIST: _review_list, REVIEW_CLAIM: _review_claim, REVIEW_CONFIRM: _review_confirm,
     }  # fmt: skip
 
     async def list_tools(ctx: Any, params: PaginatedRequestParams | None) -> ListToolsResult:

@@ -522,6 +522,161 @@ _HOST_REFUSED = _err(
 )
 
 
+# The review queue (issue 40, api/review.py): one item as memory.review_list and
+# memory.review_claim return it.
+_REVIEW_ITEM: dict[str, Any] = {
+    "type": "object",
+    "required": ["item_id", "project", "node_id", "level", "reason", "changes", "parents"],
+    "properties": {
+        "item_id": {"type": "integer"},
+        "project": {"type": "string"},
+        "node_id": {"type": "integer"},
+        "external_id": {"type": ["string", "null"]},
+        "level": {"type": "string", "enum": ["L1", "L2"]},
+        "reason": {
+            "type": "string",
+            "enum": ["evidence_changed", "evidence_gone", "evidence_stale"],
+        },
+        "changes": {"type": "array", "items": {"type": "object"}},
+        "enqueued_at": {"type": "string"},
+        # claimable from then on (a claim moves it into the future)
+        "vt": {"type": "string"},
+        "claims": {"type": "integer", "minimum": 0},
+        "claimed_by": {"type": ["string", "null"]},
+        "text": {"type": ["string", "null"]},
+        # each parent the node rests on: its state, the text then and (rewritten) now
+        "parents": {"type": "array", "items": {"type": "object"}},
+    },
+}
+_REVIEW_PAGE: dict[str, Any] = {
+    "type": "object",
+    "required": ["items"],
+    "properties": {
+        "project": {"type": ["string", "null"]},
+        "items": {"type": "array", "items": {"$ref": "#/components/schemas/ReviewItem"}},
+        "next_after": {"type": ["integer", "null"]},
+    },
+}
+_REVIEW_DONE: dict[str, Any] = {
+    "type": "object",
+    "required": ["item_id", "node_id", "outcome", "support", "resolved"],
+    "properties": {
+        "item_id": {"type": "integer"},
+        "node_id": {"type": "integer"},
+        "external_id": {"type": ["string", "null"]},
+        "outcome": {"type": "string", "enum": ["confirmed"]},
+        "relinked": {"type": "integer", "minimum": 0},
+        "support": _SUPPORT,
+        "resolved": {"type": "array", "items": {"type": "integer"}},
+    },
+}
+
+
+def _json_body(properties: dict[str, Any]) -> dict[str, Any]:
+    """A POST's parameters as a JSON object (application/json only: api/app.py)."""
+    return {
+        "required": False,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": properties,
+                }
+            }
+        },
+    }
+
+
+def _review_paths() -> dict[str, Any]:
+    page = {"application/json": {"schema": {"$ref": "#/components/schemas/ReviewPage"}}}
+    return {
+        "/memory/review": {
+            "get": {
+                "operationId": "listReviewItems",
+                "tags": ["memory"],
+                "summary": "The open review items: derived nodes whose evidence changed",
+                "parameters": [
+                    {"name": "project", "in": "query", "required": False, "schema": _PROJECT},
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 100},
+                    },
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 0},
+                    },
+                ],
+                "responses": {
+                    "200": {"description": "A page of open items", "content": page},
+                    "400": _err("invalid_parameter"),
+                    **_AUTH_ERRORS,
+                    "404": _err("unknown_project"),
+                    "413": _TOO_LARGE,
+                    "503": _err("database_unavailable"),
+                },
+            }
+        },
+        "/memory/review/claim": {
+            "post": {
+                "operationId": "claimReviewItems",
+                "tags": ["memory"],
+                "summary": "Claim ready review items for a visibility timeout",
+                "requestBody": _json_body(
+                    {
+                        "project": _PROJECT,
+                        "limit": {"type": "integer", "minimum": 1, "maximum": 100},
+                        "visibility_timeout": {"type": "integer", "minimum": 1, "maximum": 86400},
+                    }
+                ),
+                "responses": {
+                    "200": {"description": "The items claimed (none: empty)", "content": page},
+                    "400": _err("invalid_parameter"),
+                    **_AUTH_ERRORS,
+                    "404": _err("unknown_project"),
+                    "413": _TOO_LARGE,
+                    "503": _err("database_unavailable"),
+                },
+            }
+        },
+        "/memory/review/{item}/confirm": {
+            "post": {
+                "operationId": "confirmReviewItem",
+                "tags": ["memory"],
+                "summary": "Confirm a node's claim against its current parents",
+                "parameters": [
+                    {
+                        "name": "item",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "integer", "minimum": 1},
+                    },
+                ],
+                "requestBody": _json_body({"note": {"type": "string", "maxLength": 2000}}),
+                "responses": {
+                    "200": {
+                        "description": "The item is done; what else it resolved",
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/ReviewDone"}
+                            }
+                        },
+                    },
+                    "400": _err("invalid_parameter"),
+                    **_AUTH_ERRORS,
+                    "404": _err("unknown_review_item: no open item of this id"),
+                    "409": _err("review_conflict: a parent is itself in doubt, or none is left"),
+                    "503": _err("database_unavailable"),
+                },
+            }
+        },
+    }
+
+
 def openapi_spec(settings: Settings | None = None) -> dict[str, Any]:
     """The OpenAPI document, with this deployment's bounds (default settings: None)."""
     spec = _spec(settings)
@@ -821,6 +976,7 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                     },
                 },
             },
+            **_review_paths(),
             "/healthz": {
                 "get": {
                     "operationId": "getHealth",
@@ -965,6 +1121,9 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                 },
                 "Result": _RESULT,
                 "Evidence": _EVIDENCE,
+                "ReviewItem": _REVIEW_ITEM,
+                "ReviewPage": _REVIEW_PAGE,
+                "ReviewDone": _REVIEW_DONE,
                 "QueryResponse": {
                     "type": "object",
                     "properties": {

@@ -33,11 +33,13 @@ from poimen_memory.settings import Settings
 __all__ = [
     "bounded_json",
     "forget_nodes",
+    "in_thread",
     "list_projects",
     "node_history",
     "project_summary",
     "query_memory",
     "records_from_lines",
+    "text_params",
     "write_nodes",
 ]
 
@@ -165,7 +167,7 @@ def _flag(params: Mapping[str, str], name: str) -> bool:
     return raw == "true"
 
 
-def _text_params(params: Mapping[str, str], allowed: set[str]) -> None:
+def text_params(params: Mapping[str, str], allowed: set[str]) -> None:
     for name, value in params.items():
         if name not in allowed:
             raise ValidationError(
@@ -184,7 +186,7 @@ async def _project(keys: KeyRing, headers: Mapping[str, str], named: str | None)
     return project
 
 
-async def _in_thread(
+async def in_thread(
     state: Services, sql: str | pgsql.SQL, args: dict[str, Any]
 ) -> list[tuple[Any, ...]]:
     caller = tenant.current()  # threads do not carry context variables
@@ -213,7 +215,7 @@ async def forget_nodes(
     filter): memory.forget, retire by default, ``erase=true`` for privacy requests. The ids
     of several nodes come comma-separated in ``id`` over HTTP, or as ``ids`` (the MCP tool's
     list, where an id may hold a comma)."""
-    _text_params(params, _FORGET_PARAMS)
+    text_params(params, _FORGET_PARAMS)
     named = [external_id] if external_id is not None else list(ids or ())
     if any("\x00" in x for x in named):
         raise ValidationError("id contains a NUL character")
@@ -247,7 +249,7 @@ async def forget_nodes(
             "erase": erase, "reason": reason,
         }  # fmt: skip
     with wrap_exceptions("forget"):
-        rows = await _in_thread(state, sql, args)
+        rows = await in_thread(state, sql, args)
     out: dict[str, Any] = rows[0][0]
     return {"project": project, **out}
 
@@ -260,10 +262,10 @@ async def node_history(
     external_id: str,
 ) -> dict[str, Any]:
     """``GET /memory/nodes/{id}/history``: memory.history, every version oldest first."""
-    _text_params(params, {"project"})
+    text_params(params, {"project"})
     project = await _project(keys, headers, params.get("project"))
     with wrap_exceptions("history"):
-        rows = await _in_thread(
+        rows = await in_thread(
             state, "SELECT * FROM memory.history(%(p)s, %(id)s)", {"p": project, "id": external_id}
         )
     versions = []
@@ -280,7 +282,7 @@ async def list_projects(state: Services, keys: KeyRing, headers: Mapping[str, st
     as a filter and under row-level security, as a search's scope (KeyRing.read_scope)."""
     _, projects = await keys.read_scope(headers, None)
     with wrap_exceptions("projects"):
-        rows = await _in_thread(state, q("project_names"), {"projects": projects})
+        rows = await in_thread(state, q("project_names"), {"projects": projects})
     return [str(r[0]) for r in rows]
 
 
@@ -292,7 +294,7 @@ async def project_summary(
     read; one that does not exist, or that row-level security hides, is unknown (PM404)."""
     await keys.read_scope(headers, project)  # forbidden unless the key covers it
     with wrap_exceptions("projects"):
-        rows = await _in_thread(state, q("project_summary"), {"project": project})
+        rows = await in_thread(state, q("project_summary"), {"project": project})
     current, ended, latest = rows[0]
     nodes = {level: int(current.get(level, 0)) for level in LEVELS}
     return {
