@@ -153,7 +153,15 @@ def test_tools_and_their_schemas(reader: str, mode: str) -> None:
     tools = {t.name: t for t in over_http(reader, None, work, mode)}
     assert set(tools) == set(TOOLS) == {
         "memory_query", "memory_add", "memory_get", "memory_forget", "memory_history",
+        "memory_review_list", "memory_review_claim", "memory_review_confirm",
     }  # fmt: skip
+    # The review tools take the HTTP routes' parameters; only a claim or confirm writes.
+    claim = tools["memory_review_claim"]
+    assert set(claim.input_schema["properties"]) == {"project", "limit", "visibility_timeout"}
+    assert claim.input_schema["properties"]["visibility_timeout"]["maximum"] == 86400
+    assert tools["memory_review_confirm"].input_schema["required"] == ["item"]
+    assert tools["memory_review_list"].annotations.read_only_hint  # type: ignore[union-attr]
+    assert not claim.annotations.read_only_hint  # type: ignore[union-attr]
     query = tools["memory_query"]
     # The HTTP route's parameters, with the same schemas.
     assert set(query.input_schema["properties"]) == {n for n, *_ in query_parameters()}
