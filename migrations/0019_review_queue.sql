@@ -35,6 +35,14 @@ ALTER TABLE memory.review_queue ENABLE ROW LEVEL SECURITY;
 
 COMMENT ON TABLE memory.review_queue IS
     'Derived nodes (L1/L2) whose evidence changed, one open item per current version: listed, claimed (visibility timeout) and completed by review workers (memory.review_claim, memory.review_confirm; a new version of the node completes its item). Row-level security: the project''s readers see, its writers work the items.';
+COMMENT ON COLUMN memory.review_queue.id IS 'the item''s id (item_id in memory.review_list and memory.review_confirm)';
+COMMENT ON COLUMN memory.review_queue.project_id IS 'the project of the node (row-level security reads it)';
+COMMENT ON COLUMN memory.review_queue.external_id IS 'the node''s external id, as written';
+COMMENT ON COLUMN memory.review_queue.level IS 'the node''s level: L1 or L2 (evidence is never in doubt)';
+COMMENT ON COLUMN memory.review_queue.enqueued_at IS 'when the first change put the node in doubt';
+COMMENT ON COLUMN memory.review_queue.completed_at IS 'when the item was done (NULL: open)';
+COMMENT ON COLUMN memory.review_queue.completed_by IS 'who completed it (api_key:<id> or role:<name>)';
+COMMENT ON COLUMN memory.review_queue.note IS 'what the worker said when confirming (at most 2000 characters)';
 COMMENT ON COLUMN memory.review_queue.node_id IS 'the derived version whose evidence changed (memory.nodes.id)';
 COMMENT ON COLUMN memory.review_queue.reason IS
     'evidence_changed: a parent it rests on has a newer version; evidence_gone: a parent was retired or erased; evidence_stale: a parent is itself in doubt (a change further down)';

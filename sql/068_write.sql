@@ -292,6 +292,35 @@ $$;
 COMMENT ON FUNCTION memory._write_nodes(jsonb, vector[], boolean) IS
     'The one writer of nodes and edges, one batch in the calling transaction. nodes: a JSON array of validated node rows (sha256 as hex, project, level, external_id, title, breadcrumb, text, source, ts, metadata, parents as external ids, valid_from and valid_to (valid time, either NULL), and optionally revision: the revision the writer read, 0 for none); embeddings: the i-th node''s vector (NULL for a stored node); embed: compute a missing vector with memory.embed. Creates missing projects first, skips nodes equal to their current version, writes new content under a stored id as its next version (the current one ends: superseded; its current children keep resting on it, stale, and enter the review queue, unless only metadata or timestamp changed: then they rest on the new one), refuses a stale revision (PM419, nothing written), links every node of the batch to its parents'' current versions in its own project. Returns {"inserted", "duplicates", "updated" (versions superseded), "edges", "unresolved": [[node number from 1, parent id], ...]}. Validation is the caller''s (poimen_core.nodes); row-level security applies.';
 
+-- A review's confirmation (memory.review_confirm, sql/074_review.sql): the node's claim holds
+-- against its parents as they are now, so it rests on their current versions from now on
+-- (its edges to the versions it rested on stay, for history and as_of) and on the parents
+-- that are left. Here, beside the writer, because it writes edges.
+CREATE OR REPLACE FUNCTION memory._rest_on_current(p_node bigint, p_project integer)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    relinked integer;
+    there integer;
+BEGIN
+    INSERT INTO memory.edges (child_id, parent_id, precedence, project_id)
+    SELECT p_node, r.current_id, r.precedence, p_project
+    FROM memory._rested_parents(ARRAY[p_node]) r
+    WHERE r.state = 'superseded'
+    ORDER BY r.precedence
+    ON CONFLICT (child_id, parent_id, project_id) DO NOTHING;
+    GET DIAGNOSTICS relinked = ROW_COUNT;
+    SELECT count(*) FILTER (WHERE r.state IN ('current', 'superseded')) INTO there
+    FROM memory._rested_parents(ARRAY[p_node]) r;
+    UPDATE memory.nodes n SET parents_declared = there
+    WHERE n.id = p_node AND n.project_id = p_project AND n.parents_declared <> there;
+    RETURN relinked;
+END $$;
+COMMENT ON FUNCTION memory._rest_on_current(bigint, integer) IS
+    'Makes a node rest on the current versions of the parents it rested on (an edge to each rewritten parent''s current version; the old edges stay) and on the parents that are left (parents_declared lowered to them): what confirming a review item records. Returns the edges added.';
+
 CREATE OR REPLACE FUNCTION memory._vector_missing(node bigint)
 RETURNS vector
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE

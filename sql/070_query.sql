@@ -65,7 +65,9 @@ BEGIN
                   ARRAY(SELECT g.id FROM page g ORDER BY g.pos), $3,
                   ARRAY(SELECT g.project_id FROM page g ORDER BY g.pos), $6) pv
            ON pv.position = n.pos
-         JOIN memory._support_at(ARRAY(SELECT g.id FROM page g ORDER BY g.pos), $6, $7) su
+         -- once per node: a page may hold a node twice
+         JOIN (SELECT DISTINCT ON (s.node_id) s.*
+               FROM memory._support_at(ARRAY(SELECT g.id FROM page g ORDER BY g.pos), $6, $7) s) su
            ON su.node_id = n.id
          ORDER BY n.pos'
         USING ids, query_embedding, max_depth, pid, CASE WHEN pid IS NOT NULL THEN project_name END,

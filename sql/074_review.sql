@@ -226,14 +226,7 @@ BEGIN
     END IF;
     -- The claim holds against the current parents: it rests on them from now on (the old
     -- edges stay, for history and as_of) and on the parents that are left.
-    INSERT INTO memory.edges (child_id, parent_id, precedence, project_id)
-    SELECT it.node_id, r.current_id, r.precedence, it.project_id
-    FROM memory._rested_parents(ARRAY[it.node_id]) r
-    WHERE r.state = 'superseded'
-    ON CONFLICT (child_id, parent_id, project_id) DO NOTHING;
-    GET DIAGNOSTICS relinked = ROW_COUNT;
-    UPDATE memory.nodes n SET parents_declared = there
-    WHERE n.id = it.node_id AND n.project_id = it.project_id AND n.parents_declared <> there;
+    relinked := memory._rest_on_current(it.node_id, it.project_id);
     UPDATE memory.review_queue q
        SET completed_at = now(), completed_by = who, outcome = 'confirmed', note = review_confirm.note
      WHERE q.id = it.id;

@@ -125,7 +125,8 @@ DECLARE
         'memory.add_nodes', 'memory._add_nodes', 'memory._write_nodes', 'memory._ensure_projects',
         'memory._stored_nodes', 'memory._stored_hashes', 'memory._vector_missing',
         'memory._writer', 'memory.forget', 'memory._forget',
-        'memory._review_changes', 'memory.review_claim', 'memory.review_confirm'];
+        'memory._review_changes', 'memory.review_claim', 'memory.review_confirm',
+        'memory._rest_on_current'];
     -- Functions nobody but the owner runs (DDL-ish, policy changes, triggers).
     owner_functions text[] := ARRAY[
         'memory.configure_embedding', 'memory.reset_embedding', 'memory.set_policy',

@@ -402,6 +402,7 @@ def test_openapi_lists_every_route_and_the_error_schema(
         "min_cosine",
         "as_of",
         "valid_at",
+        "unsupported",
     }
     # The documented response shapes cover what the service really returns.
     assert set(sample) <= set(schemas["QueryResponse"]["properties"])

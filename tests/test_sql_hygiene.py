@@ -73,6 +73,10 @@ WRITER = {
     "_writer",
     "forget",
     "_forget",
+    "_review_changes",
+    "review_claim",
+    "review_confirm",
+    "_rest_on_current",
 }
 # Owner-only functions the service's role may also run (sql/900_grants.sql, end).
 SERVICE = {"configure_embedding", "enable_outbox"}
@@ -184,6 +188,13 @@ READER = {
     "_grammar_compile",
     "history",
     "support",
+    "_rested_parents",
+    "_support_at",
+    "_support_valid_at",
+    "_cites_superseded",
+    "review_list",
+    "_review_rows",
+    "_review_limit",
 }
 
 
