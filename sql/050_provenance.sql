@@ -22,6 +22,7 @@ BEGIN
                            AND CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
                                     ELSE p.created_at <= as_of AND p.erased_at IS NULL
                                          AND (p.expired_at IS NULL OR p.expired_at > as_of) END
+                                AND (p.expires_at IS NULL OR p.expires_at > coalesce(as_of, now()))
         UNION ALL
         SELECT w.root_id, e.child_id, e.parent_id, w.depth + 1, e.precedence, w.path || e.parent_id
         FROM walk w
@@ -30,6 +31,7 @@ BEGIN
                            AND CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
                                     ELSE p.created_at <= as_of AND p.erased_at IS NULL
                                          AND (p.expired_at IS NULL OR p.expired_at > as_of) END
+                                AND (p.expires_at IS NULL OR p.expires_at > coalesce(as_of, now()))
         WHERE w.depth < max_depth
           AND e.parent_id <> ALL (w.path)  -- cycle safety
     )
@@ -119,6 +121,7 @@ BEGIN
                                AND CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
                                         ELSE p.created_at <= as_of AND p.erased_at IS NULL
                                              AND (p.expired_at IS NULL OR p.expired_at > as_of) END
+                                    AND (p.expires_at IS NULL OR p.expires_at > coalesce(as_of, now()))
             WHERE strpos(paths[f.inst], ',' || e.parent_id || ',') = 0
             ORDER BY f.ord, rn
         LOOP
