@@ -19,14 +19,14 @@ COMMENT ON FUNCTION memory._links_max() IS
 SELECT memory._declare_row('node_row',
     'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, parents jsonb, parents_total integer, children jsonb, children_total integer, parents_declared integer, support text, versions jsonb, valid_from timestamptz, valid_to timestamptz',
     ARRAY['memory.get_node(text, text)', 'memory._get_node(text, text, text[])']);
--- list_nodes gained filter (a metadata filter) and its rows expires_at (issue 40): the old
--- signatures go first.
+-- list_nodes gained filter (a metadata filter) and newest_first, and its rows expires_at
+-- (issue 40): the old signatures go first.
 DROP FUNCTION IF EXISTS memory.list_nodes(text, text, text, text, text, text, integer);
 DROP FUNCTION IF EXISTS memory._list_nodes(text, text, text, text, text, text, integer, text[]);
 SELECT memory._declare_row('node_list_row',
     'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, support text, cursor text, valid_from timestamptz, valid_to timestamptz, expires_at timestamptz',
-    ARRAY['memory.list_nodes(text, text, text, text, text, text, integer, jsonb)',
-          'memory._list_nodes(text, text, text, text, text, text, integer, text[], jsonb)']);
+    ARRAY['memory.list_nodes(text, text, text, text, text, text, integer, jsonb, boolean)',
+          'memory._list_nodes(text, text, text, text, text, text, integer, text[], jsonb, boolean)']);
 
 -- p_projects: a filter the service passes, the API key's projects, so a key never reaches
 -- beyond them, even over a pool whose role skips row-level security.
@@ -158,14 +158,15 @@ COMMENT ON FUNCTION memory._node_after(text) IS
 -- predicate (expired_at IS NULL) the clause states.
 CREATE OR REPLACE FUNCTION memory._nodes_where(
     has_project boolean, has_after boolean, has_level boolean, has_source boolean,
-    has_since boolean, has_until boolean, has_projects boolean, has_filter boolean
+    has_since boolean, has_until boolean, has_projects boolean, has_filter boolean,
+    newest_first boolean DEFAULT false
 )
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 RETURN ' WHERE n.expired_at IS NULL AND (n.expires_at IS NULL OR n.expires_at > now())'
     || CASE WHEN has_project THEN ' AND n.project_id = $1' ELSE '' END
-    || CASE WHEN has_after THEN ' AND n.id > $2' ELSE '' END
+    || CASE WHEN NOT has_after THEN '' WHEN newest_first THEN ' AND n.id < $2' ELSE ' AND n.id > $2' END
     || CASE WHEN has_level THEN ' AND n.level = $3' ELSE '' END
     || CASE WHEN has_source THEN ' AND n.source = $4' ELSE '' END
     || CASE WHEN has_since THEN ' AND n.ts >= $5' ELSE '' END
@@ -174,12 +175,13 @@ RETURN ' WHERE n.expired_at IS NULL AND (n.expires_at IS NULL OR n.expires_at > 
            ' AND n.project_id = ANY (ARRAY(SELECT p.id FROM memory.projects p
                                            WHERE p.name = ANY ($8)))' ELSE '' END
     || CASE WHEN has_filter THEN ' AND n.metadata @> $9' ELSE '' END;
-COMMENT ON FUNCTION memory._nodes_where(boolean, boolean, boolean, boolean, boolean, boolean, boolean, boolean) IS
-    'The WHERE clause memory.list_nodes and memory.count_nodes run (current, unexpired versions; each filter given as its parameter $1..$9), so that the two always agree.';
+COMMENT ON FUNCTION memory._nodes_where(boolean, boolean, boolean, boolean, boolean, boolean, boolean, boolean, boolean) IS
+    'The WHERE clause memory.list_nodes and memory.count_nodes run (current, unexpired versions; each filter given as its parameter $1..$9; after: node ids above $2, or below it newest first), so that the two always agree.';
 
 CREATE OR REPLACE FUNCTION memory._list_nodes(
     p_project text, p_level text, p_source text, p_since text, p_until text, p_after text,
-    p_limit integer, p_projects text[], p_filter jsonb DEFAULT NULL
+    p_limit integer, p_projects text[], p_filter jsonb DEFAULT NULL,
+    p_newest_first boolean DEFAULT false
 )
 RETURNS SETOF memory.node_list_row
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -210,11 +212,12 @@ BEGIN
          FROM memory.nodes n'
         || memory._nodes_where(pid IS NOT NULL, after_id IS NOT NULL, p_level IS NOT NULL,
                                p_source IS NOT NULL, tr.since_ts IS NOT NULL,
-                               tr.before_ts IS NOT NULL, p_projects IS NOT NULL, flt IS NOT NULL)
-        || ' ORDER BY n.id LIMIT $7'
+                               tr.before_ts IS NOT NULL, p_projects IS NOT NULL, flt IS NOT NULL,
+                               coalesce(p_newest_first, false))
+        || CASE WHEN p_newest_first THEN ' ORDER BY n.id DESC LIMIT $7' ELSE ' ORDER BY n.id LIMIT $7' END
         USING pid, after_id, p_level, p_source, tr.since_ts, tr.before_ts, p_limit, p_projects, flt;
 END $$;
-COMMENT ON FUNCTION memory._list_nodes(text, text, text, text, text, text, integer, text[], jsonb) IS
+COMMENT ON FUNCTION memory._list_nodes(text, text, text, text, text, text, integer, text[], jsonb, boolean) IS
     'Implementation of memory.list_nodes (positional parameter names: PL/pgSQL forbids a parameter named like a result column); p_projects (NULL: no filter) keeps to those projects: the service passes the API key''s.';
 
 CREATE OR REPLACE FUNCTION memory.list_nodes(
@@ -225,16 +228,18 @@ CREATE OR REPLACE FUNCTION memory.list_nodes(
     until text DEFAULT NULL,
     after text DEFAULT NULL,
     "limit" integer DEFAULT 50,
-    filter jsonb DEFAULT NULL
+    filter jsonb DEFAULT NULL,
+    newest_first boolean DEFAULT false
 )
 RETURNS SETOF memory.node_list_row
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT * FROM memory._list_nodes(project, level, source, since, until, after, "limit", NULL, filter);
+    SELECT * FROM memory._list_nodes(project, level, source, since, until, after, "limit", NULL,
+                                     filter, newest_first);
 END;
-COMMENT ON FUNCTION memory.list_nodes(text, text, text, text, text, text, integer, jsonb) IS
-    'A page of nodes in write order (node id), keyset paged: after => the cursor of the last row of the previous page (opaque). Filters: project (PM404 when unknown; NULL: every project the caller can read), level, source (equal), since/until (inclusive ISO dates or timestamps on the node''s timestamp, as memory.query''s), filter (a JSON object the node''s metadata contains, as memory.query''s: memory.check_filter). Current versions whose expiry (expires_at) has not passed. limit 1..100 (default 50). Row-level security applies.';
+COMMENT ON FUNCTION memory.list_nodes(text, text, text, text, text, text, integer, jsonb, boolean) IS
+    'A page of nodes in write order (node id; newest_first => true: the latest writes first), keyset paged: after => the cursor of the last row of the previous page (opaque). Filters: project (PM404 when unknown; NULL: every project the caller can read), level, source (equal), since/until (inclusive ISO dates or timestamps on the node''s timestamp, as memory.query''s), filter (a JSON object the node''s metadata contains, as memory.query''s: memory.check_filter). Current versions whose expiry (expires_at) has not passed. limit 1..100 (default 50). Row-level security applies.';
 
 CREATE OR REPLACE FUNCTION memory._count_nodes(
     p_project text, p_level text, p_source text, p_since text, p_until text,

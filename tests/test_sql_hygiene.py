@@ -73,6 +73,9 @@ WRITER = {
     "_writer",
     "forget",
     "_forget",
+    "_forget_max_nodes",
+    "set_retention",
+    "expire",
 }
 # Owner-only functions the service's role may also run (sql/900_grants.sql, end).
 SERVICE = {"configure_embedding", "enable_outbox"}
@@ -149,6 +152,10 @@ READER = {
     "_node_after",
     "list_nodes",
     "_list_nodes",
+    "count_nodes",
+    "_count_nodes",
+    "_nodes_where",
+    "retention",
     "granted_all",
     "_asserted_all",
     "plpython_path",

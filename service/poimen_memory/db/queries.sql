@@ -244,9 +244,15 @@ SELECT to_jsonb(g) FROM memory._get_node(%(id)s, %(project)s, %(projects)s) g;
 
 -- name: list_nodes
 -- A page of nodes (sql/090_nodes.sql), under the projects begin_request asserted.
-SELECT coalesce(jsonb_agg(to_jsonb(g) ORDER BY g.node_id), '[]')
+SELECT coalesce(jsonb_agg(to_jsonb(g) ORDER BY g.node_id * (CASE WHEN %(newest_first)s THEN -1 ELSE 1 END)), '[]')
 FROM memory._list_nodes(%(project)s, %(level)s, %(source)s, %(since)s, %(until)s,
-                        %(after)s, %(limit)s, %(projects)s) g;
+                        %(after)s, %(limit)s, %(projects)s, %(filter)s, %(newest_first)s) g;
+
+-- name: count_listed
+-- How many nodes list_nodes would list over all its pages (memory.count_nodes), under the
+-- projects begin_request asserted.
+SELECT to_jsonb(memory._count_nodes(%(project)s, %(level)s, %(source)s, %(since)s, %(until)s,
+                                    %(filter)s, %(projects)s));
 
 -- name: project_names
 -- The projects the caller may read, for MCP's resources/list (api/operations.py
