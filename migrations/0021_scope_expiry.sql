@@ -44,3 +44,12 @@ COMMENT ON COLUMN memory.retention.action IS 'What poimen-memory expire does wit
 COMMENT ON COLUMN memory.retention.set_at IS 'When the retention was last set.';
 COMMENT ON COLUMN memory.retention.set_by IS 'Who set it: api_key:<id> or role:<name> (memory._writer).';
 ALTER TABLE memory.retention ENABLE ROW LEVEL SECURITY;
+
+-- The way back to anonymous mode (issue 40). Once a key was made, the service requires
+-- one, and revoking the last key locks the API rather than opening it (a revoke must never
+-- widen access). `poimen-memory keys anonymous` is the owner's explicit decision to open
+-- it again: with no active key, it sets every revoked key aside; keys set aside do not
+-- count as "a key exists", and stay listed (their ids are in memory.nodes.written_by).
+ALTER TABLE memory.api_keys ADD COLUMN set_aside_at timestamptz;
+COMMENT ON COLUMN memory.api_keys.set_aside_at IS
+    'set by `poimen-memory keys anonymous` on revoked keys: they no longer count, and with no other key the service is anonymous again';

@@ -180,7 +180,7 @@ VALUES (%(key_hash)s, %(prefix)s, %(projects)s, %(can_write)s, %(note)s)
 RETURNING id;
 
 -- name: keys_list
-SELECT id, prefix, projects, can_write, note, created_at, revoked_at
+SELECT id, prefix, projects, can_write, note, created_at, revoked_at, set_aside_at
 FROM memory.api_keys ORDER BY id;
 
 -- name: key_revoke
@@ -190,8 +190,18 @@ RETURNING id, prefix;
 
 -- name: keys_active
 -- Revoked keys come too (with can_read false): once any key was ever made, the service
--- requires one, so revoking the last key locks the API instead of opening it.
-SELECT key_hash, projects, can_write, revoked_at IS NULL AS can_read, id FROM memory.api_keys;
+-- requires one, so revoking the last key locks the API instead of opening it. Keys set
+-- aside by `poimen-memory keys anonymous` (revoked ones only) no longer count.
+SELECT key_hash, projects, can_write, revoked_at IS NULL AS can_read, id FROM memory.api_keys
+WHERE set_aside_at IS NULL;
+
+-- name: keys_set_aside
+-- `poimen-memory keys anonymous`: every revoked key set aside, in one statement that
+-- changes nothing while a key is active (the CLI says which).
+UPDATE memory.api_keys SET set_aside_at = now()
+WHERE set_aside_at IS NULL AND revoked_at IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM memory.api_keys a WHERE a.revoked_at IS NULL)
+RETURNING id;
 
 -- name: primary_wal_lsn
 SELECT pg_current_wal_lsn()::text AS lsn;
