@@ -339,7 +339,7 @@ BEGIN
         END IF;
         INSERT INTO memory.retention AS r (project_id, level, max_age, action, set_at, set_by)
         VALUES (pid, level, max_age, action, now(), memory._writer())
-        ON CONFLICT (project_id, level) DO UPDATE
+        ON CONFLICT ON CONSTRAINT retention_pkey DO UPDATE  -- not (project_id, level): level is the argument here
             SET max_age = EXCLUDED.max_age, action = EXCLUDED.action,
                 set_at = EXCLUDED.set_at, set_by = EXCLUDED.set_by;
         -- Honoured at once: the current nodes of that level expire max_age after they were
