@@ -413,11 +413,10 @@ def compact_answer(body: Mapping[str, Any]) -> dict[str, Any]:
             "level": r.get("level"),
             "text": r.get("text"),
             "support": r.get("support"),
-            "cites": [
-                e.get("external_id") for e in evidence if r.get("rank") in (e.get("cited_by") or ())
-            ],
+            # cited_by counts results from 1, in the answer's order
+            "cites": [e.get("external_id") for e in evidence if rank in (e.get("cited_by") or ())],
         }
-        for r in body.get("results") or []
+        for rank, r in enumerate(body.get("results") or [], start=1)
     ]
     return {
         "compact": True,
