@@ -65,14 +65,16 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM memory.nodes n
                WHERE (pid IS NULL OR n.project_id = pid) AND n.expired_at IS NULL
-                 AND (n.valid_from IS NOT NULL OR n.valid_to IS NOT NULL)) THEN
+                 -- nodes_valid_bounded's predicate (migration 0021): an expiry is an
+                 -- upper bound of valid time, tested at the same instant
+                 AND (n.valid_from IS NOT NULL OR n.valid_to IS NOT NULL OR n.expires_at IS NOT NULL)) THEN
         RETURN now();
     END IF;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION memory._valid_at(integer, timestamptz, timestamptz) IS
-    'The instant a search stage tests valid time at (valid_from <= t < valid_to): valid_at, else as_of, else now() when the project (NULL: any) has a current version with a bounded valid time; NULL: no test needed.';
+    'The instant a search stage tests valid time at (valid_from <= t < valid_to, and t < expires_at): valid_at, else as_of, else now() when the project (NULL: any) has a current version with a bounded valid time or an expiry; NULL: no test needed.';
 
 CREATE OR REPLACE FUNCTION memory.check_instant(value timestamptz, name text)
 RETURNS timestamptz
@@ -181,11 +183,25 @@ BEGIN
         RAISE EXCEPTION 'filter must be at most 4096 bytes as JSON text, got %', octet_length(filter::text)
             USING ERRCODE = '22023', HINT = 'Filter on a few keys; metadata containment is an equality test.';
     END IF;
+    -- Nested at most 8 deep (the object itself is 1), as the service's parser: a filter
+    -- names keys, and a deeper one is a mistake (or an attempt at a slow statement).
+    IF (WITH RECURSIVE d(v, lvl) AS (
+            SELECT filter, 1
+            UNION ALL
+            SELECT c.value, d.lvl + 1
+            FROM d, LATERAL (SELECT e.value FROM jsonb_each(CASE WHEN jsonb_typeof(d.v) = 'object' THEN d.v END) e
+                             UNION ALL
+                             SELECT a.value FROM jsonb_array_elements(CASE WHEN jsonb_typeof(d.v) = 'array' THEN d.v END) a) c
+            WHERE d.lvl <= 8)
+        SELECT max(d.lvl) FROM d WHERE jsonb_typeof(d.v) IN ('object', 'array')) > 8 THEN
+        RAISE EXCEPTION 'filter must be nested at most 8 deep'
+            USING ERRCODE = '22023', HINT = 'Filter on a few keys; metadata containment is an equality test.';
+    END IF;
     RETURN filter;
 END
 $$;
 COMMENT ON FUNCTION memory.check_filter(jsonb) IS
-    'A metadata filter, checked: NULL for none (NULL, JSON null or {}), else a JSON object of at most 4096 bytes (22023 otherwise) that a node''s metadata must contain (@>).';
+    'A metadata filter, checked: NULL for none (NULL, JSON null or {}), else a JSON object of at most 4096 bytes nested at most 8 deep (22023 otherwise) that a node''s metadata must contain (@>): the filter of memory.query, memory.list_nodes, memory.count_nodes and memory.forget.';
 
 CREATE OR REPLACE FUNCTION memory.check_fusion(fusion text)
 RETURNS text

@@ -394,7 +394,8 @@ BEGIN
         WHERE (lv IS NULL OR tn.level = ANY (lv))
           AND (NOT timed OR (tn.ts >= lo AND tn.ts < hi))
           AND (va IS NULL OR ((tn.valid_from IS NULL OR tn.valid_from <= va)
-                              AND (tn.valid_to IS NULL OR tn.valid_to > va)))
+                              AND (tn.valid_to IS NULL OR tn.valid_to > va)
+                              AND (tn.expires_at IS NULL OR tn.expires_at > va)))
           AND (flt IS NULL OR tn.metadata @> flt)
           -- the grammar's test, compiled (memory._grammar_compile): no exclusion, every group
           AND (gc.ex_tsq IS NULL OR NOT tn.tsv @@ gc.ex_tsq)

@@ -40,7 +40,8 @@ AS $$
                    ELSE n.created_at <= $9 AND (n.expired_at IS NULL OR n.expired_at > $9)
                         AND n.erased_at IS NULL END
           AND ($10::timestamptz IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= $10)
-                                            AND (n.valid_to IS NULL OR n.valid_to > $10)))
+                                            AND (n.valid_to IS NULL OR n.valid_to > $10)
+                                            AND (n.expires_at IS NULL OR n.expires_at > $10)))
           AND ($2::integer IS NULL OR n.project_id = $2) AND ($3::text[] IS NULL OR n.level = ANY ($3))
           AND ($5::timestamptz IS NULL OR n.ts >= $5) AND ($6::timestamptz IS NULL OR n.ts < $6)
           AND ($7::jsonb IS NULL OR n.metadata @> $7)
@@ -66,7 +67,8 @@ AS $$
                            ELSE n.created_at <= $9 AND (n.expired_at IS NULL OR n.expired_at > $9)
                                 AND n.erased_at IS NULL END
                   AND ($10::timestamptz IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= $10)
-                                                    AND (n.valid_to IS NULL OR n.valid_to > $10)))
+                                                    AND (n.valid_to IS NULL OR n.valid_to > $10)
+                                                    AND (n.expires_at IS NULL OR n.expires_at > $10)))
                   AND ($3::text[] IS NULL OR n.level = ANY ($3))
                   AND ($5::timestamptz IS NULL OR n.ts >= $5) AND ($6::timestamptz IS NULL OR n.ts < $6)
                   AND ($7::jsonb IS NULL OR n.metadata @> $7)
@@ -86,7 +88,8 @@ AS $$
                ELSE n.created_at <= $10 AND (n.expired_at IS NULL OR n.expired_at > $10)
                     AND n.erased_at IS NULL END
       AND ($11::timestamptz IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= $11)
-                                        AND (n.valid_to IS NULL OR n.valid_to > $11)))
+                                        AND (n.valid_to IS NULL OR n.valid_to > $11)
+                                        AND (n.expires_at IS NULL OR n.expires_at > $11)))
       AND ($3::integer IS NULL OR n.project_id = $3) AND ($4::text[] IS NULL OR n.level = ANY ($4))
       AND ($6::timestamptz IS NULL OR n.ts >= $6) AND ($7::timestamptz IS NULL OR n.ts < $7)
       AND ($8::jsonb IS NULL OR n.metadata @> $8)
@@ -254,7 +257,8 @@ BEGIN
                ELSE n.created_at <= as_of AND (n.expired_at IS NULL OR n.expired_at > as_of)
                     AND n.erased_at IS NULL END
       AND (f.va IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= f.va)
-                            AND (n.valid_to IS NULL OR n.valid_to > f.va)))
+                            AND (n.valid_to IS NULL OR n.valid_to > f.va)
+                            AND (n.expires_at IS NULL OR n.expires_at > f.va)))
       AND (f.pid IS NULL OR n.project_id = f.pid) AND (f.lv IS NULL OR n.level = ANY (f.lv))
       AND (NOT f.timed OR (n.ts >= f.lo AND n.ts < f.hi))
       AND (flt IS NULL OR n.metadata @> flt)

@@ -24,6 +24,7 @@ BEGIN
                                           AND (p.expired_at IS NULL OR p.expired_at > as_of) END
                                 OR (p.end_reason = 'superseded' AND p.erased_at IS NULL
                                     AND memory._cites_superseded(e.child_id, p.id, as_of)))
+                                AND (p.expires_at IS NULL OR p.expires_at > coalesce(as_of, now()))
         UNION ALL
         SELECT w.root_id, e.child_id, e.parent_id, w.depth + 1, e.precedence, w.path || e.parent_id
         FROM walk w
@@ -34,6 +35,7 @@ BEGIN
                                           AND (p.expired_at IS NULL OR p.expired_at > as_of) END
                                 OR (p.end_reason = 'superseded' AND p.erased_at IS NULL
                                     AND memory._cites_superseded(e.child_id, p.id, as_of)))
+                                AND (p.expires_at IS NULL OR p.expires_at > coalesce(as_of, now()))
         WHERE w.depth < max_depth
           AND e.parent_id <> ALL (w.path)  -- cycle safety
     )
@@ -125,6 +127,7 @@ BEGIN
                                               AND (p.expired_at IS NULL OR p.expired_at > as_of) END
                                     OR (p.end_reason = 'superseded' AND p.erased_at IS NULL
                                         AND memory._cites_superseded(e.child_id, p.id, as_of)))
+                                    AND (p.expires_at IS NULL OR p.expires_at > coalesce(as_of, now()))
             WHERE strpos(paths[f.inst], ',' || e.parent_id || ',') = 0
             ORDER BY f.ord, rn
         LOOP

@@ -187,7 +187,7 @@ BEGIN
     EXECUTE format($q$
         INSERT INTO memory.nodes AS n
             (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
-             metadata, embedding, revision, written_by, parents_declared, valid_from, valid_to)
+             metadata, embedding, revision, written_by, parents_declared, valid_from, valid_to%s)
         SELECT decode(e.j->>'sha256', 'hex'), p.id, e.j->>'level', e.j->>'external_id',
                e.j->>'title', ARRAY(SELECT jsonb_array_elements_text(e.j->'breadcrumb')),
                e.j->>'text', e.j->>'source', (e.j->>'ts')::timestamptz, e.j->'metadata',
@@ -198,7 +198,7 @@ BEGIN
                -- the parents it names, resolved or not (memory.support_status)
                (SELECT count(DISTINCT x) FROM jsonb_array_elements_text(
                     coalesce(e.j->'parents', '[]')) AS x)::integer,
-               (e.j->>'valid_from')::timestamptz, (e.j->>'valid_to')::timestamptz
+               (e.j->>'valid_from')::timestamptz, (e.j->>'valid_to')::timestamptz%s
         FROM jsonb_array_elements($1) WITH ORDINALITY AS e(j, i)
         JOIN memory.projects p ON p.name = e.j->>'project'
         WHERE NOT EXISTS (SELECT 1 FROM memory.nodes s
@@ -206,8 +206,16 @@ BEGIN
                             AND s.expired_at IS NULL)
         ORDER BY e.i
         ON CONFLICT (sha256, project_id, revision) DO NOTHING$q$,
+        -- expiry (migration 0021; not content): the node's own, capped by its project's
+        -- retention for its level counted from now (least ignores a NULL)
+        CASE WHEN to_regclass('memory.retention') IS NOT NULL THEN ', expires_at' ELSE '' END,
         CASE WHEN embed THEN $e$memory.embed(e.j->>'text')$e$
-             ELSE 'memory._vector_missing(e.i)' END)
+             ELSE 'memory._vector_missing(e.i)' END,
+        CASE WHEN to_regclass('memory.retention') IS NOT NULL THEN $x$,
+               least((e.j->>'expires_at')::timestamptz,
+                     now() + (SELECT r.max_age FROM memory.retention r
+                              WHERE r.project_id = p.id AND r.level = e.j->>'level'))$x$
+             ELSE '' END)
     USING nodes, embeddings, who;
     GET DIAGNOSTICS n_inserted = ROW_COUNT;
 

@@ -132,7 +132,8 @@ BEGIN
                       WHERE n.id = w.parent_id
                         AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
                         AND (va IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= va)
-                                            AND (n.valid_to IS NULL OR n.valid_to > va)))
+                                            AND (n.valid_to IS NULL OR n.valid_to > va)
+                                            AND (n.expires_at IS NULL OR n.expires_at > va)))
                         AND (flt IS NULL OR n.metadata @> flt))
         GROUP BY w.parent_id
     ),
@@ -201,7 +202,8 @@ BEGIN
                              AND (n.expired_at IS NULL OR n.expired_at > as_of) END
                AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
                AND (va IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= va)
-                                   AND (n.valid_to IS NULL OR n.valid_to > va)))
+                                   AND (n.valid_to IS NULL OR n.valid_to > va)
+                                   AND (n.expires_at IS NULL OR n.expires_at > va)))
                AND (flt IS NULL OR n.metadata @> flt)
              ORDER BY n.id DESC LIMIT 1)
             UNION ALL
@@ -213,7 +215,8 @@ BEGIN
                              AND (n.expired_at IS NULL OR n.expired_at > as_of) END
                AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
                AND (va IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= va)
-                                   AND (n.valid_to IS NULL OR n.valid_to > va)))
+                                   AND (n.valid_to IS NULL OR n.valid_to > va)
+                                   AND (n.expires_at IS NULL OR n.expires_at > va)))
                AND (flt IS NULL OR n.metadata @> flt)
              ORDER BY n.id LIMIT 1)
         ) b

@@ -22,9 +22,27 @@ $$;
 COMMENT ON FUNCTION memory.support(bigint[]) IS
     'The support of each node from its evidence, now (memory._support_at): full (every parent it rests on is current and itself full), stale (a parent, or one further down, was rewritten since: the review queue lists it), partial (some parents were retired, erased or never resolved), none (all were), NULL for a node written without parents. parents: memory.nodes.parents_declared; supporting: the parents still there. Row-level security applies.';
 
+-- Scope (issue 40): forget by metadata (filter) and level too, a dry run, and a bound. The
+-- signatures grew: the old ones go first (CREATE OR REPLACE would add an overload).
+DROP FUNCTION IF EXISTS memory.forget(text, text[], text, text, text, boolean, text);
+DROP FUNCTION IF EXISTS memory._forget(text, text[], text, text, text, boolean, text);
+
+-- The most nodes one forget ends unless the caller names another bound (max_nodes): a
+-- filter that matches more than the caller thought (a typo'd key, a missing project) is
+-- refused whole instead of retiring a store. The service's default is
+-- POIMEN_FORGET_MAX_NODES.
+CREATE OR REPLACE FUNCTION memory._forget_max_nodes()
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN 1000;
+COMMENT ON FUNCTION memory._forget_max_nodes() IS
+    'The default bound of memory.forget (max_nodes, 1000): a forget matching more nodes is refused (PM422) unless the caller names a higher bound or NULL.';
+
 CREATE OR REPLACE FUNCTION memory._forget(
     project text, external_ids text[], source text, since text, until text,
-    erase boolean, reason text
+    erase boolean, reason text, filter jsonb DEFAULT NULL, level text DEFAULT NULL,
+    dry_run boolean DEFAULT false, max_nodes integer DEFAULT NULL, node_ids bigint[] DEFAULT NULL
 )
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -33,6 +51,7 @@ AS $$
 #variable_conflict use_variable
 DECLARE
     pid integer := memory.project_id(project);
+    flt jsonb := memory.check_filter(filter);
     lo timestamptz;
     hi timestamptz;
     who text := memory._writer();
@@ -41,6 +60,7 @@ DECLARE
     ended bigint[];    -- current versions this call ended
     derived bigint[];  -- current derived nodes the cascade ended
     n_erased integer := 0;
+    matched integer;   -- the nodes named (an external id, or a version without one)
     more bigint[];
     affected bigint[];
 BEGIN
@@ -48,23 +68,35 @@ BEGIN
         RAISE EXCEPTION 'forget needs a project' USING ERRCODE = '22023',
             HINT = 'Name the project whose nodes to forget.';
     END IF;
-    IF external_ids IS NULL AND source IS NULL AND since IS NULL AND until IS NULL THEN
-        RAISE EXCEPTION 'forget needs ids or a filter (source, since, until)' USING ERRCODE = '22023',
+    IF external_ids IS NULL AND node_ids IS NULL AND source IS NULL AND since IS NULL
+       AND until IS NULL AND flt IS NULL AND level IS NULL THEN
+        RAISE EXCEPTION 'forget needs ids or a filter (filter, source, level, since, until)' USING ERRCODE = '22023',
             HINT = 'To forget every node of the project, pass since => ''-infinity''.';
+    END IF;
+    IF level IS NOT NULL AND NOT level = ANY (@vocabulary.levels@) THEN
+        RAISE EXCEPTION 'level must be one of L0, L1, L2, got %', level USING ERRCODE = '22023';
+    END IF;
+    IF max_nodes IS NOT NULL AND max_nodes < 1 THEN
+        RAISE EXCEPTION 'max_nodes must be at least 1, got %', max_nodes USING ERRCODE = '22023',
+            HINT = 'NULL: no bound.';
     END IF;
     SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(since, until) t;
     -- The nodes named: by id every version of the id; by filter the versions that match,
     -- then (to erase) every version of their ids. Current versions are locked in id order,
     -- as memory._write_nodes locks them, so a forget and a write of one node take turns.
-    hit := ARRAY(
-        SELECT n.id FROM memory.nodes n
-        WHERE n.project_id = pid AND n.erased_at IS NULL
-          AND (external_ids IS NULL OR n.external_id = ANY (external_ids))
-          AND (source IS NULL OR n.source = source)
-          AND (lo IS NULL OR n.ts >= lo) AND (hi IS NULL OR n.ts < hi)
-          AND (erase OR n.expired_at IS NULL)
-        ORDER BY n.id);
+    -- A retire reads current versions only, written out (expired_at IS NULL) so that a
+    -- metadata filter reads the partial index nodes_metadata_current_gin.
     IF erase THEN
+        hit := ARRAY(
+            SELECT n.id FROM memory.nodes n
+            WHERE n.project_id = pid AND n.erased_at IS NULL
+              AND (external_ids IS NULL OR n.external_id = ANY (external_ids))
+              AND (node_ids IS NULL OR n.id = ANY (node_ids))
+              AND (source IS NULL OR n.source = source)
+              AND (lo IS NULL OR n.ts >= lo) AND (hi IS NULL OR n.ts < hi)
+              AND (flt IS NULL OR n.metadata @> flt)
+              AND (level IS NULL OR n.level = level)
+            ORDER BY n.id);
         hit := ARRAY(
             SELECT n.id FROM memory.nodes n
             WHERE n.project_id = pid AND n.erased_at IS NULL
@@ -72,6 +104,36 @@ BEGIN
                    OR n.external_id IN (SELECT h.external_id FROM memory.nodes h
                                         WHERE h.id = ANY (hit) AND h.project_id = pid))
             ORDER BY n.id);
+    ELSE
+        hit := ARRAY(
+            SELECT n.id FROM memory.nodes n
+            WHERE n.project_id = pid AND n.expired_at IS NULL
+              AND (external_ids IS NULL OR n.external_id = ANY (external_ids))
+              AND (node_ids IS NULL OR n.id = ANY (node_ids))
+              AND (source IS NULL OR n.source = source)
+              AND (lo IS NULL OR n.ts >= lo) AND (hi IS NULL OR n.ts < hi)
+              AND (flt IS NULL OR n.metadata @> flt)
+              AND (level IS NULL OR n.level = level)
+            ORDER BY n.id);
+    END IF;
+    matched := (SELECT count(DISTINCT coalesce(n.external_id, n.id::text)) FROM memory.nodes n
+                WHERE n.id = ANY (hit) AND n.project_id = pid);
+    -- A dry run stops here: what the same call would forget now, nothing written or locked.
+    -- The answer's keys plus dry_run and matched (derived_*: not simulated, 0), the ids in
+    -- full: the bound below does not apply, so the caller learns how many a filter matches
+    -- and the real call (nothing changed in between) ends exactly these.
+    IF dry_run THEN
+        RETURN jsonb_build_object(
+            'dry_run', true, 'matched', matched, 'retired', 0, 'erased', 0,
+            'nodes', (SELECT coalesce(jsonb_agg(DISTINCT n.external_id) FILTER (WHERE n.external_id IS NOT NULL), '[]')
+                      FROM memory.nodes n WHERE n.id = ANY (hit) AND n.project_id = pid),
+            'derived_policy', policy, 'derived_ended', 0, 'derived_unsupported', 0);
+    END IF;
+    IF max_nodes IS NOT NULL AND matched > max_nodes THEN
+        RAISE EXCEPTION 'forget would end % nodes, more than max_nodes = %', matched, max_nodes
+            USING ERRCODE = @vocabulary.sqlstate_too_many_nodes@,
+                  DETAIL = 'Nothing was forgotten.',
+                  HINT = 'Check the filter with dry_run => true, then pass a higher max_nodes (or NULL: no bound), or forget in smaller parts.';
     END IF;
     PERFORM 1 FROM memory.nodes n WHERE n.id = ANY (hit) AND n.project_id = pid
       ORDER BY n.id FOR UPDATE;
@@ -98,7 +160,6 @@ BEGIN
          WHERE n.id = ANY (hit) AND n.project_id = pid;
         GET DIAGNOSTICS n_erased = ROW_COUNT;
     END IF;
-
     -- Derived nodes left without support: flagged (memory.support says none) or, under
     -- the policy forget_derived = cascade, ended the same way, level by level upwards.
     derived := '{}';
@@ -152,8 +213,8 @@ BEGIN
                 WHERE e.parent_id = ANY (hit) AND e.project_id = pid AND c.expired_at IS NULL)) s
             WHERE s.support <> 'full'));
 END $$;
-COMMENT ON FUNCTION memory._forget(text, text[], text, text, text, boolean, text) IS
-    'The implementation of memory.forget: ends the current versions of the project''s nodes named by external ids or matched by source and ts range (since/until as in memory.query), retired (kept in history) or, with erase, erased (every version blanked to a tombstone). Derived nodes left with no support follow under forget_derived = cascade.';
+COMMENT ON FUNCTION memory._forget(text, text[], text, text, text, boolean, text, jsonb, text, boolean, integer, bigint[]) IS
+    'The implementation of memory.forget (and of poimen-memory expire, which names versions by node_ids): ends the current versions of the project''s nodes named by external ids or node ids or matched by source, ts range (since/until as in memory.query), metadata (filter: metadata @> filter, memory.check_filter) and level, retired (kept in history) or, with erase, erased (every version blanked to a tombstone). dry_run: the answer the call would give, nothing written. More than max_nodes nodes (NULL: no bound): PM422, nothing written. Derived nodes left with no support follow under forget_derived = cascade.';
 
 CREATE OR REPLACE FUNCTION memory.forget(
     project text,
@@ -162,16 +223,21 @@ CREATE OR REPLACE FUNCTION memory.forget(
     since text DEFAULT NULL,
     until text DEFAULT NULL,
     erase boolean DEFAULT false,
-    reason text DEFAULT NULL
+    reason text DEFAULT NULL,
+    filter jsonb DEFAULT NULL,
+    level text DEFAULT NULL,
+    dry_run boolean DEFAULT false,
+    max_nodes integer DEFAULT memory._forget_max_nodes()
 )
 RETURNS jsonb
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT memory._forget(project, external_ids, source, since, until, erase, reason)
+    SELECT memory._forget(project, external_ids, source, since, until, erase, reason,
+                          filter, level, dry_run, max_nodes)
 $$;
-COMMENT ON FUNCTION memory.forget(text, text[], text, text, text, boolean, text) IS
-    'Forgets a project''s nodes by external ids or by filter (source; since/until: inclusive ISO dates or timestamps on the node''s timestamp). By default retires them: their current versions end (end_reason retired), leave every answer and the BM25 statistics, and stay in memory.history. erase => true (privacy requests) blanks every version to a tombstone: text, title, source, timestamp, metadata, vector and postings go, the OpenSearch documents are deleted through the outbox; VACUUM FULL afterwards removes the old tuples from the relation files (docs/lifecycle.md). Derived L1/L2 left without support are flagged (memory.support) or, with memory.set_policy(''forget_derived'', ''cascade''), ended too. Returns {"retired", "erased", "nodes", "derived_policy", "derived_ended", "derived_unsupported"}. Row-level security applies: 42501 outside the caller''s projects.';
+COMMENT ON FUNCTION memory.forget(text, text[], text, text, text, boolean, text, jsonb, text, boolean, integer) IS
+    'Forgets a project''s nodes by external ids or by filter (filter: a JSON object the node''s metadata contains, as memory_query''s; source; level; since/until: inclusive ISO dates or timestamps on the node''s timestamp). By default retires them: their current versions end (end_reason retired), leave every answer and the BM25 statistics, and stay in memory.history. erase => true (privacy requests) blanks every version to a tombstone: text, title, source, timestamp, metadata, vector and postings go, the OpenSearch documents are deleted through the outbox; VACUUM FULL afterwards removes the old tuples from the relation files (docs/lifecycle.md). Derived L1/L2 left without support are flagged (memory.support) or, with memory.set_policy(''forget_derived'', ''cascade''), ended too. dry_run => true answers what the call would forget (matched: how many nodes, nodes: their ids) and writes nothing. A call matching more than max_nodes nodes (default 1000; NULL: no bound) is refused whole with PM422. Returns {"retired", "erased", "nodes", "derived_policy", "derived_ended", "derived_unsupported"}, and for a dry run also "dry_run": true and "matched". Row-level security applies: 42501 outside the caller''s projects.';
 
 CREATE OR REPLACE FUNCTION memory.forget(
     project text, external_id text, erase boolean DEFAULT false, reason text DEFAULT NULL
@@ -188,7 +254,7 @@ BEGIN
             USING ERRCODE = @vocabulary.sqlstate_unknown_node@,
                   HINT = 'memory.history(project, id) lists its versions; a retired node can still be erased (erase => true).';
     END IF;
-    RETURN memory._forget(project, ARRAY[external_id], NULL, NULL, NULL, erase, reason);
+    RETURN memory._forget(project, ARRAY[external_id], NULL, NULL, NULL, erase, reason);  -- one id: no bound
 END $$;
 COMMENT ON FUNCTION memory.forget(text, text, boolean, text) IS
     'Forgets one node by external id: memory.forget with external_ids => ARRAY[external_id]; PM444 when the id has no current version (or, with erase, no version left to erase).';
@@ -232,3 +298,121 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION memory.history(text, text) IS
     'Every version of a node, oldest first: revision, node_id, whether it is current, its content (NULL once erased), when it became current (created_at) and ended (expired_at), why it ended (superseded, retired, erased), who wrote and who ended it (api_key:<id> or role:<name>), the forgetter''s note, its valid time (valid_from, valid_to). PM444 for an unknown id. Row-level security applies.';
+
+-- Expiry and retention (issue 40, migration 0021). A node's expires_at (its JSON's, or its
+-- project's retention for its level from when it was written) takes it out of answers at
+-- once: the search stages test it with valid time (memory._valid_at), memory.get_node and
+-- memory.list_nodes beside expired_at. memory.expire then ends what has expired, through
+-- memory._forget, so history, the BM25 statistics, OpenSearch and derived nodes follow as
+-- for any forget. PL/pgSQL throughout: memory.retention is created by migration 0021.
+CREATE OR REPLACE FUNCTION memory.set_retention(
+    project text, level text, max_age interval, action text DEFAULT 'retire'
+)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    pid integer := memory.project_id(project);
+    changed integer := 0;
+BEGIN
+    IF pid IS NULL THEN
+        RAISE EXCEPTION 'set_retention needs a project' USING ERRCODE = '22023';
+    END IF;
+    IF level IS NULL OR NOT level = ANY (@vocabulary.levels@) THEN
+        RAISE EXCEPTION 'level must be one of L0, L1, L2, got %', coalesce(level, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF action IS NULL OR action NOT IN ('retire', 'erase') THEN
+        RAISE EXCEPTION 'action must be retire or erase, got %', coalesce(action, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF max_age IS NULL THEN
+        -- No retention any more: the expiries already set stay (a node's own, or one the
+        -- retention gave: the database does not tell them apart).
+        DELETE FROM memory.retention r WHERE r.project_id = pid AND r.level = level;
+    ELSE
+        IF max_age <= interval '0' OR NOT isfinite(now() + max_age) THEN
+            RAISE EXCEPTION 'max_age must be a positive, finite interval, got %', max_age
+                USING ERRCODE = '22023', HINT = 'e.g. max_age => ''90 days''.';
+        END IF;
+        INSERT INTO memory.retention AS r (project_id, level, max_age, action, set_at, set_by)
+        VALUES (pid, level, max_age, action, now(), memory._writer())
+        ON CONFLICT ON CONSTRAINT retention_pkey DO UPDATE  -- not (project_id, level): level is the argument here
+            SET max_age = EXCLUDED.max_age, action = EXCLUDED.action,
+                set_at = EXCLUDED.set_at, set_by = EXCLUDED.set_by;
+        -- Honoured at once: the current nodes of that level expire max_age after they were
+        -- written, or sooner if they say so (a retention is a longest life, so a longer one
+        -- set later does not lengthen an expiry already set).
+        UPDATE memory.nodes n
+           SET expires_at = n.created_at + max_age
+         WHERE n.project_id = pid AND n.level = level AND n.expired_at IS NULL
+           AND (n.expires_at IS NULL OR n.expires_at > n.created_at + max_age);
+        GET DIAGNOSTICS changed = ROW_COUNT;
+    END IF;
+    RETURN jsonb_build_object('project', project, 'level', level, 'max_age', max_age::text,
+                              'action', action, 'nodes_updated', changed);
+END $$;
+COMMENT ON FUNCTION memory.set_retention(text, text, interval, text) IS
+    'Sets the retention of a project''s level: its nodes expire max_age after they were written (memory.nodes.expires_at; an earlier expiry of their own stays), at once for its current nodes and at write for new ones, and poimen-memory expire (memory.expire) retires them, or erases them with action => ''erase''. max_age NULL removes the retention (expiries already set stay). Returns {"project", "level", "max_age", "action", "nodes_updated"}. Row-level security applies: a role sets retention only in projects it may write.';
+
+CREATE OR REPLACE FUNCTION memory.expire(project text, batch integer DEFAULT 1000)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    pid integer := memory.project_id(project);
+    r record;
+    res jsonb;
+    n_retired integer := 0;
+    n_erased integer := 0;
+    n_derived integer := 0;
+BEGIN
+    IF pid IS NULL THEN
+        RAISE EXCEPTION 'expire needs a project' USING ERRCODE = '22023';
+    END IF;
+    PERFORM memory.check_within('batch', batch, 1, 100000, 'batch is the most nodes one call ends; call again for the rest.');
+    -- At most batch expired current versions, oldest node id first, by what their level's
+    -- retention says to do (retire when none says).
+    FOR r IN
+        SELECT x.act, array_agg(x.id ORDER BY x.id) AS ids
+        FROM (SELECT n.id, coalesce(t.action, 'retire') AS act
+              FROM memory.nodes n
+              LEFT JOIN memory.retention t ON t.project_id = n.project_id AND t.level = n.level
+              WHERE n.project_id = pid AND n.expired_at IS NULL AND n.expires_at <= now()
+              ORDER BY n.id LIMIT batch) x
+        GROUP BY x.act ORDER BY x.act
+    LOOP
+        res := memory._forget(project, NULL, NULL, NULL, NULL, r.act = 'erase', 'expired',
+                              node_ids => r.ids);
+        IF r.act = 'erase' THEN
+            n_erased := n_erased + cardinality(r.ids);
+        ELSE
+            n_retired := n_retired + cardinality(r.ids);
+        END IF;
+        n_derived := n_derived + (res ->> 'derived_ended')::integer;
+    END LOOP;
+    RETURN jsonb_build_object(
+        'project', project, 'retired', n_retired, 'erased', n_erased, 'derived_ended', n_derived,
+        'remaining', (SELECT count(*) FROM memory.nodes n
+                      WHERE n.project_id = pid AND n.expired_at IS NULL AND n.expires_at <= now()));
+END $$;
+COMMENT ON FUNCTION memory.expire(text, integer) IS
+    'Ends up to batch (1..100000, default 1000) of the project''s current nodes whose expires_at has passed, through memory.forget''s implementation: retired (end_note expired), or erased where their level''s retention says erase; derived nodes follow the forget_derived policy. Returns {"project", "retired", "erased" (nodes), "derived_ended", "remaining" (expired nodes still current: call again)}. poimen-memory expire calls it until none remain. Row-level security applies.';
+
+CREATE OR REPLACE FUNCTION memory.retention()
+RETURNS TABLE (project text, level text, max_age interval, action text, set_at timestamptz, set_by text)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT p.name::text, r.level, r.max_age, r.action, r.set_at, r.set_by
+    FROM memory.retention r JOIN memory.projects p ON p.id = r.project_id
+    ORDER BY p.name, r.level;
+END $$;
+COMMENT ON FUNCTION memory.retention() IS
+    'The retentions set (memory.set_retention), by project name and level. Row-level security applies: the projects the caller may read.';

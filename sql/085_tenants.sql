@@ -222,7 +222,8 @@ DECLARE
     writable text := 'COALESCE(project_id = ANY ((SELECT memory._granted_ids(true))::integer[]), true)';
     -- Every table that holds project data (migration 0008 turned row-level security on).
     tables text[] := ARRAY['project_grants', 'projects', 'nodes', 'edges', 'postings',
-                           'term_stats', 'corpus_stats', 'opensearch_outbox', 'review_queue'];
+                           'term_stats', 'corpus_stats', 'opensearch_outbox', 'review_queue',
+                           'retention'];
     wanted text[] := '{}';  -- (table, policy, clause) rows
     notes text[] := ARRAY[
         'role_name', 'the grantee, by name (kept across pg_dump/pg_restore); every role that has its privileges inherits the grant',
@@ -242,6 +243,11 @@ BEGIN
     END IF;
     IF to_regclass('memory.review_queue') IS NULL THEN
         tables := array_remove(tables, 'review_queue');  -- before migration 0019
+    END IF;
+    -- memory.retention comes with migration 0021: not before (tests apply one migration
+    -- per deploy).
+    IF to_regclass('memory.retention') IS NULL THEN
+        tables := array_remove(tables, 'retention');
     END IF;
     FOREACH t IN ARRAY tables LOOP
         IF NOT (SELECT c.relrowsecurity FROM pg_catalog.pg_class c
@@ -268,10 +274,13 @@ BEGIN
     -- granted for reading, written in those granted for writing. Edges obey it too: an
     -- edge stays within one project (its foreign keys carry the project, migration 0009).
     -- The statistics are written by the owner's triggers only, so they get no write policy.
-    FOREACH t IN ARRAY ARRAY['nodes', 'edges', 'postings', 'term_stats', 'corpus_stats', 'review_queue'] LOOP
+    -- A project's retention (migration 0021) is its data too: read and set as its nodes;
+    -- so is its review queue (migration 0019), worked by its writers.
+    FOREACH t IN ARRAY ARRAY['nodes', 'edges', 'postings', 'term_stats', 'corpus_stats',
+                             'review_queue', 'retention'] LOOP
         CONTINUE WHEN NOT t = ANY (tables);
         wanted := wanted || ARRAY[[t, 'granted_read', pg_catalog.format('FOR SELECT USING (%s)', readable)]];
-        CONTINUE WHEN t NOT IN ('nodes', 'edges', 'review_queue');
+        CONTINUE WHEN t NOT IN ('nodes', 'edges', 'review_queue', 'retention');
         wanted := wanted || ARRAY[
             [t, 'granted_insert', pg_catalog.format('FOR INSERT WITH CHECK (%s)', writable)],
             [t, 'granted_update', pg_catalog.format('FOR UPDATE USING (%s) WITH CHECK (%s)', writable, writable)],

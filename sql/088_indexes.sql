@@ -167,7 +167,10 @@ DECLARE
          '(lexeme) INCLUDE (project_id, df, max_tf, min_dl_per_tf)'],
         ['0013_query_grammar', 'nodes', 'nodes_metadata_gin', 'USING gin (metadata jsonb_path_ops)'],
         ['0018_valid_time', 'nodes', 'nodes_valid_bounded',
-         '(project_id) WHERE expired_at IS NULL AND (valid_from IS NOT NULL OR valid_to IS NOT NULL)']];
+         '(project_id) WHERE expired_at IS NULL AND (valid_from IS NOT NULL OR valid_to IS NOT NULL)'],
+        -- issue 40: list, count and forget by metadata read current versions only
+        ['0021_scope_expiry', 'nodes', 'nodes_metadata_current_gin',
+         'USING gin (metadata jsonb_path_ops) WHERE expired_at IS NULL']];
     w text[];
     rel regclass;
     own name;
@@ -177,6 +180,10 @@ DECLARE
     checking boolean := coalesce(pg_catalog.current_setting('poimen.migrate_check', true), '') = 'on';
     made text[] := '{}';
 BEGIN
+    -- Migration 0021 widened nodes_valid_bounded to the nodes with an expiry (memory._valid_at).
+    IF EXISTS (SELECT 1 FROM memory.schema_migrations m WHERE m.version = '0021_scope_expiry') THEN
+        wanted[7][4] := '(project_id) WHERE expired_at IS NULL AND (valid_from IS NOT NULL OR valid_to IS NOT NULL OR expires_at IS NOT NULL)';
+    END IF;
     IF hnsw THEN
         wanted := wanted || ARRAY[
             ['0001_initial', 'nodes', 'nodes_embedding_hnsw', pg_catalog.format(

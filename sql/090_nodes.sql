@@ -19,10 +19,14 @@ COMMENT ON FUNCTION memory._links_max() IS
 SELECT memory._declare_row('node_row',
     'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, parents jsonb, parents_total integer, children jsonb, children_total integer, parents_declared integer, support text, versions jsonb, valid_from timestamptz, valid_to timestamptz',
     ARRAY['memory.get_node(text, text)', 'memory._get_node(text, text, text[])']);
+-- list_nodes gained filter (a metadata filter) and newest_first, and its rows expires_at
+-- (issue 40): the old signatures go first.
+DROP FUNCTION IF EXISTS memory.list_nodes(text, text, text, text, text, text, integer);
+DROP FUNCTION IF EXISTS memory._list_nodes(text, text, text, text, text, text, integer, text[]);
 SELECT memory._declare_row('node_list_row',
-    'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, support text, cursor text, valid_from timestamptz, valid_to timestamptz',
-    ARRAY['memory.list_nodes(text, text, text, text, text, text, integer)',
-          'memory._list_nodes(text, text, text, text, text, text, integer, text[])']);
+    'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, support text, cursor text, valid_from timestamptz, valid_to timestamptz, expires_at timestamptz',
+    ARRAY['memory.list_nodes(text, text, text, text, text, text, integer, jsonb, boolean)',
+          'memory._list_nodes(text, text, text, text, text, text, integer, text[], jsonb, boolean)']);
 
 -- p_projects: a filter the service passes, the API key's projects, so a key never reaches
 -- beyond them, even over a pool whose role skips row-level security.
@@ -44,8 +48,11 @@ BEGIN
     -- unique per project, not across projects. A node's ended versions (superseded, retired,
     -- erased: docs/lifecycle.md) are its history (memory.history), not the node: a retired
     -- or erased node is unknown here, and an updated one is its current version.
+    -- A node whose expiry has passed (expires_at, migration 0021) has left answers: it is
+    -- unknown here too, though current until poimen-memory expire ends it.
     found_in := ARRAY(SELECT p.name FROM memory.nodes x JOIN memory.projects p ON p.id = x.project_id
                       WHERE x.external_id = p_id AND x.expired_at IS NULL
+                        AND (x.expires_at IS NULL OR x.expires_at > now())
                         AND (pid IS NULL OR x.project_id = pid)
                         AND (p_projects IS NULL OR p.name = ANY (p_projects))
                       ORDER BY p.name);
@@ -62,7 +69,8 @@ BEGIN
                   HINT = 'Name the project (project => ...): ids are unique per project.';
     END IF;
     SELECT x.* INTO n FROM memory.nodes x JOIN memory.projects p ON p.id = x.project_id
-    WHERE x.external_id = p_id AND p.name = found_in[1] AND x.expired_at IS NULL;
+    WHERE x.external_id = p_id AND p.name = found_in[1] AND x.expired_at IS NULL
+      AND (x.expires_at IS NULL OR x.expires_at > now());
     RETURN QUERY
     SELECT n.id, n.external_id, found_in[1], n.level, encode(n.sha256, 'hex'), n.title, n.text,
            n.source, n.breadcrumb, n.ts, n.metadata, n.created_at,
@@ -141,9 +149,39 @@ END $$;
 COMMENT ON FUNCTION memory._node_after(text) IS
     'The node id a memory.list_nodes cursor stands for (22023 for anything else); NULL or empty: from the start.';
 
+-- The WHERE clause of memory.list_nodes and memory.count_nodes, one text for both: the
+-- current versions that have not expired, and the filters given, as $1.. of the
+-- parameters both pass in the same order (project id, after, level, source, since,
+-- before, -, projects, filter). Dynamic, so that the planner sees which filters there are:
+-- a project's nodes by one index range of nodes_project_id_idx (project_id, id) read in id
+-- order, a metadata filter by the partial GIN index nodes_metadata_current_gin, whose
+-- predicate (expired_at IS NULL) the clause states.
+CREATE OR REPLACE FUNCTION memory._nodes_where(
+    has_project boolean, has_after boolean, has_level boolean, has_source boolean,
+    has_since boolean, has_until boolean, has_projects boolean, has_filter boolean,
+    newest_first boolean DEFAULT false
+)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN ' WHERE n.expired_at IS NULL AND (n.expires_at IS NULL OR n.expires_at > now())'
+    || CASE WHEN has_project THEN ' AND n.project_id = $1' ELSE '' END
+    || CASE WHEN NOT has_after THEN '' WHEN newest_first THEN ' AND n.id < $2' ELSE ' AND n.id > $2' END
+    || CASE WHEN has_level THEN ' AND n.level = $3' ELSE '' END
+    || CASE WHEN has_source THEN ' AND n.source = $4' ELSE '' END
+    || CASE WHEN has_since THEN ' AND n.ts >= $5' ELSE '' END
+    || CASE WHEN has_until THEN ' AND n.ts < $6' ELSE '' END
+    || CASE WHEN has_projects THEN
+           ' AND n.project_id = ANY (ARRAY(SELECT p.id FROM memory.projects p
+                                           WHERE p.name = ANY ($8)))' ELSE '' END
+    || CASE WHEN has_filter THEN ' AND n.metadata @> $9' ELSE '' END;
+COMMENT ON FUNCTION memory._nodes_where(boolean, boolean, boolean, boolean, boolean, boolean, boolean, boolean, boolean) IS
+    'The WHERE clause memory.list_nodes and memory.count_nodes run (current, unexpired versions; each filter given as its parameter $1..$9; after: node ids above $2, or below it newest first), so that the two always agree.';
+
 CREATE OR REPLACE FUNCTION memory._list_nodes(
     p_project text, p_level text, p_source text, p_since text, p_until text, p_after text,
-    p_limit integer, p_projects text[]
+    p_limit integer, p_projects text[], p_filter jsonb DEFAULT NULL,
+    p_newest_first boolean DEFAULT false
 )
 RETURNS SETOF memory.node_list_row
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -153,6 +191,7 @@ DECLARE
     pid integer := memory.project_id(p_project);
     tr record;
     after_id bigint := memory._node_after(p_after);
+    flt jsonb := memory.check_filter(p_filter);
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 100 THEN
         RAISE EXCEPTION 'limit must be between 1 and 100, got %', coalesce(p_limit::text, 'NULL')
@@ -163,30 +202,22 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     SELECT * INTO tr FROM memory.time_range(p_since, p_until);
-    -- Dynamic, so the project is a constant to the planner: one index range of
-    -- nodes_project_id_idx (project_id, id) read in id order, stopping at the page's end.
     RETURN QUERY EXECUTE
         'SELECT n.id, n.external_id,
                 (SELECT p.name::text FROM memory.projects p WHERE p.id = n.project_id),
                 n.level, encode(n.sha256, ''hex''), n.title, n.text, n.source, n.breadcrumb,
                 n.ts, n.metadata, n.created_at,
                 (SELECT s.support FROM memory._support_at(ARRAY[n.id]) s),
-                memory._node_cursor(n.id), n.valid_from, n.valid_to
-         FROM memory.nodes n
-         WHERE n.expired_at IS NULL'  -- current versions, as memory.get_node
-        || CASE WHEN pid IS NULL THEN '' ELSE ' AND n.project_id = $1' END
-        || CASE WHEN after_id IS NULL THEN '' ELSE ' AND n.id > $2' END
-        || CASE WHEN p_level IS NULL THEN '' ELSE ' AND n.level = $3' END
-        || CASE WHEN p_source IS NULL THEN '' ELSE ' AND n.source = $4' END
-        || CASE WHEN tr.since_ts IS NULL THEN '' ELSE ' AND n.ts >= $5' END
-        || CASE WHEN tr.before_ts IS NULL THEN '' ELSE ' AND n.ts < $6' END
-        || CASE WHEN p_projects IS NULL THEN '' ELSE
-               ' AND n.project_id = ANY (ARRAY(SELECT p.id FROM memory.projects p
-                                               WHERE p.name = ANY ($8)))' END
-        || ' ORDER BY n.id LIMIT $7'
-        USING pid, after_id, p_level, p_source, tr.since_ts, tr.before_ts, p_limit, p_projects;
+                memory._node_cursor(n.id), n.valid_from, n.valid_to, n.expires_at
+         FROM memory.nodes n'
+        || memory._nodes_where(pid IS NOT NULL, after_id IS NOT NULL, p_level IS NOT NULL,
+                               p_source IS NOT NULL, tr.since_ts IS NOT NULL,
+                               tr.before_ts IS NOT NULL, p_projects IS NOT NULL, flt IS NOT NULL,
+                               coalesce(p_newest_first, false))
+        || CASE WHEN p_newest_first THEN ' ORDER BY n.id DESC LIMIT $7' ELSE ' ORDER BY n.id LIMIT $7' END
+        USING pid, after_id, p_level, p_source, tr.since_ts, tr.before_ts, p_limit, p_projects, flt;
 END $$;
-COMMENT ON FUNCTION memory._list_nodes(text, text, text, text, text, text, integer, text[]) IS
+COMMENT ON FUNCTION memory._list_nodes(text, text, text, text, text, text, integer, text[], jsonb, boolean) IS
     'Implementation of memory.list_nodes (positional parameter names: PL/pgSQL forbids a parameter named like a result column); p_projects (NULL: no filter) keeps to those projects: the service passes the API key''s.';
 
 CREATE OR REPLACE FUNCTION memory.list_nodes(
@@ -196,13 +227,64 @@ CREATE OR REPLACE FUNCTION memory.list_nodes(
     since text DEFAULT NULL,
     until text DEFAULT NULL,
     after text DEFAULT NULL,
-    "limit" integer DEFAULT 50
+    "limit" integer DEFAULT 50,
+    filter jsonb DEFAULT NULL,
+    newest_first boolean DEFAULT false
 )
 RETURNS SETOF memory.node_list_row
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT * FROM memory._list_nodes(project, level, source, since, until, after, "limit", NULL);
+    SELECT * FROM memory._list_nodes(project, level, source, since, until, after, "limit", NULL,
+                                     filter, newest_first);
 END;
-COMMENT ON FUNCTION memory.list_nodes(text, text, text, text, text, text, integer) IS
-    'A page of nodes in write order (node id), keyset paged: after => the cursor of the last row of the previous page (opaque). Filters: project (PM404 when unknown; NULL: every project the caller can read), level, source (equal), since/until (inclusive ISO dates or timestamps on the node''s timestamp, as memory.query''s). limit 1..100 (default 50). Row-level security applies.';
+COMMENT ON FUNCTION memory.list_nodes(text, text, text, text, text, text, integer, jsonb, boolean) IS
+    'A page of nodes in write order (node id; newest_first => true: the latest writes first), keyset paged: after => the cursor of the last row of the previous page (opaque). Filters: project (PM404 when unknown; NULL: every project the caller can read), level, source (equal), since/until (inclusive ISO dates or timestamps on the node''s timestamp, as memory.query''s), filter (a JSON object the node''s metadata contains, as memory.query''s: memory.check_filter). Current versions whose expiry (expires_at) has not passed. limit 1..100 (default 50). Row-level security applies.';
+
+CREATE OR REPLACE FUNCTION memory._count_nodes(
+    p_project text, p_level text, p_source text, p_since text, p_until text,
+    p_filter jsonb, p_projects text[]
+)
+RETURNS bigint
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    pid integer := memory.project_id(p_project);
+    tr record;
+    flt jsonb := memory.check_filter(p_filter);
+    n bigint;
+BEGIN
+    IF p_level IS NOT NULL AND NOT p_level = ANY (@vocabulary.levels@) THEN
+        RAISE EXCEPTION 'level must be one of L0, L1, L2, got %', p_level
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO tr FROM memory.time_range(p_since, p_until);
+    EXECUTE 'SELECT count(*) FROM memory.nodes n'
+        || memory._nodes_where(pid IS NOT NULL, false, p_level IS NOT NULL,
+                               p_source IS NOT NULL, tr.since_ts IS NOT NULL,
+                               tr.before_ts IS NOT NULL, p_projects IS NOT NULL, flt IS NOT NULL)
+        INTO n
+        USING pid, NULL::bigint, p_level, p_source, tr.since_ts, tr.before_ts, NULL::integer,
+              p_projects, flt;
+    RETURN n;
+END $$;
+COMMENT ON FUNCTION memory._count_nodes(text, text, text, text, text, jsonb, text[]) IS
+    'Implementation of memory.count_nodes; p_projects (NULL: no filter) keeps to those projects: the service passes the API key''s.';
+
+CREATE OR REPLACE FUNCTION memory.count_nodes(
+    project text DEFAULT NULL,
+    level text DEFAULT NULL,
+    source text DEFAULT NULL,
+    since text DEFAULT NULL,
+    until text DEFAULT NULL,
+    filter jsonb DEFAULT NULL
+)
+RETURNS bigint
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT memory._count_nodes(project, level, source, since, until, filter, NULL);
+END;
+COMMENT ON FUNCTION memory.count_nodes(text, text, text, text, text, jsonb) IS
+    'How many nodes memory.list_nodes would list with these filters over all its pages (the same WHERE clause, memory._nodes_where): current versions whose expiry has not passed, by project, level, source, since/until and filter (metadata containment). Row-level security applies.';

@@ -116,7 +116,8 @@ DECLARE
         'memory.history', 'memory.support',
         'memory.support_status', 'memory.parents_present', 'memory._links_max',
         'memory.get_node', 'memory._get_node', 'memory._node_cursor', 'memory._node_after',
-        'memory.list_nodes', 'memory._list_nodes',
+        'memory.list_nodes', 'memory._list_nodes', 'memory.count_nodes', 'memory._count_nodes',
+        'memory._nodes_where', 'memory.retention',
         'memory._rested_parents', 'memory._support_at', 'memory._support_valid_at',
         'memory._cites_superseded', 'memory.review_list', 'memory._review_rows',
         'memory._review_limit'];
@@ -124,7 +125,8 @@ DECLARE
     writer_functions text[] := ARRAY[
         'memory.add_nodes', 'memory._add_nodes', 'memory._write_nodes', 'memory._ensure_projects',
         'memory._stored_nodes', 'memory._stored_hashes', 'memory._vector_missing',
-        'memory._writer', 'memory.forget', 'memory._forget',
+        'memory._writer', 'memory.forget', 'memory._forget', 'memory._forget_max_nodes',
+        'memory.set_retention', 'memory.expire',
         'memory._review_changes', 'memory.review_claim', 'memory.review_confirm',
         'memory._rest_on_current'];
     -- Functions nobody but the owner runs (DDL-ish, policy changes, triggers).
@@ -142,7 +144,7 @@ DECLARE
         'memory.schema_migrations', 'memory.config', 'memory.projects',
         'memory.embedding_model', 'memory.nodes', 'memory.edges', 'memory.postings',
         'memory.term_stats', 'memory.corpus_stats', 'memory.opensearch_outbox',
-        'memory.project_grants', 'memory.review_queue'];
+        'memory.project_grants', 'memory.review_queue', 'memory.retention'];
     f regprocedure;
     g record;
     t text;
@@ -207,6 +209,13 @@ BEGIN
         GRANT INSERT (revision, written_by),
               UPDATE (expired_at, end_reason, ended_by, end_note, erased_at)
             ON memory.nodes TO @role.writer@;
+    END IF;
+    -- Expiry and retention (migration 0021): a writer sets a node's expiry (the writer,
+    -- memory.set_retention) and its projects' retention; row-level security keeps both to
+    -- the projects it may write.
+    IF to_regclass('memory.retention') IS NOT NULL THEN
+        GRANT INSERT (expires_at), UPDATE (expires_at) ON memory.nodes TO @role.writer@;
+        GRANT INSERT, UPDATE, DELETE ON memory.retention TO @role.writer@;
     END IF;
 END $$;
 GRANT INSERT, UPDATE, DELETE ON memory.edges TO @role.writer@;

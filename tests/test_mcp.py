@@ -154,6 +154,7 @@ def test_tools_and_their_schemas(reader: str, mode: str) -> None:
     assert set(tools) == set(TOOLS) == {
         "memory_query", "memory_add", "memory_get", "memory_forget", "memory_history",
         "memory_review_list", "memory_review_claim", "memory_review_confirm",
+        "memory_list",
     }  # fmt: skip
     # The review tools take the HTTP routes' parameters; only a claim or confirm writes.
     claim = tools["memory_review_claim"]
@@ -163,8 +164,15 @@ def test_tools_and_their_schemas(reader: str, mode: str) -> None:
     assert tools["memory_review_list"].annotations.read_only_hint  # type: ignore[union-attr]
     assert not claim.annotations.read_only_hint  # type: ignore[union-attr]
     query = tools["memory_query"]
-    # The HTTP route's parameters, with the same schemas.
-    assert set(query.input_schema["properties"]) == {n for n, *_ in query_parameters()}
+    # The HTTP route's parameters, with the same schemas, but what a model sends: filter an
+    # object (or its JSON text), the levels a list (or the comma string), and compact.
+    assert set(query.input_schema["properties"]) == {n for n, *_ in query_parameters()} | {
+        "levels", "compact",
+    }  # fmt: skip
+    qprops = query.input_schema["properties"]
+    assert [a["type"] for a in qprops["filter"]["anyOf"]] == ["object", "string"]
+    assert [a["type"] for a in qprops["level"]["anyOf"]] == ["string", "array"]
+    assert qprops["levels"]["items"]["enum"] == ["L0", "L1", "L2"]
     assert query.input_schema["required"] == ["query"]
     assert query.input_schema["properties"]["strategy"]["enum"] == [
         "LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly",
@@ -190,15 +198,124 @@ def test_tools_and_their_schemas(reader: str, mode: str) -> None:
         assert tool.output_schema["required"] == _openapi_schema(output)["required"]
     assert "parents" in tools["memory_get"].output_schema["properties"]  # type: ignore[index]
     forget = tools["memory_forget"]
-    assert forget.input_schema["required"] == ["ids"]
+    assert "required" not in forget.input_schema  # ids, or a filter
     props = forget.input_schema["properties"]
-    assert set(props) == {"ids", "project", "erase", "reason"}
+    assert set(props) == {
+        "ids", "project", "erase", "reason", "filter", "source", "level", "since", "until",
+        "dry_run", "max_nodes",
+    }  # fmt: skip
+    assert props["dry_run"]["type"] == "boolean"
+    browse = tools["memory_list"]
+    assert browse.annotations is not None and browse.annotations.read_only_hint
+    assert {"filter", "newest_first", "count", "cursor", "limit"} <= set(
+        browse.input_schema["properties"]
+    )
     assert props["ids"]["minItems"] == 1 and props["ids"]["items"]["maxLength"] == MAX_ID_CHARS
     assert props["erase"] == {**props["erase"], "type": "boolean", "default": False}
     assert forget.annotations is not None and forget.annotations.destructive_hint
     assert not forget.annotations.read_only_hint
     assert forget.output_schema is not None
     assert forget.output_schema["required"] == ["project", "retired", "erased", "nodes"]
+
+
+def test_agent_arguments_compact_answers_browse_and_forget_by_filter(
+    server: str, fixture_url: str
+) -> None:
+    """What a model's tool call sends: filter an object, levels a list (the string forms
+    still work, to the same answer); a compact answer; memory_list by filter, newest first,
+    counted and paged; memory_forget by filter, its dry run's count what it then forgets."""
+    word = f"scope{uuid.uuid4().hex[:10]}"
+    mine, theirs = {"user": f"{word}-42"}, {"user": f"{word}-7"}
+    nodes = [
+        {"id": f"{word}-t1", "level": "L0", "text": f"{word}: Mara takes her tea green",
+         "metadata": mine},
+        {"id": f"{word}-t2", "level": "L0", "text": f"{word}: Mara walks to work",
+         "metadata": mine},
+        {"id": f"{word}-m1", "level": "L1", "text": f"{word} Mara likes green tea",
+         "parents": [f"{word}-t1"], "metadata": mine},
+        {"id": f"{word}-o1", "level": "L1", "text": f"{word} Tom likes green tea",
+         "metadata": theirs},
+    ]  # fmt: skip
+
+    async def work(client: Client) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        add = await client.call_tool("memory_add", {"nodes": nodes, "project": "poimen"})
+        assert not add.is_error, add.content
+        base = {"query": f"{word} green tea", "project": "poimen", "strategy": "LexicalOnly"}
+        for name, args in {
+            "objects": {**base, "filter": mine, "level": ["L0", "L1"]},
+            "plural": {**base, "filter": mine, "levels": ["L0", "L1"]},
+            "strings": {**base, "filter": json.dumps(mine), "level": "L0,L1"},
+            "compact": {**base, "filter": mine, "levels": ["L1"], "compact": True},
+            "full": {**base, "filter": mine, "levels": ["L1"]},
+            "all": {**base, "levels": ["L1"]},
+        }.items():
+            result = await client.call_tool("memory_query", args)
+            assert not result.is_error, result.content
+            out[name] = result.structured_content
+        out["both"] = await client.call_tool("memory_query", {**base, "level": ["L1"],
+                                                               "levels": ["L1"]})  # fmt: skip
+        for name, args in {
+            "list": {
+                "project": "poimen",
+                "filter": mine,
+                "count": True,
+                "limit": 2,
+                "newest_first": True,
+            },
+            "dry": {"project": "poimen", "filter": mine, "dry_run": True},
+            "forget": {"project": "poimen", "filter": mine, "reason": "user asked"},
+            "after": {"project": "poimen", "filter": mine, "count": True},
+            "other": {"project": "poimen", "filter": theirs, "count": True},
+        }.items():
+            tool = "memory_list" if name in ("list", "after", "other") else "memory_forget"
+            result = await client.call_tool(tool, args)
+            assert not result.is_error, result.content
+            out[name] = result.structured_content
+            if name == "list":  # the next page, before anything is forgotten
+                page2 = await client.call_tool("memory_list", {
+                    **args, "count": False, "cursor": out["list"]["next_cursor"]})  # fmt: skip
+                out["page2"] = page2.structured_content
+        out["nothing"] = await client.call_tool("memory_forget", {"project": "poimen"})
+        return out
+
+    out = over_http(server, None, work)
+    ids = [r["external_id"] for r in out["objects"]["results"]]
+    assert set(ids) == {f"{word}-t1", f"{word}-t2", f"{word}-m1"}
+    for name in ("plural", "strings"):
+        assert [r["external_id"] for r in out[name]["results"]] == ids, name
+    assert f"{word}-o1" in [r["external_id"] for r in out["all"]["results"]]
+    assert _tool_error(out["both"])["error"] == "invalid_parameter"
+    compact = out["compact"]
+    assert compact["compact"] is True and [r["id"] for r in compact["results"]] == [
+        r["external_id"] for r in out["full"]["results"]
+    ] == [f"{word}-m1"]
+    (mem,) = compact["results"]
+    assert set(mem) == {"id", "level", "text", "support", "cites"}
+    assert mem["support"] == "full" and mem["cites"] == [f"{word}-t1"]
+    assert compact["evidence"][0] == {"id": f"{word}-t1", "text": nodes[0]["text"]}
+    assert all(set(e) == {"id", "text"} for e in compact["evidence"])
+    assert len(json.dumps(compact)) < len(json.dumps(out["full"])) / 2
+    assert out["list"]["count"] == 3
+    assert [n["external_id"] for n in out["list"]["nodes"]] == [f"{word}-m1", f"{word}-t2"]
+    assert [n["external_id"] for n in out["page2"]["nodes"]] == [f"{word}-t1"]
+    assert out["dry"]["dry_run"] is True and out["dry"]["matched"] == 3
+    assert out["forget"]["retired"] == out["dry"]["matched"]
+    assert sorted(out["forget"]["nodes"]) == sorted(out["dry"]["nodes"])
+    assert out["after"]["count"] == 0 and out["other"]["count"] == 1
+    assert "a filter" in _tool_error(out["nothing"])["detail"]
+
+
+def test_the_compact_answer_is_smaller(reader: str) -> None:
+    """docs/mcp.md's numbers: a 5-result answer of the demo corpus, as the tool's text."""
+    sizes = {}
+    for compact in (False, True):
+        args = {"query": KONG, "limit": 5, "level": ["L1", "L2"], "compact": compact}
+        result = over_http(reader, None, _call("memory_query", args))
+        assert not result.is_error, result.content
+        sizes[compact] = len(result.content[0].text)  # type: ignore[union-attr]
+    print(f"memory_query, 5 results: {sizes[False]} characters, compact {sizes[True]}")
+    assert sizes[True] * 3 < sizes[False]
 
 
 def _openapi_schema(name: str) -> dict[str, Any]:

@@ -77,6 +77,9 @@ WRITER = {
     "review_claim",
     "review_confirm",
     "_rest_on_current",
+    "_forget_max_nodes",
+    "set_retention",
+    "expire",
 }
 # Owner-only functions the service's role may also run (sql/900_grants.sql, end).
 SERVICE = {"configure_embedding", "enable_outbox"}
@@ -153,6 +156,10 @@ READER = {
     "_node_after",
     "list_nodes",
     "_list_nodes",
+    "count_nodes",
+    "_count_nodes",
+    "_nodes_where",
+    "retention",
     "granted_all",
     "_asserted_all",
     "plpython_path",

@@ -56,6 +56,9 @@ class NodeRecord:
     # with a new bound ("until 2024-06") is a new version.
     valid_from: datetime | None = None
     valid_to: datetime | None = None
+    # When the node leaves answers (None: never, or its project's retention). Not content,
+    # as metadata: not in the hash.
+    expires_at: datetime | None = None
 
     @property
     def sha256(self) -> bytes:
@@ -91,6 +94,7 @@ def write_row(r: NodeRecord) -> dict[str, Any]:
         "revision": r.revision,
         "valid_from": timestamp_text(r.valid_from),
         "valid_to": timestamp_text(r.valid_to),
+        "expires_at": timestamp_text(r.expires_at),
     }
 
 
@@ -259,6 +263,7 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
     ts = _instant(obj, "timestamp", line_no, errors)
     valid_from = _instant(obj, "valid_from", line_no, errors)
     valid_to = _instant(obj, "valid_to", line_no, errors)
+    expires_at = _instant(obj, "expires_at", line_no, errors)
     if valid_from is not None and valid_to is not None:
         try:
             ordered = _as_utc(valid_from) < _as_utc(valid_to)
@@ -329,6 +334,7 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
         revision=revision,
         valid_from=valid_from,
         valid_to=valid_to,
+        expires_at=expires_at,
     )
 
 
@@ -339,7 +345,8 @@ def _as_utc(ts: datetime) -> datetime:
 def _instant(
     obj: Mapping[str, Any], name: str, line_no: int, errors: list[LineError]
 ) -> datetime | None:
-    """An optional ISO 8601 field (timestamp, valid_from, valid_to): null or "" is unknown."""
+    """An optional ISO 8601 field (timestamp, valid_from, valid_to, expires_at): null or ""
+    is unknown."""
     raw = obj.get(name)
     if raw is None or raw == "":
         return None

@@ -71,6 +71,8 @@ SQLSTATES = {
     "stale_revision": "PM419",
     # No node has this external id in the project (HTTP 404).
     "unknown_node": "PM444",
+    # A forget would end more nodes than its bound, max_nodes (HTTP 422).
+    "too_many_nodes": "PM422",
     # memory.get_node: one id in several projects the caller can read.
     "ambiguous_node": "PMA09",
     # The review queue (issue 40): no open item of this id the caller can see (HTTP 404),

@@ -169,6 +169,11 @@ class StaleRevision(PoimenError, code="stale_revision", status=409):
     """A write named the revision it read, and another write came first (PM419)."""
 
 
+class TooManyNodes(PoimenError, code="too_many_nodes", status=422):
+    """A forget would end more nodes than its bound (max_nodes, POIMEN_FORGET_MAX_NODES:
+    PM422); nothing was forgotten."""
+
+
 class ConfigError(PoimenError, ValueError, code="config_error"):
     """A setting (environment variable) has an unusable value; the message names it."""
 
@@ -255,6 +260,7 @@ SQLSTATE_TABLE: dict[str, type[PoimenError]] = {
     SQLSTATES["component_unavailable"]: ComponentUnavailable,
     SQLSTATES["stale_revision"]: StaleRevision,
     SQLSTATES["unknown_node"]: UnknownNode,
+    SQLSTATES["too_many_nodes"]: TooManyNodes,
     SQLSTATES["ambiguous_node"]: AmbiguousNode,
     SQLSTATES["unknown_review_item"]: UnknownReviewItem,
     SQLSTATES["review_conflict"]: ReviewConflict,

@@ -307,6 +307,10 @@ class Settings(FromEnv):
     # An HTTP write's embedding, retries included, has this long in all: a hung embedding
     # server then holds an ingest slot no longer (attempts x timeout was 42.5 s).
     ingest_timeout_s: float = setting("POIMEN_INGEST_TIMEOUT_S", positive, 60.0)
+    # The most nodes one DELETE /memory/nodes (or memory_forget) ends unless the request
+    # names its own max_nodes: a filter that matches more than its writer thought is refused
+    # whole (422 too_many_nodes) instead of retiring a store (memory.forget's bound).
+    forget_max_nodes: int = setting("POIMEN_FORGET_MAX_NODES", at_least(1), 1000)
     max_body_bytes: int = setting("POIMEN_MAX_BODY_BYTES", at_least(1024), 10 * 1024 * 1024)
     # What one answer may weigh as JSON: provenance trees repeat shared ancestors, so a page
     # of them could reach hundreds of MB (their texts are cut at the policy's

@@ -77,7 +77,7 @@ from starlette.types import Receive, Scope, Send
 
 from poimen_memory.api import metrics
 from poimen_memory.api.auth import KeyRing
-from poimen_memory.api.nodes import get_node
+from poimen_memory.api.nodes import get_node, list_nodes
 from poimen_memory.api.openapi import openapi_spec, query_parameters
 from poimen_memory.api.operations import (
     bounded_json,
@@ -89,11 +89,13 @@ from poimen_memory.api.operations import (
     records_from_lines,
     write_nodes,
 )
+from poimen_memory.api.params import MAX_FILTER_BYTES
 from poimen_memory.api.review import claim_items, confirm_item, list_items
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import PoimenError, ValidationError
 from poimen_memory.ingest.nodes import PROJECT_NAME, LineError, NodeRecord
+from poimen_memory.retrieval.models import LEVELS
 from poimen_memory.services import Services, open_services
 from poimen_memory.settings import Settings
 
@@ -109,17 +111,18 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-QUERY, ADD, GET, FORGET, HISTORY = (
+QUERY, ADD, GET, FORGET, HISTORY, LIST = (
     "memory_query", "memory_add", "memory_get", "memory_forget", "memory_history",
+    "memory_list",
 )  # fmt: skip
 # The review queue (issue 40, api/review.py).
 REVIEW_LIST, REVIEW_CLAIM, REVIEW_CONFIRM = (
     "memory_review_list", "memory_review_claim", "memory_review_confirm",
 )  # fmt: skip
-TOOLS = (QUERY, ADD, GET, FORGET, HISTORY, REVIEW_LIST, REVIEW_CLAIM, REVIEW_CONFIRM)
+TOOLS = (QUERY, ADD, GET, FORGET, HISTORY, LIST, REVIEW_LIST, REVIEW_CLAIM, REVIEW_CONFIRM)
 # The tools that read, whose answers are held to the HTTP routes' byte budget (a claim
 # hands out texts as a read does; what it changed is only the items' visibility).
-READS = frozenset({QUERY, GET, HISTORY, REVIEW_LIST, REVIEW_CLAIM})
+READS = frozenset({QUERY, GET, HISTORY, LIST, REVIEW_LIST, REVIEW_CLAIM})
 # A project as a resource: its summary (api/operations.py project_summary).
 PROJECT_URI = "poimen://projects/{name}"
 _PROJECT_PREFIX = PROJECT_URI.removesuffix("{name}")
@@ -144,12 +147,53 @@ def _schemas() -> dict[str, Any]:
     return defs
 
 
+# A metadata filter as a model's tool call sends it, an object, or (as the tools took it
+# first, and as the query string carries it) its JSON text.
+def _filter_argument(description: str) -> dict[str, Any]:
+    return {
+        "anyOf": [
+            {"type": "object"},
+            {"type": "string", "maxLength": MAX_FILTER_BYTES},
+        ],
+        "description": description
+        + ' An object, e.g. {"user": "42"} (its JSON text is accepted too).',
+    }
+
+
+_LEVELS_ITEMS = {"type": "string", "enum": list(LEVELS)}
+
+
 def _query_input(settings: Settings) -> dict[str, Any]:
     props: dict[str, Any] = {}
     # With the bounds this service applies (POIMEN_MAX_QUERY_CHARS, ...), as /openapi.json.
     params = query_parameters(settings)
     for name, _, schema, description in params:
         props[name] = {**copy.deepcopy(schema), "description": description}
+    # What a model sends: levels a list, filter an object; the string forms stay accepted.
+    comma = {k: v for k, v in props["level"].items() if k != "description"}
+    props["level"] = {
+        "anyOf": [
+            comma,
+            {"type": "array", "items": _LEVELS_ITEMS, "minItems": 1, "maxItems": 3},
+        ],
+        "description": 'The levels to search: a list, e.g. ["L1", "L2"] (the default), or '
+        'the comma-separated string "L1,L2".',
+    }
+    props["levels"] = {
+        "type": "array",
+        "items": _LEVELS_ITEMS,
+        "minItems": 1,
+        "maxItems": 3,
+        "description": "The same as level, by its plural name (name one of the two).",
+    }
+    props["filter"] = _filter_argument(props["filter"]["description"])
+    props["compact"] = {
+        "type": "boolean",
+        "default": False,
+        "description": "A small answer for a small context window: per result its id, "
+        "level, text, support and the ids of the L0 turns it cites (`cites`); the evidence "
+        "as id and text; nothing else (docs/mcp.md says how much smaller).",
+    }
     required = [name for name, req, _, _ in params if req]
     return {
         "type": "object",
@@ -236,8 +280,10 @@ def _history_input(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def _forget_input(spec: Mapping[str, Any]) -> dict[str, Any]:
     """memory_forget's arguments: DELETE /memory/nodes/{id}'s, with several ids as a list
-    (DELETE /memory/nodes?id=...) and erase a boolean."""
+    (DELETE /memory/nodes?id=...), erase a boolean, and DELETE /memory/nodes' filters with
+    the metadata filter an object and dry_run a boolean."""
     one = _parameters(spec, "/memory/nodes/{id}", "delete")
+    many = _parameters(spec, "/memory/nodes", "delete")
     ids = _parameters(spec, "/memory/nodes/{id}", "get")["id"]["schema"]
     return {
         "type": "object",
@@ -261,8 +307,24 @@ def _forget_input(spec: Mapping[str, Any]) -> dict[str, Any]:
                 "description": one["erase"]["description"],
             },
             "reason": _argument(one["reason"]),
+            "filter": _filter_argument(
+                "Forget the nodes whose metadata contains this (JSON containment)."
+            ),
+            "source": _argument(many["source"]),
+            "level": _argument(many["level"]),
+            "since": _argument(many["since"]),
+            "until": _argument(many["until"]),
+            "dry_run": {
+                "type": "boolean",
+                "default": False,
+                "description": "Answer what would be forgotten (`matched`, `nodes`) and "
+                "write nothing; the same call without it then forgets exactly those, if "
+                "nothing changed in between.",
+            },
+            "max_nodes": _argument(many["max_nodes"]),
         },
-        "required": ["ids"],
+        # ids, or a filter (filter, source, level, since, until): invalid_parameter
+        # names what is missing.
         "additionalProperties": False,
     }
 
@@ -295,9 +357,106 @@ def _review_inputs(spec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
+def _list_input(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """memory_list's arguments: GET /memory/nodes' parameters, the filter an object, the
+    flags booleans and the cursor named as MCP names its own."""
+    params = _parameters(spec, "/memory/nodes", "get")
+    props = {
+        name: _argument(params[name])
+        for name in ("project", "level", "source", "since", "until", "limit")
+    }
+    props["filter"] = _filter_argument(params["filter"]["description"])
+    props["newest_first"] = {
+        "type": "boolean",
+        "default": False,
+        "description": "true: the latest writes first (what was remembered recently).",
+    }
+    props["count"] = {
+        "type": "boolean",
+        "default": False,
+        "description": "true: the answer also has count, the nodes of every page together.",
+    }
+    props["cursor"] = {
+        "type": "string",
+        "description": "The next_cursor of the previous page (pass the same filters and "
+        "order); none for the first page.",
+    }
+    return {"type": "object", "properties": props, "additionalProperties": False}
+
+
 def _output(name: str) -> dict[str, Any]:
     defs = _schemas()
     return {**defs[name], "$defs": defs}
+
+
+# memory_query's answer with compact: true (compact_answer).
+_COMPACT: dict[str, Any] = {
+    "type": "object",
+    "required": ["compact", "results", "evidence"],
+    "properties": {
+        "compact": {"const": True},
+        "results": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": ["string", "null"]},
+                    "level": {"type": ["string", "null"]},
+                    "text": {"type": ["string", "null"]},
+                    "support": {"type": ["string", "null"]},
+                    "cites": {"type": "array", "items": {"type": ["string", "null"]}},
+                },
+            },
+        },
+        "evidence": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": ["string", "null"]},
+                    "text": {"type": ["string", "null"]},
+                },
+            },
+        },
+    },
+}
+
+
+def _query_output() -> dict[str, Any]:
+    """The full answer (QueryResponse) or, with compact: true, the compact one."""
+    defs = {**_schemas(), "CompactQueryResponse": _COMPACT}
+    return {
+        "type": "object",
+        "anyOf": [
+            {"$ref": "#/$defs/QueryResponse"},
+            {"$ref": "#/$defs/CompactQueryResponse"},
+        ],
+        "$defs": defs,
+    }
+
+
+def compact_answer(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A query's answer cut to what a small context window needs: per result its id,
+    level, text, support and the external ids of the evidence turns that cite it (an
+    evidence turn's cited_by lists the ranks of the results whose provenance reaches it);
+    the evidence as id and text."""
+    evidence = list(body.get("evidence") or [])
+    results = [
+        {
+            "id": r.get("external_id"),
+            "level": r.get("level"),
+            "text": r.get("text"),
+            "support": r.get("support"),
+            # cited_by counts results from 1, in the answer's order
+            "cites": [e.get("external_id") for e in evidence if rank in (e.get("cited_by") or ())],
+        }
+        for rank, r in enumerate(body.get("results") or [], start=1)
+    ]
+    return {
+        "compact": True,
+        "results": results,
+        "evidence": [{"id": e.get("external_id"), "text": e.get("text")} for e in evidence],
+    }
 
 
 def tools(settings: Settings) -> list[Tool]:
@@ -315,7 +474,7 @@ def tools(settings: Settings) -> list[Tool]:
                 + "."
             ),
             input_schema=_query_input(settings),
-            output_schema=_output("QueryResponse"),
+            output_schema=_query_output(),
             annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
         ),
         Tool(
@@ -353,11 +512,14 @@ def tools(settings: Settings) -> list[Tool]:
             title="Forget",
             description=(
                 "Forget nodes by id, as DELETE /memory/nodes/{id} (one id) and DELETE "
-                "/memory/nodes?id=... (several) do: retire by default (gone from answers, "
-                "kept in their history), or with erase every version's content is destroyed "
-                "(privacy requests; a tombstone stays). Derived nodes left without support "
-                "are flagged, or ended too under the forget_derived = cascade policy. Needs "
-                "a key made with --write."
+                "/memory/nodes?id=... (several) do, or by filter (metadata `filter`, "
+                "source, level, since/until), as DELETE /memory/nodes?filter=... does: "
+                "retire by default (gone from answers, kept in their history), or with "
+                "erase every version's content is destroyed (privacy requests; a tombstone "
+                "stays). dry_run answers what would be forgotten and writes nothing; more "
+                "than max_nodes (default 1000) is too_many_nodes, nothing forgotten. Derived "
+                "nodes left without support are flagged, or ended too under the "
+                "forget_derived = cascade policy. Needs a key made with --write."
             ),
             input_schema=_forget_input(spec),
             output_schema=_output("ForgetReport"),
@@ -367,6 +529,21 @@ def tools(settings: Settings) -> list[Tool]:
                 idempotent_hint=False,
                 open_world_hint=False,
             ),
+        ),
+        Tool(
+            name=LIST,
+            title="Browse memory",
+            description=(
+                "List nodes without a question, as GET /memory/nodes: the latest writes "
+                "first (newest_first) or in write order, by project, level, source, "
+                'since/until and metadata (`filter`, an object: "everything about user '
+                "42\"), a page at a time (limit, then the answer's next_cursor as cursor); "
+                "count: true also counts every page. Expired and forgotten nodes are not "
+                "listed."
+            ),
+            input_schema=_list_input(spec),
+            output_schema=_output("NodePage"),
+            annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
         ),
         Tool(
             name=HISTORY,
@@ -527,12 +704,43 @@ def _strings(args: Mapping[str, Any], *names: str) -> dict[str, str]:
     return {n: _as_param(args[n]) for n in names if args.get(n) is not None}
 
 
+def _filter_param(value: Any) -> str:
+    """A filter argument as the query string carries it: an object as its JSON text, a
+    string (the tools' first form) as it is."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _levels_param(args: Mapping[str, Any]) -> dict[str, str]:
+    """level (a list or a comma string) or levels (a list) as the query string's level."""
+    if args.get("level") is not None and args.get("levels") is not None:
+        raise ValidationError("name the levels once: level or levels")
+    value = args.get("levels", args.get("level"))
+    if value is None:
+        return {}
+    return {"level": value if isinstance(value, str) else ",".join(value)}
+
+
 async def _query(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
-    query = {k: _as_param(v) for k, v in args.items() if v is not None}
+    special = {"level", "levels", "filter", "compact"}
+    query = {k: _as_param(v) for k, v in args.items() if v is not None and k not in special}
+    query |= _levels_param(args)
+    if args.get("filter") is not None:
+        query["filter"] = _filter_param(args["filter"])
     body = await query_memory(who.services, who.keys, who.headers, query)
     if who.observe is not None:
         who.observe(body)
-    return body
+    return compact_answer(body) if args.get("compact") else body
+
+
+async def _list(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
+    params = _strings(args, "project", "level", "source", "since", "until", "limit")
+    if args.get("filter") is not None:
+        params["filter"] = _filter_param(args["filter"])
+    if args.get("cursor") is not None:
+        params["after"] = args["cursor"]
+    for flag in ("newest_first", "count"):
+        params[flag] = "true" if args.get(flag) else "false"
+    return await list_nodes(who.services, who.keys, who.headers, params)
 
 
 async def _add(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -554,10 +762,23 @@ async def _get(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
 async def _forget(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
     params = _strings(args, "project", "reason")
     params["erase"] = "true" if args.get("erase") else "false"
-    ids: list[str] = args["ids"]
-    if len(ids) == 1:  # DELETE /memory/nodes/{id}: unknown_node when it has no current version
+    scoped = _strings(args, "source", "level", "since", "until", "max_nodes")
+    if args.get("filter") is not None:
+        scoped["filter"] = _filter_param(args["filter"])
+    if args.get("dry_run"):
+        scoped["dry_run"] = "true"
+    ids: list[str] | None = args.get("ids")
+    if ids is None and not scoped.keys() - {"dry_run", "max_nodes"}:
+        raise ValidationError(
+            "name nodes (ids) or a filter (filter, source, level, since, until)",
+            hint='e.g. {"filter": {"user": "42"}, "dry_run": true} to see what it matches',
+        )
+    if ids is not None and len(ids) == 1 and not scoped:
+        # DELETE /memory/nodes/{id}: unknown_node when it has no current version
         return await forget_nodes(who.services, who.keys, who.headers, params, ids[0])
-    return await forget_nodes(who.services, who.keys, who.headers, params, None, ids=ids)
+    return await forget_nodes(
+        who.services, who.keys, who.headers, params | scoped, None, ids=ids or None
+    )
 
 
 async def _history(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -589,6 +810,7 @@ def build_server(settings: Settings, caller: Callable[[Any], Caller]) -> Server[
     }
     runs: dict[str, Callable[[Caller, Mapping[str, Any]], Awaitable[dict[str, Any]]]] = {
         QUERY: _query, ADD: _add, GET: _get, FORGET: _forget, HISTORY: _history,
+        LIST: _list,
         REVIEW_LIST: _review_list, REVIEW_CLAIM: _review_claim, REVIEW_CONFIRM: _review_confirm,
     }  # fmt: skip
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from psycopg.types.json import Jsonb
+
 from poimen_core.nodes import MAX_ID_CHARS
 from poimen_memory.api.auth import KeyRing
+from poimen_memory.api.params import parse_filter
 from poimen_memory.db import tenant
 from poimen_memory.db.queries import q
 from poimen_memory.db.wrap import wrap_exceptions
@@ -38,6 +41,13 @@ def _no_nul(params: Mapping[str, str]) -> None:
     for name, value in params.items():
         if "\x00" in value:  # PostgreSQL text cannot hold NUL
             raise ValidationError(f"{name} contains a NUL character")
+
+
+def _flag(params: Mapping[str, str], name: str) -> bool:
+    raw = params.get(name, "false")
+    if raw not in ("true", "false"):
+        raise ValidationError(f"{name} must be true or false, got {raw!r}")
+    return raw == "true"
 
 
 async def _one(state: Services, name: str, args: dict[str, Any]) -> Any:
@@ -71,7 +81,9 @@ async def list_nodes(
     state: Services, keys: KeyRing, headers: Mapping[str, str], params: Mapping[str, str]
 ) -> dict[str, Any]:
     """The GET /memory/nodes body: a page of memory.list_nodes, and the cursor of the next
-    page (null on the last)."""
+    page (null on the last), oldest first or with newest_first=true the latest writes
+    first; with count=true also ``count``, how many nodes every page
+    together holds (memory.count_nodes: the same filters)."""
     _no_nul(params)
     level = params.get("level")
     if level is not None and level not in LEVELS:
@@ -82,24 +94,30 @@ async def list_nodes(
     except ValueError as exc:
         raise ValidationError(f"limit must be an integer, got {raw!r}") from exc
     limit = min(max(limit, 1), LIST_MAX)  # clamped, as GET /memory/query's
+    counted, newest = (_flag(params, "count"), _flag(params, "newest_first"))
+    flt = parse_filter(params.get("filter"))
     project, projects = await keys.read_scope(headers, _project(params))
-    rows: list[dict[str, Any]] = await _one(
-        state,
-        "list_nodes",
-        {
-            "project": project,
-            "level": level,
-            "source": params.get("source"),
-            "since": params.get("since"),
-            "until": params.get("until"),
-            "after": params.get("after"),
-            "limit": limit,
-            "projects": projects,
-        },
-    )
+    args: dict[str, Any] = {
+        "project": project,
+        "level": level,
+        "source": params.get("source"),
+        "since": params.get("since"),
+        "until": params.get("until"),
+        "after": params.get("after"),
+        "limit": limit,
+        "projects": projects,
+        "filter": None if flt is None else Jsonb(flt),
+        "newest_first": newest,
+    }
+    rows: list[dict[str, Any]] = await _one(state, "list_nodes", args)
     # A full page may have a next one (keyset: it starts after this page's last row); a
     # short page is the last.
     nxt = rows[-1]["cursor"] if len(rows) == limit else None
     for r in rows:
         del r["cursor"]
-    return {"nodes": rows, "next_cursor": nxt}
+    body: dict[str, Any] = {"nodes": rows, "next_cursor": nxt}
+    if counted:
+        # A second statement, so a count is paid for only when asked: counting reads every
+        # match, a page only its first rows.
+        body["count"] = await _one(state, "count_listed", args)
+    return body

@@ -235,6 +235,8 @@ _NODE_ROW: dict[str, Any] = {
         "external_id": {"type": ["string", "null"]},
         "created_at": {"type": "string"},
         "support": _SUPPORT,
+        # When it leaves answers (its own expiry, or its project's retention); null: never.
+        "expires_at": {"type": ["string", "null"]},
     },
 }
 
@@ -297,7 +299,30 @@ _NODE: dict[str, Any] = {
         # Optimistic concurrency (docs/lifecycle.md): the revision the writer read; new
         # content under a stale one is refused with 409 stale_revision. 0: create only.
         "revision": {"type": ["integer", "null"], "minimum": 0, "maximum": 2147483647},
+        # When the node leaves answers (docs/lifecycle.md, expiry); not content.
+        "expires_at": {
+            "anyOf": [
+                {"type": "string", "format": "date-time"},
+                {"type": "string", "maxLength": 0},
+                {"type": "null"},
+            ]
+        },
     },
+}
+
+# A metadata filter, as GET /memory/query takes it (api/params.py parse_filter).
+_FILTER_PARAMETER: dict[str, Any] = {
+    "name": "filter",
+    "in": "query",
+    "required": False,
+    "schema": {
+        "type": "string",
+        "maxLength": 4096,
+        "contentMediaType": "application/json",
+        "examples": ['{"user": "42"}'],
+    },
+    "description": 'Only nodes whose metadata contains this JSON object, e.g. {"user": "42"} '
+    "(at most 4096 bytes, nested at most 8 deep).",
 }
 
 _AUTH_ERRORS = {
@@ -817,6 +842,7 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                             "description": "Only nodes whose timestamp is at or before this "
                             "(as GET /memory/query's until).",
                         },
+                        _FILTER_PARAMETER,
                         {
                             "name": "after",
                             "in": "query",
@@ -824,6 +850,22 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                             "schema": {"type": "string"},
                             "description": "The previous page's next_cursor (opaque); "
                             "anything else is 400.",
+                        },
+                        {
+                            "name": "newest_first",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "string", "enum": ["true", "false"]},
+                            "description": "true: the latest writes first (the cursor then "
+                            "pages backwards in write order).",
+                        },
+                        {
+                            "name": "count",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "string", "enum": ["true", "false"]},
+                            "description": "true: the answer also has count, how many "
+                            "nodes all the pages hold together (memory.count_nodes).",
                         },
                         {
                             "name": "limit",
@@ -853,8 +895,10 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                     "operationId": "forgetNodes",
                     "tags": ["memory"],
                     "summary": "Retire (or erase) a project's nodes by ids or by filter: "
-                    "source, and since/until on the node's timestamp (memory.forget). At "
-                    "least one of id, source, since, until is required (400 otherwise).",
+                    "metadata (filter), source, level, and since/until on the node's "
+                    "timestamp (memory.forget). At least one of id, filter, source, level, "
+                    "since, until is required (400 otherwise). dry_run=true answers what "
+                    "it would forget and writes nothing; more than max_nodes nodes is 422.",
                     "parameters": [
                         _PROJECT_PARAMETER,
                         {
@@ -885,6 +929,30 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                             "schema": {"type": "string", "pattern": _ISO_DAY_OR_TIME},
                             "description": "Last day or instant (inclusive).",
                         },
+                        _FILTER_PARAMETER,
+                        {
+                            "name": "level",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "string", "enum": ["L0", "L1", "L2"]},
+                            "description": "Only nodes of this level.",
+                        },
+                        {
+                            "name": "dry_run",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "string", "enum": ["true", "false"]},
+                            "description": "true: answer what would be forgotten (matched, "
+                            "nodes) and write nothing.",
+                        },
+                        {
+                            "name": "max_nodes",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "integer", "minimum": 1},
+                            "description": "Refuse (422 too_many_nodes, nothing forgotten) "
+                            "when more nodes match; default POIMEN_FORGET_MAX_NODES (1000).",
+                        },
                         *_FORGET_PARAMETERS,
                     ],
                     "responses": {
@@ -892,6 +960,7 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                         "400": _err("invalid_parameter: no ids or filter, or a bad value"),
                         **_AUTH_ERRORS,
                         "404": _err("unknown_project"),
+                        "422": _err("too_many_nodes: more nodes match than max_nodes"),
                         "503": _err("database_unavailable"),
                     },
                 },
@@ -1084,6 +1153,10 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                             "items": {"$ref": "#/components/schemas/NodeRow"},
                         },
                         "next_cursor": {"type": ["string", "null"]},
+                        "count": {
+                            "type": "integer",
+                            "description": "with count=true: the nodes of every page",
+                        },
                     },
                 },
                 "NodeRow": _NODE_ROW,
@@ -1107,6 +1180,14 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                             "type": "integer",
                             "description": "current derived nodes left with partial or no "
                             "support (memory.support)",
+                        },
+                        "dry_run": {
+                            "type": "boolean",
+                            "description": "present (true) on a dry run: nothing was written",
+                        },
+                        "matched": {
+                            "type": "integer",
+                            "description": "on a dry run: how many nodes the call would forget",
                         },
                     },
                 },

@@ -15,10 +15,11 @@ from dataclasses import replace
 from typing import Any
 
 from psycopg import sql as pgsql
+from psycopg.types.json import Jsonb
 
 from poimen_core.vocabulary import LEVELS
 from poimen_memory.api.auth import KeyRing
-from poimen_memory.api.params import parse_query
+from poimen_memory.api.params import parse_filter, parse_query
 from poimen_memory.db import tenant
 from poimen_memory.db.connect import connect
 from poimen_memory.db.queries import q
@@ -152,7 +153,12 @@ async def write_nodes(
         return await loop.run_in_executor(state.ingest_pool, run)
 
 
-_FORGET_PARAMS = {"project", "source", "since", "until", "erase", "reason", "id"}
+_FORGET_PARAMS = {
+    "project", "source", "since", "until", "erase", "reason", "id",
+    "filter", "level", "dry_run", "max_nodes",
+}  # fmt: skip
+# What names nodes by filter rather than by id (DELETE /memory/nodes).
+_FORGET_FILTERS = {"source", "since", "until", "filter", "level"}
 _HISTORY_COLUMNS = (
     "revision", "node_id", "current", "level", "sha256", "title", "text", "source",
     "timestamp", "metadata", "created_at", "expired_at", "end_reason", "written_by",
@@ -226,7 +232,7 @@ async def forget_nodes(
     erase = _flag(params, "erase")
     reason = params.get("reason")
     if external_id is not None:
-        if set(params) & {"source", "since", "until", "id"}:
+        if set(params) & (_FORGET_FILTERS | {"id", "dry_run", "max_nodes"}):
             raise ValidationError("a node's DELETE takes project, erase and reason only")
         sql = "SELECT memory.forget(%(p)s, %(id)s, erase => %(erase)s, reason => %(reason)s)"
         args: dict[str, Any] = {"p": project, "id": external_id, "erase": erase, "reason": reason}
@@ -234,19 +240,34 @@ async def forget_nodes(
         if ids is None:
             ids = [x for x in params.get("id", "").split(",") if x]
         ids = list(ids) or None
-        if not ids and not set(params) & {"source", "since", "until"}:
+        flt = parse_filter(params.get("filter"))
+        level = params.get("level")
+        if level is not None and level not in LEVELS:
+            raise ValidationError(f"level must be one of L0, L1, L2, got {level!r}")
+        if not ids and not ({k for k in params if k != "filter"} & _FORGET_FILTERS or flt):
             raise ValidationError(
-                "name nodes (id=a,b) or a filter (source, since, until)",
+                "name nodes (id=a,b) or a filter (filter, source, level, since, until)",
                 hint="to forget a whole project: since=0001-01-01",
             )
+        # The bound: the service's (POIMEN_FORGET_MAX_NODES) unless the request names one.
+        raw = params.get("max_nodes")
+        try:
+            bound = state.settings.forget_max_nodes if raw is None else int(raw)
+        except ValueError as exc:
+            raise ValidationError(f"max_nodes must be an integer, got {raw!r}") from exc
+        if bound < 1:
+            raise ValidationError(f"max_nodes must be at least 1, got {bound}")
         sql = (
             "SELECT memory.forget(%(p)s, %(ids)s, %(source)s, %(since)s, %(until)s,"
-            " %(erase)s, %(reason)s)"
+            " %(erase)s, %(reason)s, filter => %(filter)s, level => %(level)s,"
+            " dry_run => %(dry_run)s, max_nodes => %(max_nodes)s)"
         )
         args = {
             "p": project, "ids": ids, "source": params.get("source"),
             "since": params.get("since"), "until": params.get("until"),
             "erase": erase, "reason": reason,
+            "filter": None if flt is None else Jsonb(flt), "level": level,
+            "dry_run": _flag(params, "dry_run"), "max_nodes": bound,
         }  # fmt: skip
     with wrap_exceptions("forget"):
         rows = await in_thread(state, sql, args)

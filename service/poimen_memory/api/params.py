@@ -22,8 +22,18 @@ from poimen_memory.settings import Settings
 
 N = TypeVar("N", int, float)
 
-# The largest metadata filter, as JSON text (memory.check_filter holds the same bound).
+# The largest metadata filter, as JSON text, and its deepest nesting (the object itself is
+# 1): memory.check_filter holds the same bounds.
 MAX_FILTER_BYTES = 4096
+MAX_FILTER_DEPTH = 8
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
 
 
 def _parsed(name: str, raw: str, cast: Callable[[str], N]) -> N:
@@ -94,7 +104,7 @@ def parse_query(params: Mapping[str, str], s: Settings) -> QueryRequest:
         evidence=None
         if params.get("evidence") is None
         else _number(params, "evidence", 0, 0, 100, int),
-        filter=_filter(params.get("filter")),
+        filter=parse_filter(params.get("filter")),
         min_cosine=_min_cosine(params.get("min_cosine")),
         as_of=_instant(params.get("as_of"), "as_of"),
         valid_at=_instant(params.get("valid_at"), "valid_at"),
@@ -146,8 +156,9 @@ def _min_cosine(raw: str | None) -> float | None:
     return value
 
 
-def _filter(raw: str | None) -> dict[str, Any] | None:
-    """The metadata filter: a JSON object (containment); None or {} for none."""
+def parse_filter(raw: str | None) -> dict[str, Any] | None:
+    """The metadata filter: a JSON object (containment); None or {} for none. The one
+    parser of GET /memory/query's, GET /memory/nodes' and DELETE /memory/nodes' filter."""
     if raw is None:
         return None
     if len(raw.encode()) > MAX_FILTER_BYTES:
@@ -166,6 +177,11 @@ def _filter(raw: str | None) -> dict[str, Any] | None:
         raise ValidationError(
             f"filter must be a JSON object, got {type(value).__name__}",
             hint='e.g. filter={"user": "alice"}: nodes whose metadata contains it',
+        )
+    if _depth(value) > MAX_FILTER_DEPTH:
+        raise ValidationError(
+            f"filter must be nested at most {MAX_FILTER_DEPTH} deep",
+            hint='filter on a few keys, e.g. filter={"user": "alice"}',
         )
     return value or None
 

@@ -12,11 +12,22 @@ from importlib.metadata import entry_points
 
 import psycopg
 
-from poimen_memory.cli import db, doctor, ingest, keys, mcp, migrate, opensearch, query, serve
+from poimen_memory.cli import (
+    db,
+    doctor,
+    expire,
+    ingest,
+    keys,
+    mcp,
+    migrate,
+    opensearch,
+    query,
+    serve,
+)
 from poimen_memory.db.wrap import translate
 from poimen_memory.errors import PoimenError
 
-COMMANDS = (db, migrate, doctor, ingest, query, serve, keys, mcp, opensearch)
+COMMANDS = (db, migrate, doctor, ingest, query, serve, keys, mcp, opensearch, expire)
 
 
 def build_parser() -> argparse.ArgumentParser:

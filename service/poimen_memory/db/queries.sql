@@ -180,7 +180,7 @@ VALUES (%(key_hash)s, %(prefix)s, %(projects)s, %(can_write)s, %(note)s)
 RETURNING id;
 
 -- name: keys_list
-SELECT id, prefix, projects, can_write, note, created_at, revoked_at
+SELECT id, prefix, projects, can_write, note, created_at, revoked_at, set_aside_at
 FROM memory.api_keys ORDER BY id;
 
 -- name: key_revoke
@@ -190,8 +190,18 @@ RETURNING id, prefix;
 
 -- name: keys_active
 -- Revoked keys come too (with can_read false): once any key was ever made, the service
--- requires one, so revoking the last key locks the API instead of opening it.
-SELECT key_hash, projects, can_write, revoked_at IS NULL AS can_read, id FROM memory.api_keys;
+-- requires one, so revoking the last key locks the API instead of opening it. Keys set
+-- aside by `poimen-memory keys anonymous` (revoked ones only) no longer count.
+SELECT key_hash, projects, can_write, revoked_at IS NULL AS can_read, id FROM memory.api_keys
+WHERE set_aside_at IS NULL;
+
+-- name: keys_set_aside
+-- `poimen-memory keys anonymous`: every revoked key set aside, in one statement that
+-- changes nothing while a key is active (the CLI says which).
+UPDATE memory.api_keys SET set_aside_at = now()
+WHERE set_aside_at IS NULL AND revoked_at IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM memory.api_keys a WHERE a.revoked_at IS NULL)
+RETURNING id;
 
 -- name: primary_wal_lsn
 SELECT pg_current_wal_lsn()::text AS lsn;
@@ -244,9 +254,15 @@ SELECT to_jsonb(g) FROM memory._get_node(%(id)s, %(project)s, %(projects)s) g;
 
 -- name: list_nodes
 -- A page of nodes (sql/090_nodes.sql), under the projects begin_request asserted.
-SELECT coalesce(jsonb_agg(to_jsonb(g) ORDER BY g.node_id), '[]')
+SELECT coalesce(jsonb_agg(to_jsonb(g) ORDER BY g.node_id * (CASE WHEN %(newest_first)s THEN -1 ELSE 1 END)), '[]')
 FROM memory._list_nodes(%(project)s, %(level)s, %(source)s, %(since)s, %(until)s,
-                        %(after)s, %(limit)s, %(projects)s) g;
+                        %(after)s, %(limit)s, %(projects)s, %(filter)s, %(newest_first)s) g;
+
+-- name: count_listed
+-- How many nodes list_nodes would list over all its pages (memory.count_nodes), under the
+-- projects begin_request asserted.
+SELECT to_jsonb(memory._count_nodes(%(project)s, %(level)s, %(source)s, %(since)s, %(until)s,
+                                    %(filter)s, %(projects)s));
 
 -- name: project_names
 -- The projects the caller may read, for MCP's resources/list (api/operations.py
