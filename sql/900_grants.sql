@@ -121,7 +121,7 @@ DECLARE
     writer_functions text[] := ARRAY[
         'memory.add_nodes', 'memory._add_nodes', 'memory._write_nodes', 'memory._ensure_projects',
         'memory._stored_nodes', 'memory._stored_hashes', 'memory._vector_missing',
-        'memory._writer', 'memory.forget', 'memory._forget'];
+        'memory._writer', 'memory._same_version', 'memory.forget', 'memory._forget'];
     -- Functions nobody but the owner runs (DDL-ish, policy changes, triggers).
     owner_functions text[] := ARRAY[
         'memory.configure_embedding', 'memory.reset_embedding', 'memory.set_policy',
