@@ -84,10 +84,13 @@ RETURNS boolean
 -- STABLE, not IMMUTABLE: a timestamp without an offset is read in the session's TimeZone.
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
+-- A key the row leaves out is not compared (a row written by hand to link a stored node,
+-- with its hash and parents only): poimen_core.nodes.write_row always sends all three.
 RETURN v_sha256 = decode(node->>'sha256', 'hex')
-   AND v_metadata = coalesce(node->'metadata', '{}'::jsonb)
-   AND v_ts IS NOT DISTINCT FROM (node->>'ts')::timestamptz
-   AND v_breadcrumb = ARRAY(SELECT jsonb_array_elements_text(coalesce(node->'breadcrumb', '[]'::jsonb)));
+   AND (NOT node ? 'metadata' OR v_metadata = node->'metadata')
+   AND (NOT node ? 'ts' OR v_ts IS NOT DISTINCT FROM (node->>'ts')::timestamptz)
+   AND (NOT node ? 'breadcrumb'
+        OR v_breadcrumb = ARRAY(SELECT jsonb_array_elements_text(node->'breadcrumb')));
 COMMENT ON FUNCTION memory._same_version(bytea, jsonb, timestamptz, text[], jsonb) IS
     'Whether a stored version (its sha256, metadata, ts and breadcrumb) equals a node row of memory._write_nodes: then writing the row changes nothing (unchanged); otherwise it is the next version.';
 
