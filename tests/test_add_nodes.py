@@ -226,16 +226,12 @@ def test_a_node_without_an_id_gets_one_that_get_update_and_forget_take(conn: Con
     same = _add(conn, [{**node, "id": made["id"]}])["nodes"]
     assert same == [{**made, "status": "unchanged"}]
     meta = _add(conn, [{**node, "id": made["id"], "metadata": {"room": "cellar"}}])["nodes"]
-    assert [(a["id"], a["revision"], a["status"]) for a in meta] == [
-        (made["id"], 2, "new_version")
-    ]
+    assert [(a["id"], a["revision"], a["status"]) for a in meta] == [(made["id"], 2, "new_version")]
     versions = _versions(conn, made["id"])
     assert versions[0][2] == versions[1][2]
     text = _add(conn, [{**node, "id": made["id"], "text": "The cellar is dry now."}])["nodes"]
     assert [(a["revision"], a["status"]) for a in text] == [(3, "new_version")]
-    forgot = conn.execute(
-        "SELECT memory.forget(%s, %s)", (PROJECT, made["id"])
-    ).fetchone()
+    forgot = conn.execute("SELECT memory.forget(%s, %s)", (PROJECT, made["id"])).fetchone()
     assert forgot is not None and forgot[0]["nodes"] == [made["id"]]
     with pytest.raises(psycopg.Error) as exc:
         conn.execute("SELECT * FROM memory.get_node(%s, %s)", (made["id"], PROJECT))

@@ -181,9 +181,7 @@ def test_get_node_reads_the_current_version(conn: Conn) -> None:
     ).fetchone() == (["superseded", "retired"],)
 
 
-def test_get_node_shows_its_revision_and_each_parent_once(
-    conn: Conn, client: TestClient
-) -> None:
+def test_get_node_shows_its_revision_and_each_parent_once(conn: Conn, client: TestClient) -> None:
     """GET carries the node's current revision (an optimistic update needs no history
     call), and each parent once: the version the node rests on, with that version's
     revision and the parent's current one. Updates of a parent used to list every version
@@ -192,8 +190,8 @@ def test_get_node_shows_its_revision_and_each_parent_once(
     def add(nodes: list[dict[str, Any]]) -> None:
         conn.execute("SELECT memory.add_nodes(%s)", (json.dumps(nodes),))
 
-    turn = {"project": "poimen", "level": "L0", "id": "r:turn", "text": "Mara takes her coffee black."}
-    other = {"project": "poimen", "level": "L0", "id": "r:other", "text": "Mara drinks tea at four."}
+    turn = {"project": "poimen", "level": "L0", "id": "r:turn", "text": "Mara drinks coffee."}
+    other = {"project": "poimen", "level": "L0", "id": "r:other", "text": "Mara drinks tea."}
     memory = {"project": "poimen", "level": "L1", "id": "r:mem", "parents": ["r:turn", "r:other"],
               "text": "Mara likes black coffee and tea."}  # fmt: skip
     add([turn, other, memory])
