@@ -222,8 +222,7 @@ BEGIN
         INSERT INTO memory.nodes AS n
             (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
              metadata, embedding, revision, written_by, parents_declared, valid_from, valid_to)
-        SELECT decode(e.j->>'sha256', 'hex'), p.id, e.j->>'level',
-               coalesce(e.j->>'external_id', 'n:' || gen_random_uuid()::text),
+        SELECT decode(e.j->>'sha256', 'hex'), p.id, e.j->>'level', k.xid,
                e.j->>'title', ARRAY(SELECT jsonb_array_elements_text(e.j->'breadcrumb')),
                e.j->>'text', e.j->>'source', (e.j->>'ts')::timestamptz, e.j->'metadata',
                coalesce($2[e.i],
@@ -232,8 +231,9 @@ BEGIN
                            AND v.embedding IS NOT NULL
                          ORDER BY v.revision DESC LIMIT 1),
                         %s),
-               coalesce((SELECT max(v.revision) FROM memory.nodes v
-                         WHERE v.project_id = p.id AND v.external_id = e.j->>'external_id'), 0) + 1,
+               coalesce(k.first_revision,
+                        coalesce((SELECT max(v.revision) FROM memory.nodes v
+                                  WHERE v.project_id = p.id AND v.external_id = k.xid), 0) + 1),
                $3,
                -- the parents it names, resolved or not (memory.support_status)
                (SELECT count(DISTINCT x) FROM jsonb_array_elements_text(
@@ -241,6 +241,26 @@ BEGIN
                (e.j->>'valid_from')::timestamptz, (e.j->>'valid_to')::timestamptz
         FROM jsonb_array_elements($1) WITH ORDINALITY AS e(j, i)
         JOIN memory.projects p ON p.name = e.j->>'project'
+        -- A node without an id whose content was retired comes back under its old
+        -- generated id, as its next version (the old rows hold its hash at revision 1: a
+        -- new id at revision 1 would conflict with them and be dropped), unless that id
+        -- has a current version with other content (written by id since): then a new id,
+        -- numbered after the rows holding this content. An erased one has no hash left.
+        LEFT JOIN LATERAL (
+            SELECT v.external_id FROM memory.nodes v
+            WHERE e.j->>'external_id' IS NULL AND v.sha256 = decode(e.j->>'sha256', 'hex')
+              AND v.project_id = p.id
+              AND NOT EXISTS (SELECT 1 FROM memory.nodes c
+                              WHERE c.external_id = v.external_id AND c.project_id = p.id
+                                AND c.expired_at IS NULL)
+            ORDER BY v.revision DESC LIMIT 1) old ON true
+        CROSS JOIN LATERAL (
+            SELECT coalesce(e.j->>'external_id', old.external_id, 'n:' || gen_random_uuid()::text) AS xid,
+                   CASE WHEN e.j->>'external_id' IS NULL AND old.external_id IS NULL THEN
+                       coalesce((SELECT max(v.revision) FROM memory.nodes v
+                                 WHERE v.sha256 = decode(e.j->>'sha256', 'hex')
+                                   AND v.project_id = p.id), 0) + 1
+                   END AS first_revision) k
         WHERE CASE WHEN e.j->>'external_id' IS NULL
                    THEN NOT EXISTS (SELECT 1 FROM memory.nodes s
                                     WHERE s.sha256 = decode(e.j->>'sha256', 'hex')

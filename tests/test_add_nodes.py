@@ -236,6 +236,16 @@ def test_a_node_without_an_id_gets_one_that_get_update_and_forget_take(conn: Con
     with pytest.raises(psycopg.Error) as exc:
         conn.execute("SELECT * FROM memory.get_node(%s, %s)", (made["id"], PROJECT))
     assert exc.value.sqlstate == "PM444"
+    # Written again without an id once retired, the content comes back under its id (its
+    # old rows hold its hash: a new id would collide with them, and the write was lost).
+    back = _add(conn, [node])["nodes"]
+    assert [(a["id"], a["revision"], a["status"]) for a in back] == [(made["id"], 4, "created")]
+    # Erased, nothing links the content to the id any more: written again, a new node.
+    conn.execute("SELECT memory.forget(%s, %s, erase => true)", (PROJECT, made["id"]))
+    anew = _add(conn, [node])["nodes"]
+    assert anew[0]["id"] != made["id"] and (anew[0]["revision"], anew[0]["status"]) == (
+        1, "created"
+    )  # fmt: skip
 
 
 def test_a_new_version_keeps_the_level(conn: Conn) -> None:
