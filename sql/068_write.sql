@@ -73,6 +73,27 @@ $$;
 COMMENT ON FUNCTION memory._ensure_projects(text[]) IS
     'Creates the named projects that do not exist (and, on the partitioned layout, their partitions). A writer calls it before it reads anything: the partitions lock memory.nodes and its kin ACCESS EXCLUSIVE, and upgrading from the ACCESS SHARE a read leaves would deadlock two writers that create projects at once. The bulk ingest calls it in a short transaction of its own, so queries do not wait for a whole load.';
 
+-- When a write changes nothing: the current version has the same content hash (text,
+-- title, source, level, id, valid time) and the same metadata, timestamp and breadcrumb,
+-- which the hash leaves out. Anything else is a new version (issue 40: a change of
+-- metadata or timestamp alone used to be dropped as a duplicate).
+CREATE OR REPLACE FUNCTION memory._same_version(
+    v_sha256 bytea, v_metadata jsonb, v_ts timestamptz, v_breadcrumb text[], node jsonb
+)
+RETURNS boolean
+-- STABLE, not IMMUTABLE: a timestamp without an offset is read in the session's TimeZone.
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+-- A key the row leaves out is not compared (a row written by hand to link a stored node,
+-- with its hash and parents only): poimen_core.nodes.write_row always sends all three.
+RETURN v_sha256 = decode(node->>'sha256', 'hex')
+   AND (NOT node ? 'metadata' OR v_metadata = node->'metadata')
+   AND (NOT node ? 'ts' OR v_ts IS NOT DISTINCT FROM (node->>'ts')::timestamptz)
+   AND (NOT node ? 'breadcrumb'
+        OR v_breadcrumb = ARRAY(SELECT jsonb_array_elements_text(node->'breadcrumb')));
+COMMENT ON FUNCTION memory._same_version(bytea, jsonb, timestamptz, text[], jsonb) IS
+    'Whether a stored version (its sha256, metadata, ts and breadcrumb) equals a node row of memory._write_nodes: then writing the row changes nothing (unchanged); otherwise it is the next version.';
+
 CREATE OR REPLACE FUNCTION memory._write_nodes(
     nodes jsonb,
     embeddings vector[] DEFAULT NULL,
@@ -94,6 +115,8 @@ DECLARE
     seen bigint[];
     attempts integer := 0;
     stale record;
+    made bigint[];  -- the versions this call inserted
+    report jsonb;
     who text := memory._writer();
 BEGIN
     IF jsonb_typeof(nodes) IS DISTINCT FROM 'array' THEN
@@ -141,8 +164,9 @@ BEGIN
     END LOOP;
 
     -- Optimistic concurrency: a node may name the revision it was read at ("revision";
-    -- 0: the id must have no current version). New content under a stale revision is
-    -- refused; content equal to the current version's is a no-op whatever it names.
+    -- 0: the id must have no current version). A change under a stale revision is refused;
+    -- a node equal to the current version (memory._same_version) is a no-op whatever it
+    -- names.
     SELECT e.i, e.j->>'project' AS project, e.j->>'external_id' AS external_id,
            (e.j->>'revision')::integer AS named, c.revision AS current
       INTO stale
@@ -151,7 +175,7 @@ BEGIN
       LEFT JOIN memory.nodes c ON c.project_id = p.id AND c.external_id = e.j->>'external_id'
                               AND c.expired_at IS NULL
      WHERE jsonb_typeof(e.j->'revision') = 'number'
-       AND c.sha256 IS DISTINCT FROM decode(e.j->>'sha256', 'hex')
+       AND NOT coalesce(memory._same_version(c.sha256, c.metadata, c.ts, c.breadcrumb, e.j), false)
        AND coalesce(c.revision, 0) <> (e.j->>'revision')::integer
      ORDER BY e.i
      LIMIT 1;
@@ -164,7 +188,8 @@ BEGIN
                   HINT = 'Read the node again (memory.history, GET /memory/nodes/{id}/history), merge, and write naming its current revision; or name none to write on top of it.';
     END IF;
 
-    -- The current versions the batch gives new content end here: superseded. Only when
+    -- The current versions the batch changes (new content, or the same content with other
+    -- metadata, timestamp or breadcrumb) end here: superseded. Only when
     -- the batch names stored ids: an UPDATE fires the statement triggers (statistics,
     -- outbox) even when it changes no row.
     n_superseded := 0;
@@ -175,25 +200,40 @@ BEGIN
           JOIN memory.projects p ON p.name = e.j->>'project'
          WHERE c.id = ANY (locked) AND c.project_id = p.id
            AND c.external_id = e.j->>'external_id'
-           AND c.sha256 <> decode(e.j->>'sha256', 'hex');
+           AND NOT memory._same_version(c.sha256, c.metadata, c.ts, c.breadcrumb, e.j);
         GET DIAGNOSTICS n_superseded = ROW_COUNT;
     END IF;
 
-    -- Only nodes not current yet: a duplicate is neither embedded nor checked for a vector.
+    -- Only nodes not current yet: a node with an id when no version of it is left current
+    -- (the one it changes ended above), a node without one when no current node of its
+    -- project has its content hash (re-ingesting id-less content is a duplicate). A
+    -- duplicate is neither embedded nor checked for a vector. A node without an id gets a
+    -- generated one, 'n:' and a random UUID: never derived from the content, since an erase
+    -- keeps ids and replaces content hashes (a hash of known text would confirm it).
+    -- A version with the content of a stored one (the same hash: a change of metadata or
+    -- timestamp only, or a rollback) reuses its vector: the text is the same, so the
+    -- caller sends none and nothing is embedded again.
     -- One statement text for both sources of vectors (a vector the caller computed, or
     -- memory.embed here), so memory.embed is planned only where it is called: a database
     -- without PL/Python has no memory.embed, and the service's writes never name it.
     -- A new version of an id takes the next revision number after all of the id's rows.
     EXECUTE format($q$
+        WITH ins AS (
         INSERT INTO memory.nodes AS n
             (sha256, project_id, level, external_id, title, breadcrumb, text, source, ts,
              metadata, embedding, revision, written_by, parents_declared, valid_from, valid_to%s)
-        SELECT decode(e.j->>'sha256', 'hex'), p.id, e.j->>'level', e.j->>'external_id',
+        SELECT decode(e.j->>'sha256', 'hex'), p.id, e.j->>'level', k.xid,
                e.j->>'title', ARRAY(SELECT jsonb_array_elements_text(e.j->'breadcrumb')),
                e.j->>'text', e.j->>'source', (e.j->>'ts')::timestamptz, e.j->'metadata',
-               coalesce($2[e.i], %s),
-               coalesce((SELECT max(v.revision) FROM memory.nodes v
-                         WHERE v.project_id = p.id AND v.external_id = e.j->>'external_id'), 0) + 1,
+               coalesce($2[e.i],
+                        (SELECT v.embedding FROM memory.nodes v
+                         WHERE v.sha256 = decode(e.j->>'sha256', 'hex') AND v.project_id = p.id
+                           AND v.embedding IS NOT NULL
+                         ORDER BY v.revision DESC LIMIT 1),
+                        %s),
+               coalesce(k.first_revision,
+                        coalesce((SELECT max(v.revision) FROM memory.nodes v
+                                  WHERE v.project_id = p.id AND v.external_id = k.xid), 0) + 1),
                $3,
                -- the parents it names, resolved or not (memory.support_status)
                (SELECT count(DISTINCT x) FROM jsonb_array_elements_text(
@@ -201,11 +241,37 @@ BEGIN
                (e.j->>'valid_from')::timestamptz, (e.j->>'valid_to')::timestamptz%s
         FROM jsonb_array_elements($1) WITH ORDINALITY AS e(j, i)
         JOIN memory.projects p ON p.name = e.j->>'project'
-        WHERE NOT EXISTS (SELECT 1 FROM memory.nodes s
-                          WHERE s.sha256 = decode(e.j->>'sha256', 'hex') AND s.project_id = p.id
-                            AND s.expired_at IS NULL)
+        -- A node without an id whose content was retired comes back under its old
+        -- generated id, as its next version (the old rows hold its hash at revision 1: a
+        -- new id at revision 1 would conflict with them and be dropped), unless that id
+        -- has a current version with other content (written by id since): then a new id,
+        -- numbered after the rows holding this content. An erased one has no hash left.
+        LEFT JOIN LATERAL (
+            SELECT v.external_id FROM memory.nodes v
+            WHERE e.j->>'external_id' IS NULL AND v.sha256 = decode(e.j->>'sha256', 'hex')
+              AND v.project_id = p.id
+              AND NOT EXISTS (SELECT 1 FROM memory.nodes c
+                              WHERE c.external_id = v.external_id AND c.project_id = p.id
+                                AND c.expired_at IS NULL)
+            ORDER BY v.revision DESC LIMIT 1) old ON true
+        CROSS JOIN LATERAL (
+            SELECT coalesce(e.j->>'external_id', old.external_id, 'n:' || gen_random_uuid()::text) AS xid,
+                   CASE WHEN e.j->>'external_id' IS NULL AND old.external_id IS NULL THEN
+                       coalesce((SELECT max(v.revision) FROM memory.nodes v
+                                 WHERE v.sha256 = decode(e.j->>'sha256', 'hex')
+                                   AND v.project_id = p.id), 0) + 1
+                   END AS first_revision) k
+        WHERE CASE WHEN e.j->>'external_id' IS NULL
+                   THEN NOT EXISTS (SELECT 1 FROM memory.nodes s
+                                    WHERE s.sha256 = decode(e.j->>'sha256', 'hex')
+                                      AND s.project_id = p.id AND s.expired_at IS NULL)
+                   ELSE NOT EXISTS (SELECT 1 FROM memory.nodes s
+                                    WHERE s.external_id = e.j->>'external_id'
+                                      AND s.project_id = p.id AND s.expired_at IS NULL) END
         ORDER BY e.i
-        ON CONFLICT (sha256, project_id, revision) DO NOTHING$q$,
+        ON CONFLICT (sha256, project_id, revision) DO NOTHING
+        RETURNING n.id)
+        SELECT array_agg(ins.id), count(*) FROM ins$q$,
         -- expiry (migration 0021; not content): the node's own, capped by its project's
         -- retention for its level counted from now (least ignores a NULL)
         CASE WHEN to_regclass('memory.retention') IS NOT NULL THEN ', expires_at' ELSE '' END,
@@ -216,8 +282,8 @@ BEGIN
                      now() + (SELECT r.max_age FROM memory.retention r
                               WHERE r.project_id = p.id AND r.level = e.j->>'level'))$x$
              ELSE '' END)
+    INTO made, n_inserted
     USING nodes, embeddings, who;
-    GET DIAGNOSTICS n_inserted = ROW_COUNT;
 
     IF n_superseded > 0 THEN
         -- Derived nodes rest on the versions they were derived from (issue 40): new content
@@ -289,7 +355,39 @@ BEGIN
                   WHERE c.id = ANY (locked) AND c.expired_at IS NOT NULL ORDER BY c.id), who);
     END IF;
 
+    -- What happened to each node of the batch, in its order: the current version it now
+    -- names (by id; by content hash for a node written without an id, so a duplicate
+    -- answers with the stored node's generated id), and whether this call wrote it: a new
+    -- version when it replaced a current version of the id (one of the locked ones),
+    -- created otherwise; unchanged when it was already current. A node given twice in the
+    -- batch is written once: the first is created (or a new version), the others unchanged.
+    SELECT coalesce(jsonb_agg(jsonb_build_object(
+               'project', r.project, 'id', r.external_id, 'node_id', r.id,
+               'revision', r.revision,
+               'status', CASE WHEN NOT r.wrote THEN 'unchanged'
+                              WHEN r.replaced THEN 'new_version'
+                              ELSE 'created' END) ORDER BY r.i), '[]')
+      INTO report
+      FROM (SELECT e.i, e.j->>'project' AS project, c.external_id, c.id, c.revision,
+                   coalesce(c.id = ANY (made), false)
+                   AND row_number() OVER (PARTITION BY c.id ORDER BY e.i) = 1 AS wrote,
+                   EXISTS (SELECT 1 FROM memory.nodes o
+                           WHERE o.id = ANY (locked) AND o.project_id = c.project_id
+                             AND o.external_id = c.external_id) AS replaced
+              FROM jsonb_array_elements(nodes) WITH ORDINALITY AS e(j, i)
+              JOIN memory.projects p ON p.name = e.j->>'project'
+              LEFT JOIN LATERAL (
+                  (SELECT x.id, x.external_id, x.revision, x.project_id FROM memory.nodes x
+                   WHERE e.j->>'external_id' IS NOT NULL AND x.external_id = e.j->>'external_id'
+                     AND x.project_id = p.id AND x.expired_at IS NULL)
+                  UNION ALL
+                  (SELECT x.id, x.external_id, x.revision, x.project_id FROM memory.nodes x
+                   WHERE e.j->>'external_id' IS NULL AND x.sha256 = decode(e.j->>'sha256', 'hex')
+                     AND x.project_id = p.id AND x.expired_at IS NULL)
+                  LIMIT 1) c ON true) r;
+
     RETURN jsonb_build_object(
+        'nodes', report,
         'inserted', n_inserted,
         'duplicates', jsonb_array_length(nodes) - n_inserted,
         'updated', n_superseded,
@@ -298,7 +396,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION memory._write_nodes(jsonb, vector[], boolean) IS
-    'The one writer of nodes and edges, one batch in the calling transaction. nodes: a JSON array of validated node rows (sha256 as hex, project, level, external_id, title, breadcrumb, text, source, ts, metadata, parents as external ids, valid_from and valid_to (valid time, either NULL), and optionally revision: the revision the writer read, 0 for none); embeddings: the i-th node''s vector (NULL for a stored node); embed: compute a missing vector with memory.embed. Creates missing projects first, skips nodes equal to their current version, writes new content under a stored id as its next version (the current one ends: superseded; its current children keep resting on it, stale, and enter the review queue, unless only metadata or timestamp changed: then they rest on the new one), refuses a stale revision (PM419, nothing written), links every node of the batch to its parents'' current versions in its own project. Returns {"inserted", "duplicates", "updated" (versions superseded), "edges", "unresolved": [[node number from 1, parent id], ...]}. Validation is the caller''s (poimen_core.nodes); row-level security applies.';
+    'The one writer of nodes and edges, one batch in the calling transaction. nodes: a JSON array of validated node rows (sha256 as hex, project, level, external_id, title, breadcrumb, text, source, ts, metadata, parents as external ids, valid_from and valid_to (valid time, either NULL), and optionally revision: the revision the writer read, 0 for none); embeddings: the i-th node''s vector (NULL for a stored node); embed: compute a missing vector with memory.embed. Creates missing projects first, skips nodes equal to their current version (memory._same_version: content hash, metadata, timestamp, breadcrumb), writes any other node under a stored id as its next version (the current one ends: superseded; its current children keep resting on it, stale, and enter the review queue, unless its content hash is unchanged (metadata or timestamp alone): then they rest on the new one; the same content hash reuses the stored vector), gives a node without an id a generated one (''n:'' and a random UUID; a node without an id whose content hash is current in its project is a duplicate), refuses a stale revision (PM419, nothing written), links every node of the batch to its parents'' current versions in its own project. Returns {"nodes": [{"project", "id", "node_id", "revision", "status": "created" | "new_version" | "unchanged"}, ...] (one per node, in order: the current version it names), "inserted", "duplicates", "updated" (versions superseded), "edges", "unresolved": [[node number from 1, parent id], ...]}. Validation is the caller''s (poimen_core.nodes); row-level security applies.';
 
 -- A review's confirmation (memory.review_confirm, sql/074_review.sql): the node's claim holds
 -- against its parents as they are now, so it rests on their current versions from now on
@@ -374,4 +472,4 @@ BEGIN
 @plain_errors@
 END $$;
 COMMENT ON FUNCTION memory.add_nodes(jsonb) IS
-    'Writes a JSON array of nodes in the JSONL format of `poimen-memory ingest` (docs/ingest.md), with its guarantees: every node validated first by the same code (22023 naming the node and field; nothing written), content-hash keys (a node already stored counts as a duplicate), parents linked by id within the array or among the project''s stored nodes, vectors from memory.embed, all in the calling statement (all or nothing). Returns {"inserted", "duplicates", "edges", "unresolved"}. The first write into an empty database records the model, which only the owner or @role.service@ may do (PM412 otherwise). Row-level security applies: 42501 names the node whose project the caller may not write.';
+    'Writes a JSON array of nodes in the JSONL format of `poimen-memory ingest` (docs/ingest.md), with its guarantees: every node validated first by the same code (22023 naming the node and field; nothing written), content-hash keys (a node already stored counts as a duplicate), parents linked by id within the array or among the project''s stored nodes, vectors from memory.embed, all in the calling statement (all or nothing). Returns {"nodes": [{"project", "id", "node_id", "revision", "status"}, ...] (one per node, in order; status created, new_version or unchanged; a node written without an id gets a generated one, ''n:'' and a random UUID), "inserted", "duplicates", "updated", "edges", "unresolved"}. The first write into an empty database records the model, which only the owner or @role.service@ may do (PM412 otherwise). Row-level security applies: 42501 names the node whose project the caller may not write.';

@@ -17,14 +17,14 @@ COMMENT ON FUNCTION memory._links_max() IS
 -- the implementation it calls: memory.node_row, one node with its links and support
 -- (memory.get_node), and memory.node_list_row, a node of a page (memory.list_nodes).
 SELECT memory._declare_row('node_row',
-    'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, parents jsonb, parents_total integer, children jsonb, children_total integer, parents_declared integer, support text, versions jsonb, valid_from timestamptz, valid_to timestamptz',
+    'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, parents jsonb, parents_total integer, children jsonb, children_total integer, parents_declared integer, support text, versions jsonb, valid_from timestamptz, valid_to timestamptz, revision integer',
     ARRAY['memory.get_node(text, text)', 'memory._get_node(text, text, text[])']);
 -- list_nodes gained filter (a metadata filter) and newest_first, and its rows expires_at
 -- (issue 40): the old signatures go first.
 DROP FUNCTION IF EXISTS memory.list_nodes(text, text, text, text, text, text, integer);
 DROP FUNCTION IF EXISTS memory._list_nodes(text, text, text, text, text, text, integer, text[]);
 SELECT memory._declare_row('node_list_row',
-    'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, support text, cursor text, valid_from timestamptz, valid_to timestamptz, expires_at timestamptz',
+    'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, support text, cursor text, valid_from timestamptz, valid_to timestamptz, expires_at timestamptz, revision integer',
     ARRAY['memory.list_nodes(text, text, text, text, text, text, integer, jsonb, boolean)',
           'memory._list_nodes(text, text, text, text, text, text, integer, text[], jsonb, boolean)']);
 
@@ -74,15 +74,30 @@ BEGIN
     RETURN QUERY
     SELECT n.id, n.external_id, found_in[1], n.level, encode(n.sha256, 'hex'), n.title, n.text,
            n.source, n.breadcrumb, n.ts, n.metadata, n.created_at,
+           -- Each parent once, by external id: the version this node rests on (the newest
+           -- version of the id it has an edge to; an update of a parent links its current
+           -- children to the new version, and the edge to the old one stays, for history),
+           -- with the parent's current revision (NULL: retired or erased).
            (SELECT coalesce(jsonb_agg(jsonb_build_object(
                        'node_id', l.id, 'external_id', l.external_id, 'level', l.level,
-                       'precedence', l.precedence) ORDER BY l.precedence, l.id), '[]')
-            FROM (SELECT q.id, q.external_id, q.level, e.precedence
-                  FROM memory.edges e
-                  JOIN memory.nodes q ON q.id = e.parent_id AND q.project_id = e.project_id
-                  WHERE e.child_id = n.id AND e.project_id = n.project_id
-                  ORDER BY e.precedence, q.id LIMIT memory._links_max()) l),
-           memory.parents_present(n.id, n.project_id),
+                       'precedence', l.precedence, 'revision', l.revision,
+                       'current_revision', l.current_revision) ORDER BY l.precedence, l.id), '[]')
+            FROM (SELECT d.*,
+                         (SELECT c.revision FROM memory.nodes c
+                          WHERE c.external_id = d.external_id AND c.project_id = d.project_id
+                            AND c.expired_at IS NULL) AS current_revision
+                  FROM (SELECT DISTINCT ON (coalesce(q.external_id, q.id::text))
+                               q.id, q.external_id, q.level, q.revision, q.project_id,
+                               e.precedence
+                        FROM memory.edges e
+                        JOIN memory.nodes q ON q.id = e.parent_id AND q.project_id = e.project_id
+                        WHERE e.child_id = n.id AND e.project_id = n.project_id
+                        ORDER BY coalesce(q.external_id, q.id::text), q.revision DESC) d
+                  ORDER BY d.precedence, d.id LIMIT memory._links_max()) l),
+           (SELECT count(DISTINCT coalesce(q.external_id, q.id::text))::integer
+            FROM memory.edges e
+            JOIN memory.nodes q ON q.id = e.parent_id AND q.project_id = e.project_id
+            WHERE e.child_id = n.id AND e.project_id = n.project_id),
            (SELECT coalesce(jsonb_agg(jsonb_build_object(
                        'node_id', l.id, 'external_id', l.external_id, 'level', l.level)
                        ORDER BY l.id), '[]')
@@ -97,7 +112,7 @@ BEGIN
            (SELECT s.support FROM memory._support_at(ARRAY[n.id]) s),
            -- Versions: memory.history lists them (GET /memory/nodes/{id}/history).
            NULL::jsonb,
-           n.valid_from, n.valid_to;
+           n.valid_from, n.valid_to, n.revision;
 END $$;
 COMMENT ON FUNCTION memory._get_node(text, text, text[]) IS
     'Implementation of memory.get_node (positional parameter names: PL/pgSQL forbids a parameter named like a result column); p_projects (NULL: no filter) keeps to those projects: the service passes the API key''s.';
@@ -110,7 +125,7 @@ BEGIN ATOMIC
     SELECT * FROM memory._get_node(id, project, NULL);
 END;
 COMMENT ON FUNCTION memory.get_node(text, text) IS
-    'One node by its id (the external id given at ingest; unique per project), with its parents (node_id, external_id, level, precedence; at most 100, parents_total counts them) and children (node_id, external_id, level; at most 100, children_total), parents_declared (the parents it was written with) and support (memory.support_status). project names the project; without it the id must be unique among the projects the caller can read (PMA09 lists them otherwise). The node is its current version: no such node, one with no current version (retired or erased; memory.history lists its versions), or one the caller may not read: PM444. versions is NULL (memory.history lists them).';
+    'One node by its id (the external id given at ingest, or generated for a node written without one; unique per project), its revision, with its parents (each once per external id: the version it rests on, the newest it has an edge to, with node_id, external_id, level, precedence, revision, and current_revision, NULL when that parent has no current version; at most 100, parents_total counts them) and children (node_id, external_id, level; at most 100, children_total), parents_declared (the parents it was written with) and support (memory.support_status). project names the project; without it the id must be unique among the projects the caller can read (PMA09 lists them otherwise). The node is its current version: no such node, one with no current version (retired or erased; memory.history lists its versions), or one the caller may not read: PM444. versions is NULL (memory.history lists them).';
 
 -- The cursor of memory.list_nodes: opaque to callers, the last node id of a page.
 CREATE OR REPLACE FUNCTION memory._node_cursor(node_id bigint)
@@ -208,7 +223,7 @@ BEGIN
                 n.level, encode(n.sha256, ''hex''), n.title, n.text, n.source, n.breadcrumb,
                 n.ts, n.metadata, n.created_at,
                 (SELECT s.support FROM memory._support_at(ARRAY[n.id]) s),
-                memory._node_cursor(n.id), n.valid_from, n.valid_to, n.expires_at
+                memory._node_cursor(n.id), n.valid_from, n.valid_to, n.expires_at, n.revision
          FROM memory.nodes n'
         || memory._nodes_where(pid IS NOT NULL, after_id IS NOT NULL, p_level IS NOT NULL,
                                p_source IS NOT NULL, tr.since_ts IS NOT NULL,
@@ -239,7 +254,7 @@ BEGIN ATOMIC
                                      filter, newest_first);
 END;
 COMMENT ON FUNCTION memory.list_nodes(text, text, text, text, text, text, integer, jsonb, boolean) IS
-    'A page of nodes in write order (node id; newest_first => true: the latest writes first), keyset paged: after => the cursor of the last row of the previous page (opaque). Filters: project (PM404 when unknown; NULL: every project the caller can read), level, source (equal), since/until (inclusive ISO dates or timestamps on the node''s timestamp, as memory.query''s), filter (a JSON object the node''s metadata contains, as memory.query''s: memory.check_filter). Current versions whose expiry (expires_at) has not passed. limit 1..100 (default 50). Row-level security applies.';
+    'A page of nodes (current versions, each with its revision) in write order (node id; newest_first => true: the latest writes first), keyset paged: after => the cursor of the last row of the previous page (opaque). Filters: project (PM404 when unknown; NULL: every project the caller can read), level, source (equal), since/until (inclusive ISO dates or timestamps on the node''s timestamp, as memory.query''s), filter (a JSON object the node''s metadata contains, as memory.query''s: memory.check_filter). Current versions whose expiry (expires_at) has not passed. limit 1..100 (default 50). Row-level security applies.';
 
 CREATE OR REPLACE FUNCTION memory._count_nodes(
     p_project text, p_level text, p_source text, p_since text, p_until text,

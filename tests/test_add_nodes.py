@@ -53,7 +53,11 @@ def _count(conn: Conn) -> tuple[int, int, int]:
 def test_written_from_sql_then_found_with_provenance(conn: Conn) -> None:
     before = _count(conn)
     summary = _add(conn, NODES)
+    answered = summary.pop("nodes")
     assert summary == {"inserted": 4, "duplicates": 0, "updated": 0, "edges": 3, "unresolved": []}
+    assert [(a["id"], a["revision"], a["status"]) for a in answered] == [
+        (n["id"], 1, "created") for n in NODES
+    ]
     assert _count(conn) == (before[0] + 4, before[1] + 3, before[2] + 1)
     # Keys are the writer's node_sha256; the vectors are memory.embed's.
     stored = conn.execute(
@@ -91,7 +95,9 @@ def test_written_from_sql_then_found_with_provenance(conn: Conn) -> None:
 def test_a_second_call_reports_duplicates_and_writes_nothing(conn: Conn) -> None:
     _add(conn, NODES)
     before = _count(conn)
-    assert _add(conn, NODES) == {
+    again = _add(conn, NODES)
+    assert [a["status"] for a in again.pop("nodes")] == ["unchanged"] * 4
+    assert again == {
         "inserted": 0,
         "duplicates": 4,
         "updated": 0,
@@ -104,7 +110,9 @@ def test_a_second_call_reports_duplicates_and_writes_nothing(conn: Conn) -> None
         {"project": PROJECT, "level": "L1", "id": "w:mem:2", "parents": ["w:raw:2", "w:gone"],
          "text": "Billing backups now land on the 4 TB volume."},
     ]  # fmt: skip
-    assert _add(conn, more) == {
+    out = _add(conn, more)
+    assert [a["status"] for a in out.pop("nodes")] == ["created"]
+    assert out == {
         "inserted": 1,
         "duplicates": 0,
         "updated": 0,
@@ -150,6 +158,94 @@ def test_an_id_stored_with_other_content_gets_a_new_version(conn: Conn) -> None:
         (PROJECT, NODES[0]["id"]),
     ).fetchall()
     assert rows == [(1, False, "superseded"), (2, True, None)]
+
+
+def _versions(conn: Conn, external_id: str) -> list[tuple[Any, ...]]:
+    """(revision, current, sha256, metadata, timestamp, the vector as text) per version."""
+    return conn.execute(
+        "SELECT h.revision, h.current, h.sha256, h.metadata, h.timestamp, n.embedding::text"
+        " FROM memory.history(%s, %s) h JOIN memory.nodes n ON n.id = h.node_id"
+        " ORDER BY h.revision",
+        (PROJECT, external_id),
+    ).fetchall()
+
+
+def test_every_node_is_answered_with_id_revision_and_status(conn: Conn) -> None:
+    node = {"project": PROJECT, "level": "L0", "id": "w:status", "text": "Mara likes tea.",
+            "metadata": {"user": 42}, "timestamp": "2025-03-01T08:00:00Z"}  # fmt: skip
+    first = _add(conn, [node])["nodes"]
+    assert [(a["project"], a["id"], a["revision"], a["status"]) for a in first] == [
+        (PROJECT, "w:status", 1, "created")
+    ]
+    assert _add(conn, [node])["nodes"] == [{**first[0], "status": "unchanged"}]
+    # The same text under other metadata, then another timestamp: each a new version (they
+    # were dropped as duplicates), reusing the vector, with the same content hash.
+    meta = _add(conn, [{**node, "metadata": {"user": 43}}])
+    assert (meta["inserted"], meta["updated"], meta["duplicates"]) == (1, 1, 0)
+    assert [(a["revision"], a["status"]) for a in meta["nodes"]] == [(2, "new_version")]
+    ts = _add(conn, [{**node, "metadata": {"user": 43}, "timestamp": "2025-03-02T08:00:00Z"}])
+    assert [(a["revision"], a["status"]) for a in ts["nodes"]] == [(3, "new_version")]
+    assert ts["nodes"][0]["node_id"] != meta["nodes"][0]["node_id"] != first[0]["node_id"]
+    versions = _versions(conn, "w:status")
+    assert [(v[0], v[1], v[3]) for v in versions] == [
+        (1, False, {"user": 42}), (2, False, {"user": 43}), (3, True, {"user": 43})
+    ]  # fmt: skip
+    assert len({v[2] for v in versions}) == 1 and len({v[5] for v in versions}) == 1
+    assert versions[2][4].isoformat() == "2025-03-02T08:00:00+00:00"
+    # The metadata-only change under a stale revision is refused like any other change.
+    with pytest.raises(psycopg.Error) as exc:
+        _add(conn, [{**node, "revision": 2}])
+    assert exc.value.sqlstate == "PM419"
+    # The same node named twice in one call: written once, the second unchanged.
+    twice = _add(conn, [{**node, "text": "Mara likes green tea."}] * 2)["nodes"]
+    assert [(a["revision"], a["status"]) for a in twice] == [(4, "new_version"), (4, "unchanged")]
+
+
+def test_a_node_without_an_id_gets_one_that_get_update_and_forget_take(conn: Conn) -> None:
+    node = {"project": PROJECT, "level": "L0", "text": "An id-less note about the cellar."}
+    out = _add(conn, [node])
+    (made,) = out["nodes"]
+    assert made["status"] == "created" and made["revision"] == 1
+    assert made["id"].startswith("n:") and len(made["id"]) == 38  # n: and a UUID
+    # Its hash is the one it always had (an empty id): re-ingest is still a duplicate, and
+    # answers with the stored node's id.
+    row = conn.execute(
+        "SELECT sha256 FROM memory.nodes WHERE id = %s", (made["node_id"],)
+    ).fetchone()
+    assert row is not None and bytes(row[0]) == node_sha256(
+        PROJECT, "L0", None, None, None, node["text"]
+    )
+    assert _add(conn, [node])["nodes"] == [{**made, "status": "unchanged"}]
+    got = conn.execute(
+        "SELECT node_id, external_id, revision FROM memory.get_node(%s, %s)",
+        (made["id"], PROJECT),
+    ).fetchone()
+    assert got == (made["node_id"], made["id"], 1)
+    # Its id names it for an update: the same text with metadata is a new version with the
+    # same content hash (as the id-less write made it), not new content.
+    same = _add(conn, [{**node, "id": made["id"]}])["nodes"]
+    assert same == [{**made, "status": "unchanged"}]
+    meta = _add(conn, [{**node, "id": made["id"], "metadata": {"room": "cellar"}}])["nodes"]
+    assert [(a["id"], a["revision"], a["status"]) for a in meta] == [(made["id"], 2, "new_version")]
+    versions = _versions(conn, made["id"])
+    assert versions[0][2] == versions[1][2]
+    text = _add(conn, [{**node, "id": made["id"], "text": "The cellar is dry now."}])["nodes"]
+    assert [(a["revision"], a["status"]) for a in text] == [(3, "new_version")]
+    forgot = conn.execute("SELECT memory.forget(%s, %s)", (PROJECT, made["id"])).fetchone()
+    assert forgot is not None and forgot[0]["nodes"] == [made["id"]]
+    with pytest.raises(psycopg.Error) as exc:
+        conn.execute("SELECT * FROM memory.get_node(%s, %s)", (made["id"], PROJECT))
+    assert exc.value.sqlstate == "PM444"
+    # Written again without an id once retired, the content comes back under its id (its
+    # old rows hold its hash: a new id would collide with them, and the write was lost).
+    back = _add(conn, [node])["nodes"]
+    assert [(a["id"], a["revision"], a["status"]) for a in back] == [(made["id"], 4, "created")]
+    # Erased, nothing links the content to the id any more: written again, a new node.
+    conn.execute("SELECT memory.forget(%s, %s, erase => true)", (PROJECT, made["id"]))
+    anew = _add(conn, [node])["nodes"]
+    assert anew[0]["id"] != made["id"] and (anew[0]["revision"], anew[0]["status"]) == (
+        1, "created"
+    )  # fmt: skip
 
 
 def test_a_new_version_keeps_the_level(conn: Conn) -> None:

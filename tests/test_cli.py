@@ -186,6 +186,40 @@ def test_errors_are_clear(cli_env: dict[str, str]) -> None:
     assert unknown.returncode == 1 and "unknown project" in unknown.stderr
 
 
+def test_ingest_is_all_or_nothing_and_says_so(cli_env: dict[str, str]) -> None:
+    """201 lines with a stale revision on line 193: the database is as it was, and the
+    message says nothing was written (per-batch commits once wrote 192 lines, then said
+    "Nothing was written."). --report names each node written."""
+    ready(cli_env)
+    psql = _psql_on(run(cli_env, "db", "url").stdout.strip())
+    home = Path(cli_env["POIMEN_HOME"])
+    first = home / "first.jsonl"
+    first.write_text(
+        json.dumps({"id": "s193", "level": "L0", "project": "all193", "text": "v1"}) + "\n"
+        + json.dumps({"level": "L0", "project": "all193", "text": "a note without an id"})
+        + "\n"
+    )  # fmt: skip
+    report = home / "report.jsonl"
+    run(cli_env, "ingest", str(first), "--report", str(report))
+    written = [json.loads(line) for line in report.read_text().splitlines()]
+    assert [(w["id"], w["revision"], w["status"]) for w in written][:1] == [("s193", 1, "created")]
+    assert written[1]["id"].startswith("n:") and written[1]["status"] == "created"
+    lines = [json.dumps({"id": f"a{i}", "level": "L0", "project": "all193", "text": f"turn {i}"})
+             for i in range(200)]  # fmt: skip
+    lines.insert(192, json.dumps({"id": "s193", "level": "L0", "project": "all193",
+                                  "text": "v2", "revision": 2}))  # fmt: skip
+    bad = home / "stale.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    count = "SELECT count(*) FROM memory.nodes"
+    before = psql(count)
+    for extra in ((), ("--commit-every-batch",)):
+        proc = run(cli_env, "ingest", str(bad), "--batch", "16", *extra, ok=False)
+        assert proc.returncode != 0
+        assert "nothing was written" in proc.stderr
+        assert "line 193: node s193 of project all193 is at revision 1, not 2" in proc.stderr
+        assert psql(count) == before
+
+
 def test_reembed_rebuilds_every_vector(cli_env: dict[str, str]) -> None:
     ready(cli_env)
     psql = _psql_on(run(cli_env, "db", "url").stdout.strip())

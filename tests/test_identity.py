@@ -181,6 +181,47 @@ def test_get_node_reads_the_current_version(conn: Conn) -> None:
     ).fetchone() == (["superseded", "retired"],)
 
 
+def test_get_node_shows_its_revision_and_each_parent_once(conn: Conn, client: TestClient) -> None:
+    """GET carries the node's current revision (an optimistic update needs no history
+    call), and each parent once: the version the node rests on, with that version's
+    revision and the parent's current one. Updates of a parent used to list every version
+    it was linked to, superseded ones beside the current one."""
+
+    def add(nodes: list[dict[str, Any]]) -> None:
+        conn.execute("SELECT memory.add_nodes(%s)", (json.dumps(nodes),))
+
+    turn = {"project": "poimen", "level": "L0", "id": "r:turn", "text": "Mara drinks coffee."}
+    other = {"project": "poimen", "level": "L0", "id": "r:other", "text": "Mara drinks tea."}
+    memory = {"project": "poimen", "level": "L1", "id": "r:mem", "parents": ["r:turn", "r:other"],
+              "text": "Mara likes black coffee and tea."}  # fmt: skip
+    add([turn, other, memory])
+    add([{**memory, "metadata": {"checked": True}}])  # the memory's revision 2
+    # Two versions of the turn with its text (metadata, then timestamp): the memory is
+    # linked to each in turn, and rests on the newest.
+    add([{**turn, "metadata": {"mood": "tired"}}])
+    add([{**turn, "metadata": {"mood": "tired"}, "timestamp": "2025-06-12T08:00:00Z"}])
+    conn.execute("SELECT memory.forget('poimen', 'r:other')")
+    cur = conn.cursor(row_factory=dict_row)
+    node = cur.execute("SELECT * FROM memory.get_node('r:mem')").fetchone()
+    assert node is not None and node["revision"] == 2
+    assert [
+        (p["external_id"], p["precedence"], p["revision"], p["current_revision"])
+        for p in node["parents"]
+    ] == [("r:turn", 0, 3, 3), ("r:other", 1, 1, None)]
+    assert node["parents_total"] == 2
+    body = client.get("/memory/nodes/r:mem").json()
+    assert body["revision"] == 2 and body["parents"] == node["parents"]
+    listed = cur.execute(
+        "SELECT external_id, revision FROM memory.list_nodes(project => 'poimen', \"limit\" => 100)"
+        " WHERE external_id LIKE 'r:%'"
+    ).fetchall()
+    assert sorted((r["external_id"], r["revision"]) for r in listed) == [
+        ("r:mem", 2), ("r:turn", 3)
+    ]  # fmt: skip
+    page = client.get("/memory/nodes", params={"project": "poimen", "limit": 100}).json()
+    assert {n["external_id"]: n["revision"] for n in page["nodes"]}["r:turn"] == 3
+
+
 def _twin(conn: Conn) -> None:
     """The id poimen:chat:1 in project atlas too (ids are unique per project only)."""
     conn.execute(
@@ -205,9 +246,10 @@ def test_get_node_over_http(client: TestClient, conn: Conn, fixture_url: str) ->
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["external_id"] == "poimen:mem:5" and body["support"] == "full"
+    assert body["revision"] == 1
     assert body["parents"] == [
         {"node_id": body["parents"][0]["node_id"], "external_id": "poimen:chat:6",
-         "level": "L0", "precedence": 0}
+         "level": "L0", "precedence": 0, "revision": 1, "current_revision": 1}
     ]  # fmt: skip
     assert client.get("/memory/nodes/nope").json()["error"] == "unknown_node"
     assert client.get("/memory/nodes/nope").status_code == 404

@@ -160,13 +160,16 @@ def test_embedding_model_mismatch_is_refused(fixture_url: str) -> None:
 class _DiesAfter:
     """The real embedder, which fails on its n-th batch: a CLI ingest killed mid-way."""
 
-    def __init__(self, inner: LocalEmbedder, batches: int) -> None:
+    def __init__(
+        self, inner: LocalEmbedder, batches: int, error: BaseException | None = None
+    ) -> None:
         self.inner, self.left = inner, batches
         self.model_name, self.dim = inner.model_name, inner.dim
+        self.error = error or KeyboardInterrupt()
 
     def embed_documents(self, texts: Any) -> Any:
         if self.left == 0:
-            raise KeyboardInterrupt
+            raise self.error
         self.left -= 1
         return self.inner.embed_documents(texts)
 
@@ -174,8 +177,9 @@ class _DiesAfter:
 def test_an_interrupted_bulk_ingest_leaves_no_node_without_its_provenance(
     empty_url: str, embedder: LocalEmbedder
 ) -> None:
-    """Children listed before their parents, small batches, killed after three: every
-    committed L1/L2 node already has its edges, and a re-run completes the rest."""
+    """Children listed before their parents, small batches committed one by one, killed
+    after three: every committed L1/L2 node already has its edges, and a re-run completes
+    the rest. By default the same kill leaves nothing: the load is one transaction."""
     from poimen_memory.db.migrate import migrate
 
     memories = [
@@ -196,6 +200,17 @@ def test_an_interrupted_bulk_ingest_leaves_no_node_without_its_provenance(
                 embed_group=2,
                 progress=False,
             )
+        assert conn.execute("SELECT count(*) FROM memory.nodes").fetchone() == (0,)
+        with pytest.raises(KeyboardInterrupt):
+            ingest(
+                conn,
+                records,
+                _DiesAfter(embedder, 3),  # type: ignore[arg-type]
+                batch_size=2,
+                embed_group=2,
+                progress=False,
+                commit_every_batch=True,
+            )
         orphans = conn.execute(
             "SELECT count(*) FROM memory.nodes n WHERE n.level <> 'L0' "
             "AND NOT EXISTS (SELECT 1 FROM memory.edges e WHERE e.child_id = n.id)"
@@ -205,6 +220,90 @@ def test_an_interrupted_bulk_ingest_leaves_no_node_without_its_provenance(
         report = ingest(conn, records, embedder, batch_size=2, progress=False)
         assert (report.inserted, report.duplicates, report.edges) == (3, 6, 6)
         assert conn.execute("SELECT count(*) FROM memory.edges").fetchone() == (8,)
+
+
+@pytest.mark.parametrize("per_batch", [False, True])
+def test_a_failed_bulk_ingest_says_what_it_committed(
+    empty_url: str, embedder: LocalEmbedder, per_batch: bool
+) -> None:
+    """The error of a failed load says what it left written: nothing by default (one
+    transaction: the table is as it was), or exactly the nodes of the committed batches."""
+    from poimen_memory.db.migrate import migrate
+    from poimen_memory.errors import EmbeddingUnavailable
+
+    records, _ = parse_lines(
+        _lines(*({"id": f"t{i}", "level": "L0", "project": "p", "text": f"turn {i}"}
+                 for i in range(10)))
+    )  # fmt: skip
+    dies = _DiesAfter(
+        embedder, 3, EmbeddingUnavailable("the embedder went away", reason="transport")
+    )
+    with connect(empty_url, autocommit=True) as conn:
+        migrate(conn, None)
+        with pytest.raises(EmbeddingUnavailable) as exc:
+            ingest(conn, records, dies, batch_size=2, embed_group=2, progress=False,  # type: ignore[arg-type]
+                   commit_every_batch=per_batch)  # fmt: skip
+        stored = conn.execute("SELECT count(*) FROM memory.nodes").fetchone()
+    detail = exc.value.detail or ""
+    if per_batch:
+        assert stored == (6,)
+        assert "6 node(s) were written and committed before the failure" in detail
+    else:
+        assert stored == (0,)
+        assert "Nothing was written" in detail
+        # The project and the model were recorded up front, and the message says so.
+        assert "project p" in detail and "the embedding model" in detail
+
+
+def test_a_stale_revision_is_found_before_a_bulk_ingest_writes(
+    conn: Conn, embedder: LocalEmbedder
+) -> None:
+    """A stale revision anywhere in the file stops the load before its first write, both
+    modes alike (per-batch commits once wrote the batches before it, then said that
+    nothing was written)."""
+    from poimen_memory.errors import StaleRevision
+
+    first, _ = parse_lines(_lines({"id": "s:1", "level": "L0", "project": "stale", "text": "v1"}))
+    ingest(conn, first, embedder, progress=False)
+    stale = {"id": "s:1", "level": "L0", "project": "stale", "text": "v2", "revision": 0}
+    lines = _lines(*({"id": f"s:n{i}", "level": "L0", "project": "stale", "text": f"n {i}"}
+                     for i in range(9)), stale)  # fmt: skip
+    records, _ = parse_lines(lines)
+    count = "SELECT count(*) FROM memory.nodes"
+    before = conn.execute(count).fetchone()
+    for per_batch in (False, True):
+        with pytest.raises(StaleRevision) as exc:
+            ingest(conn, records, embedder, progress=False, batch_size=2,
+                   commit_every_batch=per_batch)  # fmt: skip
+        assert conn.execute(count).fetchone() == before
+        assert "nothing was written" in exc.value.message
+        assert "line 10: node s:1 of project stale is at revision 1, not 0" in (
+            exc.value.detail or ""
+        )
+
+
+def test_the_bulk_ingest_answers_per_node_and_versions_metadata_changes(
+    conn: Conn, embedder: LocalEmbedder
+) -> None:
+    """Each record answered in the file's order; a stored node whose metadata changed is
+    sent to the writer without a vector (nothing embedded) and becomes its next version."""
+    nodes = [{"id": "b:1", "level": "L0", "project": "bulk", "text": "one"},
+             {"level": "L0", "project": "bulk", "text": "no id"}]  # fmt: skip
+    records, _ = parse_lines(_lines(*nodes))
+    report = ingest(conn, records, embedder, progress=False, report_nodes=True)
+    assert report.nodes is not None
+    assert [(n["status"], n["revision"]) for n in report.nodes] == [("created", 1)] * 2
+    generated = report.nodes[1]["id"]
+    assert generated.startswith("n:")
+    spy = _Spy(embedder)
+    again, _ = parse_lines(_lines({**nodes[0], "metadata": {"k": 1}}, nodes[1]))
+    report = ingest(conn, again, spy, progress=False, report_nodes=True)  # type: ignore[arg-type]
+    assert report.nodes is not None
+    assert [(n["id"], n["status"], n["revision"]) for n in report.nodes] == [
+        ("b:1", "new_version", 2), (generated, "unchanged", 1)
+    ]  # fmt: skip
+    assert (report.inserted, report.updated, report.duplicates) == (1, 1, 1)
+    assert sum(spy.calls) == 0
 
 
 class _Spy:
@@ -268,6 +367,7 @@ def test_nodes_are_embedded_in_groups_and_written_in_batches(
                 batch_size=2,
                 embed_group=4,
                 progress=False,
+                commit_every_batch=True,  # what was written before the kill stays
             )
         stored = conn.execute("SELECT count(*), count(embedding) FROM memory.nodes").fetchone()
         assert stored == (6, 6)

@@ -105,9 +105,11 @@ def _found(conn: Conn, query: str, **kw: Any) -> list[str]:
 def test_an_update_is_a_new_version_and_the_old_one_leaves_answers(conn: Conn) -> None:
     assert _write(conn, [_node("pref:1", "Mara prefers tea in the morning")])["inserted"] == 1
     # identical content: a no-op
-    assert _write(conn, [_node("pref:1", "Mara prefers tea in the morning")]) | {} == {
-        "inserted": 0, "duplicates": 1, "updated": 0, "edges": 0, "unresolved": []
-    }  # fmt: skip
+    same = _write(conn, [_node("pref:1", "Mara prefers tea in the morning")])
+    assert [(n["id"], n["revision"], n["status"]) for n in same.pop("nodes")] == [
+        ("pref:1", 1, "unchanged")
+    ]
+    assert same == {"inserted": 0, "duplicates": 1, "updated": 0, "edges": 0, "unresolved": []}
     out = _write(conn, [_node("pref:1", "Mara prefers coffee in the morning")], seed=7)
     assert (out["inserted"], out["updated"]) == (1, 1)
     assert _history(conn, "pref:1") == [

@@ -385,6 +385,47 @@ def test_a_write_then_a_read(server: str, fixture_url: str) -> None:
     assert any(e["external_id"] == f"{word}-turn" for e in found["evidence"])
 
 
+def test_a_write_answers_with_identity_over_mcp_and_http(server: str, fixture_url: str) -> None:
+    """memory_add and POST /memory/nodes answer each node with its id (generated for a node
+    written without one), revision and status; memory_get shows the revision, and the
+    generated id is one memory_add, memory_get and memory_forget accept."""
+    word = f"ids{uuid.uuid4().hex[:10]}"
+    named = {"id": f"{word}-a", "level": "L0", "text": f"{word} named", "metadata": {"v": 1}}
+    idless = {"level": "L0", "text": f"{word} without an id"}
+    first, again, meta, got = _session(
+        "http", server, fixture_url, None,
+        [("memory_add", {"nodes": [named, idless], "project": "poimen"}),
+         ("memory_add", {"nodes": [named, idless], "project": "poimen"}),
+         ("memory_add", {"nodes": [{**named, "metadata": {"v": 2}}], "project": "poimen"}),
+         ("memory_get", {"id": named["id"], "project": "poimen"})],
+    )  # fmt: skip
+    made = _ok(first)["nodes"]
+    assert [(n["project"], n["revision"], n["status"]) for n in made] == [
+        ("poimen", 1, "created"), ("poimen", 1, "created")
+    ]  # fmt: skip
+    generated = made[1]["id"]
+    assert made[0]["id"] == named["id"] and generated.startswith("n:")
+    assert [n["status"] for n in _ok(again)["nodes"]] == ["unchanged", "unchanged"]
+    assert [n["id"] for n in _ok(again)["nodes"]] == [named["id"], generated]
+    assert [(n["revision"], n["status"]) for n in _ok(meta)["nodes"]] == [(2, "new_version")]
+    assert _ok(got)["revision"] == 2 and _ok(got)["metadata"] == {"v": 2}
+    # The same over HTTP: a timestamp-only change is the next version too.
+    r = httpx.post(f"{server}/memory/nodes", params={"project": "poimen"}, timeout=60,
+                   json=[{**named, "metadata": {"v": 2}, "timestamp": "2025-01-02T00:00:00Z"},
+                         idless])  # fmt: skip
+    assert r.status_code == 201, r.text
+    assert [(n["id"], n["revision"], n["status"]) for n in r.json()["nodes"]] == [
+        (named["id"], 3, "new_version"), (generated, 1, "unchanged")
+    ]  # fmt: skip
+    fetched, forgot = _session(
+        "http", server, fixture_url, None,
+        [("memory_get", {"id": generated, "project": "poimen"}),
+         ("memory_forget", {"ids": [generated], "project": "poimen"})],
+    )  # fmt: skip
+    assert _ok(fetched)["text"] == idless["text"] and _ok(fetched)["revision"] == 1
+    assert _ok(forgot)["nodes"] == [generated] and _current(fixture_url, "poimen", generated) == 0
+
+
 def test_a_write_is_one_transaction_unless_skip_invalid(server: str, fixture_url: str) -> None:
     good = {"id": "mcp-good", "level": "L1", "text": "a valid memory", "project": "poimen"}
     bad = {"id": "mcp-bad", "level": "L1", "text": "   ", "project": "poimen"}

@@ -161,3 +161,35 @@ def test_0008_names_the_roles_it_leaves_without_a_project(
     assert "legacy_reader" in names and "hint: For each: SELECT memory.grant_project" in notice
     assert not {"legacy_service", "memory_writer", "memory_service", "postgres"} & set(names)
     assert again.notices == []  # applied once: said once
+
+
+def test_0020_gives_every_id_less_node_an_id(
+    empty_url: str, plpython_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nodes stored without an id (before 0020) get one, every version, distinct, usable
+    by memory.get_node; their content hashes and BM25 statistics stay as they were."""
+    add_migrations = stage_migrations(tmp_path, monkeypatch, below="0020")
+    with connect(empty_url, autocommit=True) as conn:
+        migrate(conn, plpython_root)
+        conn.execute("INSERT INTO memory.projects (name) VALUES ('old')")
+        # As the writer stored them before 0020: external_id NULL (one retired since).
+        conn.execute(
+            "INSERT INTO memory.nodes (sha256, project_id, level, text, expired_at, end_reason)"
+            " SELECT sha256(convert_to(t, 'UTF8')), p.id, 'L0', t, e, r"
+            " FROM memory.projects p, (VALUES ('an old note', NULL::timestamptz, NULL::text),"
+            "   ('another old note', now(), 'retired')) v(t, e, r) WHERE p.name = 'old'"
+        )
+        stats = (
+            "SELECT (SELECT count(*) FROM memory.postings), (SELECT sum(df) FROM memory.term_stats)"
+        )
+        hashes = "SELECT array_agg(sha256 ORDER BY id) FROM memory.nodes"
+        before = (conn.execute(stats).fetchone(), conn.execute(hashes).fetchone())
+        add_migrations("0020")
+        report = migrate(conn, plpython_root)
+        assert "0020_generated_ids" in report.applied
+        ids = [r[0] for r in conn.execute("SELECT external_id FROM memory.nodes ORDER BY id")]
+        assert len(ids) == 2 and len(set(ids)) == 2
+        assert all(i.startswith("n:") for i in ids)
+        assert (conn.execute(stats).fetchone(), conn.execute(hashes).fetchone()) == before
+        got = conn.execute("SELECT text FROM memory.get_node(%s, 'old')", (ids[0],)).fetchone()
+        assert got == ("an old note",)

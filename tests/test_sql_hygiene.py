@@ -70,6 +70,7 @@ WRITER = {
     "_stored_nodes",
     "_stored_hashes",
     "_vector_missing",
+    "_same_version",
     "_writer",
     "forget",
     "_forget",

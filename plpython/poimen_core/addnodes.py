@@ -3,7 +3,8 @@
 Same rules as the CLI and POST /memory/nodes, because they are the same code
 (poimen_core.nodes): every node is parsed with parse_line, the batch is validated against
 itself and the stored nodes before anything is written, keys are node_sha256, and
-duplicates, edges and unresolved parents are counted alike by the one writer,
+duplicates, edges and unresolved parents are counted (and every node answered with its id,
+revision and status) alike by the one writer,
 memory._write_nodes (sql/068_write.sql), which the service's ingest calls too. Vectors come
 from memory.embed, the service's own model. An error raised anywhere aborts the calling
 statement, so a failed call writes nothing. Row-level security applies as to any INSERT
@@ -21,6 +22,7 @@ from poimen_core.nodes import (
     Key,
     LineError,
     NodeRecord,
+    adopt_stored_hashes,
     new_records,
     parse_line,
     reference_keys,
@@ -185,12 +187,16 @@ def add_nodes_for_sql(plpy: PlpySPI, nodes: str | None) -> str:
         for x in _run(plpy, _STORED, ["text[]", "text[]"],
                       [[k[0] for k in keys], [k[1] for k in keys]])
     }  # fmt: skip
+    # A node written without an id and now named by its generated id hashes as it did.
+    records = adopt_stored_hashes(records, stored)
     _refuse(plpy, validate(records, stored))
     hashes = {bytes(x["sha256"]) for x in
               _run(plpy, _EXISTING, ["bytea[]"], [[r.sha256 for r in records]])}  # fmt: skip
     if new_records(records, hashes)[0]:
         _ensure_embedding_model(plpy)
-    # Every record in input order, so the writer's node numbers are the caller's.
+    # Every record in input order, so the writer's node numbers (and its per-node answer)
+    # are the caller's; the stored ones too: the writer decides whether each is unchanged
+    # or a new version (other metadata or timestamp), reusing its vector.
     rows = json.dumps([write_row(r) for r in records])
     refused: tuple[str, str | None, str | None] | None = None
     try:

@@ -14,7 +14,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Container, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -59,11 +59,15 @@ class NodeRecord:
     # When the node leaves answers (None: never, or its project's retention). Not content,
     # as metadata: not in the hash.
     expires_at: datetime | None = None
+    # Hashed as a node without an id: set (adopt_stored_hashes) when the id names a node
+    # that was written without one, whose generated id is not in its stored hash.
+    hashed_without_id: bool = False
 
     @property
     def sha256(self) -> bytes:
         return node_sha256(
-            self.project, self.level, self.external_id, self.source, self.title, self.text,
+            self.project, self.level, None if self.hashed_without_id else self.external_id,
+            self.source, self.title, self.text,
             timestamp_text(self.valid_from), timestamp_text(self.valid_to),
         )  # fmt: skip
 
@@ -404,6 +408,64 @@ def reference_keys(records: Sequence[NodeRecord]) -> list[Key]:
     )
 
 
+def adopt_stored_hashes(
+    records: Sequence[NodeRecord], stored: Mapping[Key, Stored]
+) -> list[NodeRecord]:
+    """The records, each one that names a node written without an id (by its generated
+    id) with that node's content hashed as the node's hash was: with an empty id. Its
+    stored hash left the generated id out (the writer made the id after the hash), so the
+    same content must hash the same, or writing it back under its id would look like new
+    content: a needless new version, and one whose hash differs from the old one's."""
+    out: list[NodeRecord] = []
+    for r in records:
+        old = None if r.external_id is None else stored.get((r.project, r.external_id))
+        if old is not None and old.sha256 != r.sha256:
+            idless = replace(r, hashed_without_id=True)
+            if idless.sha256 == old.sha256:
+                r = idless
+        out.append(r)
+    return out
+
+
+def _written_fields(r: NodeRecord) -> tuple[Any, ...]:
+    """What a write stores beside the content hash, as memory._same_version compares it."""
+    return (r.sha256, json.dumps(r.metadata, sort_keys=True), _instant_key(r.timestamp),
+            r.breadcrumb)  # fmt: skip
+
+
+def _instant_key(ts: datetime | None) -> Any:
+    return None if ts is None else (_as_utc(ts), ts.tzinfo is None)
+
+
+class StoredRevision(Protocol):
+    """What stale_revisions needs to know of a stored node: its current version."""
+
+    @property
+    def sha256(self) -> bytes: ...
+
+    @property
+    def revision(self) -> int: ...
+
+
+def stale_revisions(
+    records: Sequence[NodeRecord], stored: Mapping[Key, StoredRevision]
+) -> list[tuple[NodeRecord, int]]:
+    """The records that name a revision other than their id's current one (0: none) and
+    change its content: what memory._write_nodes would refuse (PM419), found before
+    anything is written, each with the current revision. A change of metadata or timestamp
+    alone under a stale revision is left to the writer, which compares them (this side
+    knows the stored hash only)."""
+    out: list[tuple[NodeRecord, int]] = []
+    for r in records:
+        if r.revision is None:
+            continue
+        old = None if r.external_id is None else stored.get((r.project, r.external_id))
+        current = 0 if old is None else old.revision
+        if current != r.revision and (old is None or old.sha256 != r.sha256):
+            out.append((r, current))
+    return out
+
+
 def validate(records: Sequence[NodeRecord], stored: Mapping[Key, Stored]) -> list[LineError]:
     """What the format alone cannot tell: an id used twice in the batch for other content, a
     new version that changes a node's level, and provenance that does not go exactly one
@@ -415,7 +477,8 @@ def validate(records: Sequence[NodeRecord], stored: Mapping[Key, Stored]) -> lis
             continue
         key = (r.project, r.external_id)
         first = by_key.setdefault(key, r)
-        if first is not r and first.sha256 != r.sha256:
+        # Other metadata or timestamp is other content too: each would be a version.
+        if first is not r and _written_fields(first) != _written_fields(r):
             errors.append(LineError(r.line_no, "id", f"{r.external_id!r} is already used on "
                                     f"line {first.line_no} for other content"))  # fmt: skip
         # New content under a stored id is its next version (memory._write_nodes); a

@@ -273,6 +273,8 @@ def _ingest(
         batch_size=s.ingest_batch,
         embed_group=s.ingest_embed_group,
         progress=False,
+        # Per-batch commits, as every ingest rate in docs/benchmarks.md was measured.
+        commit_every_batch=True,
     )
     return {
         "nodes": n,

@@ -203,16 +203,22 @@ _LINK: dict[str, Any] = {
         "external_id": {"type": ["string", "null"]},
         "level": {"type": "string", "enum": ["L0", "L1", "L2"]},
         "precedence": {"type": "integer"},
+        # Parents only: each parent once, the version the node rests on (the newest of the
+        # id it has an edge to), and the parent's current revision (null: none current).
+        "revision": {"type": "integer", "minimum": 1},
+        "current_revision": {"type": ["integer", "null"], "minimum": 1},
     },
 }
 
 _NODE_DETAIL: dict[str, Any] = {
     "type": "object",
-    "required": ["node_id", "external_id", "project", "level", "parents", "children"],
+    "required": ["node_id", "external_id", "project", "level", "revision", "parents", "children"],
     "properties": {
         **_NODE_FIELDS,
         "node_id": {"type": "integer"},
         "external_id": {"type": ["string", "null"]},
+        # The current version's: what an update names as "revision" to be refused if stale.
+        "revision": {"type": "integer", "minimum": 1},
         "created_at": {"type": "string"},
         # At most 100 of each are listed; the totals count them all.
         "parents": {"type": "array", "items": {"$ref": "#/components/schemas/Link"}},
@@ -228,11 +234,12 @@ _NODE_DETAIL: dict[str, Any] = {
 
 _NODE_ROW: dict[str, Any] = {
     "type": "object",
-    "required": ["node_id", "external_id", "project", "level"],
+    "required": ["node_id", "external_id", "project", "level", "revision"],
     "properties": {
         **_NODE_FIELDS,
         "node_id": {"type": "integer"},
         "external_id": {"type": ["string", "null"]},
+        "revision": {"type": "integer", "minimum": 1},
         "created_at": {"type": "string"},
         "support": _SUPPORT,
         # When it leaves answers (its own expiry, or its project's retention); null: never.
@@ -1125,8 +1132,21 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                 "Node": _NODE,
                 "IngestReport": {
                     "type": "object",
-                    "required": ["inserted", "duplicates", "edges", "invalid", "unresolved"],
+                    "required": [
+                        "nodes",
+                        "inserted",
+                        "duplicates",
+                        "edges",
+                        "invalid",
+                        "unresolved",
+                    ],
                     "properties": {
+                        "nodes": {
+                            "type": "array",
+                            "items": {"$ref": "#/components/schemas/WrittenNode"},
+                            "description": "One per node written, in the request's order "
+                            "(with skip_invalid the invalid ones are left out: see invalid)",
+                        },
                         "inserted": {"type": "integer"},
                         "duplicates": {"type": "integer"},
                         "updated": {
@@ -1138,6 +1158,28 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                         "invalid": {"type": "array", "items": {"type": "string"}},
                         "unresolved": {"type": "array", "items": {"type": "string"}},
                         "seconds": {"type": "number"},
+                    },
+                },
+                "WrittenNode": {
+                    "type": "object",
+                    "required": ["project", "id", "node_id", "revision", "status"],
+                    "properties": {
+                        "project": {"type": "string"},
+                        "id": {
+                            "type": "string",
+                            "description": "the node's id: the one given, or a generated "
+                            "one ('n:' and a random UUID) for a node written without one",
+                        },
+                        "node_id": {"type": "integer"},
+                        "revision": {"type": "integer", "minimum": 1},
+                        "status": {
+                            "type": "string",
+                            "enum": ["created", "new_version", "unchanged"],
+                            "description": "created: the id had no current version; "
+                            "new_version: it replaced the current version (new content, "
+                            "or the same content with other metadata or timestamp); "
+                            "unchanged: equal to the current version, nothing written",
+                        },
                     },
                 },
                 "Parent": _PARENT,

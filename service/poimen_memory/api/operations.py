@@ -114,8 +114,9 @@ async def write_nodes(
     skip_invalid: bool,
 ) -> dict[str, Any]:
     """Ingest parsed nodes through the same code as the CLI, as one transaction: every node
-    is written, or none is. The caller checked the key once before reading the body; this
-    checks it covers, for writing, every project the nodes name."""
+    is written, or none is. The answer names each node (id, node_id, revision, status). The
+    caller checked the key once before reading the body; this checks it covers, for
+    writing, every project the nodes name."""
     await keys.write_projects(headers, {r.project for r in records})
     if state.embedder is None:
         raise ValidationError("no embedder configured; cannot ingest")
@@ -140,6 +141,9 @@ async def write_nodes(
                 skip_invalid=skip_invalid,
                 progress=False,
                 atomic=True,
+                # Each node's id, revision and status: bounded as the request is, by
+                # POIMEN_MAX_BODY_BYTES (an id is at most 512 characters, like the node's).
+                report_nodes=True,
             )
             return report.to_json()
 

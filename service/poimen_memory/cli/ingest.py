@@ -49,7 +49,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             batch_size=args.batch or s.ingest_batch,
             embed_group=s.ingest_embed_group,
             progress=not args.quiet,
+            commit_every_batch=args.commit_every_batch,
+            report_nodes=args.report is not None,
         )
+    if args.report is not None and report.nodes is not None:
+        # Ids, revisions and statuses to a file: a terminal gets counts, not 100k ids.
+        with Path(args.report).open("w", encoding="utf-8") as out:
+            out.writelines(json.dumps(n) + "\n" for n in report.nodes)
     for err in report.invalid[:20]:
         print(f"skipped {err}", file=sys.stderr)
     for line_no, parent in report.unresolved[:20]:
@@ -106,7 +112,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     ing.add_argument(
         "--skip-invalid", action="store_true", help="skip bad lines instead of aborting"
     )
-    ing.add_argument("--batch", type=int, help="nodes per insert transaction (POIMEN_INGEST_BATCH)")
+    ing.add_argument("--batch", type=int, help="nodes per insert statement (POIMEN_INGEST_BATCH)")
+    ing.add_argument(
+        "--commit-every-batch",
+        action="store_true",
+        help="commit each batch on its own (default: the whole file is one transaction, "
+        "all or nothing); a failure then says how many nodes were committed",
+    )
+    ing.add_argument(
+        "--report",
+        metavar="FILE",
+        help="write each node's id, node_id, revision and status to FILE (JSONL, in the "
+        "file's order, invalid lines left out)",
+    )
     ing.add_argument("--quiet", action="store_true")
     ing.add_argument("--json", action="store_true", help="also print the report as JSON")
     ing.set_defaults(func=cmd_ingest)

@@ -10,6 +10,10 @@ SELECT model, dim FROM memory.embedding_model;
 -- name: ensure_projects
 SELECT memory._ensure_projects(%(names)s::text[]);
 
+-- name: projects_existing
+-- Which of these projects exist already: a bulk ingest names the ones it made up front.
+SELECT name::text FROM memory.projects WHERE name = ANY (%(names)s::text[]);
+
 -- name: project_exists
 SELECT EXISTS (SELECT 1 FROM memory.projects WHERE name = %(name)s);
 

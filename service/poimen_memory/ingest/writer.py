@@ -8,15 +8,23 @@ every error listed, unless ``skip_invalid`` is set. Two write modes:
 
 - ``atomic=True`` (one HTTP request): one transaction for everything, projects included,
   so a failure leaves nothing behind.
-- bulk (the CLI): one transaction per batch, each with its nodes' edges. Records go in level
-  order (L0, L1, L2) and an edge always points one level down, so every parent is committed
-  in an earlier batch or the same one; the report counts exactly what was committed.
+- bulk (the CLI): embedding pipelined with writing, batch by batch, all in one transaction
+  (the projects excepted: they are made first, in a short transaction of their own). With
+  ``commit_every_batch`` each batch is its own transaction, with its nodes' edges. Records
+  go in level order (L0, L1, L2) and an edge always points one level down, so every parent
+  is committed in an earlier batch or the same one; a failure then says exactly how many
+  nodes were committed.
+
+Every record reaches the writer, the stored ones without a vector (they cost no embedding):
+the writer decides whether each is unchanged or a new version (a change of metadata or
+timestamp alone), and answers per node with its id, revision and status.
 
 Keys are content hashes, so re-running after a crash finishes the job without duplicates.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import time
 from collections.abc import Sequence
@@ -33,13 +41,15 @@ from psycopg.types.json import Jsonb
 from poimen_memory.db.queries import q
 from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.embedders.base import Embedder
-from poimen_memory.errors import IngestError
+from poimen_memory.errors import IngestError, PoimenError, StaleRevision
 from poimen_memory.ingest.nodes import (
     Key,
     LineError,
     NodeRecord,
+    adopt_stored_hashes,
     new_records,
     reference_keys,
+    stale_revisions,
     validate,
     write_row,
 )
@@ -58,6 +68,10 @@ class IngestReport:
     unresolved: list[tuple[int, str]] = field(default_factory=list)
     seconds: float = 0.0
     embed_seconds: float = 0.0
+    # One entry per written record, in input order (invalid lines skipped): project, id,
+    # node_id, revision, status. Kept only when asked for (a bulk load does not hold them).
+    nodes: list[dict[str, Any]] | None = None
+    committed: int = 0  # nodes written in transactions that committed (commit_every_batch)
 
     @property
     def rate(self) -> float:
@@ -73,6 +87,7 @@ class IngestReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **({} if self.nodes is None else {"nodes": self.nodes}),
             "inserted": self.inserted,
             "duplicates": self.duplicates,
             "updated": self.updated,
@@ -122,15 +137,19 @@ def ingest(
     embed_group: int = 256,
     progress: bool = True,
     atomic: bool = False,
+    commit_every_batch: bool = False,
+    report_nodes: bool = False,
 ) -> IngestReport:
     """Validate, then write. ``conn`` must be in autocommit mode (transactions are ours).
-    Nodes are written ``batch_size`` to a transaction and embedded ``embed_group`` at a time
+    Nodes are written ``batch_size`` to a statement and embedded ``embed_group`` at a time
     (rounded to whole batches), after a first group of one batch so that writing starts
     early. The local embedder sorts what it is given by length, so a larger group wastes
-    less of its work on padding."""
+    less of its work on padding. The bulk mode writes in one transaction unless
+    ``commit_every_batch``. ``report_nodes``: keep the per-node answer (report.nodes)."""
     started = time.monotonic()
     with wrap_exceptions("ingest"):
         stored = _stored_by_key(conn, reference_keys(records))
+        records = adopt_stored_hashes(records, stored)
         problems = [*invalid, *validate(records, stored)]
         bad_lines = {e.line_no for e in problems}
         if problems and not skip_invalid:
@@ -143,8 +162,12 @@ def ingest(
                 front_hint="fix the lines, or skip them ({skip_invalid=true})",
             )
         records = [r for r in records if r.line_no not in bad_lines]
+        if not atomic:
+            # A bulk load finds a stale revision before it writes anything (a request is
+            # one transaction: there the writer's own refusal, PM419, comes first).
+            _refuse_stale(records, stored)
         report = IngestReport(invalid=sorted(problems, key=lambda e: e.line_no))
-        writer = _Writer(conn, records, stored, report)
+        writer = _Writer(conn, records, stored, report, report_nodes)
         todo = writer.new_records()
         if atomic:
             vectors = _embed(embedder, todo, report)
@@ -154,48 +177,27 @@ def ingest(
                 writer.link(records, todo)
         else:
             with conn.transaction():
+                had_model = conn.execute(q("embedding_model")).fetchone() is not None
                 ensure_embedding_model(conn, embedder)
                 # In a short transaction of their own: on the partitioned layout a new
                 # project's partitions lock the tables until the transaction that made
                 # them ends, and queries of every project wait that long.
-                writer.ensure_projects(todo)
-            group = max(1, embed_group // batch_size) * batch_size
-            groups = [todo[:batch_size]] + [
-                todo[i : i + group] for i in range(batch_size, len(todo), group)
-            ]
-            # One thread embeds the next group while this one writes the current group, so
-            # the embedder and the database work at the same time, not in turns.
-            ahead = ThreadPoolExecutor(1, thread_name_prefix="ingest-embed")
-            # The embedding thread runs in this thread's context (a write's deadline,
-            # embedders/base.py WRITE_DEADLINE, is a context variable).
-            ctx = contextvars.copy_context()
-            with Progress(len(todo), "ingest", "nodes", enabled=progress) as bar:
-                nxt = ahead.submit(ctx.run, _embed, embedder, groups[0], report) if todo else None
-                try:
-                    for i, nodes in enumerate(groups):
-                        if nxt is None:
-                            break
-                        vectors = nxt.result()
-                        nxt = None
-                        if i + 1 < len(groups):
-                            run = ctx.copy().run
-                            nxt = ahead.submit(run, _embed, embedder, groups[i + 1], report)
-                        for at in range(0, len(nodes), batch_size):
-                            batch = nodes[at : at + batch_size]
-                            with conn.transaction():
-                                writer.write(batch, vectors[at : at + batch_size])
-                            bar.update(len(batch))
-                except BaseException:
-                    # Do not wait for the group being embedded (a remote embedder may take
-                    # minutes over a whole group): the error surfaces now, the thread
-                    # finishes on its own and its vectors are dropped.
-                    ahead.shutdown(wait=False, cancel_futures=True)
-                    raise
-                ahead.shutdown()
-            # Edges of the nodes stored before this run (by an earlier, interrupted one).
-            with conn.transaction():
-                writer.link(records, todo)
+                made = [f"project {p}" for p in writer.ensure_projects(todo)]
+            if not had_model:
+                made.append(f"the embedding model ({embedder.model_name})")
+            try:
+                with (
+                    wrap_exceptions("ingest"),
+                    conn.transaction() if not commit_every_batch else contextlib.nullcontext(),
+                ):
+                    _bulk(conn, writer, records, todo, embedder, report, batch_size,
+                          embed_group, progress, commit_every_batch)  # fmt: skip
+            except PoimenError as err:
+                _what_was_written(err, report, commit_every_batch, made)
+                raise
         report.unresolved.sort()
+        if report_nodes:
+            report.nodes = writer.answers(records)
         # A bulk load only: an HTTP request must not wait for VACUUM (autovacuum follows).
         if report.inserted >= VACUUM_AFTER and conn.autocommit and not atomic:
             # Fresh statistics for the planner, and a visibility map so BM25 scoring can use
@@ -204,6 +206,106 @@ def ingest(
             conn.execute(q("analyze_nodes"))
     report.seconds = time.monotonic() - started
     return report
+
+
+def _bulk(
+    conn: psycopg.Connection[Any],
+    writer: _Writer,
+    records: Sequence[NodeRecord],
+    todo: list[NodeRecord],
+    embedder: Embedder,
+    report: IngestReport,
+    batch_size: int,
+    embed_group: int,
+    progress: bool,
+    commit_every_batch: bool,
+) -> None:
+    """The bulk write: each group embedded in a second thread while the previous one is
+    written, batch by batch; each batch its own transaction with ``commit_every_batch``
+    (else the caller's one transaction holds them all)."""
+    group = max(1, embed_group // batch_size) * batch_size
+    groups = [todo[:batch_size]] + [
+        todo[i : i + group] for i in range(batch_size, len(todo), group)
+    ]
+    each = conn.transaction if commit_every_batch else contextlib.nullcontext
+    # One thread embeds the next group while this one writes the current group, so
+    # the embedder and the database work at the same time, not in turns.
+    ahead = ThreadPoolExecutor(1, thread_name_prefix="ingest-embed")
+    # The embedding thread runs in this thread's context (a write's deadline,
+    # embedders/base.py WRITE_DEADLINE, is a context variable).
+    ctx = contextvars.copy_context()
+    with Progress(len(todo), "ingest", "nodes", enabled=progress) as bar:
+        nxt = ahead.submit(ctx.run, _embed, embedder, groups[0], report) if todo else None
+        try:
+            for i, nodes in enumerate(groups):
+                if nxt is None:
+                    break
+                vectors = nxt.result()
+                nxt = None
+                if i + 1 < len(groups):
+                    run = ctx.copy().run
+                    nxt = ahead.submit(run, _embed, embedder, groups[i + 1], report)
+                for at in range(0, len(nodes), batch_size):
+                    batch = nodes[at : at + batch_size]
+                    with each():
+                        inserted = writer.write(batch, vectors[at : at + batch_size])
+                    if commit_every_batch:
+                        report.committed += inserted
+                    bar.update(len(batch))
+        except BaseException:
+            # Do not wait for the group being embedded (a remote embedder may take
+            # minutes over a whole group): the error surfaces now, the thread
+            # finishes on its own and its vectors are dropped.
+            ahead.shutdown(wait=False, cancel_futures=True)
+            raise
+        ahead.shutdown()
+    # The records stored before this run: their edges (of an earlier, interrupted run),
+    # and the writer's decision on each (unchanged, or a new version when its metadata or
+    # timestamp changed: it reuses the stored vector).
+    with each():
+        inserted = writer.link(records, todo)
+    if commit_every_batch:
+        report.committed += inserted
+
+
+def _refuse_stale(records: Sequence[NodeRecord], stored: dict[Key, StoredNode]) -> None:
+    stale = stale_revisions(records, stored)
+    if not stale:
+        return
+    lines = [
+        f"line {r.line_no}: node {r.external_id} of project {r.project} is at revision "
+        f"{current or 'none (no current version)'}, not {r.revision}"
+        for r, current in stale
+    ]
+    more = f"\n... and {len(lines) - 20} more" if len(lines) > 20 else ""
+    raise StaleRevision(
+        f"{len(stale)} node(s) name a stale revision; nothing was written",
+        detail="\n".join(lines[:20]) + more,
+        hint="Read the nodes again (memory.history, GET /memory/nodes/{id}/history), merge, "
+        "and write naming their current revisions; or name none to write on top of them.",
+    )
+
+
+def _what_was_written(
+    err: PoimenError, report: IngestReport, per_batch: bool, made: list[str]
+) -> None:
+    """Completes the error of a bulk load with what it left written: with
+    commit_every_batch the nodes of the batches that committed; otherwise nothing (one
+    transaction), but for what was made up front (projects, the first model record)."""
+    detail = err.detail or ""
+    if per_batch:
+        # The writer's "Nothing was written." speaks of its batch, not of the load.
+        detail = detail.replace("Nothing was written.", "Nothing of the failing batch was written.")
+        note = (
+            f"{report.committed} node(s) were written and committed before the failure "
+            "(--commit-every-batch), the rest were not; running the same file again writes "
+            "the rest (the committed ones are unchanged)."
+        )
+    else:
+        note = "Nothing was written: the load is one transaction, rolled back."
+        if made:
+            note += f" Made before it, and kept: {', '.join(made)}."
+    err.detail = f"{detail}\n{note}" if detail else note
 
 
 def _embed(embedder: Embedder, batch: Sequence[NodeRecord], report: IngestReport) -> Any:
@@ -223,6 +325,7 @@ class _Writer:
         records: Sequence[NodeRecord],
         stored: dict[Key, StoredNode],
         report: IngestReport,
+        keep_answers: bool = False,
     ) -> None:
         self.conn, self.report = conn, report
         self.records = records
@@ -231,44 +334,67 @@ class _Writer:
         for i in range(0, len(shas), 5000):
             rows = conn.execute(q("stored_hashes"), {"shas": shas[i : i + 5000]}).fetchall()
             self.stored_shas.update(bytes(sha) for sha, _ in rows)
+        # The writer's answer for each record (by position in records), when asked for.
+        self.keep_answers = keep_answers
+        self.answer: dict[int, dict[str, Any]] = {}
+        self.position = {id(r): i for i, r in enumerate(records)}
 
     def new_records(self) -> list[NodeRecord]:
-        """Records not stored yet, once each, in level order (a parent before its child)."""
-        todo, duplicates = new_records(self.records, self.stored_shas)
-        self.report.duplicates += duplicates
+        """Records whose content is not stored yet, once each, in level order (a parent
+        before its child): the ones to embed. The rest go to the writer without a vector
+        (link): it counts them, as duplicates or as new versions."""
+        todo, _ = new_records(self.records, self.stored_shas)
         return todo
 
-    def ensure_projects(self, records: Sequence[NodeRecord]) -> None:
-        self.conn.execute(q("ensure_projects"), {"names": sorted({r.project for r in records})})
+    def ensure_projects(self, records: Sequence[NodeRecord]) -> list[str]:
+        """Makes the projects of these records; the names of those not there before."""
+        names = sorted({r.project for r in records})
+        if not names:
+            return []
+        rows = self.conn.execute(q("projects_existing"), {"names": names}).fetchall()
+        before = {str(r[0]) for r in rows}
+        self.conn.execute(q("ensure_projects"), {"names": names})
+        return [n for n in names if n not in before]
 
-    def write(self, batch: Sequence[NodeRecord], vectors: Any) -> None:
+    def write(self, batch: Sequence[NodeRecord], vectors: Any) -> int:
         """New nodes with their vectors, and their edges (a parent is one level down, so it
-        was written in an earlier batch or is in this one)."""
+        was written in an earlier batch or is in this one); how many it inserted."""
         if not batch:
-            return
+            return 0
         embeddings = [np.asarray(v, dtype=np.float32) for v in vectors]
         if len(embeddings) != len(batch):
             raise ValueError(f"{len(batch)} nodes but {len(embeddings)} vectors")
-        out = self._call(q("write_nodes"), batch, embeddings)
-        self.report.inserted += out["inserted"]
-        self.report.updated += out["updated"]
-        # A concurrent ingest may have stored some first (ON CONFLICT waited for it).
-        self.report.duplicates += out["duplicates"]
+        return self._call(q("write_nodes"), batch, embeddings)
 
-    def link(self, records: Sequence[NodeRecord], written: Sequence[NodeRecord]) -> None:
-        """The edges of the records not written by this run (stored before it), idempotent."""
+    def link(self, records: Sequence[NodeRecord], written: Sequence[NodeRecord]) -> int:
+        """The records not written by this run (stored before it, or twice in the input):
+        their edges (idempotent), and the writer's decision on each; how many it inserted
+        (new versions: the same content with other metadata or timestamp)."""
         done = {id(r) for r in written}
         rest = [r for r in records if id(r) not in done]
+        inserted = 0
         for i in range(0, len(rest), 5000):
-            self._call(q("link_nodes"), rest[i : i + 5000], None)
+            inserted += self._call(q("link_nodes"), rest[i : i + 5000], None)
+        return inserted
 
-    def _call(
-        self, query: Any, batch: Sequence[NodeRecord], embeddings: list[Any] | None
-    ) -> dict[str, Any]:
+    def answers(self, records: Sequence[NodeRecord]) -> list[dict[str, Any]]:
+        """The writer's answer per record, in input order."""
+        return [self.answer[i] for i in range(len(records)) if i in self.answer]
+
+    def _call(self, query: Any, batch: Sequence[NodeRecord], embeddings: list[Any] | None) -> int:
         params = {"nodes": Jsonb([write_row(r) for r in batch]), "embeddings": embeddings}
         row = self.conn.execute(query, params).fetchone()
         assert row is not None
         out: dict[str, Any] = row[0]
+        self.report.inserted += out["inserted"]
+        self.report.updated += out["updated"]
+        # Stored before, given twice, or stored first by a concurrent ingest (ON CONFLICT
+        # waited for it).
+        self.report.duplicates += out["duplicates"]
         self.report.edges += out["edges"]
         self.report.unresolved += [(batch[n - 1].line_no, p) for n, p in out["unresolved"]]
-        return out
+        if self.keep_answers:
+            for r, node in zip(batch, out["nodes"], strict=True):
+                self.answer[self.position[id(r)]] = node
+        inserted: int = out["inserted"]
+        return inserted
