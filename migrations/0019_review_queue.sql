@@ -29,8 +29,12 @@ CREATE TABLE memory.review_queue (
 );
 -- One open item per derived version: a second change below it updates the item.
 CREATE UNIQUE INDEX review_queue_open ON memory.review_queue (node_id) WHERE completed_at IS NULL;
--- What a worker claims next: a project's open items by visibility time.
-CREATE INDEX review_queue_ready ON memory.review_queue (project_id, vt, id) WHERE completed_at IS NULL;
+-- What a worker claims next, in claim order (memory.review_claim: L1 before L2, then by
+-- visibility time): a project's open items, and every project's.
+CREATE INDEX review_queue_ready ON memory.review_queue (project_id, level, vt, id)
+    WHERE completed_at IS NULL;
+CREATE INDEX review_queue_ready_all ON memory.review_queue (level, vt, id)
+    WHERE completed_at IS NULL;
 ALTER TABLE memory.review_queue ENABLE ROW LEVEL SECURITY;
 
 COMMENT ON TABLE memory.review_queue IS
@@ -53,3 +57,13 @@ COMMENT ON COLUMN memory.review_queue.claims IS 'how many times the item was cla
 COMMENT ON COLUMN memory.review_queue.claimed_by IS 'who claimed it last (api_key:<id> or role:<name>)';
 COMMENT ON COLUMN memory.review_queue.outcome IS
     'confirmed (the claim holds against the current parents), rewritten (a new version was written), retired (the node left the store)';
+
+-- When an edge was made. A confirmed review (memory.review_confirm) makes a node rest on its
+-- parents' current versions by a new edge; as of an earlier instant that edge did not exist,
+-- and the node rested on what it rested on then. Edges made before this migration have
+-- none (NULL: as old as their child). No default at ADD (no rewrite of the table); new
+-- edges get their transaction's time.
+ALTER TABLE memory.edges ADD COLUMN linked_at timestamptz;
+ALTER TABLE memory.edges ALTER COLUMN linked_at SET DEFAULT now();
+COMMENT ON COLUMN memory.edges.linked_at IS
+    'when the edge was made (NULL: before migration 0019, as old as its child); as_of reads only the edges made by then';

@@ -18,6 +18,7 @@ BEGIN
         SELECT r.id, e.child_id, e.parent_id, 1, e.precedence, ARRAY[r.id, e.parent_id]
         FROM unnest(node_ids) AS r(id)
         JOIN memory.edges e ON e.child_id = r.id
+                          AND (as_of IS NULL OR e.linked_at IS NULL OR e.linked_at <= as_of)
         JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
                            AND (CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
                                      ELSE p.created_at <= as_of AND p.erased_at IS NULL
@@ -29,6 +30,7 @@ BEGIN
         SELECT w.root_id, e.child_id, e.parent_id, w.depth + 1, e.precedence, w.path || e.parent_id
         FROM walk w
         JOIN memory.edges e ON e.child_id = w.parent_id
+                          AND (as_of IS NULL OR e.linked_at IS NULL OR e.linked_at <= as_of)
         JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
                            AND (CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
                                      ELSE p.created_at <= as_of AND p.erased_at IS NULL
@@ -121,6 +123,7 @@ BEGIN
                    row_number() OVER (PARTITION BY f.inst ORDER BY e.precedence, p.sha256) AS rn
             FROM unnest(frontier) WITH ORDINALITY AS f(inst, ord)
             JOIN memory.edges e ON e.child_id = ids[f.inst] AND e.project_id = pids[f.inst]
+                              AND (as_of IS NULL OR e.linked_at IS NULL OR e.linked_at <= as_of)
             JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = pids[f.inst]
                                AND (CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
                                          ELSE p.created_at <= as_of AND p.erased_at IS NULL

@@ -38,14 +38,19 @@ BEGIN
                e.child_id, p.id, p.project_id, p.external_id, p.level, p.revision, e.precedence,
                CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
                     ELSE p.created_at <= as_of AND p.erased_at IS NULL
-                         AND (p.expired_at IS NULL OR p.expired_at > as_of) END AS visible,
+                         AND (p.expired_at IS NULL OR p.expired_at > as_of) END
+               -- an expired node (migration 0021) has left answers: it supports nothing
+               AND (p.expires_at IS NULL OR p.expires_at > coalesce(as_of, now())) AS visible,
                (valid_at IS NULL OR ((p.valid_from IS NULL OR p.valid_from <= valid_at)
                                      AND (p.valid_to IS NULL OR p.valid_to > valid_at))) AS valid,
-               p.erased_at IS NOT NULL AS erased
+               p.erased_at IS NOT NULL AS erased,
+               p.expires_at <= coalesce(as_of, now()) AND p.expired_at IS NULL AS expired
         FROM unnest(ids) AS r(id)
         JOIN memory.edges e ON e.child_id = r.id
         JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
-        WHERE as_of IS NULL OR p.created_at <= as_of
+        -- as of an instant: the versions and the edges that existed then (an edge a review's
+        -- confirmation added later, memory._rest_on_current, is not the past's)
+        WHERE as_of IS NULL OR (p.created_at <= as_of AND (e.linked_at IS NULL OR e.linked_at <= as_of))
         ORDER BY e.child_id, coalesce(p.external_id, '#' || p.id), p.revision DESC
     )
     SELECT r.child_id, r.id, r.external_id, r.level, r.revision, r.precedence,
@@ -53,6 +58,7 @@ BEGIN
                 WHEN r.visible THEN 'invalid'
                 WHEN c.id IS NOT NULL THEN 'superseded'
                 WHEN r.erased THEN 'erased'
+                WHEN r.expired THEN 'expired'
                 ELSE 'retired' END,
            CASE WHEN r.visible THEN r.id ELSE c.id END,
            CASE WHEN r.visible THEN r.revision ELSE c.revision END
@@ -66,10 +72,11 @@ BEGIN
           AND CASE WHEN as_of IS NULL THEN v.expired_at IS NULL
                    ELSE v.created_at <= as_of AND v.erased_at IS NULL
                         AND (v.expired_at IS NULL OR v.expired_at > as_of) END
+          AND (v.expires_at IS NULL OR v.expires_at > coalesce(as_of, now()))
         ORDER BY v.revision DESC LIMIT 1) c ON true;
 END $$;
 COMMENT ON FUNCTION memory._rested_parents(bigint[], timestamptz, timestamptz) IS
-    'The parents each node rests on, one row per parent (external id): the newest version it has an edge to (parent_id, revision), its state at as_of (NULL: now) and valid_at (NULL: no valid-time test): current, superseded (another version of the id is visible: current_id, current_revision), retired, erased (the id has no visible version) or invalid (visible, not valid at valid_at).';
+    'The parents each node rests on, one row per parent (external id): the newest version it has an edge to (parent_id, revision), its state at as_of (NULL: now) and valid_at (NULL: no valid-time test): current, superseded (another version of the id is visible: current_id, current_revision), retired, erased, expired (its expires_at has passed; the id has no visible version) or invalid (visible, not valid at valid_at). As of an instant, only the edges linked by then count (edges.linked_at).';
 
 CREATE OR REPLACE FUNCTION memory._support_at(
     ids bigint[], as_of timestamptz DEFAULT NULL, valid_at timestamptz DEFAULT NULL,
@@ -92,8 +99,12 @@ BEGIN
     SELECT coalesce(jsonb_agg(to_jsonb(r)), '[]') INTO rp
       FROM memory._rested_parents(ids, as_of, valid_at) r;
     -- The derived parents that are there: their own support counts (L2 over L1 over L0).
-    derived := ARRAY(SELECT DISTINCT (x ->> 'current_id')::bigint FROM jsonb_array_elements(rp) x
-                     WHERE x ->> 'state' = 'current' AND x ->> 'level' <> 'L0');
+    -- A rewritten derived parent counts with the version the node rests on: what was
+    -- forgotten below that version is gone for the node too (stale at best).
+    derived := ARRAY(SELECT DISTINCT CASE x ->> 'state' WHEN 'current' THEN (x ->> 'current_id')::bigint
+                                                        ELSE (x ->> 'parent_id')::bigint END
+                     FROM jsonb_array_elements(rp) x
+                     WHERE x ->> 'state' IN ('current', 'superseded') AND x ->> 'level' <> 'L0');
     IF cardinality(derived) > 0 AND depth > 1 THEN
         SELECT coalesce(jsonb_object_agg(s.node_id::text, s.support), '{}') INTO below
           FROM memory._support_at(derived, as_of, valid_at, depth - 1) s
@@ -112,7 +123,10 @@ BEGIN
                                             WHEN 'partial' THEN 'partial'
                                             WHEN 'none' THEN 'gone'
                                             ELSE 'ok' END
-                    WHEN 'superseded' THEN 'stale'
+                    WHEN 'superseded' THEN CASE below ->> (x ->> 'parent_id')
+                                               WHEN 'partial' THEN 'partial'
+                                               WHEN 'none' THEN 'gone'
+                                               ELSE 'stale' END
                     ELSE 'gone' END AS effect,
                below ->> (x ->> 'current_id') AS parent_support
         FROM jsonb_array_elements(rp) x
@@ -146,16 +160,16 @@ END $$;
 COMMENT ON FUNCTION memory._support_at(bigint[], timestamptz, timestamptz, integer) IS
     'The support of each node at as_of (NULL: now) and valid_at (NULL: no valid-time test), from the parents it rests on (memory._rested_parents), transitively: full, stale (a parent, or one further down, was superseded), partial (some parents gone or partial), none (every parent gone), NULL (written without parents). parents: the parents it was written with; supporting: those still there; changed_parents: the parents that are not full and current, [{external_id, revision (the version it rests on), current_revision (NULL: gone), state}]. depth bounds the recursion through derived parents.';
 
--- The instant support tests valid time at: the caller's, else as_of (as the legs do), but
--- not now by default: a claim derived from a fact whose valid time has ended is no less
--- supported for it (a query about that period finds both).
+-- The instant support tests valid time at: the caller's valid_at only, never a default
+-- (not now, not as_of): a claim derived from a fact whose valid time has ended is no less
+-- supported for it, and an answer as_of now must say what an answer without as_of says.
 CREATE OR REPLACE FUNCTION memory._support_valid_at(plan jsonb)
 RETURNS timestamptz
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-RETURN coalesce((plan ->> 'valid_at')::timestamptz, (plan ->> 'as_of')::timestamptz);
+RETURN (plan ->> 'valid_at')::timestamptz;
 COMMENT ON FUNCTION memory._support_valid_at(jsonb) IS
-    'The valid-time instant an answer''s support is evaluated at: the plan''s valid_at, else its as_of, else none (support is about what the store holds, not about when facts held).';
+    'The valid-time instant an answer''s support is evaluated at: the valid_at the caller gave, else none (support is about what the store holds, not about when facts held).';
 
 -- Is a parent version one the child still cites? Its current version, or the version the
 -- child rests on when the id has been rewritten since (marked superseded where shown). Only
@@ -167,9 +181,28 @@ RETURNS boolean
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_variable
 BEGIN
-    RETURN EXISTS (SELECT 1 FROM memory._rested_parents(ARRAY[child_id], as_of) r
-                   WHERE r.parent_id = _cites_superseded.parent_id AND r.state = 'superseded');
+    -- The same rule as memory._rested_parents' superseded state, for one edge, in two index
+    -- probes: no edge of the child to a newer version of the id (a database from before
+    -- issue 40 has one for every relinked parent), and a version of the id visible then.
+    RETURN EXISTS (
+        SELECT 1 FROM memory.nodes p
+        WHERE p.id = parent_id AND p.external_id IS NOT NULL AND p.erased_at IS NULL
+          AND NOT EXISTS (
+              SELECT 1 FROM memory.edges e
+              JOIN memory.nodes v ON v.id = e.parent_id AND v.project_id = e.project_id
+              WHERE e.child_id = child_id AND e.project_id = p.project_id
+                AND v.external_id = p.external_id AND v.revision > p.revision
+                AND (as_of IS NULL OR (v.created_at <= as_of
+                                       AND (e.linked_at IS NULL OR e.linked_at <= as_of))))
+          AND EXISTS (
+              SELECT 1 FROM memory.nodes v
+              WHERE v.external_id = p.external_id AND v.project_id = p.project_id
+                AND CASE WHEN as_of IS NULL THEN v.expired_at IS NULL
+                         ELSE v.created_at <= as_of AND v.erased_at IS NULL
+                              AND (v.expired_at IS NULL OR v.expired_at > as_of) END
+                AND (v.expires_at IS NULL OR v.expires_at > coalesce(as_of, now()))));
 END $$;
 COMMENT ON FUNCTION memory._cites_superseded(bigint, bigint, timestamptz) IS
     'Whether child_id still cites parent_id although it is not the visible version at as_of (NULL: now): the version the child rests on, superseded since by another version of the same id (memory._rested_parents).';

@@ -410,7 +410,28 @@ AS $$
 DECLARE
     relinked integer;
     there integer;
+    wanted bigint[];
+    got bigint[];
+    attempts integer := 0;
 BEGIN
+    -- The parents' current versions are locked (FOR SHARE) before the node is made to rest
+    -- on them: a writer superseding one of them meanwhile holds it FOR UPDATE, so this waits
+    -- for it and then reads the version that replaced it; and a writer that comes later
+    -- waits for this transaction, then finds the new edge and puts the node in doubt again
+    -- (memory._review_changes). Read again until what is locked is what is current.
+    LOOP
+        wanted := ARRAY(SELECT DISTINCT r.current_id FROM memory._rested_parents(ARRAY[p_node]) r
+                        WHERE r.state IN ('current', 'superseded') ORDER BY 1);
+        got := ARRAY(SELECT v.id FROM memory.nodes v
+                     WHERE v.id = ANY (wanted) AND v.project_id = p_project AND v.expired_at IS NULL
+                     ORDER BY v.id FOR SHARE);
+        EXIT WHEN got = wanted;
+        attempts := attempts + 1;
+        IF attempts > 100 THEN
+            RAISE EXCEPTION 'could not lock the current versions of the parents of node %', p_node
+                USING ERRCODE = '40001', HINT = 'Retry the confirmation.';
+        END IF;
+    END LOOP;
     INSERT INTO memory.edges (child_id, parent_id, precedence, project_id)
     SELECT p_node, r.current_id, r.precedence, p_project
     FROM memory._rested_parents(ARRAY[p_node]) r

@@ -123,10 +123,17 @@ BEGIN
     -- full: the bound below does not apply, so the caller learns how many a filter matches
     -- and the real call (nothing changed in between) ends exactly these.
     IF dry_run THEN
+        -- The ids listed are bounded (the first max_nodes, else 1000, by id): a dry run of a
+        -- whole large project must not answer millions; matched counts them all.
         RETURN jsonb_build_object(
             'dry_run', true, 'matched', matched, 'retired', 0, 'erased', 0,
-            'nodes', (SELECT coalesce(jsonb_agg(DISTINCT n.external_id) FILTER (WHERE n.external_id IS NOT NULL), '[]')
-                      FROM memory.nodes n WHERE n.id = ANY (hit) AND n.project_id = pid),
+            'nodes', (SELECT coalesce(jsonb_agg(x.external_id ORDER BY x.external_id), '[]')
+                      FROM (SELECT DISTINCT n.external_id FROM memory.nodes n
+                            WHERE n.id = ANY (hit) AND n.project_id = pid
+                              AND n.external_id IS NOT NULL
+                            ORDER BY n.external_id
+                            LIMIT coalesce(max_nodes, 1000)) x),
+            'nodes_truncated', matched > coalesce(max_nodes, 1000),
             'derived_policy', policy, 'derived_ended', 0, 'derived_unsupported', 0);
     END IF;
     IF max_nodes IS NOT NULL AND matched > max_nodes THEN
@@ -237,7 +244,7 @@ AS $$
                           filter, level, dry_run, max_nodes)
 $$;
 COMMENT ON FUNCTION memory.forget(text, text[], text, text, text, boolean, text, jsonb, text, boolean, integer) IS
-    'Forgets a project''s nodes by external ids or by filter (filter: a JSON object the node''s metadata contains, as memory_query''s; source; level; since/until: inclusive ISO dates or timestamps on the node''s timestamp). By default retires them: their current versions end (end_reason retired), leave every answer and the BM25 statistics, and stay in memory.history. erase => true (privacy requests) blanks every version to a tombstone: text, title, source, timestamp, metadata, vector and postings go, the OpenSearch documents are deleted through the outbox; VACUUM FULL afterwards removes the old tuples from the relation files (docs/lifecycle.md). Derived L1/L2 left without support are flagged (memory.support) or, with memory.set_policy(''forget_derived'', ''cascade''), ended too. dry_run => true answers what the call would forget (matched: how many nodes, nodes: their ids) and writes nothing. A call matching more than max_nodes nodes (default 1000; NULL: no bound) is refused whole with PM422. Returns {"retired", "erased", "nodes", "derived_policy", "derived_ended", "derived_unsupported"}, and for a dry run also "dry_run": true and "matched". Row-level security applies: 42501 outside the caller''s projects.';
+    'Forgets a project''s nodes by external ids or by filter (filter: a JSON object the node''s metadata contains, as memory_query''s; source; level; since/until: inclusive ISO dates or timestamps on the node''s timestamp). By default retires them: their current versions end (end_reason retired), leave every answer and the BM25 statistics, and stay in memory.history. erase => true (privacy requests) blanks every version to a tombstone: text, title, source, timestamp, metadata, vector and postings go, the OpenSearch documents are deleted through the outbox; VACUUM FULL afterwards removes the old tuples from the relation files (docs/lifecycle.md). Derived L1/L2 left without support are flagged (memory.support) or, with memory.set_policy(''forget_derived'', ''cascade''), ended too. dry_run => true answers what the call would forget (matched: how many nodes, nodes: their ids, the first max_nodes (else 1000) in id order, nodes_truncated when there are more) and writes nothing. A call matching more than max_nodes nodes (default 1000; NULL: no bound) is refused whole with PM422. Returns {"retired", "erased", "nodes", "derived_policy", "derived_ended", "derived_unsupported"}, and for a dry run also "dry_run": true and "matched". Row-level security applies: 42501 outside the caller''s projects.';
 
 CREATE OR REPLACE FUNCTION memory.forget(
     project text, external_id text, erase boolean DEFAULT false, reason text DEFAULT NULL

@@ -42,7 +42,8 @@ BEGIN
         SELECT c.project_id, c.id, c.external_id, c.level,
                CASE WHEN s.changed_parents @> '[{"state": "superseded"}]' THEN 'evidence_changed'
                     WHEN s.changed_parents @> '[{"state": "retired"}]'
-                         OR s.changed_parents @> '[{"state": "erased"}]' THEN 'evidence_gone'
+                         OR s.changed_parents @> '[{"state": "erased"}]'
+                         OR s.changed_parents @> '[{"state": "expired"}]' THEN 'evidence_gone'
                     ELSE 'evidence_stale' END,
                coalesce(s.changed_parents, '[]')
         FROM memory._support_at(kids) s
@@ -231,6 +232,14 @@ BEGIN
        SET completed_at = now(), completed_by = who, outcome = 'confirmed', note = review_confirm.note
      WHERE q.id = it.id;
     SELECT s.support INTO sup FROM memory._support_at(ARRAY[it.node_id]) s;
+    IF sup IS DISTINCT FROM 'full' THEN
+        -- A parent changed while this ran (or is in doubt further down): the item stays open.
+        RAISE EXCEPTION 'node % is % after confirming it against its current parents',
+            coalesce(it.external_id, it.node_id::text), coalesce(sup, 'without parents')
+            USING ERRCODE = @vocabulary.sqlstate_review_conflict@,
+                  DETAIL = 'Nothing was confirmed.',
+                  HINT = 'Read the item again (memory.review_list) and review what changed.';
+    END IF;
     -- What was in doubt only because of this node holds again: those items are done too.
     WITH RECURSIVE up(id, depth) AS (
         SELECT e.child_id, 1 FROM memory.edges e

@@ -75,9 +75,9 @@ BEGIN
     SELECT n.id, n.external_id, found_in[1], n.level, encode(n.sha256, 'hex'), n.title, n.text,
            n.source, n.breadcrumb, n.ts, n.metadata, n.created_at,
            -- Each parent once, by external id: the version this node rests on (the newest
-           -- version of the id it has an edge to; an update of a parent links its current
-           -- children to the new version, and the edge to the old one stays, for history),
-           -- with the parent's current revision (NULL: retired or erased).
+           -- version of the id it has an edge to, as memory._rested_parents reads it: a new
+           -- version of a parent leaves it on the old one, stale, until it is rewritten or
+           -- confirmed), with the parent's current revision (NULL: retired or erased).
            (SELECT coalesce(jsonb_agg(jsonb_build_object(
                        'node_id', l.id, 'external_id', l.external_id, 'level', l.level,
                        'precedence', l.precedence, 'revision', l.revision,
@@ -125,7 +125,7 @@ BEGIN ATOMIC
     SELECT * FROM memory._get_node(id, project, NULL);
 END;
 COMMENT ON FUNCTION memory.get_node(text, text) IS
-    'One node by its id (the external id given at ingest, or generated for a node written without one; unique per project), its revision, with its parents (each once per external id: the version it rests on, the newest it has an edge to, with node_id, external_id, level, precedence, revision, and current_revision, NULL when that parent has no current version; at most 100, parents_total counts them) and children (node_id, external_id, level; at most 100, children_total), parents_declared (the parents it was written with) and support (memory.support_status). project names the project; without it the id must be unique among the projects the caller can read (PMA09 lists them otherwise). The node is its current version: no such node, one with no current version (retired or erased; memory.history lists its versions), or one the caller may not read: PM444. versions is NULL (memory.history lists them).';
+    'One node by its id (the external id given at ingest, or generated for a node written without one; unique per project), its revision, with its parents (each once per external id: the version it rests on, the newest it has an edge to, with node_id, external_id, level, precedence, revision, and current_revision, NULL when that parent has no current version; at most 100, parents_total counts them) and children (node_id, external_id, level; at most 100, children_total), parents_declared (the parents it was written with) and support (memory._support_at: full, stale, partial, none). project names the project; without it the id must be unique among the projects the caller can read (PMA09 lists them otherwise). The node is its current version: no such node, one with no current version (retired or erased; memory.history lists its versions), or one the caller may not read: PM444. versions is NULL (memory.history lists them).';
 
 -- The cursor of memory.list_nodes: opaque to callers, the last node id of a page.
 CREATE OR REPLACE FUNCTION memory._node_cursor(node_id bigint)

@@ -98,7 +98,7 @@ BEGIN
         ('nodes',             'tsv',           'derived: BM25 document (memory.lexical_document), set by trigger'),
         ('nodes',             'lex_len',       'derived: BM25 document length in tokens, set by trigger'),
         ('nodes',             'created_at',    'when the row was inserted'),
-        ('nodes',             'parents_declared', 'the parents the node was written with (never lowered by a delete): what memory.support_status compares with the parents still there'),
+        ('nodes',             'parents_declared', 'the parents the node was written with (never lowered by a delete; lowered to those left when a review confirms the node, memory._rest_on_current): what memory._support_at compares with the parents still there'),
         ('edges',             'child_id',      'the derived node'),
         ('edges',             'parent_id',     'the node it was derived from'),
         ('edges',             'precedence',    'orders a child''s parents (lower first)'),

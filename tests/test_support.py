@@ -266,3 +266,85 @@ def test_the_evidence_list_cites_the_superseded_version_marked(conn: Conn) -> No
     results = {r["external_id"]: r for r in row[0]["results"]}
     assert results["m:coffee"]["support"] == "stale"
     assert json.dumps(results["m:office"]["changed_parents"]) == "null"
+
+
+def _item_of(conn: Conn, external_id: str) -> int:
+    row = conn.execute(
+        "SELECT item_id FROM memory.review_list(%s) WHERE external_id = %s", (P, external_id)
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_confirm_racing_a_writer_rests_on_what_the_writer_wrote(fixture_url: str) -> None:
+    """The writer supersedes the parent while a worker confirms the child: the confirm waits
+    for it and rests the child on the version the writer made, never on the one it ended."""
+    with connect(fixture_url, autocommit=True) as c:
+        _coffee(c)
+        _write(c, [_node("m:coffee", "Mara takes oat milk in her coffee", "L1",
+                         parents=["t:coffee"])], seed=10)  # fmt: skip
+        item = _item_of(c, "s:profile")
+    writer = psycopg.connect(fixture_url)  # a transaction held open
+    _write(writer, [_node("m:coffee", "Mara takes soy milk in her coffee", "L1",
+                          parents=["t:coffee"])], seed=20)  # fmt: skip
+    out: list[Any] = []
+
+    def confirm() -> None:
+        with connect(fixture_url, autocommit=True) as c:
+            out.append(c.execute("SELECT memory.review_confirm(%s)", (item,)).fetchone())
+
+    worker = threading.Thread(target=confirm)
+    worker.start()
+    time.sleep(0.5)
+    assert worker.is_alive() and out == []  # waiting for the writer's lock
+    writer.commit()
+    writer.close()
+    worker.join(30)
+    assert out and out[0][0]["support"] == "full"
+    with connect(fixture_url, autocommit=True) as c:
+        (cited,) = c.execute(
+            "SELECT r.revision, r.state FROM memory.nodes n, memory._rested_parents(ARRAY[n.id]) r "
+            "WHERE n.external_id = 's:profile' AND n.expired_at IS NULL"
+        ).fetchall()
+        assert cited == (3, "current")
+        assert _support_of(c, "s:profile") == "full" and _queue(c) == []
+
+
+def test_support_in_time_expiry_and_what_a_rewritten_parent_hides(conn: Conn) -> None:
+    _coffee(conn)
+    _write(conn, [_node("m:coffee", "Mara takes oat milk in her coffee", "L1",
+                        parents=["t:coffee"])], seed=10)  # fmt: skip
+    (between,) = conn.execute("SELECT clock_timestamp()").fetchone() or (None,)
+    conn.execute("SELECT memory.review_confirm(%s)", (_item_of(conn, "s:profile"),))
+    assert _support_of(conn, "s:profile") == "full"
+    # as of before the confirmation the profile was stale: the edge it made is not the past's
+    row = conn.execute(
+        "SELECT s.support FROM memory.nodes n, memory._support_at(ARRAY[n.id], %s) s "
+        "WHERE n.external_id = 's:profile' AND n.expired_at IS NULL", (between,)
+    ).fetchone()  # fmt: skip
+    assert row == ("stale",)
+    # an answer as of now says what an answer without as_of says, for a claim derived from a
+    # fact whose valid time has ended too (support tests valid time only at a valid_at given)
+    _write(conn, [
+        _node("t:cafe", "Mara: I drank my coffee black at the old cafe.",
+              valid_to="2020-01-01T00:00:00Z"),
+        _node("m:cafe", "Mara drank black coffee at the old cafe", "L1", parents=["t:cafe"]),
+        _node("s:cafe", "Cafe profile: a black coffee drinker, coffee black", "L2",
+              parents=["m:cafe"]),
+    ], seed=40)  # fmt: skip
+    now = _answer(conn, "coffee black drinker")
+    assert ("s:cafe", "full") in [(r["external_id"], r["support"]) for r in now["results"]]
+    (at,) = conn.execute("SELECT clock_timestamp()").fetchone() or (None,)
+    assert [r["support"] for r in _answer(conn, "coffee black drinker", as_of=at)["results"]] == [
+        r["support"] for r in now["results"]
+    ]
+    # an expired turn supports nothing, before any maintenance retires it
+    conn.execute(
+        "UPDATE memory.nodes SET expires_at = now() - interval '1 minute' "
+        "WHERE external_id = 't:office' AND expired_at IS NULL"
+    )
+    assert _support_of(conn, "m:office") == "none"
+    # a rewritten parent whose own evidence went: gone for the node resting on it too
+    _write(conn, [_node("m:office", "The office has a new espresso machine", "L1",
+                        parents=["t:office"])], seed=30)  # fmt: skip
+    assert _support_of(conn, "s:office") == "none"

@@ -146,6 +146,7 @@ _CHANGED_PARENTS: dict[str, Any] = {
                     "superseded",
                     "retired",
                     "erased",
+                    "expired",
                     "invalid",
                     "stale",
                     "partial",
