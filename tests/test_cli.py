@@ -212,12 +212,17 @@ def test_ingest_is_all_or_nothing_and_says_so(cli_env: dict[str, str]) -> None:
     bad.write_text("\n".join(lines) + "\n")
     count = "SELECT count(*) FROM memory.nodes"
     before = psql(count)
-    for extra in ((), ("--commit-every-batch",)):
-        proc = run(cli_env, "ingest", str(bad), "--batch", "16", *extra, ok=False)
-        assert proc.returncode != 0
-        assert "nothing was written" in proc.stderr
-        assert "line 193: node s193 of project all193 is at revision 1, not 2" in proc.stderr
-        assert psql(count) == before
+    try:
+        for extra in ((), ("--commit-every-batch",)):
+            proc = run(cli_env, "ingest", str(bad), "--batch", "16", *extra, ok=False)
+            assert proc.returncode != 0
+            assert "nothing was written" in proc.stderr
+            assert "line 193: node s193 of project all193 is at revision 1, not 2" in proc.stderr
+            assert psql(count) == before
+    finally:
+        # The module's other tests find the cluster holding the fixture and nothing else
+        # (ready(): 21 nodes): the project goes, its nodes and edges with it.
+        psql("DELETE FROM memory.projects WHERE name = 'all193'")
 
 
 def test_reembed_rebuilds_every_vector(cli_env: dict[str, str]) -> None:

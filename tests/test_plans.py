@@ -200,6 +200,9 @@ def test_iterative_scan_fills_limit_on_the_hnsw_path(synthetic: Conn) -> None:
             " DROP CONSTRAINT nodes_sha256_key, DROP CONSTRAINT nodes_pkey CASCADE"
         )
         synthetic.execute("DROP INDEX memory.nodes_current_external_id")
+        # nor the current versions' metadata index (migration 0021), a full scan of which
+        # is the only path left once the seq scan is off
+        synthetic.execute("DROP INDEX memory.nodes_metadata_current_gin")
         synthetic.execute("SET LOCAL enable_seqscan = off")
         # 'rare' (60 nodes) would take the exact stage (issue 28): this test is the HNSW one.
         synthetic.execute("SELECT memory.set_policy('exact_scan_max_nodes', '0')")

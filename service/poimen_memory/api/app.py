@@ -232,18 +232,21 @@ async def get_history(request: Request) -> Response:
     return _bounded(request, body, history=True)
 
 
-MAX_PARAMS_BODY = 8192  # a review request's JSON body: a few parameters and a note
+# A review request's JSON body: a few parameters and a note of at most 2000 characters,
+# each up to 12 bytes as JSON escapes (a surrogate pair), so an over-long note is a 400
+# naming it rather than a 413.
+MAX_PARAMS_BODY = 32768
 
 
-async def _json_params(request: Request) -> dict[str, str]:
+async def _json_params(request: Request, types: Mapping[str, type]) -> dict[str, str]:
     """The parameters of a POST that changes state and writes no nodes, as a JSON object of
     scalars. application/json only: a browser sends it from another origin only after a
     CORS preflight, which this service never grants, so no web page can post one."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     state: Services = request.app.state.poimen
     raw = await _body(request, MAX_PARAMS_BODY, state.settings.http_body_timeout_s)
-    if not raw.strip():
-        return {}
+    if not raw:
+        return {}  # no body: every parameter takes its default
     if kind != "application/json":
         raise ValidationError(
             f"the body must be application/json, got {kind or 'no content type'!r}",
@@ -257,12 +260,13 @@ async def _json_params(request: Request) -> dict[str, str]:
         raise ValidationError("body must be a JSON object of parameters")
     out: dict[str, str] = {}
     for name, value in body.items():
-        if isinstance(value, bool) or value is None:
-            raise ValidationError(f"{name} must be a string or a whole number")
-        if isinstance(value, int | str):
-            out[name] = str(value)
-        else:
-            raise ValidationError(f"{name} must be a string or a whole number")
+        want = types.get(name, str)  # an unknown name is refused by the operation, by name
+        if want is int and isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+            value = int(value)  # JSON Schema's integer: 333.0 is one
+        if isinstance(value, bool) or not isinstance(value, want):
+            kind = "a whole number" if want is int else "a string"
+            raise ValidationError(f"{name} must be {kind}, got {json.dumps(value)[:40]}")
+        out[name] = str(value)
     return out
 
 
@@ -277,7 +281,7 @@ async def review_list(request: Request) -> Response:
 async def review_claim(request: Request) -> Response:
     """Claim ready review items for a visibility timeout (memory.review_claim)."""
     await request.app.state.keys.write_projects(request.headers, ())  # before the body
-    params = await _json_params(request)
+    params = await _json_params(request, {"project": str, "limit": int, "visibility_timeout": int})
     body = await review.claim_items(
         request.app.state.poimen, request.app.state.keys, request.headers, params
     )
@@ -287,7 +291,7 @@ async def review_claim(request: Request) -> Response:
 async def review_confirm(request: Request) -> JSONResponse:
     """Complete a review item: the claim holds against the current parents."""
     await request.app.state.keys.write_projects(request.headers, ())  # before the body
-    params = await _json_params(request)
+    params = await _json_params(request, {"note": str})
     body = await review.confirm_item(
         request.app.state.poimen, request.app.state.keys, request.headers, params,
         request.path_params["item"],

@@ -157,6 +157,7 @@ async def write_nodes(
         return await loop.run_in_executor(state.ingest_pool, run)
 
 
+MAX_FORGET_BOUND = 2**31 - 1  # memory.forget's max_nodes (integer)
 _FORGET_PARAMS = {
     "project", "source", "since", "until", "erase", "reason", "id",
     "filter", "level", "dry_run", "max_nodes",
@@ -255,12 +256,12 @@ async def forget_nodes(
             )
         # The bound: the service's (POIMEN_FORGET_MAX_NODES) unless the request names one.
         raw = params.get("max_nodes")
-        try:
-            bound = state.settings.forget_max_nodes if raw is None else int(raw)
-        except ValueError as exc:
-            raise ValidationError(f"max_nodes must be an integer, got {raw!r}") from exc
-        if bound < 1:
-            raise ValidationError(f"max_nodes must be at least 1, got {bound}")
+        if raw is not None and not (raw.isascii() and raw.isdigit()):
+            raise ValidationError(f"max_nodes must be a whole number, got {raw!r}")
+        bound = state.settings.forget_max_nodes if raw is None else int(raw)
+        # memory.forget's max_nodes is an integer: a larger bound is no bound at all
+        if not 1 <= bound <= MAX_FORGET_BOUND:
+            raise ValidationError(f"max_nodes must be within 1..{MAX_FORGET_BOUND}, got {raw}")
         sql = (
             "SELECT memory.forget(%(p)s, %(ids)s, %(source)s, %(since)s, %(until)s,"
             " %(erase)s, %(reason)s, filter => %(filter)s, level => %(level)s,"
