@@ -63,6 +63,7 @@ DECLARE
     matched integer;   -- the nodes named (an external id, or a version without one)
     more bigint[];
     affected bigint[];
+    attempts integer := 0;
 BEGIN
     IF pid IS NULL THEN
         RAISE EXCEPTION 'forget needs a project' USING ERRCODE = '22023',
@@ -86,6 +87,11 @@ BEGIN
     -- as memory._write_nodes locks them, so a forget and a write of one node take turns.
     -- A retire reads current versions only, written out (expired_at IS NULL) so that a
     -- metadata filter reads the partial index nodes_metadata_current_gin.
+    -- In a loop: a writer that supersedes a matched version while this waits for its lock
+    -- makes a new current version this did not see; the set is read again until every
+    -- current version of the ids it names is one it holds (as memory._write_nodes does), so
+    -- a retire ends what is current and an erase blanks every version, the new one too.
+    LOOP
     IF erase THEN
         hit := ARRAY(
             SELECT n.id FROM memory.nodes n
@@ -144,6 +150,17 @@ BEGIN
     END IF;
     PERFORM 1 FROM memory.nodes n WHERE n.id = ANY (hit) AND n.project_id = pid
       ORDER BY n.id FOR UPDATE;
+    EXIT WHEN NOT EXISTS (
+        SELECT 1 FROM memory.nodes n
+        WHERE n.project_id = pid AND n.expired_at IS NULL AND n.id <> ALL (hit)
+          AND n.external_id IN (SELECT h.external_id FROM memory.nodes h
+                                WHERE h.id = ANY (hit) AND h.project_id = pid));
+    attempts := attempts + 1;
+    IF attempts > 100 THEN
+        RAISE EXCEPTION 'could not lock the current versions of the nodes being forgotten'
+            USING ERRCODE = '40001', HINT = 'Retry the forget.';
+    END IF;
+    END LOOP;
     IF NOT erase THEN
         UPDATE memory.nodes n
            SET expired_at = now(), end_reason = 'retired', ended_by = who, end_note = reason

@@ -348,3 +348,37 @@ def test_support_in_time_expiry_and_what_a_rewritten_parent_hides(conn: Conn) ->
     _write(conn, [_node("m:office", "The office has a new espresso machine", "L1",
                         parents=["t:office"])], seed=30)  # fmt: skip
     assert _support_of(conn, "s:office") == "none"
+
+
+def test_an_erase_racing_a_writer_erases_the_version_the_writer_made(fixture_url: str) -> None:
+    """A privacy erase that waits for a writer of the same node blanks the version that
+    writer made too: nothing of the node is left current or readable."""
+    with connect(fixture_url, autocommit=True) as c:
+        _write(c, [_node("pii:race", "Zed's phone number is 555-0100")])
+    writer = psycopg.connect(fixture_url)  # a transaction held open
+    _write(writer, [_node("pii:race", "Zed's phone number is 555-0199")], seed=5)
+    out: list[Any] = []
+
+    def erase() -> None:
+        with connect(fixture_url, autocommit=True) as c:
+            out.append(c.execute(
+                "SELECT memory.forget(%s, 'pii:race', erase => true)", (P,)
+            ).fetchone())  # fmt: skip
+
+    worker = threading.Thread(target=erase)
+    worker.start()
+    time.sleep(0.5)
+    assert worker.is_alive() and out == []  # waiting for the writer's lock
+    writer.commit()
+    writer.close()
+    worker.join(30)
+    assert out and out[0][0]["erased"] == 2
+    with connect(fixture_url, autocommit=True) as c:
+        rows = c.execute(
+            "SELECT revision, current, text, end_reason FROM memory.history(%s, 'pii:race')",
+            (P,),
+        ).fetchall()
+        assert rows == [(1, False, None, "superseded"), (2, False, None, "erased")]
+        assert c.execute(
+            "SELECT count(*) FROM memory.nodes WHERE text LIKE '%%555-01%%'"
+        ).fetchone() == (0,)
