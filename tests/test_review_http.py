@@ -4,30 +4,20 @@ role under row-level security, API keys) and over MCP with the official client (
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import pytest
 from starlette.testclient import TestClient
 
-from poimen_memory.db.connect import connect, ensure_service_login
-from poimen_memory.embedders.local import LocalEmbedder
-from service_client import make_key, serve
+from poimen_memory.db.connect import connect
+from service_client import make_key
 from test_api_keys import _as
-from test_lifecycle import ROLE
+
+# The app as the service's own role, under row-level security (test_lifecycle's fixture).
+from test_lifecycle import client  # noqa: F401 (a fixture)
 from test_mcp import _ok, _session, _tool_error, server  # noqa: F401 (a fixture)
 
 P = "review"
-
-
-@pytest.fixture
-def client(fixture_url: str, embedder: LocalEmbedder) -> Iterator[TestClient]:
-    with connect(fixture_url, autocommit=True) as conn:
-        ensure_service_login(conn, ROLE)
-    url = fixture_url.replace("postgresql://postgres@", f"postgresql://{ROLE}@")
-    with serve({"POIMEN_DATABASE_URL": url, "POIMEN_AUTH_CACHE_S": "0"}, embedder) as c:
-        yield c
 
 
 def _nodes(project: str) -> list[dict[str, Any]]:
@@ -48,8 +38,8 @@ def _nodes(project: str) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def _post(client: TestClient, key: str, nodes: list[dict[str, Any]]) -> None:
-    r = client.post("/memory/nodes", content="\n".join(map(json.dumps, nodes)), headers=_as(key))
+def _post(app: TestClient, key: str, nodes: list[dict[str, Any]]) -> None:
+    r = app.post("/memory/nodes", content="\n".join(map(json.dumps, nodes)), headers=_as(key))
     assert r.status_code == 201, r.text
 
 
@@ -59,7 +49,8 @@ QUERY = {"query": "coffee black drinker", "project": P, "level": "L2", "strategy
 
 
 def test_http_answers_demote_what_the_queue_lists_until_a_worker_confirms(
-    client: TestClient, fixture_url: str
+    client: TestClient,  # noqa: F811 (the fixture)
+    fixture_url: str,
 ) -> None:
     writer = make_key(fixture_url, [P], write=True)
     reader = make_key(fixture_url, [P])
