@@ -179,11 +179,13 @@ BEGIN
         RAISE EXCEPTION 'filter must be a JSON object, got a JSON %', jsonb_typeof(filter)
             USING ERRCODE = '22023', HINT = 'e.g. filter => ''{"user": "alice"}'': nodes whose metadata contains it.';
     END IF;
-    IF octet_length(filter::text) > 4096 THEN
-        RAISE EXCEPTION 'filter must be at most 4096 bytes as JSON text, got %', octet_length(filter::text)
+    IF octet_length(filter::text) > @vocabulary.filter_max_bytes@ THEN
+        RAISE EXCEPTION 'filter must be at most % bytes as JSON text, got %',
+            @vocabulary.filter_max_bytes@, octet_length(filter::text)
             USING ERRCODE = '22023', HINT = 'Filter on a few keys; metadata containment is an equality test.';
     END IF;
-    -- Nested at most 8 deep (the object itself is 1), as the service's parser: a filter
+    -- Nested at most filter_max_depth deep (poimen_core.vocabulary; the object itself is
+    -- 1), as the service's parser: a filter
     -- names keys, and a deeper one is a mistake (or an attempt at a slow statement).
     IF (WITH RECURSIVE d(v, lvl) AS (
             SELECT filter, 1
@@ -192,9 +194,10 @@ BEGIN
             FROM d, LATERAL (SELECT e.value FROM jsonb_each(CASE WHEN jsonb_typeof(d.v) = 'object' THEN d.v END) e
                              UNION ALL
                              SELECT a.value FROM jsonb_array_elements(CASE WHEN jsonb_typeof(d.v) = 'array' THEN d.v END) a) c
-            WHERE d.lvl <= 8)
-        SELECT max(d.lvl) FROM d WHERE jsonb_typeof(d.v) IN ('object', 'array')) > 8 THEN
-        RAISE EXCEPTION 'filter must be nested at most 8 deep'
+            WHERE d.lvl <= @vocabulary.filter_max_depth@)
+        SELECT max(d.lvl) FROM d WHERE jsonb_typeof(d.v) IN ('object', 'array'))
+       > @vocabulary.filter_max_depth@ THEN
+        RAISE EXCEPTION 'filter must be nested at most % deep', @vocabulary.filter_max_depth@
             USING ERRCODE = '22023', HINT = 'Filter on a few keys; metadata containment is an equality test.';
     END IF;
     RETURN filter;

@@ -420,8 +420,11 @@ BEGIN
     -- waits for this transaction, then finds the new edge and puts the node in doubt again
     -- (memory._review_changes). Read again until what is locked is what is current.
     LOOP
-        wanted := ARRAY(SELECT DISTINCT r.current_id FROM memory._rested_parents(ARRAY[p_node]) r
-                        WHERE r.state IN ('current', 'superseded') ORDER BY 1);
+        -- the parents still there (current or rewritten), by id, and how many
+        SELECT coalesce(array_agg(DISTINCT r.current_id ORDER BY r.current_id), '{}'), count(*)
+          INTO wanted, there
+          FROM memory._rested_parents(ARRAY[p_node]) r
+         WHERE r.state IN ('current', 'superseded');
         got := ARRAY(SELECT v.id FROM memory.nodes v
                      WHERE v.id = ANY (wanted) AND v.project_id = p_project AND v.expired_at IS NULL
                      ORDER BY v.id FOR SHARE);
@@ -439,8 +442,6 @@ BEGIN
     ORDER BY r.precedence
     ON CONFLICT (child_id, parent_id, project_id) DO NOTHING;
     GET DIAGNOSTICS relinked = ROW_COUNT;
-    SELECT count(*) FILTER (WHERE r.state IN ('current', 'superseded')) INTO there
-    FROM memory._rested_parents(ARRAY[p_node]) r;
     UPDATE memory.nodes n SET parents_declared = there
     WHERE n.id = p_node AND n.project_id = p_project AND n.parents_declared <> there;
     RETURN relinked;

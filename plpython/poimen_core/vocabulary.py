@@ -12,6 +12,8 @@ import json
 
 __all__ = [
     "CAPABILITIES",
+    "FILTER_MAX_BYTES",
+    "FILTER_MAX_DEPTH",
     "FUSIONS",
     "LEVELS",
     "LOCAL_DIM",
@@ -41,6 +43,10 @@ QUESTION_TYPES = (
     "Navigational",
     "Open",
 )
+# A metadata filter's bounds (memory.check_filter, and the service's parser before it): at
+# most this many bytes of JSON text, nested at most this deep (the object itself is 1).
+FILTER_MAX_BYTES = 4096
+FILTER_MAX_DEPTH = 8
 # What an answer does with a result whose support is stale, partial or none (issue 40):
 # rank it below the supported ones, leave it out, or keep the fused order.
 UNSUPPORTED = ("demote", "exclude", "keep")
@@ -215,6 +221,9 @@ def sql_literals() -> dict[str, str]:
     out["project_name"] = _text("^" + PROJECT_NAME + "$")
     out["project_name_pattern"] = _text(PROJECT_NAME)
     out["reference_first_year"], out["reference_last_year"] = map(str, REFERENCE_YEARS)
+    out["filter_max_bytes"], out["filter_max_depth"] = map(
+        str, (FILTER_MAX_BYTES, FILTER_MAX_DEPTH)
+    )
     out["reference_time_rule"] = _text(REFERENCE_TIME_RULE)
     out["reference_time_hint"] = _text(REFERENCE_TIME_HINT)
     out |= {f"sqlstate_{k}": _text(v) for k, v in SQLSTATES.items()}

@@ -22,12 +22,13 @@ from poimen_memory.retrieval.deadline import Deadline
 from poimen_memory.retrieval.models import LEVELS
 from poimen_memory.services import Services
 
-__all__ = ["LIST_DEFAULT", "LIST_MAX", "get_node", "list_nodes"]
+__all__ = ["LIST_DEFAULT", "LIST_MAX", "get_node", "list_nodes", "project_param"]
 
 LIST_DEFAULT, LIST_MAX = 50, 100  # memory.list_nodes' default and bound
 
 
-def _project(params: Mapping[str, str]) -> str | None:
+def project_param(params: Mapping[str, str]) -> str | None:
+    """The project a read names, checked against the project-name pattern (None: none)."""
     project = params.get("project")
     if project is not None and not PROJECT_NAME.fullmatch(project):
         raise ValidationError(
@@ -70,7 +71,7 @@ async def get_node(
     _no_nul({**params, "id": node_id})
     if not node_id or len(node_id) > MAX_ID_CHARS:
         raise ValidationError(f"id must be 1 to {MAX_ID_CHARS} characters")
-    project, projects = await keys.read_scope(headers, _project(params))
+    project, projects = await keys.read_scope(headers, project_param(params))
     doc: dict[str, Any] = await _one(
         state, "get_node", {"id": node_id, "project": project, "projects": projects}
     )
@@ -96,7 +97,7 @@ async def list_nodes(
     limit = min(max(limit, 1), LIST_MAX)  # clamped, as GET /memory/query's
     counted, newest = (_flag(params, "count"), _flag(params, "newest_first"))
     flt = parse_filter(params.get("filter"))
-    project, projects = await keys.read_scope(headers, _project(params))
+    project, projects = await keys.read_scope(headers, project_param(params))
     args: dict[str, Any] = {
         "project": project,
         "level": level,

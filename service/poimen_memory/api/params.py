@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from poimen_core.optimizer import QueryOptimizerError, check_reference_time, reference_time_error
+from poimen_core.vocabulary import FILTER_MAX_BYTES, FILTER_MAX_DEPTH
 from poimen_memory.errors import ValidationError
 from poimen_memory.ingest.nodes import PROJECT_NAME
 from poimen_memory.retrieval.models import (
@@ -23,9 +24,9 @@ from poimen_memory.settings import Settings
 N = TypeVar("N", int, float)
 
 # The largest metadata filter, as JSON text, and its deepest nesting (the object itself is
-# 1): memory.check_filter holds the same bounds.
-MAX_FILTER_BYTES = 4096
-MAX_FILTER_DEPTH = 8
+# 1): the vocabulary's, which memory.check_filter holds too.
+MAX_FILTER_BYTES = FILTER_MAX_BYTES
+MAX_FILTER_DEPTH = FILTER_MAX_DEPTH
 
 
 def _depth(value: Any) -> int:

@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from poimen_memory.api.auth import KeyRing
+from poimen_memory.api.nodes import project_param
 from poimen_memory.api.operations import in_thread, text_params
 from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.errors import ValidationError
-from poimen_memory.ingest.nodes import PROJECT_NAME
 from poimen_memory.services import Services
 
 __all__ = ["CLAIM_DEFAULTS", "claim_items", "confirm_item", "list_items"]
@@ -36,13 +36,6 @@ def _int(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -
     return int(raw)
 
 
-def _project(params: Mapping[str, str]) -> str | None:
-    project = params.get("project")
-    if project is not None and not PROJECT_NAME.fullmatch(project):
-        raise ValidationError(f"project {project!r} is not a project name")
-    return project
-
-
 def _items(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
@@ -59,7 +52,7 @@ async def list_items(
     """``GET /memory/review``: the open items, oldest first, a page at a time (``after``:
     the last item_id of the previous page; ``next_after``: null on the last page)."""
     text_params(params, {"project", "limit", "after"})
-    project, _ = await keys.read_scope(headers, _project(params))
+    project, _ = await keys.read_scope(headers, project_param(params))
     limit = _int(params, "limit", 50, 1, 100)
     after = _int(params, "after", 0, 0, 2**62)
     with wrap_exceptions("review"):
@@ -82,7 +75,7 @@ async def claim_items(
     """``POST /memory/review/claim``: up to ``limit`` ready items, hidden from other workers
     for ``visibility_timeout`` seconds (an unfinished item comes back then)."""
     text_params(params, {"project", "limit", "visibility_timeout"})
-    project = await keys.read_project(headers, _project(params))
+    project = await keys.read_project(headers, project_param(params))
     await keys.write_projects(headers, {project} if project else set())
     limit = _int(params, "limit", CLAIM_DEFAULTS["limit"], 1, 100)
     timeout = _int(params, "visibility_timeout", CLAIM_DEFAULTS["visibility_timeout"], 1, 86400)
