@@ -11,7 +11,6 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from poimen_memory.api.admission import Admission, arrived
-from poimen_memory.api.params import parse_query
+from poimen_memory.contract.query import parse_query
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.errors import DeadlineExceeded
 from service_client import serve
@@ -173,7 +172,9 @@ def test_a_query_deadline_counts_from_its_arrival(client: TestClient) -> None:
     assert client.portal is not None
     before = retriever.cache.stats()
     with pytest.raises(DeadlineExceeded):
-        client.portal.call(partial(retriever.query, replace(req), started=time.monotonic() - 1.5))
+        client.portal.call(
+            partial(retriever.query, req.model_copy(), started=time.monotonic() - 1.5)
+        )
     # Refused before any work: not even the query's embedding was looked up.
     assert retriever.cache.stats() == before
     body = client.portal.call(partial(retriever.query, req, started=time.monotonic()))

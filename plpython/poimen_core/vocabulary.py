@@ -15,6 +15,7 @@ __all__ = [
     "FILTER_MAX_BYTES",
     "FILTER_MAX_DEPTH",
     "FUSIONS",
+    "REQUEST_BOUNDS",
     "LEVELS",
     "LOCAL_DIM",
     "LOCAL_MODEL",
@@ -50,6 +51,17 @@ FILTER_MAX_DEPTH = 8
 # What an answer does with a result whose support is stale, partial or none (issue 40):
 # rank it below the supported ones, leave it out, or keep the fused order.
 UNSUPPORTED = ("demote", "exclude", "keep")
+# A query request's numeric bounds, by the request document's names (memory._plan's); the
+# service's contract (poimen_memory.contract) declares them from here, so an out-of-range
+# value is refused alike, naming the parameter, in SQL, HTTP and MCP.
+REQUEST_BOUNDS: dict[str, tuple[float, float]] = {
+    "k": (1, 50),
+    "evidence": (0, 100),
+    "candidates": (1, 1000),
+    "rrf_k": (0, 999999),
+    "dense_weight": (0, 1),
+    "min_cosine": (-1, 1),
+}
 # A project's name: the CHECK of the domain memory.project_name (memory.projects.name),
 # which migrate keeps equal to it (sql/005_catalog.sql).
 PROJECT_NAME = "[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
@@ -224,6 +236,11 @@ def sql_literals() -> dict[str, str]:
     out["filter_max_bytes"], out["filter_max_depth"] = map(
         str, (FILTER_MAX_BYTES, FILTER_MAX_DEPTH)
     )
+    out |= {
+        f"{name}_{end}": str(value)
+        for name, bounds in REQUEST_BOUNDS.items()
+        for end, value in zip(("min", "max"), bounds, strict=True)
+    }
     out["reference_time_rule"] = _text(REFERENCE_TIME_RULE)
     out["reference_time_hint"] = _text(REFERENCE_TIME_HINT)
     out |= {f"sqlstate_{k}": _text(v) for k, v in SQLSTATES.items()}

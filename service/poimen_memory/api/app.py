@@ -86,10 +86,21 @@ def _bounded(request: Request, body: Any, *, history: bool = False) -> Response:
     return Response(encoded, media_type="application/json")
 
 
+def _once(request: Request) -> dict[str, str]:
+    """The query string's parameters, each given once: a second value would be dropped in
+    silence, so it is refused by name."""
+    items = request.query_params.multi_items()
+    params = dict(items)
+    if len(params) < len(items):
+        twice = sorted({k for k, _ in items if request.query_params.getlist(k)[1:]})
+        raise ValidationError(f"{', '.join(twice)} given more than once", hint="give each once")
+    return params
+
+
 async def memory_query(request: Request) -> Response:
     state: Services = request.app.state.poimen
     body = await query_memory(
-        state, request.app.state.keys, request.headers, request.query_params,
+        state, request.app.state.keys, request.headers, _once(request),
         arrived=arrived(request.scope),
     )  # fmt: skip
     metrics.observe_query(request, body)

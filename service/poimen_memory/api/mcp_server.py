@@ -75,6 +75,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
+from poimen_core.vocabulary import FILTER_MAX_BYTES, LEVELS
 from poimen_memory.api import metrics
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.nodes import get_node, list_nodes
@@ -89,13 +90,11 @@ from poimen_memory.api.operations import (
     records_from_lines,
     write_nodes,
 )
-from poimen_memory.api.params import MAX_FILTER_BYTES
 from poimen_memory.api.review import claim_items, confirm_item, list_items
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import PoimenError, ValidationError
 from poimen_memory.ingest.nodes import PROJECT_NAME, LineError, NodeRecord
-from poimen_memory.retrieval.models import LEVELS
 from poimen_memory.services import Services, open_services
 from poimen_memory.settings import Settings
 
@@ -153,7 +152,7 @@ def _filter_argument(description: str) -> dict[str, Any]:
     return {
         "anyOf": [
             {"type": "object"},
-            {"type": "string", "maxLength": MAX_FILTER_BYTES},
+            {"type": "string", "maxLength": FILTER_MAX_BYTES},
         ],
         "description": description
         + ' An object, e.g. {"user": "42"} (its JSON text is accepted too).',
@@ -710,22 +709,16 @@ def _filter_param(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _levels_param(args: Mapping[str, Any]) -> dict[str, str]:
-    """level (a list or a comma string) or levels (a list) as the query string's level."""
+async def _query(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
+    # The contract takes the arguments as they came (objects, lists, numbers), as it takes
+    # the query string's text; levels is level's plural name.
     if args.get("level") is not None and args.get("levels") is not None:
         raise ValidationError("name the levels once: level or levels")
-    value = args.get("levels", args.get("level"))
-    if value is None:
-        return {}
-    return {"level": value if isinstance(value, str) else ",".join(value)}
-
-
-async def _query(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
-    special = {"level", "levels", "filter", "compact"}
-    query = {k: _as_param(v) for k, v in args.items() if v is not None and k not in special}
-    query |= _levels_param(args)
-    if args.get("filter") is not None:
-        query["filter"] = _filter_param(args["filter"])
+    query = {
+        ("level" if k == "levels" else k): v
+        for k, v in args.items()
+        if v is not None and k != "compact"
+    }
     body = await query_memory(who.services, who.keys, who.headers, query)
     if who.observe is not None:
         who.observe(body)
@@ -823,7 +816,10 @@ def build_server(settings: Settings, caller: Callable[[Any], Caller]) -> Server[
         args = params.arguments or {}
         who = caller(ctx)
         try:
-            _check(checks[params.name], args)
+            if params.name != QUERY:
+                # memory_query's arguments are the contract's to check (parse_query), so an
+                # out-of-range one reads as over HTTP, and in SQL's words.
+                _check(checks[params.name], args)
             body = await runs[params.name](who, args)
             # A read's answer within POIMEN_HTTP_MAX_RESPONSE_BYTES, counted as the HTTP
             # route counts it (a write's report is not refused: the write is done).

@@ -11,15 +11,15 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from poimen_core.nodes import MAX_ID_CHARS
+from poimen_core.vocabulary import LEVELS
 from poimen_memory.api.auth import KeyRing
-from poimen_memory.api.params import parse_filter
+from poimen_memory.contract.query import parse_filter
 from poimen_memory.db import tenant
 from poimen_memory.db.queries import q
 from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.errors import ValidationError
 from poimen_memory.ingest.nodes import PROJECT_NAME
 from poimen_memory.retrieval.deadline import Deadline
-from poimen_memory.retrieval.models import LEVELS
 from poimen_memory.services import Services
 
 __all__ = ["LIST_DEFAULT", "LIST_MAX", "get_node", "list_nodes", "project_param"]

@@ -6,6 +6,11 @@ from typing import Any
 
 from poimen_core import vocabulary
 from poimen_core.nodes import MAX_ID_CHARS
+from poimen_memory.contract.query import (
+    FILTER_QUERY_STRING,
+    ISO_DAY_OR_TIME,
+    query_string_parameters,
+)
 from poimen_memory.settings import Settings
 
 _ERROR = {
@@ -27,13 +32,6 @@ _ERROR = {
         "hint": {"type": "string"},
     },
 }
-
-# What memory.time_bound parses (sql/017_time.sql); an impossible day or hour passes the
-# pattern and is answered 400 by the database.
-_ISO_DAY_OR_TIME = (
-    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}"
-    r"([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}(:?[0-9]{2})?)?)?$"
-)
 
 
 def _err(desc: str) -> dict[str, Any]:
@@ -318,19 +316,15 @@ _NODE: dict[str, Any] = {
     },
 }
 
-# A metadata filter, as GET /memory/query takes it (api/params.py parse_filter).
+# A metadata filter, as GET /memory/query takes it (the contract's parse_filter).
 _FILTER_PARAMETER: dict[str, Any] = {
     "name": "filter",
     "in": "query",
     "required": False,
-    "schema": {
-        "type": "string",
-        "maxLength": 4096,
-        "contentMediaType": "application/json",
-        "examples": ['{"user": "42"}'],
-    },
+    "schema": FILTER_QUERY_STRING,
     "description": 'Only nodes whose metadata contains this JSON object, e.g. {"user": "42"} '
-    "(at most 4096 bytes, nested at most 8 deep).",
+    f"(at most {vocabulary.FILTER_MAX_BYTES} bytes, nested at most "
+    f"{vocabulary.FILTER_MAX_DEPTH} deep).",
 }
 
 _AUTH_ERRORS = {
@@ -403,139 +397,12 @@ _VERSION: dict[str, Any] = {
 }
 
 
-# GET /memory/query's parameters: (name, required, schema, description). The MCP tool
-# memory_query takes the same ones (api/mcp_server.py).
 def query_parameters(
     settings: Settings | None = None,
 ) -> list[tuple[str, bool, dict[str, Any], str]]:
-    """GET /memory/query's parameters with this deployment's bounds (POIMEN_MAX_QUERY_CHARS,
-    POIMEN_MAX_LIMIT, POIMEN_MAX_TIMEOUT_S); memory_query (MCP) takes the same ones."""
-    s = settings or Settings()
-    return [
-        (
-            "query",
-            True,
-            # Not blank: at least one character Python does not count as white space.
-            {
-                "type": "string",
-                "minLength": 1,
-                "maxLength": s.max_query_chars,
-                "pattern": r"[^\s\u0085\u001c-\u001f]",
-            },
-            "Text to search for (not blank), in the query grammar: plain words are scored; "
-            '"quoted phrases" must match in order and adjacent; -word and -"phrase" exclude '
-            "(no result contains them); #tag and @mention must match that exact token, "
-            "unstemmed; OR between phrases, tags or mentions lets either satisfy. Malformed "
-            "syntax (an unclosed quote) is read as plain words, never an error. plan.grammar "
-            "says how the query was read.",
-        ),
-        ("project", False, _PROJECT, "Restrict to one project; unknown → 404."),
-        (
-            "level",
-            False,
-            {"type": "string", "default": "L1,L2", "pattern": r"^L[012](,L[012]){0,2}$"},
-            "Comma-separated subset of L0,L1,L2.",
-        ),
-        (
-            "limit",
-            False,
-            {"type": "integer", "default": 5},
-            f"Any integer; clamped to [1, POIMEN_MAX_LIMIT ({s.max_limit})].",
-        ),
-        (
-            "timeout_seconds",
-            False,
-            {"type": "number", "default": 5},
-            "One deadline for the whole request, in seconds; any finite number, clamped to "
-            f"[1, POIMEN_MAX_TIMEOUT_S ({s.max_timeout_s:g})].",
-        ),
-        (
-            "since",
-            False,
-            {"type": "string", "pattern": _ISO_DAY_OR_TIME, "examples": ["2023-05-08"]},
-            "Only nodes whose timestamp is at or after this ISO date (a whole UTC day) or "
-            "timestamp (UTC unless it has an offset), applied in every leg before its top k; "
-            "nodes without a timestamp are left out. Bad value, or after until → 400.",
-        ),
-        (
-            "until",
-            False,
-            {"type": "string", "pattern": _ISO_DAY_OR_TIME, "examples": ["2023-05-31"]},
-            "Only nodes whose timestamp is at or before this ISO date (the whole day) or "
-            "timestamp (the whole minute for hh:mm, second for hh:mm:ss, or last digit given).",
-        ),
-        (
-            "reference_time",
-            False,
-            {"type": "string", "format": "date-time"},
-            "The time relative dates in the query ('last week', 'yesterday') count from; "
-            "default now. The plan's time_filter reports them; they filter only under the "
-            "policy extracted_dates = filter.",
-        ),
-        (
-            "filter",
-            False,
-            {
-                "type": "string",
-                "maxLength": 4096,
-                "contentMediaType": "application/json",
-                "examples": ['{"user": "alice"}'],
-            },
-            "Metadata filter: a JSON object (at most 4096 bytes) that a node's metadata must "
-            "contain (JSON containment, @>), applied in every leg before its top k; {} is no "
-            "filter. Not JSON, not an object, or too long → 400. The lexical leg then runs on "
-            "Postgres BM25 (OpenSearch documents carry no metadata).",
-        ),
-        (
-            "min_cosine",
-            False,
-            {"type": "number", "minimum": -1, "maximum": 1, "examples": [0.25]},
-            "Relevance floor: fused candidates whose cosine similarity to the query is below it "
-            "are held back (counted in `withheld`); the answer may then be empty, and an empty "
-            "answer cites no evidence. Default: the policy's min_cosine (off unless set). "
-            "Outside -1..1 or not a number → 400.",
-        ),
-        (
-            "unsupported",
-            False,
-            {"type": "string", "enum": list(vocabulary.UNSUPPORTED)},
-            "Results in doubt (support stale, partial or none: their evidence was rewritten, "
-            "retired or erased since they were derived): demote ranks them below the supported "
-            "ones (counted in `demoted`), exclude leaves them out (`excluded`), keep keeps the "
-            "fused order. Default: the policy's unsupported (demote).",
-        ),
-        (
-            "as_of",
-            False,
-            {"type": "string", "format": "date-time", "examples": ["2024-06-01T00:00:00Z"]},
-            "Time travel: answer from the versions the database held at this instant (a "
-            "superseded or retired version that was current then comes back; one written later "
-            "does not), BM25 scored with the statistics of the corpus as it stood then. Default: "
-            "the current versions. Not ISO 8601 → 400.",
-        ),
-        (
-            "valid_at",
-            False,
-            {"type": "string", "format": "date-time", "examples": ["2023-01-01T00:00:00Z"]},
-            "Valid time: keep only nodes whose valid_from <= valid_at < valid_to (open bounds "
-            "hold always). Default: as_of, else now. Not ISO 8601 → 400.",
-        ),
-        ("fusion", False, {"type": "string", "enum": ["rrf", "convex"]}, "Fusion for Hybrid."),
-        (
-            "evidence",
-            False,
-            {"type": "integer", "examples": [20]},
-            "The most L0 turns the response cites (`evidence`), clamped to [0, 100]; default "
-            "the policy's evidence_budget (20). The results' provenance trees keep only the "
-            "cited turns. 0: no evidence list, full trees.",
-        ),
-        (
-            "strategy",
-            False,
-            {"type": "string", "enum": ["LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly"]},
-            "Override the optimizer's routing.",
-        ),
-    ]
+    """GET /memory/query's parameters with this deployment's bounds: the contract's
+    (poimen_memory.contract), which memory_query (MCP) takes too."""
+    return query_string_parameters(settings or Settings())
 
 
 # Each operation's operationId (what generated clients name the call) and tag.
@@ -839,7 +706,7 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                             "name": "since",
                             "in": "query",
                             "required": False,
-                            "schema": {"type": "string", "pattern": _ISO_DAY_OR_TIME},
+                            "schema": {"type": "string", "pattern": ISO_DAY_OR_TIME},
                             "description": "Only nodes whose timestamp is at or after this "
                             "(as GET /memory/query's since).",
                         },
@@ -847,7 +714,7 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                             "name": "until",
                             "in": "query",
                             "required": False,
-                            "schema": {"type": "string", "pattern": _ISO_DAY_OR_TIME},
+                            "schema": {"type": "string", "pattern": ISO_DAY_OR_TIME},
                             "description": "Only nodes whose timestamp is at or before this "
                             "(as GET /memory/query's until).",
                         },
@@ -928,14 +795,14 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                             "name": "since",
                             "in": "query",
                             "required": False,
-                            "schema": {"type": "string", "pattern": _ISO_DAY_OR_TIME},
+                            "schema": {"type": "string", "pattern": ISO_DAY_OR_TIME},
                             "description": "First day or instant of the nodes' timestamps.",
                         },
                         {
                             "name": "until",
                             "in": "query",
                             "required": False,
-                            "schema": {"type": "string", "pattern": _ISO_DAY_OR_TIME},
+                            "schema": {"type": "string", "pattern": ISO_DAY_OR_TIME},
                             "description": "Last day or instant (inclusive).",
                         },
                         _FILTER_PARAMETER,
@@ -1128,7 +995,19 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                 }
             },
         },
+        # Anonymous until the first key is made (docs/security.md), then a key on every
+        # request: either requirement, so a generated client offers both (Client, and
+        # AuthenticatedClient with the key as its token).
+        "security": [{}, {"apiKey": []}],
         "components": {
+            "securitySchemes": {
+                "apiKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "An API key (`poimen-memory keys create`), sent as "
+                    "`Authorization: Bearer <key>`; none while the database has no keys.",
+                }
+            },
             "schemas": {
                 "Error": _ERROR,
                 "Node": _NODE,
@@ -1345,6 +1224,6 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                         },
                     },
                 },
-            }
+            },
         },
     }

@@ -11,7 +11,6 @@ import asyncio
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from psycopg import sql as pgsql
@@ -19,7 +18,7 @@ from psycopg.types.json import Jsonb
 
 from poimen_core.vocabulary import LEVELS
 from poimen_memory.api.auth import KeyRing
-from poimen_memory.api.params import parse_filter, parse_query
+from poimen_memory.contract.query import parse_filter, parse_query
 from poimen_memory.db import tenant
 from poimen_memory.db.connect import connect
 from poimen_memory.db.queries import q
@@ -76,14 +75,15 @@ async def query_memory(
     state: Services,
     keys: KeyRing,
     headers: Mapping[str, str],
-    params: Mapping[str, str],
+    params: Mapping[str, Any],
     *,
     arrived: float | None = None,
 ) -> dict[str, Any]:
-    """The GET /memory/query answer for these query parameters (as strings, as in a URL).
+    """The GET /memory/query answer for these parameters (a URL's strings, or an MCP call's
+    JSON arguments: the contract takes both).
     The deadline counts from ``arrived`` (time.monotonic()) when given: time queued counts."""
     req = parse_query(params, state.settings)
-    req = replace(req, project=await keys.read_project(headers, req.project))
+    req = req.model_copy(update={"project": await keys.read_project(headers, req.project)})
     return await state.retriever.query(req, started=arrived)
 
 

@@ -37,6 +37,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from poimen_core.optimizer import QueryOptimizerError, optimize_query
+from poimen_core.vocabulary import LEVELS
 from poimen_memory.db import tenant
 from poimen_memory.db.queries import q
 from poimen_memory.db.replicas import ReplicaSet
@@ -53,7 +54,7 @@ from poimen_memory.errors import (
     ValidationError,
 )
 from poimen_memory.retrieval.deadline import Deadline
-from poimen_memory.retrieval.models import LEVELS, QueryRequest, Trace
+from poimen_memory.retrieval.models import QueryRequest, Trace
 from poimen_memory.retrieval.response import response
 from poimen_memory.settings import Settings
 from poimen_memory.upstreams.rerank import RerankClient
@@ -209,27 +210,7 @@ class Retriever:
             routing = optimize_query(req.query, req.reference_time).to_dict()
         except QueryOptimizerError as exc:
             raise ValidationError(str(exc)) from exc
-        return {
-            "query": req.query,
-            "project": req.project,
-            "levels": list(req.levels),
-            "k": req.limit,
-            "strategy": req.strategy,
-            "fusion": req.fusion,
-            "rrf_k": req.rrf_k,
-            "candidates": req.candidates,
-            "dense_weight": req.dense_weight,
-            "since": req.since,
-            "until": req.until,
-            "reference_time": req.reference_time.isoformat() if req.reference_time else None,
-            "evidence": req.evidence,
-            "filter": req.filter,
-            "min_cosine": req.min_cosine,
-            "as_of": req.as_of.isoformat() if req.as_of else None,
-            "valid_at": req.valid_at.isoformat() if req.valid_at else None,
-            "unsupported": req.unsupported,
-            "routing": routing,
-        }
+        return req.document(routing)
 
     def _caps(self) -> dict[str, Any]:
         """What this service brings to the plan, and the caller's projects."""
