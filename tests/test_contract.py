@@ -4,12 +4,14 @@ document) all come from, or equal, that one declaration."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
 import pytest
 
 from poimen_core import vocabulary
+from poimen_core.nodes import NODE_FIELDS, NodeRecord, parse_line
 from poimen_memory.api.mcp_server import QUERY, tools
 from poimen_memory.api.openapi import openapi_spec
 from poimen_memory.contract.query import (
@@ -98,8 +100,14 @@ def test_a_deployment_cap_is_stated_and_enforced() -> None:
         ({"query": "kong", "filter": "[1]"}, "filter must be a JSON object, got list"),
         ({"query": "kong", "filter": {"k": "v\x00"}}, "filter contains a NUL character"),
         # Deeper than the vocabulary's 8, far deeper than Python's recursion limit.
-        ({"query": "kong", "filter": '{"a":' * 1500 + "1" + "}" * 1500}, "filter must be at most 4096 bytes"),
-        ({"query": "kong", "filter": '{"a":' * 9 + "1" + "}" * 9}, "filter must be nested at most 8 deep"),
+        (
+            {"query": "kong", "filter": '{"a":' * 1500 + "1" + "}" * 1500},
+            "filter must be at most 4096 bytes",
+        ),
+        (
+            {"query": "kong", "filter": '{"a":' * 9 + "1" + "}" * 9},
+            "filter must be nested at most 8 deep",
+        ),
         ({"query": "kong", "as_of": ""}, "as_of must be an ISO 8601 timestamp, got ''"),
         ({"query": "kong", "limit": "\u0663"}, "limit must be a whole number"),
         ({"query": "kong", "min_cosine": "inf"}, "min_cosine must be a finite number"),
@@ -119,3 +127,24 @@ def test_the_lab_and_the_cli_build_a_request_by_its_python_names() -> None:
     # The fronts name it publicly only: level, not levels; timeout_seconds, not timeout_s.
     with pytest.raises(ValidationError, match="unknown parameter 'levels'"):
         parse_query({"query": "kong", "levels": "L0"}, Settings())
+
+
+def test_the_node_schema_declares_what_the_parser_reads() -> None:
+    """POST /memory/nodes' Node schema (and memory_add's) names the keys the parser reads,
+    and a node that sets every one of them is read whole."""
+    schema = openapi_spec()["components"]["schemas"]["Node"]
+    assert tuple(schema["properties"]) == NODE_FIELDS
+    node = {
+        "id": "n1", "level": "L1", "project": "p", "text": "t", "title": "T", "source": "s",
+        "timestamp": "2024-01-01T00:00:00Z", "parents": ["a"], "breadcrumb": ["b"],
+        "metadata": {"k": "v"}, "revision": 0, "valid_from": "2024-01-01T00:00:00Z",
+        "valid_to": "2025-01-01T00:00:00Z", "expires_at": "2030-01-01T00:00:00Z",
+    }  # fmt: skip
+    assert set(node) == set(NODE_FIELDS)
+    record = parse_line(json.dumps(node), 1, None)
+    assert isinstance(record, NodeRecord), record
+    default = NodeRecord(line_no=1, project="", level="", text="")
+    renamed = {"id": "external_id"}
+    for key in NODE_FIELDS:
+        attribute = renamed.get(key, key)
+        assert getattr(record, attribute) != getattr(default, attribute), key

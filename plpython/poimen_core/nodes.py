@@ -34,6 +34,12 @@ MAX_TITLE_CHARS = 1_000
 MAX_SOURCE_CHARS = 2_048
 MAX_BREADCRUMB = 32  # items, each at most MAX_TITLE_CHARS
 MAX_METADATA_BYTES = 16_384  # compact JSON, UTF-8
+# The keys of a node that parse_line reads (POST /memory/nodes' Node schema declares each:
+# tests/test_contract.py); other keys are ignored, as nodes.jsonl files carry extras.
+NODE_FIELDS = (
+    "id", "level", "project", "text", "title", "source", "timestamp", "parents",
+    "breadcrumb", "metadata", "revision", "valid_from", "valid_to", "expires_at",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

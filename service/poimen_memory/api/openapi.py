@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from poimen_core import vocabulary
+from poimen_core import nodes, vocabulary
 from poimen_core.nodes import MAX_ID_CHARS
 from poimen_memory.contract.query import (
     FILTER_QUERY_STRING,
@@ -270,49 +270,57 @@ _PROJECT_PARAM_DESC = (
 
 _PROJECT: dict[str, Any] = {"type": "string", "pattern": f"^{vocabulary.PROJECT_NAME}$"}
 
-# One memory node (docs/ingest.md); the validation the server applies beyond this schema
-# (ids reused for other content, provenance one level down, NUL, range of timestamps) is
-# reported as 400 invalid_node.
+_INSTANT_OR_NONE: dict[str, Any] = {
+    # ISO 8601; an empty string counts as none.
+    "anyOf": [
+        {"type": "string", "format": "date-time"},
+        {"type": "string", "maxLength": 0},
+        {"type": "null"},
+    ]
+}
+
+# One memory node (docs/ingest.md), with the parser's bounds (poimen_core.nodes, which
+# tests/test_contract.py holds to NODE_FIELDS, the keys the parser reads); the validation
+# the server applies beyond this schema (ids reused for other content, provenance one level
+# down, NUL, range of timestamps) is reported as 400 invalid_node.
 _NODE: dict[str, Any] = {
     "type": "object",
     "required": ["level", "text", "project"],
     "properties": {
         "id": {"type": ["string", "integer", "null"]},
-        "level": {"type": "string", "enum": ["L0", "L1", "L2"]},
+        "level": {"type": "string", "enum": list(vocabulary.LEVELS)},
         "project": _PROJECT,
         # UTF-8 text without NUL: PostgreSQL text cannot hold NUL or lone surrogates.
         "text": {
             "type": "string",
             "minLength": 1,
-            "maxLength": 100000,
+            "maxLength": nodes.MAX_TEXT_CHARS,
             # No NUL, and not blank (a character Python does not count as white space).
             "pattern": "^[^\u0000]*[^\\s\u0085\u001c-\u001f\u0000][^\u0000]*$",
         },
-        "title": {"type": ["string", "null"]},
-        "source": {"type": ["string", "null"]},
-        # ISO 8601; an empty string counts as no timestamp.
-        "timestamp": {
-            "anyOf": [
-                {"type": "string", "format": "date-time"},
-                {"type": "string", "maxLength": 0},
-                {"type": "null"},
-            ]
-        },
+        "title": {"type": ["string", "null"], "maxLength": nodes.MAX_TITLE_CHARS},
+        "source": {"type": ["string", "null"], "maxLength": nodes.MAX_SOURCE_CHARS},
+        "timestamp": _INSTANT_OR_NONE,
         # null is read as empty, as in nodes.jsonl
-        "parents": {"type": ["array", "null"], "items": {"type": "string"}},
-        "breadcrumb": {"type": ["array", "null"], "items": {"type": "string"}},
+        "parents": {
+            "type": ["array", "null"],
+            "items": {"type": "string", "maxLength": nodes.MAX_ID_CHARS},
+            "maxItems": nodes.MAX_PARENTS,
+        },
+        "breadcrumb": {
+            "type": ["array", "null"],
+            "items": {"type": "string", "maxLength": nodes.MAX_TITLE_CHARS},
+            "maxItems": nodes.MAX_BREADCRUMB,
+        },
         "metadata": {"type": ["object", "null"]},
         # Optimistic concurrency (docs/lifecycle.md): the revision the writer read; new
         # content under a stale one is refused with 409 stale_revision. 0: create only.
         "revision": {"type": ["integer", "null"], "minimum": 0, "maximum": 2147483647},
+        # Valid time (docs/lifecycle.md): when the fact held in the world; content.
+        "valid_from": _INSTANT_OR_NONE,
+        "valid_to": _INSTANT_OR_NONE,
         # When the node leaves answers (docs/lifecycle.md, expiry); not content.
-        "expires_at": {
-            "anyOf": [
-                {"type": "string", "format": "date-time"},
-                {"type": "string", "maxLength": 0},
-                {"type": "null"},
-            ]
-        },
+        "expires_at": _INSTANT_OR_NONE,
     },
 }
 

@@ -538,7 +538,7 @@ def _typed(exc: ModelError, s: Settings) -> ValidationError:
     if kind == "extra_forbidden":
         return ValidationError(
             f"unknown parameter {name!r}",
-            hint=f"one of {', '.join(sorted(public_names().values()))} (docs/http-api.md)",
+            hint=f"one of {', '.join(sorted(public_names().values()))} (/openapi.json says each)",
         )
     if kind == "missing" or (name == "query" and kind.startswith("string_")):
         return ValidationError(f"{name} is required and must not be empty")
