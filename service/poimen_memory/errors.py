@@ -169,6 +169,12 @@ class StaleRevision(PoimenError, code="stale_revision", status=409):
     """A write named the revision it read, and another write came first (PM419)."""
 
 
+class OverShare(PoimenError, code="too_many_requests", status=429):
+    """One client (an API key, or an address in anonymous mode) has its share of the
+    service in use (POIMEN_HTTP_CLIENT_INFLIGHT) or has sent its rate's worth
+    (POIMEN_HTTP_CLIENT_RATE): retry after Retry-After; the other clients are served."""
+
+
 class TooManyNodes(PoimenError, code="too_many_nodes", status=422):
     """A forget would end more nodes than its bound (max_nodes, POIMEN_FORGET_MAX_NODES:
     PM422); nothing was forgotten."""

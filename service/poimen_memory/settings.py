@@ -276,6 +276,12 @@ class Settings(FromEnv):
     http_queue: int = setting("POIMEN_HTTP_QUEUE", at_least(0), 64)
     http_queue_wait_s: float = setting("POIMEN_HTTP_QUEUE_WAIT_S", at_least(0.0, float), 1.0)
     http_retry_after_s: int = setting("POIMEN_HTTP_RETRY_AFTER_S", at_least(1), 1)
+    # One client's share (an API key; an address in anonymous mode): at most this many of
+    # its requests in flight or waiting, and (when the rate is not 0) this many a second
+    # with bursts of this size. Beyond, 429 for that client alone (api/admission.py).
+    http_client_inflight: int = setting("POIMEN_HTTP_CLIENT_INFLIGHT", at_least(1), 8)
+    http_client_rate: float = setting("POIMEN_HTTP_CLIENT_RATE", at_least(0.0, float), 0.0)
+    http_client_burst: int = setting("POIMEN_HTTP_CLIENT_BURST", at_least(1), 20)
     http_max_header_bytes: int = setting("POIMEN_HTTP_MAX_HEADER_BYTES", at_least(1024), 16384)
     auth_cache_s: float = setting("POIMEN_AUTH_CACHE_S", at_least(0.0, float), 5.0)
     # The key `poimen-memory mcp` (stdio) calls with, as an HTTP client sends its own.
