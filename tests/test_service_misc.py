@@ -460,16 +460,20 @@ def test_a_request_for_another_host_is_refused(
 ) -> None:
     """DNS rebinding: a web page that reaches a loopback server sends its own name as Host.
     By default only loopback names are answered (POIMEN_HTTP_ALLOWED_HOSTS), on every route
-    but /mcp, which the MCP SDK checks against POIMEN_MCP_ALLOWED_HOSTS."""
+    (/mcp against POIMEN_MCP_ALLOWED_HOSTS), each name compared whole."""
     for host in ("127.0.0.1", "127.0.0.1:8765", "localhost:80", "[::1]:8000", "LOCALHOST"):
         r = client.get("/memory/query", params={"query": KONG}, headers={"Host": host})
         assert r.status_code == 200, (host, r.text)
     for host in ("evil.example", "evil.example:8765", "testserver", "127.0.0.1.evil.example",
-                 "localhost:80x", ""):  # fmt: skip
-        r = client.get("/healthz", headers={"Host": host})
-        body = error(r, 421, "misdirected_request")
-        assert body["detail"] == f"this service does not answer to Host {host!r}"
-        assert "POIMEN_HTTP_ALLOWED_HOSTS" in body["hint"]
+                 "localhost:80x", "127.0.0.1:58422@evil.com", ""):  # fmt: skip
+        for path in ("/healthz", "/mcp"):
+            if path == "/mcp":
+                r = client.post(path, json={}, headers={"Host": host})
+            else:
+                r = client.get(path, headers={"Host": host})
+            body = error(r, 421, "misdirected_request")
+            assert body["detail"] == f"this service does not answer to Host {host!r}"
+            assert "POIMEN_HTTP_ALLOWED_HOSTS" in body["hint"]
     listed = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_HTTP_ALLOWED_HOSTS": "memory.internal:*"}
     with LoopbackClient(make_app(listed, embedder), base_url="http://memory.internal:8000") as c:
         assert c.get("/openapi.json").status_code == 200
@@ -479,11 +483,76 @@ def test_a_request_for_another_host_is_refused(
         assert c.get("/openapi.json").status_code == 200
     with pytest.raises(ConfigError, match="POIMEN_HTTP_ALLOWED_HOSTS"):
         Settings.from_env({"POIMEN_HTTP_ALLOWED_HOSTS": "a,*"})
-    # The spec says so for every operation the check guards, and not for /mcp.
+    # The spec says so for every operation.
     spec = client.get("/openapi.json").json()
     for path, item in spec["paths"].items():
         for method, operation in item.items():
-            assert ("421" in operation["responses"]) == (path != "/mcp"), (path, method)
+            assert "421" in operation["responses"], (path, method)
+
+
+NODE = {"id": "cross-site", "level": "L1", "project": "poimen", "text": "planted"}
+
+
+@pytest.mark.parametrize(
+    "origin",
+    ["http://evil.example", "null", "http://127.0.0.1:8765@evil.example",
+     "http://127.0.0.1.evil.example", "*", "http://127.0.0.1:80x"],
+)  # fmt: skip
+def test_a_page_of_another_origin_is_refused(client: TestClient, origin: str) -> None:
+    """A browser names the page's origin: another site's is refused on every route, before
+    a body is read (a write included), compared whole."""
+    r = client.post("/memory/nodes", json=[NODE], headers={"Origin": origin})
+    body = error(r, 403, "cross_origin_refused")
+    assert "POIMEN_HTTP_ALLOWED_ORIGINS" in body["hint"]
+    error(client.get("/memory/query", params={"query": KONG}, headers={"Origin": origin}), 403,
+          "cross_origin_refused")  # fmt: skip
+    assert client.get("/memory/nodes/cross-site", params={"project": "poimen"}).status_code == 404
+
+
+def test_the_pages_own_origin_and_loopback_pages_are_served(client: TestClient) -> None:
+    own = client.get(
+        "/memory/query", params={"query": KONG}, headers={"Origin": "http://127.0.0.1"}
+    )
+    assert own.status_code == 200, own.text
+    local = {"Origin": "http://localhost:3000"}
+    assert client.get("/memory/query", params={"query": KONG}, headers=local).status_code == 200
+    # CORS is off: nothing tells a browser another origin may read the answer.
+    assert "access-control-allow-origin" not in own.headers
+    pre = client.options(
+        "/memory/nodes", headers={**local, "Access-Control-Request-Method": "POST"}
+    )
+    assert "access-control-allow-origin" not in pre.headers
+
+
+def test_cors_is_answered_for_the_origins_listed_alone(
+    fixture_url: str, embedder: LocalEmbedder
+) -> None:
+    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_HTTP_CORS_ORIGINS": "https://app.example"}
+    with LoopbackClient(make_app(env, embedder)) as c:
+        ask = {"Access-Control-Request-Method": "POST",
+               "Access-Control-Request-Headers": "content-type"}  # fmt: skip
+        listed = c.options("/memory/nodes", headers={"Origin": "https://app.example", **ask})
+        assert listed.headers["access-control-allow-origin"] == "https://app.example"
+        other = c.options("/memory/nodes", headers={"Origin": "https://other.example", **ask})
+        error(other, 403, "cross_origin_refused")
+        read = c.get("/memory/query", params={"query": KONG},
+                     headers={"Origin": "https://app.example"})  # fmt: skip
+        assert read.status_code == 200
+        assert read.headers["access-control-allow-origin"] == "https://app.example"
+    with pytest.raises(ConfigError, match="POIMEN_HTTP_CORS_ORIGINS"):
+        Settings.from_env({"POIMEN_HTTP_CORS_ORIGINS": "*"})
+
+
+@pytest.mark.parametrize(
+    "kind", ["text/plain", "text/plain; charset=utf-8", "application/x-www-form-urlencoded",
+             "multipart/form-data; boundary=x"],
+)  # fmt: skip
+def test_a_write_in_a_form_type_is_415(client: TestClient, kind: str) -> None:
+    """The bodies a browser sends across origins without a preflight are no write's."""
+    r = client.post("/memory/nodes", content=json.dumps([NODE]), headers={"Content-Type": kind})
+    body = error(r, 415, "unsupported_media_type")
+    assert "application/json" in body["hint"]
+    assert client.get("/memory/nodes/cross-site", params={"project": "poimen"}).status_code == 404
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])

@@ -169,6 +169,11 @@ class StaleRevision(PoimenError, code="stale_revision", status=409):
     """A write named the revision it read, and another write came first (PM419)."""
 
 
+class UnsupportedMediaType(PoimenError, code="unsupported_media_type", status=415):
+    """A write's body in a type a browser sends across origins without asking (text/plain,
+    a form): refused, so no web page can write (api/app.py)."""
+
+
 class OverShare(PoimenError, code="too_many_requests", status=429):
     """One client (an API key, or an address in anonymous mode) has its share of the
     service in use (POIMEN_HTTP_CLIENT_INFLIGHT) or has sent its rate's worth

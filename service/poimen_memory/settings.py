@@ -302,6 +302,14 @@ class Settings(FromEnv):
     http_allowed_hosts: tuple[str, ...] = setting(
         "POIMEN_HTTP_ALLOWED_HOSTS", name_list, LOOPBACK_HOSTS
     )
+    # A browser's request is served only from the page's own origin or one listed here
+    # (a page of another site cannot post memories: api/asgi.py HostCheck).
+    http_allowed_origins: tuple[str, ...] = setting(
+        "POIMEN_HTTP_ALLOWED_ORIGINS", origin_list, tuple(f"http://{h}" for h in LOOPBACK_HOSTS)
+    )
+    # Origins whose pages may read this service's answers (CORS, answered for these alone);
+    # none by default: CORS is off.
+    http_cors_origins: tuple[str, ...] = setting("POIMEN_HTTP_CORS_ORIGINS", origin_list, ())
     health_cache_s: float = setting("POIMEN_HEALTH_CACHE_S", at_least(0.0, float), 5.0)
     rerank_min_remaining_s: float = setting(
         "POIMEN_RERANK_MIN_REMAINING_S", at_least(0.0, float), 0.25

@@ -14,6 +14,7 @@ import psycopg
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -41,6 +42,7 @@ from poimen_memory.errors import (
     PayloadTooLarge,
     PoimenError,
     RequestTimeout,
+    UnsupportedMediaType,
     ValidationError,
 )
 from poimen_memory.ingest.nodes import MAX_JSON_DEPTH, LineError, NodeRecord, loads
@@ -153,6 +155,22 @@ def _parse_body(raw: bytes, project: str | None) -> tuple[list[NodeRecord], list
     return records_from_lines(lines, project)
 
 
+# The bodies an HTML form (or a fetch without a preflight) can send across origins: a
+# write in one of them is refused, so a write always comes with a type that a browser
+# preflights (application/json, application/x-ndjson), or from a client that is no browser.
+_SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def _typed_body(request: Request) -> None:
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind in _SIMPLE_TYPES:
+        raise UnsupportedMediaType(
+            f"a write's body must be application/json or application/x-ndjson, got {kind!r}",
+            hint="send the nodes with Content-Type: application/json (an array) or "
+            "application/x-ndjson (a node a line)",
+        )
+
+
 async def post_nodes(request: Request) -> JSONResponse:
     """Ingest JSON nodes (an array, or NDJSON) through the same code as the CLI, as one
     transaction: every node is written, or none is."""
@@ -160,6 +178,7 @@ async def post_nodes(request: Request) -> JSONResponse:
     keys = request.app.state.keys
     # The key first: an unauthenticated body is never read, let alone parsed.
     await keys.write_projects(request.headers, ())
+    _typed_body(request)
     raw = await _body(request, state.settings.max_body_bytes, state.settings.http_body_timeout_s)
     skip = request.query_params.getlist("skip_invalid")
     if skip not in ([], ["true"], ["false"]):
@@ -371,7 +390,25 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
             # Inside the log and the metrics, so they record the status it answers.
             Middleware(LastResort),
             # A request for another Host (DNS rebinding) is refused before it queues.
-            Middleware(HostCheck, allowed=cfg.http_allowed_hosts, skip=("/mcp",)),
+            Middleware(
+                HostCheck,
+                lists=(cfg.http_allowed_hosts, cfg.http_allowed_origins + cfg.http_cors_origins),
+                by_path={"/mcp": (cfg.mcp_allowed_hosts, cfg.mcp_allowed_origins)},
+            ),
+            # CORS only for the origins listed (none by default: a page of another origin
+            # can neither read an answer nor send a preflighted request).
+            *(
+                [
+                    Middleware(
+                        CORSMiddleware,
+                        allow_origins=list(cfg.http_cors_origins),
+                        allow_methods=["GET", "POST", "DELETE"],
+                        allow_headers=["authorization", "content-type"],
+                    )
+                ]
+                if cfg.http_cors_origins
+                else []
+            ),
             Middleware(
                 Admission,
                 max_inflight=cfg.http_max_inflight,

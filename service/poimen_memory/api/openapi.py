@@ -422,11 +422,11 @@ TAGS = [
 ]
 
 
-# Every route but /mcp (the MCP SDK checks its own Host) answers a Host not listed in
-# POIMEN_HTTP_ALLOWED_HOSTS before it runs (api/asgi.py HostCheck).
+# Every route answers a Host not listed in POIMEN_HTTP_ALLOWED_HOSTS (for /mcp,
+# POIMEN_MCP_ALLOWED_HOSTS) before it runs (api/asgi.py HostCheck).
 _HOST_REFUSED = _err(
     "misdirected_request: the request's Host is not one POIMEN_HTTP_ALLOWED_HOSTS lists "
-    "(loopback names by default)"
+    "(loopback names by default; POIMEN_MCP_ALLOWED_HOSTS for /mcp)"
 )
 
 
@@ -589,10 +589,9 @@ def _review_paths() -> dict[str, Any]:
 def openapi_spec(settings: Settings | None = None) -> dict[str, Any]:
     """The OpenAPI document, with this deployment's bounds (default settings: None)."""
     spec = _spec(settings)
-    for path, item in spec["paths"].items():
-        if path != "/mcp":
-            for operation in item.values():
-                operation["responses"].setdefault("421", _HOST_REFUSED)
+    for item in spec["paths"].values():
+        for operation in item.values():
+            operation["responses"].setdefault("421", _HOST_REFUSED)
     return spec
 
 
