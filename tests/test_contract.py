@@ -148,3 +148,13 @@ def test_the_node_schema_declares_what_the_parser_reads() -> None:
     for key in NODE_FIELDS:
         attribute = renamed.get(key, key)
         assert getattr(record, attribute) != getattr(default, attribute), key
+
+
+def test_an_object_filter_deeper_than_recursion_is_a_typed_error() -> None:
+    """An MCP call's filter arrives as an object: 1,500 levels of it are measured without
+    recursion (json.dumps of it was a RecursionError, a JSON-RPC error with code 0)."""
+    value: dict[str, Any] = {"a": 1}
+    for _ in range(1500):
+        value = {"a": value}
+    with pytest.raises(ValidationError, match="filter must be nested at most 8 deep"):
+        parse_query({"query": "kong", "filter": value}, Settings())

@@ -447,6 +447,13 @@ def test_a_write_is_one_transaction_unless_skip_invalid(server: str, fixture_url
     assert skipped["inserted"] == 1 and len(skipped["invalid"]) == 1
 
 
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"a": 1}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
 @pytest.mark.parametrize(
     ("args", "code", "status", "sqlstate"),
     [
@@ -456,6 +463,11 @@ def test_a_write_is_one_transaction_unless_skip_invalid(server: str, fixture_url
         ({"query": KONG, "limit": "many"}, "invalid_parameter", 400, None),
         ({"query": KONG, "colour": "red"}, "invalid_parameter", 400, None),
         ({"query": "x" * 2001}, "invalid_parameter", 400, None),
+        # An object nested deep (1,000 was a RecursionError, JSON-RPC code 0: deeper than
+        # the SDK's client sends, so test_contract.py has it), a NUL in a key (was the
+        # database's 22P05 message, which HTTP hid).
+        ({"query": KONG, "filter": _nested(60)}, "invalid_parameter", 400, None),
+        ({"query": KONG, "filter": {"k\u0000": "v"}}, "invalid_parameter", 400, None),
     ],
 )
 def test_typed_errors_are_tool_errors(
@@ -463,9 +475,11 @@ def test_typed_errors_are_tool_errors(
 ) -> None:
     body = _tool_error(over_http(reader, None, _call("memory_query", args)))
     assert (body["error"], body["status"], body.get("sqlstate")) == (code, status, sqlstate)
-    http = httpx.get(f"{reader}/memory/query", params=args, timeout=30)
+    params = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in args.items()}
+    http = httpx.get(f"{reader}/memory/query", params=params, timeout=30)
     assert http.status_code == status and http.json()["error"] == code
-    assert http.json()["detail"] == body["detail"]
+    if "filter" not in args:  # HTTP's filter is text: over 4096 bytes before too deep
+        assert http.json()["detail"] == body["detail"]
 
 
 # (argument, value): one out-of-range value. memory_query (MCP) and GET /memory/query take

@@ -18,6 +18,7 @@ __all__ = [
     "LEVELS",
     "LOCAL_DIM",
     "LOCAL_MODEL",
+    "NOTE_MAX_CHARS",
     "PROJECT_NAME",
     "QUESTION_TYPES",
     "REFERENCE_TIME_HINT",
@@ -47,6 +48,8 @@ QUESTION_TYPES = (
 # A metadata filter's bounds (memory.check_filter, and the service's parser before it): at
 # most this many bytes of JSON text, nested at most this deep (the object itself is 1).
 FILTER_MAX_BYTES = 4096
+# The longest free text a caller attaches to a change: forget's reason, a review's note.
+NOTE_MAX_CHARS = 2000
 FILTER_MAX_DEPTH = 8
 # What an answer does with a result whose support is stale, partial or none (issue 40):
 # rank it below the supported ones, leave it out, or keep the fused order.
@@ -241,6 +244,7 @@ def sql_literals() -> dict[str, str]:
         for name, bounds in REQUEST_BOUNDS.items()
         for end, value in zip(("min", "max"), bounds, strict=True)
     }
+    out["note_max_chars"] = str(NOTE_MAX_CHARS)
     out["reference_time_rule"] = _text(REFERENCE_TIME_RULE)
     out["reference_time_hint"] = _text(REFERENCE_TIME_HINT)
     out |= {f"sqlstate_{k}": _text(v) for k, v in SQLSTATES.items()}

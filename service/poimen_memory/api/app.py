@@ -38,7 +38,6 @@ from poimen_memory.api.request_log import RequestLogMiddleware
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import (
-    DatabaseError,
     PayloadTooLarge,
     PoimenError,
     RequestTimeout,
@@ -55,17 +54,7 @@ log = logging.getLogger("poimen_memory")
 def _error(err: PoimenError, retry_after_s: int) -> JSONResponse:
     # Every 503 (busy, a timeout, the database or an upstream down) says when to try again.
     headers = {"Retry-After": str(retry_after_s)} if err.http_status == 503 else None
-    body = err.to_json("http")
-    if isinstance(err, DatabaseError):
-        # A database error no table row names is the server's, in the server's words: data
-        # file paths ("could not extend file base/16384/...": EFBIG), index and constraint
-        # names, SQL. Those go to the service's log; the client gets the SQLSTATE.
-        log.error("database error %s: %s (%s)", err.sqlstate, err.message, err.detail or "")
-        body = {
-            "error": err.code,
-            "detail": f"the database could not complete the request (SQLSTATE {err.sqlstate})",
-            "hint": "the service's log has the server's message, under this X-Request-ID",
-        }
+    body = err.public_json("http")
     return JSONResponse(body, status_code=err.http_status, headers=headers)
 
 
@@ -245,7 +234,15 @@ async def _node_operation(
 
 async def delete_node(request: Request) -> JSONResponse:
     """Retire (or, with erase=true, erase) one node: memory.forget."""
-    return await _node_operation(request, forget_nodes, request.path_params["id"])
+    external_id = request.path_params["id"]
+    if external_id.endswith("/history"):
+        # GET of this path reads the history of another id; the DELETE must not act on an
+        # id its GET cannot reach.
+        raise ValidationError(
+            f"an id ending in /history cannot be named in the path, got {external_id[:80]!r}",
+            hint="DELETE /memory/nodes?id=<id>&project=<project> names any id",
+        )
+    return await _node_operation(request, forget_nodes, external_id)
 
 
 async def delete_nodes(request: Request) -> JSONResponse:

@@ -91,6 +91,7 @@ from poimen_memory.api.operations import (
     write_nodes,
 )
 from poimen_memory.api.review import claim_items, confirm_item, list_items
+from poimen_memory.contract.query import filter_text
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import PoimenError, ValidationError
@@ -631,11 +632,11 @@ def _records(nodes: list[Any], project: str | None) -> tuple[list[NodeRecord], l
 
 
 def _tool_error(err: PoimenError) -> CallToolResult:
-    body: dict[str, Any] = {**err.to_json("mcp"), "status": err.http_status}
+    body: dict[str, Any] = {**err.public_json("mcp"), "status": err.http_status}
     if err.sqlstate:
         body["sqlstate"] = err.sqlstate
-    hint = err.hint_for("mcp")
-    text = f"{err.code}: {err.message}" + (f" (hint: {hint})" if hint else "")
+    hint = body.get("hint")
+    text = f"{body['error']}: {body['detail']}" + (f" (hint: {hint})" if hint else "")
     return CallToolResult(
         content=[TextContent(type="text", text=text)], structured_content=body, is_error=True
     )
@@ -645,10 +646,10 @@ def _resource_error(err: PoimenError) -> MCPError:
     """A typed error of resources/read or resources/list: JSON-RPC invalid params (what the
     MCP specification names for a resource that cannot be read), its data the HTTP API's
     error body plus ``status`` and ``sqlstate``, as a tool error's structured content."""
-    data: dict[str, Any] = {**err.to_json("mcp"), "status": err.http_status}
+    data: dict[str, Any] = {**err.public_json("mcp"), "status": err.http_status}
     if err.sqlstate:
         data["sqlstate"] = err.sqlstate
-    return MCPError(code=INVALID_PARAMS, message=f"{err.code}: {err.message}", data=data)
+    return MCPError(code=INVALID_PARAMS, message=f"{data['error']}: {data['detail']}", data=data)
 
 
 def _cursor(name: str) -> str:
@@ -703,12 +704,6 @@ def _strings(args: Mapping[str, Any], *names: str) -> dict[str, str]:
     return {n: _as_param(args[n]) for n in names if args.get(n) is not None}
 
 
-def _filter_param(value: Any) -> str:
-    """A filter argument as the query string carries it: an object as its JSON text, a
-    string (the tools' first form) as it is."""
-    return value if isinstance(value, str) else json.dumps(value)
-
-
 async def _query(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
     # The contract takes the arguments as they came (objects, lists, numbers), as it takes
     # the query string's text; levels is level's plural name.
@@ -728,7 +723,7 @@ async def _query(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
 async def _list(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
     params = _strings(args, "project", "level", "source", "since", "until", "limit")
     if args.get("filter") is not None:
-        params["filter"] = _filter_param(args["filter"])
+        params["filter"] = filter_text(args["filter"])
     if args.get("cursor") is not None:
         params["after"] = args["cursor"]
     for flag in ("newest_first", "count"):
@@ -757,7 +752,7 @@ async def _forget(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
     params["erase"] = "true" if args.get("erase") else "false"
     scoped = _strings(args, "source", "level", "since", "until", "max_nodes")
     if args.get("filter") is not None:
-        scoped["filter"] = _filter_param(args["filter"])
+        scoped["filter"] = filter_text(args["filter"])
     if args.get("dry_run"):
         scoped["dry_run"] = "true"
     ids: list[str] | None = args.get("ids")
@@ -953,7 +948,7 @@ class McpEndpoint:
             await request.app.state.keys.grant(request.headers)
         except (PoimenError, psycopg.Error) as exc:
             err = exc if isinstance(exc, PoimenError) else translate(exc)
-            await JSONResponse(err.to_json(), status_code=err.http_status)(scope, receive, send)
+            await JSONResponse(err.public_json(), status_code=err.http_status)(scope, receive, send)
             return
         await self.manager.handle_request(scope, receive, send)
 

@@ -42,6 +42,7 @@ __all__ = [
     "QueryRequest",
     "Surface",
     "bounds",
+    "filter_text",
     "parse_filter",
     "parse_query",
     "public_names",
@@ -100,11 +101,23 @@ def _filter(value: Any) -> Any:
     """A metadata filter: an object, or its JSON text (the query string's form)."""
     if value is None:
         return value
-    if isinstance(value, dict):
-        value = json.dumps(value)  # checked as its text is: size, depth, NUL
-    if not isinstance(value, str):
+    if not isinstance(value, dict | str):
         raise _fail("filter", f"must be a JSON object, got {type(value).__name__}")
-    return parse_filter(value)
+    return parse_filter(filter_text(value))
+
+
+def filter_text(value: dict[str, Any] | str) -> str:
+    """A filter as the query string carries it: an object as its JSON text (its depth
+    checked first: 1,000 levels of an MCP call's object would stop json.dumps with a
+    RecursionError), a string as it is."""
+    if isinstance(value, str):
+        return value
+    if _shape(value)[0] > vocabulary.FILTER_MAX_DEPTH:
+        raise ValidationError(
+            f"filter must be nested at most {vocabulary.FILTER_MAX_DEPTH} deep",
+            hint='filter on a few keys, e.g. filter={"user": "alice"}',
+        )
+    return json.dumps(value)
 
 
 def _levels(value: Any) -> Any:
