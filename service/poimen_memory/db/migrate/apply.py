@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from poimen_memory.db.migrate import layout
+import poimen_memory.db.migrate.layout as layout
 from poimen_memory.db.migrate.layout import catalog
 from poimen_memory.db.migrate.plpython import plpython_status
 from poimen_memory.db.migrate.render import render_sql

@@ -11,11 +11,20 @@ from typing import Any
 
 import psycopg
 
-from poimen_memory.db.migrate import layout, ledger, plpython
+import poimen_memory.db.migrate.layout as layout
 from poimen_memory.db.migrate.apply import apply_sql_files, use_vector_schema, vector_schema
 from poimen_memory.db.migrate.graphs import build_project_graphs, scale_warnings
 from poimen_memory.db.migrate.interface import GRAPH_BUILD_LOCK_TIMEOUT_S, MigrateReport
+from poimen_memory.db.migrate.ledger import apply_pending, create_ledger
 from poimen_memory.db.migrate.locks import lock, retrying
+from poimen_memory.db.migrate.plpython import (
+    install_plpython,
+    module_root,
+    plpython_status,
+    record_module,
+    remove_old_copies,
+    server_python_deps,
+)
 from poimen_memory.db.migrate.roles import choose_roles, move_roles, record_roles, shared_roles
 from poimen_memory.db.roles import Roles
 from poimen_memory.errors import MigrationError
@@ -41,12 +50,12 @@ def migrate(
                 hint="run from a source checkout (pip install -e .); the SQL ships beside the code",
             )
     py_target: Path | None = None
-    in_database = plpython_root is not None and plpython.module_root(plpython_root) is None
-    plpython_root = plpython.module_root(plpython_root)
+    in_database = plpython_root is not None and module_root(plpython_root) is None
+    plpython_root = module_root(plpython_root)
     if plpython_root is not None:
-        py_target = plpython.install_plpython(plpython_root)
+        py_target = install_plpython(plpython_root)
     py_path = None if py_target is None else str(py_target)
-    deps = None if plpython_root is None else plpython.server_python_deps(plpython_root.parent)
+    deps = None if plpython_root is None else server_python_deps(plpython_root.parent)
 
     def attempt(
         wait_s: float, attempt_s: float
@@ -54,13 +63,13 @@ def migrate(
         notices: list[str] = []
         with conn.transaction():
             lock(conn, wait_s, attempt_s)
-            ledger.create(conn)
+            create_ledger(conn)
             # Independent of the session's search_path (even ''): public, plus pgvector's schema.
             use_vector_schema(conn, vector_schema(conn) or "public")
-            applied, already = ledger.apply_pending(conn, notices)
+            applied, already = apply_pending(conn, notices)
             schema = vector_schema(conn) or "public"
             use_vector_schema(conn, schema)
-            plpython.record(conn, py_path, deps, in_database=in_database)
+            record_module(conn, py_path, deps, in_database=in_database)
             roles, move_from, kept = choose_roles(conn, role_prefix)
             if not kept:
                 record_roles(conn, roles)
@@ -73,10 +82,10 @@ def migrate(
         conn, lock_timeout_s, attempt
     )
     graphs = build_project_graphs(conn, lock_timeout_s=build_lock_timeout_s, progress=progress)
-    installed, _ = plpython.plpython_status(conn)
+    installed, _ = plpython_status(conn)
     removed: list[str] = []
     if plpython_root is not None and py_target is not None:
-        removed = plpython.remove_old_copies(plpython_root, py_target)
+        removed = remove_old_copies(plpython_root, py_target)
     return MigrateReport(
         applied,
         already,

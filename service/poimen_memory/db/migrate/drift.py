@@ -16,7 +16,6 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from poimen_memory.db.migrate import ledger, plpython
 from poimen_memory.db.migrate.apply import (
     apply_sql_files,
     touched,
@@ -26,7 +25,14 @@ from poimen_memory.db.migrate.apply import (
 from poimen_memory.db.migrate.graphs import missing_project_graphs, scale_warnings
 from poimen_memory.db.migrate.interface import DriftReport
 from poimen_memory.db.migrate.layout import catalog
+from poimen_memory.db.migrate.ledger import pending_migrations
 from poimen_memory.db.migrate.locks import lock, retrying
+from poimen_memory.db.migrate.plpython import (
+    deps_target,
+    module_findings,
+    plpython_findings,
+    write_config,
+)
 from poimen_memory.db.migrate.roles import choose_roles, move_roles, record_roles, shared_roles
 from poimen_memory.db.roles import Roles
 
@@ -83,7 +89,7 @@ def check(
     def attempt(wait_s: float, attempt_s: float) -> DriftReport:
         with conn.transaction(force_rollback=True):
             lock(conn, wait_s, attempt_s)
-            pending = ledger.pending(conn)
+            pending = pending_migrations(conn)
             if pending:  # the files need the pending migrations' tables: report those only
                 return DriftReport(pending, [], [], [])
             schema = vector_schema(conn) or "public"
@@ -94,10 +100,10 @@ def check(
             protected = _protection(conn, *compared)
             if not kept:  # a finding: "config missing (migrate restores it)"
                 record_roles(conn, roles)
-            py_path, found = plpython.plpython_findings(conn, plpython_root)
+            py_path, found = plpython_findings(conn, plpython_root)
             if py_path is not None and plpython_root is not None:
-                deps = plpython.deps_target(plpython_root.parent)
-                plpython.write_config(conn, py_path, deps)
+                deps = deps_target(plpython_root.parent)
+                write_config(conn, py_path, deps)
             conn.execute(catalog("check_mark"))
             apply_sql_files(conn, schema, roles)
             if move_from is not None:
@@ -105,9 +111,7 @@ def check(
             after = _snapshot(conn)
             mine = {str(r[0]) for r in conn.execute(touched())}
             found = (
-                _findings(protected, _protection(conn, *compared))
-                + found
-                + plpython.module_findings(conn)
+                _findings(protected, _protection(conn, *compared)) + found + module_findings(conn)
             )
             # sql/ as it would be applied: the function exists here even before migrate.
             outgrown = scale_warnings(conn)

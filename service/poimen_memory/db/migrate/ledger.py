@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from poimen_memory.db.migrate import layout
+import poimen_memory.db.migrate.layout as layout
 from poimen_memory.db.migrate.layout import catalog
 from poimen_memory.db.migrate.plpython import plpython_status
 from poimen_memory.errors import MigrationError
@@ -38,7 +38,7 @@ def _notice_text(source: str, diag: psycopg.errors.Diagnostic) -> str:
     return "\n".join(parts)
 
 
-def create(conn: psycopg.Connection[Any]) -> None:
+def create_ledger(conn: psycopg.Connection[Any]) -> None:
     conn.execute(catalog("ledger_create"))
 
 
@@ -88,7 +88,7 @@ def apply_pending(conn: psycopg.Connection[Any], notices: list[str]) -> tuple[li
     return applied, already
 
 
-def pending(conn: psycopg.Connection[Any]) -> list[str]:
+def pending_migrations(conn: psycopg.Connection[Any]) -> list[str]:
     """The versions the database has not applied (every one where it has no ledger)."""
     versions = [p.stem for p in _files()]
     found = conn.execute(catalog("relation_exists"), ("memory.schema_migrations",)).fetchone()

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from poimen_memory.db.migrate import layout
+import poimen_memory.db.migrate.layout as layout
 from poimen_memory.db.migrate.layout import catalog
 from poimen_memory.errors import MigrationError
 
@@ -212,7 +212,7 @@ def write_config(conn: psycopg.Connection[Any], py_path: str, deps: Path | None)
         conn.execute(catalog("config_set"), ("plpython_deps", str(deps)))
 
 
-def record(
+def record_module(
     conn: psycopg.Connection[Any], py_path: str | None, deps: Path | None, *, in_database: bool
 ) -> None:
     """What migrate's transaction records of the module: the keys of a copy on this host
