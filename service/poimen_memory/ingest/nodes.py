@@ -11,7 +11,6 @@ from poimen_core.nodes import (
     LEVELS,
     MAX_JSON_DEPTH,
     MAX_TEXT_CHARS,
-    PROJECT_NAME,
     Key,
     LineError,
     NodeRecord,
@@ -28,6 +27,10 @@ from poimen_core.nodes import (
     validate,
     write_row,
 )
+
+# The project-name pattern's home is poimen_core.vocabulary; api/params.py and
+# api/mcp_server.py still import it from here.
+from poimen_core.vocabulary import PROJECT_NAME_RE as PROJECT_NAME
 
 __all__ = [
     "HASH_VERSION",
