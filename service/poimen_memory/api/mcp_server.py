@@ -967,7 +967,7 @@ async def serve_stdio(
 ) -> None:
     """``poimen-memory mcp``: the MCP server on this process's stdin and stdout."""
     async with open_services(settings, embedder=embedder, check_rls=True) as services:
-        keys = KeyRing(services.retriever, settings.auth_cache_s, settings.default_timeout_s)
+        keys = KeyRing(services.lender, settings.auth_cache_s, settings.default_timeout_s)
         who = Caller(services, keys, {"authorization": f"Bearer {api_key}"} if api_key else {})
         server = build_server(settings, lambda ctx: who)
         async with stdio_server() as (read, write):

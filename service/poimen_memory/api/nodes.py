@@ -55,7 +55,7 @@ async def _one(state: Services, name: str, args: dict[str, Any]) -> Any:
     deadline = Deadline(state.settings.default_timeout_s)
     ms = str(int(state.settings.default_timeout_s * 1000))
     with deadline.stage(name), wrap_exceptions(name):
-        async with state.retriever.connection(deadline, name) as conn, conn.transaction():
+        async with state.lender.connection(deadline, name) as conn, conn.transaction():
             await conn.execute(q("begin_request"), {"ms": ms, **tenant.current().params()})
             cur = await conn.execute(q(name), args)
             row = await cur.fetchone()
