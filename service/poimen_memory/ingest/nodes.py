@@ -28,8 +28,8 @@ from poimen_core.nodes import (
     write_row,
 )
 
-# The project-name pattern's home is poimen_core.vocabulary; api/params.py and
-# api/mcp_server.py still import it from here.
+# The project-name pattern's home is poimen_core.vocabulary: kept here for the API modules
+# that still import it from this module (api/mcp_server.py).
 from poimen_core.vocabulary import PROJECT_NAME_RE as PROJECT_NAME
 
 __all__ = [
