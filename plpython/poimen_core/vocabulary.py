@@ -1,7 +1,7 @@
 """The words SQL and Python share, defined once.
 
 Python imports them; `poimen-memory migrate` writes them into the sql/ files it applies,
-where a file says ``@vocabulary.NAME@`` (db/migrate.py renders each as a SQL literal), so
+where a file says ``@vocabulary.NAME@`` (db/migrate/render.py renders each as a SQL literal), so
 the database's checks and the service's agree by construction. Stdlib only: PL/Python
 imports this package on the database host too.
 """
@@ -9,6 +9,7 @@ imports this package on the database host too.
 from __future__ import annotations
 
 import json
+import re
 
 __all__ = [
     "CAPABILITIES",
@@ -20,16 +21,20 @@ __all__ = [
     "LOCAL_MODEL",
     "NOTE_MAX_CHARS",
     "PROJECT_NAME",
+    "PROJECT_NAME_RE",
     "QUESTION_TYPES",
     "REFERENCE_TIME_HINT",
     "REFERENCE_TIME_RULE",
     "REFERENCE_YEARS",
     "REQUEST_BOUNDS",
+    "ROLE_PREFIX",
+    "ROLE_PREFIX_MAX",
     "SQLSTATES",
     "STRATEGIES",
     "UNSUPPORTED",
     "WITHOUT_PLPYTHON",
     "capability_costs",
+    "check_role_prefix",
     "sql_literals",
 ]
 
@@ -48,9 +53,9 @@ QUESTION_TYPES = (
 # A metadata filter's bounds (memory.check_filter, and the service's parser before it): at
 # most this many bytes of JSON text, nested at most this deep (the object itself is 1).
 FILTER_MAX_BYTES = 4096
+FILTER_MAX_DEPTH = 8
 # The longest free text a caller attaches to a change: forget's reason, a review's note.
 NOTE_MAX_CHARS = 2000
-FILTER_MAX_DEPTH = 8
 # What an answer does with a result whose support is stale, partial or none (issue 40):
 # rank it below the supported ones, leave it out, or keep the fused order.
 UNSUPPORTED = ("demote", "exclude", "keep")
@@ -68,6 +73,12 @@ REQUEST_BOUNDS: dict[str, tuple[float, float]] = {
 # A project's name: the CHECK of the domain memory.project_name (memory.projects.name),
 # which migrate keeps equal to it (sql/005_catalog.sql).
 PROJECT_NAME = "[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
+PROJECT_NAME_RE = re.compile(PROJECT_NAME)
+# The prefix of a database's own roles, <prefix>_memory_reader, _writer and _service
+# (POIMEN_ROLE_PREFIX, db/roles.py): a lower-case identifier that leaves room for the
+# suffixes in PostgreSQL's 63 bytes a name ("_memory_service" takes 15 of them).
+ROLE_PREFIX_MAX = 40
+ROLE_PREFIX = rf"[a-z][a-z0-9_]{{0,{ROLE_PREFIX_MAX - 1}}}"
 # The years (UTC) a reference_time may fall in: every relative date it anchors ("last
 # year", "this month", "past week") then stays within the years 1..9999 that both Python
 # and PostgreSQL dates hold. 'infinity' and year 1 are refused (22023), never a 500.
@@ -216,6 +227,16 @@ CAPABILITIES = (
 def capability_costs() -> list[dict[str, object]]:
     """CAPABILITIES as memory.capabilities() reads them (a JSON array of objects)."""
     return [{"name": n, "required": r, "what": w, "cost": c} for n, r, w, c in CAPABILITIES]
+
+
+def check_role_prefix(raw: str) -> str:
+    """A role prefix as given (POIMEN_ROLE_PREFIX), or ValueError saying the rule."""
+    if not re.fullmatch(ROLE_PREFIX, raw):
+        raise ValueError(
+            f"must match [a-z][a-z0-9_]* and be at most {ROLE_PREFIX_MAX} characters"
+            " (the roles are <prefix>_memory_reader, _writer and _service)"
+        )
+    return raw
 
 
 def _text(value: str) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-from poimen_memory.db.roles import check_prefix
+from poimen_core.vocabulary import check_role_prefix
 from poimen_memory.errors import ConfigError
 
 T = TypeVar("T")
@@ -249,7 +249,7 @@ class Settings(FromEnv):
     service_role: str = setting("POIMEN_SERVICE_ROLE", role_name, "poimen_service")
     # The prefix of the database's own roles (<prefix>_memory_reader, _writer, _service),
     # used by its first migrate only; unset or empty: the database's name (db/roles.py).
-    role_prefix: str | None = setting("POIMEN_ROLE_PREFIX", check_prefix)
+    role_prefix: str | None = setting("POIMEN_ROLE_PREFIX", check_role_prefix)
     # Read replicas (docs/scaling.md): queries go to a standby that is up and within the
     # lag bound, everything else (writes, API keys, health of the primary) to the primary.
     read_urls: tuple[str, ...] = setting("POIMEN_READ_URLS", url_list, ())

@@ -353,7 +353,7 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
         async with open_services(cfg, embedder=embedder, check_rls=True) as services:
             app.state.poimen = services
             app.state.health = HealthCache(cfg.health_cache_s)
-            app.state.keys = KeyRing(services.retriever, cfg.auth_cache_s, cfg.default_timeout_s)
+            app.state.keys = KeyRing(services.lender, cfg.auth_cache_s, cfg.default_timeout_s)
             async with mcp.run():
                 yield
 

@@ -95,7 +95,7 @@ from poimen_memory.contract.query import filter_text
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import PoimenError, ValidationError
-from poimen_memory.ingest.nodes import PROJECT_NAME, LineError, NodeRecord
+from poimen_memory.ingest.nodes import LineError, NodeRecord
 from poimen_memory.services import Services, open_services
 from poimen_memory.settings import Settings
 
@@ -684,7 +684,7 @@ def _project_resource(name: str) -> Resource:
 
 def _project_of(uri: str) -> str:
     name = uri.removeprefix(_PROJECT_PREFIX)
-    if not uri.startswith(_PROJECT_PREFIX) or not PROJECT_NAME.fullmatch(name):
+    if not uri.startswith(_PROJECT_PREFIX) or not PROJECT_NAME_RE.fullmatch(name):
         raise ValidationError(
             f"unknown resource {uri!r}",
             hint=f"a project's resource is {PROJECT_URI} (resources/list names them)",
@@ -958,7 +958,7 @@ async def serve_stdio(
 ) -> None:
     """``poimen-memory mcp``: the MCP server on this process's stdin and stdout."""
     async with open_services(settings, embedder=embedder, check_rls=True) as services:
-        keys = KeyRing(services.retriever, settings.auth_cache_s, settings.default_timeout_s)
+        keys = KeyRing(services.lender, settings.auth_cache_s, settings.default_timeout_s)
         who = Caller(services, keys, {"authorization": f"Bearer {api_key}"} if api_key else {})
         server = build_server(settings, lambda ctx: who)
         async with stdio_server() as (read, write):

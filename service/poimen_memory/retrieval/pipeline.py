@@ -27,18 +27,18 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
 from contextvars import ContextVar
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import numpy as np
 import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
 from poimen_core.optimizer import QueryOptimizerError, optimize_query
 from poimen_core.vocabulary import LEVELS
 from poimen_memory.db import tenant
+from poimen_memory.db.connect import Lender
 from poimen_memory.db.queries import q
 from poimen_memory.db.replicas import ReplicaSet
 from poimen_memory.db.wrap import wrap_exceptions
@@ -69,7 +69,7 @@ _READ_POOL: ContextVar[AsyncConnectionPool[Any] | None] = ContextVar("read_pool"
 class Retriever:
     """Runs one query; built once per process by services.open_services."""
 
-    pool: AsyncConnectionPool[Any]
+    lender: Lender
     embedder: Embedder | None
     cache: QueryEmbeddingCache
     settings: Settings
@@ -77,9 +77,6 @@ class Retriever:
     reranker: RerankClient | None = None
     opensearch: Any | None = None
     replicas: ReplicaSet | None = None
-    # Whether a pool's server answers, per pool, shared for a second (_database_answers).
-    _probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
-    _probes: dict[int, tuple[float, bool]] = field(default_factory=dict, init=False, repr=False)
     # The model of the database's vectors at the last plan (None: none seen yet).
     _db_model: str | None = field(default=None, init=False, repr=False)
 
@@ -103,60 +100,12 @@ class Retriever:
         doc: dict[str, Any] = row[0]
         return doc
 
-    @contextlib.asynccontextmanager
-    async def connection(
+    def connection(
         self, deadline: Deadline, stage: str
-    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """A pooled connection within the deadline. A pool that has no connection at all
-        after POIMEN_POOL_TIMEOUT_S means the database is down (503 at once, not at the
-        deadline); a pool whose connections are all busy is only slow, so the request
-        waits for the rest of its deadline and then reports a timeout."""
-        pool = _READ_POOL.get() or self.pool
-        # Decide before the deadline does, so the answer is "unavailable", not "timeout".
-        first = min(deadline.remaining() * 0.8, self.settings.pool_timeout_s)
-        async with contextlib.AsyncExitStack() as stack:
-            try:
-                conn = await stack.enter_async_context(pool.connection(timeout=max(first, 0.001)))
-            except PoolTimeout as exc:
-                if not await self._database_answers(pool):
-                    raise DatabaseUnavailable(
-                        "database unavailable: no connection could be made",
-                        detail=str(exc),
-                        hint="check that PostgreSQL is running; the service reconnects by itself",
-                    ) from exc
-                try:
-                    conn = await stack.enter_async_context(
-                        pool.connection(timeout=max(deadline.remaining(), 0.001))
-                    )
-                except PoolTimeout as late:
-                    raise DeadlineExceeded(
-                        f"no free database connection before the deadline ({stage})",
-                        hint="raise POIMEN_POOL_MAX, or timeout_seconds",
-                    ) from late
-            yield conn
-
-    async def _database_answers(self, pool: AsyncConnectionPool[Any]) -> bool:
-        """Is the server up (the pool is merely busy) or down? One direct connection tells;
-        the answer is shared for a second so a crowd of waiting requests probes once."""
-        async with self._probe_lock:
-            at, up = self._probes.get(id(pool), (-1e9, True))
-            if time.monotonic() - at < 1.0:
-                return up
-            info = pool.conninfo
-            if not isinstance(info, str):  # a conninfo callable: judge by the pool alone
-                return bool(pool.get_stats().get("pool_size", 0))
-            try:
-                async with asyncio.timeout(0.5):
-                    probe = await psycopg.AsyncConnection.connect(info)
-                await probe.close()
-                up = True
-            except psycopg.Error as exc:
-                # The server answered (e.g. 53300, too many connections): it is up, busy.
-                up = exc.sqlstate is not None
-            except TimeoutError:
-                up = False
-            self._probes[id(pool)] = (time.monotonic(), up)
-            return up
+    ) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        """A pooled connection within the deadline (db/connect.py, Lender), from the read
+        replica this request was routed to, if any."""
+        return self.lender.connection(deadline, stage, _READ_POOL.get())
 
     # -- one query -----------------------------------------------------------------------
 
