@@ -75,7 +75,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from poimen_core.vocabulary import FILTER_MAX_BYTES, LEVELS
+from poimen_core.vocabulary import FILTER_MAX_BYTES, LEVELS, PROJECT_NAME_RE
 from poimen_memory.api import metrics
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.nodes import get_node, list_nodes
