@@ -158,3 +158,27 @@ def test_an_object_filter_deeper_than_recursion_is_a_typed_error() -> None:
         value = {"a": value}
     with pytest.raises(ValidationError, match="filter must be nested at most 8 deep"):
         parse_query({"query": "kong", "filter": value}, Settings())
+
+
+def test_an_answers_result_is_the_sql_row(conn: Conn) -> None:
+    """A query's result is declared twice only in form: memory.query_row (SQL's declared
+    type) and the OpenAPI Result schema name the same fields, but for what each front adds
+    to its own (the HTTP result's evidence accounting)."""
+    attributes = {
+        name
+        for (name,) in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'memory.query_row'::regclass"
+            " AND attnum > 0 AND NOT attisdropped"
+        ).fetchall()
+    }
+    result = set(openapi_spec()["components"]["schemas"]["Result"]["properties"])
+    assert sorted(result - attributes) == sorted(HTTP_ONLY), sorted(result - attributes)
+    assert sorted(attributes - result) == sorted(SQL_ONLY), sorted(attributes - result)
+
+
+# What the HTTP result adds: its provenance tree (SQL's rows carry it as `provenance`),
+# the evidence list's accounting, and the reranker's score (the service reranks).
+HTTP_ONLY = {"parents", "provenance_l0_omitted", "rerank_score"}
+# What a SQL row adds: the node's row id, its provenance tree as one jsonb, and the
+# strategy on every row (the HTTP answer says it once, as search_strategy).
+SQL_ONLY = {"node_id", "provenance", "search_strategy"}
