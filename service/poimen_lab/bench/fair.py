@@ -1,13 +1,15 @@
 """`poimen-memory bench-fair`: fair admission under a tenant's attack (issue 43).
 
-A real corpus (LoCoMo, ../shared/data/locomo-dev: read, never copied) split into many
-projects (each conversation's sessions, ``--sessions-per-project`` to a project), in a fresh
-database, served by ``poimen-memory serve`` as the service's own role under row-level
-security. Four API keys, each for the projects of one conversation: three "normal" tenants
-asking that conversation's questions, ``--normal-concurrency`` at a time each, and one
+A real corpus (LoCoMo, ../shared/data/locomo-dev: read, never copied) in a fresh database,
+over many projects: the four tenants' conversations a project each, every other conversation
+split by session (``--sessions-per-project`` to a project), and ``--tenants`` Zipf-sized
+synthetic projects beside them; served by ``poimen-memory serve`` as the service's own role
+under row-level security. Four API keys, one per tenant project: three "normal" tenants
+asking their conversation's questions, ``--normal-concurrency`` at a time each, and one
 "costly" tenant sending ``--costly-parallel`` queries in parallel, each legal but as dear as
 the contract allows: near ``--costly-chars`` characters of distinct corpus words,
-``evidence=100``, ``limit=50``, ``level=L0,L1,L2``.
+``evidence=100``, ``limit=50``, ``level=L0,L1,L2``. ``--database`` reuses a database an
+earlier run kept (``--keep-db``): the load (embedding 5,078 nodes) takes minutes here.
 
 One server per ``--client-inflight`` value (POIMEN_HTTP_CLIENT_INFLIGHT; a value beyond the
 global capacity is no share at all, the behaviour before fair admission), all up at once on
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import random
 import re
 import statistics
@@ -229,6 +232,31 @@ def make_keys(url: str, tenants: dict[str, list[str]]) -> dict[str, str]:
     return keys
 
 
+class ClusterCPU(CPU):
+    """CPU (the server process and this database's sessions), plus what the postmaster's
+    exited children spent (its cutime and cstime): the parallel workers a costly query
+    starts live between two snapshots, and only the postmaster's reaped time keeps theirs.
+    It also holds any other exited backend of the cluster's (none on a cluster of one's
+    own)."""
+
+    def __init__(self, server_pid: int, database_url: str) -> None:
+        super().__init__(server_pid, database_url)
+        with connect(database_url, autocommit=True) as conn:
+            row = conn.execute("SHOW data_directory").fetchone()
+        pid_file = Path(str(row[0] if row else "")) / "postmaster.pid"
+        self.postmaster = int(pid_file.read_text().split()[0]) if pid_file.is_file() else None
+
+    def snapshot(self) -> tuple[float, dict[int, float]]:
+        server, backends = super().snapshot()
+        if self.postmaster is not None:
+            try:
+                f = Path(f"/proc/{self.postmaster}/stat").read_text().rsplit(")", 1)[1].split()
+                backends[-1] = (int(f[13]) + int(f[14])) / os.sysconf("SC_CLK_TCK")
+            except OSError:
+                pass
+        return server, backends
+
+
 # --- the load -----------------------------------------------------------------------------
 
 
@@ -374,6 +402,44 @@ def phase(
         out["cpu_cores_busy"] = round((spent[0] + spent[1]) / total_wall, 2)
         out["server_cpu_ms_per_200"] = round(spent[0] * 1000 / max(answered, 1), 1)
         out["database_cpu_ms_per_200"] = round(spent[1] * 1000 / max(answered, 1), 1)
+    return out
+
+
+def probe(
+    base: str, cpu: CPU | None, tenants: Tenants, n: int, costly_timeout: float
+) -> dict[str, Any]:
+    """One request at a time, n of each kind (a normal key's question, a costly query) on an
+    idle server: what each costs alone, in wall time and CPU."""
+    out: dict[str, Any] = {}
+    key0, texts0 = next(iter(tenants.normal.values()))
+    kinds = {
+        "normal": (key0, texts0, {"timeout_seconds": "5"}),
+        "costly": (tenants.costly[0], tenants.costly[1],
+                   {**COSTLY, "timeout_seconds": f"{costly_timeout:g}"}),
+    }  # fmt: skip
+    for kind, (key, texts, params) in kinds.items():
+        g = Group(base, key, texts, params, 1, 0.0, costly_timeout)
+        before = cpu.snapshot() if cpu else None
+        conn = g._connect()
+        try:
+            for i in range(n):
+                path = "/memory/query?" + urlencode({"query": texts[-1 - i], **params})
+                t0 = time.perf_counter()
+                conn.request("GET", path, headers=g.headers)
+                resp = conn.getresponse()
+                resp.read()
+                g.tally.add(classify(resp.status), (time.perf_counter() - t0) * 1000)
+        finally:
+            conn.close()
+        row: dict[str, Any] = {
+            "p50_ms": round(percentile(g.tally.ok_ms, 50), 1) if g.tally.ok_ms else None,
+            "statuses": dict(g.tally.statuses),
+        }
+        if cpu and before:
+            server, database = cpu.spent(before, cpu.snapshot())
+            row["server_cpu_ms"] = round(server * 1000 / n, 1)
+            row["database_cpu_ms"] = round(database * 1000 / n, 1)
+        out[kind] = row
     return out
 
 
@@ -543,11 +609,14 @@ def cmd_bench_fair(args: argparse.Namespace) -> int:
                 base, pid = stack.enter_context(
                     live_server_process(env, Path(tmp) / f"server-{n}.log", drop=DROP)
                 )
-                servers[_label(n)] = (base, CPU(pid, url))
+                servers[_label(n)] = (base, ClusterCPU(pid, url))
             print("bench-fair: warm-up (discarded)", file=sys.stderr)
             warm = {label: (base, None) for label, (base, _) in servers.items()}
             run(warm, tenants, rounds=1, seconds=2.0, concurrency=args.normal_concurrency,
                 parallel=2, pause=args.pause, costly_timeout=args.costly_timeout)  # fmt: skip
+            print("bench-fair: one request at a time, each kind (probe)", file=sys.stderr)
+            first = next(iter(servers.values()))
+            result["alone_one_at_a_time"] = probe(*first, tenants, 5, args.costly_timeout)
             result["phases"] = run(
                 servers, tenants, rounds=args.rounds, seconds=args.seconds,
                 concurrency=args.normal_concurrency, parallel=args.costly_parallel,
@@ -563,6 +632,10 @@ def cmd_bench_fair(args: argparse.Namespace) -> int:
     c = result["corpus"]
     print(f"{c['nodes']} nodes in {c['projects']} projects; {args.rounds} rounds of "
           f"{args.seconds:g} s a phase; medians over rounds; CPU per 200 answered")  # fmt: skip
+    for kind, pr in result["alone_one_at_a_time"].items():
+        print(f"one {kind} query at a time: p50 {pr['p50_ms']} ms, CPU "
+              f"{pr.get('server_cpu_ms')} ms server + {pr.get('database_cpu_ms')} ms database "
+              f"({_statuses(pr['statuses'])})")  # fmt: skip
     print(report(result["summary"]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
