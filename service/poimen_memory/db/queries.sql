@@ -27,11 +27,12 @@ FROM memory._stored_nodes(%(projects)s::text[], %(external_ids)s::text[]);
 -- name: write_nodes
 -- The one writer (sql/068_write.sql): a batch of new nodes with the vectors the service
 -- computed (vector[], typed by pgvector's dumper whatever schema holds it), and their edges.
-SELECT memory._write_nodes(%(nodes)s, %(embeddings)s);
+-- nodes is JSON text, as the write sequence (poimen_core.writes) makes it for both sides.
+SELECT memory._write_nodes(%(nodes)s::jsonb, %(embeddings)s) AS report;
 
 -- name: link_nodes
 -- The same writer for nodes already stored: only their edges (no vectors, nothing embedded).
-SELECT memory._write_nodes(%(nodes)s);
+SELECT memory._write_nodes(%(nodes)s::jsonb) AS report;
 
 -- name: outbox_on
 SELECT memory.enable_outbox();
