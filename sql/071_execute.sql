@@ -179,6 +179,8 @@ DECLARE
     withheld integer := 0;
     st jsonb := '{}';
     t timestamptz;
+    -- run while OpenSearch answered (memory._serve_semantic), for this very plan
+    sem_prefetched boolean := answer AND coalesce(prefetched -> 'semantic_plan' = plan, false);
 BEGIN
     IF (plan ->> 'needs_embedding')::boolean AND query_embedding IS NULL THEN
         RAISE EXCEPTION 'the plan routes % and needs a query vector', strat
@@ -203,6 +205,8 @@ BEGIN
     t := clock_timestamp();
     IF NOT answer THEN
         NULL;  -- the evidence's legs alone (memory.evidence)
+    ELSIF sem_prefetched THEN
+        sem := prefetched -> 'semantic';
     ELSIF plan -> 'semantic' ->> 'engine' = 'hnsw' THEN
         sem := memory._leg('semantic', NULL, query_embedding, NULL, project, lv,
                            (plan -> 'semantic' ->> 'depth')::integer, lo, hi, flt, gr, as_of, va);
@@ -214,8 +218,10 @@ BEGIN
                                              greatest(jsonb_array_length(lex -> 'ids'), 1)),
                                     lo, hi, flt, gr, as_of, va);
     END IF;
-    st := memory._stage_time(st, 'semantic_time_ms', t,
-                             answer AND plan -> 'semantic' ->> 'engine' IS NOT NULL);
+    st := CASE WHEN sem_prefetched
+               THEN st || jsonb_build_object('semantic_time_ms', prefetched -> 'semantic_time_ms')
+               ELSE memory._stage_time(st, 'semantic_time_ms', t,
+                                       answer AND plan -> 'semantic' ->> 'engine' IS NOT NULL) END;
     t := clock_timestamp();
     IF (ev ->> 'reuses_legs')::boolean AND answer THEN
         ev_lex := lex;
@@ -298,7 +304,7 @@ BEGIN
                               'fused', coalesce(fused, '[]'), 'withheld', withheld, 'stages', st);
 END $$;
 COMMENT ON FUNCTION memory._run_legs(jsonb, vector, jsonb, boolean, jsonb) IS
-    'The first half of memory._execute: the legs a plan names (hits: the OpenSearch leg the service fetched) and their fusion, as the state memory._finish takes: lexical, semantic, evidence_lexical, evidence_semantic, fused (best first, final_k deep) and stage times. answer => false runs the evidence''s direct legs only; prefetched (memory._serve_start''s) gives legs already run, each taken only where its call is the plan''s own.';
+    'The first half of memory._execute: the legs a plan names (hits: the OpenSearch leg the service fetched) and their fusion, as the state memory._finish takes: lexical, semantic, evidence_lexical, evidence_semantic, fused (best first, final_k deep) and stage times. answer => false runs the evidence''s direct legs only; prefetched (memory._serve_start''s, and memory._serve_semantic''s) gives legs already run, each taken only where its call is the plan''s own (the semantic leg''s: its whole plan).';
 
 -- A result's provenance tree without the L0 turns the evidence does not cite.
 CREATE OR REPLACE FUNCTION memory._cited_only(tree jsonb, cited text[], OUT kept jsonb, OUT omitted integer)
@@ -549,6 +555,33 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION memory._serve_start(jsonb, jsonb) IS
     'The HTTP service''s first statement, under the projects caps asserts (read_projects, write_projects; honoured for members of @role.service@ only): the plan (memory._plan), and under prefetched the Postgres lexical legs it names, run while the service embeds the query; memory._serve takes them back.';
+
+-- With OpenSearch the lexical leg is the service's call: the semantic leg runs meanwhile, in
+-- a statement of its own, and memory._serve takes it back.
+CREATE OR REPLACE FUNCTION memory._serve_semantic(req jsonb, caps jsonb, query_embedding vector)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    plan jsonb;
+    state jsonb;
+BEGIN
+    PERFORM memory._assert_projects(caps);
+    plan := memory._plan(req, caps);
+    IF plan -> 'semantic' ->> 'engine' IS DISTINCT FROM 'hnsw' THEN
+        RETURN '{}';  -- no leg to run before the lexical one (by-ids reads its ids)
+    END IF;
+    -- The leg as memory._run_legs runs it, with no lexical leg and no evidence legs of their
+    -- own (they reuse the legs): the fusion of the one leg is dropped.
+    state := memory._run_legs(jsonb_set(jsonb_set(plan, '{lexical,engine}', 'null'),
+                                        '{evidence,reuses_legs}', 'true'),
+                              query_embedding);
+    RETURN jsonb_build_object('semantic_plan', plan, 'semantic', state -> 'semantic',
+                              'semantic_time_ms', state -> 'stages' -> 'semantic_time_ms');
+END $$;
+COMMENT ON FUNCTION memory._serve_semantic(jsonb, jsonb, vector) IS
+    'The HTTP service''s statement beside its OpenSearch call, under the projects caps asserts: the plan''s hnsw semantic leg ({"semantic_plan", "semantic", "semantic_time_ms"}; {} when the plan runs none), which memory._serve takes back as prefetched when its plan is the same.';
 
 CREATE OR REPLACE FUNCTION memory._serve(
     req jsonb, caps jsonb, query_embedding vector, hits jsonb DEFAULT NULL,

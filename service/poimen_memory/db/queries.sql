@@ -242,6 +242,10 @@ SELECT status FROM pg_stat_wal_receiver;
 -- lexical legs, run while the service embeds the query: one round trip.
 SELECT memory._serve_start(%(req)s::jsonb, %(caps)s::jsonb);
 
+-- name: serve_semantic
+-- With OpenSearch: the plan's semantic leg, run while OpenSearch answers; serve takes it back.
+SELECT memory._serve_semantic(%(req)s::jsonb, %(caps)s::jsonb, %(embedding)s);
+
 -- name: serve
 -- The whole query in one statement: the plan run by the executor (sql/071_execute.sql).
 SELECT memory._serve(%(req)s::jsonb, %(caps)s::jsonb, %(embedding)s, %(hits)s::jsonb, %(through)s,
