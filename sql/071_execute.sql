@@ -462,8 +462,11 @@ BEGIN
         'evidence', evidence,
         'evidence_failed', failed,
         'counts', jsonb_build_object(
-            'semantic_candidates', jsonb_array_length(state -> 'semantic' -> 'ids'),
-            'lexical_candidates', jsonb_array_length(state -> 'lexical' -> 'ids'),
+            -- null for a leg the plan did not run (0: it ran and found nothing)
+            'semantic_candidates', CASE WHEN plan -> 'semantic' ->> 'engine' IS NOT NULL
+                                        THEN jsonb_array_length(state -> 'semantic' -> 'ids') END,
+            'lexical_candidates', CASE WHEN plan -> 'lexical' ->> 'engine' IS NOT NULL
+                                       THEN jsonb_array_length(state -> 'lexical' -> 'ids') END,
             'fused', jsonb_array_length(state -> 'fused'),
             'withheld', coalesce((state ->> 'withheld')::integer, 0),
             -- results in doubt that the unsupported policy moved down or left out

@@ -304,6 +304,8 @@ def test_no_lexical_engine_means_semantic_only(
     assert body["results"]
     assert all(r["lexical_rank"] is None and r["semantic_rank"] for r in body["results"])
     assert "lexical" not in body["plan"]["engines"]
+    assert body["metrics"]["lexical_time_ms"] is None
+    assert body["metrics"]["lexical_candidates"] is None
     assert engines["lexical"] is None
 
 
@@ -432,7 +434,7 @@ def test_opensearch_down_and_no_postgres_lexical(
     assert body["search_strategy"] == "Hybrid"
     assert degraded(body, "lexical") == ["opensearch_http_503"]
     assert body["results"] and all(r["lexical_rank"] is None for r in body["results"])
-    assert body["metrics"]["lexical_candidates"] == 0
+    assert body["metrics"]["lexical_candidates"] is None  # no lexical leg ran
 
 
 # -- reranker failures ------------------------------------------------------------------------

@@ -323,6 +323,24 @@ def test_metrics_are_populated(client: TestClient) -> None:
     assert m["embedding_cache_hit"] is False
 
 
+def test_a_leg_that_did_not_run_reports_null(client: TestClient, fixture_url: str) -> None:
+    """Null, not 0: a leg the plan did not run has no time and no candidates (0 would say it
+    ran and found nothing), over HTTP and in the SQL answer alike."""
+    m = query(client, query=KONG, strategy="LexicalOnly")["metrics"]
+    assert m["semantic_time_ms"] is None and m["semantic_candidates"] is None
+    assert m["embed_time_ms"] is None and m["embedding_cache_hit"] is None
+    assert m["rerank_time_ms"] is None and m["opensearch_time_ms"] is None
+    assert m["lexical_time_ms"] > 0 and m["lexical_candidates"] > 0
+    with psycopg.connect(fixture_url) as conn:
+        row = conn.execute(
+            "SELECT memory.answer(%s, strategy => 'LexicalOnly')", (KONG,)
+        ).fetchone()
+    assert row is not None
+    doc = row[0]
+    assert doc["counts"]["semantic_candidates"] is None and doc["counts"]["lexical_candidates"]
+    assert "semantic_time_ms" not in doc["stages"] and doc["stages"]["lexical_time_ms"] > 0
+
+
 # -- reranking (rerank double) ---------------------------------------------------------------
 
 
