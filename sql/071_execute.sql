@@ -179,7 +179,7 @@ DECLARE
     withheld integer := 0;
     st jsonb := '{}';
     t timestamptz;
-    -- run while OpenSearch answered (memory._serve_semantic), for this very plan
+    -- run while OpenSearch answered (memory._serve through => 'semantic'), for this very plan
     sem_prefetched boolean := answer AND coalesce(prefetched -> 'semantic_plan' = plan, false);
 BEGIN
     IF (plan ->> 'needs_embedding')::boolean AND query_embedding IS NULL THEN
@@ -304,7 +304,7 @@ BEGIN
                               'fused', coalesce(fused, '[]'), 'withheld', withheld, 'stages', st);
 END $$;
 COMMENT ON FUNCTION memory._run_legs(jsonb, vector, jsonb, boolean, jsonb) IS
-    'The first half of memory._execute: the legs a plan names (hits: the OpenSearch leg the service fetched) and their fusion, as the state memory._finish takes: lexical, semantic, evidence_lexical, evidence_semantic, fused (best first, final_k deep) and stage times. answer => false runs the evidence''s direct legs only; prefetched (memory._serve_start''s, and memory._serve_semantic''s) gives legs already run, each taken only where its call is the plan''s own (the semantic leg''s: its whole plan).';
+    'The first half of memory._execute: the legs a plan names (hits: the OpenSearch leg the service fetched) and their fusion, as the state memory._finish takes: lexical, semantic, evidence_lexical, evidence_semantic, fused (best first, final_k deep) and stage times. answer => false runs the evidence''s direct legs only; prefetched (memory._serve_start''s, and memory._serve''s through => ''semantic'') gives legs already run, each taken only where its call is the plan''s own (the semantic leg''s: its whole plan).';
 
 -- A result's provenance tree without the L0 turns the evidence does not cite.
 CREATE OR REPLACE FUNCTION memory._cited_only(tree jsonb, cited text[], OUT kept jsonb, OUT omitted integer)
@@ -559,33 +559,6 @@ END $$;
 COMMENT ON FUNCTION memory._serve_start(jsonb, jsonb) IS
     'The HTTP service''s first statement, under the projects caps asserts (read_projects, write_projects; honoured for members of @role.service@ only): the plan (memory._plan), and under prefetched the Postgres lexical legs it names, run while the service embeds the query; memory._serve takes them back.';
 
--- With OpenSearch the lexical leg is the service's call: the semantic leg runs meanwhile, in
--- a statement of its own, and memory._serve takes it back.
-CREATE OR REPLACE FUNCTION memory._serve_semantic(req jsonb, caps jsonb, query_embedding vector)
-RETURNS jsonb
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    plan jsonb;
-    state jsonb;
-BEGIN
-    PERFORM memory._assert_projects(caps);
-    plan := memory._plan(req, caps);
-    IF plan -> 'semantic' ->> 'engine' IS DISTINCT FROM 'hnsw' THEN
-        RETURN '{}';  -- no leg to run before the lexical one (by-ids reads its ids)
-    END IF;
-    -- The leg as memory._run_legs runs it, with no lexical leg and no evidence legs of their
-    -- own (they reuse the legs): the fusion of the one leg is dropped.
-    state := memory._run_legs(jsonb_set(jsonb_set(plan, '{lexical,engine}', 'null'),
-                                        '{evidence,reuses_legs}', 'true'),
-                              query_embedding);
-    RETURN jsonb_build_object('semantic_plan', plan, 'semantic', state -> 'semantic',
-                              'semantic_time_ms', state -> 'stages' -> 'semantic_time_ms');
-END $$;
-COMMENT ON FUNCTION memory._serve_semantic(jsonb, jsonb, vector) IS
-    'The HTTP service''s statement beside its OpenSearch call, under the projects caps asserts: the plan''s hnsw semantic leg ({"semantic_plan", "semantic", "semantic_time_ms"}; {} when the plan runs none), which memory._serve takes back as prefetched when its plan is the same.';
-
 CREATE OR REPLACE FUNCTION memory._serve(
     req jsonb, caps jsonb, query_embedding vector, hits jsonb DEFAULT NULL,
     through text DEFAULT 'answer', prefetched jsonb DEFAULT NULL
@@ -600,6 +573,19 @@ DECLARE
 BEGIN
     PERFORM memory._assert_projects(caps);
     plan := memory._plan(req, caps);
+    IF through = 'semantic' THEN
+        -- Beside the service's OpenSearch call: the hnsw semantic leg alone, as
+        -- memory._run_legs runs it with no lexical leg and no evidence legs of their own
+        -- (they reuse the legs); the fusion of the one leg is dropped.
+        IF plan -> 'semantic' ->> 'engine' IS DISTINCT FROM 'hnsw' THEN
+            RETURN '{}';  -- none to run before the lexical leg (by-ids reads its ids)
+        END IF;
+        state := memory._run_legs(jsonb_set(jsonb_set(plan, '{lexical,engine}', 'null'),
+                                            '{evidence,reuses_legs}', 'true'),
+                                  query_embedding);
+        RETURN jsonb_build_object('semantic_plan', plan, 'semantic', state -> 'semantic',
+                                  'semantic_time_ms', state -> 'stages' -> 'semantic_time_ms');
+    END IF;
     state := memory._run_legs(plan, query_embedding, hits, true, prefetched);
     IF through = 'candidates' THEN
         -- For the reranker: the fused candidates with their texts, and the state to finish.
@@ -613,7 +599,7 @@ BEGIN
     RETURN memory._finish(plan, state, query_embedding);
 END $$;
 COMMENT ON FUNCTION memory._serve(jsonb, jsonb, vector, jsonb, text, jsonb) IS
-    'The HTTP service''s query statement: plans (memory._plan, the same plan memory._serve_start returned unless the caps changed since), runs the legs (taking back the prefetched lexical legs whose calls are the plan''s own) and finishes the answer (memory._finish); through => ''candidates'' stops after fusion and returns the candidates'' texts for a reranker, and memory._serve_finish completes it.';
+    'The HTTP service''s query statement: plans (memory._plan, the same plan memory._serve_start returned unless the caps changed since), runs the legs (taking back the prefetched legs whose calls are the plan''s own) and finishes the answer (memory._finish); through => ''candidates'' stops after fusion and returns the candidates'' texts for a reranker, and memory._serve_finish completes it; through => ''semantic'' runs the plan''s hnsw semantic leg alone, while the service calls OpenSearch, and returns it as prefetched for the same plan ({"semantic_plan", "semantic", "semantic_time_ms"}; {} when the plan runs no such leg).';
 
 CREATE OR REPLACE FUNCTION memory._serve_finish(
     req jsonb, caps jsonb, state jsonb, query_embedding vector, result_order bigint[], rerank jsonb

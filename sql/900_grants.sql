@@ -102,7 +102,7 @@ DECLARE
         'memory._opensearch_leg', 'memory._stage_time', 'memory._run_legs', 'memory._cited_only', 'memory._finish',
         'memory._execute', 'memory._prepare', 'memory.answer', 'memory._only', 'memory._serve_start',
         'memory._lexical_calls', 'memory._lexical_call',
-        'memory._serve', 'memory._serve_semantic', 'memory._serve_finish', 'memory._assert_projects',
+        'memory._serve', 'memory._serve_finish', 'memory._assert_projects',
         'memory.check_evidence_budget', 'memory.check_fusion', 'memory.check_filter',
         'memory.parse_query', 'memory._grammar_item', 'memory._grammar_pattern',
         'memory._grammar_doc', 'memory._grammar_has', 'memory._grammar_match',

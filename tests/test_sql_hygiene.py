@@ -147,7 +147,6 @@ READER = {
     "_lexical_calls",
     "_lexical_call",
     "_serve",
-    "_serve_semantic",
     "_serve_finish",
     "_assert_projects",
     "support_status",

@@ -19,10 +19,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from poimen_core.nodes import Key, LineError, NodeRecord, parse_line
+from poimen_core.nodes import LineError, NodeRecord, parse_line
 from poimen_core.plentry import INVALID_PARAMETER_VALUE, PlpyLike
 from poimen_core.vocabulary import LOCAL_DIM, LOCAL_MODEL, SQLSTATES
-from poimen_core.writes import StoredNode, Writer, write_nodes
+from poimen_core.writes import Checked, Writer, write_nodes
 
 __all__ = ["add_nodes_for_sql"]
 
@@ -167,14 +167,9 @@ class _AddNodes:
         # the projects back with everything else.
         self.ex.run("ensure_projects", {"names": sorted({r.project for r in records})})
 
-    def screen(
-        self,
-        records: list[NodeRecord],
-        problems: list[LineError],
-        stored: Mapping[Key, StoredNode],
-    ) -> list[NodeRecord]:
-        _refuse(self.plpy, problems)
-        return records
+    def screen(self, checked: Checked) -> list[NodeRecord]:
+        _refuse(self.plpy, checked.problems)
+        return checked.records
 
     def writing(self, todo: Sequence[NodeRecord]) -> contextlib.nullcontext[None]:
         return contextlib.nullcontext()  # the calling statement's transaction holds it all

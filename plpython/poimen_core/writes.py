@@ -34,7 +34,7 @@ from poimen_core.nodes import (
     write_row,
 )
 
-__all__ = ["Executor", "StoredNode", "WriteSide", "Writer", "write_nodes"]
+__all__ = ["Checked", "Executor", "StoredNode", "WriteSide", "Writer", "write_nodes"]
 
 CHUNK = 5000  # array elements in one lookup statement
 
@@ -65,6 +65,15 @@ class StoredNode(NamedTuple):
     level: str
     sha256: bytes
     revision: int
+
+
+class Checked(NamedTuple):
+    """Step 4: the batch (hashes adopted), what is invalid in it, and the stored nodes it
+    was checked against."""
+
+    records: list[NodeRecord]
+    problems: list[LineError]
+    stored: Mapping[Key, StoredNode]
 
 
 class Writer:
@@ -115,12 +124,7 @@ class WriteSide(Protocol):
     def before_reading(self, records: Sequence[NodeRecord]) -> None:
         """Step 1."""
 
-    def screen(
-        self,
-        records: list[NodeRecord],
-        problems: list[LineError],
-        stored: Mapping[Key, StoredNode],
-    ) -> list[NodeRecord]:
+    def screen(self, checked: Checked) -> list[NodeRecord]:
         """Step 4's verdict: raise, or the records to write."""
         ...
 
@@ -164,7 +168,7 @@ def write_nodes(ex: Executor, records: Sequence[NodeRecord], side: WriteSide) ->
     stored = stored_nodes(ex, reference_keys(records))
     # A node written without an id and now named by its generated id hashes as it did.
     adopted = adopt_stored_hashes(records, stored)
-    kept = side.screen(adopted, validate(adopted, stored), stored)
+    kept = side.screen(Checked(adopted, validate(adopted, stored), stored))
     shas = stored_hashes(ex, [r.sha256 for r in kept]) | {s.sha256 for s in stored.values()}
     todo, _ = new_records(kept, shas)
     writer = Writer(ex, kept, side.keep_answers)

@@ -39,7 +39,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 from psycopg.rows import dict_row
 
-from poimen_core.writes import StoredNode, Writer, write_nodes
+from poimen_core.writes import Checked, StoredNode, Writer, write_nodes
 from poimen_memory.db.queries import q
 from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.embedders.base import Embedder
@@ -278,13 +278,8 @@ class _Service:
     def before_reading(self, records: Sequence[NodeRecord]) -> None:
         pass
 
-    def screen(
-        self,
-        records: list[NodeRecord],
-        problems: list[LineError],
-        stored: Mapping[Key, StoredNode],
-    ) -> list[NodeRecord]:
-        problems = [*self.invalid, *problems]
+    def screen(self, checked: Checked) -> list[NodeRecord]:
+        problems = [*self.invalid, *checked.problems]
         if problems and not self.skip_invalid:
             shown = "\n".join(str(e) for e in problems[:20])
             more = f"\n... and {len(problems) - 20} more" if len(problems) > 20 else ""
@@ -296,7 +291,7 @@ class _Service:
             )
         self.report.invalid = sorted(problems, key=lambda e: e.line_no)
         bad_lines = {e.line_no for e in problems}
-        return [r for r in records if r.line_no not in bad_lines]
+        return [r for r in checked.records if r.line_no not in bad_lines]
 
 
 class _Atomic(_Service):
@@ -327,16 +322,11 @@ class _Bulk(_Service):
     commit_every_batch: bool = False
     made: list[str] = field(default_factory=list)  # what it made up front, and kept
 
-    def screen(
-        self,
-        records: list[NodeRecord],
-        problems: list[LineError],
-        stored: Mapping[Key, StoredNode],
-    ) -> list[NodeRecord]:
-        kept = super().screen(records, problems, stored)
+    def screen(self, checked: Checked) -> list[NodeRecord]:
+        kept = super().screen(checked)
         # A bulk load finds a stale revision before it writes anything (a request is one
         # transaction: there the writer's own refusal, PM419, comes first).
-        _refuse_stale(kept, stored)
+        _refuse_stale(kept, checked.stored)
         return kept
 
     def writing(self, todo: Sequence[NodeRecord]) -> contextlib.nullcontext[None]:

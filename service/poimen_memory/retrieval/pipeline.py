@@ -4,9 +4,10 @@ The service routes the text with poimen_core.optimizer (the module PL/Python run
 asks the database for the plan (memory._serve_start, sql/071_execute.sql, over the planner
 of sql/066_plan.sql: route, fusion, each leg's engine and depth, time range, evidence
 budget) and its Postgres lexical legs while it embeds the query, calls OpenSearch when the
-plan wants it (and meanwhile has the database run the semantic leg, memory._serve_semantic),
-and has the database run the rest of the plan in one statement (memory._serve): the
-semantic leg unless it ran already, fusion, provenance and the evidence list. With a
+plan wants it (meanwhile the database runs the semantic leg: memory._serve through
+'semantic'), and has the database run the rest of the plan in one statement
+(memory._serve): the semantic leg unless it ran already, fusion, provenance and the
+evidence list. With a
 reranker, the fused candidates come back first and a third statement (memory._serve_finish)
 finishes the answer in the reranker's order. memory.query and memory.answer run the same
 plan through the same executor, so SQL and HTTP answer alike.
@@ -318,7 +319,7 @@ class Retriever:
         embedded: asyncio.Task[np.ndarray[Any, Any]],
         deadline: Deadline,
     ) -> dict[str, Any]:
-        """The plan's semantic leg, run while OpenSearch answers (memory._serve_semantic):
+        """The plan's semantic leg, run while OpenSearch answers (memory._serve through 'semantic'):
         what memory._serve takes back as prefetched when its plan is the same (it is not
         when OpenSearch failed meanwhile). Nothing without a vector (_upstreams degrades)."""
         try:
