@@ -7,10 +7,9 @@ budget) and its Postgres lexical legs while it embeds the query, calls OpenSearc
 plan wants it (meanwhile the database runs the semantic leg: memory._serve through
 'semantic'), and has the database run the rest of the plan in one statement
 (memory._serve): the semantic leg unless it ran already, fusion, provenance and the
-evidence list. With a
-reranker, the fused candidates come back first and a third statement (memory._serve_finish)
-finishes the answer in the reranker's order. memory.query and memory.answer run the same
-plan through the same executor, so SQL and HTTP answer alike.
+evidence list. With a reranker, the fused candidates come back first and a third statement
+(memory._serve_finish) finishes the answer in the reranker's order. memory.query and
+memory.answer run the same plan through the same executor, so SQL and HTTP answer alike.
 
 Each statement is one round trip: autocommit (no BEGIN/COMMIT for a read), the tenant's
 projects inside the statement's arguments, and the deadline held here. When it passes, the
@@ -319,9 +318,10 @@ class Retriever:
         embedded: asyncio.Task[np.ndarray[Any, Any]],
         deadline: Deadline,
     ) -> dict[str, Any]:
-        """The plan's semantic leg, run while OpenSearch answers (memory._serve through 'semantic'):
-        what memory._serve takes back as prefetched when its plan is the same (it is not
-        when OpenSearch failed meanwhile). Nothing without a vector (_upstreams degrades)."""
+        """The plan's semantic leg, run while OpenSearch answers (memory._serve through
+        'semantic'): what memory._serve takes back as prefetched when its plan is the same
+        (it is not when OpenSearch failed meanwhile). Nothing without a vector (_upstreams
+        degrades the plan then)."""
         try:
             embedding = await embedded
         except EmbeddingUnavailable:
