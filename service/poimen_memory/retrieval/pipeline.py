@@ -4,11 +4,12 @@ The service routes the text with poimen_core.optimizer (the module PL/Python run
 asks the database for the plan (memory._serve_start, sql/071_execute.sql, over the planner
 of sql/066_plan.sql: route, fusion, each leg's engine and depth, time range, evidence
 budget) and its Postgres lexical legs while it embeds the query, calls OpenSearch when the
-plan wants it, and has the database run the rest of the plan in one statement
-(memory._serve): the semantic leg, fusion, provenance and the evidence list. With a
-reranker, the fused candidates come back first and a third statement (memory._serve_finish)
-finishes the answer in the reranker's order. memory.query and memory.answer run the same
-plan through the same executor, so SQL and HTTP answer alike.
+plan wants it (meanwhile the database runs the semantic leg: memory._serve through
+'semantic'), and has the database run the rest of the plan in one statement
+(memory._serve): the semantic leg unless it ran already, fusion, provenance and the
+evidence list. With a reranker, the fused candidates come back first and a third statement
+(memory._serve_finish) finishes the answer in the reranker's order. memory.query and
+memory.answer run the same plan through the same executor, so SQL and HTTP answer alike.
 
 Each statement is one round trip: autocommit (no BEGIN/COMMIT for a read), the tenant's
 projects inside the statement's arguments, and the deadline held here. When it passes, the
@@ -209,6 +210,12 @@ class Retriever:
                 tasks["opensearch"] = asyncio.create_task(
                     self._opensearch(req, plan, deadline, trace)
                 )
+                if plan["semantic"]["engine"] == "hnsw" and "embed" in tasks:
+                    # The semantic leg does not wait for OpenSearch: a statement of its own
+                    # runs it once the vector is there, and memory._serve takes it back.
+                    tasks["semantic"] = asyncio.create_task(
+                        self._semantic(body, caps, tasks["embed"], deadline)
+                    )
             embedding, hits = await self._upstreams(tasks, caps, deadline)
             if "embed_failed" in caps and self.opensearch is not None and hits is None:
                 tasks.pop("embed", None)  # done, and failed
@@ -220,6 +227,8 @@ class Retriever:
                         self._opensearch(req, plan, deadline, trace)
                     )
                     _, hits = await self._upstreams(tasks, caps, deadline)
+            if "semantic" in tasks:
+                prefetched.update(await tasks["semantic"])
         finally:
             for t in tasks.values():
                 t.cancel()
@@ -301,6 +310,28 @@ class Retriever:
                 deadline.check("embed")
                 caps["vector"], caps["embed_failed"] = False, exc.tag
         return embedding, hits
+
+    async def _semantic(
+        self,
+        body: dict[str, Any],
+        caps: dict[str, Any],
+        embedded: asyncio.Task[np.ndarray[Any, Any]],
+        deadline: Deadline,
+    ) -> dict[str, Any]:
+        """The plan's semantic leg, run while OpenSearch answers (memory._serve through
+        'semantic'): what memory._serve takes back as prefetched when its plan is the same
+        (it is not when OpenSearch failed meanwhile). Nothing without a vector (_upstreams
+        degrades the plan then)."""
+        try:
+            embedding = await embedded
+        except EmbeddingUnavailable:
+            return {}
+        return await self._call(
+            deadline,
+            "semantic (in one statement)",
+            "serve_semantic",
+            {"req": json.dumps(body), "caps": json.dumps(caps), "embedding": embedding},
+        )
 
     async def _embed(self, text: str, deadline: Deadline, trace: Trace) -> np.ndarray[Any, Any]:
         assert self.embedder is not None
