@@ -109,6 +109,20 @@ _PARENT: dict[str, Any] = {
     },
 }
 
+# A query's metrics: each stage's time and each leg's candidates, null where the stage or
+# leg did not run (0 would say it ran and found nothing).
+_STAGES = ("lexical", "semantic", "fusion", "provenance", "evidence_legs", "evidence", "embed",
+           "rerank", "opensearch", "database", "total")  # fmt: skip
+_METRICS: dict[str, Any] = {
+    **{f"{stage}_time_ms": {"type": ["number", "null"], "minimum": 0} for stage in _STAGES},
+    **{
+        f"{leg}_candidates": {"type": ["integer", "null"], "minimum": 0}
+        for leg in ("lexical", "semantic", "direct")
+    },
+    "final_count": {"type": "integer", "minimum": 0},
+    "embedding_cache_hit": {"type": ["boolean", "null"]},
+}
+
 # What results and evidence show of a node alike.
 _NODE_FIELDS: dict[str, Any] = {
     **{
@@ -1199,7 +1213,8 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                             "embedding_cache_hit, and served_by: primary or replica "
                             "(POIMEN_READ_URLS)",
                             "properties": {
-                                "served_by": {"type": "string", "enum": ["primary", "replica"]}
+                                "served_by": {"type": "string", "enum": ["primary", "replica"]},
+                                **_METRICS,
                             },
                         },
                         "withheld": {
