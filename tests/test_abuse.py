@@ -70,12 +70,13 @@ def test_a_reason_longer_than_a_note_is_400_and_forgets_nothing(
 
 
 def test_an_id_ending_in_history_is_not_deleted_by_its_path(client: TestClient, conn: Conn) -> None:
-    """GET /memory/nodes/x/history reads x's history, so DELETE of the same path may not
-    retire a node called x/history; the query form names it."""
+    """GET /memory/nodes/x/history reads x's history, so DELETE of the same path is not
+    allowed there (405) rather than retiring a node called x/history; the query form names
+    it."""
     _write(client, "x/history")
     r = client.delete("/memory/nodes/x/history", params={"project": "poimen"})
-    body = _error(r, 400, "invalid_parameter")
-    assert "DELETE /memory/nodes?id=" in body["hint"]
+    body = _error(r, 405, "method_not_allowed")
+    assert "DELETE /memory/nodes?id=" in body["detail"] and r.headers["allow"] == "GET"
     assert _versions(conn, "x/history") == [(1, None, None)]
     r = client.delete("/memory/nodes", params={"project": "poimen", "id": "x/history"})
     assert r.status_code == 200, r.text

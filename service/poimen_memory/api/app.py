@@ -236,11 +236,13 @@ async def delete_node(request: Request) -> JSONResponse:
     """Retire (or, with erase=true, erase) one node: memory.forget."""
     external_id = request.path_params["id"]
     if external_id.endswith("/history"):
-        # GET of this path reads the history of another id; the DELETE must not act on an
-        # id its GET cannot reach.
-        raise ValidationError(
-            f"an id ending in /history cannot be named in the path, got {external_id[:80]!r}",
-            hint="DELETE /memory/nodes?id=<id>&project=<project> names any id",
+        # This path names the history of another id (GET): a history is not deleted, and
+        # a node whose id ends in /history is named by DELETE /memory/nodes?id= instead.
+        raise HTTPException(
+            405,
+            "DELETE /memory/nodes/{id}/history: a history cannot be deleted; "
+            "DELETE /memory/nodes?id=<id>&project=<project> names any id",
+            headers={"Allow": "GET"},
         )
     return await _node_operation(request, forget_nodes, external_id)
 
