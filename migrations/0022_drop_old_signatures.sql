@@ -10,18 +10,21 @@
 -- SQL function's atomic body depends on what it calls). A row-level security policy that
 -- calls a dropped function goes with it: sql/085_tenants.sql makes the policies again.
 
+-- Without SET search_path: the signatures name pgvector's type as migrate's search_path
+-- finds it (public, or the schema pgvector lives in).
 CREATE FUNCTION pg_temp.drop_function(signature text)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     f regprocedure;
     pol record;
 BEGIN
-    -- pgvector's type is named where migrate put it on the search_path (public, or its own
-    -- schema); to_regprocedure finds it there, or says NULL for a signature never made.
-    f := pg_catalog.to_regprocedure(signature);
+    BEGIN
+        f := pg_catalog.to_regprocedure(signature);
+    EXCEPTION WHEN undefined_object THEN
+        RETURN;  -- a type of the signature does not exist: neither does the function
+    END;
     IF f IS NULL THEN
         RETURN;
     END IF;
@@ -42,7 +45,6 @@ END $$;
 CREATE FUNCTION pg_temp.retire_row(type_name text, columns text, returned_by text[])
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     target text := 'memory.' || pg_catalog.quote_ident(type_name);

@@ -191,7 +191,7 @@ LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 RETURN memory._visibility(as_of => as_of, live_at => coalesce(as_of, now()));
 
-COMMENT ON FUNCTION memory._grammar_required(tsvector, text, text, text[], tsquery[], text[]) IS
+COMMENT ON FUNCTION memory._grammar_required(tsvector, text, text[], text, tsquery[], text[]) IS
     'Whether a node (its tsvector, and its title, breadcrumb and text for memory._grammar_doc) satisfies every required group of a compiled grammar (memory._grammar_compile: req_tsq[i] or req_re[i] matches). Called by memory._visible.';
 COMMENT ON FUNCTION memory._visible(memory.nodes, memory.visibility) IS
     'Whether node row n passes the visibility v: transaction time (as_of; NULL: current versions; every_version: no test), valid time (valid_at), expiry (live_at), project, levels, since <= ts < before, metadata @> filter and the compiled grammar. The one predicate of every leg; inlined by the planner (LANGUAGE sql, no SET clause), so its tests reach the indexes.';
