@@ -243,8 +243,9 @@ COMMENT ON FUNCTION memory._bm25_score(double precision) IS
 -- before the top k. The leg reads its query's grammar itself and adds it to the visibility
 -- (a caller's grammar is replaced by it). memory.lexical_search is this for SQL users.
 CREATE OR REPLACE FUNCTION memory._lexical(
-    query text, k integer, k1 double precision, b double precision, exhaustive boolean,
-    vis memory.visibility
+    query text, k integer, vis memory.visibility,
+    k1 double precision DEFAULT 1.2, b double precision DEFAULT 0.75,
+    exhaustive boolean DEFAULT false
 )
 RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -263,6 +264,7 @@ DECLARE
     timed boolean := vis.since IS NOT NULL OR vis.before IS NOT NULL;
     as_of timestamptz := vis.as_of;
     -- the corpus the past is scored against: every version of the project held at as_of
+    -- (read only with as_of: a constant false cuts its statements from the plan otherwise)
     held memory.visibility := memory._visibility(project_id => vis.project_id, as_of => vis.as_of);
     terms text[];
     n double precision;
@@ -339,13 +341,13 @@ BEGIN
         WITH st AS (
             SELECT count(*)::double precision AS n, avg(v.lex_len)::double precision AS avgdl
             FROM memory.nodes v
-            WHERE memory._visible(v, held)
+            WHERE as_of IS NOT NULL AND memory._visible(v, held)
         ), tp AS MATERIALIZED (
             SELECT m.id, m.project_id, u.lexeme, cardinality(u.positions) AS tf, m.lex_len AS dl
             FROM memory.nodes m, unnest(m.tsv) u
             WHERE m.tsv @@ (SELECT string_agg('''' || replace(replace(t, '\', '\\'), '''', '''''') || '''', ' | ')
                             FROM unnest(terms) t)::tsquery
-              AND memory._visible(m, held) AND u.lexeme = ANY (terms)
+              AND as_of IS NOT NULL AND memory._visible(m, held) AND u.lexeme = ANY (terms)
         ), df AS (
             SELECT tp.lexeme, count(*)::double precision AS df FROM tp GROUP BY tp.lexeme
         )
@@ -471,8 +473,8 @@ BEGIN
     ORDER BY c.ps DESC, c.id
     LIMIT k;
 END $$;
-COMMENT ON FUNCTION memory._lexical(text, integer, double precision, double precision, boolean, memory.visibility) IS
-    'The lexical leg (memory.lexical_search''s implementation) on a visibility: BM25 of query with k1 and b, the top k of the nodes memory._visible passes (the query''s own grammar added to vis); exhaustive scores every posting. Every leg of a plan (memory._leg) runs it.';
+COMMENT ON FUNCTION memory._lexical(text, integer, memory.visibility, double precision, double precision, boolean) IS
+    'The lexical leg (memory.lexical_search''s implementation) on a visibility: BM25 of query with k1 and b, the top k of the nodes memory._visible passes (the query''s own grammar added to vis); exhaustive scores every posting. k1 and b default to memory.lexical_search''s. Every leg of a plan (memory._leg) runs it.';
 
 CREATE OR REPLACE FUNCTION memory.lexical_search(
     query text,
@@ -494,8 +496,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RETURN QUERY
-    SELECT * FROM memory._lexical(query, k, k1, b, exhaustive, memory._leg_visibility(
-        memory.project_id(project), levels, since, before, filter, NULL, as_of, valid_at));
+    SELECT * FROM memory._lexical(query, k, memory._leg_visibility(
+        memory.project_id(project), levels, since, before, filter, NULL, as_of, valid_at),
+        k1, b, exhaustive);
 END $$;
 COMMENT ON FUNCTION memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz, boolean, jsonb, timestamptz, timestamptz) IS
     'BM25 (Okapi, k1/b tunable, Lucene IDF) over title, breadcrumb and text with per-project statistics. Disjunctive: any query term can match. The query grammar (memory.parse_query) holds: "phrases", #tags and @mentions required, -exclusions never returned; filter (a JSON object) keeps only nodes whose metadata contains it; both apply before the top k. Returns node ids ranked 1..k; skips the postings that cannot reach the top k (MaxScore over per-term score bounds) unless exhaustive => true, which scores every posting (the reference, same ranking). since/before (timestamptz, either NULL) keep only nodes with since <= ts < before, before the top k is taken. as_of: the versions the database held then, scored exactly with the statistics of the corpus as it stood then (NULL: the current versions and their postings); valid_at: only nodes valid then (valid_from <= t < valid_to; default as_of, else now).';
