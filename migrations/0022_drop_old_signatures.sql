@@ -207,15 +207,23 @@ SELECT pg_temp.drop_function(s) FROM pg_catalog.unnest(ARRAY[
     -- memory.list_nodes: filter and newest_first, and expires_at in its rows (issue 40)
     'memory.list_nodes(text, text, text, text, text, text, integer)',
     'memory._list_nodes(text, text, text, text, text, text, integer, text[])',
-    -- issue 41: memory._nodes_where takes the visibility; the search legs' one function,
-    -- memory._leg, takes it too, after memory._lexical_call (a SQL body that calls it)
-    'memory._nodes_where(boolean, boolean, boolean, boolean, boolean, boolean, boolean, boolean, boolean)',
-    'memory._lexical_call(jsonb)']) AS s;
+    -- issue 41: memory._nodes_where takes the listing's visibility
+    'memory._nodes_where(boolean, boolean, boolean, boolean, boolean, boolean, boolean, boolean, boolean)']) AS s;
 
--- Every older form of memory._leg (filter and grammar, then as_of and valid_at, then the
--- visibility of issue 41): sql/071_execute.sql makes the one it calls now.
-SELECT pg_temp.drop_function(p.oid::regprocedure::text) FROM pg_catalog.pg_proc p
-WHERE p.pronamespace = 'memory'::regnamespace AND p.proname = '_leg';
+-- Every form of memory._leg before as_of and valid_at (and before it filter and grammar),
+-- after memory._lexical_call (a SQL body that depends on it): sql/071_execute.sql makes
+-- both again.
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+               WHERE p.pronamespace = 'memory'::regnamespace AND p.proname = '_leg'
+                 AND NOT 'valid_at' = ANY (coalesce(p.proargnames, '{}'))) THEN
+        PERFORM pg_temp.drop_function('memory._lexical_call(jsonb)');
+        PERFORM pg_temp.drop_function(p.oid::regprocedure::text) FROM pg_catalog.pg_proc p
+        WHERE p.pronamespace = 'memory'::regnamespace AND p.proname = '_leg'
+          AND NOT 'valid_at' = ANY (coalesce(p.proargnames, '{}'));
+    END IF;
+END $$;
 
 -- The declared rows in the shapes sql/ declares now (memory._declare_row): an older shape
 -- goes with the functions that return it; functions that returned an anonymous TABLE

@@ -238,14 +238,19 @@ AS $$ SELECT round(raw * 1e9) / 1e9 $$;
 COMMENT ON FUNCTION memory._bm25_score(double precision) IS
     'A BM25 score rounded to 1e-9, so that documents of equal score tie exactly whatever order the plan summed their terms in (ties then break by id). Used by memory.lexical_search on every path.';
 
--- The lexical leg on a visibility (memory.visibility, sql/019_visibility.sql): the project
--- and levels select the postings, and every node a score reaches passes memory._visible
--- before the top k. The leg reads its query's grammar itself and adds it to the visibility
--- (a caller's grammar is replaced by it). memory.lexical_search is this for SQL users.
-CREATE OR REPLACE FUNCTION memory._lexical(
-    query text, k integer, vis memory.visibility,
-    k1 double precision DEFAULT 1.2, b double precision DEFAULT 0.75,
-    exhaustive boolean DEFAULT false
+CREATE OR REPLACE FUNCTION memory.lexical_search(
+    query text,
+    project text DEFAULT NULL,
+    levels text[] DEFAULT NULL,
+    k integer DEFAULT 50,
+    k1 double precision DEFAULT 1.2,
+    b double precision DEFAULT 0.75,
+    since timestamptz DEFAULT NULL,
+    before timestamptz DEFAULT NULL,
+    exhaustive boolean DEFAULT false,
+    filter jsonb DEFAULT NULL,
+    as_of timestamptz DEFAULT NULL,
+    valid_at timestamptz DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -258,11 +263,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    -- What the leg may see (memory.visibility, sql/019_visibility.sql): the project and
+    -- levels select the postings, and every node a score reaches passes memory._visible
+    -- before the top k. The query's own grammar is added to it below.
+    vis memory.visibility := memory._leg_visibility(memory.project_id(project), levels, since,
+                                                    before, filter, NULL, as_of, valid_at);
     pid integer := vis.project_id;
     lv text[] := vis.levels;
     -- the time filter, checked per posting only when one is given
     timed boolean := vis.since IS NOT NULL OR vis.before IS NOT NULL;
-    as_of timestamptz := vis.as_of;
     -- the corpus the past is scored against: every version of the project held at as_of
     -- (read only with as_of: a constant false cuts its statements from the plan otherwise)
     held memory.visibility := memory._visibility(project_id => vis.project_id, as_of => vis.as_of);
@@ -472,33 +481,6 @@ BEGIN
     FROM (SELECT u.id, memory._bm25_score(u.ps) AS ps FROM unnest(c_id, c_ps) AS u(id, ps)) c
     ORDER BY c.ps DESC, c.id
     LIMIT k;
-END $$;
-COMMENT ON FUNCTION memory._lexical(text, integer, memory.visibility, double precision, double precision, boolean) IS
-    'The lexical leg (memory.lexical_search''s implementation) on a visibility: BM25 of query with k1 and b, the top k of the nodes memory._visible passes (the query''s own grammar added to vis); exhaustive scores every posting. k1 and b default to memory.lexical_search''s. Every leg of a plan (memory._leg) runs it.';
-
-CREATE OR REPLACE FUNCTION memory.lexical_search(
-    query text,
-    project text DEFAULT NULL,
-    levels text[] DEFAULT NULL,
-    k integer DEFAULT 50,
-    k1 double precision DEFAULT 1.2,
-    b double precision DEFAULT 0.75,
-    since timestamptz DEFAULT NULL,
-    before timestamptz DEFAULT NULL,
-    exhaustive boolean DEFAULT false,
-    filter jsonb DEFAULT NULL,
-    as_of timestamptz DEFAULT NULL,
-    valid_at timestamptz DEFAULT NULL
-)
-RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
-LANGUAGE plpgsql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    RETURN QUERY
-    SELECT * FROM memory._lexical(query, k, memory._leg_visibility(
-        memory.project_id(project), levels, since, before, filter, NULL, as_of, valid_at),
-        k1, b, exhaustive);
 END $$;
 COMMENT ON FUNCTION memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz, boolean, jsonb, timestamptz, timestamptz) IS
     'BM25 (Okapi, k1/b tunable, Lucene IDF) over title, breadcrumb and text with per-project statistics. Disjunctive: any query term can match. The query grammar (memory.parse_query) holds: "phrases", #tags and @mentions required, -exclusions never returned; filter (a JSON object) keeps only nodes whose metadata contains it; both apply before the top k. Returns node ids ranked 1..k; skips the postings that cannot reach the top k (MaxScore over per-term score bounds) unless exhaustive => true, which scores every posting (the reference, same ranking). since/before (timestamptz, either NULL) keep only nodes with since <= ts < before, before the top k is taken. as_of: the versions the database held then, scored exactly with the statistics of the corpus as it stood then (NULL: the current versions and their postings); valid_at: only nodes valid then (valid_from <= t < valid_to; default as_of, else now).';

@@ -53,7 +53,7 @@ AS $$
     END
 $$;
 COMMENT ON FUNCTION memory.stage_sql(text) IS
-    'The SQL text of a vector stage (semantic, the HNSW scan, and semantic_exact, a named project''s rows ranked exactly: $1 vector, $2 k, $3 visibility; by_ids: $1 vector, $2 ids, $3 k, $4 visibility; the visibility a memory.visibility that memory._visible tests inside the scan), run by memory._semantic / memory._by_ids and explained by memory.explain_query.';
+    'The SQL text of a vector stage (semantic, the HNSW scan, and semantic_exact, a named project''s rows ranked exactly: $1 vector, $2 k, $3 visibility; by_ids: $1 vector, $2 ids, $3 k, $4 visibility; the visibility a memory.visibility that memory._visible tests inside the scan), run by memory.semantic_search / memory.search_by_ids and explained by memory.explain_query.';
 
 -- Which vector stage the semantic leg runs (issue 28): a named project holding at most
 -- exact_scan_max_nodes current nodes (memory.corpus_stats, kept by the lexical triggers: one
@@ -112,23 +112,41 @@ END $$;
 COMMENT ON FUNCTION memory._semantic_ef(integer, integer) IS
     'The hnsw.ef_search an HNSW semantic scan of project_id runs with: ef_search when given (at least 1), else the policy''s filtered_ef_search when a project is named, else large_store_ef_search when memory.nodes holds more than large_store_nodes rows (pg_class.reltuples), else NULL (memory.semantic_search''s own setting, 100). Called by memory.semantic_search and memory.explain_query alike.';
 
--- The semantic leg on a visibility (memory.visibility, sql/019_visibility.sql): the stage
--- memory._semantic_stage chooses for its project, at memory._semantic_ef's ef_search.
--- memory.semantic_search is this for SQL users; memory._leg runs it for a plan's legs.
-CREATE OR REPLACE FUNCTION memory._semantic(
-    query_embedding vector, k integer, ef_search integer, vis memory.visibility
+CREATE OR REPLACE FUNCTION memory.semantic_search(
+    query_embedding vector,
+    project text DEFAULT NULL,
+    levels text[] DEFAULT NULL,
+    k integer DEFAULT 50,
+    ef_search integer DEFAULT NULL,
+    since timestamptz DEFAULT NULL,
+    before timestamptz DEFAULT NULL,
+    filter jsonb DEFAULT NULL,
+    grammar jsonb DEFAULT NULL,
+    as_of timestamptz DEFAULT NULL,
+    valid_at timestamptz DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
 -- PARALLEL UNSAFE: it sets hnsw.ef_search with set_config, which no parallel mode allows,
 -- not even in the leader (RESTRICTED fails the same way under force_parallel_mode).
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
--- Its hnsw and parallel settings are memory.semantic_search's, copied from that function's
--- catalog entry below; a SET clause also restores the set_config of hnsw.ef_search here
--- when the function returns.
+-- relaxed_order keeps scanning the graph until k rows pass the filter (pgvector #259);
+-- these settings are restored when the function returns.
+SET hnsw.iterative_scan = 'relaxed_order'
+SET hnsw.ef_search = 100
+-- No parallel workers: memory._semantic_stage has chosen between the exact stage and the
+-- graph already. pgvector costs an HNSW scan in proportion to ef_search, so at
+-- filtered_ef_search (400) a cheap enough parallel plan (a Parallel Seq Scan, Sort, Gather
+-- Merge: brute force split over workers) would undo the choice of the graph; found under
+-- debug_parallel_query with free parallel costs (tests/test_sql_modes.py, issue 28). Neither
+-- stage gains from workers: the exact one reads at most exact_scan_max_nodes rows.
+SET max_parallel_workers_per_gather = 0
 SET search_path = pg_catalog, public, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    -- what the leg may see (memory.visibility), tested inside the scan (memory.stage_sql)
+    vis memory.visibility := memory._leg_visibility(memory.project_id(project), levels, since,
+                                                    before, NULL, NULL, as_of, valid_at);
     q vector := memory.require_embedding(query_embedding);
     stage text := memory._semantic_stage(vis.project_id);
     ef integer;
@@ -144,68 +162,12 @@ BEGIN
     END IF;
     RAISE DEBUG 'memory.semantic_search: stage %, hnsw.ef_search %', stage,
         current_setting('hnsw.ef_search');
-    RETURN QUERY EXECUTE memory.stage_sql(stage) USING q, k, vis;
-END $$;
-COMMENT ON FUNCTION memory._semantic(vector, integer, integer, memory.visibility) IS
-    'The semantic leg (memory.semantic_search''s implementation) on a visibility: the top k by cosine distance of the nodes memory._visible passes, by the stage memory._semantic_stage chooses for its project at memory._semantic_ef''s ef_search, under memory.semantic_search''s settings.';
-
-CREATE OR REPLACE FUNCTION memory.semantic_search(
-    query_embedding vector,
-    project text DEFAULT NULL,
-    levels text[] DEFAULT NULL,
-    k integer DEFAULT 50,
-    ef_search integer DEFAULT NULL,
-    since timestamptz DEFAULT NULL,
-    before timestamptz DEFAULT NULL,
-    filter jsonb DEFAULT NULL,
-    grammar jsonb DEFAULT NULL,
-    as_of timestamptz DEFAULT NULL,
-    valid_at timestamptz DEFAULT NULL
-)
-RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
--- PARALLEL UNSAFE: memory._semantic sets hnsw.ef_search with set_config, which no parallel
--- mode allows, not even in the leader (RESTRICTED fails the same way under
--- force_parallel_mode).
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE
--- relaxed_order keeps scanning the graph until k rows pass the filter (pgvector #259);
--- these settings are restored when the function returns. Declared here, the documented
--- entry point, and copied to memory._semantic and memory._explain.
-SET hnsw.iterative_scan = 'relaxed_order'
-SET hnsw.ef_search = 100
--- No parallel workers: memory._semantic_stage has chosen between the exact stage and the
--- graph already. pgvector costs an HNSW scan in proportion to ef_search, so at
--- filtered_ef_search (400) a cheap enough parallel plan (a Parallel Seq Scan, Sort, Gather
--- Merge: brute force split over workers) would undo the choice of the graph; found under
--- debug_parallel_query with free parallel costs (tests/test_sql_modes.py, issue 28). Neither
--- stage gains from workers: the exact one reads at most exact_scan_max_nodes rows.
-SET max_parallel_workers_per_gather = 0
-SET search_path = pg_catalog, public, pg_temp
-AS $$
-BEGIN
-    RETURN QUERY
-    SELECT * FROM memory._semantic(query_embedding, k, ef_search, memory._leg_visibility(
-        memory.project_id(project), levels, since, before, filter, grammar, as_of, valid_at));
+    -- the filter and grammar checked last, as they always were
+    vis.filter := CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END;
+    RETURN QUERY EXECUTE memory.stage_sql(stage) USING q, k, memory._with_grammar(vis, grammar);
 END $$;
 COMMENT ON FUNCTION memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz, jsonb, jsonb, timestamptz, timestamptz) IS
-    'Top-k by cosine distance (HNSW; a named project with at most exact_scan_max_nodes nodes ranked exactly, memory._semantic_stage; a project''s HNSW scan, its own graph''s or the shared one''s, with ef_search, else the policy''s filtered_ef_search; a scan naming no project at large_store_ef_search past large_store_nodes: memory._semantic_ef) with optional project/level/time filters (since <= ts < before), filter (a JSON object the node''s metadata contains) and grammar (a memory.parse_query parse: its required phrases, tags and mentions and its exclusions); as_of: the versions the database held then (NULL: the current ones); valid_at: only nodes valid then (default: as_of, else now); the iterative scan fills k under selective filters. query_score = 1 - cosine distance. memory._semantic on memory._leg_visibility of these arguments.';
-
--- memory._semantic runs under the settings declared on memory.semantic_search (hnsw.*,
--- max_parallel_workers_per_gather), taken from its catalog entry, so the two never disagree.
-DO $$
-DECLARE
-    setting text;
-BEGIN
-    FOR setting IN
-        SELECT c FROM pg_catalog.pg_proc p, unnest(p.proconfig) AS c
-        WHERE p.oid = 'memory.semantic_search'::regproc
-          AND (c LIKE 'hnsw.%' OR c LIKE 'max_parallel_workers_per_gather=%')
-    LOOP
-        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET %s = %L',
-                                  'memory._semantic'::regproc::regprocedure,
-                                  split_part(setting, '=', 1),
-                                  substr(setting, strpos(setting, '=') + 1));
-    END LOOP;
-END $$;
+    'Top-k by cosine distance (HNSW; a named project with at most exact_scan_max_nodes nodes ranked exactly, memory._semantic_stage; a project''s HNSW scan, its own graph''s or the shared one''s, with ef_search, else the policy''s filtered_ef_search; a scan naming no project at large_store_ef_search past large_store_nodes: memory._semantic_ef) with optional project/level/time filters (since <= ts < before), filter (a JSON object the node''s metadata contains) and grammar (a memory.parse_query parse: its required phrases, tags and mentions and its exclusions); as_of: the versions the database held then (NULL: the current ones); valid_at: only nodes valid then (default: as_of, else now); the iterative scan fills k under selective filters. query_score = 1 - cosine distance. What it may see is one memory.visibility (memory._leg_visibility of these arguments), tested by memory._visible inside the scan.';
 
 CREATE OR REPLACE FUNCTION memory.exact_search(
     query_embedding vector,
@@ -251,27 +213,6 @@ END $$;
 COMMENT ON FUNCTION memory.exact_search(vector, text, text[], integer, timestamptz, timestamptz, jsonb, timestamptz, timestamptz) IS
     'Exact cosine top-k without the HNSW index: the recall reference for benchmarks. k is capped by memory.config exact_search_max_k (default 1000; memory.set_policy). since/before: only nodes with since <= ts < before; filter: only nodes whose metadata contains it (JSON containment, as memory.semantic_search); as_of and valid_at as memory.semantic_search.';
 
--- The by-ids stage on a visibility: the given nodes that memory._visible passes, ranked by
--- exact cosine (the second stage of the LexicalFirst cascade).
-CREATE OR REPLACE FUNCTION memory._by_ids(
-    query_embedding vector, ids bigint[], k integer, vis memory.visibility
-)
-RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
-LANGUAGE plpgsql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, public, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    q vector := memory.require_embedding(query_embedding);
-BEGIN
-    IF ids IS NULL OR cardinality(ids) = 0 THEN
-        RETURN;
-    END IF;
-    RETURN QUERY EXECUTE memory.stage_sql('by_ids') USING q, ids, k, vis;
-END $$;
-COMMENT ON FUNCTION memory._by_ids(vector, bigint[], integer, memory.visibility) IS
-    'memory.search_by_ids'' implementation on a visibility: the ids memory._visible passes, by exact cosine, top k.';
-
 CREATE OR REPLACE FUNCTION memory.search_by_ids(
     query_embedding vector,
     ids bigint[],
@@ -289,10 +230,18 @@ RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
+#variable_conflict use_column
+DECLARE
+    vis memory.visibility := memory._leg_visibility(memory.project_id(project), levels, since,
+                                                    before, NULL, NULL, as_of, valid_at);
+    q vector := memory.require_embedding(query_embedding);
 BEGIN
-    RETURN QUERY
-    SELECT * FROM memory._by_ids(query_embedding, ids, k, memory._leg_visibility(
-        memory.project_id(project), levels, since, before, filter, grammar, as_of, valid_at));
+    IF ids IS NULL OR cardinality(ids) = 0 THEN
+        RETURN;
+    END IF;
+    -- the filter and grammar checked last, as they always were
+    vis.filter := CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END;
+    RETURN QUERY EXECUTE memory.stage_sql('by_ids') USING q, ids, k, memory._with_grammar(vis, grammar);
 END $$;
 COMMENT ON FUNCTION memory.search_by_ids(vector, bigint[], text, text[], integer, timestamptz, timestamptz, jsonb, jsonb, timestamptz, timestamptz) IS
-    'Exact cosine ranking restricted to the given node ids (the second stage of the LexicalFirst cascade). Unknown ids, ids outside since <= ts < before, ids failing filter (metadata containment) or grammar (a memory.parse_query parse), and ids not visible as of as_of (NULL: not current) or not valid at valid_at (as memory.semantic_search) are ignored. memory._by_ids on memory._leg_visibility of these arguments.';
+    'Exact cosine ranking restricted to the given node ids (the second stage of the LexicalFirst cascade). Unknown ids, ids outside since <= ts < before, ids failing filter (metadata containment) or grammar (a memory.parse_query parse), and ids not visible as of as_of (NULL: not current) or not valid at valid_at (as memory.semantic_search) are ignored: memory._visible of one memory.visibility (memory._leg_visibility of these arguments).';

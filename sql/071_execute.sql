@@ -10,11 +10,13 @@
 -- stage functions behind one aggregation; the one a kind does not name is never run (its
 -- branch is cut by a one-time filter).
 CREATE OR REPLACE FUNCTION memory._leg(
-    kind text, query text, query_embedding vector, ids bigint[], k integer, vis memory.visibility
+    kind text, query text, query_embedding vector, ids bigint[], project text, levels text[],
+    k integer, since timestamptz, before timestamptz, filter jsonb DEFAULT NULL,
+    grammar jsonb DEFAULT NULL, as_of timestamptz DEFAULT NULL, valid_at timestamptz DEFAULT NULL
 )
 RETURNS jsonb
 -- PL/pgSQL, not SQL: PostgreSQL 15 plans a SQL function's body at every call.
--- PARALLEL UNSAFE: memory._semantic sets hnsw.ef_search.
+-- PARALLEL UNSAFE: memory.semantic_search sets hnsw.ef_search.
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
@@ -22,19 +24,24 @@ BEGIN
     RETURN (SELECT jsonb_build_object('ids', coalesce(jsonb_agg(r.node_id ORDER BY r.rank), '[]'),
                                       'scores', coalesce(jsonb_agg(r.score ORDER BY r.rank), '[]'))
             FROM (SELECT l.node_id, l.rank, l.lexical_score AS score
-                  FROM memory._lexical($2, $5, $6) l
+                  FROM memory.lexical_search($2, $5, $6, $7, since => $8, before => $9, filter => $10,
+                                             as_of => $12, valid_at => $13) l
                   WHERE $1 = 'lexical'
                   UNION ALL
                   SELECT s.node_id, s.rank, s.query_score
-                  FROM memory._semantic($3, $5, NULL, $6) s
+                  FROM memory.semantic_search($3, $5, $6, $7, since => $8, before => $9,
+                                              filter => $10, grammar => $11,
+                                              as_of => $12, valid_at => $13) s
                   WHERE $1 = 'semantic'
                   UNION ALL
                   SELECT s.node_id, s.rank, s.query_score
-                  FROM memory._by_ids($3, $4, $5, $6) s
+                  FROM memory.search_by_ids($3, $4, $5, $6, $7, since => $8, before => $9,
+                                            filter => $10, grammar => $11,
+                                            as_of => $12, valid_at => $13) s
                   WHERE $1 = 'by_ids') r);
 END $$;
-COMMENT ON FUNCTION memory._leg(text, text, vector, bigint[], integer, memory.visibility) IS
-    'One leg of memory.fuse_legs ({"ids": [..], "scores": [..]}, best first), k deep, of the nodes vis lets through (memory._visible): kind lexical (memory._lexical of query, which adds the query''s own grammar to vis), semantic (memory._semantic of query_embedding) or by_ids (memory._by_ids over ids).';
+COMMENT ON FUNCTION memory._leg(text, text, vector, bigint[], text, text[], integer, timestamptz, timestamptz, jsonb, jsonb, timestamptz, timestamptz) IS
+    'One leg of memory.fuse_legs ({"ids": [..], "scores": [..]}, best first): kind lexical (memory.lexical_search of query, which reads the query grammar itself), semantic (memory.semantic_search of query_embedding) or by_ids (memory.search_by_ids over ids), each with the project, levels, k, since/before, the metadata filter, as_of and valid_at; the vector legs with the grammar''s constraints (grammar, a memory.parse_query parse).';
 
 CREATE OR REPLACE FUNCTION memory._opensearch_leg(hits jsonb, project_id integer)
 RETURNS jsonb
@@ -89,15 +96,13 @@ CREATE OR REPLACE FUNCTION memory._lexical_call(call jsonb)
 RETURNS jsonb
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-RETURN memory._leg('lexical', call ->> 'query', NULL, NULL, (call ->> 'k')::integer,
-                   memory._leg_visibility(memory.project_id(call ->> 'project'),
-                                          ARRAY(SELECT jsonb_array_elements_text(call -> 'levels')),
-                                          (call ->> 'since')::timestamptz,
-                                          (call ->> 'before')::timestamptz, call -> 'filter', NULL,
-                                          (call ->> 'as_of')::timestamptz,
-                                          (call ->> 'valid_at')::timestamptz));
+RETURN memory._leg('lexical', call ->> 'query', NULL, NULL, call ->> 'project',
+                   ARRAY(SELECT jsonb_array_elements_text(call -> 'levels')),
+                   (call ->> 'k')::integer, (call ->> 'since')::timestamptz,
+                   (call ->> 'before')::timestamptz, call -> 'filter', NULL,
+                   (call ->> 'as_of')::timestamptz, (call ->> 'valid_at')::timestamptz);
 COMMENT ON FUNCTION memory._lexical_call(jsonb) IS
-    'Runs one call of memory._lexical_calls: memory._lexical as a leg, on the call''s visibility (memory._leg_visibility).';
+    'Runs one call of memory._lexical_calls: memory.lexical_search as a leg.';
 
 -- The stage times an answer reports under "stages", measured one way: the milliseconds
 -- since the stage began, reported only for a stage that ran.
@@ -116,8 +121,9 @@ COMMENT ON FUNCTION memory._stage_time(jsonb, text, timestamptz, boolean) IS
     'The stage times st with key set to the milliseconds since t, when ran (the stage ran; default true); otherwise st unchanged.';
 
 -- The visibility of a plan's legs (memory._leg_visibility of the plan's project, levels or
--- the ones given, time range, metadata filter, grammar, as_of and valid_at): what every leg
--- of memory._run_legs and every stage memory.explain_query explains is tested with.
+-- the ones given, time range, metadata filter, grammar, as_of and valid_at): the value each
+-- leg memory._run_legs runs builds from the same arguments (memory.semantic_search,
+-- memory.search_by_ids), and what memory.explain_query explains the vector stages with.
 CREATE OR REPLACE FUNCTION memory._plan_visibility(plan jsonb, levels text[] DEFAULT NULL)
 RETURNS memory.visibility
 LANGUAGE sql STABLE PARALLEL SAFE
@@ -140,12 +146,16 @@ LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
 DECLARE
+    project text := plan ->> 'project';
+    lv text[] := ARRAY(SELECT jsonb_array_elements_text(plan -> 'levels'));
     strat text := plan ->> 'search_strategy';
+    lo timestamptz := (plan ->> 'since_ts')::timestamptz;
+    hi timestamptz := (plan ->> 'before_ts')::timestamptz;
     ev jsonb := plan -> 'evidence';
-    -- What the legs may see, built once: the answer's legs at the plan's levels, the
-    -- evidence's direct legs at L0 (memory._plan_visibility).
-    vis memory.visibility := memory._plan_visibility(plan);
-    ev_vis memory.visibility := memory._plan_visibility(plan, ARRAY['L0']);
+    flt jsonb := nullif(plan -> 'filter', 'null');
+    gr jsonb := memory._grammar_constraints(plan -> 'grammar');
+    as_of timestamptz := (plan ->> 'as_of')::timestamptz;
+    va timestamptz := (plan ->> 'valid_at')::timestamptz;
     empty constant jsonb := '{"ids": [], "scores": []}';
     lex_engine text;
     calls jsonb := memory._lexical_calls(plan);
@@ -186,14 +196,15 @@ BEGIN
     IF NOT answer THEN
         NULL;  -- the evidence's legs alone (memory.evidence)
     ELSIF plan -> 'semantic' ->> 'engine' = 'hnsw' THEN
-        sem := memory._leg('semantic', NULL, query_embedding, NULL,
-                           (plan -> 'semantic' ->> 'depth')::integer, vis);
+        sem := memory._leg('semantic', NULL, query_embedding, NULL, project, lv,
+                           (plan -> 'semantic' ->> 'depth')::integer, lo, hi, flt, gr, as_of, va);
     ELSIF plan -> 'semantic' ->> 'engine' = 'by-ids' THEN
         sem := memory._leg('by_ids', NULL, query_embedding,
                            ARRAY(SELECT jsonb_array_elements_text(lex -> 'ids')::bigint),
-                           coalesce((plan -> 'semantic' ->> 'depth')::integer,
-                                    greatest(jsonb_array_length(lex -> 'ids'), 1)),
-                           vis);
+                           project, lv,
+                                    coalesce((plan -> 'semantic' ->> 'depth')::integer,
+                                             greatest(jsonb_array_length(lex -> 'ids'), 1)),
+                                    lo, hi, flt, gr, as_of, va);
     END IF;
     st := memory._stage_time(st, 'semantic_time_ms', t,
                              answer AND plan -> 'semantic' ->> 'engine' IS NOT NULL);
@@ -215,8 +226,8 @@ BEGIN
                 legs := legs + 1;
             END IF;
             IF (ev ->> 'semantic')::boolean AND query_embedding IS NOT NULL THEN
-                ev_sem := memory._leg('semantic', NULL, query_embedding, NULL,
-                                      (ev ->> 'candidates')::integer, ev_vis);
+                ev_sem := memory._leg('semantic', NULL, query_embedding, NULL, project, ARRAY['L0'],
+                                      (ev ->> 'candidates')::integer, lo, hi, flt, gr, as_of, va);
                 legs := legs + 1;
             END IF;
         EXCEPTION WHEN OTHERS THEN

@@ -25,13 +25,15 @@ DECLARE
     state jsonb;
     doc jsonb;
     ids bigint[];
+    lv text[];
     pid integer;
     lo timestamptz;
     hi timestamptz;
     ev jsonb;
     flt jsonb;
     as_of timestamptz;
-    -- what the legs were tested with, as memory._run_legs builds it (memory._plan_visibility)
+    -- what the vector stages were tested with, as memory.semantic_search and
+    -- memory.search_by_ids build it from the plan's arguments (memory._plan_visibility)
     vis memory.visibility;
     ev_vis memory.visibility;
     opts text := CASE WHEN actual THEN 'FORMAT JSON, ANALYZE, BUFFERS' ELSE 'FORMAT JSON' END;
@@ -47,6 +49,7 @@ BEGIN
     state := memory._run_legs(pl, p.embedding);
     doc := memory._finish(pl, state, p.embedding);
     ids := ARRAY(SELECT (r ->> 'node_id')::bigint FROM jsonb_array_elements(doc -> 'results') r);
+    lv := ARRAY(SELECT jsonb_array_elements_text(pl -> 'levels'));
     pid := (pl ->> 'project_id')::integer;
     lo := (pl ->> 'since_ts')::timestamptz;
     hi := (pl ->> 'before_ts')::timestamptz;
@@ -65,8 +68,9 @@ BEGIN
     time_ms := NULL;
     RETURN NEXT;
     IF pl -> 'lexical' ->> 'engine' = 'postgres-bm25' THEN
-        EXECUTE format('EXPLAIN (%s) SELECT * FROM memory._lexical($1, $2, $3)', opts)
-            INTO x USING pl ->> 'query', (pl -> 'lexical' ->> 'depth')::integer, vis;
+        EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.lexical_search($1, $2, $3, $4, since => $5, before => $6, filter => $7, as_of => $8, valid_at => $9)', opts)
+            INTO x USING pl ->> 'query', pl ->> 'project', lv, (pl -> 'lexical' ->> 'depth')::integer, lo, hi, flt,
+                         as_of, (pl ->> 'valid_at')::timestamptz;
         stage := 'lexical';
         plan := x::jsonb -> 0;
         time_ms := (doc -> 'stages' ->> 'lexical_time_ms')::double precision;
@@ -93,8 +97,9 @@ BEGIN
     END IF;
     IF (ev ->> 'budget')::integer > 0 AND NOT (ev ->> 'reuses_legs')::boolean THEN
         IF (ev ->> 'lexical')::boolean THEN
-            EXECUTE format('EXPLAIN (%s) SELECT * FROM memory._lexical($1, $2, $3)', opts)
-                INTO x USING pl ->> 'query', (ev ->> 'candidates')::integer, ev_vis;
+            EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.lexical_search($1, $2, ''{L0}'', $3, since => $4, before => $5, filter => $6, as_of => $7, valid_at => $8)', opts)
+                INTO x USING pl ->> 'query', pl ->> 'project', (ev ->> 'candidates')::integer, lo, hi, flt,
+                             as_of, (pl ->> 'valid_at')::timestamptz;
             stage := 'evidence_lexical';
             plan := x::jsonb -> 0;
             time_ms := (doc -> 'stages' ->> 'evidence_legs_time_ms')::double precision;

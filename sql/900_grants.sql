@@ -92,7 +92,7 @@ DECLARE
         'memory.check_query', 'memory.check_weight', 'memory._valid_at', 'memory.check_instant',
         'memory._visible', 'memory._visibility', 'memory._leg_visibility', 'memory._with_grammar',
         'memory._grammar_required', 'memory._versions_at', 'memory._plan_visibility',
-        'memory._listing_visibility', 'memory._lexical', 'memory._semantic', 'memory._by_ids',
+        'memory._listing_visibility',
         'memory.policy', 'memory._policy_keys', 'memory._policy_value', 'memory.lexical_document', 'memory.lexical_search',
         'memory.lexical_kth', 'memory._bm25_score', 'memory.lexical_query', 'memory.semantic_search', 'memory._semantic_stage',
         'memory._semantic_ef', 'memory.scale_warnings', 'memory._project_graphs', 'memory._project_graph_names',
