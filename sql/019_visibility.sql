@@ -52,9 +52,7 @@ END $$;
 -- (the only such function of the schema: migrate leaves it unpinned, and
 -- tests/test_sql_hygiene.py allows exactly it) names everything it calls
 -- schema-qualified instead, and its operators are pg_catalog's (found first in any
--- search_path). The body is text, not a RETURN clause, and is checked when it is first
--- used: sql/ also runs on a schema between migrations, before valid_from (0018) or
--- expires_at (0021) exist (check_function_bodies is off for it, below).
+-- search_path).
 --   as_of NULL: the current versions (expired_at IS NULL, the predicate of the partial
 --     indexes); as_of t: the versions the database held at t (created_at <= t < expired_at)
 --     that are not erased; every_version: no transaction-time test at all;
@@ -62,20 +60,19 @@ END $$;
 --   project_id, levels, since <= ts < before (a node without ts fails a bound), metadata @>
 --     filter, and the grammar's compiled exclusions and required groups.
 -- Every field NULL is no test.
+-- The body is a RETURN clause: its parse tree is stored, so inlining it costs a copy (a
+-- body kept as text is parsed again at every inlining, which tripled the planning time of
+-- a statement that calls it; measured). A RETURN clause is checked when it is made, and
+-- sql/ also runs on a schema between migrations, before valid_from (0018) or expires_at
+-- (0021) exist: there the same expression is kept as text, unchecked, until they do.
 DO $do$
 DECLARE
-    was text := pg_catalog.current_setting('check_function_bodies');
-BEGIN
-    PERFORM pg_catalog.set_config('check_function_bodies', 'off', true);
-    CREATE OR REPLACE FUNCTION memory._visible(n memory.nodes, v memory.visibility)
-    RETURNS boolean
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$
-    SELECT CASE WHEN (v).every_version THEN true
-                WHEN (v).as_of IS NULL THEN (n).expired_at IS NULL
-                ELSE (n).created_at <= (v).as_of
-                     AND ((n).expired_at IS NULL OR (n).expired_at > (v).as_of)
-                     AND (n).erased_at IS NULL END
+    expr constant text := $e$
+       CASE WHEN (v).every_version THEN true
+            WHEN (v).as_of IS NULL THEN (n).expired_at IS NULL
+            ELSE (n).created_at <= (v).as_of
+                 AND ((n).expired_at IS NULL OR (n).expired_at > (v).as_of)
+                 AND (n).erased_at IS NULL END
        AND ((v).valid_at IS NULL OR (((n).valid_from IS NULL OR (n).valid_from <= (v).valid_at)
                                      AND ((n).valid_to IS NULL OR (n).valid_to > (v).valid_at)))
        AND ((v).live_at IS NULL OR (n).expires_at IS NULL OR (n).expires_at > (v).live_at)
@@ -89,9 +86,20 @@ BEGIN
             OR NOT memory._grammar_doc((n).title, (n).breadcrumb, (n).text) ~* (v).ex_re)
        AND ((v).req_tsq IS NULL
             OR memory._grammar_required((n).tsv, (n).title, (n).breadcrumb, (n).text,
-                                        (v).req_tsq, (v).req_re))
-    $$;
-    PERFORM pg_catalog.set_config('check_function_bodies', was, true);
+                                        (v).req_tsq, (v).req_re))$e$;
+    head constant text := 'CREATE OR REPLACE FUNCTION memory._visible(n memory.nodes, v memory.visibility) '
+                          'RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE ';
+    was text := pg_catalog.current_setting('check_function_bodies');
+BEGIN
+    IF (SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute a
+        WHERE a.attrelid = 'memory.nodes'::regclass AND NOT a.attisdropped
+          AND a.attname IN ('expired_at', 'erased_at', 'valid_from', 'valid_to', 'expires_at')) = 5 THEN
+        EXECUTE head || 'RETURN ' || expr;
+    ELSE
+        PERFORM pg_catalog.set_config('check_function_bodies', 'off', true);
+        EXECUTE head || 'AS ' || pg_catalog.quote_literal('SELECT ' || expr);
+        PERFORM pg_catalog.set_config('check_function_bodies', was, true);
+    END IF;
 END $do$;
 
 -- A visibility with a query's grammar (a memory.parse_query parse, or its
@@ -146,8 +154,10 @@ AS $$
 DECLARE
     v memory.visibility;
 BEGIN
+    -- Cheap when a part is absent (no call for it): support and provenance build one per
+    -- call, and some of them run once per node of a page.
     v.project_id := project_id;
-    v.levels := memory.check_levels(levels);
+    v.levels := CASE WHEN levels IS NOT NULL THEN memory.check_levels(levels) END;
     v.since := since;
     v.before := before;
     v.filter := CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END;
@@ -155,7 +165,10 @@ BEGIN
     v.every_version := every_version;
     v.valid_at := valid_at;
     v.live_at := live_at;
-    RETURN memory._with_grammar(v, grammar);
+    IF grammar IS NOT NULL THEN
+        v := memory._with_grammar(v, grammar);
+    END IF;
+    RETURN v;
 END $$;
 
 -- The visibility of a search leg (lexical, semantic, by ids, exact, the evidence's direct
@@ -187,9 +200,14 @@ END $$;
 -- then, and not past their expiry at that instant.
 CREATE OR REPLACE FUNCTION memory._versions_at(as_of timestamptz)
 RETURNS memory.visibility
-LANGUAGE sql STABLE PARALLEL SAFE
+-- PL/pgSQL, not SQL: PostgreSQL 15 plans a SQL function's body at every call, and support
+-- calls this once per node it judges.
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-RETURN memory._visibility(as_of => as_of, live_at => coalesce(as_of, now()));
+AS $$
+BEGIN
+    RETURN memory._visibility(as_of => as_of, live_at => coalesce(as_of, now()));
+END $$;
 
 COMMENT ON FUNCTION memory._grammar_required(tsvector, text, text[], text, tsquery[], text[]) IS
     'Whether a node (its tsvector, and its title, breadcrumb and text for memory._grammar_doc) satisfies every required group of a compiled grammar (memory._grammar_compile: req_tsq[i] or req_re[i] matches). Called by memory._visible.';
