@@ -299,9 +299,7 @@ def test_migrate_leaves_one_evidence_signature(conn: Conn, plpython_root: Path) 
             " SET search_path = pg_catalog, public, pg_temp"
             " AS 'SELECT NULL::memory.evidence_row WHERE false'"
         )
-    conn.execute(
-        "DELETE FROM memory.schema_migrations WHERE version = '0022_drop_old_signatures'"
-    )
+    conn.execute("DELETE FROM memory.schema_migrations WHERE version = '0022_drop_old_signatures'")
     assert "0022_drop_old_signatures" in migrate(conn, plpython_root).applied
     rows = conn.execute(
         "SELECT proname, count(*) FROM pg_proc WHERE pronamespace = 'memory'::regnamespace"
