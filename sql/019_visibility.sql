@@ -60,47 +60,36 @@ END $$;
 --   project_id, levels, since <= ts < before (a node without ts fails a bound), metadata @>
 --     filter, and the grammar's compiled exclusions and required groups.
 -- Every field NULL is no test.
--- The body is text, not a RETURN clause: a RETURN clause records that it uses the row type
--- of memory.nodes, and PostgreSQL then refuses every ALTER TABLE memory.nodes ... TYPE
--- (memory.configure_embedding sets the vector's dimension so). Text is parsed again at each
--- inlining (about 0.2 ms of planning a statement; memory._rested_parents, which support
--- runs once per node, keeps one generic plan for that reason). It is checked when it is
--- made, except on a schema between migrations (sql/ runs there too), before valid_from
--- (0018) or expires_at (0021) exist: there it is kept unchecked until they do.
-DO $do$
-DECLARE
-    expr constant text := $e$
-       CASE WHEN (v).every_version THEN true
+-- n is anyelement, not memory.nodes: a function taking the table's row type is bound to
+-- that table (memory.partition_by_project replaces the table, and a RETURN clause naming
+-- it would make PostgreSQL refuse configure_embedding's ALTER TABLE ... TYPE). Called with
+-- a node row it is resolved (and inlined) against memory.nodes' columns where it is used;
+-- PostgreSQL checks a polymorphic SQL body there, not when it is made, so sql/ makes it on
+-- a schema between migrations too (before valid_from, 0018, or expires_at, 0021).
+CREATE OR REPLACE FUNCTION memory._visible(n anyelement, v memory.visibility)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+SELECT CASE WHEN (v).every_version THEN true
             WHEN (v).as_of IS NULL THEN (n).expired_at IS NULL
             ELSE (n).created_at <= (v).as_of
                  AND ((n).expired_at IS NULL OR (n).expired_at > (v).as_of)
                  AND (n).erased_at IS NULL END
-       AND ((v).valid_at IS NULL OR (((n).valid_from IS NULL OR (n).valid_from <= (v).valid_at)
-                                     AND ((n).valid_to IS NULL OR (n).valid_to > (v).valid_at)))
-       AND ((v).live_at IS NULL OR (n).expires_at IS NULL OR (n).expires_at > (v).live_at)
-       AND ((v).project_id IS NULL OR (n).project_id = (v).project_id)
-       AND ((v).levels IS NULL OR (n).level = ANY ((v).levels))
-       AND ((v).since IS NULL OR (n).ts >= (v).since)
-       AND ((v).before IS NULL OR (n).ts < (v).before)
-       AND ((v).filter IS NULL OR (n).metadata @> (v).filter)
-       AND ((v).ex_tsq IS NULL OR NOT (n).tsv @@ (v).ex_tsq)
-       AND ((v).ex_re IS NULL
-            OR NOT memory._grammar_doc((n).title, (n).breadcrumb, (n).text) ~* (v).ex_re)
-       AND ((v).req_tsq IS NULL
-            OR memory._grammar_required((n).tsv, (n).title, (n).breadcrumb, (n).text,
-                                        (v).req_tsq, (v).req_re))$e$;
-    head constant text := 'CREATE OR REPLACE FUNCTION memory._visible(n memory.nodes, v memory.visibility) '
-                          'RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE ';
-    was text := pg_catalog.current_setting('check_function_bodies');
-BEGIN
-    IF (SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute a
-        WHERE a.attrelid = 'memory.nodes'::regclass AND NOT a.attisdropped
-          AND a.attname IN ('expired_at', 'erased_at', 'valid_from', 'valid_to', 'expires_at')) < 5 THEN
-        PERFORM pg_catalog.set_config('check_function_bodies', 'off', true);
-    END IF;
-    EXECUTE head || 'AS ' || pg_catalog.quote_literal('SELECT ' || expr);
-    PERFORM pg_catalog.set_config('check_function_bodies', was, true);
-END $do$;
+   AND ((v).valid_at IS NULL OR (((n).valid_from IS NULL OR (n).valid_from <= (v).valid_at)
+                                 AND ((n).valid_to IS NULL OR (n).valid_to > (v).valid_at)))
+   AND ((v).live_at IS NULL OR (n).expires_at IS NULL OR (n).expires_at > (v).live_at)
+   AND ((v).project_id IS NULL OR (n).project_id = (v).project_id)
+   AND ((v).levels IS NULL OR (n).level = ANY ((v).levels))
+   AND ((v).since IS NULL OR (n).ts >= (v).since)
+   AND ((v).before IS NULL OR (n).ts < (v).before)
+   AND ((v).filter IS NULL OR (n).metadata @> (v).filter)
+   AND ((v).ex_tsq IS NULL OR NOT (n).tsv @@ (v).ex_tsq)
+   AND ((v).ex_re IS NULL
+        OR NOT memory._grammar_doc((n).title, (n).breadcrumb, (n).text) ~* (v).ex_re)
+   AND ((v).req_tsq IS NULL
+        OR memory._grammar_required((n).tsv, (n).title, (n).breadcrumb, (n).text,
+                                    (v).req_tsq, (v).req_re))
+$$;
 
 -- A visibility with a query's grammar (a memory.parse_query parse, or its
 -- memory._grammar_constraints; NULL: none) compiled into it once (memory._grammar_compile),
@@ -211,8 +200,8 @@ END $$;
 
 COMMENT ON FUNCTION memory._grammar_required(tsvector, text, text[], text, tsquery[], text[]) IS
     'Whether a node (its tsvector, and its title, breadcrumb and text for memory._grammar_doc) satisfies every required group of a compiled grammar (memory._grammar_compile: req_tsq[i] or req_re[i] matches). Called by memory._visible.';
-COMMENT ON FUNCTION memory._visible(memory.nodes, memory.visibility) IS
-    'Whether node row n passes the visibility v: transaction time (as_of; NULL: current versions; every_version: no test), valid time (valid_at), expiry (live_at), project, levels, since <= ts < before, metadata @> filter and the compiled grammar. The one predicate of every leg; inlined by the planner (LANGUAGE sql, no SET clause), so its tests reach the indexes.';
+COMMENT ON FUNCTION memory._visible(anyelement, memory.visibility) IS
+    'Whether node row n (a memory.nodes row) passes the visibility v: transaction time (as_of; NULL: current versions; every_version: no test), valid time (valid_at), expiry (live_at), project, levels, since <= ts < before, metadata @> filter and the compiled grammar. The one predicate of every leg; inlined by the planner (LANGUAGE sql, no SET clause), so its tests reach the indexes.';
 COMMENT ON FUNCTION memory._with_grammar(memory.visibility, jsonb) IS
     'The visibility v with grammar (a memory.parse_query parse or its constraints; NULL: none) compiled into its grammar fields, replacing theirs.';
 COMMENT ON FUNCTION memory._visibility(integer, text[], timestamptz, timestamptz, jsonb, jsonb, timestamptz, boolean, timestamptz, timestamptz) IS
