@@ -128,7 +128,8 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN memory.check_within('k', k, 1, 50, 'k is the number of rows to return, e.g. k => 5.');
+    RETURN memory.check_within('k', k, @vocabulary.k_min@, @vocabulary.k_max@,
+                               'k is the number of rows to return, e.g. k => 5.');
 END
 $$;
 COMMENT ON FUNCTION memory.check_k(integer) IS
@@ -182,7 +183,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF fusion IS NOT NULL AND NOT fusion = ANY (@vocabulary.fusions@) THEN
-        RAISE EXCEPTION 'unknown fusion "%"', fusion
+        RAISE EXCEPTION 'fusion must be one of %, got %', array_to_string(@vocabulary.fusions@, ', '), quote_literal(fusion)
             USING ERRCODE = '22023', HINT = 'Use rrf, convex or NULL (the policy decides: memory.policy()).';
     END IF;
     RETURN fusion;
@@ -196,7 +197,8 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RETURN memory.check_within('budget', budget, 0, 100, 'budget is the most L0 turns cited; 0 turns evidence off.');
+    RETURN memory.check_within('budget', budget, @vocabulary.evidence_min@, @vocabulary.evidence_max@,
+                               'budget is the most L0 turns cited; 0 turns evidence off.');
 END
 $$;
 COMMENT ON FUNCTION memory.check_evidence_budget(integer) IS

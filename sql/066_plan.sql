@@ -94,17 +94,23 @@ BEGIN
                                    THEN ARRAY(SELECT jsonb_array_elements_text(req -> 'levels'))
                                    ELSE ARRAY['L1', 'L2'] END);
     IF forced IS NOT NULL AND NOT forced = ANY (memory.strategies()) THEN
-        RAISE EXCEPTION 'unknown strategy "%"', forced
+        RAISE EXCEPTION 'strategy must be one of %, got %', array_to_string(memory.strategies(), ', '), quote_literal(forced)
             USING ERRCODE = '22023', HINT = 'Use LexicalOnly, LexicalFirst, Hybrid, SemanticOnly or NULL (optimizer decides).';
     END IF;
     IF dw IS NOT NULL THEN
-        PERFORM memory.check_weight('dense_weight', dw);
+        IF dw = 'NaN'::float8 OR NOT dw BETWEEN @vocabulary.dense_weight_min@ AND @vocabulary.dense_weight_max@ THEN
+            RAISE EXCEPTION 'dense_weight must be within %..%, got %',
+                @vocabulary.dense_weight_min@, @vocabulary.dense_weight_max@, dw
+                USING ERRCODE = '22023', HINT = 'The semantic leg''s weight in convex fusion; NULL: the policy''s (memory.policy: dense_weight).';
+        END IF;
     END IF;
-    IF rrf_k IS NOT NULL AND rrf_k < 0 THEN
-        RAISE EXCEPTION 'rrf_k must be >= 0, got %', rrf_k USING ERRCODE = '22023';
+    IF rrf_k IS NOT NULL THEN
+        PERFORM memory.check_within('rrf_k', rrf_k, @vocabulary.rrf_k_min@, @vocabulary.rrf_k_max@,
+                                    'RRF''s k; NULL: the policy''s (memory.policy: rrf_k).');
     END IF;
-    IF cand IS NOT NULL AND cand NOT BETWEEN 1 AND 1000 THEN
-        RAISE EXCEPTION 'candidates must be within 1..1000, got %', cand USING ERRCODE = '22023';
+    IF cand IS NOT NULL THEN
+        PERFORM memory.check_within('candidates', cand, @vocabulary.candidates_min@, @vocabulary.candidates_max@,
+                                    'How deep each leg reads; NULL: the policy''s (memory.policy: candidates).');
     END IF;
     SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(req ->> 'since', req ->> 'until') t;
     -- Checked even where the route never asks the optimizer: SQL and HTTP refuse alike.
@@ -116,14 +122,19 @@ BEGIN
     IF floor IS NULL THEN
         floor := pol.min_cosine;
         floor_src := CASE WHEN floor IS NOT NULL THEN 'policy' END;
-    ELSIF NOT floor BETWEEN -1 AND 1 THEN
+    ELSIF floor = 'NaN'::float8 OR NOT floor BETWEEN @vocabulary.min_cosine_min@ AND @vocabulary.min_cosine_max@ THEN
         RAISE EXCEPTION 'min_cosine must be within -1..1, got %', floor
             USING ERRCODE = '22023', HINT = 'A cosine similarity; NULL: the policy''s floor (memory.policy() min_cosine).';
     END IF;
-    budget := memory.check_evidence_budget(coalesce((req ->> 'evidence')::integer, pol.evidence_budget));
+    -- The argument by its name (evidence), as the service's contract names it.
+    budget := CASE WHEN req ->> 'evidence' IS NOT NULL
+                   THEN memory.check_within('evidence', (req ->> 'evidence')::integer,
+                                            @vocabulary.evidence_min@, @vocabulary.evidence_max@,
+                                            'The most L0 turns the answer cites; 0: no evidence list; NULL: the policy''s evidence_budget.')
+                   ELSE memory.check_evidence_budget(pol.evidence_budget) END;
     unsupported := coalesce(req ->> 'unsupported', memory._policy_value('unsupported'));
     IF NOT unsupported = ANY (@vocabulary.unsupported@) THEN
-        RAISE EXCEPTION 'unsupported must be demote, exclude or keep, got %', unsupported
+        RAISE EXCEPTION 'unsupported must be one of %, got %', array_to_string(@vocabulary.unsupported@, ', '), quote_literal(unsupported)
             USING ERRCODE = '22023',
                   HINT = 'What an answer does with results whose evidence changed or went (docs/lifecycle.md); NULL: the policy''s (memory.policy: unsupported).';
     END IF;

@@ -171,6 +171,8 @@ DECLARE
     withheld integer := 0;
     st jsonb := '{}';
     t timestamptz;
+    -- run while OpenSearch answered (memory._serve through => 'semantic'), for this very plan
+    sem_prefetched boolean := answer AND coalesce(prefetched -> 'semantic_plan' = plan, false);
 BEGIN
     IF (plan ->> 'needs_embedding')::boolean AND query_embedding IS NULL THEN
         RAISE EXCEPTION 'the plan routes % and needs a query vector', strat
@@ -195,6 +197,8 @@ BEGIN
     t := clock_timestamp();
     IF NOT answer THEN
         NULL;  -- the evidence's legs alone (memory.evidence)
+    ELSIF sem_prefetched THEN
+        sem := prefetched -> 'semantic';
     ELSIF plan -> 'semantic' ->> 'engine' = 'hnsw' THEN
         sem := memory._leg('semantic', NULL, query_embedding, NULL, project, lv,
                            (plan -> 'semantic' ->> 'depth')::integer, lo, hi, flt, gr, as_of, va);
@@ -206,8 +210,10 @@ BEGIN
                                              greatest(jsonb_array_length(lex -> 'ids'), 1)),
                                     lo, hi, flt, gr, as_of, va);
     END IF;
-    st := memory._stage_time(st, 'semantic_time_ms', t,
-                             answer AND plan -> 'semantic' ->> 'engine' IS NOT NULL);
+    st := CASE WHEN sem_prefetched
+               THEN st || jsonb_build_object('semantic_time_ms', prefetched -> 'semantic_time_ms')
+               ELSE memory._stage_time(st, 'semantic_time_ms', t,
+                                       answer AND plan -> 'semantic' ->> 'engine' IS NOT NULL) END;
     t := clock_timestamp();
     IF (ev ->> 'reuses_legs')::boolean AND answer THEN
         ev_lex := lex;
@@ -290,7 +296,7 @@ BEGIN
                               'fused', coalesce(fused, '[]'), 'withheld', withheld, 'stages', st);
 END $$;
 COMMENT ON FUNCTION memory._run_legs(jsonb, vector, jsonb, boolean, jsonb) IS
-    'The first half of memory._execute: the legs a plan names (hits: the OpenSearch leg the service fetched) and their fusion, as the state memory._finish takes: lexical, semantic, evidence_lexical, evidence_semantic, fused (best first, final_k deep) and stage times. answer => false runs the evidence''s direct legs only; prefetched (memory._serve_start''s) gives legs already run, each taken only where its call is the plan''s own.';
+    'The first half of memory._execute: the legs a plan names (hits: the OpenSearch leg the service fetched) and their fusion, as the state memory._finish takes: lexical, semantic, evidence_lexical, evidence_semantic, fused (best first, final_k deep) and stage times. answer => false runs the evidence''s direct legs only; prefetched (memory._serve_start''s, and memory._serve''s through => ''semantic'') gives legs already run, each taken only where its call is the plan''s own (the semantic leg''s: its whole plan).';
 
 -- A result's provenance tree without the L0 turns the evidence does not cite.
 CREATE OR REPLACE FUNCTION memory._cited_only(tree jsonb, cited text[], OUT kept jsonb, OUT omitted integer)
@@ -448,8 +454,11 @@ BEGIN
         'evidence', evidence,
         'evidence_failed', failed,
         'counts', jsonb_build_object(
-            'semantic_candidates', jsonb_array_length(state -> 'semantic' -> 'ids'),
-            'lexical_candidates', jsonb_array_length(state -> 'lexical' -> 'ids'),
+            -- null for a leg the plan did not run (0: it ran and found nothing)
+            'semantic_candidates', CASE WHEN plan -> 'semantic' ->> 'engine' IS NOT NULL
+                                        THEN jsonb_array_length(state -> 'semantic' -> 'ids') END,
+            'lexical_candidates', CASE WHEN plan -> 'lexical' ->> 'engine' IS NOT NULL
+                                       THEN jsonb_array_length(state -> 'lexical' -> 'ids') END,
             'fused', jsonb_array_length(state -> 'fused'),
             'withheld', coalesce((state ->> 'withheld')::integer, 0),
             -- results in doubt that the unsupported policy moved down or left out
@@ -556,6 +565,19 @@ DECLARE
 BEGIN
     PERFORM memory._assert_projects(caps);
     plan := memory._plan(req, caps);
+    IF through = 'semantic' THEN
+        -- Beside the service's OpenSearch call: the hnsw semantic leg alone, as
+        -- memory._run_legs runs it with no lexical leg and no evidence legs of their own
+        -- (they reuse the legs); the fusion of the one leg is dropped.
+        IF plan -> 'semantic' ->> 'engine' IS DISTINCT FROM 'hnsw' THEN
+            RETURN '{}';  -- none to run before the lexical leg (by-ids reads its ids)
+        END IF;
+        state := memory._run_legs(jsonb_set(jsonb_set(plan, '{lexical,engine}', 'null'),
+                                            '{evidence,reuses_legs}', 'true'),
+                                  query_embedding);
+        RETURN jsonb_build_object('semantic_plan', plan, 'semantic', state -> 'semantic',
+                                  'semantic_time_ms', state -> 'stages' -> 'semantic_time_ms');
+    END IF;
     state := memory._run_legs(plan, query_embedding, hits, true, prefetched);
     IF through = 'candidates' THEN
         -- For the reranker: the fused candidates with their texts, and the state to finish.
@@ -569,7 +591,7 @@ BEGIN
     RETURN memory._finish(plan, state, query_embedding);
 END $$;
 COMMENT ON FUNCTION memory._serve(jsonb, jsonb, vector, jsonb, text, jsonb) IS
-    'The HTTP service''s query statement: plans (memory._plan, the same plan memory._serve_start returned unless the caps changed since), runs the legs (taking back the prefetched lexical legs whose calls are the plan''s own) and finishes the answer (memory._finish); through => ''candidates'' stops after fusion and returns the candidates'' texts for a reranker, and memory._serve_finish completes it.';
+    'The HTTP service''s query statement: plans (memory._plan, the same plan memory._serve_start returned unless the caps changed since), runs the legs (taking back the prefetched legs whose calls are the plan''s own) and finishes the answer (memory._finish); through => ''candidates'' stops after fusion and returns the candidates'' texts for a reranker, and memory._serve_finish completes it; through => ''semantic'' runs the plan''s hnsw semantic leg alone, while the service calls OpenSearch, and returns it as prefetched for the same plan ({"semantic_plan", "semantic", "semantic_time_ms"}; {} when the plan runs no such leg).';
 
 CREATE OR REPLACE FUNCTION memory._serve_finish(
     req jsonb, caps jsonb, state jsonb, query_embedding vector, result_order bigint[], rerank jsonb

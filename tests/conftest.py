@@ -216,9 +216,9 @@ def stage_migrations(
 ) -> Callable[[str], None]:
     """Point migrate at a copy of migrations/ holding only the versions before `below`;
     the returned function adds the rest from a given version on (a later deploy)."""
-    from poimen_memory.db import migrate as migrate_mod
+    from poimen_memory.db.migrate import layout
 
-    real, staged = migrate_mod.MIGRATIONS_DIR, tmp_path / "staged"
+    real, staged = layout.MIGRATIONS_DIR, tmp_path / "staged"
     staged.mkdir()
 
     def copy(keep: Callable[[str], bool]) -> None:
@@ -227,7 +227,7 @@ def stage_migrations(
                 (staged / m.name).write_text(m.read_text())
 
     copy(lambda v: v < below)
-    monkeypatch.setattr(migrate_mod, "MIGRATIONS_DIR", staged)
+    monkeypatch.setattr(layout, "MIGRATIONS_DIR", staged)
     return lambda start: copy(lambda v: v >= start)
 
 

@@ -11,7 +11,6 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from poimen_memory.api.admission import Admission, arrived
-from poimen_memory.api.params import parse_query
+from poimen_memory.contract.query import parse_query
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.errors import DeadlineExceeded
 from service_client import serve
@@ -41,7 +40,9 @@ class Held:
         await send({"type": "http.response.body", "body": b"ok"})
 
 
-async def _get(app: Any, path: str = "/memory/query") -> tuple[int, dict[str, str], bytes]:
+async def _get(
+    app: Any, path: str = "/memory/query", key: str | None = None, peer: str = "127.0.0.1"
+) -> tuple[int, dict[str, str], bytes]:
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
@@ -50,7 +51,10 @@ async def _get(app: Any, path: str = "/memory/query") -> tuple[int, dict[str, st
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    await app({"type": "http", "path": path, "method": "GET", "headers": []}, receive, send)
+    headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
+    scope = {"type": "http", "path": path, "method": "GET", "headers": headers,
+             "client": (peer, 50000)}  # fmt: skip
+    await app(scope, receive, send)
     start = sent[0]
     headers = {k.decode(): v.decode() for k, v in start.get("headers", [])}
     return start["status"], headers, b"".join(m.get("body", b"") for m in sent[1:])
@@ -173,8 +177,53 @@ def test_a_query_deadline_counts_from_its_arrival(client: TestClient) -> None:
     assert client.portal is not None
     before = retriever.cache.stats()
     with pytest.raises(DeadlineExceeded):
-        client.portal.call(partial(retriever.query, replace(req), started=time.monotonic() - 1.5))
+        client.portal.call(
+            partial(retriever.query, req.model_copy(), started=time.monotonic() - 1.5)
+        )
     # Refused before any work: not even the query's embedding was looked up.
     assert retriever.cache.stats() == before
     body = client.portal.call(partial(retriever.query, req, started=time.monotonic()))
     assert body["results"] and retriever.cache.stats()["misses"] == before["misses"] + 1
+
+
+def test_a_client_beyond_its_share_gets_429_and_the_others_are_served() -> None:
+    """Per key (and per address without one): a client holding its share of the slots is
+    refused 429 with Retry-After at once, while another key and another address still get
+    the free slots."""
+
+    async def run() -> None:
+        held = Held()
+        app = _admission(held, max_inflight=8, client_inflight=2)
+        mine = [asyncio.create_task(_get(app, key="costly")) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        status, headers, body = await _get(app, key="costly")
+        assert status == 429 and headers["retry-after"] == "2"
+        err = json.loads(body)
+        assert err["error"] == "too_many_requests"
+        assert "POIMEN_HTTP_CLIENT_INFLIGHT" in err["hint"]
+        others = [
+            asyncio.create_task(_get(app, key="other")),
+            asyncio.create_task(_get(app, peer="10.0.0.7")),
+        ]
+        await asyncio.sleep(0.01)
+        assert held.started == 4  # both others run beside the costly key's two
+        held.release.set()
+        assert [(await t)[0] for t in mine + others] == [200] * 4
+        assert app.inflight == 0 and app._held == {}
+
+    asyncio.run(run())
+
+
+def test_a_client_over_its_rate_gets_429_until_its_bucket_refills() -> None:
+    async def run() -> None:
+        held = Held()
+        held.release.set()
+        app = _admission(held, max_inflight=8, client_rate=0.5, client_burst=2)
+        assert [(await _get(app, key="k"))[0] for _ in range(2)] == [200, 200]
+        status, headers, body = await _get(app, key="k")
+        # Empty at 0.5 a second: the next token is about 2 s away.
+        assert status == 429 and headers["retry-after"] == "2"
+        assert "POIMEN_HTTP_CLIENT_RATE" in json.loads(body)["hint"]
+        assert (await _get(app, key="another"))[0] == 200
+
+    asyncio.run(run())

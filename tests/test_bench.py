@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -328,3 +329,70 @@ def test_bench_on_the_realistic_corpus(env: str, real_folder: Path, tmp_path: Pa
     # The bench's 1% project is under exact_scan_max_nodes: the exact stage at every ef.
     assert all(x["recall@10"] == 1.0 for x in small["ours"])
     assert r["ann"]["unfiltered"]["ours"][-1]["recall@10"] >= 0.9
+
+
+def test_bench_fair_building_blocks(tmp_path: Path) -> None:
+    """bench-fair's corpus split, costly queries and argument checks, without a server."""
+    from poimen_lab.bench.fair import classify, costly_texts, split_projects
+
+    nodes = [
+        {"id": "locomo:c1:D1:1", "project": "c1", "parents": []},
+        {"id": "locomo:c1:D2:1", "project": "c1", "parents": []},
+        {"id": "locomo:c1:D2:1#A0", "project": "c1", "parents": ["locomo:c1:D2:1"]},
+        {"id": "locomo:c1:S2", "project": "c1", "parents": ["locomo:c1:D2:1#A0", "locomo:c1:D1:1"]},
+        {"id": "locomo:c2:D3:1", "project": "c2", "parents": []},
+    ]
+    records, projects = split_projects(nodes, 1, whole=["c2"])
+    assert projects == {"c1": ["c1.s01", "c1.s02"], "c2": ["c2"]}
+    by_id = {r["id"]: r for r in records}
+    assert by_id["locomo:c1:S2"]["project"] == "c1.s02"
+    # provenance stays inside a project: the parent in session 1 is dropped
+    assert by_id["locomo:c1:S2"]["parents"] == ["locomo:c1:D2:1#A0"]
+    assert split_projects(nodes, 2)[1]["c1"] == ["c1.s01"]
+    words = [f"word{i:03d}" for i in range(500)]
+    texts = costly_texts(words, 3, 200, seed=1)
+    assert len(set(texts)) == 3
+    for t in texts:
+        assert 190 <= len(t) <= 200 and len(set(t.split())) == len(t.split())
+    assert [classify(s) for s in (200, 429, 503, None)] == ["200", "429", "503", "connection error"]
+    assert main(["bench-fair", "--rounds", "0"]) == 2
+    assert main(["bench-fair", "--client-inflight", "8,x"]) == 2
+    assert main(["bench-fair", "--data", str(tmp_path)]) == 2  # no nodes.jsonl there
+
+
+def test_bench_fair_counts_every_status(fixture_url: str, tmp_path: Path) -> None:
+    """A tiny bench-fair run against the fixture database, as the service's role with four
+    keys: a rate of one request per key (a bucket of 1, refilled every 1,000 s) makes each
+    key's first request a 200 and every later one a 429, so the tally is known exactly."""
+    from poimen_lab.bench.fair import Tenants, run, summarise
+    from poimen_lab.bench.http import CPU
+    from poimen_lab.live_server import live_server_process
+    from poimen_memory.db.connect import connect, ensure_service_login
+    from service_client import make_key
+
+    with connect(fixture_url, autocommit=True) as conn:
+        ensure_service_login(conn, "poimen_service")
+    service = fixture_url.replace("postgresql://postgres@", "postgresql://poimen_service@")
+    keys = [make_key(fixture_url, ["poimen"]) for _ in range(4)]
+    texts = ["kong upload body buffer", "why do uploads fail", "gateway limits"]
+    tenants = Tenants(
+        normal={f"normal-{i}": (keys[i], texts) for i in range(3)}, costly=(keys[3], texts)
+    )
+    env = {"POIMEN_DATABASE_URL": service, "POIMEN_HTTP_CLIENT_RATE": "0.001",
+           "POIMEN_HTTP_CLIENT_BURST": "1", "POIMEN_HTTP_CLIENT_INFLIGHT": "2"}  # fmt: skip
+    with live_server_process(env, tmp_path / "server.log") as (base, pid):
+        phases = run(
+            {"tiny": (base, CPU(pid, fixture_url))}, tenants,
+            rounds=1, seconds=0.5, concurrency=1, parallel=2, pause=0.02,
+        )["tiny"]  # fmt: skip
+    assert [p["attack"] for p in phases] == [False, True]
+    assert set(phases[0]["keys"]) == {"normal-0", "normal-1", "normal-2"}
+    assert set(phases[1]["keys"]) == {"normal-0", "normal-1", "normal-2", "costly"}
+    sm = summarise(phases)
+    for name, k in sm["keys"].items():
+        seen = Counter(k.get("alone_statuses", {})) + Counter(k["attack_statuses"])
+        assert seen["200"] == 1 and seen["429"] > 0 and set(seen) == {"200", "429"}, name
+        if name != "costly":
+            assert k["ratio"] is not None and k["alone_per_s"] is not None
+    assert "costly" not in phases[0]["keys"] and "alone_per_s" not in sm["keys"]["costly"]
+    assert all(p["server_cpu_s"] >= 0 and p["cpu_cores_busy"] >= 0 for p in phases)

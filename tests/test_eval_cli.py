@@ -211,13 +211,13 @@ def test_depth_100_path_agrees_with_the_real_path(fixture_url: str, default_fusi
     start with exactly what Retriever.query returned, whatever the service's fusion."""
     import asyncio
 
+    from poimen_core.vocabulary import LEVELS
     from poimen_lab.eval.command import _corpus
     from poimen_lab.eval.data import load
     from poimen_lab.eval.runner import MODES, Runner
     from poimen_memory.db.connect import connect
     from poimen_memory.db.queries import q
     from poimen_memory.embedders.factory import build_embedder
-    from poimen_memory.retrieval.models import LEVELS
     from poimen_memory.retrieval.policy import read_policy
     from poimen_memory.services import open_services
     from poimen_memory.settings import Settings

@@ -171,7 +171,7 @@ def test_budget_caps_and_zero_turns_it_off(conn: Conn) -> None:
     [
         ("budget => 101", "budget must be within 0..100"),
         ("budget => -1", "budget must be within 0..100"),
-        ("fusion => 'max'", 'unknown fusion "max"'),
+        ("fusion => 'max'", "fusion must be one of rrf, convex, got 'max'"),
         ("max_depth => 0", "max_depth must be at least 1"),
     ],
 )
@@ -317,16 +317,27 @@ def test_default_budget_is_the_policy(client: TestClient, conn: Conn) -> None:
     assert "evidence_time_ms" in body["metrics"]
 
 
-@pytest.mark.parametrize(("raw", "budget"), [("-5", 0), ("1000", 100), ("7", 7)])
-def test_evidence_parameter_is_clamped(client: TestClient, raw: str, budget: int) -> None:
-    assert query(client, query=KONG, evidence=raw)["plan"]["evidence"]["budget"] == budget
+def test_evidence_within_its_bounds_is_the_budget(client: TestClient) -> None:
+    assert query(client, query=KONG, evidence="7")["plan"]["evidence"]["budget"] == 7
+
+
+@pytest.mark.parametrize("raw", ["-5", "1000"])
+def test_evidence_out_of_range_is_400_as_in_sql(client: TestClient, conn: Conn, raw: str) -> None:
+    """Refused, not clamped, in the words memory.answer raises them (22023)."""
+    r = client.get("/memory/query", params={"query": KONG, "evidence": raw})
+    assert r.status_code == 400, r.text
+    detail = f"evidence must be within 0..100, got {raw}"
+    assert r.json()["detail"] == detail
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=detail):
+        conn.execute("SELECT memory.answer(%s, evidence => %s)", (KONG, int(raw)))
 
 
 def test_evidence_parameter_must_be_a_number(client: TestClient) -> None:
     r = client.get("/memory/query", params={"query": KONG, "evidence": "many"})
     assert r.status_code == 400, r.text
     body = r.json()
-    assert body["error"] == "invalid_parameter" and "evidence must be a number" in body["detail"]
+    assert body["error"] == "invalid_parameter"
+    assert "evidence must be a whole number" in body["detail"]
 
 
 def test_time_filter_keeps_direct_and_neighbour_turns_in_range(

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from poimen_lab.live_server import live_server
-from service_client import KONG
+from service_client import KONG, make_key
 
 BIN = Path(sys.executable).parent
 GENERATOR = BIN / "openapi-python-client"
@@ -34,6 +34,10 @@ def _readme_block(lang: str) -> str:
 
 @pytest.fixture
 def generated(fixture_url: str, tmp_path: Path) -> Iterator[tuple[str, Any]]:
+    yield from _generate(fixture_url, tmp_path)
+
+
+def _generate(fixture_url: str, tmp_path: Path) -> Iterator[tuple[str, Any]]:
     """The running service's URL and the client package generated from its /openapi.json."""
     log = tmp_path / "server.log"
     with live_server({"POIMEN_DATABASE_URL": fixture_url}, log) as url:
@@ -121,7 +125,27 @@ def test_the_document_states_this_deployments_bounds(fixture_url: str, embedder:
         spec = client.get("/openapi.json").json()
         params = {p["name"]: p for p in spec["paths"]["/memory/query"]["get"]["parameters"]}
         assert params["query"]["schema"]["maxLength"] == 300
-        assert "POIMEN_MAX_LIMIT (7)" in params["limit"]["description"]
-        assert "POIMEN_MAX_TIMEOUT_S (12)" in params["timeout_seconds"]["description"]
+        assert params["limit"]["schema"]["maximum"] == 7
+        assert "1..7 (POIMEN_MAX_LIMIT)" in params["limit"]["description"]
+        assert params["timeout_seconds"]["schema"]["maximum"] == 12
+        assert "1..12 (POIMEN_MAX_TIMEOUT_S)" in params["timeout_seconds"]["description"]
         too_long = client.get("/memory/query", params={"query": "k" * 301})
         assert too_long.status_code == 400
+
+
+@pytest.mark.skipif(not GENERATOR.exists(),
+                    reason="openapi-python-client is installed by make setup-dev")  # fmt: skip
+def test_a_generated_client_sends_the_api_key(fixture_url: str, tmp_path: Path) -> None:
+    """The document declares the bearer scheme, so the generated AuthenticatedClient sends
+    the key; without it the service (which has keys now) answers the typed 401."""
+    key = make_key(fixture_url, ["poimen"])
+    for url, pkg in _generate(fixture_url, tmp_path):
+        query_memory = importlib.import_module(f"{PACKAGE}.api.memory.query_memory")
+        models = importlib.import_module(f"{PACKAGE}.models")
+        with pkg.AuthenticatedClient(base_url=url, token=key) as client:
+            answer = query_memory.sync(client=client, query=KONG, limit=2)
+            assert isinstance(answer, models.QueryResponse), answer
+            assert answer.results and {r.project for r in answer.results} == {"poimen"}
+        with pkg.Client(base_url=url) as anonymous:
+            refused = query_memory.sync_detailed(client=anonymous, query=KONG)
+            assert refused.status_code == 401 and isinstance(refused.parsed, models.Error)

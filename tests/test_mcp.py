@@ -27,12 +27,14 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult
+from psycopg import sql as pgsql
 
 from poimen_core.nodes import MAX_ID_CHARS
 from poimen_lab.live_server import live_server
 from poimen_memory.api.mcp_server import PROJECT_URI, TOOLS
 from poimen_memory.api.openapi import openapi_spec, query_parameters
 from poimen_memory.cli.main import build_parser
+from poimen_memory.contract.query import surfaces
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect, ensure_service_login
 from poimen_memory.errors import ConfigError
@@ -338,7 +340,7 @@ def _counter(scrape: str, line: str) -> float:
         {"query": KONG},
         {"query": KONG, "project": "poimen", "limit": 3, "level": "L0,L1,L2", "evidence": 4},
         {"query": "kong", "strategy": "LexicalOnly", "fusion": "rrf", "timeout_seconds": 10},
-        {"query": "uploads", "since": "2020-01-01", "until": "2030-12-31", "limit": 99},
+        {"query": "uploads", "since": "2020-01-01", "until": "2030-12-31", "limit": 50},
     ],
 )
 def test_a_query_answers_as_http_does(reader: str, params: dict[str, Any]) -> None:
@@ -445,15 +447,27 @@ def test_a_write_is_one_transaction_unless_skip_invalid(server: str, fixture_url
     assert skipped["inserted"] == 1 and len(skipped["invalid"]) == 1
 
 
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"a": 1}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
 @pytest.mark.parametrize(
     ("args", "code", "status", "sqlstate"),
     [
         ({"query": KONG, "project": "nope"}, "unknown_project", 404, "PM404"),
         ({"query": "   "}, "invalid_parameter", 400, None),
         ({"query": KONG, "since": "2023-02-30"}, "invalid_parameter", 400, "22023"),
-        ({"query": KONG, "limit": "many"}, "invalid_parameter", 400, None),  # the schema
+        ({"query": KONG, "limit": "many"}, "invalid_parameter", 400, None),
         ({"query": KONG, "colour": "red"}, "invalid_parameter", 400, None),
         ({"query": "x" * 2001}, "invalid_parameter", 400, None),
+        # An object nested deep (1,000 was a RecursionError, JSON-RPC code 0: deeper than
+        # the SDK's client sends, so test_contract.py has it), a NUL in a key (was the
+        # database's 22P05 message, which HTTP hid).
+        ({"query": KONG, "filter": _nested(60)}, "invalid_parameter", 400, None),
+        ({"query": KONG, "filter": {"k\u0000": "v"}}, "invalid_parameter", 400, None),
     ],
 )
 def test_typed_errors_are_tool_errors(
@@ -461,9 +475,51 @@ def test_typed_errors_are_tool_errors(
 ) -> None:
     body = _tool_error(over_http(reader, None, _call("memory_query", args)))
     assert (body["error"], body["status"], body.get("sqlstate")) == (code, status, sqlstate)
-    if "limit" not in args and "colour" not in args:  # the HTTP route answers the same
-        http = httpx.get(f"{reader}/memory/query", params=args, timeout=30)
-        assert http.status_code == status and http.json()["error"] == code
+    params = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in args.items()}
+    http = httpx.get(f"{reader}/memory/query", params=params, timeout=30)
+    assert http.status_code == status and http.json()["error"] == code
+    if "filter" not in args:  # HTTP's filter is text: over 4096 bytes before too deep
+        assert http.json()["detail"] == body["detail"]
+
+
+# (argument, value): one out-of-range value. memory_query (MCP) and GET /memory/query take
+# it by its public name, memory.answer by its SQL name (the contract's Surface.sql).
+OUT_OF_RANGE = [
+    ("limit", 0),
+    ("limit", 51),
+    ("evidence", 101),
+    ("evidence", -1),
+    ("min_cosine", 2),
+    ("candidates", 0),
+    ("rrf_k", -1),
+    ("dense_weight", 1.5),
+    ("unsupported", "hide"),
+    ("strategy", "Magic"),
+    ("fusion", "borda"),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), OUT_OF_RANGE)
+def test_out_of_range_is_one_typed_error_in_http_mcp_and_sql(
+    reader: str, conn: psycopg.Connection[Any], name: str, value: Any
+) -> None:
+    """The contract's bounds are the vocabulary's, which the SQL checks read: the same
+    value is refused alike, in the same words, each naming the parameter as it is called
+    there (HTTP and MCP limit, SQL k)."""
+    mcp = _tool_error(over_http(reader, None, _call("memory_query", {"query": KONG, name: value})))
+    http = httpx.get(f"{reader}/memory/query", params={"query": KONG, name: value}, timeout=30)
+    assert http.status_code == 400 and mcp["status"] == 400
+    assert http.json()["error"] == mcp["error"] == "invalid_parameter"
+    assert http.json()["detail"] == mcp["detail"]
+    assert mcp["detail"].startswith(f"{name} must be ")
+    sql = surfaces()[name].sql
+    assert sql is not None
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as raised:
+        conn.execute(
+            pgsql.SQL("SELECT memory.answer(%s, {} => %s)").format(pgsql.Identifier(sql)),
+            (KONG, value),
+        )
+    assert raised.value.diag.message_primary == mcp["detail"].replace(name, sql, 1)
 
 
 def test_an_unknown_tool_is_a_protocol_error(reader: str) -> None:

@@ -253,5 +253,7 @@ def test_policy_is_validated_and_applies_to_memory_query(
     assert {r[0] for r in rows} == {"rrf"}
     conn.execute("SELECT memory.reset_policy()")
     assert conn.execute("SELECT fusion FROM memory.policy()").fetchone() == ("convex",)
-    with pytest.raises(psycopg.errors.InvalidParameterValue, match="unknown fusion"):
+    with pytest.raises(
+        psycopg.errors.InvalidParameterValue, match="fusion must be one of rrf, convex"
+    ):
         conn.execute("SELECT * FROM public.memory_query(%s, fusion => 'borda')", (q,))

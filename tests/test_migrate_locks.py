@@ -14,9 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from poimen_memory.db import migrate as migrate_mod
 from poimen_memory.db.connect import connect
-from poimen_memory.db.migrate import migrate
+from poimen_memory.db.migrate import deploy, locks, migrate
 from poimen_memory.db.roles import Roles
 from poimen_memory.errors import MigrationError
 
@@ -105,7 +104,7 @@ def test_a_noop_migrate_takes_no_lock_beyond_a_writers(
     nothing differs: ACCESS SHARE (reading the catalog, a LIKE) and ROW EXCLUSIVE (SQL
     functions' bodies are parsed at CREATE: their INSERTs), nothing a query or write waits for."""
     held: list[tuple[str, str]] = []
-    real = migrate_mod._apply_sql_files
+    real = deploy.apply_sql_files
 
     def spy(c: Conn, schema: str, roles: Roles) -> list[Path]:
         files = real(c, schema, roles)
@@ -120,7 +119,7 @@ def test_a_noop_migrate_takes_no_lock_beyond_a_writers(
         )
         return files
 
-    monkeypatch.setattr(migrate_mod, "_apply_sql_files", spy)
+    monkeypatch.setattr(deploy, "apply_sql_files", spy)
     migrate(conn, plpython_root)
     assert held, "the spy saw the transaction"
     strong = [
@@ -185,11 +184,11 @@ def test_ddl_that_must_run_waits_briefly_retries_and_says_for_what(
         assert "ENABLE ROW LEVEL SECURITY" in detail, detail
         assert f"memory.nodes AccessShareLock held by pid {reader_pid}" in detail, detail
         # A later deploy: the reader finishes while it retries. Each attempt that gives up
-        # reports what it waited for (migrate._waited_for); counted here as it happens,
+        # reports what it waited for (locks.waited_for); counted here as it happens,
         # with how many queries the loop beside it had answered by then.
         refused: list[int] = []
         given_up = threading.Event()
-        real = migrate_mod._waited_for
+        real = locks.waited_for
 
         def report(c: Conn, exc: psycopg.errors.LockNotAvailable) -> str:
             refused.append(len(watch.latencies))
@@ -197,7 +196,7 @@ def test_ddl_that_must_run_waits_briefly_retries_and_says_for_what(
                 given_up.set()
             return real(c, exc)
 
-        monkeypatch.setattr(migrate_mod, "_waited_for", report)
+        monkeypatch.setattr(locks, "waited_for", report)
         done: dict[str, Any] = {}
 
         def deploy() -> None:

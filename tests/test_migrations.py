@@ -10,13 +10,12 @@ import psycopg
 import pytest
 
 from conftest import make_role, stage_migrations
-from poimen_memory.db import migrate as migrate_mod
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect
-from poimen_memory.db.migrate import migrate
+from poimen_memory.db.migrate import layout, migrate
 from poimen_memory.errors import MigrationError
 
-ALL_VERSIONS = sorted(p.stem for p in migrate_mod.MIGRATIONS_DIR.glob("*.sql"))
+ALL_VERSIONS = sorted(p.stem for p in layout.MIGRATIONS_DIR.glob("*.sql"))
 
 
 def _schema_dump(cluster: Cluster, url: str) -> str:
@@ -73,9 +72,9 @@ def test_edited_migration_is_refused(
         migrate(conn, plpython_root)
         edited = tmp_path / "migrations"
         edited.mkdir()
-        src = migrate_mod.MIGRATIONS_DIR / "0001_initial.sql"
+        src = layout.MIGRATIONS_DIR / "0001_initial.sql"
         (edited / src.name).write_text(src.read_text() + "\n-- edited\n")
-        monkeypatch.setattr(migrate_mod, "MIGRATIONS_DIR", edited)
+        monkeypatch.setattr(layout, "MIGRATIONS_DIR", edited)
         with pytest.raises(MigrationError, match="edited after it was applied"):
             migrate(conn, plpython_root)
 
@@ -85,10 +84,10 @@ def test_failed_migration_rolls_back_everything(
 ) -> None:
     migs = tmp_path / "migrations"
     migs.mkdir()
-    src = migrate_mod.MIGRATIONS_DIR / "0001_initial.sql"
+    src = layout.MIGRATIONS_DIR / "0001_initial.sql"
     (migs / src.name).write_text(src.read_text())
     (migs / "0002_broken.sql").write_text("CREATE TABLE memory.broken (x int); SELECT 1/0;")
-    monkeypatch.setattr(migrate_mod, "MIGRATIONS_DIR", migs)
+    monkeypatch.setattr(layout, "MIGRATIONS_DIR", migs)
     with connect(empty_url, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.DivisionByZero):
             migrate(conn, plpython_root)
@@ -104,10 +103,10 @@ def test_incremental_equals_fresh_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Applying migrations one deploy at a time builds the same schema as all at once."""
-    all_migs = sorted(migrate_mod.MIGRATIONS_DIR.glob("*.sql"))
+    all_migs = sorted(layout.MIGRATIONS_DIR.glob("*.sql"))
     staged = tmp_path / "staged"
     staged.mkdir()
-    monkeypatch.setattr(migrate_mod, "MIGRATIONS_DIR", staged)
+    monkeypatch.setattr(layout, "MIGRATIONS_DIR", staged)
     with connect(empty_url, autocommit=True) as conn:
         for m in all_migs:
             (staged / m.name).write_text(m.read_text())

@@ -20,10 +20,9 @@ import psycopg
 import pytest
 
 from conftest import make_role, stage_migrations
-from poimen_memory.db import migrate as migrate_mod
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect
-from poimen_memory.db.migrate import check, migrate
+from poimen_memory.db.migrate import check, layout, migrate
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.ingest.nodes import parse_lines
 from poimen_memory.ingest.writer import ingest
@@ -245,7 +244,7 @@ def test_0009_refuses_edges_across_projects(
     """An edge a DBA wrote across projects before 0009 stops the migration with a hint,
     and nothing is applied; removed, the migration goes through and fills edges.project_id."""
     add_migrations = stage_migrations(tmp_path, monkeypatch, below="0009")
-    monkeypatch.setattr(migrate_mod, "SQL_DIR", tmp_path / "no-sql")
+    monkeypatch.setattr(layout, "SQL_DIR", tmp_path / "no-sql")
     (tmp_path / "no-sql").mkdir()
     with connect(empty_url, autocommit=True) as conn:
         migrate(conn, plpython_root)

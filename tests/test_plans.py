@@ -15,12 +15,12 @@ import pytest
 from conftest import force_parallel, prepare_conn, prepare_database
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import (
-    _BUILD_LOCK_KEY,
     build_project_graphs,
     check,
     migrate,
     missing_project_graphs,
 )
+from poimen_memory.db.migrate.locks import BUILD_LOCK_KEY
 from poimen_memory.errors import MigrationError
 
 Conn = psycopg.Connection[Any]
@@ -735,7 +735,7 @@ def test_a_second_migrate_waits_for_the_first_ones_builds(
     lines: list[str] = []
     with connect(cluster.url("t_plans"), autocommit=True) as first:
         pid = first.info.backend_pid
-        first.execute("SELECT pg_advisory_lock(%s)", (_BUILD_LOCK_KEY,))
+        first.execute("SELECT pg_advisory_lock(%s)", (BUILD_LOCK_KEY,))
         with pytest.raises(MigrationError, match=rf"another migrate \(pid {pid}\)"):
             build_project_graphs(synthetic, lock_timeout_s=0.3, progress=lines.append)
     assert lines == [f"waiting for pid {pid}, which is building project graphs"]

@@ -13,11 +13,12 @@ import psycopg
 import pytest
 
 from conftest import FIXTURE, db_roles, make_role
-from poimen_memory.db import migrate as migrate_mod
+from poimen_core.vocabulary import check_role_prefix
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect, ensure_service_login
 from poimen_memory.db.migrate import check, migrate
-from poimen_memory.db.roles import LEGACY, Roles, check_prefix, prefix_for
+from poimen_memory.db.migrate import roles as migrate_roles
+from poimen_memory.db.roles import LEGACY, Roles, prefix_for
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.errors import MigrationError
 from poimen_memory.ingest.nodes import parse_lines
@@ -176,7 +177,7 @@ def test_a_database_of_the_cluster_wide_roles_moves_to_its_own(
     follow, and the shared roles keep nothing here."""
     with connect(empty_url, autocommit=True) as conn:
         # The old layout: sql/ rendered with the cluster-wide names, no prefix recorded.
-        monkeypatch.setattr(migrate_mod, "prefix_for", lambda _name: LEGACY.prefix)
+        monkeypatch.setattr(migrate_roles, "prefix_for", lambda _name: LEGACY.prefix)
         migrate(conn, plpython_root)
         monkeypatch.undo()
         conn.execute("DELETE FROM memory.config WHERE key = 'role_prefix'")
@@ -224,5 +225,5 @@ def test_a_database_of_the_cluster_wide_roles_moves_to_its_own(
     ],
 )
 def test_the_default_prefix_is_a_plain_identifier(database: str, prefix: str) -> None:
-    assert prefix_for(database) == prefix and check_prefix(prefix) == prefix
+    assert prefix_for(database) == prefix and check_role_prefix(prefix) == prefix
     assert len(Roles(prefix).service) <= 63

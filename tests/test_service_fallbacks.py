@@ -304,6 +304,8 @@ def test_no_lexical_engine_means_semantic_only(
     assert body["results"]
     assert all(r["lexical_rank"] is None and r["semantic_rank"] for r in body["results"])
     assert "lexical" not in body["plan"]["engines"]
+    assert body["metrics"]["lexical_time_ms"] is None
+    assert body["metrics"]["lexical_candidates"] is None
     assert engines["lexical"] is None
 
 
@@ -373,6 +375,29 @@ def test_opensearch_does_the_lexical_leg_with_the_seed_body(
     assert any(r["lexical_rank"] and r["semantic_rank"] for r in body["results"])
 
 
+def test_the_semantic_leg_runs_while_opensearch_answers(
+    fixture_url: str, embedder: LocalEmbedder, opensearch: OpenSearchServer
+) -> None:
+    """The legs run side by side with OpenSearch too: the semantic leg (slowed to 0.5 s)
+    does not wait for OpenSearch's answer (delayed 1 s), and fusion waits for both. So the
+    request, fusion aside, lasts as long as the longer leg, not the two together (1.5 s),
+    and lexical_time_ms is the OpenSearch call's time (with the join of its hits)."""
+    slow_down(fixture_url, "semantic_search", 0.5)
+    opensearch.search_delay_s = 1.0
+    with serve(opensearch_env(fixture_url, opensearch), embedder) as client:
+        query(client, query=KONG, evidence=0)  # warm: connections, plans, the embedder
+        body = query(client, query=KONG, evidence=0)
+    m = body["metrics"]
+    assert body["search_strategy"] == "Hybrid"
+    assert body["plan"]["engines"]["lexical"] == "opensearch"
+    assert not degraded(body, "lexical") and not degraded(body, "semantic")
+    assert m["lexical_time_ms"] >= m["opensearch_time_ms"] >= 1000
+    assert m["semantic_time_ms"] >= 500
+    legs = m["total_time_ms"] - m["fusion_time_ms"]
+    assert legs == pytest.approx(max(m["semantic_time_ms"], m["lexical_time_ms"]), rel=0.15), m
+    assert any(r["semantic_rank"] and r["lexical_rank"] for r in body["results"])
+
+
 @pytest.mark.parametrize("failure", ["down", "slow"])
 def test_opensearch_failure_falls_back_to_postgres(
     fixture_url: str, embedder: LocalEmbedder, opensearch: OpenSearchServer, failure: str
@@ -409,7 +434,7 @@ def test_opensearch_down_and_no_postgres_lexical(
     assert body["search_strategy"] == "Hybrid"
     assert degraded(body, "lexical") == ["opensearch_http_503"]
     assert body["results"] and all(r["lexical_rank"] is None for r in body["results"])
-    assert body["metrics"]["lexical_candidates"] == 0
+    assert body["metrics"]["lexical_candidates"] is None  # no lexical leg ran
 
 
 # -- reranker failures ------------------------------------------------------------------------

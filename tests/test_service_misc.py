@@ -91,11 +91,21 @@ def test_level_list_is_trimmed_and_deduplicated(client: TestClient) -> None:
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("limit", "many", "limit must be a number"),
-        ("limit", "2.5", "limit must be a number"),
+        ("limit", "many", "limit must be a whole number, got 'many'"),
+        ("limit", "2.5", "limit must be a whole number, got '2.5'"),
+        # Python's int() reads other scripts' digits; a query string's number is ASCII.
+        ("limit", "\u0661\u0660", "limit must be a whole number"),
         ("timeout_seconds", "soon", "timeout_seconds must be a number"),
-        ("fusion", "borda", "fusion must be rrf or convex"),
-        ("strategy", "Magic", "unknown strategy"),
+        ("fusion", "borda", "fusion must be one of rrf, convex, got 'borda'"),
+        ("strategy", "Magic", "strategy must be one of LexicalOnly, LexicalFirst, Hybrid"),
+        ("unsupported", "hide", "unsupported must be one of demote, exclude, keep"),
+        ("as_of", "", "as_of must be an ISO 8601 timestamp, got ''"),
+        ("valid_at", "soon", "valid_at must be an ISO 8601 timestamp"),
+        ("dense_weight", "1.5", "dense_weight must be within 0..1, got 1.5"),
+        ("candidates", "0", "candidates must be within 1..1000, got 0"),
+        ("rrf_k", "-1", "rrf_k must be within 0..999999, got -1"),
+        # A typo is not ignored in silence.
+        ("recency_half_life_days", "5", "unknown parameter 'recency_half_life_days'"),
     ],
 )
 def test_bad_parameters_are_400(client: TestClient, name: str, value: str, message: str) -> None:
@@ -111,18 +121,32 @@ def test_strategy_override(client: TestClient) -> None:
     assert all(r["semantic_rank"] is None for r in body["results"])
 
 
-# -- clamping -------------------------------------------------------------------------------
+# -- bounds: out of range is refused by name, never clamped ---------------------------------
 
 
-@pytest.mark.parametrize(("limit", "expected"), [("0", 1), ("-7", 1), ("1", 1), ("40", 4)])
-def test_limit_is_clamped(
-    fixture_url: str, embedder: LocalEmbedder, limit: str, expected: int
+@pytest.mark.parametrize(
+    ("limit", "status"), [("0", 400), ("-7", 400), ("1", 200), ("4", 200), ("5", 400)]
+)
+def test_limit_beyond_the_deployments_bound_is_400(
+    fixture_url: str, embedder: LocalEmbedder, limit: str, status: int
 ) -> None:
     env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_MAX_LIMIT": "4"}
     with LoopbackClient(make_app(env, embedder)) as client:
         params = {"query": KONG, "level": "L0,L1,L2", "limit": limit}
-        body = client.get("/memory/query", params=params).json()
-    assert len(body["results"]) == body["metrics"]["final_count"] == expected
+        response = client.get("/memory/query", params=params)
+    if status == 200:
+        body = response.json()
+        assert len(body["results"]) == body["metrics"]["final_count"] == int(limit)
+    else:
+        body = error(response, 400, "invalid_parameter")
+        assert body["detail"] == f"limit must be within 1..4, got {limit}"
+        assert "POIMEN_MAX_LIMIT" in body["hint"]
+
+
+def test_a_parameter_given_twice_is_400(client: TestClient) -> None:
+    response = client.get("/memory/query?query=kong&limit=2&limit=3")
+    body = error(response, 400, "invalid_parameter")
+    assert body["detail"] == "limit given more than once"
 
 
 @pytest.fixture(scope="module")
@@ -142,26 +166,24 @@ def remote_env(url: str, server: EmbeddingServer, **extra: str) -> dict[str, str
     }
 
 
-def test_tiny_timeout_is_raised_to_the_minimum(
+@pytest.mark.parametrize("timeout", ["0.01", "0.99", "600"])
+def test_a_timeout_out_of_range_is_400(client: TestClient, timeout: str) -> None:
+    response = client.get("/memory/query", params={"query": KONG, "timeout_seconds": timeout})
+    body = error(response, 400, "invalid_parameter")
+    assert body["detail"] == f"timeout_seconds must be within 1..30, got {float(timeout):g}"
+    assert "POIMEN_MAX_TIMEOUT_S" in body["hint"]
+
+
+def test_the_longest_timeout_bounds_the_embedder(
     fixture_url: str, slow_embeddings: EmbeddingServer
 ) -> None:
-    slow_embeddings.reset(dim=384, delay_s=0.3)
-    with LoopbackClient(make_app(remote_env(fixture_url, slow_embeddings))) as client:
-        response = client.get("/memory/query", params={"query": KONG, "timeout_seconds": "0.01"})
-    # Unclamped, 10 ms could not cover a 300 ms embedding; clamped to 1 s it does.
-    assert response.status_code == 200, response.text
-    assert response.json()["metrics"]["embed_time_ms"] >= 300
-
-
-def test_huge_timeout_is_capped(fixture_url: str, slow_embeddings: EmbeddingServer) -> None:
     slow_embeddings.reset(dim=384, delay_s=5)
     env = remote_env(fixture_url, slow_embeddings, POIMEN_MAX_TIMEOUT_S="1")
     with LoopbackClient(make_app(env)) as client:
-        response = client.get("/memory/query", params={"query": KONG, "timeout_seconds": "600"})
-    # Capped at 1 s, the embedder gets 1 s less the fallback reserve (0.5 s) and less what
-    # came before it since the request arrived (the deadline counts from arrival: auth,
-    # parsing), gives up, and the lexical answer comes instead. Uncapped, the embedder
-    # would have had minutes for its 5 s and answered: the timeout is the cap's doing.
+        response = client.get("/memory/query", params={"query": KONG, "timeout_seconds": "1"})
+    # 1 s: the embedder gets 1 s less the fallback reserve (0.5 s) and less what came
+    # before it since the request arrived (the deadline counts from arrival: auth, parsing),
+    # gives up, and the lexical answer comes instead.
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["degraded"][0] == {"stage": "embed", "reason": "timeout"}
@@ -403,6 +425,9 @@ def test_openapi_lists_every_route_and_the_error_schema(
         "as_of",
         "valid_at",
         "unsupported",
+        "rrf_k",
+        "candidates",
+        "dense_weight",
     }
     # The documented response shapes cover what the service really returns.
     assert set(sample) <= set(schemas["QueryResponse"]["properties"])
@@ -435,16 +460,20 @@ def test_a_request_for_another_host_is_refused(
 ) -> None:
     """DNS rebinding: a web page that reaches a loopback server sends its own name as Host.
     By default only loopback names are answered (POIMEN_HTTP_ALLOWED_HOSTS), on every route
-    but /mcp, which the MCP SDK checks against POIMEN_MCP_ALLOWED_HOSTS."""
+    (/mcp against POIMEN_MCP_ALLOWED_HOSTS), each name compared whole."""
     for host in ("127.0.0.1", "127.0.0.1:8765", "localhost:80", "[::1]:8000", "LOCALHOST"):
         r = client.get("/memory/query", params={"query": KONG}, headers={"Host": host})
         assert r.status_code == 200, (host, r.text)
     for host in ("evil.example", "evil.example:8765", "testserver", "127.0.0.1.evil.example",
-                 "localhost:80x", ""):  # fmt: skip
-        r = client.get("/healthz", headers={"Host": host})
-        body = error(r, 421, "misdirected_request")
-        assert body["detail"] == f"this service does not answer to Host {host!r}"
-        assert "POIMEN_HTTP_ALLOWED_HOSTS" in body["hint"]
+                 "localhost:80x", "127.0.0.1:58422@evil.com", ""):  # fmt: skip
+        for path in ("/healthz", "/mcp"):
+            if path == "/mcp":
+                r = client.post(path, json={}, headers={"Host": host})
+            else:
+                r = client.get(path, headers={"Host": host})
+            body = error(r, 421, "misdirected_request")
+            assert body["detail"] == f"this service does not answer to Host {host!r}"
+            assert "POIMEN_HTTP_ALLOWED_HOSTS" in body["hint"]
     listed = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_HTTP_ALLOWED_HOSTS": "memory.internal:*"}
     with LoopbackClient(make_app(listed, embedder), base_url="http://memory.internal:8000") as c:
         assert c.get("/openapi.json").status_code == 200
@@ -454,11 +483,76 @@ def test_a_request_for_another_host_is_refused(
         assert c.get("/openapi.json").status_code == 200
     with pytest.raises(ConfigError, match="POIMEN_HTTP_ALLOWED_HOSTS"):
         Settings.from_env({"POIMEN_HTTP_ALLOWED_HOSTS": "a,*"})
-    # The spec says so for every operation the check guards, and not for /mcp.
+    # The spec says so for every operation.
     spec = client.get("/openapi.json").json()
     for path, item in spec["paths"].items():
         for method, operation in item.items():
-            assert ("421" in operation["responses"]) == (path != "/mcp"), (path, method)
+            assert "421" in operation["responses"], (path, method)
+
+
+NODE = {"id": "cross-site", "level": "L1", "project": "poimen", "text": "planted"}
+
+
+@pytest.mark.parametrize(
+    "origin",
+    ["http://evil.example", "null", "http://127.0.0.1:8765@evil.example",
+     "http://127.0.0.1.evil.example", "*", "http://127.0.0.1:80x"],
+)  # fmt: skip
+def test_a_page_of_another_origin_is_refused(client: TestClient, origin: str) -> None:
+    """A browser names the page's origin: another site's is refused on every route, before
+    a body is read (a write included), compared whole."""
+    r = client.post("/memory/nodes", json=[NODE], headers={"Origin": origin})
+    body = error(r, 403, "cross_origin_refused")
+    assert "POIMEN_HTTP_ALLOWED_ORIGINS" in body["hint"]
+    error(client.get("/memory/query", params={"query": KONG}, headers={"Origin": origin}), 403,
+          "cross_origin_refused")  # fmt: skip
+    assert client.get("/memory/nodes/cross-site", params={"project": "poimen"}).status_code == 404
+
+
+def test_the_pages_own_origin_and_loopback_pages_are_served(client: TestClient) -> None:
+    own = client.get(
+        "/memory/query", params={"query": KONG}, headers={"Origin": "http://127.0.0.1"}
+    )
+    assert own.status_code == 200, own.text
+    local = {"Origin": "http://localhost:3000"}
+    assert client.get("/memory/query", params={"query": KONG}, headers=local).status_code == 200
+    # CORS is off: nothing tells a browser another origin may read the answer.
+    assert "access-control-allow-origin" not in own.headers
+    pre = client.options(
+        "/memory/nodes", headers={**local, "Access-Control-Request-Method": "POST"}
+    )
+    assert "access-control-allow-origin" not in pre.headers
+
+
+def test_cors_is_answered_for_the_origins_listed_alone(
+    fixture_url: str, embedder: LocalEmbedder
+) -> None:
+    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_HTTP_CORS_ORIGINS": "https://app.example"}
+    with LoopbackClient(make_app(env, embedder)) as c:
+        ask = {"Access-Control-Request-Method": "POST",
+               "Access-Control-Request-Headers": "content-type"}  # fmt: skip
+        listed = c.options("/memory/nodes", headers={"Origin": "https://app.example", **ask})
+        assert listed.headers["access-control-allow-origin"] == "https://app.example"
+        other = c.options("/memory/nodes", headers={"Origin": "https://other.example", **ask})
+        error(other, 403, "cross_origin_refused")
+        read = c.get("/memory/query", params={"query": KONG},
+                     headers={"Origin": "https://app.example"})  # fmt: skip
+        assert read.status_code == 200
+        assert read.headers["access-control-allow-origin"] == "https://app.example"
+    with pytest.raises(ConfigError, match="POIMEN_HTTP_CORS_ORIGINS"):
+        Settings.from_env({"POIMEN_HTTP_CORS_ORIGINS": "*"})
+
+
+@pytest.mark.parametrize(
+    "kind", ["text/plain", "text/plain; charset=utf-8", "application/x-www-form-urlencoded",
+             "multipart/form-data; boundary=x"],
+)  # fmt: skip
+def test_a_write_in_a_form_type_is_415(client: TestClient, kind: str) -> None:
+    """The bodies a browser sends across origins without a preflight are no write's."""
+    r = client.post("/memory/nodes", content=json.dumps([NODE]), headers={"Content-Type": kind})
+    body = error(r, 415, "unsupported_media_type")
+    assert "application/json" in body["hint"]
+    assert client.get("/memory/nodes/cross-site", params={"project": "poimen"}).status_code == 404
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])

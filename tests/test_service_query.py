@@ -316,11 +316,29 @@ def test_metrics_are_populated(client: TestClient) -> None:
     assert all(isinstance(m[k], float) and m[k] > 0 for k in (*stages, "total_time_ms"))
     assert m["total_time_ms"] >= max(m[k] for k in stages)
     assert body["latency_ms"] >= m["total_time_ms"]
-    assert m["rerank_time_ms"] == 0.0  # no reranker configured
+    assert m["rerank_time_ms"] is None  # no reranker configured: the stage did not run
     assert m["final_count"] == len(body["results"]) <= 5
     assert m["semantic_candidates"] == 10  # every L1/L2 node with an embedding (limit 50)
     assert m["lexical_candidates"] > 0
     assert m["embedding_cache_hit"] is False
+
+
+def test_a_leg_that_did_not_run_reports_null(client: TestClient, fixture_url: str) -> None:
+    """Null, not 0: a leg the plan did not run has no time and no candidates (0 would say it
+    ran and found nothing), over HTTP and in the SQL answer alike."""
+    m = query(client, query=KONG, strategy="LexicalOnly")["metrics"]
+    assert m["semantic_time_ms"] is None and m["semantic_candidates"] is None
+    assert m["embed_time_ms"] is None and m["embedding_cache_hit"] is None
+    assert m["rerank_time_ms"] is None and m["opensearch_time_ms"] is None
+    assert m["lexical_time_ms"] > 0 and m["lexical_candidates"] > 0
+    with psycopg.connect(fixture_url) as conn:
+        row = conn.execute(
+            "SELECT memory.answer(%s, strategy => 'LexicalOnly')", (KONG,)
+        ).fetchone()
+    assert row is not None
+    doc = row[0]
+    assert doc["counts"]["semantic_candidates"] is None and doc["counts"]["lexical_candidates"]
+    assert "semantic_time_ms" not in doc["stages"] and doc["stages"]["lexical_time_ms"] > 0
 
 
 # -- reranking (rerank double) ---------------------------------------------------------------

@@ -17,7 +17,9 @@ import pytest
 from conftest import FIXTURE, force_parallel, free_port
 from poimen_memory.db.cluster import Cluster, find_pg_bin
 from poimen_memory.db.connect import connect
-from poimen_memory.db.migrate import _LOCK_KEY, INLINED, check, install_plpython, migrate
+from poimen_memory.db.migrate import check, install_plpython, migrate
+from poimen_memory.db.migrate.apply import INLINED
+from poimen_memory.db.migrate.locks import LOCK_KEY
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.errors import MigrationError
 
@@ -473,7 +475,7 @@ def test_text_queries_run_without_plpython(conn: Conn, embedder: LocalEmbedder) 
 
 def test_migrate_gives_up_on_a_held_lock(conn: Conn, fixture_url: str) -> None:
     with psycopg.connect(fixture_url, autocommit=True) as holder:
-        holder.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+        holder.execute("SELECT pg_advisory_lock(%s)", (LOCK_KEY,))
         with pytest.raises(MigrationError, match="could not take a lock") as exc:
             migrate(conn, None, lock_timeout_s=0.2)
         assert "pg_locks" in (exc.value.hint or "")

@@ -248,7 +248,10 @@ def test_review_arguments_are_checked(conn: Conn) -> None:
     assert exc.value.sqlstate == SQLSTATES["unknown_project"]
     with pytest.raises(psycopg.Error) as exc:
         conn.execute("SELECT memory.answer('x', unsupported => 'hide')")
-    assert exc.value.sqlstate == "22023" and "demote, exclude or keep" in str(exc.value)
+    assert (
+        exc.value.sqlstate == "22023"
+        and "unsupported must be one of demote, exclude, keep" in str(exc.value)
+    )
 
 
 def test_the_evidence_list_cites_the_superseded_version_marked(conn: Conn) -> None:

@@ -8,6 +8,7 @@ docs/explorer.png is made that way).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import uuid
@@ -223,7 +224,7 @@ def test_linked_query_renders_results_provenance_plan_and_timings(page: Page, se
     ran = [
         s
         for s in ("embed", "lexical", "semantic", "fusion", "provenance")
-        if metrics[f"{s}_time_ms"] > 0
+        if (metrics[f"{s}_time_ms"] or 0) > 0  # null: it did not run
     ]
     assert {"lexical", "fusion", "provenance"} <= set(ran)
     for stage in ran:
@@ -352,3 +353,47 @@ def test_results_show_their_id_support_and_versions(page: Page, server: str) -> 
         expect(versions.nth(i).locator(".revision")).to_have_text(f"r{v['revision']}")
         expect(versions.nth(i)).to_have_attribute("data-current", str(v["current"]).lower())
     expect(versions.last.locator(".ended")).to_have_text("current")
+
+
+def _refused_writes(server: str) -> float:
+    """How many POSTs the service has refused 403 (its metrics; refused before routing,
+    they count under the route "unmatched")."""
+    scrape = httpx.get(f"{server}/metrics", timeout=10).text
+    pattern = r'^poimen_http_requests_total\{method="POST",route="[^"]*",status="403"\} (\S+)$'
+    return sum(float(v) for v in re.findall(pattern, scrape, re.M))
+
+
+def test_a_page_of_another_site_cannot_write(playwright: Playwright, server: str) -> None:
+    """A page of another origin posts a node the ways a browser sends without a CORS
+    preflight (a text/plain fetch, an HTML form): each reaches the service, which refuses
+    it by its Origin (403), and nothing is written. Chromium's own guard against public
+    pages calling loopback (Private/Local Network Access) is turned off: not every browser
+    has it, and the service must refuse on its own."""
+    browser = playwright.chromium.launch(
+        executable_path=str(CHROMIUM),
+        args=[*CHROMIUM_ARGS, "--disable-features=BlockInsecurePrivateNetworkRequests,"
+              "PrivateNetworkAccessSendPreflights,LocalNetworkAccessChecks"],
+    )  # fmt: skip
+    context = browser.new_context()
+    page = context.new_page()
+    evil = "http://evil.example/"
+    page.route(evil, lambda route: route.fulfill(
+        status=200, content_type="text/html",
+        body=f'<form method="post" action="{server}/memory/nodes" enctype="text/plain">'
+             '<input name="x" value="y"></form>',
+    ))  # fmt: skip
+    page.goto(evil)
+    node = {"id": "planted-by-evil", "level": "L1", "project": "poimen", "text": "planted"}
+    before = _refused_writes(server)
+    kind = page.evaluate(
+        """async ([url, body]) => (await fetch(url, {method: "POST", mode: "no-cors",
+                 headers: {"Content-Type": "text/plain"}, body})).type""",
+        [f"{server}/memory/nodes", json.dumps([node])],
+    )
+    assert kind == "opaque"  # sent, its answer hidden from the page
+    with page.expect_navigation():
+        page.evaluate("document.forms[0].submit()")
+    browser.close()
+    assert _refused_writes(server) == before + 2
+    got = httpx.get(f"{server}/memory/nodes/planted-by-evil", params={"project": "poimen"})
+    assert got.status_code == 404, got.text

@@ -1,11 +1,11 @@
 """Python side of memory.add_nodes: the service's ingest, inside one SQL statement.
 
-Same rules as the CLI and POST /memory/nodes, because they are the same code
-(poimen_core.nodes): every node is parsed with parse_line, the batch is validated against
-itself and the stored nodes before anything is written, keys are node_sha256, and
+Same rules as the CLI and POST /memory/nodes, because they are the same code: every node
+is parsed with parse_line (poimen_core.nodes), then written by the write sequence the
+service's ingest runs too (poimen_core.writes), here over plpy: the batch is validated
+against itself and the stored nodes before anything is written, keys are node_sha256, and
 duplicates, edges and unresolved parents are counted (and every node answered with its id,
-revision and status) alike by the one writer,
-memory._write_nodes (sql/068_write.sql), which the service's ingest calls too. Vectors come
+revision and status) alike by the one writer, memory._write_nodes (sql/068_write.sql). Vectors come
 from memory.embed, the service's own model. An error raised anywhere aborts the calling
 statement, so a failed call writes nothing. Row-level security applies as to any INSERT
 (the function runs as its caller); the write grants are also checked up front, so that
@@ -14,23 +14,15 @@ the error names the node rather than a table.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from poimen_core.nodes import (
-    Key,
-    LineError,
-    NodeRecord,
-    adopt_stored_hashes,
-    new_records,
-    parse_line,
-    reference_keys,
-    validate,
-    write_row,
-)
+from poimen_core.nodes import LineError, NodeRecord, parse_line
 from poimen_core.plentry import INVALID_PARAMETER_VALUE, PlpyLike
 from poimen_core.vocabulary import LOCAL_DIM, LOCAL_MODEL, SQLSTATES
+from poimen_core.writes import Checked, Writer, write_nodes
 
 __all__ = ["add_nodes_for_sql"]
 
@@ -49,25 +41,70 @@ class PlpySPI(PlpyLike, Protocol):
     def execute(self, plan: object, args: Sequence[Any], /) -> Any: ...
 
 
-class _Stored(NamedTuple):
-    level: str
-    sha256: bytes
+class _Statement(NamedTuple):
+    sql: str
+    params: tuple[tuple[str, str], ...] = ()  # name and type of $1, $2, ...
+    json: tuple[str, ...] = ()  # jsonb columns: PL/Python returns them as text
 
 
-def _run(plpy: PlpySPI, query: str, types: Sequence[str], args: Sequence[Any]) -> Any:
-    return plpy.execute(plpy.prepare(query, types), args)
+# The write sequence's statements (poimen_core.writes.Executor), then this side's own.
+_STATEMENTS = {
+    "ensure_projects": _Statement("SELECT memory._ensure_projects($1)", (("names", "text[]"),)),
+    "stored_nodes": _Statement(
+        "SELECT * FROM memory._stored_nodes($1, $2)",
+        (("projects", "text[]"), ("external_ids", "text[]")),
+    ),
+    "stored_hashes": _Statement(
+        "SELECT sha256 FROM memory._stored_hashes($1)", (("shas", "bytea[]"),)
+    ),
+    "embed_nodes": _Statement(
+        "SELECT memory._write_nodes($1, embed => true) AS report",
+        (("nodes", "jsonb"),),
+        ("report",),
+    ),
+    "kind": _Statement("SELECT jsonb_typeof($1) AS t", (("nodes", "jsonb"),)),
+    "elements": _Statement(
+        "SELECT e::text AS node FROM jsonb_array_elements($1) WITH ORDINALITY AS x(e, i)"
+        " ORDER BY i",
+        (("nodes", "jsonb"),),
+    ),
+    "write_grants": _Statement(
+        "SELECT pg_catalog.row_security_active('memory.nodes') AS rls,"
+        " memory.granted_projects(true) AS granted, current_user AS who"
+    ),
+    "embedding_model": _Statement(
+        "SELECT (SELECT model FROM memory.embedding_model) AS model, current_user AS who,"
+        " pg_catalog.has_function_privilege("
+        "'memory.configure_embedding(text, integer)', 'EXECUTE') AS may"
+    ),
+    "configure_embedding": _Statement(
+        "SELECT memory.configure_embedding($1, $2)", (("model", "text"), ("dim", "integer"))
+    ),
+}
 
 
-_ELEMENTS = """
-SELECT e::text AS node FROM jsonb_array_elements($1) WITH ORDINALITY AS x(e, i) ORDER BY i"""
-_ENSURE_PROJECTS = "SELECT memory._ensure_projects($1)"
-_STORED = "SELECT * FROM memory._stored_nodes($1, $2)"
-_EXISTING = "SELECT sha256 FROM memory._stored_hashes($1)"
-_WRITE = "SELECT memory._write_nodes($1, embed => true) AS report"
+class _Spi:
+    """The write sequence's Executor over plpy, inside the calling statement."""
+
+    def __init__(self, plpy: PlpySPI) -> None:
+        self.plpy = plpy
+        self._plans: dict[str, object] = {}
+
+    def run(self, statement: str, params: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+        st = _STATEMENTS[statement]
+        plan = self._plans.get(statement)
+        if plan is None:
+            plan = self._plans[statement] = self.plpy.prepare(st.sql, [t for _, t in st.params])
+        rows: Sequence[Mapping[str, Any]] = self.plpy.execute(
+            plan, [params[n] for n, _ in st.params]
+        )
+        if not st.json:
+            return rows
+        return [{**row, **{c: json.loads(row[c]) for c in st.json}} for row in rows]
 
 
-def _parse(plpy: PlpySPI, nodes: str | None) -> list[NodeRecord]:
-    kind = _run(plpy, "SELECT jsonb_typeof($1) AS t", ["jsonb"], [nodes])[0]["t"]
+def _parse(plpy: PlpySPI, ex: _Spi, nodes: str | None) -> list[NodeRecord]:
+    kind = ex.run("kind", {"nodes": nodes})[0]["t"]
     if kind != "array":
         plpy.error(
             f"nodes must be a JSON array of node objects, got {kind or 'NULL'}",
@@ -77,7 +114,7 @@ def _parse(plpy: PlpySPI, nodes: str | None) -> list[NodeRecord]:
         )
     records: list[NodeRecord] = []
     errors: list[LineError] = []
-    for i, row in enumerate(_run(plpy, _ELEMENTS, ["jsonb"], [nodes]), start=1):
+    for i, row in enumerate(ex.run("elements", {"nodes": nodes}), start=1):
         parsed = parse_line(row["node"], i, None)
         if isinstance(parsed, list):
             errors.extend(parsed)
@@ -102,65 +139,6 @@ def _refuse(plpy: PlpySPI, errors: Sequence[LineError]) -> None:
     )
 
 
-def _check_write_grants(plpy: PlpySPI, records: Sequence[NodeRecord]) -> None:
-    """The policies would refuse the INSERT anyway; this names the node and the project."""
-    row = plpy.execute(
-        plpy.prepare(
-            "SELECT pg_catalog.row_security_active('memory.nodes') AS rls,"
-            " memory.granted_projects(true) AS granted, current_user AS who",
-            [],
-        ),
-        [],
-    )[0]
-    if not row["rls"] or "*" in row["granted"]:
-        return  # the owner, a superuser or BYPASSRLS; or a grant of every project
-    for r in records:
-        if r.project not in row["granted"]:
-            plpy.error(
-                f"node {r.line_no}: role {row['who']} may not write project {r.project!r} "
-                "(nothing was written)",
-                detail="Row-level security: writing a project needs a write grant on it.",
-                hint=f"The owner runs SELECT memory.grant_project('{row['who']}', "
-                f"'{r.project}', write => true).",
-                sqlstate=INSUFFICIENT_PRIVILEGE,
-            )
-
-
-def _ensure_embedding_model(plpy: PlpySPI) -> None:
-    """As the writer's first ingest: record the model if none is, when the role may."""
-    row = plpy.execute(
-        plpy.prepare(
-            "SELECT (SELECT model FROM memory.embedding_model) AS model, current_user AS who,"
-            " pg_catalog.has_function_privilege("
-            "'memory.configure_embedding(text, integer)', 'EXECUTE') AS may",
-            [],
-        ),
-        [],
-    )[0]
-    if row["model"] is None and row["may"]:
-        _run(plpy, "SELECT memory.configure_embedding($1, $2)", ["text", "integer"],
-             [LOCAL_MODEL, LOCAL_DIM])  # fmt: skip
-    elif row["model"] is None:
-        plpy.error(
-            f"no embedding model is configured, and role {row['who']} may not configure one",
-            detail="The first write records the model and builds the HNSW indexes, which "
-            "only the owner and the database's service role (memory.roles()) may do.",
-            hint=f"The owner runs SELECT memory.configure_embedding('{LOCAL_MODEL}', "
-            f"{LOCAL_DIM}); or call memory.add_nodes once as the owner or a member of "
-            "the service role.",
-            sqlstate=NOT_CONFIGURED,
-        )
-    elif row["model"] != LOCAL_MODEL:
-        plpy.error(
-            f"the database stores {row['model']} vectors; memory.add_nodes embeds with "
-            f"{LOCAL_MODEL}",
-            detail="Mixing embedding models would make cosine scores meaningless.",
-            hint="Write these nodes through the service or `poimen-memory ingest`, which "
-            "embed with the configured model.",
-            sqlstate=MODEL_MISMATCH,
-        )
-
-
 def _spi_error(exc: Exception) -> tuple[str | None, str | None, str | None]:
     """SQLSTATE, detail and hint of a plpy.SPIError. A code PL/Python has no class for comes
     as a generic SPIError whose sqlstate is None: its spidata holds the packed code."""
@@ -173,41 +151,99 @@ def _spi_error(exc: Exception) -> tuple[str | None, str | None, str | None]:
     return code, detail, hint
 
 
+class _AddNodes:
+    """memory.add_nodes's side of the write sequence: one statement holds every step, and
+    every refusal is an error of that statement (so nothing is written)."""
+
+    keep_answers = True
+
+    def __init__(self, plpy: PlpySPI, ex: _Spi) -> None:
+        self.plpy, self.ex = plpy, ex
+
+    def before_reading(self, records: Sequence[NodeRecord]) -> None:
+        self._check_write_grants(records)
+        # Before anything is read (memory._ensure_projects says why). A project left without
+        # nodes cannot happen: a node's hash includes its project, and an error below rolls
+        # the projects back with everything else.
+        self.ex.run("ensure_projects", {"names": sorted({r.project for r in records})})
+
+    def screen(self, checked: Checked) -> list[NodeRecord]:
+        _refuse(self.plpy, checked.problems)
+        return checked.records
+
+    def writing(self, todo: Sequence[NodeRecord]) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()  # the calling statement's transaction holds it all
+
+    def ensure_model(self, todo: Sequence[NodeRecord]) -> None:
+        """As the service's first ingest: record the model if none is, when the role may."""
+        if not todo:
+            return
+        row = self.ex.run("embedding_model", {})[0]
+        if row["model"] is None and row["may"]:
+            self.ex.run("configure_embedding", {"model": LOCAL_MODEL, "dim": LOCAL_DIM})
+        elif row["model"] is None:
+            self.plpy.error(
+                f"no embedding model is configured, and role {row['who']} may not configure one",
+                detail="The first write records the model and builds the HNSW indexes, which "
+                "only the owner and the database's service role (memory.roles()) may do.",
+                hint=f"The owner runs SELECT memory.configure_embedding('{LOCAL_MODEL}', "
+                f"{LOCAL_DIM}); or call memory.add_nodes once as the owner or a member of "
+                "the service role.",
+                sqlstate=NOT_CONFIGURED,
+            )
+        elif row["model"] != LOCAL_MODEL:
+            self.plpy.error(
+                f"the database stores {row['model']} vectors; memory.add_nodes embeds with "
+                f"{LOCAL_MODEL}",
+                detail="Mixing embedding models would make cosine scores meaningless.",
+                hint="Write these nodes through the service or `poimen-memory ingest`, which "
+                "embed with the configured model.",
+                sqlstate=MODEL_MISMATCH,
+            )
+
+    def write(self, writer: Writer, records: Sequence[NodeRecord], todo: list[NodeRecord]) -> None:
+        # Every record in input order, so the writer's node numbers (and its per-node answer)
+        # are the caller's; the stored ones too: the writer decides whether each is
+        # unchanged or a new version (other metadata or timestamp), reusing its vector.
+        refused: tuple[str, str | None, str | None] | None = None
+        try:
+            writer.call("embed_nodes", records)
+        except Exception as exc:  # plpy.SPIError: the writer's own refusal, re-raised as itself
+            code, detail, hint = _spi_error(exc)
+            if code != STALE_REVISION:
+                raise
+            refused = (str(exc.args[0]) if exc.args else str(exc), detail, hint)
+        if refused is not None:  # outside the except: PL/Python would prefix the message
+            self.plpy.error(refused[0], detail=refused[1], hint=refused[2], sqlstate=STALE_REVISION)
+
+    def _check_write_grants(self, records: Sequence[NodeRecord]) -> None:
+        """The policies would refuse the INSERT anyway; this names the node and the project."""
+        row = self.ex.run("write_grants", {})[0]
+        if not row["rls"] or "*" in row["granted"]:
+            return  # the owner, a superuser or BYPASSRLS; or a grant of every project
+        for r in records:
+            if r.project not in row["granted"]:
+                self.plpy.error(
+                    f"node {r.line_no}: role {row['who']} may not write project {r.project!r} "
+                    "(nothing was written)",
+                    detail="Row-level security: writing a project needs a write grant on it.",
+                    hint=f"The owner runs SELECT memory.grant_project('{row['who']}', "
+                    f"'{r.project}', write => true).",
+                    sqlstate=INSUFFICIENT_PRIVILEGE,
+                )
+
+
 def add_nodes_for_sql(plpy: PlpySPI, nodes: str | None) -> str:
     """Validate, then write nodes and edges; the summary as JSON text (see the SQL comment)."""
-    records = _parse(plpy, nodes)
-    _check_write_grants(plpy, records)
-    # Before anything is read (memory._ensure_projects says why). A project left without
-    # nodes cannot happen: a node's hash includes its project, and an error below rolls the
-    # projects back with everything else.
-    _run(plpy, _ENSURE_PROJECTS, ["text[]"], [sorted({r.project for r in records})])
-    keys = reference_keys(records)
-    stored: Mapping[Key, _Stored] = {
-        (x["project"], x["external_id"]): _Stored(x["level"], bytes(x["sha256"]))
-        for x in _run(plpy, _STORED, ["text[]", "text[]"],
-                      [[k[0] for k in keys], [k[1] for k in keys]])
-    }  # fmt: skip
-    # A node written without an id and now named by its generated id hashes as it did.
-    records = adopt_stored_hashes(records, stored)
-    _refuse(plpy, validate(records, stored))
-    hashes = {bytes(x["sha256"]) for x in
-              _run(plpy, _EXISTING, ["bytea[]"], [[r.sha256 for r in records]])}  # fmt: skip
-    if new_records(records, hashes)[0]:
-        _ensure_embedding_model(plpy)
-    # Every record in input order, so the writer's node numbers (and its per-node answer)
-    # are the caller's; the stored ones too: the writer decides whether each is unchanged
-    # or a new version (other metadata or timestamp), reusing its vector.
-    rows = json.dumps([write_row(r) for r in records])
-    refused: tuple[str, str | None, str | None] | None = None
-    try:
-        written = _run(plpy, _WRITE, ["jsonb"], [rows])
-    except Exception as exc:  # plpy.SPIError: the writer's own refusal, re-raised as itself
-        code, detail, hint = _spi_error(exc)
-        if code != STALE_REVISION:
-            raise
-        refused = (str(exc.args[0]) if exc.args else str(exc), detail, hint)
-    if refused is not None:  # outside the except: PL/Python would prefix the message
-        plpy.error(refused[0], detail=refused[1], hint=refused[2], sqlstate=STALE_REVISION)
-    report = json.loads(written[0]["report"])
-    report["unresolved"] = [f"node {n}: parent {p!r} not found" for n, p in report["unresolved"]]
-    return json.dumps(report)
+    ex = _Spi(plpy)
+    writer = write_nodes(ex, _parse(plpy, ex, nodes), _AddNodes(plpy, ex))
+    return json.dumps(
+        {
+            "nodes": writer.answers(),
+            "inserted": writer.inserted,
+            "duplicates": writer.duplicates,
+            "updated": writer.updated,
+            "edges": writer.edges,
+            "unresolved": [f"node {n}: parent {p!r} not found" for n, p in writer.unresolved],
+        }
+    )

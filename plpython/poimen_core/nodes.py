@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import unicodedata
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -22,7 +21,6 @@ from poimen_core import vocabulary
 from poimen_core.vocabulary import LEVELS as LEVELS
 
 HASH_VERSION = "poimen-node/1"
-PROJECT_NAME = re.compile(vocabulary.PROJECT_NAME)  # as memory.projects CHECK
 MAX_TEXT_CHARS = 100_000
 MAX_JSON_DEPTH = 32  # nesting of a node's JSON (metadata included)
 # Bounds on the other fields, so that every write fits its indexes (an external id is a
@@ -34,6 +32,12 @@ MAX_TITLE_CHARS = 1_000
 MAX_SOURCE_CHARS = 2_048
 MAX_BREADCRUMB = 32  # items, each at most MAX_TITLE_CHARS
 MAX_METADATA_BYTES = 16_384  # compact JSON, UTF-8
+# The keys of a node that parse_line reads (POST /memory/nodes' Node schema declares each:
+# tests/test_contract.py); other keys are ignored, as nodes.jsonl files carry extras.
+NODE_FIELDS = (
+    "id", "level", "project", "text", "title", "source", "timestamp", "parents",
+    "breadcrumb", "metadata", "revision", "valid_from", "valid_to", "expires_at",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -255,7 +259,7 @@ def parse_line(raw: str, line_no: int, default_project: str | None) -> NodeRecor
     project = _opt_str(obj, "project", line_no, errors, 128) or default_project
     if not project:
         errors.append(LineError(line_no, "project", "required (or pass --project)"))
-    elif not PROJECT_NAME.fullmatch(project):
+    elif not vocabulary.PROJECT_NAME_RE.fullmatch(project):  # as memory.projects CHECK
         errors.append(
             LineError(line_no, "project", f"{project!r} is not a valid project name "
                       "(letters, digits, _ . : -; at most 128; starts alphanumeric)")

@@ -1,7 +1,7 @@
 """The words SQL and Python share, defined once.
 
 Python imports them; `poimen-memory migrate` writes them into the sql/ files it applies,
-where a file says ``@vocabulary.NAME@`` (db/migrate.py renders each as a SQL literal), so
+where a file says ``@vocabulary.NAME@`` (db/migrate/render.py renders each as a SQL literal), so
 the database's checks and the service's agree by construction. Stdlib only: PL/Python
 imports this package on the database host too.
 """
@@ -9,6 +9,7 @@ imports this package on the database host too.
 from __future__ import annotations
 
 import json
+import re
 
 __all__ = [
     "CAPABILITIES",
@@ -18,16 +19,22 @@ __all__ = [
     "LEVELS",
     "LOCAL_DIM",
     "LOCAL_MODEL",
+    "NOTE_MAX_CHARS",
     "PROJECT_NAME",
+    "PROJECT_NAME_RE",
     "QUESTION_TYPES",
     "REFERENCE_TIME_HINT",
     "REFERENCE_TIME_RULE",
     "REFERENCE_YEARS",
+    "REQUEST_BOUNDS",
+    "ROLE_PREFIX",
+    "ROLE_PREFIX_MAX",
     "SQLSTATES",
     "STRATEGIES",
     "UNSUPPORTED",
     "WITHOUT_PLPYTHON",
     "capability_costs",
+    "check_role_prefix",
     "sql_literals",
 ]
 
@@ -47,12 +54,31 @@ QUESTION_TYPES = (
 # most this many bytes of JSON text, nested at most this deep (the object itself is 1).
 FILTER_MAX_BYTES = 4096
 FILTER_MAX_DEPTH = 8
+# The longest free text a caller attaches to a change: forget's reason, a review's note.
+NOTE_MAX_CHARS = 2000
 # What an answer does with a result whose support is stale, partial or none (issue 40):
 # rank it below the supported ones, leave it out, or keep the fused order.
 UNSUPPORTED = ("demote", "exclude", "keep")
+# A query request's numeric bounds, by the request document's names (memory._plan's); the
+# service's contract (poimen_memory.contract) declares them from here, so an out-of-range
+# value is refused alike, naming the parameter, in SQL, HTTP and MCP.
+REQUEST_BOUNDS: dict[str, tuple[float, float]] = {
+    "k": (1, 50),
+    "evidence": (0, 100),
+    "candidates": (1, 1000),
+    "rrf_k": (0, 999999),
+    "dense_weight": (0, 1),
+    "min_cosine": (-1, 1),
+}
 # A project's name: the CHECK of the domain memory.project_name (memory.projects.name),
 # which migrate keeps equal to it (sql/005_catalog.sql).
 PROJECT_NAME = "[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}"
+PROJECT_NAME_RE = re.compile(PROJECT_NAME)
+# The prefix of a database's own roles, <prefix>_memory_reader, _writer and _service
+# (POIMEN_ROLE_PREFIX, db/roles.py): a lower-case identifier that leaves room for the
+# suffixes in PostgreSQL's 63 bytes a name ("_memory_service" takes 15 of them).
+ROLE_PREFIX_MAX = 40
+ROLE_PREFIX = rf"[a-z][a-z0-9_]{{0,{ROLE_PREFIX_MAX - 1}}}"
 # The years (UTC) a reference_time may fall in: every relative date it anchors ("last
 # year", "this month", "past week") then stays within the years 1..9999 that both Python
 # and PostgreSQL dates hold. 'infinity' and year 1 are refused (22023), never a 500.
@@ -203,6 +229,16 @@ def capability_costs() -> list[dict[str, object]]:
     return [{"name": n, "required": r, "what": w, "cost": c} for n, r, w, c in CAPABILITIES]
 
 
+def check_role_prefix(raw: str) -> str:
+    """A role prefix as given (POIMEN_ROLE_PREFIX), or ValueError saying the rule."""
+    if not re.fullmatch(ROLE_PREFIX, raw):
+        raise ValueError(
+            f"must match [a-z][a-z0-9_]* and be at most {ROLE_PREFIX_MAX} characters"
+            " (the roles are <prefix>_memory_reader, _writer and _service)"
+        )
+    return raw
+
+
 def _text(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -224,6 +260,12 @@ def sql_literals() -> dict[str, str]:
     out["filter_max_bytes"], out["filter_max_depth"] = map(
         str, (FILTER_MAX_BYTES, FILTER_MAX_DEPTH)
     )
+    out |= {
+        f"{name}_{end}": str(value)
+        for name, bounds in REQUEST_BOUNDS.items()
+        for end, value in zip(("min", "max"), bounds, strict=True)
+    }
+    out["note_max_chars"] = str(NOTE_MAX_CHARS)
     out["reference_time_rule"] = _text(REFERENCE_TIME_RULE)
     out["reference_time_hint"] = _text(REFERENCE_TIME_HINT)
     out |= {f"sqlstate_{k}": _text(v) for k, v in SQLSTATES.items()}

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 from poimen_core.vocabulary import SQLSTATES
+
+log = logging.getLogger("poimen_memory")
 
 # How each front takes a request's parameters, for the hints that ask for one: HTTP's
 # query string, an MCP tool's arguments; None: the neutral name (the CLI's report, logs).
@@ -73,6 +77,21 @@ class PoimenError(Exception):
         if front is None or self.front_hint is None:
             return self.hint
         return self.front_hint.format_map(_Parameters(front))
+
+    def public_json(self, front: str | None = None) -> dict[str, str]:
+        """What a client is shown (an HTTP error body, an MCP tool or resource error): the
+        error in our words. A database error in the server's own words (one no class names,
+        or of a class that describes the server: a data file's path when the disk is full,
+        a host that refused) is shown as its SQLSTATE; the words go to the service's log."""
+        if not _servers_words(self):
+            return self.to_json(front)
+        log.error("database error %s: %s (%s)", self.sqlstate, self.message, self.detail or "")
+        return {
+            "error": self.code,
+            "detail": "the database could not complete the request "
+            f"(SQLSTATE {self.sqlstate or 'none: no connection'})",
+            "hint": "the service's log has the server's message, under this X-Request-ID",
+        }
 
     def to_json(self, front: str | None = None) -> dict[str, str]:
         """The error body; ``front`` (FRONTS) words the hint for the caller's front."""
@@ -167,6 +186,17 @@ class ConflictError(PoimenError, code="conflict", status=409):
 
 class StaleRevision(PoimenError, code="stale_revision", status=409):
     """A write named the revision it read, and another write came first (PM419)."""
+
+
+class UnsupportedMediaType(PoimenError, code="unsupported_media_type", status=415):
+    """A write's body in a type a browser sends across origins without asking (text/plain,
+    a form): refused, so no web page can write (api/app.py)."""
+
+
+class OverShare(PoimenError, code="too_many_requests", status=429):
+    """One client (an API key, or an address in anonymous mode) has its share of the
+    service in use (POIMEN_HTTP_CLIENT_INFLIGHT) or has sent its rate's worth
+    (POIMEN_HTTP_CLIENT_RATE): retry after Retry-After; the other clients are served."""
 
 
 class TooManyNodes(PoimenError, code="too_many_nodes", status=422):
@@ -278,6 +308,20 @@ SQLSTATE_TABLE: dict[str, type[PoimenError]] = {
     "08": DatabaseUnavailable,
     "53": DatabaseUnavailable,
 }
+
+
+# SQLSTATE classes in which the message is the server's account of itself: insufficient
+# resources (53: "could not extend file base/16384/..."), system errors (58), internal (XX),
+# connections (08) and the server going away (57P).
+_SERVER_CLASSES = ("53", "58", "XX", "08", "57P")
+
+
+def _servers_words(err: PoimenError) -> bool:
+    if isinstance(err, DatabaseError):
+        return True
+    if isinstance(err, DatabaseUnavailable):
+        return True  # its context is the connection's (host, port) or the server's words
+    return err.sqlstate is not None and err.sqlstate.startswith(_SERVER_CLASSES)
 
 
 def from_sqlstate(

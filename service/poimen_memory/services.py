@@ -16,7 +16,7 @@ import httpx
 from psycopg_pool import AsyncConnectionPool
 
 from poimen_memory.db import tenant
-from poimen_memory.db.connect import connect, database_url, open_pool
+from poimen_memory.db.connect import Lender, connect, database_url, open_pool
 from poimen_memory.db.queries import q
 from poimen_memory.db.replicas import Replica, ReplicaSet
 from poimen_memory.embedders.base import Embedder
@@ -36,6 +36,8 @@ class Services:
     settings: Settings
     url: str
     pool: AsyncConnectionPool[Any]
+    lender: Lender
+    """The pools' connections within a request's deadline (the retriever's, the API's)."""
     embedder: Embedder | None
     cache: QueryEmbeddingCache
     reranker: RerankClient | None
@@ -170,8 +172,15 @@ async def open_services(
                 check = asyncio.create_task(warn_if_rls_bypassed(checked, where, warnings))
                 stack.push_async_callback(_stop, check)
         cache = QueryEmbeddingCache(settings.embedding.cache_size)
+        lender = Lender(pool, settings.pool_timeout_s)
         retriever = Retriever(
-            pool, emb, cache, settings, reranker=reranker, opensearch=opensearch, replicas=replicas
+            lender,
+            emb,
+            cache,
+            settings,
+            reranker=reranker,
+            opensearch=opensearch,
+            replicas=replicas,
         )
         ingest_pool = ThreadPoolExecutor(settings.ingest_workers, thread_name_prefix="ingest")
         stack.callback(ingest_pool.shutdown, wait=False, cancel_futures=True)
@@ -180,6 +189,7 @@ async def open_services(
             settings,
             url,
             pool,
+            lender,
             emb,
             cache,
             reranker,

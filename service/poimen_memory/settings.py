@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-from poimen_memory.db.roles import check_prefix
+from poimen_core.vocabulary import check_role_prefix
 from poimen_memory.errors import ConfigError
 
 T = TypeVar("T")
@@ -249,7 +249,7 @@ class Settings(FromEnv):
     service_role: str = setting("POIMEN_SERVICE_ROLE", role_name, "poimen_service")
     # The prefix of the database's own roles (<prefix>_memory_reader, _writer, _service),
     # used by its first migrate only; unset or empty: the database's name (db/roles.py).
-    role_prefix: str | None = setting("POIMEN_ROLE_PREFIX", check_prefix)
+    role_prefix: str | None = setting("POIMEN_ROLE_PREFIX", check_role_prefix)
     # Read replicas (docs/scaling.md): queries go to a standby that is up and within the
     # lag bound, everything else (writes, API keys, health of the primary) to the primary.
     read_urls: tuple[str, ...] = setting("POIMEN_READ_URLS", url_list, ())
@@ -276,6 +276,12 @@ class Settings(FromEnv):
     http_queue: int = setting("POIMEN_HTTP_QUEUE", at_least(0), 64)
     http_queue_wait_s: float = setting("POIMEN_HTTP_QUEUE_WAIT_S", at_least(0.0, float), 1.0)
     http_retry_after_s: int = setting("POIMEN_HTTP_RETRY_AFTER_S", at_least(1), 1)
+    # One client's share (an API key; an address in anonymous mode): at most this many of
+    # its requests in flight or waiting, and (when the rate is not 0) this many a second
+    # with bursts of this size. Beyond, 429 for that client alone (api/admission.py).
+    http_client_inflight: int = setting("POIMEN_HTTP_CLIENT_INFLIGHT", at_least(1), 8)
+    http_client_rate: float = setting("POIMEN_HTTP_CLIENT_RATE", at_least(0.0, float), 0.0)
+    http_client_burst: int = setting("POIMEN_HTTP_CLIENT_BURST", at_least(1), 20)
     http_max_header_bytes: int = setting("POIMEN_HTTP_MAX_HEADER_BYTES", at_least(1024), 16384)
     auth_cache_s: float = setting("POIMEN_AUTH_CACHE_S", at_least(0.0, float), 5.0)
     # The key `poimen-memory mcp` (stdio) calls with, as an HTTP client sends its own.
@@ -296,6 +302,14 @@ class Settings(FromEnv):
     http_allowed_hosts: tuple[str, ...] = setting(
         "POIMEN_HTTP_ALLOWED_HOSTS", name_list, LOOPBACK_HOSTS
     )
+    # A browser's request is served only from the page's own origin or one listed here
+    # (a page of another site cannot post memories: api/asgi.py HostCheck).
+    http_allowed_origins: tuple[str, ...] = setting(
+        "POIMEN_HTTP_ALLOWED_ORIGINS", origin_list, tuple(f"http://{h}" for h in LOOPBACK_HOSTS)
+    )
+    # Origins whose pages may read this service's answers (CORS, answered for these alone);
+    # none by default: CORS is off.
+    http_cors_origins: tuple[str, ...] = setting("POIMEN_HTTP_CORS_ORIGINS", origin_list, ())
     health_cache_s: float = setting("POIMEN_HEALTH_CACHE_S", at_least(0.0, float), 5.0)
     rerank_min_remaining_s: float = setting(
         "POIMEN_RERANK_MIN_REMAINING_S", at_least(0.0, float), 0.25

@@ -12,6 +12,7 @@ filters). State and knobs are plain attributes, changeable while it runs:
         server.fail_next(2, 429)      # the next two requests get a 429
         server.fail_item(sha, 400)    # that document's bulk items fail
         server.delay_s = 1.0          # answer late, to trip client timeouts
+        server.search_delay_s = 1.0   # answer searches late (a slow lexical leg), the rest on time
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class OpenSearchServer:
         self.indices: dict[str, IndexState] = {}
         self.down = False
         self.delay_s = 0.0
+        self.search_delay_s = 0.0
         self.health_status = "green"
         self.item_failures: dict[str, ItemFailure] = {}
         self.closing = threading.Event()
@@ -371,6 +373,8 @@ def _build_app(state: OpenSearchServer) -> Starlette:
         if name not in state.indices:
             return missing(name)
         source = request.query_params.get("_source", "true") != "false"
+        if state.search_delay_s > 0:
+            await interruptible_sleep(state.search_delay_s, state.closing)
         try:
             return JSONResponse(state.search(name, body or {}, source))
         except (ValueError, KeyError, AttributeError) as exc:

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import pytest
 
+from poimen_core.vocabulary import ROLE_PREFIX_MAX
 from poimen_memory.cli.main import main
-from poimen_memory.db.roles import PREFIX_MAX
 from poimen_memory.errors import ConfigError
 from poimen_memory.settings import Settings
 
-RULE = f"must match [a-z][a-z0-9_]* and be at most {PREFIX_MAX} characters"
+RULE = f"must match [a-z][a-z0-9_]* and be at most {ROLE_PREFIX_MAX} characters"
 
 BAD = [
     "1x",  # starts with a digit
     "_x",  # starts with an underscore
-    "x" * (PREFIX_MAX + 1),  # no room left for _memory_service in 63 bytes
+    "x" * (ROLE_PREFIX_MAX + 1),  # no room left for _memory_service in 63 bytes
     "Poimen",  # upper case
     "my-memory",  # a hyphen
     "my memory",
@@ -32,7 +32,7 @@ def test_a_bad_prefix_is_a_config_error_naming_the_variable_and_the_rule(raw: st
     assert RULE in info.value.message
 
 
-@pytest.mark.parametrize("raw", ["1x", "x" * (PREFIX_MAX + 1)])
+@pytest.mark.parametrize("raw", ["1x", "x" * (ROLE_PREFIX_MAX + 1)])
 def test_the_cli_stops_before_connecting(
     raw: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -51,6 +51,6 @@ def test_an_empty_prefix_counts_as_unset(raw: str) -> None:
     assert Settings.from_env({}).role_prefix is None
 
 
-@pytest.mark.parametrize("raw", ["x", "poimen", "my_memory_2", "x" * PREFIX_MAX])
+@pytest.mark.parametrize("raw", ["x", "poimen", "my_memory_2", "x" * ROLE_PREFIX_MAX])
 def test_a_good_prefix_is_kept(raw: str) -> None:
     assert Settings.from_env({"POIMEN_ROLE_PREFIX": raw}).role_prefix == raw

@@ -106,7 +106,7 @@ def service(
     import os
 
     from poimen_lab.bench.http import CPU, summary
-    from poimen_memory.api.params import parse_query
+    from poimen_memory.contract.query import parse_query
     from poimen_memory.db import tenant
     from poimen_memory.errors import PoimenError
     from poimen_memory.services import open_services

@@ -14,6 +14,7 @@ import psycopg
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -37,10 +38,10 @@ from poimen_memory.api.request_log import RequestLogMiddleware
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import (
-    DatabaseError,
     PayloadTooLarge,
     PoimenError,
     RequestTimeout,
+    UnsupportedMediaType,
     ValidationError,
 )
 from poimen_memory.ingest.nodes import MAX_JSON_DEPTH, LineError, NodeRecord, loads
@@ -53,17 +54,7 @@ log = logging.getLogger("poimen_memory")
 def _error(err: PoimenError, retry_after_s: int) -> JSONResponse:
     # Every 503 (busy, a timeout, the database or an upstream down) says when to try again.
     headers = {"Retry-After": str(retry_after_s)} if err.http_status == 503 else None
-    body = err.to_json("http")
-    if isinstance(err, DatabaseError):
-        # A database error no table row names is the server's, in the server's words: data
-        # file paths ("could not extend file base/16384/...": EFBIG), index and constraint
-        # names, SQL. Those go to the service's log; the client gets the SQLSTATE.
-        log.error("database error %s: %s (%s)", err.sqlstate, err.message, err.detail or "")
-        body = {
-            "error": err.code,
-            "detail": f"the database could not complete the request (SQLSTATE {err.sqlstate})",
-            "hint": "the service's log has the server's message, under this X-Request-ID",
-        }
+    body = err.public_json("http")
     return JSONResponse(body, status_code=err.http_status, headers=headers)
 
 
@@ -86,10 +77,21 @@ def _bounded(request: Request, body: Any, *, history: bool = False) -> Response:
     return Response(encoded, media_type="application/json")
 
 
+def _once(request: Request) -> dict[str, str]:
+    """The query string's parameters, each given once: a second value would be dropped in
+    silence, so it is refused by name."""
+    items = request.query_params.multi_items()
+    params = dict(items)
+    if len(params) < len(items):
+        twice = sorted({k for k, _ in items if request.query_params.getlist(k)[1:]})
+        raise ValidationError(f"{', '.join(twice)} given more than once", hint="give each once")
+    return params
+
+
 async def memory_query(request: Request) -> Response:
     state: Services = request.app.state.poimen
     body = await query_memory(
-        state, request.app.state.keys, request.headers, request.query_params,
+        state, request.app.state.keys, request.headers, _once(request),
         arrived=arrived(request.scope),
     )  # fmt: skip
     metrics.observe_query(request, body)
@@ -142,6 +144,22 @@ def _parse_body(raw: bytes, project: str | None) -> tuple[list[NodeRecord], list
     return records_from_lines(lines, project)
 
 
+# The bodies an HTML form (or a fetch without a preflight) can send across origins: a
+# write in one of them is refused, so a write always comes with a type that a browser
+# preflights (application/json, application/x-ndjson), or from a client that is no browser.
+_SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def _typed_body(request: Request) -> None:
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind in _SIMPLE_TYPES:
+        raise UnsupportedMediaType(
+            f"a write's body must be application/json or application/x-ndjson, got {kind!r}",
+            hint="send the nodes with Content-Type: application/json (an array) or "
+            "application/x-ndjson (a node a line)",
+        )
+
+
 async def post_nodes(request: Request) -> JSONResponse:
     """Ingest JSON nodes (an array, or NDJSON) through the same code as the CLI, as one
     transaction: every node is written, or none is."""
@@ -149,6 +167,7 @@ async def post_nodes(request: Request) -> JSONResponse:
     keys = request.app.state.keys
     # The key first: an unauthenticated body is never read, let alone parsed.
     await keys.write_projects(request.headers, ())
+    _typed_body(request)
     raw = await _body(request, state.settings.max_body_bytes, state.settings.http_body_timeout_s)
     skip = request.query_params.getlist("skip_invalid")
     if skip not in ([], ["true"], ["false"]):
@@ -215,7 +234,15 @@ async def _node_operation(
 
 async def delete_node(request: Request) -> JSONResponse:
     """Retire (or, with erase=true, erase) one node: memory.forget."""
-    return await _node_operation(request, forget_nodes, request.path_params["id"])
+    external_id = request.path_params["id"]
+    if external_id.endswith("/history"):
+        # GET of this path reads the history of another id; the DELETE must not act on an
+        # id its GET cannot reach.
+        raise ValidationError(
+            f"an id ending in /history cannot be named in the path, got {external_id[:80]!r}",
+            hint="DELETE /memory/nodes?id=<id>&project=<project> names any id",
+        )
+    return await _node_operation(request, forget_nodes, external_id)
 
 
 async def delete_nodes(request: Request) -> JSONResponse:
@@ -326,7 +353,7 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
         async with open_services(cfg, embedder=embedder, check_rls=True) as services:
             app.state.poimen = services
             app.state.health = HealthCache(cfg.health_cache_s)
-            app.state.keys = KeyRing(services.retriever, cfg.auth_cache_s, cfg.default_timeout_s)
+            app.state.keys = KeyRing(services.lender, cfg.auth_cache_s, cfg.default_timeout_s)
             async with mcp.run():
                 yield
 
@@ -360,13 +387,34 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
             # Inside the log and the metrics, so they record the status it answers.
             Middleware(LastResort),
             # A request for another Host (DNS rebinding) is refused before it queues.
-            Middleware(HostCheck, allowed=cfg.http_allowed_hosts, skip=("/mcp",)),
+            Middleware(
+                HostCheck,
+                lists=(cfg.http_allowed_hosts, cfg.http_allowed_origins + cfg.http_cors_origins),
+                by_path={"/mcp": (cfg.mcp_allowed_hosts, cfg.mcp_allowed_origins)},
+            ),
+            # CORS only for the origins listed (none by default: a page of another origin
+            # can neither read an answer nor send a preflighted request).
+            *(
+                [
+                    Middleware(
+                        CORSMiddleware,
+                        allow_origins=list(cfg.http_cors_origins),
+                        allow_methods=["GET", "POST", "DELETE"],
+                        allow_headers=["authorization", "content-type"],
+                    )
+                ]
+                if cfg.http_cors_origins
+                else []
+            ),
             Middleware(
                 Admission,
                 max_inflight=cfg.http_max_inflight,
                 queue=cfg.http_queue,
                 wait_s=cfg.http_queue_wait_s,
                 retry_after_s=cfg.http_retry_after_s,
+                client_inflight=cfg.http_client_inflight,
+                client_rate=cfg.http_client_rate,
+                client_burst=cfg.http_client_burst,
             ),
         ],
         lifespan=lifespan,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -92,30 +92,59 @@ def host_allowed(host: str, allowed: Sequence[str]) -> bool:
     return False
 
 
-class HostCheck(HttpMiddleware):
-    """Answers only requests whose Host is allowed (POIMEN_HTTP_ALLOWED_HOSTS, loopback
-    names by default): a web page that reaches a loopback server through DNS rebinding
-    sends its own name as Host, and is refused 421 before any route runs. ``/mcp`` has the
-    MCP SDK's own check (POIMEN_MCP_ALLOWED_HOSTS) and is left to it."""
+def origin_allowed(origin: str, host: str, allowed: Sequence[str]) -> bool:
+    """Whether a browser's Origin may use this service: the page's own (served under the
+    Host it asks for, e.g. /ui), or one of ``allowed`` (POIMEN_HTTP_ALLOWED_ORIGINS,
+    POIMEN_HTTP_CORS_ORIGINS; ``scheme://name:*`` any port), compared whole, never by
+    prefix (``http://127.0.0.1:8765@evil.example`` is not a loopback origin)."""
+    scheme, sep, authority = origin.lower().partition("://")
+    if sep and scheme in ("http", "https") and authority == host.lower():
+        return True
+    return origin != "*" and host_allowed(origin, [a for a in allowed if a != "*"])
 
-    def __init__(self, app: ASGIApp, allowed: Sequence[str], skip: Sequence[str] = ()) -> None:
+
+# Host and Origin lists by path: /mcp has lists of its own (POIMEN_MCP_ALLOWED_HOSTS and
+# _ORIGINS), every other route POIMEN_HTTP_ALLOWED_HOSTS and _ORIGINS.
+Lists = tuple[Sequence[str], Sequence[str]]
+
+
+class HostCheck(HttpMiddleware):
+    """Answers only requests whose Host is allowed, and whose Origin, when a browser sends
+    one, is the page's own or allowed. A web page that reaches a loopback server through DNS
+    rebinding sends its own name as Host, and is refused 421; a page of another site that
+    posts to it (a form, or a fetch with a text/plain body, which a browser sends without a
+    CORS preflight) sends its Origin, and is refused 403 before any route reads the body.
+    Both are compared whole, on every route, /mcp included (the MCP SDK's own check
+    matches by prefix)."""
+
+    def __init__(self, app: ASGIApp, lists: Lists, by_path: Mapping[str, Lists]) -> None:
         super().__init__(app)
-        self.allowed, self.skip = tuple(allowed), tuple(skip)
+        self.lists, self.by_path = lists, dict(by_path)
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("path") in self.skip:
-            await self.app(scope, receive, send)
+        hosts, origins = self.by_path.get(scope.get("path", ""), self.lists)
+        headers = dict(scope["headers"])
+        host = headers.get(b"host", b"").decode("latin-1")
+        origin = headers.get(b"origin")
+        if not host_allowed(host, hosts):
+            await _json(send, 421, {
+                "error": "misdirected_request",
+                "detail": f"this service does not answer to Host {host[:200]!r}",
+                "hint": "POIMEN_HTTP_ALLOWED_HOSTS (POIMEN_MCP_ALLOWED_HOSTS for /mcp) lists "
+                        "the names clients reach it by (behind a proxy or on a public "
+                        "address, list those)",
+            })  # fmt: skip
             return
-        host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
-        if host_allowed(host, self.allowed):
-            await self.app(scope, receive, send)
+        if origin is not None and not origin_allowed(origin.decode("latin-1"), host, origins):
+            await _json(send, 403, {
+                "error": "cross_origin_refused",
+                "detail": f"requests from pages of {origin.decode('latin-1')[:200]!r} are "
+                          "not served",
+                "hint": "POIMEN_HTTP_ALLOWED_ORIGINS (POIMEN_MCP_ALLOWED_ORIGINS for /mcp) "
+                        "lists the web origins that may call this service",
+            })  # fmt: skip
             return
-        await _json(send, 421, {
-            "error": "misdirected_request",
-            "detail": f"this service does not answer to Host {host!r}",
-            "hint": "POIMEN_HTTP_ALLOWED_HOSTS lists the names clients reach it by "
-                    "(behind a proxy or on a public address, list those)",
-        })  # fmt: skip
+        await self.app(scope, receive, send)
 
 
 async def _json(send: Send, status: int, body: dict[str, str]) -> None:

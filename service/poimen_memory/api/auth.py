@@ -15,11 +15,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from poimen_memory.db import tenant
+from poimen_memory.db.connect import Lender
 from poimen_memory.db.queries import q
 from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.errors import Forbidden, PoimenError, Unauthorized
 from poimen_memory.retrieval.deadline import Deadline
-from poimen_memory.retrieval.pipeline import Retriever
 
 KEY_PREFIX = "pmk_"
 STALE_GRACE_S = 60.0
@@ -42,9 +42,9 @@ class Grant:
 
 
 class KeyRing:
-    def __init__(self, retriever: Retriever, ttl_s: float, timeout_s: float) -> None:
-        # The retriever's connections: a stopped database fails fast, a busy pool waits.
-        self.retriever, self.ttl_s, self.timeout_s = retriever, ttl_s, timeout_s
+    def __init__(self, lender: Lender, ttl_s: float, timeout_s: float) -> None:
+        # The service's pooled connections: a stopped database fails fast, a busy pool waits.
+        self.lender, self.ttl_s, self.timeout_s = lender, ttl_s, timeout_s
         self._keys: dict[bytes, Grant | None] = {}  # None: a revoked key
         self._at = -1e9
         self._lock = asyncio.Lock()
@@ -61,7 +61,7 @@ class KeyRing:
                 try:
                     with wrap_exceptions("auth"):
                         deadline = Deadline(budget)
-                        async with self.retriever.connection(deadline, "auth") as conn:
+                        async with self.lender.connection(deadline, "auth") as conn:
                             cur = await conn.execute(q("keys_active"))
                             rows = await cur.fetchall()
                 except PoimenError:

@@ -75,6 +75,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
+from poimen_core.vocabulary import FILTER_MAX_BYTES, LEVELS, PROJECT_NAME_RE
 from poimen_memory.api import metrics
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.nodes import get_node, list_nodes
@@ -89,13 +90,12 @@ from poimen_memory.api.operations import (
     records_from_lines,
     write_nodes,
 )
-from poimen_memory.api.params import MAX_FILTER_BYTES
 from poimen_memory.api.review import claim_items, confirm_item, list_items
+from poimen_memory.contract.query import filter_text
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import PoimenError, ValidationError
-from poimen_memory.ingest.nodes import PROJECT_NAME, LineError, NodeRecord
-from poimen_memory.retrieval.models import LEVELS
+from poimen_memory.ingest.nodes import LineError, NodeRecord
 from poimen_memory.services import Services, open_services
 from poimen_memory.settings import Settings
 
@@ -153,7 +153,7 @@ def _filter_argument(description: str) -> dict[str, Any]:
     return {
         "anyOf": [
             {"type": "object"},
-            {"type": "string", "maxLength": MAX_FILTER_BYTES},
+            {"type": "string", "maxLength": FILTER_MAX_BYTES},
         ],
         "description": description
         + ' An object, e.g. {"user": "42"} (its JSON text is accepted too).',
@@ -632,11 +632,11 @@ def _records(nodes: list[Any], project: str | None) -> tuple[list[NodeRecord], l
 
 
 def _tool_error(err: PoimenError) -> CallToolResult:
-    body: dict[str, Any] = {**err.to_json("mcp"), "status": err.http_status}
+    body: dict[str, Any] = {**err.public_json("mcp"), "status": err.http_status}
     if err.sqlstate:
         body["sqlstate"] = err.sqlstate
-    hint = err.hint_for("mcp")
-    text = f"{err.code}: {err.message}" + (f" (hint: {hint})" if hint else "")
+    hint = body.get("hint")
+    text = f"{body['error']}: {body['detail']}" + (f" (hint: {hint})" if hint else "")
     return CallToolResult(
         content=[TextContent(type="text", text=text)], structured_content=body, is_error=True
     )
@@ -646,10 +646,10 @@ def _resource_error(err: PoimenError) -> MCPError:
     """A typed error of resources/read or resources/list: JSON-RPC invalid params (what the
     MCP specification names for a resource that cannot be read), its data the HTTP API's
     error body plus ``status`` and ``sqlstate``, as a tool error's structured content."""
-    data: dict[str, Any] = {**err.to_json("mcp"), "status": err.http_status}
+    data: dict[str, Any] = {**err.public_json("mcp"), "status": err.http_status}
     if err.sqlstate:
         data["sqlstate"] = err.sqlstate
-    return MCPError(code=INVALID_PARAMS, message=f"{err.code}: {err.message}", data=data)
+    return MCPError(code=INVALID_PARAMS, message=f"{data['error']}: {data['detail']}", data=data)
 
 
 def _cursor(name: str) -> str:
@@ -684,7 +684,7 @@ def _project_resource(name: str) -> Resource:
 
 def _project_of(uri: str) -> str:
     name = uri.removeprefix(_PROJECT_PREFIX)
-    if not uri.startswith(_PROJECT_PREFIX) or not PROJECT_NAME.fullmatch(name):
+    if not uri.startswith(_PROJECT_PREFIX) or not PROJECT_NAME_RE.fullmatch(name):
         raise ValidationError(
             f"unknown resource {uri!r}",
             hint=f"a project's resource is {PROJECT_URI} (resources/list names them)",
@@ -704,28 +704,16 @@ def _strings(args: Mapping[str, Any], *names: str) -> dict[str, str]:
     return {n: _as_param(args[n]) for n in names if args.get(n) is not None}
 
 
-def _filter_param(value: Any) -> str:
-    """A filter argument as the query string carries it: an object as its JSON text, a
-    string (the tools' first form) as it is."""
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def _levels_param(args: Mapping[str, Any]) -> dict[str, str]:
-    """level (a list or a comma string) or levels (a list) as the query string's level."""
+async def _query(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
+    # The contract takes the arguments as they came (objects, lists, numbers), as it takes
+    # the query string's text; levels is level's plural name.
     if args.get("level") is not None and args.get("levels") is not None:
         raise ValidationError("name the levels once: level or levels")
-    value = args.get("levels", args.get("level"))
-    if value is None:
-        return {}
-    return {"level": value if isinstance(value, str) else ",".join(value)}
-
-
-async def _query(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
-    special = {"level", "levels", "filter", "compact"}
-    query = {k: _as_param(v) for k, v in args.items() if v is not None and k not in special}
-    query |= _levels_param(args)
-    if args.get("filter") is not None:
-        query["filter"] = _filter_param(args["filter"])
+    query = {
+        ("level" if k == "levels" else k): v
+        for k, v in args.items()
+        if v is not None and k != "compact"
+    }
     body = await query_memory(who.services, who.keys, who.headers, query)
     if who.observe is not None:
         who.observe(body)
@@ -735,7 +723,7 @@ async def _query(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
 async def _list(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
     params = _strings(args, "project", "level", "source", "since", "until", "limit")
     if args.get("filter") is not None:
-        params["filter"] = _filter_param(args["filter"])
+        params["filter"] = filter_text(args["filter"])
     if args.get("cursor") is not None:
         params["after"] = args["cursor"]
     for flag in ("newest_first", "count"):
@@ -764,7 +752,7 @@ async def _forget(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
     params["erase"] = "true" if args.get("erase") else "false"
     scoped = _strings(args, "source", "level", "since", "until", "max_nodes")
     if args.get("filter") is not None:
-        scoped["filter"] = _filter_param(args["filter"])
+        scoped["filter"] = filter_text(args["filter"])
     if args.get("dry_run"):
         scoped["dry_run"] = "true"
     ids: list[str] | None = args.get("ids")
@@ -823,7 +811,10 @@ def build_server(settings: Settings, caller: Callable[[Any], Caller]) -> Server[
         args = params.arguments or {}
         who = caller(ctx)
         try:
-            _check(checks[params.name], args)
+            if params.name != QUERY:
+                # memory_query's arguments are the contract's to check (parse_query), so an
+                # out-of-range one reads as over HTTP, and in SQL's words.
+                _check(checks[params.name], args)
             body = await runs[params.name](who, args)
             # A read's answer within POIMEN_HTTP_MAX_RESPONSE_BYTES, counted as the HTTP
             # route counts it (a write's report is not refused: the write is done).
@@ -957,7 +948,7 @@ class McpEndpoint:
             await request.app.state.keys.grant(request.headers)
         except (PoimenError, psycopg.Error) as exc:
             err = exc if isinstance(exc, PoimenError) else translate(exc)
-            await JSONResponse(err.to_json(), status_code=err.http_status)(scope, receive, send)
+            await JSONResponse(err.public_json(), status_code=err.http_status)(scope, receive, send)
             return
         await self.manager.handle_request(scope, receive, send)
 
@@ -967,7 +958,7 @@ async def serve_stdio(
 ) -> None:
     """``poimen-memory mcp``: the MCP server on this process's stdin and stdout."""
     async with open_services(settings, embedder=embedder, check_rls=True) as services:
-        keys = KeyRing(services.retriever, settings.auth_cache_s, settings.default_timeout_s)
+        keys = KeyRing(services.lender, settings.auth_cache_s, settings.default_timeout_s)
         who = Caller(services, keys, {"authorization": f"Bearer {api_key}"} if api_key else {})
         server = build_server(settings, lambda ctx: who)
         async with stdio_server() as (read, write):

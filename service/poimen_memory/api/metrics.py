@@ -107,8 +107,8 @@ class Metrics:
         metrics = body.get("metrics") or {}
         for stage, key in STAGES.items():
             ms = metrics.get(key)
-            # The pipeline reports 0.0 for stages it skipped (no rerank, LexicalOnly...).
-            if isinstance(ms, int | float) and (ms > 0 or stage == "total"):
+            # A stage the query skipped (no rerank, LexicalOnly...) is null.
+            if isinstance(ms, int | float):
                 self.stage_seconds.labels(stage).observe(ms / 1000.0)
         strategy = body.get("search_strategy")
         if strategy:

@@ -10,16 +10,16 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from poimen_core import vocabulary
 from poimen_core.nodes import MAX_ID_CHARS
+from poimen_core.vocabulary import LEVELS
 from poimen_memory.api.auth import KeyRing
-from poimen_memory.api.params import parse_filter
+from poimen_memory.contract.query import parse_filter
 from poimen_memory.db import tenant
 from poimen_memory.db.queries import q
 from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.errors import ValidationError
-from poimen_memory.ingest.nodes import PROJECT_NAME
 from poimen_memory.retrieval.deadline import Deadline
-from poimen_memory.retrieval.models import LEVELS
 from poimen_memory.services import Services
 
 __all__ = ["LIST_DEFAULT", "LIST_MAX", "get_node", "list_nodes", "project_param"]
@@ -30,7 +30,7 @@ LIST_DEFAULT, LIST_MAX = 50, 100  # memory.list_nodes' default and bound
 def project_param(params: Mapping[str, str]) -> str | None:
     """The project a read names, checked against the project-name pattern (None: none)."""
     project = params.get("project")
-    if project is not None and not PROJECT_NAME.fullmatch(project):
+    if project is not None and not vocabulary.PROJECT_NAME_RE.fullmatch(project):
         raise ValidationError(
             f"project {project!r} is not a project name",
             hint="letters, digits, _ . : -; at most 128; starts alphanumeric",
@@ -55,7 +55,7 @@ async def _one(state: Services, name: str, args: dict[str, Any]) -> Any:
     deadline = Deadline(state.settings.default_timeout_s)
     ms = str(int(state.settings.default_timeout_s * 1000))
     with deadline.stage(name), wrap_exceptions(name):
-        async with state.retriever.connection(deadline, name) as conn, conn.transaction():
+        async with state.lender.connection(deadline, name) as conn, conn.transaction():
             await conn.execute(q("begin_request"), {"ms": ms, **tenant.current().params()})
             cur = await conn.execute(q(name), args)
             row = await cur.fetchone()

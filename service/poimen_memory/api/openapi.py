@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from poimen_core import vocabulary
+from poimen_core import nodes, vocabulary
 from poimen_core.nodes import MAX_ID_CHARS
+from poimen_memory.contract.query import (
+    FILTER_QUERY_STRING,
+    ISO_DAY_OR_TIME,
+    query_string_parameters,
+)
 from poimen_memory.settings import Settings
 
 _ERROR = {
@@ -27,13 +32,6 @@ _ERROR = {
         "hint": {"type": "string"},
     },
 }
-
-# What memory.time_bound parses (sql/017_time.sql); an impossible day or hour passes the
-# pattern and is answered 400 by the database.
-_ISO_DAY_OR_TIME = (
-    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}"
-    r"([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}(:?[0-9]{2})?)?)?$"
-)
 
 
 def _err(desc: str) -> dict[str, Any]:
@@ -109,6 +107,20 @@ _PARENT: dict[str, Any] = {
         "revision": {"type": "integer", "minimum": 1},
         "current_revision": {"type": ["integer", "null"]},
     },
+}
+
+# A query's metrics: each stage's time and each leg's candidates, null where the stage or
+# leg did not run (0 would say it ran and found nothing).
+_STAGES = ("lexical", "semantic", "fusion", "provenance", "evidence_legs", "evidence", "embed",
+           "rerank", "opensearch", "database", "total")  # fmt: skip
+_METRICS: dict[str, Any] = {
+    **{f"{stage}_time_ms": {"type": ["number", "null"], "minimum": 0} for stage in _STAGES},
+    **{
+        f"{leg}_candidates": {"type": ["integer", "null"], "minimum": 0}
+        for leg in ("lexical", "semantic", "direct")
+    },
+    "final_count": {"type": "integer", "minimum": 0},
+    "embedding_cache_hit": {"type": ["boolean", "null"]},
 }
 
 # What results and evidence show of a node alike.
@@ -272,65 +284,69 @@ _PROJECT_PARAM_DESC = (
 
 _PROJECT: dict[str, Any] = {"type": "string", "pattern": f"^{vocabulary.PROJECT_NAME}$"}
 
-# One memory node (docs/ingest.md); the validation the server applies beyond this schema
-# (ids reused for other content, provenance one level down, NUL, range of timestamps) is
-# reported as 400 invalid_node.
+_INSTANT_OR_NONE: dict[str, Any] = {
+    # ISO 8601; an empty string counts as none.
+    "anyOf": [
+        {"type": "string", "format": "date-time"},
+        {"type": "string", "maxLength": 0},
+        {"type": "null"},
+    ]
+}
+
+# One memory node (docs/ingest.md), with the parser's bounds (poimen_core.nodes, which
+# tests/test_contract.py holds to NODE_FIELDS, the keys the parser reads); the validation
+# the server applies beyond this schema (ids reused for other content, provenance one level
+# down, NUL, range of timestamps) is reported as 400 invalid_node.
 _NODE: dict[str, Any] = {
     "type": "object",
     "required": ["level", "text", "project"],
     "properties": {
         "id": {"type": ["string", "integer", "null"]},
-        "level": {"type": "string", "enum": ["L0", "L1", "L2"]},
+        "level": {"type": "string", "enum": list(vocabulary.LEVELS)},
         "project": _PROJECT,
         # UTF-8 text without NUL: PostgreSQL text cannot hold NUL or lone surrogates.
         "text": {
             "type": "string",
             "minLength": 1,
-            "maxLength": 100000,
+            "maxLength": nodes.MAX_TEXT_CHARS,
             # No NUL, and not blank (a character Python does not count as white space).
             "pattern": "^[^\u0000]*[^\\s\u0085\u001c-\u001f\u0000][^\u0000]*$",
         },
-        "title": {"type": ["string", "null"]},
-        "source": {"type": ["string", "null"]},
-        # ISO 8601; an empty string counts as no timestamp.
-        "timestamp": {
-            "anyOf": [
-                {"type": "string", "format": "date-time"},
-                {"type": "string", "maxLength": 0},
-                {"type": "null"},
-            ]
-        },
+        "title": {"type": ["string", "null"], "maxLength": nodes.MAX_TITLE_CHARS},
+        "source": {"type": ["string", "null"], "maxLength": nodes.MAX_SOURCE_CHARS},
+        "timestamp": _INSTANT_OR_NONE,
         # null is read as empty, as in nodes.jsonl
-        "parents": {"type": ["array", "null"], "items": {"type": "string"}},
-        "breadcrumb": {"type": ["array", "null"], "items": {"type": "string"}},
+        "parents": {
+            "type": ["array", "null"],
+            "items": {"type": "string", "maxLength": nodes.MAX_ID_CHARS},
+            "maxItems": nodes.MAX_PARENTS,
+        },
+        "breadcrumb": {
+            "type": ["array", "null"],
+            "items": {"type": "string", "maxLength": nodes.MAX_TITLE_CHARS},
+            "maxItems": nodes.MAX_BREADCRUMB,
+        },
         "metadata": {"type": ["object", "null"]},
         # Optimistic concurrency (docs/lifecycle.md): the revision the writer read; new
         # content under a stale one is refused with 409 stale_revision. 0: create only.
         "revision": {"type": ["integer", "null"], "minimum": 0, "maximum": 2147483647},
+        # Valid time (docs/lifecycle.md): when the fact held in the world; content.
+        "valid_from": _INSTANT_OR_NONE,
+        "valid_to": _INSTANT_OR_NONE,
         # When the node leaves answers (docs/lifecycle.md, expiry); not content.
-        "expires_at": {
-            "anyOf": [
-                {"type": "string", "format": "date-time"},
-                {"type": "string", "maxLength": 0},
-                {"type": "null"},
-            ]
-        },
+        "expires_at": _INSTANT_OR_NONE,
     },
 }
 
-# A metadata filter, as GET /memory/query takes it (api/params.py parse_filter).
+# A metadata filter, as GET /memory/query takes it (the contract's parse_filter).
 _FILTER_PARAMETER: dict[str, Any] = {
     "name": "filter",
     "in": "query",
     "required": False,
-    "schema": {
-        "type": "string",
-        "maxLength": 4096,
-        "contentMediaType": "application/json",
-        "examples": ['{"user": "42"}'],
-    },
+    "schema": FILTER_QUERY_STRING,
     "description": 'Only nodes whose metadata contains this JSON object, e.g. {"user": "42"} '
-    "(at most 4096 bytes, nested at most 8 deep).",
+    f"(at most {vocabulary.FILTER_MAX_BYTES} bytes, nested at most "
+    f"{vocabulary.FILTER_MAX_DEPTH} deep).",
 }
 
 _AUTH_ERRORS = {
@@ -403,139 +419,12 @@ _VERSION: dict[str, Any] = {
 }
 
 
-# GET /memory/query's parameters: (name, required, schema, description). The MCP tool
-# memory_query takes the same ones (api/mcp_server.py).
 def query_parameters(
     settings: Settings | None = None,
 ) -> list[tuple[str, bool, dict[str, Any], str]]:
-    """GET /memory/query's parameters with this deployment's bounds (POIMEN_MAX_QUERY_CHARS,
-    POIMEN_MAX_LIMIT, POIMEN_MAX_TIMEOUT_S); memory_query (MCP) takes the same ones."""
-    s = settings or Settings()
-    return [
-        (
-            "query",
-            True,
-            # Not blank: at least one character Python does not count as white space.
-            {
-                "type": "string",
-                "minLength": 1,
-                "maxLength": s.max_query_chars,
-                "pattern": r"[^\s\u0085\u001c-\u001f]",
-            },
-            "Text to search for (not blank), in the query grammar: plain words are scored; "
-            '"quoted phrases" must match in order and adjacent; -word and -"phrase" exclude '
-            "(no result contains them); #tag and @mention must match that exact token, "
-            "unstemmed; OR between phrases, tags or mentions lets either satisfy. Malformed "
-            "syntax (an unclosed quote) is read as plain words, never an error. plan.grammar "
-            "says how the query was read.",
-        ),
-        ("project", False, _PROJECT, "Restrict to one project; unknown → 404."),
-        (
-            "level",
-            False,
-            {"type": "string", "default": "L1,L2", "pattern": r"^L[012](,L[012]){0,2}$"},
-            "Comma-separated subset of L0,L1,L2.",
-        ),
-        (
-            "limit",
-            False,
-            {"type": "integer", "default": 5},
-            f"Any integer; clamped to [1, POIMEN_MAX_LIMIT ({s.max_limit})].",
-        ),
-        (
-            "timeout_seconds",
-            False,
-            {"type": "number", "default": 5},
-            "One deadline for the whole request, in seconds; any finite number, clamped to "
-            f"[1, POIMEN_MAX_TIMEOUT_S ({s.max_timeout_s:g})].",
-        ),
-        (
-            "since",
-            False,
-            {"type": "string", "pattern": _ISO_DAY_OR_TIME, "examples": ["2023-05-08"]},
-            "Only nodes whose timestamp is at or after this ISO date (a whole UTC day) or "
-            "timestamp (UTC unless it has an offset), applied in every leg before its top k; "
-            "nodes without a timestamp are left out. Bad value, or after until → 400.",
-        ),
-        (
-            "until",
-            False,
-            {"type": "string", "pattern": _ISO_DAY_OR_TIME, "examples": ["2023-05-31"]},
-            "Only nodes whose timestamp is at or before this ISO date (the whole day) or "
-            "timestamp (the whole minute for hh:mm, second for hh:mm:ss, or last digit given).",
-        ),
-        (
-            "reference_time",
-            False,
-            {"type": "string", "format": "date-time"},
-            "The time relative dates in the query ('last week', 'yesterday') count from; "
-            "default now. The plan's time_filter reports them; they filter only under the "
-            "policy extracted_dates = filter.",
-        ),
-        (
-            "filter",
-            False,
-            {
-                "type": "string",
-                "maxLength": 4096,
-                "contentMediaType": "application/json",
-                "examples": ['{"user": "alice"}'],
-            },
-            "Metadata filter: a JSON object (at most 4096 bytes) that a node's metadata must "
-            "contain (JSON containment, @>), applied in every leg before its top k; {} is no "
-            "filter. Not JSON, not an object, or too long → 400. The lexical leg then runs on "
-            "Postgres BM25 (OpenSearch documents carry no metadata).",
-        ),
-        (
-            "min_cosine",
-            False,
-            {"type": "number", "minimum": -1, "maximum": 1, "examples": [0.25]},
-            "Relevance floor: fused candidates whose cosine similarity to the query is below it "
-            "are held back (counted in `withheld`); the answer may then be empty, and an empty "
-            "answer cites no evidence. Default: the policy's min_cosine (off unless set). "
-            "Outside -1..1 or not a number → 400.",
-        ),
-        (
-            "unsupported",
-            False,
-            {"type": "string", "enum": list(vocabulary.UNSUPPORTED)},
-            "Results in doubt (support stale, partial or none: their evidence was rewritten, "
-            "retired or erased since they were derived): demote ranks them below the supported "
-            "ones (counted in `demoted`), exclude leaves them out (`excluded`), keep keeps the "
-            "fused order. Default: the policy's unsupported (demote).",
-        ),
-        (
-            "as_of",
-            False,
-            {"type": "string", "format": "date-time", "examples": ["2024-06-01T00:00:00Z"]},
-            "Time travel: answer from the versions the database held at this instant (a "
-            "superseded or retired version that was current then comes back; one written later "
-            "does not), BM25 scored with the statistics of the corpus as it stood then. Default: "
-            "the current versions. Not ISO 8601 → 400.",
-        ),
-        (
-            "valid_at",
-            False,
-            {"type": "string", "format": "date-time", "examples": ["2023-01-01T00:00:00Z"]},
-            "Valid time: keep only nodes whose valid_from <= valid_at < valid_to (open bounds "
-            "hold always). Default: as_of, else now. Not ISO 8601 → 400.",
-        ),
-        ("fusion", False, {"type": "string", "enum": ["rrf", "convex"]}, "Fusion for Hybrid."),
-        (
-            "evidence",
-            False,
-            {"type": "integer", "examples": [20]},
-            "The most L0 turns the response cites (`evidence`), clamped to [0, 100]; default "
-            "the policy's evidence_budget (20). The results' provenance trees keep only the "
-            "cited turns. 0: no evidence list, full trees.",
-        ),
-        (
-            "strategy",
-            False,
-            {"type": "string", "enum": ["LexicalOnly", "LexicalFirst", "Hybrid", "SemanticOnly"]},
-            "Override the optimizer's routing.",
-        ),
-    ]
+    """GET /memory/query's parameters with this deployment's bounds: the contract's
+    (poimen_memory.contract), which memory_query (MCP) takes too."""
+    return query_string_parameters(settings or Settings())
 
 
 # Each operation's operationId (what generated clients name the call) and tag.
@@ -547,11 +436,11 @@ TAGS = [
 ]
 
 
-# Every route but /mcp (the MCP SDK checks its own Host) answers a Host not listed in
-# POIMEN_HTTP_ALLOWED_HOSTS before it runs (api/asgi.py HostCheck).
+# Every route answers a Host not listed in POIMEN_HTTP_ALLOWED_HOSTS (for /mcp,
+# POIMEN_MCP_ALLOWED_HOSTS) before it runs (api/asgi.py HostCheck).
 _HOST_REFUSED = _err(
     "misdirected_request: the request's Host is not one POIMEN_HTTP_ALLOWED_HOSTS lists "
-    "(loopback names by default)"
+    "(loopback names by default; POIMEN_MCP_ALLOWED_HOSTS for /mcp)"
 )
 
 
@@ -714,10 +603,9 @@ def _review_paths() -> dict[str, Any]:
 def openapi_spec(settings: Settings | None = None) -> dict[str, Any]:
     """The OpenAPI document, with this deployment's bounds (default settings: None)."""
     spec = _spec(settings)
-    for path, item in spec["paths"].items():
-        if path != "/mcp":
-            for operation in item.values():
-                operation["responses"].setdefault("421", _HOST_REFUSED)
+    for item in spec["paths"].values():
+        for operation in item.values():
+            operation["responses"].setdefault("421", _HOST_REFUSED)
     return spec
 
 
@@ -839,7 +727,7 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                             "name": "since",
                             "in": "query",
                             "required": False,
-                            "schema": {"type": "string", "pattern": _ISO_DAY_OR_TIME},
+                            "schema": {"type": "string", "pattern": ISO_DAY_OR_TIME},
                             "description": "Only nodes whose timestamp is at or after this "
                             "(as GET /memory/query's since).",
                         },
@@ -847,7 +735,7 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                             "name": "until",
                             "in": "query",
                             "required": False,
-                            "schema": {"type": "string", "pattern": _ISO_DAY_OR_TIME},
+                            "schema": {"type": "string", "pattern": ISO_DAY_OR_TIME},
                             "description": "Only nodes whose timestamp is at or before this "
                             "(as GET /memory/query's until).",
                         },
@@ -928,14 +816,14 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                             "name": "since",
                             "in": "query",
                             "required": False,
-                            "schema": {"type": "string", "pattern": _ISO_DAY_OR_TIME},
+                            "schema": {"type": "string", "pattern": ISO_DAY_OR_TIME},
                             "description": "First day or instant of the nodes' timestamps.",
                         },
                         {
                             "name": "until",
                             "in": "query",
                             "required": False,
-                            "schema": {"type": "string", "pattern": _ISO_DAY_OR_TIME},
+                            "schema": {"type": "string", "pattern": ISO_DAY_OR_TIME},
                             "description": "Last day or instant (inclusive).",
                         },
                         _FILTER_PARAMETER,
@@ -1128,7 +1016,19 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                 }
             },
         },
+        # Anonymous until the first key is made (docs/security.md), then a key on every
+        # request: either requirement, so a generated client offers both (Client, and
+        # AuthenticatedClient with the key as its token).
+        "security": [{}, {"apiKey": []}],
         "components": {
+            "securitySchemes": {
+                "apiKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "An API key (`poimen-memory keys create`), sent as "
+                    "`Authorization: Bearer <key>`; none while the database has no keys.",
+                }
+            },
             "schemas": {
                 "Error": _ERROR,
                 "Node": _NODE,
@@ -1313,7 +1213,8 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                             "embedding_cache_hit, and served_by: primary or replica "
                             "(POIMEN_READ_URLS)",
                             "properties": {
-                                "served_by": {"type": "string", "enum": ["primary", "replica"]}
+                                "served_by": {"type": "string", "enum": ["primary", "replica"]},
+                                **_METRICS,
                             },
                         },
                         "withheld": {
@@ -1345,6 +1246,6 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                         },
                     },
                 },
-            }
+            },
         },
     }

@@ -11,15 +11,14 @@ import asyncio
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from psycopg import sql as pgsql
 from psycopg.types.json import Jsonb
 
-from poimen_core.vocabulary import LEVELS
+from poimen_core.vocabulary import LEVELS, NOTE_MAX_CHARS
 from poimen_memory.api.auth import KeyRing
-from poimen_memory.api.params import parse_filter, parse_query
+from poimen_memory.contract.query import parse_filter, parse_query
 from poimen_memory.db import tenant
 from poimen_memory.db.connect import connect
 from poimen_memory.db.queries import q
@@ -76,14 +75,15 @@ async def query_memory(
     state: Services,
     keys: KeyRing,
     headers: Mapping[str, str],
-    params: Mapping[str, str],
+    params: Mapping[str, Any],
     *,
     arrived: float | None = None,
 ) -> dict[str, Any]:
-    """The GET /memory/query answer for these query parameters (as strings, as in a URL).
+    """The GET /memory/query answer for these parameters (a URL's strings, or an MCP call's
+    JSON arguments: the contract takes both).
     The deadline counts from ``arrived`` (time.monotonic()) when given: time queued counts."""
     req = parse_query(params, state.settings)
-    req = replace(req, project=await keys.read_project(headers, req.project))
+    req = req.model_copy(update={"project": await keys.read_project(headers, req.project)})
     return await state.retriever.query(req, started=arrived)
 
 
@@ -236,6 +236,13 @@ async def forget_nodes(
     await keys.write_projects(headers, {project})
     erase = _flag(params, "erase")
     reason = params.get("reason")
+    if reason is not None and len(reason) > NOTE_MAX_CHARS:
+        # Kept in every version it ends: 9 MB of it made the node's history too large to
+        # answer, for good.
+        raise ValidationError(
+            f"reason is longer than {NOTE_MAX_CHARS} characters",
+            hint="say why in a sentence; the versions' end_note keeps it",
+        )
     if external_id is not None:
         if set(params) & (_FORGET_FILTERS | {"id", "dry_run", "max_nodes"}):
             raise ValidationError("a node's DELETE takes project, erase and reason only")
@@ -289,6 +296,8 @@ async def node_history(
 ) -> dict[str, Any]:
     """``GET /memory/nodes/{id}/history``: memory.history, every version oldest first."""
     text_params(params, {"project"})
+    if "\x00" in external_id:
+        raise ValidationError("id contains a NUL character")
     project = await _project(keys, headers, params.get("project"))
     with wrap_exceptions("history"):
         rows = await in_thread(

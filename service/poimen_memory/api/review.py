@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from poimen_core.vocabulary import NOTE_MAX_CHARS
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.nodes import project_param
 from poimen_memory.api.operations import in_thread, text_params
@@ -24,7 +25,6 @@ _COLUMNS = (
 )  # fmt: skip
 # A claim's defaults, as memory.review_claim's: one item, hidden from other workers for 300 s.
 CLAIM_DEFAULTS = {"limit": 1, "visibility_timeout": 300}
-MAX_NOTE_CHARS = 2000  # memory.review_queue.note's CHECK
 
 
 def _int(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
@@ -101,8 +101,8 @@ async def confirm_item(
     if not (item_id.isascii() and item_id.isdigit()) or not 0 < int(item_id) < 2**62:
         raise ValidationError(f"a review item id is a positive whole number, got {item_id!r}")
     note = params.get("note")
-    if note is not None and len(note) > MAX_NOTE_CHARS:
-        raise ValidationError(f"note is longer than {MAX_NOTE_CHARS} characters")
+    if note is not None and len(note) > NOTE_MAX_CHARS:
+        raise ValidationError(f"note is longer than {NOTE_MAX_CHARS} characters")
     # Read-only keys are refused here; row-level security keeps a writer to its projects
     # (another project's item is as unknown as one that never existed).
     await keys.write_projects(headers, set())

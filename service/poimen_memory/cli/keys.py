@@ -26,11 +26,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
             if not args.project:
                 print("error: keys create needs at least one --project", file=sys.stderr)
                 return 2
-            from poimen_memory.ingest.nodes import PROJECT_NAME
-
             # The same rule as memory.projects: a key for '*' or 'a,b' would otherwise assert
             # every project (or two) to row-level security (db/tenant.py joins them with ',').
-            bad = [p for p in args.project if not PROJECT_NAME.fullmatch(p)]
+            bad = [p for p in args.project if not vocabulary.PROJECT_NAME_RE.fullmatch(p)]
             if bad:
                 print(f"error: invalid project name {bad[0]!r}", file=sys.stderr)
                 print(

@@ -41,11 +41,12 @@ def render_response(resp: dict[str, Any]) -> str:
         out.append(f"   {_short(r['text'], 160)}")
         _citations(r["parents"], 1, out)
     m = resp["metrics"]
-    out.append(
-        f"\n{resp['notes']}. {m['total_time_ms']:.0f} ms total "
-        f"(embed {m['embed_time_ms']:.0f}, semantic {m['semantic_time_ms']:.0f}, "
-        f"lexical {m['lexical_time_ms']:.0f}, provenance {m['provenance_time_ms']:.0f})"
+    stages = ", ".join(
+        f"{stage} {m[f'{stage}_time_ms']:.0f}"
+        for stage in ("embed", "semantic", "lexical", "provenance")
+        if m[f"{stage}_time_ms"] is not None  # null: the stage did not run
     )
+    out.append(f"\n{resp['notes']}. {m['total_time_ms']:.0f} ms total ({stages})")
     if resp["degraded"]:
         out.append(
             "degraded: " + ", ".join(f"{d['stage']}={d['reason']}" for d in resp["degraded"])

@@ -1,21 +1,25 @@
 """Connections: the database URL (explicit or the embedded cluster), plain connections and
-the service's pool, all with pgvector's types registered."""
+the service's pool, all with pgvector's types registered, and the Lender that hands out the
+pool's connections within a request's deadline."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import weakref
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import psycopg
 from pgvector.psycopg import register_vector, register_vector_async
 from psycopg import sql
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from poimen_memory.db.cluster import Cluster, find_pg_bin
 from poimen_memory.db.queries import q
+from poimen_memory.errors import DatabaseUnavailable, DeadlineExceeded
 from poimen_memory.settings import Settings
 
 
@@ -146,3 +150,79 @@ def open_pool(
         open=False,
         kwargs={"autocommit": True},
     )
+
+
+class Remaining(Protocol):
+    """A request's deadline, as far as borrowing a connection goes (retrieval/deadline.py)."""
+
+    def remaining(self) -> float: ...
+
+
+@dataclass
+class Lender:
+    """Lends the service's pooled connections within a request's deadline: the queries'
+    (retrieval/pipeline.py, on the primary or a read replica's pool) and the API's own
+    (api/auth.py's keys, api/nodes.py). Built with the pool by services.open_services."""
+
+    pool: AsyncConnectionPool[Any]
+    pool_timeout_s: float
+    """POIMEN_POOL_TIMEOUT_S: how long a pool with no connection at all may take to get one
+    before the database counts as down."""
+    # Whether a pool's server answers, per pool, shared for a second (_database_answers).
+    _probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+    _probes: dict[int, tuple[float, bool]] = field(default_factory=dict, init=False, repr=False)
+
+    @contextlib.asynccontextmanager
+    async def connection(
+        self, deadline: Remaining, stage: str, pool: AsyncConnectionPool[Any] | None = None
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection of ``pool`` (default: the primary's) within the deadline. A pool that
+        has no connection at all after POIMEN_POOL_TIMEOUT_S means the database is down (503
+        at once, not at the deadline); a pool whose connections are all busy is only slow, so
+        the request waits for the rest of its deadline and then reports a timeout."""
+        pool = pool or self.pool
+        # Decide before the deadline does, so the answer is "unavailable", not "timeout".
+        first = min(deadline.remaining() * 0.8, self.pool_timeout_s)
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                conn = await stack.enter_async_context(pool.connection(timeout=max(first, 0.001)))
+            except PoolTimeout as exc:
+                if not await self._database_answers(pool):
+                    raise DatabaseUnavailable(
+                        "database unavailable: no connection could be made",
+                        detail=str(exc),
+                        hint="check that PostgreSQL is running; the service reconnects by itself",
+                    ) from exc
+                try:
+                    conn = await stack.enter_async_context(
+                        pool.connection(timeout=max(deadline.remaining(), 0.001))
+                    )
+                except PoolTimeout as late:
+                    raise DeadlineExceeded(
+                        f"no free database connection before the deadline ({stage})",
+                        hint="raise POIMEN_POOL_MAX, or timeout_seconds",
+                    ) from late
+            yield conn
+
+    async def _database_answers(self, pool: AsyncConnectionPool[Any]) -> bool:
+        """Is the server up (the pool is merely busy) or down? One direct connection tells;
+        the answer is shared for a second so a crowd of waiting requests probes once."""
+        async with self._probe_lock:
+            at, up = self._probes.get(id(pool), (-1e9, True))
+            if time.monotonic() - at < 1.0:
+                return up
+            info = pool.conninfo
+            if not isinstance(info, str):  # a conninfo callable: judge by the pool alone
+                return bool(pool.get_stats().get("pool_size", 0))
+            try:
+                async with asyncio.timeout(0.5):
+                    probe = await psycopg.AsyncConnection.connect(info)
+                await probe.close()
+                up = True
+            except psycopg.Error as exc:
+                # The server answered (e.g. 53300, too many connections): it is up, busy.
+                up = exc.sqlstate is not None
+            except TimeoutError:
+                up = False
+            self._probes[id(pool)] = (time.monotonic(), up)
+            return up

@@ -1,4 +1,7 @@
-"""Named SQL statements, parsed once from queries.sql (one place for every query we send)."""
+"""Named SQL statements, parsed once from queries.sql (one place for every query we send).
+
+migrate's own statements are a file of the same form beside it (db/migrate/catalog.sql),
+read through ``statements`` too."""
 
 from __future__ import annotations
 
@@ -9,12 +12,13 @@ from pathlib import Path
 from psycopg import sql
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+QUERIES = Path(__file__).with_name("queries.sql")
 
 
 @cache
-def _all() -> dict[str, str]:
-    text = (Path(__file__).with_name("queries.sql")).read_text()
-    parts = _NAME.split(text)
+def statements(path: Path = QUERIES) -> dict[str, str]:
+    """The statements of a file of ``-- name: NAME`` sections, by name."""
+    parts = _NAME.split(path.read_text())
     return {
         name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2], strict=True)
     }
@@ -22,8 +26,8 @@ def _all() -> dict[str, str]:
 
 def q(name: str) -> sql.SQL:
     """The statement called ``name``; a typo is a KeyError at first use, caught by tests."""
-    return sql.SQL(_all()[name])
+    return sql.SQL(statements()[name])
 
 
 def names() -> list[str]:
-    return sorted(_all())
+    return sorted(statements())

@@ -27,11 +27,12 @@ FROM memory._stored_nodes(%(projects)s::text[], %(external_ids)s::text[]);
 -- name: write_nodes
 -- The one writer (sql/068_write.sql): a batch of new nodes with the vectors the service
 -- computed (vector[], typed by pgvector's dumper whatever schema holds it), and their edges.
-SELECT memory._write_nodes(%(nodes)s, %(embeddings)s);
+-- nodes is JSON text, as the write sequence (poimen_core.writes) makes it for both sides.
+SELECT memory._write_nodes(%(nodes)s::jsonb, %(embeddings)s) AS report;
 
 -- name: link_nodes
 -- The same writer for nodes already stored: only their edges (no vectors, nothing embedded).
-SELECT memory._write_nodes(%(nodes)s);
+SELECT memory._write_nodes(%(nodes)s::jsonb) AS report;
 
 -- name: outbox_on
 SELECT memory.enable_outbox();
@@ -240,6 +241,10 @@ SELECT status FROM pg_stat_wal_receiver;
 -- The plan of a query (sql/066_plan.sql) under the tenant's projects, and its Postgres
 -- lexical legs, run while the service embeds the query: one round trip.
 SELECT memory._serve_start(%(req)s::jsonb, %(caps)s::jsonb);
+
+-- name: serve_semantic
+-- With OpenSearch: the plan's semantic leg, run while OpenSearch answers; serve takes it back.
+SELECT memory._serve(%(req)s::jsonb, %(caps)s::jsonb, %(embedding)s, NULL, 'semantic');
 
 -- name: serve
 -- The whole query in one statement: the plan run by the executor (sql/071_execute.sql).

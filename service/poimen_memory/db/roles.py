@@ -11,7 +11,7 @@ the database's name. It is then recorded in ``memory.config`` (``role_prefix``),
 names follow the data through a dump and restore under another database name, and the
 sql/ files are rendered with them (``@role.reader@`` and so on). A database migrated
 before roles were per database used the cluster-wide ``memory_reader`` trio; its first
-``migrate`` since moves it to its own roles (see ``migrate._move_roles``).
+``migrate`` since moves it to its own roles (db/migrate/roles.py, ``move_roles``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-# At most 63 bytes a name, and "_memory_service" takes 15 of them.
-PREFIX_MAX = 40
-_PREFIX = re.compile(rf"[a-z][a-z0-9_]{{0,{PREFIX_MAX - 1}}}")
+from poimen_core.vocabulary import ROLE_PREFIX_MAX
+
 _PLACEHOLDER = re.compile(r"@role\.(reader|writer|service)@")
 KINDS = ("reader", "writer", "service")
 
@@ -62,16 +61,6 @@ class Roles:
 LEGACY = Roles("")
 
 
-def check_prefix(raw: str) -> str:
-    """POIMEN_ROLE_PREFIX: a lower-case identifier that leaves room for the suffixes."""
-    if not _PREFIX.fullmatch(raw):
-        raise ValueError(
-            f"must match [a-z][a-z0-9_]* and be at most {PREFIX_MAX} characters"
-            " (the roles are <prefix>_memory_reader, _writer and _service)"
-        )
-    return raw
-
-
 def prefix_for(database: str) -> str:
     """The default prefix: the database's name where it is already a plain identifier that
     fits; otherwise its lower-cased, underscored form with a short hash of the real name, so
@@ -79,7 +68,7 @@ def prefix_for(database: str) -> str:
     plain = re.sub(r"[^a-z0-9_]", "_", database.lower())
     if not plain[:1].isalpha():
         plain = "db_" + plain
-    if plain == database and len(plain) <= PREFIX_MAX:
+    if plain == database and len(plain) <= ROLE_PREFIX_MAX:
         return plain
     digest = hashlib.sha256(database.encode()).hexdigest()[:8]
-    return f"{plain[: PREFIX_MAX - 9]}_{digest}"
+    return f"{plain[: ROLE_PREFIX_MAX - 9]}_{digest}"

@@ -20,7 +20,6 @@ import psycopg
 from poimen_core import vocabulary
 from poimen_memory.db.queries import q
 from poimen_memory.errors import Forbidden
-from poimen_memory.ingest.nodes import PROJECT_NAME
 
 EVERY = "*"
 
@@ -56,7 +55,7 @@ class Tenant:
         """A key's projects: real project names only (never EVERY, whatever is stored)."""
         p = frozenset(projects)
         for name in p:
-            if not PROJECT_NAME.fullmatch(name):
+            if not vocabulary.PROJECT_NAME_RE.fullmatch(name):
                 raise _refuse(name)
         return cls(p, p if can_write else frozenset(), key_id)
 

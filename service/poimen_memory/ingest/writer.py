@@ -1,6 +1,8 @@
 """Idempotent ingestion of memory nodes: validate everything, embed new nodes, then hand
 them in batches to the one writer, memory._write_nodes (sql/068_write.sql), which writes
-nodes and their provenance edges (triggers queue the OpenSearch outbox).
+nodes and their provenance edges (triggers queue the OpenSearch outbox). The steps and their
+order are the write sequence memory.add_nodes runs too (poimen_core.writes), here over
+psycopg; this module is the service's side of it: embedding, batches and transactions.
 
 Policy (docs/ingest.md): the whole input is validated before anything is written, against
 itself and against what the database already holds; any invalid line aborts the run with
@@ -27,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,27 +37,18 @@ from typing import Any
 import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
-from psycopg.rows import class_row
-from psycopg.types.json import Jsonb
+from psycopg.rows import dict_row
 
+from poimen_core.writes import Checked, StoredNode, Writer, write_nodes
 from poimen_memory.db.queries import q
 from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import IngestError, PoimenError, StaleRevision
-from poimen_memory.ingest.nodes import (
-    Key,
-    LineError,
-    NodeRecord,
-    adopt_stored_hashes,
-    new_records,
-    reference_keys,
-    stale_revisions,
-    validate,
-    write_row,
-)
+from poimen_memory.ingest.nodes import Key, LineError, NodeRecord, stale_revisions
 from poimen_memory.progress import Progress
 
 VACUUM_AFTER = 1000  # inserted nodes that make a bulk load worth a VACUUM ANALYZE
+LINK_CHUNK = 5000  # stored records in one call of the writer
 
 
 @dataclass
@@ -98,32 +91,9 @@ class IngestReport:
         }
 
 
-@dataclass(frozen=True)
-class StoredNode:
-    project: str
-    external_id: str
-    id: int
-    level: str
-    sha256: bytes
-    revision: int
-
-
 def ensure_embedding_model(conn: psycopg.Connection[Any], embedder: Embedder) -> None:
     register_vector(conn)  # the connection may predate CREATE EXTENSION vector
     conn.execute(q("configure_embedding"), {"model": embedder.model_name, "dim": embedder.dim})
-
-
-def _stored_by_key(conn: psycopg.Connection[Any], keys: Sequence[Key]) -> dict[Key, StoredNode]:
-    out: dict[Key, StoredNode] = {}
-    with conn.cursor(row_factory=class_row(StoredNode)) as cur:
-        for i in range(0, len(keys), 5000):
-            chunk = keys[i : i + 5000]
-            cur.execute(
-                q("stored_nodes"),
-                {"projects": [k[0] for k in chunk], "external_ids": [k[1] for k in chunk]},
-            )
-            out.update({(r.project, r.external_id): r for r in cur.fetchall()})
-    return out
 
 
 def ingest(
@@ -147,57 +117,20 @@ def ingest(
     less of its work on padding. The bulk mode writes in one transaction unless
     ``commit_every_batch``. ``report_nodes``: keep the per-node answer (report.nodes)."""
     started = time.monotonic()
+    report = IngestReport()
+    side: _Atomic | _Bulk
+    if atomic:
+        side = _Atomic(conn, embedder, report, invalid, skip_invalid, report_nodes)
+    else:
+        side = _Bulk(conn, embedder, report, invalid, skip_invalid, report_nodes,
+                     batch_size, embed_group, progress, commit_every_batch)  # fmt: skip
     with wrap_exceptions("ingest"):
-        stored = _stored_by_key(conn, reference_keys(records))
-        records = adopt_stored_hashes(records, stored)
-        problems = [*invalid, *validate(records, stored)]
-        bad_lines = {e.line_no for e in problems}
-        if problems and not skip_invalid:
-            shown = "\n".join(str(e) for e in problems[:20])
-            more = f"\n... and {len(problems) - 20} more" if len(problems) > 20 else ""
-            raise IngestError(
-                f"{len(problems)} invalid line(s); nothing was written",
-                detail=shown + more,
-                hint="fix the lines, or skip them (--skip-invalid, ?skip_invalid=true)",
-                front_hint="fix the lines, or skip them ({skip_invalid=true})",
-            )
-        records = [r for r in records if r.line_no not in bad_lines]
-        if not atomic:
-            # A bulk load finds a stale revision before it writes anything (a request is
-            # one transaction: there the writer's own refusal, PM419, comes first).
-            _refuse_stale(records, stored)
-        report = IngestReport(invalid=sorted(problems, key=lambda e: e.line_no))
-        writer = _Writer(conn, records, stored, report, report_nodes)
-        todo = writer.new_records()
-        if atomic:
-            vectors = _embed(embedder, todo, report)
-            with conn.transaction():
-                ensure_embedding_model(conn, embedder)
-                writer.write(todo, vectors)
-                writer.link(records, todo)
-        else:
-            with conn.transaction():
-                had_model = conn.execute(q("embedding_model")).fetchone() is not None
-                ensure_embedding_model(conn, embedder)
-                # In a short transaction of their own: on the partitioned layout a new
-                # project's partitions lock the tables until the transaction that made
-                # them ends, and queries of every project wait that long.
-                made = [f"project {p}" for p in writer.ensure_projects(todo)]
-            if not had_model:
-                made.append(f"the embedding model ({embedder.model_name})")
-            try:
-                with (
-                    wrap_exceptions("ingest"),
-                    conn.transaction() if not commit_every_batch else contextlib.nullcontext(),
-                ):
-                    _bulk(conn, writer, records, todo, embedder, report, batch_size,
-                          embed_group, progress, commit_every_batch)  # fmt: skip
-            except PoimenError as err:
-                _what_was_written(err, report, commit_every_batch, made)
-                raise
-        report.unresolved.sort()
+        writer = write_nodes(_Psycopg(conn), records, side)
+        report.inserted, report.updated = writer.inserted, writer.updated
+        report.duplicates, report.edges = writer.duplicates, writer.edges
+        report.unresolved = sorted(writer.unresolved)
         if report_nodes:
-            report.nodes = writer.answers(records)
+            report.nodes = writer.answers()
         # A bulk load only: an HTTP request must not wait for VACUUM (autovacuum follows).
         if report.inserted >= VACUUM_AFTER and conn.autocommit and not atomic:
             # Fresh statistics for the planner, and a visibility map so BM25 scoring can use
@@ -210,7 +143,7 @@ def ingest(
 
 def _bulk(
     conn: psycopg.Connection[Any],
-    writer: _Writer,
+    writer: Writer,
     records: Sequence[NodeRecord],
     todo: list[NodeRecord],
     embedder: Embedder,
@@ -248,7 +181,7 @@ def _bulk(
                 for at in range(0, len(nodes), batch_size):
                     batch = nodes[at : at + batch_size]
                     with each():
-                        inserted = writer.write(batch, vectors[at : at + batch_size])
+                        inserted = _write(writer, batch, vectors[at : at + batch_size])
                     if commit_every_batch:
                         report.committed += inserted
                     bar.update(len(batch))
@@ -263,12 +196,12 @@ def _bulk(
     # and the writer's decision on each (unchanged, or a new version when its metadata or
     # timestamp changed: it reuses the stored vector).
     with each():
-        inserted = writer.link(records, todo)
+        inserted = _link(writer, records, todo)
     if commit_every_batch:
         report.committed += inserted
 
 
-def _refuse_stale(records: Sequence[NodeRecord], stored: dict[Key, StoredNode]) -> None:
+def _refuse_stale(records: Sequence[NodeRecord], stored: Mapping[Key, StoredNode]) -> None:
     stale = stale_revisions(records, stored)
     if not stale:
         return
@@ -316,85 +249,143 @@ def _embed(embedder: Embedder, batch: Sequence[NodeRecord], report: IngestReport
         report.embed_seconds += time.monotonic() - t0
 
 
-class _Writer:
-    """One ingest run's calls into memory._write_nodes, and what they report."""
+class _Psycopg:
+    """The write sequence's Executor over a psycopg connection: the statements of
+    queries.sql by the sequence's names."""
 
-    def __init__(
-        self,
-        conn: psycopg.Connection[Any],
-        records: Sequence[NodeRecord],
-        stored: dict[Key, StoredNode],
-        report: IngestReport,
-        keep_answers: bool = False,
-    ) -> None:
-        self.conn, self.report = conn, report
-        self.records = records
-        self.stored_shas: set[bytes] = {s.sha256 for s in stored.values()}
-        shas = [r.sha256 for r in records]
-        for i in range(0, len(shas), 5000):
-            rows = conn.execute(q("stored_hashes"), {"shas": shas[i : i + 5000]}).fetchall()
-            self.stored_shas.update(bytes(sha) for sha, _ in rows)
-        # The writer's answer for each record (by position in records), when asked for.
-        self.keep_answers = keep_answers
-        self.answer: dict[int, dict[str, Any]] = {}
-        self.position = {id(r): i for i, r in enumerate(records)}
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
 
-    def new_records(self) -> list[NodeRecord]:
-        """Records whose content is not stored yet, once each, in level order (a parent
-        before its child): the ones to embed. The rest go to the writer without a vector
-        (link): it counts them, as duplicates or as new versions."""
-        todo, _ = new_records(self.records, self.stored_shas)
-        return todo
+    def run(self, statement: str, params: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(q(statement), params)
+            return cur.fetchall() if cur.description else []
 
-    def ensure_projects(self, records: Sequence[NodeRecord]) -> list[str]:
-        """Makes the projects of these records; the names of those not there before."""
-        names = sorted({r.project for r in records})
-        if not names:
-            return []
-        rows = self.conn.execute(q("projects_existing"), {"names": names}).fetchall()
-        before = {str(r[0]) for r in rows}
-        self.conn.execute(q("ensure_projects"), {"names": names})
-        return [n for n in names if n not in before]
 
-    def write(self, batch: Sequence[NodeRecord], vectors: Any) -> int:
-        """New nodes with their vectors, and their edges (a parent is one level down, so it
-        was written in an earlier batch or is in this one); how many it inserted."""
-        if not batch:
-            return 0
-        embeddings = [np.asarray(v, dtype=np.float32) for v in vectors]
-        if len(embeddings) != len(batch):
-            raise ValueError(f"{len(batch)} nodes but {len(embeddings)} vectors")
-        return self._call(q("write_nodes"), batch, embeddings)
+@dataclass
+class _Service:
+    """The service's side of the write sequence, both modes: the reads run in autocommit,
+    each its own transaction, so nothing is locked before the writes (the writer makes a
+    request's projects in its transaction; a bulk load, in a short one of its own)."""
 
-    def link(self, records: Sequence[NodeRecord], written: Sequence[NodeRecord]) -> int:
-        """The records not written by this run (stored before it, or twice in the input):
-        their edges (idempotent), and the writer's decision on each; how many it inserted
-        (new versions: the same content with other metadata or timestamp)."""
-        done = {id(r) for r in written}
-        rest = [r for r in records if id(r) not in done]
-        inserted = 0
-        for i in range(0, len(rest), 5000):
-            inserted += self._call(q("link_nodes"), rest[i : i + 5000], None)
-        return inserted
+    conn: psycopg.Connection[Any]
+    embedder: Embedder
+    report: IngestReport
+    invalid: Sequence[LineError]
+    skip_invalid: bool
+    keep_answers: bool
 
-    def answers(self, records: Sequence[NodeRecord]) -> list[dict[str, Any]]:
-        """The writer's answer per record, in input order."""
-        return [self.answer[i] for i in range(len(records)) if i in self.answer]
+    def before_reading(self, records: Sequence[NodeRecord]) -> None:
+        pass
 
-    def _call(self, query: Any, batch: Sequence[NodeRecord], embeddings: list[Any] | None) -> int:
-        params = {"nodes": Jsonb([write_row(r) for r in batch]), "embeddings": embeddings}
-        row = self.conn.execute(query, params).fetchone()
-        assert row is not None
-        out: dict[str, Any] = row[0]
-        self.report.inserted += out["inserted"]
-        self.report.updated += out["updated"]
-        # Stored before, given twice, or stored first by a concurrent ingest (ON CONFLICT
-        # waited for it).
-        self.report.duplicates += out["duplicates"]
-        self.report.edges += out["edges"]
-        self.report.unresolved += [(batch[n - 1].line_no, p) for n, p in out["unresolved"]]
-        if self.keep_answers:
-            for r, node in zip(batch, out["nodes"], strict=True):
-                self.answer[self.position[id(r)]] = node
-        inserted: int = out["inserted"]
-        return inserted
+    def screen(self, checked: Checked) -> list[NodeRecord]:
+        problems = [*self.invalid, *checked.problems]
+        if problems and not self.skip_invalid:
+            shown = "\n".join(str(e) for e in problems[:20])
+            more = f"\n... and {len(problems) - 20} more" if len(problems) > 20 else ""
+            raise IngestError(
+                f"{len(problems)} invalid line(s); nothing was written",
+                detail=shown + more,
+                hint="fix the lines, or skip them (--skip-invalid, ?skip_invalid=true)",
+                front_hint="fix the lines, or skip them ({skip_invalid=true})",
+            )
+        self.report.invalid = sorted(problems, key=lambda e: e.line_no)
+        bad_lines = {e.line_no for e in problems}
+        return [r for r in checked.records if r.line_no not in bad_lines]
+
+
+class _Atomic(_Service):
+    """One HTTP request: one transaction for everything, projects included, so a failure
+    leaves nothing behind; the new records are embedded before it begins."""
+
+    vectors: Any = None
+
+    def writing(self, todo: Sequence[NodeRecord]) -> contextlib.AbstractContextManager[Any]:
+        self.vectors = _embed(self.embedder, todo, self.report)
+        return self.conn.transaction()
+
+    def ensure_model(self, todo: Sequence[NodeRecord]) -> None:
+        ensure_embedding_model(self.conn, self.embedder)
+
+    def write(self, writer: Writer, records: Sequence[NodeRecord], todo: list[NodeRecord]) -> None:
+        _write(writer, todo, self.vectors)
+        _link(writer, records, todo)
+
+
+@dataclass
+class _Bulk(_Service):
+    """The CLI's load: embedding pipelined with writing, batch by batch (see ingest)."""
+
+    batch_size: int = 64
+    embed_group: int = 256
+    progress: bool = True
+    commit_every_batch: bool = False
+    made: list[str] = field(default_factory=list)  # what it made up front, and kept
+
+    def screen(self, checked: Checked) -> list[NodeRecord]:
+        kept = super().screen(checked)
+        # A bulk load finds a stale revision before it writes anything (a request is one
+        # transaction: there the writer's own refusal, PM419, comes first).
+        _refuse_stale(kept, checked.stored)
+        return kept
+
+    def writing(self, todo: Sequence[NodeRecord]) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()  # each step takes the transactions it needs
+
+    def ensure_model(self, todo: Sequence[NodeRecord]) -> None:
+        with self.conn.transaction():
+            had_model = self.conn.execute(q("embedding_model")).fetchone() is not None
+            ensure_embedding_model(self.conn, self.embedder)
+            # In a short transaction of their own: on the partitioned layout a new
+            # project's partitions lock the tables until the transaction that made
+            # them ends, and queries of every project wait that long.
+            self.made = [f"project {p}" for p in _ensure_projects(self.conn, todo)]
+        if not had_model:
+            self.made.append(f"the embedding model ({self.embedder.model_name})")
+
+    def write(self, writer: Writer, records: Sequence[NodeRecord], todo: list[NodeRecord]) -> None:
+        per_batch = self.commit_every_batch
+        try:
+            with (
+                wrap_exceptions("ingest"),
+                self.conn.transaction() if not per_batch else contextlib.nullcontext(),
+            ):
+                _bulk(self.conn, writer, records, todo, self.embedder, self.report,
+                      self.batch_size, self.embed_group, self.progress, per_batch)  # fmt: skip
+        except PoimenError as err:
+            _what_was_written(err, self.report, per_batch, self.made)
+            raise
+
+
+def _ensure_projects(conn: psycopg.Connection[Any], records: Sequence[NodeRecord]) -> list[str]:
+    """Makes the projects of these records; the names of those not there before."""
+    names = sorted({r.project for r in records})
+    if not names:
+        return []
+    rows = conn.execute(q("projects_existing"), {"names": names}).fetchall()
+    before = {str(r[0]) for r in rows}
+    conn.execute(q("ensure_projects"), {"names": names})
+    return [n for n in names if n not in before]
+
+
+def _write(writer: Writer, batch: Sequence[NodeRecord], vectors: Any) -> int:
+    """New nodes with their vectors, and their edges (a parent is one level down, so it was
+    written in an earlier batch or is in this one); how many it inserted."""
+    if not batch:
+        return 0
+    embeddings = [np.asarray(v, dtype=np.float32) for v in vectors]
+    if len(embeddings) != len(batch):
+        raise ValueError(f"{len(batch)} nodes but {len(embeddings)} vectors")
+    return writer.call("write_nodes", batch, embeddings)
+
+
+def _link(writer: Writer, records: Sequence[NodeRecord], written: Sequence[NodeRecord]) -> int:
+    """The records not written by this run (stored before it, or twice in the input): their
+    edges (idempotent), and the writer's decision on each; how many it inserted (new
+    versions: the same content with other metadata or timestamp)."""
+    done = {id(r) for r in written}
+    rest = [r for r in records if id(r) not in done]
+    inserted = 0
+    for i in range(0, len(rest), LINK_CHUNK):
+        inserted += writer.call("link_nodes", rest[i : i + LINK_CHUNK])
+    return inserted

@@ -4,11 +4,12 @@ The service routes the text with poimen_core.optimizer (the module PL/Python run
 asks the database for the plan (memory._serve_start, sql/071_execute.sql, over the planner
 of sql/066_plan.sql: route, fusion, each leg's engine and depth, time range, evidence
 budget) and its Postgres lexical legs while it embeds the query, calls OpenSearch when the
-plan wants it, and has the database run the rest of the plan in one statement
-(memory._serve): the semantic leg, fusion, provenance and the evidence list. With a
-reranker, the fused candidates come back first and a third statement (memory._serve_finish)
-finishes the answer in the reranker's order. memory.query and memory.answer run the same
-plan through the same executor, so SQL and HTTP answer alike.
+plan wants it (meanwhile the database runs the semantic leg: memory._serve through
+'semantic'), and has the database run the rest of the plan in one statement
+(memory._serve): the semantic leg unless it ran already, fusion, provenance and the
+evidence list. With a reranker, the fused candidates come back first and a third statement
+(memory._serve_finish) finishes the answer in the reranker's order. memory.query and
+memory.answer run the same plan through the same executor, so SQL and HTTP answer alike.
 
 Each statement is one round trip: autocommit (no BEGIN/COMMIT for a read), the tenant's
 projects inside the statement's arguments, and the deadline held here. When it passes, the
@@ -27,17 +28,18 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
 from contextvars import ContextVar
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import numpy as np
 import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
 from poimen_core.optimizer import QueryOptimizerError, optimize_query
+from poimen_core.vocabulary import LEVELS
 from poimen_memory.db import tenant
+from poimen_memory.db.connect import Lender
 from poimen_memory.db.queries import q
 from poimen_memory.db.replicas import ReplicaSet
 from poimen_memory.db.wrap import wrap_exceptions
@@ -53,7 +55,7 @@ from poimen_memory.errors import (
     ValidationError,
 )
 from poimen_memory.retrieval.deadline import Deadline
-from poimen_memory.retrieval.models import LEVELS, QueryRequest, Trace
+from poimen_memory.retrieval.models import QueryRequest, Trace
 from poimen_memory.retrieval.response import response
 from poimen_memory.settings import Settings
 from poimen_memory.upstreams.rerank import RerankClient
@@ -68,7 +70,7 @@ _READ_POOL: ContextVar[AsyncConnectionPool[Any] | None] = ContextVar("read_pool"
 class Retriever:
     """Runs one query; built once per process by services.open_services."""
 
-    pool: AsyncConnectionPool[Any]
+    lender: Lender
     embedder: Embedder | None
     cache: QueryEmbeddingCache
     settings: Settings
@@ -76,9 +78,6 @@ class Retriever:
     reranker: RerankClient | None = None
     opensearch: Any | None = None
     replicas: ReplicaSet | None = None
-    # Whether a pool's server answers, per pool, shared for a second (_database_answers).
-    _probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
-    _probes: dict[int, tuple[float, bool]] = field(default_factory=dict, init=False, repr=False)
     # The model of the database's vectors at the last plan (None: none seen yet).
     _db_model: str | None = field(default=None, init=False, repr=False)
 
@@ -102,60 +101,12 @@ class Retriever:
         doc: dict[str, Any] = row[0]
         return doc
 
-    @contextlib.asynccontextmanager
-    async def connection(
+    def connection(
         self, deadline: Deadline, stage: str
-    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """A pooled connection within the deadline. A pool that has no connection at all
-        after POIMEN_POOL_TIMEOUT_S means the database is down (503 at once, not at the
-        deadline); a pool whose connections are all busy is only slow, so the request
-        waits for the rest of its deadline and then reports a timeout."""
-        pool = _READ_POOL.get() or self.pool
-        # Decide before the deadline does, so the answer is "unavailable", not "timeout".
-        first = min(deadline.remaining() * 0.8, self.settings.pool_timeout_s)
-        async with contextlib.AsyncExitStack() as stack:
-            try:
-                conn = await stack.enter_async_context(pool.connection(timeout=max(first, 0.001)))
-            except PoolTimeout as exc:
-                if not await self._database_answers(pool):
-                    raise DatabaseUnavailable(
-                        "database unavailable: no connection could be made",
-                        detail=str(exc),
-                        hint="check that PostgreSQL is running; the service reconnects by itself",
-                    ) from exc
-                try:
-                    conn = await stack.enter_async_context(
-                        pool.connection(timeout=max(deadline.remaining(), 0.001))
-                    )
-                except PoolTimeout as late:
-                    raise DeadlineExceeded(
-                        f"no free database connection before the deadline ({stage})",
-                        hint="raise POIMEN_POOL_MAX, or timeout_seconds",
-                    ) from late
-            yield conn
-
-    async def _database_answers(self, pool: AsyncConnectionPool[Any]) -> bool:
-        """Is the server up (the pool is merely busy) or down? One direct connection tells;
-        the answer is shared for a second so a crowd of waiting requests probes once."""
-        async with self._probe_lock:
-            at, up = self._probes.get(id(pool), (-1e9, True))
-            if time.monotonic() - at < 1.0:
-                return up
-            info = pool.conninfo
-            if not isinstance(info, str):  # a conninfo callable: judge by the pool alone
-                return bool(pool.get_stats().get("pool_size", 0))
-            try:
-                async with asyncio.timeout(0.5):
-                    probe = await psycopg.AsyncConnection.connect(info)
-                await probe.close()
-                up = True
-            except psycopg.Error as exc:
-                # The server answered (e.g. 53300, too many connections): it is up, busy.
-                up = exc.sqlstate is not None
-            except TimeoutError:
-                up = False
-            self._probes[id(pool)] = (time.monotonic(), up)
-            return up
+    ) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        """A pooled connection within the deadline (db/connect.py, Lender), from the read
+        replica this request was routed to, if any."""
+        return self.lender.connection(deadline, stage, _READ_POOL.get())
 
     # -- one query -----------------------------------------------------------------------
 
@@ -209,27 +160,7 @@ class Retriever:
             routing = optimize_query(req.query, req.reference_time).to_dict()
         except QueryOptimizerError as exc:
             raise ValidationError(str(exc)) from exc
-        return {
-            "query": req.query,
-            "project": req.project,
-            "levels": list(req.levels),
-            "k": req.limit,
-            "strategy": req.strategy,
-            "fusion": req.fusion,
-            "rrf_k": req.rrf_k,
-            "candidates": req.candidates,
-            "dense_weight": req.dense_weight,
-            "since": req.since,
-            "until": req.until,
-            "reference_time": req.reference_time.isoformat() if req.reference_time else None,
-            "evidence": req.evidence,
-            "filter": req.filter,
-            "min_cosine": req.min_cosine,
-            "as_of": req.as_of.isoformat() if req.as_of else None,
-            "valid_at": req.valid_at.isoformat() if req.valid_at else None,
-            "unsupported": req.unsupported,
-            "routing": routing,
-        }
+        return req.document(routing)
 
     def _caps(self) -> dict[str, Any]:
         """What this service brings to the plan, and the caller's projects."""
@@ -279,6 +210,12 @@ class Retriever:
                 tasks["opensearch"] = asyncio.create_task(
                     self._opensearch(req, plan, deadline, trace)
                 )
+                if plan["semantic"]["engine"] == "hnsw" and "embed" in tasks:
+                    # The semantic leg does not wait for OpenSearch: a statement of its own
+                    # runs it once the vector is there, and memory._serve takes it back.
+                    tasks["semantic"] = asyncio.create_task(
+                        self._semantic(body, caps, tasks["embed"], deadline)
+                    )
             embedding, hits = await self._upstreams(tasks, caps, deadline)
             if "embed_failed" in caps and self.opensearch is not None and hits is None:
                 tasks.pop("embed", None)  # done, and failed
@@ -290,6 +227,8 @@ class Retriever:
                         self._opensearch(req, plan, deadline, trace)
                     )
                     _, hits = await self._upstreams(tasks, caps, deadline)
+            if "semantic" in tasks:
+                prefetched.update(await tasks["semantic"])
         finally:
             for t in tasks.values():
                 t.cancel()
@@ -371,6 +310,28 @@ class Retriever:
                 deadline.check("embed")
                 caps["vector"], caps["embed_failed"] = False, exc.tag
         return embedding, hits
+
+    async def _semantic(
+        self,
+        body: dict[str, Any],
+        caps: dict[str, Any],
+        embedded: asyncio.Task[np.ndarray[Any, Any]],
+        deadline: Deadline,
+    ) -> dict[str, Any]:
+        """The plan's semantic leg, run while OpenSearch answers (memory._serve through
+        'semantic'): what memory._serve takes back as prefetched when its plan is the same
+        (it is not when OpenSearch failed meanwhile). Nothing without a vector (_upstreams
+        degrades the plan then)."""
+        try:
+            embedding = await embedded
+        except EmbeddingUnavailable:
+            return {}
+        return await self._call(
+            deadline,
+            "semantic (in one statement)",
+            "serve_semantic",
+            {"req": json.dumps(body), "caps": json.dumps(caps), "embedding": embedding},
+        )
 
     async def _embed(self, text: str, deadline: Deadline, trace: Trace) -> np.ndarray[Any, Any]:
         assert self.embedder is not None

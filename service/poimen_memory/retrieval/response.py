@@ -10,7 +10,8 @@ from typing import Any
 from poimen_memory.errors import from_sqlstate
 from poimen_memory.retrieval.models import QueryRequest, Trace
 
-# The stage times the database measures, as the metrics name them.
+# The stage times the database measures, as the metrics name them; a stage that did not
+# run is null (the database leaves it out).
 _DB_STAGES = (
     "lexical_time_ms",
     "semantic_time_ms",
@@ -86,7 +87,13 @@ def response(
     engines.update(trace.engines)
     metrics = dict(trace.metrics)
     for key in _DB_STAGES:
-        metrics[key] = round(float(doc["stages"].get(key) or 0.0), 3)
+        ms = doc["stages"].get(key)
+        metrics[key] = None if ms is None else round(float(ms), 3)
+    if plan["lexical"]["engine"] == "opensearch" and metrics["lexical_time_ms"] is not None:
+        # The leg is the service's OpenSearch call; the database only joined its hits.
+        metrics["lexical_time_ms"] = round(
+            metrics["lexical_time_ms"] + trace.metrics["opensearch_time_ms"], 3
+        )
     metrics.update(
         {
             "semantic_candidates": counts["semantic_candidates"],
@@ -97,9 +104,10 @@ def response(
             "total_time_ms": round(elapsed_ms, 3),
         }
     )
-    for key in ("embed_time_ms", "rerank_time_ms"):
-        metrics.setdefault(key, 0.0)
-    metrics.setdefault("embedding_cache_hit", False)
+    # What the service runs, null when it did not run (no embedding, reranker or OpenSearch
+    # call).
+    for key in ("embed_time_ms", "rerank_time_ms", "opensearch_time_ms", "embedding_cache_hit"):
+        metrics.setdefault(key, None)
     evidence_plan: dict[str, Any] = {
         "budget": plan["evidence"]["budget"],
         "source": plan["evidence"]["source"],
