@@ -38,64 +38,47 @@ BEGIN
         pattern);
 END $$;
 
--- A declared result row, memory.<name>, as the functions that return it want it: sql/ files
--- declare their rows with it before the functions (sql/040_fusion.sql, 090_nodes.sql; the
--- older memory.query_row of 069_query_row.sql is declared the same way by hand, with the
--- query functions' past signatures), rather than in a migration, since a row type holds
--- no data. The wanted shape is built as a temporary type and compared with the stored one;
--- only a different shape replaces it, after dropping the functions that return it (an
--- unchanged type keeps its OID and its functions). returned_by names those functions,
--- callers first (a SQL function's atomic body depends on what it calls): each is dropped in
--- that order, and also where it still returns another type (an anonymous TABLE before the
--- row was declared). No CASCADE: an object a DBA built on them stops the migration and is
--- named in the error.
-CREATE OR REPLACE FUNCTION memory._declare_row(type_name text, columns text, returned_by text[])
+-- A declared row type, memory.<name>: sql/ files declare their rows with it before the
+-- functions that return or take them (sql/019_visibility.sql, 040_fusion.sql,
+-- 069_query_row.sql, 090_nodes.sql ...) rather than in a migration, since a row type holds
+-- no data. It is created when missing; a stored type of the same shape is left as it is
+-- (its OID and its functions kept). A different shape is refused: changing it means
+-- dropping the functions that return or take it, and that is a run-once change, written
+-- in a migration (as migrations/0022_drop_old_signatures.sql retired the older shapes),
+-- which runs before sql/ makes the type and its functions again.
+CREATE OR REPLACE FUNCTION memory._declare_row(type_name text, columns text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
--- public: pgvector's schema (migrate writes the real one), so that returned_by may name a
--- function with a vector argument (memory.evidence).
 SET search_path = pg_catalog, public, pg_temp
 AS $$
 DECLARE
     target text := 'memory.' || pg_catalog.quote_ident(type_name);
     wanted text := 'pg_temp.' || pg_catalog.quote_ident('wanted_' || type_name);
-    current_type regtype := pg_catalog.to_regtype(target);
-    same boolean;
-    f regprocedure;
+    differs text;
 BEGIN
+    IF pg_catalog.to_regtype(target) IS NULL THEN
+        EXECUTE pg_catalog.format('CREATE TYPE %s AS (%s)', target, columns);
+        RETURN;
+    END IF;
     EXECUTE pg_catalog.format('CREATE TYPE %s AS (%s)', wanted, columns);
-    same := current_type IS NOT NULL AND NOT EXISTS (
+    SELECT pg_catalog.string_agg(d.attname::text, ', ' ORDER BY d.attname) INTO differs FROM (
         (SELECT a.attname, a.atttypid, a.atttypmod, a.attnum FROM pg_catalog.pg_attribute a
          WHERE a.attrelid = pg_catalog.to_regclass(wanted) AND a.attnum > 0
          EXCEPT
          SELECT a.attname, a.atttypid, a.atttypmod, a.attnum FROM pg_catalog.pg_attribute a
          WHERE a.attrelid = pg_catalog.to_regclass(target) AND a.attnum > 0 AND NOT a.attisdropped)
-        UNION ALL
+        UNION
         (SELECT a.attname, a.atttypid, a.atttypmod, a.attnum FROM pg_catalog.pg_attribute a
          WHERE a.attrelid = pg_catalog.to_regclass(target) AND a.attnum > 0 AND NOT a.attisdropped
          EXCEPT
          SELECT a.attname, a.atttypid, a.atttypmod, a.attnum FROM pg_catalog.pg_attribute a
-         WHERE a.attrelid = pg_catalog.to_regclass(wanted) AND a.attnum > 0));
-    FOR f IN
-        SELECT p.oid FROM pg_catalog.pg_proc p
-        LEFT JOIN LATERAL pg_catalog.unnest(returned_by) WITH ORDINALITY AS r(sig, ord)
-               ON pg_catalog.to_regprocedure(r.sig) = p.oid
-        WHERE (r.ord IS NOT NULL AND p.prorettype IS DISTINCT FROM current_type)
-           OR (NOT same AND p.prorettype = current_type)
-        ORDER BY r.ord NULLS LAST, p.oid
-    LOOP
-        EXECUTE pg_catalog.format('DROP FUNCTION %s', f);
-    END LOOP;
-    IF NOT same THEN
-        EXECUTE pg_catalog.format('DROP TYPE IF EXISTS %s', target);
-        EXECUTE (SELECT pg_catalog.format('CREATE TYPE %s AS (%s)', target,
-                            pg_catalog.string_agg(pg_catalog.format('%I %s', a.attname,
-                                pg_catalog.format_type(a.atttypid, a.atttypmod)), ', '
-                                ORDER BY a.attnum))
-                 FROM pg_catalog.pg_attribute a
-                 WHERE a.attrelid = pg_catalog.to_regclass(wanted) AND a.attnum > 0);
-    END IF;
+         WHERE a.attrelid = pg_catalog.to_regclass(wanted) AND a.attnum > 0)) d;
     EXECUTE pg_catalog.format('DROP TYPE %s', wanted);
+    IF differs IS NOT NULL THEN
+        RAISE EXCEPTION 'the row type % has another shape than sql/ declares (columns %)', target, differs
+            USING HINT = 'A row type''s shape changes in a run-once migration (migrations/): drop the '
+                         'type and the functions returning or taking it there; sql/ makes them again.';
+    END IF;
 END $$;
-COMMENT ON FUNCTION memory._declare_row(text, text, text[]) IS
-    'Declares the row type memory.<type_name> with the given columns (the text of CREATE TYPE ... AS (columns)); replaces it only when its shape differs, dropping the functions that return it first, and drops the functions of returned_by (signatures, callers first) that return anything else. sql/ re-creates them. Owner only.';
+COMMENT ON FUNCTION memory._declare_row(text, text) IS
+    'Declares the row type memory.<type_name> with the given columns (the text of CREATE TYPE ... AS (columns)): creates it when missing, keeps a stored type of that shape, and refuses one of another shape (a shape change is a run-once migration). Owner only.';

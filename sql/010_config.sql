@@ -97,37 +97,6 @@ END $$;
 COMMENT ON FUNCTION memory.check_instant(timestamptz, text) IS
     'Returns value (as_of, valid_at) unless it is infinite or its UTC year is outside the optimizer''s years: then 22023 naming the argument.';
 
--- The filter every search stage applies, checked once: project and level arguments
--- validated (memory.project_id, memory.check_levels) and the time window as bounds that
--- always compare (timed false: no window, and the planner folds that condition away),
--- with the instant valid time is tested at (memory._valid_at; NULL: no test).
--- as_of and valid_at were added (an OUT column too): the old form goes first.
-DROP FUNCTION IF EXISTS memory.node_filter(text, text[], timestamptz, timestamptz);
-CREATE OR REPLACE FUNCTION memory.node_filter(
-    project text, levels text[], since timestamptz, before timestamptz,
-    as_of timestamptz DEFAULT NULL, valid_at timestamptz DEFAULT NULL,
-    OUT pid integer, OUT lv text[], OUT timed boolean, OUT lo timestamptz, OUT hi timestamptz,
-    OUT va timestamptz
-)
--- PL/pgSQL, not SQL, here and in the other small helpers every query calls: a SQL function
--- with SET search_path is never inlined, and PostgreSQL 15 plans its body again at every
--- statement, where PL/pgSQL keeps its plans for the session.
-LANGUAGE plpgsql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    pid := memory.project_id(project);
-    lv := memory.check_levels(levels);
-    timed := since IS NOT NULL OR before IS NOT NULL;
-    lo := coalesce(since, '-infinity');
-    hi := coalesce(before, 'infinity');
-    va := memory._valid_at(pid, memory.check_instant(as_of, 'as_of'),
-                           memory.check_instant(valid_at, 'valid_at'));
-END
-$$;
-COMMENT ON FUNCTION memory.node_filter(text, text[], timestamptz, timestamptz, timestamptz, timestamptz) IS
-    'The node filter of the search stages: the project id (PM404 when unknown), the checked level list, the time window since <= ts < before as timed, lo and hi, and va, the instant valid time is tested at (memory._valid_at of as_of and valid_at; NULL: no test). Errors name the argument.';
-
 CREATE OR REPLACE FUNCTION memory.strategies()
 RETURNS text[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE

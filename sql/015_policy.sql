@@ -3,17 +3,6 @@
 -- The defaults are the measured ones (docs/benchmarks.md); a DBA changes them with
 -- memory.set_policy, which validates the value and records it in memory.config.
 
--- extracted_dates, the evidence keys, min_cosine, then recency were added to the result: drop
--- an older shape first.
-DO $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-               WHERE p.oid = to_regprocedure('memory.policy()')
-                 AND NOT ('evidence_speaker_seeds' = ANY (p.proargnames))) THEN
-        DROP FUNCTION memory.policy();
-    END IF;
-END $$;
-
 -- The one table of policy keys: memory.policy reads the defaults here, memory.set_policy the
 -- check of a value (an expression of $1, the value as text) and its hint, memory.reset_policy
 -- the names. A key is added here and in memory.policy's result columns, nowhere else.

@@ -172,11 +172,6 @@ SELECT memory._ensure_statement_triggers('memory.nodes', 'nodes_lexical', 'memor
 SELECT memory._ensure_trigger('memory.nodes', 'nodes_lexical_truncate',
     'CREATE TRIGGER nodes_lexical_truncate AFTER TRUNCATE ON memory.nodes
      FOR EACH STATEMENT EXECUTE FUNCTION memory.nodes_lexical_statement()');
--- The per-operation functions before memory.nodes_lexical_statement, now unused.
-DROP FUNCTION IF EXISTS memory.nodes_lexical_insert();
-DROP FUNCTION IF EXISTS memory.nodes_lexical_delete();
-DROP FUNCTION IF EXISTS memory.nodes_lexical_update();
-DROP FUNCTION IF EXISTS memory.nodes_lexical_truncate();
 
 CREATE OR REPLACE FUNCTION memory.lexical_query(
     query text, pid integer, k integer, k1 double precision, b double precision,
@@ -228,15 +223,6 @@ COMMENT ON FUNCTION memory.lexical_kth(double precision[], integer) IS
 -- short against the candidates, by primary-key probes otherwise. Bounds are inflated and
 -- theta deflated by 1e-9 relative so float rounding cannot drop a document: the ranking is
 -- the exhaustive scorer's (exhaustive => true).
--- since/before (the time filter) were added: drop the old signature first.
-DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, double precision, double precision);
--- exhaustive was added (it replaces memory.lexical_search_exact): drop the old signatures.
-DROP FUNCTION IF EXISTS memory.lexical_search_exact(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz);
-DROP FUNCTION IF EXISTS memory.lexical_search_exact(text, text, text[], integer, double precision, double precision);
-DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz);
--- filter (metadata containment) was added, then as_of and valid_at (time travel).
-DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz, boolean);
-DROP FUNCTION IF EXISTS memory.lexical_search(text, text, text[], integer, double precision, double precision, timestamptz, timestamptz, boolean, jsonb);
 -- A BM25 score as lexical_search returns it: rounded to 1e-9. A document's score is a sum
 -- over the query's terms, and a floating-point sum depends on the order its terms arrive
 -- in, which the plan decides (row-level security's quals, the pruned or the exhaustive
@@ -270,18 +256,25 @@ RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 -- Plans made per call, with the project as a constant: on the partitioned layout a cached
 -- (generic) plan locks every partition of postings and its indexes at each use, which cost
--- more than the statements (docs/scaling.md); on one table it measured the same.
+-- more than the statements (docs/scaling.md); on one table it measured the same. The
+-- visibility is a constant of each plan too, so memory._visible folds to the tests it makes.
 SET plan_cache_mode = force_custom_plan
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    pid integer := memory.project_id(project);
-    lv text[] := memory.check_levels(levels);
+    -- What the leg may see (memory.visibility, sql/019_visibility.sql): the project and
+    -- levels select the postings, and every node a score reaches passes memory._visible
+    -- before the top k. The query's own grammar is added to it below.
+    vis memory.visibility := memory._leg_visibility(memory.project_id(project), levels, since,
+                                                    before, filter, NULL, as_of, valid_at);
+    pid integer := vis.project_id;
+    lv text[] := vis.levels;
     -- the time filter, checked per posting only when one is given
-    timed boolean := since IS NOT NULL OR before IS NOT NULL;
-    lo timestamptz := coalesce(since, '-infinity');
-    hi timestamptz := coalesce(before, 'infinity');
+    timed boolean := vis.since IS NOT NULL OR vis.before IS NOT NULL;
+    -- the corpus the past is scored against: every version of the project held at as_of
+    -- (read only with as_of: a constant false cuts its statements from the plan otherwise)
+    held memory.visibility := memory._visibility(project_id => vis.project_id, as_of => vis.as_of);
     terms text[];
     n double precision;
     avgdl double precision;
@@ -301,19 +294,15 @@ DECLARE
     c_proj integer[];
     c_ps double precision[];
     i integer;
-    -- the query grammar (sql/018_grammar.sql) and the metadata filter: either one sends the
-    -- query to the filtered exhaustive scorer below
+    -- the query grammar (sql/018_grammar.sql): it, a metadata filter or a valid-time test
+    -- sends the query to the filtered exhaustive scorer below
     -- (parsed only when the query has a quote, sigil, leading "-" or OR: memory.parse_query's
     -- own first test, repeated here so a plain query pays no function call for it)
     g jsonb := CASE WHEN query ~ '["#@]|(^|\s)-|(^|\s)OR(\s|$)' THEN memory.parse_query(query) END;
     cons jsonb := CASE WHEN g IS NOT NULL THEN memory._grammar_constraints(g) END;
-    flt jsonb := CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END;
-    gc record;
-    -- valid time's instant (memory._valid_at; NULL: no test, the usual case)
-    va timestamptz := memory._valid_at(pid, memory.check_instant(as_of, 'as_of'),
-                                       memory.check_instant(valid_at, 'valid_at'));
 BEGIN
     SELECT x.terms, x.n, x.avgdl INTO terms, n, avgdl FROM memory.lexical_query(query, pid, k, k1, b) x;
+    vis := memory._with_grammar(vis, cons);
     IF coalesce((g ->> 'operators')::boolean, false) THEN
         -- scored: the plain words, phrase words and tokens; never an excluded word or OR
         terms := tsvector_to_array(to_tsvector('english'::regconfig, g ->> 'text'));
@@ -355,22 +344,19 @@ BEGIN
     --   those versions, all levels, as the postings count them now). Exact, and slower: it
     --   counts the project's versions of that moment and reads the matching ones' tsv;
     -- * now: every posting of the terms, with the current statistics.
-    IF as_of IS NOT NULL OR cons IS NOT NULL OR flt IS NOT NULL OR va IS NOT NULL THEN
-        gc := memory._grammar_compile(cons);
+    IF as_of IS NOT NULL OR cons IS NOT NULL OR vis.filter IS NOT NULL OR vis.valid_at IS NOT NULL
+       OR vis.live_at IS NOT NULL THEN
         RETURN QUERY
         WITH st AS (
             SELECT count(*)::double precision AS n, avg(v.lex_len)::double precision AS avgdl
             FROM memory.nodes v
-            WHERE (pid IS NULL OR v.project_id = pid) AND v.created_at <= as_of
-              AND (v.expired_at IS NULL OR v.expired_at > as_of) AND v.erased_at IS NULL
+            WHERE as_of IS NOT NULL AND memory._visible(v, held)
         ), tp AS MATERIALIZED (
             SELECT m.id, m.project_id, u.lexeme, cardinality(u.positions) AS tf, m.lex_len AS dl
             FROM memory.nodes m, unnest(m.tsv) u
             WHERE m.tsv @@ (SELECT string_agg('''' || replace(replace(t, '\', '\\'), '''', '''''') || '''', ' | ')
                             FROM unnest(terms) t)::tsquery
-              AND (pid IS NULL OR m.project_id = pid) AND m.created_at <= as_of
-              AND (m.expired_at IS NULL OR m.expired_at > as_of) AND m.erased_at IS NULL
-              AND u.lexeme = ANY (terms)
+              AND as_of IS NOT NULL AND memory._visible(m, held) AND u.lexeme = ANY (terms)
         ), df AS (
             SELECT tp.lexeme, count(*)::double precision AS df FROM tp GROUP BY tp.lexeme
         )
@@ -390,20 +376,10 @@ BEGIN
                 AND (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
               GROUP BY p.node_id, p.project_id) s
         JOIN memory.nodes tn ON tn.id = s.id AND tn.project_id = s.proj
-        -- the level again for the past's scores (now's postings are filtered by it already)
-        WHERE (lv IS NULL OR tn.level = ANY (lv))
-          AND (NOT timed OR (tn.ts >= lo AND tn.ts < hi))
-          AND (va IS NULL OR ((tn.valid_from IS NULL OR tn.valid_from <= va)
-                              AND (tn.valid_to IS NULL OR tn.valid_to > va)
-                              AND (tn.expires_at IS NULL OR tn.expires_at > va)))
-          AND (flt IS NULL OR tn.metadata @> flt)
-          -- the grammar's test, compiled (memory._grammar_compile): no exclusion, every group
-          AND (gc.ex_tsq IS NULL OR NOT tn.tsv @@ gc.ex_tsq)
-          AND (gc.ex_re IS NULL OR NOT memory._grammar_doc(tn.title, tn.breadcrumb, tn.text) ~* gc.ex_re)
-          AND NOT EXISTS (
-              SELECT 1 FROM generate_subscripts(gc.req_tsq, 1) AS i
-              WHERE NOT (coalesce(tn.tsv @@ gc.req_tsq[i], false)
-                         OR coalesce(memory._grammar_doc(tn.title, tn.breadcrumb, tn.text) ~* gc.req_re[i], false)))
+        -- everything the visibility tests: the level again for the past's scores (now's
+        -- postings are filtered by it already), the time window, valid time, the metadata
+        -- filter and the grammar
+        WHERE memory._visible(tn, vis)
         ORDER BY s.score DESC, s.id
         LIMIT k;
         RETURN;
@@ -419,7 +395,7 @@ BEGIN
               FROM unnest(t_lex, t_w) AS w(lexeme, w)
               JOIN memory.postings p ON p.lexeme = w.lexeme
               WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
-              AND (NOT timed OR EXISTS (SELECT 1 FROM memory.nodes tn WHERE tn.id = p.node_id AND tn.ts >= lo AND tn.ts < hi))
+              AND (NOT timed OR EXISTS (SELECT 1 FROM memory.nodes tn WHERE tn.id = p.node_id AND memory._visible(tn, vis)))
               GROUP BY p.node_id) s
         ORDER BY s.score DESC, s.id
         LIMIT k;
@@ -440,7 +416,7 @@ BEGIN
             FROM unnest(t_lex[s0:], t_w[s0:]) AS w(lexeme, w)
             JOIN memory.postings p ON p.lexeme = w.lexeme
             WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
-              AND (NOT timed OR EXISTS (SELECT 1 FROM memory.nodes tn WHERE tn.id = p.node_id AND tn.ts >= lo AND tn.ts < hi))
+              AND (NOT timed OR EXISTS (SELECT 1 FROM memory.nodes tn WHERE tn.id = p.node_id AND memory._visible(tn, vis)))
             GROUP BY p.node_id, p.project_id) e;
     theta := memory.lexical_kth(c_ps, k);
     -- Non-essential: the longest prefix of low-bound terms whose bounds sum below theta.
@@ -461,7 +437,7 @@ BEGIN
                      FROM unnest(t_lex[ne + 1:s0 - 1], t_w[ne + 1:s0 - 1]) AS w(lexeme, w)
                      JOIN memory.postings p ON p.lexeme = w.lexeme
                      WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
-                       AND (NOT timed OR EXISTS (SELECT 1 FROM memory.nodes tn WHERE tn.id = p.node_id AND tn.ts >= lo AND tn.ts < hi))
+                       AND (NOT timed OR EXISTS (SELECT 1 FROM memory.nodes tn WHERE tn.id = p.node_id AND memory._visible(tn, vis)))
                      GROUP BY p.node_id, p.project_id) x
             ON x.id = c.id AND x.proj = c.proj;
         theta := greatest(theta, memory.lexical_kth(c_ps, k));

@@ -1,105 +1,59 @@
 -- Vector recall. Both functions order by the cosine distance operator with a LIMIT, so the
 -- planner can serve semantic_search from the HNSW index and search_by_ids from the PK.
 
--- since/before (the time filter) were added: drop the old signatures first.
-DROP FUNCTION IF EXISTS memory.semantic_search(vector, text, text[], integer, integer);
-DROP FUNCTION IF EXISTS memory.exact_search(vector, text, text[], integer);
-DROP FUNCTION IF EXISTS memory.search_by_ids(vector, bigint[], text, text[], integer);
--- filter (metadata containment) and grammar (the query grammar's constraints) were added,
--- then as_of and valid_at (time travel).
-DROP FUNCTION IF EXISTS memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz);
-DROP FUNCTION IF EXISTS memory.search_by_ids(vector, bigint[], text, text[], integer, timestamptz, timestamptz);
-DROP FUNCTION IF EXISTS memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz, jsonb, jsonb);
-DROP FUNCTION IF EXISTS memory.search_by_ids(vector, bigint[], text, text[], integer, timestamptz, timestamptz, jsonb, jsonb);
-DROP FUNCTION IF EXISTS memory.exact_search(vector, text, text[], integer, timestamptz, timestamptz, jsonb);
-
 -- The statements of the two vector stages, kept as text in one place: the stage functions
--- run them and memory.explain_query explains the very same text. Both see current versions
--- only (expired_at IS NULL, migration 0012); the HNSW scans filter the others out as they
--- walk the graph (iterative scans keep filling k).
+-- run them and memory.explain_query explains the very same text. What a caller may see is
+-- one parameter, a memory.visibility, tested by memory._visible inside the scan (inlined:
+-- the planner sees its tests as plain quals, current versions as expired_at IS NULL), so
+-- the HNSW scans filter as they walk the graph and the iterative scan keeps filling k.
 CREATE OR REPLACE FUNCTION memory.stage_sql(stage text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE stage
-    -- $1 query vector, $2 project id, $3 levels, $4 k, $5 since, $6 before (the time window
-    -- since <= ts < before; NULL: unbounded, and a node without ts never passes), $7 filter
-    -- (metadata containment), $8 grammar (memory._grammar_constraints; NULL: none), $9 as_of
-    -- (the versions visible then; NULL: the current ones), $10 the instant valid time is
-    -- tested at (memory._valid_at; NULL: none): all
-    -- inside the scan, so the iterative scan fills k with nodes that pass. relaxed_order may return near-ties
-    -- slightly out of order: the materialised top-k is re-sorted by exact distance, as the
-    -- pgvector documentation recommends.
+    -- $1 query vector, $2 k, $3 the visibility (memory._leg_visibility). relaxed_order may
+    -- return near-ties slightly out of order: the materialised top-k is re-sorted by exact
+    -- distance, as the pgvector documentation recommends.
     WHEN 'semantic' THEN $q$
     WITH hits AS MATERIALIZED (
         SELECT n.id, n.embedding <=> $1 AS distance
         FROM memory.nodes n
-        WHERE n.embedding IS NOT NULL
-          AND CASE WHEN $9::timestamptz IS NULL THEN n.expired_at IS NULL
-                   ELSE n.created_at <= $9 AND (n.expired_at IS NULL OR n.expired_at > $9)
-                        AND n.erased_at IS NULL END
-          AND ($10::timestamptz IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= $10)
-                                            AND (n.valid_to IS NULL OR n.valid_to > $10)
-                                            AND (n.expires_at IS NULL OR n.expires_at > $10)))
-          AND ($2::integer IS NULL OR n.project_id = $2) AND ($3::text[] IS NULL OR n.level = ANY ($3))
-          AND ($5::timestamptz IS NULL OR n.ts >= $5) AND ($6::timestamptz IS NULL OR n.ts < $6)
-          AND ($7::jsonb IS NULL OR n.metadata @> $7)
-          AND ($8::jsonb IS NULL OR memory._grammar_match(n.tsv, memory._grammar_doc(n.title, n.breadcrumb, n.text), $8))
+        WHERE n.embedding IS NOT NULL AND memory._visible(n, $3::memory.visibility)
         ORDER BY n.embedding <=> $1
-        LIMIT $4
+        LIMIT $2
     )
     SELECT h.id, (row_number() OVER (ORDER BY h.distance, h.id))::integer, 1 - h.distance
     FROM hits h
     ORDER BY h.distance, h.id$q$
     -- A named project small enough (memory._semantic_stage): its rows read through the
     -- (project_id, level) btree (or whatever scan the planner finds cheapest for them) and
-    -- ranked by exact distance, the recall of brute force. Same parameters as semantic; $2
-    -- is never NULL here. OFFSET 0 keeps the subquery apart, so the ORDER BY ... LIMIT k
-    -- cannot be served by an HNSW index (this stage must not be approximate).
+    -- ranked by exact distance, the recall of brute force. Same parameters as semantic; the
+    -- visibility always names the project here. OFFSET 0 keeps the subquery apart, so the
+    -- ORDER BY ... LIMIT k cannot be served by an HNSW index (this stage must not be
+    -- approximate).
     WHEN 'semantic_exact' THEN $q$
     SELECT h.id, (row_number() OVER (ORDER BY h.distance, h.id))::integer, 1 - h.distance
     FROM (SELECT r.id, r.distance
           FROM (SELECT n.id, n.embedding <=> $1 AS distance
                 FROM memory.nodes n
-                WHERE n.project_id = $2 AND n.embedding IS NOT NULL
-                  AND CASE WHEN $9::timestamptz IS NULL THEN n.expired_at IS NULL
-                           ELSE n.created_at <= $9 AND (n.expired_at IS NULL OR n.expired_at > $9)
-                                AND n.erased_at IS NULL END
-                  AND ($10::timestamptz IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= $10)
-                                                    AND (n.valid_to IS NULL OR n.valid_to > $10)
-                                                    AND (n.expires_at IS NULL OR n.expires_at > $10)))
-                  AND ($3::text[] IS NULL OR n.level = ANY ($3))
-                  AND ($5::timestamptz IS NULL OR n.ts >= $5) AND ($6::timestamptz IS NULL OR n.ts < $6)
-                  AND ($7::jsonb IS NULL OR n.metadata @> $7)
-                  AND ($8::jsonb IS NULL OR memory._grammar_match(n.tsv, memory._grammar_doc(n.title, n.breadcrumb, n.text), $8))
+                WHERE n.embedding IS NOT NULL AND memory._visible(n, $3::memory.visibility)
                 OFFSET 0) r
           ORDER BY r.distance, r.id
-          LIMIT $4) h
+          LIMIT $2) h
     ORDER BY h.distance, h.id$q$
-    -- $1 query vector, $2 ids, $3 project id, $4 levels, $5 k, $6 since, $7 before, $8 filter, $9 grammar,
-    -- $10 as_of, $11 valid time's instant.
+    -- $1 query vector, $2 ids, $3 k, $4 the visibility.
     WHEN 'by_ids' THEN $q$
     SELECT n.id, (row_number() OVER (ORDER BY n.embedding <=> $1, n.id))::integer,
            1 - (n.embedding <=> $1)
     FROM memory.nodes n
-    WHERE n.id = ANY ($2) AND n.embedding IS NOT NULL
-      AND CASE WHEN $10::timestamptz IS NULL THEN n.expired_at IS NULL
-               ELSE n.created_at <= $10 AND (n.expired_at IS NULL OR n.expired_at > $10)
-                    AND n.erased_at IS NULL END
-      AND ($11::timestamptz IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= $11)
-                                        AND (n.valid_to IS NULL OR n.valid_to > $11)
-                                        AND (n.expires_at IS NULL OR n.expires_at > $11)))
-      AND ($3::integer IS NULL OR n.project_id = $3) AND ($4::text[] IS NULL OR n.level = ANY ($4))
-      AND ($6::timestamptz IS NULL OR n.ts >= $6) AND ($7::timestamptz IS NULL OR n.ts < $7)
-      AND ($8::jsonb IS NULL OR n.metadata @> $8)
-      AND ($9::jsonb IS NULL OR memory._grammar_match(n.tsv, memory._grammar_doc(n.title, n.breadcrumb, n.text), $9))
+    WHERE n.id = ANY ($2) AND n.embedding IS NOT NULL AND memory._visible(n, $4::memory.visibility)
     ORDER BY n.embedding <=> $1, n.id
-    LIMIT $5$q$
+    LIMIT $3$q$
     END
 $$;
 COMMENT ON FUNCTION memory.stage_sql(text) IS
-    'The SQL text of a vector stage (semantic, the HNSW scan, and semantic_exact, a named project''s rows ranked exactly: $1 vector, $2 project id, $3 levels, $4 k, $5 since, $6 before, $7 filter, $8 grammar, $9 as_of, $10 valid-time instant; by_ids: $1 vector, $2 ids, $3 project id, $4 levels, $5 k, $6 since, $7 before, $8 filter, $9 grammar, $10 as_of, $11 valid-time instant), run by memory.semantic_search / memory.search_by_ids and explained by memory.explain_query.';
+    'The SQL text of a vector stage (semantic, the HNSW scan, and semantic_exact, a named project''s rows ranked exactly: $1 vector, $2 k, $3 visibility; by_ids: $1 vector, $2 ids, $3 k, $4 visibility; the visibility a memory.visibility that memory._visible tests inside the scan), run by memory.semantic_search / memory.search_by_ids and explained by memory.explain_query.';
 
 -- Which vector stage the semantic leg runs (issue 28): a named project holding at most
 -- exact_scan_max_nodes current nodes (memory.corpus_stats, kept by the lexical triggers: one
@@ -190,33 +144,30 @@ SET search_path = pg_catalog, public, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    f record := memory.node_filter(project, levels, since, before, as_of, valid_at);
+    -- what the leg may see (memory.visibility), tested inside the scan (memory.stage_sql)
+    vis memory.visibility := memory._leg_visibility(memory.project_id(project), levels, since,
+                                                    before, NULL, NULL, as_of, valid_at);
     q vector := memory.require_embedding(query_embedding);
-    stage text := memory._semantic_stage(f.pid);
+    stage text := memory._semantic_stage(vis.project_id);
     ef integer;
 BEGIN
     IF k IS NULL OR k < 1 OR k > 1000 THEN
         RAISE EXCEPTION 'k must be 1..1000, got %', k USING ERRCODE = '22023';
     END IF;
     IF stage = 'semantic' THEN
-        ef := memory._semantic_ef(f.pid, ef_search);
+        ef := memory._semantic_ef(vis.project_id, ef_search);
         IF ef IS NOT NULL THEN
             PERFORM set_config('hnsw.ef_search', ef::text, true);
         END IF;
     END IF;
     RAISE DEBUG 'memory.semantic_search: stage %, hnsw.ef_search %', stage,
         current_setting('hnsw.ef_search');
-    RETURN QUERY EXECUTE memory.stage_sql(stage)
-        USING q, f.pid, f.lv, k, since, before,
-              CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END,
-              CASE WHEN grammar IS NOT NULL THEN memory._grammar_constraints(grammar) END,
-              as_of, f.va;
+    -- the filter and grammar checked last, as they always were
+    vis.filter := CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END;
+    RETURN QUERY EXECUTE memory.stage_sql(stage) USING q, k, memory._with_grammar(vis, grammar);
 END $$;
 COMMENT ON FUNCTION memory.semantic_search(vector, text, text[], integer, integer, timestamptz, timestamptz, jsonb, jsonb, timestamptz, timestamptz) IS
-    'Top-k by cosine distance (HNSW; a named project with at most exact_scan_max_nodes nodes ranked exactly, memory._semantic_stage; a project''s HNSW scan, its own graph''s or the shared one''s, with ef_search, else the policy''s filtered_ef_search; a scan naming no project at large_store_ef_search past large_store_nodes: memory._semantic_ef) with optional project/level/time filters (since <= ts < before), filter (a JSON object the node''s metadata contains) and grammar (a memory.parse_query parse: its required phrases, tags and mentions and its exclusions); as_of: the versions the database held then (NULL: the current ones); valid_at: only nodes valid then (default: as_of, else now); the iterative scan fills k under selective filters. query_score = 1 - cosine distance.';
-
--- The form before the metadata filter goes first (and the one before time travel, above).
-DROP FUNCTION IF EXISTS memory.exact_search(vector, text, text[], integer, timestamptz, timestamptz);
+    'Top-k by cosine distance (HNSW; a named project with at most exact_scan_max_nodes nodes ranked exactly, memory._semantic_stage; a project''s HNSW scan, its own graph''s or the shared one''s, with ef_search, else the policy''s filtered_ef_search; a scan naming no project at large_store_ef_search past large_store_nodes: memory._semantic_ef) with optional project/level/time filters (since <= ts < before), filter (a JSON object the node''s metadata contains) and grammar (a memory.parse_query parse: its required phrases, tags and mentions and its exclusions); as_of: the versions the database held then (NULL: the current ones); valid_at: only nodes valid then (default: as_of, else now); the iterative scan fills k under selective filters. query_score = 1 - cosine distance. What it may see is one memory.visibility (memory._leg_visibility of these arguments), tested by memory._visible inside the scan.';
 
 CREATE OR REPLACE FUNCTION memory.exact_search(
     query_embedding vector,
@@ -237,8 +188,10 @@ SET search_path = pg_catalog, public, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    f record := memory.node_filter(project, levels, since, before, as_of, valid_at);
+    vis memory.visibility := memory._leg_visibility(memory.project_id(project), levels, since,
+                                                    before, NULL, NULL, as_of, valid_at);
     q vector := memory.require_embedding(query_embedding);
+    -- checked after the vector, as it always was
     flt jsonb := memory.check_filter(filter);
     -- Brute force reads every row: the owner bounds k (memory.set_policy).
     max_k integer := memory._policy_value('exact_search_max_k')::integer;
@@ -248,20 +201,12 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = 'The owner raises the cap with memory.set_policy(''exact_search_max_k'', ''5000'').';
     END IF;
+    vis.filter := flt;
     RETURN QUERY
     SELECT n.id, (row_number() OVER (ORDER BY n.embedding <=> q, n.id))::integer,
            1 - (n.embedding <=> q)
     FROM memory.nodes n
-    WHERE n.embedding IS NOT NULL
-      AND CASE WHEN as_of IS NULL THEN n.expired_at IS NULL
-               ELSE n.created_at <= as_of AND (n.expired_at IS NULL OR n.expired_at > as_of)
-                    AND n.erased_at IS NULL END
-      AND (f.va IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= f.va)
-                            AND (n.valid_to IS NULL OR n.valid_to > f.va)
-                            AND (n.expires_at IS NULL OR n.expires_at > f.va)))
-      AND (f.pid IS NULL OR n.project_id = f.pid) AND (f.lv IS NULL OR n.level = ANY (f.lv))
-      AND (NOT f.timed OR (n.ts >= f.lo AND n.ts < f.hi))
-      AND (flt IS NULL OR n.metadata @> flt)
+    WHERE n.embedding IS NOT NULL AND memory._visible(n, vis)
     ORDER BY n.embedding <=> q, n.id
     LIMIT k;
 END $$;
@@ -287,17 +232,16 @@ SET search_path = pg_catalog, public, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    f record := memory.node_filter(project, levels, since, before, as_of, valid_at);
+    vis memory.visibility := memory._leg_visibility(memory.project_id(project), levels, since,
+                                                    before, NULL, NULL, as_of, valid_at);
     q vector := memory.require_embedding(query_embedding);
 BEGIN
     IF ids IS NULL OR cardinality(ids) = 0 THEN
         RETURN;
     END IF;
-    RETURN QUERY EXECUTE memory.stage_sql('by_ids')
-        USING q, ids, f.pid, f.lv, k, since, before,
-              CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END,
-              CASE WHEN grammar IS NOT NULL THEN memory._grammar_constraints(grammar) END,
-              as_of, f.va;
+    -- the filter and grammar checked last, as they always were
+    vis.filter := CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END;
+    RETURN QUERY EXECUTE memory.stage_sql('by_ids') USING q, ids, k, memory._with_grammar(vis, grammar);
 END $$;
 COMMENT ON FUNCTION memory.search_by_ids(vector, bigint[], text, text[], integer, timestamptz, timestamptz, jsonb, jsonb, timestamptz, timestamptz) IS
-    'Exact cosine ranking restricted to the given node ids (the second stage of the LexicalFirst cascade). Unknown ids, ids outside since <= ts < before, ids failing filter (metadata containment) or grammar (a memory.parse_query parse), and ids not visible as of as_of (NULL: not current) or not valid at valid_at (as memory.semantic_search) are ignored.';
+    'Exact cosine ranking restricted to the given node ids (the second stage of the LexicalFirst cascade). Unknown ids, ids outside since <= ts < before, ids failing filter (metadata containment) or grammar (a memory.parse_query parse), and ids not visible as of as_of (NULL: not current) or not valid at valid_at (as memory.semantic_search) are ignored: memory._visible of one memory.visibility (memory._leg_visibility of these arguments).';

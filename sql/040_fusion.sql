@@ -3,9 +3,7 @@
 -- The row both fusions return, declared once (memory._declare_row): per id its rank and
 -- score in each input list, the fused score, and how it was fused.
 SELECT memory._declare_row('fused_row',
-    'node_id bigint, ranks integer[], scores double precision[], fused_score double precision, fusion_method text',
-    ARRAY['memory.fuse(jsonb, text, integer, integer)',
-          'memory.fuse_legs(jsonb, jsonb, text, text, double precision, integer, integer)']);
+    'node_id bigint, ranks integer[], scores double precision[], fused_score double precision, fusion_method text');
 
 CREATE OR REPLACE FUNCTION memory.fuse(
     lists jsonb,

@@ -2,8 +2,6 @@
 
 -- PL/pgSQL, not SQL: PostgreSQL 15 plans a SQL function's body at every call, PL/pgSQL
 -- keeps the statement's plan for the session (memory.select_evidence calls this per query).
--- as_of was added (the versions visible then): the old signatures go first.
-DROP FUNCTION IF EXISTS memory.provenance_walk(bigint[], integer);
 CREATE OR REPLACE FUNCTION memory.provenance_walk(
     node_ids bigint[], max_depth integer DEFAULT 4, as_of timestamptz DEFAULT NULL
 )
@@ -12,6 +10,11 @@ LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    -- A parent counts when it has not expired at as_of (else now) and is the version held
+    -- then, or a version rewritten since that the child still cites (memory._cites_superseded).
+    known memory.visibility := memory._visibility(as_of => as_of);
+    alive memory.visibility := memory._visibility(every_version => true, live_at => coalesce(as_of, now()));
 BEGIN
     RETURN QUERY
     WITH RECURSIVE walk(root_id, child_id, parent_id, depth, precedence, path) AS (
@@ -20,24 +23,20 @@ BEGIN
         JOIN memory.edges e ON e.child_id = r.id
                           AND (as_of IS NULL OR e.linked_at IS NULL OR e.linked_at <= as_of)
         JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
-                           AND (CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
-                                     ELSE p.created_at <= as_of AND p.erased_at IS NULL
-                                          AND (p.expired_at IS NULL OR p.expired_at > as_of) END
+                           AND memory._visible(p, alive)
+                           AND (memory._visible(p, known)
                                 OR (p.end_reason = 'superseded' AND p.erased_at IS NULL
                                     AND memory._cites_superseded(e.child_id, p.id, as_of)))
-                                AND (p.expires_at IS NULL OR p.expires_at > coalesce(as_of, now()))
         UNION ALL
         SELECT w.root_id, e.child_id, e.parent_id, w.depth + 1, e.precedence, w.path || e.parent_id
         FROM walk w
         JOIN memory.edges e ON e.child_id = w.parent_id
                           AND (as_of IS NULL OR e.linked_at IS NULL OR e.linked_at <= as_of)
         JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
-                           AND (CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
-                                     ELSE p.created_at <= as_of AND p.erased_at IS NULL
-                                          AND (p.expired_at IS NULL OR p.expired_at > as_of) END
+                           AND memory._visible(p, alive)
+                           AND (memory._visible(p, known)
                                 OR (p.end_reason = 'superseded' AND p.erased_at IS NULL
                                     AND memory._cites_superseded(e.child_id, p.id, as_of)))
-                                AND (p.expires_at IS NULL OR p.expires_at > coalesce(as_of, now()))
         WHERE w.depth < max_depth
           AND e.parent_id <> ALL (w.path)  -- cycle safety
     )
@@ -52,7 +51,6 @@ COMMENT ON FUNCTION memory.provenance_walk(bigint[], integer, timestamptz) IS
 -- every cut is flagged; a node's text is cut at provenance_text_chars (text_truncated). Built breadth first, so a capped tree keeps the nearest sources.
 -- A whole result page is built in one pass, one statement per depth for all its trees:
 -- tree by tree, the statements' own start-up cost made hydrate the page's slowest stage.
-DROP FUNCTION IF EXISTS memory.provenance_forest(bigint[], integer, integer[]);
 CREATE OR REPLACE FUNCTION memory.provenance_forest(
     node_ids bigint[], max_depth integer DEFAULT 4, root_projects integer[] DEFAULT NULL,
     as_of timestamptz DEFAULT NULL
@@ -89,6 +87,9 @@ DECLARE
     nodes jsonb;
     obj jsonb;
     i integer;
+    -- the parents' versions, as memory.provenance_walk reads them
+    known memory.visibility := memory._visibility(as_of => as_of);
+    alive memory.visibility := memory._visibility(every_version => true, live_at => coalesce(as_of, now()));
 BEGIN
     IF root_projects IS NOT NULL AND coalesce(cardinality(root_projects), 0) <> roots THEN
         RAISE EXCEPTION 'root_projects has % entries for % node_ids', cardinality(root_projects), roots
@@ -125,12 +126,10 @@ BEGIN
             JOIN memory.edges e ON e.child_id = ids[f.inst] AND e.project_id = pids[f.inst]
                               AND (as_of IS NULL OR e.linked_at IS NULL OR e.linked_at <= as_of)
             JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = pids[f.inst]
-                               AND (CASE WHEN as_of IS NULL THEN p.expired_at IS NULL
-                                         ELSE p.created_at <= as_of AND p.erased_at IS NULL
-                                              AND (p.expired_at IS NULL OR p.expired_at > as_of) END
+                               AND memory._visible(p, alive)
+                               AND (memory._visible(p, known)
                                     OR (p.end_reason = 'superseded' AND p.erased_at IS NULL
                                         AND memory._cites_superseded(e.child_id, p.id, as_of)))
-                                    AND (p.expires_at IS NULL OR p.expires_at > coalesce(as_of, now()))
             WHERE strpos(paths[f.inst], ',' || e.parent_id || ',') = 0
             ORDER BY f.ord, rn
         LOOP
@@ -167,9 +166,7 @@ BEGIN
                             'current_revision', (
                                 SELECT v.revision FROM memory.nodes v
                                 WHERE v.project_id = p.project_id AND v.external_id = p.external_id
-                                  AND CASE WHEN as_of IS NULL THEN v.expired_at IS NULL
-                                           ELSE v.created_at <= as_of AND v.erased_at IS NULL
-                                                AND (v.expired_at IS NULL OR v.expired_at > as_of) END
+                                  AND memory._visible(v, known)
                                 ORDER BY v.revision DESC LIMIT 1)) END)
       INTO nodes
       FROM (SELECT DISTINCT g.id, g.pid
@@ -190,8 +187,6 @@ END $$;
 COMMENT ON FUNCTION memory.provenance_forest(bigint[], integer, integer[], timestamptz) IS
     'memory.provenance for many nodes in one pass: one row per given node, in input order (position is 1-based), each with its own tree and truncated flag and its own provenance_max_nodes budget. root_projects: the nodes'' project ids, in the same order, when the caller knows them (saves a lookup). as_of: parents as the database held them then (NULL: current versions). What memory.hydrate uses for a page of results.';
 
--- root_project was added: the old signature goes first.
-DROP FUNCTION IF EXISTS memory.provenance(bigint, integer);
 CREATE OR REPLACE FUNCTION memory.provenance(
     node_id bigint, max_depth integer DEFAULT 4, root_project integer DEFAULT NULL
 )

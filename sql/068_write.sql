@@ -4,16 +4,6 @@
 -- validate with poimen_core.nodes and then batch into it. Plain SQL and PL/pgSQL, so the
 -- service can write into a database without PL/Python.
 
--- The result gained revision (migration 0012): drop the old shape first.
-DO $$
-BEGIN
-    IF to_regprocedure('memory._stored_nodes(text[], text[])') IS NOT NULL
-       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-                       WHERE p.oid = to_regprocedure('memory._stored_nodes(text[], text[])')
-                         AND 'revision' = ANY (p.proargnames)) THEN
-        DROP FUNCTION memory._stored_nodes(text[], text[]);
-    END IF;
-END $$;
 CREATE OR REPLACE FUNCTION memory._stored_nodes(projects text[], external_ids text[])
 RETURNS TABLE (project text, external_id text, id bigint, level text, sha256 bytea, revision integer)
 -- PL/pgSQL, not SQL: a SQL body is checked when it is created, and a deploy that stops

@@ -4,23 +4,6 @@
 -- a subtransaction, which a parallel operation forbids: it and its aliases are PARALLEL
 -- UNSAFE. The stages it calls stay PARALLEL SAFE where they are.
 
--- project was added (the old signature goes first); metadata and support were added (a
--- result column: the function goes, then comes back below).
-DROP FUNCTION IF EXISTS memory.hydrate(bigint[], vector, integer);
--- as_of was added (time travel).
-DROP FUNCTION IF EXISTS memory.hydrate(bigint[], vector, integer, text);
-DO $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-               WHERE p.oid = pg_catalog.to_regprocedure('memory.hydrate(bigint[], vector, integer, text)')
-                 AND NOT 'support' = ANY (p.proargnames)) THEN
-        DROP FUNCTION memory.hydrate(bigint[], vector, integer, text);
-    END IF;
-END $$;
-
--- support_valid_at and changed_parents were added (issue 40: support at the answer's
--- instants, and which parents put it in doubt).
-DROP FUNCTION IF EXISTS memory.hydrate(bigint[], vector, integer, text, timestamptz);
 CREATE OR REPLACE FUNCTION memory.hydrate(
     ids bigint[],
     query_embedding vector DEFAULT NULL,
@@ -90,21 +73,6 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION memory._answer(jsonb, vector, text) IS
     'Implementation of memory.answer and memory.query: the request (memory._request) planned and run; caller names the entry point in NOTICEs.';
-
--- filter and min_cosine were added, then as_of and valid_at, then unsupported (issue 40): memory.query and the entry points made from its signature (memory.answer,
--- memory.plan_query, memory.explain_query) lose their older signatures first.
-DO $$
-DECLARE
-    f regprocedure;
-BEGIN
-    FOR f IN SELECT p.oid FROM pg_catalog.pg_proc p
-             WHERE p.pronamespace = 'memory'::regnamespace
-               AND p.proname IN ('query', 'answer', 'plan_query', 'explain_query')
-               AND NOT 'unsupported' = ANY (coalesce(p.proargnames, '{}'))
-    LOOP
-        EXECUTE pg_catalog.format('DROP FUNCTION %s', f);
-    END LOOP;
-END $$;
 
 CREATE OR REPLACE FUNCTION memory.query(
     query text,
@@ -181,6 +149,3 @@ BEGIN
     EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s IS %L', memory._only('plan_query'),
         'The plan memory.answer (and memory.query, with evidence 0) runs for these arguments, without running it (jsonb: search_strategy, why, fusion, dense_weight, rrf_k, each leg''s engine and depth, levels, since_ts/before_ts, time_filter, evidence). query_embedding is not read: a vector is assumed at hand.');
 END $$;
-
--- memory.query's implementation before it ran memory.answer's (nothing depends on it now).
-DROP FUNCTION IF EXISTS memory.run_query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz);

@@ -9,34 +9,6 @@
 -- One leg as fuse_legs takes it: {"ids": [..], "scores": [..]} in rank order. The three
 -- stage functions behind one aggregation; the one a kind does not name is never run (its
 -- branch is cut by a one-time filter).
--- filter and grammar were added: the old signature goes, and memory._lexical_call (a SQL
--- body, which depends on it) with it; both are made again below.
-DO $$
-BEGIN
-    IF pg_catalog.to_regprocedure('memory._leg(text, text, ' || pg_catalog.format_type(
-           (SELECT t.oid FROM pg_catalog.pg_type t WHERE t.typname = 'vector' LIMIT 1), NULL)
-           || ', bigint[], text, text[], integer, timestamptz, timestamptz)') IS NOT NULL THEN
-        DROP FUNCTION IF EXISTS memory._lexical_call(jsonb);
-        EXECUTE pg_catalog.format('DROP FUNCTION %s', pg_catalog.to_regprocedure(
-            'memory._leg(text, text, ' || pg_catalog.format_type(
-                (SELECT t.oid FROM pg_catalog.pg_type t WHERE t.typname = 'vector' LIMIT 1), NULL)
-            || ', bigint[], text, text[], integer, timestamptz, timestamptz)'));
-    END IF;
-END $$;
--- as_of and valid_at were added (time travel): every older form goes, with
--- memory._lexical_call.
-DO $$
-DECLARE
-    f regprocedure;
-BEGIN
-    FOR f IN SELECT p.oid FROM pg_catalog.pg_proc p
-             WHERE p.pronamespace = 'memory'::regnamespace AND p.proname = '_leg'
-               AND NOT 'valid_at' = ANY (coalesce(p.proargnames, '{}'))
-    LOOP
-        DROP FUNCTION IF EXISTS memory._lexical_call(jsonb);
-        EXECUTE pg_catalog.format('DROP FUNCTION %s', f);
-    END LOOP;
-END $$;
 CREATE OR REPLACE FUNCTION memory._leg(
     kind text, query text, query_embedding vector, ids bigint[], project text, levels text[],
     k integer, since timestamptz, before timestamptz, filter jsonb DEFAULT NULL,
@@ -76,6 +48,9 @@ RETURNS jsonb
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    -- the current versions (OpenSearch indexes them only), of the project when given
+    vis memory.visibility := memory._visibility(project_id => project_id);
 BEGIN
     -- A sha256 is unique within a project: with a project, one node per hit.
     RETURN (SELECT jsonb_build_object('ids', coalesce(jsonb_agg(x.id ORDER BY x.ord), '[]'),
@@ -83,7 +58,7 @@ BEGIN
     FROM (SELECT DISTINCT ON (h.ord) n.id, h.ord, (h.hit ->> 'score')::double precision AS score
           FROM jsonb_array_elements(coalesce($1, '[]')) WITH ORDINALITY AS h(hit, ord)
           JOIN memory.nodes n ON n.sha256 = decode(h.hit ->> 'sha256', 'hex')
-                             AND ($2 IS NULL OR n.project_id = $2) AND n.expired_at IS NULL
+                             AND memory._visible(n, vis)
           ORDER BY h.ord, n.id) x);
 END $$;
 COMMENT ON FUNCTION memory._opensearch_leg(jsonb, integer) IS
@@ -144,6 +119,23 @@ END
 $$;
 COMMENT ON FUNCTION memory._stage_time(jsonb, text, timestamptz, boolean) IS
     'The stage times st with key set to the milliseconds since t, when ran (the stage ran; default true); otherwise st unchanged.';
+
+-- The visibility of a plan's legs (memory._leg_visibility of the plan's project, levels or
+-- the ones given, time range, metadata filter, grammar, as_of and valid_at): the value each
+-- leg memory._run_legs runs builds from the same arguments (memory.semantic_search,
+-- memory.search_by_ids), and what memory.explain_query explains the vector stages with.
+CREATE OR REPLACE FUNCTION memory._plan_visibility(plan jsonb, levels text[] DEFAULT NULL)
+RETURNS memory.visibility
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN memory._leg_visibility(
+    (plan ->> 'project_id')::integer,
+    coalesce(levels, ARRAY(SELECT jsonb_array_elements_text(plan -> 'levels'))),
+    (plan ->> 'since_ts')::timestamptz, (plan ->> 'before_ts')::timestamptz,
+    nullif(plan -> 'filter', 'null'), plan -> 'grammar',
+    (plan ->> 'as_of')::timestamptz, (plan ->> 'valid_at')::timestamptz);
+COMMENT ON FUNCTION memory._plan_visibility(jsonb, text[]) IS
+    'The visibility (memory.visibility) of a plan''s legs: memory._leg_visibility of its project_id, levels (or the levels given: the evidence''s legs are at L0), since_ts/before_ts, filter, grammar, as_of and valid_at.';
 
 CREATE OR REPLACE FUNCTION memory._run_legs(
     plan jsonb, query_embedding vector, hits jsonb DEFAULT NULL, answer boolean DEFAULT true,

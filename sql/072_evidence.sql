@@ -12,34 +12,10 @@
 -- the scores of the candidates said just before and after it. Measured on LoCoMo dev in
 -- docs/benchmarks.md ("Evidence within a budget"); the policy keys evidence_* tune it.
 
--- metadata was added to the rows (issue 24): a changed result row needs the functions
--- dropped first, callers before what they call.
-DO $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-               WHERE p.pronamespace = 'memory'::regnamespace
-                 AND p.proname IN ('select_evidence', 'evidence', '_evidence')
-                 AND NOT 'metadata' = ANY (p.proargnames)) THEN
-        DROP FUNCTION IF EXISTS memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz);
-        DROP FUNCTION IF EXISTS memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz);
-        DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer);
-    END IF;
-END $$;
--- ... and the form before the metadata filter, the one before as_of, the one before the
--- deeper candidates, the one before the query's text (issue 29) and the one before
--- valid_at.
-DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer);
-DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb);
-DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz);
-DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[]);
-DROP FUNCTION IF EXISTS memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[], text);
 -- The row the three return, declared once (memory._declare_row): one cited L0 turn, its
 -- rank, its score, its own direct rank and the ranks of the results that cite it.
 SELECT memory._declare_row('evidence_row',
-    'rank integer, node_id bigint, external_id text, sha256 text, project text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, score double precision, direct_rank integer, cited_by integer[], neighbour_score double precision, metadata jsonb, revision integer, superseded boolean',
-    ARRAY['memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb, timestamptz, timestamptz)',
-          'memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb, timestamptz, timestamptz)',
-          'memory.select_evidence(bigint[], jsonb, jsonb, text, integer, text, integer, timestamptz, timestamptz, double precision, integer, jsonb, timestamptz, bigint[], text, timestamptz)']);
+    'rank integer, node_id bigint, external_id text, sha256 text, project text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, score double precision, direct_rank integer, cited_by integer[], neighbour_score double precision, metadata jsonb, revision integer, superseded boolean');
 
 CREATE OR REPLACE FUNCTION memory.select_evidence(
     result_ids bigint[],
@@ -67,7 +43,6 @@ AS $$
 DECLARE
     pol record;
     pid integer := memory.project_id(project_name);
-    flt jsonb := memory.check_filter(filter);
     lim integer;
     cands jsonb;
     reserved bigint[] := '{}';
@@ -75,11 +50,18 @@ DECLARE
     terms text;
     hop jsonb := '[]';
     words text[];
-    -- the instant the legs tested valid time at (memory._valid_at; NULL: no test): a turn
-    -- the evidence adds beside them holds then too
-    va timestamptz := memory._valid_at(pid, memory.check_instant(as_of, 'as_of'),
-                                       memory.check_instant(valid_at, 'valid_at'));
+    -- What the legs saw (memory._leg_visibility: valid time at the instant they tested it):
+    -- a neighbour the evidence adds beside their turns passes the same test.
+    scope memory.visibility := memory._leg_visibility(pid, NULL, since, before, filter, NULL,
+                                                      as_of, valid_at);
+    -- A direct match or a deeper candidate's citation is tested on all but transaction time:
+    -- the legs chose the versions, and a result may rest on one rewritten since
+    -- (memory.provenance_walk).
+    cited memory.visibility := scope;
+    cite_all boolean;  -- cited tests nothing but the project: no citation needs a look
 BEGIN
+    cited.every_version := true;
+    cite_all := cited IS NOT DISTINCT FROM memory._visibility(project_id => pid, every_version => true);
     SELECT * INTO pol FROM memory.policy();
     IF pol.evidence_speaker_weight > 0 AND query IS NOT NULL THEN
         words := regexp_split_to_array(lower(query), '[^[:alnum:]]+');
@@ -101,7 +83,7 @@ BEGIN
     -- Every candidate scoring above 0, best first, as {id, s, pos, by, beside}.
     -- The direct legs fused as a Hybrid pair even when one is empty: a lone leg is then
     -- min-max scaled as in a fusion, so its scores weigh against citations the same way
-    -- whichever leg ran. Only L0 turns of the project in the time range count.
+    -- whichever leg ran. Only L0 turns count that memory._visible passes (the project, the time range, valid time, the filter: what the legs tested).
     WITH direct AS (
         SELECT f.node_id, greatest(f.fused_score, 0) AS s,
                row_number() OVER (ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]),
@@ -110,9 +92,7 @@ BEGIN
                               coalesce(lexical, '{"ids":[],"scores":[]}'), 'Hybrid',
                               coalesce(fusion, pol.fusion), coalesce(dense_weight, pol.dense_weight),
                               coalesce(rrf_k, pol.rrf_k), pol.evidence_candidates) f
-        JOIN memory.nodes n ON n.id = f.node_id AND n.level = 'L0'
-             AND (pid IS NULL OR n.project_id = pid)
-             AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
+        JOIN memory.nodes n ON n.id = f.node_id AND n.level = 'L0' AND memory._visible(n, cited)
     ),
     scaled AS (
         SELECT d.node_id, d.pos, d.s / nullif(max(d.s) OVER (), 0) AS s FROM direct d
@@ -126,15 +106,9 @@ BEGIN
         SELECT w.parent_id AS node_id, array_agg(DISTINCT r.ord::integer ORDER BY r.ord::integer) AS by_rank
         FROM memory.provenance_walk(result_ids || coalesce(deeper, '{}'), max_depth, as_of) w
         JOIN unnest(result_ids || coalesce(deeper, '{}')) WITH ORDINALITY AS r(id, ord) ON r.id = w.root_id
-        WHERE r.ord <= cardinality(result_ids)
-           OR (since IS NULL AND before IS NULL AND flt IS NULL AND va IS NULL)
+        WHERE r.ord <= cardinality(result_ids) OR cite_all
            OR EXISTS (SELECT 1 FROM memory.nodes n
-                      WHERE n.id = w.parent_id
-                        AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
-                        AND (va IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= va)
-                                            AND (n.valid_to IS NULL OR n.valid_to > va)
-                                            AND (n.expires_at IS NULL OR n.expires_at > va)))
-                        AND (flt IS NULL OR n.metadata @> flt))
+                      WHERE n.id = w.parent_id AND memory._visible(n, cited))
         GROUP BY w.parent_id
     ),
     scored0 AS MATERIALIZED (
@@ -196,28 +170,12 @@ BEGIN
         CROSS JOIN LATERAL (
             (SELECT n.id, CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label FROM memory.nodes n
              WHERE n.id < o.node_id AND n.id >= o.lo AND n.project_id = o.project_id
-               AND n.level = 'L0' AND n.title = o.title
-               AND CASE WHEN as_of IS NULL THEN n.expired_at IS NULL
-                        ELSE n.created_at <= as_of AND n.erased_at IS NULL
-                             AND (n.expired_at IS NULL OR n.expired_at > as_of) END
-               AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
-               AND (va IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= va)
-                                   AND (n.valid_to IS NULL OR n.valid_to > va)
-                                   AND (n.expires_at IS NULL OR n.expires_at > va)))
-               AND (flt IS NULL OR n.metadata @> flt)
+               AND n.level = 'L0' AND n.title = o.title AND memory._visible(n, scope)
              ORDER BY n.id DESC LIMIT 1)
             UNION ALL
             (SELECT n.id, CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label FROM memory.nodes n
              WHERE n.id > o.node_id AND n.id <= o.hi AND n.project_id = o.project_id
-               AND n.level = 'L0' AND n.title = o.title
-               AND CASE WHEN as_of IS NULL THEN n.expired_at IS NULL
-                        ELSE n.created_at <= as_of AND n.erased_at IS NULL
-                             AND (n.expired_at IS NULL OR n.expired_at > as_of) END
-               AND (since IS NULL OR n.ts >= since) AND (before IS NULL OR n.ts < before)
-               AND (va IS NULL OR ((n.valid_from IS NULL OR n.valid_from <= va)
-                                   AND (n.valid_to IS NULL OR n.valid_to > va)
-                                   AND (n.expires_at IS NULL OR n.expires_at > va)))
-               AND (flt IS NULL OR n.metadata @> flt)
+               AND n.level = 'L0' AND n.title = o.title AND memory._visible(n, scope)
              ORDER BY n.id LIMIT 1)
         ) b
         WHERE pol.evidence_neighbours > 0
@@ -273,7 +231,7 @@ BEGIN
             SELECT coalesce(jsonb_agg(jsonb_build_object('id', h.node_id, 's', h.lexical_score)), '[]')
               INTO hop
               FROM memory.lexical_search(terms, project_name, ARRAY['L0'], pol.evidence_candidates,
-                                         since => since, before => before, filter => flt,
+                                         since => since, before => before, filter => scope.filter,
                                          as_of => as_of, valid_at => valid_at) h;
         END IF;
     END IF;
@@ -394,16 +352,7 @@ COMMENT ON FUNCTION memory._deeper(jsonb, jsonb, bigint[]) IS
     'The fused candidates of a plan''s legs (memory._run_legs'' state) after the results ids, best first, at most memory.policy() evidence_deeper of them (0: none): memory.select_evidence cites their provenance at the ranks after the results''. Fused as the answer was, without the relevance floor or recency.';
 
 -- memory.evidence runs the plan memory.query runs (the evidence legs it names) for the
--- SQL user's results; the old two-step form and its signature go first.
-DROP FUNCTION IF EXISTS memory.evidence(text, bigint[], vector, text, integer, text, text, text);
-DROP FUNCTION IF EXISTS memory.evidence_legs(text, bigint[], vector, text, integer, text, text, text);
--- ... and the form before the metadata filter, and the one before as_of and valid_at
--- (each caller before what its atomic body calls).
-DROP FUNCTION IF EXISTS memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz);
-DROP FUNCTION IF EXISTS memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz);
-DROP FUNCTION IF EXISTS memory.evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb);
-DROP FUNCTION IF EXISTS memory._evidence(text, bigint[], vector, text, integer, text, text, text, text[], text, integer, double precision, integer, timestamptz, jsonb);
-
+-- SQL user's results.
 CREATE OR REPLACE FUNCTION memory._evidence(
     p_query text, p_result_ids bigint[], p_embedding vector, p_project text, p_budget integer,
     p_since text, p_until text, p_fusion text, p_levels text[], p_strategy text,

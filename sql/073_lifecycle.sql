@@ -22,10 +22,7 @@ $$;
 COMMENT ON FUNCTION memory.support(bigint[]) IS
     'The support of each node from its evidence, now (memory._support_at): full (every parent it rests on is current and itself full), stale (a parent, or one further down, was rewritten since: the review queue lists it), partial (some parents were retired, erased or never resolved), none (all were), NULL for a node written without parents. parents: memory.nodes.parents_declared; supporting: the parents still there. Row-level security applies.';
 
--- Scope (issue 40): forget by metadata (filter) and level too, a dry run, and a bound. The
--- signatures grew: the old ones go first (CREATE OR REPLACE would add an overload).
-DROP FUNCTION IF EXISTS memory.forget(text, text[], text, text, text, boolean, text);
-DROP FUNCTION IF EXISTS memory._forget(text, text[], text, text, text, boolean, text);
+-- Scope (issue 40): forget by metadata (filter) and level too, a dry run, and a bound.
 
 -- The most nodes one forget ends unless the caller names another bound (max_nodes): a
 -- filter that matches more than the caller thought (a typo'd key, a missing project) is
@@ -54,6 +51,9 @@ DECLARE
     flt jsonb := memory.check_filter(filter);
     lo timestamptz;
     hi timestamptz;
+    -- the nodes the filter names (memory._visible): a retire reads current versions, an
+    -- erase every version not yet erased
+    scope memory.visibility;
     who text := memory._writer();
     policy text := memory._policy_value('forget_derived');
     hit bigint[];      -- the versions the filter names
@@ -82,11 +82,14 @@ BEGIN
             HINT = 'NULL: no bound.';
     END IF;
     SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(since, until) t;
+    scope := memory._visibility(project_id => pid, levels => CASE WHEN level IS NOT NULL THEN ARRAY[level] END,
+                                since => lo, before => hi, filter => flt, every_version => erase);
     -- The nodes named: by id every version of the id; by filter the versions that match,
     -- then (to erase) every version of their ids. Current versions are locked in id order,
     -- as memory._write_nodes locks them, so a forget and a write of one node take turns.
-    -- A retire reads current versions only, written out (expired_at IS NULL) so that a
-    -- metadata filter reads the partial index nodes_metadata_current_gin.
+    -- A retire reads current versions only (memory._visible, inlined: expired_at IS NULL
+    -- to the planner), so that a metadata filter reads the partial index
+    -- nodes_metadata_current_gin.
     -- In a loop: a writer that supersedes a matched version while this waits for its lock
     -- makes a new current version this did not see; the set is read again until every
     -- current version of the ids it names is one it holds (as memory._write_nodes does), so
@@ -95,13 +98,10 @@ BEGIN
     IF erase THEN
         hit := ARRAY(
             SELECT n.id FROM memory.nodes n
-            WHERE n.project_id = pid AND n.erased_at IS NULL
+            WHERE n.project_id = pid AND n.erased_at IS NULL AND memory._visible(n, scope)
               AND (external_ids IS NULL OR n.external_id = ANY (external_ids))
               AND (node_ids IS NULL OR n.id = ANY (node_ids))
               AND (source IS NULL OR n.source = source)
-              AND (lo IS NULL OR n.ts >= lo) AND (hi IS NULL OR n.ts < hi)
-              AND (flt IS NULL OR n.metadata @> flt)
-              AND (level IS NULL OR n.level = level)
             ORDER BY n.id);
         hit := ARRAY(
             SELECT n.id FROM memory.nodes n
@@ -113,13 +113,10 @@ BEGIN
     ELSE
         hit := ARRAY(
             SELECT n.id FROM memory.nodes n
-            WHERE n.project_id = pid AND n.expired_at IS NULL
+            WHERE n.project_id = pid AND memory._visible(n, scope)
               AND (external_ids IS NULL OR n.external_id = ANY (external_ids))
               AND (node_ids IS NULL OR n.id = ANY (node_ids))
               AND (source IS NULL OR n.source = source)
-              AND (lo IS NULL OR n.ts >= lo) AND (hi IS NULL OR n.ts < hi)
-              AND (flt IS NULL OR n.metadata @> flt)
-              AND (level IS NULL OR n.level = level)
             ORDER BY n.id);
     END IF;
     matched := (SELECT count(DISTINCT coalesce(n.external_id, n.id::text)) FROM memory.nodes n
@@ -283,15 +280,6 @@ END $$;
 COMMENT ON FUNCTION memory.forget(text, text, boolean, text) IS
     'Forgets one node by external id: memory.forget with external_ids => ARRAY[external_id]; PM444 when the id has no current version (or, with erase, no version left to erase).';
 
--- The shape of memory.history's rows; valid_from and valid_to were added (valid time).
-DO $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-               WHERE p.oid = pg_catalog.to_regprocedure('memory.history(text, text)')
-                 AND NOT 'valid_to' = ANY (p.proargnames)) THEN
-        DROP FUNCTION memory.history(text, text);
-    END IF;
-END $$;
 CREATE OR REPLACE FUNCTION memory.history(project text, external_id text)
 RETURNS TABLE (revision integer, node_id bigint, current boolean, level text, sha256 text,
                title text, text text, source text, "timestamp" timestamptz, metadata jsonb,

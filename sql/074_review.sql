@@ -64,10 +64,7 @@ COMMENT ON FUNCTION memory._review_changes(bigint[], text) IS
 
 -- The rows memory.review_list and memory.review_claim return, declared once.
 SELECT memory._declare_row('review_item',
-    'item_id bigint, project text, node_id bigint, external_id text, level text, reason text, changes jsonb, enqueued_at timestamptz, vt timestamptz, claims integer, claimed_by text, text text, parents jsonb',
-    ARRAY['memory.review_list(text, integer, bigint)',
-          'memory.review_claim(text, integer, integer)',
-          'memory._review_rows(bigint[])']);
+    'item_id bigint, project text, node_id bigint, external_id text, level text, reason text, changes jsonb, enqueued_at timestamptz, vt timestamptz, claims integer, claimed_by text, text text, parents jsonb');
 
 -- An item as a worker needs it: the node's text and, for each parent it rests on, the text
 -- it rested on and the text now (each cut at provenance_text_chars: bounded answers).

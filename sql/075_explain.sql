@@ -4,9 +4,6 @@
 -- plan reported is the plan that ran, and each stage's time is the time it took there),
 -- then EXPLAINs every stage it ran with the plan's own values.
 
--- The arguments of memory.query were added, and the time of each stage: drop the old shape.
-DROP FUNCTION IF EXISTS memory.explain_query(text, vector, text, text[], integer, text, boolean);
-
 -- The implementation: req is memory._request's, as memory._answer takes it.
 CREATE OR REPLACE FUNCTION memory._explain(
     req jsonb,
@@ -34,9 +31,11 @@ DECLARE
     hi timestamptz;
     ev jsonb;
     flt jsonb;
-    gr jsonb;
     as_of timestamptz;
-    va timestamptz;
+    -- what the vector stages were tested with, as memory.semantic_search and
+    -- memory.search_by_ids build it from the plan's arguments (memory._plan_visibility)
+    vis memory.visibility;
+    ev_vis memory.visibility;
     opts text := CASE WHEN actual THEN 'FORMAT JSON, ANALYZE, BUFFERS' ELSE 'FORMAT JSON' END;
     x json;
     -- the vector stage memory.semantic_search runs for this project and its ef_search, as it
@@ -56,10 +55,9 @@ BEGIN
     hi := (pl ->> 'before_ts')::timestamptz;
     ev := pl -> 'evidence';
     flt := nullif(pl -> 'filter', 'null');
-    gr := memory._grammar_constraints(pl -> 'grammar');
     as_of := (pl ->> 'as_of')::timestamptz;
-    -- the instant the vector stages test valid time at, as they compute it
-    va := memory._valid_at(pid, as_of, (pl ->> 'valid_at')::timestamptz);
+    vis := memory._plan_visibility(pl);
+    ev_vis := memory._plan_visibility(pl, ARRAY['L0']);
     search_strategy := pl ->> 'search_strategy';
     sem := memory._semantic_stage(pid);
     ef := CASE WHEN sem = 'semantic' THEN memory._semantic_ef(pid, NULL) END;
@@ -80,7 +78,7 @@ BEGIN
     END IF;
     IF pl -> 'semantic' ->> 'engine' = 'hnsw' THEN
         EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql(sem)) INTO x
-            USING p.embedding, pid, lv, (pl -> 'semantic' ->> 'depth')::integer, lo, hi, flt, gr, as_of, va;
+            USING p.embedding, (pl -> 'semantic' ->> 'depth')::integer, vis;
         stage := 'semantic';
         plan := x::jsonb -> 0 || jsonb_build_object('Stage', sem, 'hnsw.ef_search',
                                                      CASE WHEN sem = 'semantic' THEN current_setting('hnsw.ef_search')::integer END);
@@ -89,10 +87,9 @@ BEGIN
     ELSIF pl -> 'semantic' ->> 'engine' = 'by-ids' THEN
         EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql('by_ids')) INTO x
             USING p.embedding, ARRAY(SELECT jsonb_array_elements_text(state -> 'lexical' -> 'ids')::bigint),
-                  pid, lv,
                   coalesce((pl -> 'semantic' ->> 'depth')::integer,
                            greatest(jsonb_array_length(state -> 'lexical' -> 'ids'), 1)),
-                  lo, hi, flt, gr, as_of, va;
+                  vis;
         stage := 'by_ids';
         plan := x::jsonb -> 0;
         time_ms := (doc -> 'stages' ->> 'semantic_time_ms')::double precision;
@@ -110,7 +107,7 @@ BEGIN
         END IF;
         IF (ev ->> 'semantic')::boolean AND p.embedding IS NOT NULL THEN
             EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql(sem)) INTO x
-                USING p.embedding, pid, ARRAY['L0'], (ev ->> 'candidates')::integer, lo, hi, flt, gr, as_of, va;
+                USING p.embedding, (ev ->> 'candidates')::integer, ev_vis;
             stage := 'evidence_semantic';
             plan := x::jsonb -> 0 || jsonb_build_object('Stage', sem, 'hnsw.ef_search',
                                                          CASE WHEN sem = 'semantic' THEN current_setting('hnsw.ef_search')::integer END);

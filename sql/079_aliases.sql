@@ -1,32 +1,20 @@
 -- Entry points on the default search_path, so `SELECT * FROM memory_query('...')` works.
 -- Each alias is made from its target's catalog entry (arguments with their defaults, result,
 -- volatility, parallel label), so an alias can never disagree with what it calls. An alias
--- left from an older signature is dropped; one that still matches is replaced in place, so
--- its OID (and anything a DBA built on it) survives a re-run. Every overload gets its alias.
+-- is replaced in place, so its OID (and anything a DBA built on it) survives a re-run.
+-- Every overload gets its alias. When a target's signature changes, the migration that
+-- drops the old target drops its alias too (as migrations/0022_drop_old_signatures.sql
+-- did the older ones).
 DO $$
 DECLARE
     a record;
     target regprocedure;
-    old regprocedure;
     body text;
 BEGIN
     FOR a IN SELECT * FROM (VALUES ('memory', 'query', 'memory_query'),
                                    ('memory', 'optimize_query', 'memory_optimize_query'))
                            AS v(nsp, fn, alias)
     LOOP
-        FOR old IN
-            SELECT p.oid FROM pg_catalog.pg_proc p
-            WHERE p.pronamespace = 'public'::regnamespace AND p.proname = a.alias
-              AND NOT EXISTS (
-                  SELECT 1 FROM pg_catalog.pg_proc t
-                  WHERE t.pronamespace = a.nsp::regnamespace AND t.proname = a.fn
-                    AND pg_catalog.pg_get_function_identity_arguments(t.oid)
-                        = pg_catalog.pg_get_function_identity_arguments(p.oid)
-                    AND pg_catalog.pg_get_function_result(t.oid)
-                        = pg_catalog.pg_get_function_result(p.oid))
-        LOOP
-            EXECUTE pg_catalog.format('DROP FUNCTION %s', old);
-        END LOOP;
         FOR target IN
             SELECT p.oid FROM pg_catalog.pg_proc p
             WHERE p.pronamespace = a.nsp::regnamespace AND p.proname = a.fn

@@ -330,7 +330,3 @@ BEGIN
         END IF;
     END LOOP;
 END $$;
-
--- Edges carry their project since migration 0009, so their policies (above) no longer
--- look up both ends; the function that did is gone.
-DROP FUNCTION IF EXISTS memory.node_writable(bigint);

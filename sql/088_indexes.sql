@@ -40,7 +40,6 @@ COMMENT ON FUNCTION memory._is_project_graph(text) IS
 -- hold: the looser bounds a project that has its graphs keeps them under (past 80% of the
 -- size threshold, under 60% of the store), so one that hovers at a threshold is not built
 -- and dropped on alternate migrates.
-DROP FUNCTION IF EXISTS memory._project_graphs();
 CREATE OR REPLACE FUNCTION memory._project_graphs(hold boolean DEFAULT false)
 RETURNS TABLE (project_id integer, n_docs bigint)
 LANGUAGE sql STABLE PARALLEL SAFE

@@ -17,16 +17,9 @@ COMMENT ON FUNCTION memory._links_max() IS
 -- the implementation it calls: memory.node_row, one node with its links and support
 -- (memory.get_node), and memory.node_list_row, a node of a page (memory.list_nodes).
 SELECT memory._declare_row('node_row',
-    'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, parents jsonb, parents_total integer, children jsonb, children_total integer, parents_declared integer, support text, versions jsonb, valid_from timestamptz, valid_to timestamptz, revision integer',
-    ARRAY['memory.get_node(text, text)', 'memory._get_node(text, text, text[])']);
--- list_nodes gained filter (a metadata filter) and newest_first, and its rows expires_at
--- (issue 40): the old signatures go first.
-DROP FUNCTION IF EXISTS memory.list_nodes(text, text, text, text, text, text, integer);
-DROP FUNCTION IF EXISTS memory._list_nodes(text, text, text, text, text, text, integer, text[]);
+    'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, parents jsonb, parents_total integer, children jsonb, children_total integer, parents_declared integer, support text, versions jsonb, valid_from timestamptz, valid_to timestamptz, revision integer');
 SELECT memory._declare_row('node_list_row',
-    'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, support text, cursor text, valid_from timestamptz, valid_to timestamptz, expires_at timestamptz, revision integer',
-    ARRAY['memory.list_nodes(text, text, text, text, text, text, integer, jsonb, boolean)',
-          'memory._list_nodes(text, text, text, text, text, text, integer, text[], jsonb, boolean)']);
+    'node_id bigint, external_id text, project text, level text, sha256 text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, metadata jsonb, created_at timestamptz, support text, cursor text, valid_from timestamptz, valid_to timestamptz, expires_at timestamptz, revision integer');
 
 -- p_projects: a filter the service passes, the API key's projects, so a key never reaches
 -- beyond them, even over a pool whose role skips row-level security.
@@ -39,6 +32,8 @@ DECLARE
     pid integer := memory.project_id(p_project);
     found_in text[];
     n record;
+    -- the node is its current version, unless its expiry has passed (memory._visible)
+    vis memory.visibility := memory._visibility(project_id => pid, live_at => now());
 BEGIN
     IF p_id IS NULL OR p_id = '' THEN
         RAISE EXCEPTION 'id must not be empty'
@@ -51,9 +46,7 @@ BEGIN
     -- A node whose expiry has passed (expires_at, migration 0021) has left answers: it is
     -- unknown here too, though current until poimen-memory expire ends it.
     found_in := ARRAY(SELECT p.name FROM memory.nodes x JOIN memory.projects p ON p.id = x.project_id
-                      WHERE x.external_id = p_id AND x.expired_at IS NULL
-                        AND (x.expires_at IS NULL OR x.expires_at > now())
-                        AND (pid IS NULL OR x.project_id = pid)
+                      WHERE x.external_id = p_id AND memory._visible(x, vis)
                         AND (p_projects IS NULL OR p.name = ANY (p_projects))
                       ORDER BY p.name);
     IF cardinality(found_in) = 0 THEN
@@ -69,8 +62,7 @@ BEGIN
                   HINT = 'Name the project (project => ...): ids are unique per project.';
     END IF;
     SELECT x.* INTO n FROM memory.nodes x JOIN memory.projects p ON p.id = x.project_id
-    WHERE x.external_id = p_id AND p.name = found_in[1] AND x.expired_at IS NULL
-      AND (x.expires_at IS NULL OR x.expires_at > now());
+    WHERE x.external_id = p_id AND p.name = found_in[1] AND memory._visible(x, vis);
     RETURN QUERY
     SELECT n.id, n.external_id, found_in[1], n.level, encode(n.sha256, 'hex'), n.title, n.text,
            n.source, n.breadcrumb, n.ts, n.metadata, n.created_at,
@@ -164,34 +156,55 @@ END $$;
 COMMENT ON FUNCTION memory._node_after(text) IS
     'The node id a memory.list_nodes cursor stands for (22023 for anything else); NULL or empty: from the start.';
 
+-- What memory.list_nodes and memory.count_nodes list, checked once for both: the current
+-- versions whose expiry has not passed, of the project (PM404 when unknown), level, time
+-- range (since/until as memory.query's) and metadata filter given.
+CREATE OR REPLACE FUNCTION memory._listing_visibility(
+    project text, level text, since text, until text, filter jsonb
+)
+RETURNS memory.visibility
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    pid integer := memory.project_id(project);
+    flt jsonb := memory.check_filter(filter);
+    tr record;
+BEGIN
+    IF level IS NOT NULL AND NOT level = ANY (@vocabulary.levels@) THEN
+        RAISE EXCEPTION 'level must be one of L0, L1, L2, got %', level
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO tr FROM memory.time_range(since, until);
+    RETURN memory._visibility(project_id => pid,
+                              levels => CASE WHEN level IS NOT NULL THEN ARRAY[level] END,
+                              since => tr.since_ts, before => tr.before_ts, filter => flt,
+                              live_at => now());
+END $$;
+COMMENT ON FUNCTION memory._listing_visibility(text, text, text, text, jsonb) IS
+    'The visibility (memory.visibility) memory.list_nodes and memory.count_nodes list: current versions whose expiry has not passed, of the project, level, since/until and metadata filter given, each checked (PM404, 22023).';
+
 -- The WHERE clause of memory.list_nodes and memory.count_nodes, one text for both: the
--- current versions that have not expired, and the filters given, as $1.. of the
--- parameters both pass in the same order (project id, after, level, source, since,
--- before, -, projects, filter). Dynamic, so that the planner sees which filters there are:
--- a project's nodes by one index range of nodes_project_id_idx (project_id, id) read in id
+-- listing's visibility ($1, memory._visible) and the other filters given, as $2.. of the
+-- parameters both pass in the same order (visibility, after, source, projects). Dynamic, so
+-- that the planner sees which filters there are, and the visibility as a constant: a
+-- project's nodes by one index range of nodes_project_id_idx (project_id, id) read in id
 -- order, a metadata filter by the partial GIN index nodes_metadata_current_gin, whose
--- predicate (expired_at IS NULL) the clause states.
+-- predicate (expired_at IS NULL) the inlined memory._visible states.
 CREATE OR REPLACE FUNCTION memory._nodes_where(
-    has_project boolean, has_after boolean, has_level boolean, has_source boolean,
-    has_since boolean, has_until boolean, has_projects boolean, has_filter boolean,
-    newest_first boolean DEFAULT false
+    has_after boolean, has_source boolean, has_projects boolean, newest_first boolean DEFAULT false
 )
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-RETURN ' WHERE n.expired_at IS NULL AND (n.expires_at IS NULL OR n.expires_at > now())'
-    || CASE WHEN has_project THEN ' AND n.project_id = $1' ELSE '' END
+RETURN ' WHERE memory._visible(n, $1::memory.visibility)'
     || CASE WHEN NOT has_after THEN '' WHEN newest_first THEN ' AND n.id < $2' ELSE ' AND n.id > $2' END
-    || CASE WHEN has_level THEN ' AND n.level = $3' ELSE '' END
-    || CASE WHEN has_source THEN ' AND n.source = $4' ELSE '' END
-    || CASE WHEN has_since THEN ' AND n.ts >= $5' ELSE '' END
-    || CASE WHEN has_until THEN ' AND n.ts < $6' ELSE '' END
+    || CASE WHEN has_source THEN ' AND n.source = $3' ELSE '' END
     || CASE WHEN has_projects THEN
            ' AND n.project_id = ANY (ARRAY(SELECT p.id FROM memory.projects p
-                                           WHERE p.name = ANY ($8)))' ELSE '' END
-    || CASE WHEN has_filter THEN ' AND n.metadata @> $9' ELSE '' END;
-COMMENT ON FUNCTION memory._nodes_where(boolean, boolean, boolean, boolean, boolean, boolean, boolean, boolean, boolean) IS
-    'The WHERE clause memory.list_nodes and memory.count_nodes run (current, unexpired versions; each filter given as its parameter $1..$9; after: node ids above $2, or below it newest first), so that the two always agree.';
+                                           WHERE p.name = ANY ($4)))' ELSE '' END;
+COMMENT ON FUNCTION memory._nodes_where(boolean, boolean, boolean, boolean) IS
+    'The WHERE clause memory.list_nodes and memory.count_nodes run ($1: the listing''s visibility, memory._listing_visibility, tested by memory._visible; after: node ids above $2, or below it newest first; $3 source; $4 projects), so that the two always agree.';
 
 CREATE OR REPLACE FUNCTION memory._list_nodes(
     p_project text, p_level text, p_source text, p_since text, p_until text, p_after text,
@@ -203,20 +216,13 @@ LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    pid integer := memory.project_id(p_project);
-    tr record;
+    vis memory.visibility := memory._listing_visibility(p_project, p_level, p_since, p_until, p_filter);
     after_id bigint := memory._node_after(p_after);
-    flt jsonb := memory.check_filter(p_filter);
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 100 THEN
         RAISE EXCEPTION 'limit must be between 1 and 100, got %', coalesce(p_limit::text, 'NULL')
             USING ERRCODE = '22023', HINT = 'Page with after => the last row''s cursor.';
     END IF;
-    IF p_level IS NOT NULL AND NOT p_level = ANY (@vocabulary.levels@) THEN
-        RAISE EXCEPTION 'level must be one of L0, L1, L2, got %', p_level
-            USING ERRCODE = '22023';
-    END IF;
-    SELECT * INTO tr FROM memory.time_range(p_since, p_until);
     RETURN QUERY EXECUTE
         'SELECT n.id, n.external_id,
                 (SELECT p.name::text FROM memory.projects p WHERE p.id = n.project_id),
@@ -225,12 +231,10 @@ BEGIN
                 (SELECT s.support FROM memory._support_at(ARRAY[n.id]) s),
                 memory._node_cursor(n.id), n.valid_from, n.valid_to, n.expires_at, n.revision
          FROM memory.nodes n'
-        || memory._nodes_where(pid IS NOT NULL, after_id IS NOT NULL, p_level IS NOT NULL,
-                               p_source IS NOT NULL, tr.since_ts IS NOT NULL,
-                               tr.before_ts IS NOT NULL, p_projects IS NOT NULL, flt IS NOT NULL,
+        || memory._nodes_where(after_id IS NOT NULL, p_source IS NOT NULL, p_projects IS NOT NULL,
                                coalesce(p_newest_first, false))
-        || CASE WHEN p_newest_first THEN ' ORDER BY n.id DESC LIMIT $7' ELSE ' ORDER BY n.id LIMIT $7' END
-        USING pid, after_id, p_level, p_source, tr.since_ts, tr.before_ts, p_limit, p_projects, flt;
+        || CASE WHEN p_newest_first THEN ' ORDER BY n.id DESC LIMIT $5' ELSE ' ORDER BY n.id LIMIT $5' END
+        USING vis, after_id, p_source, p_projects, p_limit;
 END $$;
 COMMENT ON FUNCTION memory._list_nodes(text, text, text, text, text, text, integer, text[], jsonb, boolean) IS
     'Implementation of memory.list_nodes (positional parameter names: PL/pgSQL forbids a parameter named like a result column); p_projects (NULL: no filter) keeps to those projects: the service passes the API key''s.';
@@ -265,23 +269,13 @@ LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    pid integer := memory.project_id(p_project);
-    tr record;
-    flt jsonb := memory.check_filter(p_filter);
+    vis memory.visibility := memory._listing_visibility(p_project, p_level, p_since, p_until, p_filter);
     n bigint;
 BEGIN
-    IF p_level IS NOT NULL AND NOT p_level = ANY (@vocabulary.levels@) THEN
-        RAISE EXCEPTION 'level must be one of L0, L1, L2, got %', p_level
-            USING ERRCODE = '22023';
-    END IF;
-    SELECT * INTO tr FROM memory.time_range(p_since, p_until);
     EXECUTE 'SELECT count(*) FROM memory.nodes n'
-        || memory._nodes_where(pid IS NOT NULL, false, p_level IS NOT NULL,
-                               p_source IS NOT NULL, tr.since_ts IS NOT NULL,
-                               tr.before_ts IS NOT NULL, p_projects IS NOT NULL, flt IS NOT NULL)
+        || memory._nodes_where(false, p_source IS NOT NULL, p_projects IS NOT NULL)
         INTO n
-        USING pid, NULL::bigint, p_level, p_source, tr.since_ts, tr.before_ts, NULL::integer,
-              p_projects, flt;
+        USING vis, NULL::bigint, p_source, p_projects;
     RETURN n;
 END $$;
 COMMENT ON FUNCTION memory._count_nodes(text, text, text, text, text, jsonb, text[]) IS
@@ -302,4 +296,4 @@ BEGIN ATOMIC
     SELECT memory._count_nodes(project, level, source, since, until, filter, NULL);
 END;
 COMMENT ON FUNCTION memory.count_nodes(text, text, text, text, text, jsonb) IS
-    'How many nodes memory.list_nodes would list with these filters over all its pages (the same WHERE clause, memory._nodes_where): current versions whose expiry has not passed, by project, level, source, since/until and filter (metadata containment). Row-level security applies.';
+    'How many nodes memory.list_nodes would list with these filters over all its pages (the same visibility and WHERE clause, memory._listing_visibility and memory._nodes_where): current versions whose expiry has not passed, by project, level, source, since/until and filter (metadata containment). Row-level security applies.';

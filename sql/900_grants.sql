@@ -89,7 +89,10 @@ DECLARE
     -- Functions the reader may call (every overload of each name).
     reader_functions text[] := ARRAY[
         'memory.version', 'memory.roles', 'memory.capabilities', 'memory.project_id', 'memory.check_levels', 'memory.check_embedding', 'memory.require_embedding',
-        'memory.check_query', 'memory.check_weight', 'memory.node_filter', 'memory._valid_at', 'memory.check_instant',
+        'memory.check_query', 'memory.check_weight', 'memory._valid_at', 'memory.check_instant',
+        'memory._visible', 'memory._visibility', 'memory._leg_visibility', 'memory._with_grammar',
+        'memory._grammar_required', 'memory._versions_at', 'memory._plan_visibility',
+        'memory._listing_visibility',
         'memory.policy', 'memory._policy_keys', 'memory._policy_value', 'memory.lexical_document', 'memory.lexical_search',
         'memory.lexical_kth', 'memory._bm25_score', 'memory.lexical_query', 'memory.semantic_search', 'memory._semantic_stage',
         'memory._semantic_ef', 'memory.scale_warnings', 'memory._project_graphs', 'memory._project_graph_names',

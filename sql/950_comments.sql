@@ -47,6 +47,9 @@ COMMENT ON TYPE memory.node_row IS
 COMMENT ON TYPE memory.node_list_row IS
     'One node of a memory.list_nodes page: its columns, support and the cursor to page on from it.';
 
+COMMENT ON TYPE memory.visibility IS
+    'What a caller may see (sql/019_visibility.sql), the one value memory._visible tests every node row with: project_id, levels, since/before (the ts window), filter (metadata containment), the compiled grammar (ex_tsq, ex_re, req_tsq, req_re), as_of (transaction time; NULL: current versions), every_version (no transaction-time test), valid_at (valid time) and live_at (expiry); a NULL field tests nothing.';
+
 -- The domain came with migration 0015: this file also runs on a schema before it.
 DO $$
 BEGIN

@@ -18,6 +18,7 @@ from conftest import FIXTURE, force_parallel, free_port
 from poimen_memory.db.cluster import Cluster, find_pg_bin
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import check, install_plpython, migrate
+from poimen_memory.db.migrate.apply import INLINED
 from poimen_memory.db.migrate.locks import LOCK_KEY
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.errors import MigrationError
@@ -183,7 +184,14 @@ READER = {
     "_granted_ids",
     "time_bound",
     "time_range",
-    "node_filter",
+    "_visible",
+    "_visibility",
+    "_leg_visibility",
+    "_with_grammar",
+    "_grammar_required",
+    "_versions_at",
+    "_plan_visibility",
+    "_listing_visibility",
     "partitioned",
     "partition_tables",
     "check_filter",
@@ -239,10 +247,31 @@ def test_security_definer_functions_search_only_the_catalog(conn: Conn) -> None:
 
 
 def test_every_function_pins_search_path_and_has_a_comment(conn: Conn) -> None:
+    """Every function but the predicates the planner must inline (migrate.INLINED): a SET
+    clause stops inlining, so those carry none and are inlinable as PostgreSQL requires."""
     rows = _functions(conn)
     assert len(rows) >= 30
-    assert [r[0] for r in rows if not any(c.startswith("search_path=") for c in r[5] or [])] == []
+    unpinned = {r[0] for r in rows if not any(c.startswith("search_path=") for c in r[5] or [])}
+    assert {s.split("(", 1)[0] for s in unpinned} == set(INLINED)
+    for sig, _name, lang, vol, _par, config, secdef, *_ in rows:
+        if sig in unpinned:
+            assert (lang, config, secdef) == ("sql", None, False), sig
+            assert vol in ("i", "s"), sig
     assert [r[0] for r in rows if not r[8]] == []
+
+
+def test_the_visibility_predicate_is_inlined(conn: Conn) -> None:
+    """memory._visible folds into plain quals: EXPLAIN shows the tests it makes, never the
+    function, and a current-versions visibility as expired_at IS NULL."""
+    plan = "\n".join(
+        r[0]
+        for r in conn.execute(
+            "EXPLAIN SELECT n.id FROM memory.nodes n WHERE memory._visible(n, "
+            "memory._visibility(levels => '{L1}', filter => '{\"k\": 1}'))"
+        ).fetchall()
+    )
+    assert "_visible" not in plan, plan
+    assert "expired_at IS NULL" in plan and "metadata @>" in plan, plan
 
 
 def test_parallel_labels(conn: Conn) -> None:

@@ -224,15 +224,18 @@ def _run(
     return (time.perf_counter() - t0) * 1000, [r[0] for r in rows]
 
 
-# The HNSW stage's own SQL text (memory.stage_sql('semantic')) with its project test written
-# project_id + 0 = $2: the same rows, but a predicate the planner cannot match to a project's
-# partial index (its own graph, memory._project_graphs), so the scan is the project-filtered
-# one of the shared graph, as memory.semantic_search ran it before projects had graphs of
-# their own. Sent with its parameters bound (a custom plan, as the function's EXECUTE has).
+# The HNSW stage's own SQL text (memory.stage_sql('semantic'): $1 vector, $2 k, $3 the
+# visibility) with its project test written project_id + 0 = $4 beside a visibility that
+# names no project (NULL: the current versions): the same rows, but a predicate the planner
+# cannot match to a project's partial index (its own graph, memory._project_graphs), so the
+# scan is the project-filtered one of the shared graph, as memory.semantic_search ran it
+# before projects had graphs of their own. Sent with its parameters bound (a custom plan, as
+# the function's EXECUTE has).
 def shared_graph_sql(conn: psycopg.Connection[Any]) -> str:
     text = str(_one(conn, "SELECT memory.stage_sql('semantic')"))
-    assert text.count("n.project_id = $2") == 1 and "%" not in text, text
-    text = text.replace("n.project_id = $2", "n.project_id + 0 = $2")
+    visible = "memory._visible(n, $3::memory.visibility)"
+    assert text.count(visible) == 1 and "%" not in text, text
+    text = text.replace(visible, visible + " AND n.project_id + 0 = $4")
     return re.sub(r"\$(\d+)", r"%(p\1)s", text)
 
 
@@ -245,8 +248,7 @@ def _run_shared(
         " set_config('hnsw.ef_search', %s, false)",
         (str(ef),),
     )
-    params: dict[str, Any] = {f"p{i}": None for i in range(1, 11)}
-    params.update(p1=vec, p2=project_id, p4=K)
+    params: dict[str, Any] = {"p1": vec, "p2": K, "p3": None, "p4": project_id}
     t0 = time.perf_counter()
     rows = conn.execute(sql, params, prepare=False).fetchall()
     ms = (time.perf_counter() - t0) * 1000

@@ -43,12 +43,21 @@ def touched() -> sql.Composed:
     return catalog("touched_functions").format(functions=functions, mark=sql.Literal(_MARK))
 
 
+# The predicates PostgreSQL must inline into the statements that call them (the planner
+# inlines no function with a SET clause): they get no search_path, and name everything they
+# call schema-qualified instead (sql/019_visibility.sql; tests/test_sql_hygiene.py).
+INLINED = frozenset({"memory._visible"})
+
+
 def _pin_search_path(conn: psycopg.Connection[Any], schema: str) -> None:
     """Every function sql/ defines gets a fixed search_path: the one in its file (public
     already replaced by pgvector's schema), or, where a file sets none, pg_catalog +
-    pgvector's schema (pg_catalog only for SECURITY DEFINER functions)."""
+    pgvector's schema (pg_catalog only for SECURITY DEFINER functions); not the INLINED
+    predicates."""
     for signature, secdef, config in conn.execute(touched()).fetchall():
         if any(c.startswith("search_path=") for c in config or []):
+            continue
+        if str(signature).split("(", 1)[0] in INLINED:
             continue
         parts = ["pg_catalog", "pg_temp"] if secdef else ["pg_catalog", schema, "pg_temp"]
         conn.execute(
