@@ -249,10 +249,19 @@ BEGIN
                   DETAIL = 'The query is NULL, empty or only whitespace.',
                   HINT = 'Pass the text to search for, e.g. memory_query(''kong body buffer'').';
     END IF;
+    -- Bounded before anything reads it: 1 MB of text took 3.9 s to parse, embed and score
+    -- (issue 43). The service's own cap (POIMEN_MAX_QUERY_CHARS) is at most this one.
+    IF length(query) > @vocabulary.query_max_chars@ THEN
+        RAISE EXCEPTION 'query is longer than % characters', @vocabulary.query_max_chars@
+            USING ERRCODE = '22023',
+                  DETAIL = format('It has %s characters.', length(query)),
+                  HINT = format('A question, or a few sentences: at most %s characters (docs/sql-api.md, "Query cost").',
+                                @vocabulary.query_max_chars@);
+    END IF;
     RETURN $1;  -- not "RETURN query": plpgsql would read RETURN QUERY
 END $$;
 COMMENT ON FUNCTION memory.check_query(text) IS
-    'Returns the query unchanged unless it is NULL, empty or only whitespace (22023).';
+    'Returns the query unchanged unless it is NULL, empty or only whitespace, or longer than the vocabulary''s QUERY_MAX_CHARS (@vocabulary.query_max_chars@) characters (22023).';
 
 CREATE OR REPLACE FUNCTION memory.check_weight(name text, weight double precision)
 RETURNS double precision

@@ -77,6 +77,13 @@ BEGIN
     IF level IS NOT NULL AND NOT level = ANY (@vocabulary.levels@) THEN
         RAISE EXCEPTION 'level must be one of L0, L1, L2, got %', level USING ERRCODE = '22023';
     END IF;
+    -- Kept in every version it ends: 9 MB of it made a node's history too large to answer,
+    -- for good (issue 43). The service refuses it first, in the same words.
+    IF length(reason) > @vocabulary.note_max_chars@ THEN
+        RAISE EXCEPTION 'reason is longer than % characters', @vocabulary.note_max_chars@
+            USING ERRCODE = '22023', DETAIL = format('It has %s characters.', length(reason)),
+                  HINT = 'Say why in a sentence; the versions'' end_note keeps it.';
+    END IF;
     IF max_nodes IS NOT NULL AND max_nodes < 1 THEN
         RAISE EXCEPTION 'max_nodes must be at least 1, got %', max_nodes USING ERRCODE = '22023',
             HINT = 'NULL: no bound.';
@@ -303,8 +310,18 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    pid integer := memory.project_id(project);
+    pid integer;
 BEGIN
+    -- Named, not looked up: a NULL would be read as "no node <NULL> in project <NULL>".
+    IF project IS NULL THEN
+        RAISE EXCEPTION 'project must not be NULL'
+            USING ERRCODE = '22023', HINT = 'memory.history(project, external_id): ids are unique per project.';
+    END IF;
+    IF external_id IS NULL THEN
+        RAISE EXCEPTION 'external_id must not be NULL'
+            USING ERRCODE = '22023', HINT = 'memory.history(project, external_id): the node''s id, as written.';
+    END IF;
+    pid := memory.project_id(project);
     RETURN QUERY
     SELECT n.revision, n.id, n.expired_at IS NULL, n.level,
            CASE WHEN n.erased_at IS NULL THEN encode(n.sha256, 'hex') END,
