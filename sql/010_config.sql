@@ -263,6 +263,25 @@ END $$;
 COMMENT ON FUNCTION memory.check_query(text) IS
     'Returns the query unchanged unless it is NULL, empty or only whitespace, or longer than the vocabulary''s QUERY_MAX_CHARS (@vocabulary.query_max_chars@) characters (22023).';
 
+-- The free text a caller attaches to a change (forget's reason, a review's note) is kept in
+-- every version it ends: 9 MB of a reason made a node's history too large to answer, for
+-- good (issue 43). The service refuses it first, in the same words.
+CREATE OR REPLACE FUNCTION memory.check_note(name text, value text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF length(value) > @vocabulary.note_max_chars@ THEN
+        RAISE EXCEPTION '% is longer than % characters', name, @vocabulary.note_max_chars@
+            USING ERRCODE = '22023', DETAIL = format('It has %s characters.', length(value)),
+                  HINT = 'Say why in a sentence or two; the versions it ends keep it.';
+    END IF;
+    RETURN value;
+END $$;
+COMMENT ON FUNCTION memory.check_note(text, text) IS
+    'Returns value (forget''s reason, a review''s note) unless it is longer than the vocabulary''s NOTE_MAX_CHARS (@vocabulary.note_max_chars@) characters: then 22023 naming the argument (name).';
+
 CREATE OR REPLACE FUNCTION memory.check_weight(name text, weight double precision)
 RETURNS double precision
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE

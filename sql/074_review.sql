@@ -191,9 +191,7 @@ DECLARE
     sup text;
     resolved bigint[];
 BEGIN
-    IF length(note) > @vocabulary.note_max_chars@ THEN
-        RAISE EXCEPTION 'note is longer than % characters', @vocabulary.note_max_chars@ USING ERRCODE = '22023';
-    END IF;
+    PERFORM memory.check_note('note', note);
     SELECT q.* INTO it FROM memory.review_queue q
     WHERE q.id = item_id AND q.completed_at IS NULL
     FOR UPDATE;

@@ -127,6 +127,7 @@ DECLARE
         'memory.add_nodes', 'memory._add_nodes', 'memory._write_nodes', 'memory._ensure_projects',
         'memory._stored_nodes', 'memory._stored_hashes', 'memory._vector_missing',
         'memory._writer', 'memory._same_version', 'memory.forget', 'memory._forget', 'memory._forget_max_nodes',
+        'memory.check_note',
         'memory.set_retention', 'memory.expire',
         'memory._review_changes', 'memory.review_claim', 'memory.review_confirm',
         'memory._rest_on_current'];
