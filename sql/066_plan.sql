@@ -255,9 +255,11 @@ BEGIN
     IF reads_postings AND n_postings > max_postings THEN
         RAISE EXCEPTION 'query would read % postings, at most % are read', n_postings, max_postings
             USING ERRCODE = @vocabulary.sqlstate_query_too_costly@,
-                  DETAIL = format('Its %s terms occur in %s documents together in %s.', cardinality(terms), n_postings,
+                  DETAIL = format('Its %s terms have %s postings (their document frequencies summed) in %s.',
+                                  cardinality(terms), n_postings,
                                   CASE WHEN pid IS NULL THEN 'the projects it reads' ELSE 'the project' END),
-                  HINT = format('Name a project, or leave out the commonest words; or raise the policy: memory.set_policy(''query_max_postings'', ...), now %s.', max_postings);
+                  HINT = format('%sLeave out the commonest words, or raise the policy: memory.set_policy(''query_max_postings'', ...), now %s.',
+                                CASE WHEN pid IS NULL THEN 'Name a project. ' ELSE '' END, max_postings);
     END IF;
 
     -- The time filter: the caller's since/until always win; a range the optimizer found in
