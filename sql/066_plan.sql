@@ -40,6 +40,35 @@ RETURN jsonb_build_object('query', query, 'project', project, 'levels', to_jsonb
 COMMENT ON FUNCTION memory._request(text, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, integer) IS
     'The request document memory._plan reads, from SQL''s named arguments (one place, so every SQL entry point builds the same request).';
 
+-- An instant of the request document (as_of, valid_at, reference_time): NULL when absent or
+-- JSON null; an empty or malformed one is refused naming it (22023), where a cast would say
+-- only "invalid input syntax for type timestamp with time zone" (issue 43: empty instants).
+CREATE OR REPLACE FUNCTION memory._request_instant(req jsonb, name text)
+RETURNS timestamptz
+-- STABLE: the text's reading depends on the session's TimeZone.
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v text := req ->> name;
+BEGIN
+    IF v IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF btrim(v) = '' THEN
+        RAISE EXCEPTION '% must not be empty', name
+            USING ERRCODE = '22023', HINT = format('An ISO timestamp, e.g. %s => ''2024-06-01T00:00:00Z''; NULL (absent): now.', name);
+    END IF;
+    BEGIN
+        RETURN v::timestamptz;
+    EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow THEN
+        RAISE EXCEPTION '% must be an ISO timestamp, got %', name, quote_literal(v)
+            USING ERRCODE = '22023', HINT = format('For example %s => ''2024-06-01T00:00:00Z''.', name);
+    END;
+END $$;
+COMMENT ON FUNCTION memory._request_instant(jsonb, text) IS
+    'The instant a request document (memory._plan''s) holds under name: NULL when absent or null; 22023 naming it when empty or not a timestamp.';
+
 CREATE OR REPLACE FUNCTION memory._plan(req jsonb, caps jsonb DEFAULT '{}')
 RETURNS jsonb
 -- PARALLEL UNSAFE: it may route in PL/Python (memory.optimize_query runs subtransactions).
@@ -79,8 +108,8 @@ DECLARE
     floor double precision := (req ->> 'min_cosine')::double precision;
     floor_src text := 'argument';
     origin timestamptz;
-    as_of timestamptz := memory.check_instant((req ->> 'as_of')::timestamptz, 'as_of');
-    valid_at timestamptz := memory.check_instant((req ->> 'valid_at')::timestamptz, 'valid_at');
+    as_of timestamptz := memory.check_instant(memory._request_instant(req, 'as_of'), 'as_of');
+    valid_at timestamptz := memory.check_instant(memory._request_instant(req, 'valid_at'), 'valid_at');
     unsupported text;
     -- the work budget (issue 43): the distinct terms BM25 would score and their postings
     terms text[];
@@ -120,7 +149,7 @@ BEGIN
     END IF;
     SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(req ->> 'since', req ->> 'until') t;
     -- Checked even where the route never asks the optimizer: SQL and HTTP refuse alike.
-    PERFORM memory.check_reference_time((req ->> 'reference_time')::timestamptz);
+    PERFORM memory.check_reference_time(memory._request_instant(req, 'reference_time'));
     flt := memory.check_filter(req -> 'filter');
     grammar := memory.check_grammar(memory.parse_query(q));
     pid := memory.project_id(req ->> 'project');

@@ -97,7 +97,7 @@ DECLARE
         'memory.provenance_walk', 'memory.provenance_tree', 'memory.provenance',
         'memory.provenance_forest', 'memory.hydrate',
         'memory.select_evidence', 'memory.evidence', 'memory._evidence', 'memory._deeper',
-        'memory._plan', 'memory.plan_query', 'memory._request', 'memory.strategies',
+        'memory._plan', 'memory.plan_query', 'memory._request', 'memory._request_instant', 'memory.strategies',
         'memory.check_k', 'memory.check_within', 'memory._leg',
         'memory._opensearch_leg', 'memory._stage_time', 'memory._run_legs', 'memory._cited_only', 'memory._finish',
         'memory._execute', 'memory._prepare', 'memory.answer', 'memory._only', 'memory._serve_start',

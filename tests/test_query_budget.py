@@ -146,6 +146,19 @@ def test_a_null_argument_is_22023_naming_it(conn: Conn, sql: str, name: str) -> 
     assert err.diag.message_primary is not None and err.diag.message_primary.startswith(f"{name} must")
 
 
+@pytest.mark.parametrize("name", ["as_of", "valid_at", "reference_time"])
+@pytest.mark.parametrize(("value", "says"), [("", "must not be empty"), (" ", "must not be empty"),
+                                             ("soon", "must be an ISO timestamp")])  # fmt: skip
+def test_an_empty_or_malformed_instant_in_a_request_is_22023_naming_it(
+    conn: Conn, name: str, value: str, says: str
+) -> None:
+    err = _refused(conn, "SELECT memory._plan(%s)", (Jsonb({"query": KONG, "k": 5, name: value}),))
+    assert err.sqlstate == "22023"
+    assert err.diag.message_primary is not None
+    assert err.diag.message_primary.startswith(f"{name} {says}")
+    assert _plan(conn, KONG, **{name: None})["query"] == KONG  # JSON null: absent
+
+
 def test_a_forget_reason_and_a_review_note_are_capped_in_sql(conn: Conn) -> None:
     ext = conn.execute("SELECT external_id FROM memory.nodes WHERE external_id IS NOT NULL"
                        " AND expired_at IS NULL AND project_id = memory.project_id('poimen')"

@@ -173,6 +173,7 @@ READER = {
     "embed",
     "stage_sql",
     "explain_query",
+    "_request_instant",
     "_explained",
     "_without_counts",
     "_explain",
