@@ -38,7 +38,9 @@ def test_the_attacks_query_and_a_megabyte_of_text_are_refused_before_they_run(co
     assert len(EXCLUSIONS) == 1928
     err = _refused(conn, "SELECT * FROM memory_query(%s)", (EXCLUSIONS,))
     assert err.sqlstate == "22023"
-    assert err.diag.message_primary == f"query has 290 operands, at most {QUERY_MAX_OPERANDS} are allowed"
+    assert err.diag.message_primary == (
+        f"query has 290 operands, at most {QUERY_MAX_OPERANDS} are allowed"
+    )
     assert err.diag.message_hint is not None and "-exclusions" in err.diag.message_hint
     err = _refused(conn, "SELECT * FROM memory_query(repeat('kong buffer ', 90000))")
     assert err.sqlstate == "22023"
@@ -68,7 +70,8 @@ def test_the_limits_are_exact_and_hold_for_a_leg_called_alone(conn: Conn) -> Non
 
 
 def _plan(conn: Conn, query: str, **req: Any) -> dict[str, Any]:
-    row = conn.execute("SELECT memory._plan(%s)", (Jsonb({"query": query, "k": 10, **req}),)).fetchone()
+    request = Jsonb({"query": query, "k": 10, **req})
+    row = conn.execute("SELECT memory._plan(%s)", (request,)).fetchone()
     assert row is not None
     plan: dict[str, Any] = row[0]
     return plan
@@ -79,8 +82,9 @@ def test_the_plan_reports_the_budget_it_checked(conn: Conn) -> None:
     assert cost["checked"] is True and cost["terms"] == 5
     assert cost["max_terms"] == 256 and cost["max_postings"] == 250000
     df = conn.execute(
-        "SELECT sum(t.df) FROM memory.term_stats t JOIN memory.projects p ON p.id = t.project_id"
-        " WHERE p.name = 'poimen' AND t.lexeme = ANY (tsvector_to_array(to_tsvector('english', %s)))",
+        "SELECT sum(t.df) FROM memory.term_stats t"
+        " JOIN memory.projects p ON p.id = t.project_id WHERE p.name = 'poimen'"
+        " AND t.lexeme = ANY (tsvector_to_array(to_tsvector('english', %s)))",
         (KONG,),
     ).fetchone()
     assert df is not None and cost["postings"] == df[0] > 0
@@ -124,7 +128,8 @@ def test_the_budget_refuses_no_real_question(conn: Conn) -> None:
         for project in {q.get("project"), None}:
             cost = _plan(conn, q["text"], project=project)["cost"]
             assert cost["checked"] and cost["terms"] <= 32 and cost["postings"] < 1000, q
-            conn.execute("SELECT count(*) FROM memory_query(%s, project => %s)", (q["text"], project))
+            sql = "SELECT count(*) FROM memory_query(%s, project => %s)"
+            conn.execute(sql, (q["text"], project))
 
 
 # --- argument hygiene -----------------------------------------------------------------------
@@ -143,7 +148,8 @@ def test_the_budget_refuses_no_real_question(conn: Conn) -> None:
 def test_a_null_argument_is_22023_naming_it(conn: Conn, sql: str, name: str) -> None:
     err = _refused(conn, sql)
     assert err.sqlstate == "22023"
-    assert err.diag.message_primary is not None and err.diag.message_primary.startswith(f"{name} must")
+    assert err.diag.message_primary is not None
+    assert err.diag.message_primary.startswith(f"{name} must")
 
 
 @pytest.mark.parametrize("name", ["as_of", "valid_at", "reference_time"])
