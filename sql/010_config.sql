@@ -218,10 +218,38 @@ BEGIN
                   DETAIL = 'The query is NULL, empty or only whitespace.',
                   HINT = 'Pass the text to search for, e.g. memory_query(''kong body buffer'').';
     END IF;
+    -- Bounded before anything reads it: 1 MB of text took 3.9 s to parse, embed and score
+    -- (issue 43). The service's own cap (POIMEN_MAX_QUERY_CHARS) is at most this one.
+    IF length(query) > @vocabulary.query_max_chars@ THEN
+        RAISE EXCEPTION 'query is longer than % characters', @vocabulary.query_max_chars@
+            USING ERRCODE = '22023',
+                  DETAIL = format('It has %s characters.', length(query)),
+                  HINT = format('A question, or a few sentences: at most %s characters (docs/sql-api.md, "Query cost").',
+                                @vocabulary.query_max_chars@);
+    END IF;
     RETURN $1;  -- not "RETURN query": plpgsql would read RETURN QUERY
 END $$;
 COMMENT ON FUNCTION memory.check_query(text) IS
-    'Returns the query unchanged unless it is NULL, empty or only whitespace (22023).';
+    'Returns the query unchanged unless it is NULL, empty or only whitespace, or longer than the vocabulary''s QUERY_MAX_CHARS (@vocabulary.query_max_chars@) characters (22023).';
+
+-- The free text a caller attaches to a change (forget's reason, a review's note) is kept in
+-- every version it ends: 9 MB of a reason made a node's history too large to answer, for
+-- good (issue 43). The service refuses it first, in the same words.
+CREATE OR REPLACE FUNCTION memory.check_note(name text, value text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF length(value) > @vocabulary.note_max_chars@ THEN
+        RAISE EXCEPTION '% is longer than % characters', name, @vocabulary.note_max_chars@
+            USING ERRCODE = '22023', DETAIL = format('It has %s characters.', length(value)),
+                  HINT = 'Say why in a sentence or two; the versions it ends keep it.';
+    END IF;
+    RETURN value;
+END $$;
+COMMENT ON FUNCTION memory.check_note(text, text) IS
+    'Returns value (forget''s reason, a review''s note) unless it is longer than the vocabulary''s NOTE_MAX_CHARS (@vocabulary.note_max_chars@) characters: then 22023 naming the argument (name).';
 
 CREATE OR REPLACE FUNCTION memory.check_weight(name text, weight double precision)
 RETURNS double precision

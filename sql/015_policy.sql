@@ -60,6 +60,13 @@ BEGIN
         -- recency: off unless set (docs/benchmarks.md, "Recency")
         ('recency_half_life_days', NULL, '$1 ~ ''^[0-9]*\.?[0-9]+$'' AND $1::double precision BETWEEN 0.001 AND 36500', '0.001..36500 days'),
         ('recency_weight', '0.5', '$1 ~ ''^[0-9]*\.?[0-9]+$'' AND $1::double precision <= 1', '0..1'),
+        -- the work a query may ask for, checked by memory._plan before anything runs (issue
+        -- 43; docs/sql-api.md, "Query cost"): distinct scored terms (2,000 characters of
+        -- prose hold at most 171; a LoCoMo question 15, a SciFact claim 23) and the postings
+        -- the lexical leg would read (the terms'' document frequencies in the projects the
+        -- query reads: a LoCoMo question at most 6,422, a SciFact claim 14,331)
+        ('query_max_terms', '256', '$1 ~ ''^[0-9]{1,4}$'' AND $1::integer BETWEEN 1 AND 1000', '1..1000 distinct terms'),
+        ('query_max_postings', '250000', '$1 ~ ''^[0-9]{1,10}$'' AND $1::bigint BETWEEN 1 AND 10000000000', '1..10000000000 postings'),
         ('forget_derived', 'flag', '$1 IN (''flag'', ''cascade'')', 'flag|cascade'),
         -- what an answer does with a result whose evidence changed or went (issue 40):
         -- ranks it below the supported ones, leaves it out, or keeps the fused order
@@ -141,7 +148,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION memory.policy() IS
-    'The retrieval policy in force, each key''s value or its default (memory._policy_keys()): default fusion (convex), RRF k (10), convex dense weight (0.4), Hybrid leg depth (candidates, 50), LexicalFirst lexical depth (cascade_candidates, 200), per-question-type fusion overrides, and what a date the optimizer extracts from the query does (extracted_dates: annotate, the default, only reports it in the plan; filter applies it as since/until when the caller gave none), and the evidence a response cites (memory.select_evidence: evidence_budget, 20, the most L0 turns cited; evidence_candidates, 50, the depth of the direct L0 legs; evidence_weight, 0.5, how much citation by a top result counts against a turn''s own match; evidence_neighbours, 0.4, how much a candidate lifts the turns said just before and after it), the relevance floor (min_cosine, NULL: off; the fused candidates whose cosine similarity to the query is below it are held back and counted as withheld), and recency (recency_half_life_days, NULL: off; each fused candidate''s score is multiplied by 1 - recency_weight + recency_weight * 0.5 ^ (age / half-life), its age counted from the request''s reference_time or now; a node without a timestamp gets no boost). Read by memory.query and by the HTTP service; change it with memory.set_policy.';
+    'The retrieval policy in force, each key''s value or its default (memory._policy_keys()): default fusion (convex), RRF k (10), convex dense weight (0.4), Hybrid leg depth (candidates, 50), LexicalFirst lexical depth (cascade_candidates, 200), per-question-type fusion overrides, and what a date the optimizer extracts from the query does (extracted_dates: annotate, the default, only reports it in the plan; filter applies it as since/until when the caller gave none), and the evidence a response cites (memory.select_evidence: evidence_budget, 20, the most L0 turns cited; evidence_candidates, 50, the depth of the direct L0 legs; evidence_weight, 0.5, how much citation by a top result counts against a turn''s own match; evidence_neighbours, 0.4, how much a candidate lifts the turns said just before and after it), the relevance floor (min_cosine, NULL: off; the fused candidates whose cosine similarity to the query is below it are held back and counted as withheld), and recency (recency_half_life_days, NULL: off; each fused candidate''s score is multiplied by 1 - recency_weight + recency_weight * 0.5 ^ (age / half-life), its age the distance of its timestamp from the request''s reference_time or now, either side of it (a node dated in the future is aged too); a node without a timestamp gets no boost). Read by memory.query and by the HTTP service; change it with memory.set_policy.';
 
 CREATE OR REPLACE FUNCTION memory.set_policy(key text, value text)
 RETURNS void

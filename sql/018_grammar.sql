@@ -220,16 +220,45 @@ END $$;
 COMMENT ON FUNCTION memory._grammar_match(tsvector, text, jsonb) IS
     'Whether a node satisfies a parse of memory.parse_query: it contains no excluded operand and, for every required group, one of its operands (true when g is NULL).';
 
+-- Every operand a leg tests is one more test of every candidate row (a tsquery and a
+-- regular expression): 290 exclusions took 1.2 s against 68 ms over LoCoMo's 5,078 nodes,
+-- and 20-28 s on a loaded server (issue 43). A query may hold at most query_max_operands
+-- (poimen_core.vocabulary QUERY_MAX_OPERANDS): phrases, exclusions, tags and mentions
+-- together, however OR joins them (an operand OR-ed with a plain word is scored only and
+-- tests nothing: it does not count).
+CREATE OR REPLACE FUNCTION memory.check_grammar(g jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n_ex integer := jsonb_array_length(coalesce(g -> 'exclude', '[]'));
+    n_req integer := coalesce((SELECT sum(jsonb_array_length(x))::integer
+                               FROM jsonb_array_elements(coalesce(g -> 'required', '[]')) x), 0);
+BEGIN
+    IF n_ex + n_req > @vocabulary.query_max_operands@ THEN
+        RAISE EXCEPTION 'query has % operands, at most % are allowed', n_ex + n_req, @vocabulary.query_max_operands@
+            USING ERRCODE = '22023',
+                  DETAIL = format('%s exclusions and %s phrases, tags or mentions required.', n_ex, n_req),
+                  HINT = format('At most %s phrases, -exclusions, #tags and @mentions together (docs/sql-api.md, "Query cost"); plain words are not counted.',
+                                @vocabulary.query_max_operands@);
+    END IF;
+    RETURN g;
+END $$;
+COMMENT ON FUNCTION memory.check_grammar(jsonb) IS
+    'Returns a parse (memory.parse_query) unchanged unless it holds more than the vocabulary''s QUERY_MAX_OPERANDS (@vocabulary.query_max_operands@) operands a leg tests each row by (phrases, exclusions, tags and mentions, OR-ed or not): then 22023 saying how many.';
+
 CREATE OR REPLACE FUNCTION memory._grammar_constraints(g jsonb)
 RETURNS jsonb
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
--- NULL when the parse constrains nothing, so a leg's filter folds away.
+-- NULL when the parse constrains nothing, so a leg's filter folds away. Checked here too,
+-- where every leg takes its constraints: a leg called on its own is bounded as a plan is.
 RETURN CASE WHEN jsonb_array_length(coalesce(g -> 'required', '[]')) > 0
                  OR jsonb_array_length(coalesce(g -> 'exclude', '[]')) > 0
-            THEN jsonb_build_object('required', g -> 'required', 'exclude', g -> 'exclude') END;
+            THEN jsonb_build_object('required', memory.check_grammar(g) -> 'required', 'exclude', g -> 'exclude') END;
 COMMENT ON FUNCTION memory._grammar_constraints(jsonb) IS
-    'The part of a parse (memory.parse_query) a leg filters by: {"required", "exclude"}, or NULL when it has neither.';
+    'The part of a parse (memory.parse_query) a leg filters by: {"required", "exclude"}, or NULL when it has neither; 22023 for more operands than memory.check_grammar allows.';
 
 -- The constraints of a parse compiled once per query, so a leg tests each row with inline
 -- operators instead of a function call walking JSON: the exclusions as one tsquery (their

@@ -16,6 +16,15 @@ DECLARE
     known memory.visibility := memory._visibility(as_of => as_of);
     alive memory.visibility := memory._visibility(every_version => true, live_at => coalesce(as_of, now()));
 BEGIN
+    -- A NULL walked nothing in silence; an empty array is a walk of no nodes.
+    IF node_ids IS NULL THEN
+        RAISE EXCEPTION 'node_ids must not be NULL'
+            USING ERRCODE = '22023', HINT = 'Pass the nodes'' ids (memory.nodes.id), e.g. ARRAY[42]; ''{}'' walks none.';
+    END IF;
+    IF max_depth IS NULL OR max_depth < 1 THEN
+        RAISE EXCEPTION 'max_depth must be at least 1, got %', coalesce(max_depth::text, 'NULL')
+            USING ERRCODE = '22023', HINT = 'How many edges to follow from each node (default 4: L2 -> L1 -> L0).';
+    END IF;
     RETURN QUERY
     WITH RECURSIVE walk(root_id, child_id, parent_id, depth, precedence, path) AS (
         SELECT r.id, e.child_id, e.parent_id, 1, e.precedence, ARRAY[r.id, e.parent_id]
@@ -43,7 +52,7 @@ BEGIN
     SELECT w.root_id, w.child_id, w.parent_id, w.depth, w.precedence FROM walk w;
 END $$;
 COMMENT ON FUNCTION memory.provenance_walk(bigint[], integer, timestamptz) IS
-    'Recursive CTE over memory.edges from each given node towards its sources (L2->L1->L0), depth-limited and cycle-safe, through the versions each node rests on: current ones, and a version rewritten since (superseded: memory._cites_superseded), never a retired or erased one; with as_of the versions visible then. One row per edge reached.';
+    'Recursive CTE over memory.edges from each given node towards its sources (L2->L1->L0), depth-limited and cycle-safe, through the versions each node rests on: current ones, and a version rewritten since (superseded: memory._cites_superseded), never a retired or erased one; with as_of the versions visible then. One row per edge reached. 22023 for NULL node_ids or a max_depth below 1.';
 
 -- The tree expands shared ancestors into copies, so its size grows as fan-out^depth (fan-out
 -- 20 at depth 4 made one result 30 MB): parents per node and nodes per tree are capped

@@ -40,6 +40,35 @@ RETURN jsonb_build_object('query', query, 'project', project, 'levels', to_jsonb
 COMMENT ON FUNCTION memory._request(text, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, integer) IS
     'The request document memory._plan reads, from SQL''s named arguments (one place, so every SQL entry point builds the same request).';
 
+-- An instant of the request document (as_of, valid_at, reference_time): NULL when absent or
+-- JSON null; an empty or malformed one is refused naming it (22023), where a cast would say
+-- only "invalid input syntax for type timestamp with time zone" (issue 43: empty instants).
+CREATE OR REPLACE FUNCTION memory._request_instant(req jsonb, name text)
+RETURNS timestamptz
+-- STABLE: the text's reading depends on the session's TimeZone.
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v text := req ->> name;
+BEGIN
+    IF v IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF btrim(v) = '' THEN
+        RAISE EXCEPTION '% must not be empty', name
+            USING ERRCODE = '22023', HINT = format('An ISO timestamp, e.g. %s => ''2024-06-01T00:00:00Z''; NULL (absent): now.', name);
+    END IF;
+    BEGIN
+        RETURN v::timestamptz;
+    EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow THEN
+        RAISE EXCEPTION '% must be an ISO timestamp, got %', name, quote_literal(v)
+            USING ERRCODE = '22023', HINT = format('For example %s => ''2024-06-01T00:00:00Z''.', name);
+    END;
+END $$;
+COMMENT ON FUNCTION memory._request_instant(jsonb, text) IS
+    'The instant a request document (memory._plan''s) holds under name: NULL when absent or null; 22023 naming it when empty or not a timestamp.';
+
 CREATE OR REPLACE FUNCTION memory._plan(req jsonb, caps jsonb DEFAULT '{}')
 RETURNS jsonb
 -- PARALLEL UNSAFE: it may route in PL/Python (memory.optimize_query runs subtransactions).
@@ -79,9 +108,15 @@ DECLARE
     floor double precision := (req ->> 'min_cosine')::double precision;
     floor_src text := 'argument';
     origin timestamptz;
-    as_of timestamptz := memory.check_instant((req ->> 'as_of')::timestamptz, 'as_of');
-    valid_at timestamptz := memory.check_instant((req ->> 'valid_at')::timestamptz, 'valid_at');
+    as_of timestamptz := memory.check_instant(memory._request_instant(req, 'as_of'), 'as_of');
+    valid_at timestamptz := memory.check_instant(memory._request_instant(req, 'valid_at'), 'valid_at');
     unsupported text;
+    -- the work budget (issue 43): the distinct terms BM25 would score and their postings
+    terms text[];
+    n_postings bigint;
+    max_terms integer := memory._policy_value('query_max_terms')::integer;
+    max_postings bigint := memory._policy_value('query_max_postings')::bigint;
+    reads_postings boolean;
 BEGIN
     IF jsonb_typeof(req) IS DISTINCT FROM 'object' THEN
         RAISE EXCEPTION 'a query request is a JSON object' USING ERRCODE = '22023';
@@ -114,9 +149,9 @@ BEGIN
     END IF;
     SELECT t.since_ts, t.before_ts INTO lo, hi FROM memory.time_range(req ->> 'since', req ->> 'until') t;
     -- Checked even where the route never asks the optimizer: SQL and HTTP refuse alike.
-    PERFORM memory.check_reference_time((req ->> 'reference_time')::timestamptz);
+    PERFORM memory.check_reference_time(memory._request_instant(req, 'reference_time'));
     flt := memory.check_filter(req -> 'filter');
-    grammar := memory.parse_query(q);
+    grammar := memory.check_grammar(memory.parse_query(q));
     pid := memory.project_id(req ->> 'project');
     SELECT * INTO pol FROM memory.policy();
     IF floor IS NULL THEN
@@ -226,6 +261,36 @@ BEGIN
     sem_engine := CASE strat WHEN 'Hybrid' THEN 'hnsw' WHEN 'SemanticOnly' THEN 'hnsw'
                              WHEN 'LexicalFirst' THEN 'by-ids' END;
 
+    -- The work budget, checked before anything runs (issue 43; docs/sql-api.md, "Query
+    -- cost"): the distinct terms BM25 would score, and the postings a Postgres lexical leg
+    -- (the query's, or the evidence's direct L0 leg) would read at most: the sum of their
+    -- document frequencies in the projects the query reads, as memory.term_stats holds them
+    -- for this caller (row-level security: another tenant's counts are neither read nor
+    -- told). One index probe a term; the legs read the same rows again.
+    terms := tsvector_to_array(to_tsvector('english'::regconfig,
+                                           CASE WHEN (grammar ->> 'operators')::boolean
+                                                THEN grammar ->> 'text' ELSE q END));
+    reads_postings := coalesce(lex_engine = 'postgres-bm25', false)
+                      OR (budget > 0 AND strat <> 'SemanticOnly' AND 'postgres' = ANY (lexical_engines));
+    IF reads_postings AND cardinality(terms) > max_terms THEN
+        RAISE EXCEPTION 'query has % distinct terms, at most % are scored', cardinality(terms), max_terms
+            USING ERRCODE = @vocabulary.sqlstate_query_too_costly@,
+                  DETAIL = 'Each term is one more posting list the lexical leg reads.',
+                  HINT = format('Ask with fewer words (2,000 characters of prose hold fewer than 200 terms), or raise the policy: memory.set_policy(''query_max_terms'', ...), now %s.', max_terms);
+    END IF;
+    SELECT coalesce(sum(t.df), 0) INTO n_postings
+      FROM memory.term_stats t
+     WHERE t.lexeme = ANY (terms) AND (pid IS NULL OR t.project_id = pid);
+    IF reads_postings AND n_postings > max_postings THEN
+        RAISE EXCEPTION 'query would read % postings, at most % are read', n_postings, max_postings
+            USING ERRCODE = @vocabulary.sqlstate_query_too_costly@,
+                  DETAIL = format('Its %s terms have %s postings (their document frequencies summed) in %s.',
+                                  cardinality(terms), n_postings,
+                                  CASE WHEN pid IS NULL THEN 'the projects it reads' ELSE 'the project' END),
+                  HINT = format('%sLeave out the commonest words, or raise the policy: memory.set_policy(''query_max_postings'', ...), now %s.',
+                                CASE WHEN pid IS NULL THEN 'Name a project. ' ELSE '' END, max_postings);
+    END IF;
+
     -- The time filter: the caller's since/until always win; a range the optimizer found in
     -- the text filters only under the policy extracted_dates = filter.
     IF req ->> 'since' IS NOT NULL OR req ->> 'until' IS NOT NULL THEN
@@ -292,6 +357,11 @@ BEGIN
         'floor', jsonb_build_object('min_cosine', floor, 'source', floor_src,
                                     'applied', floor IS NOT NULL AND (strat <> 'LexicalOnly' OR has_vec)),
         'time_filter', tf,
+        -- the work budget it was checked against (memory.policy: query_max_terms,
+        -- query_max_postings; operands: the vocabulary's QUERY_MAX_OPERANDS)
+        'cost', jsonb_build_object('terms', cardinality(terms), 'max_terms', max_terms,
+                                   'postings', n_postings, 'max_postings', max_postings,
+                                   'checked', reads_postings),
         -- recency as a ranking signal (the policy's; docs/benchmarks.md, "Recency")
         'recency', jsonb_build_object('half_life_days', pol.recency_half_life_days,
                                       'weight', pol.recency_weight, 'origin', origin,
@@ -316,4 +386,4 @@ BEGIN
         'degraded', degraded);
 END $$;
 COMMENT ON FUNCTION memory._plan(jsonb, jsonb) IS
-    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, filter, min_cosine, as_of, valid_at, unsupported, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, the query grammar''s parse (grammar) and the metadata filter (filter), time travel (as_of, valid_at), what happens to results in doubt (unsupported: demote, exclude or keep), the relevance floor (floor), recency (the policy''s half-life and weight, and the origin its ages count from: reference_time, NULL for now), evidence budget. Errors name the argument (22023), PM404 for an unknown project.';
+    'The planner every query path runs (memory.query, memory.answer, memory.evidence, memory.explain_query, the HTTP service): request (jsonb: query, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight, since, until, reference_time, evidence, filter, min_cosine, as_of, valid_at, unsupported, routing) and capabilities (vector, embed_model, embed_failed, lexical, opensearch_failed, rerank_depth) to the plan: route with its reasons, fusion and its parameters, each leg''s engine and depth, levels, time range, the query grammar''s parse (grammar) and the metadata filter (filter), time travel (as_of, valid_at), what happens to results in doubt (unsupported: demote, exclude or keep), the relevance floor (floor), the work budget it was checked against (cost: distinct terms and the postings a Postgres lexical leg would read, against the policy''s query_max_terms and query_max_postings; over either, PM400 naming the limit; more grammar operands than the vocabulary allows, 22023), recency (the policy''s half-life and weight, and the origin its ages count from: reference_time, NULL for now), evidence budget. Errors name the argument (22023), PM404 for an unknown project.';

@@ -269,8 +269,9 @@ BEGIN
     END IF;
     IF recent AND fused IS NOT NULL THEN
         -- Recency: each score times 1 - w + w * 0.5 ^ (age / half-life), the age counted
-        -- from the plan's origin (a node from its future counts as new, one without a
-        -- timestamp gets no boost); then the final k again. Ties keep the fused order.
+        -- from the plan's origin, and a node from after it by its distance too (counted as
+        -- new, a node dated 9999 was never aged and kept the whole boost: issue 43); one
+        -- without a timestamp gets no boost; then the final k again. Ties keep the fused order.
         SELECT coalesce(jsonb_agg(r.v || jsonb_build_object('fused_score', r.s) ORDER BY r.s DESC, r.o), '[]')
           INTO fused
           FROM (SELECT f.v, f.o, f.s FROM (
@@ -278,7 +279,7 @@ BEGIN
                            (x.v ->> 'fused_score')::double precision
                              * (1 - w.w + w.w * CASE WHEN n.ts IS NULL THEN 0  -- (greatest skips NULLs)
                                    ELSE power(0.5::double precision, least(  -- 0.5 ^ 1000: no underflow
-                                       greatest(extract(epoch FROM w.origin - n.ts), 0) / 86400.0 / w.h,
+                                       abs(extract(epoch FROM w.origin - n.ts)) / 86400.0 / w.h,
                                        1000)) END) AS s
                     FROM ROWS FROM (jsonb_array_elements(fused), jsonb_to_recordset(fused) AS (node_id bigint))
                          WITH ORDINALITY AS x(v, node_id, o)

@@ -77,6 +77,7 @@ BEGIN
     IF level IS NOT NULL AND NOT level = ANY (@vocabulary.levels@) THEN
         RAISE EXCEPTION 'level must be one of L0, L1, L2, got %', level USING ERRCODE = '22023';
     END IF;
+    PERFORM memory.check_note('reason', reason);  -- kept in every version it ends
     IF max_nodes IS NOT NULL AND max_nodes < 1 THEN
         RAISE EXCEPTION 'max_nodes must be at least 1, got %', max_nodes USING ERRCODE = '22023',
             HINT = 'NULL: no bound.';
@@ -258,7 +259,7 @@ AS $$
                           filter, level, dry_run, max_nodes)
 $$;
 COMMENT ON FUNCTION memory.forget(text, text[], text, text, text, boolean, text, jsonb, text, boolean, integer) IS
-    'Forgets a project''s nodes by external ids or by filter (filter: a JSON object the node''s metadata contains, as memory_query''s; source; level; since/until: inclusive ISO dates or timestamps on the node''s timestamp). By default retires them: their current versions end (end_reason retired), leave every answer and the BM25 statistics, and stay in memory.history. erase => true (privacy requests) blanks every version to a tombstone: text, title, source, timestamp, metadata, vector and postings go, the OpenSearch documents are deleted through the outbox; VACUUM FULL afterwards removes the old tuples from the relation files (docs/lifecycle.md). Derived L1/L2 left without support are flagged (memory.support) or, with memory.set_policy(''forget_derived'', ''cascade''), ended too. dry_run => true answers what the call would forget (matched: how many nodes, nodes: their ids, the first max_nodes (else 1000) in id order, nodes_truncated when there are more) and writes nothing. A call matching more than max_nodes nodes (default 1000; NULL: no bound) is refused whole with PM422. Returns {"retired", "erased", "nodes", "derived_policy", "derived_ended", "derived_unsupported"}, and for a dry run also "dry_run": true and "matched". Row-level security applies: 42501 outside the caller''s projects.';
+    'Forgets a project''s nodes by external ids or by filter (filter: a JSON object the node''s metadata contains, as memory_query''s; source; level; since/until: inclusive ISO dates or timestamps on the node''s timestamp). By default retires them: their current versions end (end_reason retired), leave every answer and the BM25 statistics, and stay in memory.history. erase => true (privacy requests) blanks every version to a tombstone: text, title, source, timestamp, metadata, vector and postings go, the OpenSearch documents are deleted through the outbox; VACUUM FULL afterwards removes the old tuples from the relation files (docs/lifecycle.md). Derived L1/L2 left without support are flagged (memory.support) or, with memory.set_policy(''forget_derived'', ''cascade''), ended too. dry_run => true answers what the call would forget (matched: how many nodes, nodes: their ids, the first max_nodes (else 1000) in id order, nodes_truncated when there are more) and writes nothing. A call matching more than max_nodes nodes (default 1000; NULL: no bound) is refused whole with PM422. Returns {"retired", "erased", "nodes", "derived_policy", "derived_ended", "derived_unsupported"}, and for a dry run also "dry_run": true and "matched". reason (kept in every version it ends) at most @vocabulary.note_max_chars@ characters (22023). Row-level security applies: 42501 outside the caller''s projects.';
 
 CREATE OR REPLACE FUNCTION memory.forget(
     project text, external_id text, erase boolean DEFAULT false, reason text DEFAULT NULL
@@ -268,6 +269,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    PERFORM memory.check_note('reason', reason);  -- the argument before the node
     IF NOT EXISTS (SELECT 1 FROM memory.nodes n
                    WHERE n.project_id = memory.project_id(project) AND n.external_id = forget.external_id
                      AND n.erased_at IS NULL AND (erase OR n.expired_at IS NULL)) THEN
@@ -291,8 +293,18 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    pid integer := memory.project_id(project);
+    pid integer;
 BEGIN
+    -- Named, not looked up: a NULL would be read as "no node <NULL> in project <NULL>".
+    IF project IS NULL THEN
+        RAISE EXCEPTION 'project must not be NULL'
+            USING ERRCODE = '22023', HINT = 'memory.history(project, external_id): ids are unique per project.';
+    END IF;
+    IF external_id IS NULL THEN
+        RAISE EXCEPTION 'external_id must not be NULL'
+            USING ERRCODE = '22023', HINT = 'memory.history(project, external_id): the node''s id, as written.';
+    END IF;
+    pid := memory.project_id(project);
     RETURN QUERY
     SELECT n.revision, n.id, n.expired_at IS NULL, n.level,
            CASE WHEN n.erased_at IS NULL THEN encode(n.sha256, 'hex') END,

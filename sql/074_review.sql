@@ -188,9 +188,7 @@ DECLARE
     sup text;
     resolved bigint[];
 BEGIN
-    IF length(note) > 2000 THEN
-        RAISE EXCEPTION 'note is longer than 2000 characters' USING ERRCODE = '22023';
-    END IF;
+    PERFORM memory.check_note('note', note);
     SELECT q.* INTO it FROM memory.review_queue q
     WHERE q.id = item_id AND q.completed_at IS NULL
     FOR UPDATE;
@@ -260,4 +258,4 @@ BEGIN
                               'resolved', to_jsonb(resolved));
 END $$;
 COMMENT ON FUNCTION memory.review_confirm(bigint, text) IS
-    'Completes an open review item by confirming that its node''s claim still holds against the current parents: the node rests on their current versions from now on (the old edges stay for history and as_of), on the parents that are left (parents_declared lowered to them), and its support is full again; the item records who confirmed it and note (at most 2000 characters). Items above it that were in doubt only because of it complete too (resolved). PM446 for no open item of this id; PM449 when a parent is itself in doubt (review it first) or none is left. Needs write access to the project (row-level security).';
+    'Completes an open review item by confirming that its node''s claim still holds against the current parents: the node rests on their current versions from now on (the old edges stay for history and as_of), on the parents that are left (parents_declared lowered to them), and its support is full again; the item records who confirmed it and note (at most @vocabulary.note_max_chars@ characters). Items above it that were in doubt only because of it complete too (resolved). PM446 for no open item of this id; PM449 when a parent is itself in doubt (review it first) or none is left. Needs write access to the project (row-level security).';

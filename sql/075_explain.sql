@@ -4,6 +4,48 @@
 -- plan reported is the plan that ran, and each stage's time is the time it took there),
 -- then EXPLAINs every stage it ran with the plan's own values.
 
+-- What EXPLAIN counts, a caller under row-level security does not see (issue 43): a
+-- filter's "Rows Removed by Filter: 5092" and an index's rows before the policy's test are
+-- other tenants' rows, and so are the pages read and the planner's estimates (from every
+-- project's statistics). Such a caller gets the plan's shape, its conditions, costs and
+-- times; the owner (and a superuser, or a role with BYPASSRLS: row_security_active says)
+-- every count.
+CREATE OR REPLACE FUNCTION memory._without_counts(plan jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF jsonb_typeof(plan) = 'object' THEN
+        RETURN coalesce((SELECT jsonb_object_agg(e.key, memory._without_counts(e.value))
+                         FROM jsonb_each(plan) e
+                         WHERE e.key NOT IN ('Plan Rows', 'Actual Rows', 'Heap Fetches')
+                           AND e.key NOT LIKE 'Rows Removed by %'
+                           AND e.key NOT LIKE '%Blocks%'), '{}');
+    ELSIF jsonb_typeof(plan) = 'array' THEN
+        RETURN coalesce((SELECT jsonb_agg(memory._without_counts(e.v) ORDER BY e.o)
+                         FROM jsonb_array_elements(plan) WITH ORDINALITY AS e(v, o)), '[]');
+    END IF;
+    RETURN plan;
+END $$;
+COMMENT ON FUNCTION memory._without_counts(jsonb) IS
+    'An EXPLAIN (FORMAT JSON) plan without its row and page counts (Plan Rows, Actual Rows, Rows Removed by ..., Heap Fetches, every ...Blocks key), at every depth: what memory.explain_query shows a caller under row-level security, to whom they would tell how many rows other projects hold.';
+
+CREATE OR REPLACE FUNCTION memory._explained(x json)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF row_security_active('memory.nodes'::regclass) THEN
+        RETURN memory._without_counts(x::jsonb -> 0)
+               || jsonb_build_object('Counts', 'hidden: row-level security applies to this role, and the counts would include other projects'' rows (the schema''s owner sees them)');
+    END IF;
+    RETURN x::jsonb -> 0;
+END $$;
+COMMENT ON FUNCTION memory._explained(json) IS
+    'One stage''s EXPLAIN (FORMAT JSON) output as memory.explain_query returns it: the plan object, without its row and page counts (memory._without_counts, and a key Counts saying so) when row-level security applies to the caller.';
+
 -- The implementation: req is memory._request's, as memory._answer takes it.
 CREATE OR REPLACE FUNCTION memory._explain(
     req jsonb,
@@ -72,7 +114,7 @@ BEGIN
             INTO x USING pl ->> 'query', pl ->> 'project', lv, (pl -> 'lexical' ->> 'depth')::integer, lo, hi, flt,
                          as_of, (pl ->> 'valid_at')::timestamptz;
         stage := 'lexical';
-        plan := x::jsonb -> 0;
+        plan := memory._explained(x);
         time_ms := (doc -> 'stages' ->> 'lexical_time_ms')::double precision;
         RETURN NEXT;
     END IF;
@@ -80,7 +122,7 @@ BEGIN
         EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql(sem)) INTO x
             USING p.embedding, (pl -> 'semantic' ->> 'depth')::integer, vis;
         stage := 'semantic';
-        plan := x::jsonb -> 0 || jsonb_build_object('Stage', sem, 'hnsw.ef_search',
+        plan := memory._explained(x) || jsonb_build_object('Stage', sem, 'hnsw.ef_search',
                                                      CASE WHEN sem = 'semantic' THEN current_setting('hnsw.ef_search')::integer END);
         time_ms := (doc -> 'stages' ->> 'semantic_time_ms')::double precision;
         RETURN NEXT;
@@ -91,7 +133,7 @@ BEGIN
                            greatest(jsonb_array_length(state -> 'lexical' -> 'ids'), 1)),
                   vis;
         stage := 'by_ids';
-        plan := x::jsonb -> 0;
+        plan := memory._explained(x);
         time_ms := (doc -> 'stages' ->> 'semantic_time_ms')::double precision;
         RETURN NEXT;
     END IF;
@@ -101,7 +143,7 @@ BEGIN
                 INTO x USING pl ->> 'query', pl ->> 'project', (ev ->> 'candidates')::integer, lo, hi, flt,
                              as_of, (pl ->> 'valid_at')::timestamptz;
             stage := 'evidence_lexical';
-            plan := x::jsonb -> 0;
+            plan := memory._explained(x);
             time_ms := (doc -> 'stages' ->> 'evidence_legs_time_ms')::double precision;
             RETURN NEXT;
         END IF;
@@ -109,7 +151,7 @@ BEGIN
             EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql(sem)) INTO x
                 USING p.embedding, (ev ->> 'candidates')::integer, ev_vis;
             stage := 'evidence_semantic';
-            plan := x::jsonb -> 0 || jsonb_build_object('Stage', sem, 'hnsw.ef_search',
+            plan := memory._explained(x) || jsonb_build_object('Stage', sem, 'hnsw.ef_search',
                                                          CASE WHEN sem = 'semantic' THEN current_setting('hnsw.ef_search')::integer END);
             time_ms := (doc -> 'stages' ->> 'evidence_legs_time_ms')::double precision;
             RETURN NEXT;
@@ -120,13 +162,13 @@ BEGIN
                      (pl ->> 'dense_weight')::double precision, (pl ->> 'rrf_k')::integer,
                      (pl ->> 'final_k')::integer;
     stage := 'fusion';
-    plan := x::jsonb -> 0;
+    plan := memory._explained(x);
     time_ms := (doc -> 'stages' ->> 'fusion_time_ms')::double precision;
     RETURN NEXT;
     EXECUTE format('EXPLAIN (%s) SELECT * FROM memory.hydrate($1, $2, 4, $3, $4)', opts)
         INTO x USING ids, p.embedding, pl ->> 'project', as_of;
     stage := 'provenance';
-    plan := x::jsonb -> 0;
+    plan := memory._explained(x);
     time_ms := (doc -> 'stages' ->> 'provenance_time_ms')::double precision;
     RETURN NEXT;
     IF (ev ->> 'budget')::integer > 0 THEN
@@ -139,7 +181,7 @@ BEGIN
                          nullif(pl -> 'filter', 'null'), as_of, memory._deeper(pl, state, ids),
                          pl ->> 'query', (pl ->> 'valid_at')::timestamptz;
         stage := 'evidence';
-        plan := x::jsonb -> 0;
+        plan := memory._explained(x);
         time_ms := (doc -> 'stages' ->> 'evidence_time_ms')::double precision;
         RETURN NEXT;
     END IF;
@@ -165,7 +207,7 @@ BEGIN
         pg_catalog.regexp_replace(args, ', fusion ', ', actual boolean DEFAULT false, fusion '));
 END $$;
 COMMENT ON FUNCTION memory.explain_query(text, vector, text, text[], integer, text, boolean, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text, integer) IS
-    'Plans the query with memory.plan_query''s planner and runs it with the executor memory.query and GET /memory/query use, then returns one row per stage that ran: plan (the plan itself, jsonb), lexical, semantic (the recall statement memory.semantic_search runs, memory._semantic_stage''s choice: HNSW or, for a small named project, the exact semantic_exact stage; its plan carries Stage and the hnsw.ef_search it ran with, memory._semantic_ef, NULL on the exact stage) or by_ids (the LexicalFirst cosine stage), evidence_lexical and evidence_semantic (the direct L0 legs), fusion, provenance and evidence, each with EXPLAIN (FORMAT JSON[, ANALYZE, BUFFERS]) of that stage with the plan''s values and settings, and time_ms, the time the stage took when the query ran. Arguments as memory.answer; evidence NULL: the policy''s budget (explain_query shows the evidence stages GET /memory/query runs).';
+    'Plans the query with memory.plan_query''s planner and runs it with the executor memory.query and GET /memory/query use, then returns one row per stage that ran: plan (the plan itself, jsonb), lexical, semantic (the recall statement memory.semantic_search runs, memory._semantic_stage''s choice: HNSW or, for a small named project, the exact semantic_exact stage; its plan carries Stage and the hnsw.ef_search it ran with, memory._semantic_ef, NULL on the exact stage) or by_ids (the LexicalFirst cosine stage), evidence_lexical and evidence_semantic (the direct L0 legs), fusion, provenance and evidence, each with EXPLAIN (FORMAT JSON[, ANALYZE, BUFFERS]) of that stage with the plan''s values and settings, and time_ms, the time the stage took when the query ran. A caller under row-level security gets each EXPLAIN without its row and page counts (memory._without_counts: they would count other projects'' rows), with a key Counts saying so. Arguments as memory.answer; evidence NULL: the policy''s budget (explain_query shows the evidence stages GET /memory/query runs).';
 
 -- The settings memory.semantic_search runs under (sql/030_vector.sql) are declared there
 -- only: memory._explain takes each hnsw.* one and max_parallel_workers_per_gather from its

@@ -522,6 +522,55 @@ def test_out_of_range_is_one_typed_error_in_http_mcp_and_sql(
     assert raised.value.diag.message_primary == mcp["detail"].replace(name, sql, 1)
 
 
+# Issue 43: the attack's query (290 distinct exclusions, 1,928 characters, under the
+# service's 2,000) and a text over the cap.
+COSTLY = "Caroline " + " ".join(f"-w{i}x" for i in range(290))
+
+
+@pytest.mark.parametrize(
+    ("query", "detail"),
+    [
+        (COSTLY, "query has 290 operands, at most 16 are allowed"),
+        ("kong " * 400 + "x", "query is longer than 2000 characters"),
+    ],
+    ids=["operands", "length"],
+)
+def test_a_costly_query_is_one_typed_error_in_http_mcp_and_sql(
+    reader: str, conn: psycopg.Connection[Any], query: str, detail: str
+) -> None:
+    """The bounds of a query's cost hold in SQL, and HTTP and MCP run the same plan: the
+    same 400, in the same words, before anything runs."""
+    mcp = _tool_error(over_http(reader, None, _call("memory_query", {"query": query})))
+    http = httpx.get(f"{reader}/memory/query", params={"query": query}, timeout=30)
+    assert http.status_code == 400 and mcp["status"] == 400
+    assert http.json()["error"] == mcp["error"] == "invalid_parameter"
+    assert http.json()["detail"] == mcp["detail"] == detail
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as raised:
+        conn.execute("SELECT memory.answer(%s)", (query,))
+    assert raised.value.diag.message_primary == detail
+
+
+def test_over_the_work_budget_is_query_too_costly_in_http_mcp_and_sql(
+    server: str, conn: psycopg.Connection[Any]
+) -> None:
+    """The budget memory._plan checks (policy query_max_postings), on the server's own
+    database: PM400 in SQL, 400 query_too_costly naming the limit over HTTP and MCP."""
+    conn.execute("SELECT memory.set_policy('query_max_postings', '3')")
+    with pytest.raises(psycopg.Error) as raised:
+        conn.execute("SELECT memory.answer(%s)", (KONG,))
+    assert raised.value.sqlstate == "PM400"
+    mcp = _tool_error(over_http(server, None, _call("memory_query", {"query": KONG})))
+    http = httpx.get(f"{server}/memory/query", params={"query": KONG}, timeout=30)
+    assert http.status_code == 400 and mcp["status"] == 400
+    assert http.json()["error"] == mcp["error"] == "query_too_costly"
+    assert http.json()["detail"] == mcp["detail"]
+    assert mcp["detail"].endswith("postings, at most 3 are read")
+    assert "query_max_postings" in http.json()["hint"]
+    conn.execute("SELECT memory.reset_policy('query_max_postings')")
+    again = httpx.get(f"{server}/memory/query", params={"query": KONG}, timeout=30)
+    assert again.status_code == 200
+
+
 def test_an_unknown_tool_is_a_protocol_error(reader: str) -> None:
     with pytest.raises(MCPError, match="unknown tool"):
         over_http(reader, None, _call("memory_forget_everything", {}))

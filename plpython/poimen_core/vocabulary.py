@@ -22,6 +22,8 @@ __all__ = [
     "NOTE_MAX_CHARS",
     "PROJECT_NAME",
     "PROJECT_NAME_RE",
+    "QUERY_MAX_CHARS",
+    "QUERY_MAX_OPERANDS",
     "QUESTION_TYPES",
     "REFERENCE_TIME_HINT",
     "REFERENCE_TIME_RULE",
@@ -54,6 +56,14 @@ QUESTION_TYPES = (
 # most this many bytes of JSON text, nested at most this deep (the object itself is 1).
 FILTER_MAX_BYTES = 4096
 FILTER_MAX_DEPTH = 8
+# A query's own bounds (issue 43), held by SQL (memory.check_query, memory._plan) and so by
+# every front alike: its text at most QUERY_MAX_CHARS characters (the service's
+# POIMEN_MAX_QUERY_CHARS may only lower it), and at most QUERY_MAX_OPERANDS operands of the
+# query grammar: phrases, exclusions, tags and mentions together, however OR joins them.
+# Each operand is one more test of every candidate row (docs/sql-api.md, "Query cost"); a
+# real question uses none or a few, 290 exclusions took 20-28 s against 80 ms.
+QUERY_MAX_CHARS = 2000
+QUERY_MAX_OPERANDS = 16
 # The longest free text a caller attaches to a change: forget's reason, a review's note.
 NOTE_MAX_CHARS = 2000
 # What an answer does with a result whose support is stale, partial or none (issue 40):
@@ -112,6 +122,10 @@ SQLSTATES = {
     # none is left: HTTP 409).
     "unknown_review_item": "PM446",
     "review_conflict": "PM449",
+    # A query over the work budget memory._plan checks before it runs (distinct terms,
+    # postings the lexical leg would read; policy query_max_terms, query_max_postings):
+    # HTTP 400, with a hint naming the limit.
+    "query_too_costly": "PM400",
 }
 
 
@@ -266,6 +280,8 @@ def sql_literals() -> dict[str, str]:
         for end, value in zip(("min", "max"), bounds, strict=True)
     }
     out["note_max_chars"] = str(NOTE_MAX_CHARS)
+    out["query_max_chars"] = str(QUERY_MAX_CHARS)
+    out["query_max_operands"] = str(QUERY_MAX_OPERANDS)
     out["reference_time_rule"] = _text(REFERENCE_TIME_RULE)
     out["reference_time_hint"] = _text(REFERENCE_TIME_HINT)
     out |= {f"sqlstate_{k}": _text(v) for k, v in SQLSTATES.items()}

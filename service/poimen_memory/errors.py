@@ -116,6 +116,12 @@ class ValidationError(PoimenError, code="invalid_parameter", status=400):
     """A request or SQL argument is out of range or malformed (22023, 22P02, 22000)."""
 
 
+class QueryTooCostly(PoimenError, code="query_too_costly", status=400):
+    """A query over the work budget memory._plan checks before it runs (PM400): more
+    distinct terms, or postings to read, than the policy allows (query_max_terms,
+    query_max_postings); the hint names the limit."""
+
+
 class UnknownProject(PoimenError, code="unknown_project", status=404):
     """The named project has no row in memory.projects (PM404)."""
 
@@ -294,6 +300,7 @@ SQLSTATE_TABLE: dict[str, type[PoimenError]] = {
     SQLSTATES["ambiguous_node"]: AmbiguousNode,
     SQLSTATES["unknown_review_item"]: UnknownReviewItem,
     SQLSTATES["review_conflict"]: ReviewConflict,
+    SQLSTATES["query_too_costly"]: QueryTooCostly,
     "22023": ValidationError,
     "22P02": ValidationError,
     "22000": ValidationError,
