@@ -45,8 +45,10 @@ COMMENT ON FUNCTION memory._request(text, text, text[], integer, text, text, int
 -- only "invalid input syntax for type timestamp with time zone" (issue 43: empty instants).
 CREATE OR REPLACE FUNCTION memory._request_instant(req jsonb, name text)
 RETURNS timestamptz
--- STABLE: the text's reading depends on the session's TimeZone.
-LANGUAGE plpgsql STABLE PARALLEL SAFE
+-- STABLE: the text's reading depends on the session's TimeZone. PARALLEL UNSAFE: its
+-- exception block is a subtransaction, which a parallel worker cannot start (the planner
+-- calling it is PARALLEL UNSAFE anyway).
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
