@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-from poimen_core.vocabulary import check_role_prefix
+from poimen_core.vocabulary import QUERY_MAX_CHARS, check_role_prefix
 from poimen_memory.errors import ConfigError
 
 T = TypeVar("T")
@@ -259,7 +259,10 @@ class Settings(FromEnv):
     setup_state: Path = setting("POIMEN_SETUP_STATE", Path, Path("/var/cache/poimen-memory/setup"))
     pool_min: int = setting("POIMEN_POOL_MIN", at_least(0), 1)
     pool_max: int = setting("POIMEN_POOL_MAX", at_least(1), 8)
-    max_query_chars: int = setting("POIMEN_MAX_QUERY_CHARS", at_least(1), 2000)
+    # At most the vocabulary's cap, which memory.check_query holds every front to.
+    max_query_chars: int = setting(
+        "POIMEN_MAX_QUERY_CHARS", within(1, QUERY_MAX_CHARS), QUERY_MAX_CHARS
+    )
     default_limit: int = setting("POIMEN_DEFAULT_LIMIT", at_least(1), 5)
     max_limit: int = setting("POIMEN_MAX_LIMIT", at_least(1), 50)
     default_timeout_s: float = setting("POIMEN_DEFAULT_TIMEOUT_S", positive, 5.0)
