@@ -468,6 +468,8 @@ def _nested(depth: int) -> dict[str, Any]:
         # database's 22P05 message, which HTTP hid).
         ({"query": KONG, "filter": _nested(60)}, "invalid_parameter", 400, None),
         ({"query": KONG, "filter": {"k\u0000": "v"}}, "invalid_parameter", 400, None),
+        # memory_query's own argument, checked by the tool (the contract checks the rest).
+        ({"query": KONG, "compact": "yes"}, "invalid_parameter", 400, None),
     ],
 )
 def test_typed_errors_are_tool_errors(
@@ -478,7 +480,9 @@ def test_typed_errors_are_tool_errors(
     params = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in args.items()}
     http = httpx.get(f"{reader}/memory/query", params=params, timeout=30)
     assert http.status_code == status and http.json()["error"] == code
-    if "filter" not in args:  # HTTP's filter is text: over 4096 bytes before too deep
+    if "compact" in args:  # the tool's own argument; HTTP refuses it as unknown
+        assert body["detail"] == 'compact must be true or false, got "yes"'
+    elif "filter" not in args:  # HTTP's filter is text: over 4096 bytes before too deep
         assert http.json()["detail"] == body["detail"]
 
 

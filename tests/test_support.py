@@ -279,6 +279,19 @@ def _item_of(conn: Conn, external_id: str) -> int:
     return int(row[0])
 
 
+def _after_the_writer(writer: Any, work: Any, out: list[Any]) -> None:
+    """Run ``work`` in a thread while ``writer`` holds its transaction open: it must wait
+    for the writer's lock, then finish once the writer commits."""
+    worker = threading.Thread(target=work)
+    worker.start()
+    time.sleep(0.5)
+    assert worker.is_alive() and out == []  # waiting for the writer's lock
+    writer.commit()
+    writer.close()
+    worker.join(30)
+    assert out, "the worker never finished"
+
+
 def test_a_confirm_racing_a_writer_rests_on_what_the_writer_wrote(fixture_url: str) -> None:
     """The writer supersedes the parent while a worker confirms the child: the confirm waits
     for it and rests the child on the version the writer made, never on the one it ended."""
@@ -296,14 +309,8 @@ def test_a_confirm_racing_a_writer_rests_on_what_the_writer_wrote(fixture_url: s
         with connect(fixture_url, autocommit=True) as c:
             out.append(c.execute("SELECT memory.review_confirm(%s)", (item,)).fetchone())
 
-    worker = threading.Thread(target=confirm)
-    worker.start()
-    time.sleep(0.5)
-    assert worker.is_alive() and out == []  # waiting for the writer's lock
-    writer.commit()
-    writer.close()
-    worker.join(30)
-    assert out and out[0][0]["support"] == "full"
+    _after_the_writer(writer, confirm, out)
+    assert out[0][0]["support"] == "full"
     with connect(fixture_url, autocommit=True) as c:
         (cited,) = c.execute(
             "SELECT r.revision, r.state FROM memory.nodes n, memory._rested_parents(ARRAY[n.id]) r "
@@ -368,14 +375,8 @@ def test_an_erase_racing_a_writer_erases_the_version_the_writer_made(fixture_url
                 "SELECT memory.forget(%s, 'pii:race', erase => true)", (P,)
             ).fetchone())  # fmt: skip
 
-    worker = threading.Thread(target=erase)
-    worker.start()
-    time.sleep(0.5)
-    assert worker.is_alive() and out == []  # waiting for the writer's lock
-    writer.commit()
-    writer.close()
-    worker.join(30)
-    assert out and out[0][0]["erased"] == 2
+    _after_the_writer(writer, erase, out)
+    assert out[0][0]["erased"] == 2
     with connect(fixture_url, autocommit=True) as c:
         rows = c.execute(
             "SELECT revision, current, text, end_reason FROM memory.history(%s, 'pii:race')",

@@ -709,6 +709,8 @@ async def _query(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
     # the query string's text; levels is level's plural name.
     if args.get("level") is not None and args.get("levels") is not None:
         raise ValidationError("name the levels once: level or levels")
+    if not isinstance(args.get("compact", False), bool):  # the tool's own argument
+        raise ValidationError(f"compact must be true or false, got {json.dumps(args['compact'])}")
     query = {
         ("level" if k == "levels" else k): v
         for k, v in args.items()

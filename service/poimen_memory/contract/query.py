@@ -11,6 +11,7 @@ api/mcp_server.py), and tests/test_contract.py holds memory.answer's signature t
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -447,6 +448,7 @@ def _surface(metadata: list[Any]) -> Surface:
     return surface
 
 
+@functools.cache
 def surfaces() -> dict[str, Surface]:
     """Each field's Surface, by its public name."""
     return {
@@ -455,6 +457,7 @@ def surfaces() -> dict[str, Surface]:
     }
 
 
+@functools.cache
 def public_names() -> dict[str, str]:
     """Each field's public name (its alias, where it has one), by its name in Python."""
     return {name: field.alias or name for name, field in QueryRequest.model_fields.items()}
