@@ -41,7 +41,6 @@ from poimen_memory.db.migrate.interface import (
 from poimen_memory.db.migrate.layout import (
     MIGRATIONS_DIR,
     PLPYTHON_SRC,
-    ROOT,
     SQL_DIR,
     TOKENIZER,
 )
@@ -60,7 +59,6 @@ __all__ = [
     "GRAPH_BUILD_LOCK_TIMEOUT_S",
     "MIGRATIONS_DIR",
     "PLPYTHON_SRC",
-    "ROOT",
     "SQL_DIR",
     "TOKENIZER",
     "DriftReport",
