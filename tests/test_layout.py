@@ -121,7 +121,7 @@ def test_one_writer_inserts_nodes_and_edges() -> None:
     root = SERVICE.parent
     pattern = re.compile(r"\b(INSERT\s+INTO|COPY)\s+memory\.(nodes|edges)\b", re.IGNORECASE)
     files = [
-                *(SERVICE / "poimen_memory").rglob("*.py"),
+        *(SERVICE / "poimen_memory").rglob("*.py"),
         *(SERVICE / "poimen_memory").rglob("*.sql"),
         *(PLPYTHON / "poimen_core").rglob("*.py"),
     ]

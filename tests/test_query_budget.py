@@ -15,8 +15,8 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from conftest import make_role
-from poimen_memory.db.migrate import layout
 from poimen_core.vocabulary import NOTE_MAX_CHARS, QUERY_MAX_CHARS, QUERY_MAX_OPERANDS, SQLSTATES
+from poimen_memory.db.migrate import layout
 
 Conn = psycopg.Connection[Any]
 

@@ -17,8 +17,7 @@ import pytest
 from conftest import FIXTURE, force_parallel, free_port
 from poimen_memory.db.cluster import Cluster, find_pg_bin
 from poimen_memory.db.connect import connect
-from poimen_memory.db.migrate import layout
-from poimen_memory.db.migrate import check, install_plpython, migrate
+from poimen_memory.db.migrate import check, install_plpython, layout, migrate
 from poimen_memory.db.migrate.apply import INLINED
 from poimen_memory.db.migrate.locks import LOCK_KEY
 from poimen_memory.embedders.local import LocalEmbedder
