@@ -38,11 +38,13 @@ def migrate(
     role_prefix: str | None = None,
     build_lock_timeout_s: float = GRAPH_BUILD_LOCK_TIMEOUT_S,
     progress: Callable[[str], None] | None = None,
+    build_graphs: bool = True,
 ) -> MigrateReport:
     """Migrations, then sql/, in one transaction; then, committed, the large projects' own
-    HNSW graphs that are missing (build_project_graphs: concurrently, each waiting at most
-    build_lock_timeout_s; progress is told of each). role_prefix: POIMEN_ROLE_PREFIX, used by
-    the first migrate of a database only (db/roles.py)."""
+        HNSW graphs that are missing (build_project_graphs: concurrently, each waiting at most
+        build_lock_timeout_s; progress is told of each). role_prefix: POIMEN_ROLE_PREFIX, used by
+        the first migrate of a database only (db/roles.py). build_graphs=False: the transaction only
+    (the rendered script, script.py, holds no CONCURRENTLY build)."""
     for d in (layout.MIGRATIONS_DIR, layout.SQL_DIR):
         if not d.is_dir():
             raise MigrationError(
@@ -81,7 +83,11 @@ def migrate(
     (applied, already, notices, schema, sql_files, roles), waits = retrying(
         conn, lock_timeout_s, attempt
     )
-    graphs = build_project_graphs(conn, lock_timeout_s=build_lock_timeout_s, progress=progress)
+    graphs = (
+        build_project_graphs(conn, lock_timeout_s=build_lock_timeout_s, progress=progress)
+        if build_graphs
+        else []
+    )
     installed, _ = plpython_status(conn)
     removed: list[str] = []
     if plpython_root is not None and py_target is not None:
