@@ -149,7 +149,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--render-sql",
         metavar="FILE",
         help="change nothing: write the SQL migrate would run on this database into FILE "
-        "(- for stdout), a script for psql -1 -f with a header (docs/operations.md)",
+        "(- for stdout), a script for psql -1 -f with a header (docs/install.md)",
     )
     mg.add_argument(
         "--lock-timeout",
