@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from conftest import FIXTURE, prepare_database
+from conftest import FIXTURE, free_port, prepare_database
 from poimen_memory.db.cluster import Cluster, find_pg_bin
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import layout, migrate, server_python_deps
@@ -193,3 +193,50 @@ def test_rendered_sql_refuses_a_second_application_of_its_migrations(
     assert "rendered for a database whose ledger held other migrations" in again.stderr
     assert "render it again for this database" in again.stderr
     assert _cli(empty_url, *CHECK).returncode == 0
+
+
+OWNER = "render_owner"
+
+
+@pytest.fixture(scope="module")
+def managed(work_dir: Path) -> Iterator[str]:
+    """A database as a managed service has it (tests/test_managed_postgres.py): owned by a
+    role that is no superuser, pgvector created by an administrator, no plpython3u."""
+    base = work_dir / "render-managed"  # the server's OS user must reach it
+    c = Cluster(base / "data", base / "run", free_port(), find_pg_bin())
+    c.start(fast=True)
+    with psycopg.connect(c.url("postgres"), autocommit=True) as su:
+        su.execute(f"CREATE ROLE {OWNER} LOGIN CREATEROLE")
+        su.execute(f"CREATE DATABASE managed OWNER {OWNER}")
+    with psycopg.connect(c.url("managed"), autocommit=True) as su:
+        su.execute("CREATE EXTENSION vector")
+    users = ["postgres", "root"] if os.geteuid() == 0 else [os.environ.get("USER", "postgres")]
+    ident = c.data_dir / "pg_ident.conf"
+    ident.write_text(ident.read_text() + "".join(f"poimen {u} {OWNER}\n" for u in users))
+    with psycopg.connect(c.url("postgres"), autocommit=True) as su:
+        su.execute("SELECT pg_reload_conf()")
+    yield c.url("managed", user=OWNER)
+    c.destroy()
+
+
+def test_rendered_sql_for_a_database_without_plpython_is_applied_by_its_owner(
+    managed: str, tmp_path: Path
+) -> None:
+    """Without plpython3u (and no right to create it) the script holds the PM503 stubs and
+    no CREATE EXTENSION plpython3u; the owner, no superuser, applies it with psql."""
+    script = tmp_path / "managed.sql"
+    rendered = _cli(managed, "--render-sql", str(script))
+    assert rendered.returncode == 0, rendered.stderr
+    text = script.read_text()
+    assert "plpython3u absent: PL/Python functions are PM503 stubs" in text
+    assert "CREATE EXTENSION IF NOT EXISTS plpython3u" not in text
+    assert "LANGUAGE plpython3u" not in text
+    assert "memory._embed needs PL/Python, which this database does not have" in text
+    applied = _psql(managed, script)
+    assert applied.returncode == 0, applied.stderr
+    checked = _cli(managed, *CHECK)
+    assert checked.returncode == 0 and "no drift" in checked.stdout, checked.stdout + checked.stderr
+    with connect(managed, autocommit=True) as conn:
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute("SELECT memory.embed('hello')")
+        assert err.value.sqlstate == "PM503"

@@ -44,10 +44,13 @@ _LEFT_OUT = ("set_lock_timeout",)
 _READ = re.compile(r"^\s*(?:--[^\n]*\n\s*)*(SELECT|WITH)\b", re.IGNORECASE)
 
 
+_PLACEHOLDER = re.compile(r"\{|%s|%\(")
+
+
 def _leading(name: str) -> str:
-    """A catalog statement's text up to its first placeholder: what every statement
-    formatted from it starts with."""
-    return catalog(name).as_string(None).split("{", 1)[0]
+    """A catalog statement's text up to its first placeholder (a name formatted in, a
+    parameter bound): what every statement made from it starts with."""
+    return _PLACEHOLDER.split(catalog(name).as_string(None), maxsplit=1)[0]
 
 
 @dataclass(frozen=True)
