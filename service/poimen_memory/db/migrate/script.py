@@ -41,9 +41,9 @@ from poimen_memory.db.queries import statements
 _EFFECTS = ("transaction_lock", "load_pgvector")
 # The per-attempt lock timeout of migrate's retry loop (locks.py): not for psql.
 _LEFT_OUT = ("set_lock_timeout",)
+# A catalog statement that asks (after its leading comments), and where its text stops
+# being the same in every statement made from it.
 _READ = re.compile(r"^\s*(?:--[^\n]*\n\s*)*(SELECT|WITH)\b", re.IGNORECASE)
-
-
 _PLACEHOLDER = re.compile(r"\{|%s|%\(")
 
 
@@ -88,10 +88,9 @@ def _terminated(statement: str) -> str:
 
 
 def _recorder(log: list[str]) -> type[psycopg.Cursor[Any]]:
-    questions = _questions()
-
     """A cursor class that writes down, bound, each statement it runs that migrate sends
     to change the database."""
+    questions = _questions()
 
     class Recording(psycopg.Cursor[Any]):
         def _note(self, query: Any, params: Any) -> None:
