@@ -41,15 +41,16 @@ def migrate(
     build_graphs: bool = True,
 ) -> MigrateReport:
     """Migrations, then sql/, in one transaction; then, committed, the large projects' own
-        HNSW graphs that are missing (build_project_graphs: concurrently, each waiting at most
-        build_lock_timeout_s; progress is told of each). role_prefix: POIMEN_ROLE_PREFIX, used by
-        the first migrate of a database only (db/roles.py). build_graphs=False: the transaction only
-    (the rendered script, script.py, holds no CONCURRENTLY build)."""
+    HNSW graphs that are missing (build_project_graphs: concurrently, each waiting at most
+    build_lock_timeout_s; progress is told of each). role_prefix: POIMEN_ROLE_PREFIX, used by
+    the first migrate of a database only (db/roles.py). build_graphs=False: the transaction
+    only (script.py: a psql script holds no CONCURRENTLY build)."""
     for d in (layout.MIGRATIONS_DIR, layout.SQL_DIR):
         if not d.is_dir():
             raise MigrationError(
                 f"{d} does not exist",
-                hint="run from a source checkout (pip install -e .); the SQL ships beside the code",
+                hint="the package ships it (poimen_memory/migrations, poimen_memory/sql):"
+                " reinstall poimen-memory",
             )
     py_target: Path | None = None
     in_database = plpython_root is not None and module_root(plpython_root) is None
