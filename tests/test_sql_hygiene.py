@@ -17,7 +17,7 @@ import pytest
 from conftest import FIXTURE, force_parallel, free_port
 from poimen_memory.db.cluster import Cluster, find_pg_bin
 from poimen_memory.db.connect import connect
-from poimen_memory.db.migrate import check, install_plpython, migrate
+from poimen_memory.db.migrate import check, install_plpython, layout, migrate
 from poimen_memory.db.migrate.apply import INLINED
 from poimen_memory.db.migrate.locks import LOCK_KEY
 from poimen_memory.embedders.local import LocalEmbedder
@@ -307,7 +307,7 @@ def test_schema_tables_and_columns_are_commented(conn: Conn) -> None:
 
 def test_version_names_the_newest_migration(conn: Conn) -> None:
     version, migrations, checksum = conn.execute("SELECT * FROM memory.version()").fetchone()  # type: ignore[misc]
-    assert version == max(p.stem for p in (Path(__file__).parents[1] / "migrations").glob("*.sql"))
+    assert version == max(p.stem for p in layout.MIGRATIONS_DIR.glob("*.sql"))
     assert migrations[-1] == version and checksum
 
 

@@ -35,8 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)
-    # Commands from other installed packages (the lab's eval and bench), by entry point.
-    for ep in entry_points(group="poimen_memory.commands"):
+    # Commands from other installed packages (the lab's eval and bench), by entry point;
+    # each target once: metadata from before the lab was a distribution of its own (the
+    # product's, naming the same target) may still be installed beside the lab's.
+    targets = {ep.value: ep for ep in entry_points(group="poimen_memory.commands")}
+    for ep in targets.values():
         ep.load()(sub)
     return p
 

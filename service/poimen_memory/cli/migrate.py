@@ -18,6 +18,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from poimen_memory.db.migrate import check, migrate
 
     s = load_settings()
+    if args.render_sql:
+        from poimen_memory.cli.render_sql import render_sql
+
+        return render_sql(args, s)
     if args.check:
         with connect(started_url(s), autocommit=True) as conn:
             drift = check(
@@ -140,6 +144,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="change nothing: report pending migrations, sql/ functions edited by hand, and "
         "any difference in row-level security, policies, indexes, triggers, grants, default "
         "privileges or the product's memory.config keys (exit 1)",
+    )
+    mg.add_argument(
+        "--render-sql",
+        metavar="FILE",
+        help="change nothing: write the SQL migrate would run on this database into FILE "
+        "(- for stdout), a script for psql -1 -f with a header (docs/install.md)",
     )
     mg.add_argument(
         "--lock-timeout",

@@ -20,8 +20,10 @@ One module a concern:
 - ``graphs``: the large projects' own HNSW graphs, built CONCURRENTLY after the commit;
 - ``locks``: the advisory locks, and the retry of a transaction refused a lock;
 - ``drift``: ``check`` (``migrate --check``), changing nothing;
-- ``interface``: the reports and defaults callers read; ``layout``: paths and catalog.sql,
-  the statements migrate sends of its own.
+- ``script``: ``migrate --render-sql``, migrate's transaction written down for psql;
+- ``interface``: the reports and defaults callers read; ``layout``: where the SQL the
+  package ships is (importlib.resources) and catalog.sql, the statements migrate sends of
+  its own.
 """
 
 from poimen_memory.db.migrate.apply import vector_schema
@@ -41,7 +43,6 @@ from poimen_memory.db.migrate.interface import (
 from poimen_memory.db.migrate.layout import (
     MIGRATIONS_DIR,
     PLPYTHON_SRC,
-    ROOT,
     SQL_DIR,
     TOKENIZER,
 )
@@ -60,7 +61,6 @@ __all__ = [
     "GRAPH_BUILD_LOCK_TIMEOUT_S",
     "MIGRATIONS_DIR",
     "PLPYTHON_SRC",
-    "ROOT",
     "SQL_DIR",
     "TOKENIZER",
     "DriftReport",

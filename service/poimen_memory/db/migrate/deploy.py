@@ -38,16 +38,19 @@ def migrate(
     role_prefix: str | None = None,
     build_lock_timeout_s: float = GRAPH_BUILD_LOCK_TIMEOUT_S,
     progress: Callable[[str], None] | None = None,
+    build_graphs: bool = True,
 ) -> MigrateReport:
     """Migrations, then sql/, in one transaction; then, committed, the large projects' own
     HNSW graphs that are missing (build_project_graphs: concurrently, each waiting at most
     build_lock_timeout_s; progress is told of each). role_prefix: POIMEN_ROLE_PREFIX, used by
-    the first migrate of a database only (db/roles.py)."""
+    the first migrate of a database only (db/roles.py). build_graphs=False: the transaction
+    only (script.py: a psql script holds no CONCURRENTLY build)."""
     for d in (layout.MIGRATIONS_DIR, layout.SQL_DIR):
         if not d.is_dir():
             raise MigrationError(
                 f"{d} does not exist",
-                hint="run from a source checkout (pip install -e .); the SQL ships beside the code",
+                hint="the package ships it (poimen_memory/migrations, poimen_memory/sql):"
+                " reinstall poimen-memory",
             )
     py_target: Path | None = None
     in_database = plpython_root is not None and module_root(plpython_root) is None
@@ -81,7 +84,11 @@ def migrate(
     (applied, already, notices, schema, sql_files, roles), waits = retrying(
         conn, lock_timeout_s, attempt
     )
-    graphs = build_project_graphs(conn, lock_timeout_s=build_lock_timeout_s, progress=progress)
+    graphs = (
+        build_project_graphs(conn, lock_timeout_s=build_lock_timeout_s, progress=progress)
+        if build_graphs
+        else []
+    )
     installed, _ = plpython_status(conn)
     removed: list[str] = []
     if plpython_root is not None and py_target is not None:
