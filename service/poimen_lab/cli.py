@@ -1,6 +1,6 @@
 """The lab's CLI commands (`eval`, `bench`, `bench-rls`, `bench-recall`, `bench-overload`,
-`bench-fair`, `bench-tenants`), registered into `poimen-memory` through the ``poimen_memory.commands`` entry
-point, so the product never imports the lab by name."""
+`bench-fair`, `bench-tenants`), registered into `poimen-memory` through the
+``poimen_memory.commands`` entry point, so the product never imports the lab by name."""
 
 from __future__ import annotations
 

@@ -42,7 +42,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--covered", type=int, default=1_000, help="projects of the wide callers")
     p.add_argument("--queries", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--database", help="reuse a database this command loaded (--keep-db)")
+    p.add_argument(
+        "--database",
+        action="append",
+        help="reuse a database this command loaded (--keep-db); given twice, both are measured"
+        " in one run, call by call (a database migrated by the code before a change, and one"
+        " by the code after it)",
+    )
     p.add_argument("--keep-db", action="store_true")
     p.set_defaults(func=cmd_bench_tenants)
 
@@ -55,13 +61,13 @@ def _backend_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def _load(url: str, args: argparse.Namespace) -> dict[str, Any]:
+def _load(url: str, args: argparse.Namespace) -> dict[str, list[Any]]:
     corpus = synthetic.generate(args.nodes, 384, args.queries, seed=args.seed)
     with connect(url, autocommit=True) as owner:
         migrate(owner, Settings.from_env().plpython_root)
         synthetic.load(owner, corpus, "synthetic")
         synthetic.add_tenants(owner, args.projects, largest=200, seed=args.seed)
-    return {"texts": corpus.query_texts, "vectors": corpus.query_vectors}
+    return {"texts": list(corpus.query_texts), "vectors": list(corpus.query_vectors)}
 
 
 def _roles(owner: psycopg.Connection[Any], covered: list[str], every: list[str]) -> None:
@@ -75,9 +81,7 @@ def _roles(owner: psycopg.Connection[Any], covered: list[str], every: list[str])
         )
         owner.execute(f'GRANT "{member_of}" TO {role}')
     owner.execute("DELETE FROM memory.project_grants WHERE role_name LIKE %s", (PREFIX + "%",))
-    owner.execute(
-        "SELECT memory.grant_project(%s, %s)", (f"{PREFIX}_one", synthetic.MAIN)
-    )
+    owner.execute("SELECT memory.grant_project(%s, %s)", (f"{PREFIX}_one", synthetic.MAIN))
     owner.execute(
         "SELECT memory.grant_project(%s, p) FROM unnest(%s::text[]) p", (f"{PREFIX}_many", covered)
     )
@@ -87,80 +91,90 @@ def _roles(owner: psycopg.Connection[Any], covered: list[str], every: list[str])
     )
 
 
+def _connect(url: str, role: str, asserted: str | None) -> tuple[psycopg.Connection[Any], int]:
+    c = connect(url, autocommit=False)
+    register_vector(c)
+    c.execute(f"SET ROLE {role}")
+    if asserted is not None:
+        c.execute("SELECT set_config('poimen.read_projects', %s, false)", (asserted,))
+    pid = c.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+    c.commit()
+    return c, pid
+
+
+def _callers(url: str, covered: int) -> dict[str, tuple[str, str | None]]:
+    with connect(url, autocommit=True) as owner:
+        others = [r[0] for r in owner.execute(
+            "SELECT name FROM memory.projects WHERE name <> %s ORDER BY id", (synthetic.MAIN,)
+        ).fetchall()]  # fmt: skip
+        wide = [synthetic.MAIN, *others[: covered - 1]]
+        _roles(owner, wide, [synthetic.MAIN, *others])
+    return {
+        "role, 1 project": (f"{PREFIX}_one", None),
+        f"role, {len(wide)} projects": (f"{PREFIX}_many", None),
+        "role, '*'": (f"{PREFIX}_star", None),
+        "service, 1 project": (f"{PREFIX}_svc", synthetic.MAIN),
+        f"service, {len(wide)} projects": (f"{PREFIX}_svc", ",".join(wide)),
+        "service, '*'": (f"{PREFIX}_svc", "*"),
+    }
+
+
 def cmd_bench_tenants(args: argparse.Namespace) -> int:
     server = database_url(Settings.from_env(), start=True)
     if args.database:
-        name, url = args.database, make_conninfo(server, dbname=args.database)
+        names = list(args.database)
         corpus = synthetic.generate(args.nodes, 384, args.queries, seed=args.seed)
-        queries = {"texts": corpus.query_texts, "vectors": corpus.query_vectors}
+        queries: dict[str, list[Any]] = {
+            "texts": list(corpus.query_texts),
+            "vectors": list(corpus.query_vectors),
+        }
     else:
         name, url = fresh_database(server)
+        names = [name]
         queries = _load(url, args)
     try:
-        with connect(url, autocommit=True) as owner:
-            others = [r[0] for r in owner.execute(
-                "SELECT name FROM memory.projects WHERE name <> %s ORDER BY id", (synthetic.MAIN,)
-            ).fetchall()]  # fmt: skip
-            covered = [synthetic.MAIN, *others[: args.covered - 1]]
-            _roles(owner, covered, [synthetic.MAIN, *others])
-            projects = len(others) + 1
-        callers: dict[str, tuple[str, str | None]] = {
-            "role, 1 project": (f"{PREFIX}_one", None),
-            f"role, {len(covered)} projects": (f"{PREFIX}_many", None),
-            "role, '*'": (f"{PREFIX}_star", None),
-            "service, 1 project": (f"{PREFIX}_svc", synthetic.MAIN),
-            f"service, {len(covered)} projects": (f"{PREFIX}_svc", ",".join(covered)),
-            "service, '*'": (f"{PREFIX}_svc", "*"),
-        }
-        conns: dict[str, psycopg.Connection[Any]] = {}
-        pids: dict[str, int] = {}
-        for label, (role, asserted) in callers.items():
-            c = connect(url, autocommit=False)
-            register_vector(c)
-            c.execute(f"SET ROLE {role}")
-            if asserted is not None:
-                c.execute("SELECT set_config('poimen.read_projects', %s, false)", (asserted,))
-            pids[label] = c.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
-            c.commit()
-            conns[label] = c
-        times: dict[str, list[float]] = {k: [] for k in callers}
-        cpu: dict[str, float] = dict.fromkeys(callers, 0.0)
-        labels = list(callers)
+        conns: dict[tuple[str, str], tuple[psycopg.Connection[Any], int]] = {}
+        for db in names:
+            url = make_conninfo(server, dbname=db)
+            for label, (role, asserted) in _callers(url, args.covered).items():
+                conns[(db, label)] = _connect(url, role, asserted)
+        keys = list(conns)
+        times: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
+        cpu: dict[tuple[str, str], float] = dict.fromkeys(keys, 0.0)
         for i, (text, vec) in enumerate(zip(queries["texts"], queries["vectors"], strict=True)):
             params = {"text": text, "vec": vec, "project": synthetic.MAIN}
             seen = None
-            for label in labels[i % len(labels):] + labels[: i % len(labels)]:
-                c = conns[label]
-                c0 = _backend_cpu(pids[label])
+            for key in keys[i % len(keys) :] + keys[: i % len(keys)]:
+                c, pid = conns[key]
+                c0 = _backend_cpu(pid)
                 t0 = time.perf_counter()
                 rows = c.execute(QUERY, params).fetchall()
                 c.commit()
-                times[label].append((time.perf_counter() - t0) * 1000)
-                cpu[label] += _backend_cpu(pids[label]) - c0
+                times[key].append((time.perf_counter() - t0) * 1000)
+                cpu[key] += _backend_cpu(pid) - c0
                 if seen is None:
                     seen = rows
                 elif rows != seen:
-                    raise AssertionError(f"{label}: another answer to query {i}")
-        for c in conns.values():
+                    raise AssertionError(f"{key}: another answer to query {i}")
+        for c, _pid in conns.values():
             c.close()
-        base = {"role": "role, 1 project", "service": "service, 1 project"}
         n = len(queries["texts"])
-        rows_out = []
-        for label in labels:
-            ref = base[label.split(",")[0]]
-            rows_out.append([
-                label, statistics.median(times[label]),
-                statistics.median(times[label]) / statistics.median(times[ref]),
-                cpu[label] / n * 1000, cpu[label] / max(cpu[ref], 1e-9),
+        out = []
+        for db, label in keys:
+            ref = (db, "role, 1 project" if label.startswith("role") else "service, 1 project")
+            p50, p50_ref = statistics.median(times[(db, label)]), statistics.median(times[ref])
+            out.append([
+                db, label, p50, p50 / p50_ref, cpu[(db, label)] / n * 1000,
+                cpu[(db, label)] / max(cpu[ref], 1e-9),
             ])  # fmt: skip
         print(
-            f"{n} hybrid memory_query calls per caller naming {synthetic.MAIN} ({args.nodes} nodes), "
-            f"{projects} projects; another role holds {projects} grant rows; round robin"
+            f"{n} hybrid memory_query calls per caller naming {synthetic.MAIN}; another role "
+            "holds a grant of every project; round robin over callers (and databases)"
         )
-        print(table(rows_out, ["caller", "p50 ms", "p50 ratio", "CPU ms/call", "CPU ratio"]))
+        print(table(out, ["database", "caller", "p50 ms", "p50 ratio", "CPU ms/call", "CPU ratio"]))
     finally:
-        if not args.keep_db and not args.database:
-            drop_database(server, name)
+        if not args.database and not args.keep_db:
+            drop_database(server, names[0])
         elif not args.database:
-            print(f"kept database {name}")
+            print(f"kept database {names[0]}")
     return 0
