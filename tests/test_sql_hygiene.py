@@ -36,6 +36,9 @@ ORDER BY 1
 
 # The grants the DBA can rely on (sql/900_grants.sql), by function name.
 OWNER_ONLY = {
+    "_refresh_grant_sets",
+    "_grants_changed",
+    "_projects_changed",
     "configure_embedding",
     "reset_embedding",
     "set_policy",
@@ -88,6 +91,8 @@ WRITER = {
 # Owner-only functions the service's role may also run (sql/900_grants.sql, end).
 SERVICE = {"configure_embedding", "enable_outbox"}
 READER = {
+    "_asserting",
+    "_role_grants",
     "version",
     "roles",
     "_embed",

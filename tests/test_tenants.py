@@ -356,3 +356,118 @@ def test_from_psql_the_setting_helps_only_the_service_role(conn: Conn, cluster: 
     assert psql("poimen_service", claim, seen) == "atlas"
     assert psql("postgres", "SET ROLE tenant_plain", seen) == "poimen"
     assert psql("postgres", "SET ROLE tenant_plain", claim, seen) == "poimen"
+
+
+def _grant_set(conn: Conn, role: str) -> tuple[Any, ...] | None:
+    return conn.execute(
+        "SELECT read_names, write_names, read_ids, write_ids FROM memory.grant_sets"
+        " WHERE role_name = %s",
+        (role,),
+    ).fetchone()
+
+
+def test_grant_sets_follow_grants_and_projects(conn: Conn) -> None:
+    """memory.grant_sets, which the policies read (one row per role), is what
+    memory.project_grants and memory.projects say after every change: a grant of a project
+    not yet made gets its id when it is made, a revoke or a dropped project takes it away,
+    and migrate mends a row edited by hand."""
+    make_role(conn, "tenant_sets", "writer")
+    pids = _project_ids(conn)
+    conn.execute("SELECT memory.grant_project('tenant_sets', 'poimen', true)")
+    conn.execute("SELECT memory.grant_project('tenant_sets', 'later')")
+    assert _grant_set(conn, "tenant_sets") == (
+        ["later", "poimen"],
+        ["poimen"],
+        [pids["poimen"]],
+        [pids["poimen"]],
+    )
+    conn.execute("INSERT INTO memory.projects (name) VALUES ('later')")
+    later = _project_ids(conn)["later"]
+    assert _grant_set(conn, "tenant_sets") == (
+        ["later", "poimen"],
+        ["poimen"],
+        sorted([pids["poimen"], later]),
+        [pids["poimen"]],
+    )
+    conn.execute("SET ROLE tenant_sets")
+    try:
+        assert sorted(_ids(conn, "SELECT unnest(memory.granted_project_ids())")) == sorted(
+            [pids["poimen"], later]
+        )
+        assert _ids(conn, "SELECT unnest(memory.granted_project_ids(true))") == [pids["poimen"]]
+    finally:
+        conn.execute("RESET ROLE")
+    conn.execute("DELETE FROM memory.projects WHERE name = 'later'")
+    assert _grant_set(conn, "tenant_sets") == (
+        ["later", "poimen"],
+        ["poimen"],
+        [pids["poimen"]],
+        [pids["poimen"]],
+    )
+    conn.execute("SELECT memory.revoke_project('tenant_sets', 'poimen')")
+    assert _grant_set(conn, "tenant_sets") == (["later"], [], [], [])
+    # A row edited by hand (or restored from an older dump) is rebuilt by migrate's files.
+    conn.execute("UPDATE memory.grant_sets SET read_ids = %s WHERE role_name = 'tenant_sets'",
+                 ([pids["atlas"]],))  # fmt: skip
+    conn.execute("SELECT memory._refresh_grant_sets(NULL, NULL, true)")
+    assert _grant_set(conn, "tenant_sets") == (["later"], [], [], [])
+    conn.execute("SELECT memory.revoke_project('tenant_sets', 'later')")
+    assert _grant_set(conn, "tenant_sets") is None
+    conn.execute("SELECT memory.grant_project('tenant_sets', 'atlas')")
+    conn.execute("TRUNCATE memory.project_grants")
+    assert conn.execute("SELECT count(*) FROM memory.grant_sets").fetchone() == (0,)
+
+
+def test_a_grant_waits_for_the_project_being_made(conn: Conn, fixture_url: str) -> None:
+    """A grant made while another transaction is making the project it names waits for
+    that transaction, then records the project's id: without the wait, each would have
+    read the other's change as not yet there and the grant would never see the project's
+    rows."""
+    make_role(conn, "tenant_race", "reader")
+    with psycopg.connect(fixture_url) as maker, psycopg.connect(fixture_url) as granter:
+        maker.execute("INSERT INTO memory.projects (name) VALUES ('racing')")
+        granter.execute("SET lock_timeout = '200ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            granter.execute("SELECT memory.grant_project('tenant_race', 'racing')")
+        granter.rollback()
+        done: list[BaseException | None] = []
+
+        import threading
+
+        def grant() -> None:
+            try:
+                granter.execute("SET lock_timeout = '20s'")
+                granter.execute("SELECT memory.grant_project('tenant_race', 'racing')")
+                granter.commit()
+                done.append(None)
+            except BaseException as e:  # reported below
+                done.append(e)
+
+        t = threading.Thread(target=grant)
+        t.start()
+        t.join(0.5)
+        assert t.is_alive(), "the grant did not wait for the project being made"
+        maker.commit()
+        t.join(30)
+        assert done == [None]
+    racing = _project_ids(conn)["racing"]
+    assert _grant_set(conn, "tenant_race") == (["racing"], [], [racing], [])
+
+
+def test_other_roles_grants_are_not_read(conn: Conn) -> None:
+    """A role's check reads one row of memory.grant_sets, whatever other roles hold: the
+    rows a reader's lookup touches do not grow with another role's 500 grants."""
+    make_role(conn, "tenant_small", "reader")
+    make_role(conn, "tenant_wide", "reader")
+    conn.execute("SELECT memory.grant_project('tenant_small', 'poimen')")
+    conn.execute(
+        "INSERT INTO memory.project_grants (role_name, project)"
+        " SELECT 'tenant_wide', 'p' || i FROM generate_series(1, 500) i"
+    )
+    conn.execute("SET ROLE tenant_small")
+    try:
+        assert _ids(conn, "SELECT memory.granted_projects()") == [["poimen"]]
+        plan = "\n".join(_ids(conn, "EXPLAIN (ANALYZE, COSTS OFF) SELECT * FROM memory.grant_sets"))
+    finally:
+        conn.execute("RESET ROLE")
+    assert "rows=1 " in plan and "Rows Removed by Filter: 1" in plan, plan

@@ -1,6 +1,6 @@
 """The lab's CLI commands (`eval`, `bench`, `bench-rls`, `bench-recall`, `bench-overload`,
-`bench-fair`), registered into `poimen-memory` through the ``poimen_memory.commands`` entry
-point, so the product never imports the lab by name."""
+`bench-fair`, `bench-tenants`), registered into `poimen-memory` through the
+``poimen_memory.commands`` entry point, so the product never imports the lab by name."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from poimen_lab.bench.fair import add_parser as add_bench_fair
 from poimen_lab.bench.overload import add_parser as add_bench_overload
 from poimen_lab.bench.recall import add_parser as add_bench_recall
 from poimen_lab.bench.rls import add_parser as add_bench_rls
+from poimen_lab.bench.tenants import add_parser as add_bench_tenants
 from poimen_lab.eval.command import add_parser as add_eval
 
 
@@ -21,3 +22,4 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_bench_recall(sub)
     add_bench_overload(sub)
     add_bench_fair(sub)
+    add_bench_tenants(sub)

@@ -66,6 +66,11 @@ QUERY_MAX_CHARS = 2000
 QUERY_MAX_OPERANDS = 16
 # The longest free text a caller attaches to a change: forget's reason, a review's note.
 NOTE_MAX_CHARS = 2000
+# The first key of the two-key advisory locks that order a grant change after a project
+# being made with one of its names, and before (sql/085_tenants.sql, memory.grant_sets);
+# the second key is one of 64 buckets of names. Two-key locks are a space apart from
+# migrate's one-key locks (service/poimen_memory/db/migrate/locks.py).
+LOCK_GRANT_SETS = 0x706F6D67  # "pomg"
 # What an answer does with a result whose support is stale, partial or none (issue 40):
 # rank it below the supported ones, leave it out, or keep the fused order.
 UNSUPPORTED = ("demote", "exclude", "keep")
@@ -280,6 +285,7 @@ def sql_literals() -> dict[str, str]:
         for end, value in zip(("min", "max"), bounds, strict=True)
     }
     out["note_max_chars"] = str(NOTE_MAX_CHARS)
+    out["lock_grant_sets"] = str(LOCK_GRANT_SETS)
     out["query_max_chars"] = str(QUERY_MAX_CHARS)
     out["query_max_operands"] = str(QUERY_MAX_OPERANDS)
     out["reference_time_rule"] = _text(REFERENCE_TIME_RULE)

@@ -115,6 +115,7 @@ class KeyRing:
             )
         if project not in grant.projects:
             raise Forbidden(f"this key does not cover project {project!r}")
+        tenant.assert_for_request(tenant.current().narrowed({project}))
         return project
 
     async def read_scope(
@@ -129,6 +130,8 @@ class KeyRing:
             return project, None
         if project is not None and project not in grant.projects:
             raise Forbidden(f"this key does not cover project {project!r}")
+        if project is not None:
+            tenant.assert_for_request(tenant.current().narrowed({project}))
         return project, sorted(grant.projects)
 
     async def write_projects(self, headers: Mapping[str, str], projects: Iterable[str]) -> None:
@@ -137,6 +140,8 @@ class KeyRing:
             return
         if not grant.can_write:
             raise Forbidden("this key is read-only", hint="create one with --write")
-        outside = sorted(set(projects) - grant.projects)
+        named = set(projects)
+        outside = sorted(named - grant.projects)
         if outside:
             raise Forbidden(f"this key does not cover project(s) {', '.join(outside)}")
+        tenant.assert_for_request(tenant.current().narrowed(named))

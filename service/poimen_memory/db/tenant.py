@@ -59,6 +59,16 @@ class Tenant:
                 raise _refuse(name)
         return cls(p, p if can_write else frozenset(), key_id)
 
+    def narrowed(self, projects: Iterable[str]) -> Tenant:
+        """The same key asserting only the projects a request names (which the caller has
+        checked it covers): what row-level security costs grows with the projects asserted
+        (each is resolved to its id in every statement), so a request naming one project
+        of a key covering 1,000 costs what a one-project key's does (issue 42)."""
+        p = frozenset(projects)
+        if EVERY in self.read or not p:
+            return self
+        return Tenant(self.read & p, self.write & p, self.key_id)
+
     def params(self) -> dict[str, str]:
         return {
             "read": ",".join(sorted(self.read)),

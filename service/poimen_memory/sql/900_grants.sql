@@ -115,7 +115,8 @@ DECLARE
         'memory.stage_sql', 'memory.explain_query', 'memory._explain', 'memory._explained',
         'memory._without_counts', 'memory._answer', 'memory.query',
         'public.memory_query', 'public.memory_optimize_query', 'memory.granted_projects',
-        'memory.granted_project_ids', 'memory._granted_ids', 'memory.granted_all', 'memory._asserted_all', 'memory.time_bound',
+        'memory.granted_project_ids', 'memory._granted_ids', 'memory.granted_all', 'memory._asserted_all',
+        'memory._asserting', 'memory._role_grants', 'memory.time_bound',
         'memory.time_range', 'memory.partitioned', 'memory.partition_tables',
         'memory.history', 'memory.support',
         'memory.support_status', 'memory.parents_present', 'memory._links_max',
@@ -144,12 +145,13 @@ DECLARE
         'memory.clear_embedding_server', 'memory.add_project_partitions',
         'memory.projects_partitions', 'memory.partition_by_project',
         'memory._ensure_trigger', 'memory._ensure_statement_triggers', 'memory._probe', 'memory._ensure_indexes', 'memory._is_project_graph', 'memory._declare_row',
-        'memory._project_graph_defs', 'memory._index_state', 'memory._missing_project_graphs'];
+        'memory._project_graph_defs', 'memory._index_state', 'memory._missing_project_graphs',
+        'memory._refresh_grant_sets', 'memory._grants_changed', 'memory._projects_changed'];
     reader_tables text[] := ARRAY[
         'memory.schema_migrations', 'memory.config', 'memory.projects',
         'memory.embedding_model', 'memory.nodes', 'memory.edges', 'memory.postings',
         'memory.term_stats', 'memory.corpus_stats', 'memory.opensearch_outbox',
-        'memory.project_grants', 'memory.review_queue', 'memory.retention'];
+        'memory.project_grants', 'memory.grant_sets', 'memory.review_queue', 'memory.retention'];
     f regprocedure;
     g record;
     t text;

@@ -21,6 +21,7 @@ BEGIN
         ('postings', 'Derived BM25 postings, one row per (lexeme, node); maintained by triggers on memory.nodes.'),
         ('term_stats', 'Derived BM25 document frequencies per project and lexeme; maintained by triggers.'),
         ('corpus_stats', 'Derived BM25 corpus sizes per project; maintained by triggers.'),
+        ('grant_sets', 'Each role''s grants (memory.project_grants) as one row: the project names it may read and write, and the ids of those that exist. Derived by the triggers of memory.project_grants and memory.projects and rebuilt by every migrate, so that row-level security reads one row per role whatever the number of projects. Each role sees its own row.'),
         ('opensearch_outbox', 'Queue of node changes to mirror into OpenSearch, filled by triggers while opensearch_outbox = on and drained by the service.')
         ) AS v(tbl, note)
         -- to_regclass: this file also runs on a schema before 0017 made _plpython_modules.
@@ -79,6 +80,11 @@ BEGIN
         ('config',            'key',           'setting name, e.g. fusion, rrf_k, plpython_path, opensearch_outbox'),
         ('config',            'value',         'setting value as text, validated by the function that writes it'),
         ('config',            'updated_at',    'when the value last changed'),
+        ('grant_sets', 'role_name',   'the grantee, as in memory.project_grants'),
+        ('grant_sets', 'read_names',  'the project names it may read (* for every project), sorted'),
+        ('grant_sets', 'write_names', 'the project names it may write, sorted'),
+        ('grant_sets', 'read_ids',    'ids of the named projects that exist, sorted (none for *)'),
+        ('grant_sets', 'write_ids',   'ids of the projects it may write that exist, sorted'),
         ('projects',          'id',            'surrogate key'),
         ('projects',          'name',          'unique project name (a memory.project_name) used by every query function'),
         ('projects',          'created_at',    'when the project was first written'),
