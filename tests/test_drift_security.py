@@ -151,8 +151,10 @@ def test_the_issues_attacks_through_the_cli(
 ) -> None:
     """The five tamperings of issue 26 at once: `migrate --check` names each and exits 1,
     `migrate` repairs all of them, and a reader with no grant then sees nothing again."""
-    env = dict(os.environ, POIMEN_DATABASE_URL=fixture_url, POIMEN_HOME=str(plpython_root.parent))
+    env = dict(os.environ, POIMEN_DATABASE_URL=fixture_url)
+    # The fixture's server reads this host's files: the directory is asked for explicitly.
     cli = [sys.executable, "-m", "poimen_memory.cli.main", "migrate"]
+    cli += ["--plpython-dir", str(plpython_root)]
     names = ("rls_off", "extra_policy", "config_grant", "dropped_index", "plpython_path")
     for name in names:
         conn.execute(TAMPERING[name][0])

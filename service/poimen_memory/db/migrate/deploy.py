@@ -20,6 +20,7 @@ from poimen_memory.db.migrate.locks import lock, retrying
 from poimen_memory.db.migrate.plpython import (
     install_plpython,
     module_root,
+    placement,
     plpython_status,
     record_module,
     remove_old_copies,
@@ -38,24 +39,28 @@ def migrate(
     role_prefix: str | None = None,
     build_lock_timeout_s: float = GRAPH_BUILD_LOCK_TIMEOUT_S,
     progress: Callable[[str], None] | None = None,
+    embedder_packages: Path | None = None,
 ) -> MigrateReport:
     """Migrations, then sql/, in one transaction; then, committed, the large projects' own
     HNSW graphs that are missing (build_project_graphs: concurrently, each waiting at most
     build_lock_timeout_s; progress is told of each). role_prefix: POIMEN_ROLE_PREFIX, used by
-    the first migrate of a database only (db/roles.py)."""
+    the first migrate of a database only (db/roles.py). plpython_root: a directory of this
+    host the database server reads, where poimen_core is installed for it (None: the server
+    imports it from the database alone, and a path recorded before is removed);
+    embedder_packages: where the embedder's packages are on the database host (placement)."""
     for d in (layout.MIGRATIONS_DIR, layout.SQL_DIR):
         if not d.is_dir():
             raise MigrationError(
                 f"{d} does not exist",
                 hint="run from a source checkout (pip install -e .); the SQL ships beside the code",
             )
-    py_target: Path | None = None
-    in_database = plpython_root is not None and module_root(plpython_root) is None
+    where = placement(plpython_root, embedder_packages)
     plpython_root = module_root(plpython_root)
-    if plpython_root is not None:
-        py_target = install_plpython(plpython_root)
+    py_target = None if plpython_root is None else install_plpython(plpython_root)
+    if plpython_root is not None and embedder_packages is None:
+        server_python_deps(plpython_root.parent)  # copies them where deps_target said
     py_path = None if py_target is None else str(py_target)
-    deps = None if plpython_root is None else server_python_deps(plpython_root.parent)
+    deps = where.deps
 
     def attempt(
         wait_s: float, attempt_s: float
@@ -69,7 +74,7 @@ def migrate(
             applied, already = apply_pending(conn, notices)
             schema = vector_schema(conn) or "public"
             use_vector_schema(conn, schema)
-            record_module(conn, py_path, deps, in_database=in_database)
+            record_module(conn, where)
             roles, move_from, kept = choose_roles(conn, role_prefix)
             if not kept:
                 record_roles(conn, roles)

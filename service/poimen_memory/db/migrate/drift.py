@@ -28,8 +28,9 @@ from poimen_memory.db.migrate.layout import catalog
 from poimen_memory.db.migrate.ledger import pending_migrations
 from poimen_memory.db.migrate.locks import lock, retrying
 from poimen_memory.db.migrate.plpython import (
-    deps_target,
+    Placement,
     module_findings,
+    placement,
     plpython_findings,
     write_config,
 )
@@ -81,10 +82,14 @@ def check(
     lock_timeout_s: float = 10.0,
     plpython_root: Path | None = None,
     role_prefix: str | None = None,
+    where: Placement | None = None,
 ) -> DriftReport:
-    """Compare the database with migrations/ and sql/ without changing it. plpython_root:
-    where migrate installs the PL/Python module on this host (then memory.config is compared
-    with what migrate would write there); without it only the keys' consistency is."""
+    """Compare the database with migrations/ and sql/ without changing it. where: where
+    migrate would have the server import PL/Python from (placement(); plpython_root is its
+    shorthand, migrate's argument): memory.config is compared with what migrate writes for
+    it. Without either only the recorded keys' consistency is (a caller that does not say)."""
+    if where is None and plpython_root is not None:
+        where = placement(plpython_root)
 
     def attempt(wait_s: float, attempt_s: float) -> DriftReport:
         with conn.transaction(force_rollback=True):
@@ -100,10 +105,9 @@ def check(
             protected = _protection(conn, *compared)
             if not kept:  # a finding: "config missing (migrate restores it)"
                 record_roles(conn, roles)
-            py_path, found = plpython_findings(conn, plpython_root)
-            if py_path is not None and plpython_root is not None:
-                deps = deps_target(plpython_root.parent)
-                write_config(conn, py_path, deps)
+            found = plpython_findings(conn, where)
+            if where is not None:
+                write_config(conn, where)
             conn.execute(catalog("check_mark"))
             apply_sql_files(conn, schema, roles)
             if move_from is not None:
