@@ -41,7 +41,7 @@ def _hidden_cluster(base: Path, hidden: list[Path]) -> Cluster:
     opts = f"-p {c.port} -k {c.socket_dir} -c listen_addresses='' -c fsync=off"
     start = (
         f"{mounts} && exec setpriv --reuid=postgres --regid=postgres --init-groups"
-        f" {c.bin_dir / 'pg_ctl'} -D {c.data_dir} -l {c.log_file} -o \"{opts}\" -w -t 60 start"
+        f' {c.bin_dir / "pg_ctl"} -D {c.data_dir} -l {c.log_file} -o "{opts}" -w -t 60 start'
     )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     run = subprocess.run(
