@@ -12,11 +12,17 @@ from typing import Any
 import psycopg
 
 import poimen_memory.db.migrate.layout as layout
-from poimen_memory.db.migrate.apply import apply_sql_files, use_vector_schema, vector_schema
+from poimen_memory.db.migrate.apply import (
+    apply_sql_files,
+    touched,
+    use_vector_schema,
+    vector_schema,
+)
 from poimen_memory.db.migrate.graphs import build_project_graphs, scale_warnings
 from poimen_memory.db.migrate.interface import GRAPH_BUILD_LOCK_TIMEOUT_S, MigrateReport
 from poimen_memory.db.migrate.ledger import apply_pending, create_ledger
 from poimen_memory.db.migrate.locks import lock, retrying
+from poimen_memory.db.migrate.owners import foreign_findings, repair_owners
 from poimen_memory.db.migrate.plpython import (
     install_plpython,
     module_root,
@@ -64,11 +70,22 @@ def migrate(
 
     def attempt(
         wait_s: float, attempt_s: float
-    ) -> tuple[list[str], list[str], list[str], str, list[Path], Roles]:
+    ) -> tuple[list[str], list[str], list[str], str, list[Path], Roles, list[str]]:
         notices: list[str] = []
         with conn.transaction():
             lock(conn, wait_s, attempt_s)
             create_ledger(conn)
+            # The product's objects back to schema memory's owner first: migrate re-creates
+            # and alters them, which only their owner may.
+            owners = repair_owners(conn)
+            if owners.left:
+                raise MigrationError(
+                    "objects of the product are owned by a role this one may not take them from",
+                    detail="\n".join(owners.left),
+                    hint="run the statements named (as a superuser, or a member of both"
+                    " roles), then migrate again",
+                )
+            notices.extend(f"repaired: {line}" for line in owners.findings)
             # Independent of the session's search_path (even ''): public, plus pgvector's schema.
             use_vector_schema(conn, vector_schema(conn) or "public")
             applied, already = apply_pending(conn, notices)
@@ -81,9 +98,13 @@ def migrate(
             sql_files = apply_sql_files(conn, schema, roles)
             if move_from is not None:
                 notices.extend(move_roles(conn, move_from, roles, schema))
-        return applied, already, notices, schema, sql_files, roles
+            mine = {str(r[0]) for r in conn.execute(touched())}
+            compared = (roles,) if move_from is None else (roles, move_from)
+            # Not the product's to drop: named, for a person (`migrate --check` too).
+            left = foreign_findings(conn, compared, mine)
+        return applied, already, notices, schema, sql_files, roles, left
 
-    (applied, already, notices, schema, sql_files, roles), waits = retrying(
+    (applied, already, notices, schema, sql_files, roles, left), waits = retrying(
         conn, lock_timeout_s, attempt
     )
     graphs = build_project_graphs(conn, lock_timeout_s=build_lock_timeout_s, progress=progress)
@@ -103,7 +124,7 @@ def migrate(
         waits,
         installed,
         roles,
-        shared_roles(conn, roles),
+        [*left, *shared_roles(conn, roles)],
         scale_warnings(conn),
         graphs,
     )
