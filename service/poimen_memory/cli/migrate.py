@@ -42,6 +42,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             )
         for wait in drift.lock_waits:
             print(f"notice: waited for a lock, retried: {wait}", file=sys.stderr)
+        # What protects the data first: the ways around row-level security lead.
+        for finding in drift.findings:
+            print(finding)
         for label, items in (
             ("pending migration", drift.pending_migrations),
             ("changed by hand (differs from sql/)", drift.changed),
@@ -50,8 +53,6 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         ):
             for item in items:
                 print(f"{label}: {item}")
-        for finding in drift.findings:
-            print(finding)
         for warning in drift.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         for warning in drift.scale_warnings:
