@@ -6,8 +6,8 @@ must be importable by the server's own Python, on the database host. Either in a
 that host, one subdirectory per Python X.Y, whose root memory.config records (plpython_deps:
 `make setup` fills .venv/server-python for the embedded cluster; on another host
 scripts/install-embedder.sh fills one and `poimen-memory migrate --embedder-packages DIR`
-records it), or, with no plpython_deps, anywhere on that Python's own sys.path. The model is loaded once per backend and kept
-in PL/Python's GD; a later call only tokenizes and runs it.
+records it), or, with no plpython_deps, anywhere on that Python's own sys.path. The model is
+loaded once per backend and kept in PL/Python's GD; a later call only tokenizes and runs it.
 """
 
 from __future__ import annotations
