@@ -338,9 +338,7 @@ def test_psql_example(
     for stmt in ex.statements:
         if stmt.shell:  # between psql sessions
             flush()
-            outputs.append(
-                (stmt, _run_shell(_sub(stmt.text, subs), database, plpython_root))
-            )
+            outputs.append((stmt, _run_shell(_sub(stmt.text, subs), database, plpython_root)))
         else:
             pending.append(stmt)
     flush()
