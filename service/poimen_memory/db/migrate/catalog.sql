@@ -361,7 +361,8 @@ UNION ALL
 SELECT 'FUNCTION', p.oid::regprocedure::text, pg_catalog.pg_get_userbyid(p.proowner)::text,
        pg_catalog.pg_get_userbyid(s.nspowner)::text
 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace CROSS JOIN s
-WHERE n.nspname || '.' || p.proname = ANY (%(functions)s) AND p.proowner <> s.nspowner
+WHERE n.nspname IN ('memory', 'public') AND p.proowner <> s.nspowner
+  AND n.nspname || '.' || p.proname = ANY (%(functions)s)
 ORDER BY 1, 2;
 
 -- name: alter_owner

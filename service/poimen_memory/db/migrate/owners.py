@@ -22,10 +22,10 @@ import poimen_memory.db.migrate.layout as layout
 from poimen_memory.db.migrate.layout import catalog
 from poimen_memory.db.roles import Roles
 
-_CREATE_TABLE = re.compile(r"\bCREATE TABLE (?:IF NOT EXISTS )?memory\.(\w+)", re.IGNORECASE)
+# The files write their DDL upper case (a case-blind search finds no more).
+_CREATE_TABLE = re.compile(r"\bCREATE TABLE (?:IF NOT EXISTS )?memory\.(\w+)")
 _CREATE_FUNCTION = re.compile(
-    r"\bCREATE (?:OR REPLACE )?(?:FUNCTION|PROCEDURE|AGGREGATE) (memory\.\w+|public\.memory_\w+)",
-    re.IGNORECASE,
+    r"\bCREATE (?:OR REPLACE )?(?:FUNCTION|PROCEDURE|AGGREGATE) (memory\.\w+|public\.memory_\w+)"
 )
 
 
