@@ -230,12 +230,16 @@ def _run_psql(psql: Path, url: str, statements: list[str]) -> list[list[str]]:
     return [c.splitlines() for c in chunks[1:-1]]
 
 
-def _run_shell(command: str, url: str, home: Path) -> list[str]:
+def _run_shell(command: str, url: str, root: Path) -> list[str]:
+    # The fixture was migrated with a PL/Python directory its server reads: named to
+    # migrate (a database named by a URL records none unless asked), so --check compares
+    # memory.config with it.
     prelude = (
-        f'poimen-memory() {{ {shlex.quote(sys.executable)} -m poimen_memory.cli.main "$@"; }}\n'
+        'poimen-memory() { if [ "$1" = migrate ]; then shift;'
+        f' set -- migrate --plpython-dir {shlex.quote(str(root))} "$@"; fi;'
+        f' {shlex.quote(sys.executable)} -m poimen_memory.cli.main "$@"; }}\n'
     )
-    # The home whose plpython/ the fixture was migrated with: --check compares memory.config.
-    env = {**os.environ, "POIMEN_DATABASE_URL": url, "POIMEN_HOME": str(home)}
+    env = {**os.environ, "POIMEN_DATABASE_URL": url}
     proc = subprocess.run(
         ["bash", "-c", prelude + command], env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, timeout=120, check=False,
@@ -334,9 +338,7 @@ def test_psql_example(
     for stmt in ex.statements:
         if stmt.shell:  # between psql sessions
             flush()
-            outputs.append(
-                (stmt, _run_shell(_sub(stmt.text, subs), database, plpython_root.parent))
-            )
+            outputs.append((stmt, _run_shell(_sub(stmt.text, subs), database, plpython_root)))
         else:
             pending.append(stmt)
     flush()

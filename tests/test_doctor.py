@@ -135,8 +135,9 @@ def test_the_text_report_wraps_each_cost_under_its_capability(
     assert all(len(line) <= 80 for line in lines), text
     at = next(i for i, line in enumerate(lines) if line.startswith("embedder "))
     assert lines[at].split()[1] == "off"
-    following = " ".join(" ".join(lines[at : at + 12]).split())
-    assert "off the in-database embedder is not installed on this host" in following
+    following = " ".join(" ".join(lines[at : at + 20]).split())
+    assert "off the in-database embedder cannot be imported on the database host" in following
+    assert "--embedder-packages DIR" in following
     assert ("without it: " + COSTS["embedder"])[:60] in following
     assert lines[-1] == "warning: off (optional): embedder, pg_stat_statements"
 
@@ -257,7 +258,13 @@ def test_the_module_from_the_database_and_no_embedder_are_warnings(
         "imported from memory._plpython_modules, in the database (checksum "
     )
     assert caps["embedder"]["status"] == "off"
-    assert "the in-database embedder is not installed on this host" in caps["embedder"]["detail"]
+    detail = caps["embedder"]["detail"]
+    # What is missing on the server, where it looked, and what to do there.
+    assert detail.startswith(
+        "the in-database embedder cannot be imported on the database host (No module named "
+    ), detail
+    assert "looked in its own sys.path: memory.config has no plpython_deps" in detail
+    assert "then run `poimen-memory migrate --embedder-packages DIR`" in detail
     assert caps["embedder"]["cost"] == COSTS["embedder"]
 
 

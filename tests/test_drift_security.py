@@ -19,6 +19,7 @@ from conftest import db_roles, make_role
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import check, migrate
+from poimen_memory.errors import MigrationError
 
 Conn = psycopg.Connection[Any]
 
@@ -96,6 +97,34 @@ TAMPERING = {
         "SELECT value <> 'feed' FROM memory.config WHERE key = 'plpython_checksum'",
         True,
     ),
+    # FORCE off, held (sql/085_tenants.sql): the owner's SECURITY DEFINER functions act on
+    # every project's rows.
+    "force_rls": (
+        "ALTER TABLE memory.nodes FORCE ROW LEVEL SECURITY",
+        "row-level security changed by hand: memory.nodes: enabled, forced (migrate makes it:"
+        " enabled)",
+        "SELECT relforcerowsecurity FROM pg_class WHERE oid = 'memory.nodes'::regclass",
+        False,
+    ),
+    # Its owner reads the API keys around row-level security and may alter the table.
+    "owner": (
+        "DO $$ BEGIN IF to_regrole('drift_other_owner') IS NULL THEN"
+        " CREATE ROLE drift_other_owner; END IF; END $$;"
+        " ALTER TABLE memory.api_keys OWNER TO drift_other_owner",
+        "owner changed by hand: TABLE memory.api_keys: drift_other_owner (migrate makes it:"
+        " postgres, the owner of schema memory)",
+        "SELECT relowner::regrole::text FROM pg_class WHERE oid = 'memory.api_keys'::regclass",
+        "postgres",
+    ),
+    "function_owner": (
+        "DO $$ BEGIN IF to_regrole('drift_other_owner') IS NULL THEN"
+        " CREATE ROLE drift_other_owner; END IF; END $$;"
+        " ALTER FUNCTION memory.set_policy(text, text) OWNER TO drift_other_owner",
+        "owner changed by hand: FUNCTION memory.set_policy(text,text): drift_other_owner",
+        "SELECT proowner::regrole::text FROM pg_proc"
+        " WHERE oid = 'memory.set_policy(text, text)'::regprocedure",
+        "postgres",
+    ),
     "default_privilege": (
         "ALTER DEFAULT PRIVILEGES IN SCHEMA memory GRANT SELECT ON TABLES TO poimen_memory_reader",
         "default privilege not from sql/ (migrate removes it): SELECT on the tables postgres "
@@ -151,8 +180,10 @@ def test_the_issues_attacks_through_the_cli(
 ) -> None:
     """The five tamperings of issue 26 at once: `migrate --check` names each and exits 1,
     `migrate` repairs all of them, and a reader with no grant then sees nothing again."""
-    env = dict(os.environ, POIMEN_DATABASE_URL=fixture_url, POIMEN_HOME=str(plpython_root.parent))
+    env = dict(os.environ, POIMEN_DATABASE_URL=fixture_url)
+    # The fixture's server reads this host's files: the directory is asked for explicitly.
     cli = [sys.executable, "-m", "poimen_memory.cli.main", "migrate"]
+    cli += ["--plpython-dir", str(plpython_root)]
     names = ("rls_off", "extra_policy", "config_grant", "dropped_index", "plpython_path")
     for name in names:
         conn.execute(TAMPERING[name][0])
@@ -257,3 +288,186 @@ def test_a_function_the_owner_adds_later_is_not_public(conn: Conn) -> None:
     # And --check leaves the DBA's function (and its grants) alone: no finding about it.
     drift = check(conn)
     assert drift.extra == ["memory.dba_node_count()"] and drift.findings == []
+
+
+# -- around row-level security, by objects the product did not make (issue 44) ----------
+
+ALL_NODES = (
+    "CREATE VIEW memory.all_nodes AS SELECT id, project_id, text FROM memory.nodes;"
+    " GRANT SELECT ON memory.all_nodes TO poimen_memory_reader"
+)
+VIEW_FINDING = (
+    "not from the product, usable by poimen_memory_reader (migrate leaves it to a person:"
+    " drop it or revoke): VIEW memory.all_nodes owned by postgres: reads memory.nodes"
+    " (row-level security) as its owner, around row-level security"
+)
+PEEK_FINDING = (
+    "not from the product, usable by PUBLIC (migrate leaves it to a person: drop it or"
+    " revoke): FUNCTION memory.drift_peek() owned by drift_admin: SECURITY DEFINER: runs as"
+    " its owner, around row-level security"
+)
+
+
+def _as_reader(conn: Conn, query: str) -> Any:
+    """What a member of the reader role granted no project gets from query."""
+    make_role(conn, "drift_reader", "reader")
+    conn.execute("SELECT memory.revoke_project('drift_reader', '*')")
+    conn.execute("SET ROLE drift_reader")
+    try:
+        return _one(conn, query)
+    finally:
+        conn.execute("RESET ROLE")
+
+
+def _foreign_peek(conn: Conn) -> None:
+    """Another administrator's SECURITY DEFINER function in the schema: it may read every
+    row (BYPASSRLS), and, made without the product's default privileges, PUBLIC may run it."""
+    conn.execute(
+        "DO $$ BEGIN IF to_regrole('drift_admin') IS NULL THEN"
+        " CREATE ROLE drift_admin NOLOGIN BYPASSRLS; END IF; END $$"
+    )
+    conn.execute("GRANT USAGE, CREATE ON SCHEMA memory TO drift_admin")
+    conn.execute("GRANT SELECT ON memory.nodes TO drift_admin")
+    conn.execute("SET ROLE drift_admin")
+    try:
+        conn.execute(
+            "CREATE FUNCTION memory.drift_peek() RETURNS bigint LANGUAGE sql SECURITY DEFINER"
+            " SET search_path = pg_catalog, pg_temp AS 'SELECT count(*) FROM memory.nodes'"
+        )
+    finally:
+        conn.execute("RESET ROLE")
+
+
+def _forget_peek(conn: Conn) -> None:
+    conn.execute("DROP FUNCTION memory.drift_peek()")
+    conn.execute("REVOKE ALL ON SCHEMA memory FROM drift_admin")
+    conn.execute("REVOKE ALL ON memory.nodes FROM drift_admin")
+
+
+def test_a_view_around_row_level_security_is_named_first_and_left_to_a_person(
+    conn: Conn, plpython_root: Path
+) -> None:
+    conn.execute(ALL_NODES)
+    # And a table of the DBA's that PUBLIC may read: usable, but reading no protected row.
+    conn.execute(
+        "CREATE TABLE memory.dba_notes (note text); GRANT SELECT ON memory.dba_notes TO PUBLIC"
+    )
+    # The attack works: a reader granted no project reads every project's nodes.
+    assert _as_reader(conn, "SELECT count(*) FROM memory.nodes") == 0
+    assert _as_reader(conn, "SELECT count(*) FROM memory.all_nodes") > 0
+    drift = check(conn, plpython_root=plpython_root)
+    assert not drift.clean
+    assert drift.findings[0] == VIEW_FINDING, drift.findings
+    assert (
+        "not from the product, usable by PUBLIC (migrate leaves it to a person: drop it or"
+        " revoke): TABLE memory.dba_notes owned by postgres"
+    ) in drift.findings[1:]
+    # migrate changes neither (they are the DBA's), and says so.
+    report = migrate(conn, plpython_root)
+    assert VIEW_FINDING in report.warnings, report.warnings
+    assert _as_reader(conn, "SELECT count(*) FROM memory.all_nodes") > 0
+    assert check(conn, plpython_root=plpython_root).findings[0] == VIEW_FINDING
+    # A person drops them: no drift.
+    conn.execute("DROP VIEW memory.all_nodes; DROP TABLE memory.dba_notes")
+    assert check(conn, plpython_root=plpython_root).clean
+
+
+def test_a_view_that_runs_as_its_caller_is_named_but_not_as_a_way_around(conn: Conn) -> None:
+    conn.execute(
+        "CREATE VIEW memory.my_nodes WITH (security_invoker = true) AS SELECT id FROM"
+        " memory.nodes; GRANT SELECT ON memory.my_nodes TO poimen_memory_reader"
+    )
+    assert _as_reader(conn, "SELECT count(*) FROM memory.my_nodes") == 0
+    found = [f for f in check(conn).findings if "memory.my_nodes" in f]
+    assert found == [
+        "not from the product, usable by poimen_memory_reader (migrate leaves it to a person:"
+        " drop it or revoke): VIEW memory.my_nodes owned by postgres"
+    ], found
+    conn.execute("DROP VIEW memory.my_nodes")
+
+
+def test_another_admins_security_definer_function_is_named(conn: Conn, plpython_root: Path) -> None:
+    _foreign_peek(conn)
+    try:
+        assert _as_reader(conn, "SELECT memory.drift_peek()") > 0  # every project's nodes
+        drift = check(conn, plpython_root=plpython_root)
+        assert drift.findings[0] == PEEK_FINDING, drift.findings
+        assert drift.extra == ["memory.drift_peek()"]
+        report = migrate(conn, plpython_root)
+        assert PEEK_FINDING in report.warnings
+        assert check(conn, plpython_root=plpython_root).findings == [PEEK_FINDING]
+    finally:
+        _forget_peek(conn)
+    assert check(conn, plpython_root=plpython_root).clean
+
+
+def test_a_database_ahead_of_the_code(conn: Conn, plpython_root: Path) -> None:
+    conn.execute(
+        "INSERT INTO memory.schema_migrations (version, checksum)"
+        " VALUES ('9999_from_a_newer_release', 'feed')"
+    )
+    drift = check(conn, plpython_root=plpython_root)
+    assert not drift.clean
+    assert drift.findings == [
+        "migration in the database this code does not know (migrate refuses it: deploy a"
+        " newer poimen-memory; migrations are forward-only): 9999_from_a_newer_release"
+    ]
+    with pytest.raises(MigrationError, match="migrations this code does not know"):
+        migrate(conn, plpython_root)
+    conn.execute("DELETE FROM memory.schema_migrations WHERE version = '9999_from_a_newer_release'")
+    assert check(conn, plpython_root=plpython_root).clean
+
+
+def test_issue_44s_findings_through_the_cli(
+    fixture_url: str, conn: Conn, plpython_root: Path
+) -> None:
+    """Each way around row-level security of issue 44: `migrate --check` exits 1 naming it;
+    migrate repairs the product's (the owner, FORCE) and names what it leaves (the view,
+    the function); a database ahead of the code is a finding, and migrate refuses it."""
+    env = dict(os.environ, POIMEN_DATABASE_URL=fixture_url)
+    cli = [sys.executable, "-m", "poimen_memory.cli.main", "migrate"]
+    cli += ["--plpython-dir", str(plpython_root)]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cli, *args], env=env, capture_output=True, text=True, check=False)
+
+    conn.execute(ALL_NODES)
+    _foreign_peek(conn)
+    for name in ("owner", "force_rls"):
+        conn.execute(TAMPERING[name][0])
+    try:
+        out = run("--check")
+        assert out.returncode == 1, out.stdout + out.stderr
+        lines = out.stdout.splitlines()
+        # The two ways around row-level security come first.
+        assert lines[:2] == [PEEK_FINDING, VIEW_FINDING], lines
+        for name in ("owner", "force_rls"):
+            assert TAMPERING[name][1] in out.stdout, (name, out.stdout)
+        fix = run()
+        assert fix.returncode == 0, fix.stdout + fix.stderr
+        for name in ("owner", "force_rls"):
+            assert _one(conn, TAMPERING[name][2]) == TAMPERING[name][3], name
+        assert f"warning: {VIEW_FINDING}" in fix.stderr and f"warning: {PEEK_FINDING}" in fix.stderr
+        left = run("--check")
+        assert left.returncode == 1
+        assert left.stdout.splitlines() == [
+            PEEK_FINDING,
+            VIEW_FINDING,
+            "not from sql/ (left alone): memory.drift_peek()",
+            "drift found: run `poimen-memory migrate` to re-apply sql/",
+        ], left.stdout
+    finally:
+        conn.execute("DROP VIEW IF EXISTS memory.all_nodes")
+        _forget_peek(conn)
+    ok = run("--check")
+    assert ok.returncode == 0 and "no drift" in ok.stdout, ok.stdout + ok.stderr
+
+    conn.execute(
+        "INSERT INTO memory.schema_migrations (version, checksum) VALUES ('9999_newer', 'feed')"
+    )
+    ahead = run("--check")
+    assert (
+        ahead.returncode == 1 and "does not know" in ahead.stdout and "9999_newer" in ahead.stdout
+    )
+    refused = run()
+    assert refused.returncode != 0 and "9999_newer" in refused.stderr, refused.stderr

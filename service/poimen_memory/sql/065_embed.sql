@@ -64,7 +64,7 @@ AS $$
 code = plpy.execute("SELECT memory.plpython_load() AS p")[0]["p"]
 embed_for_sql = GD["poimen_entry"](
     "embedentry", "embed_for_sql", "embedding",
-    "Run `poimen-memory migrate` on this database host, or pass query_embedding.")
+    "Run `poimen-memory migrate` (from any host: it writes the module into the database), or pass query_embedding.")
 cfg = plpy.execute(
     "SELECT (SELECT value FROM memory.config WHERE key = 'plpython_deps') AS deps_root,"
     " m.model AS configured_model, m.dim,"

@@ -467,7 +467,7 @@ AS $$
 plpy.execute("SELECT memory.plpython_load()")
 add_nodes_for_sql = GD["poimen_entry"](
     "addnodes", "add_nodes_for_sql", "ingest",
-    "Run `poimen-memory migrate` on this database host, or write through the service.")
+    "Run `poimen-memory migrate` (from any host: it writes the module into the database), or write through the service.")
 return add_nodes_for_sql(plpy, nodes)
 $$;
 COMMENT ON FUNCTION memory._add_nodes(jsonb) IS

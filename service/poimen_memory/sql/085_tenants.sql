@@ -453,6 +453,22 @@ BEGIN
             EXECUTE pg_catalog.format('ALTER TABLE memory.%I ENABLE ROW LEVEL SECURITY', t);
         END IF;
     END LOOP;
+    -- FORCE off, and held: the policies bind the product's roles, never the owner, whose
+    -- SECURITY DEFINER functions (the statistics and outbox triggers, grant_project, the
+    -- partitions' upkeep) act on every project's rows; forced, they would see only the
+    -- projects granted to the owner and the statistics would drift. Partitions too.
+    FOR rel IN
+        SELECT c.oid::regclass FROM pg_catalog.pg_class c
+        WHERE c.relforcerowsecurity
+          AND (c.oid = ANY (SELECT pg_catalog.to_regclass(pg_catalog.format('memory.%I', x))
+                            FROM pg_catalog.unnest(tables) x)
+               OR c.oid IN (SELECT i.inhrelid FROM pg_catalog.pg_inherits i
+                            WHERE i.inhparent = ANY (
+                                SELECT pg_catalog.to_regclass(pg_catalog.format('memory.%I', x))
+                                FROM pg_catalog.unnest(tables) x)))
+    LOOP
+        EXECUTE pg_catalog.format('ALTER TABLE %s NO FORCE ROW LEVEL SECURITY', rel);
+    END LOOP;
 
     wanted := ARRAY[
         -- By to_regrole (NULL for a dropped role, and pg_has_role of NULL is NULL): an

@@ -39,6 +39,7 @@ DECLARE
     t text;
     msg text;
     det text;
+    hin text;
     member_of text;
 BEGIN
     SELECT r.rolsuper, r.rolcreaterole, r.rolbypassrls
@@ -169,10 +170,13 @@ BEGIN
             END IF;
             probes := probes || jsonb_build_object(py_probe, jsonb_build_object('on', true, 'detail', py_detail));
         EXCEPTION WHEN OTHERS THEN
-            GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL;
+            -- The hint too: on another database host it says what to install there.
+            GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL,
+                                    hin = PG_EXCEPTION_HINT;
             probes := probes || jsonb_build_object(py_probe, jsonb_build_object('on', false,
                 'detail', pg_catalog.regexp_replace(msg, '^plpy\.\w+: ', '')
-                          || coalesce(' (' || nullif(det, '') || ')', '')));
+                          || coalesce(' (' || nullif(det, '') || ')', '')
+                          || coalesce('. ' || nullif(hin, ''), '')));
         END;
     END LOOP;
 

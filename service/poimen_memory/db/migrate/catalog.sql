@@ -336,3 +336,101 @@ JOIN grantee g ON g.oid = a.grantee
 UNION ALL
 SELECT 'config', 'memory.config ' || c.key, c.value FROM memory.config c
 WHERE c.key IN ('plpython_path', 'plpython_checksum', 'plpython_deps', 'role_prefix');
+
+
+-- name: current_role
+SELECT current_user::text;
+
+-- name: wrong_owners
+-- The product's tables (migrations/ makes them), their partitions, and the functions sql/
+-- defines (by name), where the owner is not schema memory's.
+WITH s AS (
+    SELECT n.oid, n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname = 'memory'
+), product AS (
+    SELECT c.oid FROM pg_catalog.pg_class c JOIN s ON s.oid = c.relnamespace
+    WHERE c.relkind IN ('r', 'p') AND c.relname = ANY (%(tables)s)
+), rels AS (
+    SELECT oid FROM product
+    UNION SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN product p ON p.oid = i.inhparent
+)
+SELECT 'TABLE', c.oid::regclass::text, pg_catalog.pg_get_userbyid(c.relowner)::text,
+       pg_catalog.pg_get_userbyid(s.nspowner)::text
+FROM rels r JOIN pg_catalog.pg_class c ON c.oid = r.oid CROSS JOIN s
+WHERE c.relowner <> s.nspowner
+UNION ALL
+SELECT 'FUNCTION', p.oid::regprocedure::text, pg_catalog.pg_get_userbyid(p.proowner)::text,
+       pg_catalog.pg_get_userbyid(s.nspowner)::text
+FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace CROSS JOIN s
+WHERE n.nspname IN ('memory', 'public') AND p.proowner <> s.nspowner
+  AND n.nspname || '.' || p.proname = ANY (%(functions)s)
+ORDER BY 1, 2;
+
+-- name: alter_owner
+ALTER {kind} {name} OWNER TO {owner};
+
+-- name: foreign_usable
+-- Relations (not the product's tables, their partitions, or what depends on them: owned
+-- sequences, indexes) and functions in schema memory on which PUBLIC or one of the product's
+-- roles holds a privilege: (kind, name, who, owner, how it reads around
+-- row-level security or NULL). The caller leaves out the functions sql/ made.
+WITH grantee(oid, name) AS (
+    SELECT 0::oid, 'PUBLIC'
+    UNION ALL
+    SELECT r.oid, r.rolname::text FROM pg_catalog.pg_roles r WHERE r.rolname = ANY (%(grantees)s)
+), s AS (
+    SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = 'memory'
+), product AS (
+    SELECT c.oid FROM pg_catalog.pg_class c JOIN s ON s.oid = c.relnamespace
+    WHERE c.relname = ANY (%(tables)s)
+), mine AS (
+    SELECT oid FROM product
+    UNION SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN product p ON p.oid = i.inhparent
+    UNION SELECT d.objid FROM pg_catalog.pg_depend d JOIN product p ON p.oid = d.refobjid
+          WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.deptype IN ('a', 'i')
+), rels AS (
+    SELECT c.oid, c.relkind, c.relacl, c.relowner, c.reloptions
+    FROM pg_catalog.pg_class c JOIN s ON s.oid = c.relnamespace
+    WHERE c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+      AND NOT EXISTS (SELECT 1 FROM mine WHERE mine.oid = c.oid)
+), used AS (
+    SELECT c.oid, pg_catalog.string_agg(DISTINCT g.name, ', ' ORDER BY g.name) AS users
+    FROM rels c
+    CROSS JOIN LATERAL (
+        SELECT coalesce(c.relacl, pg_catalog.acldefault(
+                   CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END::"char", c.relowner)) AS acl
+        UNION ALL
+        SELECT a.attacl FROM pg_catalog.pg_attribute a
+        WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+          AND a.attacl IS NOT NULL) x
+    CROSS JOIN LATERAL pg_catalog.aclexplode(x.acl) e
+    JOIN grantee g ON g.oid = e.grantee
+    GROUP BY c.oid
+)
+SELECT CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
+                      WHEN 'S' THEN 'SEQUENCE' WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END,
+       c.oid::regclass::text, u.users, pg_catalog.pg_get_userbyid(c.relowner)::text,
+       -- A view reads its tables as its owner (unless security_invoker); a materialized
+       -- view holds what its owner read.
+       CASE WHEN c.relkind = 'm' OR NOT EXISTS (
+                SELECT 1 FROM pg_catalog.unnest(c.reloptions) o
+                WHERE o ~* '^security_invoker=(true|on|yes|1)$') THEN
+           (SELECT 'reads ' || pg_catalog.string_agg(DISTINCT t.oid::regclass::text, ', ')
+                   || ' (row-level security) as its owner, around row-level security'
+            FROM pg_catalog.pg_rewrite w
+            JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::regclass
+                                       AND d.objid = w.oid
+            JOIN pg_catalog.pg_class t ON t.oid = d.refobjid AND t.relrowsecurity
+            WHERE w.ev_class = c.oid AND t.oid <> c.oid)
+       END
+FROM used u JOIN rels c ON c.oid = u.oid
+UNION ALL
+SELECT 'FUNCTION', p.oid::regprocedure::text,
+       pg_catalog.string_agg(DISTINCT g.name, ', ' ORDER BY g.name),
+       pg_catalog.pg_get_userbyid(p.proowner)::text,
+       CASE WHEN p.prosecdef THEN 'SECURITY DEFINER: runs as its owner, around row-level security' END
+FROM pg_catalog.pg_proc p JOIN s ON s.oid = p.pronamespace
+CROSS JOIN LATERAL pg_catalog.aclexplode(
+    coalesce(p.proacl, pg_catalog.acldefault('f', p.proowner))) e
+JOIN grantee g ON g.oid = e.grantee
+GROUP BY p.oid
+ORDER BY 1, 2;

@@ -25,11 +25,13 @@ from poimen_memory.db.migrate.apply import (
 from poimen_memory.db.migrate.graphs import missing_project_graphs, scale_warnings
 from poimen_memory.db.migrate.interface import DriftReport
 from poimen_memory.db.migrate.layout import catalog
-from poimen_memory.db.migrate.ledger import pending_migrations
+from poimen_memory.db.migrate.ledger import AHEAD_HINT, pending_migrations, unknown_migrations
 from poimen_memory.db.migrate.locks import lock, retrying
+from poimen_memory.db.migrate.owners import current_role, foreign_findings, repair_owners
 from poimen_memory.db.migrate.plpython import (
-    deps_target,
+    Placement,
     module_findings,
+    placement,
     plpython_findings,
     write_config,
 )
@@ -81,14 +83,31 @@ def check(
     lock_timeout_s: float = 10.0,
     plpython_root: Path | None = None,
     role_prefix: str | None = None,
+    where: Placement | None = None,
 ) -> DriftReport:
-    """Compare the database with migrations/ and sql/ without changing it. plpython_root:
-    where migrate installs the PL/Python module on this host (then memory.config is compared
-    with what migrate would write there); without it only the keys' consistency is."""
+    """Compare the database with migrations/ and sql/ without changing it. where: where
+    migrate would have the server import PL/Python from (placement(); plpython_root is its
+    shorthand, migrate's argument): memory.config is compared with what migrate writes for
+    it. Without either only the recorded keys' consistency is (a caller that does not say)."""
+    if where is None and plpython_root is not None:
+        where = placement(plpython_root)
 
     def attempt(wait_s: float, attempt_s: float) -> DriftReport:
         with conn.transaction(force_rollback=True):
             lock(conn, wait_s, attempt_s)
+            ahead = unknown_migrations(conn)
+            if ahead:  # this code's sql/ is older than the schema: nothing else compares
+                return DriftReport(
+                    [],
+                    [],
+                    [],
+                    [],
+                    findings=[
+                        f"migration in the database this code does not know (migrate refuses"
+                        f" it: {AHEAD_HINT}): {v}"
+                        for v in ahead
+                    ],
+                )
             pending = pending_migrations(conn)
             if pending:  # the files need the pending migrations' tables: report those only
                 return DriftReport(pending, [], [], [])
@@ -98,20 +117,42 @@ def check(
             roles, move_from, kept = choose_roles(conn, role_prefix)
             compared = (roles,) if move_from is None else (roles, move_from)
             protected = _protection(conn, *compared)
+            # Given back as migrate does (or left, where this role may not), so that sql/
+            # applies and what follows compares with what migrate makes.
+            owners = repair_owners(conn)
             if not kept:  # a finding: "config missing (migrate restores it)"
                 record_roles(conn, roles)
-            py_path, found = plpython_findings(conn, plpython_root)
-            if py_path is not None and plpython_root is not None:
-                deps = deps_target(plpython_root.parent)
-                write_config(conn, py_path, deps)
+            found = plpython_findings(conn, where)
+            if where is not None:
+                write_config(conn, where)
             conn.execute(catalog("check_mark"))
-            apply_sql_files(conn, schema, roles)
-            if move_from is not None:
-                move_roles(conn, move_from, roles, schema)
+            try:
+                with conn.transaction():
+                    apply_sql_files(conn, schema, roles)
+                    if move_from is not None:
+                        move_roles(conn, move_from, roles, schema)
+            except psycopg.errors.InsufficientPrivilege as exc:
+                # An object of the product this role may not give back: named above.
+                return DriftReport(
+                    [],
+                    [],
+                    [],
+                    [],
+                    findings=[
+                        *owners.findings,
+                        f"sql/ not compared: {current_role(conn)} may not apply it"
+                        f" ({exc.diag.message_primary}); migrate fails alike until a person"
+                        " changes what is named above",
+                    ],
+                )
             after = _snapshot(conn)
             mine = {str(r[0]) for r in conn.execute(touched())}
             found = (
-                _findings(protected, _protection(conn, *compared)) + found + module_findings(conn)
+                foreign_findings(conn, compared, mine)
+                + owners.findings
+                + _findings(protected, _protection(conn, *compared))
+                + found
+                + module_findings(conn)
             )
             # sql/ as it would be applied: the function exists here even before migrate.
             outgrown = scale_warnings(conn)

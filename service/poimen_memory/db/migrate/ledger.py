@@ -79,13 +79,26 @@ def apply_pending(conn: psycopg.Connection[Any], notices: list[str]) -> tuple[li
             conn.remove_notice_handler(tell)
         conn.execute(catalog("ledger_record"), (version, checksum))
         applied.append(version)
-    unknown = set(recorded) - {p.stem for p in _files()}
+    unknown = unknown_migrations(conn)
     if unknown:
         raise MigrationError(
-            f"database has migrations this code does not know: {sorted(unknown)}",
-            hint="deploy a newer poimen-memory; migrations are forward-only",
+            f"database has migrations this code does not know: {unknown}",
+            hint=AHEAD_HINT,
         )
     return applied, already
+
+
+AHEAD_HINT = "deploy a newer poimen-memory; migrations are forward-only"
+
+
+def unknown_migrations(conn: psycopg.Connection[Any]) -> list[str]:
+    """The versions in the ledger that this code has no file for: the database is ahead of
+    the code (a newer release migrated it), and migrate refuses it."""
+    found = conn.execute(catalog("relation_exists"), ("memory.schema_migrations",)).fetchone()
+    if found != (True,):
+        return []
+    recorded = {str(r[0]) for r in conn.execute(catalog("ledger_versions"))}
+    return sorted(recorded - {p.stem for p in _files()})
 
 
 def pending_migrations(conn: psycopg.Connection[Any]) -> list[str]:

@@ -1,6 +1,7 @@
-"""The PL/Python install: poimen_core copied where the server's OS user imports it (or held
-in memory._plpython_modules, for a server that reads no file of this host), the embedder's
-packages beside it, and what memory.config records of both."""
+"""The PL/Python install: poimen_core held in memory._plpython_modules (what any database
+server imports, wherever it runs), copied into a directory the server reads only when asked
+(the embedded cluster, `migrate --plpython-dir`), the embedder's packages named when asked,
+and what memory.config records of both (Placement)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import re
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -201,46 +203,69 @@ def module_findings(conn: psycopg.Connection[Any]) -> list[str]:
     return out
 
 
-def write_config(conn: psycopg.Connection[Any], py_path: str, deps: Path | None) -> None:
-    """The product's keys in memory.config (where PL/Python imports from), as migrate sets
-    them; a row already right is not rewritten."""
-    conn.execute(catalog("config_set"), ("plpython_path", py_path))
-    conn.execute(catalog("config_set"), ("plpython_checksum", plpython_checksum()))
-    if deps is None:  # memory.embed then says to run `make setup` on this host
-        conn.execute(catalog("config_delete"), ("plpython_deps",))
+@dataclass(frozen=True)
+class Placement:
+    """Where the database server imports PL/Python from, as memory.config records it.
+
+    module_dir: the content-hashed copy of poimen_core in a directory the server reads
+    (plpython_path), or None: the server imports it from memory._plpython_modules, which
+    needs no file of any host. deps: the directory of the embedder's packages on the
+    database host (plpython_deps, one subdirectory per Python X.Y), or None: the server's
+    Python imports them from its own sys.path (its site-packages). A path is recorded only
+    when the caller asks for one (the embedded cluster, `migrate --plpython-dir`,
+    `--embedder-packages`): a path of the host that runs migrate means nothing on another.
+    """
+
+    module_dir: Path | None
+    deps: Path | None
+
+
+def placement(plpython_root: Path | None, embedder_packages: Path | None = None) -> Placement:
+    """What migrate records for its arguments, computed without copying anything: migrate
+    and check both decide it here. plpython_root: where this host installs the module for a
+    server that reads it (skipped when the server's OS user cannot reach it); the embedder's
+    packages default to this host's (`make setup`) only beside such a root."""
+    root = module_root(plpython_root)
+    module_dir = None if root is None else root / plpython_checksum()[:16]
+    if embedder_packages is not None:
+        deps: Path | None = embedder_packages
+    elif root is not None:
+        deps = deps_target(root.parent)
     else:
-        conn.execute(catalog("config_set"), ("plpython_deps", str(deps)))
+        deps = None
+    return Placement(module_dir, deps)
 
 
-def record_module(
-    conn: psycopg.Connection[Any], py_path: str | None, deps: Path | None, *, in_database: bool
-) -> None:
-    """What migrate's transaction records of the module: the keys of a copy on this host
-    (py_path), the module's rows, no path where the server imports from the database alone
-    (in_database), and this code's checksum in every case."""
-    if py_path is not None:
-        write_config(conn, py_path, deps)
-    _write_modules(conn)
-    if in_database:
+def write_config(conn: psycopg.Connection[Any], where: Placement) -> None:
+    """The product's keys in memory.config as migrate sets them (a module directory not
+    asked for is removed, so a stale path of another host goes; the embedder's packages
+    are the database host's, kept unless named); a row already right is not rewritten."""
+    if where.module_dir is None:
         conn.execute(catalog("config_delete"), ("plpython_path",))
+    else:
+        conn.execute(catalog("config_set"), ("plpython_path", str(where.module_dir)))
+    if where.deps is not None:
+        conn.execute(catalog("config_set"), ("plpython_deps", str(where.deps)))
     conn.execute(catalog("config_set"), ("plpython_checksum", plpython_checksum()))
 
 
-def plpython_findings(
-    conn: psycopg.Connection[Any], plpython_root: Path | None
-) -> tuple[str | None, list[str]]:
-    """The plpython_path migrate would record (when this host installs the module), and
-    what is wrong with the recorded keys that comparing with it cannot tell."""
+def record_module(conn: psycopg.Connection[Any], where: Placement) -> None:
+    """What migrate's transaction records of the module: its rows in
+    memory._plpython_modules (always: any server can import them), and the keys."""
+    _write_modules(conn)
+    write_config(conn, where)
+
+
+def plpython_findings(conn: psycopg.Connection[Any], where: Placement | None) -> list[str]:
+    """What comparing memory.config with what migrate writes cannot tell: a module
+    directory recorded that this host does not hold. where None (a caller that does not say
+    where the server imports from): only the recorded keys' consistency with this code."""
+    if where is not None:
+        d = where.module_dir
+        if d is not None and not (d / "poimen_core" / "__init__.py").exists():
+            return [f"config missing (migrate restores it): PL/Python module directory {d}"]
+        return []
     code = plpython_checksum()
-    plpython_root = module_root(plpython_root)
-    if plpython_root is not None:
-        expected = plpython_root / code[:16]
-        found = (
-            []
-            if (expected / "poimen_core" / "__init__.py").exists()
-            else [f"config missing (migrate restores it): PL/Python module directory {expected}"]
-        )
-        return str(expected), found
     rows = dict(conn.execute(catalog("config_plpython")).fetchall())
     found = []
     if "plpython_path" in rows:
@@ -254,4 +279,4 @@ def plpython_findings(
                 "config changed by hand: memory.config plpython_path: "
                 f"{rows['plpython_path']} (migrate installs the module into <root>/{code[:16]})"
             )
-    return None, found
+    return found
