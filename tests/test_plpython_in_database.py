@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from conftest import FIXTURE, prepare_database
+from conftest import FIXTURE, make_role, prepare_database
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import check, migrate, plpython_checksum
 from poimen_memory.embedders.local import LocalEmbedder
@@ -53,6 +53,28 @@ def test_optimizer_imports_from_the_database(empty_url: str) -> None:
         assert conn.execute("SELECT pg_temp.origin()").fetchone() == (
             "memory._plpython_modules:optimizer.py",
         )
+
+
+def test_a_reader_and_the_service_import_from_the_database(empty_url: str) -> None:
+    """Every query imports poimen_core as its caller: a reader role, and the service's role,
+    read memory._plpython_modules (its writes stay the owner's). Owner-only, every reader's
+    query failed with 42501 on a database whose server reads no directory of ours."""
+    with _migrated(empty_url) as conn:
+        make_role(conn, "module_reader", "reader")
+        make_role(conn, "module_service", "service")
+        conn.execute("SELECT memory.grant_project('module_reader', '*')")
+        for role in ("module_reader", "module_service"):
+            conn.execute(f"SET ROLE {role}")
+            try:
+                plan = conn.execute(
+                    "SELECT memory.optimize_query('deployment failures in 2024')"
+                    " ->> 'search_strategy'"
+                ).fetchone()
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute("DELETE FROM memory._plpython_modules")
+            finally:
+                conn.execute("RESET ROLE")
+            assert plan == ("LexicalFirst",), role
 
 
 def test_a_new_deploys_source_replaces_the_old_in_a_backend(empty_url: str) -> None:

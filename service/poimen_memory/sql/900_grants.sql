@@ -151,7 +151,10 @@ DECLARE
         'memory.schema_migrations', 'memory.config', 'memory.projects',
         'memory.embedding_model', 'memory.nodes', 'memory.edges', 'memory.postings',
         'memory.term_stats', 'memory.corpus_stats', 'memory.opensearch_outbox',
-        'memory.project_grants', 'memory.grant_sets', 'memory.review_queue', 'memory.retention'];
+        'memory.project_grants', 'memory.grant_sets', 'memory.review_queue', 'memory.retention',
+        -- poimen_core's source and the tokenizer: a reader's query imports them from here
+        -- (memory.plpython_load, memory.embed) when the server has no directory of them.
+        'memory._plpython_modules'];
     f regprocedure;
     g record;
     t text;

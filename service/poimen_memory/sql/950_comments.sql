@@ -12,7 +12,7 @@ BEGIN
     FOR c IN
         SELECT v.tbl, v.note FROM (VALUES
         ('schema_migrations', 'Ledger of applied versioned migrations (migrations/*.sql), frozen by checksum. Written by `poimen-memory migrate` only.'),
-        ('_plpython_modules', 'The poimen_core package''s source files (and the tokenizer), written by `poimen-memory migrate` on every deploy: memory.plpython_load() imports from here when memory.config has no plpython_path, so a database on another host needs none of the service''s files. Owner-only.'),
+        ('_plpython_modules', 'The poimen_core package''s source files (and the tokenizer), written by `poimen-memory migrate` on every deploy: memory.plpython_load() imports from here when memory.config has no plpython_path, so a database on another host needs none of the service''s files. Read by @role.reader@ (a reader''s query imports from it); written by the owner only.'),
         ('config', 'Owner-only key/value settings read by the SQL layer: the retrieval policy (memory.set_policy), the PL/Python module path, the OpenSearch outbox switch, the remote embedding server (memory.configure_embedding_server). Readable by @role.reader@: it holds no secret.'),
         ('projects', 'Projects partition memory: every node belongs to one; statistics are per project.'),
         ('embedding_model', 'The one embedding model and dimension this database stores (a single row); nodes.embedding is typed vector(dim) to match.'),
