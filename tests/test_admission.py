@@ -12,16 +12,21 @@ import json
 import time
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
+import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from poimen_memory.api.admission import Admission, arrived
+from poimen_lab.live_server import live_server
+from poimen_memory.api.admission import Admission, Cost, arrived
 from poimen_memory.contract.query import parse_query
 from poimen_memory.embedders.local import LocalEmbedder
-from poimen_memory.errors import DeadlineExceeded
-from service_client import serve
+from poimen_memory.errors import ConfigError, DeadlineExceeded
+from poimen_memory.settings import Settings
+from service_client import make_key, serve
 
 
 class Held:
@@ -41,7 +46,11 @@ class Held:
 
 
 async def _get(
-    app: Any, path: str = "/memory/query", key: str | None = None, peer: str = "127.0.0.1"
+    app: Any,
+    path: str = "/memory/query",
+    key: str | None = None,
+    peer: str = "127.0.0.1",
+    query: dict[str, str] | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
     sent: list[dict[str, Any]] = []
 
@@ -53,7 +62,7 @@ async def _get(
 
     headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
     scope = {"type": "http", "path": path, "method": "GET", "headers": headers,
-             "client": (peer, 50000)}  # fmt: skip
+             "client": (peer, 50000), "query_string": urlencode(query or {}).encode()}  # fmt: skip
     await app(scope, receive, send)
     start = sent[0]
     headers = {k.decode(): v.decode() for k, v in start.get("headers", [])}
@@ -108,7 +117,7 @@ def test_a_wait_is_bounded_and_gives_its_place_back() -> None:
         first = asyncio.create_task(_get(app))
         await asyncio.sleep(0.01)
         t0 = time.monotonic()
-        second = asyncio.create_task(_get(app))
+        second = asyncio.create_task(_get(app, peer="10.0.0.2"))  # another client
         await asyncio.sleep(0.02)
         assert len(app._waiters) == 1  # queued, waiting
         status, headers, _ = await second
@@ -227,3 +236,131 @@ def test_a_client_over_its_rate_gets_429_until_its_bucket_refills() -> None:
         assert (await _get(app, key="another"))[0] == 200
 
     asyncio.run(run())
+
+
+# --- the share by cost ---------------------------------------------------------------------
+
+NORMAL = {"query": "why do uploads fail"}
+# As dear as the contract allows: ~1,950 characters of text, 50 results, 100 cited turns.
+DEAR = {"query": " ".join(f"word{i:04d}" for i in range(216)), "limit": "50", "evidence": "100"}
+
+
+def test_the_cost_of_a_request_is_what_it_declares() -> None:
+    cost = Cost()
+
+    def of(method: str = "GET", headers: Any = (), **params: str) -> float:
+        scope = {"method": method, "headers": list(headers),
+                 "query_string": urlencode(params).encode()}  # fmt: skip
+        return cost.of(scope)
+
+    normal, dear = of(**NORMAL), of(**DEAR)
+    assert 1.0 < normal < 1.2 and dear > 8 * normal
+    assert of(query="x" * 100, limit="50") > of(query="x" * 100) > of(query="x")
+    assert of(query="x", evidence="100") > of(query="x")
+    # A malformed value costs nothing extra (the contract refuses it later).
+    assert of(query="x", limit="\u0661\u0660\u0660") == of(query="x", limit="lots") == of(query="x")
+    # A body (a write, an MCP call) is charged by its length, as text.
+    assert of("POST", [(b"content-length", b"2000")]) > of("POST") == cost.base
+    # ... at most as the longest query text: a bulk write is bounded by the ingest queue.
+    assert of("POST", [(b"content-length", b"9000000")]) <= of(query="x" * 2000)
+    assert Settings.from_env({"POIMEN_HTTP_COST": "char=0.002, base=0.5"}).http_cost == Cost(
+        base=0.5, char=0.002
+    )
+    for bad in ("chars=1", "char", "char=-1", "char=inf"):
+        with pytest.raises(ConfigError, match="POIMEN_HTTP_COST"):
+            Settings.from_env({"POIMEN_HTTP_COST": bad})
+
+
+def _fair(held: Held, **kw: Any) -> Admission:
+    held.release.set()  # every request answered at once: only the rates decide
+    opts = {"max_inflight": 16, "client_inflight": 8, "fair_share": 1.2, "fair_floor": 2.0,
+            "fair_window_s": 5.0} | kw  # fmt: skip
+    return _admission(held, **opts)
+
+
+def test_a_client_dearer_than_its_share_gets_429_while_the_others_are_served() -> None:
+    """One key's dear queries beside another's normal ones: past 1.2 times the other's cost
+    rate it is refused 429, with the time its rate takes to fall back as Retry-After; the
+    normal key, using no more than the dear one, goes on being served."""
+
+    async def run() -> None:
+        app = _fair(Held())
+        for _ in range(10):  # about 2.1 units a second over the 5 s window: over the floor
+            assert (await _get(app, key="normal", query=NORMAL))[0] == 200
+        statuses = []
+        for _ in range(4):
+            status, headers, body = await _get(app, key="dear", query=DEAR)
+            statuses.append(status)
+        assert statuses[0] == 200 and statuses[-1] == 429, statuses
+        err = json.loads(body)
+        assert err["error"] == "too_many_requests" and "POIMEN_HTTP_FAIR_SHARE" in err["hint"]
+        # Its rate (two dear queries, ~4 units a second) over the limit (1.2 x ~2.1) falls
+        # back within seconds: Retry-After is whole seconds, at least 1, at most the window.
+        assert 1 <= int(headers["retry-after"]) <= 5
+        assert (await _get(app, key="normal", query=NORMAL))[0] == 200
+        # Anonymous clients are told apart by address: another address is another client.
+        assert (await _get(app, peer="10.0.0.9", query=NORMAL))[0] == 200
+
+    asyncio.run(run())
+
+
+def test_a_client_alone_or_beside_a_trickle_is_never_held_by_cost() -> None:
+    async def run() -> None:
+        app = _fair(Held())
+        # Alone: twenty dear queries, none refused (no one else to leave room for).
+        assert {(await _get(app, key="batch", query=DEAR))[0] for _ in range(20)} == {200}
+        # Beside a client under the floor (a query now and then): still none refused.
+        assert (await _get(app, key="trickle", query=NORMAL))[0] == 200
+        assert {(await _get(app, key="batch", query=DEAR))[0] for _ in range(20)} == {200}
+        # With no floor, an idle other client (rate 0) holds no one back either.
+        no_floor = _fair(Held(), fair_floor=0.0)
+        await _get(no_floor, key="idle", query=NORMAL)
+        next(iter(no_floor._usage.values())).per_s = 0.0  # as if long ago
+        assert {(await _get(no_floor, key="batch", query=DEAR))[0] for _ in range(5)} == {200}
+        # Off (POIMEN_HTTP_FAIR_SHARE=0): never, whoever else is busy.
+        off = _fair(Held(), fair_share=0.0)
+        for _ in range(20):
+            await _get(off, key="normal", query=NORMAL)
+        assert {(await _get(off, key="dear", query=DEAR))[0] for _ in range(20)} == {200}
+
+    asyncio.run(run())
+
+
+def test_equal_clients_hold_each_other_to_nothing() -> None:
+    """Three clients sending the same queries in turn, as three normal tenants do: the
+    share (1.2 times the busiest other) never refuses any of them."""
+
+    async def run() -> None:
+        app = _fair(Held())
+        statuses = [(await _get(app, key=k, query=NORMAL))[0] for _ in range(40) for k in "abc"]
+        assert set(statuses) == {200}
+
+    asyncio.run(run())
+
+
+def test_on_the_real_server_the_dear_key_gets_429_and_the_other_key_200(
+    fixture_url: str, tmp_path: Path
+) -> None:
+    """Real HTTP to `poimen-memory serve`: a key sending a dear query beside a key that sent
+    normal ones is refused 429 with Retry-After; the normal key is served. A window of a
+    minute and a low floor make the rates independent of how fast this machine is."""
+    normal, dear = make_key(fixture_url, ["poimen"]), make_key(fixture_url, ["poimen"])
+    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_HTTP_FAIR_WINDOW_S": "60",
+           "POIMEN_HTTP_FAIR_FLOOR": "0.05"}  # fmt: skip
+    with live_server(env, tmp_path / "server.log") as url:
+
+        def get(key: str, params: dict[str, str]) -> httpx.Response:
+            return httpx.get(f"{url}/memory/query", params=params, timeout=30,
+                             headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+
+        for _ in range(5):  # 5 x ~1.07 units over 60 s: ~0.09 a second, over the floor
+            assert get(normal, NORMAL).status_code == 200
+        # One dear query (~10 units: ~0.17 a second) is over 1.2 x the normal key's rate.
+        r = get(dear, DEAR)
+        assert r.status_code == 429, r.text
+        assert r.json()["error"] == "too_many_requests", r.text
+        # Its rate falls back under the limit in 60 x ln(0.17 / 0.11) ~ 26 s.
+        assert 10 <= int(r.headers["retry-after"]) <= 60, r.headers
+        assert get(normal, NORMAL).status_code == 200
+        # A dear query that fits its share (a shorter text) is served.
+        assert get(dear, {"query": "kong upload body buffer"}).status_code == 200

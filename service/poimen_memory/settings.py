@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from poimen_core.vocabulary import QUERY_MAX_CHARS, check_role_prefix
+from poimen_memory.api.admission import Cost, parse_cost
 from poimen_memory.errors import ConfigError
 
 T = TypeVar("T")
@@ -285,6 +286,16 @@ class Settings(FromEnv):
     http_client_inflight: int = setting("POIMEN_HTTP_CLIENT_INFLIGHT", at_least(1), 8)
     http_client_rate: float = setting("POIMEN_HTTP_CLIENT_RATE", at_least(0.0, float), 0.0)
     http_client_burst: int = setting("POIMEN_HTTP_CLIENT_BURST", at_least(1), 20)
+    # Fair share by cost (api/admission.py): each request is charged a cost estimated from
+    # what it declares (a normal query about one unit; the weights: POIMEN_HTTP_COST, e.g.
+    # "base=1,char=0.0045,result=0.011,cited=0.002") into its client's rate (units a second,
+    # decayed over POIMEN_HTTP_FAIR_WINDOW_S); a client whose rate would pass
+    # POIMEN_HTTP_FAIR_SHARE times the busiest other client's (one at POIMEN_HTTP_FAIR_FLOOR
+    # or more) gets 429. A share of 0 turns it off (the behaviour before).
+    http_cost: Cost = setting("POIMEN_HTTP_COST", parse_cost, Cost())
+    http_fair_share: float = setting("POIMEN_HTTP_FAIR_SHARE", at_least(0.0, float), 1.2)
+    http_fair_floor: float = setting("POIMEN_HTTP_FAIR_FLOOR", at_least(0.0, float), 2.0)
+    http_fair_window_s: float = setting("POIMEN_HTTP_FAIR_WINDOW_S", positive, 5.0)
     http_max_header_bytes: int = setting("POIMEN_HTTP_MAX_HEADER_BYTES", at_least(1024), 16384)
     auth_cache_s: float = setting("POIMEN_AUTH_CACHE_S", at_least(0.0, float), 5.0)
     # The key `poimen-memory mcp` (stdio) calls with, as an HTTP client sends its own.

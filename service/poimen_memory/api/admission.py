@@ -1,17 +1,29 @@
-"""Admission: how much work the service takes on at once, and a fast, typed refusal beyond.
+"""Admission: how much work the service takes on at once, whose, and a fast, typed refusal
+beyond.
 
 Past a few dozen requests in flight a query only waits longer for the same database
 connections and the same cores; measured before this existed, at 63-64 connections 87-97%
 of requests got uvicorn's bare 503 and some 200s arrived after their deadline. So the work
 routes (``/memory/...`` and ``/mcp``) are admitted ``max_inflight`` at a time; up to
-``queue`` more wait, each at most ``wait_s``; anything beyond is refused at once with
-503 ``busy`` and ``Retry-After``. Probes (``/healthz``, ``/metrics``) are never queued.
+``queue`` more wait, each at most ``wait_s``; anything beyond is refused at once with 503
+``busy`` and ``Retry-After``. Probes (``/healthz``, ``/metrics``) are never queued.
 
 Each client has a share: at most ``client_inflight`` of its requests in flight or waiting,
 and, when ``client_rate`` is set, a token bucket of that rate and ``client_burst``. A client
-is an API key (its bearer token, hashed), or the address a keyless request comes from, so
-one tenant sending costly queries in parallel fills its share, gets 429 with Retry-After,
-and leaves the other slots to the others (docs/benchmarks.md measures it).
+is an API key (its bearer token, hashed), or the address a keyless request comes from; past
+its share it gets 429 with Retry-After.
+
+A share bounds how many requests a client has, not what they cost, and one query can cost
+several others (its text is embedded, one inference at a time; its results and cited
+turns are serialised): one key's 16 dear queries left three normal keys 10% of their
+throughput at a share of 8, 40% at 2 (docs/benchmarks.md, "Fair admission"). So each request
+is also charged a cost estimated from what it declares (``Cost``: its text's length,
+``limit``, ``evidence``; a body's length), a normal query about one unit, into its client's
+cost rate (units a second, decayed over ``fair_window_s``), and a client whose rate would
+pass ``fair_share`` times the busiest other client's (and ``fair_floor``) is refused 429,
+with a Retry-After of the time its rate takes to fall back under. A client alone, or one
+no busier than the others, is never refused by it: only the one taking more than the
+others' share while they use the service.
 
 The arrival time is kept in the request's state: a query's deadline counts from it
 (``arrived``), so time spent queued is time spent, and no answer comes after its deadline.
@@ -26,13 +38,15 @@ import math
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from poimen_core.vocabulary import QUERY_MAX_CHARS
 from poimen_memory.api.asgi import HttpMiddleware
 from poimen_memory.errors import Busy, OverShare, PoimenError
 
-__all__ = ["ARRIVED", "Admission", "arrived"]
+__all__ = ["ARRIVED", "Admission", "Cost", "arrived", "client_of", "parse_cost"]
 
 ARRIVED = "poimen_arrived"
 _WORK = ("/memory/", "/mcp")
@@ -55,9 +69,76 @@ def client_of(scope: Scope) -> str:
     return f"addr:{peer[0]}" if peer else "addr:?"
 
 
+@dataclass(frozen=True)
+class Cost:
+    """What a request is charged, in units of a normal query (POIMEN_HTTP_COST): ``base`` for
+    any request, plus ``char`` a character of its query text (a body's byte, for a write or
+    an MCP call, whose text is embedded as a query's is), ``result`` a result it asks for
+    (``limit``), ``cited`` a cited turn (``evidence``). Measured one request at a time on the
+    benchmark's corpus (server + database CPU, docs/benchmarks.md "Fair admission"), a
+    default query costs ~37 ms, +0.42 ms a result, +0.08 ms a cited turn (``result`` and
+    ``cited``), +0.042 ms a character: ``char`` 0.0011 by CPU alone. Its default is four
+    times that because the embedder runs one inference at a time: a long text holds what
+    every query waits for (68 ms for 1,950 characters against 5 ms for a question), and
+    under load one dear query took the place of 8-10 normal ones, not the 3.8 its CPU says."""
+
+    base: float = 1.0
+    char: float = 0.0045
+    result: float = 0.011
+    cited: float = 0.002
+
+    def of(self, scope: Scope) -> float:
+        """An estimate from what the request declares, before anything is read but its
+        query string and headers: a wrong or missing value costs nothing extra (the
+        contract refuses it later)."""
+        units = self.base
+        if scope.get("method") == "GET":
+            for name, value in parse_qsl(scope.get("query_string", b"").decode("latin-1")):
+                if name == "query":
+                    units += self.char * len(value)
+                elif name == "limit" and value.isascii() and value.isdigit():
+                    units += self.result * min(int(value), 10_000)
+                elif name == "evidence" and value.isascii() and value.isdigit():
+                    units += self.cited * min(int(value), 10_000)
+        else:
+            # A write's texts are embedded by the ingest workers, which POIMEN_INGEST_WORKERS
+            # and _QUEUE bound on their own: a body is charged at most as the longest query
+            # text, so a bulk write beside readers is not refused for its size alone.
+            for name, value in scope.get("headers", ()):
+                if name == b"content-length" and value.isdigit():
+                    units += self.char * min(int(value), QUERY_MAX_CHARS)
+        return units
+
+
+def parse_cost(raw: str) -> Cost:
+    """POIMEN_HTTP_COST: ``name=value`` pairs (base, char, result, cited), comma-separated;
+    the ones left out keep their defaults."""
+    values: dict[str, float] = {}
+    names = set(Cost.__dataclass_fields__)
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in names:
+            known = ", ".join(sorted(names))
+            raise ValueError(f"{part!r}: expected name=value, the name one of {known}")
+        number = float(value)
+        if not number >= 0 or math.isinf(number):
+            raise ValueError(f"{name} must be a finite number >= 0")
+        values[name] = number
+    return Cost(**values)
+
+
 @dataclass
 class _Bucket:
     tokens: float
+    at: float
+
+
+@dataclass
+class _Rate:
+    """A client's cost rate (units a second) as of ``at``."""
+
+    per_s: float
     at: float
 
 
@@ -78,6 +159,10 @@ class Admission(HttpMiddleware):
         client_inflight: int | None = None,
         client_rate: float = 0.0,
         client_burst: int = 20,
+        cost: Cost | None = None,
+        fair_share: float = 0.0,
+        fair_floor: float = 0.0,
+        fair_window_s: float = 5.0,
     ) -> None:
         super().__init__(app)
         self.max_inflight, self.queue, self.wait_s = max_inflight, queue, wait_s
@@ -88,6 +173,11 @@ class Admission(HttpMiddleware):
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._held: dict[str, int] = {}  # per client: its requests in flight or waiting
         self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        self.cost = cost or Cost()
+        # 0: no cost rate share (the behaviour before).
+        self.fair_share, self.fair_floor = fair_share, fair_floor
+        self.fair_window_s = fair_window_s
+        self._usage: OrderedDict[str, _Rate] = OrderedDict()
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope.setdefault("state", {})[ARRIVED] = time.monotonic()
@@ -95,7 +185,7 @@ class Admission(HttpMiddleware):
             await self.app(scope, receive, send)
             return
         client = client_of(scope)
-        over = self._over_share(client)
+        over = self._over_share(client) or self._over_fair(client, scope)
         if over is not None:
             await _answer(send, over, math.ceil(over.retry_after_s))
             return
@@ -139,6 +229,49 @@ class Admission(HttpMiddleware):
                 (1 - bucket.tokens) / self.client_rate,
             )
         bucket.tokens -= 1
+        return None
+
+    def _rate(self, client: str, now: float) -> float:
+        """The client's cost rate now: units a second, each charge decayed with time
+        constant ``fair_window_s``."""
+        usage = self._usage.get(client)
+        if usage is None:
+            return 0.0
+        return usage.per_s * math.exp((usage.at - now) / self.fair_window_s)
+
+    def _over_fair(self, client: str, scope: Scope) -> _Over | None:
+        """Charges the request's cost to its client's rate, or refuses it: 429 when that
+        would take the rate past ``fair_share`` times the busiest other client's, that one
+        using ``fair_floor`` or more, with the time the rate takes to fall back under as
+        Retry-After."""
+        if not self.fair_share:
+            return None
+        now = time.monotonic()
+        rate = self._rate(client, now) + self.cost.of(scope) / self.fair_window_s
+        busiest = 0.0
+        for other, usage in reversed(self._usage.items()):  # the most recently charged first
+            if now - usage.at > 4 * self.fair_window_s:
+                break  # this one's rate and every earlier one's are under 2% of what it was
+            if other != client:
+                busiest = max(busiest, self._rate(other, now))
+        # A client under the floor is neither held nor holds another back: a trickle beside
+        # a batch leaves the batch the service.
+        limit = max(self.fair_share * busiest, self.fair_floor)
+        if busiest > 0 and busiest >= self.fair_floor and rate > limit:
+            return _Over(
+                f"this client is using {rate:.1f} units of cost a second, more than "
+                f"{self.fair_share:g} times the busiest other client's {busiest:.1f}",
+                "its dear requests (long texts, many results or cited turns) count for "
+                "several; the other clients are served meanwhile. POIMEN_HTTP_FAIR_SHARE, "
+                "_FLOOR and POIMEN_HTTP_COST set the share",
+                self.fair_window_s * math.log(rate / limit),
+            )
+        # Charged now, before the capacity is known: a request then refused 503 still
+        # counts (the service was busy with it in view), as a refused one here does not.
+        self._usage.pop(client, None)
+        self._usage[client] = _Rate(rate, now)  # the most recently charged last
+        while len(self._usage) > _BUCKETS:
+            self._usage.popitem(last=False)
         return None
 
     async def _admit(self) -> bool:
