@@ -356,7 +356,8 @@ def test_bench_fair_building_blocks(tmp_path: Path) -> None:
         assert 190 <= len(t) <= 200 and len(set(t.split())) == len(t.split())
     assert [classify(s) for s in (200, 429, 503, None)] == ["200", "429", "503", "connection error"]
     assert main(["bench-fair", "--rounds", "0"]) == 2
-    assert main(["bench-fair", "--client-inflight", "8,x"]) == 2
+    assert main(["bench-fair", "--setups", "fair,nosuch"]) == 2
+    assert main(["bench-fair", "--setups", "x:HOME=/"]) == 2  # only POIMEN_ settings
     assert main(["bench-fair", "--data", str(tmp_path)]) == 2  # no nodes.jsonl there
 
 

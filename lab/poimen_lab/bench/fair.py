@@ -11,10 +11,15 @@ the contract allows: near ``--costly-chars`` characters of distinct corpus words
 ``evidence=100``, ``limit=50``, ``level=L0,L1,L2``. ``--database`` reuses a database an
 earlier run kept (``--keep-db``): the load (embedding 5,078 nodes) takes minutes here.
 
-One server per ``--client-inflight`` value (POIMEN_HTTP_CLIENT_INFLIGHT; a value beyond the
-global capacity is no share at all, the behaviour before fair admission), all up at once on
-the same database. Each round runs, for each server in turn (the order alternating round by
-round, so a noisy machine falls on every column alike): the three normal keys alone for
+One server per ``--setups`` entry (an admission's settings, SETUPS: ``none``, no share at
+all, the behaviour before fair admission; ``share8`` and ``share2``, a share of that many
+requests in flight or waiting and nothing else, the behaviour before the share by cost, at
+its default and below the pool; ``fair``, the defaults: the share by cost;
+``fair-cpu``, the same with the text weighed by its CPU alone; ``fair-share2``, the
+defaults with a share of 2 requests; or ``label:ENV=VALUE+ENV=VALUE``), all up at once on
+the same database. Each round runs, for
+each server in turn (the order alternating round by round, so a noisy machine falls on every
+column alike): the three normal keys alone for
 ``--seconds``, then the same three while the costly key attacks. Reported, per server and
 normal key: the medians over rounds of answered queries a second alone and under attack and
 their ratio (the goal: >= 0.70), the p50/p95 latency of its 200s, every status counted (the
@@ -59,6 +64,16 @@ from poimen_memory.settings import Settings
 DATA_DEFAULT = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "locomo-dev"
 TENANT_LARGEST = 1000  # nodes of the largest synthetic tenant (the r-th: ceil(1000 / r))
 NO_SHARE = 1_000_000  # POIMEN_HTTP_CLIENT_INFLIGHT beyond any capacity: the "before" column
+# The admissions compared (api/admission.py), by name: the environment each server gets.
+# POIMEN_HTTP_FAIR_SHARE=0 is admission before the share by cost (requests counted alone).
+SETUPS: dict[str, dict[str, str]] = {
+    "none": {"POIMEN_HTTP_CLIENT_INFLIGHT": str(NO_SHARE), "POIMEN_HTTP_FAIR_SHARE": "0"},
+    "share8": {"POIMEN_HTTP_CLIENT_INFLIGHT": "8", "POIMEN_HTTP_FAIR_SHARE": "0"},
+    "share2": {"POIMEN_HTTP_CLIENT_INFLIGHT": "2", "POIMEN_HTTP_FAIR_SHARE": "0"},
+    "fair-cpu": {"POIMEN_HTTP_COST": "char=0.0011"},
+    "fair": {},
+    "fair-share2": {"POIMEN_HTTP_CLIENT_INFLIGHT": "2"},
+}
 GOAL = 0.70  # a normal key's throughput under attack over alone
 COSTLY = {"evidence": "100", "limit": "50", "level": "L0,L1,L2"}
 DROP = ("POIMEN_RERANK_URL", "POIMEN_OPENSEARCH_URL")
@@ -78,9 +93,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "../shared/data/locomo-dev beside the repository)")  # fmt: skip
     p.add_argument("--sessions-per-project", type=int, default=1,
                    help="a conversation's sessions to a project (1: one each)")  # fmt: skip
-    p.add_argument("--client-inflight", default=f"{NO_SHARE},8",
-                   help="comma-separated POIMEN_HTTP_CLIENT_INFLIGHT values, a server each "
-                   f"({NO_SHARE}: no share, the behaviour before)")  # fmt: skip
+    p.add_argument("--setups", default="none,share8,share2,fair-cpu,fair,fair-share2",
+                   help="comma-separated admissions, a server each: "
+                   f"{', '.join(SETUPS)}, or label:ENV=VALUE+ENV=VALUE")  # fmt: skip
     p.add_argument("--normal-concurrency", type=int, default=2, help="per normal key")
     p.add_argument("--costly-parallel", type=int, default=16)
     p.add_argument("--costly-chars", type=int, default=1950, help="each costly query's length")
@@ -515,10 +530,10 @@ def _statuses(st: dict[str, int] | None) -> str:
     return ", ".join(f"{k}: {v}" for k, v in (st or {}).items()) or "-"
 
 
-HEADER = ["client share", "key", "q/s alone", "q/s attacked", "ratio", f">= {GOAL}",
+HEADER = ["admission", "key", "q/s alone", "q/s attacked", "ratio", f">= {GOAL}",
           "p50 ms alone", "p95 ms alone", "p50 ms attacked", "p95 ms attacked",
           "statuses alone", "statuses attacked"]  # fmt: skip
-CPU_HEADER = ["client share", "cores busy alone", "server ms/200", "database ms/200",
+CPU_HEADER = ["admission", "cores busy alone", "server ms/200", "database ms/200",
               "cores busy attacked", "server ms/200", "database ms/200"]  # fmt: skip
 CPU_FIELDS = ("cpu_cores_busy", "server_cpu_ms_per_200", "database_cpu_ms_per_200")
 
@@ -542,19 +557,34 @@ def report(summaries: dict[str, dict[str, Any]]) -> str:
     return table(rows, HEADER) + "\n\n" + table(cpu, CPU_HEADER)
 
 
-def _label(n: int) -> str:
-    return "none (before)" if n >= NO_SHARE else str(n)
+def parse_setups(raw: str) -> dict[str, dict[str, str]]:
+    """``--setups``: label -> the environment its server gets; ValueError when an entry is
+    neither a known name nor ``label:ENV=VALUE+...``."""
+    out: dict[str, dict[str, str]] = {}
+    for item in filter(None, (x.strip() for x in raw.split(","))):
+        label, sep, spec = item.partition(":")
+        if not sep:
+            if item not in SETUPS:
+                raise ValueError(f"unknown setup {item!r}")
+            out[item] = SETUPS[item]
+            continue
+        env = dict(kv.split("=", 1) for kv in spec.split("+") if "=" in kv)
+        if not label or not env or not all(k.startswith("POIMEN_") for k in env):
+            raise ValueError(f"setup {item!r}: label:POIMEN_X=VALUE+POIMEN_Y=VALUE")
+        out[label] = env
+    if not out:
+        raise ValueError("no setup")
+    return out
 
 
 def cmd_bench_fair(args: argparse.Namespace) -> int:
     try:
-        shares = [int(x) for x in args.client_inflight.split(",") if x.strip()]
-    except ValueError:
-        shares = []
+        setups = parse_setups(args.setups)
+    except ValueError as e:
+        print(f"error: --setups: {e}", file=sys.stderr)
+        return 2
     if (
-        not shares
-        or min(shares) < 1
-        or not 0 < args.seconds <= 120
+        not 0 < args.seconds <= 120
         or not 1 <= args.rounds <= 10
         or not 1 <= args.normal_concurrency <= 16
         or not 1 <= args.costly_parallel <= 64
@@ -562,7 +592,7 @@ def cmd_bench_fair(args: argparse.Namespace) -> int:
         or args.tenants < 0
     ):
         print(
-            "error: --client-inflight values >= 1, 0 < --seconds <= 120, --rounds 1..10, "
+            "error: 0 < --seconds <= 120, --rounds 1..10, "
             "--normal-concurrency 1..16, --costly-parallel 1..64, --sessions-per-project >= 1",
             file=sys.stderr,
         )
@@ -584,7 +614,7 @@ def cmd_bench_fair(args: argparse.Namespace) -> int:
     else:
         name, url = fresh_database(server_url)
     result: dict[str, Any] = {"data": str(args.data), "seconds": args.seconds,
-                              "rounds": args.rounds, "shares": shares}  # fmt: skip
+                              "rounds": args.rounds, "setups": setups}  # fmt: skip
     try:
         if args.database:
             result["corpus"] = _loaded(url, corpus)
@@ -603,13 +633,12 @@ def cmd_bench_fair(args: argparse.Namespace) -> int:
         service = make_conninfo(url, user=s.service_role)
         with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
             servers: dict[str, tuple[str, CPU | None]] = {}
-            for n in shares:
-                env = {"POIMEN_DATABASE_URL": service, "POIMEN_HTTP_CLIENT_INFLIGHT": str(n),
-                       "POIMEN_EMBED_CACHE_SIZE": "0"}  # fmt: skip
+            for i, (label, extra) in enumerate(setups.items()):
+                env = {"POIMEN_DATABASE_URL": service, "POIMEN_EMBED_CACHE_SIZE": "0", **extra}
                 base, pid = stack.enter_context(
-                    live_server_process(env, Path(tmp) / f"server-{n}.log", drop=DROP)
+                    live_server_process(env, Path(tmp) / f"server-{i}.log", drop=DROP)
                 )
-                servers[_label(n)] = (base, ClusterCPU(pid, url))
+                servers[label] = (base, ClusterCPU(pid, url))
             print("bench-fair: warm-up (discarded)", file=sys.stderr)
             warm = {label: (base, None) for label, (base, _) in servers.items()}
             run(warm, tenants, rounds=1, seconds=2.0, concurrency=args.normal_concurrency,

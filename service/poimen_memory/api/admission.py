@@ -16,14 +16,15 @@ its share it gets 429 with Retry-After.
 A share bounds how many requests a client has, not what they cost, and one query can cost
 several others (its text is embedded, one inference at a time; its results and cited
 turns are serialised): one key's 16 dear queries left three normal keys 10% of their
-throughput at a share of 8, 40% at 2 (docs/benchmarks.md, "Fair admission"). So each request
-is also charged a cost estimated from what it declares (``Cost``: its text's length,
-``limit``, ``evidence``; a body's length), a normal query about one unit, into its client's
-cost rate (units a second, decayed over ``fair_window_s``), and a client whose rate would
-pass ``fair_share`` times the busiest other client's (and ``fair_floor``) is refused 429,
-with a Retry-After of the time its rate takes to fall back under. A client alone, or one
-no busier than the others, is never refused by it: only the one taking more than the
-others' share while they use the service.
+throughput at a share of 8, and about 70% with what follows (docs/benchmarks.md, "Fair
+admission"). So each request is also charged a cost estimated from what it declares
+(``Cost``: its text's length, ``limit``, ``evidence``; a body's length), a normal query
+about one unit, into its client's cost rate (units a second, decayed over
+``fair_window_s``), and a client whose rate would pass ``fair_share`` times the busiest
+other client's (and ``fair_floor``) is refused 429, with a Retry-After of the time its rate
+takes to fall back under. A client alone is never refused by it, nor one beside clients
+under the floor, nor one within ``fair_share`` times the busiest other: only the one
+taking more than that while the others use the service.
 
 The arrival time is kept in the request's state: a query's deadline counts from it
 (``arrived``), so time spent queued is time spent, and no answer comes after its deadline.

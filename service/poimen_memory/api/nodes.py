@@ -5,6 +5,7 @@ parses the parameters, checks the key and runs the one statement under the key's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -90,10 +91,10 @@ async def list_nodes(
     if level is not None and level not in LEVELS:
         raise ValidationError(f"level must be one of L0, L1, L2, got {level!r}")
     raw = params.get("limit")
-    try:
-        limit = LIST_DEFAULT if raw is None else int(raw)
-    except ValueError as exc:
-        raise ValidationError(f"limit must be an integer, got {raw!r}") from exc
+    # ASCII digits only: int() also reads Arabic-Indic digits, " 5" and "1_0" (issue 43).
+    if raw is not None and not re.fullmatch(r"-?[0-9]+", raw):
+        raise ValidationError(f"limit must be an integer, got {raw!r}")
+    limit = LIST_DEFAULT if raw is None else int(raw)
     limit = min(max(limit, 1), LIST_MAX)  # clamped, as GET /memory/query's
     counted, newest = (_flag(params, "count"), _flag(params, "newest_first"))
     flt = parse_filter(params.get("filter"))
