@@ -45,6 +45,10 @@ pg_ok() {  # $1 = major version: server, plpython3u and pgvector>=0.8 all presen
   version_ge "$v" "$PGVECTOR_VERSION_MIN"
 }
 
+# PL/Proxy (`poimen-memory shard`: partitions over several servers, docs/scaling.md) is
+# Debian's postgresql-N-plproxy; the product installs it when the suite has it.
+plproxy_ok() { [ -f "/usr/share/postgresql/$1/extension/plproxy.control" ]; }
+
 # One stamp per profile, written only after a complete install: the hash of what decides
 # the venv's contents. The dev venv is a superset, so its stamp satisfies the product too.
 stamp_file() { echo "$VENV/.poimen-deps-$1"; }
@@ -89,7 +93,7 @@ install_server_deps() {  # $1 = major; the venv's pip downloads wheels for the s
 # Fast path: a usable major is already installed and the venv matches the lock.
 fast_major=""
 for n in $(installed_majors); do if pg_ok "$n"; then fast_major="$n"; break; fi; done
-if [ -n "$fast_major" ] && venv_ok && server_deps_ok "$fast_major"; then
+if [ -n "$fast_major" ] && plproxy_ok "$fast_major" && venv_ok && server_deps_ok "$fast_major"; then
   mkdir -p "$STATE_DIR" 2>/dev/null && echo "$fast_major" > "$STATE_DIR/pg_major" 2>/dev/null || true
   exit 0
 fi
@@ -164,6 +168,15 @@ else
 fi
 mkdir -p "$STATE_DIR"
 echo "$N" > "$STATE_DIR/pg_major"
+if ! plproxy_ok "$N"; then
+  is_root || die "missing: postgresql-$N-plproxy (run as root, or: apt-get install postgresql-$N-plproxy)"
+  apt_ready
+  if has_candidate "postgresql-$N-plproxy"; then
+    apt_install "postgresql-$N-plproxy"
+  else
+    log "warning: this apt suite has no postgresql-$N-plproxy: \`poimen-memory shard\` (PL/Proxy) is unavailable"
+  fi
+fi
 # As root the embedded cluster runs its server binaries through setpriv (util-linux).
 if is_root && ! command -v setpriv >/dev/null 2>&1; then
   apt_ready

@@ -254,6 +254,10 @@ class Settings(FromEnv):
     # Read replicas (docs/scaling.md): queries go to a standby that is up and within the
     # lag bound, everything else (writes, API keys, health of the primary) to the primary.
     read_urls: tuple[str, ...] = setting("POIMEN_READ_URLS", url_list, ())
+    # `poimen-memory shard` (docs/scaling.md#pl-proxy): the PL/Proxy proxy database, as its
+    # owner, and the password its role logs in to the partitions with (unset: peer/trust).
+    proxy_url: str | None = setting("POIMEN_PROXY_URL", str)
+    proxy_password: str | None = setting("POIMEN_PROXY_PASSWORD", str)
     max_replica_lag_s: float = setting("POIMEN_MAX_REPLICA_LAG_S", at_least(0.0, float), 5.0)
     replica_check_s: float = setting("POIMEN_REPLICA_CHECK_S", positive, 1.0)
     replica_pg_port: int | None = setting("POIMEN_REPLICA_PG_PORT", within(1, 65535))

@@ -23,11 +23,12 @@ from poimen_memory.cli import (
     opensearch,
     query,
     serve,
+    shard,
 )
 from poimen_memory.db.wrap import translate
 from poimen_memory.errors import PoimenError
 
-COMMANDS = (db, migrate, doctor, ingest, query, serve, keys, mcp, opensearch, expire)
+COMMANDS = (db, migrate, doctor, ingest, query, serve, keys, mcp, opensearch, expire, shard)
 
 
 def build_parser() -> argparse.ArgumentParser:

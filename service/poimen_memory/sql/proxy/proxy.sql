@@ -1,0 +1,616 @@
+-- The proxy database (docs/scaling.md#pl-proxy): the public functions of a poimen-memory
+-- database, with the same signatures, as PL/Proxy calls to the partition databases behind
+-- it. Applied by `poimen-memory shard init | migrate` (service/poimen_memory/shard/), never
+-- to a partition. The partitions themselves are PL/Proxy's SQL/MED cluster 'memory'
+-- (CREATE SERVER memory FOREIGN DATA WRAPPER plproxy OPTIONS (p0 '...', p1 '...')): a
+-- power of two of them, more than servers, each a database of its own, so a partition
+-- moves to another server by copying its database and changing one option.
+--
+-- Routing: a call naming a project runs on partition hashtext(project) & (partitions - 1)
+-- (PL/Proxy's RUN ON hashtext(project)); a call naming none runs on every partition and
+-- the answers are merged (memory.query: by final_score, docs/scaling.md says how the
+-- shards' scores compare).
+--
+-- The caller's projects travel with each call (memory_proxy._caller): only a member of
+-- @proxy.service@ (the HTTP service's role on the proxy) has its asserted
+-- poimen.read_projects / write_projects forwarded; anyone else's call asserts nothing and
+-- sees nothing. The partitions honour them only from their own service role, which the
+-- proxy logs in as (sql/proxy/shard.sql).
+--
+-- Types memory.query_row and memory.node_row are copied from partition 0's catalog by the
+-- command before this file runs. Rendered markers: @proxy.service@.
+
+CREATE SCHEMA IF NOT EXISTS memory_proxy;
+REVOKE ALL ON SCHEMA memory_proxy FROM PUBLIC;
+GRANT USAGE ON SCHEMA memory_proxy TO @proxy.service@;
+GRANT USAGE ON SCHEMA memory TO @proxy.service@;
+COMMENT ON SCHEMA memory_proxy IS
+    'PL/Proxy internals of the proxy database (sql/proxy/proxy.sql): partition lookup, the remote calls, the merge.';
+
+CREATE OR REPLACE FUNCTION memory_proxy.partitions()
+RETURNS integer
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+-- The one home of the partition map is the foreign server's options; this counts them.
+RETURN (SELECT count(*)::integer
+        FROM pg_catalog.pg_foreign_server s, pg_catalog.unnest(s.srvoptions) AS o(opt)
+        WHERE s.srvname = 'memory' AND o.opt ~ '^p[0-9]+=');
+COMMENT ON FUNCTION memory_proxy.partitions() IS
+    'How many partitions cluster ''memory'' has (the p<N> options of its foreign server).';
+
+CREATE OR REPLACE FUNCTION memory_proxy.partition_of(project text)
+RETURNS integer
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+-- What PL/Proxy's RUN ON hashtext(project) picks: the hash masked by partitions - 1.
+RETURN pg_catalog.hashtext(project) & (memory_proxy.partitions() - 1);
+COMMENT ON FUNCTION memory_proxy.partition_of(text) IS
+    'The partition holding a project: hashtext(project) & (partitions - 1), as PL/Proxy''s RUN ON hashtext(project).';
+
+CREATE OR REPLACE FUNCTION memory_proxy._caller(OUT read_projects text, OUT write_projects text, OUT api_key text)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- Forwarded for the proxy's service role alone (as a partition honours them for its
+    -- own, sql/085_tenants.sql): anyone else asserts nothing.
+    IF coalesce(pg_catalog.pg_has_role(current_user, pg_catalog.to_regrole('@proxy.service@'), 'MEMBER'), false) THEN
+        read_projects := current_setting('poimen.read_projects', true);
+        write_projects := current_setting('poimen.write_projects', true);
+        api_key := current_setting('poimen.api_key', true);
+    END IF;
+END $$;
+COMMENT ON FUNCTION memory_proxy._caller() IS
+    'The asserted projects and API key that travel with a call: the session''s poimen.read_projects, poimen.write_projects and poimen.api_key for a member of @proxy.service@, NULLs (nothing) for anyone else.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._lock_key()
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN 1886351213;  -- 'pmpx' as an int4: the first key of the partition locks
+COMMENT ON FUNCTION memory_proxy._lock_key() IS
+    'First key of the advisory locks on partitions: writers hold (key, partition) shared for their call, `shard move` exclusively while it copies the partition.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._write_lock(part integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- Waits while `shard move` copies the partition. Reading memory_proxy.moves afterwards
+    -- takes a fresh lock on a relation, which makes this backend read the invalidations
+    -- the move committed: PL/Proxy then sees the partition's new server.
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(memory_proxy._lock_key(), part);
+    PERFORM 1 FROM memory_proxy.moves m WHERE m.partition = part;
+END $$;
+COMMENT ON FUNCTION memory_proxy._write_lock(integer) IS
+    'Taken by every write before its remote call: waits while the partition is being moved (`poimen-memory shard move`), then routes to where it now is.';
+
+CREATE TABLE IF NOT EXISTS memory_proxy.moves (
+    partition integer NOT NULL,
+    from_conninfo text NOT NULL,
+    to_conninfo text NOT NULL,
+    moved_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE memory_proxy.moves IS
+    'Each partition move `poimen-memory shard move` made: from where, to where, when.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._unreachable(message text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+-- PL/Proxy reports a partition it cannot reach as XX000 "[p1] PQconnectStart: ..." (or a
+-- connection lost mid-call); a remote error keeps its own SQLSTATE, or says REMOTE ERROR.
+RETURN message ~ '^PL/Proxy function [^\[]*\[[^]]*\] ' AND message !~ 'REMOTE ERROR';
+COMMENT ON FUNCTION memory_proxy._unreachable(text) IS
+    'Whether a PL/Proxy error is a partition out of reach (connect failed, connection lost) rather than a remote error.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._down(part integer, project text, message text)
+RETURNS void
+-- VOLATILE: it only raises, and must never be folded into a plan as a constant.
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- 08006 (connection_failure): the service answers 503 (its SQLSTATE table, class 08).
+    RAISE EXCEPTION 'partition % holding project % is unreachable', part, project
+        USING ERRCODE = '08006', DETAIL = message,
+              HINT = '`poimen-memory shard status` names its server; retry once it is back (other projects answer meanwhile).';
+END $$;
+COMMENT ON FUNCTION memory_proxy._down(integer, text, text) IS
+    'Raises the typed error of a partition out of reach (08006, HTTP 503), naming the partition and project.';
+
+-- The remote calls: one pair per function, "on" a given hash (RUN ON: PL/Proxy masks it
+-- to a partition) and, for reads, on all partitions at once (RUN ON ALL, in parallel).
+-- Their arguments: the caller's three settings, then the public function's own.
+DO $$
+DECLARE
+    query_args text := 'query text, query_embedding vector, project text, levels text[], k integer, '
+        'strategy text, fusion text, rrf_k integer, candidates integer, dense_weight double precision, '
+        'since text, until text, reference_time timestamptz, filter jsonb, min_cosine double precision, '
+        'as_of timestamptz, valid_at timestamptz, unsupported text';
+    query_call text := 'query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates, '
+        'dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at, unsupported';
+    f record;
+BEGIN
+    FOR f IN SELECT * FROM (VALUES
+        ('query', query_args, query_call, 'SETOF memory.query_row', true),
+        ('answer', query_args || ', evidence integer', query_call || ', evidence', 'SETOF jsonb', true),
+        ('add_nodes', 'nodes jsonb', 'nodes', 'jsonb', false),
+        ('get_node', 'id text, project text', 'id, project', 'SETOF memory.node_row', true),
+        ('history', 'project text, external_id text', 'project, external_id',
+         'TABLE (revision integer, node_id bigint, current boolean, level text, sha256 text, '
+         'title text, text text, source text, "timestamp" timestamptz, metadata jsonb, '
+         'created_at timestamptz, expired_at timestamptz, end_reason text, written_by text, '
+         'ended_by text, end_note text, erased_at timestamptz, valid_from timestamptz, valid_to timestamptz)', false),
+        ('forget', 'project text, external_ids text[], source text, since text, until text, erase boolean, '
+         'reason text, filter jsonb, level text, dry_run boolean, max_nodes integer',
+         'project, external_ids, source, since, until, erase, reason, filter, level, dry_run, max_nodes',
+         'jsonb', false),
+        ('forget', 'project text, external_id text, erase boolean, reason text',
+         'project, external_id, erase, reason', 'jsonb', false)
+    ) AS v(name, args, call, result, on_all)
+    LOOP
+        EXECUTE pg_catalog.format(
+            'CREATE OR REPLACE FUNCTION memory_proxy.%I(hash integer, read_projects text, write_projects text, '
+            'api_key text, %s) RETURNS %s LANGUAGE plproxy AS %L',
+            f.name || '_on', f.args, f.result,
+            pg_catalog.format('CLUSTER ''memory''; RUN ON hash; SELECT * FROM memory_shard.%I(read_projects, write_projects, api_key, %s);',
+                              f.name, f.call));
+        EXECUTE pg_catalog.format('COMMENT ON FUNCTION memory_proxy.%I(integer, text, text, text, %s) IS %L',
+            f.name || '_on', f.args,
+            pg_catalog.format('memory.%s on the partition hash & (partitions - 1) picks, through its relay memory_shard.%s.', f.name, f.name));
+        IF f.on_all THEN
+            EXECUTE pg_catalog.format(
+                'CREATE OR REPLACE FUNCTION memory_proxy.%I(read_projects text, write_projects text, '
+                'api_key text, %s) RETURNS %s LANGUAGE plproxy AS %L',
+                f.name || '_all', f.args, f.result,
+                pg_catalog.format('CLUSTER ''memory''; RUN ON ALL; SELECT * FROM memory_shard.%I(read_projects, write_projects, api_key, %s);',
+                                  f.name, f.call));
+            EXECUTE pg_catalog.format('COMMENT ON FUNCTION memory_proxy.%I(text, text, text, %s) IS %L',
+                f.name || '_all', f.args,
+                pg_catalog.format('memory.%s on every partition at once (RUN ON ALL), through its relay memory_shard.%s.', f.name, f.name));
+        END IF;
+    END LOOP;
+END $$;
+
+-- memory.query: one partition when the call names a project, else all of them merged.
+CREATE OR REPLACE FUNCTION memory_proxy._query_rows(
+    query text, query_embedding vector, project text, levels text[], k integer,
+    strategy text, fusion text, rrf_k integer, candidates integer, dense_weight double precision,
+    since text, until text, reference_time timestamptz, filter jsonb, min_cosine double precision,
+    as_of timestamptz, valid_at timestamptz, unsupported text,
+    OUT rows memory.query_row[], OUT missing integer[])
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    part integer;
+BEGIN
+    missing := '{}';
+    IF project IS NOT NULL THEN
+        BEGIN
+            rows := ARRAY(SELECT r FROM memory_proxy.query_on(
+                pg_catalog.hashtext(project), c.read_projects, c.write_projects, c.api_key,
+                query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
+                dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
+                unsupported) r);
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+        END;
+        RETURN;
+    END IF;
+    -- Every partition at once; when one is out of reach, each alone, to answer from the
+    -- others and name the missing ones.
+    BEGIN
+        rows := ARRAY(SELECT r FROM memory_proxy.query_all(
+            c.read_projects, c.write_projects, c.api_key,
+            query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
+            dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
+            unsupported) r);
+        RETURN;
+    EXCEPTION WHEN internal_error THEN
+        IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+    END;
+    rows := '{}';
+    FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
+        BEGIN
+            rows := rows || ARRAY(SELECT r FROM memory_proxy.query_on(
+                part, c.read_projects, c.write_projects, c.api_key,
+                query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
+                dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
+                unsupported) r);
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            missing := missing || part;
+        END;
+    END LOOP;
+    IF cardinality(missing) = memory_proxy.partitions() THEN
+        RAISE EXCEPTION 'no partition is reachable'
+            USING ERRCODE = '08006', HINT = '`poimen-memory shard status` names the servers.';
+    END IF;
+END $$;
+COMMENT ON FUNCTION memory_proxy._query_rows(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text) IS
+    'memory.query''s rows from the partition holding project (08006 when it is out of reach), or from every partition (each one''s top k), with the partitions out of reach in missing.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._merge(rows memory.query_row[], k integer)
+RETURNS SETOF memory.query_row
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- Each partition's top k, merged: the k best by final_score (ties: cosine, then the
+    -- project and each partition's own rank), ranked again 1..k. docs/scaling.md says how
+    -- the partitions' scores compare.
+    SELECT (row_number() OVER w)::integer, u.node_id, u.external_id, u.level, u.sha256, u.project,
+           u.title, u.text, u.source, u.breadcrumb, u."timestamp", u.query_score, u.lexical_score,
+           u.final_score, u.semantic_rank, u.lexical_rank, u.fusion_method, u.search_strategy,
+           u.provenance, u.provenance_truncated, u.metadata, u.support, u.changed_parents,
+           u.uncited_reason
+    FROM unnest(rows) AS u
+    WINDOW w AS (ORDER BY u.final_score DESC NULLS LAST, u.query_score DESC NULLS LAST,
+                 u.project, u.rank)
+    ORDER BY u.final_score DESC NULLS LAST, u.query_score DESC NULLS LAST, u.project, u.rank
+    LIMIT k;
+$$;
+COMMENT ON FUNCTION memory_proxy._merge(memory.query_row[], integer) IS
+    'The k best of the partitions'' rows by final_score (ties: query_score, project, rank), ranked 1..k.';
+
+CREATE OR REPLACE FUNCTION memory.query(
+    query text,
+    query_embedding vector DEFAULT NULL,
+    project text DEFAULT NULL,
+    levels text[] DEFAULT ARRAY['L1', 'L2'],
+    k integer DEFAULT 5,
+    strategy text DEFAULT NULL,
+    fusion text DEFAULT NULL,
+    rrf_k integer DEFAULT NULL,
+    candidates integer DEFAULT NULL,
+    dense_weight double precision DEFAULT NULL,
+    since text DEFAULT NULL,
+    until text DEFAULT NULL,
+    reference_time timestamptz DEFAULT NULL,
+    filter jsonb DEFAULT NULL,
+    min_cosine double precision DEFAULT NULL,
+    as_of timestamptz DEFAULT NULL,
+    valid_at timestamptz DEFAULT NULL,
+    unsupported text DEFAULT NULL
+)
+RETURNS SETOF memory.query_row
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    got record;
+BEGIN
+    got := memory_proxy._query_rows(query, query_embedding, project, levels, k, strategy, fusion,
+                                    rrf_k, candidates, dense_weight, since, until, reference_time,
+                                    filter, min_cosine, as_of, valid_at, unsupported);
+    IF cardinality(got.missing) > 0 THEN
+        RAISE WARNING 'degraded: partitions % are unreachable; answered from the others', got.missing
+            USING DETAIL = pg_catalog.format('{"stage": "shard", "reason": "unreachable", "partitions": %s}',
+                                             pg_catalog.to_jsonb(got.missing)),
+                  HINT = '`poimen-memory shard status` names their servers.';
+    END IF;
+    IF project IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM unnest(got.rows);
+    ELSE
+        RETURN QUERY SELECT * FROM memory_proxy._merge(got.rows, k);
+    END IF;
+END $$;
+COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text) IS
+    'memory.query of the partition databases (its arguments and rows), through PL/Proxy: with project, on the partition holding it (08006 when that one is out of reach); without, on every partition, each one''s top k merged by final_score (docs/scaling.md), with a WARNING naming the partitions out of reach.';
+
+CREATE OR REPLACE FUNCTION memory.answer(
+    query text,
+    query_embedding vector DEFAULT NULL,
+    project text DEFAULT NULL,
+    levels text[] DEFAULT ARRAY['L1', 'L2'],
+    k integer DEFAULT 5,
+    strategy text DEFAULT NULL,
+    fusion text DEFAULT NULL,
+    rrf_k integer DEFAULT NULL,
+    candidates integer DEFAULT NULL,
+    dense_weight double precision DEFAULT NULL,
+    since text DEFAULT NULL,
+    until text DEFAULT NULL,
+    reference_time timestamptz DEFAULT NULL,
+    filter jsonb DEFAULT NULL,
+    min_cosine double precision DEFAULT NULL,
+    as_of timestamptz DEFAULT NULL,
+    valid_at timestamptz DEFAULT NULL,
+    unsupported text DEFAULT NULL,
+    evidence integer DEFAULT NULL
+)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    docs jsonb[];
+    missing integer[] := '{}';
+    part integer;
+    merged jsonb;
+    kept jsonb;
+BEGIN
+    IF project IS NOT NULL THEN
+        BEGIN
+            RETURN (SELECT a FROM memory_proxy.answer_on(
+                pg_catalog.hashtext(project), c.read_projects, c.write_projects, c.api_key,
+                query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
+                dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
+                unsupported, evidence) a);
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+        END;
+    END IF;
+    BEGIN
+        docs := ARRAY(SELECT a FROM memory_proxy.answer_all(
+            c.read_projects, c.write_projects, c.api_key,
+            query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
+            dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
+            unsupported, evidence) a);
+    EXCEPTION WHEN internal_error THEN
+        IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+        docs := '{}';
+        FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
+            BEGIN
+                docs := docs || ARRAY(SELECT a FROM memory_proxy.answer_on(
+                    part, c.read_projects, c.write_projects, c.api_key,
+                    query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
+                    dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
+                    unsupported, evidence) a);
+            EXCEPTION WHEN internal_error THEN
+                IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+                missing := missing || part;
+            END;
+        END LOOP;
+        IF cardinality(docs) = 0 THEN
+            RAISE EXCEPTION 'no partition is reachable'
+                USING ERRCODE = '08006', HINT = '`poimen-memory shard status` names the servers.';
+        END IF;
+    END;
+    -- The first partition's document, with the results merged as memory.query merges rows
+    -- and the evidence of the results kept (each partition's, in the merged order).
+    SELECT coalesce(jsonb_agg(to_jsonb(m) ORDER BY m.rank), '[]') INTO kept
+    FROM memory_proxy._merge(ARRAY(SELECT jsonb_populate_record(NULL::memory.query_row, r)
+                                   FROM unnest(docs) d, jsonb_array_elements(d -> 'results') r), k) m;
+    merged := docs[1] || jsonb_build_object(
+        'results', kept,
+        'evidence', coalesce((SELECT jsonb_agg(e) FROM unnest(docs) d, jsonb_array_elements(d -> 'evidence') e), '[]'),
+        'partitions', jsonb_build_object('answered', cardinality(docs), 'missing', to_jsonb(missing)));
+    IF cardinality(missing) > 0 THEN
+        merged := jsonb_set(merged, '{degraded}', coalesce(merged -> 'degraded', '[]')
+            || jsonb_build_object('stage', 'shard', 'reason', 'unreachable', 'partitions', to_jsonb(missing)));
+    END IF;
+    RETURN merged;
+END $$;
+COMMENT ON FUNCTION memory.answer(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text, integer) IS
+    'memory.answer of the partition databases through PL/Proxy: with project, the document of the partition holding it (08006 when out of reach); without, the first partition''s document with every partition''s results merged as memory.query merges them, their evidence lists concatenated, "partitions" {answered, missing}, and a degraded entry {"stage": "shard", "reason": "unreachable", "partitions": [...]} when some were out of reach.';
+
+CREATE OR REPLACE FUNCTION memory.add_nodes(nodes jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    g record;
+    res jsonb;
+    out_nodes jsonb := '[]';
+    totals jsonb := '{}';
+    unresolved jsonb := '[]';
+BEGIN
+    -- Not an array: the partition says so, as a single database would (22023).
+    IF jsonb_typeof(nodes) IS DISTINCT FROM 'array' THEN
+        RETURN (SELECT a FROM memory_proxy.add_nodes_on(0, c.read_projects, c.write_projects, c.api_key, nodes) a);
+    END IF;
+    -- The nodes grouped by the partition of their project, each group one remote call
+    -- (all or nothing within it; a later group's failure leaves the earlier ones written,
+    -- and writing them again answers "unchanged": docs/scaling.md).
+    FOR g IN
+        SELECT memory_proxy.partition_of(e.node ->> 'project') AS part,
+               min(e.node ->> 'project') AS project,
+               jsonb_agg(e.node ORDER BY e.ord) AS group_nodes,
+               array_agg(e.ord ORDER BY e.ord) AS ords
+        FROM jsonb_array_elements(nodes) WITH ORDINALITY AS e(node, ord)
+        GROUP BY 1 ORDER BY 1 NULLS FIRST
+    LOOP
+        PERFORM memory_proxy._write_lock(coalesce(g.part, 0));
+        BEGIN
+            res := (SELECT a FROM memory_proxy.add_nodes_on(coalesce(g.part, 0), c.read_projects,
+                                                            c.write_projects, c.api_key, g.group_nodes) a);
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            PERFORM memory_proxy._down(g.part, g.project, SQLERRM);
+        END;
+        out_nodes := out_nodes || (SELECT jsonb_agg(jsonb_build_object('ord', g.ords[i.ord]) || i.node)
+                                   FROM jsonb_array_elements(res -> 'nodes') WITH ORDINALITY AS i(node, ord));
+        SELECT coalesce(jsonb_object_agg(key, coalesce((totals ->> key)::bigint, 0) + value::bigint), '{}')
+          INTO totals
+          FROM jsonb_each_text(res) WHERE key IN ('inserted', 'duplicates', 'updated', 'edges');
+        IF jsonb_typeof(res -> 'unresolved') = 'array' THEN
+            unresolved := unresolved || (res -> 'unresolved');
+        END IF;
+    END LOOP;
+    RETURN totals || jsonb_build_object(
+        'nodes', (SELECT coalesce(jsonb_agg(n - 'ord' ORDER BY (n ->> 'ord')::bigint), '[]')
+                  FROM jsonb_array_elements(out_nodes) n),
+        'unresolved', unresolved);
+END $$;
+COMMENT ON FUNCTION memory.add_nodes(jsonb) IS
+    'memory.add_nodes of the partition databases through PL/Proxy: the nodes grouped by the partition of their project, one call (all or nothing) per partition, the answers merged in input order and the counts summed. Waits while a partition it writes is being moved; 08006 when one is out of reach.';
+
+CREATE OR REPLACE FUNCTION memory.get_node(id text, project text DEFAULT NULL)
+RETURNS SETOF memory.node_row
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    found memory.node_row[] := '{}';
+    part integer;
+BEGIN
+    IF project IS NOT NULL THEN
+        BEGIN
+            RETURN QUERY SELECT * FROM memory_proxy.get_node_on(pg_catalog.hashtext(project),
+                c.read_projects, c.write_projects, c.api_key, id, project);
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+        END;
+        RETURN;
+    END IF;
+    -- No project: the id must be unique among the readable projects of every partition.
+    FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
+        BEGIN
+            found := found || ARRAY(SELECT r FROM memory_proxy.get_node_on(part, c.read_projects,
+                c.write_projects, c.api_key, id, project) r);
+        EXCEPTION WHEN SQLSTATE 'PM444' THEN
+            NULL;
+        END;
+    END LOOP;
+    IF cardinality(found) = 0 THEN
+        RAISE EXCEPTION 'no current node %', id USING ERRCODE = 'PM444',
+            HINT = 'Name its project; memory.history(project, id) lists its versions.';
+    ELSIF cardinality(found) > 1 THEN
+        RAISE EXCEPTION 'node id % is in several projects', id USING ERRCODE = 'PMA09',
+            DETAIL = (SELECT string_agg(f.project, ', ' ORDER BY f.project) FROM unnest(found) f),
+            HINT = 'Name the project.';
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(found);
+END $$;
+COMMENT ON FUNCTION memory.get_node(text, text) IS
+    'memory.get_node of the partition databases through PL/Proxy: with project, on the partition holding it; without, on each partition in turn (PM444 when none has it, PMA09 when several projects do).';
+
+CREATE OR REPLACE FUNCTION memory.history(project text, external_id text)
+RETURNS TABLE (revision integer, node_id bigint, current boolean, level text, sha256 text,
+               title text, text text, source text, "timestamp" timestamptz, metadata jsonb,
+               created_at timestamptz, expired_at timestamptz, end_reason text,
+               written_by text, ended_by text, end_note text, erased_at timestamptz,
+               valid_from timestamptz, valid_to timestamptz)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+BEGIN
+    IF project IS NULL THEN
+        RAISE EXCEPTION 'project must not be NULL'
+            USING ERRCODE = '22023', HINT = 'memory.history(project, external_id): ids are unique per project.';
+    END IF;
+    RETURN QUERY SELECT * FROM memory_proxy.history_on(pg_catalog.hashtext(project),
+        c.read_projects, c.write_projects, c.api_key, project, external_id);
+EXCEPTION WHEN internal_error THEN
+    IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+    PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+END $$;
+COMMENT ON FUNCTION memory.history(text, text) IS
+    'memory.history of the partition databases through PL/Proxy, on the partition holding project.';
+
+CREATE OR REPLACE FUNCTION memory.forget(
+    project text,
+    external_ids text[] DEFAULT NULL,
+    source text DEFAULT NULL,
+    since text DEFAULT NULL,
+    until text DEFAULT NULL,
+    erase boolean DEFAULT false,
+    reason text DEFAULT NULL,
+    filter jsonb DEFAULT NULL,
+    level text DEFAULT NULL,
+    dry_run boolean DEFAULT false,
+    max_nodes integer DEFAULT 1000
+)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+BEGIN
+    IF project IS NULL THEN
+        RAISE EXCEPTION 'project must not be NULL'
+            USING ERRCODE = '22023', HINT = 'memory.forget names one project (through the proxy, it picks the partition).';
+    END IF;
+    PERFORM memory_proxy._write_lock(memory_proxy.partition_of(project));
+    RETURN (SELECT a FROM memory_proxy.forget_on(pg_catalog.hashtext(project), c.read_projects,
+        c.write_projects, c.api_key, project, external_ids, source, since, until, erase, reason,
+        filter, level, dry_run, max_nodes) a);
+EXCEPTION WHEN internal_error THEN
+    IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+    PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+END $$;
+COMMENT ON FUNCTION memory.forget(text, text[], text, text, text, boolean, text, jsonb, text, boolean, integer) IS
+    'memory.forget of the partition databases through PL/Proxy, on the partition holding project (waits while it is being moved). max_nodes defaults to 1000, the partitions'' default (memory._forget_max_nodes()).';
+
+CREATE OR REPLACE FUNCTION memory.forget(
+    project text, external_id text, erase boolean DEFAULT false, reason text DEFAULT NULL
+)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+BEGIN
+    IF project IS NULL THEN
+        RAISE EXCEPTION 'project must not be NULL'
+            USING ERRCODE = '22023', HINT = 'memory.forget names one project (through the proxy, it picks the partition).';
+    END IF;
+    PERFORM memory_proxy._write_lock(memory_proxy.partition_of(project));
+    RETURN (SELECT a FROM memory_proxy.forget_on(pg_catalog.hashtext(project), c.read_projects,
+        c.write_projects, c.api_key, project, external_id, erase, reason) a);
+EXCEPTION WHEN internal_error THEN
+    IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+    PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+END $$;
+COMMENT ON FUNCTION memory.forget(text, text, boolean, text) IS
+    'memory.forget of one node through PL/Proxy, on the partition holding project (waits while it is being moved).';
+
+-- On the default search_path, as on a partition (sql/079_aliases.sql).
+CREATE OR REPLACE FUNCTION public.memory_query(
+    query text,
+    query_embedding vector DEFAULT NULL,
+    project text DEFAULT NULL,
+    levels text[] DEFAULT ARRAY['L1', 'L2'],
+    k integer DEFAULT 5,
+    strategy text DEFAULT NULL,
+    fusion text DEFAULT NULL,
+    rrf_k integer DEFAULT NULL,
+    candidates integer DEFAULT NULL,
+    dense_weight double precision DEFAULT NULL,
+    since text DEFAULT NULL,
+    until text DEFAULT NULL,
+    reference_time timestamptz DEFAULT NULL,
+    filter jsonb DEFAULT NULL,
+    min_cosine double precision DEFAULT NULL,
+    as_of timestamptz DEFAULT NULL,
+    valid_at timestamptz DEFAULT NULL,
+    unsupported text DEFAULT NULL
+)
+RETURNS SETOF memory.query_row
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS 'SELECT * FROM memory.query($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)';
+COMMENT ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text) IS
+    'Alias of memory.query on the default search_path, as on a partition database.';
+
+-- Grants: the proxy's service role calls the public functions; nobody else (PUBLIC's
+-- EXECUTE is revoked on everything here, internals included).
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid FROM pg_catalog.pg_proc p
+             WHERE p.pronamespace IN ('memory'::regnamespace, 'memory_proxy'::regnamespace)
+                OR p.oid = 'public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text)'::regprocedure
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO @proxy.service@', f);
+    END LOOP;
+END $$;
+REVOKE ALL ON TABLE memory_proxy.moves FROM PUBLIC;
+GRANT SELECT ON TABLE memory_proxy.moves TO @proxy.service@;

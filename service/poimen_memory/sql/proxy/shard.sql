@@ -1,0 +1,72 @@
+-- On every partition database behind a PL/Proxy proxy (docs/scaling.md#pl-proxy): the
+-- relays the proxy calls. A partition is a normal poimen-memory database (`poimen-memory
+-- migrate` made it); this file adds schema memory_shard beside schema memory, applied by
+-- `poimen-memory shard init | migrate` after migrate, so `migrate --check` on a partition
+-- compares schema memory alone.
+--
+-- The caller's projects travel with the call: each relay takes the proxy caller's
+-- poimen.read_projects, poimen.write_projects and poimen.api_key as its first three
+-- arguments, sets them for the statement (set_config(..., true): PL/Proxy runs each remote
+-- call as a statement of its own, so they end with it) and calls the public function of
+-- the same name. Row-level security honours those settings only for members of this
+-- database's @role.service@ (sql/015_policy.sql, sql/085_tenants.sql), and only that role
+-- may execute a relay: the proxy's login role is made a member of it, and nobody else
+-- gains anything here.
+--
+-- Each relay is made from its target's catalog entry (arguments, result), as the public
+-- aliases are (sql/079_aliases.sql), so a relay can never disagree with what it calls.
+-- Rendered markers: @role.service@ (the partition's service role).
+
+CREATE SCHEMA IF NOT EXISTS memory_shard;
+REVOKE ALL ON SCHEMA memory_shard FROM PUBLIC;
+GRANT USAGE ON SCHEMA memory_shard TO @role.service@;
+COMMENT ON SCHEMA memory_shard IS
+    'Relays a PL/Proxy proxy calls (sql/proxy/shard.sql): the caller''s asserted projects, then the public function of the same name.';
+
+CREATE OR REPLACE FUNCTION memory_shard._assert(read_projects text, write_projects text, api_key text)
+RETURNS void
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- NULL from the proxy (a caller it does not trust) asserts nothing: the proxy's own
+    -- role then sees only what is granted to it, which is nothing (docs/scaling.md).
+    SELECT set_config('poimen.read_projects', coalesce(read_projects, ''), true),
+           set_config('poimen.write_projects', coalesce(write_projects, ''), true),
+           set_config('poimen.api_key', coalesce(api_key, ''), true);
+$$;
+COMMENT ON FUNCTION memory_shard._assert(text, text, text) IS
+    'Sets the proxy caller''s poimen.read_projects, poimen.write_projects and poimen.api_key for the current statement (NULL: none).';
+REVOKE ALL ON FUNCTION memory_shard._assert(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION memory_shard._assert(text, text, text) TO @role.service@;
+
+DO $$
+DECLARE
+    f record;
+    relay regprocedure;
+    call text;
+BEGIN
+    FOR f IN
+        SELECT p.oid, p.proname, p.pronargs, p.proargtypes
+        FROM pg_catalog.pg_proc p
+        WHERE p.pronamespace = 'memory'::regnamespace
+          AND p.proname IN ('query', 'answer', 'add_nodes', 'get_node', 'history', 'forget')
+    LOOP
+        SELECT pg_catalog.string_agg('$' || (i + 3), ', ' ORDER BY i) INTO call
+        FROM pg_catalog.generate_series(1, f.pronargs) AS i;
+        EXECUTE pg_catalog.format(
+            'CREATE OR REPLACE FUNCTION memory_shard.%I(read_projects text, write_projects text, '
+            'api_key text, %s) RETURNS %s LANGUAGE sql VOLATILE PARALLEL UNSAFE '
+            'SET search_path = pg_catalog, pg_temp AS %L',
+            f.proname, pg_catalog.pg_get_function_identity_arguments(f.oid),
+            pg_catalog.pg_get_function_result(f.oid),
+            pg_catalog.format('SELECT memory_shard._assert($1, $2, $3); SELECT * FROM memory.%I(%s)',
+                              f.proname, call));
+        relay := pg_catalog.format('memory_shard.%I(text, text, text, %s)', f.proname,
+                                   pg_catalog.oidvectortypes(f.proargtypes))::regprocedure;
+        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', relay);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO @role.service@', relay);
+        EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s IS %L', relay,
+            pg_catalog.format('Relay of %s for the PL/Proxy proxy: the caller''s asserted projects (read, write, api key), then the call.',
+                              f.oid::regprocedure));
+    END LOOP;
+END $$;
