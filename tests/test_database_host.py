@@ -23,10 +23,12 @@ import pytest
 from conftest import free_port
 from poimen_memory.db.cluster import Cluster, find_pg_bin
 from poimen_memory.db.connect import connect
-from poimen_memory.db.migrate import ROOT
 from poimen_memory.embedders.local import LocalEmbedder
 
 CLI = [sys.executable, "-m", "poimen_memory.cli.main"]
+
+# The checkout these tests run from (the package may be installed elsewhere).
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _hidden_cluster(base: Path, hidden: list[Path]) -> Cluster:

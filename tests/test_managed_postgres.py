@@ -24,7 +24,7 @@ from conftest import FIXTURE, free_port
 from poimen_core import vocabulary
 from poimen_memory.db.cluster import Cluster, find_pg_bin
 from poimen_memory.db.connect import connect, ensure_service_login
-from poimen_memory.db.migrate import ROOT, check, migrate, plpython_status
+from poimen_memory.db.migrate import check, migrate, plpython_status
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.errors import MigrationError
 from poimen_memory.ingest.nodes import parse_lines
@@ -32,6 +32,9 @@ from poimen_memory.ingest.writer import ingest
 from service_client import KONG, query, serve
 
 OWNER = "app_owner"
+
+# The checkout these tests run from (the package may be installed elsewhere).
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
