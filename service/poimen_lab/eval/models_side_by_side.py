@@ -4,7 +4,8 @@ Each database holds the same data embedded with its own model (memory.embedding_
 it: MiniLM or e5). For every question, on each side in turn (the order alternating), the
 side's local model embeds the question in this process, then ``memory.answer`` (the whole
 default path GET /memory/query runs in the database) answers it with that vector, as the
-role in the URL. Load from other work on the machine falls on both sides alike.
+role in the URL (give a member of the service role, so row-level security applies as in a
+deployment; the session asserts every project, as the service's ingest does). Load from other work on the machine falls on both sides alike.
 
 Reported per side: the p50 and p95 of the whole (embedding plus answer) and of the
 embedding alone, and CPU per query: this process's CPU for the embedding (time.process_time;
@@ -33,6 +34,7 @@ import numpy as np
 from poimen_core.vocabulary import E5_MODEL, LOCAL_MODEL
 from poimen_lab.eval.answer_side_by_side import _cpu_ms
 from poimen_lab.eval.fusion_sweep import paired
+from poimen_memory.db import tenant
 from poimen_memory.db.connect import connect
 from poimen_memory.embedders.base import Embedder
 
@@ -74,6 +76,10 @@ def run(
     progress: Callable[[int], None] | None = None,
 ) -> tuple[dict[str, str], dict[str, dict[str, dict[str, Any]]]]:
     conns = {side: connect(url, autocommit=True) for side, url in urls.items()}
+    for c in conns.values():
+        # As the service's ingest and drain connections do: under row-level security (a
+        # member of the service role) the session then sees every project.
+        tenant.assert_for_session(c, tenant.ALL_PROJECTS)
     out: dict[str, dict[str, dict[str, Any]]] = {side: {} for side in urls}
     try:
         models: dict[str, str] = {}
