@@ -5,7 +5,8 @@ it: MiniLM or e5). For every question, on each side in turn (the order alternati
 side's local model embeds the question in this process, then ``memory.answer`` (the whole
 default path GET /memory/query runs in the database) answers it with that vector, as the
 role in the URL (give a member of the service role, so row-level security applies as in a
-deployment; the session asserts every project, as the service's ingest does). Load from other work on the machine falls on both sides alike.
+deployment; the session asserts every project, as the service's ingest does).
+Load from other work on the machine falls on both sides alike.
 
 Reported per side: the p50 and p95 of the whole (embedding plus answer) and of the
 embedding alone, and CPU per query: this process's CPU for the embedding (time.process_time;
