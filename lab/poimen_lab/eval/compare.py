@@ -14,7 +14,7 @@ from typing import Any
 
 from poimen_lab.eval.fusion_sweep import paired
 
-MEASURES = ("evidence_recall@10", "cited_l0@10", "recall@10", "latency_ms")
+MEASURES = ("evidence_recall@10", "cited_l0@10", "recall@10", "ndcg@10", "latency_ms")
 
 
 def compare(a: dict[str, Any], b: dict[str, Any], mode_a: str, mode_b: str) -> list[dict[str, Any]]:

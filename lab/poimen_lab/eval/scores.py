@@ -80,10 +80,10 @@ def per_query_scores(
         o = outcomes.get(qy.id)
         if o is None or o.error is not None:
             continue
+        one_qrels, one_run = {qy.id: data.qrels[qy.id]}, {qy.id: o.ranked}
         row = {
-            "recall@10": mean(
-                per_query({qy.id: data.qrels[qy.id]}, {qy.id: o.ranked}, "recall@10")
-            ),
+            "recall@10": mean(per_query(one_qrels, one_run, "recall@10")),
+            "ndcg@10": mean(per_query(one_qrels, one_run, "ndcg@10")),
             "latency_ms": o.latency_ms,
         }
         if o.evidence is not None:

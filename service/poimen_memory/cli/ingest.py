@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from poimen_memory.cli.common import load_settings, notice, started_url
 from poimen_memory.db.connect import (
     connect,
 )
-from poimen_memory.settings import Settings
+from poimen_memory.settings import LOCAL_MODELS, Settings
 
 
 def _embedder(s: Settings) -> Any:
@@ -72,6 +73,15 @@ def cmd_reembed(args: argparse.Namespace) -> int:
     from poimen_memory.progress import Progress
 
     s = load_settings()
+    if args.local is not None:
+        if s.embedding.url is not None:
+            print(
+                "error: --local names a local model, but POIMEN_EMBEDDINGS_URL is set "
+                "(unset it to move the database to a local model)",
+                file=sys.stderr,
+            )
+            return 2
+        s = replace(s, embedding=replace(s.embedding, local=args.local))
     embedder = _embedder(s)
     with connect(started_url(s), autocommit=True) as conn:
         total = conn.execute(q("count_nodes")).fetchone()[0]  # type: ignore[index]
@@ -128,5 +138,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     ing.add_argument("--quiet", action="store_true")
     ing.add_argument("--json", action="store_true", help="also print the report as JSON")
     ing.set_defaults(func=cmd_ingest)
-    re_ = sub.add_parser("reembed", help="re-embed every node after an embedding model change")
+    re_ = sub.add_parser(
+        "reembed",
+        help="re-embed every node with the configured model (a change of model moves the "
+        "database to it)",
+    )
+    re_.add_argument(
+        "--local",
+        choices=LOCAL_MODELS,
+        help="the local model to move to, instead of POIMEN_EMBEDDINGS_LOCAL's; the service "
+        "must then run with POIMEN_EMBEDDINGS_LOCAL set to it (docs/embeddings.md)",
+    )
     re_.set_defaults(func=cmd_reembed)

