@@ -185,11 +185,9 @@ AS $$
 BEGIN
     -- The service asserting every project (anonymous mode) is told by one setting and one
     -- membership, without reading the grants table.
-    -- coalesce: an unset setting is NULL, and the answer must be false, not NULL.
-    RETURN coalesce(current_setting(CASE WHEN write THEN 'poimen.write_projects'
-                                         ELSE 'poimen.read_projects' END, true) = '*', false)
-           AND coalesce(pg_catalog.pg_has_role(current_user, pg_catalog.to_regrole('@role.service@'),
-                                               'MEMBER'), false);
+    RETURN memory._asserting(write)
+           AND current_setting(CASE WHEN write THEN 'poimen.write_projects'
+                                    ELSE 'poimen.read_projects' END, true) = '*';
 END $$;
 COMMENT ON FUNCTION memory._asserted_all(boolean) IS
     'Whether the service (a member of @role.service@) asserts every project (''*'') in poimen.read_projects (write: poimen.write_projects): the first, cheap half of memory.granted_all, which memory.projects'' policy tests before reading the grants.';
