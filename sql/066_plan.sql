@@ -299,14 +299,15 @@ BEGIN
     -- most floor_keyword_words words) is answered by its lexical matches: a candidate
     -- holding one of its terms is kept (MiniLM's cosine of two or three words with the
     -- paragraph that answers them is often below any floor that silences off-topic
-    -- sentences); a longer query keeps a candidate holding all its terms. A query with
-    -- required operands (a strict phrase, #tag, @mention) is not floored: every candidate
-    -- matched what it required.
+    -- sentences); a longer query keeps a candidate holding floor_term_share of its terms
+    -- (at least one). A query with required operands (a strict phrase, #tag, @mention) is
+    -- not floored: every candidate matched what it required.
     floor_need := CASE WHEN cardinality(terms) = 0 THEN NULL
                        WHEN cardinality(regexp_split_to_array(btrim(CASE WHEN (grammar ->> 'operators')::boolean
                                                                           THEN grammar ->> 'text' ELSE q END), '\s+'))
                             <= memory._policy_value('floor_keyword_words')::integer THEN 1
-                       ELSE cardinality(terms) END;
+                       ELSE greatest(1, ceil(cardinality(terms)
+                                             * memory._policy_value('floor_term_share')::double precision))::integer END;
     floor_on := floor IS NOT NULL AND jsonb_array_length(grammar -> 'required') = 0;
     floor_why := CASE WHEN floor IS NULL THEN NULL
                       -- -1 turns the floor off: no vector is asked for it

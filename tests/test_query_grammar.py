@@ -291,8 +291,8 @@ def test_the_floor_withholds_and_an_empty_answer_cites_nothing(conn: Conn) -> No
     assert doc["counts"]["withheld"] > 0
     floor = doc["plan"]["floor"]
     assert (floor["min_cosine"], floor["source"], floor["applied"]) == (0.3, "argument", True)
-    # a sentence: a candidate below the floor is kept only holding all its terms
-    assert floor["terms"] == ["cake", "chocol", "good", "recip"] and floor["keep_with_terms"] == 4
+    # a sentence: a candidate below the floor is kept only holding half its terms
+    assert floor["terms"] == ["cake", "chocol", "good", "recip"] and floor["keep_with_terms"] == 2
     # without a floor (-1: every cosine clears it) the same question returns memories
     assert texts(conn, OFF_TOPIC, project="poimen", min_cosine=-1)
     # an on-topic question keeps what clears the floor, in order
@@ -345,8 +345,8 @@ def test_the_floor_is_on_by_default(conn: Conn) -> None:
 
 def test_the_floor_keeps_what_the_query_words_vouch_for(conn: Conn) -> None:
     """Below the floor, a keyword query's candidate holding one of its terms and a
-    sentence's candidate holding all of them are kept; a query with required operands is
-    not floored (its candidates matched them)."""
+    sentence's candidate holding floor_term_share of them are kept; a query with required
+    operands is not floored (its candidates matched them)."""
     nodes = [
         {"id": "v1", "level": "L1", "project": "vouch",
          "text": "Zanzibar ferry timetable: the morning boat leaves at seven"},
@@ -360,9 +360,16 @@ def test_the_floor_keeps_what_the_query_words_vouch_for(conn: Conn) -> None:
 
     assert got("ferry") == [nodes[0]["text"]]  # one word: its match is kept
     assert got("zanzibar cake") == [nodes[0]["text"]]  # two: either word vouches
-    # a sentence holding one of its terms is not vouched for; holding all, it is
-    assert got("when does the ferry to the island leave in the evening") == []
+    # a sentence: one of its five terms does not vouch for a candidate; three of them do
+    assert got("when does the ferry to the island come back in the evening") == []
+    assert got("when does the evening ferry leave from the island") == [nodes[0]["text"]]
     assert got("when does the morning ferry to zanzibar leave") == [nodes[0]["text"]]
+    conn.execute("SELECT memory.set_policy('floor_term_share', '1')")  # all of them
+    try:
+        assert got("when does the evening ferry leave from the island") == []
+        assert got("when does the morning ferry to zanzibar leave") == [nodes[0]["text"]]
+    finally:
+        conn.execute("SELECT memory.reset_policy('floor_term_share')")
     assert got("#finance how did the numbers move") == [nodes[1]["text"]]
     # floor_keyword_words 0: a keyword query too needs all its terms
     conn.execute("SELECT memory.set_policy('floor_keyword_words', '0')")
@@ -371,9 +378,11 @@ def test_the_floor_keeps_what_the_query_words_vouch_for(conn: Conn) -> None:
         assert got("zanzibar ferry") == [nodes[0]["text"]]
     finally:
         conn.execute("SELECT memory.reset_policy('floor_keyword_words')")
-    for bad in ("-1", "51", "x"):
-        with pytest.raises(psycopg.errors.InvalidParameterValue, match="floor_keyword_words"):
-            conn.execute("SELECT memory.set_policy('floor_keyword_words', %s)", (bad,))
+    for key, bad in [("floor_keyword_words", "-1"), ("floor_keyword_words", "51"),
+                     ("floor_keyword_words", "x"), ("floor_term_share", "1.5"),
+                     ("floor_term_share", "-0.5")]:  # fmt: skip
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=key):
+            conn.execute("SELECT memory.set_policy(%s, %s)", (key, bad))
 
 
 def test_the_floor_comes_from_the_policy(conn: Conn) -> None:

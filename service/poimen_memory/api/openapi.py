@@ -1189,7 +1189,7 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                                     "policy or null), applied, terms (the query's), "
                                     "keep_with_terms (how many of them a candidate below "
                                     "min_cosine must hold to be kept: 1 for a keyword query, "
-                                    "all for a longer one; null: none can), why (not "
+                                    "floor_term_share of a longer one; null: none can), why (not "
                                     "applied: why)",
                                 },
                                 "recency": {
