@@ -371,11 +371,12 @@ def test_the_floor_keeps_what_the_query_words_vouch_for(conn: Conn) -> None:
     finally:
         conn.execute("SELECT memory.reset_policy('floor_term_share')")
     assert got("#finance how did the numbers move") == [nodes[1]["text"]]
-    # floor_keyword_words 0: a keyword query too needs all its terms
+    assert got("zanzibar cake recipe") == [nodes[0]["text"]]  # three: one of them vouches
+    # floor_keyword_words 0: no keyword query, half the terms of any query
     conn.execute("SELECT memory.set_policy('floor_keyword_words', '0')")
     try:
-        assert got("zanzibar cake") == []
-        assert got("zanzibar ferry") == [nodes[0]["text"]]
+        assert got("zanzibar cake recipe") == []
+        assert got("zanzibar ferry recipe") == [nodes[0]["text"]]
     finally:
         conn.execute("SELECT memory.reset_policy('floor_keyword_words')")
     for key, bad in [("floor_keyword_words", "-1"), ("floor_keyword_words", "51"),

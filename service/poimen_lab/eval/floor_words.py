@@ -55,7 +55,7 @@ def _kept(rows: list[Row], t: float, s: float) -> list[Row]:
     return [r for r in rows if r[1] is None or r[1] >= t or r[2] >= s]
 
 
-def scifact(url: str, data: Path) -> dict[str, Any]:
+def scifact(url: str, data: Path, limit: int | None = None) -> dict[str, Any]:
     """nDCG@10 of SciFact's training claims without the floor and with the policy's."""
     qrels: dict[str, dict[str, int]] = defaultdict(dict)
     for line in (data / "qrels-train.jsonl").read_text().splitlines():
@@ -63,6 +63,7 @@ def scifact(url: str, data: Path) -> dict[str, Any]:
             r = json.loads(line)
             qrels[r["query_id"]][r["node_id"]] = int(r.get("score", 1))
     qs = [json.loads(x) for x in (data / "queries-train.jsonl").read_text().splitlines() if x]
+    qs = [q for q in qs if q["id"] in qrels][:limit]
     off: dict[str, list[str]] = {}
     on: dict[str, list[str]] = {}
     with psycopg.connect(url, autocommit=True) as conn:
@@ -74,8 +75,6 @@ def scifact(url: str, data: Path) -> dict[str, Any]:
         assert pol is not None
         t, words, share = pol
         for q in qs:
-            if q["id"] not in qrels:
-                continue
             rows = conn.execute(
                 ROWS_SQL, {"q": q["text"], "p": q["project"], "lv": ["L0"]}
             ).fetchall()
@@ -91,8 +90,9 @@ def scifact(url: str, data: Path) -> dict[str, Any]:
                 for r in rows
                 if r[1] is None or r[1] >= t or (terms and round(r[2] * terms) >= need)
             ]
-    a = per_query(qrels, off, "ndcg@10")
-    b = per_query(qrels, on, "ndcg@10")
+    judged = {q["id"]: qrels[q["id"]] for q in qs}
+    a = per_query(judged, off, "ndcg@10")
+    b = per_query(judged, on, "ndcg@10")
     ids = sorted(a)
     va, vb = [a[i] for i in ids], [b[i] for i in ids]
     rng = np.random.default_rng(0)
@@ -118,10 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--floors", default="0.25,0.3,0.35")
     p.add_argument("--shares", default="1,0.75,0.5,0.34")
     p.add_argument("--scifact", action="store_true", help="SciFact's training claims")
+    p.add_argument("--limit-queries", type=int, help="--scifact: the first N judged claims")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     if a.scifact:
-        out = scifact(a.url, a.data)
+        out = scifact(a.url, a.data, a.limit_queries)
         print(json.dumps(out, indent=1))
         if a.json:
             a.json.write_text(json.dumps(out, indent=1))
