@@ -150,7 +150,8 @@ COMMENT ON FUNCTION memory.fuse_legs(jsonb, jsonb, text, text, double precision,
 -- one place: the relevance floor holds candidates back, recency rescores them, the soft
 -- phrases of the query grammar raise the ones that contain them; then the final k.
 CREATE OR REPLACE FUNCTION memory._after_fusion(
-    candidates jsonb, plan jsonb, query_embedding vector, OUT fused jsonb, OUT withheld integer
+    candidates jsonb, plan jsonb, query_embedding vector, OUT fused jsonb, OUT withheld integer,
+    OUT held bigint[]
 )
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, public, pg_temp
@@ -162,16 +163,26 @@ DECLARE
     need integer := (plan -> 'floor' ->> 'keep_with_terms')::integer;
     recent boolean := coalesce((plan -> 'recency' ->> 'applied')::boolean, false);
     boost jsonb := coalesce(plan -> 'grammar' -> 'boost', '[]');
+    -- recency or a soft phrase may lift a candidate from below the final k
+    reorders boolean := recent OR jsonb_array_length(boost) > 0;
 BEGIN
     withheld := 0;
+    held := '{}';
     IF candidates IS NULL OR (floor IS NULL AND NOT recent AND jsonb_array_length(boost) = 0) THEN
         fused := candidates;
         RETURN;
     END IF;
+    -- The fused list is every candidate when the floor applies (memory._run_legs), so that
+    -- held names every one it holds back, whatever k (the evidence's deeper candidates,
+    -- memory._deeper, leave them out for any k); without recency or a soft phrase the page
+    -- is still cut from the first final_k: the floor never brings up one from below them.
     SELECT coalesce(jsonb_agg(r.v ORDER BY r.hits DESC, r.s DESC NULLS LAST, r.o)
-                        FILTER (WHERE NOT r.low AND r.pos <= (plan ->> 'final_k')::integer), '[]'),
-           count(*) FILTER (WHERE r.low)
-      INTO fused, withheld
+                        FILTER (WHERE NOT r.low AND r.pos <= (plan ->> 'final_k')::integer
+                                      AND (reorders OR r.o <= (plan ->> 'final_k')::integer)), '[]'),
+           count(*) FILTER (WHERE r.low AND (reorders OR r.o <= (plan ->> 'final_k')::integer)),
+           -- what the floor held back: no evidence cites it either (memory._deeper)
+           coalesce(array_agg((r.v ->> 'node_id')::bigint) FILTER (WHERE r.low), '{}')
+      INTO fused, withheld, held
       FROM (SELECT l.*, row_number() OVER (PARTITION BY l.low ORDER BY l.hits DESC, l.s DESC NULLS LAST, l.o) AS pos
       FROM (SELECT f.v, f.o, f.s, f.hits,
                    -- The floor: a candidate whose cosine similarity to the query is below
@@ -212,4 +223,4 @@ BEGIN
                   ) s ON true) f) l) r;
 END $$;
 COMMENT ON FUNCTION memory._after_fusion(jsonb, jsonb, vector) IS
-    'The fused candidates (memory.fuse_legs rows as JSON, best first) made into the final_k list the page is cut from, as the plan says: the relevance floor holds back those below min_cosine whose words do not vouch for them (withheld counts them; plan.floor), recency rescores them (plan.recency), the query''s soft phrases (plan.grammar.boost) rank the candidates containing more of them first.';
+    'The fused candidates (memory.fuse_legs rows as JSON, best first) made into the final_k list the page is cut from, as the plan says: the relevance floor holds back those below min_cosine whose words do not vouch for them (withheld counts them, held names them; plan.floor), recency rescores them (plan.recency), the query''s soft phrases (plan.grammar.boost) rank the candidates containing more of them first.';

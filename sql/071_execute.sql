@@ -168,6 +168,7 @@ DECLARE
     fused jsonb;
     recent boolean := coalesce((plan -> 'recency' ->> 'applied')::boolean, false);
     withheld integer := 0;
+    held bigint[] := '{}';
     st jsonb := '{}';
     t timestamptz;
     -- run while OpenSearch answered (memory._serve through => 'semantic'), for this very plan
@@ -254,16 +255,19 @@ BEGIN
                             (plan ->> 'dense_weight')::double precision,
                             (plan ->> 'rrf_k')::integer,
                             -- recency and a soft phrase may lift a candidate from below the
-                            -- final k: all of them
+                            -- final k, and the floor names every candidate it holds back
+                            -- (memory._after_fusion): all of them
                             CASE WHEN recent OR jsonb_array_length(coalesce(plan -> 'grammar' -> 'boost', '[]')) > 0
+                                      OR coalesce((plan -> 'floor' ->> 'applied')::boolean, false)
                                  THEN 1000 ELSE (plan ->> 'final_k')::integer END) f;
     -- the floor, recency and soft phrases (sql/040_fusion.sql), then the final k
-    SELECT a.fused, a.withheld INTO fused, withheld FROM memory._after_fusion(fused, plan, query_embedding) a;
+    SELECT a.fused, a.withheld, a.held INTO fused, withheld, held FROM memory._after_fusion(fused, plan, query_embedding) a;
     st := memory._stage_time(st, 'fusion_time_ms', t);
     RETURN jsonb_build_object('lexical', lex, 'semantic', sem, 'evidence_lexical', ev_lex,
                               'evidence_semantic', ev_sem, 'evidence_legs', legs,
                               'evidence_failed', ev_failed,
-                              'fused', coalesce(fused, '[]'), 'withheld', withheld, 'stages', st);
+                              'fused', coalesce(fused, '[]'), 'withheld', withheld,
+                              'withheld_ids', to_jsonb(held), 'stages', st);
 END $$;
 COMMENT ON FUNCTION memory._run_legs(jsonb, vector, jsonb, boolean, jsonb) IS
     'The first half of memory._execute: the legs a plan names (hits: the OpenSearch leg the service fetched) and their fusion, as the state memory._finish takes: lexical, semantic, evidence_lexical, evidence_semantic, fused (best first, final_k deep) and stage times. answer => false runs the evidence''s direct legs only; prefetched (memory._serve_start''s, and memory._serve''s through => ''semantic'') gives legs already run, each taken only where its call is the plan''s own (the semantic leg''s: its whole plan).';
