@@ -345,7 +345,8 @@ def test_on_the_real_server_the_dear_key_gets_429_and_the_other_key_200(
     normal ones is refused 429 with Retry-After; the normal key is served. A window of a
     minute and a low floor make the rates independent of how fast this machine is."""
     normal, dear = make_key(fixture_url, ["poimen"]), make_key(fixture_url, ["poimen"])
-    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_HTTP_FAIR_WINDOW_S": "60",
+    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_HTTP_FAIR_SHARE": "1.2",
+           "POIMEN_HTTP_FAIR_WINDOW_S": "60",
            "POIMEN_HTTP_FAIR_FLOOR": "0.05"}  # fmt: skip
     with live_server(env, tmp_path / "server.log") as url:
 

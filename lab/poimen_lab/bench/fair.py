@@ -14,7 +14,7 @@ earlier run kept (``--keep-db``): the load (embedding 5,078 nodes) takes minutes
 One server per ``--setups`` entry (an admission's settings, SETUPS: ``none``, no share at
 all, the behaviour before fair admission; ``share8`` and ``share2``, a share of that many
 requests in flight or waiting and nothing else, the behaviour before the share by cost, at
-its default and below the pool; ``fair``, the defaults: the share by cost;
+its default and below the pool; ``fair``, the share by cost at 1.2 (opt-in: POIMEN_HTTP_FAIR_SHARE);
 ``fair-cpu``, the same with the text weighed by its CPU alone; ``fair-share2``, the
 defaults with a share of 2 requests; or ``label:ENV=VALUE+ENV=VALUE``), all up at once on
 the same database. Each round runs, for
@@ -70,9 +70,9 @@ SETUPS: dict[str, dict[str, str]] = {
     "none": {"POIMEN_HTTP_CLIENT_INFLIGHT": str(NO_SHARE), "POIMEN_HTTP_FAIR_SHARE": "0"},
     "share8": {"POIMEN_HTTP_CLIENT_INFLIGHT": "8", "POIMEN_HTTP_FAIR_SHARE": "0"},
     "share2": {"POIMEN_HTTP_CLIENT_INFLIGHT": "2", "POIMEN_HTTP_FAIR_SHARE": "0"},
-    "fair-cpu": {"POIMEN_HTTP_COST": "char=0.0011"},
-    "fair": {},
-    "fair-share2": {"POIMEN_HTTP_CLIENT_INFLIGHT": "2"},
+    "fair-cpu": {"POIMEN_HTTP_FAIR_SHARE": "1.2", "POIMEN_HTTP_COST": "char=0.0011"},
+    "fair": {"POIMEN_HTTP_FAIR_SHARE": "1.2"},
+    "fair-share2": {"POIMEN_HTTP_FAIR_SHARE": "1.2", "POIMEN_HTTP_CLIENT_INFLIGHT": "2"},
 }
 GOAL = 0.70  # a normal key's throughput under attack over alone
 COSTLY = {"evidence": "100", "limit": "50", "level": "L0,L1,L2"}
