@@ -256,6 +256,11 @@ async def forget_nodes(
         level = params.get("level")
         if level is not None and level not in LEVELS:
             raise ValidationError(f"level must be one of L0, L1, L2, got {level!r}")
+        # An empty value names nothing (the spec's minLength 1): refused, as the contract
+        # refuses an empty instant, rather than read as a filter that matches no node.
+        for name in ("source", "since", "until"):
+            if params.get(name) == "":
+                raise ValidationError(f"{name} must not be empty")
         if not ids and not ({k for k in params if k != "filter"} & _FORGET_FILTERS or flt):
             raise ValidationError(
                 "name nodes (id=a,b) or a filter (filter, source, level, since, until)",

@@ -188,8 +188,11 @@ def configure_proxy(
         conn.execute("CREATE SCHEMA IF NOT EXISTS memory")
         conn.execute(
             sql.SQL(
+                # The service logs in to the proxy as this role (POIMEN_SERVICE_ROLE), as it
+                # does to a single database (db/connect.ensure_service_login): LOGIN. Roles
+                # are the cluster's; NOLOGIN here locked the service out of every database.
                 "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {n}) THEN "
-                "CREATE ROLE {r} NOLOGIN; END IF; END $$"
+                "CREATE ROLE {r} LOGIN; END IF; END $$"
             ).format(n=sql.Literal(service_role), r=sql.Identifier(service_role))
         )
         for name, columns in types.items():
