@@ -126,6 +126,8 @@ DECLARE
     floor_need integer;
     floor_on boolean;
     floor_why text;
+    -- the service embeds with another model than the database's vectors': no cosine means anything
+    other_model boolean := false;
 BEGIN
     IF jsonb_typeof(req) IS DISTINCT FROM 'object' THEN
         RAISE EXCEPTION 'a query request is a JSON object' USING ERRCODE = '22023';
@@ -236,6 +238,7 @@ BEGIN
         why := why || to_jsonb(format('the database holds %s vectors, the service embeds with %s: LexicalOnly',
                                       db_model, caps ->> 'embed_model'));
         strat := 'LexicalOnly';
+        other_model := true;
     END IF;
 
     fusion := coalesce(fusion, pol.fusion_by_type ->> (routing ->> 'question_type'), pol.fusion);
@@ -315,7 +318,11 @@ BEGIN
                       WHEN NOT floor_on THEN 'the query requires operands: every candidate matched them'
                       WHEN strat = 'LexicalOnly' AND floor_need = 1
                            THEN 'a LexicalOnly keyword query: every candidate holds one of its terms'
-                      WHEN strat = 'LexicalOnly' AND NOT has_vec THEN 'no query vector' END;
+                      WHEN strat = 'LexicalOnly' AND NOT has_vec THEN 'no query vector'
+                      -- a caller who forces LexicalOnly asked for no embedding: the floor's
+                      -- cosine would embed the text behind its back
+                      WHEN other_model THEN 'the database holds another model''s vectors: no cosine to judge by'
+                      WHEN forced = 'LexicalOnly' THEN 'strategy LexicalOnly forced by the request: no cosine to judge by' END;
     IF floor_why IS NOT NULL THEN
         floor_on := false;
     END IF;
