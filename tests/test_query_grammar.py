@@ -15,6 +15,7 @@ from psycopg.types.json import Jsonb
 from starlette.testclient import TestClient
 
 from doubles.opensearch_server import OpenSearchServer, run_opensearch_server
+from poimen_core.vocabulary import E5_MODEL, LOCAL_MODEL, MODEL_FLOORS
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.ingest.outbox import reindex
 from poimen_memory.upstreams.opensearch import OpenSearchEngine, search_body
@@ -309,7 +310,8 @@ def test_the_floor_is_on_by_default(conn: Conn) -> None:
     row = conn.execute("SELECT memory.answer(%s, project => 'poimen')", (OFF_TOPIC,)).fetchone()
     assert row is not None
     doc = row[0]
-    assert doc["plan"]["floor"]["source"] == "policy" and doc["plan"]["floor"]["applied"]
+    floor = doc["plan"]["floor"]
+    assert floor["source"] == "model" and floor["min_cosine"] == 0.3 and floor["applied"]
     assert doc["results"] == [] and doc["evidence"] == [] and doc["counts"]["withheld"] > 0
     for q in ("kong", "deploy key rotation"):
         for levels in (["L1", "L2"], ["L0"], ["L0", "L1", "L2"]):
@@ -395,17 +397,43 @@ def test_the_floor_comes_from_the_policy(conn: Conn) -> None:
     finally:
         conn.execute("SELECT memory.reset_policy('min_cosine')")
     assert texts(conn, OFF_TOPIC, project="poimen") == []
-    # LexicalOnly forced on a sentence: the floor asks for the query vector
+    conn.execute("SELECT memory.set_policy('min_cosine', '0.1')")
+    try:
+        row = conn.execute("SELECT memory.plan_query(%s, project => 'poimen')", (OFF_TOPIC,))
+        floor = (row.fetchone() or [{}])[0]["floor"]
+        assert (floor["source"], floor["min_cosine"]) == ("policy", 0.1)
+    finally:
+        conn.execute("SELECT memory.reset_policy('min_cosine')")
+    # LexicalOnly forced by the caller: no embedding behind its back, so no floor
     row = conn.execute(
         "SELECT memory.answer(%s, project => 'poimen', strategy => 'LexicalOnly')", (OFF_TOPIC,)
     ).fetchone()
-    assert row is not None and row[0]["plan"]["needs_embedding"] is True
-    assert row[0]["plan"]["floor"]["source"] == "policy" and row[0]["results"] == []
+    assert row is not None and row[0]["plan"]["needs_embedding"] is False
+    assert row[0]["plan"]["floor"]["applied"] is False
+    assert "forced" in row[0]["plan"]["floor"]["why"]
     for bad in ("1.5", "x"):
         with pytest.raises(psycopg.errors.InvalidParameterValue):
             conn.execute("SELECT memory.set_policy('min_cosine', %s)", (bad,))
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="min_cosine"):
         conn.execute("SELECT * FROM memory_query('kong', min_cosine => 2)")
+
+
+def test_the_default_floor_is_the_models(conn: Conn) -> None:
+    """Each model's cosines have a scale of their own (e5 gives off-topic text about 0.8,
+    MiniLM about 0.1): unset by the policy, the floor is the database model's, and a model
+    without one (a remote server's) is not floored rather than floored on another scale."""
+
+    def floor() -> dict[str, Any]:
+        row = conn.execute("SELECT memory.plan_query(%s, project => 'poimen')", (OFF_TOPIC,))
+        return dict((row.fetchone() or [{}])[0]["floor"])
+
+    assert (floor()["min_cosine"], floor()["source"]) == (MODEL_FLOORS[LOCAL_MODEL], "model")
+    for model, expected in [(E5_MODEL, MODEL_FLOORS[E5_MODEL]), ("a-remote-model", None)]:
+        conn.execute("SELECT memory.reset_embedding(%s, 384)", (model,))
+        got = floor()
+        assert got["min_cosine"] == expected, model
+        assert got["applied"] is (expected is not None), model
+    assert MODEL_FLOORS[E5_MODEL] > 0.8 > MODEL_FLOORS[LOCAL_MODEL]
 
 
 # --- HTTP ---------------------------------------------------------------------------------

@@ -302,7 +302,8 @@ class QueryRequest(BaseModel):
             "for them (one of a keyword query's terms, half of a longer query's, a quoted "
             "phrase; a query with a strict phrase, #tag or @mention is not floored); the "
             "answer may then be empty, "
-            "and an empty answer cites no evidence. Default: the policy's min_cosine (0.3); "
+            "and an empty answer cites no evidence. Default: the policy's min_cosine, else the "
+            "database model's (0.3 for all-MiniLM-L6-v2, 0.83 for multilingual-e5-small); "
             "-1: no floor.",
         ),
     ] = None

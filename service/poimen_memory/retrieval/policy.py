@@ -27,7 +27,7 @@ class Policy:
     evidence_weight: float
     evidence_neighbours: float
     # The relevance floor: fused candidates below this cosine are withheld unless the
-    # query's words vouch for them (0.3 by default; -1: off).
+    # query's words vouch for them (None: the database's model's, MODEL_FLOORS; -1: off).
     min_cosine: float | None
 
 

@@ -188,6 +188,12 @@ BEGIN
     -- the executor's; the plan stays the same for the same request).
     origin := (req ->> 'reference_time')::timestamptz;
     SELECT m.model INTO db_model FROM memory.embedding_model m;
+    -- No floor asked for nor set by the policy: the database's model's (the vocabulary's
+    -- MODEL_FLOORS; a cosine means something only on its model's scale).
+    IF floor IS NULL THEN
+        floor := (@vocabulary.model_floors@ ->> db_model)::double precision;
+        floor_src := CASE WHEN floor IS NOT NULL THEN 'model' END;
+    END IF;
 
     -- A soft phrase (memory.parse_query: a quoted phrase in a question) is no exact-match
     -- operator: the query is routed as its words (routing_text), whoever routed the raw
