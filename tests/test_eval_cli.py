@@ -228,6 +228,9 @@ def test_depth_100_path_agrees_with_the_real_path(fixture_url: str, default_fusi
     with connect(fixture_url, autocommit=True) as conn:
         # The policy is the database's: set the default fusion there, as a DBA would.
         conn.execute(q("set_policy"), {"key": "fusion", "value": default_fusion})
+        # The deep path ranks candidates before the relevance floor holds any back (the
+        # floor is memory._after_fusion's, one home): compared here with the floor off.
+        conn.execute(q("set_policy"), {"key": "min_cosine", "value": "-1"})
         corpus = _corpus(conn, data.records)
         policy = read_policy(conn)
     assert policy.fusion == default_fusion

@@ -341,6 +341,9 @@ def _counter(scrape: str, line: str) -> float:
         {"query": KONG, "project": "poimen", "limit": 3, "level": "L0,L1,L2", "evidence": 4},
         {"query": "kong", "strategy": "LexicalOnly", "fusion": "rrf", "timeout_seconds": 10},
         {"query": "uploads", "since": "2020-01-01", "until": "2030-12-31", "limit": 50},
+        # a soft phrase raises, a strict one filters: the grammar in the database, for both
+        {"query": 'what did alice raise in "kong.conf"', "project": "poimen", "level": "L0"},
+        {"query": 'what did alice raise +"kong.conf"', "project": "poimen", "level": "L0"},
     ],
 )
 def test_a_query_answers_as_http_does(reader: str, params: dict[str, Any]) -> None:

@@ -201,7 +201,7 @@ def test_sql_convex_uses_the_lexical_leaning_weights(conn: Conn, embedder: Local
     emb = embedder.embed_query(q)
     rows = conn.execute(
         "SELECT sha256, final_score, fusion_method FROM public.memory_query(%s, %s, 'poimen', "
-        "fusion => 'convex', k => 10)",
+        "fusion => 'convex', k => 10, min_cosine => -1)",  # the fusion, not the floor
         (q, emb),
     ).fetchall()
     assert rows and {r[2] for r in rows} == {"convex"}
@@ -221,7 +221,8 @@ def test_sql_convex_uses_the_lexical_leaning_weights(conn: Conn, embedder: Local
         assert score == pytest.approx(0.4 * sn.get(sha, 0.0) + 0.6 * ln.get(sha, 0.0), abs=1e-9)
     conn.execute("SELECT memory.set_policy('dense_weight', '1.0')")
     only_dense = conn.execute(
-        "SELECT sha256 FROM public.memory_query(%s, %s, 'poimen', fusion => 'convex', k => 3)",
+        "SELECT sha256 FROM public.memory_query(%s, %s, 'poimen', fusion => 'convex', k => 3, "
+        "min_cosine => -1)",
         (q, emb),
     ).fetchall()
     assert [r[0] for r in only_dense] == sorted(sn, key=lambda k: -sn[k])[:3]

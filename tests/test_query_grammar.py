@@ -15,6 +15,7 @@ from psycopg.types.json import Jsonb
 from starlette.testclient import TestClient
 
 from doubles.opensearch_server import OpenSearchServer, run_opensearch_server
+from poimen_core.vocabulary import E5_MODEL, LOCAL_MODEL, MODEL_FLOORS
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.ingest.outbox import reindex
 from poimen_memory.upstreams.opensearch import OpenSearchEngine, search_body
@@ -84,12 +85,50 @@ def test_parse_plain_words_report_no_operators(conn: Conn) -> None:
 
 
 def test_parse_every_operator(conn: Conn) -> None:
-    g = parse(conn, 'kong -nginx -"body buffer" "Buffer  Body" #Networking OR @dev.ops')
+    g = parse(conn, 'kong -nginx -"body buffer" +"Buffer  Body" #Networking OR @dev.ops')
     assert g["operators"] is True
     assert g["text"] == "kong buffer body networking dev.ops"
     assert [e["kind"] for e in g["exclude"]] == ["term", "phrase"]
     assert [[i["kind"] for i in grp] for grp in g["required"]] == [["phrase"], ["tag", "mention"]]
     assert g["required"][0][0]["value"] == "buffer body" and g["or"] == 1
+    assert g["boost"] == [] and "routing_text" not in g
+
+
+@pytest.mark.parametrize(
+    ("raw", "strict"),
+    [
+        # a question around the phrase: soft (it raises, never filters)
+        ('when did melanie read "nothing is impossible"', False),
+        ('what is "little women" about', False),  # stop words are words too
+        ('kong "body buffer"', False),
+        # +"...": strict wherever it is
+        ('when did melanie read +"nothing is impossible"', True),
+        # a query made only of operators: nothing but the phrase was asked for
+        ('"body buffer"', True),
+        ('"body buffer" #gateway -nginx', True),
+        ('"body buffer" ?', True),  # punctuation is not a word
+    ],
+)
+def test_a_phrase_is_soft_in_a_question_and_strict_on_its_own(
+    conn: Conn, raw: str, strict: bool
+) -> None:
+    g = parse(conn, raw)
+    phrases = [i for grp in g["required"] for i in grp if i["kind"] == "phrase"]
+    assert (len(phrases), len(g["boost"])) == ((1, 0) if strict else (0, 1)), g
+    # a soft phrase is routed as its words: the optimizer reads routing_text
+    assert ("routing_text" in g) is not strict
+    if not strict:
+        assert '"' not in g["routing_text"] and g["boost"][0]["kind"] == "phrase"
+    # its words are scored either way
+    value = (phrases or g["boost"])[0]["value"]
+    assert value in g["text"].lower()
+
+
+def test_plus_only_marks_a_phrase(conn: Conn) -> None:
+    # "+" before anything but a quote stays part of the word, as before the grammar had it
+    g = parse(conn, 'c++ +5 "kong gateway" upload')
+    assert g["text"] == "c++ +5 kong gateway upload" and g["required"] == []
+    assert [b["value"] for b in g["boost"]] == ["kong gateway"]
 
 
 @pytest.mark.parametrize(
@@ -139,9 +178,41 @@ def test_phrase_order_matters(conn: Conn, embedder: LocalEmbedder) -> None:
     assert lexical(conn, '"buffer body"') == ["the request buffer body was too large"]
     assert lexical(conn, '"body buffer"') == ["the body buffer filled up on the gateway"]
     assert len(lexical(conn, "buffer body")) >= 3  # bag of words without quotes
-    for strategy in ("Hybrid", "SemanticOnly"):
-        rows = texts(conn, 'what filled "body buffer"', project="grammar", strategy=strategy)
+    for strategy in ("Hybrid", "SemanticOnly", "LexicalOnly"):
+        rows = texts(conn, 'what filled +"body buffer"', project="grammar", strategy=strategy)
         assert rows == ["the body buffer filled up on the gateway"], strategy
+
+
+def test_a_strict_phrase_filters_and_a_soft_one_raises(conn: Conn, embedder: LocalEmbedder) -> None:
+    """The same question with +"..." and with "...": the strict phrase keeps only the node
+    holding the words in that order; the soft one answers as the question without quotes
+    would, with that node first, and never empties the answer."""
+    add_grammar_nodes(conn, embedder)
+    g2 = NODES[1][1]  # "the body buffer filled up on the gateway"
+    for strategy in ("Hybrid", "SemanticOnly", "LexicalOnly", "LexicalFirst", None):
+        kw: dict[str, Any] = {"project": "grammar", "k": 10, "min_cosine": -1}
+        if strategy:
+            kw["strategy"] = strategy
+        strict = texts(conn, 'which buffer was too large +"body buffer"', **kw)
+        assert strict == [g2], strategy
+        plain = texts(conn, "which buffer was too large body buffer", **kw)
+        soft = texts(conn, 'which buffer was too large "body buffer"', **kw)
+        # without quotes the words rank another node first ("buffer body was too large")
+        assert plain[0] != g2 and g2 in plain, strategy
+        assert soft[0] == g2, strategy  # the phrase raised what contains it
+        assert sorted(soft) == sorted(plain), strategy  # and took nothing away
+    # a phrase no node holds filters everything strict, nothing soft
+    assert texts(conn, 'gateway buffer +"buffer gateway"', project="grammar") == []
+    assert texts(conn, 'gateway buffer "buffer gateway"', project="grammar", min_cosine=-1)
+    # what the soft phrase raised is in the plan
+    row = conn.execute(
+        "SELECT memory.plan_query('which buffer was too large \"body buffer\"', "
+        "project => 'grammar')"
+    ).fetchone()
+    assert row is not None
+    plan = row[0]
+    assert [b["value"] for b in plan["grammar"]["boost"]] == ["body buffer"]
+    assert plan["search_strategy"] != "LexicalOnly"  # routed as a question, not as syntax
 
 
 def test_tags_and_mentions_are_exact(conn: Conn, embedder: LocalEmbedder) -> None:
@@ -157,7 +228,7 @@ def test_tags_and_mentions_are_exact(conn: Conn, embedder: LocalEmbedder) -> Non
 
 def test_plan_reports_the_parse(conn: Conn) -> None:
     row = conn.execute(
-        "SELECT memory.plan_query('kong -nginx \"body buffer\"', project => 'poimen')"
+        "SELECT memory.plan_query('kong -nginx +\"body buffer\"', project => 'poimen')"
     ).fetchone()
     assert row is not None
     g = row[0]["grammar"]
@@ -219,9 +290,12 @@ def test_the_floor_withholds_and_an_empty_answer_cites_nothing(conn: Conn) -> No
     doc = row[0]
     assert doc["results"] == [] and doc["evidence"] == []
     assert doc["counts"]["withheld"] > 0
-    assert doc["plan"]["floor"] == {"min_cosine": 0.3, "source": "argument", "applied": True}
-    # without a floor (the default policy) the same question returns memories
-    assert texts(conn, OFF_TOPIC, project="poimen")
+    floor = doc["plan"]["floor"]
+    assert (floor["min_cosine"], floor["source"], floor["applied"]) == (0.3, "argument", True)
+    # a sentence: a candidate below the floor is kept only holding half its terms
+    assert floor["terms"] == ["cake", "chocol", "good", "recip"] and floor["keep_with_terms"] == 2
+    # without a floor (-1: every cosine clears it) the same question returns memories
+    assert texts(conn, OFF_TOPIC, project="poimen", min_cosine=-1)
     # an on-topic question keeps what clears the floor, in order
     rows = conn.execute(
         "SELECT query_score FROM memory_query('why did uploads over 10KB fail at the gateway', "
@@ -230,21 +304,136 @@ def test_the_floor_withholds_and_an_empty_answer_cites_nothing(conn: Conn) -> No
     assert rows and all(r[0] >= 0.3 for r in rows)
 
 
-def test_the_floor_comes_from_the_policy(conn: Conn) -> None:
-    conn.execute("SELECT memory.set_policy('min_cosine', '0.3')")
+def test_the_floor_is_on_by_default(conn: Conn) -> None:
+    """The policy's floor (issue 45): an off-topic sentence comes back empty, counted as
+    withheld, citing nothing; the demo's keyword queries keep their exact matches."""
+    row = conn.execute("SELECT memory.answer(%s, project => 'poimen')", (OFF_TOPIC,)).fetchone()
+    assert row is not None
+    doc = row[0]
+    floor = doc["plan"]["floor"]
+    assert floor["source"] == "model" and floor["min_cosine"] == 0.3 and floor["applied"]
+    assert doc["results"] == [] and doc["evidence"] == [] and doc["counts"]["withheld"] > 0
+    for q in ("kong", "deploy key rotation"):
+        for levels in (["L1", "L2"], ["L0"], ["L0", "L1", "L2"]):
+            floored = texts(conn, q, project="poimen", levels=levels, k=10)
+            unfloored = texts(conn, q, project="poimen", levels=levels, k=10, min_cosine=-1)
+            terms = conn.execute(
+                "SELECT tsvector_to_array(to_tsvector('english', %s))", (q,)
+            ).fetchone()
+            assert terms is not None
+            exact = [
+                t
+                for t in unfloored
+                if set(terms[0])
+                & set(
+                    (
+                        conn.execute(
+                            "SELECT tsvector_to_array(to_tsvector('english', %s))", (t,)
+                        ).fetchone()
+                        or [[]]
+                    )[0]
+                )
+            ]
+            assert exact, (q, levels)  # the demo holds exact matches of both
+            assert [t for t in floored if t in exact] == exact, (q, levels)
+    # a keyword query routed LexicalOnly needs no vector for the floor: every candidate
+    # holds one of its terms
+    row = conn.execute("SELECT memory.plan_query('kong', project => 'poimen')").fetchone()
+    assert row is not None
+    plan = row[0]
+    assert plan["search_strategy"] == "LexicalOnly" and plan["needs_embedding"] is False
+    assert plan["floor"]["applied"] is False and "keyword" in plan["floor"]["why"]
+
+
+def test_the_floor_keeps_what_the_query_words_vouch_for(conn: Conn) -> None:
+    """Below the floor, a keyword query's candidate holding one of its terms and a
+    sentence's candidate holding floor_term_share of them are kept; a query with required
+    operands is not floored (its candidates matched them)."""
+    nodes = [
+        {"id": "v1", "level": "L1", "project": "vouch",
+         "text": "Zanzibar ferry timetable: the morning boat leaves at seven"},
+        {"id": "v2", "level": "L1", "project": "vouch",
+         "text": "Quarterly revenue grew by four percent #finance"},
+    ]  # fmt: skip
+    conn.execute("SELECT memory.add_nodes(%s)", (Jsonb(nodes),))
+
+    def got(q: str, **kw: Any) -> list[str]:
+        return texts(conn, q, project="vouch", strategy="Hybrid", min_cosine=0.99, **kw)
+
+    assert got("ferry") == [nodes[0]["text"]]  # one word: its match is kept
+    assert got("zanzibar cake") == [nodes[0]["text"]]  # two: either word vouches
+    # a sentence: one of its five terms does not vouch for a candidate; three of them do
+    assert got("when does the ferry to the island come back in the evening") == []
+    assert got("when does the evening ferry leave from the island") == [nodes[0]["text"]]
+    assert got("when does the morning ferry to zanzibar leave") == [nodes[0]["text"]]
+    conn.execute("SELECT memory.set_policy('floor_term_share', '1')")  # all of them
     try:
-        assert texts(conn, OFF_TOPIC, project="poimen") == []
-        # LexicalOnly too: the floor asks for the query vector
-        row = conn.execute("SELECT memory.answer('chocolate cake', project => 'poimen')").fetchone()
-        assert row is not None and row[0]["plan"]["floor"]["source"] == "policy"
-        assert row[0]["results"] == []
+        assert got("when does the evening ferry leave from the island") == []
+        assert got("when does the morning ferry to zanzibar leave") == [nodes[0]["text"]]
+    finally:
+        conn.execute("SELECT memory.reset_policy('floor_term_share')")
+    assert got("#finance how did the numbers move") == [nodes[1]["text"]]
+    assert got("zanzibar cake recipe") == [nodes[0]["text"]]  # three: one of them vouches
+    # floor_keyword_words 0: no keyword query, half the terms of any query
+    conn.execute("SELECT memory.set_policy('floor_keyword_words', '0')")
+    try:
+        assert got("zanzibar cake recipe") == []
+        assert got("zanzibar ferry recipe") == [nodes[0]["text"]]
+    finally:
+        conn.execute("SELECT memory.reset_policy('floor_keyword_words')")
+    for key, bad in [("floor_keyword_words", "-1"), ("floor_keyword_words", "51"),
+                     ("floor_keyword_words", "x"), ("floor_term_share", "1.5"),
+                     ("floor_term_share", "-0.5")]:  # fmt: skip
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=key):
+            conn.execute("SELECT memory.set_policy(%s, %s)", (key, bad))
+
+
+def test_the_floor_comes_from_the_policy(conn: Conn) -> None:
+    conn.execute("SELECT memory.set_policy('min_cosine', '-1')")
+    try:
+        assert texts(conn, OFF_TOPIC, project="poimen")  # off: the question gets memories
+        row = conn.execute("SELECT memory.answer(%s, project => 'poimen')", (OFF_TOPIC,)).fetchone()
+        assert row is not None and row[0]["plan"]["floor"]["min_cosine"] == -1
     finally:
         conn.execute("SELECT memory.reset_policy('min_cosine')")
+    assert texts(conn, OFF_TOPIC, project="poimen") == []
+    conn.execute("SELECT memory.set_policy('min_cosine', '0.1')")
+    try:
+        row = conn.execute("SELECT memory.plan_query(%s, project => 'poimen')", (OFF_TOPIC,))
+        floor = (row.fetchone() or [{}])[0]["floor"]
+        assert (floor["source"], floor["min_cosine"]) == ("policy", 0.1)
+    finally:
+        conn.execute("SELECT memory.reset_policy('min_cosine')")
+    # LexicalOnly forced by the caller: no embedding behind its back, so no floor
+    row = conn.execute(
+        "SELECT memory.answer(%s, project => 'poimen', strategy => 'LexicalOnly')", (OFF_TOPIC,)
+    ).fetchone()
+    assert row is not None and row[0]["plan"]["needs_embedding"] is False
+    assert row[0]["plan"]["floor"]["applied"] is False
+    assert "forced" in row[0]["plan"]["floor"]["why"]
     for bad in ("1.5", "x"):
         with pytest.raises(psycopg.errors.InvalidParameterValue):
             conn.execute("SELECT memory.set_policy('min_cosine', %s)", (bad,))
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="min_cosine"):
         conn.execute("SELECT * FROM memory_query('kong', min_cosine => 2)")
+
+
+def test_the_default_floor_is_the_models(conn: Conn) -> None:
+    """Each model's cosines have a scale of their own (e5 gives off-topic text about 0.8,
+    MiniLM about 0.1): unset by the policy, the floor is the database model's, and a model
+    without one (a remote server's) is not floored rather than floored on another scale."""
+
+    def floor() -> dict[str, Any]:
+        row = conn.execute("SELECT memory.plan_query(%s, project => 'poimen')", (OFF_TOPIC,))
+        return dict((row.fetchone() or [{}])[0]["floor"])
+
+    assert (floor()["min_cosine"], floor()["source"]) == (MODEL_FLOORS[LOCAL_MODEL], "model")
+    for model, expected in [(E5_MODEL, MODEL_FLOORS[E5_MODEL]), ("a-remote-model", None)]:
+        conn.execute("SELECT memory.reset_embedding(%s, 384)", (model,))
+        got = floor()
+        assert got["min_cosine"] == expected, model
+        assert got["applied"] is (expected is not None), model
+    assert MODEL_FLOORS[E5_MODEL] > 0.8 > MODEL_FLOORS[LOCAL_MODEL]
 
 
 # --- HTTP ---------------------------------------------------------------------------------
@@ -269,6 +458,19 @@ def test_http_grammar_and_filter(client: TestClient) -> None:
     assert body["results"] and body["plan"]["grammar"]["notes"]
     body = query(client, query="what is a good chocolate cake recipe", min_cosine="0.3")
     assert body["results"] == [] and body["evidence"] == [] and body["withheld"] > 0
+    # the policy's floor, as in SQL; -1 turns it off for one request
+    body = query(client, query="what is a good chocolate cake recipe", project="poimen")
+    assert body["results"] == [] and body["evidence"] == [] and body["withheld"] > 0
+    body = query(client, query="what is a good chocolate cake recipe", min_cosine="-1")
+    assert body["results"] and body["withheld"] == 0
+    # a soft phrase over HTTP: routed as a question, raises the turn holding it
+    body = query(client, query='what did alice raise in "kong.conf"', project="poimen", level="L0")
+    assert body["plan"]["grammar"]["boost"][0]["value"] == "kong.conf"
+    assert body["search_strategy"] != "LexicalOnly"
+    assert "kong.conf" in body["results"][0]["text"]
+    body = query(client, query='what did alice raise +"kong.conf"', project="poimen", level="L0")
+    assert body["search_strategy"] == "LexicalOnly"
+    assert body["results"] and all("kong.conf" in r["text"] for r in body["results"])
     for bad in ("2", "x"):
         r = client.get("/memory/query", params={"query": "kong", "min_cosine": bad})
         assert r.status_code == 400, r.text
@@ -303,7 +505,7 @@ def os_texts(conn: Conn, engine: OpenSearchEngine, q: str) -> list[str]:
 
 
 def test_opensearch_body_carries_the_grammar(conn: Conn) -> None:
-    g = parse(conn, 'kong -nginx "body buffer" #net OR @ops')
+    g = parse(conn, 'kong -nginx +"body buffer" #net OR @ops')
     body = search_body("ignored", "poimen", None, 5, g)
     b = body["query"]["bool"]
     assert b["must"][0]["multi_match"]["query"] == "kong body buffer net ops"

@@ -34,7 +34,7 @@ MARKER = re.compile(
 )
 QUERIES = [
     "kong body buffer",
-    "deployment failures in 2024",
+    "api timeouts during deploys in 2024",
     "why did uploads fail",
     '"client_body_buffer_size" -nginx',
 ]

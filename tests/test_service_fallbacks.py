@@ -281,7 +281,7 @@ def test_without_opensearch_postgres_does_the_lexical_leg(
     fixture_url: str, embedder: LocalEmbedder
 ) -> None:
     with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as client:
-        body = query(client, query=KONG, limit=10)
+        body = query(client, query=KONG, limit=10, min_cosine=-1)  # every lexical rank
     assert body["search_strategy"] == "Hybrid"
     assert body["plan"]["engines"]["lexical"] == "postgres-bm25"
     assert not degraded(body, "lexical")
@@ -410,7 +410,7 @@ def test_opensearch_failure_falls_back_to_postgres(
         else:
             opensearch.delay_s = 6.0
         started = time.monotonic()
-        body = query(client, query=KONG, limit=10)
+        body = query(client, query=KONG, limit=10, min_cosine=-1)  # every lexical rank
         elapsed = time.monotonic() - started
     assert degraded(body, "lexical") == [
         "opensearch_http_503" if failure == "down" else "opensearch_timeout"
@@ -489,12 +489,14 @@ def test_rerank_failure_keeps_the_fused_order(
     timeout_s: float,
     reason: str,
 ) -> None:
-    expected = fused_order(fixture_url, embedder, query=KONG)
+    # The floor off (min_cosine -1): the reranker is sent its whole depth of candidates,
+    # not the few of the fixture's 21 nodes above the relevance floor.
+    expected = fused_order(fixture_url, embedder, query=KONG, min_cosine=-1)
     rerank.reset(**knobs)
     full_env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_RERANK_URL": rerank.url, **env}
     with serve(full_env, embedder) as client:
         started = time.monotonic()
-        body = query(client, query=KONG, timeout_seconds=timeout_s)
+        body = query(client, query=KONG, timeout_seconds=timeout_s, min_cosine=-1)
         elapsed = time.monotonic() - started
     assert degraded(body, "rerank") == [reason]
     assert f"reranker failed ({reason}): kept the fused order" in body["notes"]

@@ -123,7 +123,8 @@ def test_limit(client: TestClient) -> None:
 
 
 def test_hybrid_fuses_both_legs(client: TestClient, fixture_url: str) -> None:
-    body = query(client, query=KONG, limit=10, fusion="rrf")
+    # every fused candidate (-1: no floor holds one back; the floor is tested on its own)
+    body = query(client, query=KONG, limit=10, fusion="rrf", min_cosine="-1")
     assert body["plan"]["engines"] == {
         "lexical": "postgres-bm25",
         "semantic": "hnsw",
@@ -326,14 +327,18 @@ def test_metrics_are_populated(client: TestClient) -> None:
 def test_a_leg_that_did_not_run_reports_null(client: TestClient, fixture_url: str) -> None:
     """Null, not 0: a leg the plan did not run has no time and no candidates (0 would say it
     ran and found nothing), over HTTP and in the SQL answer alike."""
+    # the default floor judges a LexicalOnly sentence by its cosine: it embeds, no leg does
     m = query(client, query=KONG, strategy="LexicalOnly")["metrics"]
+    assert m["semantic_time_ms"] is None and m["semantic_candidates"] is None
+    assert m["embed_time_ms"] is not None
+    m = query(client, query=KONG, strategy="LexicalOnly", min_cosine="-1")["metrics"]
     assert m["semantic_time_ms"] is None and m["semantic_candidates"] is None
     assert m["embed_time_ms"] is None and m["embedding_cache_hit"] is None
     assert m["rerank_time_ms"] is None and m["opensearch_time_ms"] is None
     assert m["lexical_time_ms"] > 0 and m["lexical_candidates"] > 0
     with psycopg.connect(fixture_url) as conn:
         row = conn.execute(
-            "SELECT memory.answer(%s, strategy => 'LexicalOnly')", (KONG,)
+            "SELECT memory.answer(%s, strategy => 'LexicalOnly', min_cosine => -1)", (KONG,)
         ).fetchone()
     assert row is not None
     doc = row[0]
@@ -352,7 +357,7 @@ def test_reranked_scores_are_in_unit_interval(
     fixture_url: str, embedder: LocalEmbedder, rerank: RerankServer
 ) -> None:
     with serve(rerank_env(fixture_url, rerank), embedder) as client:
-        body = query(client, query=KONG)
+        body = query(client, query=KONG, min_cosine="-1")  # every candidate: no floor
     assert body["plan"]["engines"]["rerank"] == "remote"
     assert not [d for d in body["degraded"] if d["stage"] == "rerank"]
     assert len(body["results"]) == 5
@@ -367,7 +372,8 @@ def test_reranker_reorders_the_fused_list(
     limit = 3
     rerank.reset(scores=[0.5] * 50)  # all equal: the fused order survives, and we see it
     with serve(rerank_env(fixture_url, rerank), embedder) as client:
-        baseline = query(client, query=KONG, limit=limit)
+        # the reranker's depth in full: no floor holds a candidate back
+        baseline = query(client, query=KONG, limit=limit, min_cosine="-1")
         fused_docs = rerank.requests[-1].body["documents"]
         n = len(fused_docs)
         assert n == limit * 3  # the reranker sees limit x POIMEN_RERANK_DEPTH_FACTOR candidates
@@ -375,7 +381,7 @@ def test_reranker_reorders_the_fused_list(
         # Now the last fused candidate gets the best score, the others keep their order.
         scores = [0.6 - 0.05 * i for i in range(n - 1)] + [0.95]
         rerank.reset(scores=scores)
-        body = query(client, query=KONG, limit=limit)
+        body = query(client, query=KONG, limit=limit, min_cosine="-1")
     assert rerank.requests[-1].body["documents"] == fused_docs
     results = body["results"]
     assert [r["text"] for r in results] == [fused_docs[-1], fused_docs[0], fused_docs[1]]

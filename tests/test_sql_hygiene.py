@@ -145,6 +145,7 @@ READER = {
     "_opensearch_leg",
     "_stage_time",
     "_run_legs",
+    "_after_fusion",
     "_cited_only",
     "_finish",
     "_execute",

@@ -20,6 +20,10 @@ Conn = psycopg.Connection[Any]
 @pytest.fixture
 def tconn(conn: Conn, embedder: LocalEmbedder) -> Conn:
     load(conn, embedder)
+    # The time filter's mechanics (a filtered query fills its limit, bounds are inclusive):
+    # the relevance floor, on by default, would hold back the synthetic notes whose cosine
+    # is low; tests/test_query_grammar.py tests the floor.
+    conn.execute("SELECT memory.set_policy('min_cosine', '-1')")
     return conn
 
 

@@ -22,6 +22,8 @@ from timeline import FEB, PROJECT, QUERY, in_february, load
 def url(fixture_url: str, embedder: LocalEmbedder) -> str:
     with connect(fixture_url, autocommit=True) as conn:
         load(conn, embedder)
+        # the time filter, not the relevance floor (tested in tests/test_query_grammar.py)
+        conn.execute("SELECT memory.set_policy('min_cosine', '-1')")
     return fixture_url
 
 

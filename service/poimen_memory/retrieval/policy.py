@@ -26,7 +26,8 @@ class Policy:
     evidence_candidates: int
     evidence_weight: float
     evidence_neighbours: float
-    # The relevance floor: fused candidates below this cosine are withheld (None: off).
+    # The relevance floor: fused candidates below this cosine are withheld unless the
+    # query's words vouch for them (None: the database's model's, MODEL_FLOORS; -1: off).
     min_cosine: float | None
 
 

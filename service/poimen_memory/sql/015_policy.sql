@@ -55,8 +55,17 @@ BEGIN
         ('evidence_deeper', '20', '$1 ~ ''^[0-9]{1,2}$'' AND $1::integer BETWEEN 0 AND 50', '0..50 (0: off)'),
         ('evidence_speaker_weight', '0.5', '$1 ~ ''^[0-9]*\.?[0-9]+$'' AND $1::double precision <= 10', '0..10 (0: off)'),
         ('evidence_speaker_seeds', '10', '$1 ~ ''^[0-9]{1,3}$'' AND $1::integer BETWEEN 1 AND 100', '1..100'),
-        -- the relevance floor: off unless set (docs/benchmarks.md, "A relevance floor")
+        -- the relevance floor, on by default since issue 45 (docs/benchmarks.md, "A floor on
+        -- by default"): NULL, the database's model's (the vocabulary's MODEL_FLOORS: 0.3 for
+        -- MiniLM, 0.83 for e5, each keeping 95% of SciFact's training pairs); -1 turns it off
+        -- (every cosine is at least -1)
         ('min_cosine', NULL, '$1 ~ ''^-?[0-9]*\.?[0-9]+$'' AND $1::double precision BETWEEN -1 AND 1', '-1..1'),
+        -- a query of at most this many words is a keyword query: below the floor, a
+        -- candidate holding one of its terms is kept (0: no query is a keyword query)
+        ('floor_keyword_words', '3', '$1 ~ ''^[0-9]{1,2}$'' AND $1::integer BETWEEN 0 AND 50', '0..50 words'),
+        -- and a longer query's candidate holding at least this share of its terms (at least
+        -- one): 0.5 chosen on LoCoMo dev, whose L0 turns are short (docs/benchmarks.md)
+        ('floor_term_share', '0.5', '$1 ~ ''^[0-9]*\.?[0-9]+$'' AND $1::double precision <= 1', '0..1 (1: all the terms)'),
         -- recency: off unless set (docs/benchmarks.md, "Recency")
         ('recency_half_life_days', NULL, '$1 ~ ''^[0-9]*\.?[0-9]+$'' AND $1::double precision BETWEEN 0.001 AND 36500', '0.001..36500 days'),
         ('recency_weight', '0.5', '$1 ~ ''^[0-9]*\.?[0-9]+$'' AND $1::double precision <= 1', '0..1'),
@@ -148,7 +157,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION memory.policy() IS
-    'The retrieval policy in force, each key''s value or its default (memory._policy_keys()): default fusion (convex), RRF k (10), convex dense weight (0.4), Hybrid leg depth (candidates, 50), LexicalFirst lexical depth (cascade_candidates, 200), per-question-type fusion overrides, and what a date the optimizer extracts from the query does (extracted_dates: annotate, the default, only reports it in the plan; filter applies it as since/until when the caller gave none), and the evidence a response cites (memory.select_evidence: evidence_budget, 20, the most L0 turns cited; evidence_candidates, 50, the depth of the direct L0 legs; evidence_weight, 0.5, how much citation by a top result counts against a turn''s own match; evidence_neighbours, 0.4, how much a candidate lifts the turns said just before and after it), the relevance floor (min_cosine, NULL: off; the fused candidates whose cosine similarity to the query is below it are held back and counted as withheld), and recency (recency_half_life_days, NULL: off; each fused candidate''s score is multiplied by 1 - recency_weight + recency_weight * 0.5 ^ (age / half-life), its age the distance of its timestamp from the request''s reference_time or now, either side of it (a node dated in the future is aged too); a node without a timestamp gets no boost). Read by memory.query and by the HTTP service; change it with memory.set_policy.';
+    'The retrieval policy in force, each key''s value or its default (memory._policy_keys()): default fusion (convex), RRF k (10), convex dense weight (0.4), Hybrid leg depth (candidates, 50), LexicalFirst lexical depth (cascade_candidates, 200), per-question-type fusion overrides, and what a date the optimizer extracts from the query does (extracted_dates: annotate, the default, only reports it in the plan; filter applies it as since/until when the caller gave none), and the evidence a response cites (memory.select_evidence: evidence_budget, 20, the most L0 turns cited; evidence_candidates, 50, the depth of the direct L0 legs; evidence_weight, 0.5, how much citation by a top result counts against a turn''s own match; evidence_neighbours, 0.4, how much a candidate lifts the turns said just before and after it), the relevance floor (min_cosine, NULL: the database model''s, 0.3 for MiniLM and 0.83 for e5, none for another model; -1: off; the fused candidates whose cosine similarity to the query is below it are held back and counted as withheld unless the query''s words vouch for them: one of a keyword query''s terms, floor_keyword_words, 3, or floor_term_share, 0.5, of a longer query''s, both read by memory._plan), and recency (recency_half_life_days, NULL: off; each fused candidate''s score is multiplied by 1 - recency_weight + recency_weight * 0.5 ^ (age / half-life), its age the distance of its timestamp from the request''s reference_time or now, either side of it (a node dated in the future is aged too); a node without a timestamp gets no boost). Read by memory.query and by the HTTP service; change it with memory.set_policy.';
 
 CREATE OR REPLACE FUNCTION memory.set_policy(key text, value text)
 RETURNS void

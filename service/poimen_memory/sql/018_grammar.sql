@@ -1,12 +1,19 @@
 -- The query grammar (docs/sql-api.md, "Query grammar"): one parser, in PL/pgSQL so it runs
 -- where PL/Python is missing, read by every leg (memory.lexical_search parses its own
 -- query; the planner puts the parse in the plan for the semantic legs and OpenSearch).
---   "quoted phrase"   required: the words in this order, adjacent (stop words keep their slot)
+--   "quoted phrase"   in a question (any plain word outside the operators): it helps, it
+--                     does not filter (boost): its words are scored as plain words and the
+--                     fused candidates that contain it rank first; people quote titles in
+--                     questions, and a filter emptied 5 of LoCoMo dev's 11 quoted
+--                     questions (docs/benchmarks.md, "Phrases that help")
+--   +"quoted phrase"  required (strict): the words in this order, adjacent (stop words keep
+--                     their slot); a phrase in a query made only of operators (no plain
+--                     word) is strict too: there it is all the caller asked for
 --   -word, -"phrase"  excluded: no result contains it (-#tag, -@mention too)
 --   #tag, @mention    required: the exact token, unstemmed, case-insensitive
 --   A OR B            between required items: either satisfies; between plain words the
---                     default (BM25 is disjunctive already); with a plain word the item
---                     becomes optional
+--                     default (BM25 is disjunctive already); with a plain word or a soft
+--                     phrase the item becomes optional
 -- Plain words are scored as before. Malformed syntax never errors: an unmatched quote is
 -- dropped (its words become plain words), an empty phrase, a lone "-" or a dangling OR are
 -- ignored, and notes says so.
@@ -51,10 +58,20 @@ DECLARE
     notes jsonb := '[]';
     tok record;
     scored text[] := '{}';
+    routed text[] := '{}';
     groups jsonb := '[]';
     excl jsonb := '[]';
+    boost jsonb := '[]';
     item jsonb;
     neg boolean;
+    is_strict boolean;
+    -- a token of the query: a sign (- excludes, + makes a phrase strict), then a quoted
+    -- phrase or a run of other characters
+    tokens constant text := '([-+]?)(?:"([^"]*)"|([^\s"]+))';
+    -- whether the query holds a plain word (a token outside every operator with a letter
+    -- or digit): without one, its phrases are strict
+    has_words boolean;
+    word text;
     w text;
     m text[];
     pending_or boolean := false;
@@ -65,15 +82,21 @@ BEGIN
     -- The common case costs one regex test: no quote, sigil, leading "-" or OR, no operators.
     IF q !~ '["#@]|(^|\s)-|(^|\s)OR(\s|$)' THEN
         RETURN jsonb_build_object('operators', false, 'text', q, 'required', '[]'::jsonb,
-                                  'exclude', '[]'::jsonb, 'or', 0, 'notes', '[]'::jsonb);
+                                  'exclude', '[]'::jsonb, 'boost', '[]'::jsonb, 'or', 0,
+                                  'notes', '[]'::jsonb);
     END IF;
     IF (length(q) - length(replace(q, '"', ''))) % 2 = 1 THEN
         q := regexp_replace(q, '"([^"]*)$', ' \1');
         notes := notes || to_jsonb('an unmatched quote was dropped: its words are plain words'::text);
     END IF;
-    FOR tok IN SELECT r[1] = '-' AS neg, r[2] AS phrase, r[3] AS word
-               FROM regexp_matches(q, '(-?)(?:"([^"]*)"|([^\s"]+))', 'g') AS r LOOP
-        neg := tok.neg;
+    SELECT coalesce(bool_or(r[2] IS NULL AND r[3] <> 'OR' AND r[3] ~ '[[:alnum:]]'
+                            AND NOT (r[1] = '-' AND r[3] ~ '^[[:alpha:]]')
+                            AND lower(r[3]) !~ '^[#@]\w'), false)
+      INTO has_words
+      FROM regexp_matches(q, tokens, 'g') AS r;
+    FOR tok IN SELECT r[1] AS sign, r[2] AS phrase, r[3] AS word
+               FROM regexp_matches(q, tokens, 'g') AS r LOOP
+        neg := tok.sign = '-';
         item := NULL;
         IF tok.phrase IS NOT NULL THEN
             w := lower(btrim(regexp_replace(tok.phrase, '\s+', ' ', 'g')));
@@ -82,16 +105,41 @@ BEGIN
                 CONTINUE;
             END IF;
             item := memory._grammar_item('phrase', w);
-        ELSIF tok.word = 'OR' AND NOT neg THEN
-            IF prev IS NULL THEN
-                notes := notes || to_jsonb('an OR with nothing before it was ignored'::text);
-            ELSE
-                pending_or := true;
+            is_strict := tok.sign = '+' OR NOT has_words;
+            IF NOT neg AND NOT is_strict THEN
+                -- a soft phrase: scored as plain words, raises what contains it, routed
+                -- as its words (memory.optimize_query reads routing_text)
+                boost := boost || item;
+                scored := scored || w;
+                routed := routed || tok.phrase;
+                IF pending_or AND prev = 'required' THEN
+                    groups := groups - (jsonb_array_length(groups) - 1);
+                    optional := optional + 1;
+                END IF;
+                IF pending_or AND prev = 'excluded' THEN
+                    notes := notes || to_jsonb('an OR next to an exclusion was ignored'::text);
+                ELSIF pending_or THEN
+                    n_or := n_or + 1;
+                END IF;
+                pending_or := false;
+                prev := 'word';
+                CONTINUE;
             END IF;
-            CONTINUE;
+            routed := routed || (tok.sign || '"' || tok.phrase || '"');
         ELSE
+            -- "+" only makes a phrase strict: before anything else it is part of the word
+            word := CASE WHEN tok.sign = '+' THEN '+' ELSE '' END || tok.word;
+            routed := routed || (CASE WHEN neg THEN '-' ELSE '' END || word);
+            IF word = 'OR' AND NOT neg THEN
+                IF prev IS NULL THEN
+                    notes := notes || to_jsonb('an OR with nothing before it was ignored'::text);
+                ELSE
+                    pending_or := true;
+                END IF;
+                CONTINUE;
+            END IF;
             -- Edge punctuation is not part of a tag or mention ("#networking," "@devops?").
-            w := lower(regexp_replace(tok.word, '[.,;:!?()\[\]{}''"]+$', ''));
+            w := lower(regexp_replace(word, '[.,;:!?()\[\]{}''"]+$', ''));
             m := regexp_match(w, '^#(\w+(?:-\w+)*)$');
             IF m IS NOT NULL THEN
                 item := memory._grammar_item('tag', m[1]);
@@ -103,7 +151,7 @@ BEGIN
                     item := memory._grammar_item('term', w);
                 ELSE
                     -- a plain word ("-5" and "--" keep their dash: they exclude nothing)
-                    scored := scored || (CASE WHEN tok.neg THEN '-' ELSE '' END || tok.word);
+                    scored := scored || (CASE WHEN neg THEN '-' ELSE '' END || word);
                     IF pending_or AND prev = 'required' THEN
                         -- "#a OR b": b alone satisfies it, so #a requires nothing
                         groups := groups - (jsonb_array_length(groups) - 1);
@@ -155,10 +203,16 @@ BEGIN
         notes := notes || to_jsonb(format('%s phrase, tag or mention OR-ed with a plain word: optional, scored only', optional));
     END IF;
     RETURN jsonb_build_object('operators', true, 'text', array_to_string(scored, ' '),
-                              'required', groups, 'exclude', excl, 'or', n_or, 'notes', notes);
+                              'required', groups, 'exclude', excl, 'boost', boost,
+                              'or', n_or, 'notes', notes)
+           -- the query as the optimizer routes it: a soft phrase by its words (it is no
+           -- exact-match operator), the rest as written
+           || CASE WHEN jsonb_array_length(boost) > 0
+                   THEN jsonb_build_object('routing_text', array_to_string(routed, ' '))
+                   ELSE '{}' END;
 END $$;
 COMMENT ON FUNCTION memory.parse_query(text) IS
-    'How the query grammar reads a query (docs/sql-api.md, "Query grammar"): operators (false: plain words, every leg as before), text (what BM25 scores and the embedder reads: plain words, phrase words, tag and mention tokens), required (groups a result must satisfy, each by any of its items: phrases, tags, mentions joined by OR), exclude (terms, phrases, tags, mentions no result may contain), or (how many ORs joined operands) and notes (malformed syntax read as plain words, ignored operators). Never raises.';
+    'How the query grammar reads a query (docs/sql-api.md, "Query grammar"): operators (false: plain words, every leg as before), text (what BM25 scores and the embedder reads: plain words, phrase words, tag and mention tokens), required (groups a result must satisfy, each by any of its items: strict phrases +"...", any phrase of a query without plain words, tags, mentions joined by OR), exclude (terms, phrases, tags, mentions no result may contain), boost (the soft phrases of a question: never required, the fused candidates containing them rank first), or (how many ORs joined operands), notes (malformed syntax read as plain words, ignored operators) and, with a soft phrase, routing_text (the query with its soft phrases unquoted: what the optimizer routes). Never raises.';
 
 -- The text a node is tested on for tags, mentions and stop-word phrases: what BM25 indexes.
 CREATE OR REPLACE FUNCTION memory._grammar_doc(title text, breadcrumb text[], body text)
@@ -223,8 +277,8 @@ COMMENT ON FUNCTION memory._grammar_match(tsvector, text, jsonb) IS
 -- Every operand a leg tests is one more test of every candidate row (a tsquery and a
 -- regular expression): 290 exclusions took 1.2 s against 68 ms over LoCoMo's 5,078 nodes,
 -- and 20-28 s on a loaded server (issue 43). A query may hold at most query_max_operands
--- (poimen_core.vocabulary QUERY_MAX_OPERANDS): phrases, exclusions, tags and mentions
--- together, however OR joins them (an operand OR-ed with a plain word is scored only and
+-- (poimen_core.vocabulary QUERY_MAX_OPERANDS): phrases (strict or soft), exclusions, tags
+-- and mentions together, however OR joins them (an operand OR-ed with a plain word is scored only and
 -- tests nothing: it does not count).
 CREATE OR REPLACE FUNCTION memory.check_grammar(g jsonb)
 RETURNS jsonb
@@ -234,19 +288,21 @@ AS $$
 DECLARE
     n_ex integer := jsonb_array_length(coalesce(g -> 'exclude', '[]'));
     n_req integer := coalesce((SELECT sum(jsonb_array_length(x))::integer
-                               FROM jsonb_array_elements(coalesce(g -> 'required', '[]')) x), 0);
+                               FROM jsonb_array_elements(coalesce(g -> 'required', '[]')) x), 0)
+                     -- a soft phrase tests every fused candidate: it counts as one
+                     + jsonb_array_length(coalesce(g -> 'boost', '[]'));
 BEGIN
     IF n_ex + n_req > @vocabulary.query_max_operands@ THEN
         RAISE EXCEPTION 'query has % operands, at most % are allowed', n_ex + n_req, @vocabulary.query_max_operands@
             USING ERRCODE = '22023',
-                  DETAIL = format('%s exclusions and %s phrases, tags or mentions required.', n_ex, n_req),
+                  DETAIL = format('%s exclusions and %s phrases, tags or mentions required or raising.', n_ex, n_req),
                   HINT = format('At most %s phrases, -exclusions, #tags and @mentions together (docs/sql-api.md, "Query cost"); plain words are not counted.',
                                 @vocabulary.query_max_operands@);
     END IF;
     RETURN g;
 END $$;
 COMMENT ON FUNCTION memory.check_grammar(jsonb) IS
-    'Returns a parse (memory.parse_query) unchanged unless it holds more than the vocabulary''s QUERY_MAX_OPERANDS (@vocabulary.query_max_operands@) operands a leg tests each row by (phrases, exclusions, tags and mentions, OR-ed or not): then 22023 saying how many.';
+    'Returns a parse (memory.parse_query) unchanged unless it holds more than the vocabulary''s QUERY_MAX_OPERANDS (@vocabulary.query_max_operands@) operands a leg tests each row by (phrases, strict or soft, exclusions, tags and mentions, OR-ed or not): then 22023 saying how many.';
 
 CREATE OR REPLACE FUNCTION memory._grammar_constraints(g jsonb)
 RETURNS jsonb

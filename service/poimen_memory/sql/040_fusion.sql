@@ -145,3 +145,82 @@ END
 $$;
 COMMENT ON FUNCTION memory.fuse_legs(jsonb, jsonb, text, text, double precision, integer, integer) IS
     'Fuses a semantic and a lexical leg ({"ids":[..],"scores":[..]}) the way the routed strategy needs: weights, method, the cascade filter and the reported fusion_method.';
+
+-- What happens to the fused list before the page is cut from it (memory._run_legs), in
+-- one place: the relevance floor holds candidates back, recency rescores them, the soft
+-- phrases of the query grammar raise the ones that contain them; then the final k.
+CREATE OR REPLACE FUNCTION memory._after_fusion(
+    candidates jsonb, plan jsonb, query_embedding vector, OUT fused jsonb, OUT withheld integer,
+    OUT held bigint[]
+)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+DECLARE
+    floor double precision := CASE WHEN (plan -> 'floor' ->> 'applied')::boolean AND query_embedding IS NOT NULL
+                                   THEN (plan -> 'floor' ->> 'min_cosine')::double precision END;
+    terms text[] := ARRAY(SELECT jsonb_array_elements_text(coalesce(plan -> 'floor' -> 'terms', '[]')));
+    need integer := (plan -> 'floor' ->> 'keep_with_terms')::integer;
+    recent boolean := coalesce((plan -> 'recency' ->> 'applied')::boolean, false);
+    boost jsonb := coalesce(plan -> 'grammar' -> 'boost', '[]');
+    -- recency or a soft phrase may lift a candidate from below the final k
+    reorders boolean := recent OR jsonb_array_length(boost) > 0;
+BEGIN
+    withheld := 0;
+    held := '{}';
+    IF candidates IS NULL OR (floor IS NULL AND NOT recent AND jsonb_array_length(boost) = 0) THEN
+        fused := candidates;
+        RETURN;
+    END IF;
+    -- The fused list is every candidate when the floor applies (memory._run_legs), so that
+    -- held names every one it holds back, whatever k (the evidence's deeper candidates,
+    -- memory._deeper, leave them out for any k); without recency or a soft phrase the page
+    -- is still cut from the first final_k: the floor never brings up one from below them.
+    SELECT coalesce(jsonb_agg(r.v ORDER BY r.hits DESC, r.s DESC NULLS LAST, r.o)
+                        FILTER (WHERE NOT r.low AND r.pos <= (plan ->> 'final_k')::integer
+                                      AND (reorders OR r.o <= (plan ->> 'final_k')::integer)), '[]'),
+           count(*) FILTER (WHERE r.low AND (reorders OR r.o <= (plan ->> 'final_k')::integer)),
+           -- what the floor held back: no evidence cites it either (memory._deeper)
+           coalesce(array_agg((r.v ->> 'node_id')::bigint) FILTER (WHERE r.low), '{}')
+      INTO fused, withheld, held
+      FROM (SELECT l.*, row_number() OVER (PARTITION BY l.low ORDER BY l.hits DESC, l.s DESC NULLS LAST, l.o) AS pos
+      FROM (SELECT f.v, f.o, f.s, f.hits,
+                   -- The floor: a candidate whose cosine similarity to the query is below
+                   -- it is held back, unless the query's words vouch for it: it holds
+                   -- keep_with_terms of the query's terms (memory._plan) or a phrase the
+                   -- caller quoted (a node without a vector cannot be judged: kept).
+                   f.below AND f.hits = 0
+                     AND NOT coalesce(need IS NOT NULL
+                                      AND cardinality(ARRAY(SELECT unnest(terms)
+                                                            INTERSECT SELECT unnest(tsvector_to_array(f.tsv))))
+                                          >= need, false) AS low
+            FROM (SELECT CASE WHEN recent THEN x.v || jsonb_build_object('fused_score', s.s) ELSE x.v END AS v,
+                         x.o, n.tsv,
+                         CASE WHEN recent THEN s.s END AS s,
+                         coalesce(1 - (n.embedding <=> query_embedding) < floor, false) AS below,
+                         -- A soft phrase raises what contains it: the candidates holding
+                         -- more of them first, in their order (memory.parse_query's boost).
+                         (SELECT count(*) FROM jsonb_array_elements(boost) b(item)
+                          WHERE memory._grammar_has(n.tsv, memory._grammar_doc(n.title, n.breadcrumb, n.text), b.item)) AS hits
+                  FROM ROWS FROM (jsonb_array_elements(candidates), jsonb_to_recordset(candidates) AS (node_id bigint))
+                       WITH ORDINALITY AS x(v, node_id, o)
+                  LEFT JOIN memory.nodes n ON n.id = x.node_id
+                  -- Recency: each score times 1 - w + w * 0.5 ^ (age / half-life), the age
+                  -- counted from the plan's origin, and a node from after it by its distance
+                  -- too (counted as new, a node dated 9999 was never aged and kept the whole
+                  -- boost: issue 43); one without a timestamp gets no boost. Ties keep the
+                  -- fused order.
+                  LEFT JOIN LATERAL (
+                      SELECT (x.v ->> 'fused_score')::double precision
+                               * (1 - w.w + w.w * CASE WHEN n.ts IS NULL THEN 0  -- (greatest skips NULLs)
+                                     ELSE power(0.5::double precision, least(  -- 0.5 ^ 1000: no underflow
+                                         abs(extract(epoch FROM w.origin - n.ts)) / 86400.0 / w.h,
+                                         1000)) END) AS s
+                      FROM (SELECT (plan -> 'recency' ->> 'weight')::double precision AS w,
+                                   (plan -> 'recency' ->> 'half_life_days')::double precision AS h,
+                                   coalesce((plan -> 'recency' ->> 'origin')::timestamptz, now()) AS origin) w
+                      WHERE recent
+                  ) s ON true) f) l) r;
+END $$;
+COMMENT ON FUNCTION memory._after_fusion(jsonb, jsonb, vector) IS
+    'The fused candidates (memory.fuse_legs rows as JSON, best first) made into the final_k list the page is cut from, as the plan says: the relevance floor holds back those below min_cosine whose words do not vouch for them (withheld counts them, held names them; plan.floor), recency rescores them (plan.recency), the query''s soft phrases (plan.grammar.boost) rank the candidates containing more of them first.';

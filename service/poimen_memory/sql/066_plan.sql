@@ -88,6 +88,7 @@ DECLARE
     cand integer := (req ->> 'candidates')::integer;
     dw double precision := (req ->> 'dense_weight')::double precision;
     routing jsonb := nullif(req -> 'routing', 'null');
+    q_routed text := q;
     lexical_engines text[] := CASE WHEN jsonb_typeof(caps -> 'lexical') = 'array'
                                    THEN ARRAY(SELECT jsonb_array_elements_text(caps -> 'lexical'))
                                    ELSE ARRAY['postgres'] END;
@@ -119,6 +120,14 @@ DECLARE
     max_terms integer := memory._policy_value('query_max_terms')::integer;
     max_postings bigint := memory._policy_value('query_max_postings')::bigint;
     reads_postings boolean;
+    -- the floor's lexical evidence (memory._after_fusion): how many of the query's terms a
+    -- candidate must hold to be kept below min_cosine (NULL: none can), and whether any
+    -- candidate is left for the cosine to judge
+    floor_need integer;
+    floor_on boolean;
+    floor_why text;
+    -- the service embeds with another model than the database's vectors': no cosine means anything
+    other_model boolean := false;
 BEGIN
     IF jsonb_typeof(req) IS DISTINCT FROM 'object' THEN
         RAISE EXCEPTION 'a query request is a JSON object' USING ERRCODE = '22023';
@@ -179,12 +188,25 @@ BEGIN
     -- the executor's; the plan stays the same for the same request).
     origin := (req ->> 'reference_time')::timestamptz;
     SELECT m.model INTO db_model FROM memory.embedding_model m;
+    -- No floor asked for nor set by the policy: the database's model's (the vocabulary's
+    -- MODEL_FLOORS; a cosine means something only on its model's scale).
+    IF floor IS NULL THEN
+        floor := (@vocabulary.model_floors@ ->> db_model)::double precision;
+        floor_src := CASE WHEN floor IS NOT NULL THEN 'model' END;
+    END IF;
 
+    -- A soft phrase (memory.parse_query: a quoted phrase in a question) is no exact-match
+    -- operator: the query is routed as its words (routing_text), whoever routed the raw
+    -- text (the service passes the optimizer's routing of what the caller typed).
+    IF grammar ? 'routing_text' AND (routing IS NULL OR (routing ->> 'has_special_syntax')::boolean) THEN
+        routing := NULL;
+        q_routed := grammar ->> 'routing_text';
+    END IF;
     -- The optimizer's routing, asked for only when something depends on it.
     IF routing IS NULL AND (forced IS NULL OR (fusion IS NULL AND pol.fusion_by_type <> '{}')
                             OR pol.extracted_dates = 'filter') THEN
         BEGIN
-            routing := memory.optimize_query(q, (req ->> 'reference_time')::timestamptz);
+            routing := memory.optimize_query(q_routed, (req ->> 'reference_time')::timestamptz);
         EXCEPTION WHEN SQLSTATE @vocabulary.sqlstate_component_unavailable@ THEN
             GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT;
             why := why || to_jsonb(format('no optimizer on this database (%s): routed as Hybrid', msg));
@@ -222,6 +244,7 @@ BEGIN
         why := why || to_jsonb(format('the database holds %s vectors, the service embeds with %s: LexicalOnly',
                                       db_model, caps ->> 'embed_model'));
         strat := 'LexicalOnly';
+        other_model := true;
     END IF;
 
     fusion := coalesce(fusion, pol.fusion_by_type ->> (routing ->> 'question_type'), pol.fusion);
@@ -280,6 +303,35 @@ BEGIN
                   DETAIL = 'Each term is one more posting list the lexical leg reads.',
                   HINT = format('Ask with fewer words (2,000 characters of prose hold fewer than 200 terms), or raise the policy: memory.set_policy(''query_max_terms'', ...), now %s.', max_terms);
     END IF;
+    -- The relevance floor (docs/sql-api.md, "Relevance floor"): below min_cosine a fused
+    -- candidate is held back unless the query's words vouch for it. A keyword query (at
+    -- most floor_keyword_words words) is answered by its lexical matches: a candidate
+    -- holding one of its terms is kept (MiniLM's cosine of two or three words with the
+    -- paragraph that answers them is often below any floor that silences off-topic
+    -- sentences); a longer query keeps a candidate holding floor_term_share of its terms
+    -- (at least one). A query with required operands (a strict phrase, #tag, @mention) is
+    -- not floored: every candidate matched what it required.
+    floor_need := CASE WHEN cardinality(terms) = 0 THEN NULL
+                       WHEN cardinality(regexp_split_to_array(btrim(CASE WHEN (grammar ->> 'operators')::boolean
+                                                                          THEN grammar ->> 'text' ELSE q END), '\s+'))
+                            <= memory._policy_value('floor_keyword_words')::integer THEN 1
+                       ELSE greatest(1, ceil(cardinality(terms)
+                                             * memory._policy_value('floor_term_share')::double precision))::integer END;
+    floor_on := floor IS NOT NULL AND jsonb_array_length(grammar -> 'required') = 0;
+    floor_why := CASE WHEN floor IS NULL THEN NULL
+                      -- -1 turns the floor off: no vector is asked for it
+                      WHEN floor <= @vocabulary.min_cosine_min@ THEN 'min_cosine -1: no cosine is below it'
+                      WHEN NOT floor_on THEN 'the query requires operands: every candidate matched them'
+                      WHEN strat = 'LexicalOnly' AND floor_need = 1
+                           THEN 'a LexicalOnly keyword query: every candidate holds one of its terms'
+                      WHEN strat = 'LexicalOnly' AND NOT has_vec THEN 'no query vector'
+                      -- a caller who forces LexicalOnly asked for no embedding: the floor's
+                      -- cosine would embed the text behind its back
+                      WHEN other_model THEN 'the database holds another model''s vectors: no cosine to judge by'
+                      WHEN forced = 'LexicalOnly' THEN 'strategy LexicalOnly forced by the request: no cosine to judge by' END;
+    IF floor_why IS NOT NULL THEN
+        floor_on := false;
+    END IF;
     SELECT coalesce(sum(t.df), 0) INTO n_postings
       FROM memory.term_stats t
      WHERE t.lexeme = ANY (terms) AND (pid IS NULL OR t.project_id = pid);
@@ -322,7 +374,7 @@ BEGIN
         'k', k,
         'search_strategy', strat,
         -- a floor is a cosine: it needs the query vector even where no leg does
-        'needs_embedding', strat <> 'LexicalOnly' OR (floor IS NOT NULL AND has_vec),
+        'needs_embedding', strat <> 'LexicalOnly' OR (floor_on AND has_vec),
         'question_type', routing ->> 'question_type',
         'confidence', (routing ->> 'confidence')::double precision,
         'reasons', coalesce(routing -> 'reasons', '[]'),
@@ -356,8 +408,9 @@ BEGIN
         'unsupported', jsonb_build_object('policy', unsupported,
                                           'source', CASE WHEN req ? 'unsupported' AND req ->> 'unsupported' IS NOT NULL
                                                          THEN 'argument' ELSE 'policy' END),
-        'floor', jsonb_build_object('min_cosine', floor, 'source', floor_src,
-                                    'applied', floor IS NOT NULL AND (strat <> 'LexicalOnly' OR has_vec)),
+        'floor', jsonb_build_object('min_cosine', floor, 'source', floor_src, 'applied', floor_on,
+                                    'terms', to_jsonb(terms), 'keep_with_terms', floor_need,
+                                    'why', floor_why),
         'time_filter', tf,
         -- the work budget it was checked against (memory.policy: query_max_terms,
         -- query_max_postings; operands: the vocabulary's QUERY_MAX_OPERANDS)

@@ -166,9 +166,9 @@ DECLARE
     ev_sem jsonb := empty;
     legs integer := 0;
     fused jsonb;
-    floor double precision := (plan -> 'floor' ->> 'min_cosine')::double precision;
     recent boolean := coalesce((plan -> 'recency' ->> 'applied')::boolean, false);
     withheld integer := 0;
+    held bigint[] := '{}';
     st jsonb := '{}';
     t timestamptz;
     -- run while OpenSearch answered (memory._serve through => 'semantic'), for this very plan
@@ -254,47 +254,20 @@ BEGIN
       FROM memory.fuse_legs(sem, lex, strat, plan ->> 'fusion',
                             (plan ->> 'dense_weight')::double precision,
                             (plan ->> 'rrf_k')::integer,
-                            -- recency may lift a candidate from below the final k: all of them
-                            CASE WHEN recent THEN 1000 ELSE (plan ->> 'final_k')::integer END) f;
-    IF floor IS NOT NULL AND query_embedding IS NOT NULL AND fused IS NOT NULL THEN
-        -- The relevance floor: a fused candidate whose cosine similarity to the query is
-        -- below it is held back (a node without a vector cannot be judged: kept).
-        SELECT coalesce(jsonb_agg(f.v ORDER BY f.o) FILTER (WHERE NOT f.low), '[]'),
-               count(*) FILTER (WHERE f.low)
-          INTO fused, withheld
-          FROM (SELECT x.v, x.o, coalesce(1 - (n.embedding <=> query_embedding) < floor, false) AS low
-                FROM ROWS FROM (jsonb_array_elements(fused), jsonb_to_recordset(fused) AS (node_id bigint))
-                     WITH ORDINALITY AS x(v, node_id, o)
-                LEFT JOIN memory.nodes n ON n.id = x.node_id) f;
-    END IF;
-    IF recent AND fused IS NOT NULL THEN
-        -- Recency: each score times 1 - w + w * 0.5 ^ (age / half-life), the age counted
-        -- from the plan's origin, and a node from after it by its distance too (counted as
-        -- new, a node dated 9999 was never aged and kept the whole boost: issue 43); one
-        -- without a timestamp gets no boost; then the final k again. Ties keep the fused order.
-        SELECT coalesce(jsonb_agg(r.v || jsonb_build_object('fused_score', r.s) ORDER BY r.s DESC, r.o), '[]')
-          INTO fused
-          FROM (SELECT f.v, f.o, f.s FROM (
-                    SELECT x.v, x.o,
-                           (x.v ->> 'fused_score')::double precision
-                             * (1 - w.w + w.w * CASE WHEN n.ts IS NULL THEN 0  -- (greatest skips NULLs)
-                                   ELSE power(0.5::double precision, least(  -- 0.5 ^ 1000: no underflow
-                                       abs(extract(epoch FROM w.origin - n.ts)) / 86400.0 / w.h,
-                                       1000)) END) AS s
-                    FROM ROWS FROM (jsonb_array_elements(fused), jsonb_to_recordset(fused) AS (node_id bigint))
-                         WITH ORDINALITY AS x(v, node_id, o)
-                    CROSS JOIN (SELECT (plan -> 'recency' ->> 'weight')::double precision AS w,
-                                       (plan -> 'recency' ->> 'half_life_days')::double precision AS h,
-                                       coalesce((plan -> 'recency' ->> 'origin')::timestamptz, now()) AS origin) w
-                    LEFT JOIN memory.nodes n ON n.id = x.node_id) f
-                ORDER BY f.s DESC, f.o
-                LIMIT (plan ->> 'final_k')::integer) r;
-    END IF;
+                            -- recency and a soft phrase may lift a candidate from below the
+                            -- final k, and the floor names every candidate it holds back
+                            -- (memory._after_fusion): all of them
+                            CASE WHEN recent OR jsonb_array_length(coalesce(plan -> 'grammar' -> 'boost', '[]')) > 0
+                                      OR coalesce((plan -> 'floor' ->> 'applied')::boolean, false)
+                                 THEN 1000 ELSE (plan ->> 'final_k')::integer END) f;
+    -- the floor, recency and soft phrases (sql/040_fusion.sql), then the final k
+    SELECT a.fused, a.withheld, a.held INTO fused, withheld, held FROM memory._after_fusion(fused, plan, query_embedding) a;
     st := memory._stage_time(st, 'fusion_time_ms', t);
     RETURN jsonb_build_object('lexical', lex, 'semantic', sem, 'evidence_lexical', ev_lex,
                               'evidence_semantic', ev_sem, 'evidence_legs', legs,
                               'evidence_failed', ev_failed,
-                              'fused', coalesce(fused, '[]'), 'withheld', withheld, 'stages', st);
+                              'fused', coalesce(fused, '[]'), 'withheld', withheld,
+                              'withheld_ids', to_jsonb(held), 'stages', st);
 END $$;
 COMMENT ON FUNCTION memory._run_legs(jsonb, vector, jsonb, boolean, jsonb) IS
     'The first half of memory._execute: the legs a plan names (hits: the OpenSearch leg the service fetched) and their fusion, as the state memory._finish takes: lexical, semantic, evidence_lexical, evidence_semantic, fused (best first, final_k deep) and stage times. answer => false runs the evidence''s direct legs only; prefetched (memory._serve_start''s, and memory._serve''s through => ''semantic'') gives legs already run, each taken only where its call is the plan''s own (the semantic leg''s: its whole plan).';

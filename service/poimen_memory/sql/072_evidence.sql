@@ -345,11 +345,13 @@ BEGIN
                               (plan ->> 'dense_weight')::double precision,
                               (plan ->> 'rrf_k')::integer, coalesce(cardinality(ids), 0) + deep) f
         WHERE f.node_id <> ALL (coalesce(ids, '{}'))
+          -- what the relevance floor held back is not cited (memory._after_fusion)
+          AND f.node_id <> ALL (ARRAY(SELECT jsonb_array_elements_text(coalesce(state -> 'withheld_ids', '[]'))::bigint))
         ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]), f.node_id
         LIMIT deep);
 END $$;
 COMMENT ON FUNCTION memory._deeper(jsonb, jsonb, bigint[]) IS
-    'The fused candidates of a plan''s legs (memory._run_legs'' state) after the results ids, best first, at most memory.policy() evidence_deeper of them (0: none): memory.select_evidence cites their provenance at the ranks after the results''. Fused as the answer was, without the relevance floor or recency.';
+    'The fused candidates of a plan''s legs (memory._run_legs'' state) after the results ids, best first, at most memory.policy() evidence_deeper of them (0: none): memory.select_evidence cites their provenance at the ranks after the results''. Fused as the answer was, without recency; the candidates the relevance floor held back (state withheld_ids) are left out: what the answer does not show, it does not cite.';
 
 -- memory.evidence runs the plan memory.query runs (the evidence legs it names) for the
 -- SQL user's results.
@@ -387,6 +389,13 @@ BEGIN
     -- The answer's own legs too when the policy cites deeper candidates (memory._deeper).
     state := memory._run_legs(p.plan, p.embedding, NULL,
                               (SELECT pol.evidence_deeper > 0 FROM memory.policy() pol));
+    IF cardinality($2) = 0 AND jsonb_array_length(state -> 'fused') = 0
+       AND (state ->> 'withheld')::integer > 0 THEN
+        -- no results, and the relevance floor withheld the whole page this plan makes: no
+        -- answer cites no evidence, as memory.answer's (no results passed otherwise: the
+        -- direct legs alone)
+        RETURN;
+    END IF;
     RETURN QUERY
     SELECT e.* FROM memory.select_evidence(
         $2, state -> 'evidence_semantic', state -> 'evidence_lexical', p.plan ->> 'fusion',
