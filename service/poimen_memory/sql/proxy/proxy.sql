@@ -152,7 +152,7 @@ BEGIN
         -- What the HTTP service calls beyond the public functions (below).
         ('_serve_start', 'req jsonb, caps jsonb', 'req, caps', 'jsonb', false),
         ('_serve', 'req jsonb, caps jsonb, query_embedding vector, hits jsonb, through text, prefetched jsonb',
-         'req, caps, query_embedding, hits, through, prefetched', 'jsonb', true),
+         'req, caps, query_embedding, hits, through, prefetched', 'SETOF jsonb', true),
         ('_serve_finish', 'req jsonb, caps jsonb, state jsonb, query_embedding vector, result_order bigint[], rerank jsonb',
          'req, caps, state, query_embedding, result_order, rerank', 'jsonb', false),
         ('_get_node', 'p_id text, p_project text, p_projects text[]', 'p_id, p_project, p_projects',
@@ -740,8 +740,8 @@ BEGIN
     caps := memory_proxy._caps(caps);
     IF project IS NOT NULL THEN
         BEGIN
-            RETURN memory_proxy._serve_on(pg_catalog.hashtext(project), c.read_projects,
-                c.write_projects, c.api_key, req, caps, query_embedding, hits, through, prefetched);
+            RETURN (SELECT a FROM memory_proxy._serve_on(pg_catalog.hashtext(project), c.read_projects,
+                c.write_projects, c.api_key, req, caps, query_embedding, hits, through, prefetched) a);
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
             PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
@@ -769,8 +769,8 @@ BEGIN
         -- to answer from the others and name the missing ones.
         FOREACH part IN ARRAY targets LOOP
             BEGIN
-                docs := docs || memory_proxy._serve_on(part, c.read_projects, c.write_projects,
-                    c.api_key, req, caps, query_embedding, hits, through, NULL);
+                docs := docs || ARRAY(SELECT a FROM memory_proxy._serve_on(part, c.read_projects,
+                    c.write_projects, c.api_key, req, caps, query_embedding, hits, through, NULL) a);
             EXCEPTION WHEN internal_error THEN
                 IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
                 missing := missing || part;
