@@ -49,7 +49,9 @@ def _as_service(url: str) -> str:
 def http_service(url: str, embedder: LocalEmbedder) -> Iterator[httpx.Client]:
     """The service's app over ``url`` under uvicorn on a free loopback port: real HTTP."""
     app = create_app(
-        Settings.from_env({"POIMEN_DATABASE_URL": url, "POIMEN_AUTH_CACHE_S": "0", "POIMEN_HEALTH_CACHE_S": "0"}),
+        Settings.from_env(
+            {"POIMEN_DATABASE_URL": url, "POIMEN_AUTH_CACHE_S": "0", "POIMEN_HEALTH_CACHE_S": "0"}
+        ),
         embedder=embedder,
     )
     port = free_port()
@@ -71,7 +73,10 @@ def http_service(url: str, embedder: LocalEmbedder) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture(scope="module")
-def services(sharded: Sharded, embedder: LocalEmbedder) -> Iterator[tuple[httpx.Client, httpx.Client]]:  # noqa: F811
+def services(
+    sharded: Sharded,  # noqa: F811
+    embedder: LocalEmbedder,
+) -> Iterator[tuple[httpx.Client, httpx.Client]]:
     """(over the proxy, over the reference database), both as the service's role."""
     with connect(sharded.reference_url, autocommit=True) as ref:
         ensure_service_login(ref, SERVICE_ROLE)
@@ -138,9 +143,7 @@ def test_a_query_naming_no_project_merges_every_partition(
         "rank" not in x for x in body["results"]
     )
     projects = {x["project"] for x in body["results"]}
-    assert len(projects) > 1 and projects <= set(sharded.projects) | {
-        f"w{i}" for i in range(8)
-    }
+    assert len(projects) > 1 and projects <= set(sharded.projects) | {f"w{i}" for i in range(8)}
     scores = [x["final_score"] for x in body["results"]]
     assert scores == sorted(scores, reverse=True)
     assert not [d for d in body["degraded"] if d["stage"] == "shard"]
@@ -245,9 +248,7 @@ def test_a_key_for_one_project_sees_nothing_of_another(
         assert r.status_code == 201, r.text
         assert where_is(sharded, "atlas", "k:2") == [sharded.projects["atlas"]]
         with psycopg.connect(sharded.proxy_url) as p:
-            (key_id,) = p.execute(
-                "SELECT id FROM memory.api_keys WHERE can_write"
-            ).fetchone()  # type: ignore[misc]
+            (key_id,) = p.execute("SELECT id FROM memory.api_keys WHERE can_write").fetchone()  # type: ignore[misc]
         h = proxied.get("/memory/nodes/k:2/history", params={"project": "atlas"}, headers=w)
         assert h.status_code == 200, h.text
         assert h.json()["versions"][0]["written_by"] == f"api_key:{key_id}"
