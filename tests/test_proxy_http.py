@@ -193,6 +193,13 @@ def test_writes_forget_and_get_land_on_the_partition_of_their_project(
     # Without a project: found on the one partition that has it.
     assert proxied.get("/memory/nodes/h1:1").json()["project"] == "h1"
     assert proxied.get("/memory/nodes/no-such-node").status_code == 404
+    # A page of one project's nodes, and their count, from its partition.
+    page = proxied.get("/memory/nodes", params={"project": "h0", "count": "true"})
+    assert page.status_code == 200, page.text
+    assert [n["external_id"] for n in page.json()["nodes"]] == ["h0:1", "h0:2"]
+    assert page.json()["count"] == 2
+    # Over several partitions a page is not built (keyset-paged by a partition's ids).
+    assert proxied.get("/memory/nodes").status_code == 400
     # Forget one node, then its history says so, on its partition alone.
     r = proxied.delete("/memory/nodes/h2:1", params={"project": "h2", "reason": "test"})
     assert r.status_code == 200, r.text
@@ -302,6 +309,14 @@ def test_a_stopped_shard_is_a_503_for_its_projects_and_degrades_the_rest(
         assert health["checks"]["database"]["partitions"]["missing"] == down_parts
     finally:
         down.start(fast=True)
+    # Back: a proxy backend that held a connection to the restarted server learns of its end
+    # on its next call there (57P01, a typed 503 too), and reconnects on the one after.
     for project in down_projects:
-        r = proxied.get("/memory/query", params={"query": QUERIES[0], "project": project})
-        assert r.status_code == 200, r.text
+        statuses = []
+        for _ in range(10):
+            r = proxied.get("/memory/query", params={"query": QUERIES[0], "project": project})
+            statuses.append(r.status_code)
+            if r.status_code == 200:
+                break
+            assert r.status_code == 503 and r.json()["error"] == "database_unavailable", r.text
+        assert statuses[-1] == 200, statuses

@@ -161,6 +161,13 @@ BEGIN
         ('_stored_hashes', 'hashes bytea[]', 'hashes', 'TABLE (sha256 bytea, id bigint)', true),
         ('_stored_nodes', 'projects text[], external_ids text[]', 'projects, external_ids',
          'TABLE (project text, external_id text, id bigint, level text, sha256 bytea, revision integer)', false),
+        ('_list_nodes', 'p_project text, p_level text, p_source text, p_since text, p_until text, p_after text, '
+         'p_limit integer, p_projects text[], p_filter jsonb, p_newest_first boolean',
+         'p_project, p_level, p_source, p_since, p_until, p_after, p_limit, p_projects, p_filter, p_newest_first',
+         'SETOF memory.node_list_row', false),
+        ('_count_nodes', 'p_project text, p_level text, p_source text, p_since text, p_until text, '
+         'p_filter jsonb, p_projects text[]',
+         'p_project, p_level, p_source, p_since, p_until, p_filter, p_projects', 'SETOF bigint', false),
         ('health', NULL, NULL, 'TABLE (nodes bigint, embedding_model text, scale_warnings bigint)', false)
     ) AS v(name, args, call, result, on_all)
     LOOP
@@ -1023,6 +1030,79 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION memory._write_nodes(jsonb, vector[], boolean) IS
     'memory._write_nodes of the partitions through PL/Proxy (POST /memory/nodes): the nodes and their vectors grouped by the partition of their project, one call (all or nothing) per partition, the answers merged in input order (unresolved numbered over the whole batch) and the counts summed; waits while a partition it writes is being moved, 08006 when one is out of reach. node_id is each partition''s own.';
+
+CREATE OR REPLACE FUNCTION memory._list_nodes(
+    p_project text, p_level text, p_source text, p_since text, p_until text, p_after text,
+    p_limit integer, p_projects text[], p_filter jsonb DEFAULT NULL,
+    p_newest_first boolean DEFAULT false
+)
+RETURNS SETOF memory.node_list_row
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    targets integer[];
+    part integer;
+BEGIN
+    -- A page is keyset-paged by the partition's own node ids: one partition's pages only.
+    IF p_project IS NOT NULL THEN
+        part := pg_catalog.hashtext(p_project);
+    ELSE
+        targets := memory_proxy._targets(
+            CASE WHEN p_projects IS NULL THEN c.read_projects ELSE array_to_string(p_projects, ',') END);
+        IF cardinality(targets) <> 1 THEN
+            -- 22023 (HTTP 400): the request names too little for this deployment.
+            RAISE EXCEPTION 'listing nodes over several partitions is not built through the proxy'
+                USING ERRCODE = '22023',
+                      HINT = 'Name a project (project=...): its nodes are on one partition.';
+        END IF;
+        part := targets[1];
+    END IF;
+    BEGIN
+        RETURN QUERY SELECT * FROM memory_proxy._list_nodes_on(part, c.read_projects,
+            c.write_projects, c.api_key, p_project, p_level, p_source, p_since, p_until, p_after,
+            p_limit, p_projects, p_filter, p_newest_first);
+    EXCEPTION WHEN internal_error THEN
+        IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+        PERFORM memory_proxy._down(part & (memory_proxy.partitions() - 1),
+                                   coalesce(p_project, array_to_string(p_projects, ',')), SQLERRM);
+    END;
+END $$;
+COMMENT ON FUNCTION memory._list_nodes(text, text, text, text, text, text, integer, text[], jsonb, boolean) IS
+    'memory._list_nodes of the partition holding the project (GET /memory/nodes), through PL/Proxy; without a project, only when the readable projects are on one partition (22023 otherwise: a page is keyset-paged by that partition''s node ids).';
+
+CREATE OR REPLACE FUNCTION memory._count_nodes(
+    p_project text, p_level text, p_source text, p_since text, p_until text,
+    p_filter jsonb, p_projects text[]
+)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    part integer;
+    total bigint := 0;
+BEGIN
+    FOREACH part IN ARRAY CASE WHEN p_project IS NOT NULL
+                               THEN ARRAY[memory_proxy.partition_of(p_project)]
+                               ELSE memory_proxy._targets(
+                                   CASE WHEN p_projects IS NULL THEN c.read_projects
+                                        ELSE array_to_string(p_projects, ',') END) END LOOP
+        BEGIN
+            total := total + (SELECT n FROM memory_proxy._count_nodes_on(part, c.read_projects,
+                c.write_projects, c.api_key, p_project, p_level, p_source, p_since, p_until,
+                p_filter, p_projects) n);
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            PERFORM memory_proxy._down(part, coalesce(p_project, array_to_string(p_projects, ',')), SQLERRM);
+        END;
+    END LOOP;
+    RETURN total;
+END $$;
+COMMENT ON FUNCTION memory._count_nodes(text, text, text, text, text, jsonb, text[]) IS
+    'memory._count_nodes summed over the partitions of the project (or of the readable projects), through PL/Proxy; 08006 when one is out of reach (a count must not be short).';
 
 CREATE OR REPLACE FUNCTION memory_proxy.health(
     OUT nodes bigint, OUT embedding_model text, OUT outbox_depth bigint,

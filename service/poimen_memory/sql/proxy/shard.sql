@@ -54,7 +54,7 @@ BEGIN
                             -- (docs/scaling.md#the-http-service-over-the-proxy)
                             '_serve_start', '_serve', '_serve_finish', '_get_node',
                             '_write_nodes', '_stored_hashes', '_stored_nodes',
-                            'configure_embedding')
+                            'configure_embedding', '_list_nodes', '_count_nodes')
     LOOP
         SELECT pg_catalog.string_agg('$' || (i + 3), ', ' ORDER BY i) INTO call
         FROM pg_catalog.generate_series(1, f.pronargs) AS i;
