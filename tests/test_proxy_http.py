@@ -151,6 +151,9 @@ def test_a_query_naming_no_project_merges_every_partition(
     assert health["checks"]["database"]["ok"] is True
     assert health["checks"]["database"]["partitions"] == {"count": PARTITIONS, "missing": []}
     assert health["checks"]["database"]["nodes"] >= len(sharded.nodes)
+    metrics = proxied.get("/metrics")
+    assert metrics.status_code == 200
+    assert "poimen_database_up 1.0" in metrics.text
 
 
 def test_writes_forget_and_get_land_on_the_partition_of_their_project(
