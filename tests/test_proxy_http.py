@@ -19,10 +19,12 @@ import httpx
 import psycopg
 import pytest
 import uvicorn
+from starlette.requests import Request
 
 from conftest import free_port
 from poimen_memory import shard
 from poimen_memory.api.app import create_app
+from poimen_memory.api.auth import KeyRing
 from poimen_memory.db.connect import connect, ensure_service_login
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.settings import Settings
@@ -323,3 +325,61 @@ def test_a_stopped_shard_is_a_503_for_its_projects_and_degrades_the_rest(
                 break
             assert r.status_code == 503 and r.json()["error"] == "database_unavailable", r.text
         assert statuses[-1] == 200, statuses
+
+
+def test_the_partitions_confine_a_key_even_without_the_python_checks(
+    sharded: Sharded,  # noqa: F811
+    services: tuple[httpx.Client, httpx.Client],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Defence in depth over the proxy: with KeyRing's project checks replaced by bare
+    authentication, an atlas key still reads and writes nothing of poimen, because the
+    key's projects travel to the partitions and their row-level security applies them."""
+
+    async def any_project(self: KeyRing, request: Request, project: str | None) -> str | None:
+        await self.grant(request)
+        return project
+
+    async def any_write(self: KeyRing, request: Request, projects: Any) -> None:
+        await self.grant(request)
+
+    monkeypatch.setattr(KeyRing, "read_project", any_project)
+    monkeypatch.setattr(KeyRing, "write_projects", any_write)
+    proxied, _ = services
+    reader = {"Authorization": f"Bearer {make_key(sharded.proxy_url, ['atlas'])}"}
+    writer = {"Authorization": f"Bearer {make_key(sharded.proxy_url, ['atlas'], write=True)}"}
+    try:
+        r = proxied.get(
+            "/memory/query", params={"query": QUERIES[0], "level": LEVELS, "limit": 50},
+            headers=reader,
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert {x["project"] for x in r.json()["results"]} == {"atlas"}
+        hidden = proxied.get(
+            "/memory/query", params={"query": QUERIES[0], "project": "poimen"}, headers=reader
+        )
+        assert hidden.status_code == 404 and hidden.json()["error"] == "unknown_project"
+        node = proxied.get(
+            "/memory/nodes/poimen:mem:1", params={"project": "poimen"}, headers=reader
+        )
+        assert node.status_code in (403, 404), node.text  # read_scope: still checked
+        history = proxied.get(
+            "/memory/nodes/poimen:mem:1/history", params={"project": "poimen"}, headers=reader
+        )
+        assert history.status_code in (403, 404) or history.json()["versions"] == []
+        plant = {"project": "poimen", "id": "planted", "level": "L0", "text": "not yours"}
+        r = proxied.post("/memory/nodes", json=[plant], headers=writer)
+        assert r.status_code == 403 and r.json()["error"] == "forbidden", r.text
+        assert where_is(sharded, "poimen", "planted") == []
+        r = proxied.delete(
+            "/memory/nodes/poimen:mem:1", params={"project": "poimen"}, headers=writer
+        )
+        assert r.status_code in (403, 404), r.text
+        ok = proxied.get("/memory/nodes/poimen:mem:1", params={"project": "poimen"})
+        assert ok.status_code == 401  # keys exist: anonymous is refused
+    finally:
+        with psycopg.connect(sharded.proxy_url, autocommit=True) as p:
+            p.execute("DELETE FROM memory.api_keys")
+    assert (
+        proxied.get("/memory/nodes/poimen:mem:1", params={"project": "poimen"}).status_code == 200
+    )
