@@ -787,7 +787,9 @@ BEGIN
             PERFORM memory_proxy._none_reachable();
         END IF;
     END IF;
-    RETURN memory_proxy._merge_docs(docs, missing, (req ->> 'k')::integer);
+    -- k as the partitions' plans read it (memory.check_k's default when req names none).
+    RETURN memory_proxy._merge_docs(docs, missing,
+        coalesce((docs[1] -> 'plan' ->> 'k')::integer, (req ->> 'k')::integer));
 END $$;
 COMMENT ON FUNCTION memory._serve(jsonb, jsonb, vector, jsonb, text, jsonb) IS
     'memory._serve of the partitions through PL/Proxy: with req.project, on the partition holding it (08006 when out of reach); without, on every partition holding the caller''s projects (all at once for *), their answers merged by memory_proxy._merge_docs with the unreachable ones named in degraded. Without a project, through => ''semantic'' answers {} and ''candidates'' (a reranker) is not built (0A000).';
