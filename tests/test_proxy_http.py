@@ -144,6 +144,7 @@ def test_a_query_naming_no_project_merges_every_partition(
     assert [x["rank"] for x in body["results"]] == list(range(1, len(body["results"]) + 1)) or all(
         "rank" not in x for x in body["results"]
     )
+    assert 0 < len(body["results"]) <= 20
     projects = {x["project"] for x in body["results"]}
     assert len(projects) > 1 and projects <= set(sharded.projects) | {f"w{i}" for i in range(8)}
     scores = [x["final_score"] for x in body["results"]]
