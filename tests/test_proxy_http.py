@@ -26,6 +26,7 @@ from poimen_memory import shard
 from poimen_memory.api.app import create_app
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.db.connect import connect, ensure_service_login
+from poimen_memory.db.queries import q
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.settings import Settings
 from service_client import make_key
@@ -384,3 +385,20 @@ def test_the_partitions_confine_a_key_even_without_the_python_checks(
     assert (
         proxied.get("/memory/nodes/poimen:mem:1", params={"project": "poimen"}).status_code == 200
     )
+
+
+def test_the_project_names_mcp_lists_come_from_every_partition(sharded: Sharded) -> None:  # noqa: F811
+    """The service's project_names statement (MCP's resources/list) on the proxy: the view
+    memory.projects over every partition, under the caller's asserted projects."""
+    with connect(sharded.proxy_url, autocommit=True) as p:
+        p.execute(f"SET ROLE {SERVICE_ROLE}")
+        for read, projects, expected in (
+            ("*", None, set(sharded.projects)),
+            ("atlas", ["atlas"], {"atlas"}),
+            ("atlas", None, {"atlas"}),  # row-level security alone
+        ):
+            p.execute("SELECT set_config('poimen.read_projects', %s, false)", (read,))
+            names = {str(r[0]) for r in p.execute(q("project_names"), {"projects": projects})}
+            assert expected <= names if read == "*" else names == expected
+        p.execute("SELECT set_config('poimen.read_projects', '', false)")
+        assert p.execute(q("project_names"), {"projects": None}).fetchall() == []

@@ -168,7 +168,8 @@ BEGIN
         ('_count_nodes', 'p_project text, p_level text, p_source text, p_since text, p_until text, '
          'p_filter jsonb, p_projects text[]',
          'p_project, p_level, p_source, p_since, p_until, p_filter, p_projects', 'SETOF bigint', false),
-        ('health', NULL, NULL, 'TABLE (nodes bigint, embedding_model text, scale_warnings bigint)', false)
+        ('health', NULL, NULL, 'TABLE (nodes bigint, embedding_model text, scale_warnings bigint)', false),
+        ('project_names', NULL, NULL, 'SETOF text', false)
     ) AS v(name, args, call, result, on_all)
     LOOP
         EXECUTE pg_catalog.format(
@@ -1135,6 +1136,43 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION memory_proxy.health() IS
     'What /healthz reads, over the partitions: nodes and scale warnings summed over the reachable ones (under the asserted projects), the first one''s embedding model, the partitions and those out of reach (no outbox through the proxy).';
+
+CREATE OR REPLACE FUNCTION memory_proxy.project_names()
+RETURNS SETOF text
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    part integer;
+    missing integer[] := '{}';
+BEGIN
+    FOREACH part IN ARRAY memory_proxy._targets(c.read_projects) LOOP
+        BEGIN
+            RETURN QUERY SELECT * FROM memory_proxy.project_names_on(part, c.read_projects,
+                c.write_projects, c.api_key);
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            missing := missing || part;
+        END;
+    END LOOP;
+    IF cardinality(missing) > 0 THEN
+        RAISE WARNING 'degraded: partitions % are unreachable; their projects are not listed', missing
+            USING HINT = '`poimen-memory shard status` names their servers.';
+    END IF;
+END $$;
+COMMENT ON FUNCTION memory_proxy.project_names() IS
+    'The names of the projects the caller may read, from each partition of its projects (a WARNING names those out of reach, whose projects are left out).';
+
+-- The service reads project names from memory.projects (MCP's resources/list): here a view
+-- of every partition's, under the caller's asserted projects. Only names: ids are each
+-- partition's own.
+CREATE OR REPLACE VIEW memory.projects AS
+    SELECT n.name FROM memory_proxy.project_names() AS n(name);
+COMMENT ON VIEW memory.projects IS
+    'The projects of every reachable partition the caller may read (memory_proxy.project_names()): their names only.';
+REVOKE ALL ON TABLE memory.projects FROM PUBLIC;
+GRANT SELECT ON TABLE memory.projects TO @proxy.service@;
 
 -- The API keys stay on the proxy: the service reads them before any call (keys_active),
 -- and `poimen-memory keys` writes them where POIMEN_DATABASE_URL points. The same table

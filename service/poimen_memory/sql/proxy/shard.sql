@@ -91,3 +91,18 @@ COMMENT ON FUNCTION memory_shard.health(text, text, text) IS
     'For the proxy''s memory_proxy.health(): this partition''s node count (under the asserted projects), embedding model and scale warnings.';
 REVOKE ALL ON FUNCTION memory_shard.health(text, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION memory_shard.health(text, text, text) TO @role.service@;
+
+-- MCP's resources/list over the proxy (the service's project_names): the names of this
+-- partition's projects the asserted projects may read.
+CREATE OR REPLACE FUNCTION memory_shard.project_names(read_projects text, write_projects text, api_key text)
+RETURNS SETOF text
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT memory_shard._assert(read_projects, write_projects, api_key);
+    SELECT p.name::text FROM memory.projects p;
+$$;
+COMMENT ON FUNCTION memory_shard.project_names(text, text, text) IS
+    'For the proxy''s view memory.projects: the names of this partition''s projects, under the asserted projects (row-level security).';
+REVOKE ALL ON FUNCTION memory_shard.project_names(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION memory_shard.project_names(text, text, text) TO @role.service@;
