@@ -303,7 +303,10 @@ def test_the_proxy_functions_have_the_partitions_signatures(sharded: Sharded) ->
     sig = (
         "SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_function_result(p.oid)"
         " FROM pg_proc p WHERE p.pronamespace = 'memory'::regnamespace"
-        " AND p.proname IN ('query', 'answer', 'add_nodes', 'get_node', 'history', 'forget')"
+        " AND p.proname IN ('query', 'answer', 'add_nodes', 'get_node', 'history', 'forget',"
+        " '_serve_start', '_serve', '_serve_finish', '_get_node', '_write_nodes',"
+        " '_stored_hashes', '_stored_nodes', 'configure_embedding', '_list_nodes',"
+        " '_count_nodes')"
         " ORDER BY 1, 2"
     )
     with psycopg.connect(sharded.proxy_url) as p, psycopg.connect(sharded.reference_url) as ref:

@@ -33,7 +33,10 @@ async def _database(svc: Services) -> dict[str, Any]:
                     q("begin_request"),
                     {"ms": str(int(PROBE_TIMEOUT_S * 1000)), **tenant.ALL_PROJECTS.params()},
                 )
-                await cur.execute(q("health"))
+                await cur.execute(q("is_proxy"))
+                probe = await cur.fetchone()
+                proxy = bool(probe and probe["proxy"])
+                await cur.execute(q("health_proxy" if proxy else "health"))
                 row = await cur.fetchone()
     except psycopg.Error as exc:
         # The API's own code and hint (errors.SQLSTATE_TABLE), as a query would answer:
@@ -44,7 +47,7 @@ async def _database(svc: Services) -> dict[str, Any]:
         return {"ok": False, "error": type(exc).__name__}
     assert row is not None
     lag = row["outbox_lag_s"]
-    return {
+    out: dict[str, Any] = {
         "ok": True,
         "nodes": row["nodes"],
         "embedding_model": row["embedding_model"],
@@ -52,6 +55,12 @@ async def _database(svc: Services) -> dict[str, Any]:
         # memory.scale_warnings(): counted only; `poimen-memory migrate --check` lists them
         "scale_warnings": row["scale_warnings"],
     }
+    if proxy:
+        # A proxy database (docs/scaling.md#the-http-service-over-the-proxy): its totals are
+        # the reachable partitions', and those out of reach are named. Still ok: the other
+        # partitions' projects are served (a balancer must not take the service out).
+        out["partitions"] = {"count": row["partitions"], "missing": list(row["missing"])}
+    return out
 
 
 async def _call(out: dict[str, Any], call: Awaitable[object]) -> dict[str, Any]:

@@ -160,6 +160,17 @@ SELECT (SELECT count(*) FROM memory.nodes) AS nodes,
        -- what the store has outgrown (issue 28): counted here, listed by migrate --check
        (SELECT count(*) FROM memory.scale_warnings()) AS scale_warnings;
 
+-- name: is_proxy
+-- Whether this database is a PL/Proxy proxy in front of partition databases
+-- (docs/scaling.md#the-http-service-over-the-proxy): /healthz then reads health_proxy.
+SELECT to_regnamespace('memory_proxy') IS NOT NULL AS proxy;
+
+-- name: health_proxy
+-- The health query over the partitions of a proxy (sql/proxy/proxy.sql): the totals of the
+-- reachable ones, and which are out of reach.
+SELECT nodes, embedding_model, outbox_depth, outbox_lag_s, scale_warnings, partitions, missing
+FROM memory_proxy.health();
+
 -- name: vacuum_postings
 VACUUM (ANALYZE) memory.postings;
 

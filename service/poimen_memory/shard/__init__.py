@@ -37,7 +37,7 @@ PROXY_SQL = PROXY_SQL_DIR / "proxy.sql"
 SERVER = "memory"  # PL/Proxy's cluster name, as `CLUSTER 'memory'` in sql/proxy/proxy.sql
 DEFAULT_PROXY_ROLE = "poimen_proxy"
 # The composite types the proxy's functions return, copied from partition 0's catalog.
-ROW_TYPES = ("query_row", "node_row")
+ROW_TYPES = ("query_row", "node_row", "node_list_row")
 LOCK_KEY = 1886351213  # memory_proxy._lock_key()
 _OPTION = re.compile(r"^p(\d+)=(.*)$", re.S)
 

@@ -148,17 +148,38 @@ BEGIN
          'project, external_ids, source, since, until, erase, reason, filter, level, dry_run, max_nodes',
          'jsonb', false),
         ('forget', 'project text, external_id text, erase boolean, reason text',
-         'project, external_id, erase, reason', 'jsonb', false)
+         'project, external_id, erase, reason', 'jsonb', false),
+        -- What the HTTP service calls beyond the public functions (below).
+        ('_serve_start', 'req jsonb, caps jsonb', 'req, caps', 'jsonb', false),
+        ('_serve', 'req jsonb, caps jsonb, query_embedding vector, hits jsonb, through text, prefetched jsonb',
+         'req, caps, query_embedding, hits, through, prefetched', 'SETOF jsonb', true),
+        ('_serve_finish', 'req jsonb, caps jsonb, state jsonb, query_embedding vector, result_order bigint[], rerank jsonb',
+         'req, caps, state, query_embedding, result_order, rerank', 'jsonb', false),
+        ('_get_node', 'p_id text, p_project text, p_projects text[]', 'p_id, p_project, p_projects',
+         'SETOF memory.node_row', false),
+        ('_write_nodes', 'nodes jsonb, embeddings vector[], embed boolean', 'nodes, embeddings, embed', 'jsonb', false),
+        ('_stored_hashes', 'hashes bytea[]', 'hashes', 'TABLE (sha256 bytea, id bigint)', true),
+        ('_stored_nodes', 'projects text[], external_ids text[]', 'projects, external_ids',
+         'TABLE (project text, external_id text, id bigint, level text, sha256 bytea, revision integer)', false),
+        ('_list_nodes', 'p_project text, p_level text, p_source text, p_since text, p_until text, p_after text, '
+         'p_limit integer, p_projects text[], p_filter jsonb, p_newest_first boolean',
+         'p_project, p_level, p_source, p_since, p_until, p_after, p_limit, p_projects, p_filter, p_newest_first',
+         'SETOF memory.node_list_row', false),
+        ('_count_nodes', 'p_project text, p_level text, p_source text, p_since text, p_until text, '
+         'p_filter jsonb, p_projects text[]',
+         'p_project, p_level, p_source, p_since, p_until, p_filter, p_projects', 'SETOF bigint', false),
+        ('health', NULL, NULL, 'TABLE (nodes bigint, embedding_model text, scale_warnings bigint)', false),
+        ('project_names', NULL, NULL, 'SETOF text', false)
     ) AS v(name, args, call, result, on_all)
     LOOP
         EXECUTE pg_catalog.format(
             'CREATE OR REPLACE FUNCTION memory_proxy.%I(hash integer, read_projects text, write_projects text, '
-            'api_key text, %s) RETURNS %s LANGUAGE plproxy AS %L',
-            f.name || '_on', f.args, f.result,
-            pg_catalog.format('CLUSTER ''memory''; RUN ON hash; SELECT * FROM memory_shard.%I(read_projects, write_projects, api_key, %s);',
-                              f.name, f.call));
-        EXECUTE pg_catalog.format('COMMENT ON FUNCTION memory_proxy.%I(integer, text, text, text, %s) IS %L',
-            f.name || '_on', f.args,
+            'api_key text%s) RETURNS %s LANGUAGE plproxy AS %L',
+            f.name || '_on', ', ' || f.args, f.result,
+            pg_catalog.format('CLUSTER ''memory''; RUN ON hash; SELECT * FROM memory_shard.%I(read_projects, write_projects, api_key%s);',
+                              f.name, ', ' || f.call));
+        EXECUTE pg_catalog.format('COMMENT ON FUNCTION memory_proxy.%I(integer, text, text, text%s) IS %L',
+            f.name || '_on', ', ' || f.args,
             pg_catalog.format('memory.%s on the partition hash & (partitions - 1) picks, through its relay memory_shard.%s.', f.name, f.name));
         IF f.on_all THEN
             EXECUTE pg_catalog.format(
@@ -569,6 +590,608 @@ EXCEPTION WHEN internal_error THEN
 END $$;
 COMMENT ON FUNCTION memory.forget(text, text, boolean, text) IS
     'memory.forget of one node through PL/Proxy, on the partition holding project (waits while it is being moved).';
+
+-- ---------------------------------------------------------------------------------------
+-- The HTTP service over the proxy (docs/scaling.md#the-http-service-over-the-proxy): what
+-- the service calls beyond the public functions, with a single database's signatures, so
+-- POIMEN_DATABASE_URL may name the proxy and the service does not change. Proxied to the
+-- partitions: the query statements (memory._serve_start, _serve, _serve_finish), one node
+-- (memory._get_node), the writer and its reads (memory._write_nodes, _stored_nodes,
+-- _stored_hashes, configure_embedding) and the totals /healthz reads. Kept here, on the
+-- proxy: the API keys (memory.api_keys, below), which the service reads before any call.
+--
+-- The caller's projects: the query statements carry them in caps (read_projects,
+-- write_projects), as on a single database; they travel only for a member of
+-- @proxy.service@ (memory_proxy._caps), as the session's settings do (memory_proxy._caller).
+
+CREATE OR REPLACE FUNCTION memory_proxy._trusted()
+RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN coalesce(pg_catalog.pg_has_role(current_user, pg_catalog.to_regrole('@proxy.service@'), 'MEMBER'), false);
+COMMENT ON FUNCTION memory_proxy._trusted() IS
+    'Whether the caller is a member of @proxy.service@, whose asserted projects travel to the partitions.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._caps(caps jsonb)
+RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+-- Anyone else's caps assert nothing: the partition then applies the proxy role's grants
+-- (none), as it would the caller's on a single database.
+RETURN CASE WHEN memory_proxy._trusted() THEN caps
+            ELSE caps - 'read_projects' - 'write_projects' END;
+COMMENT ON FUNCTION memory_proxy._caps(jsonb) IS
+    'The service''s caps as they travel: with read_projects / write_projects for a member of @proxy.service@ only.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._targets(read_projects text)
+RETURNS integer[]
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+-- The partitions a call naming no project asks: those holding the asserted projects (an
+-- API key's), or every partition for '*' (anonymous mode) and for a caller that asserts
+-- nothing (it sees nothing, but is answered as a single database answers it).
+RETURN CASE WHEN read_projects IS NULL OR read_projects IN ('', '*')
+            THEN ARRAY(SELECT pg_catalog.generate_series(0, memory_proxy.partitions() - 1))
+            ELSE ARRAY(SELECT DISTINCT memory_proxy.partition_of(btrim(p))
+                       FROM pg_catalog.unnest(pg_catalog.string_to_array(read_projects, ',')) p
+                       ORDER BY 1) END;
+COMMENT ON FUNCTION memory_proxy._targets(text) IS
+    'The partitions a call naming no project runs on: those of the asserted read projects (comma-separated), all of them for * or none asserted.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._none_reachable()
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'no partition is reachable'
+        USING ERRCODE = '08006', HINT = '`poimen-memory shard status` names the servers.';
+END $$;
+COMMENT ON FUNCTION memory_proxy._none_reachable() IS
+    'Raises 08006 (HTTP 503): every partition a call needs is out of reach.';
+
+CREATE OR REPLACE FUNCTION memory._serve_start(req jsonb, caps jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    project text := req ->> 'project';
+    part integer;
+BEGIN
+    caps := memory_proxy._caps(caps);
+    IF project IS NOT NULL THEN
+        BEGIN
+            RETURN memory_proxy._serve_start_on(pg_catalog.hashtext(project), c.read_projects,
+                c.write_projects, c.api_key, req, caps);
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+        END;
+    END IF;
+    -- No project: the plan of the first partition that answers, without its prefetched
+    -- legs (their node ids are that partition's; every partition runs its own legs).
+    FOREACH part IN ARRAY memory_proxy._targets(caps ->> 'read_projects') LOOP
+        BEGIN
+            RETURN memory_proxy._serve_start_on(part, c.read_projects, c.write_projects,
+                c.api_key, req, caps)
+                || jsonb_build_object('prefetched', jsonb_build_object('calls', '{}'::jsonb, 'stages', '{}'::jsonb));
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+        END;
+    END LOOP;
+    PERFORM memory_proxy._none_reachable();
+END $$;
+COMMENT ON FUNCTION memory._serve_start(jsonb, jsonb) IS
+    'memory._serve_start of the partitions through PL/Proxy: with req.project, on the partition holding it (08006 when out of reach); without, the plan of the first reachable partition the caller''s projects are on, with no prefetched legs.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._merge_docs(docs jsonb[], missing integer[], k integer)
+RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    merged jsonb;
+    entry jsonb;
+BEGIN
+    -- The first partition's document; the results merged as memory.query merges rows (the
+    -- k best by final_score, ties by query_score, project, each partition's rank; ranked
+    -- again 1..k), the evidence lists concatenated, the counts summed.
+    merged := docs[1] || jsonb_build_object(
+        'results', (SELECT coalesce(jsonb_agg(m.r || jsonb_build_object('rank', m.n) ORDER BY m.n), '[]')
+                    FROM (SELECT r, row_number() OVER (
+                              ORDER BY (r ->> 'final_score')::float8 DESC NULLS LAST,
+                                       (r ->> 'query_score')::float8 DESC NULLS LAST,
+                                       r ->> 'project', (r ->> 'rank')::integer) AS n
+                          FROM unnest(docs) d, jsonb_array_elements(d -> 'results') r) m
+                    WHERE m.n <= k),
+        'evidence', (SELECT coalesce(jsonb_agg(e), '[]')
+                     FROM unnest(docs) d, jsonb_array_elements(coalesce(d -> 'evidence', '[]')) e),
+        'counts', (SELECT coalesce(jsonb_object_agg(key, total), '{}')
+                   FROM (SELECT key, CASE WHEN bool_and(jsonb_typeof(value) = 'number')
+                                          THEN to_jsonb(sum((value #>> '{}')::numeric))
+                                          ELSE (array_agg(value))[1] END AS total
+                         FROM unnest(docs) d, jsonb_each(d -> 'counts')
+                         GROUP BY key) t),
+        'partitions', jsonb_build_object('answered', cardinality(docs), 'missing', to_jsonb(missing)));
+    IF cardinality(missing) > 0 THEN
+        entry := jsonb_build_object('stage', 'shard', 'reason', 'unreachable', 'partitions', to_jsonb(missing));
+        merged := jsonb_set(merged, '{degraded}', coalesce(merged -> 'degraded', '[]') || entry);
+        IF jsonb_typeof(merged -> 'plan') = 'object' THEN
+            merged := jsonb_set(merged, '{plan,degraded}', coalesce(merged -> 'plan' -> 'degraded', '[]') || entry);
+            merged := jsonb_set(merged, '{plan,why}', coalesce(merged -> 'plan' -> 'why', '[]')
+                || to_jsonb(format('partitions %s are unreachable: answered from the others', missing)));
+        END IF;
+    END IF;
+    RETURN merged;
+END $$;
+COMMENT ON FUNCTION memory_proxy._merge_docs(jsonb[], integer[], integer) IS
+    'One answer document of several partitions'' (memory._serve''s): the first one''s, results merged (k best by final_score, ranked again), evidence concatenated, counts summed, "partitions" {answered, missing}, and a degraded entry {"stage": "shard", "reason": "unreachable", "partitions": [...]} (also in plan.degraded, which the HTTP answer lists) when some were out of reach.';
+
+CREATE OR REPLACE FUNCTION memory._serve(
+    req jsonb, caps jsonb, query_embedding vector, hits jsonb DEFAULT NULL,
+    through text DEFAULT 'answer', prefetched jsonb DEFAULT NULL
+)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    project text := req ->> 'project';
+    targets integer[];
+    docs jsonb[] := '{}';
+    missing integer[] := '{}';
+    part integer;
+BEGIN
+    caps := memory_proxy._caps(caps);
+    IF project IS NOT NULL THEN
+        BEGIN
+            RETURN (SELECT a FROM memory_proxy._serve_on(pg_catalog.hashtext(project), c.read_projects,
+                c.write_projects, c.api_key, req, caps, query_embedding, hits, through, prefetched) a);
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+        END;
+    END IF;
+    IF through = 'semantic' THEN
+        RETURN '{}';  -- nothing prefetched over several partitions: each runs its own legs
+    ELSIF through IS DISTINCT FROM 'answer' THEN
+        RAISE EXCEPTION 'a reranker over every partition is not built through the proxy'
+            USING ERRCODE = '0A000',
+                  HINT = 'Name a project, or serve without a reranker (docs/scaling.md#the-http-service-over-the-proxy).';
+    END IF;
+    targets := memory_proxy._targets(caps ->> 'read_projects');
+    IF cardinality(targets) = memory_proxy.partitions() THEN
+        BEGIN
+            docs := ARRAY(SELECT a FROM memory_proxy._serve_all(c.read_projects, c.write_projects,
+                c.api_key, req, caps, query_embedding, hits, through, NULL) a);
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            docs := '{}';
+        END;
+    END IF;
+    IF cardinality(docs) = 0 THEN
+        -- Each partition alone (one out of reach, or only some hold the caller's projects),
+        -- to answer from the others and name the missing ones.
+        FOREACH part IN ARRAY targets LOOP
+            BEGIN
+                docs := docs || ARRAY(SELECT a FROM memory_proxy._serve_on(part, c.read_projects,
+                    c.write_projects, c.api_key, req, caps, query_embedding, hits, through, NULL) a);
+            EXCEPTION WHEN internal_error THEN
+                IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+                missing := missing || part;
+            END;
+        END LOOP;
+        IF cardinality(docs) = 0 THEN
+            PERFORM memory_proxy._none_reachable();
+        END IF;
+    END IF;
+    -- k as the partitions' plans read it (memory.check_k's default when req names none).
+    RETURN memory_proxy._merge_docs(docs, missing,
+        coalesce((docs[1] -> 'plan' ->> 'k')::integer, (req ->> 'k')::integer));
+END $$;
+COMMENT ON FUNCTION memory._serve(jsonb, jsonb, vector, jsonb, text, jsonb) IS
+    'memory._serve of the partitions through PL/Proxy: with req.project, on the partition holding it (08006 when out of reach); without, on every partition holding the caller''s projects (all at once for *), their answers merged by memory_proxy._merge_docs with the unreachable ones named in degraded. Without a project, through => ''semantic'' answers {} and ''candidates'' (a reranker) is not built (0A000).';
+
+CREATE OR REPLACE FUNCTION memory._serve_finish(
+    req jsonb, caps jsonb, state jsonb, query_embedding vector, result_order bigint[], rerank jsonb
+)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    project text := req ->> 'project';
+BEGIN
+    IF project IS NULL THEN
+        RAISE EXCEPTION 'a reranker over every partition is not built through the proxy'
+            USING ERRCODE = '0A000', HINT = 'Name a project.';
+    END IF;
+    RETURN memory_proxy._serve_finish_on(pg_catalog.hashtext(project), c.read_projects,
+        c.write_projects, c.api_key, req, memory_proxy._caps(caps), state, query_embedding,
+        result_order, rerank);
+EXCEPTION WHEN internal_error THEN
+    IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+    PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+END $$;
+COMMENT ON FUNCTION memory._serve_finish(jsonb, jsonb, jsonb, vector, bigint[], jsonb) IS
+    'memory._serve_finish of the partition holding req.project, through PL/Proxy (the reranker''s order; a query naming no project is not reranked through the proxy).';
+
+CREATE OR REPLACE FUNCTION memory._get_node(p_id text, p_project text, p_projects text[])
+RETURNS SETOF memory.node_row
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    found memory.node_row[] := '{}';
+    missing integer[] := '{}';
+    part integer;
+BEGIN
+    IF p_project IS NOT NULL THEN
+        BEGIN
+            RETURN QUERY SELECT * FROM memory_proxy._get_node_on(pg_catalog.hashtext(p_project),
+                c.read_projects, c.write_projects, c.api_key, p_id, p_project, p_projects);
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            PERFORM memory_proxy._down(memory_proxy.partition_of(p_project), p_project, SQLERRM);
+        END;
+        RETURN;
+    END IF;
+    -- No project: the id must name one node among the readable projects of every
+    -- partition they are on (the API key's, else all).
+    FOREACH part IN ARRAY memory_proxy._targets(
+            CASE WHEN p_projects IS NULL THEN c.read_projects ELSE array_to_string(p_projects, ',') END) LOOP
+        BEGIN
+            found := found || ARRAY(SELECT r FROM memory_proxy._get_node_on(part, c.read_projects,
+                c.write_projects, c.api_key, p_id, p_project, p_projects) r);
+        EXCEPTION
+            WHEN SQLSTATE 'PM444' THEN NULL;
+            WHEN internal_error THEN
+                IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+                missing := missing || part;
+        END;
+    END LOOP;
+    IF cardinality(found) = 0 AND cardinality(missing) > 0 THEN
+        RAISE EXCEPTION 'no node with id "%" on the reachable partitions; partitions % are unreachable', p_id, missing
+            USING ERRCODE = '08006', HINT = 'Name its project, or retry once they are back (`poimen-memory shard status`).';
+    ELSIF cardinality(found) = 0 THEN
+        RAISE EXCEPTION 'no node with id "%"', p_id USING ERRCODE = 'PM444',
+            HINT = 'Ids are the ones given at ingest (external_id), unique per project.';
+    ELSIF cardinality(found) > 1 THEN
+        RAISE EXCEPTION 'id "%" names nodes in % projects', p_id, cardinality(found)
+            USING ERRCODE = 'PMA09',
+                  DETAIL = format('Projects: %s.', (SELECT string_agg(f.project, ', ' ORDER BY f.project) FROM unnest(found) f)),
+                  HINT = 'Name the project (project => ...): ids are unique per project.';
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(found);
+END $$;
+COMMENT ON FUNCTION memory._get_node(text, text, text[]) IS
+    'memory._get_node of the partitions through PL/Proxy (GET /memory/nodes/{id}): with a project, on the partition holding it; without, on each partition of the readable projects (PM444 when none has it, PMA09 when several projects do, 08006 when none has it and some are out of reach).';
+
+CREATE OR REPLACE FUNCTION memory._stored_nodes(projects text[], external_ids text[])
+RETURNS TABLE (project text, external_id text, id bigint, level text, sha256 bytea, revision integer)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    g record;
+BEGIN
+    FOR g IN
+        SELECT memory_proxy.partition_of(x.p) AS part, min(x.p) AS first_project,
+               array_agg(x.p ORDER BY x.i) AS ps, array_agg(x.e ORDER BY x.i) AS es
+        FROM unnest(projects, external_ids) WITH ORDINALITY AS x(p, e, i)
+        WHERE x.p IS NOT NULL
+        GROUP BY 1 ORDER BY 1
+    LOOP
+        BEGIN
+            RETURN QUERY SELECT * FROM memory_proxy._stored_nodes_on(g.part, c.read_projects,
+                c.write_projects, c.api_key, g.ps, g.es);
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            PERFORM memory_proxy._down(g.part, g.first_project, SQLERRM);
+        END;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION memory._stored_nodes(text[], text[]) IS
+    'memory._stored_nodes of the partitions through PL/Proxy: the (project, id) pairs grouped by the partition of their project (08006 when one is out of reach). Ids (id) are each partition''s own.';
+
+CREATE OR REPLACE FUNCTION memory._stored_hashes(hashes bytea[])
+RETURNS TABLE (sha256 bytea, id bigint)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    shas bytea[];
+    ids bigint[];
+    part integer;
+BEGIN
+    -- A hash names its project (and id), so it is current on one partition at most; it
+    -- carries no project, so every partition is asked. One out of reach is skipped: a node
+    -- of its projects can only be written there, which then fails (08006).
+    BEGIN
+        SELECT array_agg(s.sha256), array_agg(s.id) INTO shas, ids
+        FROM memory_proxy._stored_hashes_all(c.read_projects, c.write_projects, c.api_key, hashes) s;
+    EXCEPTION WHEN internal_error THEN
+        IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+        shas := '{}';
+        ids := '{}';
+        FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
+            BEGIN
+                SELECT shas || coalesce(array_agg(s.sha256), '{}'), ids || coalesce(array_agg(s.id), '{}')
+                  INTO shas, ids
+                  FROM memory_proxy._stored_hashes_on(part, c.read_projects, c.write_projects, c.api_key, hashes) s;
+            EXCEPTION WHEN internal_error THEN
+                IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            END;
+        END LOOP;
+    END;
+    RETURN QUERY SELECT * FROM unnest(shas, ids);
+END $$;
+COMMENT ON FUNCTION memory._stored_hashes(bytea[]) IS
+    'memory._stored_hashes of every partition through PL/Proxy (a hash is current on one partition at most); partitions out of reach are skipped.';
+
+CREATE OR REPLACE FUNCTION memory_proxy.configure_embedding_on(
+    hash integer, read_projects text, write_projects text, api_key text, model text, dim integer)
+RETURNS integer
+LANGUAGE plproxy AS $$
+    CLUSTER 'memory'; RUN ON hash;
+    SELECT 1 FROM memory_shard.configure_embedding(read_projects, write_projects, api_key, model, dim);
+$$;
+COMMENT ON FUNCTION memory_proxy.configure_embedding_on(integer, text, text, text, text, integer) IS
+    'memory.configure_embedding on the partition hash & (partitions - 1) picks, through its relay.';
+
+CREATE OR REPLACE FUNCTION memory.configure_embedding(model text, dim integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    part integer;
+    answered integer := 0;
+BEGIN
+    -- Every partition records the model (PM409 from any that has another). One out of reach
+    -- is skipped: writes to it fail meanwhile, and the first after it is back records it.
+    FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
+        BEGIN
+            PERFORM memory_proxy.configure_embedding_on(part, c.read_projects, c.write_projects,
+                                                        c.api_key, model, dim);
+            answered := answered + 1;
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+        END;
+    END LOOP;
+    IF answered = 0 THEN
+        PERFORM memory_proxy._none_reachable();
+    END IF;
+END $$;
+COMMENT ON FUNCTION memory.configure_embedding(text, integer) IS
+    'memory.configure_embedding on every reachable partition through PL/Proxy (the service calls it before each write).';
+
+CREATE OR REPLACE FUNCTION memory._write_nodes(
+    nodes jsonb,
+    embeddings vector[] DEFAULT NULL,
+    embed boolean DEFAULT false
+)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    g record;
+    res jsonb;
+    out_nodes jsonb := '[]';
+    totals jsonb := '{"inserted": 0, "duplicates": 0, "updated": 0, "edges": 0}';
+    unresolved jsonb := '[]';
+BEGIN
+    IF jsonb_typeof(nodes) IS DISTINCT FROM 'array' THEN
+        RETURN memory_proxy._write_nodes_on(0, c.read_projects, c.write_projects, c.api_key,
+                                            nodes, embeddings, embed);
+    END IF;
+    -- As memory.add_nodes here: the nodes (and their vectors) grouped by the partition of
+    -- their project, one call (all or nothing) per partition, the answers merged back into
+    -- input order; a batch over several partitions is not atomic across them (writing it
+    -- again answers "unchanged").
+    FOR g IN
+        SELECT memory_proxy.partition_of(e.node ->> 'project') AS part,
+               min(e.node ->> 'project') AS project,
+               jsonb_agg(e.node ORDER BY e.ord) AS group_nodes,
+               CASE WHEN embeddings IS NULL THEN NULL
+                    ELSE array_agg(embeddings[e.ord] ORDER BY e.ord) END AS group_vectors,
+               array_agg(e.ord ORDER BY e.ord) AS ords
+        FROM jsonb_array_elements(nodes) WITH ORDINALITY AS e(node, ord)
+        GROUP BY 1 ORDER BY 1 NULLS FIRST
+    LOOP
+        PERFORM memory_proxy._write_lock(coalesce(g.part, 0));
+        BEGIN
+            res := memory_proxy._write_nodes_on(coalesce(g.part, 0), c.read_projects,
+                c.write_projects, c.api_key, g.group_nodes, g.group_vectors, embed);
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            PERFORM memory_proxy._down(g.part, g.project, SQLERRM);
+        END;
+        out_nodes := out_nodes || coalesce((SELECT jsonb_agg(jsonb_build_object('ord', g.ords[i.ord]) || i.node)
+                                            FROM jsonb_array_elements(res -> 'nodes') WITH ORDINALITY AS i(node, ord)), '[]');
+        SELECT jsonb_object_agg(t.key, (t.value)::bigint + coalesce((res ->> t.key)::bigint, 0))
+          INTO totals FROM jsonb_each_text(totals) t;
+        unresolved := unresolved || coalesce(
+            (SELECT jsonb_agg(jsonb_build_array(g.ords[(u ->> 0)::integer], u -> 1))
+             FROM jsonb_array_elements(res -> 'unresolved') u), '[]');
+    END LOOP;
+    RETURN totals || jsonb_build_object(
+        'nodes', (SELECT coalesce(jsonb_agg(n - 'ord' ORDER BY (n ->> 'ord')::bigint), '[]')
+                  FROM jsonb_array_elements(out_nodes) n),
+        'unresolved', (SELECT coalesce(jsonb_agg(u ORDER BY (u ->> 0)::bigint), '[]')
+                       FROM jsonb_array_elements(unresolved) u));
+END $$;
+COMMENT ON FUNCTION memory._write_nodes(jsonb, vector[], boolean) IS
+    'memory._write_nodes of the partitions through PL/Proxy (POST /memory/nodes): the nodes and their vectors grouped by the partition of their project, one call (all or nothing) per partition, the answers merged in input order (unresolved numbered over the whole batch) and the counts summed; waits while a partition it writes is being moved, 08006 when one is out of reach. node_id is each partition''s own.';
+
+CREATE OR REPLACE FUNCTION memory._list_nodes(
+    p_project text, p_level text, p_source text, p_since text, p_until text, p_after text,
+    p_limit integer, p_projects text[], p_filter jsonb DEFAULT NULL,
+    p_newest_first boolean DEFAULT false
+)
+RETURNS SETOF memory.node_list_row
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    targets integer[];
+    part integer;
+BEGIN
+    -- A page is keyset-paged by the partition's own node ids: one partition's pages only.
+    IF p_project IS NOT NULL THEN
+        part := pg_catalog.hashtext(p_project);
+    ELSE
+        targets := memory_proxy._targets(
+            CASE WHEN p_projects IS NULL THEN c.read_projects ELSE array_to_string(p_projects, ',') END);
+        IF cardinality(targets) <> 1 THEN
+            -- 22023 (HTTP 400): the request names too little for this deployment.
+            RAISE EXCEPTION 'listing nodes over several partitions is not built through the proxy'
+                USING ERRCODE = '22023',
+                      HINT = 'Name a project (project=...): its nodes are on one partition.';
+        END IF;
+        part := targets[1];
+    END IF;
+    BEGIN
+        RETURN QUERY SELECT * FROM memory_proxy._list_nodes_on(part, c.read_projects,
+            c.write_projects, c.api_key, p_project, p_level, p_source, p_since, p_until, p_after,
+            p_limit, p_projects, p_filter, p_newest_first);
+    EXCEPTION WHEN internal_error THEN
+        IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+        PERFORM memory_proxy._down(part & (memory_proxy.partitions() - 1),
+                                   coalesce(p_project, array_to_string(p_projects, ',')), SQLERRM);
+    END;
+END $$;
+COMMENT ON FUNCTION memory._list_nodes(text, text, text, text, text, text, integer, text[], jsonb, boolean) IS
+    'memory._list_nodes of the partition holding the project (GET /memory/nodes), through PL/Proxy; without a project, only when the readable projects are on one partition (22023 otherwise: a page is keyset-paged by that partition''s node ids).';
+
+CREATE OR REPLACE FUNCTION memory._count_nodes(
+    p_project text, p_level text, p_source text, p_since text, p_until text,
+    p_filter jsonb, p_projects text[]
+)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    part integer;
+    total bigint := 0;
+BEGIN
+    FOREACH part IN ARRAY CASE WHEN p_project IS NOT NULL
+                               THEN ARRAY[memory_proxy.partition_of(p_project)]
+                               ELSE memory_proxy._targets(
+                                   CASE WHEN p_projects IS NULL THEN c.read_projects
+                                        ELSE array_to_string(p_projects, ',') END) END LOOP
+        BEGIN
+            total := total + (SELECT n FROM memory_proxy._count_nodes_on(part, c.read_projects,
+                c.write_projects, c.api_key, p_project, p_level, p_source, p_since, p_until,
+                p_filter, p_projects) n);
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            PERFORM memory_proxy._down(part, coalesce(p_project, array_to_string(p_projects, ',')), SQLERRM);
+        END;
+    END LOOP;
+    RETURN total;
+END $$;
+COMMENT ON FUNCTION memory._count_nodes(text, text, text, text, text, jsonb, text[]) IS
+    'memory._count_nodes summed over the partitions of the project (or of the readable projects), through PL/Proxy; 08006 when one is out of reach (a count must not be short).';
+
+CREATE OR REPLACE FUNCTION memory_proxy.health(
+    OUT nodes bigint, OUT embedding_model text, OUT outbox_depth bigint,
+    OUT outbox_lag_s double precision, OUT scale_warnings bigint,
+    OUT partitions integer, OUT missing integer[])
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    h record;
+    part integer;
+BEGIN
+    nodes := 0; scale_warnings := 0; outbox_depth := 0; outbox_lag_s := NULL;
+    partitions := memory_proxy.partitions();
+    missing := '{}';
+    FOR part IN 0 .. partitions - 1 LOOP
+        BEGIN
+            SELECT * INTO h FROM memory_proxy.health_on(part, c.read_projects, c.write_projects, c.api_key);
+            nodes := nodes + h.nodes;
+            scale_warnings := scale_warnings + h.scale_warnings;
+            embedding_model := coalesce(embedding_model, h.embedding_model);
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            missing := missing || part;
+        END;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION memory_proxy.health() IS
+    'What /healthz reads, over the partitions: nodes and scale warnings summed over the reachable ones (under the asserted projects), the first one''s embedding model, the partitions and those out of reach (no outbox through the proxy).';
+
+CREATE OR REPLACE FUNCTION memory_proxy.project_names()
+RETURNS SETOF text
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    part integer;
+    missing integer[] := '{}';
+BEGIN
+    FOREACH part IN ARRAY memory_proxy._targets(c.read_projects) LOOP
+        BEGIN
+            RETURN QUERY SELECT * FROM memory_proxy.project_names_on(part, c.read_projects,
+                c.write_projects, c.api_key);
+        EXCEPTION WHEN internal_error THEN
+            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            missing := missing || part;
+        END;
+    END LOOP;
+    IF cardinality(missing) > 0 THEN
+        RAISE WARNING 'degraded: partitions % are unreachable; their projects are not listed', missing
+            USING HINT = '`poimen-memory shard status` names their servers.';
+    END IF;
+END $$;
+COMMENT ON FUNCTION memory_proxy.project_names() IS
+    'The names of the projects the caller may read, from each partition of its projects (a WARNING names those out of reach, whose projects are left out).';
+
+-- The service reads project names from memory.projects (MCP's resources/list): here a view
+-- of every partition's, under the caller's asserted projects. Only names: ids are each
+-- partition's own.
+CREATE OR REPLACE VIEW memory.projects AS
+    SELECT n.name FROM memory_proxy.project_names() AS n(name);
+COMMENT ON VIEW memory.projects IS
+    'The projects of every reachable partition the caller may read (memory_proxy.project_names()): their names only.';
+REVOKE ALL ON TABLE memory.projects FROM PUBLIC;
+GRANT SELECT ON TABLE memory.projects TO @proxy.service@;
+
+-- The API keys stay on the proxy: the service reads them before any call (keys_active),
+-- and `poimen-memory keys` writes them where POIMEN_DATABASE_URL points. The same table
+-- as a single database's (migrations 0005, 0021); owner-only but for the service's SELECT.
+CREATE TABLE IF NOT EXISTS memory.api_keys (
+    id           integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    key_hash     bytea NOT NULL UNIQUE CHECK (length(key_hash) = 32),
+    prefix       text NOT NULL,
+    projects     text[] NOT NULL CHECK (cardinality(projects) > 0),
+    can_write    boolean NOT NULL DEFAULT false,
+    note         text,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    revoked_at   timestamptz,
+    set_aside_at timestamptz
+);
+COMMENT ON TABLE memory.api_keys IS
+    'HTTP API keys of the service over the proxy (as a single database''s, migration 0005): SHA-256 of the key, its prefix, the projects it may read (and write, with can_write). The key''s id travels to the partitions as poimen.api_key (written_by api_key:<id>).';
+REVOKE ALL ON TABLE memory.api_keys FROM PUBLIC;
+GRANT SELECT ON TABLE memory.api_keys TO @proxy.service@;
 
 -- On the default search_path, as on a partition (sql/079_aliases.sql).
 CREATE OR REPLACE FUNCTION public.memory_query(

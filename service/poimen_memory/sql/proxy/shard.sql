@@ -49,7 +49,12 @@ BEGIN
         SELECT p.oid, p.proname, p.pronargs, p.proargtypes
         FROM pg_catalog.pg_proc p
         WHERE p.pronamespace = 'memory'::regnamespace
-          AND p.proname IN ('query', 'answer', 'add_nodes', 'get_node', 'history', 'forget')
+          AND p.proname IN ('query', 'answer', 'add_nodes', 'get_node', 'history', 'forget',
+                            -- what the HTTP service calls beyond the public functions
+                            -- (docs/scaling.md#the-http-service-over-the-proxy)
+                            '_serve_start', '_serve', '_serve_finish', '_get_node',
+                            '_write_nodes', '_stored_hashes', '_stored_nodes',
+                            'configure_embedding', '_list_nodes', '_count_nodes')
     LOOP
         SELECT pg_catalog.string_agg('$' || (i + 3), ', ' ORDER BY i) INTO call
         FROM pg_catalog.generate_series(1, f.pronargs) AS i;
@@ -70,3 +75,34 @@ BEGIN
                               f.oid::regprocedure));
     END LOOP;
 END $$;
+
+-- The HTTP service's /healthz over the proxy: this partition's totals under the asserted
+-- projects (the service asserts '*' for them), as its health query reads a single database.
+CREATE OR REPLACE FUNCTION memory_shard.health(read_projects text, write_projects text, api_key text)
+RETURNS TABLE (nodes bigint, embedding_model text, scale_warnings bigint)
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT memory_shard._assert(read_projects, write_projects, api_key);
+    SELECT (SELECT count(*) FROM memory.nodes), (SELECT e.model FROM memory.embedding_model e),
+           (SELECT count(*) FROM memory.scale_warnings());
+$$;
+COMMENT ON FUNCTION memory_shard.health(text, text, text) IS
+    'For the proxy''s memory_proxy.health(): this partition''s node count (under the asserted projects), embedding model and scale warnings.';
+REVOKE ALL ON FUNCTION memory_shard.health(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION memory_shard.health(text, text, text) TO @role.service@;
+
+-- MCP's resources/list over the proxy (the service's project_names): the names of this
+-- partition's projects the asserted projects may read.
+CREATE OR REPLACE FUNCTION memory_shard.project_names(read_projects text, write_projects text, api_key text)
+RETURNS SETOF text
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT memory_shard._assert(read_projects, write_projects, api_key);
+    SELECT p.name::text FROM memory.projects p;
+$$;
+COMMENT ON FUNCTION memory_shard.project_names(text, text, text) IS
+    'For the proxy''s view memory.projects: the names of this partition''s projects, under the asserted projects (row-level security).';
+REVOKE ALL ON FUNCTION memory_shard.project_names(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION memory_shard.project_names(text, text, text) TO @role.service@;

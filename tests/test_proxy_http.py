@@ -1,0 +1,404 @@
+"""The HTTP service over the PL/Proxy proxy (docs/scaling.md#the-http-service-over-the-proxy),
+over real HTTP: the service's app under uvicorn on a port of its own, its database the proxy
+database of tests/test_proxy.py's three shard clusters, and beside it a second service over
+the reference database holding the same nodes in one place. A query naming a project
+answers alike field by field; a query naming none merges every partition's answer; writes,
+forget, history and get go to the partition of their project; a key for one project sees
+nothing of another; a stopped shard is a typed 503 for its projects and a degraded answer
+over all."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import uvicorn
+from starlette.requests import Request
+
+from conftest import free_port
+from poimen_memory import shard
+from poimen_memory.api.app import create_app
+from poimen_memory.api.auth import KeyRing
+from poimen_memory.db.connect import connect, ensure_service_login
+from poimen_memory.db.queries import q
+from poimen_memory.embedders.local import LocalEmbedder
+from poimen_memory.settings import Settings
+from service_client import make_key
+from test_proxy import (  # noqa: F401 (sharded: the module's fixture)
+    PARTITIONS,
+    QUERIES,
+    SERVICE_ROLE,
+    Sharded,
+    sharded,
+    strip_ids,
+    where_is,
+)
+
+LEVELS = "L0,L1,L2"
+
+
+def _as_service(url: str) -> str:
+    """The URL as the service's login role (trusted on the test cluster's socket)."""
+    return url.replace("postgresql://postgres@", f"postgresql://{SERVICE_ROLE}@")
+
+
+@contextmanager
+def http_service(url: str, embedder: LocalEmbedder) -> Iterator[httpx.Client]:
+    """The service's app over ``url`` under uvicorn on a free loopback port: real HTTP."""
+    app = create_app(
+        Settings.from_env(
+            {"POIMEN_DATABASE_URL": url, "POIMEN_AUTH_CACHE_S": "0", "POIMEN_HEALTH_CACHE_S": "0"}
+        ),
+        embedder=embedder,
+    )
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the service did not start"
+        time.sleep(0.05)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def services(
+    sharded: Sharded,  # noqa: F811
+    embedder: LocalEmbedder,
+) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    """(over the proxy, over the reference database), both as the service's role."""
+    with connect(sharded.reference_url, autocommit=True) as ref:
+        ensure_service_login(ref, SERVICE_ROLE)
+    with (
+        http_service(_as_service(sharded.proxy_url), embedder) as proxied,
+        http_service(_as_service(sharded.reference_url), embedder) as one,
+    ):
+        yield proxied, one
+
+
+# What depends on where and when an answer ran, not on what it is.
+_VOLATILE = {"metrics", "latency_ms"}
+
+
+def comparable(body: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = strip_ids({k: v for k, v in body.items() if k not in _VOLATILE})
+    return out
+
+
+def test_a_named_project_answers_over_http_as_one_database(
+    services: tuple[httpx.Client, httpx.Client],
+) -> None:
+    proxied, one = services
+    compared = 0
+    for project in ("poimen", "atlas"):
+        for query in QUERIES:
+            for strategy in (None, "LexicalOnly", "SemanticOnly"):
+                params = {"query": query, "project": project, "level": LEVELS, "limit": 8}
+                if strategy:
+                    params["strategy"] = strategy
+                a = proxied.get("/memory/query", params=params)
+                b = one.get("/memory/query", params=params)
+                assert a.status_code == b.status_code == 200, (a.text, b.text)
+                assert comparable(a.json()) == comparable(b.json())
+                compared += len(b.json()["results"])
+    assert compared > 0
+    # One node, and its history, field by field (node ids aside).
+    for project, external_id in (("poimen", "poimen:mem:1"), ("atlas", "atlas:mem:2")):
+        a = proxied.get(f"/memory/nodes/{external_id}", params={"project": project})
+        b = one.get(f"/memory/nodes/{external_id}", params={"project": project})
+        assert a.status_code == b.status_code
+        if b.status_code == 200:
+            # created_at aside: the two databases were written a moment apart.
+            assert strip_ids(a.json()) | {"created_at": None} == strip_ids(b.json()) | {
+                "created_at": None
+            }
+            h1 = proxied.get(f"/memory/nodes/{external_id}/history", params={"project": project})
+            h2 = one.get(f"/memory/nodes/{external_id}/history", params={"project": project})
+            assert h1.status_code == h2.status_code == 200, h1.text
+            assert [strip_ids(v) | {"created_at": None} for v in h1.json()["versions"]] == [
+                strip_ids(v) | {"created_at": None} for v in h2.json()["versions"]
+            ]
+
+
+def test_a_query_naming_no_project_merges_every_partition(
+    sharded: Sharded,  # noqa: F811
+    services: tuple[httpx.Client, httpx.Client],
+) -> None:
+    proxied, _ = services
+    r = proxied.get("/memory/query", params={"query": QUERIES[0], "level": LEVELS, "limit": 20})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [x["rank"] for x in body["results"]] == list(range(1, len(body["results"]) + 1)) or all(
+        "rank" not in x for x in body["results"]
+    )
+    assert 0 < len(body["results"]) <= 20
+    projects = {x["project"] for x in body["results"]}
+    assert len(projects) > 1 and projects <= set(sharded.projects) | {f"w{i}" for i in range(8)}
+    scores = [x["final_score"] for x in body["results"]]
+    assert scores == sorted(scores, reverse=True)
+    assert not [d for d in body["degraded"] if d["stage"] == "shard"]
+    health = proxied.get("/healthz").json()
+    assert health["checks"]["database"]["ok"] is True
+    assert health["checks"]["database"]["partitions"] == {"count": PARTITIONS, "missing": []}
+    assert health["checks"]["database"]["nodes"] >= len(sharded.nodes)
+    metrics = proxied.get("/metrics")
+    assert metrics.status_code == 200
+    assert "poimen_database_up 1.0" in metrics.text
+
+
+def test_writes_forget_and_get_land_on_the_partition_of_their_project(
+    sharded: Sharded,  # noqa: F811
+    services: tuple[httpx.Client, httpx.Client],
+) -> None:
+    proxied, _ = services
+    names = [f"h{i}" for i in range(6)]
+    with psycopg.connect(sharded.proxy_url) as p:
+        expected = {
+            n: int(p.execute("SELECT memory_proxy.partition_of(%s)", (n,)).fetchone()[0])  # type: ignore[index]
+            for n in names
+        }
+    assert len(set(expected.values())) > 1
+    batch = [
+        {"project": n, "id": f"{n}:1", "level": "L0", "text": f"note {i} written over http"}
+        for i, n in enumerate(names)
+    ]
+    r = proxied.post("/memory/nodes", json=batch)
+    assert r.status_code == 201, r.text
+    out = r.json()
+    assert out["inserted"] == len(names)
+    assert [(n["project"], n["id"], n["status"]) for n in out["nodes"]] == [
+        (n, f"{n}:1", "created") for n in names
+    ]
+    for n in names:
+        assert where_is(sharded, n, f"{n}:1") == [expected[n]]
+    # Again: unchanged, nothing written.
+    again = proxied.post("/memory/nodes", json=batch)
+    assert again.status_code in (200, 201), again.text
+    assert again.json()["inserted"] == 0
+    assert {n["status"] for n in again.json()["nodes"]} == {"unchanged"}
+    # A child resting on its parent, in another request: the edge is found on the partition.
+    child = {"project": "h0", "id": "h0:2", "level": "L1", "text": "a summary", "parents": ["h0:1"]}
+    r = proxied.post("/memory/nodes", json=[child])
+    assert r.status_code == 201, r.text
+    got = proxied.get("/memory/nodes/h0:2", params={"project": "h0"})
+    assert got.status_code == 200, got.text
+    assert [p["external_id"] for p in got.json()["parents"]] == ["h0:1"]
+    # Without a project: found on the one partition that has it.
+    assert proxied.get("/memory/nodes/h1:1").json()["project"] == "h1"
+    assert proxied.get("/memory/nodes/no-such-node").status_code == 404
+    # A page of one project's nodes, and their count, from its partition.
+    page = proxied.get("/memory/nodes", params={"project": "h0", "count": "true"})
+    assert page.status_code == 200, page.text
+    assert [n["external_id"] for n in page.json()["nodes"]] == ["h0:1", "h0:2"]
+    assert page.json()["count"] == 2
+    # Over several partitions a page is not built (keyset-paged by a partition's ids).
+    assert proxied.get("/memory/nodes").status_code == 400
+    # Forget one node, then its history says so, on its partition alone.
+    r = proxied.delete("/memory/nodes/h2:1", params={"project": "h2", "reason": "test"})
+    assert r.status_code == 200, r.text
+    assert proxied.get("/memory/nodes/h2:1", params={"project": "h2"}).status_code == 404
+    h = proxied.get("/memory/nodes/h2:1/history", params={"project": "h2"})
+    assert h.status_code == 200, h.text
+    (version,) = h.json()["versions"]
+    assert version["end_reason"] is not None and version["end_note"] == "test"
+    with psycopg.connect(sharded.proxy_url) as p:
+        part_url = shard.partitions(p)[expected["h2"]].admin("postgres")
+    with psycopg.connect(part_url) as c:
+        row = c.execute(
+            "SELECT expired_at IS NOT NULL FROM memory.nodes WHERE external_id = 'h2:1'"
+        ).fetchone()
+    assert row == (True,)
+
+
+def test_a_key_for_one_project_sees_nothing_of_another(
+    sharded: Sharded,  # noqa: F811
+    services: tuple[httpx.Client, httpx.Client],
+) -> None:
+    proxied, _ = services
+    reader = make_key(sharded.proxy_url, ["atlas"])
+    writer = make_key(sharded.proxy_url, ["atlas"], write=True)
+    try:
+        bearer = {"Authorization": f"Bearer {reader}"}
+        assert proxied.get("/memory/query", params={"query": QUERIES[0]}).status_code == 401
+        r = proxied.get(
+            "/memory/query", params={"query": QUERIES[0], "level": LEVELS, "limit": 50},
+            headers=bearer,
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert {x["project"] for x in r.json()["results"]} == {"atlas"}
+        assert {e["project"] for e in r.json()["evidence"]} <= {"atlas"}
+        r = proxied.get(
+            "/memory/query", params={"query": QUERIES[0], "project": "poimen"}, headers=bearer
+        )
+        assert r.status_code in (403, 404), r.text
+        assert proxied.get(
+            "/memory/nodes/poimen:mem:1", params={"project": "poimen"}, headers=bearer
+        ).status_code in (403, 404)
+        assert proxied.get("/memory/nodes/poimen:mem:1", headers=bearer).status_code == 404
+        assert proxied.get(
+            "/memory/nodes/poimen:mem:1/history", params={"project": "poimen"}, headers=bearer
+        ).status_code in (403, 404)
+        node = {"project": "poimen", "id": "k:1", "level": "L0", "text": "not mine"}
+        assert proxied.post("/memory/nodes", json=[node], headers=bearer).status_code == 403
+        w = {"Authorization": f"Bearer {writer}"}
+        assert proxied.post("/memory/nodes", json=[node], headers=w).status_code == 403
+        assert where_is(sharded, "poimen", "k:1") == []
+        mine = {"project": "atlas", "id": "k:2", "level": "L0", "text": "mine, written by key"}
+        r = proxied.post("/memory/nodes", json=[mine], headers=w)
+        assert r.status_code == 201, r.text
+        assert where_is(sharded, "atlas", "k:2") == [sharded.projects["atlas"]]
+        with psycopg.connect(sharded.proxy_url) as p:
+            (key_id,) = p.execute("SELECT id FROM memory.api_keys WHERE can_write").fetchone()  # type: ignore[misc]
+        h = proxied.get("/memory/nodes/k:2/history", params={"project": "atlas"}, headers=w)
+        assert h.status_code == 200, h.text
+        assert h.json()["versions"][0]["written_by"] == f"api_key:{key_id}"
+        r = proxied.delete("/memory/nodes/poimen:mem:1", params={"project": "poimen"}, headers=w)
+        assert r.status_code == 403
+    finally:
+        # Back to anonymous mode for the other tests of the module.
+        with psycopg.connect(sharded.proxy_url, autocommit=True) as p:
+            p.execute("DELETE FROM memory.api_keys")
+
+
+def test_a_stopped_shard_is_a_503_for_its_projects_and_degrades_the_rest(
+    sharded: Sharded,  # noqa: F811
+    services: tuple[httpx.Client, httpx.Client],
+) -> None:
+    proxied, _ = services
+    with psycopg.connect(sharded.proxy_url) as p:
+        parts = shard.partitions(p)
+    down = sharded.shards[0]
+    down_parts = sorted(
+        pt.number for pt in parts if f"port={down.port}" in pt.conninfo.replace("'", "")
+    )
+    down_projects = [n for n, pt in sharded.projects.items() if pt in down_parts]
+    up_projects = [n for n, pt in sharded.projects.items() if pt not in down_parts]
+    assert down_projects and up_projects
+    down.stop()
+    try:
+        for project in down_projects:
+            r = proxied.get("/memory/query", params={"query": QUERIES[0], "project": project})
+            assert r.status_code == 503, r.text
+            # The service's own code for SQLSTATE 08006; the partition is named in its log.
+            assert r.json()["error"] == "database_unavailable", r.json()
+            assert r.headers["Retry-After"]
+            w = proxied.post(
+                "/memory/nodes", json=[{"project": project, "level": "L0", "text": "lost?"}]
+            )
+            assert w.status_code == 503, w.text
+        for project in up_projects:
+            r = proxied.get("/memory/query", params={"query": QUERIES[0], "project": project})
+            assert r.status_code == 200, r.text
+        r = proxied.get("/memory/query", params={"query": QUERIES[0], "limit": 20})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert [d for d in body["degraded"] if d["stage"] == "shard"] == [
+            {"stage": "shard", "reason": "unreachable", "partitions": down_parts}
+        ]
+        assert {x["project"] for x in body["results"]} <= set(up_projects) | {
+            f"h{i}" for i in range(6)
+        }
+        health = proxied.get("/healthz").json()
+        assert health["checks"]["database"]["partitions"]["missing"] == down_parts
+    finally:
+        down.start(fast=True)
+    # Back: a proxy backend that held a connection to the restarted server learns of its end
+    # on its next call there (57P01, a typed 503 too), and reconnects on the one after.
+    for project in down_projects:
+        statuses = []
+        for _ in range(10):
+            r = proxied.get("/memory/query", params={"query": QUERIES[0], "project": project})
+            statuses.append(r.status_code)
+            if r.status_code == 200:
+                break
+            assert r.status_code == 503 and r.json()["error"] == "database_unavailable", r.text
+        assert statuses[-1] == 200, statuses
+
+
+def test_the_partitions_confine_a_key_even_without_the_python_checks(
+    sharded: Sharded,  # noqa: F811
+    services: tuple[httpx.Client, httpx.Client],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Defence in depth over the proxy: with KeyRing's project checks replaced by bare
+    authentication, an atlas key still reads and writes nothing of poimen, because the
+    key's projects travel to the partitions and their row-level security applies them."""
+
+    async def any_project(self: KeyRing, request: Request, project: str | None) -> str | None:
+        await self.grant(request)
+        return project
+
+    async def any_write(self: KeyRing, request: Request, projects: Any) -> None:
+        await self.grant(request)
+
+    monkeypatch.setattr(KeyRing, "read_project", any_project)
+    monkeypatch.setattr(KeyRing, "write_projects", any_write)
+    proxied, _ = services
+    reader = {"Authorization": f"Bearer {make_key(sharded.proxy_url, ['atlas'])}"}
+    writer = {"Authorization": f"Bearer {make_key(sharded.proxy_url, ['atlas'], write=True)}"}
+    try:
+        r = proxied.get(
+            "/memory/query", params={"query": QUERIES[0], "level": LEVELS, "limit": 50},
+            headers=reader,
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert {x["project"] for x in r.json()["results"]} == {"atlas"}
+        hidden = proxied.get(
+            "/memory/query", params={"query": QUERIES[0], "project": "poimen"}, headers=reader
+        )
+        assert hidden.status_code == 404 and hidden.json()["error"] == "unknown_project"
+        node = proxied.get(
+            "/memory/nodes/poimen:mem:1", params={"project": "poimen"}, headers=reader
+        )
+        assert node.status_code in (403, 404), node.text  # read_scope: still checked
+        history = proxied.get(
+            "/memory/nodes/poimen:mem:1/history", params={"project": "poimen"}, headers=reader
+        )
+        assert history.status_code in (403, 404) or history.json()["versions"] == []
+        plant = {"project": "poimen", "id": "planted", "level": "L0", "text": "not yours"}
+        r = proxied.post("/memory/nodes", json=[plant], headers=writer)
+        assert r.status_code == 403 and r.json()["error"] == "forbidden", r.text
+        assert where_is(sharded, "poimen", "planted") == []
+        r = proxied.delete(
+            "/memory/nodes/poimen:mem:1", params={"project": "poimen"}, headers=writer
+        )
+        assert r.status_code in (403, 404), r.text
+        ok = proxied.get("/memory/nodes/poimen:mem:1", params={"project": "poimen"})
+        assert ok.status_code == 401  # keys exist: anonymous is refused
+    finally:
+        with psycopg.connect(sharded.proxy_url, autocommit=True) as p:
+            p.execute("DELETE FROM memory.api_keys")
+    assert (
+        proxied.get("/memory/nodes/poimen:mem:1", params={"project": "poimen"}).status_code == 200
+    )
+
+
+def test_the_project_names_mcp_lists_come_from_every_partition(sharded: Sharded) -> None:  # noqa: F811
+    """The service's project_names statement (MCP's resources/list) on the proxy: the view
+    memory.projects over every partition, under the caller's asserted projects."""
+    with connect(sharded.proxy_url, autocommit=True) as p:
+        p.execute(f"SET ROLE {SERVICE_ROLE}")
+        for read, projects, expected in (
+            ("*", None, set(sharded.projects)),
+            ("atlas", ["atlas"], {"atlas"}),
+            ("atlas", None, {"atlas"}),  # row-level security alone
+        ):
+            p.execute("SELECT set_config('poimen.read_projects', %s, false)", (read,))
+            names = {str(r[0]) for r in p.execute(q("project_names"), {"projects": projects})}
+            assert expected <= names if read == "*" else names == expected
+        p.execute("SELECT set_config('poimen.read_projects', '', false)")
+        assert p.execute(q("project_names"), {"projects": None}).fetchall() == []
