@@ -47,7 +47,8 @@ def _same_ranking(got: list[int], want: dict[int, float], n: int) -> None:
 
 def test_supabase_hybrid_search_returns_the_recipes_rows(fixture_url: str, embedder: Any) -> None:
     """Supabase's hybrid_search over the fixture's L0 nodes: the full-text leg (websearch
-    tsquery, ts_rank_cd), the inner-product leg (exact here: HNSW over 11 rows) and RRF with
+    tsquery, ts_rank_cd), the inner-product leg (exact: the recipe's window
+    ordering scans every row) and RRF with
     k 50 and weights 1, recomputed here, give the function's rows and order."""
     load = peers.build_supabase(fixture_url, embedder.dim)
     with connect(fixture_url, autocommit=True) as conn:
@@ -62,7 +63,6 @@ def test_supabase_hybrid_search_returns_the_recipes_rows(fixture_url: str, embed
                 " JOIN memory.nodes n ON n.id = d.node_id"
             ).fetchall()
         )
-        conn.execute("SET hnsw.iterative_scan = strict_order")
         for qy in QUERIES:
             project, k = qy.get("project"), 4
             vec = np.asarray(embedder.embed_query(qy["text"]), dtype=np.float32)

@@ -10,16 +10,18 @@ The peers:
   (``websearch_to_tsquery``, ranked by ``ts_rank_cd``) and inner product, each
   ``least(match_count, 30) * 2`` deep, fused by RRF (k 50, weights 1). Added to the recipe: a
   ``project`` column and a ``filter_project`` argument applied in both legs (the questions
-  are asked of one conversation each), and ``hnsw.iterative_scan = strict_order`` on its
-  session so the filtered vector leg fills (pgvector 0.8's documented way to filter).
+  are asked of one conversation each). Its semantic leg orders by ``row_number()`` over the
+  distance, which the planner cannot stop early: it computes every row's distance and sorts
+  (a sequential scan, exact; the HNSW index goes unused at these sizes).
 - **langchain-postgres' PGVectorStore with HybridSearchConfig** (when the package imports;
   ``lab[peers]``, see docs/benchmarks.md): its own table (content, embedding, a ``content_tsv``
   column, metadata columns ``project`` and ``node_id``), HNSW (cosine) and GIN indexes made by
   ``apply_vector_index`` and ``apply_hybrid_search_index``; ``similarity_search`` runs a dense
-  statement and a sparse one (``plainto_tsquery``, ``ts_rank_cd``) and fuses them in Python
-  with ``reciprocal_rank_fusion`` (k 60), each leg ``2 * k`` deep. Each call gets a fresh
-  copy of the config: the store writes the first query's text into the shared config and
-  runs every later query's full-text leg with it (langchain-postgres 0.0.19).
+  statement (``hnsw.iterative_scan = strict_order`` on its sessions, pgvector 0.8's way to
+  fill a filtered HNSW scan) and a sparse one (``plainto_tsquery``, ``ts_rank_cd``) and
+  fuses them in Python with ``reciprocal_rank_fusion`` (k 60), each leg ``2 * k`` deep.
+  Each call gets a fresh copy of the config: the store writes the first query's text into
+  the shared config and runs every later query's full-text leg with it (0.0.19).
 - **poimen-memory**: ``GET /memory/query`` of the real server (``poimen-memory serve`` in a
   child process, the local embedder, its embedding cache off, no reranker) connected as the
   service's role under row-level security, with its default evidence list and with
@@ -557,10 +559,7 @@ class Systems:
                 self.by_sha[str(sha)] = str(ext)
         self.supabase: psycopg.Connection[Any] | None = None
         if "supabase" in self.names:
-            self.supabase = psycopg.connect(
-                url, autocommit=True, application_name=SUPABASE_APP,
-                options="-c hnsw.iterative_scan=strict_order",
-            )  # fmt: skip
+            self.supabase = psycopg.connect(url, autocommit=True, application_name=SUPABASE_APP)
             register_vector(self.supabase)
         self.langchain = langchain
         self.http: http.client.HTTPConnection | None = None
