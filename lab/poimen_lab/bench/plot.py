@@ -103,3 +103,45 @@ def _scope_at(run: Mapping[str, Any], pos: int) -> str | None:
         if x["scope"] not in seen:
             seen.append(x["scope"])
     return seen[pos] if pos < len(seen) else None
+
+
+def peers_cost_quality(path: Path, result: Mapping[str, Any]) -> None:
+    """`bench-peers`: each system's CPU per query (every process summed) against its quality,
+    one panel per data set; the labels give the p50 latency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = list(result["sets"].items())
+    fig, axes = plt.subplots(1, max(len(sets), 1), figsize=(6.5 * max(len(sets), 1), 4.8))
+    axes = [axes] if len(sets) <= 1 else list(axes)
+    markers = {"supabase": "s", "langchain": "D", "poimen": "o", "poimen-evidence0": "^"}
+    for ax, (name, s) in zip(axes, sets, strict=False):
+        for system, r in s["systems"].items():
+            lo, hi = r["quality_ci95"]
+            ax.errorbar(
+                [r["cpu_ms"]],
+                [r["quality"]],
+                yerr=[[r["quality"] - lo], [hi - r["quality"]]],
+                fmt=markers.get(system, "o"),
+                capsize=3,
+                label=system,
+            )
+            ax.annotate(
+                f"p50 {r['p50_ms']:.0f} ms",
+                (r["cpu_ms"], r["quality"]),
+                fontsize=7,
+                textcoords="offset points",
+                xytext=(5, -10),
+            )
+        ax.set_xlabel("CPU per query, ms (database + server + client)")
+        ax.set_ylabel(s["measure"])
+        ax.set_title(f"{name}: {s['questions']} questions", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle("bench-peers: cost against quality, same cluster, nodes and vectors")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

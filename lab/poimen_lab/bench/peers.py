@@ -1,0 +1,850 @@
+"""`poimen-memory bench-peers`: poimen-memory beside the PostgreSQL recipes a user would pick
+instead (issue 42), in one database of the same cluster, from the same nodes and the same
+vectors, the same questions sent to every system in turn, query by query.
+
+The peers:
+
+- **Supabase's hybrid_search** (https://supabase.com/docs/guides/ai/hybrid-search): a
+  ``documents`` table with a stored ``tsvector`` (``to_tsvector('english', content)``, GIN)
+  and a pgvector column (HNSW, ``vector_ip_ops``), and the documented SQL function: full text
+  (``websearch_to_tsquery``, ranked by ``ts_rank_cd``) and inner product, each
+  ``least(match_count, 30) * 2`` deep, fused by RRF (k 50, weights 1). Added to the recipe: a
+  ``project`` column and a ``filter_project`` argument applied in both legs (the questions
+  are asked of one conversation each). Its semantic leg orders by ``row_number()`` over the
+  distance, which the planner cannot stop early: it computes every row's distance and sorts
+  (a sequential scan, exact; the HNSW index goes unused at these sizes).
+- **langchain-postgres' PGVectorStore with HybridSearchConfig** (when the package imports;
+  ``lab[peers]``, see docs/benchmarks.md): its own table (content, embedding, a ``content_tsv``
+  column, metadata columns ``project`` and ``node_id``), HNSW (cosine) and GIN indexes made by
+  ``apply_vector_index`` and ``apply_hybrid_search_index``; ``similarity_search`` runs a dense
+  statement (``hnsw.iterative_scan = strict_order`` on its sessions, pgvector 0.8's way to
+  fill a filtered HNSW scan) and a sparse one (``plainto_tsquery``, ``ts_rank_cd``) and
+  fuses them in Python with ``reciprocal_rank_fusion`` (k 60), each leg ``2 * k`` deep.
+  Each call gets a fresh copy of the config: the store writes the first query's text into
+  the shared config and runs every later query's full-text leg with it (0.0.19).
+- **poimen-memory**: ``GET /memory/query`` of the real server (``poimen-memory serve`` in a
+  child process, the local embedder, its embedding cache off, no reranker) connected as the
+  service's role under row-level security, with its default evidence list and with
+  ``evidence=0``.
+
+The peers hold the L0 nodes (what they can cite), their content the node's title and text as
+our lexical index reads them, their vectors copied from ``memory.nodes``; they embed each
+question in this process with the same local model, as a client of theirs would.
+
+Quality, per question, on the set's own measure: a folder with L1/L2 nodes (LoCoMo) is
+scored by evidence recall: the gold L0 turns among the turns an answer cites (ours: a
+limit-10 answer at the default levels, its trees and evidence list; a peer: its top
+``--turns`` L0 rows, 20 by default, what our answer cites); a folder of L0 nodes only
+(SciFact) by nDCG@10 of the top 10 (ours at ``level=L0``).
+
+Cost, per question and system: wall time of the call, and CPU time (from /proc's schedstat,
+nanoseconds) of the PostgreSQL backends that served it, of the server process (ours), and of
+this process around the call (the client: embedding the question for a peer, langchain's
+Python fusion, parsing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import http.client
+import importlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import numpy as np
+import psycopg
+from pgvector.psycopg import register_vector
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from poimen_lab.bench.scratch import drop_database, fresh_database
+from poimen_lab.eval.data import EvalData
+from poimen_lab.eval.data import load as load_eval
+from poimen_lab.live_server import live_server_process
+from poimen_lab.measures import coverage, ndcg_at
+from poimen_lab.report import table
+from poimen_memory.db.connect import connect, database_url, ensure_service_login
+from poimen_memory.db.migrate import migrate
+from poimen_memory.settings import Settings
+
+DATA_DEFAULT = Path(__file__).resolve().parents[3].parent / "shared" / "data"
+CACHE_DEFAULT = Path("/tmp/poimen-bench-cache")
+SUPABASE_APP = "peer_supabase"
+LANGCHAIN_APP = "peer_langchain"
+
+# The recipe as documented, plus `project` (the tenant) and `node_id` (which memory.nodes row
+# a document copies: the bench's bookkeeping, never read by the search).
+SUPABASE_TABLE = """
+CREATE SCHEMA IF NOT EXISTS peer_supabase;
+CREATE TABLE peer_supabase.documents (
+  id bigint PRIMARY KEY GENERATED ALWAYS AS IDENTITY,
+  content text,
+  fts tsvector GENERATED ALWAYS AS (to_tsvector('english', content)) STORED,
+  embedding vector({dim}),
+  project text NOT NULL,
+  node_id bigint NOT NULL
+)
+"""
+SUPABASE_INDEXES = (
+    "CREATE INDEX ON peer_supabase.documents USING gin (fts)",
+    "CREATE INDEX ON peer_supabase.documents USING hnsw (embedding vector_ip_ops)",
+)
+# Supabase's hybrid_search, word for word but for filter_project in both legs.
+SUPABASE_FUNCTION = """
+CREATE OR REPLACE FUNCTION peer_supabase.hybrid_search(
+  query_text text,
+  query_embedding vector({dim}),
+  match_count int,
+  full_text_weight float = 1,
+  semantic_weight float = 1,
+  rrf_k int = 50,
+  filter_project text = NULL
+)
+RETURNS SETOF peer_supabase.documents
+LANGUAGE sql
+AS $$
+WITH full_text AS (
+  SELECT id,
+         -- ts_rank_cd is not indexable but only ranks the matches of the WHERE clause
+         row_number() OVER (ORDER BY ts_rank_cd(fts, websearch_to_tsquery(query_text)) DESC)
+           AS rank_ix
+  FROM peer_supabase.documents
+  WHERE fts @@ websearch_to_tsquery(query_text)
+    AND (filter_project IS NULL OR project = filter_project)
+  ORDER BY rank_ix
+  LIMIT least(match_count, 30) * 2
+),
+semantic AS (
+  SELECT id,
+         row_number() OVER (ORDER BY embedding <#> query_embedding) AS rank_ix
+  FROM peer_supabase.documents
+  WHERE filter_project IS NULL OR project = filter_project
+  ORDER BY rank_ix
+  LIMIT least(match_count, 30) * 2
+)
+SELECT peer_supabase.documents.*
+FROM full_text
+  FULL OUTER JOIN semantic ON full_text.id = semantic.id
+  JOIN peer_supabase.documents ON coalesce(full_text.id, semantic.id) = documents.id
+ORDER BY coalesce(1.0 / (rrf_k + full_text.rank_ix), 0.0) * full_text_weight
+       + coalesce(1.0 / (rrf_k + semantic.rank_ix), 0.0) * semantic_weight DESC
+LIMIT least(match_count, 30)
+$$
+"""
+SUPABASE_QUERY = (
+    "SELECT id, content, node_id FROM peer_supabase.hybrid_search(%(text)s, %(vec)s, %(k)s,"
+    " filter_project => %(project)s)"
+)
+# The L0 nodes as the peers hold them: the title and text our lexical index reads, the vector
+# ingest stored.
+PEER_ROWS = """
+SELECT n.id, p.name, coalesce(n.title || ' ', '') || n.text, n.embedding
+FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
+WHERE n.level = 'L0' AND n.expired_at IS NULL AND n.embedding IS NOT NULL
+ORDER BY n.id
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "bench-peers",
+        help="poimen-memory beside Supabase's hybrid_search and langchain-postgres",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        type=Path,
+        metavar="DIR",
+        help="a data folder (nodes.jsonl, queries*.jsonl, qrels*.jsonl); repeat for several "
+        "(default: locomo-dev and scifact in ../shared/data beside the repository)",
+    )
+    p.add_argument("--queries", type=int, default=None, help="first N questions of each set")
+    p.add_argument("--warmup", type=int, default=5, help="first questions run, not counted")
+    p.add_argument("--turns", type=int, default=20, help="L0 rows a peer cites on LoCoMo")
+    p.add_argument(
+        "--systems",
+        default="supabase,langchain,poimen,poimen-evidence0",
+        help="comma-separated: supabase, langchain, poimen, poimen-evidence0",
+    )
+    p.add_argument("--cache", type=Path, default=CACHE_DEFAULT, help="node vectors, kept here")
+    p.add_argument("--database", help="reuse a database this command loaded (--keep-db)")
+    p.add_argument("--keep-db", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap intervals' seed")
+    p.add_argument("--json", type=Path, metavar="OUT")
+    p.add_argument("--plot", type=Path, metavar="OUT.png")
+    p.set_defaults(func=cmd_bench_peers)
+
+
+# -- CPU ---------------------------------------------------------------------------------
+
+
+def _schedstat_ns(path: Path) -> int:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def process_cpu_ns(pid: int) -> int:
+    """On-CPU nanoseconds of every thread of a process still running (Linux schedstat);
+    threads that ended are not counted."""
+    total = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0
+    for task in tasks:
+        total += _schedstat_ns(task / "schedstat")
+    return total
+
+
+class Backends:
+    """The PostgreSQL backends of the bench database, by who opened them, and their CPU."""
+
+    def __init__(self, url: str, service_role: str) -> None:
+        self.conn = connect(url, autocommit=True)
+        self.service_role = service_role
+
+    def pids(self, system: str) -> list[int]:
+        rows = self.conn.execute(
+            "SELECT pid, usename, application_name FROM pg_catalog.pg_stat_activity"
+            " WHERE datname = current_database() AND backend_type = 'client backend'"
+            " AND pid <> pg_catalog.pg_backend_pid()"
+        ).fetchall()
+        if system.startswith("poimen"):
+            return [int(r[0]) for r in rows if r[1] == self.service_role]
+        return [int(r[0]) for r in rows if r[2] == system_app(system)]
+
+    @staticmethod
+    def cpu(pids: Iterable[int]) -> dict[int, int]:
+        return {pid: _schedstat_ns(Path(f"/proc/{pid}/schedstat")) for pid in pids}
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def system_app(system: str) -> str:
+    return {"supabase": SUPABASE_APP, "langchain": LANGCHAIN_APP}.get(system, system)
+
+
+# -- data and loading --------------------------------------------------------------------
+
+
+def _qfile(folder: Path, pattern: str) -> Path:
+    found = sorted(folder.glob(pattern))
+    if not found:
+        raise SystemExit(f"error: {folder}: no {pattern}")
+    # qrels.jsonl beside qrels_sessions.jsonl: the plain one
+    plain = [f for f in found if "_" not in f.stem]
+    return (plain or found)[0]
+
+
+def load_set(folder: Path, limit: int | None) -> EvalData:
+    if not (folder / "nodes.jsonl").is_file():
+        raise SystemExit(f"error: {folder}/nodes.jsonl: no such file")
+    return load_eval(
+        folder / "nodes.jsonl",
+        _qfile(folder, "queries*.jsonl"),
+        _qfile(folder, "qrels*.jsonl"),
+        dataset=folder.name,
+        limit_queries=limit,
+    )
+
+
+def evidence_set(data: EvalData) -> bool:
+    """A set with memories above its turns (LoCoMo) is scored by the evidence an answer
+    cites; a set of L0 documents alone (SciFact) by nDCG@10."""
+    return any(r.level != "L0" for r in data.records)
+
+
+class KnownVectors:
+    """The embedder, but a document text already embedded (``--cache``) is not embedded
+    again: every system gets the vectors of one embedding run."""
+
+    def __init__(self, inner: Any, known: dict[str, np.ndarray[Any, Any]]) -> None:
+        self.inner, self.known = inner, known
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def embed_documents(self, texts: Sequence[str]) -> np.ndarray[Any, Any]:
+        missing = list(dict.fromkeys(t for t in texts if t not in self.known))
+        if missing:
+            vectors = self.inner.embed_documents(missing)
+            self.known.update(zip(missing, np.asarray(vectors, dtype=np.float32), strict=True))
+        return np.stack([self.known[t] for t in texts]) if texts else np.zeros((0, 0))
+
+
+def _seeded(folder: Path, model: str, cache: Path) -> dict[str, np.ndarray[Any, Any]]:
+    """The vectors bench-recall's realistic corpus cached already (the same texts of the same
+    data folder, embedded by the same model), when its cache file exists; else none."""
+    from poimen_lab.bench import realistic
+
+    folder = folder.resolve()
+    folders = [folder.parent / n for n in realistic.SOURCES]
+    if folder not in folders or not all((f / "nodes.jsonl").is_file() for f in folders):
+        return {}
+
+    def refuse(texts: list[str]) -> Any:
+        raise LookupError
+
+    try:
+        real = realistic.embed_cached(folders, refuse, model, cache)
+    except LookupError:
+        return {}
+    return dict(zip(real.texts, real.vectors, strict=True))
+
+
+def cached_vectors(
+    texts: list[str], embedder: Any, cache: Path, folder: Path | None = None
+) -> dict[str, np.ndarray[Any, Any]]:
+    """text -> vector for the texts, embedded once per model and content under ``cache``
+    (outside the repository)."""
+    texts = list(dict.fromkeys(texts))
+    digest = hashlib.sha256(
+        json.dumps([embedder.model_name, texts], ensure_ascii=False).encode()
+    ).hexdigest()[:16]
+    path = cache / f"peers-{digest}.npz"
+    if path.exists():
+        with np.load(path) as z:
+            return dict(zip(texts, z["vectors"], strict=True))
+    known = _seeded(folder, embedder.model_name, cache) if folder is not None else {}
+    missing = [t for t in texts if t not in known]
+    print(f"bench-peers: embedding {len(missing)} texts once ({path})", file=sys.stderr)
+    if missing:
+        known.update(zip(missing, np.asarray(embedder.embed_documents(missing)), strict=True))
+    vectors = np.stack([np.asarray(known[t], dtype=np.float32) for t in texts])
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, vectors=vectors)
+    tmp.replace(path)
+    return dict(zip(texts, vectors, strict=True))
+
+
+def load_poimen(
+    url: str, sets: Sequence[tuple[Path, EvalData]], embedder: Any, cache: Path
+) -> float:
+    """Every set's nodes through the product's ingest (its vectors from the cache); seconds of
+    ingest, embedding the texts the cache lacked left out."""
+    from poimen_memory.ingest.writer import ingest
+
+    s = Settings.from_env()
+    took = 0.0
+    with connect(url, autocommit=True) as conn:
+        migrate(conn, s.plpython_root)
+        for folder, data in sets:
+            known = cached_vectors([r.text for r in data.records], embedder, cache, folder)
+            t0 = time.perf_counter()
+            ingest(
+                conn,
+                data.records,
+                KnownVectors(embedder, known),
+                batch_size=s.ingest_batch,
+                embed_group=s.ingest_embed_group,
+                progress=False,
+            )
+            took += time.perf_counter() - t0
+        conn.execute("VACUUM ANALYZE")
+    return took
+
+
+def build_supabase(url: str, dim: int) -> dict[str, float]:
+    """The recipe's table, filled from memory.nodes' L0 rows, its indexes and its function."""
+    with connect(url, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA IF EXISTS peer_supabase CASCADE")
+        for stmt in SUPABASE_TABLE.format(dim=dim).split(";"):
+            conn.execute(stmt)
+        t0 = time.perf_counter()
+        conn.execute(
+            "INSERT INTO peer_supabase.documents (content, embedding, project, node_id)"
+            " SELECT text, embedding, name, id FROM ("
+            + PEER_ROWS
+            + ") r(id, name, text, embedding)"
+        )
+        load_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for stmt in SUPABASE_INDEXES:
+            conn.execute(stmt)
+        index_s = time.perf_counter() - t0
+        conn.execute(SUPABASE_FUNCTION.format(dim=dim))
+        conn.execute("ANALYZE peer_supabase.documents")
+        n = conn.execute("SELECT count(*) FROM peer_supabase.documents").fetchone()
+    return {"rows": float(n[0] if n else 0), "load_s": load_s, "index_s": index_s}
+
+
+def langchain_available() -> bool:
+    try:
+        importlib.import_module("langchain_postgres")
+    except ImportError:
+        return False
+    return True
+
+
+def _sqlalchemy_url(url: str, app: str) -> str:
+    """A libpq URL (or conninfo) as SQLAlchemy's postgresql+psycopg URL, with an
+    application_name and the iterative HNSW scan on its sessions."""
+    d = {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
+    user = quote(d.pop("user", ""), safe="")
+    password = d.pop("password", None)
+    host = d.pop("host", "")
+    port = d.pop("port", None)
+    dbname = d.pop("dbname", "")
+    auth = user + (":" + quote(password, safe="") if password else "")
+    params = {**d, "application_name": app, "options": "-c hnsw.iterative_scan=strict_order"}
+    where = ""
+    if host and not host.startswith("/"):
+        where = host + (f":{port}" if port else "")
+    elif host:
+        params["host"] = host
+        if port:
+            params["port"] = port
+    return f"postgresql+psycopg://{auth}@{where}/{dbname}?{urlencode(params)}"
+
+
+def _floats(v: Any) -> Any:
+    """A pgvector value as a sequence of floats (pgvector-python 0.3+ returns Vector)."""
+    return v.to_numpy() if hasattr(v, "to_numpy") else v
+
+
+class LangchainPeer:
+    """langchain-postgres' PGVectorStore with a HybridSearchConfig (RRF)."""
+
+    TABLE = "documents"
+    SCHEMA = "peer_langchain"
+
+    def __init__(self, url: str, embedder: Any, dim: int) -> None:
+        lp = importlib.import_module("langchain_postgres")
+        hs = importlib.import_module("langchain_postgres.v2.hybrid_search_config")
+        core = importlib.import_module("langchain_core.embeddings")
+        self._lp, self._hs = lp, hs
+        self.dim = dim
+
+        class MiniLM(core.Embeddings):  # type: ignore[misc,name-defined]
+            def embed_documents(self, texts: list[str]) -> list[list[float]]:
+                return [list(map(float, v)) for v in embedder.embed_documents(texts)]
+
+            def embed_query(self, text: str) -> list[float]:
+                return [float(x) for x in embedder.embed_query(text)]
+
+        self.embeddings = MiniLM()
+        self.engine = lp.PGEngine.from_connection_string(_sqlalchemy_url(url, LANGCHAIN_APP))
+        self.config = hs.HybridSearchConfig(
+            tsv_column="content_tsv",
+            tsv_lang="pg_catalog.english",
+            fusion_function=hs.reciprocal_rank_fusion,
+            fusion_function_parameters={"rrf_k": 60},
+        )
+        self.store: Any = None
+
+    def _open(self) -> None:
+        self.store = self._lp.PGVectorStore.create_sync(
+            self.engine,
+            embedding_service=self.embeddings,
+            table_name=self.TABLE,
+            schema_name=self.SCHEMA,
+            metadata_columns=["project", "node_id"],
+            hybrid_search_config=self.config,
+        )
+
+    def build(self, url: str) -> dict[str, float]:
+        with connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {self.SCHEMA} CASCADE")
+            conn.execute(f"CREATE SCHEMA {self.SCHEMA}")
+            register_vector(conn)
+            rows = conn.execute(PEER_ROWS).fetchall()
+        self.engine.init_vectorstore_table(
+            self.TABLE,
+            self.dim,
+            schema_name=self.SCHEMA,
+            metadata_columns=[
+                self._lp.Column("project", "TEXT", nullable=False),
+                self._lp.Column("node_id", "BIGINT", nullable=False),
+            ],
+            hybrid_search_config=self.config,
+        )
+        self._open()
+        t0 = time.perf_counter()
+        for start in range(0, len(rows), 500):
+            part = rows[start : start + 500]
+            self.store.add_embeddings(
+                texts=[r[2] for r in part],
+                embeddings=[[float(x) for x in _floats(r[3])] for r in part],
+                metadatas=[{"project": r[1], "node_id": int(r[0])} for r in part],
+                ids=[str(uuid.uuid4()) for _ in part],
+            )
+        load_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        index = importlib.import_module("langchain_postgres.v2.indexes")
+        self.store.apply_vector_index(index.HNSWIndex())
+        self.store.apply_hybrid_search_index()
+        index_s = time.perf_counter() - t0
+        with connect(url, autocommit=True) as conn:
+            conn.execute(f"ANALYZE {self.SCHEMA}.{self.TABLE}")
+        return {"rows": float(len(rows)), "load_s": load_s, "index_s": index_s}
+
+    def search(self, text: str, project: str | None, k: int) -> list[int]:
+        if self.store is None:
+            self._open()
+        # A config of its own per call: the store keeps the first query's text in a shared
+        # config (fts_query) and would run every later full-text leg with it.
+        config = dataclasses.replace(
+            self.config,
+            fts_query=text,
+            primary_top_k=2 * k,
+            secondary_top_k=2 * k,
+            fusion_function_parameters=dict(self.config.fusion_function_parameters),
+        )
+        docs = self.store.similarity_search(
+            text, k=k, filter={"project": project} if project else None,
+            hybrid_search_config=config,
+        )  # fmt: skip
+        return [int(d.metadata["node_id"]) for d in docs]
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # best effort at exit
+            self.engine._run_as_sync(self.engine.close())
+
+
+# -- the systems -------------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    """One call's answer: the external ids it ranks, and the L0 turns it cites."""
+
+    ranked: list[str] = field(default_factory=list)
+    cited: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Question:
+    id: str
+    text: str
+    project: str | None
+
+
+class Systems:
+    """Each system's call for one question of one set; returns an Answer."""
+
+    def __init__(
+        self,
+        url: str,
+        embedder: Any,
+        names: Sequence[str],
+        base: str | None,
+        langchain: LangchainPeer | None,
+    ) -> None:
+        self.embedder = embedder
+        self.names = list(names)
+        self.by_db_id: dict[int, str] = {}
+        self.by_sha: dict[str, str] = {}
+        with connect(url, autocommit=True) as conn:
+            for nid, sha, ext in conn.execute(
+                "SELECT id, encode(sha256, 'hex'), external_id FROM memory.nodes"
+                " WHERE external_id IS NOT NULL"
+            ).fetchall():
+                self.by_db_id[int(nid)] = str(ext)
+                self.by_sha[str(sha)] = str(ext)
+        self.supabase: psycopg.Connection[Any] | None = None
+        if "supabase" in self.names:
+            self.supabase = psycopg.connect(url, autocommit=True, application_name=SUPABASE_APP)
+            register_vector(self.supabase)
+        self.langchain = langchain
+        self.http: http.client.HTTPConnection | None = None
+        if base is not None:
+            host, port = base.removeprefix("http://").split(":")
+            self.http = http.client.HTTPConnection(host, int(port), timeout=120)
+
+    def call(self, system: str, q: Question, evidence: bool, turns: int) -> Answer:
+        k = turns if evidence else 10
+        if system == "supabase":
+            assert self.supabase is not None
+            vec = np.asarray(self.embedder.embed_query(q.text), dtype=np.float32)
+            rows = self.supabase.execute(
+                SUPABASE_QUERY, {"text": q.text, "vec": vec, "k": k, "project": q.project}
+            ).fetchall()
+            ranked = [self.by_db_id[int(r[2])] for r in rows]
+            return Answer(ranked, set(ranked))
+        if system == "langchain":
+            assert self.langchain is not None
+            ranked = [self.by_db_id[i] for i in self.langchain.search(q.text, q.project, k)]
+            return Answer(ranked, set(ranked))
+        params = {"query": q.text, "limit": "10"}
+        if q.project:
+            params["project"] = q.project
+        if not evidence:
+            params["level"] = "L0"
+        if system == "poimen-evidence0":
+            params["evidence"] = "0"
+        return self._http(params)
+
+    def _http(self, params: Mapping[str, str]) -> Answer:
+        assert self.http is not None
+        self.http.request("GET", "/memory/query?" + urlencode(params))
+        resp = self.http.getresponse()
+        body = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"GET /memory/query: {resp.status} {body[:300]!r}")
+        doc = json.loads(body)
+        ranked = [self.by_sha[r["sha256"]] for r in doc["results"] if r["sha256"] in self.by_sha]
+        cited: set[str] = set()
+        stack = [p for r in doc["results"] for p in r.get("parents") or []]
+        while stack:
+            node = stack.pop()
+            if node.get("level") == "L0" and node.get("sha256") in self.by_sha:
+                cited.add(self.by_sha[node["sha256"]])
+            stack.extend(node.get("parents") or [])
+        for e in doc.get("evidence") or []:
+            if e.get("sha256") in self.by_sha:
+                cited.add(self.by_sha[e["sha256"]])
+        return Answer(ranked, cited)
+
+    def close(self) -> None:
+        if self.supabase is not None:
+            self.supabase.close()
+        if self.http is not None:
+            self.http.close()
+
+
+@dataclass
+class Tally:
+    ms: list[float] = field(default_factory=list)
+    client_ns: list[int] = field(default_factory=list)
+    server_ns: list[int] = field(default_factory=list)
+    database_ns: list[int] = field(default_factory=list)
+    quality: list[float] = field(default_factory=list)
+    cited: list[int] = field(default_factory=list)
+    per_query: dict[str, float] = field(default_factory=dict)
+
+
+def score(data: EvalData, qid: str, answer: Answer, evidence: bool) -> float:
+    judged = data.qrels.get(qid, {})
+    if evidence:
+        return coverage({d for d, r in judged.items() if r >= 1}, answer.cited)
+    return ndcg_at(judged, answer.ranked, 10)
+
+
+def run_set(
+    data: EvalData,
+    systems: Systems,
+    backends: Backends,
+    server_pid: int | None,
+    turns: int,
+    warmup: int,
+) -> dict[str, Tally]:
+    evidence = evidence_set(data)
+    questions = [Question(q.id, q.text, q.project) for q in data.judged]
+    names = systems.names
+    out = {name: Tally() for name in names}
+    for i, q in enumerate(questions):
+        order = names[i % len(names) :] + names[: i % len(names)]
+        for name in order:
+            pids = backends.pids(name)
+            db0 = Backends.cpu(pids)
+            srv0 = process_cpu_ns(server_pid) if server_pid and name.startswith("poimen") else 0
+            c0 = time.process_time_ns()
+            t0 = time.perf_counter()
+            answer = systems.call(name, q, evidence, turns)
+            took = (time.perf_counter() - t0) * 1000
+            c1 = time.process_time_ns()
+            srv1 = process_cpu_ns(server_pid) if server_pid and name.startswith("poimen") else 0
+            db1 = Backends.cpu(set(pids) | set(backends.pids(name)))
+            if i < warmup:
+                continue
+            t = out[name]
+            t.ms.append(took)
+            t.client_ns.append(c1 - c0)
+            t.server_ns.append(srv1 - srv0)
+            t.database_ns.append(sum(v - db0.get(pid, 0) for pid, v in db1.items() if v))
+            value = score(data, q.id, answer, evidence)
+            t.quality.append(value)
+            t.cited.append(len(answer.cited))
+            t.per_query[q.id] = value
+        if (i + 1) % 100 == 0:
+            print(f"bench-peers: {data.dataset}: {i + 1}/{len(questions)}", file=sys.stderr)
+    return out
+
+
+def bootstrap(values: Sequence[float], seed: int, n: int = 2000) -> tuple[float, float]:
+    if not values:
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    x = np.asarray(values, dtype=np.float64)
+    means = x[rng.integers(0, len(x), size=(n, len(x)))].mean(axis=1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def summarize(tallies: Mapping[str, Tally], seed: int) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, t in tallies.items():
+        n = max(len(t.ms), 1)
+        lo, hi = bootstrap(t.quality, seed)
+        row: dict[str, Any] = {
+            "questions": len(t.ms),
+            "quality": statistics.fmean(t.quality) if t.quality else float("nan"),
+            "quality_ci95": [lo, hi],
+            "cited": statistics.fmean(t.cited) if t.cited else 0.0,
+            "p50_ms": statistics.median(t.ms) if t.ms else float("nan"),
+            "p95_ms": float(np.percentile(t.ms, 95)) if t.ms else float("nan"),
+            "database_cpu_ms": sum(t.database_ns) / n / 1e6,
+            "server_cpu_ms": sum(t.server_ns) / n / 1e6,
+            "client_cpu_ms": sum(t.client_ns) / n / 1e6,
+        }
+        row["cpu_ms"] = row["database_cpu_ms"] + row["server_cpu_ms"] + row["client_cpu_ms"]
+        out[name] = row
+    ref = out.get("supabase")
+    for row in out.values():
+        if ref:
+            row["p50_over_supabase"] = row["p50_ms"] / max(ref["p50_ms"], 1e-9)
+            row["cpu_over_supabase"] = row["cpu_ms"] / max(ref["cpu_ms"], 1e-9)
+    return out
+
+
+LABELS = {
+    "supabase": "Supabase hybrid_search",
+    "langchain": "langchain-postgres hybrid",
+    "poimen": "poimen GET /memory/query",
+    "poimen-evidence0": "poimen GET /memory/query evidence=0",
+}
+
+
+def print_table(result: Mapping[str, Any]) -> None:
+    for name, s in result["sets"].items():
+        measure = s["measure"]
+        print(f"\n{name}: {s['questions']} questions, {measure}; {s['nodes']} nodes")
+        rows = []
+        for system, r in s["systems"].items():
+            lo, hi = r["quality_ci95"]
+            rows.append([
+                LABELS.get(system, system), f"{r['quality']:.3f} [{lo:.3f}, {hi:.3f}]",
+                round(r["cited"], 1), round(r["p50_ms"], 1), round(r["database_cpu_ms"], 1),
+                round(r["server_cpu_ms"], 1), round(r["client_cpu_ms"], 1), round(r["cpu_ms"], 1),
+                round(r.get("p50_over_supabase", float("nan")), 2),
+                round(r.get("cpu_over_supabase", float("nan")), 2),
+            ])  # fmt: skip
+        head = ["system", measure + " [95% CI]", "cited", "p50 ms", "db CPU ms/q",
+                "server CPU ms/q", "client CPU ms/q", "CPU ms/q", "p50 / supabase",
+                "CPU / supabase"]  # fmt: skip
+        print(table(rows, head))
+
+
+def _sets(args: argparse.Namespace) -> list[Path]:
+    if args.sets:
+        return list(args.sets)
+    found = [DATA_DEFAULT / n for n in ("locomo-dev", "scifact") if (DATA_DEFAULT / n).is_dir()]
+    if not found:
+        raise SystemExit(f"error: no --set given and none of locomo-dev, scifact in {DATA_DEFAULT}")
+    return found
+
+
+@contextmanager
+def _server(service_url: str, wanted: bool) -> Iterator[tuple[str | None, int | None]]:
+    if not wanted:
+        yield None, None
+        return
+    drop = ("POIMEN_RERANK_URL", "POIMEN_OPENSEARCH_URL")
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        live_server_process(
+            {"POIMEN_DATABASE_URL": service_url, "POIMEN_EMBED_CACHE_SIZE": "0"},
+            Path(tmp) / "server.log",
+            drop=drop,
+        ) as (base, pid),
+    ):
+        yield base, pid
+
+
+def cmd_bench_peers(args: argparse.Namespace) -> int:
+    from poimen_memory.embedders.factory import build_embedder
+
+    s = Settings.from_env()
+    names = [n.strip() for n in args.systems.split(",") if n.strip()]
+    unknown = set(names) - set(LABELS)
+    if unknown:
+        print(f"error: unknown systems {sorted(unknown)}", file=sys.stderr)
+        return 2
+    if "langchain" in names and not langchain_available():
+        print(
+            "note: langchain-postgres does not import here: its peer is skipped (install "
+            "lab[peers], then langchain-postgres with --no-deps; docs/benchmarks.md)",
+            file=sys.stderr,
+        )
+        names.remove("langchain")
+    folders = _sets(args)
+    sets = [load_set(folder, args.queries) for folder in folders]
+    embedder = build_embedder(s.embedding)
+    embedder.embed_query("warm up")  # loads the model: no system's first question pays it
+    server = database_url(s, start=True)
+    if args.database:
+        name, url = args.database, make_conninfo(server, dbname=args.database)
+    else:
+        name, url = fresh_database(server, "poimen_bench_peers")
+    result: dict[str, Any] = {"database": name, "systems": names, "sets": {}, "load": {}}
+    try:
+        with ExitStack() as stack:
+            if not args.database:
+                print("bench-peers: loading poimen-memory (ingest)", file=sys.stderr)
+                result["load"]["poimen_ingest_s"] = load_poimen(
+                    url, list(zip(folders, sets, strict=True)), embedder, args.cache
+                )
+            if "supabase" in names:
+                print("bench-peers: building the Supabase recipe", file=sys.stderr)
+                result["load"]["supabase"] = build_supabase(url, embedder.dim)
+            langchain = None
+            if "langchain" in names:
+                print("bench-peers: building langchain-postgres' store", file=sys.stderr)
+                langchain = LangchainPeer(url, embedder, embedder.dim)
+                stack.callback(langchain.close)
+                result["load"]["langchain"] = langchain.build(url)
+            with connect(url, autocommit=True) as conn:
+                ensure_service_login(conn, s.service_role)
+            service_url = make_conninfo(url, user=s.service_role)
+            base, pid = stack.enter_context(
+                _server(service_url, any(n.startswith("poimen") for n in names))
+            )
+            systems = Systems(url, embedder, names, base, langchain)
+            stack.callback(systems.close)
+            backends = Backends(url, s.service_role)
+            stack.callback(backends.close)
+            for data in sets:
+                evidence = evidence_set(data)
+                print(f"bench-peers: {data.dataset}, {len(data.judged)} questions", file=sys.stderr)
+                tallies = run_set(data, systems, backends, pid, args.turns, args.warmup)
+                result["sets"][data.dataset] = {
+                    "measure": "evidence recall" if evidence else "nDCG@10",
+                    "questions": len(data.judged) - min(args.warmup, len(data.judged)),
+                    "nodes": len(data.records),
+                    "peer_turns": args.turns if evidence else 10,
+                    "systems": summarize(tallies, args.seed),
+                    "per_query": {n: t.per_query for n, t in tallies.items()},
+                }
+    finally:
+        if not args.database and not args.keep_db:
+            drop_database(server, name)
+        elif not args.database:
+            print(f"kept database {name}", file=sys.stderr)
+    result["machine"] = {"load_average": os.getloadavg(), "cpus": os.cpu_count()}
+    print_table(result)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    if args.plot:
+        from poimen_lab.bench.plot import peers_cost_quality
+
+        peers_cost_quality(args.plot, result)
+    return 0

@@ -1,0 +1,206 @@
+"""`poimen-memory bench-peers` on the project's own fixture (issue 42): the peers' SQL returns
+the rows their recipes define (checked against the same legs recomputed here), and the
+command runs end to end on a tiny corpus. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from pgvector.psycopg import register_vector
+
+from poimen_lab.bench import peers
+from poimen_memory.cli.main import main
+from poimen_memory.db.connect import connect
+
+FIXTURES = Path(__file__).parent / "fixtures"
+QUERIES = [json.loads(x) for x in (FIXTURES / "eval_queries.jsonl").read_text().splitlines()]
+
+
+def _documents(conn: psycopg.Connection[Any]) -> dict[int, tuple[str, np.ndarray[Any, Any]]]:
+    register_vector(conn)
+    rows = conn.execute("SELECT id, project, embedding FROM peer_supabase.documents").fetchall()
+    return {int(i): (p, np.asarray(peers._floats(e), dtype=np.float64)) for i, p, e in rows}
+
+
+def _rrf(legs: list[list[int]], k: float, first: int) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for leg in legs:
+        for rank, i in enumerate(leg, start=first):
+            out[i] = out.get(i, 0.0) + 1.0 / (k + rank)
+    return out
+
+
+def _same_ranking(got: list[int], want: dict[int, float], n: int) -> None:
+    """got is the top n of want's scores: the same scores in the same order (ties may swap
+    rows), and the same rows wherever the n-th score is not tied past the cut."""
+    best = sorted(want.values(), reverse=True)[:n]
+    assert [round(want[i], 12) for i in got] == [round(s, 12) for s in best]
+    cut = best[-1] if best else None
+    if cut is not None and sum(1 for s in want.values() if abs(s - cut) < 1e-12) == 1:
+        assert set(got) == {i for i, s in want.items() if s >= cut - 1e-12}
+
+
+def test_supabase_hybrid_search_returns_the_recipes_rows(fixture_url: str, embedder: Any) -> None:
+    """Supabase's hybrid_search over the fixture's L0 nodes: the full-text leg (websearch
+    tsquery, ts_rank_cd), the inner-product leg (exact: the recipe's window
+    ordering scans every row) and RRF with
+    k 50 and weights 1, recomputed here, give the function's rows and order."""
+    load = peers.build_supabase(fixture_url, embedder.dim)
+    with connect(fixture_url, autocommit=True) as conn:
+        n_l0 = conn.execute(
+            "SELECT count(*) FROM memory.nodes WHERE level = 'L0' AND expired_at IS NULL"
+        ).fetchone()
+        assert n_l0 is not None and load["rows"] == n_l0[0] > 0
+        docs = _documents(conn)
+        external = dict(
+            conn.execute(
+                "SELECT d.id, n.external_id FROM peer_supabase.documents d"
+                " JOIN memory.nodes n ON n.id = d.node_id"
+            ).fetchall()
+        )
+        for qy in QUERIES:
+            project, k = qy.get("project"), 4
+            vec = np.asarray(embedder.embed_query(qy["text"]), dtype=np.float32)
+            got = [
+                int(r[0])
+                for r in conn.execute(
+                    peers.SUPABASE_QUERY,
+                    {"text": qy["text"], "vec": vec, "k": k, "project": project},
+                ).fetchall()
+            ]
+            lexical = [
+                int(r[0])
+                for r in conn.execute(
+                    "SELECT id FROM peer_supabase.documents"
+                    " WHERE fts @@ websearch_to_tsquery(%(t)s)"
+                    " AND (%(p)s::text IS NULL OR project = %(p)s)"
+                    " ORDER BY ts_rank_cd(fts, websearch_to_tsquery(%(t)s)) DESC, id",
+                    {"t": qy["text"], "p": project},
+                ).fetchall()
+            ][: 2 * k]
+            scope = [i for i, (p, _) in docs.items() if project is None or p == project]
+            dense = sorted(scope, key=lambda i: -float(docs[i][1] @ vec))[: 2 * k]
+            _same_ranking(got, _rrf([lexical, dense], 50, 1), k)
+            assert all(project is None or docs[i][0] == project for i in got)
+        # The gold turns of the fixture's first question come first.
+        q1 = QUERIES[0]
+        vec = np.asarray(embedder.embed_query(q1["text"]), dtype=np.float32)
+        top = conn.execute(
+            peers.SUPABASE_QUERY, {"text": q1["text"], "vec": vec, "k": 3, "project": "poimen"}
+        ).fetchall()
+        assert {external[int(r[0])] for r in top} == {
+            "poimen:chat:1",
+            "poimen:chat:2",
+            "poimen:chat:3",
+        }
+
+
+def test_langchain_hybrid_returns_its_fusion_of_both_legs(fixture_url: str, embedder: Any) -> None:
+    """langchain-postgres' hybrid store (when installed): its rows are RRF (k 60, ranks from
+    0) of the cosine leg and the plainto_tsquery / ts_rank_cd leg, each 2k deep, per call
+    with that call's own question (the shared config would keep the first one's)."""
+    pytest.importorskip("langchain_postgres")
+    peer = peers.LangchainPeer(fixture_url, embedder, embedder.dim)
+    try:
+        peer.build(fixture_url)
+        with connect(fixture_url, autocommit=True) as conn:
+            register_vector(conn)
+            rows = conn.execute(
+                "SELECT node_id, project, embedding FROM peer_langchain.documents"
+            ).fetchall()
+            docs = {int(i): (p, np.asarray(peers._floats(e))) for i, p, e in rows}
+            for qy in QUERIES:
+                project, k = qy.get("project"), 3
+                vec = np.asarray(embedder.embed_query(qy["text"]), dtype=np.float64)
+                got = peer.search(qy["text"], project, k)
+                scope = [i for i, (p, _) in docs.items() if project is None or p == project]
+                cos = {
+                    i: float(docs[i][1] @ vec) / (np.linalg.norm(docs[i][1]) * np.linalg.norm(vec))
+                    for i in scope
+                }
+                dense = sorted(scope, key=lambda i: -cos[i])[: 2 * k]
+                sparse = [
+                    int(r[0])
+                    for r in conn.execute(
+                        "SELECT node_id FROM peer_langchain.documents"
+                        " WHERE content_tsv @@ plainto_tsquery('pg_catalog.english', %(t)s)"
+                        " AND (%(p)s::text IS NULL OR project = %(p)s)"
+                        " ORDER BY ts_rank_cd(content_tsv,"
+                        " plainto_tsquery('pg_catalog.english', %(t)s)) DESC",
+                        {"t": qy["text"], "p": project},
+                    ).fetchall()
+                ][: 2 * k]
+                _same_ranking(got, _rrf([dense, sparse], 60, 0), k)
+    finally:
+        peer.close()
+
+
+@pytest.fixture
+def sets(tmp_path: Path) -> tuple[Path, Path]:
+    """The fixture as two data folders: all levels (scored by cited evidence, as LoCoMo)
+    and its L0 nodes alone as documents (scored by nDCG@10, as SciFact)."""
+    mem, docs = tmp_path / "mem", tmp_path / "docs"
+    mem.mkdir()
+    docs.mkdir()
+    (mem / "nodes.jsonl").write_text((FIXTURES / "memory_nodes.jsonl").read_text())
+    (mem / "queries.jsonl").write_text((FIXTURES / "eval_queries.jsonl").read_text())
+    (mem / "qrels.jsonl").write_text((FIXTURES / "eval_qrels.jsonl").read_text())
+    nodes = [json.loads(x) for x in (FIXTURES / "memory_nodes.jsonl").read_text().splitlines()]
+    (docs / "nodes.jsonl").write_text(
+        "".join(
+            json.dumps({**n, "project": "docs", "parents": []}) + "\n"
+            for n in nodes
+            if n["level"] == "L0"
+        )
+    )
+    (docs / "queries.jsonl").write_text(
+        "".join(json.dumps({**q, "project": "docs"}) + "\n" for q in QUERIES)
+    )
+    (docs / "qrels.jsonl").write_text((FIXTURES / "eval_qrels.jsonl").read_text())
+    return mem, docs
+
+
+def test_bench_peers_end_to_end(
+    empty_url: str,
+    work_dir: Path,
+    sets: tuple[Path, Path],
+    tmp_path: Path,
+    admin: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("POIMEN_DATABASE_URL", empty_url)
+    monkeypatch.setenv("POIMEN_HOME", str(work_dir))
+    monkeypatch.delenv("POIMEN_EMBEDDINGS_URL", raising=False)
+    before = {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
+    out, png = tmp_path / "peers.json", tmp_path / "peers.png"
+    mem, docs = sets
+    args = ["bench-peers", "--set", str(mem), "--set", str(docs), "--warmup", "1",
+            "--systems", "supabase,poimen", "--cache", str(tmp_path / "cache"),
+            "--json", str(out), "--plot", str(png)]  # fmt: skip
+    assert main(args) == 0
+    r = json.loads(out.read_text())
+    assert r["sets"]["mem"]["measure"] == "evidence recall"
+    assert r["sets"]["docs"]["measure"] == "nDCG@10"
+    for name, s in r["sets"].items():
+        assert set(s["systems"]) == {"supabase", "poimen"}
+        for system, row in s["systems"].items():
+            # 8 judged questions, the first one a warm-up
+            assert row["questions"] == 7 == len(s["per_query"][system]), (name, system)
+            assert 0.5 <= row["quality"] <= 1.0, (name, system, row["quality"])
+            assert row["p50_ms"] > 0 and row["cpu_ms"] > 0
+            assert row["database_cpu_ms"] > 0  # the backends that served it were found
+        assert s["systems"]["poimen"]["server_cpu_ms"] > 0
+        assert s["systems"]["supabase"]["server_cpu_ms"] == 0
+    # The peer cites what the evidence measure counts: its rows, at most --turns of them.
+    assert r["sets"]["mem"]["systems"]["supabase"]["cited"] <= 20
+    assert png.stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "Supabase hybrid_search" in printed and "poimen GET /memory/query" in printed
+    after = {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
+    assert after == before  # its scratch database is gone
