@@ -68,8 +68,8 @@ async def _get(
              "client": (peer, 50000), "query_string": urlencode(query or {}).encode()}  # fmt: skip
     await app(scope, receive, send)
     start = sent[0]
-    headers = {k.decode(): v.decode() for k, v in start.get("headers", [])}
-    return start["status"], headers, b"".join(m.get("body", b"") for m in sent[1:])
+    answered = {k.decode(): v.decode() for k, v in start.get("headers", [])}
+    return start["status"], answered, b"".join(m.get("body", b"") for m in sent[1:])
 
 
 def _admission(held: Held, **kw: Any) -> Admission:
