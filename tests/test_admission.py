@@ -346,15 +346,16 @@ def test_a_client_dearer_than_its_share_gets_429_while_the_others_are_served() -
         assert statuses[-1] == 429, statuses
         assert "times the busiest other" in json.loads(body)["detail"]
         assert 1 <= int(headers["retry-after"]) <= 5
-        # The normal key is served meanwhile; and so is another address (anonymous
-        # clients are told apart by address).
-        assert (await _get(app, key="normal", query=NORMAL))[0] == 200
+        # The normal key is admitted meanwhile (a third request in flight); and another
+        # address is served (anonymous clients are told apart by address).
+        gate.tasks.append(asyncio.create_task(_get(app, key="normal", query=NORMAL)))
+        await asyncio.sleep(0.01)
+        assert gate.started["normal"] == 15
         assert (await _get(app, peer="10.0.0.9", query=NORMAL))[0] == 200
         # Once the normal key has nothing in flight, the dear key is alone: served.
         release.set()
-        await asyncio.sleep(0.01)
-        assert (await _get(app, key="dear", query=DEAR))[0] == 200
         assert {(await t)[0] for t in gate.tasks} == {200}
+        assert (await _get(app, key="dear", query=DEAR))[0] == 200
         assert app._held == {} and app._held_cost == {}
 
     asyncio.run(run())
