@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -65,8 +68,8 @@ async def _get(
              "client": (peer, 50000), "query_string": urlencode(query or {}).encode()}  # fmt: skip
     await app(scope, receive, send)
     start = sent[0]
-    headers = {k.decode(): v.decode() for k, v in start.get("headers", [])}
-    return start["status"], headers, b"".join(m.get("body", b"") for m in sent[1:])
+    answered = {k.decode(): v.decode() for k, v in start.get("headers", [])}
+    return start["status"], answered, b"".join(m.get("body", b"") for m in sent[1:])
 
 
 def _admission(held: Held, **kw: Any) -> Admission:
@@ -271,97 +274,233 @@ def test_the_cost_of_a_request_is_what_it_declares() -> None:
             Settings.from_env({"POIMEN_HTTP_COST": bad})
 
 
-def _fair(held: Held, **kw: Any) -> Admission:
-    held.release.set()  # every request answered at once: only the rates decide
-    opts = {"max_inflight": 16, "client_inflight": 8, "fair_share": 1.2, "fair_floor": 2.0,
+class Gate:
+    """An ASGI app that answers at once, but holds the requests of the keys in ``hold``
+    until their event is set: who is in flight is exactly what the test says."""
+
+    def __init__(self) -> None:
+        self.hold: dict[str, asyncio.Event] = {}
+        self.started: Counter[str] = Counter()
+        self.tasks: list[asyncio.Task[tuple[int, dict[str, str], bytes]]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        auth = dict(scope["headers"]).get(b"authorization", b"").decode()
+        key = auth.removeprefix("Bearer ")
+        self.started[key] += 1
+        if key in self.hold:
+            await self.hold[key].wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    def held(self, key: str) -> asyncio.Event:
+        self.hold[key] = asyncio.Event()
+        return self.hold[key]
+
+
+def _fair(app: Any, **kw: Any) -> Admission:
+    opts = {"max_inflight": 16, "client_inflight": 8, "fair_share": 1.0, "fair_floor": 2.0,
             "fair_window_s": 5.0} | kw  # fmt: skip
-    return _admission(held, **opts)
+    return _admission(app, **opts)
+
+
+async def _busy(app: Admission, gate: Gate, key: str, answered: int = 12) -> asyncio.Event:
+    """``key`` as a normal tenant that is using the service: ``answered`` questions (about
+    2.6 units a second over the 5 s window, over the floor), then two in flight, held until
+    the event returned is set."""
+    for _ in range(answered):
+        assert (await _get(app, key=key, query=NORMAL))[0] == 200
+    release = gate.held(key)
+    gate.tasks += [asyncio.create_task(_get(app, key=key, query=NORMAL)) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    return release
 
 
 def test_a_client_dearer_than_its_share_gets_429_while_the_others_are_served() -> None:
-    """One key's dear queries beside another's normal ones: past 1.2 times the other's cost
-    rate it is refused 429, with the time its rate takes to fall back as Retry-After; the
-    normal key, using no more than the dear one, goes on being served."""
+    """One key's dear queries while another key has requests in flight: beyond its even
+    share of the slots it may hold one request, and use no more than the busy key's cost
+    rate (POIMEN_HTTP_FAIR_SHARE=1); past either it is refused 429 with Retry-After, and
+    the normal key goes on being served."""
 
     async def run() -> None:
-        app = _fair(Held())
-        for _ in range(10):  # about 2.1 units a second over the 5 s window: over the floor
-            assert (await _get(app, key="normal", query=NORMAL))[0] == 200
-        statuses = []
-        for _ in range(4):
-            status, headers, body = await _get(app, key="dear", query=DEAR)
-            statuses.append(status)
-        assert statuses[0] == 200 and statuses[-1] == 429, statuses
+        gate = Gate()
+        app = _fair(gate)
+        release = await _busy(app, gate, "normal")
+        # One dear query in flight (held): a second one is refused at once.
+        dear_release = gate.held("dear")
+        first = asyncio.create_task(_get(app, key="dear", query=DEAR))
+        await asyncio.sleep(0.01)
+        status, headers, body = await _get(app, key="dear", query=DEAR)
+        assert status == 429 and headers["retry-after"] == "2", (status, body)
         err = json.loads(body)
         assert err["error"] == "too_many_requests" and "POIMEN_HTTP_FAIR_SHARE" in err["hint"]
-        # Its rate (two dear queries, ~4 units a second) over the limit (1.2 x ~2.1) falls
-        # back within seconds: Retry-After is whole seconds, at least 1, at most the window.
+        assert "in flight" in err["detail"]
+        dear_release.set()
+        assert (await first)[0] == 200
+        # Answered one at a time, its rate passes the normal key's (~2.6 units a second):
+        # refused with the time its rate takes to fall back under.
+        del gate.hold["dear"]
+        statuses = []
+        for _ in range(3):
+            status, headers, body = await _get(app, key="dear", query=DEAR)
+            statuses.append(status)
+        assert statuses[-1] == 429, statuses
+        assert "times the busiest other" in json.loads(body)["detail"]
         assert 1 <= int(headers["retry-after"]) <= 5
-        assert (await _get(app, key="normal", query=NORMAL))[0] == 200
-        # Anonymous clients are told apart by address: another address is another client.
+        # The normal key is admitted meanwhile (a third request in flight); and another
+        # address is served (anonymous clients are told apart by address).
+        gate.tasks.append(asyncio.create_task(_get(app, key="normal", query=NORMAL)))
+        await asyncio.sleep(0.01)
+        assert gate.started["normal"] == 15
         assert (await _get(app, peer="10.0.0.9", query=NORMAL))[0] == 200
+        # Once the normal key has nothing in flight, the dear key is alone: served.
+        release.set()
+        assert {(await t)[0] for t in gate.tasks} == {200}
+        assert (await _get(app, key="dear", query=DEAR))[0] == 200
+        assert app._held == {} and app._held_cost == {}
 
     asyncio.run(run())
 
 
-def test_a_client_alone_or_beside_a_trickle_is_never_held_by_cost() -> None:
+def test_a_client_alone_or_taking_turns_is_never_held_by_cost() -> None:
+    """Work-conserving: a client alone, however dear its requests and however many at once,
+    and clients taking turns (each busy while the other is idle, as two MCP clients one
+    after the other) are never refused by the share by cost."""
+
     async def run() -> None:
-        app = _fair(Held())
-        # Alone: twenty dear queries, none refused (no one else to leave room for).
+        gate = Gate()
+        app = _fair(gate)
+        statuses: list[int] = []
+        # Alone: twenty dear queries one after the other, then eight at once.
+        statuses += [(await _get(app, key="batch", query=DEAR))[0] for _ in range(20)]
+        release = gate.held("batch")
+        eight = [asyncio.create_task(_get(app, key="batch", query=DEAR)) for _ in range(8)]
+        await asyncio.sleep(0.01)
+        assert gate.started["batch"] == 28
+        release.set()
+        statuses += [(await t)[0] for t in eight]
+        # Two clients taking turns, each with several requests in flight, dear or not, the
+        # other idle: the rates they leave behind hold no one back.
+        for turn in range(6):
+            key, query = ("a", DEAR) if turn % 2 else ("b", NORMAL)
+            release = gate.held(key)
+            burst = [asyncio.create_task(_get(app, key=key, query=query)) for _ in range(6)]
+            await asyncio.sleep(0.01)
+            release.set()
+            statuses += [(await t)[0] for t in burst]
+            del gate.hold[key]
+        # Over MCP (a POST charged by its body's length), the same.
+        for turn in range(6):
+            key = "mcp-a" if turn % 2 else "mcp-b"
+            statuses += [(await _post(app, key, 1_900))[0] for _ in range(10)]
+        assert set(statuses) == {200}, statuses
+        # Beside a client with a request in flight but under the floor (a query now and
+        # then): still none refused.
+        trickle = gate.held("trickle")
+        gate.tasks.append(asyncio.create_task(_get(app, key="trickle", query=NORMAL)))
+        await asyncio.sleep(0.01)
         assert {(await _get(app, key="batch", query=DEAR))[0] for _ in range(20)} == {200}
-        # Beside a client under the floor (a query now and then): still none refused.
-        assert (await _get(app, key="trickle", query=NORMAL))[0] == 200
-        assert {(await _get(app, key="batch", query=DEAR))[0] for _ in range(20)} == {200}
-        # With no floor, an idle other client (rate 0) holds no one back either.
-        no_floor = _fair(Held(), fair_floor=0.0)
-        await _get(no_floor, key="idle", query=NORMAL)
-        next(iter(no_floor._usage.values())).per_s = 0.0  # as if long ago
-        assert {(await _get(no_floor, key="batch", query=DEAR))[0] for _ in range(5)} == {200}
+        trickle.set()
+        assert {(await t)[0] for t in gate.tasks} == {200}
         # Off (POIMEN_HTTP_FAIR_SHARE=0): never, whoever else is busy.
-        off = _fair(Held(), fair_share=0.0)
-        for _ in range(20):
-            await _get(off, key="normal", query=NORMAL)
+        off_gate = Gate()
+        off = _fair(off_gate, fair_share=0.0)
+        release = await _busy(off, off_gate, "normal")
         assert {(await _get(off, key="dear", query=DEAR))[0] for _ in range(20)} == {200}
+        release.set()
+        assert {(await t)[0] for t in off_gate.tasks} == {200}
 
     asyncio.run(run())
 
 
-def test_equal_clients_hold_each_other_to_nothing() -> None:
-    """Three clients sending the same queries in turn, as three normal tenants do: the
-    share (1.2 times the busiest other) never refuses any of them."""
+def test_busy_equal_clients_hold_each_other_to_nothing() -> None:
+    """Three clients asking questions two at a time each, side by side, as three normal
+    tenants do: always contended, yet within their even share of the slots, so none is
+    refused, whatever their rates."""
 
     async def run() -> None:
-        app = _fair(Held())
-        statuses = [(await _get(app, key=k, query=NORMAL))[0] for _ in range(40) for k in "abc"]
-        assert set(statuses) == {200}
+        app = _fair(Stepper())
+
+        async def tenant(key: str) -> list[int]:
+            return [(await _get(app, key=key, query=NORMAL))[0] for _ in range(40)]
+
+        runs = await asyncio.gather(*(tenant(k) for k in "aabbcc"))
+        assert {s for statuses in runs for s in statuses} == {200}
 
     asyncio.run(run())
+
+
+class Stepper:
+    """An ASGI app whose requests take a few turns of the event loop: concurrent clients
+    overlap."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def _post(app: Any, key: str, length: int) -> tuple[int, bytes]:
+    """A POST to /mcp whose body is ``length`` bytes, as an MCP call is charged."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"x" * length, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [(b"authorization", f"Bearer {key}".encode()),
+               (b"content-length", str(length).encode())]  # fmt: skip
+    scope = {"type": "http", "path": "/mcp", "method": "POST", "headers": headers,
+             "client": ("127.0.0.1", 50000), "query_string": b""}  # fmt: skip
+    await app(scope, receive, send)
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
 
 
 def test_on_the_real_server_the_dear_key_gets_429_and_the_other_key_200(
     fixture_url: str, tmp_path: Path
 ) -> None:
-    """Real HTTP to `poimen-memory serve`: a key sending a dear query beside a key that sent
-    normal ones is refused 429 with Retry-After; the normal key is served. A window of a
-    minute and a low floor make the rates independent of how fast this machine is."""
+    """Real HTTP to `poimen-memory serve` with the default share: a key sending dear
+    queries in parallel is served in full alone; while another key asks questions two at
+    a time, it is refused 429 with Retry-After and the other key gets only 200s. A window
+    of a minute and a low floor make the rates independent of how fast this machine is;
+    the rounds bound how long the test tries, nothing is timed."""
     normal, dear = make_key(fixture_url, ["poimen"]), make_key(fixture_url, ["poimen"])
-    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_HTTP_FAIR_SHARE": "1.2",
-           "POIMEN_HTTP_FAIR_WINDOW_S": "60",
+    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_HTTP_FAIR_WINDOW_S": "60",
            "POIMEN_HTTP_FAIR_FLOOR": "0.05"}  # fmt: skip
-    with live_server(env, tmp_path / "server.log") as url:
+    slow = {**DEAR, "timeout_seconds": "30"}
+    with live_server(env, tmp_path / "server.log") as url, ThreadPoolExecutor(6) as pool:
 
         def get(key: str, params: dict[str, str]) -> httpx.Response:
-            return httpx.get(f"{url}/memory/query", params=params, timeout=30,
+            return httpx.get(f"{url}/memory/query", params=params, timeout=60,
                              headers={"Authorization": f"Bearer {key}"})  # fmt: skip
 
-        for _ in range(5):  # 5 x ~1.07 units over 60 s: ~0.09 a second, over the floor
-            assert get(normal, NORMAL).status_code == 200
-        # One dear query (~10 units: ~0.17 a second) is over 1.2 x the normal key's rate.
-        r = get(dear, DEAR)
-        assert r.status_code == 429, r.text
-        assert r.json()["error"] == "too_many_requests", r.text
-        # Its rate falls back under the limit in 60 x ln(0.17 / 0.11) ~ 26 s.
-        assert 10 <= int(r.headers["retry-after"]) <= 60, r.headers
-        assert get(normal, NORMAL).status_code == 200
-        # A dear query that fits its share (a shorter text) is served.
-        assert get(dear, {"query": "kong upload body buffer"}).status_code == 200
+        def parallel(key: str, params: dict[str, str], n: int) -> list[httpx.Response]:
+            return list(pool.map(lambda _: get(key, params), range(n)))
+
+        # Alone: dear queries in parallel, beyond any even share, all served.
+        assert [r.status_code for r in parallel(dear, slow, 3)] == [200] * 3
+        # Beside a busy normal key (two questions at a time): the dear key gets 429s.
+        stop, seen = threading.Event(), Counter[int]()
+
+        def ask() -> None:
+            while not stop.is_set():
+                seen[get(normal, NORMAL).status_code] += 1
+
+        askers = [pool.submit(ask) for _ in range(2)]
+        refused: list[httpx.Response] = []
+        for _ in range(20):
+            refused = [r for r in parallel(dear, slow, 3) if r.status_code != 200]
+            if refused:
+                break
+        stop.set()
+        for asker in askers:
+            asker.result()
+        assert refused, "the dear key was never refused"
+        for r in refused:
+            assert r.status_code == 429 and r.json()["error"] == "too_many_requests", r.text
+            assert int(r.headers["retry-after"]) >= 1, r.headers
+        assert set(seen) == {200} and seen[200] > 0, seen
+        # The normal key idle again: the dear key is alone, and served.
+        assert get(dear, slow).status_code == 200

@@ -299,14 +299,13 @@ class Settings(FromEnv):
     # Fair share by cost (api/admission.py): each request is charged a cost estimated from
     # what it declares (a normal query about one unit; the weights: POIMEN_HTTP_COST, e.g.
     # "base=1,char=0.0045,result=0.011,cited=0.002") into its client's rate (units a second,
-    # decayed over POIMEN_HTTP_FAIR_WINDOW_S); a client whose rate would pass
-    # POIMEN_HTTP_FAIR_SHARE times the busiest other client's (one at POIMEN_HTTP_FAIR_FLOOR
-    # or more) gets 429. A share of 0 turns it off (the behaviour before).
+    # decayed over POIMEN_HTTP_FAIR_WINDOW_S). Only while other clients (at
+    # POIMEN_HTTP_FAIR_FLOOR or more) have requests in flight or waiting, a client beyond
+    # its even share of the slots may hold one request and use no more than
+    # POIMEN_HTTP_FAIR_SHARE times the busiest of them; beyond, 429. Work-conserving: a
+    # client alone, or clients taking turns, are never refused by it. 0 turns it off.
     http_cost: Cost = setting("POIMEN_HTTP_COST", parse_cost, Cost())
-    # Off by default: the share is relative to the other clients, not to spare capacity, so
-    # a busy client beside a quieter one is refused even on an idle server (two MCP clients
-    # in a row met it). 1.2 is what docs/benchmarks.md measured ("Fair admission").
-    http_fair_share: float = setting("POIMEN_HTTP_FAIR_SHARE", at_least(0.0, float), 0.0)
+    http_fair_share: float = setting("POIMEN_HTTP_FAIR_SHARE", at_least(0.0, float), 1.0)
     http_fair_floor: float = setting("POIMEN_HTTP_FAIR_FLOOR", at_least(0.0, float), 2.0)
     http_fair_window_s: float = setting("POIMEN_HTTP_FAIR_WINDOW_S", positive, 5.0)
     http_max_header_bytes: int = setting("POIMEN_HTTP_MAX_HEADER_BYTES", at_least(1024), 16384)

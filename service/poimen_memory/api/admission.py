@@ -16,15 +16,30 @@ its share it gets 429 with Retry-After.
 A share bounds how many requests a client has, not what they cost, and one query can cost
 several others (its text is embedded, one inference at a time; its results and cited
 turns are serialised): one key's 16 dear queries left three normal keys 10% of their
-throughput at a share of 8, and about 70% with what follows (docs/benchmarks.md, "Fair
-admission"). So each request is also charged a cost estimated from what it declares
-(``Cost``: its text's length, ``limit``, ``evidence``; a body's length), a normal query
-about one unit, into its client's cost rate (units a second, decayed over
-``fair_window_s``), and a client whose rate would pass ``fair_share`` times the busiest
-other client's (and ``fair_floor``) is refused 429, with a Retry-After of the time its rate
-takes to fall back under. A client alone is never refused by it, nor one beside clients
-under the floor, nor one within ``fair_share`` times the busiest other: only the one
-taking more than that while the others use the service.
+throughput at a share of 8 (docs/benchmarks.md, "Fair admission"). So each request is also
+charged a cost estimated from what it declares (``Cost``: its text's length, ``limit``,
+``evidence``; a body's length), a normal query about one unit, into its client's cost rate
+(units a second, decayed over ``fair_window_s``), and the service is shared by cost, as a
+fair scheduler shares a processor, but only while it is contended, so it stays
+work-conserving:
+
+- the clients a request competes with are the *active* others: those with a request in
+  flight or waiting right now, at ``fair_floor`` units a second or more. With none (a
+  client alone, clients taking turns, a trickle beside a batch), nothing is refused by cost;
+- among ``n`` active clients each has an even share of the slots, ``max_inflight / n``
+  units of cost in flight or waiting (at least ``_EVEN_MIN``): a request that keeps its
+  client within it is admitted (two normal queries at a time hold no one back, however the
+  rates compare);
+- beyond it, a client may hold one request (a dear query still runs, one at a time), and
+  its cost rate may not pass ``fair_share`` times the busiest active other client's. A
+  second request beyond the even share is refused 429 with Retry-After ``retry_after_s``
+  (one of its own must end first); one past the rate, with the time its rate takes to fall
+  back under.
+
+Refusing at the door rather than reordering the queue: the slots are not the bottleneck
+(the cores and the one-at-a-time embedder are), so a dear client kept waiting in the queue
+still fills the service with its work once admitted; fair queueing over the slots kept
+the normal keys 0.35-0.40 of their throughput in a pilot (docs/benchmarks.md).
 
 The arrival time is kept in the request's state: a query's deadline counts from it
 (``arrived``), so time spent queued is time spent, and no answer comes after its deadline.
@@ -146,6 +161,10 @@ class _Rate:
 # The most idle clients whose rate buckets are remembered; the oldest go first (a full
 # bucket is what a forgotten client gets back, so forgetting one grants nothing new).
 _BUCKETS = 10_000
+# The least even share of the slots, in units of cost: about three questions in flight at
+# once, however many clients are active (with more than max_inflight / 4 of them, a client
+# asking two at a time is queued with the rest rather than refused).
+_EVEN_MIN = 4.0
 
 
 class Admission(HttpMiddleware):
@@ -179,6 +198,7 @@ class Admission(HttpMiddleware):
         self.fair_share, self.fair_floor = fair_share, fair_floor
         self.fair_window_s = fair_window_s
         self._usage: OrderedDict[str, _Rate] = OrderedDict()
+        self._held_cost: dict[str, float] = {}  # per client: the cost it has in flight or waiting
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope.setdefault("state", {})[ARRIVED] = time.monotonic()
@@ -186,11 +206,13 @@ class Admission(HttpMiddleware):
             await self.app(scope, receive, send)
             return
         client = client_of(scope)
-        over = self._over_share(client) or self._over_fair(client, scope)
+        cost = self.cost.of(scope)
+        over = self._over_share(client) or self._over_fair(client, cost)
         if over is not None:
             await _answer(send, over, math.ceil(over.retry_after_s))
             return
         self._held[client] = self._held.get(client, 0) + 1
+        self._held_cost[client] = self._held_cost.get(client, 0.0) + cost
         try:
             if not await self._admit():
                 await self._refuse(send)
@@ -201,8 +223,10 @@ class Admission(HttpMiddleware):
                 self._release()
         finally:
             self._held[client] -= 1
+            self._held_cost[client] -= cost
             if not self._held[client]:
                 del self._held[client]
+                del self._held_cost[client]  # no rounding left behind
 
     def _over_share(self, client: str) -> _Over | None:
         """Why this client may not start another request now, or None."""
@@ -240,33 +264,49 @@ class Admission(HttpMiddleware):
             return 0.0
         return usage.per_s * math.exp((usage.at - now) / self.fair_window_s)
 
-    def _over_fair(self, client: str, scope: Scope) -> _Over | None:
-        """Charges the request's cost to its client's rate, or refuses it: 429 when that
-        would take the rate past ``fair_share`` times the busiest other client's, that one
-        using ``fair_floor`` or more, with the time the rate takes to fall back under as
-        Retry-After."""
+    def _over_fair(self, client: str, cost: float) -> _Over | None:
+        """Charges the request's cost to its client's rate, or refuses it 429 while the
+        service is contended and the client is beyond its even share of the slots: when it
+        already holds a request there, or its rate would pass ``fair_share`` times the
+        busiest active other client's."""
         if not self.fair_share:
             return None
         now = time.monotonic()
-        rate = self._rate(client, now) + self.cost.of(scope) / self.fair_window_s
-        busiest = 0.0
-        for other, usage in reversed(self._usage.items()):  # the most recently charged first
-            if now - usage.at > 4 * self.fair_window_s:
-                break  # this one's rate and every earlier one's are under 2% of what it was
-            if other != client:
-                busiest = max(busiest, self._rate(other, now))
-        # A client under the floor is neither held nor holds another back: a trickle beside
-        # a batch leaves the batch the service.
-        limit = max(self.fair_share * busiest, self.fair_floor)
-        if busiest > 0 and busiest >= self.fair_floor and rate > limit:
-            return _Over(
-                f"this client is using {rate:.1f} units of cost a second, more than "
-                f"{self.fair_share:g} times the busiest other client's {busiest:.1f}",
-                "its dear requests (long texts, many results or cited turns) count for "
-                "several; the other clients are served meanwhile. POIMEN_HTTP_FAIR_SHARE, "
-                "_FLOOR and POIMEN_HTTP_COST set the share",
-                self.fair_window_s * math.log(rate / limit),
-            )
+        rate = self._rate(client, now) + cost / self.fair_window_s
+        busiest, active = 0.0, 0
+        for other, held in self._held.items():
+            if other == client:
+                continue
+            # A client under the floor is neither held nor holds another back: a trickle
+            # beside a batch leaves the batch the service.
+            other_rate = self._rate(other, now)
+            if held and other_rate >= self.fair_floor and other_rate > 0:
+                busiest, active = max(busiest, other_rate), active + 1
+        held_cost = self._held_cost.get(client, 0.0)
+        even = max(self.max_inflight / (active + 1), _EVEN_MIN * self.cost.base)
+        if active and held_cost + cost > even:
+            if held_cost > 0:
+                return _Over(
+                    f"this client has {held_cost:.1f} units of cost in flight or waiting; "
+                    f"with this request {held_cost + cost:.1f}, more than its even share "
+                    f"({even:.1f}) while {active} other client{'s' if active > 1 else ''} "
+                    "use the service",
+                    "wait for one of its requests to end; its dear requests (long texts, "
+                    "many results or cited turns) count for several. POIMEN_HTTP_FAIR_SHARE, "
+                    "_FLOOR and POIMEN_HTTP_COST set the share",
+                    self.retry_after_s,
+                )
+            limit = self.fair_share * busiest
+            if rate > limit:
+                return _Over(
+                    f"this client is using {rate:.1f} units of cost a second, more than "
+                    f"{self.fair_share:g} times the busiest other client's {busiest:.1f}, "
+                    f"while {active} other client{'s' if active > 1 else ''} use the service",
+                    "its dear requests (long texts, many results or cited turns) count for "
+                    "several; the other clients are served meanwhile. POIMEN_HTTP_FAIR_SHARE, "
+                    "_FLOOR and POIMEN_HTTP_COST set the share",
+                    self.fair_window_s * math.log(rate / limit),
+                )
         # Charged now, before the capacity is known: a request then refused 503 still
         # counts (the service was busy with it in view), as a refused one here does not.
         self._usage.pop(client, None)
