@@ -327,10 +327,11 @@ def test_metrics_are_populated(client: TestClient) -> None:
 def test_a_leg_that_did_not_run_reports_null(client: TestClient, fixture_url: str) -> None:
     """Null, not 0: a leg the plan did not run has no time and no candidates (0 would say it
     ran and found nothing), over HTTP and in the SQL answer alike."""
-    # the default floor judges a LexicalOnly sentence by its cosine: it embeds, no leg does
+    # a caller's forced LexicalOnly embeds nothing, default floor or not (the floor is off
+    # for it: no cosine is computed behind the caller's back)
     m = query(client, query=KONG, strategy="LexicalOnly")["metrics"]
     assert m["semantic_time_ms"] is None and m["semantic_candidates"] is None
-    assert m["embed_time_ms"] is not None
+    assert m["embed_time_ms"] is None
     m = query(client, query=KONG, strategy="LexicalOnly", min_cosine="-1")["metrics"]
     assert m["semantic_time_ms"] is None and m["semantic_candidates"] is None
     assert m["embed_time_ms"] is None and m["embedding_cache_hit"] is None
