@@ -318,6 +318,28 @@ def init(
     return reports
 
 
+def _each_partition(
+    proxy_url: str,
+    work: Callable[[Partition, PartitionReport], None],
+    errors: tuple[type[Exception], ...],
+) -> tuple[list[Partition], list[PartitionReport]]:
+    """The proxy's partitions, and ``work`` done on each on its own: an error of ``errors``
+    (a partition out of reach, a failed migration) is its report's first line, and the
+    others go on."""
+    with psycopg.connect(proxy_url, autocommit=True) as conn:
+        parts = partitions(conn)
+    reports = []
+    for p in parts:
+        r = PartitionReport(p)
+        try:
+            work(p, r)
+        except errors as exc:
+            said = str(exc).strip()
+            r.error = said.splitlines()[0] if said else repr(exc)
+        reports.append(r)
+    return parts, reports
+
+
 def migrate_all(
     proxy_url: str,
     *,
@@ -330,25 +352,20 @@ def migrate_all(
 ) -> list[PartitionReport]:
     """``migrate`` (or ``migrate --check``) every partition, each on its own: one out of
     reach is reported and the others go on. Then the proxy's own SQL again."""
-    with psycopg.connect(proxy_url, autocommit=True) as conn:
-        parts = partitions(conn)
-    reports = []
-    for p in parts:
-        r = PartitionReport(p)
-        try:
-            if only_check:
-                with connect(p.admin(admin_user), autocommit=True) as c:
-                    r.drift = check(c, plpython_root=plpython_root)
-            else:
-                r.migrate = prepare_partition(
-                    p.admin(admin_user),
-                    plpython_root,
-                    proxy_role=proxy_role,
-                    proxy_password=proxy_password,
-                )
-        except (psycopg.Error, PoimenError) as exc:
-            r.error = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        reports.append(r)
+
+    def one(p: Partition, r: PartitionReport) -> None:
+        if only_check:
+            with connect(p.admin(admin_user), autocommit=True) as c:
+                r.drift = check(c, plpython_root=plpython_root)
+        else:
+            r.migrate = prepare_partition(
+                p.admin(admin_user),
+                plpython_root,
+                proxy_role=proxy_role,
+                proxy_password=proxy_password,
+            )
+
+    parts, reports = _each_partition(proxy_url, one, (psycopg.Error, PoimenError))
     if not only_check and all(r.error is None for r in reports):
         configure_proxy(
             proxy_url,
@@ -363,23 +380,17 @@ def migrate_all(
 
 def status(proxy_url: str, *, admin_user: str = "postgres") -> list[PartitionReport]:
     """Each partition: where it is, whether it answers, its nodes and projects."""
-    with psycopg.connect(proxy_url, autocommit=True) as conn:
-        parts = partitions(conn)
-    reports = []
-    for p in parts:
-        r = PartitionReport(p)
-        try:
-            with psycopg.connect(p.admin(admin_user), connect_timeout=5) as c:
-                row = c.execute(
-                    "SELECT (SELECT count(*) FROM memory.nodes WHERE expired_at IS NULL),"
-                    " (SELECT count(*) FROM memory.projects)"
-                ).fetchone()
-                assert row is not None
-                r.nodes, r.projects = int(row[0]), int(row[1])
-        except psycopg.Error as exc:
-            r.error = str(exc).strip().splitlines()[0]
-        reports.append(r)
-    return reports
+
+    def one(p: Partition, r: PartitionReport) -> None:
+        with psycopg.connect(p.admin(admin_user), connect_timeout=5) as c:
+            row = c.execute(
+                "SELECT (SELECT count(*) FROM memory.nodes WHERE expired_at IS NULL),"
+                " (SELECT count(*) FROM memory.projects)"
+            ).fetchone()
+            assert row is not None
+            r.nodes, r.projects = int(row[0]), int(row[1])
+
+    return _each_partition(proxy_url, one, (psycopg.Error,))[1]
 
 
 def _pg_tool(name: str) -> str:

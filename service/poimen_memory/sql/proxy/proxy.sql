@@ -120,6 +120,71 @@ END $$;
 COMMENT ON FUNCTION memory_proxy._down(integer, text, text) IS
     'Raises the typed error of a partition out of reach (08006, HTTP 503), naming the partition and project.';
 
+CREATE OR REPLACE FUNCTION memory_proxy._targets(read_projects text)
+RETURNS integer[]
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+-- The partitions a call naming no project asks: those holding the asserted projects (an
+-- API key's), or every partition for '*' (anonymous mode) and for a caller that asserts
+-- nothing (it sees nothing, but is answered as a single database answers it).
+RETURN CASE WHEN read_projects IS NULL OR read_projects IN ('', '*')
+            THEN ARRAY(SELECT pg_catalog.generate_series(0, memory_proxy.partitions() - 1))
+            ELSE ARRAY(SELECT DISTINCT memory_proxy.partition_of(btrim(p))
+                       FROM pg_catalog.unnest(pg_catalog.string_to_array(read_projects, ',')) p
+                       ORDER BY 1) END;
+COMMENT ON FUNCTION memory_proxy._targets(text) IS
+    'The partitions a call naming no project runs on: those of the asserted read projects (comma-separated), all of them for * or none asserted.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._none_reachable()
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'no partition is reachable'
+        USING ERRCODE = '08006', HINT = '`poimen-memory shard status` names the servers.';
+END $$;
+COMMENT ON FUNCTION memory_proxy._none_reachable() IS
+    'Raises 08006 (HTTP 503): every partition a call needs is out of reach.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._need_project(project text, hint text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF project IS NULL THEN
+        RAISE EXCEPTION 'project must not be NULL' USING ERRCODE = '22023', HINT = hint;
+    END IF;
+END $$;
+COMMENT ON FUNCTION memory_proxy._need_project(text, text) IS
+    'Raises 22023 (with hint) for a call that must name a project and names none.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._route(project text, read_projects text)
+RETURNS integer[]
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN project IS NOT NULL THEN ARRAY[memory_proxy.partition_of(project)]
+            ELSE memory_proxy._targets(read_projects) END;
+COMMENT ON FUNCTION memory_proxy._route(text, text) IS
+    'The partitions a call runs on: the one holding project, else those of the read projects (memory_proxy._targets).';
+
+CREATE OR REPLACE FUNCTION memory_proxy._missed(missing integer[], part integer, project text, message text)
+RETURNS integer[]
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- A call naming a project needs its partition (08006); one naming none answers from
+    -- the others and names the missing ones.
+    IF project IS NOT NULL THEN
+        PERFORM memory_proxy._down(part, project, message);
+    END IF;
+    RETURN missing || part;
+END $$;
+COMMENT ON FUNCTION memory_proxy._missed(integer[], integer, text, text) IS
+    'A partition out of reach (message: PL/Proxy''s error): 08006 naming it when the call names project, else missing with it added.';
+
 -- The remote calls: one pair per function, "on" a given hash (RUN ON: PL/Proxy masks it
 -- to a partition) and, for reads, on all partitions at once (RUN ON ALL, in parallel).
 -- Their arguments: the caller's three settings, then the public function's own.
@@ -210,33 +275,22 @@ DECLARE
     part integer;
 BEGIN
     missing := '{}';
-    IF project IS NOT NULL THEN
+    rows := '{}';
+    IF project IS NULL THEN
+        -- Every partition at once; when one is out of reach, each alone (below), to answer
+        -- from the others and name the missing ones.
         BEGIN
-            rows := ARRAY(SELECT r FROM memory_proxy.query_on(
-                pg_catalog.hashtext(project), c.read_projects, c.write_projects, c.api_key,
+            rows := ARRAY(SELECT r FROM memory_proxy.query_all(
+                c.read_projects, c.write_projects, c.api_key,
                 query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
                 dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
                 unsupported) r);
+            RETURN;
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
         END;
-        RETURN;
     END IF;
-    -- Every partition at once; when one is out of reach, each alone, to answer from the
-    -- others and name the missing ones.
-    BEGIN
-        rows := ARRAY(SELECT r FROM memory_proxy.query_all(
-            c.read_projects, c.write_projects, c.api_key,
-            query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
-            dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
-            unsupported) r);
-        RETURN;
-    EXCEPTION WHEN internal_error THEN
-        IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-    END;
-    rows := '{}';
-    FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
+    FOREACH part IN ARRAY memory_proxy._route(project, NULL) LOOP
         BEGIN
             rows := rows || ARRAY(SELECT r FROM memory_proxy.query_on(
                 part, c.read_projects, c.write_projects, c.api_key,
@@ -245,12 +299,11 @@ BEGIN
                 unsupported) r);
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            missing := missing || part;
+            missing := memory_proxy._missed(missing, part, project, SQLERRM);
         END;
     END LOOP;
     IF cardinality(missing) = memory_proxy.partitions() THEN
-        RAISE EXCEPTION 'no partition is reachable'
-            USING ERRCODE = '08006', HINT = '`poimen-memory shard status` names the servers.';
+        PERFORM memory_proxy._none_reachable();
     END IF;
 END $$;
 COMMENT ON FUNCTION memory_proxy._query_rows(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text) IS
@@ -350,34 +403,24 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     c record := memory_proxy._caller();
-    docs jsonb[];
+    docs jsonb[] := '{}';
     missing integer[] := '{}';
     part integer;
-    merged jsonb;
-    kept jsonb;
 BEGIN
-    IF project IS NOT NULL THEN
+    -- As memory_proxy._query_rows: every partition at once, or each alone.
+    IF project IS NULL THEN
         BEGIN
-            RETURN (SELECT a FROM memory_proxy.answer_on(
-                pg_catalog.hashtext(project), c.read_projects, c.write_projects, c.api_key,
+            docs := ARRAY(SELECT a FROM memory_proxy.answer_all(
+                c.read_projects, c.write_projects, c.api_key,
                 query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
                 dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
                 unsupported, evidence) a);
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
         END;
     END IF;
-    BEGIN
-        docs := ARRAY(SELECT a FROM memory_proxy.answer_all(
-            c.read_projects, c.write_projects, c.api_key,
-            query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
-            dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
-            unsupported, evidence) a);
-    EXCEPTION WHEN internal_error THEN
-        IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-        docs := '{}';
-        FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
+    IF cardinality(docs) = 0 THEN
+        FOREACH part IN ARRAY memory_proxy._route(project, NULL) LOOP
             BEGIN
                 docs := docs || ARRAY(SELECT a FROM memory_proxy.answer_on(
                     part, c.read_projects, c.write_projects, c.api_key,
@@ -386,82 +429,97 @@ BEGIN
                     unsupported, evidence) a);
             EXCEPTION WHEN internal_error THEN
                 IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-                missing := missing || part;
+                missing := memory_proxy._missed(missing, part, project, SQLERRM);
             END;
         END LOOP;
         IF cardinality(docs) = 0 THEN
-            RAISE EXCEPTION 'no partition is reachable'
-                USING ERRCODE = '08006', HINT = '`poimen-memory shard status` names the servers.';
+            PERFORM memory_proxy._none_reachable();
         END IF;
-    END;
-    -- The first partition's document, with the results merged as memory.query merges rows
-    -- and the evidence of the results kept (each partition's, in the merged order).
-    SELECT coalesce(jsonb_agg(to_jsonb(m) ORDER BY m.rank), '[]') INTO kept
-    FROM memory_proxy._merge(ARRAY(SELECT jsonb_populate_record(NULL::memory.query_row, r)
-                                   FROM unnest(docs) d, jsonb_array_elements(d -> 'results') r), k) m;
-    merged := docs[1] || jsonb_build_object(
-        'results', kept,
-        'evidence', coalesce((SELECT jsonb_agg(e) FROM unnest(docs) d, jsonb_array_elements(d -> 'evidence') e), '[]'),
-        'partitions', jsonb_build_object('answered', cardinality(docs), 'missing', to_jsonb(missing)));
-    IF cardinality(missing) > 0 THEN
-        merged := jsonb_set(merged, '{degraded}', coalesce(merged -> 'degraded', '[]')
-            || jsonb_build_object('stage', 'shard', 'reason', 'unreachable', 'partitions', to_jsonb(missing)));
     END IF;
-    RETURN merged;
+    IF project IS NOT NULL THEN
+        RETURN docs[1];
+    END IF;
+    RETURN memory_proxy._merge_docs(docs, missing, coalesce(k, (docs[1] -> 'plan' ->> 'k')::integer));
 END $$;
 COMMENT ON FUNCTION memory.answer(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text, integer) IS
     'memory.answer of the partition databases through PL/Proxy: with project, the document of the partition holding it (08006 when out of reach); without, the first partition''s document with every partition''s results merged as memory.query merges them, their evidence lists concatenated, "partitions" {answered, missing}, and a degraded entry {"stage": "shard", "reason": "unreachable", "partitions": [...]} when some were out of reach.';
 
-CREATE OR REPLACE FUNCTION memory.add_nodes(nodes jsonb)
+CREATE OR REPLACE FUNCTION memory_proxy._write_on(part integer, nodes jsonb, embeddings vector[], embed boolean, via text)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     c record := memory_proxy._caller();
+BEGIN
+    IF via = 'add_nodes' THEN
+        RETURN memory_proxy.add_nodes_on(part, c.read_projects, c.write_projects, c.api_key, nodes);
+    END IF;
+    RETURN memory_proxy._write_nodes_on(part, c.read_projects, c.write_projects, c.api_key,
+                                        nodes, embeddings, embed);
+END $$;
+COMMENT ON FUNCTION memory_proxy._write_on(integer, jsonb, vector[], boolean, text) IS
+    'One partition''s write: memory.add_nodes (via ''add_nodes'', embeddings and embed unused) or memory._write_nodes (via ''_write_nodes'') on partition part.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._write(nodes jsonb, embeddings vector[], embed boolean, via text)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
     g record;
     res jsonb;
     out_nodes jsonb := '[]';
-    totals jsonb := '{}';
+    totals jsonb := '{"inserted": 0, "duplicates": 0, "updated": 0, "edges": 0}';
     unresolved jsonb := '[]';
 BEGIN
     -- Not an array: the partition says so, as a single database would (22023).
     IF jsonb_typeof(nodes) IS DISTINCT FROM 'array' THEN
-        RETURN (SELECT a FROM memory_proxy.add_nodes_on(0, c.read_projects, c.write_projects, c.api_key, nodes) a);
+        RETURN memory_proxy._write_on(0, nodes, embeddings, embed, via);
     END IF;
-    -- The nodes grouped by the partition of their project, each group one remote call
-    -- (all or nothing within it; a later group's failure leaves the earlier ones written,
-    -- and writing them again answers "unchanged": docs/scaling.md).
+    -- The nodes (and their vectors) grouped by the partition of their project, each group
+    -- one remote call (all or nothing within it; a later group's failure leaves the
+    -- earlier ones written, and writing them again answers "unchanged": docs/scaling.md).
     FOR g IN
         SELECT memory_proxy.partition_of(e.node ->> 'project') AS part,
                min(e.node ->> 'project') AS project,
                jsonb_agg(e.node ORDER BY e.ord) AS group_nodes,
+               CASE WHEN embeddings IS NULL THEN NULL
+                    ELSE array_agg(embeddings[e.ord] ORDER BY e.ord) END AS group_vectors,
                array_agg(e.ord ORDER BY e.ord) AS ords
         FROM jsonb_array_elements(nodes) WITH ORDINALITY AS e(node, ord)
         GROUP BY 1 ORDER BY 1 NULLS FIRST
     LOOP
         PERFORM memory_proxy._write_lock(coalesce(g.part, 0));
         BEGIN
-            res := (SELECT a FROM memory_proxy.add_nodes_on(coalesce(g.part, 0), c.read_projects,
-                                                            c.write_projects, c.api_key, g.group_nodes) a);
+            res := memory_proxy._write_on(coalesce(g.part, 0), g.group_nodes, g.group_vectors, embed, via);
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
             PERFORM memory_proxy._down(g.part, g.project, SQLERRM);
         END;
-        out_nodes := out_nodes || (SELECT jsonb_agg(jsonb_build_object('ord', g.ords[i.ord]) || i.node)
-                                   FROM jsonb_array_elements(res -> 'nodes') WITH ORDINALITY AS i(node, ord));
-        SELECT coalesce(jsonb_object_agg(key, coalesce((totals ->> key)::bigint, 0) + value::bigint), '{}')
-          INTO totals
-          FROM jsonb_each_text(res) WHERE key IN ('inserted', 'duplicates', 'updated', 'edges');
-        IF jsonb_typeof(res -> 'unresolved') = 'array' THEN
-            unresolved := unresolved || (res -> 'unresolved');
-        END IF;
+        -- Merged back into input order: nodes and unresolved numbered over the whole batch.
+        out_nodes := out_nodes || coalesce((SELECT jsonb_agg(jsonb_build_object('ord', g.ords[i.ord]) || i.node)
+                                            FROM jsonb_array_elements(res -> 'nodes') WITH ORDINALITY AS i(node, ord)), '[]');
+        SELECT jsonb_object_agg(t.key, (t.value)::bigint + coalesce((res ->> t.key)::bigint, 0))
+          INTO totals FROM jsonb_each_text(totals) t;
+        unresolved := unresolved || coalesce(
+            (SELECT jsonb_agg(jsonb_build_array(g.ords[(u ->> 0)::integer], u -> 1))
+             FROM jsonb_array_elements(res -> 'unresolved') u), '[]');
     END LOOP;
     RETURN totals || jsonb_build_object(
         'nodes', (SELECT coalesce(jsonb_agg(n - 'ord' ORDER BY (n ->> 'ord')::bigint), '[]')
                   FROM jsonb_array_elements(out_nodes) n),
-        'unresolved', unresolved);
+        'unresolved', (SELECT coalesce(jsonb_agg(u ORDER BY (u ->> 0)::bigint), '[]')
+                       FROM jsonb_array_elements(unresolved) u));
 END $$;
+COMMENT ON FUNCTION memory_proxy._write(jsonb, vector[], boolean, text) IS
+    'The write path of memory.add_nodes and memory._write_nodes (via names which): the nodes and their vectors grouped by the partition of their project, one call (all or nothing) per partition under its write lock, the answers merged in input order (unresolved numbered over the whole batch) and the counts summed; 08006 when a partition is out of reach.';
+
+CREATE OR REPLACE FUNCTION memory.add_nodes(nodes jsonb)
+RETURNS jsonb
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+RETURN memory_proxy._write(nodes, NULL, false, 'add_nodes');
 COMMENT ON FUNCTION memory.add_nodes(jsonb) IS
     'memory.add_nodes of the partition databases through PL/Proxy: the nodes grouped by the partition of their project, one call (all or nothing) per partition, the answers merged in input order and the counts summed. Waits while a partition it writes is being moved; 08006 when one is out of reach.';
 
@@ -519,10 +577,7 @@ AS $$
 DECLARE
     c record := memory_proxy._caller();
 BEGIN
-    IF project IS NULL THEN
-        RAISE EXCEPTION 'project must not be NULL'
-            USING ERRCODE = '22023', HINT = 'memory.history(project, external_id): ids are unique per project.';
-    END IF;
+    PERFORM memory_proxy._need_project(project, 'memory.history(project, external_id): ids are unique per project.');
     RETURN QUERY SELECT * FROM memory_proxy.history_on(pg_catalog.hashtext(project),
         c.read_projects, c.write_projects, c.api_key, project, external_id);
 EXCEPTION WHEN internal_error THEN
@@ -552,10 +607,7 @@ AS $$
 DECLARE
     c record := memory_proxy._caller();
 BEGIN
-    IF project IS NULL THEN
-        RAISE EXCEPTION 'project must not be NULL'
-            USING ERRCODE = '22023', HINT = 'memory.forget names one project (through the proxy, it picks the partition).';
-    END IF;
+    PERFORM memory_proxy._need_project(project, 'memory.forget names one project (through the proxy, it picks the partition).');
     PERFORM memory_proxy._write_lock(memory_proxy.partition_of(project));
     RETURN (SELECT a FROM memory_proxy.forget_on(pg_catalog.hashtext(project), c.read_projects,
         c.write_projects, c.api_key, project, external_ids, source, since, until, erase, reason,
@@ -577,10 +629,7 @@ AS $$
 DECLARE
     c record := memory_proxy._caller();
 BEGIN
-    IF project IS NULL THEN
-        RAISE EXCEPTION 'project must not be NULL'
-            USING ERRCODE = '22023', HINT = 'memory.forget names one project (through the proxy, it picks the partition).';
-    END IF;
+    PERFORM memory_proxy._need_project(project, 'memory.forget names one project (through the proxy, it picks the partition).');
     PERFORM memory_proxy._write_lock(memory_proxy.partition_of(project));
     RETURN (SELECT a FROM memory_proxy.forget_on(pg_catalog.hashtext(project), c.read_projects,
         c.write_projects, c.api_key, project, external_id, erase, reason) a);
@@ -623,33 +672,6 @@ RETURN CASE WHEN memory_proxy._trusted() THEN caps
 COMMENT ON FUNCTION memory_proxy._caps(jsonb) IS
     'The service''s caps as they travel: with read_projects / write_projects for a member of @proxy.service@ only.';
 
-CREATE OR REPLACE FUNCTION memory_proxy._targets(read_projects text)
-RETURNS integer[]
-LANGUAGE sql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
--- The partitions a call naming no project asks: those holding the asserted projects (an
--- API key's), or every partition for '*' (anonymous mode) and for a caller that asserts
--- nothing (it sees nothing, but is answered as a single database answers it).
-RETURN CASE WHEN read_projects IS NULL OR read_projects IN ('', '*')
-            THEN ARRAY(SELECT pg_catalog.generate_series(0, memory_proxy.partitions() - 1))
-            ELSE ARRAY(SELECT DISTINCT memory_proxy.partition_of(btrim(p))
-                       FROM pg_catalog.unnest(pg_catalog.string_to_array(read_projects, ',')) p
-                       ORDER BY 1) END;
-COMMENT ON FUNCTION memory_proxy._targets(text) IS
-    'The partitions a call naming no project runs on: those of the asserted read projects (comma-separated), all of them for * or none asserted.';
-
-CREATE OR REPLACE FUNCTION memory_proxy._none_reachable()
-RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    RAISE EXCEPTION 'no partition is reachable'
-        USING ERRCODE = '08006', HINT = '`poimen-memory shard status` names the servers.';
-END $$;
-COMMENT ON FUNCTION memory_proxy._none_reachable() IS
-    'Raises 08006 (HTTP 503): every partition a call needs is out of reach.';
-
 CREATE OR REPLACE FUNCTION memory._serve_start(req jsonb, caps jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -661,24 +683,18 @@ DECLARE
     part integer;
 BEGIN
     caps := memory_proxy._caps(caps);
-    IF project IS NOT NULL THEN
-        BEGIN
-            RETURN memory_proxy._serve_start_on(pg_catalog.hashtext(project), c.read_projects,
-                c.write_projects, c.api_key, req, caps);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
-        END;
-    END IF;
     -- No project: the plan of the first partition that answers, without its prefetched
     -- legs (their node ids are that partition's; every partition runs its own legs).
-    FOREACH part IN ARRAY memory_proxy._targets(caps ->> 'read_projects') LOOP
+    FOREACH part IN ARRAY memory_proxy._route(project, caps ->> 'read_projects') LOOP
         BEGIN
             RETURN memory_proxy._serve_start_on(part, c.read_projects, c.write_projects,
                 c.api_key, req, caps)
-                || jsonb_build_object('prefetched', jsonb_build_object('calls', '{}'::jsonb, 'stages', '{}'::jsonb));
+                || CASE WHEN project IS NULL
+                        THEN jsonb_build_object('prefetched', jsonb_build_object('calls', '{}'::jsonb, 'stages', '{}'::jsonb))
+                        ELSE '{}' END;
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            PERFORM memory_proxy._missed('{}', part, project, SQLERRM);
         END;
     END LOOP;
     PERFORM memory_proxy._none_reachable();
@@ -740,53 +756,47 @@ AS $$
 DECLARE
     c record := memory_proxy._caller();
     project text := req ->> 'project';
-    targets integer[];
     docs jsonb[] := '{}';
     missing integer[] := '{}';
     part integer;
 BEGIN
     caps := memory_proxy._caps(caps);
-    IF project IS NOT NULL THEN
-        BEGIN
-            RETURN (SELECT a FROM memory_proxy._serve_on(pg_catalog.hashtext(project), c.read_projects,
-                c.write_projects, c.api_key, req, caps, query_embedding, hits, through, prefetched) a);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
-        END;
-    END IF;
-    IF through = 'semantic' THEN
-        RETURN '{}';  -- nothing prefetched over several partitions: each runs its own legs
-    ELSIF through IS DISTINCT FROM 'answer' THEN
-        RAISE EXCEPTION 'a reranker over every partition is not built through the proxy'
-            USING ERRCODE = '0A000',
-                  HINT = 'Name a project, or serve without a reranker (docs/scaling.md#the-http-service-over-the-proxy).';
-    END IF;
-    targets := memory_proxy._targets(caps ->> 'read_projects');
-    IF cardinality(targets) = memory_proxy.partitions() THEN
-        BEGIN
-            docs := ARRAY(SELECT a FROM memory_proxy._serve_all(c.read_projects, c.write_projects,
-                c.api_key, req, caps, query_embedding, hits, through, NULL) a);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            docs := '{}';
-        END;
+    IF project IS NULL THEN
+        IF through = 'semantic' THEN
+            RETURN '{}';  -- nothing prefetched over several partitions: each runs its own legs
+        ELSIF through IS DISTINCT FROM 'answer' THEN
+            RAISE EXCEPTION 'a reranker over every partition is not built through the proxy'
+                USING ERRCODE = '0A000',
+                      HINT = 'Name a project, or serve without a reranker (docs/scaling.md#the-http-service-over-the-proxy).';
+        END IF;
+        prefetched := NULL;
+        IF cardinality(memory_proxy._targets(caps ->> 'read_projects')) = memory_proxy.partitions() THEN
+            BEGIN
+                docs := ARRAY(SELECT a FROM memory_proxy._serve_all(c.read_projects, c.write_projects,
+                    c.api_key, req, caps, query_embedding, hits, through, prefetched) a);
+            EXCEPTION WHEN internal_error THEN
+                IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            END;
+        END IF;
     END IF;
     IF cardinality(docs) = 0 THEN
         -- Each partition alone (one out of reach, or only some hold the caller's projects),
         -- to answer from the others and name the missing ones.
-        FOREACH part IN ARRAY targets LOOP
+        FOREACH part IN ARRAY memory_proxy._route(project, caps ->> 'read_projects') LOOP
             BEGIN
                 docs := docs || ARRAY(SELECT a FROM memory_proxy._serve_on(part, c.read_projects,
-                    c.write_projects, c.api_key, req, caps, query_embedding, hits, through, NULL) a);
+                    c.write_projects, c.api_key, req, caps, query_embedding, hits, through, prefetched) a);
             EXCEPTION WHEN internal_error THEN
                 IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-                missing := missing || part;
+                missing := memory_proxy._missed(missing, part, project, SQLERRM);
             END;
         END LOOP;
         IF cardinality(docs) = 0 THEN
             PERFORM memory_proxy._none_reachable();
         END IF;
+    END IF;
+    IF project IS NOT NULL THEN
+        RETURN docs[1];
     END IF;
     -- k as the partitions' plans read it (memory.check_k's default when req names none).
     RETURN memory_proxy._merge_docs(docs, missing,
@@ -843,8 +853,7 @@ BEGIN
     END IF;
     -- No project: the id must name one node among the readable projects of every
     -- partition they are on (the API key's, else all).
-    FOREACH part IN ARRAY memory_proxy._targets(
-            CASE WHEN p_projects IS NULL THEN c.read_projects ELSE array_to_string(p_projects, ',') END) LOOP
+    FOREACH part IN ARRAY memory_proxy._targets(coalesce(array_to_string(p_projects, ','), c.read_projects)) LOOP
         BEGIN
             found := found || ARRAY(SELECT r FROM memory_proxy._get_node_on(part, c.read_projects,
                 c.write_projects, c.api_key, p_id, p_project, p_projects) r);
@@ -980,57 +989,9 @@ CREATE OR REPLACE FUNCTION memory._write_nodes(
     embed boolean DEFAULT false
 )
 RETURNS jsonb
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    c record := memory_proxy._caller();
-    g record;
-    res jsonb;
-    out_nodes jsonb := '[]';
-    totals jsonb := '{"inserted": 0, "duplicates": 0, "updated": 0, "edges": 0}';
-    unresolved jsonb := '[]';
-BEGIN
-    IF jsonb_typeof(nodes) IS DISTINCT FROM 'array' THEN
-        RETURN memory_proxy._write_nodes_on(0, c.read_projects, c.write_projects, c.api_key,
-                                            nodes, embeddings, embed);
-    END IF;
-    -- As memory.add_nodes here: the nodes (and their vectors) grouped by the partition of
-    -- their project, one call (all or nothing) per partition, the answers merged back into
-    -- input order; a batch over several partitions is not atomic across them (writing it
-    -- again answers "unchanged").
-    FOR g IN
-        SELECT memory_proxy.partition_of(e.node ->> 'project') AS part,
-               min(e.node ->> 'project') AS project,
-               jsonb_agg(e.node ORDER BY e.ord) AS group_nodes,
-               CASE WHEN embeddings IS NULL THEN NULL
-                    ELSE array_agg(embeddings[e.ord] ORDER BY e.ord) END AS group_vectors,
-               array_agg(e.ord ORDER BY e.ord) AS ords
-        FROM jsonb_array_elements(nodes) WITH ORDINALITY AS e(node, ord)
-        GROUP BY 1 ORDER BY 1 NULLS FIRST
-    LOOP
-        PERFORM memory_proxy._write_lock(coalesce(g.part, 0));
-        BEGIN
-            res := memory_proxy._write_nodes_on(coalesce(g.part, 0), c.read_projects,
-                c.write_projects, c.api_key, g.group_nodes, g.group_vectors, embed);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._down(g.part, g.project, SQLERRM);
-        END;
-        out_nodes := out_nodes || coalesce((SELECT jsonb_agg(jsonb_build_object('ord', g.ords[i.ord]) || i.node)
-                                            FROM jsonb_array_elements(res -> 'nodes') WITH ORDINALITY AS i(node, ord)), '[]');
-        SELECT jsonb_object_agg(t.key, (t.value)::bigint + coalesce((res ->> t.key)::bigint, 0))
-          INTO totals FROM jsonb_each_text(totals) t;
-        unresolved := unresolved || coalesce(
-            (SELECT jsonb_agg(jsonb_build_array(g.ords[(u ->> 0)::integer], u -> 1))
-             FROM jsonb_array_elements(res -> 'unresolved') u), '[]');
-    END LOOP;
-    RETURN totals || jsonb_build_object(
-        'nodes', (SELECT coalesce(jsonb_agg(n - 'ord' ORDER BY (n ->> 'ord')::bigint), '[]')
-                  FROM jsonb_array_elements(out_nodes) n),
-        'unresolved', (SELECT coalesce(jsonb_agg(u ORDER BY (u ->> 0)::bigint), '[]')
-                       FROM jsonb_array_elements(unresolved) u));
-END $$;
+RETURN memory_proxy._write(nodes, embeddings, embed, '_write_nodes');
 COMMENT ON FUNCTION memory._write_nodes(jsonb, vector[], boolean) IS
     'memory._write_nodes of the partitions through PL/Proxy (POST /memory/nodes): the nodes and their vectors grouped by the partition of their project, one call (all or nothing) per partition, the answers merged in input order (unresolved numbered over the whole batch) and the counts summed; waits while a partition it writes is being moved, 08006 when one is out of reach. node_id is each partition''s own.';
 
@@ -1049,27 +1010,21 @@ DECLARE
     part integer;
 BEGIN
     -- A page is keyset-paged by the partition's own node ids: one partition's pages only.
-    IF p_project IS NOT NULL THEN
-        part := pg_catalog.hashtext(p_project);
-    ELSE
-        targets := memory_proxy._targets(
-            CASE WHEN p_projects IS NULL THEN c.read_projects ELSE array_to_string(p_projects, ',') END);
-        IF cardinality(targets) <> 1 THEN
-            -- 22023 (HTTP 400): the request names too little for this deployment.
-            RAISE EXCEPTION 'listing nodes over several partitions is not built through the proxy'
-                USING ERRCODE = '22023',
-                      HINT = 'Name a project (project=...): its nodes are on one partition.';
-        END IF;
-        part := targets[1];
+    targets := memory_proxy._route(p_project, coalesce(array_to_string(p_projects, ','), c.read_projects));
+    IF cardinality(targets) <> 1 THEN
+        -- 22023 (HTTP 400): the request names too little for this deployment.
+        RAISE EXCEPTION 'listing nodes over several partitions is not built through the proxy'
+            USING ERRCODE = '22023',
+                  HINT = 'Name a project (project=...): its nodes are on one partition.';
     END IF;
+    part := targets[1];
     BEGIN
         RETURN QUERY SELECT * FROM memory_proxy._list_nodes_on(part, c.read_projects,
             c.write_projects, c.api_key, p_project, p_level, p_source, p_since, p_until, p_after,
             p_limit, p_projects, p_filter, p_newest_first);
     EXCEPTION WHEN internal_error THEN
         IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-        PERFORM memory_proxy._down(part & (memory_proxy.partitions() - 1),
-                                   coalesce(p_project, array_to_string(p_projects, ',')), SQLERRM);
+        PERFORM memory_proxy._down(part, coalesce(p_project, array_to_string(p_projects, ',')), SQLERRM);
     END;
 END $$;
 COMMENT ON FUNCTION memory._list_nodes(text, text, text, text, text, text, integer, text[], jsonb, boolean) IS
@@ -1088,11 +1043,8 @@ DECLARE
     part integer;
     total bigint := 0;
 BEGIN
-    FOREACH part IN ARRAY CASE WHEN p_project IS NOT NULL
-                               THEN ARRAY[memory_proxy.partition_of(p_project)]
-                               ELSE memory_proxy._targets(
-                                   CASE WHEN p_projects IS NULL THEN c.read_projects
-                                        ELSE array_to_string(p_projects, ',') END) END LOOP
+    FOREACH part IN ARRAY memory_proxy._route(
+            p_project, coalesce(array_to_string(p_projects, ','), c.read_projects)) LOOP
         BEGIN
             total := total + (SELECT n FROM memory_proxy._count_nodes_on(part, c.read_projects,
                 c.write_projects, c.api_key, p_project, p_level, p_source, p_since, p_until,
