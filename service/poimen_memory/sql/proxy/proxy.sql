@@ -202,7 +202,7 @@ BEGIN
         ('query', query_args, query_call, 'SETOF memory.query_row', true),
         ('answer', query_args || ', evidence integer', query_call || ', evidence', 'SETOF jsonb', true),
         ('add_nodes', 'nodes jsonb', 'nodes', 'jsonb', false),
-        ('get_node', 'id text, project text', 'id, project', 'SETOF memory.node_row', true),
+        ('get_node', 'id text, project text', 'id, project', 'SETOF memory.node_row', false),
         ('history', 'project text, external_id text', 'project, external_id',
          'TABLE (revision integer, node_id bigint, current boolean, level text, sha256 text, '
          'title text, text text, source text, "timestamp" timestamptz, metadata jsonb, '
@@ -257,57 +257,54 @@ BEGIN
                 f.name || '_all', f.args,
                 pg_catalog.format('memory.%s on every partition at once (RUN ON ALL), through its relay memory_shard.%s.', f.name, f.name));
         END IF;
-    END LOOP;
-END $$;
-
--- memory.query: one partition when the call names a project, else all of them merged.
-CREATE OR REPLACE FUNCTION memory_proxy._query_rows(
-    query text, query_embedding vector, project text, levels text[], k integer,
-    strategy text, fusion text, rrf_k integer, candidates integer, dense_weight double precision,
-    since text, until text, reference_time timestamptz, filter jsonb, min_cosine double precision,
-    as_of timestamptz, valid_at timestamptz, unsupported text,
-    OUT rows memory.query_row[], OUT missing integer[])
+        IF f.on_all AND f.result LIKE 'SETOF %' THEN
+            -- The fan-out of a read over partitions (memory_proxy._route's): all at once
+            -- when they are all of them, else (or when one is out of reach) each alone, to
+            -- answer from the others and name the missing ones (08006 for a named project).
+            EXECUTE pg_catalog.format($f$
+CREATE OR REPLACE FUNCTION memory_proxy.%1$I(on_project text, parts integer[], %2$s,
+    OUT got %3$s[], OUT missing integer[])
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
-AS $$
+AS $body$
 DECLARE
     c record := memory_proxy._caller();
     part integer;
 BEGIN
+    got := '{}';
     missing := '{}';
-    rows := '{}';
-    IF project IS NULL THEN
-        -- Every partition at once; when one is out of reach, each alone (below), to answer
-        -- from the others and name the missing ones.
+    IF on_project IS NULL AND cardinality(parts) = memory_proxy.partitions() THEN
         BEGIN
-            rows := ARRAY(SELECT r FROM memory_proxy.query_all(
-                c.read_projects, c.write_projects, c.api_key,
-                query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
-                dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
-                unsupported) r);
+            got := ARRAY(SELECT r FROM memory_proxy.%4$I(c.read_projects, c.write_projects, c.api_key, %6$s) r);
             RETURN;
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
         END;
     END IF;
-    FOREACH part IN ARRAY memory_proxy._route(project, NULL) LOOP
+    FOREACH part IN ARRAY parts LOOP
         BEGIN
-            rows := rows || ARRAY(SELECT r FROM memory_proxy.query_on(
-                part, c.read_projects, c.write_projects, c.api_key,
-                query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
-                dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
-                unsupported) r);
+            got := got || ARRAY(SELECT r FROM memory_proxy.%5$I(part, c.read_projects, c.write_projects, c.api_key, %6$s) r);
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            missing := memory_proxy._missed(missing, part, project, SQLERRM);
+            missing := memory_proxy._missed(missing, part, on_project, SQLERRM);
         END;
     END LOOP;
-    IF cardinality(missing) = memory_proxy.partitions() THEN
+    IF cardinality(missing) = cardinality(parts) THEN
         PERFORM memory_proxy._none_reachable();
     END IF;
+END $body$ $f$,
+                f.name || '_gather', f.args, substr(f.result, 7), f.name || '_all', f.name || '_on', f.call);
+            EXECUTE pg_catalog.format('COMMENT ON FUNCTION memory_proxy.%I(text, integer[], %s) IS %L',
+                f.name || '_gather', f.args,
+                pg_catalog.format('memory.%s on the partitions parts (memory_proxy._route''s; all at once when they are all of them), the answers in got and those out of reach in missing; 08006 when on_project''s is out of reach or all are.', f.name));
+        END IF;
+    END LOOP;
 END $$;
-COMMENT ON FUNCTION memory_proxy._query_rows(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text) IS
-    'memory.query''s rows from the partition holding project (08006 when it is out of reach), or from every partition (each one''s top k), with the partitions out of reach in missing.';
+
+DROP FUNCTION IF EXISTS memory_proxy.get_node_all(text, text, text, text, text);  -- unused (memory.get_node asks each partition)
+
+-- memory.query: one partition when the call names a project, else all of them merged.
+DROP FUNCTION IF EXISTS memory_proxy._query_rows(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text);  -- now memory_proxy.query_gather
 
 CREATE OR REPLACE FUNCTION memory_proxy._merge(rows memory.query_row[], k integer)
 RETURNS SETOF memory.query_row
@@ -358,9 +355,9 @@ AS $$
 DECLARE
     got record;
 BEGIN
-    got := memory_proxy._query_rows(query, query_embedding, project, levels, k, strategy, fusion,
-                                    rrf_k, candidates, dense_weight, since, until, reference_time,
-                                    filter, min_cosine, as_of, valid_at, unsupported);
+    got := memory_proxy.query_gather(project, memory_proxy._route(project, NULL),
+        query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight,
+        since, until, reference_time, filter, min_cosine, as_of, valid_at, unsupported);
     IF cardinality(got.missing) > 0 THEN
         RAISE WARNING 'degraded: partitions % are unreachable; answered from the others', got.missing
             USING DETAIL = pg_catalog.format('{"stage": "shard", "reason": "unreachable", "partitions": %s}',
@@ -368,9 +365,9 @@ BEGIN
                   HINT = '`poimen-memory shard status` names their servers.';
     END IF;
     IF project IS NOT NULL THEN
-        RETURN QUERY SELECT * FROM unnest(got.rows);
+        RETURN QUERY SELECT * FROM unnest(got.got);
     ELSE
-        RETURN QUERY SELECT * FROM memory_proxy._merge(got.rows, k);
+        RETURN QUERY SELECT * FROM memory_proxy._merge(got.got, k);
     END IF;
 END $$;
 COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text) IS
@@ -402,44 +399,15 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
-    docs jsonb[] := '{}';
-    missing integer[] := '{}';
-    part integer;
+    got record;
 BEGIN
-    -- As memory_proxy._query_rows: every partition at once, or each alone.
-    IF project IS NULL THEN
-        BEGIN
-            docs := ARRAY(SELECT a FROM memory_proxy.answer_all(
-                c.read_projects, c.write_projects, c.api_key,
-                query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
-                dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
-                unsupported, evidence) a);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-        END;
-    END IF;
-    IF cardinality(docs) = 0 THEN
-        FOREACH part IN ARRAY memory_proxy._route(project, NULL) LOOP
-            BEGIN
-                docs := docs || ARRAY(SELECT a FROM memory_proxy.answer_on(
-                    part, c.read_projects, c.write_projects, c.api_key,
-                    query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
-                    dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
-                    unsupported, evidence) a);
-            EXCEPTION WHEN internal_error THEN
-                IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-                missing := memory_proxy._missed(missing, part, project, SQLERRM);
-            END;
-        END LOOP;
-        IF cardinality(docs) = 0 THEN
-            PERFORM memory_proxy._none_reachable();
-        END IF;
-    END IF;
+    got := memory_proxy.answer_gather(project, memory_proxy._route(project, NULL),
+        query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight,
+        since, until, reference_time, filter, min_cosine, as_of, valid_at, unsupported, evidence);
     IF project IS NOT NULL THEN
-        RETURN docs[1];
+        RETURN got.got[1];
     END IF;
-    RETURN memory_proxy._merge_docs(docs, missing, coalesce(k, (docs[1] -> 'plan' ->> 'k')::integer));
+    RETURN memory_proxy._merge_docs(got.got, got.missing, coalesce(k, (got.got[1] -> 'plan' ->> 'k')::integer));
 END $$;
 COMMENT ON FUNCTION memory.answer(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text, integer) IS
     'memory.answer of the partition databases through PL/Proxy: with project, the document of the partition holding it (08006 when out of reach); without, the first partition''s document with every partition''s results merged as memory.query merges them, their evidence lists concatenated, "partitions" {answered, missing}, and a degraded entry {"stage": "shard", "reason": "unreachable", "partitions": [...]} when some were out of reach.';
@@ -754,11 +722,8 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     project text := req ->> 'project';
-    docs jsonb[] := '{}';
-    missing integer[] := '{}';
-    part integer;
+    got record;
 BEGIN
     caps := memory_proxy._caps(caps);
     IF project IS NULL THEN
@@ -770,37 +735,16 @@ BEGIN
                       HINT = 'Name a project, or serve without a reranker (docs/scaling.md#the-http-service-over-the-proxy).';
         END IF;
         prefetched := NULL;
-        IF cardinality(memory_proxy._targets(caps ->> 'read_projects')) = memory_proxy.partitions() THEN
-            BEGIN
-                docs := ARRAY(SELECT a FROM memory_proxy._serve_all(c.read_projects, c.write_projects,
-                    c.api_key, req, caps, query_embedding, hits, through, prefetched) a);
-            EXCEPTION WHEN internal_error THEN
-                IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            END;
-        END IF;
     END IF;
-    IF cardinality(docs) = 0 THEN
-        -- Each partition alone (one out of reach, or only some hold the caller's projects),
-        -- to answer from the others and name the missing ones.
-        FOREACH part IN ARRAY memory_proxy._route(project, caps ->> 'read_projects') LOOP
-            BEGIN
-                docs := docs || ARRAY(SELECT a FROM memory_proxy._serve_on(part, c.read_projects,
-                    c.write_projects, c.api_key, req, caps, query_embedding, hits, through, prefetched) a);
-            EXCEPTION WHEN internal_error THEN
-                IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-                missing := memory_proxy._missed(missing, part, project, SQLERRM);
-            END;
-        END LOOP;
-        IF cardinality(docs) = 0 THEN
-            PERFORM memory_proxy._none_reachable();
-        END IF;
-    END IF;
+    -- Without a project: every partition holding the caller's projects (all at once for *).
+    got := memory_proxy._serve_gather(project, memory_proxy._route(project, caps ->> 'read_projects'),
+        req, caps, query_embedding, hits, through, prefetched);
     IF project IS NOT NULL THEN
-        RETURN docs[1];
+        RETURN got.got[1];
     END IF;
     -- k as the partitions' plans read it (memory.check_k's default when req names none).
-    RETURN memory_proxy._merge_docs(docs, missing,
-        coalesce((docs[1] -> 'plan' ->> 'k')::integer, (req ->> 'k')::integer));
+    RETURN memory_proxy._merge_docs(got.got, got.missing,
+        coalesce((got.got[1] -> 'plan' ->> 'k')::integer, (req ->> 'k')::integer));
 END $$;
 COMMENT ON FUNCTION memory._serve(jsonb, jsonb, vector, jsonb, text, jsonb) IS
     'memory._serve of the partitions through PL/Proxy: with req.project, on the partition holding it (08006 when out of reach); without, on every partition holding the caller''s projects (all at once for *), their answers merged by memory_proxy._merge_docs with the unreachable ones named in degraded. Without a project, through => ''semantic'' answers {} and ''candidates'' (a reranker) is not built (0A000).';
