@@ -169,6 +169,22 @@ def _row_type(conn: psycopg.Connection[Any], name: str) -> str:
     return str(row[0])
 
 
+# The relays of partition 0 (sql/proxy/shard.sql) as proxy.sql makes its remote calls of
+# them: name, arguments after the caller's three (declared, then as a call), result.
+_RELAYS = """
+SELECT p.proname::text,
+       (SELECT string_agg(format('%I %s', p.proargnames[i],
+                                 format_type(p.proargtypes[i - 1], NULL)), ', ' ORDER BY i)
+        FROM generate_series(4, p.pronargs) AS i),
+       (SELECT string_agg(quote_ident(p.proargnames[i]), ', ' ORDER BY i)
+        FROM generate_series(4, p.pronargs) AS i),
+       pg_get_function_result(p.oid)
+FROM pg_proc p
+WHERE p.pronamespace = 'memory_shard'::regnamespace AND p.proname <> '_assert'
+ORDER BY 1, 2
+"""
+
+
 def configure_proxy(
     proxy_url: str,
     parts: list[Partition],
@@ -182,6 +198,7 @@ def configure_proxy(
     user mapping, then sql/proxy/proxy.sql; one transaction."""
     with connect(parts[0].admin(admin_user)) as p0:
         types = {name: _row_type(p0, name) for name in ROW_TYPES}
+        relays = p0.execute(_RELAYS).fetchall()
     with psycopg.connect(proxy_url, autocommit=True) as conn, conn.transaction():
         conn.execute("CREATE EXTENSION IF NOT EXISTS plproxy")
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
@@ -243,6 +260,12 @@ def configure_proxy(
                 sql.Identifier(SERVER), sql.SQL(", ").join(mapping)
             )
         )
+        conn.execute(
+            "CREATE TEMP TABLE proxy_relays (name text, args text, call text, result text)"
+            " ON COMMIT DROP"
+        )
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO pg_temp.proxy_relays VALUES (%s, %s, %s, %s)", relays)
         conn.execute(
             _render(PROXY_SQL, {"proxy.service": sql.Identifier(service_role).as_string(conn)})
         )

@@ -17,8 +17,9 @@
 -- sees nothing. The partitions honour them only from their own service role, which the
 -- proxy logs in as (sql/proxy/shard.sql).
 --
--- Types memory.query_row and memory.node_row are copied from partition 0's catalog by the
--- command before this file runs. Rendered markers: @proxy.service@.
+-- Types memory.query_row, memory.node_row and memory.node_list_row, and the relays'
+-- signatures (pg_temp.proxy_relays), are read from partition 0's catalog by the command
+-- before this file runs. Rendered markers: @proxy.service@.
 
 CREATE SCHEMA IF NOT EXISTS memory_proxy;
 REVOKE ALL ON SCHEMA memory_proxy FROM PUBLIC;
@@ -185,57 +186,25 @@ END $$;
 COMMENT ON FUNCTION memory_proxy._missed(integer[], integer, text, text) IS
     'A partition out of reach (message: PL/Proxy''s error): 08006 naming it when the call names project, else missing with it added.';
 
--- The remote calls: one pair per function, "on" a given hash (RUN ON: PL/Proxy masks it
--- to a partition) and, for reads, on all partitions at once (RUN ON ALL, in parallel).
--- Their arguments: the caller's three settings, then the public function's own.
+-- The remote calls: one pair per relay of the partitions (sql/proxy/shard.sql), "on" a
+-- given hash (RUN ON: PL/Proxy masks it to a partition) and, for the reads merged over
+-- partitions, on all partitions at once (RUN ON ALL, in parallel). Their arguments: the
+-- caller's three settings, then the public function's own. The relays' signatures are
+-- read from partition 0's catalog by the command, into pg_temp.proxy_relays (name, args
+-- and call after the three settings, result), so a remote call can never disagree with
+-- its relay; a relay returning void (configure_embedding) is written below.
 DO $$
 DECLARE
-    query_args text := 'query text, query_embedding vector, project text, levels text[], k integer, '
-        'strategy text, fusion text, rrf_k integer, candidates integer, dense_weight double precision, '
-        'since text, until text, reference_time timestamptz, filter jsonb, min_cosine double precision, '
-        'as_of timestamptz, valid_at timestamptz, unsupported text';
-    query_call text := 'query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates, '
-        'dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at, unsupported';
     f record;
 BEGIN
-    FOR f IN SELECT * FROM (VALUES
-        ('query', query_args, query_call, 'SETOF memory.query_row', true),
-        ('answer', query_args || ', evidence integer', query_call || ', evidence', 'SETOF jsonb', true),
-        ('add_nodes', 'nodes jsonb', 'nodes', 'jsonb', false),
-        ('get_node', 'id text, project text', 'id, project', 'SETOF memory.node_row', false),
-        ('history', 'project text, external_id text', 'project, external_id',
-         'TABLE (revision integer, node_id bigint, current boolean, level text, sha256 text, '
-         'title text, text text, source text, "timestamp" timestamptz, metadata jsonb, '
-         'created_at timestamptz, expired_at timestamptz, end_reason text, written_by text, '
-         'ended_by text, end_note text, erased_at timestamptz, valid_from timestamptz, valid_to timestamptz)', false),
-        ('forget', 'project text, external_ids text[], source text, since text, until text, erase boolean, '
-         'reason text, filter jsonb, level text, dry_run boolean, max_nodes integer',
-         'project, external_ids, source, since, until, erase, reason, filter, level, dry_run, max_nodes',
-         'jsonb', false),
-        ('forget', 'project text, external_id text, erase boolean, reason text',
-         'project, external_id, erase, reason', 'jsonb', false),
-        -- What the HTTP service calls beyond the public functions (below).
-        ('_serve_start', 'req jsonb, caps jsonb', 'req, caps', 'jsonb', false),
-        ('_serve', 'req jsonb, caps jsonb, query_embedding vector, hits jsonb, through text, prefetched jsonb',
-         'req, caps, query_embedding, hits, through, prefetched', 'SETOF jsonb', true),
-        ('_serve_finish', 'req jsonb, caps jsonb, state jsonb, query_embedding vector, result_order bigint[], rerank jsonb',
-         'req, caps, state, query_embedding, result_order, rerank', 'jsonb', false),
-        ('_get_node', 'p_id text, p_project text, p_projects text[]', 'p_id, p_project, p_projects',
-         'SETOF memory.node_row', false),
-        ('_write_nodes', 'nodes jsonb, embeddings vector[], embed boolean', 'nodes, embeddings, embed', 'jsonb', false),
-        ('_stored_hashes', 'hashes bytea[]', 'hashes', 'TABLE (sha256 bytea, id bigint)', true),
-        ('_stored_nodes', 'projects text[], external_ids text[]', 'projects, external_ids',
-         'TABLE (project text, external_id text, id bigint, level text, sha256 bytea, revision integer)', false),
-        ('_list_nodes', 'p_project text, p_level text, p_source text, p_since text, p_until text, p_after text, '
-         'p_limit integer, p_projects text[], p_filter jsonb, p_newest_first boolean',
-         'p_project, p_level, p_source, p_since, p_until, p_after, p_limit, p_projects, p_filter, p_newest_first',
-         'SETOF memory.node_list_row', false),
-        ('_count_nodes', 'p_project text, p_level text, p_source text, p_since text, p_until text, '
-         'p_filter jsonb, p_projects text[]',
-         'p_project, p_level, p_source, p_since, p_until, p_filter, p_projects', 'SETOF bigint', false),
-        ('health', NULL, NULL, 'TABLE (nodes bigint, embedding_model text, scale_warnings bigint)', false),
-        ('project_names', NULL, NULL, 'SETOF text', false)
-    ) AS v(name, args, call, result, on_all)
+    FOR f IN
+        SELECT r.name, r.args, r.call, v.on_all,
+               -- RUN ON ALL returns a set: one answer a partition.
+               CASE WHEN v.on_all AND r.result !~ '^(SETOF|TABLE)' THEN 'SETOF ' || r.result
+                    ELSE r.result END AS result
+        FROM pg_temp.proxy_relays r,
+             LATERAL (SELECT r.name IN ('query', 'answer', '_serve', '_stored_hashes') AS on_all) v
+        WHERE r.result <> 'void'
     LOOP
         EXECUTE pg_catalog.format(
             'CREATE OR REPLACE FUNCTION memory_proxy.%I(hash integer, read_projects text, write_projects text, '
