@@ -170,22 +170,6 @@ RETURN CASE WHEN project IS NOT NULL THEN ARRAY[memory_proxy.partition_of(projec
 COMMENT ON FUNCTION memory_proxy._route(text, text) IS
     'The partitions a call runs on: the one holding project, else those of the read projects (memory_proxy._targets).';
 
-CREATE OR REPLACE FUNCTION memory_proxy._missed(missing integer[], part integer, project text, message text)
-RETURNS integer[]
-LANGUAGE plpgsql VOLATILE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    -- A call naming a project needs its partition (08006); one naming none answers from
-    -- the others and names the missing ones.
-    IF project IS NOT NULL THEN
-        PERFORM memory_proxy._down(part, project, message);
-    END IF;
-    RETURN missing || part;
-END $$;
-COMMENT ON FUNCTION memory_proxy._missed(integer[], integer, text, text) IS
-    'A partition out of reach (message: PL/Proxy''s error): 08006 naming it when the call names project, else missing with it added.';
-
 -- The remote calls: one pair per relay of the partitions (sql/proxy/shard.sql), "on" a
 -- given hash (RUN ON: PL/Proxy masks it to a partition) and, for the reads merged over
 -- partitions, on all partitions at once (RUN ON ALL, in parallel). Their arguments: the
@@ -215,6 +199,28 @@ BEGIN
         EXECUTE pg_catalog.format('COMMENT ON FUNCTION memory_proxy.%I(integer, text, text, text%s) IS %L',
             f.name || '_on', ', ' || f.args,
             pg_catalog.format('memory.%s on the partition hash & (partitions - 1) picks, through its relay memory_shard.%s.', f.name, f.name));
+        -- The one remote call of the public functions: the caller's settings travel with
+        -- it, and a partition out of reach is the typed error naming on_project's.
+        EXECUTE pg_catalog.format($f$
+CREATE OR REPLACE FUNCTION memory_proxy.%1$I(part integer, on_project text%2$s)
+RETURNS %3$s
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $body$
+DECLARE
+    c record := memory_proxy._caller();
+BEGIN
+    %4$s memory_proxy.%5$I(part, c.read_projects, c.write_projects, c.api_key%6$s);
+EXCEPTION WHEN internal_error THEN
+    IF on_project IS NULL OR NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+    PERFORM memory_proxy._down(part, on_project, SQLERRM);
+END $body$ $f$,
+            f.name || '_at', ', ' || f.args, f.result,
+            CASE WHEN f.result ~ '^(SETOF|TABLE)' THEN 'RETURN QUERY SELECT * FROM' ELSE 'RETURN' END,
+            f.name || '_on', ', ' || f.call);
+        EXECUTE pg_catalog.format('COMMENT ON FUNCTION memory_proxy.%I(integer, text%s) IS %L',
+            f.name || '_at', ', ' || f.args,
+            pg_catalog.format('memory.%s on partition part with the caller''s settings (memory_proxy._caller); out of reach: 08006 naming on_project (memory_proxy._down), or PL/Proxy''s error when on_project is NULL.', f.name));
         IF f.on_all THEN
             EXECUTE pg_catalog.format(
                 'CREATE OR REPLACE FUNCTION memory_proxy.%I(read_projects text, write_projects text, '
@@ -252,17 +258,17 @@ BEGIN
     END IF;
     FOREACH part IN ARRAY parts LOOP
         BEGIN
-            got := got || ARRAY(SELECT r FROM memory_proxy.%5$I(part, c.read_projects, c.write_projects, c.api_key, %6$s) r);
+            got := got || ARRAY(SELECT r FROM memory_proxy.%5$I(part, on_project, %6$s) r);
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            missing := memory_proxy._missed(missing, part, on_project, SQLERRM);
+            missing := missing || part;
         END;
     END LOOP;
     IF cardinality(missing) = cardinality(parts) THEN
         PERFORM memory_proxy._none_reachable();
     END IF;
 END $body$ $f$,
-                f.name || '_gather', f.args, substr(f.result, 7), f.name || '_all', f.name || '_on', f.call);
+                f.name || '_gather', f.args, substr(f.result, 7), f.name || '_all', f.name || '_at', f.call);
             EXECUTE pg_catalog.format('COMMENT ON FUNCTION memory_proxy.%I(text, integer[], %s) IS %L',
                 f.name || '_gather', f.args,
                 pg_catalog.format('memory.%s on the partitions parts (memory_proxy._route''s; all at once when they are all of them), the answers in got and those out of reach in missing; 08006 when on_project''s is out of reach or all are.', f.name));
@@ -386,14 +392,11 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    c record := memory_proxy._caller();
 BEGIN
     IF via = 'add_nodes' THEN
-        RETURN memory_proxy.add_nodes_on(part, c.read_projects, c.write_projects, c.api_key, nodes);
+        RETURN memory_proxy.add_nodes_at(part, NULL, nodes);
     END IF;
-    RETURN memory_proxy._write_nodes_on(part, c.read_projects, c.write_projects, c.api_key,
-                                        nodes, embeddings, embed);
+    RETURN memory_proxy._write_nodes_at(part, NULL, nodes, embeddings, embed);
 END $$;
 COMMENT ON FUNCTION memory_proxy._write_on(integer, jsonb, vector[], boolean, text) IS
     'One partition''s write: memory.add_nodes (via ''add_nodes'', embeddings and embed unused) or memory._write_nodes (via ''_write_nodes'') on partition part.';
@@ -466,25 +469,17 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     found memory.node_row[] := '{}';
     part integer;
 BEGIN
     IF project IS NOT NULL THEN
-        BEGIN
-            RETURN QUERY SELECT * FROM memory_proxy.get_node_on(pg_catalog.hashtext(project),
-                c.read_projects, c.write_projects, c.api_key, id, project);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
-        END;
+        RETURN QUERY SELECT * FROM memory_proxy.get_node_at(memory_proxy.partition_of(project), project, id, project);
         RETURN;
     END IF;
     -- No project: the id must be unique among the readable projects of every partition.
     FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
         BEGIN
-            found := found || ARRAY(SELECT r FROM memory_proxy.get_node_on(part, c.read_projects,
-                c.write_projects, c.api_key, id, project) r);
+            found := found || ARRAY(SELECT r FROM memory_proxy.get_node_at(part, NULL, id, project) r);
         EXCEPTION WHEN SQLSTATE 'PM444' THEN
             NULL;
         END;
@@ -511,15 +506,10 @@ RETURNS TABLE (revision integer, node_id bigint, current boolean, level text, sh
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    c record := memory_proxy._caller();
 BEGIN
     PERFORM memory_proxy._need_project(project, 'memory.history(project, external_id): ids are unique per project.');
-    RETURN QUERY SELECT * FROM memory_proxy.history_on(pg_catalog.hashtext(project),
-        c.read_projects, c.write_projects, c.api_key, project, external_id);
-EXCEPTION WHEN internal_error THEN
-    IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-    PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+    RETURN QUERY SELECT * FROM memory_proxy.history_at(memory_proxy.partition_of(project), project,
+        project, external_id);
 END $$;
 COMMENT ON FUNCTION memory.history(text, text) IS
     'memory.history of the partition databases through PL/Proxy, on the partition holding project.';
@@ -541,17 +531,11 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    c record := memory_proxy._caller();
 BEGIN
     PERFORM memory_proxy._need_project(project, 'memory.forget names one project (through the proxy, it picks the partition).');
     PERFORM memory_proxy._write_lock(memory_proxy.partition_of(project));
-    RETURN (SELECT a FROM memory_proxy.forget_on(pg_catalog.hashtext(project), c.read_projects,
-        c.write_projects, c.api_key, project, external_ids, source, since, until, erase, reason,
-        filter, level, dry_run, max_nodes) a);
-EXCEPTION WHEN internal_error THEN
-    IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-    PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+    RETURN memory_proxy.forget_at(memory_proxy.partition_of(project), project, project, external_ids,
+        source, since, until, erase, reason, filter, level, dry_run, max_nodes);
 END $$;
 COMMENT ON FUNCTION memory.forget(text, text[], text, text, text, boolean, text, jsonb, text, boolean, integer) IS
     'memory.forget of the partition databases through PL/Proxy, on the partition holding project (waits while it is being moved). max_nodes defaults to 1000, the partitions'' default (memory._forget_max_nodes()).';
@@ -563,16 +547,11 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    c record := memory_proxy._caller();
 BEGIN
     PERFORM memory_proxy._need_project(project, 'memory.forget names one project (through the proxy, it picks the partition).');
     PERFORM memory_proxy._write_lock(memory_proxy.partition_of(project));
-    RETURN (SELECT a FROM memory_proxy.forget_on(pg_catalog.hashtext(project), c.read_projects,
-        c.write_projects, c.api_key, project, external_id, erase, reason) a);
-EXCEPTION WHEN internal_error THEN
-    IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-    PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+    RETURN memory_proxy.forget_at(memory_proxy.partition_of(project), project, project, external_id,
+        erase, reason);
 END $$;
 COMMENT ON FUNCTION memory.forget(text, text, boolean, text) IS
     'memory.forget of one node through PL/Proxy, on the partition holding project (waits while it is being moved).';
@@ -615,7 +594,6 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     project text := req ->> 'project';
     part integer;
 BEGIN
@@ -624,14 +602,12 @@ BEGIN
     -- legs (their node ids are that partition's; every partition runs its own legs).
     FOREACH part IN ARRAY memory_proxy._route(project, caps ->> 'read_projects') LOOP
         BEGIN
-            RETURN memory_proxy._serve_start_on(part, c.read_projects, c.write_projects,
-                c.api_key, req, caps)
+            RETURN memory_proxy._serve_start_at(part, project, req, caps)
                 || CASE WHEN project IS NULL
                         THEN jsonb_build_object('prefetched', jsonb_build_object('calls', '{}'::jsonb, 'stages', '{}'::jsonb))
                         ELSE '{}' END;
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._missed('{}', part, project, SQLERRM);
         END;
     END LOOP;
     PERFORM memory_proxy._none_reachable();
@@ -726,19 +702,14 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     project text := req ->> 'project';
 BEGIN
     IF project IS NULL THEN
         RAISE EXCEPTION 'a reranker over every partition is not built through the proxy'
             USING ERRCODE = '0A000', HINT = 'Name a project.';
     END IF;
-    RETURN memory_proxy._serve_finish_on(pg_catalog.hashtext(project), c.read_projects,
-        c.write_projects, c.api_key, req, memory_proxy._caps(caps), state, query_embedding,
-        result_order, rerank);
-EXCEPTION WHEN internal_error THEN
-    IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-    PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+    RETURN memory_proxy._serve_finish_at(memory_proxy.partition_of(project), project,
+        req, memory_proxy._caps(caps), state, query_embedding, result_order, rerank);
 END $$;
 COMMENT ON FUNCTION memory._serve_finish(jsonb, jsonb, jsonb, vector, bigint[], jsonb) IS
     'memory._serve_finish of the partition holding req.project, through PL/Proxy (the reranker''s order; a query naming no project is not reranked through the proxy).';
@@ -749,27 +720,21 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     found memory.node_row[] := '{}';
     missing integer[] := '{}';
     part integer;
 BEGIN
     IF p_project IS NOT NULL THEN
-        BEGIN
-            RETURN QUERY SELECT * FROM memory_proxy._get_node_on(pg_catalog.hashtext(p_project),
-                c.read_projects, c.write_projects, c.api_key, p_id, p_project, p_projects);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._down(memory_proxy.partition_of(p_project), p_project, SQLERRM);
-        END;
+        RETURN QUERY SELECT * FROM memory_proxy._get_node_at(memory_proxy.partition_of(p_project),
+            p_project, p_id, p_project, p_projects);
         RETURN;
     END IF;
     -- No project: the id must name one node among the readable projects of every
     -- partition they are on (the API key's, else all).
-    FOREACH part IN ARRAY memory_proxy._targets(coalesce(array_to_string(p_projects, ','), c.read_projects)) LOOP
+    FOREACH part IN ARRAY memory_proxy._targets(
+            coalesce(array_to_string(p_projects, ','), (memory_proxy._caller()).read_projects)) LOOP
         BEGIN
-            found := found || ARRAY(SELECT r FROM memory_proxy._get_node_on(part, c.read_projects,
-                c.write_projects, c.api_key, p_id, p_project, p_projects) r);
+            found := found || ARRAY(SELECT r FROM memory_proxy._get_node_at(part, NULL, p_id, p_project, p_projects) r);
         EXCEPTION
             WHEN SQLSTATE 'PM444' THEN NULL;
             WHEN internal_error THEN
@@ -800,7 +765,6 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     g record;
 BEGIN
     FOR g IN
@@ -810,13 +774,7 @@ BEGIN
         WHERE x.p IS NOT NULL
         GROUP BY 1 ORDER BY 1
     LOOP
-        BEGIN
-            RETURN QUERY SELECT * FROM memory_proxy._stored_nodes_on(g.part, c.read_projects,
-                c.write_projects, c.api_key, g.ps, g.es);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._down(g.part, g.first_project, SQLERRM);
-        END;
+        RETURN QUERY SELECT * FROM memory_proxy._stored_nodes_at(g.part, g.first_project, g.ps, g.es);
     END LOOP;
 END $$;
 COMMENT ON FUNCTION memory._stored_nodes(text[], text[]) IS
@@ -847,7 +805,7 @@ BEGIN
             BEGIN
                 SELECT shas || coalesce(array_agg(s.sha256), '{}'), ids || coalesce(array_agg(s.id), '{}')
                   INTO shas, ids
-                  FROM memory_proxy._stored_hashes_on(part, c.read_projects, c.write_projects, c.api_key, hashes) s;
+                  FROM memory_proxy._stored_hashes_at(part, NULL, hashes) s;
             EXCEPTION WHEN internal_error THEN
                 IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
             END;
@@ -980,7 +938,6 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     h record;
     part integer;
 BEGIN
@@ -989,7 +946,7 @@ BEGIN
     missing := '{}';
     FOR part IN 0 .. partitions - 1 LOOP
         BEGIN
-            SELECT * INTO h FROM memory_proxy.health_on(part, c.read_projects, c.write_projects, c.api_key);
+            SELECT * INTO h FROM memory_proxy.health_at(part, NULL);
             nodes := nodes + h.nodes;
             scale_warnings := scale_warnings + h.scale_warnings;
             embedding_model := coalesce(embedding_model, h.embedding_model);
@@ -1008,14 +965,12 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     part integer;
     missing integer[] := '{}';
 BEGIN
-    FOREACH part IN ARRAY memory_proxy._targets(c.read_projects) LOOP
+    FOREACH part IN ARRAY memory_proxy._targets((memory_proxy._caller()).read_projects) LOOP
         BEGIN
-            RETURN QUERY SELECT * FROM memory_proxy.project_names_on(part, c.read_projects,
-                c.write_projects, c.api_key);
+            RETURN QUERY SELECT * FROM memory_proxy.project_names_at(part, NULL);
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
             missing := missing || part;
