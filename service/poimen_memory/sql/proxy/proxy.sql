@@ -348,41 +348,39 @@ END $$;
 COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text) IS
     'memory.query of the partition databases (its arguments and rows), through PL/Proxy: with project, on the partition holding it (08006 when that one is out of reach); without, on every partition, each one''s top k merged by final_score (docs/scaling.md), with a WARNING naming the partitions out of reach.';
 
-CREATE OR REPLACE FUNCTION memory.answer(
-    query text,
-    query_embedding vector DEFAULT NULL,
-    project text DEFAULT NULL,
-    levels text[] DEFAULT ARRAY['L1', 'L2'],
-    k integer DEFAULT 5,
-    strategy text DEFAULT NULL,
-    fusion text DEFAULT NULL,
-    rrf_k integer DEFAULT NULL,
-    candidates integer DEFAULT NULL,
-    dense_weight double precision DEFAULT NULL,
-    since text DEFAULT NULL,
-    until text DEFAULT NULL,
-    reference_time timestamptz DEFAULT NULL,
-    filter jsonb DEFAULT NULL,
-    min_cosine double precision DEFAULT NULL,
-    as_of timestamptz DEFAULT NULL,
-    valid_at timestamptz DEFAULT NULL,
-    unsupported text DEFAULT NULL,
-    evidence integer DEFAULT NULL
-)
+-- memory.answer and the alias public.memory_query are made from memory.query's catalog
+-- entry (as on a partition: sql/070_query.sql, sql/079_aliases.sql), so the three can never
+-- disagree about a name, a type or a default.
+DO $$
+DECLARE
+    query regprocedure := (SELECT p.oid FROM pg_catalog.pg_proc p
+                           WHERE p.pronamespace = 'memory'::regnamespace AND p.proname = 'query');
+    args text := pg_catalog.pg_get_function_arguments(query);
+    call text := (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(n), ', ' ORDER BY i)
+                  FROM pg_catalog.pg_proc p, pg_catalog.unnest(p.proargnames) WITH ORDINALITY AS a(n, i)
+                  WHERE p.oid = query);
+BEGIN
+    EXECUTE pg_catalog.format($f$
+CREATE OR REPLACE FUNCTION memory.answer(%1$s, evidence integer DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
-AS $$
+AS $body$
 DECLARE
     got record;
 BEGIN
-    got := memory_proxy.answer_gather(project, memory_proxy._route(project, NULL),
-        query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight,
-        since, until, reference_time, filter, min_cosine, as_of, valid_at, unsupported, evidence);
+    got := memory_proxy.answer_gather(project, memory_proxy._route(project, NULL), %2$s, evidence);
     IF project IS NOT NULL THEN
         RETURN got.got[1];
     END IF;
     RETURN memory_proxy._merge_docs(got.got, got.missing, coalesce(k, (got.got[1] -> 'plan' ->> 'k')::integer));
+END $body$ $f$, args, call);
+    EXECUTE pg_catalog.format(
+        'CREATE OR REPLACE FUNCTION public.memory_query(%s) RETURNS SETOF memory.query_row '
+        'LANGUAGE sql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp '
+        'AS %L', args, pg_catalog.format('SELECT * FROM memory.query(%s)',
+            (SELECT pg_catalog.string_agg('$' || i, ', ' ORDER BY i)
+             FROM pg_catalog.generate_series(1, pg_catalog.cardinality(pg_catalog.string_to_array(call, ', '))) AS i)));
 END $$;
 COMMENT ON FUNCTION memory.answer(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text, integer) IS
     'memory.answer of the partition databases through PL/Proxy: with project, the document of the partition holding it (08006 when out of reach); without, the first partition''s document with every partition''s results merged as memory.query merges them, their evidence lists concatenated, "partitions" {answered, missing}, and a degraded entry {"stage": "shard", "reason": "unreachable", "partitions": [...]} when some were out of reach.';
@@ -1013,31 +1011,7 @@ COMMENT ON TABLE memory.api_keys IS
 REVOKE ALL ON TABLE memory.api_keys FROM PUBLIC;
 GRANT SELECT ON TABLE memory.api_keys TO @proxy.service@;
 
--- On the default search_path, as on a partition (sql/079_aliases.sql).
-CREATE OR REPLACE FUNCTION public.memory_query(
-    query text,
-    query_embedding vector DEFAULT NULL,
-    project text DEFAULT NULL,
-    levels text[] DEFAULT ARRAY['L1', 'L2'],
-    k integer DEFAULT 5,
-    strategy text DEFAULT NULL,
-    fusion text DEFAULT NULL,
-    rrf_k integer DEFAULT NULL,
-    candidates integer DEFAULT NULL,
-    dense_weight double precision DEFAULT NULL,
-    since text DEFAULT NULL,
-    until text DEFAULT NULL,
-    reference_time timestamptz DEFAULT NULL,
-    filter jsonb DEFAULT NULL,
-    min_cosine double precision DEFAULT NULL,
-    as_of timestamptz DEFAULT NULL,
-    valid_at timestamptz DEFAULT NULL,
-    unsupported text DEFAULT NULL
-)
-RETURNS SETOF memory.query_row
-LANGUAGE sql VOLATILE PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
-AS 'SELECT * FROM memory.query($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)';
+-- On the default search_path, as on a partition (sql/079_aliases.sql); made above.
 COMMENT ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text) IS
     'Alias of memory.query on the default search_path, as on a partition database.';
 
