@@ -176,26 +176,28 @@ COMMENT ON FUNCTION memory_proxy._route(text, text) IS
 -- caller's three settings, then the public function's own. The relays' signatures are
 -- read from partition 0's catalog by the command, into pg_temp.proxy_relays (name, args
 -- and call after the three settings, result), so a remote call can never disagree with
--- its relay; a relay returning void (configure_embedding) is written below.
+-- its relay.
 DO $$
 DECLARE
     f record;
 BEGIN
     FOR f IN
         SELECT r.name, r.args, r.call, v.on_all,
-               -- RUN ON ALL returns a set: one answer a partition.
-               CASE WHEN v.on_all AND r.result !~ '^(SETOF|TABLE)' THEN 'SETOF ' || r.result
-                    ELSE r.result END AS result
+               -- RUN ON ALL returns a set: one answer a partition. A relay returning void
+               -- (configure_embedding) answers 1.
+               CASE WHEN r.result = 'void' THEN 'integer'
+                    WHEN v.on_all AND r.result !~ '^(SETOF|TABLE)' THEN 'SETOF ' || r.result
+                    ELSE r.result END AS result,
+               CASE WHEN r.result = 'void' THEN '1' ELSE '*' END AS pick
         FROM pg_temp.proxy_relays r,
              LATERAL (SELECT r.name IN ('query', 'answer', '_serve', '_stored_hashes') AS on_all) v
-        WHERE r.result <> 'void'
     LOOP
         EXECUTE pg_catalog.format(
             'CREATE OR REPLACE FUNCTION memory_proxy.%I(hash integer, read_projects text, write_projects text, '
             'api_key text%s) RETURNS %s LANGUAGE plproxy AS %L',
             f.name || '_on', ', ' || f.args, f.result,
-            pg_catalog.format('CLUSTER ''memory''; RUN ON hash; SELECT * FROM memory_shard.%I(read_projects, write_projects, api_key%s);',
-                              f.name, ', ' || f.call));
+            pg_catalog.format('CLUSTER ''memory''; RUN ON hash; SELECT %s FROM memory_shard.%I(read_projects, write_projects, api_key%s);',
+                              f.pick, f.name, ', ' || f.call));
         EXECUTE pg_catalog.format('COMMENT ON FUNCTION memory_proxy.%I(integer, text, text, text%s) IS %L',
             f.name || '_on', ', ' || f.args,
             pg_catalog.format('memory.%s on the partition hash & (partitions - 1) picks, through its relay memory_shard.%s.', f.name, f.name));
@@ -814,23 +816,12 @@ END $$;
 COMMENT ON FUNCTION memory._stored_hashes(bytea[]) IS
     'memory._stored_hashes of every partition through PL/Proxy (a hash is current on one partition at most); partitions out of reach are skipped.';
 
-CREATE OR REPLACE FUNCTION memory_proxy.configure_embedding_on(
-    hash integer, read_projects text, write_projects text, api_key text, model text, dim integer)
-RETURNS integer
-LANGUAGE plproxy AS $$
-    CLUSTER 'memory'; RUN ON hash;
-    SELECT 1 FROM memory_shard.configure_embedding(read_projects, write_projects, api_key, model, dim);
-$$;
-COMMENT ON FUNCTION memory_proxy.configure_embedding_on(integer, text, text, text, text, integer) IS
-    'memory.configure_embedding on the partition hash & (partitions - 1) picks, through its relay.';
-
 CREATE OR REPLACE FUNCTION memory.configure_embedding(model text, dim integer)
 RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     part integer;
     answered integer := 0;
 BEGIN
@@ -838,8 +829,7 @@ BEGIN
     -- is skipped: writes to it fail meanwhile, and the first after it is back records it.
     FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
         BEGIN
-            PERFORM memory_proxy.configure_embedding_on(part, c.read_projects, c.write_projects,
-                                                        c.api_key, model, dim);
+            PERFORM memory_proxy.configure_embedding_at(part, NULL, model, dim);
             answered := answered + 1;
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
