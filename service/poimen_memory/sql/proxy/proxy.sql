@@ -180,6 +180,7 @@ COMMENT ON FUNCTION memory_proxy._route(text, text) IS
 DO $$
 DECLARE
     f record;
+    old regprocedure;
 BEGIN
     FOR f IN
         SELECT r.name, r.args, r.call, v.on_all,
@@ -192,6 +193,20 @@ BEGIN
         FROM pg_temp.proxy_relays r,
              LATERAL (SELECT r.name IN ('query', 'answer', '_serve', '_stored_hashes') AS on_all) v
     LOOP
+        -- A remote call whose result or argument names changed (a proxy made by an older
+        -- proxy.sql, or a relay changed) cannot be replaced in place: dropped, made again.
+        FOR old IN
+            SELECT p.oid FROM pg_catalog.pg_proc p
+            WHERE p.pronamespace = 'memory_proxy'::regnamespace
+              AND p.proname IN (f.name || '_on', f.name || '_all')
+              AND p.pronargs = (p.proname LIKE '%\_on')::integer + 3
+                               + coalesce(pg_catalog.cardinality(pg_catalog.string_to_array(f.call, ', ')), 0)
+              AND (pg_catalog.pg_get_function_result(p.oid) IS DISTINCT FROM f.result
+                   OR pg_catalog.array_to_string(p.proargnames[(p.proname LIKE '%\_on')::integer + 4:p.pronargs], ', ')
+                      IS DISTINCT FROM coalesce(f.call, ''))
+        LOOP
+            EXECUTE pg_catalog.format('DROP FUNCTION %s', old);
+        END LOOP;
         EXECUTE pg_catalog.format(
             'CREATE OR REPLACE FUNCTION memory_proxy.%I(hash integer, read_projects text, write_projects text, '
             'api_key text%s) RETURNS %s LANGUAGE plproxy AS %L',
