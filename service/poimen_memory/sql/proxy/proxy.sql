@@ -400,7 +400,7 @@ END $body$ $f$, args, call);
              FROM pg_catalog.generate_series(1, pg_catalog.cardinality(pg_catalog.string_to_array(call, ', '))) AS i)));
 END $$;
 COMMENT ON FUNCTION memory.answer(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text, integer) IS
-    'memory.answer of the partition databases through PL/Proxy: with project, the document of the partition holding it (08006 when out of reach); without, the first partition''s document with every partition''s results merged as memory.query merges them, their evidence lists concatenated, "partitions" {answered, missing}, and a degraded entry {"stage": "shard", "reason": "unreachable", "partitions": [...]} when some were out of reach.';
+    'memory.answer of the partition databases through PL/Proxy: with project, the document of the partition holding it (08006 when out of reach); without, every partition''s documents merged by memory_proxy._merge_docs (as memory._serve''s: results as memory.query merges them, evidence concatenated, counts summed, "partitions" {answered, missing}, and a degraded entry {"stage": "shard", "reason": "unreachable", "partitions": [...]} when some were out of reach).';
 
 CREATE OR REPLACE FUNCTION memory_proxy._write_on(part integer, nodes jsonb, embeddings vector[], embed boolean, via text)
 RETURNS jsonb
@@ -476,7 +476,7 @@ LANGUAGE sql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 RETURN memory_proxy._write(nodes, NULL, false, 'add_nodes');
 COMMENT ON FUNCTION memory.add_nodes(jsonb) IS
-    'memory.add_nodes of the partition databases through PL/Proxy: the nodes grouped by the partition of their project, one call (all or nothing) per partition, the answers merged in input order and the counts summed. Waits while a partition it writes is being moved; 08006 when one is out of reach.';
+    'memory.add_nodes of the partition databases through PL/Proxy: the nodes grouped by the partition of their project, one call (all or nothing) per partition, the answers merged in input order (unresolved numbered over the whole batch) and the counts summed (memory_proxy._write). Waits while a partition it writes is being moved; 08006 when one is out of reach.';
 
 CREATE OR REPLACE FUNCTION memory.get_node(id text, project text DEFAULT NULL)
 RETURNS SETOF memory.node_row
