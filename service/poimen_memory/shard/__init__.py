@@ -169,6 +169,22 @@ def _row_type(conn: psycopg.Connection[Any], name: str) -> str:
     return str(row[0])
 
 
+# The relays of partition 0 (sql/proxy/shard.sql) as proxy.sql makes its remote calls of
+# them: name, arguments after the caller's three (declared, then as a call), result.
+_RELAYS = """
+SELECT p.proname::text,
+       (SELECT string_agg(format('%I %s', p.proargnames[i],
+                                 format_type(p.proargtypes[i - 1], NULL)), ', ' ORDER BY i)
+        FROM generate_series(4, p.pronargs) AS i),
+       (SELECT string_agg(quote_ident(p.proargnames[i]), ', ' ORDER BY i)
+        FROM generate_series(4, p.pronargs) AS i),
+       pg_get_function_result(p.oid)
+FROM pg_proc p
+WHERE p.pronamespace = 'memory_shard'::regnamespace AND p.proname <> '_assert'
+ORDER BY 1, 2
+"""
+
+
 def configure_proxy(
     proxy_url: str,
     parts: list[Partition],
@@ -182,6 +198,7 @@ def configure_proxy(
     user mapping, then sql/proxy/proxy.sql; one transaction."""
     with connect(parts[0].admin(admin_user)) as p0:
         types = {name: _row_type(p0, name) for name in ROW_TYPES}
+        relays = p0.execute(_RELAYS).fetchall()
     with psycopg.connect(proxy_url, autocommit=True) as conn, conn.transaction():
         conn.execute("CREATE EXTENSION IF NOT EXISTS plproxy")
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
@@ -243,6 +260,12 @@ def configure_proxy(
                 sql.Identifier(SERVER), sql.SQL(", ").join(mapping)
             )
         )
+        conn.execute(
+            "CREATE TEMP TABLE proxy_relays (name text, args text, call text, result text)"
+            " ON COMMIT DROP"
+        )
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO pg_temp.proxy_relays VALUES (%s, %s, %s, %s)", relays)
         conn.execute(
             _render(PROXY_SQL, {"proxy.service": sql.Identifier(service_role).as_string(conn)})
         )
@@ -318,6 +341,28 @@ def init(
     return reports
 
 
+def _each_partition(
+    proxy_url: str,
+    work: Callable[[Partition, PartitionReport], None],
+    errors: tuple[type[Exception], ...],
+) -> tuple[list[Partition], list[PartitionReport]]:
+    """The proxy's partitions, and ``work`` done on each on its own: an error of ``errors``
+    (a partition out of reach, a failed migration) is its report's first line, and the
+    others go on."""
+    with psycopg.connect(proxy_url, autocommit=True) as conn:
+        parts = partitions(conn)
+    reports = []
+    for p in parts:
+        r = PartitionReport(p)
+        try:
+            work(p, r)
+        except errors as exc:
+            said = str(exc).strip()
+            r.error = said.splitlines()[0] if said else repr(exc)
+        reports.append(r)
+    return parts, reports
+
+
 def migrate_all(
     proxy_url: str,
     *,
@@ -330,25 +375,20 @@ def migrate_all(
 ) -> list[PartitionReport]:
     """``migrate`` (or ``migrate --check``) every partition, each on its own: one out of
     reach is reported and the others go on. Then the proxy's own SQL again."""
-    with psycopg.connect(proxy_url, autocommit=True) as conn:
-        parts = partitions(conn)
-    reports = []
-    for p in parts:
-        r = PartitionReport(p)
-        try:
-            if only_check:
-                with connect(p.admin(admin_user), autocommit=True) as c:
-                    r.drift = check(c, plpython_root=plpython_root)
-            else:
-                r.migrate = prepare_partition(
-                    p.admin(admin_user),
-                    plpython_root,
-                    proxy_role=proxy_role,
-                    proxy_password=proxy_password,
-                )
-        except (psycopg.Error, PoimenError) as exc:
-            r.error = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        reports.append(r)
+
+    def one(p: Partition, r: PartitionReport) -> None:
+        if only_check:
+            with connect(p.admin(admin_user), autocommit=True) as c:
+                r.drift = check(c, plpython_root=plpython_root)
+        else:
+            r.migrate = prepare_partition(
+                p.admin(admin_user),
+                plpython_root,
+                proxy_role=proxy_role,
+                proxy_password=proxy_password,
+            )
+
+    parts, reports = _each_partition(proxy_url, one, (psycopg.Error, PoimenError))
     if not only_check and all(r.error is None for r in reports):
         configure_proxy(
             proxy_url,
@@ -363,23 +403,17 @@ def migrate_all(
 
 def status(proxy_url: str, *, admin_user: str = "postgres") -> list[PartitionReport]:
     """Each partition: where it is, whether it answers, its nodes and projects."""
-    with psycopg.connect(proxy_url, autocommit=True) as conn:
-        parts = partitions(conn)
-    reports = []
-    for p in parts:
-        r = PartitionReport(p)
-        try:
-            with psycopg.connect(p.admin(admin_user), connect_timeout=5) as c:
-                row = c.execute(
-                    "SELECT (SELECT count(*) FROM memory.nodes WHERE expired_at IS NULL),"
-                    " (SELECT count(*) FROM memory.projects)"
-                ).fetchone()
-                assert row is not None
-                r.nodes, r.projects = int(row[0]), int(row[1])
-        except psycopg.Error as exc:
-            r.error = str(exc).strip().splitlines()[0]
-        reports.append(r)
-    return reports
+
+    def one(p: Partition, r: PartitionReport) -> None:
+        with psycopg.connect(p.admin(admin_user), connect_timeout=5) as c:
+            row = c.execute(
+                "SELECT (SELECT count(*) FROM memory.nodes WHERE expired_at IS NULL),"
+                " (SELECT count(*) FROM memory.projects)"
+            ).fetchone()
+            assert row is not None
+            r.nodes, r.projects = int(row[0]), int(row[1])
+
+    return _each_partition(proxy_url, one, (psycopg.Error,))[1]
 
 
 def _pg_tool(name: str) -> str:

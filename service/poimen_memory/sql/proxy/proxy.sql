@@ -17,8 +17,9 @@
 -- sees nothing. The partitions honour them only from their own service role, which the
 -- proxy logs in as (sql/proxy/shard.sql).
 --
--- Types memory.query_row and memory.node_row are copied from partition 0's catalog by the
--- command before this file runs. Rendered markers: @proxy.service@.
+-- Types memory.query_row, memory.node_row and memory.node_list_row, and the relays'
+-- signatures (pg_temp.proxy_relays), are read from partition 0's catalog by the command
+-- before this file runs. Rendered markers: @proxy.service@.
 
 CREATE SCHEMA IF NOT EXISTS memory_proxy;
 REVOKE ALL ON SCHEMA memory_proxy FROM PUBLIC;
@@ -120,67 +121,123 @@ END $$;
 COMMENT ON FUNCTION memory_proxy._down(integer, text, text) IS
     'Raises the typed error of a partition out of reach (08006, HTTP 503), naming the partition and project.';
 
--- The remote calls: one pair per function, "on" a given hash (RUN ON: PL/Proxy masks it
--- to a partition) and, for reads, on all partitions at once (RUN ON ALL, in parallel).
--- Their arguments: the caller's three settings, then the public function's own.
+CREATE OR REPLACE FUNCTION memory_proxy._targets(read_projects text)
+RETURNS integer[]
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+-- The partitions a call naming no project asks: those holding the asserted projects (an
+-- API key's), or every partition for '*' (anonymous mode) and for a caller that asserts
+-- nothing (it sees nothing, but is answered as a single database answers it).
+RETURN CASE WHEN read_projects IS NULL OR read_projects IN ('', '*')
+            THEN ARRAY(SELECT pg_catalog.generate_series(0, memory_proxy.partitions() - 1))
+            ELSE ARRAY(SELECT DISTINCT memory_proxy.partition_of(btrim(p))
+                       FROM pg_catalog.unnest(pg_catalog.string_to_array(read_projects, ',')) p
+                       ORDER BY 1) END;
+COMMENT ON FUNCTION memory_proxy._targets(text) IS
+    'The partitions a call naming no project runs on: those of the asserted read projects (comma-separated), all of them for * or none asserted.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._none_reachable()
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'no partition is reachable'
+        USING ERRCODE = '08006', HINT = '`poimen-memory shard status` names the servers.';
+END $$;
+COMMENT ON FUNCTION memory_proxy._none_reachable() IS
+    'Raises 08006 (HTTP 503): every partition a call needs is out of reach.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._need_project(project text, hint text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF project IS NULL THEN
+        RAISE EXCEPTION 'project must not be NULL' USING ERRCODE = '22023', HINT = hint;
+    END IF;
+END $$;
+COMMENT ON FUNCTION memory_proxy._need_project(text, text) IS
+    'Raises 22023 (with hint) for a call that must name a project and names none.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._route(project text, read_projects text)
+RETURNS integer[]
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN project IS NOT NULL THEN ARRAY[memory_proxy.partition_of(project)]
+            ELSE memory_proxy._targets(read_projects) END;
+COMMENT ON FUNCTION memory_proxy._route(text, text) IS
+    'The partitions a call runs on: the one holding project, else those of the read projects (memory_proxy._targets).';
+
+-- The remote calls: one pair per relay of the partitions (sql/proxy/shard.sql), "on" a
+-- given hash (RUN ON: PL/Proxy masks it to a partition) and, for the reads merged over
+-- partitions, on all partitions at once (RUN ON ALL, in parallel). Their arguments: the
+-- caller's three settings, then the public function's own. The relays' signatures are
+-- read from partition 0's catalog by the command, into pg_temp.proxy_relays (name, args
+-- and call after the three settings, result), so a remote call can never disagree with
+-- its relay.
 DO $$
 DECLARE
-    query_args text := 'query text, query_embedding vector, project text, levels text[], k integer, '
-        'strategy text, fusion text, rrf_k integer, candidates integer, dense_weight double precision, '
-        'since text, until text, reference_time timestamptz, filter jsonb, min_cosine double precision, '
-        'as_of timestamptz, valid_at timestamptz, unsupported text';
-    query_call text := 'query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates, '
-        'dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at, unsupported';
     f record;
+    old regprocedure;
 BEGIN
-    FOR f IN SELECT * FROM (VALUES
-        ('query', query_args, query_call, 'SETOF memory.query_row', true),
-        ('answer', query_args || ', evidence integer', query_call || ', evidence', 'SETOF jsonb', true),
-        ('add_nodes', 'nodes jsonb', 'nodes', 'jsonb', false),
-        ('get_node', 'id text, project text', 'id, project', 'SETOF memory.node_row', true),
-        ('history', 'project text, external_id text', 'project, external_id',
-         'TABLE (revision integer, node_id bigint, current boolean, level text, sha256 text, '
-         'title text, text text, source text, "timestamp" timestamptz, metadata jsonb, '
-         'created_at timestamptz, expired_at timestamptz, end_reason text, written_by text, '
-         'ended_by text, end_note text, erased_at timestamptz, valid_from timestamptz, valid_to timestamptz)', false),
-        ('forget', 'project text, external_ids text[], source text, since text, until text, erase boolean, '
-         'reason text, filter jsonb, level text, dry_run boolean, max_nodes integer',
-         'project, external_ids, source, since, until, erase, reason, filter, level, dry_run, max_nodes',
-         'jsonb', false),
-        ('forget', 'project text, external_id text, erase boolean, reason text',
-         'project, external_id, erase, reason', 'jsonb', false),
-        -- What the HTTP service calls beyond the public functions (below).
-        ('_serve_start', 'req jsonb, caps jsonb', 'req, caps', 'jsonb', false),
-        ('_serve', 'req jsonb, caps jsonb, query_embedding vector, hits jsonb, through text, prefetched jsonb',
-         'req, caps, query_embedding, hits, through, prefetched', 'SETOF jsonb', true),
-        ('_serve_finish', 'req jsonb, caps jsonb, state jsonb, query_embedding vector, result_order bigint[], rerank jsonb',
-         'req, caps, state, query_embedding, result_order, rerank', 'jsonb', false),
-        ('_get_node', 'p_id text, p_project text, p_projects text[]', 'p_id, p_project, p_projects',
-         'SETOF memory.node_row', false),
-        ('_write_nodes', 'nodes jsonb, embeddings vector[], embed boolean', 'nodes, embeddings, embed', 'jsonb', false),
-        ('_stored_hashes', 'hashes bytea[]', 'hashes', 'TABLE (sha256 bytea, id bigint)', true),
-        ('_stored_nodes', 'projects text[], external_ids text[]', 'projects, external_ids',
-         'TABLE (project text, external_id text, id bigint, level text, sha256 bytea, revision integer)', false),
-        ('_list_nodes', 'p_project text, p_level text, p_source text, p_since text, p_until text, p_after text, '
-         'p_limit integer, p_projects text[], p_filter jsonb, p_newest_first boolean',
-         'p_project, p_level, p_source, p_since, p_until, p_after, p_limit, p_projects, p_filter, p_newest_first',
-         'SETOF memory.node_list_row', false),
-        ('_count_nodes', 'p_project text, p_level text, p_source text, p_since text, p_until text, '
-         'p_filter jsonb, p_projects text[]',
-         'p_project, p_level, p_source, p_since, p_until, p_filter, p_projects', 'SETOF bigint', false),
-        ('health', NULL, NULL, 'TABLE (nodes bigint, embedding_model text, scale_warnings bigint)', false),
-        ('project_names', NULL, NULL, 'SETOF text', false)
-    ) AS v(name, args, call, result, on_all)
+    FOR f IN
+        SELECT r.name, r.args, r.call, v.on_all,
+               -- RUN ON ALL returns a set: one answer a partition. A relay returning void
+               -- (configure_embedding) answers 1.
+               CASE WHEN r.result = 'void' THEN 'integer'
+                    WHEN v.on_all AND r.result !~ '^(SETOF|TABLE)' THEN 'SETOF ' || r.result
+                    ELSE r.result END AS result,
+               CASE WHEN r.result = 'void' THEN '1' ELSE '*' END AS pick
+        FROM pg_temp.proxy_relays r,
+             LATERAL (SELECT r.name IN ('query', 'answer', '_serve', '_stored_hashes') AS on_all) v
     LOOP
+        -- A remote call whose result or argument names changed (a proxy made by an older
+        -- proxy.sql, or a relay changed) cannot be replaced in place: dropped, made again.
+        FOR old IN
+            SELECT p.oid FROM pg_catalog.pg_proc p
+            WHERE p.pronamespace = 'memory_proxy'::regnamespace
+              AND p.proname IN (f.name || '_on', f.name || '_all')
+              AND p.pronargs = (p.proname LIKE '%\_on')::integer + 3
+                               + coalesce(pg_catalog.cardinality(pg_catalog.string_to_array(f.call, ', ')), 0)
+              AND (pg_catalog.pg_get_function_result(p.oid) IS DISTINCT FROM f.result
+                   OR pg_catalog.array_to_string(p.proargnames[(p.proname LIKE '%\_on')::integer + 4:p.pronargs], ', ')
+                      IS DISTINCT FROM coalesce(f.call, ''))
+        LOOP
+            EXECUTE pg_catalog.format('DROP FUNCTION %s', old);
+        END LOOP;
         EXECUTE pg_catalog.format(
             'CREATE OR REPLACE FUNCTION memory_proxy.%I(hash integer, read_projects text, write_projects text, '
             'api_key text%s) RETURNS %s LANGUAGE plproxy AS %L',
             f.name || '_on', ', ' || f.args, f.result,
-            pg_catalog.format('CLUSTER ''memory''; RUN ON hash; SELECT * FROM memory_shard.%I(read_projects, write_projects, api_key%s);',
-                              f.name, ', ' || f.call));
+            pg_catalog.format('CLUSTER ''memory''; RUN ON hash; SELECT %s FROM memory_shard.%I(read_projects, write_projects, api_key%s);',
+                              f.pick, f.name, ', ' || f.call));
         EXECUTE pg_catalog.format('COMMENT ON FUNCTION memory_proxy.%I(integer, text, text, text%s) IS %L',
             f.name || '_on', ', ' || f.args,
             pg_catalog.format('memory.%s on the partition hash & (partitions - 1) picks, through its relay memory_shard.%s.', f.name, f.name));
+        -- The one remote call of the public functions: the caller's settings travel with
+        -- it, and a partition out of reach is the typed error naming on_project's.
+        EXECUTE pg_catalog.format($f$
+CREATE OR REPLACE FUNCTION memory_proxy.%1$I(part integer, on_project text%2$s)
+RETURNS %3$s
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $body$
+DECLARE
+    c record := memory_proxy._caller();
+BEGIN
+    %4$s memory_proxy.%5$I(part, c.read_projects, c.write_projects, c.api_key%6$s);
+EXCEPTION WHEN internal_error THEN
+    IF on_project IS NULL OR NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+    PERFORM memory_proxy._down(part, on_project, SQLERRM);
+END $body$ $f$,
+            f.name || '_at', ', ' || f.args, f.result,
+            CASE WHEN f.result ~ '^(SETOF|TABLE)' THEN 'RETURN QUERY SELECT * FROM' ELSE 'RETURN' END,
+            f.name || '_on', ', ' || f.call);
+        EXECUTE pg_catalog.format('COMMENT ON FUNCTION memory_proxy.%I(integer, text%s) IS %L',
+            f.name || '_at', ', ' || f.args,
+            pg_catalog.format('memory.%s on partition part with the caller''s settings (memory_proxy._caller); out of reach: 08006 naming on_project (memory_proxy._down), or PL/Proxy''s error when on_project is NULL.', f.name));
         IF f.on_all THEN
             EXECUTE pg_catalog.format(
                 'CREATE OR REPLACE FUNCTION memory_proxy.%I(read_projects text, write_projects text, '
@@ -192,69 +249,54 @@ BEGIN
                 f.name || '_all', f.args,
                 pg_catalog.format('memory.%s on every partition at once (RUN ON ALL), through its relay memory_shard.%s.', f.name, f.name));
         END IF;
-    END LOOP;
-END $$;
-
--- memory.query: one partition when the call names a project, else all of them merged.
-CREATE OR REPLACE FUNCTION memory_proxy._query_rows(
-    query text, query_embedding vector, project text, levels text[], k integer,
-    strategy text, fusion text, rrf_k integer, candidates integer, dense_weight double precision,
-    since text, until text, reference_time timestamptz, filter jsonb, min_cosine double precision,
-    as_of timestamptz, valid_at timestamptz, unsupported text,
-    OUT rows memory.query_row[], OUT missing integer[])
+        IF f.on_all AND f.result LIKE 'SETOF %' THEN
+            -- The fan-out of a read over partitions (memory_proxy._route's): all at once
+            -- when they are all of them, else (or when one is out of reach) each alone, to
+            -- answer from the others and name the missing ones (08006 for a named project).
+            EXECUTE pg_catalog.format($f$
+CREATE OR REPLACE FUNCTION memory_proxy.%1$I(on_project text, parts integer[], %2$s,
+    OUT got %3$s[], OUT missing integer[])
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
-AS $$
+AS $body$
 DECLARE
     c record := memory_proxy._caller();
     part integer;
 BEGIN
+    got := '{}';
     missing := '{}';
-    IF project IS NOT NULL THEN
+    IF on_project IS NULL AND cardinality(parts) = memory_proxy.partitions() THEN
         BEGIN
-            rows := ARRAY(SELECT r FROM memory_proxy.query_on(
-                pg_catalog.hashtext(project), c.read_projects, c.write_projects, c.api_key,
-                query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
-                dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
-                unsupported) r);
+            got := ARRAY(SELECT r FROM memory_proxy.%4$I(c.read_projects, c.write_projects, c.api_key, %6$s) r);
+            RETURN;
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
         END;
-        RETURN;
     END IF;
-    -- Every partition at once; when one is out of reach, each alone, to answer from the
-    -- others and name the missing ones.
-    BEGIN
-        rows := ARRAY(SELECT r FROM memory_proxy.query_all(
-            c.read_projects, c.write_projects, c.api_key,
-            query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
-            dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
-            unsupported) r);
-        RETURN;
-    EXCEPTION WHEN internal_error THEN
-        IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-    END;
-    rows := '{}';
-    FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
+    FOREACH part IN ARRAY parts LOOP
         BEGIN
-            rows := rows || ARRAY(SELECT r FROM memory_proxy.query_on(
-                part, c.read_projects, c.write_projects, c.api_key,
-                query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
-                dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
-                unsupported) r);
+            got := got || ARRAY(SELECT r FROM memory_proxy.%5$I(part, on_project, %6$s) r);
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
             missing := missing || part;
         END;
     END LOOP;
-    IF cardinality(missing) = memory_proxy.partitions() THEN
-        RAISE EXCEPTION 'no partition is reachable'
-            USING ERRCODE = '08006', HINT = '`poimen-memory shard status` names the servers.';
+    IF cardinality(missing) = cardinality(parts) THEN
+        PERFORM memory_proxy._none_reachable();
     END IF;
+END $body$ $f$,
+                f.name || '_gather', f.args, substr(f.result, 7), f.name || '_all', f.name || '_at', f.call);
+            EXECUTE pg_catalog.format('COMMENT ON FUNCTION memory_proxy.%I(text, integer[], %s) IS %L',
+                f.name || '_gather', f.args,
+                pg_catalog.format('memory.%s on the partitions parts (memory_proxy._route''s; all at once when they are all of them), the answers in got and those out of reach in missing; 08006 when on_project''s is out of reach or all are.', f.name));
+        END IF;
+    END LOOP;
 END $$;
-COMMENT ON FUNCTION memory_proxy._query_rows(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text) IS
-    'memory.query''s rows from the partition holding project (08006 when it is out of reach), or from every partition (each one''s top k), with the partitions out of reach in missing.';
+
+DROP FUNCTION IF EXISTS memory_proxy.get_node_all(text, text, text, text, text);  -- unused (memory.get_node asks each partition)
+
+-- memory.query: one partition when the call names a project, else all of them merged.
+DROP FUNCTION IF EXISTS memory_proxy._query_rows(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text);  -- now memory_proxy.query_gather
 
 CREATE OR REPLACE FUNCTION memory_proxy._merge(rows memory.query_row[], k integer)
 RETURNS SETOF memory.query_row
@@ -305,9 +347,9 @@ AS $$
 DECLARE
     got record;
 BEGIN
-    got := memory_proxy._query_rows(query, query_embedding, project, levels, k, strategy, fusion,
-                                    rrf_k, candidates, dense_weight, since, until, reference_time,
-                                    filter, min_cosine, as_of, valid_at, unsupported);
+    got := memory_proxy.query_gather(project, memory_proxy._route(project, NULL),
+        query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates, dense_weight,
+        since, until, reference_time, filter, min_cosine, as_of, valid_at, unsupported);
     IF cardinality(got.missing) > 0 THEN
         RAISE WARNING 'degraded: partitions % are unreachable; answered from the others', got.missing
             USING DETAIL = pg_catalog.format('{"stage": "shard", "reason": "unreachable", "partitions": %s}',
@@ -315,155 +357,126 @@ BEGIN
                   HINT = '`poimen-memory shard status` names their servers.';
     END IF;
     IF project IS NOT NULL THEN
-        RETURN QUERY SELECT * FROM unnest(got.rows);
+        RETURN QUERY SELECT * FROM unnest(got.got);
     ELSE
-        RETURN QUERY SELECT * FROM memory_proxy._merge(got.rows, k);
+        RETURN QUERY SELECT * FROM memory_proxy._merge(got.got, k);
     END IF;
 END $$;
 COMMENT ON FUNCTION memory.query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text) IS
     'memory.query of the partition databases (its arguments and rows), through PL/Proxy: with project, on the partition holding it (08006 when that one is out of reach); without, on every partition, each one''s top k merged by final_score (docs/scaling.md), with a WARNING naming the partitions out of reach.';
 
-CREATE OR REPLACE FUNCTION memory.answer(
-    query text,
-    query_embedding vector DEFAULT NULL,
-    project text DEFAULT NULL,
-    levels text[] DEFAULT ARRAY['L1', 'L2'],
-    k integer DEFAULT 5,
-    strategy text DEFAULT NULL,
-    fusion text DEFAULT NULL,
-    rrf_k integer DEFAULT NULL,
-    candidates integer DEFAULT NULL,
-    dense_weight double precision DEFAULT NULL,
-    since text DEFAULT NULL,
-    until text DEFAULT NULL,
-    reference_time timestamptz DEFAULT NULL,
-    filter jsonb DEFAULT NULL,
-    min_cosine double precision DEFAULT NULL,
-    as_of timestamptz DEFAULT NULL,
-    valid_at timestamptz DEFAULT NULL,
-    unsupported text DEFAULT NULL,
-    evidence integer DEFAULT NULL
-)
+-- memory.answer and the alias public.memory_query are made from memory.query's catalog
+-- entry (as on a partition: sql/070_query.sql, sql/079_aliases.sql), so the three can never
+-- disagree about a name, a type or a default.
+DO $$
+DECLARE
+    query regprocedure := (SELECT p.oid FROM pg_catalog.pg_proc p
+                           WHERE p.pronamespace = 'memory'::regnamespace AND p.proname = 'query');
+    args text := pg_catalog.pg_get_function_arguments(query);
+    call text := (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(n), ', ' ORDER BY i)
+                  FROM pg_catalog.pg_proc p, pg_catalog.unnest(p.proargnames) WITH ORDINALITY AS a(n, i)
+                  WHERE p.oid = query);
+BEGIN
+    EXECUTE pg_catalog.format($f$
+CREATE OR REPLACE FUNCTION memory.answer(%1$s, evidence integer DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
-AS $$
+AS $body$
 DECLARE
-    c record := memory_proxy._caller();
-    docs jsonb[];
-    missing integer[] := '{}';
-    part integer;
-    merged jsonb;
-    kept jsonb;
+    got record;
 BEGIN
+    got := memory_proxy.answer_gather(project, memory_proxy._route(project, NULL), %2$s, evidence);
     IF project IS NOT NULL THEN
-        BEGIN
-            RETURN (SELECT a FROM memory_proxy.answer_on(
-                pg_catalog.hashtext(project), c.read_projects, c.write_projects, c.api_key,
-                query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
-                dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
-                unsupported, evidence) a);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
-        END;
+        RETURN got.got[1];
     END IF;
-    BEGIN
-        docs := ARRAY(SELECT a FROM memory_proxy.answer_all(
-            c.read_projects, c.write_projects, c.api_key,
-            query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
-            dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
-            unsupported, evidence) a);
-    EXCEPTION WHEN internal_error THEN
-        IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-        docs := '{}';
-        FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
-            BEGIN
-                docs := docs || ARRAY(SELECT a FROM memory_proxy.answer_on(
-                    part, c.read_projects, c.write_projects, c.api_key,
-                    query, query_embedding, project, levels, k, strategy, fusion, rrf_k, candidates,
-                    dense_weight, since, until, reference_time, filter, min_cosine, as_of, valid_at,
-                    unsupported, evidence) a);
-            EXCEPTION WHEN internal_error THEN
-                IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-                missing := missing || part;
-            END;
-        END LOOP;
-        IF cardinality(docs) = 0 THEN
-            RAISE EXCEPTION 'no partition is reachable'
-                USING ERRCODE = '08006', HINT = '`poimen-memory shard status` names the servers.';
-        END IF;
-    END;
-    -- The first partition's document, with the results merged as memory.query merges rows
-    -- and the evidence of the results kept (each partition's, in the merged order).
-    SELECT coalesce(jsonb_agg(to_jsonb(m) ORDER BY m.rank), '[]') INTO kept
-    FROM memory_proxy._merge(ARRAY(SELECT jsonb_populate_record(NULL::memory.query_row, r)
-                                   FROM unnest(docs) d, jsonb_array_elements(d -> 'results') r), k) m;
-    merged := docs[1] || jsonb_build_object(
-        'results', kept,
-        'evidence', coalesce((SELECT jsonb_agg(e) FROM unnest(docs) d, jsonb_array_elements(d -> 'evidence') e), '[]'),
-        'partitions', jsonb_build_object('answered', cardinality(docs), 'missing', to_jsonb(missing)));
-    IF cardinality(missing) > 0 THEN
-        merged := jsonb_set(merged, '{degraded}', coalesce(merged -> 'degraded', '[]')
-            || jsonb_build_object('stage', 'shard', 'reason', 'unreachable', 'partitions', to_jsonb(missing)));
-    END IF;
-    RETURN merged;
+    RETURN memory_proxy._merge_docs(got.got, got.missing, coalesce(k, (got.got[1] -> 'plan' ->> 'k')::integer));
+END $body$ $f$, args, call);
+    EXECUTE pg_catalog.format(
+        'CREATE OR REPLACE FUNCTION public.memory_query(%s) RETURNS SETOF memory.query_row '
+        'LANGUAGE sql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp '
+        'AS %L', args, pg_catalog.format('SELECT * FROM memory.query(%s)',
+            (SELECT pg_catalog.string_agg('$' || i, ', ' ORDER BY i)
+             FROM pg_catalog.generate_series(1, pg_catalog.cardinality(pg_catalog.string_to_array(call, ', '))) AS i)));
 END $$;
 COMMENT ON FUNCTION memory.answer(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text, integer) IS
-    'memory.answer of the partition databases through PL/Proxy: with project, the document of the partition holding it (08006 when out of reach); without, the first partition''s document with every partition''s results merged as memory.query merges them, their evidence lists concatenated, "partitions" {answered, missing}, and a degraded entry {"stage": "shard", "reason": "unreachable", "partitions": [...]} when some were out of reach.';
+    'memory.answer of the partition databases through PL/Proxy: with project, the document of the partition holding it (08006 when out of reach); without, every partition''s documents merged by memory_proxy._merge_docs (as memory._serve''s: results as memory.query merges them, evidence concatenated, counts summed, "partitions" {answered, missing}, and a degraded entry {"stage": "shard", "reason": "unreachable", "partitions": [...]} when some were out of reach).';
 
-CREATE OR REPLACE FUNCTION memory.add_nodes(nodes jsonb)
+CREATE OR REPLACE FUNCTION memory_proxy._write_on(part integer, nodes jsonb, embeddings vector[], embed boolean, via text)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF via = 'add_nodes' THEN
+        RETURN memory_proxy.add_nodes_at(part, NULL, nodes);
+    END IF;
+    RETURN memory_proxy._write_nodes_at(part, NULL, nodes, embeddings, embed);
+END $$;
+COMMENT ON FUNCTION memory_proxy._write_on(integer, jsonb, vector[], boolean, text) IS
+    'One partition''s write: memory.add_nodes (via ''add_nodes'', embeddings and embed unused) or memory._write_nodes (via ''_write_nodes'') on partition part.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._write(nodes jsonb, embeddings vector[], embed boolean, via text)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     g record;
     res jsonb;
     out_nodes jsonb := '[]';
-    totals jsonb := '{}';
+    totals jsonb := '{"inserted": 0, "duplicates": 0, "updated": 0, "edges": 0}';
     unresolved jsonb := '[]';
 BEGIN
     -- Not an array: the partition says so, as a single database would (22023).
     IF jsonb_typeof(nodes) IS DISTINCT FROM 'array' THEN
-        RETURN (SELECT a FROM memory_proxy.add_nodes_on(0, c.read_projects, c.write_projects, c.api_key, nodes) a);
+        RETURN memory_proxy._write_on(0, nodes, embeddings, embed, via);
     END IF;
-    -- The nodes grouped by the partition of their project, each group one remote call
-    -- (all or nothing within it; a later group's failure leaves the earlier ones written,
-    -- and writing them again answers "unchanged": docs/scaling.md).
+    -- The nodes (and their vectors) grouped by the partition of their project, each group
+    -- one remote call (all or nothing within it; a later group's failure leaves the
+    -- earlier ones written, and writing them again answers "unchanged": docs/scaling.md).
     FOR g IN
         SELECT memory_proxy.partition_of(e.node ->> 'project') AS part,
                min(e.node ->> 'project') AS project,
                jsonb_agg(e.node ORDER BY e.ord) AS group_nodes,
+               CASE WHEN embeddings IS NULL THEN NULL
+                    ELSE array_agg(embeddings[e.ord] ORDER BY e.ord) END AS group_vectors,
                array_agg(e.ord ORDER BY e.ord) AS ords
         FROM jsonb_array_elements(nodes) WITH ORDINALITY AS e(node, ord)
         GROUP BY 1 ORDER BY 1 NULLS FIRST
     LOOP
         PERFORM memory_proxy._write_lock(coalesce(g.part, 0));
         BEGIN
-            res := (SELECT a FROM memory_proxy.add_nodes_on(coalesce(g.part, 0), c.read_projects,
-                                                            c.write_projects, c.api_key, g.group_nodes) a);
+            res := memory_proxy._write_on(coalesce(g.part, 0), g.group_nodes, g.group_vectors, embed, via);
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
             PERFORM memory_proxy._down(g.part, g.project, SQLERRM);
         END;
-        out_nodes := out_nodes || (SELECT jsonb_agg(jsonb_build_object('ord', g.ords[i.ord]) || i.node)
-                                   FROM jsonb_array_elements(res -> 'nodes') WITH ORDINALITY AS i(node, ord));
-        SELECT coalesce(jsonb_object_agg(key, coalesce((totals ->> key)::bigint, 0) + value::bigint), '{}')
-          INTO totals
-          FROM jsonb_each_text(res) WHERE key IN ('inserted', 'duplicates', 'updated', 'edges');
-        IF jsonb_typeof(res -> 'unresolved') = 'array' THEN
-            unresolved := unresolved || (res -> 'unresolved');
-        END IF;
+        -- Merged back into input order: nodes and unresolved numbered over the whole batch.
+        out_nodes := out_nodes || coalesce((SELECT jsonb_agg(jsonb_build_object('ord', g.ords[i.ord]) || i.node)
+                                            FROM jsonb_array_elements(res -> 'nodes') WITH ORDINALITY AS i(node, ord)), '[]');
+        SELECT jsonb_object_agg(t.key, (t.value)::bigint + coalesce((res ->> t.key)::bigint, 0))
+          INTO totals FROM jsonb_each_text(totals) t;
+        unresolved := unresolved || coalesce(
+            (SELECT jsonb_agg(jsonb_build_array(g.ords[(u ->> 0)::integer], u -> 1))
+             FROM jsonb_array_elements(res -> 'unresolved') u), '[]');
     END LOOP;
     RETURN totals || jsonb_build_object(
         'nodes', (SELECT coalesce(jsonb_agg(n - 'ord' ORDER BY (n ->> 'ord')::bigint), '[]')
                   FROM jsonb_array_elements(out_nodes) n),
-        'unresolved', unresolved);
+        'unresolved', (SELECT coalesce(jsonb_agg(u ORDER BY (u ->> 0)::bigint), '[]')
+                       FROM jsonb_array_elements(unresolved) u));
 END $$;
+COMMENT ON FUNCTION memory_proxy._write(jsonb, vector[], boolean, text) IS
+    'The write path of memory.add_nodes and memory._write_nodes (via names which): the nodes and their vectors grouped by the partition of their project, one call (all or nothing) per partition under its write lock, the answers merged in input order (unresolved numbered over the whole batch) and the counts summed; 08006 when a partition is out of reach.';
+
+CREATE OR REPLACE FUNCTION memory.add_nodes(nodes jsonb)
+RETURNS jsonb
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+RETURN memory_proxy._write(nodes, NULL, false, 'add_nodes');
 COMMENT ON FUNCTION memory.add_nodes(jsonb) IS
-    'memory.add_nodes of the partition databases through PL/Proxy: the nodes grouped by the partition of their project, one call (all or nothing) per partition, the answers merged in input order and the counts summed. Waits while a partition it writes is being moved; 08006 when one is out of reach.';
+    'memory.add_nodes of the partition databases through PL/Proxy: the nodes grouped by the partition of their project, one call (all or nothing) per partition, the answers merged in input order (unresolved numbered over the whole batch) and the counts summed (memory_proxy._write). Waits while a partition it writes is being moved; 08006 when one is out of reach.';
 
 CREATE OR REPLACE FUNCTION memory.get_node(id text, project text DEFAULT NULL)
 RETURNS SETOF memory.node_row
@@ -471,25 +484,17 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     found memory.node_row[] := '{}';
     part integer;
 BEGIN
     IF project IS NOT NULL THEN
-        BEGIN
-            RETURN QUERY SELECT * FROM memory_proxy.get_node_on(pg_catalog.hashtext(project),
-                c.read_projects, c.write_projects, c.api_key, id, project);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
-        END;
+        RETURN QUERY SELECT * FROM memory_proxy.get_node_at(memory_proxy.partition_of(project), project, id, project);
         RETURN;
     END IF;
     -- No project: the id must be unique among the readable projects of every partition.
     FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
         BEGIN
-            found := found || ARRAY(SELECT r FROM memory_proxy.get_node_on(part, c.read_projects,
-                c.write_projects, c.api_key, id, project) r);
+            found := found || ARRAY(SELECT r FROM memory_proxy.get_node_at(part, NULL, id, project) r);
         EXCEPTION WHEN SQLSTATE 'PM444' THEN
             NULL;
         END;
@@ -516,18 +521,10 @@ RETURNS TABLE (revision integer, node_id bigint, current boolean, level text, sh
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    c record := memory_proxy._caller();
 BEGIN
-    IF project IS NULL THEN
-        RAISE EXCEPTION 'project must not be NULL'
-            USING ERRCODE = '22023', HINT = 'memory.history(project, external_id): ids are unique per project.';
-    END IF;
-    RETURN QUERY SELECT * FROM memory_proxy.history_on(pg_catalog.hashtext(project),
-        c.read_projects, c.write_projects, c.api_key, project, external_id);
-EXCEPTION WHEN internal_error THEN
-    IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-    PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+    PERFORM memory_proxy._need_project(project, 'memory.history(project, external_id): ids are unique per project.');
+    RETURN QUERY SELECT * FROM memory_proxy.history_at(memory_proxy.partition_of(project), project,
+        project, external_id);
 END $$;
 COMMENT ON FUNCTION memory.history(text, text) IS
     'memory.history of the partition databases through PL/Proxy, on the partition holding project.';
@@ -549,20 +546,11 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    c record := memory_proxy._caller();
 BEGIN
-    IF project IS NULL THEN
-        RAISE EXCEPTION 'project must not be NULL'
-            USING ERRCODE = '22023', HINT = 'memory.forget names one project (through the proxy, it picks the partition).';
-    END IF;
+    PERFORM memory_proxy._need_project(project, 'memory.forget names one project (through the proxy, it picks the partition).');
     PERFORM memory_proxy._write_lock(memory_proxy.partition_of(project));
-    RETURN (SELECT a FROM memory_proxy.forget_on(pg_catalog.hashtext(project), c.read_projects,
-        c.write_projects, c.api_key, project, external_ids, source, since, until, erase, reason,
-        filter, level, dry_run, max_nodes) a);
-EXCEPTION WHEN internal_error THEN
-    IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-    PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+    RETURN memory_proxy.forget_at(memory_proxy.partition_of(project), project, project, external_ids,
+        source, since, until, erase, reason, filter, level, dry_run, max_nodes);
 END $$;
 COMMENT ON FUNCTION memory.forget(text, text[], text, text, text, boolean, text, jsonb, text, boolean, integer) IS
     'memory.forget of the partition databases through PL/Proxy, on the partition holding project (waits while it is being moved). max_nodes defaults to 1000, the partitions'' default (memory._forget_max_nodes()).';
@@ -574,19 +562,11 @@ RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    c record := memory_proxy._caller();
 BEGIN
-    IF project IS NULL THEN
-        RAISE EXCEPTION 'project must not be NULL'
-            USING ERRCODE = '22023', HINT = 'memory.forget names one project (through the proxy, it picks the partition).';
-    END IF;
+    PERFORM memory_proxy._need_project(project, 'memory.forget names one project (through the proxy, it picks the partition).');
     PERFORM memory_proxy._write_lock(memory_proxy.partition_of(project));
-    RETURN (SELECT a FROM memory_proxy.forget_on(pg_catalog.hashtext(project), c.read_projects,
-        c.write_projects, c.api_key, project, external_id, erase, reason) a);
-EXCEPTION WHEN internal_error THEN
-    IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-    PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+    RETURN memory_proxy.forget_at(memory_proxy.partition_of(project), project, project, external_id,
+        erase, reason);
 END $$;
 COMMENT ON FUNCTION memory.forget(text, text, boolean, text) IS
     'memory.forget of one node through PL/Proxy, on the partition holding project (waits while it is being moved).';
@@ -623,60 +603,24 @@ RETURN CASE WHEN memory_proxy._trusted() THEN caps
 COMMENT ON FUNCTION memory_proxy._caps(jsonb) IS
     'The service''s caps as they travel: with read_projects / write_projects for a member of @proxy.service@ only.';
 
-CREATE OR REPLACE FUNCTION memory_proxy._targets(read_projects text)
-RETURNS integer[]
-LANGUAGE sql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
--- The partitions a call naming no project asks: those holding the asserted projects (an
--- API key's), or every partition for '*' (anonymous mode) and for a caller that asserts
--- nothing (it sees nothing, but is answered as a single database answers it).
-RETURN CASE WHEN read_projects IS NULL OR read_projects IN ('', '*')
-            THEN ARRAY(SELECT pg_catalog.generate_series(0, memory_proxy.partitions() - 1))
-            ELSE ARRAY(SELECT DISTINCT memory_proxy.partition_of(btrim(p))
-                       FROM pg_catalog.unnest(pg_catalog.string_to_array(read_projects, ',')) p
-                       ORDER BY 1) END;
-COMMENT ON FUNCTION memory_proxy._targets(text) IS
-    'The partitions a call naming no project runs on: those of the asserted read projects (comma-separated), all of them for * or none asserted.';
-
-CREATE OR REPLACE FUNCTION memory_proxy._none_reachable()
-RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    RAISE EXCEPTION 'no partition is reachable'
-        USING ERRCODE = '08006', HINT = '`poimen-memory shard status` names the servers.';
-END $$;
-COMMENT ON FUNCTION memory_proxy._none_reachable() IS
-    'Raises 08006 (HTTP 503): every partition a call needs is out of reach.';
-
 CREATE OR REPLACE FUNCTION memory._serve_start(req jsonb, caps jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     project text := req ->> 'project';
     part integer;
 BEGIN
     caps := memory_proxy._caps(caps);
-    IF project IS NOT NULL THEN
-        BEGIN
-            RETURN memory_proxy._serve_start_on(pg_catalog.hashtext(project), c.read_projects,
-                c.write_projects, c.api_key, req, caps);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
-        END;
-    END IF;
     -- No project: the plan of the first partition that answers, without its prefetched
     -- legs (their node ids are that partition's; every partition runs its own legs).
-    FOREACH part IN ARRAY memory_proxy._targets(caps ->> 'read_projects') LOOP
+    FOREACH part IN ARRAY memory_proxy._route(project, caps ->> 'read_projects') LOOP
         BEGIN
-            RETURN memory_proxy._serve_start_on(part, c.read_projects, c.write_projects,
-                c.api_key, req, caps)
-                || jsonb_build_object('prefetched', jsonb_build_object('calls', '{}'::jsonb, 'stages', '{}'::jsonb));
+            RETURN memory_proxy._serve_start_at(part, project, req, caps)
+                || CASE WHEN project IS NULL
+                        THEN jsonb_build_object('prefetched', jsonb_build_object('calls', '{}'::jsonb, 'stages', '{}'::jsonb))
+                        ELSE '{}' END;
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
         END;
@@ -738,59 +682,29 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     project text := req ->> 'project';
-    targets integer[];
-    docs jsonb[] := '{}';
-    missing integer[] := '{}';
-    part integer;
+    got record;
 BEGIN
     caps := memory_proxy._caps(caps);
-    IF project IS NOT NULL THEN
-        BEGIN
-            RETURN (SELECT a FROM memory_proxy._serve_on(pg_catalog.hashtext(project), c.read_projects,
-                c.write_projects, c.api_key, req, caps, query_embedding, hits, through, prefetched) a);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
-        END;
-    END IF;
-    IF through = 'semantic' THEN
-        RETURN '{}';  -- nothing prefetched over several partitions: each runs its own legs
-    ELSIF through IS DISTINCT FROM 'answer' THEN
-        RAISE EXCEPTION 'a reranker over every partition is not built through the proxy'
-            USING ERRCODE = '0A000',
-                  HINT = 'Name a project, or serve without a reranker (docs/scaling.md#the-http-service-over-the-proxy).';
-    END IF;
-    targets := memory_proxy._targets(caps ->> 'read_projects');
-    IF cardinality(targets) = memory_proxy.partitions() THEN
-        BEGIN
-            docs := ARRAY(SELECT a FROM memory_proxy._serve_all(c.read_projects, c.write_projects,
-                c.api_key, req, caps, query_embedding, hits, through, NULL) a);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            docs := '{}';
-        END;
-    END IF;
-    IF cardinality(docs) = 0 THEN
-        -- Each partition alone (one out of reach, or only some hold the caller's projects),
-        -- to answer from the others and name the missing ones.
-        FOREACH part IN ARRAY targets LOOP
-            BEGIN
-                docs := docs || ARRAY(SELECT a FROM memory_proxy._serve_on(part, c.read_projects,
-                    c.write_projects, c.api_key, req, caps, query_embedding, hits, through, NULL) a);
-            EXCEPTION WHEN internal_error THEN
-                IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-                missing := missing || part;
-            END;
-        END LOOP;
-        IF cardinality(docs) = 0 THEN
-            PERFORM memory_proxy._none_reachable();
+    IF project IS NULL THEN
+        IF through = 'semantic' THEN
+            RETURN '{}';  -- nothing prefetched over several partitions: each runs its own legs
+        ELSIF through IS DISTINCT FROM 'answer' THEN
+            RAISE EXCEPTION 'a reranker over every partition is not built through the proxy'
+                USING ERRCODE = '0A000',
+                      HINT = 'Name a project, or serve without a reranker (docs/scaling.md#the-http-service-over-the-proxy).';
         END IF;
+        prefetched := NULL;
+    END IF;
+    -- Without a project: every partition holding the caller's projects (all at once for *).
+    got := memory_proxy._serve_gather(project, memory_proxy._route(project, caps ->> 'read_projects'),
+        req, caps, query_embedding, hits, through, prefetched);
+    IF project IS NOT NULL THEN
+        RETURN got.got[1];
     END IF;
     -- k as the partitions' plans read it (memory.check_k's default when req names none).
-    RETURN memory_proxy._merge_docs(docs, missing,
-        coalesce((docs[1] -> 'plan' ->> 'k')::integer, (req ->> 'k')::integer));
+    RETURN memory_proxy._merge_docs(got.got, got.missing,
+        coalesce((got.got[1] -> 'plan' ->> 'k')::integer, (req ->> 'k')::integer));
 END $$;
 COMMENT ON FUNCTION memory._serve(jsonb, jsonb, vector, jsonb, text, jsonb) IS
     'memory._serve of the partitions through PL/Proxy: with req.project, on the partition holding it (08006 when out of reach); without, on every partition holding the caller''s projects (all at once for *), their answers merged by memory_proxy._merge_docs with the unreachable ones named in degraded. Without a project, through => ''semantic'' answers {} and ''candidates'' (a reranker) is not built (0A000).';
@@ -803,19 +717,14 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     project text := req ->> 'project';
 BEGIN
     IF project IS NULL THEN
         RAISE EXCEPTION 'a reranker over every partition is not built through the proxy'
             USING ERRCODE = '0A000', HINT = 'Name a project.';
     END IF;
-    RETURN memory_proxy._serve_finish_on(pg_catalog.hashtext(project), c.read_projects,
-        c.write_projects, c.api_key, req, memory_proxy._caps(caps), state, query_embedding,
-        result_order, rerank);
-EXCEPTION WHEN internal_error THEN
-    IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-    PERFORM memory_proxy._down(memory_proxy.partition_of(project), project, SQLERRM);
+    RETURN memory_proxy._serve_finish_at(memory_proxy.partition_of(project), project,
+        req, memory_proxy._caps(caps), state, query_embedding, result_order, rerank);
 END $$;
 COMMENT ON FUNCTION memory._serve_finish(jsonb, jsonb, jsonb, vector, bigint[], jsonb) IS
     'memory._serve_finish of the partition holding req.project, through PL/Proxy (the reranker''s order; a query naming no project is not reranked through the proxy).';
@@ -826,28 +735,21 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     found memory.node_row[] := '{}';
     missing integer[] := '{}';
     part integer;
 BEGIN
     IF p_project IS NOT NULL THEN
-        BEGIN
-            RETURN QUERY SELECT * FROM memory_proxy._get_node_on(pg_catalog.hashtext(p_project),
-                c.read_projects, c.write_projects, c.api_key, p_id, p_project, p_projects);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._down(memory_proxy.partition_of(p_project), p_project, SQLERRM);
-        END;
+        RETURN QUERY SELECT * FROM memory_proxy._get_node_at(memory_proxy.partition_of(p_project),
+            p_project, p_id, p_project, p_projects);
         RETURN;
     END IF;
     -- No project: the id must name one node among the readable projects of every
     -- partition they are on (the API key's, else all).
     FOREACH part IN ARRAY memory_proxy._targets(
-            CASE WHEN p_projects IS NULL THEN c.read_projects ELSE array_to_string(p_projects, ',') END) LOOP
+            coalesce(array_to_string(p_projects, ','), (memory_proxy._caller()).read_projects)) LOOP
         BEGIN
-            found := found || ARRAY(SELECT r FROM memory_proxy._get_node_on(part, c.read_projects,
-                c.write_projects, c.api_key, p_id, p_project, p_projects) r);
+            found := found || ARRAY(SELECT r FROM memory_proxy._get_node_at(part, NULL, p_id, p_project, p_projects) r);
         EXCEPTION
             WHEN SQLSTATE 'PM444' THEN NULL;
             WHEN internal_error THEN
@@ -878,7 +780,6 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     g record;
 BEGIN
     FOR g IN
@@ -888,13 +789,7 @@ BEGIN
         WHERE x.p IS NOT NULL
         GROUP BY 1 ORDER BY 1
     LOOP
-        BEGIN
-            RETURN QUERY SELECT * FROM memory_proxy._stored_nodes_on(g.part, c.read_projects,
-                c.write_projects, c.api_key, g.ps, g.es);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._down(g.part, g.first_project, SQLERRM);
-        END;
+        RETURN QUERY SELECT * FROM memory_proxy._stored_nodes_at(g.part, g.first_project, g.ps, g.es);
     END LOOP;
 END $$;
 COMMENT ON FUNCTION memory._stored_nodes(text[], text[]) IS
@@ -925,7 +820,7 @@ BEGIN
             BEGIN
                 SELECT shas || coalesce(array_agg(s.sha256), '{}'), ids || coalesce(array_agg(s.id), '{}')
                   INTO shas, ids
-                  FROM memory_proxy._stored_hashes_on(part, c.read_projects, c.write_projects, c.api_key, hashes) s;
+                  FROM memory_proxy._stored_hashes_at(part, NULL, hashes) s;
             EXCEPTION WHEN internal_error THEN
                 IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
             END;
@@ -936,23 +831,12 @@ END $$;
 COMMENT ON FUNCTION memory._stored_hashes(bytea[]) IS
     'memory._stored_hashes of every partition through PL/Proxy (a hash is current on one partition at most); partitions out of reach are skipped.';
 
-CREATE OR REPLACE FUNCTION memory_proxy.configure_embedding_on(
-    hash integer, read_projects text, write_projects text, api_key text, model text, dim integer)
-RETURNS integer
-LANGUAGE plproxy AS $$
-    CLUSTER 'memory'; RUN ON hash;
-    SELECT 1 FROM memory_shard.configure_embedding(read_projects, write_projects, api_key, model, dim);
-$$;
-COMMENT ON FUNCTION memory_proxy.configure_embedding_on(integer, text, text, text, text, integer) IS
-    'memory.configure_embedding on the partition hash & (partitions - 1) picks, through its relay.';
-
 CREATE OR REPLACE FUNCTION memory.configure_embedding(model text, dim integer)
 RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     part integer;
     answered integer := 0;
 BEGIN
@@ -960,8 +844,7 @@ BEGIN
     -- is skipped: writes to it fail meanwhile, and the first after it is back records it.
     FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
         BEGIN
-            PERFORM memory_proxy.configure_embedding_on(part, c.read_projects, c.write_projects,
-                                                        c.api_key, model, dim);
+            PERFORM memory_proxy.configure_embedding_at(part, NULL, model, dim);
             answered := answered + 1;
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
@@ -980,57 +863,9 @@ CREATE OR REPLACE FUNCTION memory._write_nodes(
     embed boolean DEFAULT false
 )
 RETURNS jsonb
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    c record := memory_proxy._caller();
-    g record;
-    res jsonb;
-    out_nodes jsonb := '[]';
-    totals jsonb := '{"inserted": 0, "duplicates": 0, "updated": 0, "edges": 0}';
-    unresolved jsonb := '[]';
-BEGIN
-    IF jsonb_typeof(nodes) IS DISTINCT FROM 'array' THEN
-        RETURN memory_proxy._write_nodes_on(0, c.read_projects, c.write_projects, c.api_key,
-                                            nodes, embeddings, embed);
-    END IF;
-    -- As memory.add_nodes here: the nodes (and their vectors) grouped by the partition of
-    -- their project, one call (all or nothing) per partition, the answers merged back into
-    -- input order; a batch over several partitions is not atomic across them (writing it
-    -- again answers "unchanged").
-    FOR g IN
-        SELECT memory_proxy.partition_of(e.node ->> 'project') AS part,
-               min(e.node ->> 'project') AS project,
-               jsonb_agg(e.node ORDER BY e.ord) AS group_nodes,
-               CASE WHEN embeddings IS NULL THEN NULL
-                    ELSE array_agg(embeddings[e.ord] ORDER BY e.ord) END AS group_vectors,
-               array_agg(e.ord ORDER BY e.ord) AS ords
-        FROM jsonb_array_elements(nodes) WITH ORDINALITY AS e(node, ord)
-        GROUP BY 1 ORDER BY 1 NULLS FIRST
-    LOOP
-        PERFORM memory_proxy._write_lock(coalesce(g.part, 0));
-        BEGIN
-            res := memory_proxy._write_nodes_on(coalesce(g.part, 0), c.read_projects,
-                c.write_projects, c.api_key, g.group_nodes, g.group_vectors, embed);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-            PERFORM memory_proxy._down(g.part, g.project, SQLERRM);
-        END;
-        out_nodes := out_nodes || coalesce((SELECT jsonb_agg(jsonb_build_object('ord', g.ords[i.ord]) || i.node)
-                                            FROM jsonb_array_elements(res -> 'nodes') WITH ORDINALITY AS i(node, ord)), '[]');
-        SELECT jsonb_object_agg(t.key, (t.value)::bigint + coalesce((res ->> t.key)::bigint, 0))
-          INTO totals FROM jsonb_each_text(totals) t;
-        unresolved := unresolved || coalesce(
-            (SELECT jsonb_agg(jsonb_build_array(g.ords[(u ->> 0)::integer], u -> 1))
-             FROM jsonb_array_elements(res -> 'unresolved') u), '[]');
-    END LOOP;
-    RETURN totals || jsonb_build_object(
-        'nodes', (SELECT coalesce(jsonb_agg(n - 'ord' ORDER BY (n ->> 'ord')::bigint), '[]')
-                  FROM jsonb_array_elements(out_nodes) n),
-        'unresolved', (SELECT coalesce(jsonb_agg(u ORDER BY (u ->> 0)::bigint), '[]')
-                       FROM jsonb_array_elements(unresolved) u));
-END $$;
+RETURN memory_proxy._write(nodes, embeddings, embed, '_write_nodes');
 COMMENT ON FUNCTION memory._write_nodes(jsonb, vector[], boolean) IS
     'memory._write_nodes of the partitions through PL/Proxy (POST /memory/nodes): the nodes and their vectors grouped by the partition of their project, one call (all or nothing) per partition, the answers merged in input order (unresolved numbered over the whole batch) and the counts summed; waits while a partition it writes is being moved, 08006 when one is out of reach. node_id is each partition''s own.';
 
@@ -1049,27 +884,21 @@ DECLARE
     part integer;
 BEGIN
     -- A page is keyset-paged by the partition's own node ids: one partition's pages only.
-    IF p_project IS NOT NULL THEN
-        part := pg_catalog.hashtext(p_project);
-    ELSE
-        targets := memory_proxy._targets(
-            CASE WHEN p_projects IS NULL THEN c.read_projects ELSE array_to_string(p_projects, ',') END);
-        IF cardinality(targets) <> 1 THEN
-            -- 22023 (HTTP 400): the request names too little for this deployment.
-            RAISE EXCEPTION 'listing nodes over several partitions is not built through the proxy'
-                USING ERRCODE = '22023',
-                      HINT = 'Name a project (project=...): its nodes are on one partition.';
-        END IF;
-        part := targets[1];
+    targets := memory_proxy._route(p_project, coalesce(array_to_string(p_projects, ','), c.read_projects));
+    IF cardinality(targets) <> 1 THEN
+        -- 22023 (HTTP 400): the request names too little for this deployment.
+        RAISE EXCEPTION 'listing nodes over several partitions is not built through the proxy'
+            USING ERRCODE = '22023',
+                  HINT = 'Name a project (project=...): its nodes are on one partition.';
     END IF;
+    part := targets[1];
     BEGIN
         RETURN QUERY SELECT * FROM memory_proxy._list_nodes_on(part, c.read_projects,
             c.write_projects, c.api_key, p_project, p_level, p_source, p_since, p_until, p_after,
             p_limit, p_projects, p_filter, p_newest_first);
     EXCEPTION WHEN internal_error THEN
         IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
-        PERFORM memory_proxy._down(part & (memory_proxy.partitions() - 1),
-                                   coalesce(p_project, array_to_string(p_projects, ',')), SQLERRM);
+        PERFORM memory_proxy._down(part, coalesce(p_project, array_to_string(p_projects, ',')), SQLERRM);
     END;
 END $$;
 COMMENT ON FUNCTION memory._list_nodes(text, text, text, text, text, text, integer, text[], jsonb, boolean) IS
@@ -1088,11 +917,8 @@ DECLARE
     part integer;
     total bigint := 0;
 BEGIN
-    FOREACH part IN ARRAY CASE WHEN p_project IS NOT NULL
-                               THEN ARRAY[memory_proxy.partition_of(p_project)]
-                               ELSE memory_proxy._targets(
-                                   CASE WHEN p_projects IS NULL THEN c.read_projects
-                                        ELSE array_to_string(p_projects, ',') END) END LOOP
+    FOREACH part IN ARRAY memory_proxy._route(
+            p_project, coalesce(array_to_string(p_projects, ','), c.read_projects)) LOOP
         BEGIN
             total := total + (SELECT n FROM memory_proxy._count_nodes_on(part, c.read_projects,
                 c.write_projects, c.api_key, p_project, p_level, p_source, p_since, p_until,
@@ -1115,7 +941,6 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     h record;
     part integer;
 BEGIN
@@ -1124,7 +949,7 @@ BEGIN
     missing := '{}';
     FOR part IN 0 .. partitions - 1 LOOP
         BEGIN
-            SELECT * INTO h FROM memory_proxy.health_on(part, c.read_projects, c.write_projects, c.api_key);
+            SELECT * INTO h FROM memory_proxy.health_at(part, NULL);
             nodes := nodes + h.nodes;
             scale_warnings := scale_warnings + h.scale_warnings;
             embedding_model := coalesce(embedding_model, h.embedding_model);
@@ -1143,14 +968,12 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c record := memory_proxy._caller();
     part integer;
     missing integer[] := '{}';
 BEGIN
-    FOREACH part IN ARRAY memory_proxy._targets(c.read_projects) LOOP
+    FOREACH part IN ARRAY memory_proxy._targets((memory_proxy._caller()).read_projects) LOOP
         BEGIN
-            RETURN QUERY SELECT * FROM memory_proxy.project_names_on(part, c.read_projects,
-                c.write_projects, c.api_key);
+            RETURN QUERY SELECT * FROM memory_proxy.project_names_at(part, NULL);
         EXCEPTION WHEN internal_error THEN
             IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
             missing := missing || part;
@@ -1193,31 +1016,7 @@ COMMENT ON TABLE memory.api_keys IS
 REVOKE ALL ON TABLE memory.api_keys FROM PUBLIC;
 GRANT SELECT ON TABLE memory.api_keys TO @proxy.service@;
 
--- On the default search_path, as on a partition (sql/079_aliases.sql).
-CREATE OR REPLACE FUNCTION public.memory_query(
-    query text,
-    query_embedding vector DEFAULT NULL,
-    project text DEFAULT NULL,
-    levels text[] DEFAULT ARRAY['L1', 'L2'],
-    k integer DEFAULT 5,
-    strategy text DEFAULT NULL,
-    fusion text DEFAULT NULL,
-    rrf_k integer DEFAULT NULL,
-    candidates integer DEFAULT NULL,
-    dense_weight double precision DEFAULT NULL,
-    since text DEFAULT NULL,
-    until text DEFAULT NULL,
-    reference_time timestamptz DEFAULT NULL,
-    filter jsonb DEFAULT NULL,
-    min_cosine double precision DEFAULT NULL,
-    as_of timestamptz DEFAULT NULL,
-    valid_at timestamptz DEFAULT NULL,
-    unsupported text DEFAULT NULL
-)
-RETURNS SETOF memory.query_row
-LANGUAGE sql VOLATILE PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
-AS 'SELECT * FROM memory.query($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)';
+-- On the default search_path, as on a partition (sql/079_aliases.sql); made above.
 COMMENT ON FUNCTION public.memory_query(text, vector, text, text[], integer, text, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text) IS
     'Alias of memory.query on the default search_path, as on a partition database.';
 
