@@ -96,15 +96,24 @@ CREATE TABLE IF NOT EXISTS memory_proxy.moves (
 COMMENT ON TABLE memory_proxy.moves IS
     'Each partition move `poimen-memory shard move` made: from where, to where, when.';
 
-CREATE OR REPLACE FUNCTION memory_proxy._unreachable(message text)
+-- The one-argument form of releases before the SQLSTATE was read: gone, so that calls with
+-- one argument are not ambiguous.
+DROP FUNCTION IF EXISTS memory_proxy._unreachable(text);
+CREATE OR REPLACE FUNCTION memory_proxy._unreachable(message text, state text)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 -- PL/Proxy reports a partition it cannot reach as XX000 "[p1] PQconnectStart: ..." (or a
 -- connection lost mid-call); a remote error keeps its own SQLSTATE, or says REMOTE ERROR.
-RETURN message ~ '^PL/Proxy function [^\[]*\[[^]]*\] ' AND message !~ 'REMOTE ERROR';
-COMMENT ON FUNCTION memory_proxy._unreachable(text) IS
-    'Whether a PL/Proxy error is a partition out of reach (connect failed, connection lost) rather than a remote error.';
+-- A server shutting down, starting or crashed ends the connections it had (57P01-57P03,
+-- "terminating connection due to administrator command"): a proxy backend that held one
+-- learns it on its next call there, which is the same partition out of reach (the
+-- handlers catch these three beside internal_error; a 08006 is memory_proxy._down's own,
+-- raised for a named project, and passes through them).
+RETURN (message ~ '^PL/Proxy function [^\[]*\[[^]]*\] ' AND message !~ 'REMOTE ERROR')
+    OR coalesce(state ~ '^57P0[123]$', false);
+COMMENT ON FUNCTION memory_proxy._unreachable(text, text) IS
+    'Whether a PL/Proxy error (its message and SQLSTATE) is a partition out of reach (connect failed, connection lost, the server shutting down or starting: 57P01-57P03) rather than a remote error.';
 
 CREATE OR REPLACE FUNCTION memory_proxy._down(part integer, project text, message text)
 RETURNS void
@@ -228,8 +237,8 @@ DECLARE
     c record := memory_proxy._caller();
 BEGIN
     %4$s memory_proxy.%5$I(part, c.read_projects, c.write_projects, c.api_key%6$s);
-EXCEPTION WHEN internal_error THEN
-    IF on_project IS NULL OR NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+    IF on_project IS NULL OR NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
     PERFORM memory_proxy._down(part, on_project, SQLERRM);
 END $body$ $f$,
             f.name || '_at', ', ' || f.args, f.result,
@@ -269,15 +278,15 @@ BEGIN
         BEGIN
             got := ARRAY(SELECT r FROM memory_proxy.%4$I(c.read_projects, c.write_projects, c.api_key, %6$s) r);
             RETURN;
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+        EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
         END;
     END IF;
     FOREACH part IN ARRAY parts LOOP
         BEGIN
             got := got || ARRAY(SELECT r FROM memory_proxy.%5$I(part, on_project, %6$s) r);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+        EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             missing := missing || part;
         END;
     END LOOP;
@@ -448,8 +457,8 @@ BEGIN
         PERFORM memory_proxy._write_lock(coalesce(g.part, 0));
         BEGIN
             res := memory_proxy._write_on(coalesce(g.part, 0), g.group_nodes, g.group_vectors, embed, via);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+        EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             PERFORM memory_proxy._down(g.part, g.project, SQLERRM);
         END;
         -- Merged back into input order: nodes and unresolved numbered over the whole batch.
@@ -621,8 +630,8 @@ BEGIN
                 || CASE WHEN project IS NULL
                         THEN jsonb_build_object('prefetched', jsonb_build_object('calls', '{}'::jsonb, 'stages', '{}'::jsonb))
                         ELSE '{}' END;
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+        EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
         END;
     END LOOP;
     PERFORM memory_proxy._none_reachable();
@@ -752,8 +761,8 @@ BEGIN
             found := found || ARRAY(SELECT r FROM memory_proxy._get_node_at(part, NULL, p_id, p_project, p_projects) r);
         EXCEPTION
             WHEN SQLSTATE 'PM444' THEN NULL;
-            WHEN internal_error THEN
-                IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+                IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
                 missing := missing || part;
         END;
     END LOOP;
@@ -812,8 +821,8 @@ BEGIN
     BEGIN
         SELECT array_agg(s.sha256), array_agg(s.id) INTO shas, ids
         FROM memory_proxy._stored_hashes_all(c.read_projects, c.write_projects, c.api_key, hashes) s;
-    EXCEPTION WHEN internal_error THEN
-        IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+    EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+        IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
         shas := '{}';
         ids := '{}';
         FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
@@ -821,8 +830,8 @@ BEGIN
                 SELECT shas || coalesce(array_agg(s.sha256), '{}'), ids || coalesce(array_agg(s.id), '{}')
                   INTO shas, ids
                   FROM memory_proxy._stored_hashes_at(part, NULL, hashes) s;
-            EXCEPTION WHEN internal_error THEN
-                IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+            EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+                IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             END;
         END LOOP;
     END;
@@ -846,8 +855,8 @@ BEGIN
         BEGIN
             PERFORM memory_proxy.configure_embedding_at(part, NULL, model, dim);
             answered := answered + 1;
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+        EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
         END;
     END LOOP;
     IF answered = 0 THEN
@@ -896,8 +905,8 @@ BEGIN
         RETURN QUERY SELECT * FROM memory_proxy._list_nodes_on(part, c.read_projects,
             c.write_projects, c.api_key, p_project, p_level, p_source, p_since, p_until, p_after,
             p_limit, p_projects, p_filter, p_newest_first);
-    EXCEPTION WHEN internal_error THEN
-        IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+    EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+        IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
         PERFORM memory_proxy._down(part, coalesce(p_project, array_to_string(p_projects, ',')), SQLERRM);
     END;
 END $$;
@@ -923,8 +932,8 @@ BEGIN
             total := total + (SELECT n FROM memory_proxy._count_nodes_on(part, c.read_projects,
                 c.write_projects, c.api_key, p_project, p_level, p_source, p_since, p_until,
                 p_filter, p_projects) n);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+        EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             PERFORM memory_proxy._down(part, coalesce(p_project, array_to_string(p_projects, ',')), SQLERRM);
         END;
     END LOOP;
@@ -953,8 +962,8 @@ BEGIN
             nodes := nodes + h.nodes;
             scale_warnings := scale_warnings + h.scale_warnings;
             embedding_model := coalesce(embedding_model, h.embedding_model);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+        EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             missing := missing || part;
         END;
     END LOOP;
@@ -974,8 +983,8 @@ BEGIN
     FOREACH part IN ARRAY memory_proxy._targets((memory_proxy._caller()).read_projects) LOOP
         BEGIN
             RETURN QUERY SELECT * FROM memory_proxy.project_names_at(part, NULL);
-        EXCEPTION WHEN internal_error THEN
-            IF NOT memory_proxy._unreachable(SQLERRM) THEN RAISE; END IF;
+        EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             missing := missing || part;
         END;
     END LOOP;
