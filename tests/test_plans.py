@@ -804,8 +804,9 @@ def test_project_graphs_max_caps_the_projects_with_graphs(synthetic: Conn) -> No
         ).fetchall())  # fmt: skip
         assert set(warned) == {"rare", "cap-a", "cap-b", "cap-c"}
         assert "it builds the project HNSW graphs of its own" in warned["cap-a"]
-        assert "the project_graphs_max = 2 largest have theirs: raise project_graphs_max" in (
-            warned["cap-b"]
+        assert (
+            "the project_graphs_max = 2 largest have theirs: raise project_graphs_max"
+            in (warned["cap-b"])
         )
         assert _build_in_transaction(synthetic) == [rid, a]
         assert _with_graphs(synthetic) == [rid, a]
