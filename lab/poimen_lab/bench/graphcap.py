@@ -75,7 +75,7 @@ def _assert(svc: psycopg.Connection[Any], p: dict[str, Any]) -> None:
 
 def main() -> int:
     ap = module_parser(__doc__)
-    ap.add_argument("--cap", type=int, default=8)
+    ap.add_argument("--cap", type=int, default=4, help="project_graphs_max measured (and twice it)")
     ap.add_argument("--projects", type=int, default=200, help="Zipf-sized tenants")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=10, help="of each kind per round and setting")
