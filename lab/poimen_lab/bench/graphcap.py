@@ -1,6 +1,6 @@
 """What per-project HNSW graphs cost every statement (issue 42): planning and a single-row
 insert with 0 project graphs, at the cap (project_graphs_max) and at twice the cap, on one
-database. `python -m poimen_lab.bench.graphcap --url ... [--cap 8]`.
+database. `python -m poimen_lab.bench.graphcap --url ... [--cap 2]`.
 
 One database: the synthetic corpus (project bench-main) and Zipf-sized tenants, thresholds
 lowered so that more tenants qualify than 2x the cap. Each round sets project_graphs_max to
@@ -75,7 +75,7 @@ def _assert(svc: psycopg.Connection[Any], p: dict[str, Any]) -> None:
 
 def main() -> int:
     ap = module_parser(__doc__)
-    ap.add_argument("--cap", type=int, default=4, help="project_graphs_max measured (and twice it)")
+    ap.add_argument("--cap", type=int, default=2, help="project_graphs_max measured (and twice it)")
     ap.add_argument("--projects", type=int, default=200, help="Zipf-sized tenants")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=10, help="of each kind per round and setting")
