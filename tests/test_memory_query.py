@@ -239,6 +239,9 @@ def test_policy_is_validated_and_applies_to_memory_query(
         # issue 28's keys
         ("filtered_ef_search", "0"),
         ("project_graph_min_nodes", "-1"),
+        # issue 42's cap
+        ("project_graphs_max", "1001"),
+        ("project_graphs_max", "-1"),
         ("large_store_nodes", "0"),
         ("large_store_ef_search", "1001"),
         ("nope", "1"),

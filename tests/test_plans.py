@@ -740,3 +740,105 @@ def test_a_second_migrate_waits_for_the_first_ones_builds(
             build_project_graphs(synthetic, lock_timeout_s=0.3, progress=lines.append)
     assert lines == [f"waiting for pid {pid}, which is building project graphs"]
     assert _graphs_valid(synthetic, rare_graphs) == []
+
+
+def _add_project(conn: Conn, name: str, n: int, start: int) -> int:
+    """A project of n random nodes (sha256 from start on), in the caller's transaction."""
+    (pid,) = conn.execute(
+        "INSERT INTO memory.projects (name) VALUES (%s) RETURNING id", (name,)
+    ).fetchone() or (0,)
+    _grow(conn, pid, n, start)
+    return int(pid)
+
+
+def _grow(conn: Conn, pid: int, n: int, start: int) -> None:
+    rng = np.random.default_rng(start)
+    vecs = rng.normal(size=(n, DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    with conn.cursor().copy(
+        "COPY memory.nodes (sha256, project_id, level, text, embedding) FROM STDIN"
+    ) as copy:
+        for i, v in enumerate(vecs):
+            vec = "[" + ",".join(f"{x:.6f}" for x in v) + "]"
+            copy.write_row(((start + i).to_bytes(32, "big"), pid, "L0", f"extra{i}", vec))
+
+
+def _build_in_transaction(conn: Conn) -> list[int]:
+    """What build_project_graphs does, inside the test's transaction (no CONCURRENTLY, so
+    that the rollback takes the graphs away): the projects whose graphs it built."""
+    built = []
+    for _name, pid, _state, stmt in missing_project_graphs(conn):
+        conn.execute(stmt.replace("CREATE INDEX CONCURRENTLY", "CREATE INDEX", 1))
+        built.append(pid)
+    return sorted(set(built))
+
+
+def _with_graphs(conn: Conn) -> list[int]:
+    rows = conn.execute(
+        "SELECT DISTINCT substring(c.relname from '_p([0-9]+)$')::integer FROM pg_index i"
+        " JOIN pg_class c ON c.oid = i.indexrelid"
+        " WHERE i.indrelid = 'memory.nodes'::regclass AND memory._is_project_graph(c.relname)"
+        " ORDER BY 1"
+    ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def test_project_graphs_max_caps_the_projects_with_graphs(synthetic: Conn) -> None:
+    """More projects qualify than project_graphs_max: only the largest get graphs (ties by
+    id); scale_warnings says why the others have none; raising the cap names the next for
+    migrate to build; a project that has its graphs keeps them against a newcomer up to 1.25x
+    its size (no build-drop flapping at the cap) and loses them past it; 0 drops them all."""
+    rid = _rare_id(synthetic)
+    with pytest.raises(_Rollback), synthetic.transaction():
+        for key, value in [("exact_scan_max_nodes", "10"), ("project_graph_min_nodes", "10"),
+                           ("project_graphs_max", "2")]:  # fmt: skip
+            synthetic.execute("SELECT memory.set_policy(%s, %s)", (key, value))
+        a = _add_project(synthetic, "cap-a", 40, 10_000_000)
+        b = _add_project(synthetic, "cap-b", 30, 11_000_000)
+        c = _add_project(synthetic, "cap-c", 30, 12_000_000)
+        assert b < c
+        graphs = synthetic.execute("SELECT project_id, n_docs FROM memory._project_graphs()")
+        assert graphs.fetchall() == [(rid, 60), (a, 40)]
+        warned = dict(synthetic.execute(
+            "SELECT project, hint FROM memory.scale_warnings() WHERE what = 'filtered_hnsw'"
+        ).fetchall())  # fmt: skip
+        assert set(warned) == {"rare", "cap-a", "cap-b", "cap-c"}
+        assert "it builds the project HNSW graphs of its own" in warned["cap-a"]
+        assert (
+            "the project_graphs_max = 2 largest have theirs: raise project_graphs_max"
+            in (warned["cap-b"])
+        )
+        assert _build_in_transaction(synthetic) == [rid, a]
+        assert _with_graphs(synthetic) == [rid, a]
+        assert missing_project_graphs(synthetic) == []
+        # Raising the cap: the next largest (the tie goes to the lower id), at the next migrate.
+        synthetic.execute("SELECT memory.set_policy('project_graphs_max', '3')")
+        assert [r[1] for r in missing_project_graphs(synthetic)] == [b, b]
+        assert synthetic.execute("SELECT memory._ensure_indexes()").fetchone() == ([],)
+        assert _build_in_transaction(synthetic) == [b]
+        assert _with_graphs(synthetic) == sorted([rid, a, b])
+        # c grows past b, within 1.25x of it: b keeps its graphs, nothing is built or dropped.
+        _grow(synthetic, c, 7, 13_000_000)
+        fresh = synthetic.execute("SELECT project_id FROM memory._project_graphs()").fetchall()
+        assert [r[0] for r in fresh] == [rid, a, c]
+        held = synthetic.execute("SELECT project_id FROM memory._project_graphs(true)").fetchall()
+        assert [r[0] for r in held] == [rid, a, b]
+        assert synthetic.execute("SELECT memory._ensure_indexes()").fetchone() == ([],)
+        assert missing_project_graphs(synthetic) == []
+        # Past 1.25x (38 > 37.5) c takes b's place: b's pair is dropped, c's named missing.
+        _grow(synthetic, c, 1, 13_100_000)
+        (dropped,) = synthetic.execute("SELECT memory._ensure_indexes()").fetchone() or ([],)
+        assert sorted(dropped) == sorted("-" + n for n in _graph_names(b))
+        assert _build_in_transaction(synthetic) == [c]
+        assert _with_graphs(synthetic) == sorted([rid, a, c])
+        # 0: no project graphs; the warning says how to turn them on.
+        synthetic.execute("SELECT memory.set_policy('project_graphs_max', '0')")
+        (dropped,) = synthetic.execute("SELECT memory._ensure_indexes()").fetchone() or ([],)
+        assert len(dropped) == 6 and _with_graphs(synthetic) == []
+        hints = [r[0] for r in synthetic.execute(
+            "SELECT hint FROM memory.scale_warnings() WHERE what = 'filtered_hnsw'"
+        ).fetchall()]  # fmt: skip
+        assert len(hints) == 4
+        assert all("project_graphs_max is 0: none" in h for h in hints), hints
+        raise _Rollback
+    assert _with_graphs(synthetic) == []

@@ -148,7 +148,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="queries per scope for memory_query()'s recall against an exact semantic leg "
         "(0: skip)",
     )
-    for key in ("exact_scan_max_nodes", "project_graph_min_nodes"):
+    for key in ("exact_scan_max_nodes", "project_graph_min_nodes", "project_graphs_max"):
         p.add_argument(
             "--" + key.replace("_", "-"),
             type=int,
@@ -485,7 +485,8 @@ def cmd_bench_recall(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             migrate(owner, s.plpython_root, role_prefix=s.role_prefix)
             # Before the load: its index pass builds the graphs these thresholds ask for.
-            for key in ("exact_scan_max_nodes", "project_graph_min_nodes"):
+            # (project_graphs_max: issue 28's runs had no cap; 1000 reproduces them)
+            for key in ("exact_scan_max_nodes", "project_graph_min_nodes", "project_graphs_max"):
                 value = getattr(args, key)
                 if value is not None:
                     owner.execute("SELECT memory.set_policy(%s, %s)", (key, str(value)))

@@ -36,6 +36,10 @@ BEGIN
         -- under half of the store gets HNSW graphs of its own at the next migrate
         -- (memory._project_graphs, sql/088_indexes.sql; issue 28)
         ('project_graph_min_nodes', '5000', '$1 ~ ''^[0-9]{1,7}$'' AND $1::integer BETWEEN 0 AND 10000000', '0..10000000 nodes (0: off)'),
+        -- at most this many projects have graphs of their own, the largest (n_docs, ties by
+        -- id): each pair is planned by every statement on memory.nodes and checked by every
+        -- insert (issue 42; docs/benchmarks.md, "A cap on per-project graphs"); 0: none
+        ('project_graphs_max', '2', '$1 ~ ''^[0-9]{1,4}$'' AND $1::integer BETWEEN 0 AND 1000', '0..1000 projects (0: none)'),
         ('provenance_max_parents', '32', '$1 ~ ''^[0-9]{1,4}$'' AND $1::integer BETWEEN 1 AND 1000', '1..1000'),
         ('provenance_max_nodes', '256', '$1 ~ ''^[0-9]{1,6}$'' AND $1::integer BETWEEN 1 AND 100000', '1..100000'),
         -- a provenance tree's node shows this much of its text (bounded responses, issue 26)

@@ -37,33 +37,42 @@ AS $$ SELECT index_name ~ '^nodes_embedding_hnsw(_l1_l2)?_p[0-9]+$' $$;
 COMMENT ON FUNCTION memory._is_project_graph(text) IS
     'Whether an index name is one of memory._project_graph_names'' (a project''s own HNSW graph).';
 
--- hold: the looser bounds a project that has its graphs keeps them under (past 80% of the
--- size threshold, under 60% of the store), so one that hovers at a threshold is not built
--- and dropped on alternate migrates.
+-- At most project_graphs_max projects have them (issue 42): each pair is two more indexes
+-- every statement on memory.nodes plans and every insert checks the predicate of. When more
+-- qualify, the largest by current nodes get them, ties by id.
+-- hold: the looser bounds a project that has its graphs (its first one exists, valid or
+-- not) keeps them under (past 80% of the size threshold, under 60% of the store), and in the
+-- ranking for the cap it counts 1.25x its size, so one that hovers at a threshold, or at the
+-- cap beside a project of about its size, is not built and dropped on alternate migrates.
 CREATE OR REPLACE FUNCTION memory._project_graphs(hold boolean DEFAULT false)
 RETURNS TABLE (project_id integer, n_docs bigint)
 LANGUAGE sql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT c.project_id, c.n_docs::bigint
-    FROM memory.corpus_stats c,
-         (SELECT greatest(memory._policy_value('exact_scan_max_nodes')::bigint,
-                          memory._policy_value('project_graph_min_nodes')::bigint) AS least_nodes,
-                 memory._policy_value('project_graph_min_nodes')::bigint AS on_at,
-                 (SELECT coalesce(sum(s.n_docs), 0) FROM memory.corpus_stats s) AS total,
-                 CASE WHEN hold THEN 0.8 ELSE 1.0 END AS margin) p
-    WHERE p.on_at > 0 AND c.n_docs > p.least_nodes * p.margin
-      AND 2 * c.n_docs * p.margin < p.total
-      AND NOT memory.partitioned()
-    ORDER BY c.project_id
+    SELECT r.project_id, r.n_docs
+    FROM (SELECT c.project_id, c.n_docs::bigint AS n_docs,
+                 hold AND pg_catalog.to_regclass(pg_catalog.format(
+                     'memory.%I', (memory._project_graph_names(c.project_id))[1])) IS NOT NULL AS has,
+                 p.least_nodes, p.total
+          FROM memory.corpus_stats c,
+               (SELECT greatest(memory._policy_value('exact_scan_max_nodes')::bigint,
+                                memory._policy_value('project_graph_min_nodes')::bigint) AS least_nodes,
+                       memory._policy_value('project_graph_min_nodes')::bigint AS on_at,
+                       memory._policy_value('project_graphs_max')::bigint AS most,
+                       (SELECT coalesce(sum(s.n_docs), 0) FROM memory.corpus_stats s) AS total) p
+          WHERE p.on_at > 0 AND p.most > 0 AND NOT memory.partitioned()
+            AND c.n_docs > p.least_nodes * 0.8 AND 2 * c.n_docs * 0.8 < p.total) r
+    WHERE (r.n_docs > r.least_nodes AND 2 * r.n_docs < r.total) OR r.has
+    ORDER BY r.n_docs * CASE WHEN r.has THEN 1.25 ELSE 1 END DESC, r.project_id
+    LIMIT memory._policy_value('project_graphs_max')::bigint
 $$;
 COMMENT ON FUNCTION memory._project_graphs(boolean) IS
-    'The projects migrate gives HNSW graphs of their own (nodes_embedding_hnsw_p<id>, nodes_embedding_hnsw_l1_l2_p<id>: partial indexes WHERE project_id = <id>): more current nodes than both exact_scan_max_nodes and project_graph_min_nodes (policy; 0: none), under half of the store, on a store not partitioned by project; hold => true: the looser bounds (80% of the size, 60% of the store) under which a project that has them keeps them. Over the projects the caller may see.';
+    'The projects migrate gives HNSW graphs of their own (nodes_embedding_hnsw_p<id>, nodes_embedding_hnsw_l1_l2_p<id>: partial indexes WHERE project_id = <id>): more current nodes than both exact_scan_max_nodes and project_graph_min_nodes (policy; 0: none), under half of the store, on a store not partitioned by project; at most project_graphs_max of them (policy; 0: none), the largest by current nodes, ties by id. hold => true: one that has them keeps them within the looser bounds (80% of the size, 60% of the store) and counts 1.25x its size in the ranking. Largest first. Over the projects the caller may see.';
 
 -- The one definition of a large project's own pair of graphs (what follows "CREATE INDEX
--- name ON memory.nodes"), for each project that is to have them: those memory._project_graphs
--- names, and one that has them (its first graph exists, valid or not) within the looser
--- bounds. memory._ensure_indexes keeps these and drops the others; migrate builds the
+-- name ON memory.nodes"), for each project that is to have them: memory._project_graphs(true),
+-- which keeps one that has them (its first graph exists, valid or not) within the looser
+-- bounds, and at most project_graphs_max. memory._ensure_indexes keeps these and drops the others; migrate builds the
 -- missing ones after its transaction (memory._missing_project_graphs). None before an
 -- embedding model is configured: the column has no dimension to build a graph on.
 CREATE OR REPLACE FUNCTION memory._project_graph_defs()
@@ -79,12 +88,10 @@ AS $$
     FROM memory._project_graphs(true) g
     CROSS JOIN LATERAL pg_catalog.unnest(memory._project_graph_names(g.project_id)) WITH ORDINALITY n(name, k)
     WHERE EXISTS (SELECT 1 FROM memory.embedding_model)
-      AND (g.project_id IN (SELECT w.project_id FROM memory._project_graphs() w)
-           OR pg_catalog.to_regclass(pg_catalog.format('memory.%I', (memory._project_graph_names(g.project_id))[1])) IS NOT NULL)
     ORDER BY g.project_id, n.k
 $$;
 COMMENT ON FUNCTION memory._project_graph_defs() IS
-    'The HNSW graphs of their own the large projects are to have (memory._project_graphs; one that has them keeps them within the looser bounds): project, index name (memory._project_graph_names) and its definition after "ON memory.nodes". Empty before an embedding model is configured.';
+    'The HNSW graphs of their own the large projects are to have (memory._project_graphs(true): one that has them keeps them within the looser bounds; at most project_graphs_max projects): project, index name (memory._project_graph_names) and its definition after "ON memory.nodes". Empty before an embedding model is configured.';
 
 -- How an index of tbl stands against the definition sql/ wants: missing, invalid (a
 -- CREATE INDEX CONCURRENTLY that failed or was interrupted leaves one behind, and the
@@ -254,6 +261,14 @@ BEGIN
                   ELSE
                       CASE WHEN memory._policy_value('project_graph_min_nodes')::bigint = 0
                            THEN 'turn project graphs on (project_graph_min_nodes is 0: off) and run poimen-memory migrate '
+                           WHEN memory._policy_value('project_graphs_max')::bigint = 0
+                           THEN 'turn project graphs on (project_graphs_max is 0: none) and run poimen-memory migrate '
+                           WHEN c.n_docs > memory._policy_value('project_graph_min_nodes')::bigint
+                           THEN pg_catalog.format('it is past project_graph_min_nodes, but the project_graphs_max = %s largest '
+                                                  'have theirs: raise project_graphs_max (each pair '
+                                                  'adds planning to every statement on memory.nodes and work to every '
+                                                  'insert, docs/benchmarks.md) and run poimen-memory migrate ',
+                                                  memory._policy_value('project_graphs_max'))
                            ELSE pg_catalog.format('set project_graph_min_nodes (now %s) below its size and run poimen-memory migrate ',
                                                   memory._policy_value('project_graph_min_nodes')) END
                       || 'to give it HNSW graphs of its own, raise exact_scan_max_nodes if an exact scan of it '
@@ -261,7 +276,7 @@ BEGIN
                          '(poimen-memory migrate --partition-by-project, docs/scaling.md)'
                   END
         FROM memory.corpus_stats c JOIN memory.projects p ON p.id = c.project_id
-        LEFT JOIN memory._project_graphs() g ON g.project_id = c.project_id
+        LEFT JOIN memory._project_graphs(true) g ON g.project_id = c.project_id
         WHERE c.n_docs > cap AND 2 * c.n_docs < total
           AND (SELECT count(*) FROM pg_catalog.pg_index i
                JOIN pg_catalog.pg_class r ON r.oid = i.indexrelid
@@ -297,4 +312,4 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION memory.scale_warnings() IS
-    'What the store has outgrown, one row each (project, what, hint): filtered_hnsw, a project above the policy''s exact_scan_max_nodes holding under half of the store with no HNSW graph of its own yet (its project-filtered recall of the shared graph falls as the store grows; the hint says whether the next migrate builds one, memory._project_graphs; not on a store partitioned by project); hnsw_graph (project NULL), more than the policy''s large_store_nodes (500,000) nodes on HNSW graphs built with m = 16. Over the projects the caller may see. Printed by poimen-memory migrate and migrate --check, counted by GET /healthz.';
+    'What the store has outgrown, one row each (project, what, hint): filtered_hnsw, a project above the policy''s exact_scan_max_nodes holding under half of the store with no HNSW graph of its own yet (its project-filtered recall of the shared graph falls as the store grows; the hint says whether the next migrate builds one, memory._project_graphs, or why not: project_graph_min_nodes, or project_graphs_max larger projects have theirs; not on a store partitioned by project); hnsw_graph (project NULL), more than the policy''s large_store_nodes (500,000) nodes on HNSW graphs built with m = 16. Over the projects the caller may see. Printed by poimen-memory migrate and migrate --check, counted by GET /healthz.';
