@@ -165,6 +165,9 @@ _BUCKETS = 10_000
 # once, however many clients are active (with more than max_inflight / 4 of them, a client
 # asking two at a time is queued with the rest rather than refused).
 _EVEN_MIN = 4.0
+# What both refusals by cost tell the client.
+_DEAR = "its dear requests (long texts, many results or cited turns) count for several"
+_SETTINGS = "POIMEN_HTTP_FAIR_SHARE, _FLOOR and POIMEN_HTTP_COST set the share"
 
 
 class Admission(HttpMiddleware):
@@ -291,9 +294,7 @@ class Admission(HttpMiddleware):
                     f"with this request {held_cost + cost:.1f}, more than its even share "
                     f"({even:.1f}) while {active} other client{'s' if active > 1 else ''} "
                     "use the service",
-                    "wait for one of its requests to end; its dear requests (long texts, "
-                    "many results or cited turns) count for several. POIMEN_HTTP_FAIR_SHARE, "
-                    "_FLOOR and POIMEN_HTTP_COST set the share",
+                    "wait for one of its requests to end; " + _DEAR + ". " + _SETTINGS,
                     self.retry_after_s,
                 )
             limit = self.fair_share * busiest
@@ -302,9 +303,7 @@ class Admission(HttpMiddleware):
                     f"this client is using {rate:.1f} units of cost a second, more than "
                     f"{self.fair_share:g} times the busiest other client's {busiest:.1f}, "
                     f"while {active} other client{'s' if active > 1 else ''} use the service",
-                    "its dear requests (long texts, many results or cited turns) count for "
-                    "several; the other clients are served meanwhile. POIMEN_HTTP_FAIR_SHARE, "
-                    "_FLOOR and POIMEN_HTTP_COST set the share",
+                    _DEAR + "; the other clients are served meanwhile. " + _SETTINGS,
                     self.fair_window_s * math.log(rate / limit),
                 )
         # Charged now, before the capacity is known: a request then refused 503 still

@@ -107,9 +107,9 @@ SET search_path = pg_catalog, pg_temp
 -- connection lost mid-call); a remote error keeps its own SQLSTATE, or says REMOTE ERROR.
 -- A server shutting down, starting or crashed ends the connections it had (57P01-57P03,
 -- "terminating connection due to administrator command"): a proxy backend that held one
--- learns it on its next call there, which is the same partition out of reach (the
--- handlers catch these three beside internal_error; a 08006 is memory_proxy._down's own,
--- raised for a named project, and passes through them).
+-- learns it on its next call there, which is the same partition out of reach. The one
+-- rule: every handler catches OTHERS and re-raises what this does not call out of reach
+-- (memory_proxy._down's own 08006 for a named project among them).
 RETURN (message ~ '^PL/Proxy function [^\[]*\[[^]]*\] ' AND message !~ 'REMOTE ERROR')
     OR coalesce(state ~ '^57P0[123]$', false);
 COMMENT ON FUNCTION memory_proxy._unreachable(text, text) IS
@@ -237,7 +237,7 @@ DECLARE
     c record := memory_proxy._caller();
 BEGIN
     %4$s memory_proxy.%5$I(part, c.read_projects, c.write_projects, c.api_key%6$s);
-EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+EXCEPTION WHEN OTHERS THEN
     IF on_project IS NULL OR NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
     PERFORM memory_proxy._down(part, on_project, SQLERRM);
 END $body$ $f$,
@@ -278,14 +278,14 @@ BEGIN
         BEGIN
             got := ARRAY(SELECT r FROM memory_proxy.%4$I(c.read_projects, c.write_projects, c.api_key, %6$s) r);
             RETURN;
-        EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+        EXCEPTION WHEN OTHERS THEN
             IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
         END;
     END IF;
     FOREACH part IN ARRAY parts LOOP
         BEGIN
             got := got || ARRAY(SELECT r FROM memory_proxy.%5$I(part, on_project, %6$s) r);
-        EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+        EXCEPTION WHEN OTHERS THEN
             IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             missing := missing || part;
         END;
@@ -457,7 +457,7 @@ BEGIN
         PERFORM memory_proxy._write_lock(coalesce(g.part, 0));
         BEGIN
             res := memory_proxy._write_on(coalesce(g.part, 0), g.group_nodes, g.group_vectors, embed, via);
-        EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+        EXCEPTION WHEN OTHERS THEN
             IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             PERFORM memory_proxy._down(g.part, g.project, SQLERRM);
         END;
@@ -630,7 +630,7 @@ BEGIN
                 || CASE WHEN project IS NULL
                         THEN jsonb_build_object('prefetched', jsonb_build_object('calls', '{}'::jsonb, 'stages', '{}'::jsonb))
                         ELSE '{}' END;
-        EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+        EXCEPTION WHEN OTHERS THEN
             IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
         END;
     END LOOP;
@@ -761,7 +761,7 @@ BEGIN
             found := found || ARRAY(SELECT r FROM memory_proxy._get_node_at(part, NULL, p_id, p_project, p_projects) r);
         EXCEPTION
             WHEN SQLSTATE 'PM444' THEN NULL;
-            WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+            WHEN OTHERS THEN
                 IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
                 missing := missing || part;
         END;
@@ -821,7 +821,7 @@ BEGIN
     BEGIN
         SELECT array_agg(s.sha256), array_agg(s.id) INTO shas, ids
         FROM memory_proxy._stored_hashes_all(c.read_projects, c.write_projects, c.api_key, hashes) s;
-    EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+    EXCEPTION WHEN OTHERS THEN
         IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
         shas := '{}';
         ids := '{}';
@@ -830,7 +830,7 @@ BEGIN
                 SELECT shas || coalesce(array_agg(s.sha256), '{}'), ids || coalesce(array_agg(s.id), '{}')
                   INTO shas, ids
                   FROM memory_proxy._stored_hashes_at(part, NULL, hashes) s;
-            EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+            EXCEPTION WHEN OTHERS THEN
                 IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             END;
         END LOOP;
@@ -855,7 +855,7 @@ BEGIN
         BEGIN
             PERFORM memory_proxy.configure_embedding_at(part, NULL, model, dim);
             answered := answered + 1;
-        EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+        EXCEPTION WHEN OTHERS THEN
             IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
         END;
     END LOOP;
@@ -905,7 +905,7 @@ BEGIN
         RETURN QUERY SELECT * FROM memory_proxy._list_nodes_on(part, c.read_projects,
             c.write_projects, c.api_key, p_project, p_level, p_source, p_since, p_until, p_after,
             p_limit, p_projects, p_filter, p_newest_first);
-    EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+    EXCEPTION WHEN OTHERS THEN
         IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
         PERFORM memory_proxy._down(part, coalesce(p_project, array_to_string(p_projects, ',')), SQLERRM);
     END;
@@ -932,7 +932,7 @@ BEGIN
             total := total + (SELECT n FROM memory_proxy._count_nodes_on(part, c.read_projects,
                 c.write_projects, c.api_key, p_project, p_level, p_source, p_since, p_until,
                 p_filter, p_projects) n);
-        EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+        EXCEPTION WHEN OTHERS THEN
             IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             PERFORM memory_proxy._down(part, coalesce(p_project, array_to_string(p_projects, ',')), SQLERRM);
         END;
@@ -962,7 +962,7 @@ BEGIN
             nodes := nodes + h.nodes;
             scale_warnings := scale_warnings + h.scale_warnings;
             embedding_model := coalesce(embedding_model, h.embedding_model);
-        EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+        EXCEPTION WHEN OTHERS THEN
             IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             missing := missing || part;
         END;
@@ -983,7 +983,7 @@ BEGIN
     FOREACH part IN ARRAY memory_proxy._targets((memory_proxy._caller()).read_projects) LOOP
         BEGIN
             RETURN QUERY SELECT * FROM memory_proxy.project_names_at(part, NULL);
-        EXCEPTION WHEN internal_error OR admin_shutdown OR crash_shutdown OR cannot_connect_now THEN
+        EXCEPTION WHEN OTHERS THEN
             IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             missing := missing || part;
         END;
