@@ -121,6 +121,14 @@ E5_DIM = 384
 # serves two models;
 # a model not named here (a remote server's) gets no floor unless the policy sets one.
 MODEL_FLOORS = {LOCAL_MODEL: 0.3, E5_MODEL: 0.83}
+
+
+def model_floors_prose() -> str:
+    """MODEL_FLOORS in words, for the descriptions that name them (SQL comments, the
+    contract, OpenAPI): one source, so a floor changed here is changed there."""
+    return ", ".join(f"{floor} for {model}" for model, floor in MODEL_FLOORS.items())
+
+
 # The SQLSTATEs our own SQL raises (class PM), by meaning.
 SQLSTATES = {
     "unknown_project": "PM404",
@@ -307,4 +315,6 @@ def sql_literals() -> dict[str, str]:
     out |= {f"sqlstate_{k}": _text(v) for k, v in SQLSTATES.items()}
     out["capabilities"] = _text(json.dumps(capability_costs())) + "::jsonb"
     out["model_floors"] = _text(json.dumps(MODEL_FLOORS)) + "::jsonb"
+    # Prose, for use inside a string literal (a COMMENT): escaped, not quoted.
+    out["model_floors_prose"] = model_floors_prose().replace("'", "''")
     return out

@@ -1185,8 +1185,9 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                                 "floor": {
                                     "type": "object",
                                     "description": "the relevance floor: min_cosine (the "
-                                    "policy's, else the database model's: 0.3 for "
-                                    "MiniLM, 0.83 for e5; -1: off), source (argument, "
+                                    "policy's, else the database model's: "
+                                    f"{vocabulary.model_floors_prose()}; -1: off), "
+                                    "source (argument, "
                                     "policy, model or null), applied, terms (the query's), "
                                     "keep_with_terms (how many of them a candidate below "
                                     "min_cosine must hold to be kept: 1 for a keyword query, "

@@ -303,8 +303,7 @@ class QueryRequest(BaseModel):
             "phrase; a query with a strict phrase, #tag or @mention is not floored); the "
             "answer may then be empty, "
             "and an empty answer cites no evidence. Default: the policy's min_cosine, else the "
-            "database model's (0.3 for all-MiniLM-L6-v2, 0.83 for multilingual-e5-small); "
-            "-1: no floor.",
+            f"database model's ({vocabulary.model_floors_prose()}); -1: no floor.",
         ),
     ] = None
     unsupported: Annotated[
