@@ -285,6 +285,20 @@ def test_the_visibility_predicate_is_inlined(conn: Conn) -> None:
     assert "expired_at IS NULL" in plan and "metadata @>" in plan, plan
 
 
+def test_the_bm25_rounding_is_inlined(conn: Conn) -> None:
+    """memory._bm25_score, run once per scored document, folds into the expression: the
+    plan never calls it, and its value is the rounding it documents."""
+    plan = "\n".join(
+        r[0]
+        for r in conn.execute(
+            "EXPLAIN VERBOSE SELECT memory._bm25_score(x::float8 / 7) FROM generate_series(1, 3) x"
+        ).fetchall()
+    )
+    assert "_bm25_score" not in plan and "round" in plan, plan
+    assert one(conn, "SELECT memory._bm25_score(1.23456789049)") == 1.23456789
+    assert one(conn, "SELECT memory._bm25_score(1.2345678906)") == 1.234567891
+
+
 def test_parallel_labels(conn: Conn) -> None:
     by_name = {r[1]: r for r in _functions(conn)}
     for sig, _name, lang, vol, par, *_ in by_name.values():

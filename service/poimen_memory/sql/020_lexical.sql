@@ -235,11 +235,12 @@ COMMENT ON FUNCTION memory.lexical_kth(double precision[], integer) IS
 -- ranks first, or makes the top k, would differ between the owner and the service's role
 -- (measured on the realistic corpus: 3 of 100 answers of one project). Rounded, equal
 -- documents tie exactly and the tie breaks by id, whoever asks.
+-- Inlined (migrate.INLINED): no SET clause, which would make every scored document pay a
+-- function call; the operators are named in pg_catalog instead.
 CREATE OR REPLACE FUNCTION memory._bm25_score(raw double precision)
 RETURNS double precision
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT round(raw * 1e9) / 1e9 $$;
+AS $$ SELECT pg_catalog.round(raw OPERATOR(pg_catalog.*) 1e9) OPERATOR(pg_catalog./) 1e9 $$;
 COMMENT ON FUNCTION memory._bm25_score(double precision) IS
     'A BM25 score rounded to 1e-9, so that documents of equal score tie exactly whatever order the plan summed their terms in (ties then break by id). Used by memory.lexical_search on every path.';
 
