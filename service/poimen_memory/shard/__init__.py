@@ -74,10 +74,16 @@ def partition_database(prefix: str, number: int) -> str:
     return f"{prefix}_p{number}"
 
 
+# Ids the proxy hands out for rows of several partitions (a review item, a reranker's
+# candidate) are the partition's own id times this, plus the partition number
+# (memory_proxy._global_id in sql/proxy/proxy.sql), so the count is capped by it.
+MAX_PARTITIONS = 1024
+
+
 def check_partitions(count: int, servers: int) -> None:
-    if count < 1 or count & (count - 1):
+    if count < 1 or count & (count - 1) or count > MAX_PARTITIONS:
         raise ShardError(
-            f"partitions must be a power of two, not {count}",
+            f"partitions must be a power of two up to {MAX_PARTITIONS}, not {count}",
             hint="PL/Proxy picks a partition as hash & (partitions - 1); e.g. --partitions 16",
         )
     if count < servers:
@@ -267,7 +273,13 @@ def configure_proxy(
         with conn.cursor() as cur:
             cur.executemany("INSERT INTO pg_temp.proxy_relays VALUES (%s, %s, %s, %s)", relays)
         conn.execute(
-            _render(PROXY_SQL, {"proxy.service": sql.Identifier(service_role).as_string(conn)})
+            _render(
+                PROXY_SQL,
+                {
+                    "proxy.service": sql.Identifier(service_role).as_string(conn),
+                    "proxy.max_partitions": str(MAX_PARTITIONS),
+                },
+            )
         )
 
 

@@ -48,6 +48,26 @@ RETURN pg_catalog.hashtext(project) & (memory_proxy.partitions() - 1);
 COMMENT ON FUNCTION memory_proxy.partition_of(text) IS
     'The partition holding a project: hashtext(project) & (partitions - 1), as PL/Proxy''s RUN ON hashtext(project).';
 
+-- Ids of rows that several partitions answer (a review item, a reranker's candidate) are
+-- each partition's own, so two partitions may give the same one. Through the proxy such an
+-- id is global: the partition's id times @proxy.max_partitions@ (the cap on partitions,
+-- shard.MAX_PARTITIONS) plus the partition's number. It keeps each partition's order, so a
+-- keyset over global ids pages every partition at once.
+CREATE OR REPLACE FUNCTION memory_proxy._global_id(part integer, id bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN id * @proxy.max_partitions@ + part;
+COMMENT ON FUNCTION memory_proxy._global_id(integer, bigint) IS
+    'A partition''s row id as the proxy hands it out: id * @proxy.max_partitions@ + part (memory_proxy._local_id undoes it).';
+
+CREATE OR REPLACE FUNCTION memory_proxy._local_id(global_id bigint, OUT part integer, OUT id bigint)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC SELECT (global_id % @proxy.max_partitions@)::integer, global_id / @proxy.max_partitions@; END;
+COMMENT ON FUNCTION memory_proxy._local_id(bigint) IS
+    'The partition and its own id behind a global id of memory_proxy._global_id.';
+
 CREATE OR REPLACE FUNCTION memory_proxy._caller(OUT read_projects text, OUT write_projects text, OUT api_key text)
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
