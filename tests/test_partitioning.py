@@ -164,6 +164,9 @@ def test_a_project_query_reads_only_its_partition(conn: Conn, embedder: LocalEmb
         p["Plan"] if isinstance(p, dict) else p[0]["Plan"] for st, p in plans if st == "semantic"
     ]
     assert _scanned_relations(top) == {f"nodes_p{pid[0]}"}
+    # An answer's second half keeps PostgreSQL's choice of plans here (custom plans prune
+    # to the project's partition before locking); on one table it plans once per session.
+    assert conn.execute("SELECT memory._plan_cache_mode()").fetchone() == ("auto",)
     # The partition has its own HNSW graphs (the planner picks them once it is large enough).
     hnsw = conn.execute(
         "SELECT count(*) FROM pg_indexes WHERE schemaname = 'memory' AND tablename = %s"

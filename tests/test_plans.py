@@ -842,3 +842,50 @@ def test_project_graphs_max_caps_the_projects_with_graphs(synthetic: Conn) -> No
         assert all("project_graphs_max is 0: none" in h for h in hints), hints
         raise _Rollback
     assert _with_graphs(synthetic) == []
+
+
+def _plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+def test_the_evidence_looks_its_direct_matches_up_by_id(synthetic: Conn) -> None:
+    # The direct L0 matches of an answer's evidence are found one primary-key probe each,
+    # not by reading every L0 row of the project (1,980 here) against the fused list.
+    ids = [
+        r[0]
+        for r in synthetic.execute(
+            "SELECT id FROM memory.nodes WHERE project_id = 1 AND level = 'L0' ORDER BY id LIMIT 5"
+        ).fetchall()
+    ]
+    leg = json.dumps({"ids": ids, "scores": [5, 4, 3, 2, 1]})
+    sql = (
+        "SELECT node_id FROM memory.select_evidence('{}'::bigint[], NULL, %s::jsonb,"
+        " project_name => 'big', budget => 20)"
+    )
+    # the weakest match of a min-max scaled leg scores 0, which cites nothing
+    assert {r[0] for r in synthetic.execute(sql, (leg,)).fetchall()} == set(ids[:4])
+    plans = [p for p in _nested_plans(synthetic, sql, (leg,)) if "WITH direct AS" in p]
+    assert len(plans) == 1
+    root = json.loads(plans[0][plans[0].index("{") :])["Plan"]
+    # Every read of memory.nodes in the candidates' statement is a probe by key: the direct
+    # matches, the citations, the neighbours before and after, the sessions.
+    reads = [n for n in _plan_nodes(root) if n.get("Relation Name") == "nodes"]
+    assert len(reads) >= 3, reads
+    assert {n["Node Type"] for n in reads} == {"Index Scan"}, reads
+    assert {n["Index Name"] for n in reads} == {"nodes_pkey"}, reads
+
+
+def test_an_answer_plans_its_second_half_once_per_session(synthetic: Conn) -> None:
+    # memory._finish runs its statements with generic plans on this layout (custom plans
+    # were planned again at every call), and gives the caller's setting back.
+    assert synthetic.execute("SELECT memory._plan_cache_mode()").fetchone() == (
+        "force_generic_plan",
+    )
+    with synthetic.transaction():
+        synthetic.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+        synthetic.execute(
+            "SELECT memory.answer('topic3 word2', project => 'big', strategy => 'LexicalOnly')"
+        ).fetchone()
+        assert synthetic.execute("SHOW plan_cache_mode").fetchone() == ("force_custom_plan",)

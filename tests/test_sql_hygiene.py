@@ -148,6 +148,7 @@ READER = {
     "_after_fusion",
     "_cited_only",
     "_finish",
+    "_plan_cache_mode",
     "_execute",
     "_prepare",
     "answer",

@@ -296,6 +296,24 @@ END $$;
 COMMENT ON FUNCTION memory._cited_only(jsonb, text[]) IS
     'A provenance tree (memory.hydrate''s jsonb) without its L0 nodes whose sha256 is not in cited, and how many it left out.';
 
+-- How the statements an answer's second half runs are planned. Their PL/pgSQL plans are
+-- kept per session, but PostgreSQL's choice between a custom plan (planned again at every
+-- call, the parameters as constants) and the one generic plan kept custom plans for the
+-- evidence list, the provenance walks and the result rows: the generic plan's estimate,
+-- made without the parameters' values, is always dearer. Planning them was about 3.8 ms of
+-- an answer's 28 ms of database CPU on LoCoMo (docs/benchmarks.md, "Planning an answer
+-- once"), for the same plans. On the partitioned layout a custom plan is what prunes to
+-- the named project's partition before locking (PostgreSQL 15 locks every partition a
+-- cached generic plan names), so there the choice stays PostgreSQL's.
+CREATE OR REPLACE FUNCTION memory._plan_cache_mode()
+RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = 'memory.nodes'::regclass) = 'p'
+            THEN 'auto' ELSE 'force_generic_plan' END;
+COMMENT ON FUNCTION memory._plan_cache_mode() IS
+    'The plan_cache_mode memory._finish runs its statements with: force_generic_plan (plan once per session), or auto on the partitioned layout (custom plans prune to one partition).';
+
 CREATE OR REPLACE FUNCTION memory._finish(
     plan jsonb, state jsonb, query_embedding vector,
     result_order bigint[] DEFAULT NULL, rerank jsonb DEFAULT NULL
@@ -304,6 +322,8 @@ RETURNS jsonb
 -- PARALLEL UNSAFE: the evidence runs in a subtransaction (its EXCEPTION block).
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
+-- The clause scopes the set_config below to this call: the caller's setting comes back.
+SET plan_cache_mode = auto
 AS $$
 DECLARE
     strat text := plan ->> 'search_strategy';
@@ -319,6 +339,7 @@ DECLARE
     msg text;
     doubted bigint[] := '{}';
 BEGIN
+    PERFORM pg_catalog.set_config('plan_cache_mode', memory._plan_cache_mode(), true);
     -- The results: the reranker's order when one reordered the candidates, else the top k.
     ids := coalesce(result_order,
                     ARRAY(SELECT (f.v ->> 'node_id')::bigint

@@ -103,7 +103,7 @@ DECLARE
         'memory._plan', 'memory.plan_query', 'memory._request', 'memory._request_instant', 'memory.strategies',
         'memory.check_k', 'memory.check_within', 'memory._leg',
         'memory._opensearch_leg', 'memory._stage_time', 'memory._run_legs', 'memory._after_fusion',
-        'memory._cited_only', 'memory._finish',
+        'memory._cited_only', 'memory._plan_cache_mode', 'memory._finish',
         'memory._execute', 'memory._prepare', 'memory.answer', 'memory._only', 'memory._serve_start',
         'memory._lexical_calls', 'memory._lexical_call',
         'memory._serve', 'memory._serve_finish', 'memory._assert_projects',
