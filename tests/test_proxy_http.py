@@ -341,7 +341,9 @@ def test_a_page_of_nodes_over_several_partitions_walks_them_in_turn(
     assert inner_raw == f"n1:{first['nodes'][-1]['node_id']}"
     # Round trip: the page after a cursor starts right after its row.
     nxt = proxied.get("/memory/nodes", params={"limit": 3, "after": first["next_cursor"]})
-    walked = [(n["project"], n["external_id"]) for page in _walk(proxied, {"limit": 7}) for n in page]
+    walked = [
+        (n["project"], n["external_id"]) for page in _walk(proxied, {"limit": 7}) for n in page
+    ]
     assert [(n["project"], n["external_id"]) for n in first["nodes"] + nxt.json()["nodes"]] == (
         walked[:6]
     )
@@ -369,13 +371,14 @@ def test_a_page_of_nodes_over_several_partitions_walks_them_in_turn(
             for page in _walk(proxied, {"limit": 5}, headers={"Authorization": f"Bearer {key}"})
             for n in page
         ]
-        assert {(n["project"], n["external_id"]) for n in rows} == {
-            k for k in union if k[0] in two
-        }
+        assert {(n["project"], n["external_id"]) for n in rows} == {k for k in union if k[0] in two}
         assert [where[n["project"]] for n in rows] == sorted(where[n["project"]] for n in rows)
     finally:
         with psycopg.connect(sharded.proxy_url, autocommit=True) as p:
             p.execute("DELETE FROM memory.api_keys")
+
+
+OAT_MILK = "Mara now drinks her coffee with oat milk"
 
 
 def _review_nodes(project: str) -> list[dict[str, Any]]:
@@ -406,7 +409,7 @@ def test_the_review_queue_over_several_partitions_has_global_item_ids(
         r = proxied.post("/memory/nodes", json=_review_nodes(project))
         assert r.status_code == 201, r.text
         update = {"project": project, "id": "m:coffee", "level": "L1", "revision": 1,
-                  "text": "Mara now drinks her coffee with oat milk", "parents": ["t:coffee"]}  # fmt: skip
+                  "text": OAT_MILK, "parents": ["t:coffee"]}  # fmt: skip
         r = proxied.post("/memory/nodes", json=[update])
         assert r.status_code == 201, r.text
     listed = proxied.get("/memory/review", params={"limit": 100})
@@ -421,7 +424,10 @@ def test_the_review_queue_over_several_partitions_has_global_item_ids(
     with psycopg.connect(sharded.proxy_url) as p:
         urls = {pt.number: pt.admin("postgres") for pt in shard.partitions(p)}
     for item in items:
-        part, local = item["item_id"] % shard.MAX_PARTITIONS, item["item_id"] // shard.MAX_PARTITIONS
+        part, local = (
+            item["item_id"] % shard.MAX_PARTITIONS,
+            item["item_id"] // shard.MAX_PARTITIONS,
+        )
         assert part == candidates[item["project"]]
         with psycopg.connect(urls[part]) as c:
             row = c.execute(
@@ -429,14 +435,16 @@ def test_the_review_queue_over_several_partitions_has_global_item_ids(
                 (local,),
             ).fetchone()
         assert row == ("s:profile", item["node_id"])  # node_id: the partition's own
-        assert item["parents"][0]["current_text"] == "Mara now drinks her coffee with oat milk"
+        assert item["parents"][0]["current_text"] == OAT_MILK
         # With the project: its partition alone, the same global id.
         own = proxied.get("/memory/review", params={"project": item["project"]}).json()
         assert [i["item_id"] for i in own["items"]] == [item["item_id"]]
     # Keyset paging over global ids: a page at a time, the same items in the same order.
     paged, after = [], None
     while True:
-        page = proxied.get("/memory/review", params={"limit": 1} | ({"after": after} if after else {}))
+        page = proxied.get(
+            "/memory/review", params={"limit": 1} | ({"after": after} if after else {})
+        )
         assert page.status_code == 200, page.text
         paged += [i["item_id"] for i in page.json()["items"]]
         after = page.json()["next_after"]
@@ -454,7 +462,9 @@ def test_the_review_queue_over_several_partitions_has_global_item_ids(
         theirs = next(i for i in items if i["project"] != mine)
         r = proxied.post(f"/memory/review/{theirs['item_id']}/confirm", json={}, headers=w)
         assert r.status_code == 404 and r.json()["error"] == "unknown_review_item", r.text
-        r = proxied.post("/memory/review/claim", json={"limit": 10, "visibility_timeout": 60}, headers=w)
+        r = proxied.post(
+            "/memory/review/claim", json={"limit": 10, "visibility_timeout": 60}, headers=w
+        )
         assert r.status_code == 200, r.text
         assert {i["project"] for i in r.json()["items"]} == {mine}
     finally:
@@ -482,7 +492,10 @@ def test_the_review_queue_over_several_partitions_has_global_item_ids(
         again = proxied.post(path, json={})
         assert again.status_code == 404 and again.json()["error"] == "unknown_review_item"
         assert str(item["item_id"]) in again.json()["detail"]
-        part, local = item["item_id"] % shard.MAX_PARTITIONS, item["item_id"] // shard.MAX_PARTITIONS
+        part, local = (
+            item["item_id"] % shard.MAX_PARTITIONS,
+            item["item_id"] // shard.MAX_PARTITIONS,
+        )
         with psycopg.connect(urls[part]) as c:
             row = c.execute(
                 "SELECT outcome, note FROM memory.review_queue WHERE id = %s", (local,)
@@ -535,6 +548,26 @@ def test_a_stopped_shard_is_a_503_for_its_projects_and_degrades_the_rest(
         }
         health = proxied.get("/healthz").json()
         assert health["checks"]["database"]["partitions"]["missing"] == down_parts
+        # A page over several partitions never skips one: 503, as the review queue's page.
+        for path in ("/memory/nodes", "/memory/review"):
+            r = proxied.get(path)
+            assert r.status_code == 503, (path, r.text)
+            assert r.json()["error"] == "database_unavailable" and r.headers["Retry-After"]
+        up = up_projects[0]
+        assert proxied.get("/memory/nodes", params={"project": up}).status_code == 200
+        assert proxied.get("/memory/review", params={"project": up}).status_code == 200
+        r = proxied.get("/memory/review", params={"project": down_projects[0]})
+        assert r.status_code == 503 and r.json()["error"] == "database_unavailable", r.text
+        # A claim takes what is ready on the others (a WARNING names the missing ones).
+        r = proxied.post("/memory/review/claim", json={"limit": 5})
+        assert r.status_code == 200, r.text
+        assert {i["item_id"] % shard.MAX_PARTITIONS for i in r.json()["items"]}.isdisjoint(
+            down_parts
+        )
+        r = proxied.post(
+            f"/memory/review/{5 * shard.MAX_PARTITIONS + down_parts[0]}/confirm", json={}
+        )
+        assert r.status_code == 503 and r.json()["error"] == "database_unavailable", r.text
     finally:
         down.start(fast=True)
     # Back: a proxy backend that held a connection to the restarted server learns of its end
