@@ -506,6 +506,19 @@ def test_the_review_queue_over_several_partitions_has_global_item_ids(
     assert r.status_code == 404 and r.json()["error"] == "unknown_review_item", r.text
     left = proxied.get("/memory/review", params={"limit": 100}).json()["items"]
     assert [i for i in left if i["project"] in projects] == []
+    # A conflict names the parent's item by its global id too.
+    mine = projects[1]
+    line = {"project": mine, "id": "t:coffee", "level": "L0", "revision": 1,
+            "text": f"Mara of {mine}: I take my coffee with oat milk now."}  # fmt: skip
+    assert proxied.post("/memory/nodes", json=[line]).status_code == 201
+    doubted = {
+        i["external_id"]: i["item_id"]
+        for i in proxied.get("/memory/review", params={"project": mine}).json()["items"]
+    }
+    assert set(doubted) == {"m:coffee", "s:profile"}, doubted
+    r = proxied.post(f"/memory/review/{doubted['s:profile']}/confirm", json={})
+    assert r.status_code == 409 and r.json()["error"] == "review_conflict", r.text
+    assert f"Its review item is {doubted['m:coffee']}." in r.text, r.text
 
 
 def test_a_stopped_shard_is_a_503_for_its_projects_and_degrades_the_rest(

@@ -1213,9 +1213,12 @@ BEGIN
         IF memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN
             PERFORM memory_proxy._down_over(loc.part, pg_catalog.format('it holds review item %s', item_id), SQLERRM);
         END IF;
-        -- The partition's own ids in what it said, as global ones.
+        -- The partition's own ids in what it said, as global ones (PL/Proxy prefixes the
+        -- remote message, detail and hint: the partition's words are kept alone).
         GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
                                 det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+        det := pg_catalog.regexp_replace(det, '^Remote detail: ', '');
+        hnt := pg_catalog.regexp_replace(hnt, '^Remote hint: ', '');
         IF st = @proxy.sqlstate_unknown_review_item@ THEN
             RAISE EXCEPTION 'no open review item %', item_id USING ERRCODE = st, HINT = hnt;
         END IF;
