@@ -669,3 +669,18 @@ def test_the_project_names_mcp_lists_come_from_every_partition(sharded: Sharded)
             assert expected <= names if read == "*" else names == expected
         p.execute("SELECT set_config('poimen.read_projects', '', false)")
         assert p.execute(q("project_names"), {"projects": None}).fetchall() == []
+
+
+def test_the_proxy_functions_pin_search_path_and_have_a_comment(sharded: Sharded) -> None:  # noqa: F811
+    """As on a partition (tests/test_sql_hygiene.py): every function of the proxy's schemas
+    but PL/Proxy's own remote calls (which run nothing locally)."""
+    with psycopg.connect(sharded.proxy_url) as p:
+        bad = p.execute(
+            "SELECT p.oid::regprocedure::text"
+            " FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang"
+            " WHERE p.pronamespace IN ('memory'::regnamespace, 'memory_proxy'::regnamespace)"
+            " AND (obj_description(p.oid, 'pg_proc') IS NULL OR (l.lanname <> 'plproxy'"
+            " AND NOT coalesce(p.proconfig, '{}') @> ARRAY['search_path=pg_catalog, pg_temp']))"
+            " ORDER BY 1"
+        ).fetchall()
+    assert bad == []
