@@ -306,7 +306,7 @@ def test_the_proxy_functions_have_the_partitions_signatures(sharded: Sharded) ->
         " AND p.proname IN ('query', 'answer', 'add_nodes', 'get_node', 'history', 'forget',"
         " '_serve_start', '_serve', '_serve_finish', '_get_node', '_write_nodes',"
         " '_stored_hashes', '_stored_nodes', 'configure_embedding', '_list_nodes',"
-        " '_count_nodes')"
+        " '_count_nodes', 'review_list', 'review_claim', 'review_confirm')"
         " ORDER BY 1, 2"
     )
     with psycopg.connect(sharded.proxy_url) as p, psycopg.connect(sharded.reference_url) as ref:

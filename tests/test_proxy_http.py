@@ -9,6 +9,7 @@ over all."""
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from collections.abc import Iterator
@@ -205,8 +206,8 @@ def test_writes_forget_and_get_land_on_the_partition_of_their_project(
     assert page.status_code == 200, page.text
     assert [n["external_id"] for n in page.json()["nodes"]] == ["h0:1", "h0:2"]
     assert page.json()["count"] == 2
-    # Over several partitions a page is not built (keyset-paged by a partition's ids).
-    assert proxied.get("/memory/nodes").status_code == 400
+    # Over several partitions: a page walks them in turn (tested below).
+    assert proxied.get("/memory/nodes").status_code == 200
     # Forget one node, then its history says so, on its partition alone.
     r = proxied.delete("/memory/nodes/h2:1", params={"project": "h2", "reason": "test"})
     assert r.status_code == 200, r.text
@@ -274,6 +275,252 @@ def test_a_key_for_one_project_sees_nothing_of_another(
             p.execute("DELETE FROM memory.api_keys")
 
 
+def _partition_of(sharded: Sharded, names: list[str]) -> dict[str, int]:  # noqa: F811
+    with psycopg.connect(sharded.proxy_url) as p:
+        return {
+            n: int(p.execute("SELECT memory_proxy.partition_of(%s)", (n,)).fetchone()[0])  # type: ignore[index]
+            for n in names
+        }
+
+
+def _walk(client: httpx.Client, params: dict[str, Any], **kw: Any) -> list[list[dict[str, Any]]]:
+    """Every page of GET /memory/nodes, following next_cursor."""
+    pages: list[list[dict[str, Any]]] = []
+    after: str | None = None
+    while True:
+        r = client.get("/memory/nodes", params=params | ({"after": after} if after else {}), **kw)
+        assert r.status_code == 200, r.text
+        pages.append(r.json()["nodes"])
+        after = r.json()["next_cursor"]
+        if after is None:
+            return pages
+        assert len(pages) < 1000
+
+
+def test_a_page_of_nodes_over_several_partitions_walks_them_in_turn(
+    sharded: Sharded,  # noqa: F811
+    services: tuple[httpx.Client, httpx.Client],
+) -> None:
+    proxied, _ = services
+    with connect(sharded.proxy_url, autocommit=True) as p:
+        p.execute(f"SET ROLE {SERVICE_ROLE}")
+        p.execute("SELECT set_config('poimen.read_projects', '*', false)")
+        names = sorted(str(r[0]) for r in p.execute("SELECT name FROM memory.projects"))
+    where = _partition_of(sharded, names)
+    assert len(set(where.values())) == PARTITIONS
+    # What each project's own listing (one partition's pages) holds, together.
+    union: dict[tuple[str, str], int] = {}
+    for name in names:
+        for page in _walk(proxied, {"project": name, "limit": 100}):
+            for n in page:
+                union[(n["project"], n["external_id"])] = n["node_id"]
+    assert len(union) >= len(sharded.nodes)
+    for newest in (False, True):
+        pages = _walk(proxied, {"limit": 7, "newest_first": str(newest).lower()})
+        rows = [n for page in pages for n in page]
+        keys = [(n["project"], n["external_id"]) for n in rows]
+        assert len(keys) == len(set(keys))  # every node exactly once
+        assert {k: n["node_id"] for k, n in zip(keys, rows, strict=True)} == union
+        assert all(len(page) == 7 for page in pages[:-1]) and len(pages[-1]) <= 7
+        # The partitions in ascending order, each in its own order (node ids).
+        parts = [where[n["project"]] for n in rows]
+        assert parts == sorted(parts)
+        for part in set(parts):
+            ids = [n["node_id"] for n in rows if where[n["project"]] == part]
+            assert ids == sorted(ids, reverse=newest)
+        # Some page is filled from the next partition when one runs out.
+        assert any(len({where[n["project"]] for n in page}) > 1 for page in pages)
+    counted = proxied.get("/memory/nodes", params={"count": "true", "limit": 3})
+    assert counted.status_code == 200 and counted.json()["count"] == len(union)
+    # The cursor: opaque, URL-safe base64 of p1:<partition>:<that partition's cursor>.
+    first = counted.json()
+    raw = base64.urlsafe_b64decode(first["next_cursor"] + "=" * (-len(first["next_cursor"]) % 4))
+    tag, part, inner = raw.decode().split(":", 2)
+    assert (tag, int(part)) == ("p1", where[first["nodes"][-1]["project"]])
+    inner_raw = base64.urlsafe_b64decode(inner + "=" * (-len(inner) % 4)).decode()
+    assert inner_raw == f"n1:{first['nodes'][-1]['node_id']}"
+    # Round trip: the page after a cursor starts right after its row.
+    nxt = proxied.get("/memory/nodes", params={"limit": 3, "after": first["next_cursor"]})
+    walked = [
+        (n["project"], n["external_id"]) for page in _walk(proxied, {"limit": 7}) for n in page
+    ]
+    assert [(n["project"], n["external_id"]) for n in first["nodes"] + nxt.json()["nodes"]] == (
+        walked[:6]
+    )
+    # A cursor of something else is a typed 400; so is one project's cursor over several.
+    own = proxied.get("/memory/nodes", params={"project": names[0], "limit": 1}).json()
+    for bad in (
+        "not-a-cursor",
+        own["next_cursor"],
+        base64.urlsafe_b64encode(b"p1:9:" + inner.encode()).decode(),  # no partition 9
+        base64.urlsafe_b64encode(b"p1:1:").decode(),
+    ):
+        r = proxied.get("/memory/nodes", params={"after": bad})
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"] == "invalid_parameter"
+        assert "cursor" in r.json()["detail"] and r.json()["hint"]
+    # A named project still pages with its partition's own cursors.
+    assert base64.urlsafe_b64decode(own["next_cursor"] + "==").startswith(b"n1:")
+    # A key for two projects on two partitions: their nodes alone, still in turn.
+    two = sorted({where["poimen"]: "poimen", where["atlas"]: "atlas"}.values())
+    assert len(two) == 2
+    key = make_key(sharded.proxy_url, two)
+    try:
+        rows = [
+            n
+            for page in _walk(proxied, {"limit": 5}, headers={"Authorization": f"Bearer {key}"})
+            for n in page
+        ]
+        assert {(n["project"], n["external_id"]) for n in rows} == {k for k in union if k[0] in two}
+        assert [where[n["project"]] for n in rows] == sorted(where[n["project"]] for n in rows)
+    finally:
+        with psycopg.connect(sharded.proxy_url, autocommit=True) as p:
+            p.execute("DELETE FROM memory.api_keys")
+
+
+OAT_MILK = "Mara now drinks her coffee with oat milk"
+
+
+def _review_nodes(project: str) -> list[dict[str, Any]]:
+    """A memory resting on a transcript line, and a profile resting on the memory: a new
+    version of the memory puts the profile in doubt (tests/test_review_http.py)."""
+    return [
+        {"project": project, "id": "t:coffee", "level": "L0",
+         "text": f"Mara of {project}: I take my coffee black, always."},
+        {"project": project, "id": "m:coffee", "level": "L1",
+         "text": "Mara takes her coffee black", "parents": ["t:coffee"]},
+        {"project": project, "id": "s:profile", "level": "L2",
+         "text": "Mara profile: a black coffee drinker", "parents": ["m:coffee"]},
+    ]  # fmt: skip
+
+
+def test_the_review_queue_over_several_partitions_has_global_item_ids(
+    sharded: Sharded,  # noqa: F811
+    services: tuple[httpx.Client, httpx.Client],
+) -> None:
+    proxied, _ = services
+    candidates = _partition_of(sharded, [f"rv{i}" for i in range(12)])
+    pair: dict[int, str] = {}
+    for name, part in candidates.items():
+        pair.setdefault(part, name)
+    projects = [pair[part] for part in sorted(pair)][:2]
+    assert len(projects) == 2
+    for project in projects:
+        r = proxied.post("/memory/nodes", json=_review_nodes(project))
+        assert r.status_code == 201, r.text
+        update = {"project": project, "id": "m:coffee", "level": "L1", "revision": 1,
+                  "text": OAT_MILK, "parents": ["t:coffee"]}  # fmt: skip
+        r = proxied.post("/memory/nodes", json=[update])
+        assert r.status_code == 201, r.text
+    listed = proxied.get("/memory/review", params={"limit": 100})
+    assert listed.status_code == 200, listed.text
+    items = [i for i in listed.json()["items"] if i["project"] in projects]
+    assert sorted((i["project"], i["external_id"], i["reason"]) for i in items) == sorted(
+        (p, "s:profile", "evidence_changed") for p in projects
+    )
+    ids = [i["item_id"] for i in listed.json()["items"]]
+    assert ids == sorted(ids) and len(ids) == len(set(ids))
+    # Global ids: the partition's own id * 1024 + the partition.
+    with psycopg.connect(sharded.proxy_url) as p:
+        urls = {pt.number: pt.admin("postgres") for pt in shard.partitions(p)}
+    for item in items:
+        part, local = (
+            item["item_id"] % shard.MAX_PARTITIONS,
+            item["item_id"] // shard.MAX_PARTITIONS,
+        )
+        assert part == candidates[item["project"]]
+        with psycopg.connect(urls[part]) as c:
+            row = c.execute(
+                "SELECT q.external_id, q.node_id FROM memory.review_queue q WHERE q.id = %s",
+                (local,),
+            ).fetchone()
+        assert row == ("s:profile", item["node_id"])  # node_id: the partition's own
+        assert item["parents"][0]["current_text"] == OAT_MILK
+        # With the project: its partition alone, the same global id.
+        own = proxied.get("/memory/review", params={"project": item["project"]}).json()
+        assert [i["item_id"] for i in own["items"]] == [item["item_id"]]
+    # Keyset paging over global ids: a page at a time, the same items in the same order.
+    paged, after = [], None
+    while True:
+        page = proxied.get(
+            "/memory/review", params={"limit": 1} | ({"after": after} if after else {})
+        )
+        assert page.status_code == 200, page.text
+        paged += [i["item_id"] for i in page.json()["items"]]
+        after = page.json()["next_after"]
+        if after is None:
+            break
+    assert paged == ids
+    # A key for one project sees (and confirms) its items alone.
+    mine = projects[0]
+    writer = make_key(sharded.proxy_url, [mine], write=True)
+    try:
+        w = {"Authorization": f"Bearer {writer}"}
+        r = proxied.get("/memory/review", headers=w)
+        assert r.status_code == 200, r.text
+        assert {i["project"] for i in r.json()["items"]} == {mine}
+        theirs = next(i for i in items if i["project"] != mine)
+        r = proxied.post(f"/memory/review/{theirs['item_id']}/confirm", json={}, headers=w)
+        assert r.status_code == 404 and r.json()["error"] == "unknown_review_item", r.text
+        r = proxied.post(
+            "/memory/review/claim", json={"limit": 10, "visibility_timeout": 60}, headers=w
+        )
+        assert r.status_code == 200, r.text
+        assert {i["project"] for i in r.json()["items"]} == {mine}
+    finally:
+        with psycopg.connect(sharded.proxy_url, autocommit=True) as p:
+            p.execute("DELETE FROM memory.api_keys")
+    # Claim over every partition: the other project's item (the first is claimed already),
+    # then nothing until the visibility timeout passes.
+    r = proxied.post("/memory/review/claim", json={"limit": 10, "visibility_timeout": 60})
+    assert r.status_code == 200, r.text
+    assert [i["item_id"] for i in r.json()["items"] if i["project"] in projects] == [
+        theirs["item_id"]
+    ]
+    r = proxied.post("/memory/review/claim", json={"limit": 10, "visibility_timeout": 60})
+    assert [i for i in r.json()["items"] if i["project"] in projects] == []
+    # Confirm by global id, routed to its partition.
+    for item in items:
+        path = f"/memory/review/{item['item_id']}/confirm"
+        r = proxied.post(path, json={"note": "still black coffee"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["item_id"] == item["item_id"] and body["node_id"] == item["node_id"]
+        assert (body["outcome"], body["support"], body["external_id"]) == (
+            "confirmed", "full", "s:profile",
+        )  # fmt: skip
+        again = proxied.post(path, json={})
+        assert again.status_code == 404 and again.json()["error"] == "unknown_review_item"
+        assert str(item["item_id"]) in again.json()["detail"]
+        part, local = (
+            item["item_id"] % shard.MAX_PARTITIONS,
+            item["item_id"] // shard.MAX_PARTITIONS,
+        )
+        with psycopg.connect(urls[part]) as c:
+            row = c.execute(
+                "SELECT outcome, note FROM memory.review_queue WHERE id = %s", (local,)
+            ).fetchone()
+        assert row == ("confirmed", "still black coffee")
+    # An id of a partition this proxy does not have: as unknown as one never opened.
+    r = proxied.post(f"/memory/review/{7 * shard.MAX_PARTITIONS + PARTITIONS}/confirm", json={})
+    assert r.status_code == 404 and r.json()["error"] == "unknown_review_item", r.text
+    left = proxied.get("/memory/review", params={"limit": 100}).json()["items"]
+    assert [i for i in left if i["project"] in projects] == []
+    # A conflict names the parent's item by its global id too.
+    mine = projects[1]
+    line = {"project": mine, "id": "t:coffee", "level": "L0", "revision": 1,
+            "text": f"Mara of {mine}: I take my coffee with oat milk now."}  # fmt: skip
+    assert proxied.post("/memory/nodes", json=[line]).status_code == 201
+    doubted = {
+        i["external_id"]: i["item_id"]
+        for i in proxied.get("/memory/review", params={"project": mine}).json()["items"]
+    }
+    assert set(doubted) == {"m:coffee", "s:profile"}, doubted
+    r = proxied.post(f"/memory/review/{doubted['s:profile']}/confirm", json={})
+    assert r.status_code == 409 and r.json()["error"] == "review_conflict", r.text
+    assert f"Its review item is {doubted['m:coffee']}." in r.text, r.text
+
+
 def test_a_stopped_shard_is_a_503_for_its_projects_and_degrades_the_rest(
     sharded: Sharded,  # noqa: F811
     services: tuple[httpx.Client, httpx.Client],
@@ -314,6 +561,26 @@ def test_a_stopped_shard_is_a_503_for_its_projects_and_degrades_the_rest(
         }
         health = proxied.get("/healthz").json()
         assert health["checks"]["database"]["partitions"]["missing"] == down_parts
+        # A page over several partitions never skips one: 503, as the review queue's page.
+        for path in ("/memory/nodes", "/memory/review"):
+            r = proxied.get(path)
+            assert r.status_code == 503, (path, r.text)
+            assert r.json()["error"] == "database_unavailable" and r.headers["Retry-After"]
+        up = up_projects[0]
+        assert proxied.get("/memory/nodes", params={"project": up}).status_code == 200
+        assert proxied.get("/memory/review", params={"project": up}).status_code == 200
+        r = proxied.get("/memory/review", params={"project": down_projects[0]})
+        assert r.status_code == 503 and r.json()["error"] == "database_unavailable", r.text
+        # A claim takes what is ready on the others (a WARNING names the missing ones).
+        r = proxied.post("/memory/review/claim", json={"limit": 5})
+        assert r.status_code == 200, r.text
+        assert {i["item_id"] % shard.MAX_PARTITIONS for i in r.json()["items"]}.isdisjoint(
+            down_parts
+        )
+        r = proxied.post(
+            f"/memory/review/{5 * shard.MAX_PARTITIONS + down_parts[0]}/confirm", json={}
+        )
+        assert r.status_code == 503 and r.json()["error"] == "database_unavailable", r.text
     finally:
         down.start(fast=True)
     # Back: a proxy backend that held a connection to the restarted server learns of its end
@@ -402,3 +669,18 @@ def test_the_project_names_mcp_lists_come_from_every_partition(sharded: Sharded)
             assert expected <= names if read == "*" else names == expected
         p.execute("SELECT set_config('poimen.read_projects', '', false)")
         assert p.execute(q("project_names"), {"projects": None}).fetchall() == []
+
+
+def test_the_proxy_functions_pin_search_path_and_have_a_comment(sharded: Sharded) -> None:  # noqa: F811
+    """As on a partition (tests/test_sql_hygiene.py): every function of the proxy's schemas
+    but PL/Proxy's own remote calls (which run nothing locally)."""
+    with psycopg.connect(sharded.proxy_url) as p:
+        bad = p.execute(
+            "SELECT p.oid::regprocedure::text"
+            " FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang"
+            " WHERE p.pronamespace IN ('memory'::regnamespace, 'memory_proxy'::regnamespace)"
+            " AND (obj_description(p.oid, 'pg_proc') IS NULL OR (l.lanname <> 'plproxy'"
+            " AND NOT coalesce(p.proconfig, '{}') @> ARRAY['search_path=pg_catalog, pg_temp']))"
+            " ORDER BY 1"
+        ).fetchall()
+    assert bad == []

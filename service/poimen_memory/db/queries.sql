@@ -273,10 +273,13 @@ SELECT memory._serve_finish(%(req)s::jsonb, %(caps)s::jsonb, %(state)s::jsonb, %
 SELECT to_jsonb(g) FROM memory._get_node(%(id)s, %(project)s, %(projects)s) g;
 
 -- name: list_nodes
--- A page of nodes (sql/090_nodes.sql), under the projects begin_request asserted.
-SELECT coalesce(jsonb_agg(to_jsonb(g) ORDER BY g.node_id * (CASE WHEN %(newest_first)s THEN -1 ELSE 1 END)), '[]')
+-- A page of nodes (sql/090_nodes.sql), under the projects begin_request asserted, in the
+-- order the function returns it (node ids on one database; over the proxy's partitions,
+-- each partition in turn, whose node ids are each its own: docs/scaling.md).
+SELECT coalesce(jsonb_agg(to_jsonb(g) - 'ordinality' ORDER BY g.ordinality), '[]')
 FROM memory._list_nodes(%(project)s, %(level)s, %(source)s, %(since)s, %(until)s,
-                        %(after)s, %(limit)s, %(projects)s, %(filter)s, %(newest_first)s) g;
+                        %(after)s, %(limit)s, %(projects)s, %(filter)s, %(newest_first)s)
+     WITH ORDINALITY AS g;
 
 -- name: count_listed
 -- How many nodes list_nodes would list over all its pages (memory.count_nodes), under the

@@ -26,6 +26,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from poimen_core.vocabulary import SQLSTATES
 from poimen_memory.db.cluster import find_pg_bin
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import SQL_DIR, DriftReport, MigrateReport, check, migrate
@@ -37,7 +38,7 @@ PROXY_SQL = PROXY_SQL_DIR / "proxy.sql"
 SERVER = "memory"  # PL/Proxy's cluster name, as `CLUSTER 'memory'` in sql/proxy/proxy.sql
 DEFAULT_PROXY_ROLE = "poimen_proxy"
 # The composite types the proxy's functions return, copied from partition 0's catalog.
-ROW_TYPES = ("query_row", "node_row", "node_list_row")
+ROW_TYPES = ("query_row", "node_row", "node_list_row", "review_item")
 LOCK_KEY = 1886351213  # memory_proxy._lock_key()
 _OPTION = re.compile(r"^p(\d+)=(.*)$", re.S)
 
@@ -278,6 +279,9 @@ def configure_proxy(
                 {
                     "proxy.service": sql.Identifier(service_role).as_string(conn),
                     "proxy.max_partitions": str(MAX_PARTITIONS),
+                    "proxy.sqlstate_unknown_review_item": sql.Literal(
+                        SQLSTATES["unknown_review_item"]
+                    ).as_string(conn),
                 },
             )
         )

@@ -17,9 +17,10 @@
 -- sees nothing. The partitions honour them only from their own service role, which the
 -- proxy logs in as (sql/proxy/shard.sql).
 --
--- Types memory.query_row, memory.node_row and memory.node_list_row, and the relays'
--- signatures (pg_temp.proxy_relays), are read from partition 0's catalog by the command
--- before this file runs. Rendered markers: @proxy.service@.
+-- Types memory.query_row, memory.node_row, memory.node_list_row and memory.review_item, and
+-- the relays' signatures (pg_temp.proxy_relays), are read from partition 0's catalog by the
+-- command before this file runs. Rendered markers: @proxy.service@, @proxy.max_partitions@,
+-- @proxy.sqlstate_unknown_review_item@.
 
 CREATE SCHEMA IF NOT EXISTS memory_proxy;
 REVOKE ALL ON SCHEMA memory_proxy FROM PUBLIC;
@@ -199,6 +200,17 @@ RETURN CASE WHEN project IS NOT NULL THEN ARRAY[memory_proxy.partition_of(projec
 COMMENT ON FUNCTION memory_proxy._route(text, text) IS
     'The partitions a call runs on: the one holding project, else those of the read projects (memory_proxy._targets).';
 
+-- PL/Proxy's SELECT reads an argument's plain name, not a quoted one ("limit" of the review
+-- queue's): the remote calls pass the public function's arguments by position.
+CREATE OR REPLACE FUNCTION memory_proxy._positional(call text, first integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN (SELECT pg_catalog.string_agg('$' || (first + a.i - 1)::text, ', ' ORDER BY a.i)
+        FROM pg_catalog.generate_subscripts(pg_catalog.string_to_array(call, ', '), 1) AS a(i));
+COMMENT ON FUNCTION memory_proxy._positional(text, integer) IS
+    'The arguments of a call list (a, b, ...) as positional references from $first: how a PL/Proxy remote call passes them (its SELECT does not read quoted names).';
+
 -- The remote calls: one pair per relay of the partitions (sql/proxy/shard.sql), "on" a
 -- given hash (RUN ON: PL/Proxy masks it to a partition) and, for the reads merged over
 -- partitions, on all partitions at once (RUN ON ALL, in parallel). Their arguments: the
@@ -241,7 +253,7 @@ BEGIN
             'api_key text%s) RETURNS %s LANGUAGE plproxy AS %L',
             f.name || '_on', ', ' || f.args, f.result,
             pg_catalog.format('CLUSTER ''memory''; RUN ON hash; SELECT %s FROM memory_shard.%I(read_projects, write_projects, api_key%s);',
-                              f.pick, f.name, ', ' || f.call));
+                              f.pick, f.name, ', ' || memory_proxy._positional(f.call, 5)));
         EXECUTE pg_catalog.format('COMMENT ON FUNCTION memory_proxy.%I(integer, text, text, text%s) IS %L',
             f.name || '_on', ', ' || f.args,
             pg_catalog.format('memory.%s on the partition hash & (partitions - 1) picks, through its relay memory_shard.%s.', f.name, f.name));
@@ -273,7 +285,7 @@ END $body$ $f$,
                 'api_key text, %s) RETURNS %s LANGUAGE plproxy AS %L',
                 f.name || '_all', f.args, f.result,
                 pg_catalog.format('CLUSTER ''memory''; RUN ON ALL; SELECT * FROM memory_shard.%I(read_projects, write_projects, api_key, %s);',
-                                  f.name, f.call));
+                                  f.name, memory_proxy._positional(f.call, 4)));
             EXECUTE pg_catalog.format('COMMENT ON FUNCTION memory_proxy.%I(text, text, text, %s) IS %L',
                 f.name || '_all', f.args,
                 pg_catalog.format('memory.%s on every partition at once (RUN ON ALL), through its relay memory_shard.%s.', f.name, f.name));
@@ -898,41 +910,6 @@ RETURN memory_proxy._write(nodes, embeddings, embed, '_write_nodes');
 COMMENT ON FUNCTION memory._write_nodes(jsonb, vector[], boolean) IS
     'memory._write_nodes of the partitions through PL/Proxy (POST /memory/nodes): the nodes and their vectors grouped by the partition of their project, one call (all or nothing) per partition, the answers merged in input order (unresolved numbered over the whole batch) and the counts summed; waits while a partition it writes is being moved, 08006 when one is out of reach. node_id is each partition''s own.';
 
-CREATE OR REPLACE FUNCTION memory._list_nodes(
-    p_project text, p_level text, p_source text, p_since text, p_until text, p_after text,
-    p_limit integer, p_projects text[], p_filter jsonb DEFAULT NULL,
-    p_newest_first boolean DEFAULT false
-)
-RETURNS SETOF memory.node_list_row
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    c record := memory_proxy._caller();
-    targets integer[];
-    part integer;
-BEGIN
-    -- A page is keyset-paged by the partition's own node ids: one partition's pages only.
-    targets := memory_proxy._route(p_project, coalesce(array_to_string(p_projects, ','), c.read_projects));
-    IF cardinality(targets) <> 1 THEN
-        -- 22023 (HTTP 400): the request names too little for this deployment.
-        RAISE EXCEPTION 'listing nodes over several partitions is not built through the proxy'
-            USING ERRCODE = '22023',
-                  HINT = 'Name a project (project=...): its nodes are on one partition.';
-    END IF;
-    part := targets[1];
-    BEGIN
-        RETURN QUERY SELECT * FROM memory_proxy._list_nodes_on(part, c.read_projects,
-            c.write_projects, c.api_key, p_project, p_level, p_source, p_since, p_until, p_after,
-            p_limit, p_projects, p_filter, p_newest_first);
-    EXCEPTION WHEN OTHERS THEN
-        IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
-        PERFORM memory_proxy._down(part, coalesce(p_project, array_to_string(p_projects, ',')), SQLERRM);
-    END;
-END $$;
-COMMENT ON FUNCTION memory._list_nodes(text, text, text, text, text, text, integer, text[], jsonb, boolean) IS
-    'memory._list_nodes of the partition holding the project (GET /memory/nodes), through PL/Proxy; without a project, only when the readable projects are on one partition (22023 otherwise: a page is keyset-paged by that partition''s node ids).';
-
 CREATE OR REPLACE FUNCTION memory._count_nodes(
     p_project text, p_level text, p_source text, p_since text, p_until text,
     p_filter jsonb, p_projects text[]
@@ -961,6 +938,305 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION memory._count_nodes(text, text, text, text, text, jsonb, text[]) IS
     'memory._count_nodes summed over the partitions of the project (or of the readable projects), through PL/Proxy; 08006 when one is out of reach (a count must not be short).';
+
+-- ---------------------------------------------------------------------------------------
+-- Pages over several partitions (docs/scaling.md#the-http-service-over-the-proxy): a page
+-- of nodes naming no project (GET /memory/nodes, memory._list_nodes) and the review queue
+-- (GET /memory/review, POST /memory/review/claim and .../confirm: memory.review_list,
+-- review_claim, review_confirm).
+--
+-- A page of nodes over several partitions walks them in ascending partition order, each in
+-- its own order (node ids, newest first with p_newest_first: there is no write order across
+-- partitions), filling the page from the next partition when one runs out. Its cursor names
+-- the partition and that partition's own cursor (memory_proxy._list_cursor). A named
+-- project, or readable projects all on one partition, pages as that one database does,
+-- with its own cursors.
+--
+-- A review item's id through the proxy is global (memory_proxy._global_id), so that ids
+-- are unique over the partitions and a keyset over them pages every partition at once;
+-- its other ids (node_id) are each partition's own, as a query row's.
+--
+-- A partition out of reach fails a page (08006): a page that skipped one would move the
+-- cursor past its rows for the rest of the walk.
+
+CREATE OR REPLACE FUNCTION memory_proxy._down_over(part integer, why text, message text)
+RETURNS void
+-- VOLATILE: it only raises, and must never be folded into a plan as a constant.
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- 08006 (connection_failure): the service answers 503, as memory_proxy._down.
+    RAISE EXCEPTION 'partition % is unreachable: %', part, why
+        USING ERRCODE = '08006', DETAIL = message,
+              HINT = '`poimen-memory shard status` names its server; retry once it is back (a project on another partition answers meanwhile).';
+END $$;
+COMMENT ON FUNCTION memory_proxy._down_over(integer, text, text) IS
+    'Raises the typed error (08006, HTTP 503) of a partition out of reach that a call naming no project cannot do without (a page over several partitions, a review item of that partition); why says what it held.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._list_cursor(part integer, inner_cursor text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+-- URL-safe base64 without padding or line breaks, as a partition's own cursors.
+RETURN pg_catalog.translate(pg_catalog.encode(pg_catalog.convert_to(
+    'p1:' || part::text || ':' || inner_cursor, 'UTF8'), 'base64'), E'+/=\n', '-_');
+COMMENT ON FUNCTION memory_proxy._list_cursor(integer, text) IS
+    'The opaque cursor of a row of a page of nodes over several partitions: URL-safe base64 of p1:<partition>:<that partition''s own cursor> (memory_proxy._list_after reads it).';
+
+CREATE OR REPLACE FUNCTION memory_proxy._list_after(cursor text, OUT part integer, OUT inner_cursor text)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    raw text;
+    padded text := pg_catalog.translate(cursor, '-_', '+/');
+    m text[];
+BEGIN
+    IF cursor IS NULL OR cursor = '' THEN
+        RETURN;  -- from the start: part and inner_cursor NULL
+    END IF;
+    BEGIN
+        padded := padded || pg_catalog.repeat('=', (4 - pg_catalog.length(padded) % 4) % 4);
+        raw := pg_catalog.convert_from(pg_catalog.decode(padded, 'base64'), 'UTF8');
+    EXCEPTION WHEN OTHERS THEN
+        raw := NULL;
+    END;
+    m := pg_catalog.regexp_match(raw, '^p1:([0-9]{1,4}):([A-Za-z0-9_-]{1,200})$');
+    IF m IS NULL OR m[1]::integer >= memory_proxy.partitions() THEN
+        -- 22023 (HTTP 400), as a partition's memory._node_after.
+        RAISE EXCEPTION 'after is not a cursor of a listing over several partitions: %', pg_catalog.left(cursor, 40)
+            USING ERRCODE = '22023',
+                  HINT = 'Pass the next_cursor (HTTP) or the cursor of the last row (SQL) of the previous page of the same listing (a listing of one project has cursors of its own).';
+    END IF;
+    part := m[1]::integer;
+    inner_cursor := m[2];
+END $$;
+COMMENT ON FUNCTION memory_proxy._list_after(text) IS
+    'The partition and that partition''s own cursor behind a cursor of memory_proxy._list_cursor (22023 for anything else, or a partition this proxy does not have); NULL or empty: from the start.';
+
+CREATE OR REPLACE FUNCTION memory._list_nodes(
+    p_project text, p_level text, p_source text, p_since text, p_until text, p_after text,
+    p_limit integer, p_projects text[], p_filter jsonb DEFAULT NULL,
+    p_newest_first boolean DEFAULT false
+)
+RETURNS SETOF memory.node_list_row
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    targets integer[];
+    part integer;
+    start record;
+    want integer := p_limit;
+    got memory.node_list_row[];
+    r memory.node_list_row;
+BEGIN
+    targets := memory_proxy._route(p_project, coalesce(array_to_string(p_projects, ','), c.read_projects));
+    IF cardinality(targets) = 1 THEN
+        -- One partition (a project named, or the readable projects all on it): its own
+        -- pages and cursors, as one database answers them.
+        part := targets[1];
+        BEGIN
+            RETURN QUERY SELECT * FROM memory_proxy._list_nodes_on(part, c.read_projects,
+                c.write_projects, c.api_key, p_project, p_level, p_source, p_since, p_until, p_after,
+                p_limit, p_projects, p_filter, p_newest_first);
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
+            PERFORM memory_proxy._down(part, coalesce(p_project, array_to_string(p_projects, ',')), SQLERRM);
+        END;
+        RETURN;
+    END IF;
+    -- Several: the partitions in ascending order from the cursor's, each from its own
+    -- cursor (the cursor's partition) or its start (the next ones), until the page is full.
+    -- The first call checks the arguments (limit 1..100, level, dates) as one database.
+    start := memory_proxy._list_after(p_after);
+    FOREACH part IN ARRAY targets LOOP
+        CONTINUE WHEN part < coalesce(start.part, -1);
+        BEGIN
+            got := ARRAY(SELECT x FROM memory_proxy._list_nodes_at(part, NULL, p_project, p_level,
+                p_source, p_since, p_until, CASE WHEN part = start.part THEN start.inner_cursor END,
+                want, p_projects, p_filter, p_newest_first) x);
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
+            PERFORM memory_proxy._down_over(part, 'a page of nodes over several partitions does not skip one', SQLERRM);
+        END;
+        FOREACH r IN ARRAY got LOOP
+            r.cursor := memory_proxy._list_cursor(part, r.cursor);
+            RETURN NEXT r;
+        END LOOP;
+        want := want - cardinality(got);
+        EXIT WHEN want <= 0;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION memory._list_nodes(text, text, text, text, text, text, integer, text[], jsonb, boolean) IS
+    'memory._list_nodes through PL/Proxy (GET /memory/nodes): with a project, or readable projects all on one partition, that partition''s page and its own cursors; over several partitions, a page walking them in ascending partition order, each in its own order (node ids; newest first with p_newest_first), filled from the next when one runs out, each row''s cursor URL-safe base64 of p1:<partition>:<that partition''s cursor> (memory_proxy._list_cursor; 22023 for a malformed one). 08006 when a partition the page needs is out of reach (a page never skips one). node_id is each partition''s own.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._local_after(after bigint, part integer)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+-- A partition's items with global ids above after are those with local ids above
+-- floor((after - part) / @proxy.max_partitions@) (memory_proxy._global_id keeps the order).
+RETURN pg_catalog.floor((after - part)::numeric / @proxy.max_partitions@)::bigint;
+COMMENT ON FUNCTION memory_proxy._local_after(bigint, integer) IS
+    'The bound of partition part''s own ids above which its rows have global ids (memory_proxy._global_id) above after; NULL for NULL.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._review_global(part integer, items memory.review_item[])
+RETURNS SETOF memory.review_item
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r memory.review_item;
+BEGIN
+    FOREACH r IN ARRAY items LOOP
+        r.item_id := memory_proxy._global_id(part, r.item_id);
+        RETURN NEXT r;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION memory_proxy._review_global(integer, memory.review_item[]) IS
+    'Partition part''s review items as the proxy hands them out: item_id global (memory_proxy._global_id), the rest (node_id among them) the partition''s own.';
+
+CREATE OR REPLACE FUNCTION memory.review_list(
+    project text DEFAULT NULL, "limit" integer DEFAULT 50, after bigint DEFAULT NULL
+)
+RETURNS SETOF memory.review_item
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    part integer;
+    got memory.review_item[] := '{}';
+BEGIN
+    IF project IS NOT NULL THEN
+        part := memory_proxy.partition_of(project);
+        RETURN QUERY SELECT * FROM memory_proxy._review_global(part, ARRAY(
+            SELECT x FROM memory_proxy.review_list_at(part, project, project, "limit",
+                                                      memory_proxy._local_after(after, part)) x));
+        RETURN;
+    END IF;
+    -- Every partition of the readable projects, each its first items above after, merged:
+    -- the "limit" smallest global ids (each partition's first "limit" hold them all).
+    FOREACH part IN ARRAY memory_proxy._targets((memory_proxy._caller()).read_projects) LOOP
+        BEGIN
+            got := got || ARRAY(SELECT g FROM memory_proxy._review_global(part, ARRAY(
+                SELECT x FROM memory_proxy.review_list_at(part, NULL, NULL, "limit",
+                                                          memory_proxy._local_after(after, part)) x)) g);
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
+            PERFORM memory_proxy._down_over(part, 'a page of the review queue over several partitions does not skip one', SQLERRM);
+        END;
+    END LOOP;
+    RETURN QUERY SELECT * FROM unnest(got) u ORDER BY u.item_id LIMIT "limit";
+END $$;
+COMMENT ON FUNCTION memory.review_list(text, integer, bigint) IS
+    'memory.review_list of the partitions through PL/Proxy, oldest first per partition and keyset-paged by global item ids (memory_proxy._global_id: the partition''s id * @proxy.max_partitions@ + partition; after is one of them): with project, on the partition holding it; without, on every partition of the readable projects, the "limit" smallest ids above after. 08006 when a partition the page needs is out of reach (a page never skips one). node_id is each partition''s own.';
+
+CREATE OR REPLACE FUNCTION memory.review_claim(
+    project text DEFAULT NULL, "limit" integer DEFAULT 1, visibility_timeout integer DEFAULT 300
+)
+RETURNS SETOF memory.review_item
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    part integer;
+    parts integer[];
+    skip integer;
+    want integer := "limit";
+    got memory.review_item[] := '{}';
+    missing integer[] := '{}';
+BEGIN
+    IF project IS NOT NULL THEN
+        part := memory_proxy.partition_of(project);
+        RETURN QUERY SELECT * FROM memory_proxy._review_global(part, ARRAY(
+            SELECT x FROM memory_proxy.review_claim_at(part, project, project, "limit", visibility_timeout) x));
+        RETURN;
+    END IF;
+    -- The partitions of the readable projects in turn, from a random one (so that no
+    -- partition's items wait behind another's), until "limit" items are claimed. Each
+    -- partition's claim commits on its own (a PL/Proxy call): a claim over several is not
+    -- atomic, and an error after the first leaves its items claimed, hidden from other
+    -- workers until visibility_timeout passes (then they come back, as an unfinished claim's).
+    -- A partition out of reach is skipped (a WARNING names it): a claim takes what is ready.
+    parts := memory_proxy._targets((memory_proxy._caller()).read_projects);
+    skip := floor(random() * cardinality(parts))::integer;
+    parts := parts[skip + 1:] || parts[:skip];
+    FOREACH part IN ARRAY parts LOOP
+        BEGIN
+            got := got || ARRAY(SELECT g FROM memory_proxy._review_global(part, ARRAY(
+                SELECT x FROM memory_proxy.review_claim_at(part, NULL, NULL, want, visibility_timeout) x)) g);
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
+            missing := missing || part;
+            CONTINUE;
+        END;
+        want := "limit" - cardinality(got);
+        EXIT WHEN want <= 0;
+    END LOOP;
+    IF cardinality(missing) = cardinality(parts) THEN
+        PERFORM memory_proxy._none_reachable();
+    ELSIF cardinality(missing) > 0 THEN
+        RAISE WARNING 'degraded: partitions % are unreachable; nothing was claimed there', missing
+            USING HINT = '`poimen-memory shard status` names their servers.';
+    END IF;
+    -- As one database orders a claim: L1 before L2, then the oldest.
+    RETURN QUERY SELECT * FROM unnest(got) u ORDER BY u.level, u.enqueued_at, u.item_id;
+END $$;
+COMMENT ON FUNCTION memory.review_claim(text, integer, integer) IS
+    'memory.review_claim of the partitions through PL/Proxy, item ids global (memory_proxy._global_id): with project, on the partition holding it (08006 when out of reach); without, the partitions of the readable projects in turn from a random one until limit items are claimed, returned L1 before L2, oldest first. Each partition''s claim commits on its own: a claim over several partitions is not atomic (an error after the first leaves its items hidden until visibility_timeout passes); one out of reach is skipped with a WARNING (08006 when all are). node_id is each partition''s own.';
+
+CREATE OR REPLACE FUNCTION memory.review_confirm(item_id bigint, note text DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    loc record := memory_proxy._local_id(item_id);
+    res jsonb;
+    st text;
+    msg text;
+    det text;
+    hnt text;
+BEGIN
+    IF item_id IS NULL OR loc.part NOT BETWEEN 0 AND memory_proxy.partitions() - 1 THEN
+        RAISE EXCEPTION 'no open review item %', coalesce(item_id::text, 'NULL')
+            USING ERRCODE = @proxy.sqlstate_unknown_review_item@,
+                  HINT = 'memory.review_list shows the open items (their item_id, global through the proxy).';
+    END IF;
+    PERFORM memory_proxy._write_lock(loc.part);
+    BEGIN
+        res := memory_proxy.review_confirm_at(loc.part, NULL, loc.id, note);
+    EXCEPTION WHEN OTHERS THEN
+        IF memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN
+            PERFORM memory_proxy._down_over(loc.part, pg_catalog.format('it holds review item %s', item_id), SQLERRM);
+        END IF;
+        -- The partition's own ids in what it said, as global ones (PL/Proxy prefixes the
+        -- remote message, detail and hint: the partition's words are kept alone).
+        GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
+                                det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+        det := pg_catalog.regexp_replace(det, '^Remote detail: ', '');
+        hnt := pg_catalog.regexp_replace(hnt, '^Remote hint: ', '');
+        IF st = @proxy.sqlstate_unknown_review_item@ THEN
+            RAISE EXCEPTION 'no open review item %', item_id USING ERRCODE = st, HINT = hnt;
+        END IF;
+        IF det ~ '^Its review item is [0-9]+\.$' THEN
+            RAISE EXCEPTION '%', pg_catalog.regexp_replace(msg, '^.*REMOTE ERROR: ', '')
+                USING ERRCODE = st, HINT = hnt,
+                      DETAIL = pg_catalog.format('Its review item is %s.', memory_proxy._global_id(loc.part,
+                          (pg_catalog.regexp_match(det, '([0-9]+)'))[1]::bigint));
+        END IF;
+        RAISE;
+    END;
+    RETURN res || jsonb_build_object(
+        'item_id', item_id,
+        'resolved', (SELECT coalesce(jsonb_agg(memory_proxy._global_id(loc.part, (e.x #>> '{}')::bigint) ORDER BY e.ord), '[]')
+                     FROM jsonb_array_elements(coalesce(res -> 'resolved', '[]')) WITH ORDINALITY AS e(x, ord)));
+END $$;
+COMMENT ON FUNCTION memory.review_confirm(bigint, text) IS
+    'memory.review_confirm through PL/Proxy: item_id is a global id (memory_proxy._global_id), confirmed on its partition (the unknown_review_item SQLSTATE, HTTP 404, for an id of no partition this proxy has, as for no open item; 08006 when its partition is out of reach; waits while it is being moved); the answer''s item_id and resolved are global ids, node_id the partition''s own.';
 
 CREATE OR REPLACE FUNCTION memory_proxy.health(
     OUT nodes bigint, OUT embedding_model text, OUT outbox_depth bigint,

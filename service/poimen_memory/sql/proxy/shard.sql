@@ -54,7 +54,9 @@ BEGIN
                             -- (docs/scaling.md#the-http-service-over-the-proxy)
                             '_serve_start', '_serve', '_serve_finish', '_get_node',
                             '_write_nodes', '_stored_hashes', '_stored_nodes',
-                            'configure_embedding', '_list_nodes', '_count_nodes')
+                            'configure_embedding', '_list_nodes', '_count_nodes',
+                            -- the review queue (GET /memory/review, claim, confirm)
+                            'review_list', 'review_claim', 'review_confirm')
     LOOP
         SELECT pg_catalog.string_agg('$' || (i + 3), ', ' ORDER BY i) INTO call
         FROM pg_catalog.generate_series(1, f.pronargs) AS i;
