@@ -23,6 +23,7 @@ import uvicorn
 from starlette.requests import Request
 
 from conftest import free_port
+from doubles.rerank_server import RerankServer, run_rerank_server, word_overlap
 from poimen_memory import shard
 from poimen_memory.api.app import create_app
 from poimen_memory.api.auth import KeyRing
@@ -50,11 +51,18 @@ def _as_service(url: str) -> str:
 
 
 @contextmanager
-def http_service(url: str, embedder: LocalEmbedder) -> Iterator[httpx.Client]:
+def http_service(
+    url: str, embedder: LocalEmbedder, env: dict[str, str] | None = None
+) -> Iterator[httpx.Client]:
     """The service's app over ``url`` under uvicorn on a free loopback port: real HTTP."""
     app = create_app(
         Settings.from_env(
-            {"POIMEN_DATABASE_URL": url, "POIMEN_AUTH_CACHE_S": "0", "POIMEN_HEALTH_CACHE_S": "0"}
+            {
+                "POIMEN_DATABASE_URL": url,
+                "POIMEN_AUTH_CACHE_S": "0",
+                "POIMEN_HEALTH_CACHE_S": "0",
+                **(env or {}),
+            }
         ),
         embedder=embedder,
     )
@@ -684,3 +692,168 @@ def test_the_proxy_functions_pin_search_path_and_have_a_comment(sharded: Sharded
             " ORDER BY 1"
         ).fetchall()
     assert bad == []
+
+
+# -- a reranker over the proxy -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reranked(
+    sharded: Sharded,  # noqa: F811
+    embedder: LocalEmbedder,
+) -> Iterator[tuple[httpx.Client, httpx.Client, RerankServer]]:
+    """(over the proxy, over the reference database, the rerank double both call)."""
+    with connect(sharded.reference_url, autocommit=True) as ref:
+        ensure_service_login(ref, SERVICE_ROLE)
+    with run_rerank_server() as rerank:
+        env = {"POIMEN_RERANK_URL": rerank.url}
+        with (
+            http_service(_as_service(sharded.proxy_url), embedder, env) as proxied,
+            http_service(_as_service(sharded.reference_url), embedder, env) as one,
+        ):
+            yield proxied, one, rerank
+
+
+def _partition_of(sharded: Sharded, projects: set[str]) -> dict[str, int]:  # noqa: F811
+    with psycopg.connect(sharded.proxy_url) as p:
+        return {
+            n: int(p.execute("SELECT memory_proxy.partition_of(%s)", (n,)).fetchone()[0])  # type: ignore[index]
+            for n in projects
+        }
+
+
+def _cites_its_own(body: dict[str, Any]) -> int:
+    """The evidence citing a result (cited_by: ranks of the merged answer) is of its
+    project, so of its partition, and is the result or a turn of its provenance; how many
+    citations there were."""
+    results = body["results"]
+    reached: list[set[str]] = []
+    for r in results:
+        shas, stack = {r["sha256"]}, list(r["parents"])
+        while stack:
+            parent = stack.pop()
+            shas.add(parent["sha256"])
+            stack.extend(parent["parents"])
+        reached.append(shas)
+    cited = 0
+    for e in body["evidence"]:
+        for rank in e["cited_by"]:
+            assert 1 <= rank <= len(results), e
+            assert e["project"] == results[rank - 1]["project"], (rank, e)
+            assert e["sha256"] in reached[rank - 1], (rank, e)
+            cited += 1
+    return cited
+
+
+def test_a_reranker_orders_a_query_naming_no_project_over_every_partition(
+    sharded: Sharded,  # noqa: F811
+    reranked: tuple[httpx.Client, httpx.Client, RerankServer],
+) -> None:
+    proxied, _, rerank = reranked
+    limit = 6
+    # Scores by candidate: the later the fused candidate, the better (distinct, so each
+    # result is known by its score): the reranker's order is the fused order reversed.
+    scores = [round(0.05 + 0.9 * i / 63, 6) for i in range(64)]
+    rerank.reset(scores=scores)
+    params = {"query": QUERIES[0], "level": LEVELS, "limit": limit}
+    r = proxied.get("/memory/query", params=params)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    sent = rerank.requests[-1].body
+    assert isinstance(sent, dict) and sent["query"] == QUERIES[0]
+    docs = sent["documents"]
+    n = len(docs)
+    assert n == limit * 3  # limit x POIMEN_RERANK_DEPTH_FACTOR candidates over all partitions
+    best = list(range(n - 1, n - 1 - limit, -1))
+    results = body["results"]
+    assert [x["rank"] for x in results] == list(range(1, limit + 1))
+    assert [x["rerank_score"] for x in results] == pytest.approx([scores[i] for i in best])
+    assert [x["text"] for x in results] == [docs[i] for i in best]
+    # The fused order is not the answer's: the reranker's is.
+    assert results[0]["final_score"] <= results[-1]["final_score"]
+    parts = _partition_of(sharded, {x["project"] for x in results})
+    assert len(set(parts.values())) > 1, parts
+    assert body["plan"]["engines"]["rerank"] == "remote"
+    assert not [d for d in body["degraded"] if d["stage"] in ("rerank", "shard")]
+    assert body["metrics"]["final_count"] == limit
+    assert f"reranker reduced {n} candidates to {limit}" in body["notes"]
+    assert _cites_its_own(body) > 0
+    # The double's own scores (word overlap with the query): the answer in their order.
+    rerank.reset()
+    for query in QUERIES:
+        r = proxied.get("/memory/query", params={"query": query, "level": LEVELS, "limit": 8})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        results = body["results"]
+        assert results, query
+        got = [x["rerank_score"] for x in results]
+        assert got == pytest.approx([word_overlap(query, x["text"]) for x in results])
+        assert got == sorted(got, reverse=True)
+        sent_docs = rerank.requests[-1].body["documents"]
+        overlaps = sorted((word_overlap(query, d) for d in sent_docs), reverse=True)
+        assert got == pytest.approx(overlaps[: len(got)])
+        _cites_its_own(body)
+
+
+def test_a_reranker_on_a_named_project_answers_as_one_database(
+    reranked: tuple[httpx.Client, httpx.Client, RerankServer],
+) -> None:
+    proxied, one, rerank = reranked
+    rerank.reset()
+    compared = 0
+    for project in ("poimen", "atlas"):
+        for query in QUERIES:
+            params = {"query": query, "project": project, "level": LEVELS, "limit": 5}
+            a = proxied.get("/memory/query", params=params)
+            b = one.get("/memory/query", params=params)
+            assert a.status_code == b.status_code == 200, (a.text, b.text)
+            assert a.json()["plan"]["engines"]["rerank"] == "remote"
+            assert comparable(a.json()) == comparable(b.json())
+            compared += len(b.json()["results"])
+    assert compared > 0
+
+
+def test_a_stopped_shard_degrades_a_reranked_query_naming_no_project(
+    sharded: Sharded,  # noqa: F811
+    reranked: tuple[httpx.Client, httpx.Client, RerankServer],
+) -> None:
+    proxied, _, rerank = reranked
+    rerank.reset()
+    with psycopg.connect(sharded.proxy_url) as p:
+        parts = shard.partitions(p)
+    down = sharded.shards[0]
+    down_parts = sorted(
+        pt.number for pt in parts if f"port={down.port}" in pt.conninfo.replace("'", "")
+    )
+    up_parts = sorted(set(range(PARTITIONS)) - set(down_parts))
+    assert down_parts and up_parts
+    params = {"query": QUERIES[0], "level": LEVELS, "limit": 8}
+    down.stop()
+    try:
+        r = proxied.get("/memory/query", params=params)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert [d for d in body["degraded"] if d["stage"] == "shard"] == [
+            {"stage": "shard", "reason": "unreachable", "partitions": down_parts}
+        ]
+        why = "partitions {%s} are unreachable: answered from the others"
+        assert why % ",".join(map(str, down_parts)) in body["plan"]["why"]
+        assert body["plan"]["engines"]["rerank"] == "remote"
+        results = body["results"]
+        assert results
+        where = _partition_of(sharded, {x["project"] for x in results})
+        assert set(where.values()) <= set(up_parts), where
+        got = [x["rerank_score"] for x in results]
+        assert got == pytest.approx([word_overlap(QUERIES[0], x["text"]) for x in results])
+        assert got == sorted(got, reverse=True)
+        _cites_its_own(body)
+    finally:
+        down.start(fast=True)
+    # Back: a proxy backend that held a connection to the restarted server learns of its end
+    # on its next call there (degraded meanwhile), then answers from every partition again.
+    for _ in range(10):
+        r = proxied.get("/memory/query", params=params)
+        assert r.status_code == 200, r.text
+        if not [d for d in r.json()["degraded"] if d["stage"] == "shard"]:
+            break
+    assert not [d for d in r.json()["degraded"] if d["stage"] == "shard"], r.json()["degraded"]

@@ -671,7 +671,13 @@ END $$;
 COMMENT ON FUNCTION memory._serve_start(jsonb, jsonb) IS
     'memory._serve_start of the partitions through PL/Proxy: with req.project, on the partition holding it (08006 when out of reach); without, the plan of the first reachable partition the caller''s projects are on, with no prefetched legs.';
 
-CREATE OR REPLACE FUNCTION memory_proxy._merge_docs(docs jsonb[], missing integer[], k integer)
+-- The three-argument form of releases before the reranker's order: gone, so that calls
+-- with three arguments are not ambiguous.
+DROP FUNCTION IF EXISTS memory_proxy._merge_docs(jsonb[], integer[], integer);
+CREATE OR REPLACE FUNCTION memory_proxy._merge_docs(
+    docs jsonb[], missing integer[], k integer,
+    parts integer[] DEFAULT NULL, result_order bigint[] DEFAULT NULL
+)
 RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -679,20 +685,49 @@ AS $$
 DECLARE
     merged jsonb;
     entry jsonb;
+    kept jsonb;
 BEGIN
     -- The first partition's document; the results merged as memory.query merges rows (the
     -- k best by final_score, ties by query_score, project, each partition's rank; ranked
-    -- again 1..k), the evidence lists concatenated, the counts summed.
+    -- again 1..k), the evidence lists concatenated, the counts summed. With result_order
+    -- (a reranker's, in global ids; parts[i] is the partition of docs[i]) the results are
+    -- ranked in its order instead, all of them (k NULL): each partition finished its own
+    -- in that order, and the results in doubt it demoted (memory._finish) stay below the
+    -- others, as on one database.
+    SELECT coalesce(jsonb_agg(jsonb_build_object('i', m.i, 'rank', m.r -> 'rank', 'n', m.n, 'r', m.r) ORDER BY m.n), '[]')
+      INTO kept
+      FROM (SELECT d.i, r, row_number() OVER (
+                ORDER BY
+                    CASE WHEN result_order IS NOT NULL THEN
+                        coalesce(d.doc -> 'plan' -> 'unsupported' ->> 'policy' = 'demote'
+                                 AND r ->> 'support' IN ('stale', 'partial', 'none'), false) END,
+                    array_position(result_order,
+                                   memory_proxy._global_id(parts[d.i], (r ->> 'node_id')::bigint)),
+                    (r ->> 'final_score')::float8 DESC NULLS LAST,
+                    (r ->> 'query_score')::float8 DESC NULLS LAST,
+                    r ->> 'project', (r ->> 'rank')::integer) AS n
+            FROM unnest(docs) WITH ORDINALITY AS d(doc, i),
+                 jsonb_array_elements(d.doc -> 'results') r) m
+     WHERE m.n <= k OR (k IS NULL AND result_order IS NOT NULL);
     merged := docs[1] || jsonb_build_object(
-        'results', (SELECT coalesce(jsonb_agg(m.r || jsonb_build_object('rank', m.n) ORDER BY m.n), '[]')
-                    FROM (SELECT r, row_number() OVER (
-                              ORDER BY (r ->> 'final_score')::float8 DESC NULLS LAST,
-                                       (r ->> 'query_score')::float8 DESC NULLS LAST,
-                                       r ->> 'project', (r ->> 'rank')::integer) AS n
-                          FROM unnest(docs) d, jsonb_array_elements(d -> 'results') r) m
-                    WHERE m.n <= k),
-        'evidence', (SELECT coalesce(jsonb_agg(e), '[]')
-                     FROM unnest(docs) d, jsonb_array_elements(coalesce(d -> 'evidence', '[]')) e),
+        'results', (SELECT coalesce(jsonb_agg((x -> 'r') || jsonb_build_object('rank', x -> 'n')
+                                              ORDER BY (x ->> 'n')::integer), '[]')
+                    FROM jsonb_array_elements(kept) x),
+        -- cited_by named the partition's own ranks: now the merged ones of its results that
+        -- were kept (a rank not kept, or a deeper candidate's, is left out). NULL when no
+        -- partition listed evidence (none asked, or it failed: evidence_failed says why).
+        'evidence', (SELECT CASE WHEN bool_or(jsonb_typeof(d.doc -> 'evidence') = 'array') THEN
+                                 coalesce(jsonb_agg(e.v || CASE WHEN jsonb_typeof(e.v -> 'cited_by') = 'array' THEN
+                                     jsonb_build_object('cited_by', to_jsonb(ARRAY(
+                                         SELECT (x ->> 'n')::integer
+                                         FROM jsonb_array_elements(kept) x, jsonb_array_elements(e.v -> 'cited_by') c
+                                         WHERE (x ->> 'i')::integer = d.i AND x -> 'rank' = c
+                                         ORDER BY 1)))
+                                     ELSE '{}' END ORDER BY d.i, e.o) FILTER (WHERE e.v IS NOT NULL), '[]') END
+                     FROM unnest(docs) WITH ORDINALITY AS d(doc, i)
+                     LEFT JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(d.doc -> 'evidence') = 'array'
+                                                                 THEN d.doc -> 'evidence' ELSE '[]' END)
+                               WITH ORDINALITY AS e(v, o) ON true),
         'counts', (SELECT coalesce(jsonb_object_agg(key, total), '{}')
                    FROM (SELECT key, CASE WHEN bool_and(jsonb_typeof(value) = 'number')
                                           THEN to_jsonb(sum((value #>> '{}')::numeric))
@@ -711,8 +746,151 @@ BEGIN
     END IF;
     RETURN merged;
 END $$;
-COMMENT ON FUNCTION memory_proxy._merge_docs(jsonb[], integer[], integer) IS
-    'One answer document of several partitions'' (memory._serve''s): the first one''s, results merged (k best by final_score, ranked again), evidence concatenated, counts summed, "partitions" {answered, missing}, and a degraded entry {"stage": "shard", "reason": "unreachable", "partitions": [...]} (also in plan.degraded, which the HTTP answer lists) when some were out of reach.';
+COMMENT ON FUNCTION memory_proxy._merge_docs(jsonb[], integer[], integer, integer[], bigint[]) IS
+    'One answer document of several partitions'' (memory._serve''s, memory._serve_finish''s): the first one''s, results merged (k best by final_score, ranked again; with result_order, a reranker''s global ids of memory_proxy._global_id over parts, the partition of each document: in that order, results in doubt a partition demoted last), evidence concatenated (cited_by: the merged ranks of the partition''s results kept; NULL when no partition listed any), counts summed, "partitions" {answered, missing}, and a degraded entry {"stage": "shard", "reason": "unreachable", "partitions": [...]} (also in plan.degraded, which the HTTP answer lists) when some were out of reach.';
+
+-- A reranker over every partition (a query naming no project): memory._serve through
+-- 'candidates' gathers each partition's fused candidates and hands them to the service
+-- with global node ids (memory_proxy._global_id), merged as the answers are; the service's
+-- reranker orders them, and memory._serve_finish splits its order back by partition
+-- (memory_proxy._local_id), has each partition finish its own in that order, and merges
+-- the documents in the reranker's order. The remote calls of both halves carry each
+-- partition's number (PL/Proxy's SPLIT: every partition gets its own element of the
+-- arrays), so an answer is known to be its partition's.
+CREATE OR REPLACE FUNCTION memory_proxy._serve_each(
+    on_parts integer[], read_projects text, write_projects text, api_key text,
+    req jsonb, caps jsonb, query_embedding vector, hits jsonb, through text, prefetched jsonb
+)
+RETURNS TABLE (part integer, doc jsonb)
+LANGUAGE plproxy
+SET search_path = pg_catalog, pg_temp
+AS $$
+    CLUSTER 'memory';
+    SPLIT on_parts;
+    RUN ON on_parts;
+    SELECT (on_parts)[1] AS part,
+           memory_shard._serve(read_projects, write_projects, api_key, req, caps, query_embedding,
+                               hits, through, prefetched) AS doc;
+$$;
+COMMENT ON FUNCTION memory_proxy._serve_each(integer[], text, text, text, jsonb, jsonb, vector, jsonb, text, jsonb) IS
+    'memory._serve on the partitions on_parts at once (PL/Proxy SPLIT: each gets its own number), each answer with the partition that gave it.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._serve_finish_each(
+    on_parts integer[], states jsonb[], orders text[], reranks jsonb[],
+    read_projects text, write_projects text, api_key text, req jsonb, caps jsonb,
+    query_embedding vector
+)
+RETURNS TABLE (part integer, doc jsonb)
+LANGUAGE plproxy
+SET search_path = pg_catalog, pg_temp
+AS $$
+    CLUSTER 'memory';
+    SPLIT on_parts, states, orders, reranks;
+    RUN ON on_parts;
+    SELECT (on_parts)[1] AS part,
+           memory_shard._serve_finish(read_projects, write_projects, api_key, req, caps,
+                                      (states)[1], query_embedding,
+                                      ((orders)[1])::bigint[], (reranks)[1]) AS doc;
+$$;
+COMMENT ON FUNCTION memory_proxy._serve_finish_each(integer[], jsonb[], text[], jsonb[], text, text, text, jsonb, jsonb, vector) IS
+    'memory._serve_finish on the partitions on_parts at once (PL/Proxy SPLIT), each with its own element of states, orders (a bigint[] as text: its own ids in the reranker''s order) and reranks ({"node_id": score} of its own ids), each answer with the partition that gave it.';
+
+CREATE OR REPLACE FUNCTION memory_proxy._serve_parts(
+    parts integer[], req jsonb, caps jsonb, query_embedding vector, hits jsonb, through text,
+    states jsonb[] DEFAULT NULL, orders text[] DEFAULT NULL, reranks jsonb[] DEFAULT NULL,
+    OUT answered integer[], OUT docs jsonb[], OUT missing integer[])
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := memory_proxy._caller();
+    i integer;
+BEGIN
+    -- memory._serve through => 'candidates' (through 'finish': memory._serve_finish with
+    -- states[i], orders[i], reranks[i]) on each partition parts[i]: all at once, else (one is
+    -- out of reach) each alone, to answer from the others and name the missing ones.
+    answered := '{}';
+    docs := '{}';
+    missing := '{}';
+    IF cardinality(parts) > 0 THEN
+        BEGIN
+            IF through = 'finish' THEN
+                SELECT coalesce(array_agg(e.part ORDER BY e.part), '{}'), coalesce(array_agg(e.doc ORDER BY e.part), '{}')
+                  INTO answered, docs
+                  FROM memory_proxy._serve_finish_each(parts, states, orders, reranks, c.read_projects,
+                           c.write_projects, c.api_key, req, caps, query_embedding) e;
+            ELSE
+                SELECT coalesce(array_agg(e.part ORDER BY e.part), '{}'), coalesce(array_agg(e.doc ORDER BY e.part), '{}')
+                  INTO answered, docs
+                  FROM memory_proxy._serve_each(parts, c.read_projects, c.write_projects, c.api_key,
+                           req, caps, query_embedding, hits, through, NULL) e;
+            END IF;
+            RETURN;
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
+        END;
+    END IF;
+    FOR i IN 1 .. coalesce(cardinality(parts), 0) LOOP
+        BEGIN
+            IF through = 'finish' THEN
+                docs := array_append(docs, memory_proxy._serve_finish_at(parts[i], NULL, req, caps,
+                    states[i], query_embedding, orders[i]::bigint[], reranks[i]));
+            ELSE
+                -- SETOF: _serve is merged over partitions (one answer each)
+                docs := array_append(docs, (SELECT d FROM memory_proxy._serve_at(parts[i], NULL, req, caps,
+                    query_embedding, hits, through, NULL) d));
+            END IF;
+            answered := array_append(answered, parts[i]);
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
+            missing := array_append(missing, parts[i]);
+        END;
+    END LOOP;
+    IF cardinality(answered) = 0 THEN
+        PERFORM memory_proxy._none_reachable();
+    END IF;
+END $$;
+COMMENT ON FUNCTION memory_proxy._serve_parts(integer[], jsonb, jsonb, vector, jsonb, text, jsonb[], text[], jsonb[]) IS
+    'memory._serve (through) or, through => ''finish'', memory._serve_finish (with states[i], orders[i], reranks[i]) on each partition parts[i], all at once (memory_proxy._serve_each, _serve_finish_each) unless one is out of reach: the partitions that answered, their documents, and those out of reach (08006 when all are).';
+
+CREATE OR REPLACE FUNCTION memory_proxy._merge_candidates(parts integer[], docs jsonb[], missing integer[])
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- Every partition's fused candidates with global node ids, the final_k best over all
+    -- (final_k: the rerank depth the service asked; ordered as memory_proxy._merge_docs
+    -- orders results, by the final score memory._finish would give each, ties by the
+    -- semantic score and each partition's own order), and their texts. The state the
+    -- service passes back: that list, each partition's own state without its candidates
+    -- (memory._serve_finish takes them from the list), the partitions out of reach, k.
+    WITH d AS (
+        SELECT x.part, x.doc FROM unnest(parts, docs) AS x(part, doc)
+    ), f AS (
+        SELECT d.part, e.v, memory_proxy._global_id(d.part, (e.v ->> 'node_id')::bigint) AS gid,
+               d.doc -> 'texts' -> (e.v ->> 'node_id') AS text,
+               row_number() OVER (
+                   ORDER BY (CASE WHEN d.doc -> 'plan' ->> 'search_strategy' = 'LexicalOnly' THEN e.v -> 'scores' ->> 1
+                                  WHEN d.doc -> 'plan' ->> 'search_strategy' = 'SemanticOnly'
+                                       OR e.v ->> 'fusion_method' = 'cascade' THEN e.v -> 'scores' ->> 0
+                                  ELSE e.v ->> 'fused_score' END)::float8 DESC NULLS LAST,
+                            (e.v -> 'scores' ->> 0)::float8 DESC NULLS LAST, e.o, d.part) AS n
+        FROM d, jsonb_array_elements(d.doc -> 'state' -> 'fused') WITH ORDINALITY AS e(v, o)
+    ), top AS (
+        SELECT * FROM f WHERE f.n <= coalesce((docs[1] -> 'plan' ->> 'final_k')::integer, f.n)
+    )
+    SELECT jsonb_build_object(
+        'plan', docs[1] -> 'plan',
+        'state', jsonb_build_object(
+            'fused', (SELECT coalesce(jsonb_agg(t.v || jsonb_build_object('node_id', t.gid) ORDER BY t.n), '[]') FROM top t),
+            'partitions', (SELECT coalesce(jsonb_agg(jsonb_build_object('part', d.part, 'state', (d.doc -> 'state') - 'fused')
+                                                     ORDER BY d.part), '[]') FROM d),
+            'missing', to_jsonb(missing),
+            'k', docs[1] -> 'plan' -> 'k'),
+        'texts', (SELECT coalesce(jsonb_object_agg(t.gid::text, t.text), '{}') FROM top t WHERE t.text IS NOT NULL));
+$$;
+COMMENT ON FUNCTION memory_proxy._merge_candidates(integer[], jsonb[], integer[]) IS
+    'The candidates document of several partitions'' memory._serve through => ''candidates'' (parts[i] gave docs[i]) for a reranker: the first plan; state {fused: the final_k best candidates over all, node ids global (memory_proxy._global_id), partitions: [{part, state without fused}], missing, k}; texts by global id.';
 
 CREATE OR REPLACE FUNCTION memory._serve(
     req jsonb, caps jsonb, query_embedding vector, hits jsonb DEFAULT NULL,
@@ -730,10 +908,11 @@ BEGIN
     IF project IS NULL THEN
         IF through = 'semantic' THEN
             RETURN '{}';  -- nothing prefetched over several partitions: each runs its own legs
-        ELSIF through IS DISTINCT FROM 'answer' THEN
-            RAISE EXCEPTION 'a reranker over every partition is not built through the proxy'
-                USING ERRCODE = '0A000',
-                      HINT = 'Name a project, or serve without a reranker (docs/scaling.md#the-http-service-over-the-proxy).';
+        ELSIF through = 'candidates' THEN
+            -- For a reranker over every partition: the candidates with global node ids.
+            got := memory_proxy._serve_parts(memory_proxy._route(NULL, caps ->> 'read_projects'),
+                req, caps, query_embedding, hits, through);
+            RETURN memory_proxy._merge_candidates(got.answered, got.docs, got.missing);
         END IF;
         prefetched := NULL;
     END IF;
@@ -748,7 +927,7 @@ BEGIN
         coalesce((got.got[1] -> 'plan' ->> 'k')::integer, (req ->> 'k')::integer));
 END $$;
 COMMENT ON FUNCTION memory._serve(jsonb, jsonb, vector, jsonb, text, jsonb) IS
-    'memory._serve of the partitions through PL/Proxy: with req.project, on the partition holding it (08006 when out of reach); without, on every partition holding the caller''s projects (all at once for *), their answers merged by memory_proxy._merge_docs with the unreachable ones named in degraded. Without a project, through => ''semantic'' answers {} and ''candidates'' (a reranker) is not built (0A000).';
+    'memory._serve of the partitions through PL/Proxy: with req.project, on the partition holding it (08006 when out of reach); without, on every partition holding the caller''s projects (all at once for *), their answers merged by memory_proxy._merge_docs with the unreachable ones named in degraded. Without a project, through => ''candidates'' (a reranker) gathers every partition''s candidates with global node ids (memory_proxy._merge_candidates), and through => ''semantic'' answers {} (each partition runs its own legs).';
 
 CREATE OR REPLACE FUNCTION memory._serve_finish(
     req jsonb, caps jsonb, state jsonb, query_embedding vector, result_order bigint[], rerank jsonb
@@ -759,16 +938,54 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     project text := req ->> 'project';
+    parts integer[];
+    states jsonb[];
+    orders text[];
+    reranks jsonb[];
+    got record;
 BEGIN
-    IF project IS NULL THEN
-        RAISE EXCEPTION 'a reranker over every partition is not built through the proxy'
-            USING ERRCODE = '0A000', HINT = 'Name a project.';
+    caps := memory_proxy._caps(caps);
+    IF project IS NOT NULL THEN
+        RETURN memory_proxy._serve_finish_at(memory_proxy.partition_of(project), project,
+            req, caps, state, query_embedding, result_order, rerank);
     END IF;
-    RETURN memory_proxy._serve_finish_at(memory_proxy.partition_of(project), project,
-        req, memory_proxy._caps(caps), state, query_embedding, result_order, rerank);
+    IF jsonb_typeof(state -> 'partitions') IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'state is not the candidates of memory._serve over the partitions'
+            USING ERRCODE = '22023', HINT = 'Pass back the state memory._serve(..., through => ''candidates'') returned.';
+    END IF;
+    -- No order: the fused top k, as on one database.
+    result_order := coalesce(result_order,
+        ARRAY(SELECT (f.v ->> 'node_id')::bigint
+              FROM jsonb_array_elements(state -> 'fused') WITH ORDINALITY AS f(v, o)
+              ORDER BY f.o LIMIT (state ->> 'k')::integer));
+    -- Each partition: its own state, its candidates (own ids, in the merged order), its
+    -- own ids of the reranker's order and its own scores.
+    SELECT array_agg(p.part ORDER BY p.part),
+           array_agg(p.st || jsonb_build_object('fused', coalesce(
+               (SELECT jsonb_agg(f.v || jsonb_build_object('node_id', l.id) ORDER BY f.o)
+                FROM jsonb_array_elements(state -> 'fused') WITH ORDINALITY AS f(v, o),
+                     memory_proxy._local_id((f.v ->> 'node_id')::bigint) l
+                WHERE l.part = p.part), '[]')) ORDER BY p.part),
+           array_agg(ARRAY(SELECT l.id
+                           FROM unnest(result_order) WITH ORDINALITY AS r(g, o), memory_proxy._local_id(r.g) l
+                           WHERE l.part = p.part ORDER BY r.o)::text ORDER BY p.part),
+           array_agg(CASE WHEN jsonb_typeof(rerank) = 'object' THEN
+               (SELECT coalesce(jsonb_object_agg(l.id::text, e.value), '{}')
+                FROM jsonb_each(rerank) e, memory_proxy._local_id(e.key::bigint) l
+                WHERE l.part = p.part) END ORDER BY p.part)
+      INTO parts, states, orders, reranks
+      FROM (SELECT (x ->> 'part')::integer AS part, x -> 'state' AS st
+            FROM jsonb_array_elements(state -> 'partitions') x) p;
+    got := memory_proxy._serve_parts(coalesce(parts, '{}'), req, caps, query_embedding, NULL, 'finish',
+                                      states, orders, reranks);
+    -- Out of reach: the partitions the candidates missed, and those that went since.
+    RETURN memory_proxy._merge_docs(got.docs,
+        ARRAY(SELECT DISTINCT m FROM unnest(ARRAY(SELECT jsonb_array_elements_text(coalesce(state -> 'missing', '[]'))::integer)
+                                            || got.missing) m ORDER BY m),
+        NULL, got.answered, result_order);
 END $$;
 COMMENT ON FUNCTION memory._serve_finish(jsonb, jsonb, jsonb, vector, bigint[], jsonb) IS
-    'memory._serve_finish of the partition holding req.project, through PL/Proxy (the reranker''s order; a query naming no project is not reranked through the proxy).';
+    'memory._serve_finish through PL/Proxy, after a reranker: with req.project, on the partition holding it; without, state is memory._serve''s candidates over the partitions (memory_proxy._merge_candidates): result_order and rerank (global node ids) are split by partition (memory_proxy._local_id), each partition finishes its own in the reranker''s order (all at once, memory_proxy._serve_parts), and the documents are merged in that order by memory_proxy._merge_docs (results ranked 1.. by result_order, node_id each partition''s own, evidence concatenated, counts summed, the partitions out of reach in degraded).';
 
 CREATE OR REPLACE FUNCTION memory._get_node(p_id text, p_project text, p_projects text[])
 RETURNS SETOF memory.node_row
