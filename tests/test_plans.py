@@ -889,3 +889,35 @@ def test_an_answer_plans_its_second_half_once_per_session(synthetic: Conn) -> No
             "SELECT memory.answer('topic3 word2', project => 'big', strategy => 'LexicalOnly')"
         ).fetchone()
         assert synthetic.execute("SHOW plan_cache_mode").fetchone() == ("force_custom_plan",)
+
+
+def test_an_answer_compiles_nothing_just_in_time(synthetic: Conn) -> None:
+    # JIT compilation costs tens of milliseconds before a statement runs, more than any
+    # statement of an answer takes: the executor's stages turn it off whatever the
+    # estimates (here every statement would cross a jit_above_cost of 0).
+    if synthetic.execute("SELECT pg_jit_available()").fetchone() != (True,):
+        pytest.skip("this server has no JIT provider")
+    with synthetic.transaction():
+        synthetic.execute("SET LOCAL jit_above_cost = 0")
+        plans = _nested_plans(
+            synthetic,
+            "SELECT memory.answer('topic3 word2', project => 'big', strategy => 'LexicalOnly')",
+            (),
+        )
+    # The statements inside the stages; not the calls that enter them (one-row calls,
+    # whose estimates never reach the threshold, an empty text for a RETURN expression).
+    stages = ("memory.answer", "memory._answer", "memory._prepare(", "memory._execute(")
+    inner = [
+        p
+        for p in plans
+        if '"Query Text": "",' not in p and not any(s in p.split('"Plan"')[0] for s in stages)
+    ]
+    assert len(inner) > 10
+    assert [p[p.index("Query Text") :][:300] for p in inner if '"JIT"' in p] == []
+    # the same statement outside the stages is compiled: the setting is what held it off
+    with synthetic.transaction():
+        synthetic.execute("SET LOCAL jit_above_cost = 0")
+        plan = synthetic.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM memory.nodes"
+        ).fetchone()
+    assert plan is not None and "JIT" in plan[0][0]

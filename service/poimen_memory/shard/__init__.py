@@ -26,10 +26,10 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from poimen_core.vocabulary import SQLSTATES
 from poimen_memory.db.cluster import find_pg_bin
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import SQL_DIR, DriftReport, MigrateReport, check, migrate
+from poimen_memory.db.migrate.render import with_vocabulary
 from poimen_memory.errors import ClusterError, PoimenError
 
 PROXY_SQL_DIR = SQL_DIR / "proxy"
@@ -113,7 +113,8 @@ def partitions(proxy: psycopg.Connection[Any]) -> list[Partition]:
 
 
 def _render(path: Path, markers: dict[str, str]) -> str:
-    text = path.read_text()
+    # The shared words (@vocabulary.NAME@) as in every sql/ file, then this file's own.
+    text = with_vocabulary(path.read_text(), path)
     for key, value in markers.items():
         text = text.replace(f"@{key}@", value)
     return text
@@ -279,9 +280,6 @@ def configure_proxy(
                 {
                     "proxy.service": sql.Identifier(service_role).as_string(conn),
                     "proxy.max_partitions": str(MAX_PARTITIONS),
-                    "proxy.sqlstate_unknown_review_item": sql.Literal(
-                        SQLSTATES["unknown_review_item"]
-                    ).as_string(conn),
                 },
             )
         )

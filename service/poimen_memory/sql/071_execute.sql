@@ -144,6 +144,7 @@ CREATE OR REPLACE FUNCTION memory._run_legs(
 RETURNS jsonb
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
+SET jit = off  -- memory._plan_cache_mode says why
 AS $$
 DECLARE
     project text := plan ->> 'project';
@@ -305,6 +306,11 @@ COMMENT ON FUNCTION memory._cited_only(jsonb, text[]) IS
 -- once"), for the same plans. On the partitioned layout a custom plan is what prunes to
 -- the named project's partition before locking (PostgreSQL 15 locks every partition a
 -- cached generic plan names), so there the choice stays PostgreSQL's.
+-- The executor's stages (memory._prepare, _run_legs, _finish) and memory.select_evidence
+-- also run with jit = off: once a statement's estimate passes jit_above_cost (100,000),
+-- PostgreSQL compiles its expressions first, and an answer's statements are short: on
+-- SciFact the evidence's candidates statement, estimated at 131k, spent 66 ms of its 76 in
+-- JIT compilation (docs/benchmarks.md, "Planning an answer once").
 CREATE OR REPLACE FUNCTION memory._plan_cache_mode()
 RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE
@@ -324,6 +330,7 @@ LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 -- The clause scopes the set_config below to this call: the caller's setting comes back.
 SET plan_cache_mode = auto
+SET jit = off
 AS $$
 DECLARE
     strat text := plan ->> 'search_strategy';
@@ -483,6 +490,7 @@ CREATE OR REPLACE FUNCTION memory._prepare(
 )
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
+SET jit = off  -- memory._plan_cache_mode says why
 AS $$
 DECLARE
     why text;

@@ -38,6 +38,7 @@ CREATE OR REPLACE FUNCTION memory.select_evidence(
 RETURNS SETOF memory.evidence_row
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
+SET jit = off  -- memory._plan_cache_mode (sql/071_execute.sql) says why
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -34,7 +34,7 @@ def _with_vector_schema(text: str, schema: str) -> str:
 _VOCABULARY = re.compile(r"@vocabulary\.(\w+)@")
 
 
-def _with_vocabulary(text: str, path: Path) -> str:
+def with_vocabulary(text: str, path: Path) -> str:
     """The shared words (poimen_core.vocabulary) in place of the file's markers."""
     words = sql_literals()
 
@@ -109,5 +109,5 @@ def render_sql(
     exception handler (``@plain_errors@``), the vocabulary's words,
     this database's role names, and pgvector's ``schema`` in the functions' search_path.
     Everything that runs the files' SQL renders it here, so no copy misses a marker."""
-    text = _with_vocabulary(text if plpython else _without_plpython(text), path)
+    text = with_vocabulary(text if plpython else _without_plpython(text), path)
     return _with_vector_schema(roles.render(_with_plain_errors(text)), schema)

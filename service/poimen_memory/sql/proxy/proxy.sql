@@ -20,7 +20,7 @@
 -- Types memory.query_row, memory.node_row, memory.node_list_row and memory.review_item, and
 -- the relays' signatures (pg_temp.proxy_relays), are read from partition 0's catalog by the
 -- command before this file runs. Rendered markers: @proxy.service@, @proxy.max_partitions@,
--- @proxy.sqlstate_unknown_review_item@.
+-- and the shared words of poimen_core.vocabulary, as in every sql/ file.
 
 CREATE SCHEMA IF NOT EXISTS memory_proxy;
 REVOKE ALL ON SCHEMA memory_proxy FROM PUBLIC;
@@ -1420,7 +1420,7 @@ DECLARE
 BEGIN
     IF item_id IS NULL OR loc.part NOT BETWEEN 0 AND memory_proxy.partitions() - 1 THEN
         RAISE EXCEPTION 'no open review item %', coalesce(item_id::text, 'NULL')
-            USING ERRCODE = @proxy.sqlstate_unknown_review_item@,
+            USING ERRCODE = @vocabulary.sqlstate_unknown_review_item@,
                   HINT = 'memory.review_list shows the open items (their item_id, global through the proxy).';
     END IF;
     PERFORM memory_proxy._write_lock(loc.part);
@@ -1436,7 +1436,7 @@ BEGIN
                                 det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
         det := pg_catalog.regexp_replace(det, '^Remote detail: ', '');
         hnt := pg_catalog.regexp_replace(hnt, '^Remote hint: ', '');
-        IF st = @proxy.sqlstate_unknown_review_item@ THEN
+        IF st = @vocabulary.sqlstate_unknown_review_item@ THEN
             RAISE EXCEPTION 'no open review item %', item_id USING ERRCODE = st, HINT = hnt;
         END IF;
         IF det ~ '^Its review item is [0-9]+\.$' THEN
