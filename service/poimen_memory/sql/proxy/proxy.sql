@@ -1464,6 +1464,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     h record;
+    o record;
     part integer;
 BEGIN
     nodes := 0; scale_warnings := 0; outbox_depth := 0; outbox_lag_s := NULL;
@@ -1475,6 +1476,9 @@ BEGIN
             nodes := nodes + h.nodes;
             scale_warnings := scale_warnings + h.scale_warnings;
             embedding_model := coalesce(embedding_model, h.embedding_model);
+            SELECT * INTO o FROM memory_proxy.outbox_state_at(part, NULL);
+            outbox_depth := outbox_depth + o.depth;
+            outbox_lag_s := greatest(outbox_lag_s, o.lag_s);
         EXCEPTION WHEN OTHERS THEN
             IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             missing := missing || part;
@@ -1482,7 +1486,214 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION memory_proxy.health() IS
-    'What /healthz reads, over the partitions: nodes and scale warnings summed over the reachable ones (under the asserted projects), the first one''s embedding model, the partitions and those out of reach (no outbox through the proxy).';
+    'What /healthz reads, over the partitions: nodes, scale warnings and OpenSearch outbox rows summed over the reachable ones (nodes under the asserted projects), the age of the oldest outbox row of any, the first one''s embedding model, the partitions and those out of reach.';
+
+-- OpenSearch over the proxy (docs/opensearch.md#over-a-pl-proxy-proxy). One index holds
+-- every partition's documents: their _id is the node's content hash, whose canonical form
+-- holds the project (poimen_core.nodes.node_sha256), and a project lives on one partition,
+-- so no two partitions write one document. Each partition queues its own changes (its
+-- outbox, filled by its triggers); the service's drain (and `poimen-memory opensearch
+-- sync`) reads them through the proxy a batch at a time, keyset-paged by global row ids
+-- (memory_proxy._global_id, as the review queue's), and acknowledges them on their
+-- partition. A remote call is a transaction of its own on the partition, so a batch's rows
+-- are not locked while OpenSearch takes them: two drainers over the proxy may send a batch
+-- twice, which rewrites the same documents (delivery is at least once, as on one database).
+
+CREATE OR REPLACE FUNCTION memory.enable_outbox()
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    part integer;
+    missing integer[] := '{}';
+BEGIN
+    FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
+        BEGIN
+            PERFORM memory_proxy.enable_outbox_at(part, NULL);
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
+            missing := missing || part;
+        END;
+    END LOOP;
+    -- Every partition, or an error: a partition whose triggers stayed off would never
+    -- queue its changes (the service's drain tries again, with its backoff).
+    IF cardinality(missing) > 0 THEN
+        RAISE EXCEPTION 'partitions % are unreachable: their OpenSearch outbox is not switched on', missing
+            USING ERRCODE = '08006', HINT = '`poimen-memory shard status` names their servers; the others are on.';
+    END IF;
+END $$;
+COMMENT ON FUNCTION memory.enable_outbox() IS
+    'memory.enable_outbox on every partition through PL/Proxy: their OpenSearch outbox triggers on (08006 naming the partitions out of reach, after switching on the others).';
+
+CREATE OR REPLACE FUNCTION memory_proxy._outbox_rows(after bigint, lim integer)
+RETURNS TABLE (row_id bigint, node_id bigint, op text, sha256 text, body text, title text,
+               breadcrumb text[], source text, level text, project text)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    part integer;
+    parts integer[] := memory_proxy._targets((memory_proxy._caller()).read_projects);
+    missing integer[] := '{}';
+BEGIN
+    -- Each partition's first lim rows above the bound after gives it: they hold the lim
+    -- smallest global ids of all (memory_proxy.outbox_batch keeps those).
+    FOREACH part IN ARRAY parts LOOP
+        BEGIN
+            RETURN QUERY
+                SELECT memory_proxy._global_id(part, x.row_id), x.node_id, x.op, x.sha256, x.body,
+                       x.title, x.breadcrumb, x.source, x.level, x.project
+                FROM memory_proxy.outbox_batch_at(part, NULL, memory_proxy._local_after(after, part), lim) x;
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
+            missing := missing || part;
+        END;
+    END LOOP;
+    IF cardinality(missing) = cardinality(parts) THEN
+        PERFORM memory_proxy._none_reachable();
+    ELSIF cardinality(missing) > 0 THEN
+        RAISE WARNING 'degraded: partitions % are unreachable; their OpenSearch outbox waits', missing
+            USING HINT = '`poimen-memory shard status` names their servers.';
+    END IF;
+END $$;
+COMMENT ON FUNCTION memory_proxy._outbox_rows(bigint, integer) IS
+    'Each reachable partition''s first lim OpenSearch outbox rows above the global row id after (memory_proxy._local_after), row ids global; a WARNING names the partitions out of reach (08006 when all are).';
+
+CREATE OR REPLACE FUNCTION memory_proxy.outbox_batch(after bigint, lim integer)
+RETURNS TABLE (row_id bigint, node_id bigint, op text, sha256 text, body text, title text,
+               breadcrumb text[], source text, level text, project text)
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM memory_proxy._outbox_rows(after, lim) r ORDER BY r.row_id LIMIT lim;
+$$;
+COMMENT ON FUNCTION memory_proxy.outbox_batch(bigint, integer) IS
+    'The OpenSearch drain''s batch over the partitions (queries.sql outbox_batch_after_proxy): the lim outbox rows with the smallest global row ids (memory_proxy._global_id) above after, each with its node''s document (node_id the partition''s own); not locked (a remote call ends its transaction).';
+
+CREATE OR REPLACE FUNCTION memory_proxy._outbox_each(ids bigint[], error text)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r record;
+    n bigint := 0;
+    missing integer[] := '{}';
+BEGIN
+    FOR r IN SELECT l.part, array_agg(l.id ORDER BY l.id) AS local_ids
+             FROM unnest(ids) AS g(id), memory_proxy._local_id(g.id) l
+             WHERE l.part BETWEEN 0 AND memory_proxy.partitions() - 1
+             GROUP BY l.part ORDER BY l.part
+    LOOP
+        BEGIN
+            n := n + CASE WHEN error IS NULL THEN memory_proxy.outbox_done_at(r.part, NULL, r.local_ids)
+                          ELSE memory_proxy.outbox_failed_at(r.part, NULL, r.local_ids, error) END;
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
+            missing := missing || r.part;
+        END;
+    END LOOP;
+    IF cardinality(missing) > 0 THEN
+        -- The rows stay queued: the next run sends them again (the same documents).
+        RAISE WARNING 'degraded: partitions % are unreachable; their outbox rows stay queued', missing
+            USING HINT = '`poimen-memory shard status` names their servers.';
+    END IF;
+    RETURN n;
+END $$;
+COMMENT ON FUNCTION memory_proxy._outbox_each(bigint[], text) IS
+    'The outbox rows ids (global, memory_proxy._global_id) on their partitions: deleted when error is NULL, else attempts + 1 and last_error; how many; a WARNING names the partitions out of reach, whose rows stay queued.';
+
+CREATE OR REPLACE FUNCTION memory_proxy.outbox_done(ids bigint[])
+RETURNS bigint
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+RETURN memory_proxy._outbox_each(ids, NULL);
+COMMENT ON FUNCTION memory_proxy.outbox_done(bigint[]) IS
+    'Deletes the outbox rows ids (global row ids of memory_proxy.outbox_batch) that OpenSearch acknowledged, on their partitions; how many (queries.sql outbox_done_proxy).';
+
+CREATE OR REPLACE FUNCTION memory_proxy.outbox_failed(ids bigint[], error text)
+RETURNS bigint
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+RETURN memory_proxy._outbox_each(ids, coalesce(error, 'failed'));
+COMMENT ON FUNCTION memory_proxy.outbox_failed(bigint[], text) IS
+    'Records a failed try (attempts + 1, last_error) on the outbox rows ids (global row ids of memory_proxy.outbox_batch), on their partitions; how many (queries.sql outbox_failed_proxy).';
+
+CREATE OR REPLACE FUNCTION memory_proxy.outbox_state(
+    OUT depth bigint, OUT lag_s double precision, OUT missing integer[])
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    o record;
+    part integer;
+BEGIN
+    depth := 0;
+    missing := '{}';
+    FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
+        BEGIN
+            SELECT * INTO o FROM memory_proxy.outbox_state_at(part, NULL);
+            depth := depth + o.depth;
+            lag_s := greatest(lag_s, o.lag_s);
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
+            missing := missing || part;
+        END;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION memory_proxy.outbox_state() IS
+    'The OpenSearch outbox over the partitions: rows queued on the reachable ones, the age of the oldest (seconds, NULL when none), and the partitions out of reach.';
+
+CREATE OR REPLACE FUNCTION memory_proxy.opensearch_docs(after bigint, lim integer)
+RETURNS TABLE (node_id bigint, sha256 text, body text, title text, breadcrumb text[],
+               source text, level text, project text)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    part integer;
+    got jsonb := '[]';
+BEGIN
+    -- Each partition's first lim nodes above the bound after gives it, the lim smallest
+    -- global node ids kept: a page of `opensearch reindex` over every partition. One out of
+    -- reach fails the page (a reindex that skipped it would lose its documents).
+    FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
+        BEGIN
+            got := got || coalesce((SELECT jsonb_agg(to_jsonb(x) || jsonb_build_object(
+                                        'node_id', memory_proxy._global_id(part, x.node_id)))
+                                    FROM memory_proxy.opensearch_docs_at(part, NULL,
+                                        memory_proxy._local_after(after, part), lim) x), '[]');
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
+            PERFORM memory_proxy._down_over(part, 'an OpenSearch reindex does not skip one', SQLERRM);
+        END;
+    END LOOP;
+    RETURN QUERY
+        SELECT (d.v ->> 'node_id')::bigint, d.v ->> 'sha256', d.v ->> 'body', d.v ->> 'title',
+               CASE WHEN jsonb_typeof(d.v -> 'breadcrumb') = 'array'
+                    THEN ARRAY(SELECT jsonb_array_elements_text(d.v -> 'breadcrumb')) END,
+               d.v ->> 'source', d.v ->> 'level', d.v ->> 'project'
+        FROM jsonb_array_elements(got) AS d(v)
+        ORDER BY (d.v ->> 'node_id')::bigint
+        LIMIT lim;
+END $$;
+COMMENT ON FUNCTION memory_proxy.opensearch_docs(bigint, integer) IS
+    'A page of `poimen-memory opensearch reindex` over the partitions (queries.sql opensearch_docs_proxy): the lim nodes with the smallest global node ids (memory_proxy._global_id) above after, as OpenSearch documents; 08006 when a partition is out of reach.';
+
+-- MCP's resources/read of a project: its summary from its partition.
+CREATE OR REPLACE FUNCTION memory._project_summary(p_project text)
+RETURNS TABLE (current jsonb, ended bigint, latest_write timestamptz)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM memory_proxy._need_project(p_project, 'memory._project_summary names one project.');
+    RETURN QUERY SELECT * FROM memory_proxy._project_summary_at(memory_proxy.partition_of(p_project),
+                                                                 p_project, p_project);
+END $$;
+COMMENT ON FUNCTION memory._project_summary(text) IS
+    'memory._project_summary through PL/Proxy (MCP''s resources/read): from the partition holding the project (PM404 from it for a project the caller cannot see; 08006 when it is out of reach).';
 
 CREATE OR REPLACE FUNCTION memory_proxy.project_names()
 RETURNS SETOF text
