@@ -105,9 +105,7 @@ def _count(conn: psycopg.Connection[Any], query: str, proxy: bool = False) -> in
 
 
 def _failed(conn: psycopg.Connection[Any], ids: list[int], error: str, proxy: bool) -> None:
-    conn.execute(
-        q(_query("outbox_failed", proxy)), {"ids": ids, "error": error[:MAX_ERROR_CHARS]}
-    )
+    conn.execute(q(_query("outbox_failed", proxy)), {"ids": ids, "error": error[:MAX_ERROR_CHARS]})
 
 
 def _push(
@@ -262,9 +260,7 @@ def _pages(conn: psycopg.Connection[Any], batch_size: int) -> Iterator[list[tupl
             yield rows
 
 
-def _proxy_pages(
-    conn: psycopg.Connection[Any], batch_size: int
-) -> Iterator[list[tuple[Any, ...]]]:
+def _proxy_pages(conn: psycopg.Connection[Any], batch_size: int) -> Iterator[list[tuple[Any, ...]]]:
     """Every partition's documents through a proxy, keyset-paged by global node ids (a
     partition out of reach fails the reindex: 08006)."""
     after = 0
