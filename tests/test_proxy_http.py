@@ -26,6 +26,7 @@ from starlette.requests import Request
 from conftest import free_port
 from doubles.opensearch_server import OpenSearchServer, run_opensearch_server
 from doubles.rerank_server import RerankServer, run_rerank_server, word_overlap
+from poimen_core.optimizer import optimize_query
 from poimen_memory import shard
 from poimen_memory.api.app import create_app
 from poimen_memory.api.auth import KeyRing
@@ -1123,3 +1124,54 @@ def test_mcp_reads_a_project_over_the_proxy_from_its_partition(
     code, status, data = got["read"]["poimen://projects/nope"]
     assert (code, status) == ("error", -32602)
     assert (data["error"], data["status"], data["sqlstate"]) == ("unknown_project", 404, "PM404")
+
+
+def test_a_query_naming_no_project_gives_each_partition_its_own_prefetched_semantic_leg(
+    sharded: Sharded,  # noqa: F811
+    embedder: LocalEmbedder,
+) -> None:
+    """memory._serve through => 'semantic' naming no project (what the service runs while
+    OpenSearch answers) runs every partition's semantic leg, by partition; the query
+    statement gives each partition its own back, and the answer is the one without them."""
+    text = QUERIES[1]
+    req = json.dumps({"query": text, "k": 12, "routing": optimize_query(text).to_dict()})
+    caps = json.dumps(
+        {"vector": True, "lexical": ["postgres"], "read_projects": "*", "write_projects": ""}
+    )
+    emb = embedder.embed_query(text)
+    serve = "SELECT memory._serve(%s::jsonb, %s::jsonb, %s, NULL, %s, %s::jsonb)"
+    with connect(sharded.proxy_url, autocommit=True) as p:
+        p.execute(f"SET ROLE {SERVICE_ROLE}")
+
+        def run(through: str, prefetched: dict[str, Any] | None) -> dict[str, Any]:
+            row = p.execute(
+                serve, (req, caps, emb, through, json.dumps(prefetched) if prefetched else None)
+            ).fetchone()
+            assert row is not None
+            doc: dict[str, Any] = row[0]
+            return doc
+
+        ahead = run("semantic", None)
+        assert set(ahead) == {"partitions"}
+        assert sorted(map(int, ahead["partitions"])) == list(range(PARTITIONS))
+        for leg in ahead["partitions"].values():
+            assert leg["semantic"]["ids"], leg
+        plain = run("answer", None)
+        taken = run("answer", {"calls": {}, "stages": {}, **ahead})
+        assert plain["results"] and strip_ids(taken["results"]) == strip_ids(plain["results"])
+        assert {x["project"] for x in plain["results"]} > {"poimen"}
+        # Each partition takes its own: poimen's, emptied, leaves poimen's results without a
+        # semantic rank, and the others' keep theirs.
+        part = str(sharded.projects["poimen"])
+        emptied = {**ahead["partitions"][part], "semantic": {"ids": [], "scores": []}}
+        changed = run(
+            "answer",
+            {"calls": {}, "stages": {}, "partitions": {**ahead["partitions"], part: emptied}},
+        )
+        where = _partition_of(sharded, [x["project"] for x in changed["results"]])
+        mine = [x for x in changed["results"] if where[x["project"]] == int(part)]
+        others = [x for x in changed["results"] if where[x["project"]] != int(part)]
+        assert mine and others
+        assert all(x["semantic_rank"] is None for x in mine)
+        assert any(x["semantic_rank"] is not None for x in others)
+        assert all(x["semantic_rank"] is not None for x in plain["results"])

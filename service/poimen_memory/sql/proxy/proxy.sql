@@ -757,23 +757,25 @@ COMMENT ON FUNCTION memory_proxy._merge_docs(jsonb[], integer[], integer, intege
 -- the documents in the reranker's order. The remote calls of both halves carry each
 -- partition's number (PL/Proxy's SPLIT: every partition gets its own element of the
 -- arrays), so an answer is known to be its partition's.
+-- The form with one prefetched for all (releases before each partition's own): gone.
+DROP FUNCTION IF EXISTS memory_proxy._serve_each(integer[], text, text, text, jsonb, jsonb, vector, jsonb, text, jsonb);
 CREATE OR REPLACE FUNCTION memory_proxy._serve_each(
-    on_parts integer[], read_projects text, write_projects text, api_key text,
-    req jsonb, caps jsonb, query_embedding vector, hits jsonb, through text, prefetched jsonb
+    on_parts integer[], prefetcheds jsonb[], read_projects text, write_projects text, api_key text,
+    req jsonb, caps jsonb, query_embedding vector, hits jsonb, through text
 )
 RETURNS TABLE (part integer, doc jsonb)
 LANGUAGE plproxy
 SET search_path = pg_catalog, pg_temp
 AS $$
     CLUSTER 'memory';
-    SPLIT on_parts;
+    SPLIT on_parts, prefetcheds;
     RUN ON on_parts;
     SELECT (on_parts)[1] AS part,
            memory_shard._serve(read_projects, write_projects, api_key, req, caps, query_embedding,
-                               hits, through, prefetched) AS doc;
+                               hits, through, (prefetcheds)[1]) AS doc;
 $$;
-COMMENT ON FUNCTION memory_proxy._serve_each(integer[], text, text, text, jsonb, jsonb, vector, jsonb, text, jsonb) IS
-    'memory._serve on the partitions on_parts at once (PL/Proxy SPLIT: each gets its own number), each answer with the partition that gave it.';
+COMMENT ON FUNCTION memory_proxy._serve_each(integer[], jsonb[], text, text, text, jsonb, jsonb, vector, jsonb, text) IS
+    'memory._serve on the partitions on_parts at once (PL/Proxy SPLIT: each gets its own number and its own element of prefetcheds, its legs run before or NULL), each answer with the partition that gave it.';
 
 CREATE OR REPLACE FUNCTION memory_proxy._serve_finish_each(
     on_parts integer[], states jsonb[], orders text[], reranks jsonb[],
@@ -795,9 +797,12 @@ $$;
 COMMENT ON FUNCTION memory_proxy._serve_finish_each(integer[], jsonb[], text[], jsonb[], text, text, text, jsonb, jsonb, vector) IS
     'memory._serve_finish on the partitions on_parts at once (PL/Proxy SPLIT), each with its own element of states, orders (a bigint[] as text: its own ids in the reranker''s order) and reranks ({"node_id": score} of its own ids), each answer with the partition that gave it.';
 
+-- The form without each partition's prefetched legs (releases before them): gone.
+DROP FUNCTION IF EXISTS memory_proxy._serve_parts(integer[], jsonb, jsonb, vector, jsonb, text, jsonb[], text[], jsonb[]);
 CREATE OR REPLACE FUNCTION memory_proxy._serve_parts(
     parts integer[], req jsonb, caps jsonb, query_embedding vector, hits jsonb, through text,
     states jsonb[] DEFAULT NULL, orders text[] DEFAULT NULL, reranks jsonb[] DEFAULT NULL,
+    prefetcheds jsonb[] DEFAULT NULL,
     OUT answered integer[], OUT docs jsonb[], OUT missing integer[])
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
@@ -806,9 +811,11 @@ DECLARE
     c record := memory_proxy._caller();
     i integer;
 BEGIN
-    -- memory._serve through => 'candidates' (through 'finish': memory._serve_finish with
-    -- states[i], orders[i], reranks[i]) on each partition parts[i]: all at once, else (one is
-    -- out of reach) each alone, to answer from the others and name the missing ones.
+    -- memory._serve through => through, with prefetcheds[i] (through 'finish':
+    -- memory._serve_finish with states[i], orders[i], reranks[i]) on each partition parts[i]:
+    -- all at once, else (one is out of reach) each alone, to answer from the others and name
+    -- the missing ones.
+    prefetcheds := coalesce(prefetcheds, pg_catalog.array_fill(NULL::jsonb, ARRAY[coalesce(cardinality(parts), 0)]));
     answered := '{}';
     docs := '{}';
     missing := '{}';
@@ -822,8 +829,8 @@ BEGIN
             ELSE
                 SELECT coalesce(array_agg(e.part ORDER BY e.part), '{}'), coalesce(array_agg(e.doc ORDER BY e.part), '{}')
                   INTO answered, docs
-                  FROM memory_proxy._serve_each(parts, c.read_projects, c.write_projects, c.api_key,
-                           req, caps, query_embedding, hits, through, NULL) e;
+                  FROM memory_proxy._serve_each(parts, prefetcheds, c.read_projects, c.write_projects,
+                           c.api_key, req, caps, query_embedding, hits, through) e;
             END IF;
             RETURN;
         EXCEPTION WHEN OTHERS THEN
@@ -838,7 +845,7 @@ BEGIN
             ELSE
                 -- SETOF: _serve is merged over partitions (one answer each)
                 docs := array_append(docs, (SELECT d FROM memory_proxy._serve_at(parts[i], NULL, req, caps,
-                    query_embedding, hits, through, NULL) d));
+                    query_embedding, hits, through, prefetcheds[i]) d));
             END IF;
             answered := array_append(answered, parts[i]);
         EXCEPTION WHEN OTHERS THEN
@@ -850,8 +857,8 @@ BEGIN
         PERFORM memory_proxy._none_reachable();
     END IF;
 END $$;
-COMMENT ON FUNCTION memory_proxy._serve_parts(integer[], jsonb, jsonb, vector, jsonb, text, jsonb[], text[], jsonb[]) IS
-    'memory._serve (through) or, through => ''finish'', memory._serve_finish (with states[i], orders[i], reranks[i]) on each partition parts[i], all at once (memory_proxy._serve_each, _serve_finish_each) unless one is out of reach: the partitions that answered, their documents, and those out of reach (08006 when all are).';
+COMMENT ON FUNCTION memory_proxy._serve_parts(integer[], jsonb, jsonb, vector, jsonb, text, jsonb[], text[], jsonb[], jsonb[]) IS
+    'memory._serve (through, with prefetcheds[i]: the partition''s legs run before, or NULL) or, through => ''finish'', memory._serve_finish (with states[i], orders[i], reranks[i]) on each partition parts[i], all at once (memory_proxy._serve_each, _serve_finish_each) unless one is out of reach: the partitions that answered, their documents, and those out of reach (08006 when all are).';
 
 CREATE OR REPLACE FUNCTION memory_proxy._merge_candidates(parts integer[], docs jsonb[], missing integer[])
 RETURNS jsonb
@@ -902,17 +909,34 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     project text := req ->> 'project';
+    parts integer[];
+    own jsonb[];
     got record;
 BEGIN
     caps := memory_proxy._caps(caps);
     IF project IS NULL THEN
+        parts := memory_proxy._route(NULL, caps ->> 'read_projects');
         IF through = 'semantic' THEN
-            RETURN '{}';  -- nothing prefetched over several partitions: each runs its own legs
-        ELSIF through = 'candidates' THEN
+            -- Each partition's semantic leg, run while the service calls OpenSearch (all at
+            -- once), by partition: the query statement gives each partition its own back.
+            got := memory_proxy._serve_parts(parts, req, caps, query_embedding, NULL, through);
+            RETURN jsonb_build_object('partitions', coalesce(
+                (SELECT jsonb_object_agg(x.part::text, x.doc) FROM unnest(got.answered, got.docs) AS x(part, doc)),
+                '{}'));
+        END IF;
+        -- Each partition's own prefetched legs (those of through => 'semantic'), or none.
+        own := ARRAY(SELECT prefetched -> 'partitions' -> (u.p::text)
+                     FROM unnest(parts) WITH ORDINALITY AS u(p, o) ORDER BY u.o);
+        IF through = 'candidates' THEN
             -- For a reranker over every partition: the candidates with global node ids.
-            got := memory_proxy._serve_parts(memory_proxy._route(NULL, caps ->> 'read_projects'),
-                req, caps, query_embedding, hits, through);
+            got := memory_proxy._serve_parts(parts, req, caps, query_embedding, hits, through,
+                                              prefetcheds => own);
             RETURN memory_proxy._merge_candidates(got.answered, got.docs, got.missing);
+        ELSIF jsonb_typeof(prefetched -> 'partitions') = 'object' THEN
+            got := memory_proxy._serve_parts(parts, req, caps, query_embedding, hits, through,
+                                              prefetcheds => own);
+            RETURN memory_proxy._merge_docs(got.docs, got.missing,
+                coalesce((got.docs[1] -> 'plan' ->> 'k')::integer, (req ->> 'k')::integer));
         END IF;
         prefetched := NULL;
     END IF;
@@ -927,7 +951,7 @@ BEGIN
         coalesce((got.got[1] -> 'plan' ->> 'k')::integer, (req ->> 'k')::integer));
 END $$;
 COMMENT ON FUNCTION memory._serve(jsonb, jsonb, vector, jsonb, text, jsonb) IS
-    'memory._serve of the partitions through PL/Proxy: with req.project, on the partition holding it (08006 when out of reach); without, on every partition holding the caller''s projects (all at once for *), their answers merged by memory_proxy._merge_docs with the unreachable ones named in degraded. Without a project, through => ''candidates'' (a reranker) gathers every partition''s candidates with global node ids (memory_proxy._merge_candidates), and through => ''semantic'' answers {} (each partition runs its own legs).';
+    'memory._serve of the partitions through PL/Proxy: with req.project, on the partition holding it (08006 when out of reach); without, on every partition holding the caller''s projects (all at once for *), their answers merged by memory_proxy._merge_docs with the unreachable ones named in degraded. Without a project, through => ''semantic'' runs every partition''s semantic leg (while the service calls OpenSearch) and answers {"partitions": {"<partition>": its prefetched legs}}, which prefetched gives back, each partition its own (memory_proxy._serve_parts); through => ''candidates'' (a reranker) gathers every partition''s candidates with global node ids (memory_proxy._merge_candidates).';
 
 CREATE OR REPLACE FUNCTION memory._serve_finish(
     req jsonb, caps jsonb, state jsonb, query_embedding vector, result_order bigint[], rerank jsonb
