@@ -881,6 +881,8 @@ def _os_env(server: OpenSearchServer, index: str) -> dict[str, str]:
         "POIMEN_OPENSEARCH_URL": server.url,
         "POIMEN_OPENSEARCH_INDEX": index,
         "POIMEN_OPENSEARCH_DRAIN_INTERVAL_S": "0.2",
+        # Batches of two: a drain walks several partitions' queues over several batches.
+        "POIMEN_OPENSEARCH_SYNC_BATCH": "2",
     }
 
 

@@ -172,7 +172,8 @@ SELECT depth FROM memory_proxy.outbox_state();
 SELECT nodes FROM memory_proxy.health();
 
 -- name: opensearch_docs_proxy
--- A page of documents above the global node id after; the node id first (the keyset).
+-- A page of documents, partition by partition, from the global node id after (the last of
+-- the page before, 0 first); the node id first (the keyset).
 SELECT node_id, sha256, body, title, breadcrumb, source, level, project
 FROM memory_proxy.opensearch_docs(%(after)s, %(limit)s);
 

@@ -1517,8 +1517,8 @@ COMMENT ON FUNCTION memory_proxy.health() IS
 -- holds the project (poimen_core.nodes.node_sha256), and a project lives on one partition,
 -- so no two partitions write one document. Each partition queues its own changes (its
 -- outbox, filled by its triggers); the service's drain (and `poimen-memory opensearch
--- sync`) reads them through the proxy a batch at a time, keyset-paged by global row ids
--- (memory_proxy._global_id, as the review queue's), and acknowledges them on their
+-- sync`) reads them through the proxy a batch at a time, partition by partition, keyset-
+-- paged by global row ids (memory_proxy._global_id), and acknowledges them on their
 -- partition. A remote call is a transaction of its own on the partition, so a batch's rows
 -- are not locked while OpenSearch takes them: two drainers over the proxy may send a batch
 -- twice, which rewrites the same documents (delivery is at least once, as on one database).
@@ -1550,50 +1550,48 @@ END $$;
 COMMENT ON FUNCTION memory.enable_outbox() IS
     'memory.enable_outbox on every partition through PL/Proxy: their OpenSearch outbox triggers on (08006 naming the partitions out of reach, after switching on the others).';
 
-CREATE OR REPLACE FUNCTION memory_proxy._outbox_rows(after bigint, lim integer)
+CREATE OR REPLACE FUNCTION memory_proxy.outbox_batch(after bigint, lim integer)
 RETURNS TABLE (row_id bigint, node_id bigint, op text, sha256 text, body text, title text,
                breadcrumb text[], source text, level text, project text)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    part integer;
+    last record := memory_proxy._local_id(coalesce(after, 0));
     parts integer[] := memory_proxy._targets((memory_proxy._caller()).read_projects);
+    part integer;
+    want integer := lim;
+    n integer;
     missing integer[] := '{}';
 BEGIN
-    -- Each partition's first lim rows above the bound after gives it: they hold the lim
-    -- smallest global ids of all (memory_proxy.outbox_batch keeps those).
+    -- Partition by partition, each in its own order: the rest of the queue of the partition
+    -- after (the last row's global id of the batch before, 0 first) names, then the next
+    -- partitions' from their start, until lim rows: one remote call a batch, mostly.
     FOREACH part IN ARRAY parts LOOP
+        CONTINUE WHEN part < last.part;
+        EXIT WHEN want <= 0;
         BEGIN
             RETURN QUERY
                 SELECT memory_proxy._global_id(part, x.row_id), x.node_id, x.op, x.sha256, x.body,
                        x.title, x.breadcrumb, x.source, x.level, x.project
-                FROM memory_proxy.outbox_batch_at(part, NULL, memory_proxy._local_after(after, part), lim) x;
+                FROM memory_proxy.outbox_batch_at(part, NULL,
+                         CASE WHEN part = last.part THEN last.id ELSE 0 END, want) x;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            want := want - n;
         EXCEPTION WHEN OTHERS THEN
             IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             missing := missing || part;
         END;
     END LOOP;
-    IF cardinality(missing) = cardinality(parts) THEN
+    IF cardinality(missing) > 0 AND cardinality(missing) = cardinality(ARRAY(SELECT u FROM unnest(parts) u WHERE u >= last.part)) THEN
         PERFORM memory_proxy._none_reachable();
     ELSIF cardinality(missing) > 0 THEN
         RAISE WARNING 'degraded: partitions % are unreachable; their OpenSearch outbox waits', missing
             USING HINT = '`poimen-memory shard status` names their servers.';
     END IF;
 END $$;
-COMMENT ON FUNCTION memory_proxy._outbox_rows(bigint, integer) IS
-    'Each reachable partition''s first lim OpenSearch outbox rows above the global row id after (memory_proxy._local_after), row ids global; a WARNING names the partitions out of reach (08006 when all are).';
-
-CREATE OR REPLACE FUNCTION memory_proxy.outbox_batch(after bigint, lim integer)
-RETURNS TABLE (row_id bigint, node_id bigint, op text, sha256 text, body text, title text,
-               breadcrumb text[], source text, level text, project text)
-LANGUAGE sql VOLATILE PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT * FROM memory_proxy._outbox_rows(after, lim) r ORDER BY r.row_id LIMIT lim;
-$$;
 COMMENT ON FUNCTION memory_proxy.outbox_batch(bigint, integer) IS
-    'The OpenSearch drain''s batch over the partitions (queries.sql outbox_batch_after_proxy): the lim outbox rows with the smallest global row ids (memory_proxy._global_id) above after, each with its node''s document (node_id the partition''s own); not locked (a remote call ends its transaction).';
+    'The OpenSearch drain''s batch over the partitions (queries.sql outbox_batch_after_proxy): up to lim outbox rows, each with its node''s document (node_id the partition''s own) and a global row id (memory_proxy._global_id), partition by partition from the one after names (after: the last row id of the batch before, 0 first), each in its own order; not locked (a remote call ends its transaction); a WARNING names the partitions out of reach (08006 when all it asked are).';
 
 CREATE OR REPLACE FUNCTION memory_proxy._outbox_each(ids bigint[], error text)
 RETURNS bigint
@@ -1676,34 +1674,32 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    last record := memory_proxy._local_id(coalesce(after, 0));
     part integer;
-    got jsonb := '[]';
+    want integer := lim;
+    n integer;
 BEGIN
-    -- Each partition's first lim nodes above the bound after gives it, the lim smallest
-    -- global node ids kept: a page of `opensearch reindex` over every partition. One out of
-    -- reach fails the page (a reindex that skipped it would lose its documents).
-    FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
+    -- A page of `opensearch reindex`: partition by partition, each in node id order, from
+    -- the partition after (the last node's global id of the page before, 0 first) names. One
+    -- out of reach fails the page (a reindex that skipped it would lose its documents).
+    FOR part IN last.part .. memory_proxy.partitions() - 1 LOOP
+        EXIT WHEN want <= 0;
         BEGIN
-            got := got || coalesce((SELECT jsonb_agg(to_jsonb(x) || jsonb_build_object(
-                                        'node_id', memory_proxy._global_id(part, x.node_id)))
-                                    FROM memory_proxy.opensearch_docs_at(part, NULL,
-                                        memory_proxy._local_after(after, part), lim) x), '[]');
+            RETURN QUERY
+                SELECT memory_proxy._global_id(part, x.node_id), x.sha256, x.body, x.title,
+                       x.breadcrumb, x.source, x.level, x.project
+                FROM memory_proxy.opensearch_docs_at(part, NULL,
+                         CASE WHEN part = last.part THEN last.id ELSE 0 END, want) x;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            want := want - n;
         EXCEPTION WHEN OTHERS THEN
             IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             PERFORM memory_proxy._down_over(part, 'an OpenSearch reindex does not skip one', SQLERRM);
         END;
     END LOOP;
-    RETURN QUERY
-        SELECT (d.v ->> 'node_id')::bigint, d.v ->> 'sha256', d.v ->> 'body', d.v ->> 'title',
-               CASE WHEN jsonb_typeof(d.v -> 'breadcrumb') = 'array'
-                    THEN ARRAY(SELECT jsonb_array_elements_text(d.v -> 'breadcrumb')) END,
-               d.v ->> 'source', d.v ->> 'level', d.v ->> 'project'
-        FROM jsonb_array_elements(got) AS d(v)
-        ORDER BY (d.v ->> 'node_id')::bigint
-        LIMIT lim;
 END $$;
 COMMENT ON FUNCTION memory_proxy.opensearch_docs(bigint, integer) IS
-    'A page of `poimen-memory opensearch reindex` over the partitions (queries.sql opensearch_docs_proxy): the lim nodes with the smallest global node ids (memory_proxy._global_id) above after, as OpenSearch documents; 08006 when a partition is out of reach.';
+    'A page of `poimen-memory opensearch reindex` over the partitions (queries.sql opensearch_docs_proxy): up to lim nodes as OpenSearch documents, node ids global (memory_proxy._global_id), partition by partition from the one after names (after: the last node id of the page before, 0 first), each in node id order; 08006 when a partition is out of reach.';
 
 -- MCP's resources/read of a project: its summary from its partition.
 CREATE OR REPLACE FUNCTION memory._project_summary(p_project text)
