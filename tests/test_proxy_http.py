@@ -10,6 +10,7 @@ over all."""
 from __future__ import annotations
 
 import base64
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -23,20 +24,27 @@ import uvicorn
 from starlette.requests import Request
 
 from conftest import free_port
+from doubles.opensearch_server import OpenSearchServer, run_opensearch_server
 from doubles.rerank_server import RerankServer, run_rerank_server, word_overlap
+from poimen_core.optimizer import optimize_query
 from poimen_memory import shard
 from poimen_memory.api.app import create_app
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.db.connect import connect, ensure_service_login
 from poimen_memory.db.queries import q
 from poimen_memory.embedders.local import LocalEmbedder
+from poimen_memory.ingest.outbox import reindex
 from poimen_memory.settings import Settings
+from poimen_memory.upstreams.opensearch import OpenSearchEngine
 from service_client import make_key
+from test_mcp import _resources, _summaries, over_http
 from test_proxy import (  # noqa: F401 (sharded: the module's fixture)
     PARTITIONS,
     QUERIES,
     SERVICE_ROLE,
     Sharded,
+    fixture_nodes,
+    renamed,
     sharded,
     strip_ids,
     where_is,
@@ -857,3 +865,315 @@ def test_a_stopped_shard_degrades_a_reranked_query_naming_no_project(
         if not [d for d in r.json()["degraded"] if d["stage"] == "shard"]:
             break
     assert not [d for d in r.json()["degraded"] if d["stage"] == "shard"], r.json()["degraded"]
+
+
+# -- OpenSearch over the proxy -------------------------------------------------------------
+
+OS_PROXY_INDEX = "pm-proxy"
+OS_REF_INDEX = "pm-ref"
+# A project of the module's own for comparisons with the reference database, written to both
+# sides alike (the other tests of the module change poimen's and atlas' nodes on the proxy).
+OS_PROJECT = "osref"
+
+
+def _os_env(server: OpenSearchServer, index: str) -> dict[str, str]:
+    return {
+        "POIMEN_OPENSEARCH_URL": server.url,
+        "POIMEN_OPENSEARCH_INDEX": index,
+        "POIMEN_OPENSEARCH_DRAIN_INTERVAL_S": "0.2",
+        # Batches of two: a drain walks several partitions' queues over several batches.
+        "POIMEN_OPENSEARCH_SYNC_BATCH": "2",
+    }
+
+
+def _partition_nodes(sharded: Sharded) -> dict[str, tuple[str, int]]:  # noqa: F811
+    """Every node of every partition, as the partitions' owner: sha256 -> (project, part)."""
+    out: dict[str, tuple[str, int]] = {}
+    with psycopg.connect(sharded.proxy_url) as p:
+        parts = shard.partitions(p)
+    for pt in parts:
+        with psycopg.connect(pt.admin("postgres")) as c:
+            for sha, project in c.execute(
+                "SELECT encode(n.sha256, 'hex'), p.name FROM memory.nodes n"
+                " JOIN memory.projects p ON p.id = n.project_id"
+            ):
+                assert sha not in out, (sha, project, pt.number)  # never on two partitions
+                out[sha] = (project, pt.number)
+    return out
+
+
+def _outbox_depths(sharded: Sharded) -> list[int]:  # noqa: F811
+    with psycopg.connect(sharded.proxy_url) as p:
+        parts = shard.partitions(p)
+    depths = []
+    for pt in parts:
+        with psycopg.connect(pt.admin("postgres")) as c:
+            depths.append(
+                int(c.execute("SELECT count(*) FROM memory.opensearch_outbox").fetchone()[0])
+            )  # type: ignore[index]
+    return depths
+
+
+def _wait_for(check: Any, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def searched(
+    sharded: Sharded,  # noqa: F811
+    embedder: LocalEmbedder,
+) -> Iterator[tuple[httpx.Client, httpx.Client, OpenSearchServer]]:
+    """(over the proxy, over the reference database, the OpenSearch double both use): each
+    service its own index, rebuilt first by `opensearch reindex`'s code (the proxy's over
+    its partitions), then fed by the service's own drain of the outboxes."""
+    nodes = renamed(fixture_nodes(), "poimen", OS_PROJECT)
+    with connect(sharded.reference_url, autocommit=True) as ref:
+        ensure_service_login(ref, SERVICE_ROLE)
+        ref.execute("SELECT set_config('poimen.api_key', '41', false)")
+        ref.execute("SELECT memory.add_nodes(%s)", (json.dumps(nodes),))
+    with psycopg.connect(sharded.proxy_url, autocommit=True) as p:
+        p.execute("SELECT set_config('poimen.write_projects', '*', false)")
+        p.execute("SELECT set_config('poimen.read_projects', '*', false)")
+        p.execute("SELECT set_config('poimen.api_key', '41', false)")
+        p.execute("SELECT memory.add_nodes(%s)", (json.dumps(nodes),))
+    with run_opensearch_server() as server:
+        for url, index in (
+            (sharded.proxy_url, OS_PROXY_INDEX),
+            (sharded.reference_url, OS_REF_INDEX),
+        ):
+            with (
+                connect(url, autocommit=True) as conn,
+                OpenSearchEngine(server.url, index) as engine,
+            ):
+                assert reindex(conn, engine, batch_size=50, progress=False) > 0
+        with (
+            http_service(
+                _as_service(sharded.proxy_url), embedder, _os_env(server, OS_PROXY_INDEX)
+            ) as proxied,
+            http_service(
+                _as_service(sharded.reference_url), embedder, _os_env(server, OS_REF_INDEX)
+            ) as one,
+        ):
+            yield proxied, one, server
+
+
+def test_every_partition_reindexes_into_one_index_without_collisions(
+    sharded: Sharded,  # noqa: F811
+    searched: tuple[httpx.Client, httpx.Client, OpenSearchServer],
+) -> None:
+    _, _, server = searched
+    nodes = _partition_nodes(sharded)
+    docs = server.docs(OS_PROXY_INDEX)
+    # One document a node of every partition, under its content hash, with its project: the
+    # same text in a project of each partition is a document of each.
+    assert set(docs) == set(nodes)
+    assert {d["project_id"] for d in docs.values()} == {p for p, _ in nodes.values()}
+    for sha, doc in docs.items():
+        assert doc["project_id"] == nodes[sha][0] and doc["sha256"] == sha
+    copies = {sha for sha, (project, _) in nodes.items() if project in sharded.projects}
+    assert len({nodes[s][1] for s in copies}) == PARTITIONS  # on every partition
+    poimen = sorted(d["content"] for d in docs.values() if d["project_id"] == "poimen")
+    for project in sharded.projects:
+        if project not in ("poimen", "atlas"):
+            # the copy of poimen's nodes: its texts, documents of their own
+            same = sorted(d["content"] for d in docs.values() if d["project_id"] == project)
+            assert same == poimen
+    # The reference's documents of the module's project are the proxy's, field by field.
+    ref = {k: v for k, v in server.docs(OS_REF_INDEX).items() if v["project_id"] == OS_PROJECT}
+    mine = {k: v for k, v in docs.items() if v["project_id"] == OS_PROJECT}
+    assert ref == mine and len(mine) == len(renamed(fixture_nodes(), "poimen", OS_PROJECT))
+
+
+def test_writes_through_the_proxy_reach_opensearch_through_its_drain(
+    sharded: Sharded,  # noqa: F811
+    searched: tuple[httpx.Client, httpx.Client, OpenSearchServer],
+) -> None:
+    proxied, _, server = searched
+    names = [f"os{i}" for i in range(6)]
+    where = _partition_of(sharded, names)
+    assert len(set(where.values())) > 1
+    batch = [
+        {"project": n, "id": f"{n}:1", "level": "L0", "text": f"zebra crossing number {i}"}
+        for i, n in enumerate(names)
+    ]
+    r = proxied.post("/memory/nodes", json=batch)
+    assert r.status_code == 201, r.text
+    shas = {}
+    for n in names:
+        got = proxied.get(f"/memory/nodes/{n}:1", params={"project": n})
+        assert got.status_code == 200, got.text
+        shas[n] = got.json()["sha256"]
+    docs = server.docs(OS_PROXY_INDEX)
+    _wait_for(lambda: set(shas.values()) <= set(docs), "the drain to index the writes")
+    for i, n in enumerate(names):
+        doc = docs[shas[n]]
+        assert (doc["project_id"], doc["content"], doc["level"]) == (
+            n,
+            f"zebra crossing number {i}",
+            "L0",
+        )
+    # Nothing of it went to the reference's index.
+    assert not set(shas.values()) & set(server.docs(OS_REF_INDEX))
+    # A new version replaces the document; a forgotten node's goes.
+    r = proxied.post(
+        "/memory/nodes",
+        json=[{"project": "os0", "id": "os0:1", "level": "L0", "text": "zebra crossing, moved"}],
+    )
+    assert r.status_code == 201, r.text
+    new = proxied.get("/memory/nodes/os0:1", params={"project": "os0"}).json()["sha256"]
+    assert new != shas["os0"]
+    r = proxied.delete("/memory/nodes/os1:1", params={"project": "os1", "reason": "test"})
+    assert r.status_code == 200, r.text
+    _wait_for(
+        lambda: new in docs and shas["os0"] not in docs and shas["os1"] not in docs,
+        "the drain to replace and delete documents",
+    )
+    assert docs[new]["content"] == "zebra crossing, moved"
+    # Every partition's outbox drained, and /healthz and /metrics say so over the proxy.
+    _wait_for(lambda: _outbox_depths(sharded) == [0] * PARTITIONS, "empty outboxes")
+    db = proxied.get("/healthz").json()["checks"]["database"]
+    assert db["outbox"] == {"depth": 0, "lag_s": 0.0}
+    assert "poimen_opensearch_outbox_backlog 0.0" in proxied.get("/metrics").text
+
+
+def test_a_named_project_with_opensearch_answers_as_one_database(
+    searched: tuple[httpx.Client, httpx.Client, OpenSearchServer],
+) -> None:
+    proxied, one, server = searched
+    compared = 0
+    for query in QUERIES:
+        for strategy in (None, "LexicalOnly"):
+            params = {"query": query, "project": OS_PROJECT, "level": LEVELS, "limit": 8}
+            if strategy:
+                params["strategy"] = strategy
+            server.requests.clear()
+            a = proxied.get("/memory/query", params=params)
+            b = one.get("/memory/query", params=params)
+            assert a.status_code == b.status_code == 200, (a.text, b.text)
+            assert a.json()["plan"]["engines"]["lexical"] == "opensearch"
+            assert comparable(a.json()) == comparable(b.json())
+            # Each asked its own index, filtered to the project.
+            searches = server.requests_to("/_search")
+            assert sorted(s.path for s in searches) == [
+                f"/{OS_PROXY_INDEX}/_search",
+                f"/{OS_REF_INDEX}/_search",
+            ]
+            for s in searches:
+                assert {"term": {"project_id": OS_PROJECT}} in s.body["query"]["bool"]["filter"]
+            compared += sum(1 for x in a.json()["results"] if x["lexical_rank"])
+    assert compared > 0
+
+
+def test_a_query_naming_no_project_gives_each_partition_its_own_opensearch_hits(
+    sharded: Sharded,  # noqa: F811
+    searched: tuple[httpx.Client, httpx.Client, OpenSearchServer],
+) -> None:
+    proxied, _, server = searched
+    nodes = _partition_nodes(sharded)
+    for strategy in ("LexicalOnly", None):
+        params = {"query": QUERIES[1], "level": LEVELS, "limit": 20}
+        if strategy:
+            params["strategy"] = strategy
+        server.requests.clear()
+        r = proxied.get("/memory/query", params=params)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["plan"]["engines"]["lexical"] == "opensearch"
+        assert not [d for d in body["degraded"] if d["stage"] in ("lexical", "shard")]
+        (sent,) = server.requests_to("/_search")
+        assert not [f for f in sent.body["query"]["bool"]["filter"] if "term" in f]
+        hits = server.search(OS_PROXY_INDEX, sent.body, source=False)["hits"]["hits"]
+        # A partition's lexical leg is its own hits, in OpenSearch's order: a result's
+        # lexical rank is its place among the hits on its partition, its score the hit's.
+        by_part: dict[int, list[str]] = {}
+        for h in hits:
+            by_part.setdefault(nodes[h["_id"]][1], []).append(h["_id"])
+        score = {h["_id"]: h["_score"] for h in hits}
+        results = body["results"]
+        assert results
+        lexical = [x for x in results if x["lexical_rank"]]
+        assert len({nodes[x["sha256"]][1] for x in lexical}) > 1
+        for x in lexical:
+            part = nodes[x["sha256"]][1]
+            assert x["lexical_rank"] == by_part[part].index(x["sha256"]) + 1, x
+            assert x["lexical_score"] == score[x["sha256"]]
+        if strategy == "LexicalOnly":
+            assert lexical == results
+        finals = [x["final_score"] for x in results]
+        assert finals == sorted(finals, reverse=True)
+
+
+def test_mcp_reads_a_project_over_the_proxy_from_its_partition(
+    sharded: Sharded,  # noqa: F811
+    services: tuple[httpx.Client, httpx.Client],
+) -> None:
+    proxied, _ = services
+    base = str(proxied.base_url).rstrip("/")
+    uris = [f"poimen://projects/{p}" for p in ("atlas", "poimen")] + ["poimen://projects/nope"]
+    got = over_http(base, None, _resources(uris))
+    listed = {r.name for r in got["listed"]}
+    assert {"atlas", "poimen"} <= listed
+    with psycopg.connect(sharded.proxy_url) as p:
+        parts = shard.partitions(p)
+    for project in ("atlas", "poimen"):
+        url = parts[sharded.projects[project]].admin("postgres")
+        expected = _summaries(url)[project]
+        assert got["read"][f"poimen://projects/{project}"] == expected
+        assert expected["nodes"]["L0"] > 0
+    code, status, data = got["read"]["poimen://projects/nope"]
+    assert (code, status) == ("error", -32602)
+    assert (data["error"], data["status"], data["sqlstate"]) == ("unknown_project", 404, "PM404")
+
+
+def test_a_query_naming_no_project_gives_each_partition_its_own_prefetched_semantic_leg(
+    sharded: Sharded,  # noqa: F811
+    embedder: LocalEmbedder,
+) -> None:
+    """memory._serve through => 'semantic' naming no project (what the service runs while
+    OpenSearch answers) runs every partition's semantic leg, by partition; the query
+    statement gives each partition its own back, and the answer is the one without them."""
+    text = QUERIES[1]
+    req = json.dumps({"query": text, "k": 12, "routing": optimize_query(text).to_dict()})
+    caps = json.dumps(
+        {"vector": True, "lexical": ["postgres"], "read_projects": "*", "write_projects": ""}
+    )
+    emb = embedder.embed_query(text)
+    serve = "SELECT memory._serve(%s::jsonb, %s::jsonb, %s, NULL, %s, %s::jsonb)"
+    with connect(sharded.proxy_url, autocommit=True) as p:
+        p.execute(f"SET ROLE {SERVICE_ROLE}")
+
+        def run(through: str, prefetched: dict[str, Any] | None) -> dict[str, Any]:
+            row = p.execute(
+                serve, (req, caps, emb, through, json.dumps(prefetched) if prefetched else None)
+            ).fetchone()
+            assert row is not None
+            doc: dict[str, Any] = row[0]
+            return doc
+
+        ahead = run("semantic", None)
+        assert set(ahead) == {"partitions"}
+        assert sorted(map(int, ahead["partitions"])) == list(range(PARTITIONS))
+        for leg in ahead["partitions"].values():
+            assert leg["semantic"]["ids"], leg
+        plain = run("answer", None)
+        taken = run("answer", {"calls": {}, "stages": {}, **ahead})
+        assert plain["results"] and strip_ids(taken["results"]) == strip_ids(plain["results"])
+        assert {x["project"] for x in plain["results"]} > {"poimen"}
+        # Each partition takes its own: poimen's, emptied, leaves poimen's results without a
+        # semantic rank, and the others' keep theirs.
+        part = str(sharded.projects["poimen"])
+        emptied = {**ahead["partitions"][part], "semantic": {"ids": [], "scores": []}}
+        changed = run(
+            "answer",
+            {"calls": {}, "stages": {}, "partitions": {**ahead["partitions"], part: emptied}},
+        )
+        where = _partition_of(sharded, [x["project"] for x in changed["results"]])
+        mine = [x for x in changed["results"] if where[x["project"]] == int(part)]
+        others = [x for x in changed["results"] if where[x["project"]] != int(part)]
+        assert mine and others
+        assert all(x["semantic_rank"] is None for x in mine)
+        assert any(x["semantic_rank"] is not None for x in others)
+        assert all(x["semantic_rank"] is not None for x in plain["results"])

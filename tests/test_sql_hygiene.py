@@ -169,6 +169,7 @@ READER = {
     "_list_nodes",
     "count_nodes",
     "_count_nodes",
+    "_project_summary",
     "_nodes_where",
     "retention",
     "granted_all",

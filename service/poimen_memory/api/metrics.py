@@ -201,12 +201,11 @@ class _LiveCollector(Collector):
                 )
                 cur = await conn.execute(q("is_proxy"))
                 probe = await cur.fetchone()
-                row = None
-                if not (probe and probe[0]):
-                    # A proxy database has no outbox (docs/scaling.md#the-http-service-over-
-                    # the-proxy): up, with an empty backlog.
-                    cur = await conn.execute(q("outbox_depth"))
-                    row = await cur.fetchone()
+                # A proxy database: its partitions' outboxes summed (the reachable ones;
+                # docs/opensearch.md#over-a-pl-proxy-proxy).
+                proxy = bool(probe and probe[0])
+                cur = await conn.execute(q("outbox_depth_proxy" if proxy else "outbox_depth"))
+                row = await cur.fetchone()
             self.outbox = int(row[0]) if row else 0
             self.database_up = True
         except Exception as exc:  # a scrape reports the database as down, never fails

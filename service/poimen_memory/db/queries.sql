@@ -151,6 +151,32 @@ SELECT encode(n.sha256, 'hex'), n.text, n.title, n.breadcrumb, n.source, n.level
 FROM memory.nodes n JOIN memory.projects p ON p.id = n.project_id
 ORDER BY n.id;
 
+-- name: outbox_batch_after_proxy
+-- The OpenSearch drain and reindex over a PL/Proxy proxy (sql/proxy/proxy.sql,
+-- docs/opensearch.md#over-a-pl-proxy-proxy), the *_proxy statements: the same rows as
+-- outbox_batch_after, outbox_done, outbox_failed, outbox_depth, count_nodes and
+-- opensearch_docs, from every partition, row and node ids global (memory_proxy._global_id).
+SELECT row_id, node_id, op, sha256, body, title, breadcrumb, source, level, project
+FROM memory_proxy.outbox_batch(%(after)s, %(limit)s);
+
+-- name: outbox_done_proxy
+SELECT memory_proxy.outbox_done(%(ids)s::bigint[]);
+
+-- name: outbox_failed_proxy
+SELECT memory_proxy.outbox_failed(%(ids)s::bigint[], %(error)s);
+
+-- name: outbox_depth_proxy
+SELECT depth FROM memory_proxy.outbox_state();
+
+-- name: count_nodes_proxy
+SELECT nodes FROM memory_proxy.health();
+
+-- name: opensearch_docs_proxy
+-- A page of documents, partition by partition, from the global node id after (the last of
+-- the page before, 0 first); the node id first (the keyset).
+SELECT node_id, sha256, body, title, breadcrumb, source, level, project
+FROM memory_proxy.opensearch_docs(%(after)s, %(limit)s);
+
 -- name: health
 SELECT (SELECT count(*) FROM memory.nodes) AS nodes,
        (SELECT model FROM memory.embedding_model) AS embedding_model,
@@ -296,15 +322,7 @@ WHERE %(projects)s::text[] IS NULL OR p.name = ANY (%(projects)s::text[])
 ORDER BY p.name;
 
 -- name: project_summary
--- One project's summary for MCP's resources/read: its current nodes per level, the versions
--- that ended (superseded or forgotten), and the latest write (a version made or ended).
--- memory.project_id runs first, under row-level security: PM404 for a project the caller
--- cannot see, as for one that does not exist.
-SELECT (SELECT coalesce(jsonb_object_agg(c.level, c.n), '{}')
-        FROM (SELECT n.level, count(*) AS n FROM memory.nodes n
-              WHERE n.project_id = p.id AND n.expired_at IS NULL GROUP BY n.level) c) AS current,
-       (SELECT count(*) FROM memory.nodes n
-        WHERE n.project_id = p.id AND n.expired_at IS NOT NULL) AS ended,
-       (SELECT max(greatest(n.created_at, n.expired_at)) FROM memory.nodes n
-        WHERE n.project_id = p.id) AS latest_write
-FROM (SELECT memory.project_id(%(project)s) AS id) p;
+-- One project's summary for MCP's resources/read (sql/090_nodes.sql): its current nodes per
+-- level, the versions that ended (superseded or forgotten), and the latest write; PM404 for
+-- a project the caller cannot see. Over a proxy, from the project's partition.
+SELECT current, ended, latest_write FROM memory._project_summary(%(project)s);

@@ -4,18 +4,23 @@ Delivery is at least once: a batch's rows are locked (FOR UPDATE SKIP LOCKED, so
 can run side by side), pushed, and deleted in the same transaction only when OpenSearch
 acknowledged them. A crash between the push and the commit replays the rows, which is
 harmless because documents are keyed by content hash.
+
+Over a PL/Proxy proxy (docs/opensearch.md#over-a-pl-proxy-proxy) the same code drains every
+partition's outbox into the one index: the *_proxy statements read and acknowledge rows on
+their partitions, by global row ids, without holding row locks across the push.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from poimen_memory.db import tenant
 from poimen_memory.db.queries import q
 from poimen_memory.errors import OpenSearchUnavailable
 from poimen_memory.progress import Progress
@@ -78,17 +83,36 @@ def _op(row: tuple[Any, ...]) -> BulkOp | None:
     return BulkOp("index", sha, _doc(sha, text, title, breadcrumb, source, level, project))
 
 
-def _count(conn: psycopg.Connection[Any], query: str) -> int:
-    row = conn.execute(q(query)).fetchone()
-    return int(row[0]) if row else 0
+def _proxied(conn: psycopg.Connection[Any]) -> bool:
+    """Whether ``conn`` is a PL/Proxy proxy in front of partition databases. If so, the
+    session asserts every project (the drain and the reindex serve them all): a partition
+    shows a proxy's call only the projects it asserts."""
+    row = conn.execute(q("is_proxy")).fetchone()
+    if not (row and row[0]):
+        return False
+    tenant.assert_for_session(conn, tenant.ALL_PROJECTS)
+    return True
 
 
-def _failed(conn: psycopg.Connection[Any], ids: list[int], error: str) -> None:
-    conn.execute(q("outbox_failed"), {"ids": ids, "error": error[:MAX_ERROR_CHARS]})
+def _query(name: str, proxy: bool) -> str:
+    """The statement ``name``, or its variant over a proxy's partitions."""
+    return f"{name}_proxy" if proxy else name
+
+
+def _count(conn: psycopg.Connection[Any], query: str, proxy: bool = False) -> int:
+    row = conn.execute(q(_query(query, proxy))).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def _failed(conn: psycopg.Connection[Any], ids: list[int], error: str, proxy: bool) -> None:
+    conn.execute(q(_query("outbox_failed", proxy)), {"ids": ids, "error": error[:MAX_ERROR_CHARS]})
 
 
 def _push(
-    conn: psycopg.Connection[Any], engine: OpenSearchEngine, pending: dict[int, BulkOp]
+    conn: psycopg.Connection[Any],
+    engine: OpenSearchEngine,
+    pending: dict[int, BulkOp],
+    proxy: bool = False,
 ) -> tuple[dict[int, BulkOp], dict[int, BulkOp], str | None]:
     """One try at ``pending``: the rows that succeeded, those worth another try, and the
     reason when the whole request failed. Failed rows get attempts+1 and last_error."""
@@ -96,7 +120,7 @@ def _push(
         engine.ensure_index()
         results = engine.bulk(list(pending.values()))
     except OpenSearchUnavailable as exc:
-        _failed(conn, list(pending), str(exc))
+        _failed(conn, list(pending), str(exc), proxy)
         return {}, pending, str(exc)
     done: dict[int, BulkOp] = {}
     retry: dict[int, BulkOp] = {}
@@ -109,7 +133,7 @@ def _push(
         if res.retriable:
             retry[row_id] = op
     for error, ids in errors.items():
-        _failed(conn, ids, error)
+        _failed(conn, ids, error, proxy)
     return done, retry, None
 
 
@@ -135,12 +159,14 @@ def sync_outbox(
     started = time.monotonic()
     report = SyncReport()
     after, batches = 0, 0
-    total = _count(conn, "outbox_depth")
+    # Over a proxy: every partition's outbox, by global row ids (none locked meanwhile).
+    proxy = _proxied(conn)
+    total = _count(conn, "outbox_depth", proxy)
     with Progress(total, "opensearch sync", "rows", enabled=progress) as bar:
         while report.stopped is None and (max_batches is None or batches < max_batches):
             with conn.transaction():
                 rows = conn.execute(
-                    q("outbox_batch_after"), {"after": after, "limit": batch_size}
+                    q(_query("outbox_batch_after", proxy)), {"after": after, "limit": batch_size}
                 ).fetchall()
                 if not rows:
                     break
@@ -149,8 +175,10 @@ def sync_outbox(
                 ops = [(r[0], _op(r)) for r in rows]
                 orphans = [row_id for row_id, op in ops if op is None]
                 pending = {row_id: op for row_id, op in ops if op is not None}
-                done = _drain_batch(conn, engine, pending, max_attempts, backoff_base_s, report)
-                conn.execute(q("outbox_done"), {"ids": list(done) + orphans})
+                done = _drain_batch(
+                    conn, engine, pending, max_attempts, backoff_base_s, report, proxy
+                )
+                conn.execute(q(_query("outbox_done", proxy)), {"ids": list(done) + orphans})
             report.skipped += len(orphans)
             report.indexed += sum(1 for op in done.values() if op.op == "index")
             report.deleted += sum(1 for op in done.values() if op.op == "delete")
@@ -162,7 +190,7 @@ def sync_outbox(
             "documents they leave behind",
             report.skipped,
         )
-    report.remaining = _count(conn, "outbox_depth")
+    report.remaining = _count(conn, "outbox_depth", proxy)
     report.seconds = time.monotonic() - started
     return report
 
@@ -174,6 +202,7 @@ def _drain_batch(
     max_attempts: int,
     backoff_base_s: float,
     report: SyncReport,
+    proxy: bool = False,
 ) -> dict[int, BulkOp]:
     done: dict[int, BulkOp] = {}
     if not pending:
@@ -182,7 +211,7 @@ def _drain_batch(
         if attempt:
             # The rows stay locked while we wait, so a parallel drainer skips them.
             time.sleep(min(backoff_base_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
-        ok, pending, report.stopped = _push(conn, engine, pending)
+        ok, pending, report.stopped = _push(conn, engine, pending, proxy)
         done.update(ok)
         if not pending:
             break
@@ -201,17 +230,16 @@ def reindex(
     Queued outbox rows are left alone: replaying them afterwards rewrites identical
     documents, whereas deleting them could lose a node committed after our snapshot.
     """
-    total = _count(conn, "count_nodes")
+    proxy = _proxied(conn)
+    total = _count(conn, "count_nodes", proxy)
     engine.delete_index()
     engine.ensure_index()
     indexed, failed, first_error = 0, 0, None
     with (
         Progress(total, "opensearch reindex", "nodes", enabled=progress) as bar,
         conn.transaction(),  # a server-side cursor lives inside a transaction
-        conn.cursor(name="opensearch_reindex") as cur,
     ):
-        cur.execute(q("opensearch_docs"))
-        while rows := cur.fetchmany(batch_size):
+        for rows in _proxy_pages(conn, batch_size) if proxy else _pages(conn, batch_size):
             results = engine.bulk_index([_doc(*row) for row in rows])
             bad = [r for r in results if not r.ok]
             indexed += len(results) - len(bad)
@@ -222,6 +250,25 @@ def reindex(
     if failed:
         log.warning("reindex: %d of %d documents failed, first: %s", failed, total, first_error)
     return indexed
+
+
+def _pages(conn: psycopg.Connection[Any], batch_size: int) -> Iterator[list[tuple[Any, ...]]]:
+    """Every node's document, through a server-side cursor (inside a transaction)."""
+    with conn.cursor(name="opensearch_reindex") as cur:
+        cur.execute(q("opensearch_docs"))
+        while rows := cur.fetchmany(batch_size):
+            yield rows
+
+
+def _proxy_pages(conn: psycopg.Connection[Any], batch_size: int) -> Iterator[list[tuple[Any, ...]]]:
+    """Every partition's documents through a proxy, keyset-paged by global node ids (a
+    partition out of reach fails the reindex: 08006)."""
+    after = 0
+    while rows := conn.execute(
+        q("opensearch_docs_proxy"), {"after": after, "limit": batch_size}
+    ).fetchall():
+        after = rows[-1][0]
+        yield [row[1:] for row in rows]
 
 
 def enable_outbox(conn: psycopg.Connection[Any]) -> None:

@@ -297,3 +297,25 @@ BEGIN ATOMIC
 END;
 COMMENT ON FUNCTION memory.count_nodes(text, text, text, text, text, jsonb) IS
     'How many nodes memory.list_nodes would list with these filters over all its pages (the same visibility and WHERE clause, memory._listing_visibility and memory._nodes_where): current versions whose expiry has not passed, by project, level, source, since/until and filter (metadata containment). Row-level security applies.';
+
+-- MCP's resources/read of a project (api/operations.py project_summary): a function, so that
+-- a PL/Proxy proxy answers the same statement from the project's partition
+-- (sql/proxy/proxy.sql).
+CREATE OR REPLACE FUNCTION memory._project_summary(p_project text)
+RETURNS TABLE (current jsonb, ended bigint, latest_write timestamptz)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- memory.project_id runs first, under row-level security: PM404 for a project the
+    -- caller cannot see, as for one that does not exist.
+    SELECT (SELECT coalesce(jsonb_object_agg(c.level, c.n), '{}')
+            FROM (SELECT n.level, count(*) AS n FROM memory.nodes n
+                  WHERE n.project_id = p.id AND n.expired_at IS NULL GROUP BY n.level) c),
+           (SELECT count(*) FROM memory.nodes n
+            WHERE n.project_id = p.id AND n.expired_at IS NOT NULL),
+           (SELECT max(greatest(n.created_at, n.expired_at)) FROM memory.nodes n
+            WHERE n.project_id = p.id)
+    FROM (SELECT memory.project_id(p_project) AS id) p;
+$$;
+COMMENT ON FUNCTION memory._project_summary(text) IS
+    'One project''s summary for MCP''s resources/read: its current nodes per level ({"L0": n, ..}), the versions that ended (superseded or forgotten) and the latest write (a version made or ended); PM404 for a project the caller cannot see or that does not exist.';

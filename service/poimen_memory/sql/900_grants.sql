@@ -126,7 +126,7 @@ DECLARE
         'memory._nodes_where', 'memory.retention',
         'memory._rested_parents', 'memory._support_at', 'memory._support_valid_at',
         'memory._cites_superseded', 'memory.review_list', 'memory._review_rows',
-        'memory._review_limit'];
+        'memory._review_limit', 'memory._project_summary'];
     -- Functions that write content: the writer's (and so the service's, a writer).
     writer_functions text[] := ARRAY[
         'memory.add_nodes', 'memory._add_nodes', 'memory._write_nodes', 'memory._ensure_projects',

@@ -757,23 +757,25 @@ COMMENT ON FUNCTION memory_proxy._merge_docs(jsonb[], integer[], integer, intege
 -- the documents in the reranker's order. The remote calls of both halves carry each
 -- partition's number (PL/Proxy's SPLIT: every partition gets its own element of the
 -- arrays), so an answer is known to be its partition's.
+-- The form with one prefetched for all (releases before each partition's own): gone.
+DROP FUNCTION IF EXISTS memory_proxy._serve_each(integer[], text, text, text, jsonb, jsonb, vector, jsonb, text, jsonb);
 CREATE OR REPLACE FUNCTION memory_proxy._serve_each(
-    on_parts integer[], read_projects text, write_projects text, api_key text,
-    req jsonb, caps jsonb, query_embedding vector, hits jsonb, through text, prefetched jsonb
+    on_parts integer[], prefetcheds jsonb[], read_projects text, write_projects text, api_key text,
+    req jsonb, caps jsonb, query_embedding vector, hits jsonb, through text
 )
 RETURNS TABLE (part integer, doc jsonb)
 LANGUAGE plproxy
 SET search_path = pg_catalog, pg_temp
 AS $$
     CLUSTER 'memory';
-    SPLIT on_parts;
+    SPLIT on_parts, prefetcheds;
     RUN ON on_parts;
     SELECT (on_parts)[1] AS part,
            memory_shard._serve(read_projects, write_projects, api_key, req, caps, query_embedding,
-                               hits, through, prefetched) AS doc;
+                               hits, through, (prefetcheds)[1]) AS doc;
 $$;
-COMMENT ON FUNCTION memory_proxy._serve_each(integer[], text, text, text, jsonb, jsonb, vector, jsonb, text, jsonb) IS
-    'memory._serve on the partitions on_parts at once (PL/Proxy SPLIT: each gets its own number), each answer with the partition that gave it.';
+COMMENT ON FUNCTION memory_proxy._serve_each(integer[], jsonb[], text, text, text, jsonb, jsonb, vector, jsonb, text) IS
+    'memory._serve on the partitions on_parts at once (PL/Proxy SPLIT: each gets its own number and its own element of prefetcheds, its legs run before or NULL), each answer with the partition that gave it.';
 
 CREATE OR REPLACE FUNCTION memory_proxy._serve_finish_each(
     on_parts integer[], states jsonb[], orders text[], reranks jsonb[],
@@ -795,9 +797,12 @@ $$;
 COMMENT ON FUNCTION memory_proxy._serve_finish_each(integer[], jsonb[], text[], jsonb[], text, text, text, jsonb, jsonb, vector) IS
     'memory._serve_finish on the partitions on_parts at once (PL/Proxy SPLIT), each with its own element of states, orders (a bigint[] as text: its own ids in the reranker''s order) and reranks ({"node_id": score} of its own ids), each answer with the partition that gave it.';
 
+-- The form without each partition's prefetched legs (releases before them): gone.
+DROP FUNCTION IF EXISTS memory_proxy._serve_parts(integer[], jsonb, jsonb, vector, jsonb, text, jsonb[], text[], jsonb[]);
 CREATE OR REPLACE FUNCTION memory_proxy._serve_parts(
     parts integer[], req jsonb, caps jsonb, query_embedding vector, hits jsonb, through text,
     states jsonb[] DEFAULT NULL, orders text[] DEFAULT NULL, reranks jsonb[] DEFAULT NULL,
+    prefetcheds jsonb[] DEFAULT NULL,
     OUT answered integer[], OUT docs jsonb[], OUT missing integer[])
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
@@ -806,9 +811,11 @@ DECLARE
     c record := memory_proxy._caller();
     i integer;
 BEGIN
-    -- memory._serve through => 'candidates' (through 'finish': memory._serve_finish with
-    -- states[i], orders[i], reranks[i]) on each partition parts[i]: all at once, else (one is
-    -- out of reach) each alone, to answer from the others and name the missing ones.
+    -- memory._serve through => through, with prefetcheds[i] (through 'finish':
+    -- memory._serve_finish with states[i], orders[i], reranks[i]) on each partition parts[i]:
+    -- all at once, else (one is out of reach) each alone, to answer from the others and name
+    -- the missing ones.
+    prefetcheds := coalesce(prefetcheds, pg_catalog.array_fill(NULL::jsonb, ARRAY[coalesce(cardinality(parts), 0)]));
     answered := '{}';
     docs := '{}';
     missing := '{}';
@@ -822,8 +829,8 @@ BEGIN
             ELSE
                 SELECT coalesce(array_agg(e.part ORDER BY e.part), '{}'), coalesce(array_agg(e.doc ORDER BY e.part), '{}')
                   INTO answered, docs
-                  FROM memory_proxy._serve_each(parts, c.read_projects, c.write_projects, c.api_key,
-                           req, caps, query_embedding, hits, through, NULL) e;
+                  FROM memory_proxy._serve_each(parts, prefetcheds, c.read_projects, c.write_projects,
+                           c.api_key, req, caps, query_embedding, hits, through) e;
             END IF;
             RETURN;
         EXCEPTION WHEN OTHERS THEN
@@ -838,7 +845,7 @@ BEGIN
             ELSE
                 -- SETOF: _serve is merged over partitions (one answer each)
                 docs := array_append(docs, (SELECT d FROM memory_proxy._serve_at(parts[i], NULL, req, caps,
-                    query_embedding, hits, through, NULL) d));
+                    query_embedding, hits, through, prefetcheds[i]) d));
             END IF;
             answered := array_append(answered, parts[i]);
         EXCEPTION WHEN OTHERS THEN
@@ -850,8 +857,8 @@ BEGIN
         PERFORM memory_proxy._none_reachable();
     END IF;
 END $$;
-COMMENT ON FUNCTION memory_proxy._serve_parts(integer[], jsonb, jsonb, vector, jsonb, text, jsonb[], text[], jsonb[]) IS
-    'memory._serve (through) or, through => ''finish'', memory._serve_finish (with states[i], orders[i], reranks[i]) on each partition parts[i], all at once (memory_proxy._serve_each, _serve_finish_each) unless one is out of reach: the partitions that answered, their documents, and those out of reach (08006 when all are).';
+COMMENT ON FUNCTION memory_proxy._serve_parts(integer[], jsonb, jsonb, vector, jsonb, text, jsonb[], text[], jsonb[], jsonb[]) IS
+    'memory._serve (through, with prefetcheds[i]: the partition''s legs run before, or NULL) or, through => ''finish'', memory._serve_finish (with states[i], orders[i], reranks[i]) on each partition parts[i], all at once (memory_proxy._serve_each, _serve_finish_each) unless one is out of reach: the partitions that answered, their documents, and those out of reach (08006 when all are).';
 
 CREATE OR REPLACE FUNCTION memory_proxy._merge_candidates(parts integer[], docs jsonb[], missing integer[])
 RETURNS jsonb
@@ -902,17 +909,34 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     project text := req ->> 'project';
+    parts integer[];
+    own jsonb[];
     got record;
 BEGIN
     caps := memory_proxy._caps(caps);
     IF project IS NULL THEN
+        parts := memory_proxy._route(NULL, caps ->> 'read_projects');
         IF through = 'semantic' THEN
-            RETURN '{}';  -- nothing prefetched over several partitions: each runs its own legs
-        ELSIF through = 'candidates' THEN
+            -- Each partition's semantic leg, run while the service calls OpenSearch (all at
+            -- once), by partition: the query statement gives each partition its own back.
+            got := memory_proxy._serve_parts(parts, req, caps, query_embedding, NULL, through);
+            RETURN jsonb_build_object('partitions', coalesce(
+                (SELECT jsonb_object_agg(x.part::text, x.doc) FROM unnest(got.answered, got.docs) AS x(part, doc)),
+                '{}'));
+        END IF;
+        -- Each partition's own prefetched legs (those of through => 'semantic'), or none.
+        own := ARRAY(SELECT prefetched -> 'partitions' -> (u.p::text)
+                     FROM unnest(parts) WITH ORDINALITY AS u(p, o) ORDER BY u.o);
+        IF through = 'candidates' THEN
             -- For a reranker over every partition: the candidates with global node ids.
-            got := memory_proxy._serve_parts(memory_proxy._route(NULL, caps ->> 'read_projects'),
-                req, caps, query_embedding, hits, through);
+            got := memory_proxy._serve_parts(parts, req, caps, query_embedding, hits, through,
+                                              prefetcheds => own);
             RETURN memory_proxy._merge_candidates(got.answered, got.docs, got.missing);
+        ELSIF jsonb_typeof(prefetched -> 'partitions') = 'object' THEN
+            got := memory_proxy._serve_parts(parts, req, caps, query_embedding, hits, through,
+                                              prefetcheds => own);
+            RETURN memory_proxy._merge_docs(got.docs, got.missing,
+                coalesce((got.docs[1] -> 'plan' ->> 'k')::integer, (req ->> 'k')::integer));
         END IF;
         prefetched := NULL;
     END IF;
@@ -927,7 +951,7 @@ BEGIN
         coalesce((got.got[1] -> 'plan' ->> 'k')::integer, (req ->> 'k')::integer));
 END $$;
 COMMENT ON FUNCTION memory._serve(jsonb, jsonb, vector, jsonb, text, jsonb) IS
-    'memory._serve of the partitions through PL/Proxy: with req.project, on the partition holding it (08006 when out of reach); without, on every partition holding the caller''s projects (all at once for *), their answers merged by memory_proxy._merge_docs with the unreachable ones named in degraded. Without a project, through => ''candidates'' (a reranker) gathers every partition''s candidates with global node ids (memory_proxy._merge_candidates), and through => ''semantic'' answers {} (each partition runs its own legs).';
+    'memory._serve of the partitions through PL/Proxy: with req.project, on the partition holding it (08006 when out of reach); without, on every partition holding the caller''s projects (all at once for *), their answers merged by memory_proxy._merge_docs with the unreachable ones named in degraded. Without a project, through => ''semantic'' runs every partition''s semantic leg (while the service calls OpenSearch) and answers {"partitions": {"<partition>": its prefetched legs}}, which prefetched gives back, each partition its own (memory_proxy._serve_parts); through => ''candidates'' (a reranker) gathers every partition''s candidates with global node ids (memory_proxy._merge_candidates).';
 
 CREATE OR REPLACE FUNCTION memory._serve_finish(
     req jsonb, caps jsonb, state jsonb, query_embedding vector, result_order bigint[], rerank jsonb
@@ -1464,6 +1488,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     h record;
+    o record;
     part integer;
 BEGIN
     nodes := 0; scale_warnings := 0; outbox_depth := 0; outbox_lag_s := NULL;
@@ -1475,6 +1500,9 @@ BEGIN
             nodes := nodes + h.nodes;
             scale_warnings := scale_warnings + h.scale_warnings;
             embedding_model := coalesce(embedding_model, h.embedding_model);
+            SELECT * INTO o FROM memory_proxy.outbox_state_at(part, NULL);
+            outbox_depth := outbox_depth + o.depth;
+            outbox_lag_s := greatest(outbox_lag_s, o.lag_s);
         EXCEPTION WHEN OTHERS THEN
             IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             missing := missing || part;
@@ -1482,7 +1510,210 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION memory_proxy.health() IS
-    'What /healthz reads, over the partitions: nodes and scale warnings summed over the reachable ones (under the asserted projects), the first one''s embedding model, the partitions and those out of reach (no outbox through the proxy).';
+    'What /healthz reads, over the partitions: nodes, scale warnings and OpenSearch outbox rows summed over the reachable ones (nodes under the asserted projects), the age of the oldest outbox row of any, the first one''s embedding model, the partitions and those out of reach.';
+
+-- OpenSearch over the proxy (docs/opensearch.md#over-a-pl-proxy-proxy). One index holds
+-- every partition's documents: their _id is the node's content hash, whose canonical form
+-- holds the project (poimen_core.nodes.node_sha256), and a project lives on one partition,
+-- so no two partitions write one document. Each partition queues its own changes (its
+-- outbox, filled by its triggers); the service's drain (and `poimen-memory opensearch
+-- sync`) reads them through the proxy a batch at a time, partition by partition, keyset-
+-- paged by global row ids (memory_proxy._global_id), and acknowledges them on their
+-- partition. A remote call is a transaction of its own on the partition, so a batch's rows
+-- are not locked while OpenSearch takes them: two drainers over the proxy may send a batch
+-- twice, which rewrites the same documents (delivery is at least once, as on one database).
+
+CREATE OR REPLACE FUNCTION memory.enable_outbox()
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    part integer;
+    missing integer[] := '{}';
+BEGIN
+    FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
+        BEGIN
+            PERFORM memory_proxy.enable_outbox_at(part, NULL);
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
+            missing := missing || part;
+        END;
+    END LOOP;
+    -- Every partition, or an error: a partition whose triggers stayed off would never
+    -- queue its changes (the service's drain tries again, with its backoff).
+    IF cardinality(missing) > 0 THEN
+        RAISE EXCEPTION 'partitions % are unreachable: their OpenSearch outbox is not switched on', missing
+            USING ERRCODE = '08006', HINT = '`poimen-memory shard status` names their servers; the others are on.';
+    END IF;
+END $$;
+COMMENT ON FUNCTION memory.enable_outbox() IS
+    'memory.enable_outbox on every partition through PL/Proxy: their OpenSearch outbox triggers on (08006 naming the partitions out of reach, after switching on the others).';
+
+CREATE OR REPLACE FUNCTION memory_proxy.outbox_batch(after bigint, lim integer)
+RETURNS TABLE (row_id bigint, node_id bigint, op text, sha256 text, body text, title text,
+               breadcrumb text[], source text, level text, project text)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    last record := memory_proxy._local_id(coalesce(after, 0));
+    parts integer[] := memory_proxy._targets((memory_proxy._caller()).read_projects);
+    part integer;
+    want integer := lim;
+    n integer;
+    missing integer[] := '{}';
+BEGIN
+    -- Partition by partition, each in its own order: the rest of the queue of the partition
+    -- after (the last row's global id of the batch before, 0 first) names, then the next
+    -- partitions' from their start, until lim rows: one remote call a batch, mostly.
+    FOREACH part IN ARRAY parts LOOP
+        CONTINUE WHEN part < last.part;
+        EXIT WHEN want <= 0;
+        BEGIN
+            RETURN QUERY
+                SELECT memory_proxy._global_id(part, x.row_id), x.node_id, x.op, x.sha256, x.body,
+                       x.title, x.breadcrumb, x.source, x.level, x.project
+                FROM memory_proxy.outbox_batch_at(part, NULL,
+                         CASE WHEN part = last.part THEN last.id ELSE 0 END, want) x;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            want := want - n;
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
+            missing := missing || part;
+        END;
+    END LOOP;
+    IF cardinality(missing) > 0 AND cardinality(missing) = cardinality(ARRAY(SELECT u FROM unnest(parts) u WHERE u >= last.part)) THEN
+        PERFORM memory_proxy._none_reachable();
+    ELSIF cardinality(missing) > 0 THEN
+        RAISE WARNING 'degraded: partitions % are unreachable; their OpenSearch outbox waits', missing
+            USING HINT = '`poimen-memory shard status` names their servers.';
+    END IF;
+END $$;
+COMMENT ON FUNCTION memory_proxy.outbox_batch(bigint, integer) IS
+    'The OpenSearch drain''s batch over the partitions (queries.sql outbox_batch_after_proxy): up to lim outbox rows, each with its node''s document (node_id the partition''s own) and a global row id (memory_proxy._global_id), partition by partition from the one after names (after: the last row id of the batch before, 0 first), each in its own order; not locked (a remote call ends its transaction); a WARNING names the partitions out of reach (08006 when all it asked are).';
+
+CREATE OR REPLACE FUNCTION memory_proxy._outbox_each(ids bigint[], error text)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r record;
+    n bigint := 0;
+    missing integer[] := '{}';
+BEGIN
+    FOR r IN SELECT l.part, array_agg(l.id ORDER BY l.id) AS local_ids
+             FROM unnest(ids) AS g(id), memory_proxy._local_id(g.id) l
+             WHERE l.part BETWEEN 0 AND memory_proxy.partitions() - 1
+             GROUP BY l.part ORDER BY l.part
+    LOOP
+        BEGIN
+            n := n + CASE WHEN error IS NULL THEN memory_proxy.outbox_done_at(r.part, NULL, r.local_ids)
+                          ELSE memory_proxy.outbox_failed_at(r.part, NULL, r.local_ids, error) END;
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
+            missing := missing || r.part;
+        END;
+    END LOOP;
+    IF cardinality(missing) > 0 THEN
+        -- The rows stay queued: the next run sends them again (the same documents).
+        RAISE WARNING 'degraded: partitions % are unreachable; their outbox rows stay queued', missing
+            USING HINT = '`poimen-memory shard status` names their servers.';
+    END IF;
+    RETURN n;
+END $$;
+COMMENT ON FUNCTION memory_proxy._outbox_each(bigint[], text) IS
+    'The outbox rows ids (global, memory_proxy._global_id) on their partitions: deleted when error is NULL, else attempts + 1 and last_error; how many; a WARNING names the partitions out of reach, whose rows stay queued.';
+
+CREATE OR REPLACE FUNCTION memory_proxy.outbox_done(ids bigint[])
+RETURNS bigint
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+RETURN memory_proxy._outbox_each(ids, NULL);
+COMMENT ON FUNCTION memory_proxy.outbox_done(bigint[]) IS
+    'Deletes the outbox rows ids (global row ids of memory_proxy.outbox_batch) that OpenSearch acknowledged, on their partitions; how many (queries.sql outbox_done_proxy).';
+
+CREATE OR REPLACE FUNCTION memory_proxy.outbox_failed(ids bigint[], error text)
+RETURNS bigint
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+RETURN memory_proxy._outbox_each(ids, coalesce(error, 'failed'));
+COMMENT ON FUNCTION memory_proxy.outbox_failed(bigint[], text) IS
+    'Records a failed try (attempts + 1, last_error) on the outbox rows ids (global row ids of memory_proxy.outbox_batch), on their partitions; how many (queries.sql outbox_failed_proxy).';
+
+CREATE OR REPLACE FUNCTION memory_proxy.outbox_state(
+    OUT depth bigint, OUT lag_s double precision, OUT missing integer[])
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    o record;
+    part integer;
+BEGIN
+    depth := 0;
+    missing := '{}';
+    FOR part IN 0 .. memory_proxy.partitions() - 1 LOOP
+        BEGIN
+            SELECT * INTO o FROM memory_proxy.outbox_state_at(part, NULL);
+            depth := depth + o.depth;
+            lag_s := greatest(lag_s, o.lag_s);
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
+            missing := missing || part;
+        END;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION memory_proxy.outbox_state() IS
+    'The OpenSearch outbox over the partitions: rows queued on the reachable ones, the age of the oldest (seconds, NULL when none), and the partitions out of reach.';
+
+CREATE OR REPLACE FUNCTION memory_proxy.opensearch_docs(after bigint, lim integer)
+RETURNS TABLE (node_id bigint, sha256 text, body text, title text, breadcrumb text[],
+               source text, level text, project text)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    last record := memory_proxy._local_id(coalesce(after, 0));
+    part integer;
+    want integer := lim;
+    n integer;
+BEGIN
+    -- A page of `opensearch reindex`: partition by partition, each in node id order, from
+    -- the partition after (the last node's global id of the page before, 0 first) names. One
+    -- out of reach fails the page (a reindex that skipped it would lose its documents).
+    FOR part IN last.part .. memory_proxy.partitions() - 1 LOOP
+        EXIT WHEN want <= 0;
+        BEGIN
+            RETURN QUERY
+                SELECT memory_proxy._global_id(part, x.node_id), x.sha256, x.body, x.title,
+                       x.breadcrumb, x.source, x.level, x.project
+                FROM memory_proxy.opensearch_docs_at(part, NULL,
+                         CASE WHEN part = last.part THEN last.id ELSE 0 END, want) x;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            want := want - n;
+        EXCEPTION WHEN OTHERS THEN
+            IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
+            PERFORM memory_proxy._down_over(part, 'an OpenSearch reindex does not skip one', SQLERRM);
+        END;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION memory_proxy.opensearch_docs(bigint, integer) IS
+    'A page of `poimen-memory opensearch reindex` over the partitions (queries.sql opensearch_docs_proxy): up to lim nodes as OpenSearch documents, node ids global (memory_proxy._global_id), partition by partition from the one after names (after: the last node id of the page before, 0 first), each in node id order; 08006 when a partition is out of reach.';
+
+-- MCP's resources/read of a project: its summary from its partition.
+CREATE OR REPLACE FUNCTION memory._project_summary(p_project text)
+RETURNS TABLE (current jsonb, ended bigint, latest_write timestamptz)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM memory_proxy._need_project(p_project, 'memory._project_summary names one project.');
+    RETURN QUERY SELECT * FROM memory_proxy._project_summary_at(memory_proxy.partition_of(p_project),
+                                                                 p_project, p_project);
+END $$;
+COMMENT ON FUNCTION memory._project_summary(text) IS
+    'memory._project_summary through PL/Proxy (MCP''s resources/read): from the partition holding the project (PM404 from it for a project the caller cannot see; 08006 when it is out of reach).';
 
 CREATE OR REPLACE FUNCTION memory_proxy.project_names()
 RETURNS SETOF text
