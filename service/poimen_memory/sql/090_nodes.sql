@@ -303,11 +303,16 @@ COMMENT ON FUNCTION memory.count_nodes(text, text, text, text, text, jsonb) IS
 -- (sql/proxy/proxy.sql).
 CREATE OR REPLACE FUNCTION memory._project_summary(p_project text)
 RETURNS TABLE (current jsonb, ended bigint, latest_write timestamptz)
-LANGUAGE sql STABLE PARALLEL SAFE
+-- plpgsql, not sql: a SQL body is checked against memory.nodes when it is made, and sql/ is
+-- applied between migrations too (before expired_at, 0012), where it would fail.
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_column
+BEGIN
     -- memory.project_id runs first, under row-level security: PM404 for a project the
     -- caller cannot see, as for one that does not exist.
+    RETURN QUERY
     SELECT (SELECT coalesce(jsonb_object_agg(c.level, c.n), '{}')
             FROM (SELECT n.level, count(*) AS n FROM memory.nodes n
                   WHERE n.project_id = p.id AND n.expired_at IS NULL GROUP BY n.level) c),
@@ -316,6 +321,6 @@ AS $$
            (SELECT max(greatest(n.created_at, n.expired_at)) FROM memory.nodes n
             WHERE n.project_id = p.id)
     FROM (SELECT memory.project_id(p_project) AS id) p;
-$$;
+END $$;
 COMMENT ON FUNCTION memory._project_summary(text) IS
     'One project''s summary for MCP''s resources/read: its current nodes per level ({"L0": n, ..}), the versions that ended (superseded or forgotten) and the latest write (a version made or ended); PM404 for a project the caller cannot see or that does not exist.';
