@@ -136,6 +136,18 @@ def test_langchain_hybrid_returns_its_fusion_of_both_legs(fixture_url: str, embe
                     ).fetchall()
                 ][: 2 * k]
                 _same_ranking(got, _rrf([dense, sparse], 60, 0), k)
+        # Calls at once from several threads (bench-peers' throughput clients): each its own
+        # answer through the engine's event loop and pool, no error.
+        systems = peers.Systems(fixture_url, embedder, ["langchain"], None, peer)
+        backends = peers.Backends(fixture_url, "no_such_role")
+        try:
+            questions = [peers.Question(q["id"], q["text"], q.get("project")) for q in QUERIES]
+            w = peers.load_window(systems, "langchain", questions, False, 3, 3, 0.5, backends, None)
+        finally:
+            systems.close()
+            backends.close()
+        assert w.answers > 0 and w.errors == 0, w.error
+        assert w.database_ns > 0  # its pool's backends, found by application_name
     finally:
         peer.close()
 
@@ -182,7 +194,8 @@ def test_bench_peers_end_to_end(
     mem, docs = sets
     args = ["bench-peers", "--set", str(mem), "--set", str(docs), "--warmup", "1",
             "--systems", "supabase,poimen", "--cache", str(tmp_path / "cache"),
-            "--json", str(out), "--plot", str(png)]  # fmt: skip
+            "--json", str(out), "--plot", str(png),
+            "--clients", "2", "--seconds", "1", "--rounds", "1"]  # fmt: skip
     assert main(args) == 0
     r = json.loads(out.read_text())
     assert r["sets"]["mem"]["measure"] == "evidence recall"
@@ -197,10 +210,20 @@ def test_bench_peers_end_to_end(
             assert row["database_cpu_ms"] > 0  # the backends that served it were found
         assert s["systems"]["poimen"]["server_cpu_ms"] > 0
         assert s["systems"]["supabase"]["server_cpu_ms"] == 0
+        # The throughput phase: 2 clients a system, one 1-second window each.
+        tput = s["throughput"]
+        assert set(tput) == {"supabase", "poimen"}, name
+        for system, row in tput.items():
+            assert row["qps"] > 0 and row["errors"] == 0, (name, system, row)
+            assert (row["clients"], row["seconds"], row["rounds"]) == (2, 1, 1)
+            assert row["p95_ms"] >= row["p50_ms"] > 0 and row["cpu_ms"] > 0
+            assert row["best_peer"] == "supabase"
+        assert tput["poimen"]["server_cpu_ms"] > 0 == tput["supabase"]["server_cpu_ms"]
     # The peer cites what the evidence measure counts: its rows, at most --turns of them.
     assert r["sets"]["mem"]["systems"]["supabase"]["cited"] <= 20
     assert png.stat().st_size > 0
     printed = capsys.readouterr().out
     assert "Supabase hybrid_search" in printed and "poimen GET /memory/query" in printed
+    assert "throughput: 2 clients" in printed
     after = {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
     assert after == before  # its scratch database is gone

@@ -41,12 +41,27 @@ Cost, per question and system: wall time of the call, and CPU time (from /proc's
 nanoseconds) of the PostgreSQL backends that served it, of the server process (ours), and of
 this process around the call (the client: embedding the question for a peer, langchain's
 Python fusion, parsing).
+
+Throughput (``--clients N``, off by default): after that pass, each system in turn (the order
+rotating per round, ``--rounds``) gets N concurrent clients for ``--seconds``, each cycling
+through the set's questions from its own starting point, and reports queries a second
+(answers completed / the window), p50 and p95 latency under that load, errors, and CPU per
+query over the window (the same three parts). A client is a thread with its own connection:
+Supabase, a psycopg connection (the question embedded in that thread, as before); poimen, an
+HTTP connection to the server (the server embeds); langchain, the one store whose sync calls
+all run on the engine's single event-loop thread (``PGEngine``), N of them at a time over a
+SQLAlchemy pool of at least N connections (its pool is sized to the clients, so none is
+closed and reopened under load). Before each window every client asks one question, so the
+pools (langchain's, the server's) hold their connections before the clock starts. The
+server's per-client share (``POIMEN_HTTP_CLIENT_INFLIGHT``, 8) is raised to N when N is
+larger: the N threads come from one address, and are N clients, as the peers' are.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import http.client
@@ -56,6 +71,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -185,6 +201,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--database", help="reuse a database this command loaded (--keep-db)")
     p.add_argument("--keep-db", action="store_true")
     p.add_argument("--seed", type=int, default=0, help="bootstrap intervals' seed")
+    p.add_argument(
+        "--clients",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then a throughput phase: N concurrent clients per system (default: none)",
+    )
+    p.add_argument("--seconds", type=float, default=30.0, help="throughput window per system")
+    p.add_argument("--rounds", type=int, default=2, help="throughput rounds (medians over them)")
     p.add_argument("--json", type=Path, metavar="OUT")
     p.add_argument("--plot", type=Path, metavar="OUT.png")
     p.set_defaults(func=cmd_bench_peers)
@@ -427,7 +452,7 @@ class LangchainPeer:
     TABLE = "documents"
     SCHEMA = "peer_langchain"
 
-    def __init__(self, url: str, embedder: Any, dim: int) -> None:
+    def __init__(self, url: str, embedder: Any, dim: int, clients: int = 0) -> None:
         lp = importlib.import_module("langchain_postgres")
         hs = importlib.import_module("langchain_postgres.v2.hybrid_search_config")
         core = importlib.import_module("langchain_core.embeddings")
@@ -442,7 +467,11 @@ class LangchainPeer:
                 return [float(x) for x in embedder.embed_query(text)]
 
         self.embeddings = MiniLM()
-        self.engine = lp.PGEngine.from_connection_string(_sqlalchemy_url(url, LANGCHAIN_APP))
+        # SQLAlchemy's pool keeps 5 connections and closes any more when they come back:
+        # sized to the throughput's clients, none is reopened under load.
+        self.engine = lp.PGEngine.from_connection_string(
+            _sqlalchemy_url(url, LANGCHAIN_APP), pool_size=max(5, clients)
+        )
         self.config = hs.HybridSearchConfig(
             tsv_column="content_tsv",
             tsv_lang="pg_catalog.english",
@@ -551,6 +580,7 @@ class Systems:
     ) -> None:
         self.embedder = embedder
         self.names = list(names)
+        self.url, self.base = url, base
         self.by_db_id: dict[int, str] = {}
         self.by_sha: dict[str, str] = {}
         with connect(url, autocommit=True) as conn:
@@ -562,13 +592,39 @@ class Systems:
                 self.by_sha[str(sha)] = str(ext)
         self.supabase: psycopg.Connection[Any] | None = None
         if "supabase" in self.names:
-            self.supabase = psycopg.connect(url, autocommit=True, application_name=SUPABASE_APP)
-            register_vector(self.supabase)
+            self.supabase = self._supabase()
         self.langchain = langchain
         self.http: http.client.HTTPConnection | None = None
         if base is not None:
-            host, port = base.removeprefix("http://").split(":")
-            self.http = http.client.HTTPConnection(host, int(port), timeout=120)
+            self.http = self._http_connection(base)
+
+    def _supabase(self) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(self.url, autocommit=True, application_name=SUPABASE_APP)
+        register_vector(conn)
+        return conn
+
+    @staticmethod
+    def _http_connection(base: str) -> http.client.HTTPConnection:
+        host, port = base.removeprefix("http://").split(":")
+        return http.client.HTTPConnection(host, int(port), timeout=120)
+
+    def fork(self) -> Systems:
+        """The same systems on connections of their own: a throughput client's (langchain's
+        store is shared: its calls take connections from its engine's pool)."""
+        other = copy.copy(self)
+        other.supabase = self._supabase() if self.supabase is not None else None
+        other.http = self._http_connection(self.base) if self.base is not None else None
+        return other
+
+    def recover(self) -> None:
+        """After a failed call: a broken database connection is opened again, the HTTP
+        connection closed (the next request opens it again)."""
+        if self.supabase is not None and (self.supabase.broken or self.supabase.closed):
+            with contextlib.suppress(Exception):
+                self.supabase.close()
+            self.supabase = self._supabase()
+        if self.http is not None:
+            self.http.close()
 
     def call(self, system: str, q: Question, evidence: bool, turns: int) -> Answer:
         k = turns if evidence else 10
@@ -715,6 +771,187 @@ def summarize(tallies: Mapping[str, Tally], seed: int) -> dict[str, dict[str, An
     return out
 
 
+# -- throughput ---------------------------------------------------------------------------
+
+
+@dataclass
+class Window:
+    """One system's throughput window: N clients for S seconds."""
+
+    answers: int = 0
+    errors: int = 0
+    elapsed_s: float = 0.0
+    ms: list[float] = field(default_factory=list)
+    database_ns: int = 0
+    server_ns: int = 0
+    client_ns: int = 0
+    error: str | None = None
+
+    def row(self) -> dict[str, Any]:
+        n = max(self.answers, 1)
+        out: dict[str, Any] = {
+            "answers": self.answers,
+            "errors": self.errors,
+            "elapsed_s": self.elapsed_s,
+            "qps": self.answers / self.elapsed_s if self.elapsed_s > 0 else 0.0,
+            "p50_ms": statistics.median(self.ms) if self.ms else float("nan"),
+            "p95_ms": float(np.percentile(self.ms, 95)) if self.ms else float("nan"),
+            "database_cpu_ms": self.database_ns / n / 1e6,
+            "server_cpu_ms": self.server_ns / n / 1e6,
+            "client_cpu_ms": self.client_ns / n / 1e6,
+        }
+        out["cpu_ms"] = out["database_cpu_ms"] + out["server_cpu_ms"] + out["client_cpu_ms"]
+        if self.error is not None:
+            out["first_error"] = self.error
+        return out
+
+
+def load_window(
+    systems: Systems,
+    name: str,
+    questions: Sequence[Question],
+    evidence: bool,
+    turns: int,
+    clients: int,
+    seconds: float,
+    backends: Backends,
+    server_pid: int | None,
+) -> Window:
+    """``clients`` threads, each on connections of its own, asking ``name`` the questions in
+    turn (each from its own starting point) for ``seconds``; a call in flight at the end is
+    waited for and counted. Each client asks one question first, outside the window (the
+    pools open their connections). CPU over the window: the system's backends, the server
+    (ours), this process."""
+    forks: list[Systems] = []
+    try:
+        for _ in range(clients):
+            forks.append(systems.fork())
+        w = Window()
+        lock = threading.Lock()
+        gate = threading.Barrier(clients + 1)
+        deadline = [0.0]
+
+        def failed(c: int, exc: BaseException) -> None:
+            with lock:
+                w.errors += 1
+                if w.error is None:
+                    w.error = f"{type(exc).__name__}: {str(exc)[:300]}"
+            with contextlib.suppress(Exception):
+                forks[c].recover()
+
+        def client(c: int) -> None:
+            i = (c * len(questions)) // clients
+            gate.wait()  # the warm-up question, all clients at once
+            try:
+                forks[c].call(name, questions[i % len(questions)], evidence, turns)
+            except Exception as exc:  # counted; the client goes on
+                failed(c, exc)
+            i += 1
+            gate.wait()  # warmed up
+            gate.wait()  # the window opens
+            mine: list[float] = []
+            answers = 0
+            while time.perf_counter() < deadline[0]:
+                q = questions[i % len(questions)]
+                i += 1
+                t0 = time.perf_counter()
+                try:
+                    forks[c].call(name, q, evidence, turns)
+                except Exception as exc:  # counted; the client goes on
+                    failed(c, exc)
+                    continue
+                mine.append((time.perf_counter() - t0) * 1000)
+                answers += 1
+            with lock:
+                w.ms.extend(mine)
+                w.answers += answers
+
+        threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
+        for t in threads:
+            t.start()
+        try:
+            gate.wait()
+            gate.wait()
+            w.errors, w.error = 0, None  # the warm-up's failures are not the window's
+            pids = backends.pids(name)
+            db0 = Backends.cpu(pids)
+            srv0 = process_cpu_ns(server_pid) if server_pid and name.startswith("poimen") else 0
+            c0 = time.process_time_ns()
+            t0 = time.perf_counter()
+            deadline[0] = t0 + seconds
+            gate.wait()
+        except BaseException:
+            gate.abort()  # no client waits at the gate for ever
+            raise
+        for t in threads:
+            t.join()
+        w.elapsed_s = time.perf_counter() - t0
+        w.client_ns = time.process_time_ns() - c0
+        srv1 = process_cpu_ns(server_pid) if server_pid and name.startswith("poimen") else 0
+        w.server_ns = srv1 - srv0
+        db1 = Backends.cpu(set(pids) | set(backends.pids(name)))
+        w.database_ns = sum(v - db0.get(pid, 0) for pid, v in db1.items() if v)
+        return w
+    finally:
+        for f in forks:
+            f.close()
+
+
+def throughput(
+    data: EvalData,
+    systems: Systems,
+    backends: Backends,
+    server_pid: int | None,
+    turns: int,
+    clients: int,
+    seconds: float,
+    rounds: int,
+) -> dict[str, dict[str, Any]]:
+    """Every system's windows, ``rounds`` times, the order rotating; per system the medians
+    over rounds (errors: their sum), and ratios to the peer of most queries a second."""
+    evidence = evidence_set(data)
+    questions = [Question(q.id, q.text, q.project) for q in data.judged]
+    if not questions:
+        return {}
+    names = systems.names
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            w = load_window(
+                systems, name, questions, evidence, turns, clients, seconds, backends, server_pid
+            )
+            one = w.row()
+            runs[name].append(one)
+            print(
+                f"bench-peers: {data.dataset}: round {r + 1}/{rounds}, {name}:"
+                f" {one['qps']:.1f} q/s, {w.errors} errors",
+                file=sys.stderr,
+            )
+    # The server closed the idle keep-alive connection of the quality pass meanwhile
+    # (POIMEN_HTTP_KEEP_ALIVE_S): the next set's first call opens a new one.
+    systems.recover()
+    out: dict[str, dict[str, Any]] = {}
+    keys = ("qps", "p50_ms", "p95_ms", "cpu_ms", "database_cpu_ms", "server_cpu_ms",
+            "client_cpu_ms")  # fmt: skip
+    for name, rows in runs.items():
+        row: dict[str, Any] = {k: statistics.median([x[k] for x in rows]) for k in keys}
+        row["errors"] = sum(x["errors"] for x in rows)
+        row["answers"] = sum(x["answers"] for x in rows)
+        row.update(clients=clients, seconds=seconds, rounds=rounds, per_round=rows)
+        out[name] = row
+    peers = [n for n in out if n in ("supabase", "langchain")]
+    if peers:
+        best = max(peers, key=lambda n: out[n]["qps"])
+        ref = out[best]
+        for row in out.values():
+            row["best_peer"] = best
+            row["qps_over_best_peer"] = row["qps"] / max(ref["qps"], 1e-9)
+            row["p50_over_best_peer"] = row["p50_ms"] / max(ref["p50_ms"], 1e-9)
+            row["cpu_over_best_peer"] = row["cpu_ms"] / max(ref["cpu_ms"], 1e-9)
+    return out
+
+
 LABELS = {
     "supabase": "Supabase hybrid_search",
     "langchain": "langchain-postgres hybrid",
@@ -741,6 +978,31 @@ def print_table(result: Mapping[str, Any]) -> None:
                 "server CPU ms/q", "client CPU ms/q", "CPU ms/q", "p50 / supabase",
                 "CPU / supabase"]  # fmt: skip
         print(table(rows, head))
+        if "throughput" in s:
+            print_throughput(s["throughput"])
+
+
+def print_throughput(tput: Mapping[str, Mapping[str, Any]]) -> None:
+    first = next(iter(tput.values()), None)
+    if first is None:
+        return
+    best = first.get("best_peer")
+    print(
+        f"\nthroughput: {first['clients']} clients, {first['seconds']:g} s per system,"
+        f" medians of {first['rounds']} rounds" + (f"; against {LABELS[best]}" if best else "")
+    )
+    rows = []
+    for system, r in tput.items():
+        rows.append([
+            LABELS.get(system, system), round(r["qps"], 1), round(r["p50_ms"], 1),
+            round(r["p95_ms"], 1), r["errors"], round(r["database_cpu_ms"], 1),
+            round(r["server_cpu_ms"], 1), round(r["client_cpu_ms"], 1), round(r["cpu_ms"], 1),
+            round(r.get("qps_over_best_peer", float("nan")), 2),
+            round(r.get("cpu_over_best_peer", float("nan")), 2),
+        ])  # fmt: skip
+    head = ["system", "q/s", "p50 ms", "p95 ms", "errors", "db CPU ms/q", "server CPU ms/q",
+            "client CPU ms/q", "CPU ms/q", "q/s / best peer", "CPU / best peer"]  # fmt: skip
+    print(table(rows, head))
 
 
 def _sets(args: argparse.Namespace) -> list[Path]:
@@ -753,15 +1015,21 @@ def _sets(args: argparse.Namespace) -> list[Path]:
 
 
 @contextmanager
-def _server(service_url: str, wanted: bool) -> Iterator[tuple[str | None, int | None]]:
+def _server(
+    service_url: str, wanted: bool, clients: int = 0
+) -> Iterator[tuple[str | None, int | None]]:
     if not wanted:
         yield None, None
         return
     drop = ("POIMEN_RERANK_URL", "POIMEN_OPENSEARCH_URL")
+    env = {"POIMEN_DATABASE_URL": service_url, "POIMEN_EMBED_CACHE_SIZE": "0"}
+    if clients > Settings.from_env().http_client_inflight:
+        # the throughput's clients share one address: N clients, not one client's share
+        env["POIMEN_HTTP_CLIENT_INFLIGHT"] = str(clients)
     with (
         tempfile.TemporaryDirectory() as tmp,
         live_server_process(
-            {"POIMEN_DATABASE_URL": service_url, "POIMEN_EMBED_CACHE_SIZE": "0"},
+            env,
             Path(tmp) / "server.log",
             drop=drop,
         ) as (base, pid),
@@ -777,6 +1045,9 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
     unknown = set(names) - set(LABELS)
     if unknown:
         print(f"error: unknown systems {sorted(unknown)}", file=sys.stderr)
+        return 2
+    if args.clients < 0 or args.seconds <= 0 or args.rounds < 1:
+        print("error: --clients >= 0, --seconds > 0 and --rounds >= 1", file=sys.stderr)
         return 2
     if "langchain" in names and not langchain_available():
         print(
@@ -808,14 +1079,14 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
             langchain = None
             if "langchain" in names:
                 print("bench-peers: building langchain-postgres' store", file=sys.stderr)
-                langchain = LangchainPeer(url, embedder, embedder.dim)
+                langchain = LangchainPeer(url, embedder, embedder.dim, args.clients)
                 stack.callback(langchain.close)
                 result["load"]["langchain"] = langchain.build(url)
             with connect(url, autocommit=True) as conn:
                 ensure_service_login(conn, s.service_role)
             service_url = make_conninfo(url, user=s.service_role)
             base, pid = stack.enter_context(
-                _server(service_url, any(n.startswith("poimen") for n in names))
+                _server(service_url, any(n.startswith("poimen") for n in names), args.clients)
             )
             systems = Systems(url, embedder, names, base, langchain)
             stack.callback(systems.close)
@@ -833,6 +1104,11 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
                     "systems": summarize(tallies, args.seed),
                     "per_query": {n: t.per_query for n, t in tallies.items()},
                 }
+                if args.clients:
+                    result["sets"][data.dataset]["throughput"] = throughput(
+                        data, systems, backends, pid, args.turns, args.clients, args.seconds,
+                        args.rounds,
+                    )  # fmt: skip
     finally:
         if not args.database and not args.keep_db:
             drop_database(server, name)
