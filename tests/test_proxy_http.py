@@ -33,6 +33,7 @@ from poimen_memory.api.auth import KeyRing
 from poimen_memory.db.connect import connect, ensure_service_login
 from poimen_memory.db.queries import q
 from poimen_memory.embedders.local import LocalEmbedder
+from poimen_memory.errors import DatabaseUnavailable, Forbidden
 from poimen_memory.ingest.outbox import reindex
 from poimen_memory.settings import Settings
 from poimen_memory.upstreams.opensearch import OpenSearchEngine
@@ -988,6 +989,47 @@ def test_every_partition_reindexes_into_one_index_without_collisions(
     ref = {k: v for k, v in server.docs(OS_REF_INDEX).items() if v["project_id"] == OS_PROJECT}
     mine = {k: v for k, v in docs.items() if v["project_id"] == OS_PROJECT}
     assert ref == mine and len(mine) == len(renamed(fixture_nodes(), "poimen", OS_PROJECT))
+
+
+def test_a_reindex_that_would_miss_documents_leaves_the_index_as_it_is(
+    sharded: Sharded,  # noqa: F811
+    searched: tuple[httpx.Client, httpx.Client, OpenSearchServer],
+) -> None:
+    _, _, server = searched
+    before = server.docs(OS_PROXY_INDEX)
+    assert before
+    # A role the proxy forwards no projects for sees no partition's nodes: refused before
+    # the index is dropped (not "reindexed 0 nodes" over an empty index).
+    with psycopg.connect(sharded.proxy_url, autocommit=True) as p:
+        p.execute("DROP ROLE IF EXISTS reindexer")
+        p.execute("CREATE ROLE reindexer")
+    with (
+        connect(sharded.proxy_url, autocommit=True) as conn,
+        OpenSearchEngine(server.url, OS_PROXY_INDEX) as engine,
+        pytest.raises(Forbidden, match="cannot drain or reindex through the proxy"),
+    ):
+        conn.execute("SET ROLE reindexer")
+        reindex(conn, engine, batch_size=50, progress=False)
+    assert server.docs(OS_PROXY_INDEX) == before
+    # A partition out of reach: refused before the drop too, naming the partitions.
+    with psycopg.connect(sharded.proxy_url) as p:
+        parts = shard.partitions(p)
+    down = sharded.shards[0]
+    down_parts = sorted(
+        pt.number for pt in parts if f"port={down.port}" in pt.conninfo.replace("'", "")
+    )
+    down.stop()
+    try:
+        with (
+            connect(sharded.proxy_url, autocommit=True) as conn,
+            OpenSearchEngine(server.url, OS_PROXY_INDEX) as engine,
+            pytest.raises(DatabaseUnavailable) as err,
+        ):
+            reindex(conn, engine, batch_size=50, progress=False)
+        assert str(down_parts) in str(err.value)
+        assert server.docs(OS_PROXY_INDEX) == before
+    finally:
+        down.start(fast=True)
 
 
 def test_writes_through_the_proxy_reach_opensearch_through_its_drain(

@@ -169,7 +169,14 @@ SELECT memory_proxy.outbox_failed(%(ids)s::bigint[], %(error)s);
 SELECT depth FROM memory_proxy.outbox_state();
 
 -- name: count_nodes_proxy
-SELECT nodes FROM memory_proxy.health();
+-- The nodes of the reachable partitions, and the partitions out of reach (a reindex that
+-- would miss theirs must not drop the index first).
+SELECT nodes, missing FROM memory_proxy.health();
+
+-- name: proxy_trusted
+-- Whether this session's role is one the proxy forwards asserted projects for (a member of
+-- its service role): anyone else's calls see no partition's rows.
+SELECT memory_proxy._trusted();
 
 -- name: opensearch_docs_proxy
 -- A page of documents, partition by partition, from the global node id after (the last of

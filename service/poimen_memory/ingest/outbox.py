@@ -22,7 +22,7 @@ import psycopg
 
 from poimen_memory.db import tenant
 from poimen_memory.db.queries import q
-from poimen_memory.errors import OpenSearchUnavailable
+from poimen_memory.errors import DatabaseUnavailable, Forbidden, OpenSearchUnavailable
 from poimen_memory.progress import Progress
 from poimen_memory.upstreams.opensearch import BulkOp, Doc, OpenSearchEngine
 
@@ -90,6 +90,18 @@ def _proxied(conn: psycopg.Connection[Any]) -> bool:
     row = conn.execute(q("is_proxy")).fetchone()
     if not (row and row[0]):
         return False
+    # Only a member of the proxy's service role has its projects forwarded: anyone else
+    # would see no partition's nodes, and a reindex would drop the index and write none.
+    try:
+        trusted = conn.execute(q("proxy_trusted")).fetchone()
+    except psycopg.errors.InsufficientPrivilege:
+        trusted = None
+    if not (trusted and trusted[0]):
+        raise Forbidden(
+            "this role cannot drain or reindex through the proxy: the partitions show it no nodes",
+            hint="connect as the proxy's service role (the one `shard init` makes LOGIN), "
+            "as the service does (docs/opensearch.md)",
+        )
     tenant.assert_for_session(conn, tenant.ALL_PROJECTS)
     return True
 
@@ -231,7 +243,18 @@ def reindex(
     documents, whereas deleting them could lose a node committed after our snapshot.
     """
     proxy = _proxied(conn)
-    total = _count(conn, "count_nodes", proxy)
+    if proxy:
+        row = conn.execute(q("count_nodes_proxy")).fetchone()
+        total, missing = (int(row[0] or 0), list(row[1] or [])) if row else (0, [])
+        if missing:
+            # Checked before the index is dropped: a partition out of reach would leave
+            # its documents (and those of every partition after it) out of the new index.
+            raise DatabaseUnavailable(
+                f"partitions {missing} are unreachable: the index is left as it is",
+                hint="`poimen-memory shard status` names their servers; reindex once they are back",
+            )
+    else:
+        total = _count(conn, "count_nodes")
     engine.delete_index()
     engine.ensure_index()
     indexed, failed, first_error = 0, 0, None

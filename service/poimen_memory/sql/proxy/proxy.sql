@@ -1392,6 +1392,9 @@ DECLARE
 BEGIN
     IF project IS NOT NULL THEN
         part := memory_proxy.partition_of(project);
+        -- A claim writes (vt, claims): it waits while `shard move` copies the partition,
+        -- as every write does, so that it lands on the copy the move switches to.
+        PERFORM memory_proxy._write_lock(part);
         RETURN QUERY SELECT * FROM memory_proxy._review_global(part, ARRAY(
             SELECT x FROM memory_proxy.review_claim_at(part, project, project, "limit", visibility_timeout) x));
         RETURN;
@@ -1407,6 +1410,7 @@ BEGIN
     parts := parts[skip + 1:] || parts[:skip];
     FOREACH part IN ARRAY parts LOOP
         BEGIN
+            PERFORM memory_proxy._write_lock(part);
             got := got || ARRAY(SELECT g FROM memory_proxy._review_global(part, ARRAY(
                 SELECT x FROM memory_proxy.review_claim_at(part, NULL, NULL, want, visibility_timeout) x)) g);
         EXCEPTION WHEN OTHERS THEN
@@ -1609,6 +1613,8 @@ BEGIN
              GROUP BY l.part ORDER BY l.part
     LOOP
         BEGIN
+            -- Deletes and updates: they wait while `shard move` copies the partition.
+            PERFORM memory_proxy._write_lock(r.part);
             n := n + CASE WHEN error IS NULL THEN memory_proxy.outbox_done_at(r.part, NULL, r.local_ids)
                           ELSE memory_proxy.outbox_failed_at(r.part, NULL, r.local_ids, error) END;
         EXCEPTION WHEN OTHERS THEN
