@@ -34,7 +34,7 @@ from poimen_memory.db.connect import connect, ensure_service_login
 from poimen_memory.db.queries import q
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.errors import DatabaseUnavailable, Forbidden
-from poimen_memory.ingest.outbox import reindex
+from poimen_memory.ingest.outbox import reindex, sync_outbox
 from poimen_memory.settings import Settings
 from poimen_memory.upstreams.opensearch import OpenSearchEngine
 from service_client import make_key
@@ -1028,6 +1028,14 @@ def test_a_reindex_that_would_miss_documents_leaves_the_index_as_it_is(
             reindex(conn, engine, batch_size=50, progress=False)
         assert str(down_parts) in str(err.value)
         assert server.docs(OS_PROXY_INDEX) == before
+        # A drain meanwhile takes the others' rows and says whose it could not.
+        with (
+            connect(sharded.proxy_url, autocommit=True) as conn,
+            OpenSearchEngine(server.url, OS_PROXY_INDEX) as engine,
+        ):
+            report = sync_outbox(conn, engine, progress=False)
+        assert report.unreached == tuple(down_parts) and not report.complete, report
+        assert str(down_parts) in report.summary()
     finally:
         down.start(fast=True)
 

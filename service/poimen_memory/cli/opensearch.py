@@ -31,7 +31,7 @@ def cmd_opensearch(args: argparse.Namespace) -> int:
                 backoff_base_s=s.opensearch.backoff_s,
             )
             print(report)
-            return 0 if report.remaining == 0 else 4
+            return 0 if report.complete else 4
         n = reindex(conn, engine, batch_size=s.opensearch.sync_batch)
         print(f"reindexed {n} nodes")
     return 0

@@ -166,7 +166,9 @@ SELECT memory_proxy.outbox_done(%(ids)s::bigint[]);
 SELECT memory_proxy.outbox_failed(%(ids)s::bigint[], %(error)s);
 
 -- name: outbox_depth_proxy
-SELECT depth FROM memory_proxy.outbox_state();
+-- The rows queued on the reachable partitions, and the partitions out of reach (whose rows
+-- a run could not drain).
+SELECT depth, missing FROM memory_proxy.outbox_state();
 
 -- name: count_nodes_proxy
 -- The nodes of the reachable partitions, and the partitions out of reach (a reindex that

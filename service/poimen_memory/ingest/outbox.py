@@ -43,12 +43,22 @@ class SyncReport:
     """Rows whose node no longer exists: nothing left to index, and no _id to delete by."""
     stopped: str | None = None
     """Why the run gave up early (OpenSearch stayed unavailable); None when it finished."""
+    unreached: tuple[int, ...] = ()
+    """Over a proxy: the partitions out of reach, whose queued rows were neither drained
+    nor counted in ``remaining``."""
+
+    @property
+    def complete(self) -> bool:
+        """Nothing left queued anywhere this run could see, and nothing it could not."""
+        return self.remaining == 0 and not self.unreached
 
     def summary(self) -> str:
         text = (
             f"indexed {self.indexed}, deleted {self.deleted}, failed {self.failed}, "
             f"skipped {self.skipped}, remaining {self.remaining}, {self.seconds:.1f}s"
         )
+        if self.unreached:
+            text += f"; partitions out of reach, not drained: {list(self.unreached)}"
         return text + (f"; stopped: {self.stopped}" if self.stopped else "")
 
 
@@ -203,6 +213,9 @@ def sync_outbox(
             report.skipped,
         )
     report.remaining = _count(conn, "outbox_depth", proxy)
+    if proxy:
+        row = conn.execute(q("outbox_depth_proxy")).fetchone()
+        report.unreached = tuple(row[1] or ()) if row else ()
     report.seconds = time.monotonic() - started
     return report
 

@@ -1499,18 +1499,22 @@ BEGIN
     partitions := memory_proxy.partitions();
     missing := '{}';
     FOR part IN 0 .. partitions - 1 LOOP
+        -- Both calls first, then the totals: a variable assigned inside the block is not
+        -- rolled back when a later call there fails, so a partition lost between the two
+        -- would count in the totals and in missing at once.
         BEGIN
             SELECT * INTO h FROM memory_proxy.health_at(part, NULL);
-            nodes := nodes + h.nodes;
-            scale_warnings := scale_warnings + h.scale_warnings;
-            embedding_model := coalesce(embedding_model, h.embedding_model);
             SELECT * INTO o FROM memory_proxy.outbox_state_at(part, NULL);
-            outbox_depth := outbox_depth + o.depth;
-            outbox_lag_s := greatest(outbox_lag_s, o.lag_s);
         EXCEPTION WHEN OTHERS THEN
             IF NOT memory_proxy._unreachable(SQLERRM, SQLSTATE) THEN RAISE; END IF;
             missing := missing || part;
+            CONTINUE;
         END;
+        nodes := nodes + h.nodes;
+        scale_warnings := scale_warnings + h.scale_warnings;
+        embedding_model := coalesce(embedding_model, h.embedding_model);
+        outbox_depth := outbox_depth + o.depth;
+        outbox_lag_s := greatest(outbox_lag_s, o.lag_s);
     END LOOP;
 END $$;
 COMMENT ON FUNCTION memory_proxy.health() IS
