@@ -212,10 +212,13 @@ def sync_outbox(
             "documents they leave behind",
             report.skipped,
         )
-    report.remaining = _count(conn, "outbox_depth", proxy)
     if proxy:
+        # One call over the partitions for both: what remains, and where it could not look.
         row = conn.execute(q("outbox_depth_proxy")).fetchone()
+        report.remaining = int(row[0] or 0) if row else 0
         report.unreached = tuple(row[1] or ()) if row else ()
+    else:
+        report.remaining = _count(conn, "outbox_depth")
     report.seconds = time.monotonic() - started
     return report
 
