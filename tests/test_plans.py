@@ -921,3 +921,35 @@ def test_an_answer_compiles_nothing_just_in_time(synthetic: Conn) -> None:
             "EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM memory.nodes"
         ).fetchone()
     assert plan is not None and "JIT" in plan[0][0]
+
+
+def test_ending_a_version_reads_the_term_statistics_by_key(synthetic: Conn) -> None:
+    # The statement trigger drops the terms whose last current posting went by their key:
+    # it read every term of every project ("DELETE ... WHERE df = 0") at each statement
+    # that ended a version, a cost that grew with the store.
+    node = synthetic.execute(
+        "SELECT id FROM memory.nodes WHERE project_id = 1 AND text LIKE '% item42'"
+    ).fetchone()
+    assert node is not None
+    stats = (
+        "SELECT lexeme, df FROM memory.term_stats"
+        " WHERE project_id = 1 AND lexeme IN ('item42', 'topic42') ORDER BY 1"
+    )
+    before = dict(synthetic.execute(stats).fetchall())
+    assert before["item42"] == 1 and before["topic42"] > 1, before
+    with synthetic.transaction(force_rollback=True):
+        plans = _nested_plans(
+            synthetic,
+            "UPDATE memory.nodes SET expired_at = now(), end_reason = 'retired'"
+            " WHERE id = %s RETURNING id",
+            (node[0],),
+        )
+        # item42 is this node's word alone: its row went; topic42 is still another's
+        left = synthetic.execute(stats).fetchall()
+        assert left == [("topic42", before["topic42"] - 1)], left
+    roots = [json.loads(p[p.index("{") :])["Plan"] for p in plans if "{" in p]
+    reads = [
+        n for root in roots for n in _plan_nodes(root) if n.get("Relation Name") == "term_stats"
+    ]
+    assert reads, plans
+    assert not [n for n in reads if n["Node Type"] == "Seq Scan"], reads

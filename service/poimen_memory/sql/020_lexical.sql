@@ -42,6 +42,8 @@ AS $$
 DECLARE
     every boolean := TG_OP <> 'UPDATE';
     changed bigint[];  -- UPDATE: the rows whose statistics change
+    gone_projects integer[];  -- the terms whose last current posting went
+    gone_lexemes text[];
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
         TRUNCATE memory.postings, memory.term_stats, memory.corpus_stats;
@@ -65,13 +67,25 @@ BEGIN
         -- Sorted updates and upserts take row locks in one order, so concurrent writers
         -- cannot deadlock. Score bounds are never lowered here: they stay valid, possibly
         -- loose, until the term's last document goes and its row with them.
-        UPDATE memory.term_stats t SET df = t.df - d.cnt
-        FROM (SELECT o.project_id, u.lexeme, count(*) AS cnt
-              FROM old_rows o, unnest(o.tsv) u
-              WHERE o.expired_at IS NULL AND (every OR o.id = ANY (changed))
-              GROUP BY 1, 2 ORDER BY 1, 2) d
-        WHERE t.project_id = d.project_id AND t.lexeme = d.lexeme;
-        DELETE FROM memory.term_stats WHERE df = 0;
+        WITH counted AS (
+            UPDATE memory.term_stats t SET df = t.df - d.cnt
+            FROM (SELECT o.project_id, u.lexeme, count(*) AS cnt
+                  FROM old_rows o, unnest(o.tsv) u
+                  WHERE o.expired_at IS NULL AND (every OR o.id = ANY (changed))
+                  GROUP BY 1, 2 ORDER BY 1, 2) d
+            WHERE t.project_id = d.project_id AND t.lexeme = d.lexeme
+            RETURNING t.project_id, t.lexeme, t.df
+        )
+        SELECT array_agg(c.project_id), array_agg(c.lexeme) INTO gone_projects, gone_lexemes
+        FROM counted c WHERE c.df = 0;
+        -- Only a term this statement counted down can have reached 0, so its row goes by
+        -- the key: "DELETE ... WHERE df = 0" read every term of every project at each
+        -- statement that ended a version (48 ms at 30,000 nodes, and growing with them).
+        IF gone_lexemes IS NOT NULL THEN
+            DELETE FROM memory.term_stats t
+            USING unnest(gone_projects, gone_lexemes) AS g(project_id, lexeme)
+            WHERE t.project_id = g.project_id AND t.lexeme = g.lexeme AND t.df = 0;
+        END IF;
         UPDATE memory.corpus_stats c SET n_docs = c.n_docs - d.cnt, total_len = c.total_len - d.len
         FROM (SELECT o.project_id, count(*) AS cnt, sum(o.lex_len) AS len FROM old_rows o
               WHERE o.expired_at IS NULL AND (every OR o.id = ANY (changed))
