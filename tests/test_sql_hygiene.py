@@ -129,6 +129,8 @@ READER = {
     "provenance",
     "provenance_forest",
     "hydrate",
+    "_hydrate",
+    "_support_rows",
     "select_evidence",
     "evidence",
     "check_evidence_budget",

@@ -134,6 +134,70 @@ def test_forgetting_evidence_takes_support_two_levels_up(conn: Conn) -> None:
     assert row == ("full",)
 
 
+def _calls(conn: Conn, sql: str, params: Any) -> tuple[int, int, Any]:
+    """Calls of memory._support_at and memory._rested_parents (its recursion included) made
+    by one statement, and its value. The session's function statistics not yet flushed,
+    before and after (PostgreSQL 15's pg_stat_xact_user_functions holds the earlier
+    transactions' too until they are flushed)."""
+    counts = (
+        "SELECT funcname, calls FROM pg_stat_xact_user_functions "
+        "WHERE schemaname = 'memory' AND funcname IN ('_support_at', '_rested_parents')"
+    )
+    with conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'all'")
+        before = dict(conn.execute(counts).fetchall())
+        row = conn.execute(sql, params).fetchone()
+        assert row is not None
+        after = dict(conn.execute(counts).fetchall())
+    made = {f: after.get(f, 0) - before.get(f, 0) for f in ("_support_at", "_rested_parents")}
+    return made["_support_at"], made["_rested_parents"], row[0]
+
+
+def test_an_answer_computes_support_once(conn: Conn) -> None:
+    """Issue 42: the demotion of results in doubt and their rows share one computation of
+    support (memory._finish hands it to memory._hydrate), and it is still each node's."""
+    _coffee(conn)
+    _write(conn, [_node("m:coffee", "Mara now drinks her coffee with oat milk", "L1",
+                        parents=["t:coffee"], revision=1)])  # fmt: skip
+    sql = ("SELECT memory.answer('coffee black drinker', project => %s, levels => ARRAY['L2'], "
+           "strategy => 'LexicalOnly', k => 5, unsupported => %s)")  # fmt: skip
+    # one computation for both results: memory._rested_parents of the L2 nodes, then of the
+    # L1 parents they rest on (the recursion through derived parents), one call each
+    both = ("(SELECT array_agg(n.id) FROM memory.nodes n WHERE n.level = 'L2'"
+            " AND n.project_id = memory.project_id(%s) AND n.expired_at IS NULL)")  # fmt: skip
+    once = _calls(conn, f"SELECT count(*) FROM memory._support_at({both})", (P,))
+    assert once == (2, 2, 2)
+    expected = {
+        "demote": ["s:office", "s:profile"],
+        "exclude": ["s:office"],
+        "keep": ["s:profile", "s:office"],
+    }
+    for policy, order in expected.items():
+        support_at, rested, doc = _calls(conn, sql, (P, policy))
+        assert (support_at, rested) == once[:2], policy
+        assert [r["external_id"] for r in doc["results"]] == order
+        assert doc["counts"]["demoted"] == (1 if policy == "demote" else 0)
+        assert doc["counts"]["excluded"] == (1 if policy == "exclude" else 0)
+        by_id = {r["external_id"]: r for r in doc["results"]}
+        assert by_id["s:office"]["support"] == "full"
+        assert by_id["s:office"]["changed_parents"] is None
+        if "s:profile" in by_id:
+            assert by_id["s:profile"]["support"] == "stale"
+            assert by_id["s:profile"]["changed_parents"] == [
+                {"external_id": "m:coffee", "revision": 1, "current_revision": 2,
+                 "state": "superseded"}
+            ]  # fmt: skip
+        # memory.hydrate, which computes support itself, says the same of each row
+        rows = conn.execute(
+            "SELECT external_id, support, changed_parents"
+            " FROM memory.hydrate(%s, project_name => %s)",
+            ([r["node_id"] for r in doc["results"]], P),
+        ).fetchall()
+        assert [(r[0], r[1], r[2]) for r in rows] == [
+            (r["external_id"], r["support"], r["changed_parents"]) for r in doc["results"]
+        ]
+
+
 def test_a_metadata_only_version_of_evidence_keeps_its_children_supported(conn: Conn) -> None:
     _coffee(conn)
     # the same text under a new source is new content; a relink happens only for equal content

@@ -4,13 +4,20 @@
 -- a subtransaction, which a parallel operation forbids: it and its aliases are PARALLEL
 -- UNSAFE. The stages it calls stay PARALLEL SAFE where they are.
 
-CREATE OR REPLACE FUNCTION memory.hydrate(
+-- memory._hydrate is the body; memory.hydrate computes the page's support itself, while an
+-- answer (memory._finish) passes the support it already computed to demote the results in
+-- doubt: support walks every result's parents, and their derived parents' (issue 42: it ran
+-- twice an answer, 1.1 ms of its ~20 ms of database time on LoCoMo).
+CREATE OR REPLACE FUNCTION memory._hydrate(
     ids bigint[],
-    query_embedding vector DEFAULT NULL,
-    max_depth integer DEFAULT 4,
-    project_name text DEFAULT NULL,  -- not "project": that is a result column
-    as_of timestamptz DEFAULT NULL,
-    support_valid_at timestamptz DEFAULT NULL
+    query_embedding vector,
+    max_depth integer,
+    project_name text,
+    as_of timestamptz,
+    support_valid_at timestamptz,
+    -- {"node_id": {"support": .., "changed_parents": ..}} of memory._support_at at as_of and
+    -- support_valid_at, for every id of the page (memory._support_rows); NULL: computed here
+    support_rows jsonb
 )
 RETURNS TABLE (node_id bigint, level text, sha256 text, project text, title text, text text,
                source text, breadcrumb text[], "timestamp" timestamptz,
@@ -47,14 +54,63 @@ BEGIN
          JOIN memory.provenance_forest(
                   ARRAY(SELECT g.id FROM page g ORDER BY g.pos), $3,
                   ARRAY(SELECT g.project_id FROM page g ORDER BY g.pos), $6) pv
-           ON pv.position = n.pos
+           ON pv.position = n.pos'
+        || CASE WHEN support_rows IS NULL THEN '
          -- once per node: a page may hold a node twice
          JOIN (SELECT DISTINCT ON (s.node_id) s.*
                FROM memory._support_at(ARRAY(SELECT g.id FROM page g ORDER BY g.pos), $6, $7) s) su
-           ON su.node_id = n.id
+           ON su.node_id = n.id'
+           -- the caller's rows (a node without one is left out, as the join above leaves
+           -- out a node memory._support_at gives no row)
+           ELSE '
+         JOIN LATERAL (SELECT s.v ->> ''support'' AS support,
+                              nullif(s.v -> ''changed_parents'', ''null'') AS changed_parents
+                       FROM (SELECT $8 -> n.id::text) AS s(v) WHERE s.v IS NOT NULL) su ON true' END || '
          ORDER BY n.pos'
         USING ids, query_embedding, max_depth, pid, CASE WHEN pid IS NOT NULL THEN project_name END,
-              as_of, support_valid_at;
+              as_of, support_valid_at, support_rows;
+END $$;
+COMMENT ON FUNCTION memory._hydrate(bigint[], vector, integer, text, timestamptz, timestamptz, jsonb) IS
+    'memory.hydrate''s rows, with each node''s support and changed_parents taken from support_rows ({"node_id": {"support", "changed_parents"}}, memory._support_rows at the same as_of and support_valid_at; a node it has no entry for is left out) instead of computed again; support_rows NULL: computed here, as memory.hydrate does.';
+
+-- Each node's support (memory._support_at) as memory._hydrate takes it: keyed by node id.
+CREATE OR REPLACE FUNCTION memory._support_rows(
+    ids bigint[], as_of timestamptz, valid_at timestamptz
+)
+RETURNS jsonb
+-- PL/pgSQL, not SQL: PostgreSQL 15 plans a SQL function's body at every call.
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT coalesce(jsonb_object_agg(s.node_id::text,
+                                             jsonb_build_object('support', s.support,
+                                                                'changed_parents', s.changed_parents)),
+                            '{}')
+            FROM memory._support_at(ids, as_of, valid_at) s);
+END $$;
+COMMENT ON FUNCTION memory._support_rows(bigint[], timestamptz, timestamptz) IS
+    'The support of each of ids at as_of and valid_at (memory._support_at), as {"node_id": {"support", "changed_parents"}}: what memory._finish demotes the results in doubt by and hands memory._hydrate, so an answer computes it once.';
+
+CREATE OR REPLACE FUNCTION memory.hydrate(
+    ids bigint[],
+    query_embedding vector DEFAULT NULL,
+    max_depth integer DEFAULT 4,
+    project_name text DEFAULT NULL,  -- not "project": that is a result column
+    as_of timestamptz DEFAULT NULL,
+    support_valid_at timestamptz DEFAULT NULL
+)
+RETURNS TABLE (node_id bigint, level text, sha256 text, project text, title text, text text,
+               source text, breadcrumb text[], "timestamp" timestamptz,
+               query_score double precision, provenance jsonb, external_id text,
+               provenance_truncated boolean, metadata jsonb, support text,
+               changed_parents jsonb)
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM memory._hydrate(ids, query_embedding, max_depth, project_name,
+                                               as_of, support_valid_at, NULL);
 END $$;
 COMMENT ON FUNCTION memory.hydrate(bigint[], vector, integer, text, timestamptz, timestamptz) IS
     'Node rows for the given ids, in input order (with project_name: only ids of that project, PM404 when unknown), with query_score (if an embedding is given), provenance down to L0 as nested jsonb (capped: memory.provenance_forest, all trees in one pass; a parent version rewritten since is shown marked superseded), external_id, provenance_truncated when a cap left parents out, metadata, support and changed_parents (memory._support_at at as_of and support_valid_at: full, stale, partial, none, or NULL for a node written without parents). as_of: provenance through the versions visible then. One round trip for a whole result page.';

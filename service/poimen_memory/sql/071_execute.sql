@@ -345,6 +345,7 @@ DECLARE
     code text;
     msg text;
     doubted bigint[] := '{}';
+    supports jsonb;
 BEGIN
     PERFORM pg_catalog.set_config('plan_cache_mode', memory._plan_cache_mode(), true);
     -- The results: the reranker's order when one reordered the candidates, else the top k.
@@ -355,13 +356,14 @@ BEGIN
     -- Support (issue 40): a result whose evidence changed or went (stale, partial, none at
     -- the answer's instants) ranks below the supported ones (demote, the default), or is
     -- left out (exclude), or keeps its place (keep); the answer counts what it moved.
+    -- Computed once, for every result: the rows below take it from here (memory._hydrate),
+    -- the results left out included (support is each node's own, whatever else is asked).
+    supports := memory._support_rows(ids, (plan ->> 'as_of')::timestamptz,
+                                     memory._support_valid_at(plan));
     IF coalesce(plan -> 'unsupported' ->> 'policy', 'keep') <> 'keep' AND cardinality(ids) > 0 THEN
         doubted := ARRAY(SELECT x.id
                          FROM unnest(ids) WITH ORDINALITY AS x(id, o)
-                         JOIN memory._support_at(ids, (plan ->> 'as_of')::timestamptz,
-                                                 memory._support_valid_at(plan)) su
-                           ON su.node_id = x.id
-                         WHERE su.support IN ('stale', 'partial', 'none')
+                         WHERE supports -> x.id::text ->> 'support' IN ('stale', 'partial', 'none')
                          ORDER BY x.o);
         IF cardinality(doubted) > 0 THEN
             ids := ARRAY(SELECT x.id FROM unnest(ids) WITH ORDINALITY AS x(id, o)
@@ -440,9 +442,9 @@ BEGIN
            ORDER BY h.pos)
       INTO results
       FROM (SELECT x.*, x.ordinality::integer AS pos
-            FROM memory.hydrate(ids, query_embedding, 4, plan ->> 'project',
-                                (plan ->> 'as_of')::timestamptz,
-                                memory._support_valid_at(plan)) WITH ORDINALITY AS x) h
+            FROM memory._hydrate(ids, query_embedding, 4, plan ->> 'project',
+                                 (plan ->> 'as_of')::timestamptz,
+                                 memory._support_valid_at(plan), supports) WITH ORDINALITY AS x) h
       JOIN fz ON fz.id = h.node_id
       LEFT JOIN LATERAL memory._cited_only(
                     h.provenance,

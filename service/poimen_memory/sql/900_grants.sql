@@ -98,7 +98,7 @@ DECLARE
         'memory._semantic_ef', 'memory.scale_warnings', 'memory._project_graphs', 'memory._project_graph_names',
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory.fuse_legs',
         'memory.provenance_walk', 'memory.provenance_tree', 'memory.provenance',
-        'memory.provenance_forest', 'memory.hydrate',
+        'memory.provenance_forest', 'memory.hydrate', 'memory._hydrate', 'memory._support_rows',
         'memory.select_evidence', 'memory.evidence', 'memory._evidence', 'memory._deeper',
         'memory._plan', 'memory.plan_query', 'memory._request', 'memory._request_instant', 'memory.strategies',
         'memory.check_k', 'memory.check_within', 'memory._leg',
