@@ -261,3 +261,26 @@ def test_policy_is_validated_and_applies_to_memory_query(
         psycopg.errors.InvalidParameterValue, match="fusion must be one of rrf, convex"
     ):
         conn.execute("SELECT * FROM public.memory_query(%s, fusion => 'borda')", (q,))
+
+
+def test_the_policy_reads_its_defaults_from_the_one_table_of_keys(conn: Conn) -> None:
+    # memory._policy_defaults is a constant made from memory._policy_keys() at migrate: it
+    # must hold every key's default, and a value set must win over it in both readers.
+    assert conn.execute(
+        "SELECT memory._policy_defaults() = jsonb_object_agg(p.key, p.default_value)"
+        " FROM memory._policy_keys() p"
+    ).fetchone() == (True,)
+    try:
+        conn.execute("SELECT memory.set_policy('evidence_budget', '7')")
+        conn.execute("INSERT INTO memory.config (key, value) VALUES ('not_a_policy_key', 'x')")
+        assert conn.execute(
+            "SELECT evidence_budget, fusion, min_cosine FROM memory.policy()"
+        ).fetchone() == (7, "convex", None)
+        assert conn.execute(
+            "SELECT memory._policy_value('evidence_budget'), memory._policy_value('rrf_k'),"
+            " memory._policy_value('min_cosine'), memory._policy_value('not_a_policy_key')"
+        ).fetchone() == ("7", "10", None, "x")
+    finally:
+        conn.execute("DELETE FROM memory.config WHERE key = 'not_a_policy_key'")
+        conn.execute("SELECT memory.reset_policy()")
+    assert conn.execute("SELECT evidence_budget FROM memory.policy()").fetchone() == (20,)

@@ -108,6 +108,7 @@ READER = {
     "check_weight",
     "policy",
     "_policy_keys",
+    "_policy_defaults",
     "_policy_value",
     "lexical_document",
     "lexical_search",

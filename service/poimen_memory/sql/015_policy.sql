@@ -88,6 +88,24 @@ END $$;
 COMMENT ON FUNCTION memory._policy_keys() IS
     'Every retrieval policy key: its built-in default (NULL: off, or the engine''s own), the check memory.set_policy applies to a new value (an SQL expression of $1) and the hint it gives when the check fails.';
 
+-- The defaults as one constant, made from memory._policy_keys() whenever this file runs (so
+-- a key is still added in one place): a function of no arguments that is IMMUTABLE is
+-- evaluated once when a statement calling it is planned, so reading the policy costs a
+-- lookup in memory.config, not a run of memory._policy_keys() (an answer read a key or the
+-- whole policy 13 times, each a run of the 35-row function).
+DO $do$
+BEGIN
+    EXECUTE pg_catalog.format($f$
+CREATE OR REPLACE FUNCTION memory._policy_defaults()
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN %L::jsonb$f$,
+        (SELECT pg_catalog.jsonb_object_agg(p.key, p.default_value) FROM memory._policy_keys() p));
+END $do$;
+COMMENT ON FUNCTION memory._policy_defaults() IS
+    'Every policy key''s built-in default as one JSON object (NULL values: off, or the engine''s own), a constant made from memory._policy_keys() by migrate.';
+
 CREATE OR REPLACE FUNCTION memory._policy_value(key text)
 RETURNS text
 LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -95,7 +113,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RETURN coalesce((SELECT c.value FROM memory.config c WHERE c.key = _policy_value.key),
-                    (SELECT p.default_value FROM memory._policy_keys() p WHERE p.key = _policy_value.key));
+                    memory._policy_defaults() ->> key);
 END $$;
 COMMENT ON FUNCTION memory._policy_value(text) IS
     'One policy key''s value in force: memory.config''s, else its default from memory._policy_keys() (NULL: off, or an unknown key).';
@@ -137,9 +155,10 @@ AS $$
 BEGIN
     RETURN QUERY
     WITH v AS (
-        SELECT jsonb_object_agg(k.key, coalesce(c.value, k.default_value)) AS v
-        FROM memory._policy_keys() k
-        LEFT JOIN memory.config c ON c.key = k.key
+        -- the values set (memory.config holds other keys too) over the defaults
+        SELECT memory._policy_defaults()
+               || coalesce((SELECT jsonb_object_agg(c.key, c.value) FROM memory.config c
+                            WHERE memory._policy_defaults() ? c.key), '{}') AS v
     )
     SELECT v ->> 'fusion', (v ->> 'rrf_k')::integer, (v ->> 'dense_weight')::double precision,
            (v ->> 'candidates')::integer, (v ->> 'cascade_candidates')::integer,

@@ -93,7 +93,7 @@ DECLARE
         'memory._visible', 'memory._visibility', 'memory._leg_visibility', 'memory._with_grammar',
         'memory._grammar_required', 'memory._versions_at', 'memory._plan_visibility',
         'memory._listing_visibility',
-        'memory.policy', 'memory._policy_keys', 'memory._policy_value', 'memory.lexical_document', 'memory.lexical_search',
+        'memory.policy', 'memory._policy_keys', 'memory._policy_defaults', 'memory._policy_value', 'memory.lexical_document', 'memory.lexical_search',
         'memory.lexical_kth', 'memory._bm25_score', 'memory.lexical_query', 'memory.semantic_search', 'memory._semantic_stage',
         'memory._semantic_ef', 'memory.scale_warnings', 'memory._project_graphs', 'memory._project_graph_names',
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory.fuse_legs',
