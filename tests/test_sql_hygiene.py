@@ -123,6 +123,7 @@ READER = {
     "exact_search",
     "search_by_ids",
     "fuse",
+    "_fuse_lists",
     "fuse_legs",
     "provenance_walk",
     "provenance_tree",
