@@ -124,6 +124,7 @@ READER = {
     "exact_search",
     "search_by_ids",
     "fuse",
+    "_fuse_lists",
     "fuse_legs",
     "provenance_walk",
     "provenance_tree",

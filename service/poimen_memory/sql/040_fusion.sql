@@ -5,11 +5,16 @@
 SELECT memory._declare_row('fused_row',
     'node_id bigint, ranks integer[], scores double precision[], fused_score double precision, fusion_method text');
 
-CREATE OR REPLACE FUNCTION memory.fuse(
-    lists jsonb,
-    method text DEFAULT 'rrf',
-    k integer DEFAULT 60,
-    final_k integer DEFAULT 50
+-- The one fusion, for memory.fuse and memory.fuse_legs: the ranked lists as JSON objects
+-- ({"ids": [..], "scores": [..], "weight": w}), the weights apart when the caller decides
+-- them (memory.fuse_legs: a leg's own "weight" is then not read). memory.fuse_legs passes
+-- its legs as they are, not rebuilt into one JSON document to be taken apart again.
+CREATE OR REPLACE FUNCTION memory._fuse_lists(
+    items jsonb[],
+    weights double precision[],
+    method text,
+    k integer,
+    final_k integer
 )
 RETURNS SETOF memory.fused_row
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -20,14 +25,14 @@ SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    n_lists integer;
-    bad text;
+    n integer := cardinality(items);
+    bad text[];
+    odd boolean;
+    list_nos integer[];
+    ranks integer[];
+    ids text[];
+    scores double precision[];
 BEGIN
-    IF lists IS NULL OR jsonb_typeof(lists) <> 'array' OR jsonb_array_length(lists) < 1 THEN
-        RAISE EXCEPTION 'lists must be a JSON array of ranked lists'
-            USING ERRCODE = '22023',
-                  HINT = 'e.g. ''[{"ids":[3,1,2]},{"ids":[2,5],"weight":0.5}]''; "scores" is needed for method convex.';
-    END IF;
     IF method IS NULL OR NOT method = ANY (@vocabulary.fusions@) THEN
         RAISE EXCEPTION 'unknown fusion method "%"', method
             USING ERRCODE = '22023', HINT = 'Use rrf or convex.';
@@ -35,69 +40,112 @@ BEGIN
     IF k IS NULL OR k < 0 OR final_k IS NULL OR final_k < 1 THEN
         RAISE EXCEPTION 'k must be >= 0 and final_k >= 1 (got %, %)', k, final_k USING ERRCODE = '22023';
     END IF;
-    n_lists := jsonb_array_length(lists);
+    -- Every weight is read before any score, and the ids after both have passed, as they
+    -- always were: lists with several faults fail on the one they always failed on.
+    SELECT coalesce(weights, array_agg(coalesce(x.weight, 1.0) ORDER BY x.ord)),
+           array_agg(format('lists[%s].weight', x.ord - 1)) FILTER (WHERE x.weight IN ('NaN', 'Infinity', '-Infinity')),
+           -- "ids" that is not an array (an error) or "scores" a single value (the first id's)
+           bool_or(jsonb_typeof(coalesce(x.item -> 'ids', '[]')) <> 'array'
+                   OR jsonb_typeof(x.item -> 'scores') IN ('string', 'number', 'boolean'))
+      INTO weights, bad, odd
+      FROM (SELECT li.item, li.ord,
+                   CASE WHEN weights IS NULL THEN (li.item ->> 'weight')::double precision END AS weight
+            FROM unnest(items) WITH ORDINALITY AS li(item, ord)) x;
     -- JSON has no NaN, but the strings "NaN" and "Infinity" cast to float8, and would sort
-    -- above every fused score: refuse them, naming the list and field.
-    SELECT string_agg(DISTINCT b.arg, ', ') INTO bad
-    FROM (
-        SELECT format('lists[%s].weight', li.ord - 1) AS arg
-        FROM jsonb_array_elements(lists) WITH ORDINALITY AS li(item, ord)
-        WHERE (li.item ->> 'weight')::double precision IN ('NaN', 'Infinity', '-Infinity')
-        UNION ALL
-        SELECT format('lists[%s].scores', li.ord - 1)
-        FROM jsonb_array_elements(lists) WITH ORDINALITY AS li(item, ord),
-             jsonb_array_elements_text(CASE jsonb_typeof(li.item -> 'scores') WHEN 'array'
-                                            THEN li.item -> 'scores' ELSE '[]' END) AS s(v)
-        WHERE s.v::double precision IN ('NaN', 'Infinity', '-Infinity')
-    ) b;
+    -- above every fused score: refuse them, naming the list and field. Ids and scores are
+    -- read side by side; a score past the last id is checked too.
+    SELECT array_agg(e.list_no), array_agg(e.pos::integer), array_agg(e.id), array_agg(e.score),
+           bad || array_agg(format('lists[%s].scores', e.list_no)) FILTER (WHERE e.score IN ('NaN', 'Infinity', '-Infinity'))
+      INTO list_nos, ranks, ids, scores, bad
+      FROM (SELECT (li.ord - 1)::integer AS list_no, e.id, e.score::double precision AS score, e.pos
+            FROM unnest(items) WITH ORDINALITY AS li(item, ord),
+                 ROWS FROM (jsonb_array_elements_text(CASE jsonb_typeof(li.item -> 'ids') WHEN 'array'
+                                                           THEN li.item -> 'ids' ELSE '[]' END),
+                            jsonb_array_elements_text(CASE jsonb_typeof(li.item -> 'scores') WHEN 'array'
+                                                           THEN li.item -> 'scores' ELSE '[]' END))
+                      WITH ORDINALITY AS e(id, score, pos)) e;
     IF bad IS NOT NULL THEN
-        RAISE EXCEPTION '% must be finite numbers', bad
+        RAISE EXCEPTION '% must be finite numbers', (SELECT string_agg(DISTINCT b, ', ') FROM unnest(bad) b)
             USING ERRCODE = '22023', HINT = 'Weights and scores may not be NaN or Infinity.';
     END IF;
+    IF odd THEN
+        -- Read id by id as JSON allows: a single value as "scores" is the first id's score
+        -- (unchecked, as it always was), and "ids" that is no array fails being read as one.
+        SELECT array_agg((li.ord - 1)::integer), array_agg(e.pos::integer), array_agg(e.id),
+               array_agg((li.item -> 'scores' ->> (e.pos::integer - 1))::double precision)
+          INTO list_nos, ranks, ids, scores
+          FROM unnest(items) WITH ORDINALITY AS li(item, ord),
+               jsonb_array_elements_text(coalesce(li.item -> 'ids', '[]')) WITH ORDINALITY AS e(id, pos)
+         WHERE e.id IS NOT NULL AND e.id::bigint IS NOT NULL;
+    END IF;
     RETURN QUERY
-    WITH l AS (
-        SELECT (li.ord - 1)::integer AS list_no,
-               coalesce((li.item ->> 'weight')::double precision, 1.0) AS weight,
-               li.item
-        FROM jsonb_array_elements(lists) WITH ORDINALITY AS li(item, ord)
-    ), entries AS (
-        -- First occurrence wins when an id repeats within a list.
-        SELECT DISTINCT ON (l.list_no, e.id::bigint)
-               l.list_no, l.weight, e.id::bigint AS id, e.pos::integer AS rank,
-               (l.item -> 'scores' ->> (e.pos::integer - 1))::double precision AS score
-        FROM l, jsonb_array_elements_text(coalesce(l.item -> 'ids', '[]')) WITH ORDINALITY AS e(id, pos)
-        WHERE e.id IS NOT NULL
-        ORDER BY l.list_no, e.id::bigint, e.pos
-    ), normed AS (
-        SELECT e.*,
-               CASE WHEN max(e.score) OVER w = min(e.score) OVER w THEN 1.0
-                    ELSE (e.score - min(e.score) OVER w) / (max(e.score) OVER w - min(e.score) OVER w)
-               END AS norm
-        FROM entries e
-        WINDOW w AS (PARTITION BY e.list_no)
-    ), fused AS (
-        SELECT n.id,
-               array_agg(n.rank ORDER BY n.list_no) AS rank_by_list,
-               array_agg(n.list_no ORDER BY n.list_no) AS list_nos,
-               array_agg(n.score ORDER BY n.list_no) AS score_by_list,
+    SELECT f.id,
+           -- One slot per input list, NULL where the id was absent; an id in every list
+           -- has them already, and two lists (memory.fuse_legs) need no subquery.
+           CASE n WHEN cardinality(f.in_lists) THEN f.rank_by_list
+                  WHEN 2 THEN ARRAY[f.rank_by_list[array_position(f.in_lists, 0)],
+                                    f.rank_by_list[array_position(f.in_lists, 1)]]
+                  ELSE ARRAY(SELECT f.rank_by_list[array_position(f.in_lists, i)] FROM generate_series(0, n - 1) i) END,
+           CASE n WHEN cardinality(f.in_lists) THEN f.score_by_list
+                  WHEN 2 THEN ARRAY[f.score_by_list[array_position(f.in_lists, 0)],
+                                    f.score_by_list[array_position(f.in_lists, 1)]]
+                  ELSE ARRAY(SELECT f.score_by_list[array_position(f.in_lists, i)] FROM generate_series(0, n - 1) i) END,
+           f.fused,
+           method
+    FROM (
+        -- No ORDER BY in the aggregates: PostgreSQL 15 sorts each group's rows again for
+        -- every ordered aggregate (four sorts per id were most of a fusion's cost), and
+        -- the subquery's (id, list) order gives every group its rows in list order.
+        SELECT e.id,
+               array_agg(e.list_no) AS in_lists,
+               array_agg(e.rank) AS rank_by_list,
+               array_agg(e.score) AS score_by_list,
                -- summed in list order: a floating-point sum's last bit depends on the order
                -- its terms arrive in, and equal candidates must tie exactly (then by id)
-               CASE WHEN method = 'rrf' THEN sum(n.weight / (k + n.rank) ORDER BY n.list_no)
-                    ELSE sum(n.weight * coalesce(n.norm, 0) ORDER BY n.list_no) END AS fused,
-               min(n.rank) AS best_rank
-        FROM normed n
-        GROUP BY n.id
-    )
-    SELECT f.id,
-           -- Expand to one slot per input list, NULL where the id was absent.
-           ARRAY(SELECT f.rank_by_list[array_position(f.list_nos, i)] FROM generate_series(0, n_lists - 1) i),
-           ARRAY(SELECT f.score_by_list[array_position(f.list_nos, i)] FROM generate_series(0, n_lists - 1) i),
-           f.fused::double precision,
-           method
-    FROM fused f
-    -- Deterministic ties: higher score, then best single-list rank, then lower id.
-    ORDER BY f.fused DESC, f.best_rank, f.id
-    LIMIT final_k;
+               CASE WHEN method = 'rrf' THEN sum(weights[e.list_no + 1] / (k + e.rank))
+                    ELSE sum(weights[e.list_no + 1]
+                             * coalesce(CASE WHEN e.hi = e.lo THEN 1.0
+                                             ELSE (e.score - e.lo) / (e.hi - e.lo) END, 0)) END AS fused,
+               min(e.rank) AS best_rank
+        FROM (
+            SELECT d.*, min(d.score) OVER w AS lo, max(d.score) OVER w AS hi
+            FROM (
+                -- First occurrence wins when an id repeats within a list.
+                SELECT DISTINCT ON (u.list_no, u.id) u.list_no, u.id, u.rank, u.score
+                FROM unnest(list_nos, ids::bigint[], ranks, scores) AS u(list_no, id, rank, score)
+                WHERE u.id IS NOT NULL
+                ORDER BY u.list_no, u.id, u.rank
+            ) d
+            WINDOW w AS (PARTITION BY d.list_no)
+            ORDER BY d.id, d.list_no
+        ) e
+        GROUP BY e.id
+        -- Deterministic ties: higher score, then best single-list rank, then lower id.
+        ORDER BY fused DESC, best_rank, e.id
+        LIMIT final_k
+    ) f;
+END $$;
+COMMENT ON FUNCTION memory._fuse_lists(jsonb[], double precision[], text, integer, integer) IS
+    'memory.fuse over its lists as an array (items: {"ids":[..],"scores":[..],"weight":w} each) and, unless NULL, the weights apart (then no item''s "weight" is read): the checks on method, k, final_k, the weights and the scores, then the fusion.';
+
+CREATE OR REPLACE FUNCTION memory.fuse(
+    lists jsonb,
+    method text DEFAULT 'rrf',
+    k integer DEFAULT 60,
+    final_k integer DEFAULT 50
+)
+RETURNS SETOF memory.fused_row
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF lists IS NULL OR jsonb_typeof(lists) <> 'array' OR jsonb_array_length(lists) < 1 THEN
+        RAISE EXCEPTION 'lists must be a JSON array of ranked lists'
+            USING ERRCODE = '22023',
+                  HINT = 'e.g. ''[{"ids":[3,1,2]},{"ids":[2,5],"weight":0.5}]''; "scores" is needed for method convex.';
+    END IF;
+    RETURN QUERY
+    SELECT * FROM memory._fuse_lists(ARRAY(SELECT jsonb_array_elements(lists)), NULL, method, k, final_k);
 END $$;
 COMMENT ON FUNCTION memory.fuse(jsonb, text, integer, integer) IS
     'Fuses ranked lists [{"ids":[..],"scores":[..],"weight":w},..]. rrf: sum of w/(k+rank). convex: sum of w*minmax(score) per list. Returns per-id ranks/scores (one slot per list, NULL if absent); ties break by best rank, then id.';
@@ -125,18 +173,16 @@ BEGIN
                          WHEN 'LexicalFirst' THEN CASE WHEN fusion = 'convex' THEN 'cascade+convex'
                                                        ELSE 'cascade' END
                          ELSE 'none' END
-    FROM memory.fuse(
-        jsonb_build_array(
-            semantic || jsonb_build_object('weight',
-                CASE WHEN strategy = 'LexicalOnly' THEN 0
-                     WHEN fusion = 'convex' AND strategy IN ('Hybrid', 'LexicalFirst')
-                          THEN memory.check_weight('dense_weight', dense_weight)
-                     ELSE 1 END),
-            lexical || jsonb_build_object('weight',
-                CASE WHEN strategy = 'SemanticOnly' THEN 0
-                     WHEN fusion = 'convex' AND strategy IN ('Hybrid', 'LexicalFirst') THEN 1 - dense_weight
-                     WHEN strategy = 'LexicalFirst' THEN 0
-                     ELSE 1 END)),
+    FROM memory._fuse_lists(
+        ARRAY[semantic, lexical],
+        ARRAY[CASE WHEN strategy = 'LexicalOnly' THEN 0
+                   WHEN fusion = 'convex' AND strategy IN ('Hybrid', 'LexicalFirst')
+                        THEN memory.check_weight('dense_weight', dense_weight)
+                   ELSE 1 END,
+              CASE WHEN strategy = 'SemanticOnly' THEN 0
+                   WHEN fusion = 'convex' AND strategy IN ('Hybrid', 'LexicalFirst') THEN 1 - dense_weight
+                   WHEN strategy = 'LexicalFirst' THEN 0
+                   ELSE 1 END]::double precision[],
         CASE WHEN strategy IN ('Hybrid', 'LexicalFirst') THEN fusion ELSE 'rrf' END,
         k, final_k) f
     -- A cascade keeps only ids the by-ids stage ranked.
