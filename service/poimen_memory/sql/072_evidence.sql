@@ -17,6 +17,13 @@
 SELECT memory._declare_row('evidence_row',
     'rank integer, node_id bigint, external_id text, sha256 text, project text, title text, text text, source text, breadcrumb text[], "timestamp" timestamptz, score double precision, direct_rank integer, cited_by integer[], neighbour_score double precision, metadata jsonb, revision integer, superseded boolean');
 
+-- One candidate of memory.select_evidence between its statements, held in an array of this
+-- type rather than a JSON document: the scores stay double precision (JSON held them as
+-- numeric, converted at every read), and the citation reservation and the final rows read
+-- the typed fields directly instead of rescanning and casting the JSON list per result.
+SELECT memory._declare_row('evidence_candidate',
+    'id bigint, s double precision, pos integer, by_rank integer[], beside double precision, project_id integer, title text');
+
 CREATE OR REPLACE FUNCTION memory.select_evidence(
     result_ids bigint[],
     semantic jsonb,
@@ -45,11 +52,13 @@ DECLARE
     pol record;
     pid integer := memory.project_id(project_name);
     lim integer;
-    cands jsonb;
+    cands memory.evidence_candidate[];
     reserved bigint[] := '{}';
-    pick bigint;
+    reserved_cite integer[] := '{}';  -- the result ranks the reserved turns cite
+    first_citing integer[];     -- per result rank, the position in cands of its best cited turn
+    pick integer;
     terms text;
-    hop jsonb := '[]';
+    hop memory.evidence_candidate[] := '{}';  -- the second hop's turns: id and BM25 score s
     words text[];
     -- What the legs saw (memory._leg_visibility: valid time at the instant they tested it):
     -- a neighbour the evidence adds beside their turns passes the same test.
@@ -81,7 +90,8 @@ BEGIN
     IF lim = 0 THEN
         RETURN;
     END IF;
-    -- Every candidate scoring above 0, best first, as {id, s, pos, by, beside}.
+    -- Every candidate scoring above 0, best first (memory.evidence_candidate: id, score s,
+    -- direct rank pos, the citing ranks by_rank, the neighbours' part beside, the session).
     -- The direct legs fused as a Hybrid pair even when one is empty: a lone leg is then
     -- min-max scaled as in a fusion, so its scores weigh against citations the same way
     -- whichever leg ran. Only L0 turns count that memory._visible passes (the project, the time range, valid time, the filter: what the legs tested).
@@ -214,11 +224,9 @@ BEGIN
                               THEN 1 + pol.evidence_speaker_weight ELSE 1 END AS score
         FROM total x CROSS JOIN gate g
     )
-    SELECT coalesce(jsonb_agg(jsonb_build_object('id', x.node_id, 's', x.score, 'pos', x.pos,
-                                                 'by', coalesce(x.by_rank, '{}'),
-                                                 'beside', x.beside, 'project_id', x.project_id,
-                                                 'title', x.title)
-                              ORDER BY x.score DESC, x.node_id), '[]')
+    SELECT coalesce(array_agg(ROW(x.node_id, x.score, x.pos, coalesce(x.by_rank, '{}'), x.beside,
+                                  x.project_id, x.title)::memory.evidence_candidate
+                              ORDER BY x.score DESC, x.node_id), '{}')
       INTO cands
       FROM spoken x
      WHERE x.score > 0;  -- the weakest direct match of a convex leg scores 0: no evidence
@@ -227,15 +235,16 @@ BEGIN
     -- disjunctive lexical query over the L0 turns, and each of its turns gains
     -- evidence_hop_weight times its BM25 score over the best, competing for the budget: the
     -- turns a question needs that share a name with its best evidence but no word with it.
-    IF pol.evidence_hop_weight > 0 AND jsonb_array_length(cands) > 0 THEN
+    IF pol.evidence_hop_weight > 0 AND cardinality(cands) > 0 THEN
         SELECT string_agg(DISTINCT m.w[1], ' ') INTO terms
-          FROM (SELECT (c.v ->> 'id')::bigint AS id
-                FROM jsonb_array_elements(cands) WITH ORDINALITY AS c(v, o)
+          FROM (SELECT c.id
+                FROM unnest(cands) WITH ORDINALITY AS c(id, s, pos, by_rank, beside, project_id, title, o)
                 ORDER BY c.o LIMIT pol.evidence_hop_seeds) c
           JOIN memory.nodes n ON n.id = c.id AND (pid IS NULL OR n.project_id = pid)
           CROSS JOIN LATERAL regexp_matches(n.text, '[^.!?:\s]\s+([A-Z][[:alpha:]]+)', 'g') AS m(w);
         IF terms IS NOT NULL THEN
-            SELECT coalesce(jsonb_agg(jsonb_build_object('id', h.node_id, 's', h.lexical_score)), '[]')
+            SELECT coalesce(array_agg(ROW(h.node_id, h.lexical_score, NULL, NULL, NULL, NULL,
+                                          NULL)::memory.evidence_candidate), '{}')
               INTO hop
               FROM memory.lexical_search(terms, project_name, ARRAY['L0'], pol.evidence_candidates,
                                          since => since, before => before, filter => scope.filter,
@@ -248,17 +257,15 @@ BEGIN
     -- Within a session the order is unchanged, which makes the greedy order a sort. A turn
     -- without a title is a session of its own (no heading says which turns go together).
     WITH c AS (
-        SELECT * FROM jsonb_to_recordset(cands)
-            AS (id bigint, s double precision, pos integer, by jsonb, beside double precision,
-                project_id integer, title text)
+        SELECT * FROM unnest(cands)
     ),
     h AS (
         SELECT x.id, pol.evidence_hop_weight * x.s / nullif(max(x.s) OVER (), 0) AS hs
-        FROM jsonb_to_recordset(hop) AS x(id bigint, s double precision)
+        FROM unnest(hop) x
     ),
     merged AS (
         SELECT coalesce(c.id, h.id) AS id, coalesce(c.s, 0) + coalesce(h.hs, 0) AS s, c.pos,
-               coalesce(c.by, '[]') AS by, coalesce(c.beside, 0) AS beside,
+               coalesce(c.by_rank, '{}') AS by_rank, coalesce(c.beside, 0) AS beside,
                coalesce(c.project_id, n.project_id) AS project_id,
                CASE WHEN c.id IS NOT NULL THEN c.title ELSE n.title END AS title
         FROM c FULL JOIN h ON h.id = c.id
@@ -273,9 +280,9 @@ BEGIN
         FROM merged x
         WHERE x.s > 0
     )
-    SELECT coalesce(jsonb_agg(jsonb_build_object('id', x.id, 's', x.s, 'pos', x.pos, 'by', x.by,
-                                                 'beside', x.beside)
-                              ORDER BY x.spread DESC, x.s DESC, x.id), '[]')
+    SELECT coalesce(array_agg(ROW(x.id, x.s, x.pos, x.by_rank, x.beside, x.project_id,
+                                  x.title)::memory.evidence_candidate
+                              ORDER BY x.spread DESC, x.s DESC, x.id), '{}')
       INTO cands
       FROM covered x;
     -- Citation integrity (issue 24): every result whose provenance reaches an L0 candidate
@@ -283,18 +290,28 @@ BEGIN
     -- reserves its best-scoring cited turn, while the budget lasts; the rest of the budget
     -- is filled by score as before. A result the top turns already cite reserves nothing
     -- new (its best turn is among them), so the change touches only results the budget
-    -- would have stripped.
+    -- would have stripped. One pass over the list finds each rank's best cited turn (the
+    -- first in list order citing it); the loop then keeps the ranks the reserved turns cite
+    -- (reserved_cite) rather than looking through the list again per rank.
+    IF coalesce(cardinality(result_ids), 0) > 0 THEN
+        first_citing := ARRAY(
+            SELECT f.o::integer
+            FROM generate_series(1, cardinality(result_ids)) AS r(r)
+            LEFT JOIN (SELECT b.r, min(c.o) AS o
+                       FROM unnest(cands) WITH ORDINALITY
+                            AS c(id, s, pos, by_rank, beside, project_id, title, o)
+                       CROSS JOIN LATERAL unnest(c.by_rank) AS b(r)
+                       WHERE b.r <= cardinality(result_ids)
+                       GROUP BY b.r) f ON f.r = r.r
+            ORDER BY r.r);
+    END IF;
     FOR r IN 1..coalesce(cardinality(result_ids), 0) LOOP
         EXIT WHEN cardinality(reserved) >= lim;
-        CONTINUE WHEN EXISTS (SELECT 1 FROM jsonb_array_elements(cands) AS c(v)
-                              WHERE (c.v ->> 'id')::bigint = ANY (reserved)
-                                AND c.v -> 'by' @> to_jsonb(r));
-        pick := (SELECT (c.v ->> 'id')::bigint
-                 FROM jsonb_array_elements(cands) WITH ORDINALITY AS c(v, o)
-                 WHERE c.v -> 'by' @> to_jsonb(r)
-                 ORDER BY c.o LIMIT 1);
+        CONTINUE WHEN r = ANY (reserved_cite);
+        pick := first_citing[r];
         IF pick IS NOT NULL THEN
-            reserved := reserved || pick;
+            reserved := reserved || (cands[pick]).id;
+            reserved_cite := reserved_cite || (cands[pick]).by_rank;
         END IF;
     END LOOP;
     RETURN QUERY
@@ -306,23 +323,21 @@ BEGIN
            coalesce(CASE WHEN pid IS NOT NULL THEN project_name END,
                     (SELECT p.name FROM memory.projects p WHERE p.id = n.project_id)),
            n.title, n.text, n.source, n.breadcrumb, n.ts,
-           x.s, x.pos, ARRAY(SELECT jsonb_array_elements_text(x.by)::integer),
+           x.s, x.pos, x.by_rank,
            x.beside, n.metadata, n.revision,
            -- a result's source rewritten since it was derived (issue 40): cited as the
            -- version the claim rested on, marked
            CASE WHEN as_of IS NULL THEN n.expired_at IS NOT NULL
                 ELSE n.expired_at IS NOT NULL AND n.expired_at <= as_of END
-    -- Typed columns, not (v ->> 'id')::bigint in the join: the cast is not leakproof, so
+    -- Typed columns (a cast such as (v ->> 'id')::bigint in the join is not leakproof, so
     -- under row-level security it could not reach the index and every row of the project
-    -- was read (the same in memory._run_legs' floor).
-    FROM ((SELECT c.* FROM ROWS FROM (jsonb_to_recordset(cands)
-                  AS (id bigint, s double precision, pos integer, by jsonb, beside double precision))
-                  WITH ORDINALITY AS c(id, s, pos, by, beside, o)
+    -- would be read; the same in memory._run_legs' floor).
+    FROM ((SELECT c.* FROM unnest(cands) WITH ORDINALITY
+                  AS c(id, s, pos, by_rank, beside, project_id, title, o)
            WHERE c.id = ANY (reserved))
           UNION ALL
-          (SELECT c.* FROM ROWS FROM (jsonb_to_recordset(cands)
-                  AS (id bigint, s double precision, pos integer, by jsonb, beside double precision))
-                  WITH ORDINALITY AS c(id, s, pos, by, beside, o)
+          (SELECT c.* FROM unnest(cands) WITH ORDINALITY
+                  AS c(id, s, pos, by_rank, beside, project_id, title, o)
            WHERE c.id <> ALL (reserved)
            ORDER BY c.o LIMIT lim - cardinality(reserved))) x
     JOIN memory.nodes n ON n.id = x.id AND (pid IS NULL OR n.project_id = pid)

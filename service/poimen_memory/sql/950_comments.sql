@@ -42,6 +42,9 @@ COMMENT ON TYPE memory.fused_row IS
 COMMENT ON TYPE memory.evidence_row IS
     'One cited L0 turn as memory.select_evidence, memory.evidence and memory._evidence return it: its rank in the list, the node, its score, its own direct rank (NULL: only cited), the ranks of the results that cite it, the score its neighbours lent it and its metadata.';
 
+COMMENT ON TYPE memory.evidence_candidate IS
+    'One candidate of memory.select_evidence between its statements (an array of them, not JSON: the scores stay double precision): the L0 turn id, its score s, its direct rank pos, the ranks of the results citing it (by_rank), the score its neighbours lent it (beside) and its session (project_id, title). Internal.';
+
 COMMENT ON TYPE memory.node_row IS
     'One node as memory.get_node returns it: its columns, its parents and children (at most memory._links_max() each, with the totals), parents_declared, support and versions.';
 
