@@ -178,3 +178,31 @@ def test_fuse_legs_equals_the_reference(conn: Conn) -> None:
             if strategy != "LexicalFirst" or r[1][0] is not None
         ]
         assert conn.execute(LEGS, params).fetchall() == expected, params
+
+
+def _outcome(conn: Conn, sql: str, params: dict[str, Any]) -> Any:
+    try:
+        with conn.transaction():
+            return conn.execute(sql, params).fetchall()
+    except psycopg.Error as exc:
+        return (exc.sqlstate, exc.diag.message_primary)
+
+
+def test_fuse_reads_odd_lists_as_the_reference_does(conn: Conn) -> None:
+    """Lists JSON allows but the documented shape does not: "scores" a single value (read
+    as the first id's score, as it always was), "ids" an object, null, or holding a text
+    that is no id. The same rows, or the same error, as the reference."""
+    cases: list[Any] = [
+        [{"ids": [1, 2], "scores": 5}],
+        [{"ids": [1, 2], "scores": "3.5"}, {"ids": [2, 1], "scores": [1, 2]}],
+        [{"ids": [1, 2], "scores": True}],
+        [{"ids": {"a": 1}}],
+        [{"ids": None}],
+        [{"ids": 3}],
+        [{"ids": [1, "x"]}],
+        [{"scores": [1, 2]}, {"ids": [4]}],
+    ]
+    for lists in cases:
+        for method in ("rrf", "convex"):
+            params = {"lists": json.dumps(lists), "method": method, "k": 60, "final_k": 50}
+            assert _outcome(conn, FUSE, params) == _outcome(conn, REFERENCE, params), params

@@ -92,7 +92,9 @@ COMMENT ON FUNCTION memory._policy_keys() IS
 -- a key is still added in one place): a function of no arguments that is IMMUTABLE is
 -- evaluated once when a statement calling it is planned, so reading the policy costs a
 -- lookup in memory.config, not a run of memory._policy_keys() (an answer read a key or the
--- whole policy 13 times, each a run of the 35-row function).
+-- whole policy 13 times, each a run of the 37-row function). A plan keeps the value it
+-- folded: its readers below are created after this block, in the same file, so a change of
+-- a default reaches them (PostgreSQL records no plan dependency on a folded function).
 DO $do$
 BEGIN
     EXECUTE pg_catalog.format($f$
@@ -155,10 +157,9 @@ AS $$
 BEGIN
     RETURN QUERY
     WITH v AS (
-        -- the values set (memory.config holds other keys too) over the defaults
+        -- the values set over the defaults (memory.config's other keys are never read)
         SELECT memory._policy_defaults()
-               || coalesce((SELECT jsonb_object_agg(c.key, c.value) FROM memory.config c
-                            WHERE memory._policy_defaults() ? c.key), '{}') AS v
+               || coalesce((SELECT jsonb_object_agg(c.key, c.value) FROM memory.config c), '{}') AS v
     )
     SELECT v ->> 'fusion', (v ->> 'rrf_k')::integer, (v ->> 'dense_weight')::double precision,
            (v ->> 'candidates')::integer, (v ->> 'cascade_candidates')::integer,

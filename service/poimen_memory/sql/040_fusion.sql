@@ -95,7 +95,9 @@ BEGIN
     FROM (
         -- No ORDER BY in the aggregates: PostgreSQL 15 sorts each group's rows again for
         -- every ordered aggregate (four sorts per id were most of a fusion's cost), and
-        -- the subquery's (id, list) order gives every group its rows in list order.
+        -- the subquery's (id, list) order gives every group its rows in list order (a
+        -- function's rows have no parallel plan; a sort added on id alone, which is not
+        -- stable, would break it; PostgreSQL 16 sorts once for all ordered aggregates).
         SELECT e.id,
                array_agg(e.list_no) AS in_lists,
                array_agg(e.rank) AS rank_by_list,
@@ -123,7 +125,9 @@ BEGIN
         -- Deterministic ties: higher score, then best single-list rank, then lower id.
         ORDER BY fused DESC, best_rank, e.id
         LIMIT final_k
-    ) f;
+    ) f
+    -- the subquery's order again, stated (free: its rows arrive in it)
+    ORDER BY f.fused DESC, f.best_rank, f.id;
 END $$;
 COMMENT ON FUNCTION memory._fuse_lists(jsonb[], double precision[], text, integer, integer) IS
     'memory.fuse over its lists as an array (items: {"ids":[..],"scores":[..],"weight":w} each) and, unless NULL, the weights apart (then no item''s "weight" is read): the checks on method, k, final_k, the weights and the scores, then the fusion.';

@@ -346,6 +346,7 @@ DECLARE
     msg text;
     doubted bigint[] := '{}';
     supports jsonb;
+    support_took interval;
 BEGIN
     PERFORM pg_catalog.set_config('plan_cache_mode', memory._plan_cache_mode(), true);
     -- The results: the reranker's order when one reordered the candidates, else the top k.
@@ -358,8 +359,11 @@ BEGIN
     -- left out (exclude), or keeps its place (keep); the answer counts what it moved.
     -- Computed once, for every result: the rows below take it from here (memory._hydrate),
     -- the results left out included (support is each node's own, whatever else is asked).
+    t := clock_timestamp();
     supports := memory._support_rows(ids, (plan ->> 'as_of')::timestamptz,
                                      memory._support_valid_at(plan));
+    -- counted in provenance_time_ms below, where the rows' support always was
+    support_took := clock_timestamp() - t;
     IF coalesce(plan -> 'unsupported' ->> 'policy', 'keep') <> 'keep' AND cardinality(ids) > 0 THEN
         doubted := ARRAY(SELECT x.id
                          FROM unnest(ids) WITH ORDINALITY AS x(id, o)
@@ -402,7 +406,7 @@ BEGIN
         END;
     END IF;
     st := memory._stage_time(st, 'evidence_time_ms', t, budget > 0);
-    t := clock_timestamp();
+    t := clock_timestamp() - support_took;
     WITH fz AS (
         SELECT (f.v ->> 'node_id')::bigint AS id, f.v FROM jsonb_array_elements(state -> 'fused') AS f(v)
     )
