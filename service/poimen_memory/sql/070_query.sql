@@ -16,7 +16,8 @@ CREATE OR REPLACE FUNCTION memory._hydrate(
     as_of timestamptz,
     support_valid_at timestamptz,
     -- {"node_id": {"support": .., "changed_parents": ..}} of memory._support_at at as_of and
-    -- support_valid_at, for every id of the page (memory._support_rows); NULL: computed here
+    -- support_valid_at, for every id of the page (memory._support_rows); NULL: computed here,
+    -- by the same function
     support_rows jsonb
 )
 RETURNS TABLE (node_id bigint, level text, sha256 text, project text, title text, text text,
@@ -32,6 +33,8 @@ AS $$
 DECLARE
     pid integer := memory.project_id(project_name);
 BEGIN
+    -- One way to the rows' support, whoever calls: the answer's, else computed here.
+    support_rows := coalesce(support_rows, memory._support_rows(ids, as_of, support_valid_at));
     -- Dynamic, so the project is a constant to the planner: on the partitioned layout the
     -- id lookups then read the project's partition only, not one index per project.
     RETURN QUERY EXECUTE
@@ -54,18 +57,11 @@ BEGIN
          JOIN memory.provenance_forest(
                   ARRAY(SELECT g.id FROM page g ORDER BY g.pos), $3,
                   ARRAY(SELECT g.project_id FROM page g ORDER BY g.pos), $6) pv
-           ON pv.position = n.pos'
-        || CASE WHEN support_rows IS NULL THEN '
-         -- once per node: a page may hold a node twice
-         JOIN (SELECT DISTINCT ON (s.node_id) s.*
-               FROM memory._support_at(ARRAY(SELECT g.id FROM page g ORDER BY g.pos), $6, $7) s) su
-           ON su.node_id = n.id'
-           -- the caller's rows (a node without one is left out, as the join above leaves
-           -- out a node memory._support_at gives no row)
-           ELSE '
+           ON pv.position = n.pos
+         -- a node without support (memory._support_at gives it no row) is left out
          JOIN LATERAL (SELECT s.v ->> ''support'' AS support,
                               nullif(s.v -> ''changed_parents'', ''null'') AS changed_parents
-                       FROM (SELECT $8 -> n.id::text) AS s(v) WHERE s.v IS NOT NULL) su ON true' END || '
+                       FROM (SELECT $8 -> n.id::text) AS s(v) WHERE s.v IS NOT NULL) su ON true
          ORDER BY n.pos'
         USING ids, query_embedding, max_depth, pid, CASE WHEN pid IS NOT NULL THEN project_name END,
               as_of, support_valid_at, support_rows;
