@@ -156,7 +156,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RETURN QUERY
-    WITH v AS (
+    -- MATERIALIZED: inlined, the CTE's expression was copied into each of the 21 columns
+    -- below and the merged object rebuilt 21 times a call (272 against 35 us a call)
+    WITH v AS MATERIALIZED (
         -- the values set over the defaults (memory.config's other keys are never read)
         SELECT memory._policy_defaults()
                || coalesce((SELECT jsonb_object_agg(c.key, c.value) FROM memory.config c), '{}') AS v
