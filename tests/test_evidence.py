@@ -549,6 +549,41 @@ def test_deeper_candidates_cite_at_the_ranks_after_the_results(
     assert conn.execute(deeper, (plan, state, [m1])).fetchone() == ([],)
 
 
+@pytest.mark.parametrize("cut", [10, 30, 1000])
+@pytest.mark.parametrize("deep", [1, 20, 50])
+def test_the_deeper_candidates_reuse_the_answers_fusion(conn: Conn, cut: int, deep: int) -> None:
+    """memory._deeper reads the candidates after the results from the fusion
+    memory._run_legs made (state fused_order, cut at fused_cut) when it went deep enough or
+    held every candidate, and fuses the legs again otherwise: the same ids either way."""
+    sem = {"ids": list(range(1, 61)), "scores": [1 - i / 100 for i in range(60)]}
+    lex = {"ids": list(range(80, 20, -1)), "scores": [30 - i / 3 for i in range(60)]}
+    plan = Jsonb({"search_strategy": "Hybrid", "fusion": "convex", "dense_weight": 0.4,
+                  "rrf_k": 10})  # fmt: skip
+    fused = (
+        "SELECT array_agg(f.node_id ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]),"
+        " f.node_id) FROM memory.fuse_legs(%s, %s, 'Hybrid', 'convex', 0.4, 10, %s) f"
+    )
+    order = conn.execute(fused, (Jsonb(sem), Jsonb(lex), cut)).fetchone()
+    whole = conn.execute(fused, (Jsonb(sem), Jsonb(lex), 1000)).fetchone()
+    assert order is not None and whole is not None and len(whole[0]) == 80
+    assert order[0] == whole[0][:cut]
+    results, withheld = whole[0][:5], whole[0][7:9]
+    base = {"semantic": sem, "lexical": lex, "withheld_ids": withheld}
+    deeper = "SELECT memory._deeper(%s, %s, %s)"
+    conn.execute("SELECT memory.set_policy('evidence_deeper', %s)", (str(deep),))
+    try:
+        again = conn.execute(deeper, (plan, Jsonb(base), results)).fetchone()
+        reused = conn.execute(
+            deeper, (plan, Jsonb({**base, "fused_order": order[0], "fused_cut": cut}), results)
+        ).fetchone()
+    finally:
+        conn.execute("SELECT memory.reset_policy('evidence_deeper')")
+    # the fused candidates after the results, within the first results + deep, none withheld
+    expected = [i for i in whole[0][: 5 + deep] if i not in results + withheld][:deep]
+    assert again == (expected,)
+    assert reused == again
+
+
 SPEAKERS = "speakers"
 
 

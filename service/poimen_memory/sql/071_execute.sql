@@ -7,8 +7,7 @@
 -- so an answer is the same whichever interface asked.
 
 -- One leg as fuse_legs takes it: {"ids": [..], "scores": [..]} in rank order. The three
--- stage functions behind one aggregation; the one a kind does not name is never run (its
--- branch is cut by a one-time filter).
+-- stage functions behind one aggregation each; a kind runs its own statement alone.
 CREATE OR REPLACE FUNCTION memory._leg(
     kind text, query text, query_embedding vector, ids bigint[], project text, levels text[],
     k integer, since timestamptz, before timestamptz, filter jsonb DEFAULT NULL,
@@ -21,24 +20,36 @@ LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
 BEGIN
-    RETURN (SELECT jsonb_build_object('ids', coalesce(jsonb_agg(r.node_id ORDER BY r.rank), '[]'),
-                                      'scores', coalesce(jsonb_agg(r.score ORDER BY r.rank), '[]'))
-            FROM (SELECT l.node_id, l.rank, l.lexical_score AS score
-                  FROM memory.lexical_search($2, $5, $6, $7, since => $8, before => $9, filter => $10,
-                                             as_of => $12, valid_at => $13) l
-                  WHERE $1 = 'lexical'
-                  UNION ALL
-                  SELECT s.node_id, s.rank, s.query_score
-                  FROM memory.semantic_search($3, $5, $6, $7, since => $8, before => $9,
-                                              filter => $10, grammar => $11,
-                                              as_of => $12, valid_at => $13) s
-                  WHERE $1 = 'semantic'
-                  UNION ALL
-                  SELECT s.node_id, s.rank, s.query_score
-                  FROM memory.search_by_ids($3, $4, $5, $6, $7, since => $8, before => $9,
-                                            filter => $10, grammar => $11,
-                                            as_of => $12, valid_at => $13) s
-                  WHERE $1 = 'by_ids') r);
+    -- One statement per kind, not one UNION ALL of the three cut by "kind = ..." filters:
+    -- the union's generic plan costed all three branches, so PL/pgSQL re-planned it at
+    -- every call (87 us, four legs an answer); each of these keeps its generic plan. The
+    -- rows are aggregated in rank order, sorted once (sql/040_fusion.sql's sorted-subquery
+    -- aggregates: two ordered aggregates sorted them twice).
+    IF kind = 'lexical' THEN
+        RETURN (SELECT jsonb_build_object('ids', coalesce(jsonb_agg(r.node_id), '[]'),
+                                          'scores', coalesce(jsonb_agg(r.score), '[]'))
+                FROM (SELECT l.node_id, l.lexical_score AS score
+                      FROM memory.lexical_search($2, $5, $6, $7, since => $8, before => $9,
+                                                 filter => $10, as_of => $12, valid_at => $13) l
+                      ORDER BY l.rank) r);
+    ELSIF kind = 'semantic' THEN
+        RETURN (SELECT jsonb_build_object('ids', coalesce(jsonb_agg(r.node_id), '[]'),
+                                          'scores', coalesce(jsonb_agg(r.score), '[]'))
+                FROM (SELECT s.node_id, s.query_score AS score
+                      FROM memory.semantic_search($3, $5, $6, $7, since => $8, before => $9,
+                                                  filter => $10, grammar => $11,
+                                                  as_of => $12, valid_at => $13) s
+                      ORDER BY s.rank) r);
+    ELSIF kind = 'by_ids' THEN
+        RETURN (SELECT jsonb_build_object('ids', coalesce(jsonb_agg(r.node_id), '[]'),
+                                          'scores', coalesce(jsonb_agg(r.score), '[]'))
+                FROM (SELECT s.node_id, s.query_score AS score
+                      FROM memory.search_by_ids($3, $4, $5, $6, $7, since => $8, before => $9,
+                                                filter => $10, grammar => $11,
+                                                as_of => $12, valid_at => $13) s
+                      ORDER BY s.rank) r);
+    END IF;
+    RETURN '{"ids": [], "scores": []}';
 END $$;
 COMMENT ON FUNCTION memory._leg(text, text, vector, bigint[], text, text[], integer, timestamptz, timestamptz, jsonb, jsonb, timestamptz, timestamptz) IS
     'One leg of memory.fuse_legs ({"ids": [..], "scores": [..]}, best first): kind lexical (memory.lexical_search of query, which reads the query grammar itself), semantic (memory.semantic_search of query_embedding) or by_ids (memory.search_by_ids over ids), each with the project, levels, k, since/before, the metadata filter, as_of and valid_at; the vector legs with the grammar''s constraints (grammar, a memory.parse_query parse).';
@@ -167,6 +178,8 @@ DECLARE
     ev_sem jsonb := empty;
     legs integer := 0;
     fused jsonb;
+    cut integer;  -- the fusion's final k
+    fused_order bigint[];
     recent boolean := coalesce((plan -> 'recency' ->> 'applied')::boolean, false);
     withheld integer := 0;
     held bigint[] := '{}';
@@ -248,19 +261,23 @@ BEGIN
     END IF;
     st := memory._stage_time(st, 'evidence_legs_time_ms', t, legs > 0);
     t := clock_timestamp();
+    -- recency and a soft phrase may lift a candidate from below the final k, and the floor
+    -- names every candidate it holds back (memory._after_fusion): all of them
+    cut := CASE WHEN recent OR jsonb_array_length(coalesce(plan -> 'grammar' -> 'boost', '[]')) > 0
+                     OR coalesce((plan -> 'floor' ->> 'applied')::boolean, false)
+                THEN 1000 ELSE (plan ->> 'final_k')::integer END;
     SELECT jsonb_agg(jsonb_build_object('node_id', f.node_id, 'ranks', f.ranks, 'scores', f.scores,
                                         'fused_score', f.fused_score, 'fusion_method', f.fusion_method)
                      ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]), f.node_id)
       INTO fused
       FROM memory.fuse_legs(sem, lex, strat, plan ->> 'fusion',
                             (plan ->> 'dense_weight')::double precision,
-                            (plan ->> 'rrf_k')::integer,
-                            -- recency and a soft phrase may lift a candidate from below the
-                            -- final k, and the floor names every candidate it holds back
-                            -- (memory._after_fusion): all of them
-                            CASE WHEN recent OR jsonb_array_length(coalesce(plan -> 'grammar' -> 'boost', '[]')) > 0
-                                      OR coalesce((plan -> 'floor' ->> 'applied')::boolean, false)
-                                 THEN 1000 ELSE (plan ->> 'final_k')::integer END) f;
+                            (plan ->> 'rrf_k')::integer, cut) f;
+    -- the fused order before the floor, recency and soft phrases, cut deep: memory._deeper
+    -- reads the candidates after the results from it rather than fusing the legs again
+    fused_order := coalesce(ARRAY(SELECT (x.v ->> 'node_id')::bigint
+                                  FROM jsonb_array_elements(fused) WITH ORDINALITY AS x(v, o)
+                                  ORDER BY x.o), '{}');
     -- the floor, recency and soft phrases (sql/040_fusion.sql), then the final k
     SELECT a.fused, a.withheld, a.held INTO fused, withheld, held FROM memory._after_fusion(fused, plan, query_embedding) a;
     st := memory._stage_time(st, 'fusion_time_ms', t);
@@ -268,6 +285,7 @@ BEGIN
                               'evidence_semantic', ev_sem, 'evidence_legs', legs,
                               'evidence_failed', ev_failed,
                               'fused', coalesce(fused, '[]'), 'withheld', withheld,
+                              'fused_order', to_jsonb(fused_order), 'fused_cut', cut,
                               'withheld_ids', to_jsonb(held), 'stages', st);
 END $$;
 COMMENT ON FUNCTION memory._run_legs(jsonb, vector, jsonb, boolean, jsonb) IS

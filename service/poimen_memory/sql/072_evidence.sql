@@ -355,9 +355,25 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     deep integer := (SELECT pol.evidence_deeper FROM memory.policy() pol);
+    need integer := coalesce(cardinality(ids), 0) + deep;
+    fused_n integer := jsonb_array_length(state -> 'fused_order');
 BEGIN
     IF deep = 0 OR plan ->> 'search_strategy' IS NULL THEN
         RETURN '{}';
+    END IF;
+    -- The fusion memory._run_legs made (the same legs and arguments) holds the first need
+    -- candidates when it went that deep, or when it held them all (fewer than its cut):
+    -- its prefix is what fusing again to need would give.
+    IF fused_n >= need OR fused_n < (state ->> 'fused_cut')::integer THEN
+        RETURN ARRAY(
+            SELECT x.id
+            FROM jsonb_array_elements_text(state -> 'fused_order') WITH ORDINALITY AS f(v, o),
+                 LATERAL (SELECT f.v::bigint AS id) x
+            WHERE f.o <= need
+              AND x.id <> ALL (coalesce(ids, '{}'))
+              AND x.id <> ALL (ARRAY(SELECT jsonb_array_elements_text(coalesce(state -> 'withheld_ids', '[]'))::bigint))
+            ORDER BY f.o
+            LIMIT deep);
     END IF;
     RETURN ARRAY(
         SELECT f.node_id
