@@ -12,10 +12,12 @@ import numpy as np
 import psycopg
 import pytest
 from pgvector.psycopg import register_vector
+from psycopg.types.json import Jsonb
 from starlette.testclient import TestClient
 
 from doubles.embedding_server import EmbeddingServer, run_embedding_server
 from doubles.rerank_server import RerankServer, run_rerank_server
+from poimen_core.optimizer import optimize_query
 from poimen_memory.db.connect import connect
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.retrieval.policy import read_policy
@@ -513,3 +515,51 @@ def test_embedding_cache_skips_the_remote_embedder(
         assert r["query_score"] == pytest.approx(
             min(1.0, max(0.0, cosine(vec, vectors[r["sha256"]]))), abs=1e-5
         )
+
+
+def _plans_made(
+    conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...]
+) -> tuple[int, Any]:
+    """Calls of memory._plan one statement made, and its value."""
+    counts = (
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
+        " WHERE schemaname = 'memory' AND funcname = '_plan'"
+    )
+    with conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'all'")
+        before = conn.execute(counts).fetchone()
+        row = conn.execute(sql, params).fetchone()
+        after = conn.execute(counts).fetchone()
+    assert before is not None and after is not None and row is not None
+    return int(after[0] - before[0]), row[0]
+
+
+def test_the_query_statement_takes_back_the_first_statements_plan(
+    conn: psycopg.Connection[Any], embedder: LocalEmbedder
+) -> None:
+    """memory._serve plans again only when its request or caps differ from those
+    memory._serve_start planned for (a failed embedding changes the caps): one plan an
+    answer, and the same answer as a fresh plan gives."""
+    register_vector(conn)
+    req = {"query": KONG, "project": "poimen", "k": 5, "routing": optimize_query(KONG).to_dict()}
+    caps = {"vector": True, "lexical": ["postgres"]}
+    emb = np.asarray(embedder.embed_query(KONG), dtype=np.float32)
+    made, start = _plans_made(conn, "SELECT memory._serve_start(%s, %s)", (Jsonb(req), Jsonb(caps)))
+    assert made == 1
+    prefetched = start["prefetched"]
+    assert prefetched["plan"] == {k: v for k, v in start.items() if k != "prefetched"}
+    serve_sql = "SELECT memory._serve(%s, %s, %s, NULL, 'answer', %s)"
+    made, taken = _plans_made(conn, serve_sql, (Jsonb(req), Jsonb(caps), emb, Jsonb(prefetched)))
+    assert made == 0
+    made, fresh = _plans_made(conn, serve_sql, (Jsonb(req), Jsonb(caps), emb, None))
+    assert made == 1
+    for doc in (taken, fresh):
+        doc.pop("stages")
+    assert taken["results"] and taken == fresh
+    # other caps (the embedding failed since): planned again, and routed without the vector
+    failed = {**caps, "vector": False, "embed_failed": "test"}
+    made, degraded = _plans_made(
+        conn, serve_sql, (Jsonb(req), Jsonb(failed), None, Jsonb(prefetched))
+    )
+    assert made == 1
+    assert degraded["search_strategy"] == "LexicalOnly"

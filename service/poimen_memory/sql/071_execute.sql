@@ -572,8 +572,13 @@ BEGIN
         ev_lex := memory._lexical_call(calls -> 'evidence_lexical');
         done := done || jsonb_build_object('evidence_lexical', calls -> 'evidence_lexical');
     END IF;
+    -- The plan goes back too, with what it was made of: memory._serve takes it when it
+    -- gets the same request and caps rather than planning again (a second plan cost an
+    -- answer about 1 ms of CPU). What a plan may do, a caller may do by calling the stage
+    -- functions, under the same row-level security: a plan given back opens nothing.
     RETURN plan || jsonb_build_object('prefetched', jsonb_build_object(
-        'calls', done, 'lexical', lex, 'evidence_lexical', ev_lex, 'stages', st));
+        'calls', done, 'lexical', lex, 'evidence_lexical', ev_lex, 'stages', st,
+        'plan', plan, 'planned_for', jsonb_build_object('req', req, 'caps', caps)));
 END $$;
 COMMENT ON FUNCTION memory._serve_start(jsonb, jsonb) IS
     'The HTTP service''s first statement, under the projects caps asserts (read_projects, write_projects; honoured for members of @role.service@ only): the plan (memory._plan), and under prefetched the Postgres lexical legs it names, run while the service embeds the query; memory._serve takes them back.';
@@ -591,7 +596,10 @@ DECLARE
     state jsonb;
 BEGIN
     PERFORM memory._assert_projects(caps);
-    plan := memory._plan(req, caps);
+    -- memory._serve_start's plan when it was made for this request and caps (a failed
+    -- embedding or OpenSearch call changes the caps, and the plan is made again)
+    plan := CASE WHEN prefetched -> 'planned_for' = jsonb_build_object('req', req, 'caps', caps)
+                 THEN prefetched -> 'plan' ELSE memory._plan(req, caps) END;
     IF through = 'semantic' THEN
         -- Beside the service's OpenSearch call: the hnsw semantic leg alone, as
         -- memory._run_legs runs it with no lexical leg and no evidence legs of their own
