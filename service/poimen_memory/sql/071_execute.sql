@@ -307,6 +307,11 @@ BEGIN
             omitted := omitted + 1;
             CONTINUE;
         END IF;
+        IF coalesce(jsonb_array_length(node -> 'parents'), 0) = 0 THEN
+            -- a leaf (most nodes of a tree): nothing below to keep, no call to make
+            kept := kept || jsonb_build_array(node || '{"parents": []}');
+            CONTINUE;
+        END IF;
         SELECT * INTO below FROM memory._cited_only(node -> 'parents', cited);
         kept := kept || jsonb_build_array(node || jsonb_build_object('parents', below.kept));
         omitted := omitted + below.omitted;
