@@ -968,3 +968,49 @@ def test_the_policy_merges_its_values_once_a_call(synthetic: Conn) -> None:
     nodes = list(_plan_nodes(merged[0]))
     assert [n for n in nodes if n["Node Type"] == "CTE Scan" and n.get("CTE Name") == "v"], nodes
     assert len([n for n in nodes if n.get("Relation Name") == "config"]) == 1, nodes
+
+
+def _postings_conditions(plans: list[str]) -> list[str]:
+    roots = [json.loads(p[p.index("{") :])["Plan"] for p in plans if "{" in p]
+    return [
+        str(n.get("Index Cond"))
+        for root in roots
+        for n in _plan_nodes(root)
+        if n.get("Relation Name") == "postings"
+    ]
+
+
+def test_a_plain_lexical_search_keeps_one_plan_for_every_project(synthetic: Conn) -> None:
+    # On one table, a plain search's statements keep their generic plans (re-planned at
+    # every call they cost about 0.45 ms); the project must still bound the postings read,
+    # as a range of keys in the index condition, for a named project and for none.
+    assert synthetic.execute("SELECT memory._plan_cache_mode()").fetchone() == (
+        "force_generic_plan",
+    )
+    for project in ("rare", "big", None):
+        for exhaustive in (False, True):
+            conds = _postings_conditions(
+                _nested_plans(
+                    synthetic,
+                    "SELECT * FROM memory.lexical_search('topic0 word3 item42', %s,"
+                    " exhaustive => %s)",
+                    (project, exhaustive),
+                )
+            )
+            assert conds, (project, exhaustive)
+            for cond in conds:
+                # a parameter of a generic plan, not the project's id as a constant
+                assert "project_id >= $" in cond and "project_id <= $" in cond, conds
+    # a search that tests nodes (here a time window) is still planned for its call, with
+    # the project and the window as constants
+    conds = _postings_conditions(
+        _nested_plans(
+            synthetic,
+            "SELECT * FROM memory.lexical_search('topic0 word3 item42', 'rare',"
+            " since => '2000-01-01', exhaustive => true)",
+            (),
+        )
+    )
+    assert conds and not [c for c in conds if "$" in c], conds
+    # the caller's setting comes back after the call
+    assert synthetic.execute("SHOW plan_cache_mode").fetchone() == ("auto",)

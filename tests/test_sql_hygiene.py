@@ -314,8 +314,11 @@ def test_parallel_labels(conn: Conn) -> None:
             assert par == "u", sig
     for name in ("_answer", "query", "memory_query", "memory_optimize_query"):
         assert by_name[name][4] == "u"  # they may call the PL/Python optimizer
-    for name in ("hydrate", "fuse", "fuse_legs", "provenance_tree", "policy", "lexical_search"):
+    for name in ("hydrate", "fuse", "fuse_legs", "provenance_tree", "policy", "lexical_query"):
         assert by_name[name][4] == "s"
+    # they set a setting for the call (hnsw.ef_search; plan_cache_mode), or run one that does
+    for name in ("semantic_search", "lexical_search", "_leg", "_lexical_call", "select_evidence"):
+        assert by_name[name][4] == "u", name
 
 
 def test_schema_tables_and_columns_are_commented(conn: Conn) -> None:

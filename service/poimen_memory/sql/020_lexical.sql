@@ -211,7 +211,9 @@ BEGIN
     terms := tsvector_to_array(to_tsvector('english'::regconfig, query));
     SELECT sum(c.n_docs), sum(c.total_len)::double precision / nullif(sum(c.n_docs), 0)
       INTO n, avgdl
-      FROM memory.corpus_stats c WHERE pid IS NULL OR c.project_id = pid;
+      FROM memory.corpus_stats c
+     -- a range (every project for NULL): an index condition in a generic plan too
+     WHERE c.project_id BETWEEN coalesce(pid, -2147483648) AND coalesce(pid, 2147483647);
 END $$;
 COMMENT ON FUNCTION memory.lexical_query(text, integer, integer, double precision, double precision) IS
     'First step of memory.lexical_search: validates the arguments (22023) and returns the query''s lexemes with the corpus size and mean length of the project (or of all projects).';
@@ -273,7 +275,9 @@ CREATE OR REPLACE FUNCTION memory.lexical_search(
     valid_at timestamptz DEFAULT NULL
 )
 RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
-LANGUAGE plpgsql STABLE PARALLEL SAFE
+-- PARALLEL UNSAFE: a plain search sets plan_cache_mode (below), which no parallel mode
+-- allows (memory.semantic_search sets hnsw.ef_search, the same).
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 -- Plans made per call, with the project as a constant: on the partitioned layout a cached
 -- (generic) plan locks every partition of postings and its indexes at each use, which cost
 -- more than the statements (docs/scaling.md); on one table it measured the same. The
@@ -289,6 +293,10 @@ DECLARE
     vis memory.visibility := memory._leg_visibility(memory.project_id(project), levels, since,
                                                     before, filter, NULL, as_of, valid_at);
     pid integer := vis.project_id;
+    -- the project as a range of keys (every project for NULL): an index condition in a
+    -- plan made once for all projects, where "pid IS NULL OR project_id = pid" is a filter
+    p_lo integer := coalesce(vis.project_id, -2147483648);
+    p_hi integer := coalesce(vis.project_id, 2147483647);
     lv text[] := vis.levels;
     -- the time filter, checked per posting only when one is given
     timed boolean := vis.since IS NOT NULL OR vis.before IS NOT NULL;
@@ -321,6 +329,17 @@ DECLARE
     g jsonb := CASE WHEN query ~ '["#@]|(^|\s)-|(^|\s)OR(\s|$)' THEN memory.parse_query(query) END;
     cons jsonb := CASE WHEN g IS NOT NULL THEN memory._grammar_constraints(g) END;
 BEGIN
+    -- A plain search (no past, grammar, filter, valid time or time window: the statements
+    -- that test nodes with memory._visible are not run) keeps its plans for the session on
+    -- one table: re-planned at every call, as the clause above says, its statements cost
+    -- about 0.45 ms of planning a call. On the partitioned layout, and for the rest, plans
+    -- made for the call (memory._plan_cache_mode). The SET clause scopes this to the call;
+    -- set_config is why the function is PARALLEL UNSAFE.
+    IF NOT timed AND as_of IS NULL AND cons IS NULL AND vis.filter IS NULL
+       AND vis.valid_at IS NULL AND vis.live_at IS NULL
+       AND memory._plan_cache_mode() = 'force_generic_plan' THEN
+        PERFORM pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+    END IF;
     SELECT x.terms, x.n, x.avgdl INTO terms, n, avgdl FROM memory.lexical_query(query, pid, k, k1, b) x;
     vis := memory._with_grammar(vis, cons);
     IF coalesce((g ->> 'operators')::boolean, false) THEN
@@ -345,7 +364,7 @@ BEGIN
                              bool_or(t.max_tf < 1) AS unknown,  -- no bound recorded: the loosest one
                              max(t.max_tf) AS max_tf, min(t.min_dl_per_tf) AS min_ratio
                       FROM memory.term_stats t
-                      WHERE t.lexeme = ANY (terms) AND (pid IS NULL OR t.project_id = pid)
+                      WHERE t.lexeme = ANY (terms) AND t.project_id BETWEEN p_lo AND p_hi
                       GROUP BY t.lexeme) g) s;
         m := coalesce(cardinality(t_lex), 0);
         IF m = 0 THEN
@@ -414,7 +433,7 @@ BEGIN
                      memory._bm25_score(sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl)))) AS score
               FROM unnest(t_lex, t_w) AS w(lexeme, w)
               JOIN memory.postings p ON p.lexeme = w.lexeme
-              WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
+              WHERE p.project_id BETWEEN p_lo AND p_hi AND (lv IS NULL OR p.level = ANY (lv))
               AND (NOT timed OR EXISTS (SELECT 1 FROM memory.nodes tn WHERE tn.id = p.node_id AND memory._visible(tn, vis)))
               GROUP BY p.node_id) s
         ORDER BY s.score DESC, s.id
@@ -435,7 +454,7 @@ BEGIN
                    sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS ps
             FROM unnest(t_lex[s0:], t_w[s0:]) AS w(lexeme, w)
             JOIN memory.postings p ON p.lexeme = w.lexeme
-            WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
+            WHERE p.project_id BETWEEN p_lo AND p_hi AND (lv IS NULL OR p.level = ANY (lv))
               AND (NOT timed OR EXISTS (SELECT 1 FROM memory.nodes tn WHERE tn.id = p.node_id AND memory._visible(tn, vis)))
             GROUP BY p.node_id, p.project_id) e;
     theta := memory.lexical_kth(c_ps, k);
@@ -456,7 +475,7 @@ BEGIN
                             sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS ps
                      FROM unnest(t_lex[ne + 1:s0 - 1], t_w[ne + 1:s0 - 1]) AS w(lexeme, w)
                      JOIN memory.postings p ON p.lexeme = w.lexeme
-                     WHERE (pid IS NULL OR p.project_id = pid) AND (lv IS NULL OR p.level = ANY (lv))
+                     WHERE p.project_id BETWEEN p_lo AND p_hi AND (lv IS NULL OR p.level = ANY (lv))
                        AND (NOT timed OR EXISTS (SELECT 1 FROM memory.nodes tn WHERE tn.id = p.node_id AND memory._visible(tn, vis)))
                      GROUP BY p.node_id, p.project_id) x
             ON x.id = c.id AND x.proj = c.proj;
@@ -479,7 +498,7 @@ BEGIN
               LEFT JOIN (SELECT p.node_id, p.project_id,
                                 t_w[j] * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl)) AS s
                          FROM memory.postings p
-                         WHERE p.lexeme = t_lex[j] AND (pid IS NULL OR p.project_id = pid)) x
+                         WHERE p.lexeme = t_lex[j] AND p.project_id BETWEEN p_lo AND p_hi) x
                 ON x.node_id = c.id AND x.project_id = c.proj;
         ELSE
             -- a long list: probe it for the surviving candidates only

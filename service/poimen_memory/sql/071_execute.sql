@@ -105,7 +105,8 @@ COMMENT ON FUNCTION memory._lexical_calls(jsonb) IS
 
 CREATE OR REPLACE FUNCTION memory._lexical_call(call jsonb)
 RETURNS jsonb
-LANGUAGE sql STABLE PARALLEL SAFE
+-- PARALLEL UNSAFE: memory.lexical_search sets plan_cache_mode
+LANGUAGE sql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 RETURN memory._leg('lexical', call ->> 'query', NULL, NULL, call ->> 'project',
                    ARRAY(SELECT jsonb_array_elements_text(call -> 'levels')),

@@ -43,7 +43,8 @@ CREATE OR REPLACE FUNCTION memory.select_evidence(
     valid_at timestamptz DEFAULT NULL
 )
 RETURNS SETOF memory.evidence_row
-LANGUAGE plpgsql STABLE PARALLEL SAFE
+-- PARALLEL UNSAFE: the second hop runs memory.lexical_search, which sets plan_cache_mode.
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 SET jit = off  -- memory._plan_cache_mode (sql/071_execute.sql) says why
 AS $$
