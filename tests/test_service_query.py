@@ -556,6 +556,29 @@ def test_the_query_statement_takes_back_the_first_statements_plan(
     for doc in (taken, fresh):
         doc.pop("stages")
     assert taken["results"] and taken == fresh
+    # a reranker's path: the candidates, then the finish in the reranker's order, both
+    # with the first statement's plan
+    made, cands = _plans_made(
+        conn,
+        "SELECT memory._serve(%s, %s, %s, NULL, 'candidates', %s)",
+        (Jsonb(req), Jsonb(caps), emb, Jsonb(prefetched)),
+    )
+    assert made == 0
+    order = [int(f["node_id"]) for f in cands["state"]["fused"]][::-1]
+    finish_sql = "SELECT memory._serve_finish(%s, %s, %s, %s, %s, NULL)"
+    made, reranked = _plans_made(
+        conn, finish_sql, (Jsonb(req), Jsonb(caps), Jsonb(cands["state"]), emb, order)
+    )
+    assert made == 0
+    unplanned = {k: v for k, v in cands["state"].items() if k != "planned_for"}
+    made, replanned = _plans_made(
+        conn, finish_sql, (Jsonb(req), Jsonb(caps), Jsonb(unplanned), emb, order)
+    )
+    assert made == 1
+    for doc in (reranked, replanned):
+        doc.pop("stages")
+    assert [r["node_id"] for r in reranked["results"]] == order[: len(reranked["results"])]
+    assert reranked == replanned
     # other caps (the embedding failed since): planned again, and routed without the vector
     failed = {**caps, "vector": False, "embed_failed": "test"}
     made, degraded = _plans_made(

@@ -280,8 +280,9 @@ RETURNS TABLE (node_id bigint, rank integer, lexical_score double precision)
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 -- Plans made per call, with the project as a constant: on the partitioned layout a cached
 -- (generic) plan locks every partition of postings and its indexes at each use, which cost
--- more than the statements (docs/scaling.md); on one table it measured the same. The
--- visibility is a constant of each plan too, so memory._visible folds to the tests it makes.
+-- more than the statements (docs/scaling.md). The visibility is a constant of each plan
+-- too, so memory._visible folds to the tests it makes. A plain search on one table keeps
+-- generic plans instead (the first statement below says when).
 SET plan_cache_mode = force_custom_plan
 SET search_path = pg_catalog, pg_temp
 AS $$

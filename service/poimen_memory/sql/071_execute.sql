@@ -621,9 +621,12 @@ BEGIN
     END IF;
     state := memory._run_legs(plan, query_embedding, hits, true, prefetched);
     IF through = 'candidates' THEN
-        -- For the reranker: the fused candidates with their texts, and the state to finish.
+        -- For the reranker: the fused candidates with their texts, and the state to finish
+        -- (with the plan and what it was made for, which memory._serve_finish takes back).
         RETURN jsonb_build_object(
-            'plan', plan, 'state', state,
+            'plan', plan,
+            'state', state || jsonb_build_object(
+                'plan', plan, 'planned_for', jsonb_build_object('req', req, 'caps', caps)),
             'texts', (SELECT coalesce(jsonb_object_agg(n.id::text, n.text), '{}')
                       FROM memory.nodes n
                       WHERE n.id IN (SELECT (f ->> 'node_id')::bigint
@@ -643,7 +646,11 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM memory._assert_projects(caps);
-    RETURN memory._finish(memory._plan(req, caps), state, query_embedding, result_order, rerank);
+    -- memory._serve's plan when made for this request and caps (as memory._serve takes
+    -- memory._serve_start's)
+    RETURN memory._finish(CASE WHEN state -> 'planned_for' = jsonb_build_object('req', req, 'caps', caps)
+                               THEN state -> 'plan' ELSE memory._plan(req, caps) END,
+                          state, query_embedding, result_order, rerank);
 END $$;
 COMMENT ON FUNCTION memory._serve_finish(jsonb, jsonb, jsonb, vector, bigint[], jsonb) IS
     'The HTTP service''s statement after a reranker: the answer (memory._finish) of the state memory._serve returned, in the reranker''s order.';
