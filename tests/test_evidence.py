@@ -18,6 +18,7 @@ from service_client import KONG, query, serve
 
 Conn = psycopg.Connection[Any]
 NO_LEG = json.dumps({"ids": [], "scores": []})
+NO_LEG_DOC: dict[str, list[Any]] = {"ids": [], "scores": []}
 
 
 @pytest.fixture
@@ -568,19 +569,59 @@ def test_the_deeper_candidates_reuse_the_answers_fusion(conn: Conn, cut: int, de
     assert order is not None and whole is not None and len(whole[0]) == 80
     assert order[0] == whole[0][:cut]
     results, withheld = whole[0][:5], whole[0][7:9]
-    base = {"semantic": sem, "lexical": lex, "withheld_ids": withheld}
+    stored = {"fused_order": order[0], "fused_cut": cut, "withheld_ids": withheld}
+    # Where the stored order serves (as deep as the results and deep, or every candidate),
+    # the legs are left out of the state: only the stored order can answer.
+    serves = len(order[0]) >= 5 + deep or len(order[0]) < cut
+    legs = (
+        {"semantic": NO_LEG_DOC, "lexical": NO_LEG_DOC}
+        if serves
+        else {"semantic": sem, "lexical": lex}
+    )
     deeper = "SELECT memory._deeper(%s, %s, %s)"
     conn.execute("SELECT memory.set_policy('evidence_deeper', %s)", (str(deep),))
     try:
-        again = conn.execute(deeper, (plan, Jsonb(base), results)).fetchone()
-        reused = conn.execute(
-            deeper, (plan, Jsonb({**base, "fused_order": order[0], "fused_cut": cut}), results)
+        again = conn.execute(
+            deeper,
+            (plan, Jsonb({"semantic": sem, "lexical": lex, "withheld_ids": withheld}), results),
         ).fetchone()
+        reused = conn.execute(deeper, (plan, Jsonb({**stored, **legs}), results)).fetchone()
     finally:
         conn.execute("SELECT memory.reset_policy('evidence_deeper')")
     # the fused candidates after the results, within the first results + deep, none withheld
     expected = [i for i in whole[0][: 5 + deep] if i not in results + withheld][:deep]
     assert again == (expected,)
+    assert reused == again
+
+
+@pytest.mark.parametrize("cut", [10, 1000])
+def test_a_cascade_fuses_its_deeper_candidates_again(conn: Conn, cut: int) -> None:
+    """A LexicalFirst cascade drops the lexical ids its by-ids stage did not rank after the
+    fusion's cut (memory.fuse_legs), so its stored order is no prefix of a deeper fusion:
+    memory._deeper fuses again (found in review: the stored order gave other ids)."""
+    lex = {"ids": list(range(1, 41)), "scores": [40 - i for i in range(40)]}
+    # the by-ids stage ranks the lexical ids with a vector: 3 of them have none
+    ranked = [i for i in range(1, 41) if i not in (4, 9, 13)]
+    sem = {"ids": ranked, "scores": [0.9 - i / 100 for i in range(len(ranked))]}
+    plan = Jsonb({"search_strategy": "LexicalFirst", "fusion": "convex", "dense_weight": 0.4,
+                  "rrf_k": 10})  # fmt: skip
+    order = conn.execute(
+        "SELECT array_agg(f.node_id ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]),"
+        " f.node_id) FROM memory.fuse_legs(%s, %s, 'LexicalFirst', 'convex', 0.4, 10, %s) f",
+        (Jsonb(sem), Jsonb(lex), cut),
+    ).fetchone()
+    assert order is not None
+    state = {"semantic": sem, "lexical": lex, "withheld_ids": []}
+    results = order[0][:3]
+    deeper = "SELECT memory._deeper(%s, %s, %s)"
+    conn.execute("SELECT memory.set_policy('evidence_deeper', '20')")
+    try:
+        again = conn.execute(deeper, (plan, Jsonb(state), results)).fetchone()
+        stored = {**state, "fused_order": order[0], "fused_cut": cut}
+        reused = conn.execute(deeper, (plan, Jsonb(stored), results)).fetchone()
+    finally:
+        conn.execute("SELECT memory.reset_policy('evidence_deeper')")
+    assert again is not None and len(again[0]) > 10
     assert reused == again
 
 

@@ -102,6 +102,10 @@ def _scanned_relations(plan: dict[str, Any]) -> set[str]:
     return found
 
 
+def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node, *(m for child in node.get("Plans", []) for m in _plan_nodes(child))]
+
+
 def _embedding_storage(conn: Conn) -> set[str]:
     """The storage of nodes.embedding in the parent and every partition."""
     rows = conn.execute(
@@ -167,6 +171,27 @@ def test_a_project_query_reads_only_its_partition(conn: Conn, embedder: LocalEmb
     # An answer's second half keeps PostgreSQL's choice of plans here (custom plans prune
     # to the project's partition before locking); on one table it plans once per session.
     assert conn.execute("SELECT memory._plan_cache_mode()").fetchone() == ("auto",)
+    # So does a plain lexical search (on one table it keeps generic plans): its postings are
+    # read in the project's partition alone, the project a constant of the plan.
+    notices: list[str] = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+    with conn.transaction():
+        conn.execute("LOAD 'auto_explain'")
+        for k, v in [("log_min_duration", "0"), ("log_nested_statements", "on"),
+                     ("log_level", "notice"), ("log_format", "json")]:  # fmt: skip
+            conn.execute(f"SET LOCAL auto_explain.{k} = '{v}'")
+        conn.execute("SET LOCAL client_min_messages = notice")
+        conn.execute("SELECT * FROM memory.lexical_search('kong body buffer', 'poimen')").fetchall()
+    postings = [
+        n
+        for text in notices
+        if "{" in text
+        for n in _plan_nodes(json.loads(text[text.index("{") :])["Plan"])
+        if str(n.get("Relation Name", "")).startswith("postings")
+    ]
+    assert postings, notices
+    assert {n["Relation Name"] for n in postings} == {f"postings_p{pid[0]}"}, postings
+    assert not [n for n in postings if "$" in str(n.get("Index Cond"))], postings
     # The partition has its own HNSW graphs (the planner picks them once it is large enough).
     hnsw = conn.execute(
         "SELECT count(*) FROM pg_indexes WHERE schemaname = 'memory' AND tablename = %s"

@@ -1012,5 +1012,9 @@ def test_a_plain_lexical_search_keeps_one_plan_for_every_project(synthetic: Conn
         )
     )
     assert conds and not [c for c in conds if "$" in c], conds
-    # the caller's setting comes back after the call
-    assert synthetic.execute("SHOW plan_cache_mode").fetchone() == ("auto",)
+    # the caller's setting comes back after the call (set_config's is_local would keep
+    # the plain search's to the end of the transaction, were the SET clause not scoping it)
+    with synthetic.transaction(force_rollback=True):
+        synthetic.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+        synthetic.execute("SELECT count(*) FROM memory.lexical_search('topic0 word3', 'rare')")
+        assert synthetic.execute("SHOW plan_cache_mode").fetchone() == ("force_custom_plan",)

@@ -290,7 +290,8 @@ SELECT memory._serve_start(%(req)s::jsonb, %(caps)s::jsonb);
 
 -- name: serve_semantic
 -- With OpenSearch: the plan's semantic leg, run while OpenSearch answers; serve takes it back.
-SELECT memory._serve(%(req)s::jsonb, %(caps)s::jsonb, %(embedding)s, NULL, 'semantic');
+SELECT memory._serve(%(req)s::jsonb, %(caps)s::jsonb, %(embedding)s, NULL, 'semantic',
+                     %(prefetched)s::jsonb);
 
 -- name: serve
 -- The whole query in one statement: the plan run by the executor (sql/071_execute.sql).

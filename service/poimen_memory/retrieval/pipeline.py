@@ -214,7 +214,7 @@ class Retriever:
                     # The semantic leg does not wait for OpenSearch: a statement of its own
                     # runs it once the vector is there, and memory._serve takes it back.
                     tasks["semantic"] = asyncio.create_task(
-                        self._semantic(body, caps, tasks["embed"], deadline)
+                        self._semantic(body, caps, prefetched, tasks["embed"], deadline)
                     )
             embedding, hits = await self._upstreams(tasks, caps, deadline)
             if "embed_failed" in caps and self.opensearch is not None and hits is None:
@@ -315,13 +315,15 @@ class Retriever:
         self,
         body: dict[str, Any],
         caps: dict[str, Any],
+        prefetched: dict[str, Any],
         embedded: asyncio.Task[np.ndarray[Any, Any]],
         deadline: Deadline,
     ) -> dict[str, Any]:
         """The plan's semantic leg, run while OpenSearch answers (memory._serve through
-        'semantic'): what memory._serve takes back as prefetched when its plan is the same
-        (it is not when OpenSearch failed meanwhile). Nothing without a vector (_upstreams
-        degrades the plan then)."""
+        'semantic', given the first statement's prefetched so that it takes back that plan):
+        what memory._serve takes back as prefetched when its plan is the same (it is not
+        when OpenSearch failed meanwhile). Nothing without a vector (_upstreams degrades the
+        plan then)."""
         try:
             embedding = await embedded
         except EmbeddingUnavailable:
@@ -330,7 +332,12 @@ class Retriever:
             deadline,
             "semantic (in one statement)",
             "serve_semantic",
-            {"req": json.dumps(body), "caps": json.dumps(caps), "embedding": embedding},
+            {
+                "req": json.dumps(body),
+                "caps": json.dumps(caps),
+                "embedding": embedding,
+                "prefetched": json.dumps(prefetched),
+            },
         )
 
     async def _embed(self, text: str, deadline: Deadline, trace: Trace) -> np.ndarray[Any, Any]:

@@ -290,7 +290,7 @@ BEGIN
                               'withheld_ids', to_jsonb(held), 'stages', st);
 END $$;
 COMMENT ON FUNCTION memory._run_legs(jsonb, vector, jsonb, boolean, jsonb) IS
-    'The first half of memory._execute: the legs a plan names (hits: the OpenSearch leg the service fetched) and their fusion, as the state memory._finish takes: lexical, semantic, evidence_lexical, evidence_semantic, fused (best first, final_k deep) and stage times. answer => false runs the evidence''s direct legs only; prefetched (memory._serve_start''s, and memory._serve''s through => ''semantic'') gives legs already run, each taken only where its call is the plan''s own (the semantic leg''s: its whole plan).';
+    'The first half of memory._execute: the legs a plan names (hits: the OpenSearch leg the service fetched) and their fusion, as the state memory._finish takes: lexical, semantic, evidence_lexical, evidence_semantic, fused (best first, final_k deep), withheld and withheld_ids (what the relevance floor held back), fused_order (the fused ids before the floor, recency and soft phrases, fused_cut deep: memory._deeper reads the candidates after the results from it) and stage times. answer => false runs the evidence''s direct legs only; prefetched (memory._serve_start''s, and memory._serve''s through => ''semantic'') gives legs already run, each taken only where its call is the plan''s own (the semantic leg''s: its whole plan).';
 
 -- A result's provenance tree without the L0 turns the evidence does not cite.
 CREATE OR REPLACE FUNCTION memory._cited_only(tree jsonb, cited text[], OUT kept jsonb, OUT omitted integer)
@@ -587,7 +587,7 @@ BEGIN
         'plan', plan, 'planned_for', jsonb_build_object('req', req, 'caps', caps)));
 END $$;
 COMMENT ON FUNCTION memory._serve_start(jsonb, jsonb) IS
-    'The HTTP service''s first statement, under the projects caps asserts (read_projects, write_projects; honoured for members of @role.service@ only): the plan (memory._plan), and under prefetched the Postgres lexical legs it names, run while the service embeds the query; memory._serve takes them back.';
+    'The HTTP service''s first statement, under the projects caps asserts (read_projects, write_projects; honoured for members of @role.service@ only): the plan (memory._plan), and under prefetched the Postgres lexical legs it names, run while the service embeds the query, with the plan itself and what it was made for (plan, planned_for: the request and caps); memory._serve takes them back.';
 
 CREATE OR REPLACE FUNCTION memory._serve(
     req jsonb, caps jsonb, query_embedding vector, hits jsonb DEFAULT NULL,
@@ -602,8 +602,8 @@ DECLARE
     state jsonb;
 BEGIN
     PERFORM memory._assert_projects(caps);
-    -- memory._serve_start's plan when it was made for this request and caps (a failed
-    -- embedding or OpenSearch call changes the caps, and the plan is made again)
+    -- memory._serve_start's plan when it was made for this request and caps (made again
+    -- when either differs: a failed embedding or OpenSearch call changes the caps)
     plan := CASE WHEN prefetched -> 'planned_for' = jsonb_build_object('req', req, 'caps', caps)
                  THEN prefetched -> 'plan' ELSE memory._plan(req, caps) END;
     IF through = 'semantic' THEN
@@ -635,7 +635,7 @@ BEGIN
     RETURN memory._finish(plan, state, query_embedding);
 END $$;
 COMMENT ON FUNCTION memory._serve(jsonb, jsonb, vector, jsonb, text, jsonb) IS
-    'The HTTP service''s query statement: plans (memory._plan, the same plan memory._serve_start returned unless the caps changed since), runs the legs (taking back the prefetched legs whose calls are the plan''s own) and finishes the answer (memory._finish); through => ''candidates'' stops after fusion and returns the candidates'' texts for a reranker, and memory._serve_finish completes it; through => ''semantic'' runs the plan''s hnsw semantic leg alone, while the service calls OpenSearch, and returns it as prefetched for the same plan ({"semantic_plan", "semantic", "semantic_time_ms"}; {} when the plan runs no such leg).';
+    'The HTTP service''s query statement: takes back the plan memory._serve_start made (prefetched plan) when it was made for the same request and caps, else plans (memory._plan), runs the legs (taking back the prefetched legs whose calls are the plan''s own) and finishes the answer (memory._finish); through => ''candidates'' stops after fusion and returns the candidates'' texts for a reranker, with the state (the plan and what it was made for in it), and memory._serve_finish completes it; through => ''semantic'' runs the plan''s hnsw semantic leg alone, while the service calls OpenSearch, and returns it as prefetched for the same plan ({"semantic_plan", "semantic", "semantic_time_ms"}; {} when the plan runs no such leg).';
 
 CREATE OR REPLACE FUNCTION memory._serve_finish(
     req jsonb, caps jsonb, state jsonb, query_embedding vector, result_order bigint[], rerank jsonb
@@ -653,7 +653,7 @@ BEGIN
                           state, query_embedding, result_order, rerank);
 END $$;
 COMMENT ON FUNCTION memory._serve_finish(jsonb, jsonb, jsonb, vector, bigint[], jsonb) IS
-    'The HTTP service''s statement after a reranker: the answer (memory._finish) of the state memory._serve returned, in the reranker''s order.';
+    'The HTTP service''s statement after a reranker: the answer (memory._finish) of the state memory._serve returned, in the reranker''s order, with the plan that state holds when it was made for the same request and caps (else planned again).';
 
 CREATE OR REPLACE FUNCTION memory._assert_projects(caps jsonb)
 RETURNS void

@@ -364,8 +364,11 @@ BEGIN
     END IF;
     -- The fusion memory._run_legs made (the same legs and arguments) holds the first need
     -- candidates when it went that deep, or when it held them all (fewer than its cut):
-    -- its prefix is what fusing again to need would give.
-    IF fused_n >= need OR fused_n < (state ->> 'fused_cut')::integer THEN
+    -- its prefix is what fusing again to need would give. Not for a LexicalFirst cascade:
+    -- memory.fuse_legs drops the ids its by-ids stage did not rank after the cut, so its
+    -- list is neither a prefix of a deeper one nor short only when it holds them all.
+    IF plan ->> 'search_strategy' <> 'LexicalFirst'
+       AND (fused_n >= need OR fused_n < (state ->> 'fused_cut')::integer) THEN
         RETURN ARRAY(
             SELECT x.id
             FROM jsonb_array_elements_text(state -> 'fused_order') WITH ORDINALITY AS f(v, o),
