@@ -17,8 +17,8 @@ from poimen_memory.embedders.local import LocalEmbedder
 from service_client import KONG, query, serve
 
 Conn = psycopg.Connection[Any]
-NO_LEG = json.dumps({"ids": [], "scores": []})
 NO_LEG_DOC: dict[str, list[Any]] = {"ids": [], "scores": []}
+NO_LEG = json.dumps(NO_LEG_DOC)
 
 
 @pytest.fixture
@@ -550,6 +550,20 @@ def test_deeper_candidates_cite_at_the_ranks_after_the_results(
     assert conn.execute(deeper, (plan, state, [m1])).fetchone() == ([],)
 
 
+def _fused_order(
+    conn: Conn, sem: dict[str, Any], lex: dict[str, Any], strategy: str, cut: int
+) -> list[int]:
+    """The ids memory.fuse_legs gives (convex 0.4, k 10) cut at ``cut``, best first: the
+    order memory._run_legs stores as fused_order."""
+    row = conn.execute(
+        "SELECT array_agg(f.node_id ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]),"
+        " f.node_id) FROM memory.fuse_legs(%s, %s, %s, 'convex', 0.4, 10, %s) f",
+        (Jsonb(sem), Jsonb(lex), strategy, cut),
+    ).fetchone()
+    assert row is not None and row[0] is not None
+    return list(row[0])
+
+
 @pytest.mark.parametrize("cut", [10, 30, 1000])
 @pytest.mark.parametrize("deep", [1, 20, 50])
 def test_the_deeper_candidates_reuse_the_answers_fusion(conn: Conn, cut: int, deep: int) -> None:
@@ -560,19 +574,15 @@ def test_the_deeper_candidates_reuse_the_answers_fusion(conn: Conn, cut: int, de
     lex = {"ids": list(range(80, 20, -1)), "scores": [30 - i / 3 for i in range(60)]}
     plan = Jsonb({"search_strategy": "Hybrid", "fusion": "convex", "dense_weight": 0.4,
                   "rrf_k": 10})  # fmt: skip
-    fused = (
-        "SELECT array_agg(f.node_id ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]),"
-        " f.node_id) FROM memory.fuse_legs(%s, %s, 'Hybrid', 'convex', 0.4, 10, %s) f"
-    )
-    order = conn.execute(fused, (Jsonb(sem), Jsonb(lex), cut)).fetchone()
-    whole = conn.execute(fused, (Jsonb(sem), Jsonb(lex), 1000)).fetchone()
-    assert order is not None and whole is not None and len(whole[0]) == 80
-    assert order[0] == whole[0][:cut]
-    results, withheld = whole[0][:5], whole[0][7:9]
-    stored = {"fused_order": order[0], "fused_cut": cut, "withheld_ids": withheld}
+    order = _fused_order(conn, sem, lex, "Hybrid", cut)
+    whole = _fused_order(conn, sem, lex, "Hybrid", 1000)
+    assert len(whole) == 80
+    assert order == whole[:cut]
+    results, withheld = whole[:5], whole[7:9]
+    stored = {"fused_order": order, "fused_cut": cut, "withheld_ids": withheld}
     # Where the stored order serves (as deep as the results and deep, or every candidate),
     # the legs are left out of the state: only the stored order can answer.
-    serves = len(order[0]) >= 5 + deep or len(order[0]) < cut
+    serves = len(order) >= 5 + deep or len(order) < cut
     legs = (
         {"semantic": NO_LEG_DOC, "lexical": NO_LEG_DOC}
         if serves
@@ -589,7 +599,7 @@ def test_the_deeper_candidates_reuse_the_answers_fusion(conn: Conn, cut: int, de
     finally:
         conn.execute("SELECT memory.reset_policy('evidence_deeper')")
     # the fused candidates after the results, within the first results + deep, none withheld
-    expected = [i for i in whole[0][: 5 + deep] if i not in results + withheld][:deep]
+    expected = [i for i in whole[: 5 + deep] if i not in results + withheld][:deep]
     assert again == (expected,)
     assert reused == again
 
@@ -605,19 +615,14 @@ def test_a_cascade_fuses_its_deeper_candidates_again(conn: Conn, cut: int) -> No
     sem = {"ids": ranked, "scores": [0.9 - i / 100 for i in range(len(ranked))]}
     plan = Jsonb({"search_strategy": "LexicalFirst", "fusion": "convex", "dense_weight": 0.4,
                   "rrf_k": 10})  # fmt: skip
-    order = conn.execute(
-        "SELECT array_agg(f.node_id ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]),"
-        " f.node_id) FROM memory.fuse_legs(%s, %s, 'LexicalFirst', 'convex', 0.4, 10, %s) f",
-        (Jsonb(sem), Jsonb(lex), cut),
-    ).fetchone()
-    assert order is not None
+    order = _fused_order(conn, sem, lex, "LexicalFirst", cut)
     state = {"semantic": sem, "lexical": lex, "withheld_ids": []}
-    results = order[0][:3]
+    results = order[:3]
     deeper = "SELECT memory._deeper(%s, %s, %s)"
     conn.execute("SELECT memory.set_policy('evidence_deeper', '20')")
     try:
         again = conn.execute(deeper, (plan, Jsonb(state), results)).fetchone()
-        stored = {**state, "fused_order": order[0], "fused_cut": cut}
+        stored = {**state, "fused_order": order, "fused_cut": cut}
         reused = conn.execute(deeper, (plan, Jsonb(stored), results)).fetchone()
     finally:
         conn.execute("SELECT memory.reset_policy('evidence_deeper')")

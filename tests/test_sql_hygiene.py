@@ -161,6 +161,8 @@ READER = {
     "_lexical_call",
     "_serve",
     "_serve_finish",
+    "_carry_plan",
+    "_carried_plan",
     "_assert_projects",
     "support_status",
     "parents_present",

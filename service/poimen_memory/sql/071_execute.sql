@@ -549,6 +549,39 @@ COMMENT ON FUNCTION memory._prepare(jsonb, vector, text) IS
 
 -- What the HTTP service calls: the tenant's projects travel with the statement (no
 -- separate set_config), so a query is one statement and one round trip.
+-- A plan travels from one of the service's statements to the next with what it was made
+-- for (the request and the caps), and the next takes it back only when made for the same:
+-- one place builds it and one decides, for memory._serve_start, _serve and _serve_finish.
+CREATE OR REPLACE FUNCTION memory._carry_plan(plan jsonb, req jsonb, caps jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN jsonb_build_object('plan', plan,
+                              'planned_for', jsonb_build_object('req', req, 'caps', caps));
+END $$;
+COMMENT ON FUNCTION memory._carry_plan(jsonb, jsonb, jsonb) IS
+    'A plan with what it was made for ({"plan", "planned_for": {"req", "caps"}}), as the service''s next statement takes it back (memory._carried_plan).';
+
+CREATE OR REPLACE FUNCTION memory._carried_plan(req jsonb, caps jsonb, carried jsonb)
+RETURNS jsonb
+-- PARALLEL UNSAFE: it may plan (memory._plan)
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- Made again when the request or the caps differ (a failed embedding or OpenSearch
+    -- call changes the caps). A plan given back opens nothing: what it asks, the caller may
+    -- ask by calling the stage functions, under the same row-level security.
+    IF carried -> 'planned_for' = jsonb_build_object('req', req, 'caps', caps) THEN
+        RETURN carried -> 'plan';
+    END IF;
+    RETURN memory._plan(req, caps);
+END $$;
+COMMENT ON FUNCTION memory._carried_plan(jsonb, jsonb, jsonb) IS
+    'The plan carried (memory._carry_plan: prefetched of memory._serve_start, the state of memory._serve through candidates) when it was made for this request and caps, else memory._plan(req, caps).';
+
 CREATE OR REPLACE FUNCTION memory._serve_start(req jsonb, caps jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -578,13 +611,11 @@ BEGIN
         ev_lex := memory._lexical_call(calls -> 'evidence_lexical');
         done := done || jsonb_build_object('evidence_lexical', calls -> 'evidence_lexical');
     END IF;
-    -- The plan goes back too, with what it was made of: memory._serve takes it when it
-    -- gets the same request and caps rather than planning again (a second plan cost an
-    -- answer about 1 ms of CPU). What a plan may do, a caller may do by calling the stage
-    -- functions, under the same row-level security: a plan given back opens nothing.
+    -- The plan goes back too, with what it was made for: memory._serve takes it rather
+    -- than planning again (a second plan cost an answer about 1 ms of CPU).
     RETURN plan || jsonb_build_object('prefetched', jsonb_build_object(
-        'calls', done, 'lexical', lex, 'evidence_lexical', ev_lex, 'stages', st,
-        'plan', plan, 'planned_for', jsonb_build_object('req', req, 'caps', caps)));
+        'calls', done, 'lexical', lex, 'evidence_lexical', ev_lex, 'stages', st)
+        || memory._carry_plan(plan, req, caps));
 END $$;
 COMMENT ON FUNCTION memory._serve_start(jsonb, jsonb) IS
     'The HTTP service''s first statement, under the projects caps asserts (read_projects, write_projects; honoured for members of @role.service@ only): the plan (memory._plan), and under prefetched the Postgres lexical legs it names, run while the service embeds the query, with the plan itself and what it was made for (plan, planned_for: the request and caps); memory._serve takes them back.';
@@ -602,10 +633,7 @@ DECLARE
     state jsonb;
 BEGIN
     PERFORM memory._assert_projects(caps);
-    -- memory._serve_start's plan when it was made for this request and caps (made again
-    -- when either differs: a failed embedding or OpenSearch call changes the caps)
-    plan := CASE WHEN prefetched -> 'planned_for' = jsonb_build_object('req', req, 'caps', caps)
-                 THEN prefetched -> 'plan' ELSE memory._plan(req, caps) END;
+    plan := memory._carried_plan(req, caps, prefetched);  -- memory._serve_start's
     IF through = 'semantic' THEN
         -- Beside the service's OpenSearch call: the hnsw semantic leg alone, as
         -- memory._run_legs runs it with no lexical leg and no evidence legs of their own
@@ -625,8 +653,7 @@ BEGIN
         -- (with the plan and what it was made for, which memory._serve_finish takes back).
         RETURN jsonb_build_object(
             'plan', plan,
-            'state', state || jsonb_build_object(
-                'plan', plan, 'planned_for', jsonb_build_object('req', req, 'caps', caps)),
+            'state', state || memory._carry_plan(plan, req, caps),
             'texts', (SELECT coalesce(jsonb_object_agg(n.id::text, n.text), '{}')
                       FROM memory.nodes n
                       WHERE n.id IN (SELECT (f ->> 'node_id')::bigint
@@ -646,10 +673,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM memory._assert_projects(caps);
-    -- memory._serve's plan when made for this request and caps (as memory._serve takes
-    -- memory._serve_start's)
-    RETURN memory._finish(CASE WHEN state -> 'planned_for' = jsonb_build_object('req', req, 'caps', caps)
-                               THEN state -> 'plan' ELSE memory._plan(req, caps) END,
+    RETURN memory._finish(memory._carried_plan(req, caps, state),  -- memory._serve's
                           state, query_embedding, result_order, rerank);
 END $$;
 COMMENT ON FUNCTION memory._serve_finish(jsonb, jsonb, jsonb, vector, bigint[], jsonb) IS

@@ -107,6 +107,7 @@ DECLARE
         'memory._execute', 'memory._prepare', 'memory.answer', 'memory._only', 'memory._serve_start',
         'memory._lexical_calls', 'memory._lexical_call',
         'memory._serve', 'memory._serve_finish', 'memory._assert_projects',
+        'memory._carry_plan', 'memory._carried_plan',
         'memory.check_evidence_budget', 'memory.check_fusion', 'memory.check_filter',
         'memory.parse_query', 'memory._grammar_item', 'memory._grammar_pattern',
         'memory._grammar_doc', 'memory._grammar_has', 'memory._grammar_match',
