@@ -5,6 +5,7 @@ command runs end to end on a tiny corpus. No timing is asserted."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import numpy as np
 import psycopg
 import pytest
 from pgvector.psycopg import register_vector
+from psycopg.conninfo import conninfo_to_dict
 
 from poimen_lab.bench import peers
 from poimen_memory.cli.main import main
@@ -138,11 +140,12 @@ def test_langchain_hybrid_returns_its_fusion_of_both_legs(fixture_url: str, embe
                 _same_ranking(got, _rrf([dense, sparse], 60, 0), k)
         # Calls at once from several threads (bench-peers' throughput clients): each its own
         # answer through the engine's event loop and pool, no error.
-        systems = peers.Systems(fixture_url, embedder, ["langchain"], None, peer)
-        backends = peers.Backends(fixture_url, "no_such_role")
+        systems = peers.Systems(fixture_url, embedder, ["langchain"], {}, peer)
+        dbname = conninfo_to_dict(fixture_url)["dbname"]
+        backends = peers.Backends(fixture_url, "no_such_role", {"": str(dbname)})
         try:
             questions = [peers.Question(q["id"], q["text"], q.get("project")) for q in QUERIES]
-            w = peers.load_window(systems, "langchain", questions, False, 3, 3, 0.5, backends, None)
+            w = peers.load_window(systems, "langchain", questions, False, 3, 3, 0.5, backends, {})
         finally:
             systems.close()
             backends.close()
@@ -227,3 +230,60 @@ def test_bench_peers_end_to_end(
     assert "throughput: 2 clients" in printed
     after = {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
     assert after == before  # its scratch database is gone
+
+
+def test_bench_peers_runs_the_version_before_a_change_beside_this_one(
+    empty_url: str,
+    work_dir: Path,
+    sets: tuple[Path, Path],
+    tmp_path: Path,
+    admin: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--base REF: a commit's code on a copy of the loaded database, its own server, asked
+    the same questions; HEAD against itself gives the same answers, each version's CPU is
+    read from its own backends and server, and the copy is dropped afterwards."""
+    monkeypatch.setenv("POIMEN_DATABASE_URL", empty_url)
+    monkeypatch.setenv("POIMEN_HOME", str(work_dir))
+    monkeypatch.delenv("POIMEN_EMBEDDINGS_URL", raising=False)
+    before = {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
+    out, cache = tmp_path / "peers.json", tmp_path / "cache"
+    mem, _ = sets
+    args = ["bench-peers", "--set", str(mem), "--warmup", "1", "--systems", "poimen",
+            "--base", "HEAD", "--cache", str(cache), "--json", str(out),
+            "--clients", "1", "--seconds", "0.5", "--rounds", "1"]  # fmt: skip
+    assert main(args) == 0
+    r = json.loads(out.read_text())
+    head = subprocess.run(
+        ["git", "-C", str(peers.REPO), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    assert r["base"]["ref"] == "HEAD" and r["base"]["commit"] == head
+    # The base's code, taken from git, is what ran: its tree is kept under --cache.
+    tree = cache / f"base-{head[:16]}"
+    assert (tree / "service" / "poimen_memory" / "sql" / "072_evidence.sql").is_file()
+    s = r["sets"]["mem"]
+    assert set(s["systems"]) == {"poimen", "poimen@base"}
+    for system in ("poimen", "poimen@base"):
+        row = s["systems"][system]
+        assert row["questions"] == 7
+        assert row["database_cpu_ms"] > 0 and row["server_cpu_ms"] > 0, system
+    o = s["systems"]["poimen"]["over_base"]
+    assert o["questions"] == 7 and o["same_answers"] == 7, o
+    assert min(o["cpu"], o["database_cpu"], o["server_cpu"]) > 0, o
+    assert s["systems"]["poimen"]["quality"] == s["systems"]["poimen@base"]["quality"]
+    tput = s["throughput"]
+    assert set(tput) == {"poimen", "poimen@base"}
+    assert tput["poimen@base"]["qps"] > 0 and tput["poimen@base"]["errors"] == 0
+    assert tput["poimen"]["over_base"]["qps"] > 0
+    printed = capsys.readouterr().out
+    assert "this version over the base (HEAD, " in printed
+    assert "poimen GET /memory/query (base)" in printed
+    after = {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
+    assert after == before  # the database and its base copy are gone
+
+
+def test_bench_peers_refuses_a_base_that_is_not_a_commit(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="not a commit"):
+        peers.base_code("no-such-ref-anywhere", tmp_path)
+    assert not tmp_path.joinpath("cache").exists()

@@ -55,6 +55,18 @@ closed and reopened under load). Before each window every client asks one questi
 pools (langchain's, the server's) hold their connections before the clock starts. The
 server's per-client share (``POIMEN_HTTP_CLIENT_INFLIGHT``, 8) is raised to N when N is
 larger: the N threads come from one address, and are N clients, as the peers' are.
+
+The version before a change (``--base REF``, issue 42's "the run before the change beside
+it"): the machine's speed drifts by 10-25% between runs and between boots, so a change is
+measured against the commit it changes in the same run, question by question. The base's
+``service`` and ``plpython`` folders are taken from git (``git archive``, kept under
+``--cache``); its database is a copy of the loaded one (``CREATE DATABASE ... TEMPLATE``)
+that the base's own code migrates (its SQL functions over the same rows and indexes), and its
+own server runs from those folders. Each poimen system then has a twin ``<name>@base``, asked
+the same questions in the same rotation, and the table adds this version over the base: CPU
+per question (the ratio of means and the median of the per-question ratios) and how many
+answers are identical. A base whose code lacks a run-once migration of this version's is
+refused by its own migrate (a database is never migrated backwards).
 """
 
 from __future__ import annotations
@@ -66,10 +78,14 @@ import dataclasses
 import hashlib
 import http.client
 import importlib
+import io
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -210,6 +226,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument("--seconds", type=float, default=30.0, help="throughput window per system")
     p.add_argument("--rounds", type=int, default=2, help="throughput rounds (medians over them)")
+    p.add_argument(
+        "--base",
+        metavar="REF",
+        help="also run a git commit's version of ours, side by side (<system>@base)",
+    )
     p.add_argument("--json", type=Path, metavar="OUT")
     p.add_argument("--plot", type=Path, metavar="OUT.png")
     p.set_defaults(func=cmd_bench_peers)
@@ -239,21 +260,24 @@ def process_cpu_ns(pid: int) -> int:
 
 
 class Backends:
-    """The PostgreSQL backends of the bench database, by who opened them, and their CPU."""
+    """The PostgreSQL backends of the bench databases, by who opened them, and their CPU.
+    databases: the database of each version of ours (``version``: "" or "base")."""
 
-    def __init__(self, url: str, service_role: str) -> None:
+    def __init__(self, url: str, service_role: str, databases: Mapping[str, str]) -> None:
         self.conn = connect(url, autocommit=True)
         self.service_role = service_role
+        self.databases = dict(databases)
 
     def pids(self, system: str) -> list[int]:
         rows = self.conn.execute(
-            "SELECT pid, usename, application_name FROM pg_catalog.pg_stat_activity"
-            " WHERE datname = current_database() AND backend_type = 'client backend'"
-            " AND pid <> pg_catalog.pg_backend_pid()"
+            "SELECT pid, usename, application_name, datname FROM pg_catalog.pg_stat_activity"
+            " WHERE backend_type = 'client backend' AND pid <> pg_catalog.pg_backend_pid()"
         ).fetchall()
         if system.startswith("poimen"):
-            return [int(r[0]) for r in rows if r[1] == self.service_role]
-        return [int(r[0]) for r in rows if r[2] == system_app(system)]
+            db = self.databases[version(system)]
+            return [int(r[0]) for r in rows if r[1] == self.service_role and r[3] == db]
+        db = self.databases[""]
+        return [int(r[0]) for r in rows if r[2] == system_app(system) and r[3] == db]
 
     @staticmethod
     def cpu(pids: Iterable[int]) -> dict[int, int]:
@@ -265,6 +289,20 @@ class Backends:
 
 def system_app(system: str) -> str:
     return {"supabase": SUPABASE_APP, "langchain": LANGCHAIN_APP}.get(system, system)
+
+
+BASE = "base"
+
+
+def version(system: str) -> str:
+    """Which version of ours a system name asks: "" (this one) or "base" (``poimen@base``)."""
+    return system.partition("@")[2]
+
+
+def server_cpu_ns(servers: Mapping[str, int], system: str) -> int:
+    """The CPU so far of the server that answers ``system`` (0: a peer, which has none)."""
+    pid = servers.get(version(system)) if system.startswith("poimen") else None
+    return process_cpu_ns(pid) if pid else 0
 
 
 # -- data and loading --------------------------------------------------------------------
@@ -554,10 +592,13 @@ class LangchainPeer:
 
 @dataclass
 class Answer:
-    """One call's answer: the external ids it ranks, and the L0 turns it cites."""
+    """One call's answer: the external ids it ranks, and the L0 turns it cites; digest: of
+    the response as the server sent it, its timings left out (ours: two versions gave the
+    same answer when their digests are equal)."""
 
     ranked: list[str] = field(default_factory=list)
     cited: set[str] = field(default_factory=set)
+    digest: str | None = None
 
 
 @dataclass
@@ -568,19 +609,20 @@ class Question:
 
 
 class Systems:
-    """Each system's call for one question of one set; returns an Answer."""
+    """Each system's call for one question of one set; returns an Answer. servers: the HTTP
+    address of each version of ours ("": this one, "base": ``--base``'s)."""
 
     def __init__(
         self,
         url: str,
         embedder: Any,
         names: Sequence[str],
-        base: str | None,
+        servers: Mapping[str, str],
         langchain: LangchainPeer | None,
     ) -> None:
         self.embedder = embedder
         self.names = list(names)
-        self.url, self.base = url, base
+        self.url, self.servers = url, dict(servers)
         self.by_db_id: dict[int, str] = {}
         self.by_sha: dict[str, str] = {}
         with connect(url, autocommit=True) as conn:
@@ -594,9 +636,7 @@ class Systems:
         if "supabase" in self.names:
             self.supabase = self._supabase()
         self.langchain = langchain
-        self.http: http.client.HTTPConnection | None = None
-        if base is not None:
-            self.http = self._http_connection(base)
+        self.http = {v: self._http_connection(a) for v, a in self.servers.items()}
 
     def _supabase(self) -> psycopg.Connection[Any]:
         conn = psycopg.connect(self.url, autocommit=True, application_name=SUPABASE_APP)
@@ -613,7 +653,7 @@ class Systems:
         store is shared: its calls take connections from its engine's pool)."""
         other = copy.copy(self)
         other.supabase = self._supabase() if self.supabase is not None else None
-        other.http = self._http_connection(self.base) if self.base is not None else None
+        other.http = {v: self._http_connection(a) for v, a in self.servers.items()}
         return other
 
     def recover(self) -> None:
@@ -623,8 +663,8 @@ class Systems:
             with contextlib.suppress(Exception):
                 self.supabase.close()
             self.supabase = self._supabase()
-        if self.http is not None:
-            self.http.close()
+        for conn in self.http.values():
+            conn.close()
 
     def call(self, system: str, q: Question, evidence: bool, turns: int) -> Answer:
         k = turns if evidence else 10
@@ -645,14 +685,13 @@ class Systems:
             params["project"] = q.project
         if not evidence:
             params["level"] = "L0"
-        if system == "poimen-evidence0":
+        if system.partition("@")[0] == "poimen-evidence0":
             params["evidence"] = "0"
-        return self._http(params)
+        return self._http(self.http[version(system)], params)
 
-    def _http(self, params: Mapping[str, str]) -> Answer:
-        assert self.http is not None
-        self.http.request("GET", "/memory/query?" + urlencode(params))
-        resp = self.http.getresponse()
+    def _http(self, conn: http.client.HTTPConnection, params: Mapping[str, str]) -> Answer:
+        conn.request("GET", "/memory/query?" + urlencode(params))
+        resp = conn.getresponse()
         body = resp.read()
         if resp.status != 200:
             raise RuntimeError(f"GET /memory/query: {resp.status} {body[:300]!r}")
@@ -668,13 +707,28 @@ class Systems:
         for e in doc.get("evidence") or []:
             if e.get("sha256") in self.by_sha:
                 cited.add(self.by_sha[e["sha256"]])
-        return Answer(ranked, cited)
+        untimed_doc = json.dumps(untimed(doc), sort_keys=True, ensure_ascii=False)
+        return Answer(ranked, cited, hashlib.sha256(untimed_doc.encode()).hexdigest())
 
     def close(self) -> None:
         if self.supabase is not None:
             self.supabase.close()
-        if self.http is not None:
-            self.http.close()
+        for conn in self.http.values():
+            conn.close()
+
+
+def untimed(doc: Any) -> Any:
+    """A response less what differs between two runs of the same answer: its timings
+    (``*_ms``, ``stages``) and its request id."""
+    if isinstance(doc, dict):
+        return {
+            k: untimed(v)
+            for k, v in doc.items()
+            if not k.endswith("_ms") and k not in ("stages", "timings", "request_id")
+        }
+    if isinstance(doc, list):
+        return [untimed(x) for x in doc]
+    return doc
 
 
 @dataclass
@@ -686,6 +740,12 @@ class Tally:
     quality: list[float] = field(default_factory=list)
     cited: list[int] = field(default_factory=list)
     per_query: dict[str, float] = field(default_factory=dict)
+    digests: list[str | None] = field(default_factory=list)
+
+    def cpu_ns(self) -> list[int]:
+        """Each question's CPU, every process summed."""
+        parts = zip(self.database_ns, self.server_ns, self.client_ns, strict=True)
+        return [d + s + c for d, s, c in parts]
 
 
 def score(data: EvalData, qid: str, answer: Answer, evidence: bool) -> float:
@@ -699,7 +759,7 @@ def run_set(
     data: EvalData,
     systems: Systems,
     backends: Backends,
-    server_pid: int | None,
+    servers: Mapping[str, int],
     turns: int,
     warmup: int,
 ) -> dict[str, Tally]:
@@ -712,13 +772,13 @@ def run_set(
         for name in order:
             pids = backends.pids(name)
             db0 = Backends.cpu(pids)
-            srv0 = process_cpu_ns(server_pid) if server_pid and name.startswith("poimen") else 0
+            srv0 = server_cpu_ns(servers, name)
             c0 = time.process_time_ns()
             t0 = time.perf_counter()
             answer = systems.call(name, q, evidence, turns)
             took = (time.perf_counter() - t0) * 1000
             c1 = time.process_time_ns()
-            srv1 = process_cpu_ns(server_pid) if server_pid and name.startswith("poimen") else 0
+            srv1 = server_cpu_ns(servers, name)
             db1 = Backends.cpu(set(pids) | set(backends.pids(name)))
             if i < warmup:
                 continue
@@ -731,6 +791,7 @@ def run_set(
             t.quality.append(value)
             t.cited.append(len(answer.cited))
             t.per_query[q.id] = value
+            t.digests.append(answer.digest)
         if (i + 1) % 100 == 0:
             print(f"bench-peers: {data.dataset}: {i + 1}/{len(questions)}", file=sys.stderr)
     return out
@@ -768,7 +829,37 @@ def summarize(tallies: Mapping[str, Tally], seed: int) -> dict[str, dict[str, An
         if ref:
             row["p50_over_supabase"] = row["p50_ms"] / max(ref["p50_ms"], 1e-9)
             row["cpu_over_supabase"] = row["cpu_ms"] / max(ref["cpu_ms"], 1e-9)
+    for name, t in tallies.items():
+        base = tallies.get(f"{name}@{BASE}")
+        if base is not None:
+            out[name]["over_base"] = over_base(t, base)
     return out
+
+
+def over_base(head: Tally, base: Tally) -> dict[str, Any]:
+    """This version against the base, on the same questions asked in the same rotation: each
+    CPU part as a ratio of means, the whole CPU also as the median of the per-question
+    ratios, the p50 ratio, and how many answers were identical."""
+
+    def ratio(a: Sequence[int] | Sequence[float], b: Sequence[int] | Sequence[float]) -> float:
+        return statistics.fmean(a) / max(statistics.fmean(b), 1e-9) if a and b else float("nan")
+
+    per_q = [h / b for h, b in zip(head.cpu_ns(), base.cpu_ns(), strict=True) if b > 0]
+    same = sum(
+        1 for h, b in zip(head.digests, base.digests, strict=True) if h is not None and h == b
+    )
+    return {
+        "questions": len(head.ms),
+        "same_answers": same,
+        "cpu": ratio(head.cpu_ns(), base.cpu_ns()),
+        "cpu_median_per_question": statistics.median(per_q) if per_q else float("nan"),
+        "database_cpu": ratio(head.database_ns, base.database_ns),
+        "server_cpu": ratio(head.server_ns, base.server_ns),
+        "client_cpu": ratio(head.client_ns, base.client_ns),
+        "p50": statistics.median(head.ms) / max(statistics.median(base.ms), 1e-9)
+        if head.ms and base.ms
+        else float("nan"),
+    }
 
 
 # -- throughput ---------------------------------------------------------------------------
@@ -815,7 +906,7 @@ def load_window(
     clients: int,
     seconds: float,
     backends: Backends,
-    server_pid: int | None,
+    servers: Mapping[str, int],
 ) -> Window:
     """``clients`` threads, each on connections of its own, asking ``name`` the questions in
     turn (each from its own starting point) for ``seconds``; a call in flight at the end is
@@ -875,7 +966,7 @@ def load_window(
             w.errors, w.error = 0, None  # the warm-up's failures are not the window's
             pids = backends.pids(name)
             db0 = Backends.cpu(pids)
-            srv0 = process_cpu_ns(server_pid) if server_pid and name.startswith("poimen") else 0
+            srv0 = server_cpu_ns(servers, name)
             c0 = time.process_time_ns()
             t0 = time.perf_counter()
             deadline[0] = t0 + seconds
@@ -887,8 +978,7 @@ def load_window(
             t.join()
         w.elapsed_s = time.perf_counter() - t0
         w.client_ns = time.process_time_ns() - c0
-        srv1 = process_cpu_ns(server_pid) if server_pid and name.startswith("poimen") else 0
-        w.server_ns = srv1 - srv0
+        w.server_ns = server_cpu_ns(servers, name) - srv0
         db1 = Backends.cpu(set(pids) | set(backends.pids(name)))
         w.database_ns = sum(v - db0.get(pid, 0) for pid, v in db1.items() if v)
         return w
@@ -901,7 +991,7 @@ def throughput(
     data: EvalData,
     systems: Systems,
     backends: Backends,
-    server_pid: int | None,
+    servers: Mapping[str, int],
     turns: int,
     clients: int,
     seconds: float,
@@ -919,7 +1009,7 @@ def throughput(
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             w = load_window(
-                systems, name, questions, evidence, turns, clients, seconds, backends, server_pid
+                systems, name, questions, evidence, turns, clients, seconds, backends, servers
             )
             one = w.row()
             runs[name].append(one)
@@ -949,6 +1039,11 @@ def throughput(
             row["qps_over_best_peer"] = row["qps"] / max(ref["qps"], 1e-9)
             row["p50_over_best_peer"] = row["p50_ms"] / max(ref["p50_ms"], 1e-9)
             row["cpu_over_best_peer"] = row["cpu_ms"] / max(ref["cpu_ms"], 1e-9)
+    for name, row in out.items():
+        base = out.get(f"{name}@{BASE}")
+        if base is not None:
+            ratios = ("qps", "p50_ms", "cpu_ms", "database_cpu_ms")
+            row["over_base"] = {k: row[k] / max(base[k], 1e-9) for k in ratios}
     return out
 
 
@@ -960,6 +1055,11 @@ LABELS = {
 }
 
 
+def label(system: str) -> str:
+    name, _, v = system.partition("@")
+    return LABELS.get(name, name) + (f" ({v})" if v else "")
+
+
 def print_table(result: Mapping[str, Any]) -> None:
     for name, s in result["sets"].items():
         measure = s["measure"]
@@ -968,7 +1068,7 @@ def print_table(result: Mapping[str, Any]) -> None:
         for system, r in s["systems"].items():
             lo, hi = r["quality_ci95"]
             rows.append([
-                LABELS.get(system, system), f"{r['quality']:.3f} [{lo:.3f}, {hi:.3f}]",
+                label(system), f"{r['quality']:.3f} [{lo:.3f}, {hi:.3f}]",
                 round(r["cited"], 1), round(r["p50_ms"], 1), round(r["database_cpu_ms"], 1),
                 round(r["server_cpu_ms"], 1), round(r["client_cpu_ms"], 1), round(r["cpu_ms"], 1),
                 round(r.get("p50_over_supabase", float("nan")), 2),
@@ -978,6 +1078,7 @@ def print_table(result: Mapping[str, Any]) -> None:
                 "server CPU ms/q", "client CPU ms/q", "CPU ms/q", "p50 / supabase",
                 "CPU / supabase"]  # fmt: skip
         print(table(rows, head))
+        print_over_base(s["systems"], result.get("base"))
         if "throughput" in s:
             print_throughput(s["throughput"])
 
@@ -994,7 +1095,7 @@ def print_throughput(tput: Mapping[str, Mapping[str, Any]]) -> None:
     rows = []
     for system, r in tput.items():
         rows.append([
-            LABELS.get(system, system), round(r["qps"], 1), round(r["p50_ms"], 1),
+            label(system), round(r["qps"], 1), round(r["p50_ms"], 1),
             round(r["p95_ms"], 1), r["errors"], round(r["database_cpu_ms"], 1),
             round(r["server_cpu_ms"], 1), round(r["client_cpu_ms"], 1), round(r["cpu_ms"], 1),
             round(r.get("qps_over_best_peer", float("nan")), 2),
@@ -1003,6 +1104,33 @@ def print_throughput(tput: Mapping[str, Mapping[str, Any]]) -> None:
     head = ["system", "q/s", "p50 ms", "p95 ms", "errors", "db CPU ms/q", "server CPU ms/q",
             "client CPU ms/q", "CPU ms/q", "q/s / best peer", "CPU / best peer"]  # fmt: skip
     print(table(rows, head))
+    rows = [
+        [label(system), round(r["over_base"]["qps"], 3), round(r["over_base"]["p50_ms"], 3),
+         round(r["over_base"]["cpu_ms"], 3), round(r["over_base"]["database_cpu_ms"], 3)]
+        for system, r in tput.items() if "over_base" in r
+    ]  # fmt: skip
+    if rows:
+        print("\nthroughput, this version over the base:")
+        print(table(rows, ["system", "q/s", "p50", "CPU/q", "db CPU/q"]))
+
+
+def print_over_base(systems: Mapping[str, Mapping[str, Any]], base: Any) -> None:
+    rows = []
+    for system, r in systems.items():
+        if "over_base" not in r:
+            continue
+        o = r["over_base"]
+        rows.append([
+            label(system), f"{o['same_answers']}/{o['questions']}", round(o["cpu"], 3),
+            round(o["cpu_median_per_question"], 3), round(o["database_cpu"], 3),
+            round(o["server_cpu"], 3), round(o["client_cpu"], 3), round(o["p50"], 3),
+        ])  # fmt: skip
+    if rows:
+        where = f"{base['ref']}, {base['commit'][:12]}"
+        print(f"\nthis version over the base ({where}), the same questions:")
+        head = ["system", "same answers", "CPU/q", "CPU/q median of ratios", "db CPU/q",
+                "server CPU/q", "client CPU/q", "p50"]  # fmt: skip
+        print(table(rows, head))
 
 
 def _sets(args: argparse.Namespace) -> list[Path]:
@@ -1016,13 +1144,14 @@ def _sets(args: argparse.Namespace) -> list[Path]:
 
 @contextmanager
 def _server(
-    service_url: str, wanted: bool, clients: int = 0
-) -> Iterator[tuple[str | None, int | None]]:
-    if not wanted:
-        yield None, None
-        return
+    service_url: str, clients: int = 0, code: Path | None = None
+) -> Iterator[tuple[str, int]]:
+    """Our server on service_url, its embedding cache off, no reranker or OpenSearch; code: a
+    base's source tree (base_code) to run instead of this version."""
     drop = ("POIMEN_RERANK_URL", "POIMEN_OPENSEARCH_URL")
     env = {"POIMEN_DATABASE_URL": service_url, "POIMEN_EMBED_CACHE_SIZE": "0"}
+    if code is not None:
+        env["PYTHONPATH"] = base_pythonpath(code)
     if clients > Settings.from_env().http_client_inflight:
         # the throughput's clients share one address: N clients, not one client's share
         env["POIMEN_HTTP_CLIENT_INFLIGHT"] = str(clients)
@@ -1037,6 +1166,79 @@ def _server(
         yield base, pid
 
 
+# -- the version before a change (--base) ---------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[3]
+# Run by the base's own Python: its migrate over the copied database, with no PL/Python
+# copy on this host (None: the database server imports the base's modules from the database,
+# so this version's copy under POIMEN_HOME is not replaced); prints where its code came from.
+BASE_MIGRATE = """
+import sys
+import poimen_memory
+from poimen_memory.db.connect import connect
+from poimen_memory.db.migrate import migrate
+with connect(sys.argv[1], autocommit=True) as conn:
+    migrate(conn, None)
+print(poimen_memory.__file__)
+"""
+
+
+def base_pythonpath(code: Path) -> str:
+    return os.pathsep.join(str(code / d) for d in ("service", "plpython"))
+
+
+def base_code(ref: str, cache: Path) -> tuple[str, Path]:
+    """The commit ref names and its service/ and plpython/ folders, extracted once under
+    cache (git archive: the repository's worktree list and index are not touched)."""
+    rev = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if rev.returncode != 0:
+        raise SystemExit(f"error: --base {ref}: not a commit of {REPO}")
+    commit = rev.stdout.strip()
+    tree = cache / f"base-{commit[:16]}"
+    if (tree / ".complete").is_file():
+        return commit, tree
+    out = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", commit, "service", "plpython"],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise SystemExit(f"error: --base {ref}: git archive: {out.stderr.decode()[:300]}")
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".base-", dir=cache))
+    with tarfile.open(fileobj=io.BytesIO(out.stdout)) as tar:
+        tar.extractall(tmp, filter="data")
+    (tmp / ".complete").touch()
+    shutil.rmtree(tree, ignore_errors=True)
+    tmp.rename(tree)
+    return commit, tree
+
+
+def copy_for_base(server: str, name: str, code: Path) -> tuple[str, str]:
+    """A copy of the loaded database (name) migrated by the base's code: the same rows and
+    indexes under the base's functions. Returns the copy's name and URL."""
+    copy_name = f"{name}_base"
+    drop_database(server, copy_name)
+    with psycopg.connect(make_conninfo(server, dbname="postgres"), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {copy_name} TEMPLATE {name}")
+    url = make_conninfo(server, dbname=copy_name)
+    done = subprocess.run(
+        [sys.executable, "-c", BASE_MIGRATE, url],
+        env={**os.environ, "PYTHONPATH": base_pythonpath(code)},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        drop_database(server, copy_name)
+        raise SystemExit(f"error: the base's migrate failed:\n{done.stderr[-2000:]}")
+    used = Path(done.stdout.strip().splitlines()[-1])
+    if not used.is_relative_to(code):
+        drop_database(server, copy_name)
+        raise SystemExit(f"error: the base's migrate ran {used}, not the code in {code}")
+    return copy_name, url
+
+
 def cmd_bench_peers(args: argparse.Namespace) -> int:
     from poimen_memory.embedders.factory import build_embedder
 
@@ -1045,6 +1247,10 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
     unknown = set(names) - set(LABELS)
     if unknown:
         print(f"error: unknown systems {sorted(unknown)}", file=sys.stderr)
+        return 2
+    ours = [n for n in names if n.startswith("poimen")]
+    if args.base is not None and not ours:
+        print("error: --base compares a version of ours: name a poimen system", file=sys.stderr)
         return 2
     if args.clients < 0 or args.seconds <= 0 or args.rounds < 1:
         print("error: --clients >= 0, --seconds > 0 and --rounds >= 1", file=sys.stderr)
@@ -1058,6 +1264,12 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
         names.remove("langchain")
     folders = _sets(args)
     sets = [load_set(folder, args.queries) for folder in folders]
+    base: dict[str, Any] | None = None
+    code: Path | None = None
+    if args.base is not None:
+        commit, code = base_code(args.base, args.cache)
+        base = {"ref": args.base, "commit": commit}
+        names += [f"{n}@{BASE}" for n in ours]
     embedder = build_embedder(s.embedding)
     embedder.embed_query("warm up")  # loads the model: no system's first question pays it
     server = database_url(s, start=True)
@@ -1066,6 +1278,7 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
     else:
         name, url = fresh_database(server, "poimen_bench_peers")
     result: dict[str, Any] = {"database": name, "systems": names, "sets": {}, "load": {}}
+    databases = {"": name}
     try:
         with ExitStack() as stack:
             if not args.database:
@@ -1073,6 +1286,15 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
                 result["load"]["poimen_ingest_s"] = load_poimen(
                     url, list(zip(folders, sets, strict=True)), embedder, args.cache
                 )
+            if base is not None and code is not None:
+                # Before the peers are built: a template may have no connections, and
+                # langchain's engine keeps some open.
+                print(f"bench-peers: the base ({args.base}): copy, migrate", file=sys.stderr)
+                base["database"], base_url = copy_for_base(server, name, code)
+                databases[BASE] = base["database"]
+                if not args.keep_db:
+                    stack.callback(drop_database, server, base["database"])
+                result["base"] = base
             if "supabase" in names:
                 print("bench-peers: building the Supabase recipe", file=sys.stderr)
                 result["load"]["supabase"] = build_supabase(url, embedder.dim)
@@ -1084,18 +1306,24 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
                 result["load"]["langchain"] = langchain.build(url)
             with connect(url, autocommit=True) as conn:
                 ensure_service_login(conn, s.service_role)
-            service_url = make_conninfo(url, user=s.service_role)
-            base, pid = stack.enter_context(
-                _server(service_url, any(n.startswith("poimen") for n in names), args.clients)
-            )
-            systems = Systems(url, embedder, names, base, langchain)
+            addresses: dict[str, str] = {}
+            servers: dict[str, int] = {}
+            if ours:
+                addresses[""], servers[""] = stack.enter_context(
+                    _server(make_conninfo(url, user=s.service_role), args.clients)
+                )
+            if base is not None:
+                addresses[BASE], servers[BASE] = stack.enter_context(
+                    _server(make_conninfo(base_url, user=s.service_role), args.clients, code)
+                )
+            systems = Systems(url, embedder, names, addresses, langchain)
             stack.callback(systems.close)
-            backends = Backends(url, s.service_role)
+            backends = Backends(url, s.service_role, databases)
             stack.callback(backends.close)
             for data in sets:
                 evidence = evidence_set(data)
                 print(f"bench-peers: {data.dataset}, {len(data.judged)} questions", file=sys.stderr)
-                tallies = run_set(data, systems, backends, pid, args.turns, args.warmup)
+                tallies = run_set(data, systems, backends, servers, args.turns, args.warmup)
                 result["sets"][data.dataset] = {
                     "measure": "evidence recall" if evidence else "nDCG@10",
                     "questions": len(data.judged) - min(args.warmup, len(data.judged)),
@@ -1106,7 +1334,7 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
                 }
                 if args.clients:
                     result["sets"][data.dataset]["throughput"] = throughput(
-                        data, systems, backends, pid, args.turns, args.clients, args.seconds,
+                        data, systems, backends, servers, args.turns, args.clients, args.seconds,
                         args.rounds,
                     )  # fmt: skip
     finally:
@@ -1114,6 +1342,8 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
             drop_database(server, name)
         elif not args.database:
             print(f"kept database {name}", file=sys.stderr)
+        if base is not None and args.keep_db and "database" in base:
+            print(f"kept database {base['database']} (the base's)", file=sys.stderr)
     result["machine"] = {"load_average": os.getloadavg(), "cpus": os.cpu_count()}
     print_table(result)
     if args.json:
