@@ -870,11 +870,12 @@ def test_the_evidence_looks_its_direct_matches_up_by_id(synthetic: Conn) -> None
     assert len(plans) == 1
     root = json.loads(plans[0][plans[0].index("{") :])["Plan"]
     # Every read of memory.nodes in the candidates' statement is a probe by key: the direct
-    # matches, the citations, the neighbours before and after, the sessions.
+    # matches, the citations and the sessions by id, the neighbours before and after by
+    # session (nodes_l0_session; by id where a title is too long for it).
     reads = [n for n in _plan_nodes(root) if n.get("Relation Name") == "nodes"]
     assert len(reads) >= 3, reads
     assert {n["Node Type"] for n in reads} == {"Index Scan"}, reads
-    assert {n["Index Name"] for n in reads} == {"nodes_pkey"}, reads
+    assert {n["Index Name"] for n in reads} == {"nodes_pkey", "nodes_l0_session"}, reads
 
 
 def test_an_answer_plans_its_second_half_once_per_session(synthetic: Conn) -> None:
@@ -1018,3 +1019,40 @@ def test_a_plain_lexical_search_keeps_one_plan_for_every_project(synthetic: Conn
         synthetic.execute("SET LOCAL plan_cache_mode = force_custom_plan")
         synthetic.execute("SELECT count(*) FROM memory.lexical_search('topic0 word3', 'rare')")
         assert synthetic.execute("SHOW plan_cache_mode").fetchone() == ("force_custom_plan",)
+
+
+def test_the_evidence_finds_a_turns_neighbours_in_one_index_descent(conn: Conn) -> None:
+    """memory.select_evidence's neighbours (the nearest L0 turn of the same title each way)
+    are read through nodes_l0_session, its conditions the project, the title and the id
+    range, under the generic plans an answer runs with (memory._finish): no primary-key walk
+    over up to 64 rows a side that another session's turns fill."""
+    from service_client import KONG
+
+    row = conn.execute(
+        "SELECT array_agg(node_id ORDER BY rank) FROM memory.query(%s, NULL, 'poimen', k => 10,"
+        " strategy => 'LexicalOnly')",
+        (KONG,),
+    ).fetchone()
+    assert row is not None and row[0]
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    plans = _nested_plans(
+        conn,
+        "SELECT * FROM memory.select_evidence(%s, NULL, NULL, budget => 100,"
+        " project_name => 'poimen')",
+        (row[0],),
+    )
+    conds: list[str] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Index Name") == "nodes_l0_session":
+            conds.append(node.get("Index Cond", ""))
+        for child in node.get("Plans", []):
+            walk(child)
+
+    for text in plans:
+        if "{" in text:
+            walk(json.loads(text[text.index("{") :])["Plan"])
+    assert len(conds) == 2, plans  # one probe before the turn, one after
+    for cond in conds:
+        assert "project_id" in cond and "title" in cond, cond
+        assert "id <" in cond or "id >" in cond, cond

@@ -592,13 +592,20 @@ class LangchainPeer:
 
 @dataclass
 class Answer:
-    """One call's answer: the external ids it ranks, and the L0 turns it cites; digest: of
-    the response as the server sent it, its timings left out (ours: two versions gave the
-    same answer when their digests are equal)."""
+    """One call's answer: the external ids it ranks, and the L0 turns it cites; doc: the
+    response as the server sent it (ours: what ``digest`` compares)."""
 
     ranked: list[str] = field(default_factory=list)
     cited: set[str] = field(default_factory=set)
-    digest: str | None = None
+    doc: Any = None
+
+    def digest(self) -> str | None:
+        """Of the response less its timings: two versions gave the same answer when their
+        digests are equal. Computed after the call's clock stops: not a cost of the call."""
+        if self.doc is None:
+            return None
+        text = json.dumps(untimed(self.doc), sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass
@@ -707,8 +714,7 @@ class Systems:
         for e in doc.get("evidence") or []:
             if e.get("sha256") in self.by_sha:
                 cited.add(self.by_sha[e["sha256"]])
-        untimed_doc = json.dumps(untimed(doc), sort_keys=True, ensure_ascii=False)
-        return Answer(ranked, cited, hashlib.sha256(untimed_doc.encode()).hexdigest())
+        return Answer(ranked, cited, doc)
 
     def close(self) -> None:
         if self.supabase is not None:
@@ -791,7 +797,7 @@ def run_set(
             t.quality.append(value)
             t.cited.append(len(answer.cited))
             t.per_query[q.id] = value
-            t.digests.append(answer.digest)
+            t.digests.append(answer.digest())
         if (i + 1) % 100 == 0:
             print(f"bench-peers: {data.dataset}: {i + 1}/{len(questions)}", file=sys.stderr)
     return out

@@ -158,7 +158,8 @@ BEGIN
     -- MATERIALIZED: its coalesce(), pulled up into the probe, is not leakproof either): with
     -- the policy's qual the planner would otherwise hash a scan of the whole project.
     own0 AS (
-        SELECT x.*, n.project_id, n.title, n.label, n.id - 64 AS lo, n.id + 64 AS hi
+        SELECT x.*, n.project_id, n.title, n.label, n.id - 64 AS lo, n.id + 64 AS hi,
+               octet_length(n.title) > 2000 AS long_title
         FROM scored0 x
         CROSS JOIN LATERAL (SELECT n.id, n.project_id, n.title,
                                    CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label
@@ -173,7 +174,7 @@ BEGIN
     own AS (
         SELECT o.node_id, o.pos, o.by_rank,
                o.score + coalesce(pol.evidence_session_weight * o.direct * sp.span, 0) AS score,
-               o.project_id, o.title, o.label, o.lo, o.hi
+               o.project_id, o.title, o.label, o.lo, o.hi, o.long_title
         FROM own0 o
         LEFT JOIN spans sp ON sp.project_id = o.project_id AND sp.title = o.title
     ),
@@ -181,18 +182,34 @@ BEGIN
     -- of the same project and title (a session's or a document's heading) nearest in
     -- ingest order, at most 64 ids away, in the time range and valid then. An answer often
     -- spans a question and its reply.
+    -- One descent of nodes_l0_session per side (sql/088_indexes.sql): its predicate,
+    -- octet_length(title) <= 2000, is written out so the planner can use it, and is true of
+    -- the neighbour whenever it is of the candidate (the same title). A longer title is in
+    -- no index: its candidate walks the primary key as before (the last two branches).
     near AS (
         SELECT b.id AS node_id, sum(o.score) * pol.evidence_neighbours AS s,
                min(o.project_id) AS project_id, min(o.title) AS title, min(b.label) AS label
         FROM own o
         CROSS JOIN LATERAL (
             (SELECT n.id, CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label FROM memory.nodes n
-             WHERE n.id < o.node_id AND n.id >= o.lo AND n.project_id = o.project_id
+             WHERE n.project_id = o.project_id AND n.title = o.title AND n.level = 'L0'
+               AND octet_length(n.title) <= 2000 AND n.id < o.node_id AND n.id >= o.lo
+               AND memory._visible(n, scope)
+             ORDER BY n.id DESC LIMIT 1)
+            UNION ALL
+            (SELECT n.id, CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label FROM memory.nodes n
+             WHERE n.project_id = o.project_id AND n.title = o.title AND n.level = 'L0'
+               AND octet_length(n.title) <= 2000 AND n.id > o.node_id AND n.id <= o.hi
+               AND memory._visible(n, scope)
+             ORDER BY n.id LIMIT 1)
+            UNION ALL
+            (SELECT n.id, CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label FROM memory.nodes n
+             WHERE o.long_title AND n.id < o.node_id AND n.id >= o.lo AND n.project_id = o.project_id
                AND n.level = 'L0' AND n.title = o.title AND memory._visible(n, scope)
              ORDER BY n.id DESC LIMIT 1)
             UNION ALL
             (SELECT n.id, CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label FROM memory.nodes n
-             WHERE n.id > o.node_id AND n.id <= o.hi AND n.project_id = o.project_id
+             WHERE o.long_title AND n.id > o.node_id AND n.id <= o.hi AND n.project_id = o.project_id
                AND n.level = 'L0' AND n.title = o.title AND memory._visible(n, scope)
              ORDER BY n.id LIMIT 1)
         ) b

@@ -176,7 +176,13 @@ DECLARE
          '(project_id) WHERE expired_at IS NULL AND (valid_from IS NOT NULL OR valid_to IS NOT NULL)'],
         -- issue 40: list, count and forget by metadata read current versions only
         ['0021_scope_expiry', 'nodes', 'nodes_metadata_current_gin',
-         'USING gin (metadata jsonb_path_ops) WHERE expired_at IS NULL']];
+         'USING gin (metadata jsonb_path_ops) WHERE expired_at IS NULL'],
+        -- The evidence's neighbours (memory.select_evidence): the nearest L0 turn of the
+        -- same project and title in ingest order is one descent, where the primary key read
+        -- up to 64 rows a side and a corpus of one document a title always read them all.
+        -- A title over 2,000 bytes stays out: a btree entry holds at most 2,704.
+        ['0001_initial', 'nodes', 'nodes_l0_session',
+         '(project_id, title, id) WHERE level = ''L0'' AND octet_length(title) <= 2000']];
     w text[];
     rel regclass;
     own name;
