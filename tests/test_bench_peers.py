@@ -259,7 +259,8 @@ def test_bench_peers_runs_the_version_before_a_change_beside_this_one(
         ["git", "-C", str(peers.REPO), "rev-parse", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     assert r["base"]["ref"] == "HEAD" and r["base"]["commit"] == head
-    # The base's code, taken from git, is what ran: its tree is kept under --cache.
+    # The base's code is taken from git and kept under --cache (its migrate checks that it
+    # imported this tree: copy_for_base).
     tree = cache / f"base-{head[:16]}"
     assert (tree / "service" / "poimen_memory" / "sql" / "072_evidence.sql").is_file()
     s = r["sets"]["mem"]
@@ -284,6 +285,18 @@ def test_bench_peers_runs_the_version_before_a_change_beside_this_one(
 
 
 def test_bench_peers_refuses_a_base_that_is_not_a_commit(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match="not a commit"):
-        peers.base_code("no-such-ref-anywhere", tmp_path)
-    assert not tmp_path.joinpath("cache").exists()
+    cache = tmp_path / "cache"
+    for ref in ("no-such-ref-anywhere", "--output=/tmp/x"):
+        with pytest.raises(SystemExit, match="not a commit"):
+            peers.base_code(ref, cache)
+    assert not cache.exists()  # nothing extracted
+
+
+def test_twins_take_turns_to_be_asked_first() -> None:
+    order = ["supabase", "poimen", "poimen@base", "poimen-evidence0", "poimen-evidence0@base"]
+    assert peers.twins_swapped(order) == [
+        "supabase", "poimen@base", "poimen", "poimen-evidence0@base", "poimen-evidence0",
+    ]  # fmt: skip
+    assert peers.twins_swapped(peers.twins_swapped(order)) == order
+    assert peers.request_kind("poimen-evidence0@base") == "poimen-evidence0"
+    assert peers.version("poimen-evidence0@base") == "base" and peers.version("poimen") == ""

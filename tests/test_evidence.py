@@ -140,24 +140,27 @@ def test_neighbours_lift_the_turns_said_beside_a_candidate(conn: Conn) -> None:
         assert score == pytest.approx(base.get(node, 0.0) + lifted.get(node, 0.0))
 
 
-def test_a_session_title_past_its_index_finds_the_same_neighbours(conn: Conn) -> None:
+@pytest.mark.parametrize("extra", [0, 1, 500])
+def test_a_session_title_past_its_index_finds_the_same_neighbours(conn: Conn, extra: int) -> None:
     """nodes_l0_session holds the L0 titles of at most 2,000 bytes (a btree entry's limit);
-    a candidate with a longer title walks the primary key instead: with every title made
-    2,500 bytes longer (still one per session) the evidence is the same, neighbours too."""
+    a candidate with a longer title walks the primary key instead. Every session's title
+    rewritten to 2,000 + extra bytes (two-byte characters after its md5, so still one title
+    per session): the evidence is the same, neighbours too, at the limit and past it."""
     ids = _results(conn, KONG)
     lex, _ = _lexical_l0(conn, KONG)
     short = conn.execute(SELECT_ALL, (ids, NO_LEG, lex)).fetchall()
     assert any(r[5] > 0 for r in short), "some turn is lifted by a neighbour"
     # Writing such a title works: the index leaves it out rather than refusing the row.
     conn.execute(
-        "UPDATE memory.nodes SET title = repeat('a long session heading ', 110) || title"
-        " WHERE level = 'L0' AND title IS NOT NULL"
+        "UPDATE memory.nodes SET title = md5(title) || repeat('é', 984) || repeat('x', %s)"
+        " WHERE level = 'L0' AND title IS NOT NULL",
+        (extra,),
     )
     row = conn.execute(
-        "SELECT count(*) FILTER (WHERE octet_length(title) > 2000), count(title)"
+        "SELECT min(octet_length(title)), max(octet_length(title)), count(title)"
         " FROM memory.nodes WHERE level = 'L0'"
     ).fetchone()
-    assert row is not None and row[0] == row[1] > 0
+    assert row is not None and row[0] == row[1] == 2000 + extra and row[2] > 0
     assert conn.execute(SELECT_ALL, (ids, NO_LEG, lex)).fetchall() == short
 
 

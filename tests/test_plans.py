@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from conftest import force_parallel, prepare_conn, prepare_database
-from poimen_memory.db.connect import connect
+from poimen_memory.db.connect import connect, ensure_service_login
 from poimen_memory.db.migrate import (
     build_project_graphs,
     check,
@@ -59,9 +59,13 @@ def synthetic(cluster: Any, admin: Conn, plpython_root: Path) -> Iterator[Conn]:
     admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-def _nested_plans(conn: Conn, sql: str, params: tuple[Any, ...]) -> list[str]:
+def _nested_plans(
+    conn: Conn, sql: str, params: tuple[Any, ...], setup: tuple[str, ...] = ()
+) -> list[str]:
     """Run ``sql`` with auto_explain so the plans of the statements *inside* our functions
-    come back as NOTICEs, exactly as a DBA would capture them (docs/sql-api.md)."""
+    come back as NOTICEs, exactly as a DBA would capture them (docs/sql-api.md). setup:
+    statements run first in the same transaction, after auto_explain is loaded (which only
+    a superuser may: SET LOCAL ROLE then runs ``sql`` as another role)."""
     notices: list[str] = []
 
     def handler(d: psycopg.errors.Diagnostic) -> None:
@@ -81,6 +85,8 @@ def _nested_plans(conn: Conn, sql: str, params: tuple[Any, ...]) -> list[str]:
         # A forced Gather would run the function in a worker, whose auto_explain output goes
         # to the server log, not to this client (the SQL-mode run sets it cluster-wide).
         conn.execute(f"SET LOCAL {force_parallel(conn)} = off")
+        for statement in setup:
+            conn.execute(statement)
         conn.execute(sql, params).fetchall()
     conn.remove_notice_handler(handler)
     return notices
@@ -1021,38 +1027,65 @@ def test_a_plain_lexical_search_keeps_one_plan_for_every_project(synthetic: Conn
         assert synthetic.execute("SHOW plan_cache_mode").fetchone() == ("force_custom_plan",)
 
 
-def test_the_evidence_finds_a_turns_neighbours_in_one_index_descent(conn: Conn) -> None:
+def test_the_evidence_finds_a_turns_neighbours_in_one_index_descent(fixture_url: str) -> None:
     """memory.select_evidence's neighbours (the nearest L0 turn of the same title each way)
     are read through nodes_l0_session, its conditions the project, the title and the id
-    range, under the generic plans an answer runs with (memory._finish): no primary-key walk
-    over up to 64 rows a side that another session's turns fill."""
+    range, as the service's role under row-level security (where a qual that is not
+    leakproof could not be an index condition) and under the generic plans an answer runs
+    with (memory._finish); the primary-key walk a title too long for the index needs runs
+    behind a one-time filter, for such a candidate only."""
     from service_client import KONG
 
-    row = conn.execute(
-        "SELECT array_agg(node_id ORDER BY rank) FROM memory.query(%s, NULL, 'poimen', k => 10,"
-        " strategy => 'LexicalOnly')",
-        (KONG,),
-    ).fetchone()
-    assert row is not None and row[0]
-    conn.execute("SET plan_cache_mode = force_generic_plan")
-    plans = _nested_plans(
-        conn,
-        "SELECT * FROM memory.select_evidence(%s, NULL, NULL, budget => 100,"
-        " project_name => 'poimen')",
-        (row[0],),
-    )
+    with connect(fixture_url, autocommit=True) as conn:
+        ensure_service_login(conn, "poimen_service")
+        row = conn.execute(
+            "SELECT array_agg(node_id ORDER BY rank) FROM memory.query(%s, NULL, 'poimen',"
+            " k => 10, strategy => 'LexicalOnly')",
+            (KONG,),
+        ).fetchone()
+        assert row is not None and row[0]
+        setup = (
+            "SET LOCAL ROLE poimen_service",
+            "SELECT set_config('poimen.read_projects', 'poimen', true)",
+            "SET LOCAL plan_cache_mode = force_generic_plan",
+        )
+        plans = _nested_plans(
+            conn,
+            "SELECT * FROM memory.select_evidence(%s, NULL, NULL, budget => 100,"
+            " project_name => 'poimen') WHERE current_user = 'poimen_service'",
+            (row[0],),
+            setup,
+        )
     conds: list[str] = []
+    gated: list[bool] = []
 
-    def walk(node: dict[str, Any]) -> None:
+    def walk(node: dict[str, Any], gate: str) -> None:
+        gate = node.get("One-Time Filter", gate)
         if node.get("Index Name") == "nodes_l0_session":
             conds.append(node.get("Index Cond", ""))
+            gated.append("NOT" in gate and "long_title" in gate)
         for child in node.get("Plans", []):
-            walk(child)
+            walk(child, gate)
 
-    for text in plans:
-        if "{" in text:
-            walk(json.loads(text[text.index("{") :])["Plan"])
-    assert len(conds) == 2, plans  # one probe before the turn, one after
+    neighbour_plans = [p for p in plans if "WITH direct AS" in p]
+    assert len(neighbour_plans) == 1, plans
+    root = json.loads(neighbour_plans[0][neighbour_plans[0].index("{") :])["Plan"]
+    walk(root, "")
+    assert len(conds) == 2, neighbour_plans  # one probe before the turn, one after
     for cond in conds:
         assert "project_id" in cond and "title" in cond, cond
         assert "id <" in cond or "id >" in cond, cond
+    assert gated == [True, True]
+    # Row-level security applied: the policy's test of the caller's projects filters reads.
+    assert any("project_id = ANY" in n.get("Filter", "") for n in _plan_nodes(root)), (
+        neighbour_plans
+    )
+    # The long titles' branches: primary-key scans, each behind its one-time filter.
+    long_branches = [
+        n
+        for n in _plan_nodes(root)
+        if "long_title" in n.get("One-Time Filter", "") and "NOT" not in n["One-Time Filter"]
+    ]
+    assert len(long_branches) == 2, neighbour_plans
+    for branch in long_branches:
+        assert {x.get("Index Name") for x in _plan_nodes(branch)} >= {"nodes_pkey"}

@@ -299,6 +299,12 @@ def version(system: str) -> str:
     return system.partition("@")[2]
 
 
+def request_kind(system: str) -> str:
+    """The system name less its version: what is asked (``poimen-evidence0@base``:
+    ``poimen-evidence0``)."""
+    return system.partition("@")[0]
+
+
 def server_cpu_ns(servers: Mapping[str, int], system: str) -> int:
     """The CPU so far of the server that answers ``system`` (0: a peer, which has none)."""
     pid = servers.get(version(system)) if system.startswith("poimen") else None
@@ -692,7 +698,7 @@ class Systems:
             params["project"] = q.project
         if not evidence:
             params["level"] = "L0"
-        if system.partition("@")[0] == "poimen-evidence0":
+        if request_kind(system) == "poimen-evidence0":
             params["evidence"] = "0"
         return self._http(self.http[version(system)], params)
 
@@ -775,6 +781,8 @@ def run_set(
     out = {name: Tally() for name in names}
     for i, q in enumerate(questions):
         order = names[i % len(names) :] + names[: i % len(names)]
+        if i % 2:
+            order = twins_swapped(order)
         for name in order:
             pids = backends.pids(name)
             db0 = Backends.cpu(pids)
@@ -800,6 +808,21 @@ def run_set(
             t.digests.append(answer.digest())
         if (i + 1) % 100 == 0:
             print(f"bench-peers: {data.dataset}: {i + 1}/{len(questions)}", file=sys.stderr)
+    return out
+
+
+def twins_swapped(order: Sequence[str]) -> list[str]:
+    """The order with each version of ours and its base twin next to it (``poimen``,
+    ``poimen@base``) swapped: run_set does it every other question, so neither version is
+    always the one asked a question second."""
+    out = list(order)
+    j = 0
+    while j < len(out) - 1:
+        a, b = out[j], out[j + 1]
+        if b == f"{a}@{BASE}" or a == f"{b}@{BASE}":
+            out[j], out[j + 1] = b, a
+            j += 1
+        j += 1
     return out
 
 
@@ -1062,7 +1085,7 @@ LABELS = {
 
 
 def label(system: str) -> str:
-    name, _, v = system.partition("@")
+    name, v = request_kind(system), version(system)
     return LABELS.get(name, name) + (f" ({v})" if v else "")
 
 
@@ -1197,7 +1220,8 @@ def base_code(ref: str, cache: Path) -> tuple[str, Path]:
     """The commit ref names and its service/ and plpython/ folders, extracted once under
     cache (git archive: the repository's worktree list and index are not touched)."""
     rev = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+        ["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", "--end-of-options",
+         f"{ref}^{{commit}}"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if rev.returncode != 0:
@@ -1214,18 +1238,38 @@ def base_code(ref: str, cache: Path) -> tuple[str, Path]:
         raise SystemExit(f"error: --base {ref}: git archive: {out.stderr.decode()[:300]}")
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".base-", dir=cache))
-    with tarfile.open(fileobj=io.BytesIO(out.stdout)) as tar:
-        tar.extractall(tmp, filter="data")
-    (tmp / ".complete").touch()
-    shutil.rmtree(tree, ignore_errors=True)
-    tmp.rename(tree)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(out.stdout)) as tar:
+            tar.extractall(tmp, filter="data")
+        (tmp / ".complete").touch()
+        # A complete tree is never replaced: another run may be running its code. An
+        # incomplete one (an extraction killed half way) is.
+        if tree.exists() and not (tree / ".complete").is_file():
+            shutil.rmtree(tree, ignore_errors=True)
+        try:
+            tmp.rename(tree)
+        except OSError:
+            if not (tree / ".complete").is_file():  # not another run's complete copy
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return commit, tree
 
 
-def copy_for_base(server: str, name: str, code: Path) -> tuple[str, str]:
+def base_database(name: str) -> str:
+    """The name of the base's copy of the loaded database ``name``."""
+    return f"{name}_base"
+
+
+def copy_for_base(server: str, name: str, code: Path) -> str:
     """A copy of the loaded database (name) migrated by the base's code: the same rows and
-    indexes under the base's functions. Returns the copy's name and URL."""
-    copy_name = f"{name}_base"
+    indexes under the base's functions; returns its URL. The caller drops the copy
+    (base_database(name)) whatever happens here. Functions of this version the base does
+    not define stay in the copy, unused (an overload whose arguments changed would make a
+    call ambiguous: the run then fails, it does not measure the wrong function). The base's
+    PL/Python modules are imported from the database (its migrate is given no directory, so
+    this version's copy on disk is not replaced); an answer over HTTP runs none."""
+    copy_name = base_database(name)
     drop_database(server, copy_name)
     with psycopg.connect(make_conninfo(server, dbname="postgres"), autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {copy_name} TEMPLATE {name}")
@@ -1236,13 +1280,15 @@ def copy_for_base(server: str, name: str, code: Path) -> tuple[str, str]:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if done.returncode != 0:
-        drop_database(server, copy_name)
         raise SystemExit(f"error: the base's migrate failed:\n{done.stderr[-2000:]}")
-    used = Path(done.stdout.strip().splitlines()[-1])
-    if not used.is_relative_to(code):
-        drop_database(server, copy_name)
+    lines = done.stdout.strip().splitlines()
+    used = Path(lines[-1]) if lines else None
+    if used is None or not used.is_relative_to(code):
         raise SystemExit(f"error: the base's migrate ran {used}, not the code in {code}")
-    return copy_name, url
+    with psycopg.connect(url, autocommit=True) as conn:
+        # The copy's writes (CREATE DATABASE, migrate) flushed before anything is timed.
+        conn.execute("CHECKPOINT")
+    return url
 
 
 def cmd_bench_peers(args: argparse.Namespace) -> int:
@@ -1275,7 +1321,8 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
     if args.base is not None:
         commit, code = base_code(args.base, args.cache)
         base = {"ref": args.base, "commit": commit}
-        names += [f"{n}@{BASE}" for n in ours]
+        # each base right after its twin: run_set alternates which of the two goes first
+        names = [x for n in names for x in ((n, f"{n}@{BASE}") if n in ours else (n,))]
     embedder = build_embedder(s.embedding)
     embedder.embed_query("warm up")  # loads the model: no system's first question pays it
     server = database_url(s, start=True)
@@ -1292,14 +1339,18 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
                 result["load"]["poimen_ingest_s"] = load_poimen(
                     url, list(zip(folders, sets, strict=True)), embedder, args.cache
                 )
+            else:
+                # a database loaded by an earlier version: its functions made this version's
+                with connect(url, autocommit=True) as conn:
+                    migrate(conn, s.plpython_root)
             if base is not None and code is not None:
                 # Before the peers are built: a template may have no connections, and
                 # langchain's engine keeps some open.
                 print(f"bench-peers: the base ({args.base}): copy, migrate", file=sys.stderr)
-                base["database"], base_url = copy_for_base(server, name, code)
-                databases[BASE] = base["database"]
+                base["database"] = databases[BASE] = base_database(name)
                 if not args.keep_db:
                     stack.callback(drop_database, server, base["database"])
+                base_url = copy_for_base(server, name, code)
                 result["base"] = base
             if "supabase" in names:
                 print("bench-peers: building the Supabase recipe", file=sys.stderr)

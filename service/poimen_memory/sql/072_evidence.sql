@@ -186,6 +186,8 @@ BEGIN
     -- octet_length(title) <= 2000, is written out so the planner can use it, and is true of
     -- the neighbour whenever it is of the candidate (the same title). A longer title is in
     -- no index: its candidate walks the primary key as before (the last two branches).
+    -- long_title (NULL for no title, which matches nothing) picks the branches per
+    -- candidate: a one-time filter each, so a candidate runs two of the four.
     near AS (
         SELECT b.id AS node_id, sum(o.score) * pol.evidence_neighbours AS s,
                min(o.project_id) AS project_id, min(o.title) AS title, min(b.label) AS label
@@ -194,13 +196,13 @@ BEGIN
             (SELECT n.id, CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label FROM memory.nodes n
              WHERE n.project_id = o.project_id AND n.title = o.title AND n.level = 'L0'
                AND octet_length(n.title) <= 2000 AND n.id < o.node_id AND n.id >= o.lo
-               AND memory._visible(n, scope)
+               AND NOT o.long_title AND memory._visible(n, scope)
              ORDER BY n.id DESC LIMIT 1)
             UNION ALL
             (SELECT n.id, CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label FROM memory.nodes n
              WHERE n.project_id = o.project_id AND n.title = o.title AND n.level = 'L0'
                AND octet_length(n.title) <= 2000 AND n.id > o.node_id AND n.id <= o.hi
-               AND memory._visible(n, scope)
+               AND NOT o.long_title AND memory._visible(n, scope)
              ORDER BY n.id LIMIT 1)
             UNION ALL
             (SELECT n.id, CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label FROM memory.nodes n
