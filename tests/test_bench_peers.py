@@ -284,6 +284,35 @@ def test_bench_peers_runs_the_version_before_a_change_beside_this_one(
     assert after == before  # the database and its base copy are gone
 
 
+def test_a_failed_base_leaves_no_database_behind(
+    empty_url: str,
+    work_dir: Path,
+    sets: tuple[Path, Path],
+    tmp_path: Path,
+    admin: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The base's migrate fails (here: its code does not import): the run stops with the
+    base's error, and neither the loaded database nor its base copy is left behind."""
+    monkeypatch.setenv("POIMEN_DATABASE_URL", empty_url)
+    monkeypatch.setenv("POIMEN_HOME", str(work_dir))
+    monkeypatch.delenv("POIMEN_EMBEDDINGS_URL", raising=False)
+    broken = tmp_path / "broken"
+    (broken / "service" / "poimen_memory").mkdir(parents=True)
+    (broken / "service" / "poimen_memory" / "__init__.py").write_text(
+        "raise RuntimeError('this base does not import')\n"
+    )
+    monkeypatch.setattr(peers, "base_code", lambda ref, cache: ("0" * 40, broken))
+    before = {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
+    mem, _ = sets
+    args = ["bench-peers", "--set", str(mem), "--systems", "poimen", "--base", "HEAD",
+            "--cache", str(tmp_path / "cache")]  # fmt: skip
+    with pytest.raises(SystemExit, match="this base does not import"):
+        main(args)
+    after = {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
+    assert after == before
+
+
 def test_bench_peers_refuses_a_base_that_is_not_a_commit(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     for ref in ("no-such-ref-anywhere", "--output=/tmp/x"):
