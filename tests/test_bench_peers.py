@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -180,19 +181,25 @@ def sets(tmp_path: Path) -> tuple[Path, Path]:
     return mem, docs
 
 
-def test_bench_peers_end_to_end(
-    empty_url: str,
-    work_dir: Path,
-    sets: tuple[Path, Path],
-    tmp_path: Path,
-    admin: psycopg.Connection[Any],
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+@pytest.fixture
+def databases(
+    empty_url: str, work_dir: Path, admin: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> Callable[[], set[str]]:
+    """The command's environment (empty_url's cluster, its own home, the local embedder);
+    returns what lists the cluster's databases, so a test can check that none is left."""
     monkeypatch.setenv("POIMEN_DATABASE_URL", empty_url)
     monkeypatch.setenv("POIMEN_HOME", str(work_dir))
     monkeypatch.delenv("POIMEN_EMBEDDINGS_URL", raising=False)
-    before = {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
+    return lambda: {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
+
+
+def test_bench_peers_end_to_end(
+    databases: Callable[[], set[str]],
+    sets: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    before = databases()
     out, png = tmp_path / "peers.json", tmp_path / "peers.png"
     mem, docs = sets
     args = ["bench-peers", "--set", str(mem), "--set", str(docs), "--warmup", "1",
@@ -228,26 +235,19 @@ def test_bench_peers_end_to_end(
     printed = capsys.readouterr().out
     assert "Supabase hybrid_search" in printed and "poimen GET /memory/query" in printed
     assert "throughput: 2 clients" in printed
-    after = {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
-    assert after == before  # its scratch database is gone
+    assert databases() == before  # its scratch database is gone
 
 
 def test_bench_peers_runs_the_version_before_a_change_beside_this_one(
-    empty_url: str,
-    work_dir: Path,
+    databases: Callable[[], set[str]],
     sets: tuple[Path, Path],
     tmp_path: Path,
-    admin: psycopg.Connection[Any],
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """--base REF: a commit's code on a copy of the loaded database, its own server, asked
     the same questions; HEAD against itself gives the same answers, each version's CPU is
     read from its own backends and server, and the copy is dropped afterwards."""
-    monkeypatch.setenv("POIMEN_DATABASE_URL", empty_url)
-    monkeypatch.setenv("POIMEN_HOME", str(work_dir))
-    monkeypatch.delenv("POIMEN_EMBEDDINGS_URL", raising=False)
-    before = {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
+    before = databases()
     out, cache = tmp_path / "peers.json", tmp_path / "cache"
     mem, _ = sets
     args = ["bench-peers", "--set", str(mem), "--warmup", "1", "--systems", "poimen",
@@ -280,37 +280,30 @@ def test_bench_peers_runs_the_version_before_a_change_beside_this_one(
     printed = capsys.readouterr().out
     assert "this version over the base (HEAD, " in printed
     assert "poimen GET /memory/query (base)" in printed
-    after = {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
-    assert after == before  # the database and its base copy are gone
+    assert databases() == before  # the database and its base copy are gone
 
 
 def test_a_failed_base_leaves_no_database_behind(
-    empty_url: str,
-    work_dir: Path,
+    databases: Callable[[], set[str]],
     sets: tuple[Path, Path],
     tmp_path: Path,
-    admin: psycopg.Connection[Any],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The base's migrate fails (here: its code does not import): the run stops with the
     base's error, and neither the loaded database nor its base copy is left behind."""
-    monkeypatch.setenv("POIMEN_DATABASE_URL", empty_url)
-    monkeypatch.setenv("POIMEN_HOME", str(work_dir))
-    monkeypatch.delenv("POIMEN_EMBEDDINGS_URL", raising=False)
     broken = tmp_path / "broken"
     (broken / "service" / "poimen_memory").mkdir(parents=True)
     (broken / "service" / "poimen_memory" / "__init__.py").write_text(
         "raise RuntimeError('this base does not import')\n"
     )
     monkeypatch.setattr(peers, "base_code", lambda ref, cache: ("0" * 40, broken))
-    before = {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
+    before = databases()
     mem, _ = sets
     args = ["bench-peers", "--set", str(mem), "--systems", "poimen", "--base", "HEAD",
             "--cache", str(tmp_path / "cache")]  # fmt: skip
     with pytest.raises(SystemExit, match="this base does not import"):
         main(args)
-    after = {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
-    assert after == before
+    assert databases() == before
 
 
 def test_bench_peers_refuses_a_base_that_is_not_a_commit(tmp_path: Path) -> None:
