@@ -1089,3 +1089,24 @@ def test_the_evidence_finds_a_turns_neighbours_in_one_index_descent(fixture_url:
     assert len(long_branches) == 2, neighbour_plans
     for branch in long_branches:
         assert {x.get("Index Name") for x in _plan_nodes(branch)} >= {"nodes_pkey"}
+
+
+def test_an_exhaustive_lexical_search_sorts_only_its_top_k(synthetic: Conn) -> None:
+    """The exhaustive BM25 statement (few postings in all) cuts the top k before numbering
+    them: its LIMIT sits directly on the sort, which is then a bounded top-N sort, rather
+    than above the window function (every scored node sorted first)."""
+    plans = [
+        p
+        for p in _nested_plans(
+            synthetic,
+            "SELECT * FROM memory.lexical_search('topic1 word2', NULL, NULL, 10)",
+            (),
+        )
+        if "GROUP BY p.node_id" in p and "row_number()" in p
+    ]
+    assert len(plans) == 1, plans
+    root = json.loads(plans[0][plans[0].index("{") :])["Plan"]
+    limits = [n for n in _plan_nodes(root) if n["Node Type"] == "Limit"]
+    bounded = [n for n in limits if n["Plans"][0]["Node Type"] == "Sort"]
+    assert len(bounded) == 1, root
+    assert root["Node Type"] != "Limit", root  # no LIMIT above the numbering

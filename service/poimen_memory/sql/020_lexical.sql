@@ -427,6 +427,10 @@ BEGIN
     -- Few postings in all (measured on SciFact: a claim's median is 3.2k): scoring them all
     -- is cheaper than the pruning's extra statements. exhaustive => true always takes this
     -- path: the reference the pruned path is tested against.
+    -- The top k are cut before they are numbered: a LIMIT directly above the sort makes it
+    -- a bounded (top-N heap) sort, where a LIMIT above the window function sorted every
+    -- scored node (3.2k on a SciFact claim). The same rows; on 150 SciFact claims the call
+    -- took 3.06 ms against 3.65, an answer 0.98x of the database's CPU.
     IF exhaustive OR m = 1 OR total_df <= 4 * k + 6000 THEN
         RETURN QUERY
         SELECT s.id, (row_number() OVER (ORDER BY s.score DESC, s.id))::integer, s.score
@@ -436,9 +440,10 @@ BEGIN
               JOIN memory.postings p ON p.lexeme = w.lexeme
               WHERE p.project_id BETWEEN p_lo AND p_hi AND (lv IS NULL OR p.level = ANY (lv))
               AND (NOT timed OR EXISTS (SELECT 1 FROM memory.nodes tn WHERE tn.id = p.node_id AND memory._visible(tn, vis)))
-              GROUP BY p.node_id) s
-        ORDER BY s.score DESC, s.id
-        LIMIT k;
+              GROUP BY p.node_id
+              ORDER BY score DESC, id
+              LIMIT k) s
+        ORDER BY s.score DESC, s.id;
         RETURN;
     END IF;
     -- Seed: the highest-bound (rarest) terms, while their postings stay few. Their partial
