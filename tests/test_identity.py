@@ -260,6 +260,25 @@ def test_get_node_over_http(client: TestClient, conn: Conn, fixture_url: str) ->
         "WHERE name = 'poimen'"
     )
     assert client.get("/memory/nodes/a%2Fb%23c%20d").json()["text"] == "odd id"
+    # A newline is part of the id, wherever it is: "poimen:mem:5\n" is not poimen:mem:5, and
+    # an id of a newline alone is an id like any other (schemathesis found both misread).
+    misread = [
+        ("poimen:mem:5%0A", "poimen:mem:5\n"),
+        ("%0A", "\n"),
+        ("%0Apoimen:mem:5", "\npoimen:mem:5"),
+        ("poimen:mem:5%0A/history?project=poimen", None),
+    ]
+    for path, nid in misread:
+        r = client.get("/memory/nodes/" + path)
+        assert r.status_code == 404 and r.json()["error"] == "unknown_node", (path, r.text)
+        assert nid is None or f'"{nid}"' in r.json()["detail"], (path, r.text)
+    conn.execute(
+        "INSERT INTO memory.nodes (sha256, project_id, level, external_id, text) "
+        "SELECT sha256('nl'), id, 'L0', E'line\\nbreak\\n', 'newline id' FROM memory.projects "
+        "WHERE name = 'poimen'"
+    )
+    assert client.get("/memory/nodes/line%0Abreak%0A").json()["text"] == "newline id"
+    assert client.get("/memory/nodes/line%0Abreak").status_code == 404
     _twin(conn)
     r = client.get("/memory/nodes/poimen:chat:1")
     assert r.status_code == 409 and r.json()["error"] == "ambiguous_node"

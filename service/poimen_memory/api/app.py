@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -186,6 +187,17 @@ async def post_nodes(request: Request) -> JSONResponse:
 async def nodes_route(request: Request) -> Response:
     handler = {"GET": list_nodes, "DELETE": delete_nodes}.get(request.method, post_nodes)
     return await handler(request)
+
+
+def _whole_path(route: Route) -> Route:
+    """The route matched against the whole path, newlines included. Starlette compiles
+    {id:path} to `.*` before `$`: `.` stops at a newline and `$` also matches before a final
+    one, so /memory/nodes/a%0A answered for node "a" and /memory/nodes/%0A read an empty id,
+    while an external id may hold any character but NUL (found by schemathesis)."""
+    pattern = route.path_regex.pattern
+    assert pattern.endswith("$"), pattern
+    route.path_regex = re.compile(pattern.removesuffix("$") + r"\Z", re.DOTALL)
+    return route
 
 
 async def node_route(request: Request) -> Response:
@@ -370,8 +382,8 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
             # One route per path, so that a 405 lists every method the path has.
             Route("/memory/nodes", nodes_route, methods=["GET", "POST", "DELETE"]),
             # Before /memory/nodes/{id}: an id may hold a slash (ingest accepts any string).
-            Route("/memory/nodes/{id:path}/history", get_history, methods=["GET"]),
-            Route("/memory/nodes/{id:path}", node_route, methods=["GET", "DELETE"]),
+            _whole_path(Route("/memory/nodes/{id:path}/history", get_history, methods=["GET"])),
+            _whole_path(Route("/memory/nodes/{id:path}", node_route, methods=["GET", "DELETE"])),
             # The review queue (api/review.py, docs/lifecycle.md).
             Route("/memory/review", review_list, methods=["GET"]),
             Route("/memory/review/claim", review_claim, methods=["POST"]),
