@@ -554,13 +554,9 @@ COMMENT ON FUNCTION memory._prepare(jsonb, vector, text) IS
 -- one place builds it and one decides, for memory._serve_start, _serve and _serve_finish.
 CREATE OR REPLACE FUNCTION memory._carry_plan(plan jsonb, req jsonb, caps jsonb)
 RETURNS jsonb
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    RETURN jsonb_build_object('plan', plan,
-                              'planned_for', jsonb_build_object('req', req, 'caps', caps));
-END $$;
+RETURN jsonb_build_object('plan', plan, 'planned_for', jsonb_build_object('req', req, 'caps', caps));
 COMMENT ON FUNCTION memory._carry_plan(jsonb, jsonb, jsonb) IS
     'A plan with what it was made for ({"plan", "planned_for": {"req", "caps"}}), as the service''s next statement takes it back (memory._carried_plan).';
 
