@@ -354,13 +354,73 @@ def policy(synthetic: Conn) -> Iterator[Any]:
 
 def test_a_small_named_project_takes_the_exact_stage(synthetic: Conn) -> None:
     """'rare' (60 nodes, under exact_scan_max_nodes 5000) is read through the project btree
-    and ranked exactly: no HNSW index in the plan, and the answer is numpy's top 10."""
+    and ranked exactly: no HNSW index in the plan, and the answer is numpy's top 10. A plain
+    search of the current versions takes the stage planned once a session; one with any
+    other test (here as_of) the stage whose visibility folds per call: the same answer."""
     plan = _semantic_plan(synthetic, "rare")
-    assert plan["Stage"] == "semantic_exact" and plan["hnsw.ef_search"] is None
+    assert plan["Stage"] == "semantic_exact_current" and plan["hnsw.ef_search"] is None
     indexes = _index_names([json.dumps(plan)])
     assert not {i for i in indexes if "hnsw" in i}, indexes
     assert indexes == {"nodes_project_level_idx"}, indexes
     _assert_exact(synthetic, "rare", range(100, 105))
+    (past,) = [
+        dict(r[1])
+        for r in synthetic.execute(
+            "SELECT stage, plan FROM memory.explain_query('topic1', %s, 'rare', k => 10,"
+            " strategy => 'SemanticOnly', evidence => 0, as_of => now())",
+            (_query_vec(6),),
+        ).fetchall()
+        if r[0] == "semantic"
+    ]
+    assert past["Stage"] == "semantic_exact", past["Stage"]
+    assert _index_names([json.dumps(past)]) == {"nodes_project_level_idx"}
+    for seed in range(100, 103):
+        vec = _query_vec(seed)
+        got = synthetic.execute(
+            "SELECT node_id FROM memory.semantic_search(%s, 'rare', '{L1,L2}', 10,"
+            " as_of => now())",
+            (vec,),
+        ).fetchall()
+        assert [r[0] for r in got] == _brute_force(synthetic, "rare", vec, 10)
+    # levels named twice are one level: each node once
+    vec = _query_vec(104)
+    got = synthetic.execute(
+        "SELECT node_id FROM memory.semantic_search(%s, 'rare', '{L1,L2,L1}', 10)", (vec,)
+    ).fetchall()
+    assert [r[0] for r in got] == _brute_force(synthetic, "rare", vec, 10)
+
+
+def test_the_exact_stage_keeps_one_plan_on_the_project_index(
+    synthetic: Conn, policy: Any
+) -> None:
+    """semantic_exact_current's statement runs a plan made once for the session (its project
+    and each level index conditions on parameters, not constants), and that plan stays on
+    the (project_id, level) btree however the planner sizes an unknown project: here 'big'
+    holds 99% of the store, where a plan made for any project would otherwise read the
+    table for 'rare' too. Both answers are numpy's. The plan is made again (DISCARD PLANS)
+    where reading pages at random is priced as it is for a project of millions of rows:
+    without the stage's enable_seqscan off, that plan reads the table."""
+    policy("exact_scan_max_nodes", "10000")  # 'big' ranked exactly as well
+    sql = "SELECT node_id FROM memory.semantic_search(%s, %s, '{L1,L2}', 10)"
+    synthetic.execute("DISCARD PLANS")
+    dear = ("SET LOCAL random_page_cost = 100000",)
+    for project, seed in (("rare", 110), ("big", 111), ("rare", 112)):
+        plans = [
+            p
+            for p in _nested_plans(synthetic, sql, (_query_vec(seed), project), dear)
+            if "n.level = lv.level" in p
+        ]
+        assert len(plans) == 1, plans
+        root = json.loads(plans[0][plans[0].index("{") :])["Plan"]
+        nodes = list(_plan_nodes(root))
+        reads = [n["Node Type"] for n in nodes if n.get("Relation Name") == "nodes"]
+        assert reads in (["Index Scan"], ["Bitmap Heap Scan"]), reads
+        (cond,) = [n["Index Cond"] for n in nodes if "Index Name" in n]
+        assert [n["Index Name"] for n in nodes if "Index Name" in n] == ["nodes_project_level_idx"]
+        assert "($3).project_id" in cond and "level = l.level" in cond, cond
+        vec = _query_vec(seed)
+        got = synthetic.execute(sql, (vec, project)).fetchall()
+        assert [r[0] for r in got] == _brute_force(synthetic, project, vec, 10)
 
 
 def test_the_threshold_is_the_policy(synthetic: Conn, policy: Any) -> None:
@@ -368,7 +428,7 @@ def test_the_threshold_is_the_policy(synthetic: Conn, policy: Any) -> None:
     and memory_query's semantic leg returns numpy's exact top 10."""
     policy("exact_scan_max_nodes", "10000")
     plan = _semantic_plan(synthetic, "big")
-    assert plan["Stage"] == "semantic_exact"
+    assert plan["Stage"] == "semantic_exact_current"
     assert not {i for i in _index_names([json.dumps(plan)]) if "hnsw" in i}
     vec = _query_vec(200)
     got = synthetic.execute(

@@ -185,6 +185,18 @@ BEGIN
                               as_of => as_of, valid_at => va, live_at => va);
 END $$;
 
+-- Whether a visibility tests nothing but the project and the levels, of the current
+-- versions: no past (as_of, every_version), valid time, expiry, time window, metadata filter
+-- or grammar. A statement made for such a visibility alone can state its tests as plain
+-- quals and keep one plan for every value (memory._vector_stage).
+CREATE OR REPLACE FUNCTION memory._current_only(v memory.visibility)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN v.as_of IS NULL AND NOT coalesce(v.every_version, false) AND v.valid_at IS NULL
+       AND v.live_at IS NULL AND v.since IS NULL AND v.before IS NULL AND v.filter IS NULL
+       AND v.ex_tsq IS NULL AND v.ex_re IS NULL AND v.req_tsq IS NULL AND v.req_re IS NULL;
+
 -- The versions an answer's provenance and support rest on at as_of (NULL: now): visible
 -- then, and not past their expiry at that instant.
 CREATE OR REPLACE FUNCTION memory._versions_at(as_of timestamptz)
@@ -210,3 +222,5 @@ COMMENT ON FUNCTION memory._leg_visibility(integer, text[], timestamptz, timesta
     'The visibility of a search leg: memory._visibility with as_of and valid_at checked (memory.check_instant) and valid time and expiry tested at memory._valid_at''s instant (valid_at, else as_of, else now where the project has bounded nodes; NULL: no test).';
 COMMENT ON FUNCTION memory._versions_at(timestamptz) IS
     'The visibility of the versions provenance and support rest on at as_of (NULL: now): held then and not past their expiry then.';
+COMMENT ON FUNCTION memory._current_only(memory.visibility) IS
+    'Whether visibility v tests only the project and levels of the current versions (no as_of, every_version, valid_at, live_at, since, before, filter or grammar field set).';

@@ -80,9 +80,10 @@ DECLARE
     ev_vis memory.visibility;
     opts text := CASE WHEN actual THEN 'FORMAT JSON, ANALYZE, BUFFERS' ELSE 'FORMAT JSON' END;
     x json;
-    -- the vector stage memory.semantic_search runs for this project and its ef_search, as it
-    -- chooses them (memory._semantic_stage, memory._semantic_ef); ef0: its own SET
+    -- the vector stages memory.semantic_search runs for the two legs and their ef_search,
+    -- as it chooses them (memory._vector_stage, memory._semantic_ef); ef0: its own SET
     sem text;
+    ev_sem text;
     ef integer;
     ef0 text := current_setting('hnsw.ef_search');
 BEGIN
@@ -101,7 +102,8 @@ BEGIN
     vis := memory._plan_visibility(pl);
     ev_vis := memory._plan_visibility(pl, ARRAY['L0']);
     search_strategy := pl ->> 'search_strategy';
-    sem := memory._semantic_stage(pid);
+    sem := memory._vector_stage(vis);
+    ev_sem := memory._vector_stage(ev_vis);
     ef := CASE WHEN sem = 'semantic' THEN memory._semantic_ef(pid, NULL) END;
     PERFORM set_config('hnsw.ef_search', coalesce(ef::text, ef0), true);
 
@@ -148,11 +150,11 @@ BEGIN
             RETURN NEXT;
         END IF;
         IF (ev ->> 'semantic')::boolean AND p.embedding IS NOT NULL THEN
-            EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql(sem)) INTO x
+            EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql(ev_sem)) INTO x
                 USING p.embedding, (ev ->> 'candidates')::integer, ev_vis;
             stage := 'evidence_semantic';
-            plan := memory._explained(x) || jsonb_build_object('Stage', sem, 'hnsw.ef_search',
-                                                         CASE WHEN sem = 'semantic' THEN current_setting('hnsw.ef_search')::integer END);
+            plan := memory._explained(x) || jsonb_build_object('Stage', ev_sem, 'hnsw.ef_search',
+                                                         CASE WHEN ev_sem = 'semantic' THEN current_setting('hnsw.ef_search')::integer END);
             time_ms := (doc -> 'stages' ->> 'evidence_legs_time_ms')::double precision;
             RETURN NEXT;
         END IF;

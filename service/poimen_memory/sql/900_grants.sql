@@ -95,6 +95,7 @@ DECLARE
         'memory._listing_visibility',
         'memory.policy', 'memory._policy_keys', 'memory._policy_defaults', 'memory._policy_value', 'memory.lexical_document', 'memory.lexical_search',
         'memory.lexical_kth', 'memory._bm25_score', 'memory.lexical_query', 'memory.semantic_search', 'memory._semantic_stage',
+        'memory._vector_stage', 'memory._semantic_exact_current', 'memory._current_only',
         'memory._semantic_ef', 'memory.scale_warnings', 'memory._project_graphs', 'memory._project_graph_names',
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory._fuse_lists', 'memory.fuse_legs',
         'memory.provenance_walk', 'memory.provenance_tree', 'memory.provenance',
