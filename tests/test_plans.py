@@ -377,8 +377,7 @@ def test_a_small_named_project_takes_the_exact_stage(synthetic: Conn) -> None:
     for seed in range(100, 103):
         vec = _query_vec(seed)
         got = synthetic.execute(
-            "SELECT node_id FROM memory.semantic_search(%s, 'rare', '{L1,L2}', 10,"
-            " as_of => now())",
+            "SELECT node_id FROM memory.semantic_search(%s, 'rare', '{L1,L2}', 10, as_of => now())",
             (vec,),
         ).fetchall()
         assert [r[0] for r in got] == _brute_force(synthetic, "rare", vec, 10)
@@ -390,9 +389,7 @@ def test_a_small_named_project_takes_the_exact_stage(synthetic: Conn) -> None:
     assert [r[0] for r in got] == _brute_force(synthetic, "rare", vec, 10)
 
 
-def test_the_exact_stage_keeps_one_plan_on_the_project_index(
-    synthetic: Conn, policy: Any
-) -> None:
+def test_the_exact_stage_keeps_one_plan_on_the_project_index(synthetic: Conn, policy: Any) -> None:
     """semantic_exact_current's statement runs a plan made once for the session (its project
     and each level index conditions on parameters, not constants), and that plan stays on
     the (project_id, level) btree however the planner sizes an unknown project: here 'big'
