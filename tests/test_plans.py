@@ -955,6 +955,31 @@ def test_an_answer_plans_its_second_half_once_per_session(synthetic: Conn) -> No
         assert synthetic.execute("SHOW plan_cache_mode").fetchone() == ("force_custom_plan",)
 
 
+def test_an_answers_page_keeps_one_plan_for_every_project(synthetic: Conn) -> None:
+    # memory._hydrate's page of nodes ran as a dynamic statement, planned at every call; it
+    # is static now: under the generic plans of memory._finish, one probe of the primary
+    # key per id, the project a parameter of the probe's filter, for a small project, a
+    # large one and none.
+    for project in ("rare", "big", None):
+        plans = [
+            p
+            for p in _nested_plans(
+                synthetic,
+                "SELECT memory.answer('topic3 word2', project => %s, strategy => 'LexicalOnly')",
+                (project,),
+            )
+            if "WITH page AS MATERIALIZED" in p
+        ]
+        assert len(plans) == 1, plans
+        root = json.loads(plans[0][plans[0].index("{") :])["Plan"]
+        reads = [n for n in _plan_nodes(root) if n.get("Relation Name") == "nodes"]
+        assert [(n["Node Type"], n["Index Name"]) for n in reads] == [
+            ("Index Scan", "nodes_pkey")
+        ], (project, reads)
+        assert reads[0]["Index Cond"] == "(id = i.id)", reads
+        assert "project_id = $" in reads[0]["Filter"], reads
+
+
 def test_an_answer_compiles_nothing_just_in_time(synthetic: Conn) -> None:
     # JIT compilation costs tens of milliseconds before a statement runs, more than any
     # statement of an answer takes: the executor's stages turn it off whatever the
@@ -1044,6 +1069,18 @@ def _postings_conditions(plans: list[str]) -> list[str]:
     ]
 
 
+def _lookup_conditions(plans: list[str]) -> dict[str, list[str]]:
+    """The index conditions of the look-ups that make a leg's visibility: the project by
+    name (memory.project_id) and the probe for a bounded valid time (memory._valid_at)."""
+    roots = [json.loads(p[p.index("{") :])["Plan"] for p in plans if "{" in p]
+    found: dict[str, list[str]] = {"projects_name_key": [], "nodes_valid_bounded": []}
+    for root in roots:
+        for n in _plan_nodes(root):
+            if n.get("Index Name") in found:
+                found[n["Index Name"]].append(str(n.get("Index Cond")))
+    return found
+
+
 def test_a_plain_lexical_search_keeps_one_plan_for_every_project(synthetic: Conn) -> None:
     # On one table, a plain search's statements keep their generic plans (re-planned at
     # every call they cost about 0.45 ms); the project must still bound the postings read,
@@ -1067,15 +1104,26 @@ def test_a_plain_lexical_search_keeps_one_plan_for_every_project(synthetic: Conn
                 assert "project_id >= $" in cond and "project_id <= $" in cond, conds
     # a search that tests nodes (here a time window) is still planned for its call, with
     # the project and the window as constants
-    conds = _postings_conditions(
-        _nested_plans(
-            synthetic,
-            "SELECT * FROM memory.lexical_search('topic0 word3 item42', 'rare',"
-            " since => '2000-01-01', exhaustive => true)",
-            (),
-        )
+    timed = _nested_plans(
+        synthetic,
+        "SELECT * FROM memory.lexical_search('topic0 word3 item42', 'rare',"
+        " since => '2000-01-01', exhaustive => true)",
+        (),
     )
+    conds = _postings_conditions(timed)
     assert conds and not [c for c in conds if "$" in c], conds
+    # The look-ups that make the visibility run before that choice, planned once a session
+    # whatever the search (planned per call they cost 0.3 ms of an answer's two legs): the
+    # project by its name, and the probe for a bounded valid time by the project's range.
+    plain = _nested_plans(
+        synthetic, "SELECT * FROM memory.lexical_search('topic0 word3', 'rare')", ()
+    )
+    for plans in (plain, timed):
+        lookups = _lookup_conditions(plans)
+        assert lookups["projects_name_key"] and lookups["nodes_valid_bounded"], lookups
+        for index, found in lookups.items():
+            assert all("$" in c for c in found), (index, found)
+        assert all("project_id >= COALESCE($" in c for c in lookups["nodes_valid_bounded"])
     # the caller's setting comes back after the call (set_config's is_local would keep
     # the plain search's to the end of the transaction, were the SET clause not scoping it)
     with synthetic.transaction(force_rollback=True):

@@ -63,8 +63,13 @@ BEGIN
     IF valid_at IS NOT NULL OR as_of IS NOT NULL THEN
         RETURN coalesce(valid_at, as_of);
     END IF;
+    -- The project as a range of keys (every project for NULL): an index condition of
+    -- nodes_valid_bounded in a plan made once for every project (memory.lexical_search
+    -- looks this up under generic plans), where "pid IS NULL OR project_id = pid" would
+    -- read the bounded nodes of every project.
     IF EXISTS (SELECT 1 FROM memory.nodes n
-               WHERE (pid IS NULL OR n.project_id = pid) AND n.expired_at IS NULL
+               WHERE n.project_id BETWEEN coalesce(pid, -2147483648) AND coalesce(pid, 2147483647)
+                 AND n.expired_at IS NULL
                  -- nodes_valid_bounded's predicate (migration 0021): an expiry is an
                  -- upper bound of valid time, tested at the same instant
                  AND (n.valid_from IS NOT NULL OR n.valid_to IS NOT NULL OR n.expires_at IS NOT NULL)) THEN

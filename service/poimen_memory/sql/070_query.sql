@@ -32,17 +32,16 @@ AS $$
 #variable_conflict use_column
 DECLARE
     pid integer := memory.project_id(project_name);
-    -- the project as a range of keys (every project for NULL): an index condition of the
-    -- primary key (id, project_id) in a plan made once for every project, and a constant
-    -- that prunes to the project's partition in a plan made per call (memory._finish runs
-    -- this with memory._plan_cache_mode's choice: once a session on one table, per call on
-    -- the partitioned layout). Written out in a dynamic statement, as it was, the page was
-    -- planned at every call: 0.3 of an answer's 1.8 ms of planning on LoCoMo.
-    p_lo integer := coalesce(pid, -2147483648);
-    p_hi integer := coalesce(pid, 2147483647);
 BEGIN
     -- One way to the rows' support, whoever calls: the answer's, else computed here.
     support_rows := coalesce(support_rows, memory._support_rows(ids, as_of, support_valid_at));
+    -- Static: memory._finish runs it with memory._plan_cache_mode's choice, a plan made once
+    -- a session on one table (as a dynamic statement the page was planned at every call:
+    -- 0.3 of an answer's 1.8 ms of planning on LoCoMo), per call on the partitioned layout,
+    -- where the project folds to a constant that prunes to its partition. Each node is a
+    -- probe of the primary key by id; the project is a filter of the probe (as a range of
+    -- keys it made an index condition that a plan made for every project, guessing the
+    -- range's size, preferred to the probes: all of a project's rows read for a page).
     RETURN QUERY
     WITH page AS MATERIALIZED (
         SELECT n.id, n.project_id, n.level, n.sha256, n.title, n.text, n.source,
@@ -50,7 +49,7 @@ BEGIN
                n.parents_declared,
                row_number() OVER (ORDER BY i.ord)::integer AS pos
         FROM unnest(ids) WITH ORDINALITY AS i(id, ord)
-        JOIN memory.nodes n ON n.id = i.id AND n.project_id BETWEEN p_lo AND p_hi
+        JOIN memory.nodes n ON n.id = i.id AND (pid IS NULL OR n.project_id = pid)
     )
     SELECT n.id, n.level, encode(n.sha256, 'hex'),
            coalesce(CASE WHEN pid IS NOT NULL THEN project_name END,
