@@ -317,7 +317,8 @@ def _brute_force(conn: Conn, project: str, vec: str, k: int) -> list[int]:
     """numpy's exact top k of the project's current L1/L2 nodes by cosine distance."""
     rows = conn.execute(
         "SELECT n.id, n.embedding::text FROM memory.nodes n JOIN memory.projects p"
-        " ON p.id = n.project_id WHERE p.name = %s AND n.level IN ('L1', 'L2')",
+        " ON p.id = n.project_id WHERE p.name = %s AND n.level IN ('L1', 'L2')"
+        " AND n.expired_at IS NULL AND n.embedding IS NOT NULL",
         (project,),
     ).fetchall()
     ids = np.array([r[0] for r in rows])
@@ -362,6 +363,8 @@ def test_a_small_named_project_takes_the_exact_stage(synthetic: Conn) -> None:
     indexes = _index_names([json.dumps(plan)])
     assert not {i for i in indexes if "hnsw" in i}, indexes
     assert indexes == {"nodes_project_level_idx"}, indexes
+    # explained as the plan the stage keeps for the session: parameters, not constants
+    assert "($3).project_id" in json.dumps(plan), plan
     _assert_exact(synthetic, "rare", range(100, 105))
     (past,) = [
         dict(r[1])
@@ -389,6 +392,47 @@ def test_a_small_named_project_takes_the_exact_stage(synthetic: Conn) -> None:
     assert [r[0] for r in got] == _brute_force(synthetic, "rare", vec, 10)
 
 
+def test_only_a_plain_search_of_the_current_versions_takes_the_kept_plan(synthetic: Conn) -> None:
+    """memory._vector_stage: semantic_exact_current for named levels and nothing else tested;
+    any other test of the visibility (a time window, a filter, valid time, the past, the
+    grammar) or every level (NULL) keeps semantic_exact, whose visibility folds per call."""
+    stage = (
+        "SELECT memory._vector_stage(memory._with_grammar(memory._leg_visibility("
+        "memory.project_id('rare'), %s, %s, NULL, %s::jsonb, NULL, %s, %s),"
+        " memory.parse_query(%s)))"
+    )
+    plain = (["L1", "L2"], None, None, None, None, "topic1")
+    assert synthetic.execute(stage, plain).fetchone() == ("semantic_exact_current",)
+    for changed in (
+        {0: None},  # every level
+        {1: "2000-01-01"},  # since
+        {2: '{"a": 1}'},  # filter
+        {3: "2020-01-01"},  # as_of
+        {4: "2020-01-01"},  # valid_at
+        {5: "topic1 -word2"},  # an exclusion
+    ):
+        args = tuple(changed.get(i, v) for i, v in enumerate(plain))
+        assert synthetic.execute(stage, args).fetchone() == ("semantic_exact",), changed
+    # an expired version and a node without a vector are not ranked, however near
+    vec = _query_vec(120)
+    with synthetic.transaction(force_rollback=True):
+        rows = synthetic.execute(
+            "INSERT INTO memory.nodes (sha256, project_id, level, text, embedding)"
+            " VALUES (%s, 2, 'L1', 'old version', %s), (%s, 2, 'L2', 'no vector', NULL)"
+            " RETURNING id",
+            (b"\x01" * 32, vec, b"\x02" * 32),
+        ).fetchall()
+        synthetic.execute(
+            "UPDATE memory.nodes SET expired_at = now(), end_reason = 'retired' WHERE id = %s",
+            (rows[0][0],),
+        )
+        got = synthetic.execute(
+            "SELECT node_id FROM memory.semantic_search(%s, 'rare', '{L1,L2}', 10)", (vec,)
+        ).fetchall()
+        assert rows[0][0] not in [r[0] for r in got]
+        assert [r[0] for r in got] == _brute_force(synthetic, "rare", vec, 10)
+
+
 def test_the_exact_stage_keeps_one_plan_on_the_project_index(synthetic: Conn, policy: Any) -> None:
     """semantic_exact_current's statement runs a plan made once for the session (its project
     and each level index conditions on parameters, not constants), and that plan stays on
@@ -398,8 +442,16 @@ def test_the_exact_stage_keeps_one_plan_on_the_project_index(synthetic: Conn, po
     where reading pages at random is priced as it is for a project of millions of rows:
     without the stage's enable_seqscan off, that plan reads the table."""
     policy("exact_scan_max_nodes", "10000")  # 'big' ranked exactly as well
-    sql = "SELECT node_id FROM memory.semantic_search(%s, %s, '{L1,L2}', 10)"
     synthetic.execute("DISCARD PLANS")
+    try:
+        _the_exact_plans_stay_on_the_index(synthetic)
+    finally:
+        # the plans made under that price would outlive the test in this session
+        synthetic.execute("DISCARD PLANS")
+
+
+def _the_exact_plans_stay_on_the_index(synthetic: Conn) -> None:
+    sql = "SELECT node_id FROM memory.semantic_search(%s, %s, '{L1,L2}', 10)"
     dear = ("SET LOCAL random_page_cost = 100000",)
     for project, seed in (("rare", 110), ("big", 111), ("rare", 112)):
         plans = [

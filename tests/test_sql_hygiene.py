@@ -5,6 +5,7 @@ lock timeout, drift report, directory permissions and cleanup."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -193,6 +194,7 @@ READER = {
     "explain_query",
     "_request_instant",
     "_explained",
+    "_explain_vector",
     "_without_counts",
     "_explain",
     "_answer",
@@ -308,6 +310,26 @@ def test_the_bm25_rounding_is_inlined(conn: Conn) -> None:
     assert "_bm25_score" not in plan and "round" in plan, plan
     assert one(conn, "SELECT memory._bm25_score(1.23456789049)") == 1.23456789
     assert one(conn, "SELECT memory._bm25_score(1.2345678906)") == 1.234567891
+
+
+def test_current_only_reads_every_field_of_the_visibility(conn: Conn) -> None:
+    # memory._current_only says a visibility tests nothing but its project and levels, so
+    # the exact stage may drop memory._visible (memory._vector_stage): a field added to
+    # memory.visibility and not read there would be a test that stage silently skips.
+    fields = [
+        r[0]
+        for r in conn.execute(
+            "SELECT a.attname FROM pg_attribute a WHERE a.attrelid = 'memory.visibility'::regclass"
+            " AND a.attnum > 0 AND NOT a.attisdropped"
+        ).fetchall()
+    ]
+    body = one(conn, "SELECT pg_get_functiondef('memory._current_only'::regproc)")
+    unread = [
+        f
+        for f in fields
+        if f not in ("project_id", "levels") and not re.search(rf"\(v\)\.{f}\b", body)
+    ]
+    assert len(fields) > 10 and unread == [], unread
 
 
 def test_parallel_labels(conn: Conn) -> None:

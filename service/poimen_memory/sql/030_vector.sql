@@ -76,13 +76,13 @@ AS $$
     END
 $$;
 COMMENT ON FUNCTION memory.stage_sql(text) IS
-    'The SQL text of a vector stage (semantic, the HNSW scan, semantic_exact, a named project''s rows ranked exactly, and semantic_exact_current, the same for the current versions of given levels with no other test, planned once a session: $1 vector, $2 k, $3 visibility; by_ids: $1 vector, $2 ids, $3 k, $4 visibility; the visibility a memory.visibility that memory._visible tests inside the scan), run by memory.semantic_search / memory.search_by_ids and explained by memory.explain_query.';
+    'The SQL text of a vector stage (semantic, the HNSW scan, semantic_exact, a named project''s rows ranked exactly, and semantic_exact_current, the same for the current versions of given levels with no other test, planned once a session: $1 vector, $2 k, $3 visibility; by_ids: $1 vector, $2 ids, $3 k, $4 visibility; the visibility a memory.visibility that memory._visible tests inside the scan, or semantic_exact_current reads as plain quals: its project and levels), run by memory.semantic_search / memory.search_by_ids and explained by memory.explain_query.';
 
 -- Which vector stage the semantic leg runs (issue 28): a named project holding at most
 -- exact_scan_max_nodes current nodes (memory.corpus_stats, kept by the lexical triggers: one
 -- primary-key read) is ranked exactly; a larger project, or no project (every project the
--- caller may see), takes the HNSW scan. memory.semantic_search runs it and memory._explain
--- explains it, both through this function.
+-- caller may see), takes the HNSW scan. memory._vector_stage refines the choice for a
+-- visibility; memory.semantic_search and memory.explain_query both call that.
 CREATE OR REPLACE FUNCTION memory._semantic_stage(project_id integer)
 RETURNS text
 -- STABLE PARALLEL SAFE: it only reads (the policy, corpus_stats); it sets nothing.
@@ -103,7 +103,7 @@ BEGIN
     RETURN 'semantic';
 END $$;
 COMMENT ON FUNCTION memory._semantic_stage(integer) IS
-    'The vector stage (memory.stage_sql) the semantic leg of project_id runs: semantic_exact when a project is named and holds at most the policy''s exact_scan_max_nodes current nodes (memory.corpus_stats; 0: never), else semantic (HNSW). Called by memory.semantic_search and memory.explain_query alike.';
+    'The vector stage (memory.stage_sql) the semantic leg of project_id runs: semantic_exact when a project is named and holds at most the policy''s exact_scan_max_nodes current nodes (memory.corpus_stats; 0: never), else semantic (HNSW). Called by memory._vector_stage, which memory.semantic_search and memory.explain_query call alike.';
 
 -- The vector stage memory.semantic_search runs for a visibility, and memory.explain_query
 -- explains: memory._semantic_stage's choice, and semantic_exact_current instead of
@@ -140,7 +140,8 @@ BEGIN
 CREATE OR REPLACE FUNCTION memory._semantic_exact_current(
     query_embedding vector, k integer, v memory.visibility)
 RETURNS TABLE (node_id bigint, rank integer, query_score double precision)
--- PARALLEL UNSAFE: its SET clauses set parameters, which no parallel mode allows.
+-- PARALLEL UNSAFE as its one caller, memory.semantic_search, is (its own SET clauses
+-- would be allowed in a worker).
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
@@ -224,7 +225,8 @@ BEGIN
     IF k IS NULL OR k < 1 OR k > 1000 THEN
         RAISE EXCEPTION 'k must be 1..1000, got %', k USING ERRCODE = '22023';
     END IF;
-    -- the filter and grammar checked last, as they always were
+    -- the filter and grammar checked last, as they always were (the stage's choice, which
+    -- reads them, raises nothing)
     vis.filter := CASE WHEN filter IS NOT NULL THEN memory.check_filter(filter) END;
     vis := memory._with_grammar(vis, grammar);
     stage := memory._vector_stage(vis);

@@ -35,10 +35,14 @@ DECLARE
 BEGIN
     -- One way to the rows' support, whoever calls: the answer's, else computed here.
     support_rows := coalesce(support_rows, memory._support_rows(ids, as_of, support_valid_at));
-    -- Static: memory._finish runs it with memory._plan_cache_mode's choice, a plan made once
-    -- a session on one table (as a dynamic statement the page was planned at every call:
-    -- 0.3 of an answer's 1.8 ms of planning on LoCoMo), per call on the partitioned layout,
-    -- where the project folds to a constant that prunes to its partition. Each node is a
+    -- Static (as a dynamic statement the page was planned at every call: 0.3 of an answer's
+    -- 1.8 ms of planning on LoCoMo), under the caller's plan_cache_mode: memory._finish's
+    -- choice (memory._plan_cache_mode) makes its plan once a session on one table, and
+    -- leaves it to PostgreSQL (auto) on the partitioned layout, where a plan made per call
+    -- prunes to the project's partition and one made for any project probes every
+    -- partition, the one it prices higher wherever there are more than a few. (A SET
+    -- clause choosing per layout would need set_config, which a parallel worker, where
+    -- memory.hydrate may run, refuses.) Each node is a
     -- probe of the primary key by id; the project is a filter of the probe (as a range of
     -- keys it made an index condition that a plan made for every project, guessing the
     -- range's size, preferred to the probes: all of a project's rows read for a page).

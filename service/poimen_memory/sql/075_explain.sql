@@ -46,6 +46,55 @@ END $$;
 COMMENT ON FUNCTION memory._explained(json) IS
     'One stage''s EXPLAIN (FORMAT JSON) output as memory.explain_query returns it: the plan object, without its row and page counts (memory._without_counts, and a key Counts saying so) when row-level security applies to the caller.';
 
+-- One vector stage's EXPLAIN as memory.semantic_search runs it: the stage's text with the
+-- leg's values (a plan made for them), except semantic_exact_current, whose plan is made
+-- once a session (memory._semantic_exact_current): its text is prepared and explained as a
+-- plan made for any values, under that function's settings, read from its catalog entry
+-- (declared there only, so the two cannot disagree) and set for this EXPLAIN alone.
+CREATE OR REPLACE FUNCTION memory._explain_vector(
+    stage text, opts text, query_embedding vector, k integer, v memory.visibility
+)
+RETURNS json
+-- VOLATILE: it runs EXPLAIN and PREPARE, utility statements. PARALLEL UNSAFE: it prepares
+-- a statement (session state) and sets settings.
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+DECLARE
+    stmt constant text := 'poimen_explain_exact_current';
+    setting text;
+    saved text[] := '{}';
+    x json;
+BEGIN
+    IF stage <> 'semantic_exact_current' THEN
+        EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql(stage)) INTO x
+            USING query_embedding, k, v;
+        RETURN x;
+    END IF;
+    -- a prepared statement outlives a failed transaction: one left by an earlier call goes
+    IF EXISTS (SELECT 1 FROM pg_prepared_statements s WHERE s.name = stmt) THEN
+        EXECUTE format('DEALLOCATE %I', stmt);
+    END IF;
+    EXECUTE format('PREPARE %I (vector, integer, memory.visibility) AS %s', stmt,
+                   memory.stage_sql(stage));
+    FOR setting IN
+        SELECT c FROM pg_proc p, unnest(p.proconfig) AS c
+        WHERE p.oid = memory._only('_semantic_exact_current') AND c NOT LIKE 'search_path=%'
+    LOOP
+        saved := saved || ARRAY[split_part(setting, '=', 1), current_setting(split_part(setting, '=', 1))];
+        PERFORM set_config(split_part(setting, '=', 1), substr(setting, strpos(setting, '=') + 1), true);
+    END LOOP;
+    EXECUTE format('EXPLAIN (%s) EXECUTE %I (%L::vector, %s, %L::memory.visibility)', opts, stmt,
+                   query_embedding::text, k, v::text) INTO x;
+    FOR i IN 1 .. cardinality(saved) / 2 LOOP
+        PERFORM set_config(saved[2 * i - 1], saved[2 * i], true);
+    END LOOP;
+    EXECUTE format('DEALLOCATE %I', stmt);
+    RETURN x;
+END $$;
+COMMENT ON FUNCTION memory._explain_vector(text, text, vector, integer, memory.visibility) IS
+    'EXPLAIN (opts) of the vector stage memory.stage_sql(stage) with the query vector, k and the visibility v: a plan made for these values, or for semantic_exact_current the plan made once for any values under memory._semantic_exact_current''s settings (set for the EXPLAIN alone), the one that stage keeps for the session. Called by memory.explain_query.';
+
 -- The implementation: req is memory._request's, as memory._answer takes it.
 CREATE OR REPLACE FUNCTION memory._explain(
     req jsonb,
@@ -121,8 +170,7 @@ BEGIN
         RETURN NEXT;
     END IF;
     IF pl -> 'semantic' ->> 'engine' = 'hnsw' THEN
-        EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql(sem)) INTO x
-            USING p.embedding, (pl -> 'semantic' ->> 'depth')::integer, vis;
+        x := memory._explain_vector(sem, opts, p.embedding, (pl -> 'semantic' ->> 'depth')::integer, vis);
         stage := 'semantic';
         plan := memory._explained(x) || jsonb_build_object('Stage', sem, 'hnsw.ef_search',
                                                      CASE WHEN sem = 'semantic' THEN current_setting('hnsw.ef_search')::integer END);
@@ -150,8 +198,7 @@ BEGIN
             RETURN NEXT;
         END IF;
         IF (ev ->> 'semantic')::boolean AND p.embedding IS NOT NULL THEN
-            EXECUTE format('EXPLAIN (%s) %s', opts, memory.stage_sql(ev_sem)) INTO x
-                USING p.embedding, (ev ->> 'candidates')::integer, ev_vis;
+            x := memory._explain_vector(ev_sem, opts, p.embedding, (ev ->> 'candidates')::integer, ev_vis);
             stage := 'evidence_semantic';
             plan := memory._explained(x) || jsonb_build_object('Stage', ev_sem, 'hnsw.ef_search',
                                                          CASE WHEN ev_sem = 'semantic' THEN current_setting('hnsw.ef_search')::integer END);
@@ -209,7 +256,7 @@ BEGIN
         pg_catalog.regexp_replace(args, ', fusion ', ', actual boolean DEFAULT false, fusion '));
 END $$;
 COMMENT ON FUNCTION memory.explain_query(text, vector, text, text[], integer, text, boolean, text, integer, integer, double precision, text, text, timestamptz, jsonb, double precision, timestamptz, timestamptz, text, integer) IS
-    'Plans the query with memory.plan_query''s planner and runs it with the executor memory.query and GET /memory/query use, then returns one row per stage that ran: plan (the plan itself, jsonb), lexical, semantic (the recall statement memory.semantic_search runs, memory._semantic_stage''s choice: HNSW or, for a small named project, the exact semantic_exact stage; its plan carries Stage and the hnsw.ef_search it ran with, memory._semantic_ef, NULL on the exact stage) or by_ids (the LexicalFirst cosine stage), evidence_lexical and evidence_semantic (the direct L0 legs), fusion, provenance and evidence, each with EXPLAIN (FORMAT JSON[, ANALYZE, BUFFERS]) of that stage with the plan''s values and settings, and time_ms, the time the stage took when the query ran. A caller under row-level security gets each EXPLAIN without its row and page counts (memory._without_counts: they would count other projects'' rows), with a key Counts saying so. Arguments as memory.answer; evidence NULL: the policy''s budget (explain_query shows the evidence stages GET /memory/query runs).';
+    'Plans the query with memory.plan_query''s planner and runs it with the executor memory.query and GET /memory/query use, then returns one row per stage that ran: plan (the plan itself, jsonb), lexical, semantic (the recall statement memory.semantic_search runs, memory._vector_stage''s choice: HNSW or, for a small named project, the exact stage, semantic_exact or, for a plain search of the current versions, semantic_exact_current with the plan it keeps for the session; its plan carries Stage and the hnsw.ef_search it ran with, memory._semantic_ef, NULL on the exact stage) or by_ids (the LexicalFirst cosine stage), evidence_lexical and evidence_semantic (the direct L0 legs), fusion, provenance and evidence, each with EXPLAIN (FORMAT JSON[, ANALYZE, BUFFERS]) of that stage with the plan''s values and settings, and time_ms, the time the stage took when the query ran. A caller under row-level security gets each EXPLAIN without its row and page counts (memory._without_counts: they would count other projects'' rows), with a key Counts saying so. Arguments as memory.answer; evidence NULL: the policy''s budget (explain_query shows the evidence stages GET /memory/query runs).';
 
 -- The settings memory.semantic_search runs under (sql/030_vector.sql) are declared there
 -- only: memory._explain takes each hnsw.* one and max_parallel_workers_per_gather from its

@@ -115,7 +115,7 @@ DECLARE
         'memory._grammar_constraints', 'memory._grammar_compile', 'memory.check_grammar',
         'memory.plpython_path', 'memory.plpython_load', 'memory.optimize_query', 'memory._optimize_query',
         'memory.check_reference_time', 'memory.embed', 'memory._embed', 'memory._plain_error',
-        'memory.stage_sql', 'memory.explain_query', 'memory._explain', 'memory._explained',
+        'memory.stage_sql', 'memory.explain_query', 'memory._explain', 'memory._explained', 'memory._explain_vector',
         'memory._without_counts', 'memory._answer', 'memory.query',
         'public.memory_query', 'public.memory_optimize_query', 'memory.granted_projects',
         'memory.granted_project_ids', 'memory._granted_ids', 'memory.granted_all', 'memory._asserted_all',
