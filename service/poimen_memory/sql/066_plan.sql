@@ -332,12 +332,13 @@ BEGIN
     IF floor_why IS NOT NULL THEN
         floor_on := false;
     END IF;
-    -- the project as a range of keys (every project for NULL), so a plan made once for
-    -- every project reads the terms' keys of this one (as memory.lexical_search does)
+    -- The project an equality (folded per call), not a range of keys: term_stats' primary
+    -- key leads with the project, and a range there made the planner of a table not yet
+    -- analyzed read the project's every term (docs/benchmarks.md, "poimen-memory bench on
+    -- a quiet machine").
     SELECT coalesce(sum(t.df), 0) INTO n_postings
       FROM memory.term_stats t
-     WHERE t.lexeme = ANY (terms)
-       AND t.project_id BETWEEN coalesce(pid, -2147483648) AND coalesce(pid, 2147483647);
+     WHERE t.lexeme = ANY (terms) AND (pid IS NULL OR t.project_id = pid);
     IF reads_postings AND n_postings > max_postings THEN
         RAISE EXCEPTION 'query would read % postings, at most % are read', n_postings, max_postings
             USING ERRCODE = @vocabulary.sqlstate_query_too_costly@,
