@@ -42,10 +42,10 @@ BEGIN
     -- prunes to the project's partition and one made for any project probes every
     -- partition, the one it prices higher wherever there are more than a few. (A SET
     -- clause choosing per layout would need set_config, which a parallel worker, where
-    -- memory.hydrate may run, refuses.) Each node is a
-    -- probe of the primary key by id; the project is a filter of the probe (as a range of
-    -- keys it made an index condition that a plan made for every project, guessing the
-    -- range's size, preferred to the probes: all of a project's rows read for a page).
+    -- memory.hydrate may run, refuses.) Each node is a probe of the primary key by id; the
+    -- project is a filter of the probe (as a range of keys it made an index condition that
+    -- a plan made for every project, guessing the range's size, preferred to the probes:
+    -- all of a project's rows read for a page).
     RETURN QUERY
     WITH page AS MATERIALIZED (
         SELECT n.id, n.project_id, n.level, n.sha256, n.title, n.text, n.source,
