@@ -93,6 +93,54 @@ def test_fan_out_20_at_depth_4_is_bounded_and_flagged(conn: Conn) -> None:
     assert truncated is True  # 20 parents, 3 allowed
 
 
+def reach_is_the_walks_pairs(conn: Conn, ids: list[int], as_of: Any = None) -> int:
+    """memory._provenance_reach against its oracle, memory.provenance_walk's distinct
+    (root, source) pairs, at every depth from 1 to 6; each pair comes once. The pairs at
+    depth 6."""
+    reach: list[tuple[int, int]] = []
+    for depth in range(1, 7):
+        walk = conn.execute(
+            "SELECT DISTINCT root_id, parent_id FROM memory.provenance_walk(%s, %s, %s)",
+            (ids, depth, as_of),
+        ).fetchall()
+        reach = conn.execute(
+            "SELECT root_id, parent_id FROM memory._provenance_reach(%s, %s, %s)",
+            (ids, depth, as_of),
+        ).fetchall()
+        assert len(reach) == len(set(reach)) and set(reach) == set(walk), depth
+    return len(reach)
+
+
+def test_the_evidence_reaches_each_source_once(conn: Conn) -> None:
+    """The walk returns a row per path (168,420 here); what the evidence cites is each
+    source once (80 pairs), with its citing rank, in work bounded by the sources."""
+    root = _plant_fan_out(conn)
+    paths = conn.execute(
+        "SELECT count(*) FROM memory.provenance_walk(ARRAY[%s]::bigint[])", (root,)
+    )
+    assert paths.fetchone() == (sum(FAN_OUT**d for d in range(1, DEPTH + 1)),)
+    (pairs,) = conn.execute(
+        "SELECT count(*) FROM memory._provenance_reach(ARRAY[%s]::bigint[])", (root,)
+    ).fetchone() or (None,)
+    assert pairs == FAN_OUT * DEPTH
+    cited = conn.execute(
+        "SELECT n.level, e.cited_by FROM memory.select_evidence(ARRAY[%s]::bigint[], NULL, NULL,"
+        " budget => 100) e JOIN memory.nodes n ON n.id = e.node_id",
+        (root,),
+    ).fetchall()
+    assert len(cited) == FAN_OUT * (DEPTH - 1)  # the L0 sources, each once
+    assert all(c == ("L0", [1]) for c in cited)
+    # The oracle on the fixture's graph, with a cycle through it (chat:1 -> syn:1 -> mem:1
+    # -> chat:1), from every derived node at once.
+    conn.execute(
+        "INSERT INTO memory.edges (child_id, parent_id, project_id)"
+        " SELECT c.id, s.id, s.project_id FROM memory.nodes c, memory.nodes s"
+        " WHERE c.external_id = 'poimen:chat:1' AND s.external_id = 'poimen:syn:1'"
+    )
+    ids = [r[0] for r in conn.execute("SELECT id FROM memory.nodes ORDER BY id").fetchall()]
+    assert reach_is_the_walks_pairs(conn, ids) > 0
+
+
 def test_an_uncut_tree_is_not_flagged(conn: Conn) -> None:
     nid = conn.execute("SELECT id FROM memory.nodes WHERE external_id = 'poimen:mem:1'").fetchone()
     assert nid is not None

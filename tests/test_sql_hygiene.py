@@ -131,6 +131,8 @@ READER = {
     "_fuse_lists",
     "fuse_legs",
     "provenance_walk",
+    "_provenance_reach",
+    "_rests_on",
     "provenance_tree",
     "provenance",
     "provenance_forest",
@@ -296,6 +298,31 @@ def test_the_visibility_predicate_is_inlined(conn: Conn) -> None:
     )
     assert "_visible" not in plan, plan
     assert "expired_at IS NULL" in plan and "metadata @>" in plan, plan
+
+
+def test_the_provenance_rule_is_inlined(conn: Conn) -> None:
+    """memory._rests_on folds into plain quals of the walks: the edge's test on the edge,
+    the node's on the node, never a call to it."""
+    plan = "\n".join(
+        r[0]
+        for r in conn.execute(
+            "EXPLAIN SELECT e.parent_id FROM memory.edges e"
+            " JOIN memory.nodes p ON p.id = e.parent_id"
+            " WHERE e.child_id = 1 AND memory._rests_on(p, e.child_id, e.linked_at, %(t)s,"
+            " memory._visibility("
+            "as_of => %(t)s), memory._visibility(every_version => true, live_at => %(t)s))",
+            {"t": "2026-01-01T00:00:00Z"},
+        ).fetchall()
+    )
+    assert "_rests_on" not in plan and "_visible" not in plan, plan
+    lines = plan.splitlines()
+
+    def filter_of(scan: str) -> str:  # the Filter line under a scan node, whatever the order
+        at = next(i for i, x in enumerate(lines) if scan in x)
+        return next(x for x in lines[at + 1 :] if "Filter:" in x)
+
+    assert "linked_at" in filter_of(" on edges e"), plan
+    assert "expires_at" in filter_of(" on nodes p"), plan
 
 
 def test_the_bm25_rounding_is_inlined(conn: Conn) -> None:

@@ -16,6 +16,7 @@ import pytest
 from poimen_core.vocabulary import SQLSTATES
 from poimen_memory.db.connect import connect
 from test_lifecycle import Conn, P, _node, _write
+from test_provenance_caps import reach_is_the_walks_pairs
 
 
 def _coffee(conn: Conn) -> None:
@@ -397,6 +398,10 @@ def test_support_in_time_expiry_and_what_a_rewritten_parent_hides(conn: Conn) ->
         "WHERE n.external_id = 's:profile' AND n.expired_at IS NULL", (between,)
     ).fetchone()  # fmt: skip
     assert row == ("stale",)
+    # the sources the evidence cites, then and now: the walk's, the rewritten version too
+    ids = [r[0] for r in conn.execute("SELECT id FROM memory.nodes ORDER BY id").fetchall()]
+    assert reach_is_the_walks_pairs(conn, ids, between) > 0
+    assert reach_is_the_walks_pairs(conn, ids) > 0
     # an answer as of now says what an answer without as_of says, for a claim derived from a
     # fact whose valid time has ended too (support tests valid time only at a valid_at given)
     _write(conn, [

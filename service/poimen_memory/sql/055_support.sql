@@ -207,3 +207,31 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION memory._cites_superseded(bigint, bigint, timestamptz) IS
     'Whether child_id still cites parent_id although it is not the visible version at as_of (NULL: now): the version the child rests on, superseded since by another version of the same id (memory._rested_parents).';
+
+-- Does child_id rest on parent version p (a memory.nodes row) through an edge linked at
+-- linked_at, as the database held it at as_of (NULL: now)? The edge was linked by then;
+-- p has not expired then (alive, from
+-- memory._visibility(every_version => true, live_at => coalesce(as_of, now()))), and is
+-- the version held then (known, memory._visibility(as_of => as_of)) or a version rewritten
+-- since that the child still cites (memory._cites_superseded). The one rule of every walk
+-- (sql/050_provenance.sql); inlined by the planner (LANGUAGE sql, no SET clause:
+-- migrate.INLINED), so the edge's test stays on the edge's scan and the node's on the
+-- node's. p is polymorphic, as in memory._visible, and the edge's two columns are
+-- arguments: a body is checked against a table's row type when it is created, and this
+-- file is also applied over older migrations (tests/test_migrations.py), whose edges have
+-- no linked_at.
+CREATE OR REPLACE FUNCTION memory._rests_on(
+    p anyelement, child_id bigint, linked_at timestamptz, as_of timestamptz,
+    known memory.visibility, alive memory.visibility
+)
+RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+SELECT (as_of IS NULL OR linked_at IS NULL OR linked_at <= as_of)
+   AND memory._visible(p, alive)
+   AND (memory._visible(p, known)
+        OR ((p).end_reason = 'superseded' AND (p).erased_at IS NULL
+            AND memory._cites_superseded(child_id, (p).id, as_of)))
+$$;
+COMMENT ON FUNCTION memory._rests_on(anyelement, bigint, timestamptz, timestamptz, memory.visibility, memory.visibility) IS
+    'Whether child_id rests on parent version p (a memory.nodes row) through an edge linked at linked_at, at as_of (NULL: now): the edge linked by then, p alive then (alive: memory._visibility(every_version => true, live_at => coalesce(as_of, now()))) and either the version held then (known: memory._visibility(as_of => as_of)) or one rewritten since that the child still cites (memory._cites_superseded). The rule of memory.provenance_walk, memory._provenance_reach and memory.provenance_forest; inlined by the planner.';

@@ -67,7 +67,7 @@ DECLARE
                                                       as_of, valid_at);
     -- A direct match or a deeper candidate's citation is tested on all but transaction time:
     -- the legs chose the versions, and a result may rest on one rewritten since
-    -- (memory.provenance_walk).
+    -- (memory._provenance_reach, memory._rests_on).
     cited memory.visibility := scope;
     cite_all boolean;  -- cited tests nothing but the project: no citation needs a look
 BEGIN
@@ -122,7 +122,7 @@ BEGIN
     -- nothing).
     cites AS (
         SELECT w.parent_id AS node_id, array_agg(DISTINCT r.ord::integer ORDER BY r.ord::integer) AS by_rank
-        FROM memory.provenance_walk(result_ids || coalesce(deeper, '{}'), max_depth, as_of) w
+        FROM memory._provenance_reach(result_ids || coalesce(deeper, '{}'), max_depth, as_of) w
         JOIN unnest(result_ids || coalesce(deeper, '{}')) WITH ORDINALITY AS r(id, ord) ON r.id = w.root_id
         WHERE r.ord <= cardinality(result_ids) OR cite_all
            OR EXISTS (SELECT 1 FROM memory.nodes n

@@ -48,7 +48,7 @@ def touched() -> sql.Composed:
 # call schema-qualified instead (sql/019_visibility.sql, sql/020_lexical.sql;
 # tests/test_sql_hygiene.py). memory._bm25_score runs once per scored document: called, it
 # cost a lexical leg 1.7 ms of 3.4 on LoCoMo (docs/benchmarks.md).
-INLINED = frozenset({"memory._visible", "memory._bm25_score"})
+INLINED = frozenset({"memory._visible", "memory._bm25_score", "memory._rests_on"})
 
 
 def _pin_search_path(conn: psycopg.Connection[Any], schema: str) -> None:
