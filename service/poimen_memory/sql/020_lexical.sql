@@ -308,6 +308,12 @@ DECLARE
     terms text[];
     n double precision;
     avgdl double precision;
+    -- BM25's constants per posting, folded once a call: tf (k1 + 1) / (tf + k1 (1 - b + b dl
+    -- / avgdl)) is tf c1 / (tf + c2 + c3 dl), four operations a posting fewer (the scorer
+    -- below evaluates it for every posting of the question's terms)
+    c1 double precision;
+    c2 double precision;
+    c3 double precision;
     -- per term, ordered by bound ascending (the most frequent terms first)
     t_lex text[];
     t_w double precision[];
@@ -358,6 +364,9 @@ BEGIN
         PERFORM pg_catalog.set_config('plan_cache_mode', 'force_custom_plan', true);
     END IF;
     SELECT x.terms, x.n, x.avgdl INTO terms, n, avgdl FROM memory.lexical_query(query, pid, k, k1, b) x;
+    c1 := k1 + 1;
+    c2 := k1 * (1 - b);
+    c3 := k1 * b / nullif(avgdl, 0);
     vis := memory._with_grammar(vis, cons);
     IF coalesce((g ->> 'operators')::boolean, false) THEN
         -- scored: the plain words, phrase words and tokens; never an excluded word or OR
@@ -425,7 +434,7 @@ BEGIN
               GROUP BY tp.id, tp.project_id
               UNION ALL
               SELECT p.node_id, p.project_id,
-                     memory._bm25_score(sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))))
+                     memory._bm25_score(sum(w.w * p.tf * c1 / (p.tf + c2 + c3 * p.dl)))
               FROM unnest(t_lex, t_w) AS w(lexeme, w)
               JOIN memory.postings p ON p.lexeme = w.lexeme
               WHERE as_of IS NULL
@@ -451,7 +460,7 @@ BEGIN
         RETURN QUERY
         SELECT s.id, (row_number() OVER (ORDER BY s.score DESC, s.id))::integer, s.score
         FROM (SELECT p.node_id AS id,
-                     memory._bm25_score(sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl)))) AS score
+                     memory._bm25_score(sum(w.w * p.tf * c1 / (p.tf + c2 + c3 * p.dl))) AS score
               FROM unnest(t_lex, t_w) AS w(lexeme, w)
               JOIN memory.postings p ON p.lexeme = w.lexeme
               WHERE p.project_id BETWEEN p_lo AND p_hi AND (lv IS NULL OR p.level = ANY (lv))
@@ -473,7 +482,7 @@ BEGIN
     SELECT array_agg(e.id), array_agg(e.proj), array_agg(e.ps)
       INTO c_id, c_proj, c_ps
       FROM (SELECT p.node_id AS id, p.project_id AS proj,
-                   sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS ps
+                   sum(w.w * p.tf * c1 / (p.tf + c2 + c3 * p.dl)) AS ps
             FROM unnest(t_lex[s0:], t_w[s0:]) AS w(lexeme, w)
             JOIN memory.postings p ON p.lexeme = w.lexeme
             WHERE p.project_id BETWEEN p_lo AND p_hi AND (lv IS NULL OR p.level = ANY (lv))
@@ -494,7 +503,7 @@ BEGIN
           INTO c_id, c_proj, c_ps
           FROM unnest(c_id, c_proj, c_ps) AS c(id, proj, ps)
           FULL JOIN (SELECT p.node_id AS id, p.project_id AS proj,
-                            sum(w.w * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl))) AS ps
+                            sum(w.w * p.tf * c1 / (p.tf + c2 + c3 * p.dl)) AS ps
                      FROM unnest(t_lex[ne + 1:s0 - 1], t_w[ne + 1:s0 - 1]) AS w(lexeme, w)
                      JOIN memory.postings p ON p.lexeme = w.lexeme
                      WHERE p.project_id BETWEEN p_lo AND p_hi AND (lv IS NULL OR p.level = ANY (lv))
@@ -518,7 +527,7 @@ BEGIN
               INTO c_id, c_proj, c_ps
               FROM unnest(c_id, c_proj, c_ps) AS c(id, proj, ps)
               LEFT JOIN (SELECT p.node_id, p.project_id,
-                                t_w[j] * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl)) AS s
+                                t_w[j] * p.tf * c1 / (p.tf + c2 + c3 * p.dl) AS s
                          FROM memory.postings p
                          WHERE p.lexeme = t_lex[j] AND p.project_id BETWEEN p_lo AND p_hi) x
                 ON x.node_id = c.id AND x.project_id = c.proj;
@@ -528,7 +537,7 @@ BEGIN
               INTO c_id, c_proj, c_ps
               FROM unnest(c_id, c_proj, c_ps) AS c(id, proj, ps)
               LEFT JOIN LATERAL (
-                  SELECT t_w[j] * p.tf * (k1 + 1) / (p.tf + k1 * (1 - b + b * p.dl / avgdl)) AS s
+                  SELECT t_w[j] * p.tf * c1 / (p.tf + c2 + c3 * p.dl) AS s
                   FROM memory.postings p
                   WHERE p.lexeme = t_lex[j] AND p.project_id = coalesce(pid, c.proj) AND p.node_id = c.id
                   LIMIT 1) x ON true;
