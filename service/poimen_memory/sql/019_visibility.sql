@@ -49,8 +49,8 @@ END $$;
 -- The predicate. LANGUAGE sql, one expression, IMMUTABLE (it reads its two arguments only:
 -- every operator in it is immutable), neither STRICT nor SECURITY DEFINER, and without
 -- SET search_path: PostgreSQL inlines no function that carries a SET clause, so this one
--- (the only such function of the schema: migrate leaves it unpinned, and
--- tests/test_sql_hygiene.py allows exactly it) names everything it calls
+-- (one of the few such functions, migrate.INLINED: migrate leaves them unpinned, and
+-- tests/test_sql_hygiene.py allows exactly those) names everything it calls
 -- schema-qualified instead, and its operators are pg_catalog's (found first in any
 -- search_path).
 --   as_of NULL: the current versions (expired_at IS NULL, the predicate of the partial

@@ -308,9 +308,9 @@ DECLARE
     terms text[];
     n double precision;
     avgdl double precision;
-    -- BM25's constants per posting, folded once a call: tf (k1 + 1) / (tf + k1 (1 - b + b dl
-    -- / avgdl)) is tf c1 / (tf + c2 + c3 dl), four operations a posting fewer (the scorer
-    -- below evaluates it for every posting of the question's terms)
+    -- BM25's constants, folded once a call: tf (k1 + 1) / (tf + k1 (1 - b + b dl / avgdl))
+    -- is tf c1 / (tf + c2 + c3 dl), four operations a posting fewer in every statement
+    -- below that scores postings (the past's scorer takes c3 of the corpus it counts)
     c1 double precision;
     c2 double precision;
     c3 double precision;
@@ -366,6 +366,7 @@ BEGIN
     SELECT x.terms, x.n, x.avgdl INTO terms, n, avgdl FROM memory.lexical_query(query, pid, k, k1, b) x;
     c1 := k1 + 1;
     c2 := k1 * (1 - b);
+    -- NULL, never an error, for a corpus of empty documents: nothing can match there
     c3 := k1 * b / nullif(avgdl, 0);
     vis := memory._with_grammar(vis, cons);
     IF coalesce((g ->> 'operators')::boolean, false) THEN
@@ -413,7 +414,9 @@ BEGIN
        OR vis.live_at IS NOT NULL THEN
         RETURN QUERY
         WITH st AS (
-            SELECT count(*)::double precision AS n, avg(v.lex_len)::double precision AS avgdl
+            SELECT count(*)::double precision AS n,
+                   -- c3 of that corpus (c1 and c2 do not depend on it): one BM25 form
+                   k1 * b / nullif(avg(v.lex_len)::double precision, 0) AS c3
             FROM memory.nodes v
             WHERE as_of IS NOT NULL AND memory._visible(v, held)
         ), tp AS MATERIALIZED (
@@ -428,7 +431,7 @@ BEGIN
         SELECT s.id, (row_number() OVER (ORDER BY s.score DESC, s.id))::integer, s.score
         FROM (SELECT tp.id, tp.project_id AS proj,
                      memory._bm25_score(sum(ln(1 + (st.n - df.df + 0.5) / (df.df + 0.5))
-                         * tp.tf * (k1 + 1) / (tp.tf + k1 * (1 - b + b * tp.dl / st.avgdl)))) AS score
+                         * tp.tf * c1 / (tp.tf + c2 + st.c3 * tp.dl))) AS score
               FROM tp JOIN df ON df.lexeme = tp.lexeme CROSS JOIN st
               WHERE as_of IS NOT NULL
               GROUP BY tp.id, tp.project_id

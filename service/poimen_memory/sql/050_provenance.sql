@@ -44,16 +44,19 @@ BEGIN
     SELECT w.root_id, w.child_id, w.parent_id, w.depth, w.precedence FROM walk w;
 END $$;
 COMMENT ON FUNCTION memory.provenance_walk(bigint[], integer, timestamptz) IS
-    'Recursive CTE over memory.edges from each given node towards its sources (L2->L1->L0), depth-limited and cycle-safe, through the versions each node rests on: current ones, and a version rewritten since (superseded: memory._cites_superseded), never a retired or erased one; with as_of the versions visible then. One row per edge reached. 22023 for NULL node_ids or a max_depth below 1.';
+    'Recursive CTE over memory.edges from each given node towards its sources (L2->L1->L0), depth-limited and cycle-safe, through the versions each node rests on: current ones, and a version rewritten since (superseded: memory._cites_superseded), never a retired or erased one; with as_of the versions visible then. One row per path to each edge reached (memory._provenance_reach: each source once). 22023 for NULL node_ids or a max_depth below 1.';
 
 -- The sources each node reaches, each once: what memory.select_evidence cites. The walk
 -- above returns a row per path, and paths multiply where nodes share ancestors (fan-out
--- 20 at depth 4: 168,420 rows, half a second, for 80 sources). Here UNION keeps one row
--- per (root, source, depth), so a step expands each source a root reached once, and the
--- work is at most roots x sources x max_depth, whatever the fan-out. Without the path a
--- cycle is bounded by max_depth alone; the root itself is never its own source. The set
--- is the walk's (SELECT DISTINCT root_id, parent_id): the shortest way to a source
--- repeats no node, and every edge on it passes memory._rests_on, as the walk requires.
+-- 20 at depth 4: 168,420 rows, half a second, for 80 sources). Here a breadth-first
+-- search keeps the (root, source) pairs it has reached: a step expands only the pairs
+-- the last one found (EXCEPT: a hashed or sorted set difference, never pair by pair),
+-- and it stops when a step finds none, so the work is at most roots x sources whatever
+-- the fan-out, the cycles or max_depth (a recursive UNION of (root, source, depth) went
+-- round a cycle until max_depth). The set is the walk's (SELECT DISTINCT root_id,
+-- parent_id): the first step that reaches a source is its shortest way, which repeats no
+-- node, and every edge on it passes memory._rests_on, as the walk requires; the root is
+-- never its own source.
 CREATE OR REPLACE FUNCTION memory._provenance_reach(
     node_ids bigint[], max_depth integer DEFAULT 4, as_of timestamptz DEFAULT NULL
 )
@@ -65,6 +68,13 @@ AS $$
 DECLARE
     known memory.visibility := memory._visibility(as_of => as_of);
     alive memory.visibility := memory._visibility(every_version => true, live_at => coalesce(as_of, now()));
+    -- the pairs found so far, and the frontier: the pairs the last step found
+    seen_root bigint[] := '{}';
+    seen_node bigint[] := '{}';
+    front_root bigint[] := node_ids;
+    front_node bigint[] := node_ids;
+    new_root bigint[];
+    new_node bigint[];
 BEGIN
     IF node_ids IS NULL THEN
         RAISE EXCEPTION 'node_ids must not be NULL'
@@ -74,25 +84,26 @@ BEGIN
         RAISE EXCEPTION 'max_depth must be at least 1, got %', coalesce(max_depth::text, 'NULL')
             USING ERRCODE = '22023', HINT = 'How many edges to follow from each node (default 4: L2 -> L1 -> L0).';
     END IF;
-    RETURN QUERY
-    WITH RECURSIVE reach(root_id, parent_id, depth) AS (
-        SELECT r.id, e.parent_id, 1
-        FROM unnest(node_ids) AS r(id)
-        JOIN memory.edges e ON e.child_id = r.id
-        JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
-                           AND memory._rests_on(p, e.child_id, e.linked_at, as_of, known, alive)
-        UNION
-        SELECT w.root_id, e.parent_id, w.depth + 1
-        FROM reach w
-        JOIN memory.edges e ON e.child_id = w.parent_id
-        JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
-                           AND memory._rests_on(p, e.child_id, e.linked_at, as_of, known, alive)
-        WHERE w.depth < max_depth AND e.parent_id <> w.root_id
-    )
-    SELECT DISTINCT w.root_id, w.parent_id FROM reach w;
+    FOR d IN 1..max_depth LOOP
+        SELECT array_agg(x.r), array_agg(x.p) INTO new_root, new_node
+        FROM (SELECT f.r, e.parent_id AS p
+              FROM unnest(front_root, front_node) AS f(r, n)
+              JOIN memory.edges e ON e.child_id = f.n
+              JOIN memory.nodes p ON p.id = e.parent_id AND p.project_id = e.project_id
+                                 AND memory._rests_on(p, e.child_id, e.linked_at, as_of, known, alive)
+              WHERE e.parent_id <> f.r
+              EXCEPT
+              SELECT s.r, s.p FROM unnest(seen_root, seen_node) AS s(r, p)) x;
+        EXIT WHEN new_root IS NULL;
+        seen_root := seen_root || new_root;
+        seen_node := seen_node || new_node;
+        front_root := new_root;
+        front_node := new_node;
+    END LOOP;
+    RETURN QUERY SELECT s.r, s.p FROM unnest(seen_root, seen_node) AS s(r, p);
 END $$;
 COMMENT ON FUNCTION memory._provenance_reach(bigint[], integer, timestamptz) IS
-    'The sources (root_id, parent_id) each of node_ids reaches within max_depth edges, each pair once: memory.provenance_walk''s pairs, in work bounded by roots x sources x max_depth rather than by paths (what memory.select_evidence cites). as_of: the versions held then (NULL: current). 22023 for NULL node_ids or a max_depth below 1.';
+    'The sources (root_id, parent_id) each of node_ids reaches within max_depth edges, each pair once: memory.provenance_walk''s pairs, breadth first, in work bounded by roots x sources rather than by paths (what memory.select_evidence cites). as_of: the versions held then (NULL: current). 22023 for NULL node_ids or a max_depth below 1.';
 
 -- The tree expands shared ancestors into copies, so its size grows as fan-out^depth (fan-out
 -- 20 at depth 4 made one result 30 MB): parents per node and nodes per tree are capped

@@ -45,9 +45,11 @@ def touched() -> sql.Composed:
 
 # The functions PostgreSQL must inline into the statements that call them (the planner
 # inlines no function with a SET clause): they get no search_path, and name everything they
-# call schema-qualified instead (sql/019_visibility.sql, sql/020_lexical.sql;
-# tests/test_sql_hygiene.py). memory._bm25_score runs once per scored document: called, it
-# cost a lexical leg 1.7 ms of 3.4 on LoCoMo (docs/benchmarks.md).
+# call schema-qualified instead (sql/019_visibility.sql, sql/020_lexical.sql,
+# sql/055_support.sql; tests/test_sql_hygiene.py). memory._bm25_score runs once per scored
+# document: called, it cost a lexical leg 1.7 ms of 3.4 on LoCoMo (docs/benchmarks.md).
+# memory._rests_on is the provenance walks' test of an edge and its parent version: inlined,
+# the edge's part filters the edge's scan.
 INLINED = frozenset({"memory._visible", "memory._bm25_score", "memory._rests_on"})
 
 
