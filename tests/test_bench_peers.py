@@ -259,6 +259,9 @@ def test_bench_peers_runs_the_version_before_a_change_beside_this_one(
         ["git", "-C", str(peers.REPO), "rev-parse", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     assert r["base"]["ref"] == "HEAD" and r["base"]["commit"] == head
+    # Both versions answer from copies of the loaded database, made the same way.
+    assert r["base"]["database"] == f"{r['database']}_base"
+    assert r["base"]["head_database"] == f"{r['database']}_head"
     # The base's code is taken from git and kept under --cache (its migrate checks that it
     # imported this tree: copy_for_base).
     tree = cache / f"base-{head[:16]}"
