@@ -62,8 +62,10 @@ measured against the commit it changes in the same run, question by question. Th
 ``service`` and ``plpython`` folders are taken from git (``git archive``, kept under
 ``--cache``); its database is a copy of the loaded one (``CREATE DATABASE ... TEMPLATE``)
 that the base's own code migrates (its SQL functions over the same rows and indexes), and its
-own server runs from those folders. This version answers from a copy too, made the same way
-(a copy read 2% less CPU a SciFact answer than its original, the same code on both).
+own server runs from those folders. This version answers from a copy too, made the same way,
+so that neither side reads the database the load and the peers' builds wrote. Run HEAD
+against HEAD to see the noise: SciFact's database CPU measured 1.022x and 1.023x with this
+version on the original, 0.981x and 0.979x with both on copies (LoCoMo within 1.2%).
 Each poimen system then has a twin ``<name>@base``, asked the same questions in the same
 rotation, and the table adds this version over the base: CPU per question (the ratio of
 means and the median of the per-question ratios) and how many answers are identical. A
@@ -1273,10 +1275,9 @@ def head_database(name: str) -> str:
 
 def copy_for_head(server: str, name: str, plpython_root: Path | None) -> str:
     """With --base, this version too answers from a copy of the loaded database, made and
-    flushed as the base's is: a copy read 2% less CPU a SciFact answer than the database it
-    was copied from, with the same code on both sides (HEAD against HEAD, 1.022x and
-    1.023x), so a base on a copy and this version on the original measured that, not the
-    change. Returns its URL; the caller drops it."""
+    flushed as the base's is, so the two sides differ in their code alone (HEAD against
+    HEAD with this version on the original: SciFact 1.022x and 1.023x of the database CPU).
+    Returns its URL; the caller drops it."""
     copy_name = head_database(name)
     drop_database(server, copy_name)
     with psycopg.connect(make_conninfo(server, dbname="postgres"), autocommit=True) as conn:
