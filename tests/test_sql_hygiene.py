@@ -133,6 +133,7 @@ READER = {
     "provenance_walk",
     "_provenance_reach",
     "_rests_on",
+    "_check_walk",
     "provenance_tree",
     "provenance",
     "provenance_forest",

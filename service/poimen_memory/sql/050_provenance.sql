@@ -1,5 +1,25 @@
 -- Provenance: from any node down its derivation edges to L0 evidence.
 
+-- The arguments of a walk (memory.provenance_walk, memory._provenance_reach), checked in one
+-- place: a NULL walked nothing in silence; an empty array is a walk of no nodes.
+CREATE OR REPLACE FUNCTION memory._check_walk(node_ids bigint[], max_depth integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF node_ids IS NULL THEN
+        RAISE EXCEPTION 'node_ids must not be NULL'
+            USING ERRCODE = '22023', HINT = 'Pass the nodes'' ids (memory.nodes.id), e.g. ARRAY[42]; ''{}'' walks none.';
+    END IF;
+    IF max_depth IS NULL OR max_depth < 1 THEN
+        RAISE EXCEPTION 'max_depth must be at least 1, got %', coalesce(max_depth::text, 'NULL')
+            USING ERRCODE = '22023', HINT = 'How many edges to follow from each node (default 4: L2 -> L1 -> L0).';
+    END IF;
+END $$;
+COMMENT ON FUNCTION memory._check_walk(bigint[], integer) IS
+    '22023 for NULL node_ids or a max_depth below 1 (or NULL), each naming the argument: the checks of memory.provenance_walk and memory._provenance_reach.';
+
 -- PL/pgSQL, not SQL: PostgreSQL 15 plans a SQL function's body at every call, PL/pgSQL
 -- keeps the statement's plan for the session (memory.select_evidence calls this per query).
 CREATE OR REPLACE FUNCTION memory.provenance_walk(
@@ -16,15 +36,7 @@ DECLARE
     known memory.visibility := memory._visibility(as_of => as_of);
     alive memory.visibility := memory._visibility(every_version => true, live_at => coalesce(as_of, now()));
 BEGIN
-    -- A NULL walked nothing in silence; an empty array is a walk of no nodes.
-    IF node_ids IS NULL THEN
-        RAISE EXCEPTION 'node_ids must not be NULL'
-            USING ERRCODE = '22023', HINT = 'Pass the nodes'' ids (memory.nodes.id), e.g. ARRAY[42]; ''{}'' walks none.';
-    END IF;
-    IF max_depth IS NULL OR max_depth < 1 THEN
-        RAISE EXCEPTION 'max_depth must be at least 1, got %', coalesce(max_depth::text, 'NULL')
-            USING ERRCODE = '22023', HINT = 'How many edges to follow from each node (default 4: L2 -> L1 -> L0).';
-    END IF;
+    PERFORM memory._check_walk(node_ids, max_depth);
     RETURN QUERY
     WITH RECURSIVE walk(root_id, child_id, parent_id, depth, precedence, path) AS (
         SELECT r.id, e.child_id, e.parent_id, 1, e.precedence, ARRAY[r.id, e.parent_id]
@@ -76,14 +88,7 @@ DECLARE
     new_root bigint[];
     new_node bigint[];
 BEGIN
-    IF node_ids IS NULL THEN
-        RAISE EXCEPTION 'node_ids must not be NULL'
-            USING ERRCODE = '22023', HINT = 'Pass the nodes'' ids (memory.nodes.id), e.g. ARRAY[42]; ''{}'' walks none.';
-    END IF;
-    IF max_depth IS NULL OR max_depth < 1 THEN
-        RAISE EXCEPTION 'max_depth must be at least 1, got %', coalesce(max_depth::text, 'NULL')
-            USING ERRCODE = '22023', HINT = 'How many edges to follow from each node (default 4: L2 -> L1 -> L0).';
-    END IF;
+    PERFORM memory._check_walk(node_ids, max_depth);
     FOR d IN 1..max_depth LOOP
         SELECT array_agg(x.r), array_agg(x.p) INTO new_root, new_node
         FROM (SELECT f.r, e.parent_id AS p

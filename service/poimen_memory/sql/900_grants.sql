@@ -98,7 +98,7 @@ DECLARE
         'memory._vector_stage', 'memory._semantic_exact_current', 'memory._current_only',
         'memory._semantic_ef', 'memory.scale_warnings', 'memory._project_graphs', 'memory._project_graph_names',
         'memory.exact_search', 'memory.search_by_ids', 'memory.fuse', 'memory._fuse_lists', 'memory.fuse_legs',
-        'memory.provenance_walk', 'memory._provenance_reach', 'memory._rests_on',
+        'memory.provenance_walk', 'memory._provenance_reach', 'memory._rests_on', 'memory._check_walk',
         'memory.provenance_tree', 'memory.provenance',
         'memory.provenance_forest', 'memory.hydrate', 'memory._hydrate', 'memory._support_rows',
         'memory.select_evidence', 'memory.evidence', 'memory._evidence', 'memory._deeper',
