@@ -1268,6 +1268,15 @@ def base_database(name: str) -> str:
     return f"{name}_base"
 
 
+def _template_copy(server: str, name: str, copy_name: str) -> str:
+    """copy_name, made afresh as a copy of the loaded database name (CREATE DATABASE ...
+    TEMPLATE: the same rows and indexes); returns its URL."""
+    drop_database(server, copy_name)
+    with psycopg.connect(make_conninfo(server, dbname="postgres"), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {copy_name} TEMPLATE {name}")
+    return make_conninfo(server, dbname=copy_name)
+
+
 def head_database(name: str) -> str:
     """The name of this version's copy of the loaded database ``name`` (with ``--base``)."""
     return f"{name}_head"
@@ -1278,14 +1287,10 @@ def copy_for_head(server: str, name: str, plpython_root: Path | None) -> str:
     flushed as the base's is, so the two sides differ in their code alone (HEAD against
     HEAD with this version on the original: SciFact 1.022x and 1.023x of the database CPU).
     Returns its URL; the caller drops it."""
-    copy_name = head_database(name)
-    drop_database(server, copy_name)
-    with psycopg.connect(make_conninfo(server, dbname="postgres"), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {copy_name} TEMPLATE {name}")
-    url = make_conninfo(server, dbname=copy_name)
+    url = _template_copy(server, name, head_database(name))
     with connect(url, autocommit=True) as conn:
         migrate(conn, plpython_root)
-        conn.execute("CHECKPOINT")
+        conn.execute("CHECKPOINT")  # the copy's writes flushed before anything is timed
     return url
 
 
@@ -1297,11 +1302,7 @@ def copy_for_base(server: str, name: str, code: Path) -> str:
     call ambiguous: the run then fails, it does not measure the wrong function). The base's
     PL/Python modules are imported from the database (its migrate is given no directory, so
     this version's copy on disk is not replaced); an answer over HTTP runs none."""
-    copy_name = base_database(name)
-    drop_database(server, copy_name)
-    with psycopg.connect(make_conninfo(server, dbname="postgres"), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {copy_name} TEMPLATE {name}")
-    url = make_conninfo(server, dbname=copy_name)
+    url = _template_copy(server, name, base_database(name))
     done = subprocess.run(
         [sys.executable, "-c", BASE_MIGRATE, url],
         env={**os.environ, "PYTHONPATH": base_pythonpath(code)},

@@ -335,7 +335,7 @@ BEGIN
     -- The project an equality (folded per call), not a range of keys: term_stats' primary
     -- key leads with the project, and a range there made the planner of a table not yet
     -- analyzed read the project's every term (docs/benchmarks.md, "poimen-memory bench on
-    -- a quiet machine").
+    -- a quiet machine"). term_stats_lexeme_idx, (lexeme, project_id) since, serves either.
     SELECT coalesce(sum(t.df), 0) INTO n_postings
       FROM memory.term_stats t
      WHERE t.lexeme = ANY (terms) AND (pid IS NULL OR t.project_id = pid);
