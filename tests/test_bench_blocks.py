@@ -1,0 +1,46 @@
+"""The postings-as-blocks bench (lab/poimen_lab/bench/blocks.py) on the fixture: every block
+scorer must return the rows scorer's top k for every query, and the blocks weigh less."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from poimen_lab.bench import blocks
+from poimen_lab.bench.scratch import module_parser
+
+QUERIES = [
+    ("uploads failing with 413 from the gateway", "poimen"),
+    ("kong client body buffer size nginx limit", "poimen"),
+    ("why do request bodies get buffered to disk", "poimen"),
+    ("atlas deploy", "atlas"),
+]
+
+
+def test_block_scorers_rank_as_the_rows(fixture_url: str, conn: psycopg.Connection[Any]) -> None:
+    ap = module_parser(blocks.__doc__)
+    blocks.add_arguments(ap)
+    # blocks of 2 postings: every common term spans several blocks
+    args = ap.parse_args(["--url", fixture_url, "--block", "2", "--rounds", "2", "--k", "5"])
+    r = blocks.measure(fixture_url, QUERIES, args)
+    assert r["numpy_unavailable"] is None  # memory.embed's numpy is the server's (make setup)
+    assert r["queries"] >= 3
+    assert set(r["scorers"]) == {"terms", "rows", "lexical_search", "arrays+sql", "packed+numpy"}
+    for name in ("rows", "lexical_search", "arrays+sql", "packed+numpy"):
+        assert r["scorers"][name]["same_top_k"] == r["queries"], name
+        assert r["scorers"][name]["cpu_ms"] > 0
+    s = r["sizes"]
+    assert s["postings"] == conn.execute("SELECT count(*) FROM memory.postings").fetchone()[0]  # type: ignore[index]
+    blocks_of_two = conn.execute(
+        "SELECT count(*) FROM (SELECT DISTINCT lexeme, project_id, "
+        "(row_number() OVER (PARTITION BY lexeme, project_id ORDER BY node_id) - 1) / 2 "
+        "FROM memory.postings) b"
+    ).fetchone()
+    assert blocks_of_two is not None and blocks_of_two[0] < s["postings"]
+    assert 0 < s["packed_bytes_per_posting"] < s["rows_bytes_per_posting"]
+    assert "packed+numpy" in blocks.report(r)
+    # the scratch schema is gone
+    assert conn.execute(
+        "SELECT count(*) FROM pg_namespace WHERE nspname = %s", (blocks.SCHEMA,)
+    ).fetchone() == (0,)
