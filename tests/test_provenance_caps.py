@@ -67,7 +67,9 @@ def test_fan_out_20_at_depth_4_is_bounded_and_flagged(conn: Conn) -> None:
     assert truncated is True
     assert _count(tree) == 256  # the default provenance_max_nodes
     assert len(tree) == 20 and all(len(p["parents"]) <= 32 for p in tree)
-    assert _cut(tree) > 0
+    # 9 instances cut at depth 2 (the tree fills there), and every one of the 236 left at
+    # depth 3, where a full tree only asks whether a parent exists
+    assert _cut(tree) == 245
     # The tighter caps, as the owner sets them.
     conn.execute("SELECT memory.set_policy('provenance_max_parents', '3')")
     conn.execute("SELECT memory.set_policy('provenance_max_nodes', '100')")

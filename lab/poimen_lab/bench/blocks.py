@@ -18,7 +18,9 @@ Every query's terms and weights are the product's (memory.lexical_query and
 memory.term_stats, as memory.lexical_search computes them), and each scorer returns the top k
 of the same BM25 sum over every posting of the terms: ``rows`` is memory.lexical_search's
 exhaustive statement over memory.postings, the reference every other list must equal.
-``lexical_search`` is the product's function (pruned when a query's postings are many).
+``lexical_search`` is the product's function (pruned when a query's postings are many; a
+query with grammar, quotes, a leading "-" or OR, scores other terms there, which would show
+as a different top k).
 Each scorer runs on a connection of its own; its backend's CPU (/proc schedstat) over a pass
 of every query is the measure; passes alternate the scorers' order, round by round.
 
@@ -210,8 +212,10 @@ def _natural(url: str, folder: Path, n: int) -> list[tuple[str, str]]:
     return [(q["text"], q["project"]) for q in queries]
 
 
-def _synthetic(url: str, nodes: int, n: int, seed: int, load: bool) -> list[tuple[str, str]]:
-    corpus = synthetic.generate(nodes, 384, n, seed=seed)
+def _synthetic(
+    url: str, nodes: int, dim: int, n: int, seed: int, load: bool
+) -> list[tuple[str, str]]:
+    corpus = synthetic.generate(nodes, dim, n, seed=seed)
     if load:
         with connect(url, autocommit=True) as conn:
             migrate(conn, Settings.from_env().plpython_root)
@@ -221,14 +225,26 @@ def _synthetic(url: str, nodes: int, n: int, seed: int, load: bool) -> list[tupl
 
 def _sizes(conn: psycopg.Connection[Any]) -> dict[str, float]:
     postings = conn.execute("SELECT count(*) FROM memory.postings").fetchone()[0]  # type: ignore[index]
-    out = {"postings": float(postings)}
+    lists = conn.execute(
+        "SELECT count(*) FROM (SELECT DISTINCT lexeme, project_id FROM memory.postings) l"
+    ).fetchone()[0]  # type: ignore[index]
+    out = {"postings": float(postings), "lists": float(lists)}
     for name, rel in (
         ("rows", "memory.postings"),
         ("packed", f"{SCHEMA}.packed"),
         ("arrays", f"{SCHEMA}.arrays"),
     ):
-        size = conn.execute("SELECT pg_total_relation_size(%s::regclass)", (rel,)).fetchone()
-        out[f"{name}_bytes_per_posting"] = round(size[0] / max(postings, 1), 1)  # type: ignore[index]
+        # every partition's, on the partitioned layout (a partitioned table has no storage;
+        # a plain one has no partition tree)
+        size = conn.execute(
+            "SELECT coalesce((SELECT sum(pg_total_relation_size(relid))"
+            " FROM pg_partition_tree(%(r)s::regclass)), pg_total_relation_size(%(r)s::regclass))",
+            {"r": rel},
+        ).fetchone()
+        out[f"{name}_bytes_per_posting"] = round(float(size[0]) / max(postings, 1), 1)  # type: ignore[index]
+        if name != "rows":
+            n = conn.execute(f"SELECT count(*) FROM {rel}").fetchone()
+            out[f"{name}_blocks"] = float(n[0])  # type: ignore[index]
     return out
 
 
@@ -247,7 +263,30 @@ def measure(
     url: str, queries: Sequence[tuple[str, str]], args: argparse.Namespace
 ) -> dict[str, Any]:
     """Builds the blocks beside the postings, scores every query with each scorer, and drops
-    the scratch schema (unless --keep-db)."""
+    the scratch schema (unless --keep-db), whatever happened."""
+    try:
+        return _measure(url, queries, args)
+    finally:
+        if not args.keep_db:
+            with connect(url, autocommit=True) as owner:
+                owner.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+
+
+def _local_backend(pid: int) -> int:
+    """The backend's pid, when its CPU can be read here: a server on another machine or in
+    another pid namespace would give zeros, or another process's time."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            if f.read().startswith("postgres"):
+                return pid
+    except OSError:
+        pass
+    raise SystemExit(f"backend {pid} is not a local postgres process: run the bench on the server")
+
+
+def _measure(
+    url: str, queries: Sequence[tuple[str, str]], args: argparse.Namespace
+) -> dict[str, Any]:
     with connect(url, autocommit=True) as owner:
         owner.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
         owner.execute(f"CREATE SCHEMA {SCHEMA}")
@@ -278,7 +317,7 @@ def measure(
     names += [] if no_numpy else ["packed+numpy"]
     conns = {n: psycopg.connect(url, autocommit=True) for n in names}
     try:
-        backend = {n: int(c.info.backend_pid) for n, c in conns.items()}
+        backend = {n: _local_backend(int(c.info.backend_pid)) for n, c in conns.items()}
 
         def one_pass(name: str) -> tuple[float, float, list[list[int]]]:
             c, got = conns[name], []
@@ -310,7 +349,7 @@ def measure(
                 c_ms, w_ms, lists[name] = one_pass(name)
                 cpu[name].append(c_ms)
                 wall[name].append(w_ms)
-            for name in names[1:]:
+            for name in names[2:]:  # not the terms, nor the reference itself
                 same[name].append(
                     sum(a == b for a, b in zip(lists["rows"], lists[name], strict=True))
                 )
@@ -323,9 +362,6 @@ def measure(
     finally:
         for c in conns.values():
             c.close()
-    if not args.keep_db:
-        with connect(url, autocommit=True) as owner:
-            owner.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
     base = statistics.median(cpu["rows"])
     return {
         "queries": len(work),
@@ -406,7 +442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 queries = _natural(url, args.natural, args.queries)
         else:
-            queries = _synthetic(url, args.nodes, args.queries, args.seed, load=not args.reuse)
+            queries = _synthetic(
+                url, args.nodes, args.dim, args.queries, args.seed, load=not args.reuse
+            )
         result = measure(url, queries, args)
     finally:
         if name is not None and not args.keep_db:
