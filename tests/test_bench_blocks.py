@@ -24,6 +24,8 @@ def test_block_scorers_rank_as_the_rows(fixture_url: str, conn: psycopg.Connecti
     # blocks of 2 postings: every common term spans several blocks
     args = ap.parse_args(["--url", fixture_url, "--block", "2", "--rounds", "2", "--k", "5"])
     r = blocks.measure(fixture_url, QUERIES, args)
+    # as the HTTP service reads: its role, under row-level security
+    assert (r["role"],) == conn.execute("SELECT service FROM memory.roles()").fetchone()
     assert r["numpy_unavailable"] is None  # memory.embed's numpy is the server's (make setup)
     assert r["queries"] >= 3
     assert set(r["scorers"]) == {"terms", "rows", "lexical_search", "arrays+sql", "packed+numpy"}

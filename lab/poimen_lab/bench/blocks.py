@@ -21,8 +21,10 @@ exhaustive statement over memory.postings, the reference every other list must e
 ``lexical_search`` is the product's function (pruned when a query's postings are many; a
 query with grammar, quotes, a leading "-" or OR, scores other terms there, which would show
 as a different top k).
-Each scorer runs on a connection of its own; its backend's CPU (/proc schedstat) over a pass
-of every query is the measure; passes alternate the scorers' order, round by round.
+Each scorer runs on a connection of its own, as the service's role under row-level security
+(the blocks carry memory.postings' read policy) with every project readable, as the HTTP
+service without a key; its backend's CPU (/proc schedstat) over a pass of every query is the
+measure; passes alternate the scorers' order, round by round.
 
     python -m poimen_lab.bench.blocks --url postgresql:///poimen --natural ../shared/data/scifact
     python -m poimen_lab.bench.blocks --url ... --nodes 100000 --reuse <kept bench database>
@@ -284,6 +286,27 @@ def _local_backend(pid: int) -> int:
     raise SystemExit(f"backend {pid} is not a local postgres process: run the bench on the server")
 
 
+def _as_the_service(owner: psycopg.Connection[Any]) -> str:
+    """Lets the service's role run the scorers under row-level security, as it runs
+    memory.lexical_search: the blocks get memory.postings' own read policy (its expression,
+    read from the catalog), and the role the scratch schema. Returns the role."""
+    row = owner.execute("SELECT service FROM memory.roles()").fetchone()
+    qual = owner.execute(
+        "SELECT pg_get_expr(polqual, polrelid) FROM pg_policy"
+        " WHERE polrelid = 'memory.postings'::regclass AND polname = 'granted_read'"
+    ).fetchone()
+    assert row is not None and qual is not None
+    for blocks in ("packed", "arrays"):
+        owner.execute(f"ALTER TABLE {SCHEMA}.{blocks} ENABLE ROW LEVEL SECURITY")
+        owner.execute(
+            f"CREATE POLICY granted_read ON {SCHEMA}.{blocks} FOR SELECT USING ({qual[0]})"
+        )
+    owner.execute(f"GRANT USAGE ON SCHEMA {SCHEMA} TO {row[0]}")
+    owner.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {SCHEMA} TO {row[0]}")
+    owner.execute(f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {SCHEMA} TO {row[0]}")
+    return str(row[0])
+
+
 def _measure(
     url: str, queries: Sequence[tuple[str, str]], args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -304,6 +327,7 @@ def _measure(
         for name in ("rows", "arrays+sql"):
             owner.execute(SCORERS[name])
         no_numpy = _numpy_in_database(owner)
+        service = _as_the_service(owner)
         sizes = _sizes(owner)
         pids = dict(owner.execute("SELECT name, id FROM memory.projects").fetchall())
         work = []
@@ -316,6 +340,10 @@ def _measure(
     names = ["terms", "rows", "lexical_search", "arrays+sql"]
     names += [] if no_numpy else ["packed+numpy"]
     conns = {n: psycopg.connect(url, autocommit=True) for n in names}
+    for c in conns.values():
+        # as the HTTP service reads, with no key: every project ('*')
+        c.execute(f"SET ROLE {service}")
+        c.execute("SET poimen.read_projects = '*'")
     try:
         backend = {n: _local_backend(int(c.info.backend_pid)) for n, c in conns.items()}
 
@@ -365,6 +393,7 @@ def _measure(
     base = statistics.median(cpu["rows"])
     return {
         "queries": len(work),
+        "role": service,
         "k": args.k,
         "block": args.block,
         "rounds": args.rounds,
@@ -387,7 +416,7 @@ def report(r: dict[str, Any]) -> str:
     s = r["sizes"]
     lines = [
         f"{r['queries']} queries, top {r['k']}, {int(s['postings']):,} postings, blocks of"
-        f" {r['block']}, medians of {r['rounds']} passes",
+        f" {r['block']}, medians of {r['rounds']} passes, as {r['role']} under row-level security",
         table(
             [
                 ["rows (memory.postings and its indexes)", s["rows_bytes_per_posting"], 1.0, "-"],
