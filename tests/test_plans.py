@@ -981,16 +981,19 @@ def test_the_evidence_looks_its_direct_matches_up_by_id(synthetic: Conn) -> None
     )
     # the weakest match of a min-max scaled leg scores 0, which cites nothing
     assert {r[0] for r in synthetic.execute(sql, (leg,)).fetchall()} == set(ids[:4])
-    plans = [p for p in _nested_plans(synthetic, sql, (leg,)) if "WITH direct AS" in p]
+    plans = [p for p in _nested_plans(synthetic, sql, (leg,)) if "WITH fused AS" in p]
     assert len(plans) == 1
     root = json.loads(plans[0][plans[0].index("{") :])["Plan"]
-    # Every read of memory.nodes in the candidates' statement is a probe by key: the direct
-    # matches, the citations and the sessions by id, the neighbours before and after by
-    # session (nodes_l0_session; by id where a title is too long for it).
+    # Every read of memory.nodes in the candidates' statement is a probe by key: each
+    # candidate (a direct match or a citation) once by id, a deeper candidate's citation by
+    # id, the neighbours before and after by session (nodes_l0_session; by id where a title
+    # is too long for it).
     reads = [n for n in _plan_nodes(root) if n.get("Relation Name") == "nodes"]
-    assert len(reads) >= 3, reads
     assert {n["Node Type"] for n in reads} == {"Index Scan"}, reads
     assert {n["Index Name"] for n in reads} == {"nodes_pkey", "nodes_l0_session"}, reads
+    # by id: each candidate once (the direct matches, the sessions and the candidates' own
+    # rows were three lookups until 2026-12-06), and the two long-title branches
+    assert sum(n["Index Name"] == "nodes_pkey" for n in reads) == 3, reads
 
 
 def test_an_answer_plans_its_second_half_once_per_session(synthetic: Conn) -> None:
@@ -1224,7 +1227,7 @@ def test_the_evidence_finds_a_turns_neighbours_in_one_index_descent(fixture_url:
         for child in node.get("Plans", []):
             walk(child, gate)
 
-    neighbour_plans = [p for p in plans if "WITH direct AS" in p]
+    neighbour_plans = [p for p in plans if "WITH fused AS" in p]
     assert len(neighbour_plans) == 1, plans
     root = json.loads(neighbour_plans[0][neighbour_plans[0].index("{") :])["Plan"]
     walk(root, "")
@@ -1246,6 +1249,14 @@ def test_the_evidence_finds_a_turns_neighbours_in_one_index_descent(fixture_url:
     assert len(long_branches) == 2, neighbour_plans
     for branch in long_branches:
         assert {x.get("Index Name") for x in _plan_nodes(branch)} >= {"nodes_pkey"}
+    # Under the policy each candidate is still looked up by an index condition: an id that
+    # a FULL JOIN's coalesce() gave, pulled into the probe, would wait behind the policy's
+    # qual (not leakproof) and scan the project instead.
+    probed = [n for n in _plan_nodes(root) if n.get("Subplan Name") == "CTE probed"]
+    assert len(probed) == 1, neighbour_plans
+    reads = [n for n in _plan_nodes(probed[0]) if n.get("Relation Name") == "nodes"]
+    assert [(n["Node Type"], n["Index Name"]) for n in reads] == [("Index Scan", "nodes_pkey")]
+    assert reads[0]["Index Cond"].startswith("(id ="), reads
 
 
 def test_an_exhaustive_lexical_search_sorts_only_its_top_k(synthetic: Conn) -> None:

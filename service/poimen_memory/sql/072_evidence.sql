@@ -93,27 +93,12 @@ BEGIN
     END IF;
     -- Every candidate scoring above 0, best first (memory.evidence_candidate: id, score s,
     -- direct rank pos, the citing ranks by_rank, the neighbours' part beside, the session).
-    -- The direct legs fused as a Hybrid pair even when one is empty: a lone leg is then
-    -- min-max scaled as in a fusion, so its scores weigh against citations the same way
-    -- whichever leg ran. Only L0 turns count that memory._visible passes (the project, the time range, valid time, the filter: what the legs tested).
-    WITH direct AS (
-        SELECT f.node_id, greatest(f.fused_score, 0) AS s,
-               row_number() OVER (ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]),
-                                           f.node_id)::integer AS pos
+    WITH fused AS (
+        SELECT f.node_id, f.fused_score, least(f.ranks[1], f.ranks[2]) AS best
         FROM memory.fuse_legs(coalesce(semantic, '{"ids":[],"scores":[]}'),
                               coalesce(lexical, '{"ids":[],"scores":[]}'), 'Hybrid',
                               coalesce(fusion, pol.fusion), coalesce(dense_weight, pol.dense_weight),
                               coalesce(rrf_k, pol.rrf_k), pol.evidence_candidates) f
-        -- One index probe per fused candidate (LATERAL ... LIMIT 1): as a join, the planner
-        -- (which takes a function to return 1,000 rows and the visibility test to keep one)
-        -- scanned every L0 row of the project and matched each against the fused list, a
-        -- cost that grew with the project (419 turns: 3,435 rows read, 20,900 pairs tested).
-        CROSS JOIN LATERAL (SELECT 1 FROM memory.nodes n
-                            WHERE n.id = f.node_id AND n.level = 'L0' AND memory._visible(n, cited)
-                            LIMIT 1) n
-    ),
-    scaled AS (
-        SELECT d.node_id, d.pos, d.s / nullif(max(d.s) OVER (), 0) AS s FROM direct d
     ),
     -- A result's own sources are cited whatever their time: the result passed the filter.
     -- The deeper candidates (the fused ones after the results, memory._deeper) cite theirs
@@ -129,44 +114,62 @@ BEGIN
                       WHERE n.id = w.parent_id AND memory._visible(n, cited))
         GROUP BY w.parent_id
     ),
-    scored0 AS MATERIALIZED (
-        SELECT coalesce(s.node_id, c.node_id) AS node_id, s.pos, c.by_rank, coalesce(s.s, 0) AS direct,
+    -- Every candidate, a direct match or cited, looked up once: one index probe per id
+    -- (LATERAL ... LIMIT 1; as a join, the planner, which takes a function to return 1,000
+    -- rows, scanned every L0 row of the project and matched each against the list: 3,435
+    -- rows read, 20,900 pairs tested for 419 turns), an L0 turn of the project, with what
+    -- the steps below read (its session, its speaker's label, the neighbour window) and
+    -- whether a direct match counts (memory._visible: the project, the time range, valid
+    -- time, the filter, what the legs tested). The window's bounds are columns, not
+    -- arithmetic in near's WHERE: under row-level security a qual that calls a function
+    -- which is not leakproof (int8 '-' can raise) waits behind the policy's, so it cannot
+    -- bound an index scan, and each probe read every L0 row of the project (1.8 s against
+    -- 40 ms at 20k nodes, bench-overload). Both MATERIALIZED: a coalesce() is not
+    -- leakproof either, so cand's, pulled up into this probe, or probed's, into near's,
+    -- would wait behind the policy too, and each probe would scan the project.
+    cand AS MATERIALIZED (
+        SELECT coalesce(f.node_id, c.node_id) AS node_id, f.fused_score, f.best, c.by_rank
+        FROM fused f FULL JOIN cites c ON c.node_id = f.node_id
+    ),
+    probed AS MATERIALIZED (
+        SELECT x.node_id, x.fused_score, x.best, x.by_rank, n.vis, n.project_id, n.title,
+               n.label, n.id - 64 AS lo, n.id + 64 AS hi, octet_length(n.title) > 2000 AS long_title
+        FROM cand x
+        CROSS JOIN LATERAL (SELECT n.id, n.project_id, n.title,
+                                   CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label,
+                                   x.fused_score IS NOT NULL AND memory._visible(n, cited) AS vis
+                            FROM memory.nodes n
+                            WHERE n.id = x.node_id AND n.level = 'L0'
+                              AND (pid IS NULL OR n.project_id = pid)
+                            LIMIT 1) n
+        WHERE x.by_rank IS NOT NULL OR n.vis
+    ),
+    -- The direct legs fused as a Hybrid pair even when one is empty: a lone leg is then
+    -- min-max scaled as in a fusion, so its scores weigh against citations the same way
+    -- whichever leg ran. Only the direct matches that count are ranked and scaled.
+    scaled AS (
+        SELECT d.node_id, d.pos, d.s / nullif(max(d.s) OVER (), 0) AS s
+        FROM (SELECT p.node_id, greatest(p.fused_score, 0) AS s,
+                     row_number() OVER (ORDER BY p.fused_score DESC, p.best, p.node_id)::integer AS pos
+              FROM probed p WHERE p.vis) d
+    ),
+    own0 AS (
+        SELECT p.node_id, s.pos, p.by_rank, coalesce(s.s, 0) AS direct,
                coalesce(s.s, 0)
-                 + coalesce(pol.evidence_weight * (SELECT sum(1 / sqrt(x)) FROM unnest(c.by_rank) x), 0)
-                   AS score
-        FROM scaled s FULL JOIN cites c ON c.node_id = s.node_id
+                 + coalesce(pol.evidence_weight * (SELECT sum(1 / sqrt(x)) FROM unnest(p.by_rank) x), 0)
+                   AS score,
+               p.project_id, p.title, p.label, p.lo, p.hi, p.long_title
+        FROM probed p LEFT JOIN scaled s ON s.node_id = p.node_id
     ),
     -- The sessions the results span (evidence_session_weight > 0): a session scores
     -- 1 / sqrt(rank) summed over the results whose provenance reaches one of its turns.
     spans AS (
         SELECT sp.project_id, sp.title, sum(1 / sqrt(sp.r)) AS span
-        FROM (SELECT DISTINCT n.project_id, n.title, r.r
-              FROM cites c
-              CROSS JOIN LATERAL unnest(c.by_rank) AS r(r)
-              CROSS JOIN LATERAL (SELECT n.project_id, n.title FROM memory.nodes n
-                                  WHERE n.id = c.node_id AND n.level = 'L0'
-                                    AND (pid IS NULL OR n.project_id = pid)
-                                  LIMIT 1) n
+        FROM (SELECT DISTINCT p.project_id, p.title, r.r
+              FROM probed p
+              CROSS JOIN LATERAL unnest(p.by_rank) AS r(r)
               WHERE pol.evidence_session_weight > 0) sp
         GROUP BY sp.project_id, sp.title
-    ),
-    -- The neighbour window's bounds are columns here, not arithmetic in near's WHERE: under
-    -- row-level security a qual that calls a function which is not leakproof (int8 '-' can
-    -- raise) waits behind the policy's, so it cannot bound an index scan, and each probe
-    -- read every L0 row of the project (1.8 s against 40 ms at 20k nodes, bench-overload).
-    -- One index probe per candidate (LATERAL ... LIMIT 1) on a plain column (scored is
-    -- MATERIALIZED: its coalesce(), pulled up into the probe, is not leakproof either): with
-    -- the policy's qual the planner would otherwise hash a scan of the whole project.
-    own0 AS (
-        SELECT x.*, n.project_id, n.title, n.label, n.id - 64 AS lo, n.id + 64 AS hi,
-               octet_length(n.title) > 2000 AS long_title
-        FROM scored0 x
-        CROSS JOIN LATERAL (SELECT n.id, n.project_id, n.title,
-                                   CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label
-                            FROM memory.nodes n
-                            WHERE n.id = x.node_id AND n.level = 'L0'
-                              AND (pid IS NULL OR n.project_id = pid)
-                            LIMIT 1) n
     ),
     -- A direct match in a session the results span gains evidence_session_weight times
     -- its direct score times the session's span: the results route the budget to the
@@ -276,35 +279,39 @@ BEGIN
     -- the n-th turn of one session competes with the best of another at decay^(n-1).
     -- Within a session the order is unchanged, which makes the greedy order a sort. A turn
     -- without a title is a session of its own (no heading says which turns go together).
-    WITH c AS (
-        SELECT * FROM unnest(cands)
-    ),
-    h AS (
-        SELECT x.id, pol.evidence_hop_weight * x.s / nullif(max(x.s) OVER (), 0) AS hs
-        FROM unnest(hop) x
-    ),
-    merged AS (
-        SELECT coalesce(c.id, h.id) AS id, coalesce(c.s, 0) + coalesce(h.hs, 0) AS s, c.pos,
-               coalesce(c.by_rank, '{}') AS by_rank, coalesce(c.beside, 0) AS beside,
-               coalesce(c.project_id, n.project_id) AS project_id,
-               CASE WHEN c.id IS NOT NULL THEN c.title ELSE n.title END AS title
-        FROM c FULL JOIN h ON h.id = c.id
-        LEFT JOIN LATERAL (SELECT n.project_id, n.title FROM memory.nodes n
-                           WHERE c.id IS NULL AND n.id = h.id LIMIT 1) n ON true
-    ),
-    covered AS (
-        SELECT x.*, x.s * power(pol.evidence_session_decay,
-                                row_number() OVER (PARTITION BY x.project_id, x.title,
-                                                                CASE WHEN x.title IS NULL THEN x.id END
-                                                   ORDER BY x.s DESC, x.id) - 1) AS spread
-        FROM merged x
-        WHERE x.s > 0
-    )
-    SELECT coalesce(array_agg(ROW(x.id, x.s, x.pos, x.by_rank, x.beside, x.project_id,
-                                  x.title)::memory.evidence_candidate
-                              ORDER BY x.spread DESC, x.s DESC, x.id), '{}')
-      INTO cands
-      FROM covered x;
+    -- Without a decay or a second hop's turns (the defaults) the statement would give
+    -- cands back as they are: it is not run.
+    IF cardinality(hop) > 0 OR pol.evidence_session_decay < 1 THEN
+        WITH c AS (
+            SELECT * FROM unnest(cands)
+        ),
+        h AS (
+            SELECT x.id, pol.evidence_hop_weight * x.s / nullif(max(x.s) OVER (), 0) AS hs
+            FROM unnest(hop) x
+        ),
+        merged AS (
+            SELECT coalesce(c.id, h.id) AS id, coalesce(c.s, 0) + coalesce(h.hs, 0) AS s, c.pos,
+                   coalesce(c.by_rank, '{}') AS by_rank, coalesce(c.beside, 0) AS beside,
+                   coalesce(c.project_id, n.project_id) AS project_id,
+                   CASE WHEN c.id IS NOT NULL THEN c.title ELSE n.title END AS title
+            FROM c FULL JOIN h ON h.id = c.id
+            LEFT JOIN LATERAL (SELECT n.project_id, n.title FROM memory.nodes n
+                               WHERE c.id IS NULL AND n.id = h.id LIMIT 1) n ON true
+        ),
+        covered AS (
+            SELECT x.*, x.s * power(pol.evidence_session_decay,
+                                    row_number() OVER (PARTITION BY x.project_id, x.title,
+                                                                    CASE WHEN x.title IS NULL THEN x.id END
+                                                       ORDER BY x.s DESC, x.id) - 1) AS spread
+            FROM merged x
+            WHERE x.s > 0
+        )
+        SELECT coalesce(array_agg(ROW(x.id, x.s, x.pos, x.by_rank, x.beside, x.project_id,
+                                      x.title)::memory.evidence_candidate
+                                  ORDER BY x.spread DESC, x.s DESC, x.id), '{}')
+          INTO cands
+          FROM covered x;
+    END IF;
     -- Citation integrity (issue 24): every result whose provenance reaches an L0 candidate
     -- keeps at least one cited turn. In rank order, a result no reserved turn cites yet
     -- reserves its best-scoring cited turn, while the budget lasts; the rest of the budget
