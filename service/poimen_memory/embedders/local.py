@@ -25,6 +25,7 @@ from poimen_core.minilm import (
     LOCAL_MODEL_NAME,
     MAX_TOKENS,
     MODEL_SHA256,
+    PARALLEL_MIN_TOKENS,
     TOKENIZER_SHA256,
     MiniLM,
     ModelFileError,
@@ -146,6 +147,7 @@ class LocalEmbedder(InProcessEmbedder[MiniLM]):
         *,
         threads: int | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        parallel_min_tokens: int = PARALLEL_MIN_TOKENS,
         max_tokens: int = MAX_TOKENS,
         model_path: Path | None = None,
         tokenizer_path: Path | None = None,
@@ -170,6 +172,7 @@ class LocalEmbedder(InProcessEmbedder[MiniLM]):
                 model_path or default_model_path(),
                 tokenizer_path or default_tokenizer_path(),
                 threads=self.threads,
+                parallel_min_tokens=parallel_min_tokens,
                 max_tokens=self.max_tokens,
                 model_sha256=model_sha256,
                 tokenizer_sha256=tokenizer_sha256,
@@ -178,7 +181,11 @@ class LocalEmbedder(InProcessEmbedder[MiniLM]):
 
     @classmethod
     def from_settings(cls, settings: EmbeddingSettings) -> LocalEmbedder:
-        return cls(threads=settings.threads, batch_size=settings.local_batch_size)
+        return cls(
+            threads=settings.threads,
+            batch_size=settings.local_batch_size,
+            parallel_min_tokens=settings.parallel_min_tokens,
+        )
 
     def embed_documents(self, texts: Sequence[str]) -> Vectors:
         if isinstance(texts, str):
