@@ -985,15 +985,16 @@ def test_the_evidence_looks_its_direct_matches_up_by_id(synthetic: Conn) -> None
     assert len(plans) == 1
     root = json.loads(plans[0][plans[0].index("{") :])["Plan"]
     # Every read of memory.nodes in the candidates' statement is a probe by key: each
-    # candidate (a direct match or a citation) once by id, a deeper candidate's citation by
-    # id, the neighbours before and after by session (nodes_l0_session; by id where a title
-    # is too long for it).
+    # candidate (a direct match or a citation) by id, a deeper candidate's citation by id,
+    # the neighbours before and after by session (nodes_l0_session; by id where a title is
+    # too long for it).
     reads = [n for n in _plan_nodes(root) if n.get("Relation Name") == "nodes"]
     assert {n["Node Type"] for n in reads} == {"Index Scan"}, reads
     assert {n["Index Name"] for n in reads} == {"nodes_pkey", "nodes_l0_session"}, reads
     # by id: each candidate once (the direct matches, the sessions and the candidates' own
-    # rows were three lookups until 2026-12-06), and the two long-title branches
-    assert sum(n["Index Name"] == "nodes_pkey" for n in reads) == 3, reads
+    # rows were three lookups until 2026-12-06: 5 reads, 6 in a generic plan), the two
+    # long-title branches, and a deeper candidate's citation where the plan keeps its test
+    assert sum(n["Index Name"] == "nodes_pkey" for n in reads) <= 4, reads
 
 
 def test_an_answer_plans_its_second_half_once_per_session(synthetic: Conn) -> None:

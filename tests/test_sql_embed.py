@@ -131,6 +131,14 @@ def test_a_backend_embeds_on_one_thread_unless_the_dba_says_otherwise(conn: Conn
     conn.execute("SET poimen.embed_threads = 2")
     _vector(conn, "second")
     assert conn.execute("SELECT pg_temp.poimen_intra_op()").fetchone() == (2,)
+    # and a short text runs on them too: a backend holds one session, not the service's
+    # second one-thread session for short runs (another 100 MB per connection)
+    conn.execute("""
+        CREATE FUNCTION pg_temp.poimen_sessions() RETURNS boolean LANGUAGE plpython3u AS $$
+        m = GD["poimen_minilm"][1]
+        return m.session_for(1) is m.session
+        $$""")
+    assert conn.execute("SELECT pg_temp.poimen_sessions()").fetchone() == (True,)
     for bad in ("0", "lots", "100000"):
         conn.execute(psycopg.sql.SQL("SET poimen.embed_threads = {}").format(bad))
         with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"poimen\.embed_threads"):

@@ -112,13 +112,18 @@ def _load(
     try:
         from poimen_core.minilm import MiniLM, ModelFileError, model_path
 
+        # Every run on poimen.embed_threads, as the DBA set it (parallel_min_tokens 0): a
+        # backend holds one session (a second, one-thread one for short runs would be
+        # another 100 MB in every connection that embeds).
         if in_db:
             text = None if tokenizer_json is None else tokenizer_json()
             if text is None:
                 raise ModelFileError("memory._plpython_modules has no tokenizer.json row")
-            model = MiniLM(model_path(), None, threads=threads, tokenizer_json=text)
+            model = MiniLM(
+                model_path(), None, threads=threads, parallel_min_tokens=0, tokenizer_json=text
+            )
         else:
-            model = MiniLM(model_path(), tokenizer, threads=threads)
+            model = MiniLM(model_path(), tokenizer, threads=threads, parallel_min_tokens=0)
     except ImportError as exc:
         looked = (
             f"looked in {deps} (memory.config plpython_deps)"

@@ -202,24 +202,35 @@ def test_a_short_run_takes_one_thread_and_the_same_vector() -> None:
     assert settings.parallel_min_tokens == 12
     embedder = build_embedder(settings)
     assert isinstance(embedder, LocalEmbedder)
-    embedder.load()
-    model = embedder._loaded()
-
-    def threads(tokens: int) -> int:
-        options = model.session_for(tokens).get_session_options()
-        return int(options.intra_op_num_threads)
-
-    assert (threads(11), threads(12), threads(64)) == (1, 2, 2)
-    text = "What did Caroline research?"
-    ids = model.encode([text])
-    assert len(ids[0]) < 12  # a run of one short text: the one-thread session
-    one = embedder.embed_query(text)
-    model._single, model._session = model._session, model._single  # the other way round
     try:
-        two = embedder.embed_query(text)
+        embedder.load()
+        model = embedder._loaded()
+
+        def threads(session: Any) -> int:
+            return int(session.get_session_options().intra_op_num_threads)
+
+        assert (threads(model._single), threads(model._session)) == (1, 2)
+        # which session each run went to: the real ones, counted
+        ran: list[int] = []
+        for session in (model._single, model._session):
+            original = session.run
+
+            def counted(*args: Any, _o: Any = original, _s: Any = session) -> Any:
+                ran.append(threads(_s))
+                return _o(*args)
+
+            session.run = counted
+        short = "What did Caroline research?"
+        assert len(model.encode([short])[0]) < 12
+        one = embedder.embed_query(short)
+        embedder.embed_documents([short, short])  # two texts: past 12 tokens in all
+        embedder.embed_query(TEXTS["long_truncated"])
+        assert ran == [1, 2, 2]
+        # the same weights: the parallel session gives the short text the same vector
+        two = model.run(model.encode([short]) * 2)[0]
+        assert float(np.dot(one, two)) > 0.99999
     finally:
-        model._single, model._session = model._session, model._single
-    assert float(np.dot(one, two)) > 0.99999
+        embedder.close()
     # 0: every run shares the threads, one session; one thread: one session anyway
     for env in ({"POIMEN_EMBED_PARALLEL_MIN_TOKENS": "0"}, {"POIMEN_EMBED_THREADS": "1"}):
         other = build_embedder(Settings.from_env({"POIMEN_EMBED_THREADS": "2", **env}).embedding)
@@ -227,5 +238,8 @@ def test_a_short_run_takes_one_thread_and_the_same_vector() -> None:
         other.load()
         m = other._loaded()
         assert m.session_for(1) is m.session_for(10_000)
+        other.close()
     with pytest.raises(ConfigError, match="POIMEN_EMBED_PARALLEL_MIN_TOKENS"):
         Settings.from_env({"POIMEN_EMBED_PARALLEL_MIN_TOKENS": "-1"})
+    with pytest.raises(ValueError, match="parallel_min_tokens"):
+        LocalEmbedder(parallel_min_tokens=-1)

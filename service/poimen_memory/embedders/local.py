@@ -156,6 +156,8 @@ class LocalEmbedder(InProcessEmbedder[MiniLM]):
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
+        if parallel_min_tokens < 0:
+            raise ValueError("parallel_min_tokens must be >= 0")
         if not 2 <= max_tokens <= 512:
             # 512 is the model's position-embedding limit; 2 leaves room for [CLS]/[SEP].
             raise ValueError("max_tokens must be within [2, 512]")

@@ -128,7 +128,8 @@ BEGIN
     -- leakproof either, so cand's, pulled up into this probe, or probed's, into near's,
     -- would wait behind the policy too, and each probe would scan the project.
     cand AS MATERIALIZED (
-        SELECT coalesce(f.node_id, c.node_id) AS node_id, f.fused_score, f.best, c.by_rank
+        SELECT coalesce(f.node_id, c.node_id) AS node_id, f.node_id IS NOT NULL AS matched,
+               f.fused_score, f.best, c.by_rank
         FROM fused f FULL JOIN cites c ON c.node_id = f.node_id
     ),
     probed AS MATERIALIZED (
@@ -137,7 +138,7 @@ BEGIN
         FROM cand x
         CROSS JOIN LATERAL (SELECT n.id, n.project_id, n.title,
                                    CASE WHEN words IS NOT NULL AND strpos(left(n.text, 41), ':') > 1 THEN split_part(n.text, ':', 1) END AS label,
-                                   x.fused_score IS NOT NULL AND memory._visible(n, cited) AS vis
+                                   x.matched AND memory._visible(n, cited) AS vis
                             FROM memory.nodes n
                             WHERE n.id = x.node_id AND n.level = 'L0'
                               AND (pid IS NULL OR n.project_id = pid)
@@ -235,7 +236,7 @@ BEGIN
     -- any person the question names) already: a
     -- question whose best evidence another person said (one that names the wrong person)
     -- keeps its order. The label is read where each candidate's row is looked up anyway
-    -- (own0, near, total).
+    -- (probed, near, total).
     gate AS (
         SELECT count(*) FILTER (WHERE lower(t.label) = ANY (words)) * 2 > count(*) AS named
         FROM (SELECT t.label FROM total t WHERE words IS NOT NULL
