@@ -176,6 +176,13 @@ def test_http_list_count_and_forget_by_filter_within_a_keys_projects(
     )
     assert dry.status_code == 200, dry.text
     assert dry.json()["matched"] == 3 and dry.json()["project"] == "scope"
+    # an id that names nothing is refused, not dropped: beside the filter it would have
+    # forgotten the filter's every node
+    for empty in ("", ","):
+        none = client.delete(
+            "/memory/nodes", params={"filter": flt, "id": empty}, headers=_as(mine)
+        )
+        assert none.status_code == 400 and "id must name" in none.json()["detail"], none.text
     over = client.delete(
         "/memory/nodes", params={"filter": flt, "max_nodes": "2"}, headers=_as(mine)
     )

@@ -766,9 +766,7 @@ async def _forget(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
     if ids is not None and len(ids) == 1 and not scoped:
         # DELETE /memory/nodes/{id}: unknown_node when it has no current version
         return await forget_nodes(who.services, who.keys, who.headers, params, ids[0])
-    return await forget_nodes(
-        who.services, who.keys, who.headers, params | scoped, None, ids=ids or None
-    )
+    return await forget_nodes(who.services, who.keys, who.headers, params | scoped, None, ids=ids)
 
 
 async def _history(who: Caller, args: Mapping[str, Any]) -> dict[str, Any]:

@@ -249,8 +249,14 @@ async def forget_nodes(
         sql = "SELECT memory.forget(%(p)s, %(id)s, erase => %(erase)s, reason => %(reason)s)"
         args: dict[str, Any] = {"p": project, "id": external_id, "erase": erase, "reason": reason}
     else:
+        ids_named = ids is not None or "id" in params
         if ids is None:
             ids = [x for x in params.get("id", "").split(",") if x]
+        # Ids that name no node ("id=", "id=,", the MCP tool's []; the spec's minLength 1)
+        # are refused, not dropped: beside a filter they would have widened the forget to
+        # the filter's every node (schemathesis found it).
+        if ids_named and not ids:
+            raise ValidationError("id must name at least one node (id=a,b)")
         ids = list(ids) or None
         flt = parse_filter(params.get("filter"))
         level = params.get("level")
