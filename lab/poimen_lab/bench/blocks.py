@@ -47,6 +47,7 @@ from psycopg.conninfo import make_conninfo
 from poimen_lab.bench import synthetic
 from poimen_lab.bench.command import NATURAL_INSERT
 from poimen_lab.bench.peers import process_cpu_ns
+from poimen_lab.bench.recall import service_connection
 from poimen_lab.bench.scratch import drop_database, fresh_database, module_parser
 from poimen_lab.report import table
 from poimen_memory.db.connect import connect
@@ -339,11 +340,9 @@ def _measure(
                 work.append((text, project, pids[project], t))
     names = ["terms", "rows", "lexical_search", "arrays+sql"]
     names += [] if no_numpy else ["packed+numpy"]
-    conns = {n: psycopg.connect(url, autocommit=True) for n in names}
-    for c in conns.values():
-        # as the HTTP service reads, with no key: every project ('*')
-        c.execute(f"SET ROLE {service}")
-        c.execute("SET poimen.read_projects = '*'")
+    # as the HTTP service reads, with no key: its login, every project asserted
+    with connect(url, autocommit=True) as owner:
+        conns = {n: service_connection(url, owner, Settings.from_env()) for n in names}
     try:
         backend = {n: _local_backend(int(c.info.backend_pid)) for n, c in conns.items()}
 
