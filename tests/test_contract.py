@@ -109,6 +109,12 @@ def test_a_deployment_cap_is_stated_and_enforced() -> None:
             "filter must be nested at most 8 deep",
         ),
         ({"query": "kong", "as_of": ""}, "as_of must be an ISO 8601 timestamp, got ''"),
+        # parsed, but past year 9999 (or before year 1) in UTC: a 500 before
+        (
+            {"query": "kong", "as_of": "9999-12-31T23:59:59-14:00"},
+            "as_of is out of range once in UTC, got '9999-12-31T23:59:59-14:00'",
+        ),
+        ({"query": "kong", "valid_at": "0001-01-01T00:00:00+14:00"}, "valid_at is out of range"),
         ({"query": "kong", "limit": "\u0663"}, "limit must be a whole number"),
         ({"query": "kong", "min_cosine": "inf"}, "min_cosine must be a finite number"),
         ({"query": "kong", "limit": True}, "limit must be a number, got true"),

@@ -82,13 +82,16 @@ def test_a_client_that_leaves_mid_body_is_not_a_server_error(
     assert lines and lines[0]["status"] == 400, lines
 
 
-def test_a_body_that_trickles_in_is_408_within_its_time(server: int) -> None:
-    """A slow body held its connection (and, for a write, an ingest slot) without limit."""
+@pytest.mark.parametrize("path", [b"/memory/nodes", b"/mcp"])
+def test_a_body_that_trickles_in_is_408_within_its_time(server: int, path: bytes) -> None:
+    """A slow body held its connection (and, for a write, an ingest slot) without limit.
+    POST /mcp too: the MCP SDK waits for a body as long as it takes, and a few such
+    uploads took every work slot, so that every tenant got 503 (a helper's attack)."""
     with socket.create_connection(("127.0.0.1", server), timeout=10) as sock:
         started = time.monotonic()
         sock.sendall(
-            b"POST /memory/nodes HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 1000\r\n\r\n["
+            b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Accept: application/json, text/event-stream\r\nContent-Length: 1000\r\n\r\n["
         )
         answer = b""
         while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):

@@ -21,7 +21,7 @@ from poimen_core.optimizer import optimize_query
 from poimen_memory.db.connect import connect
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.retrieval.policy import read_policy
-from service_client import KONG, query, serve
+from service_client import KONG, make_key, query, serve
 
 CASCADE = "kong buffer incidents in 2024"  # a year: routes LexicalFirst
 KONG_MEMORY = "poimen:mem:1"  # the L1 memory about Kong's body buffer
@@ -468,6 +468,27 @@ def test_embedding_cache_with_local_embedder(fixture_url: str, embedder: LocalEm
         r["query_score"] for r in second["results"]
     ]
     assert stats["hits"] == 1 and stats["misses"] == 1 and stats["size"] == 1
+
+
+def test_embedding_cache_keeps_each_api_key_apart(
+    fixture_url: str, embedder: LocalEmbedder
+) -> None:
+    """Shared, a hit told a key that another tenant had just asked the same question (a
+    helper's attack): each key has its own entries; the same key hits its own."""
+    mine, theirs = make_key(fixture_url, ["poimen"]), make_key(fixture_url, ["atlas"])
+    hit = "embedding_cache_hit"
+    with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as client:
+        asked = [
+            client.get(
+                "/memory/query",
+                params={"query": KONG, "project": p},
+                headers={"Authorization": f"Bearer {k}"},
+            ).json()
+            for k, p in ((theirs, "atlas"), (mine, "poimen"), (mine, "poimen"), (theirs, "atlas"))
+        ]
+        stats = client.get("/healthz").json()["checks"]["embedding_cache"]
+    assert [a["metrics"][hit] for a in asked] == [False, False, True, True]
+    assert stats["size"] == 2
 
 
 @pytest.fixture

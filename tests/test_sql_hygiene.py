@@ -40,6 +40,7 @@ OWNER_ONLY = {
     "_refresh_grant_sets",
     "_grants_changed",
     "_projects_changed",
+    "_writer_recorded",
     "configure_embedding",
     "reset_embedding",
     "set_policy",

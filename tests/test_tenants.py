@@ -181,6 +181,55 @@ def test_a_writer_changes_only_its_writable_project(conn: Conn) -> None:
     assert _ids(conn, "SELECT text FROM memory.nodes WHERE id = %s", (atlas_node,)) != ["x"]
 
 
+def test_a_writer_is_recorded_as_who_it_is(conn: Conn) -> None:
+    """written_by and ended_by are the database's record (memory._writer()): a SQL writer
+    that sets them to an API key's id is refused, one that leaves written_by out is filled
+    in; the writer and forget, which set them themselves, pass; the owner (a restore)
+    writes history as it was."""
+    make_role(conn, "tenant_scribe", "writer")
+    conn.execute("SELECT memory.grant_project('tenant_scribe', 'poimen', write => true)")
+    pid = _project_ids(conn)["poimen"]
+    insert = ("INSERT INTO memory.nodes (sha256, project_id, level, external_id, text{})"
+              " VALUES (sha256(%s::bytea), %s, 'L0', %s, 'a turn'{}) RETURNING id")  # fmt: skip
+    conn.execute("SET ROLE tenant_scribe")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege) as exc:
+        conn.execute(insert.format(", written_by", ", 'api_key:1'"), (b"f1", pid, "forged:1"))
+    assert (
+        "written_by is recorded by the database: this session writes as role:tenant_scribe"
+        in str(exc.value)
+    )
+    assert exc.value.diag.message_detail == "written_by was set to 'api_key:1'"
+    own = conn.execute(insert.format("", ""), (b"f2", pid, "plain:1")).fetchone()
+    assert own is not None
+    named = conn.execute(
+        insert.format(", written_by", ", 'role:tenant_scribe'"), (b"f3", pid, "plain:2")
+    ).fetchone()
+    assert named is not None
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(
+            "UPDATE memory.nodes SET expired_at = now(), ended_by = 'api_key:1' WHERE id = %s", own
+        )
+    # forget sets ended_by itself, and erasing again keeps it
+    conn.execute("SELECT memory.forget('poimen', ARRAY['plain:1'])")
+    conn.execute("SELECT memory.forget('poimen', ARRAY['plain:1'], erase => true)")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # nor cleared
+        conn.execute("UPDATE memory.nodes SET ended_by = NULL WHERE id = %s", own)
+    conn.execute("RESET ROLE")
+    rows = conn.execute(
+        "SELECT external_id, written_by, ended_by FROM memory.nodes"
+        " WHERE id = ANY (%s) ORDER BY id",
+        ([own[0], named[0]],),
+    ).fetchall()
+    assert rows == [("plain:1", "role:tenant_scribe", "role:tenant_scribe"),
+                    ("plain:2", "role:tenant_scribe", None)]  # fmt: skip
+    # the owner writes history as it was (pg_restore runs as the owner)
+    kept = conn.execute(
+        insert.format(", written_by", ", 'api_key:1'"), (b"f4", pid, "restored:1")
+    ).fetchone()
+    assert kept is not None
+    assert _ids(conn, "SELECT written_by FROM memory.nodes WHERE id = %s", kept) == ["api_key:1"]
+
+
 def test_edges_stay_within_one_project_and_follow_its_grants(conn: Conn) -> None:
     """An edge carries its project (migration 0009): one joining two projects is refused by
     its foreign keys, whichever project it names, so no edge can leak a hidden node's id;

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 import unicodedata
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -182,7 +183,17 @@ def loads(raw: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
             level -= 1
     if depth > max_depth:
         raise ValueError(f"nested deeper than {max_depth} levels")
-    return json.loads(raw, parse_constant=_reject_constant, parse_float=_finite)
+    return json.loads(raw, parse_constant=_reject_constant, parse_float=_finite, parse_int=_whole)
+
+
+def _whole(text: str) -> int:
+    """A JSON integer, refused in our words past Python's digit limit (its own message
+    names sys.set_int_max_str_digits(), the server's business, not the caller's)."""
+    limit: int = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    digits = len(text) - text.startswith("-")
+    if limit and digits > limit:
+        raise ValueError(f"a whole number of {digits} digits (at most {limit})")
+    return int(text)
 
 
 def _bad_text(value: Any) -> str | None:

@@ -24,6 +24,7 @@ from poimen_memory.api import metrics, nodes, review, ui
 from poimen_memory.api.admission import Admission, arrived
 from poimen_memory.api.asgi import HostCheck, LastResort
 from poimen_memory.api.auth import KeyRing
+from poimen_memory.api.body import read_body
 from poimen_memory.api.health import HealthCache
 from poimen_memory.api.mcp_server import McpEndpoint
 from poimen_memory.api.openapi import openapi_spec
@@ -38,13 +39,7 @@ from poimen_memory.api.operations import (
 from poimen_memory.api.request_log import RequestLogMiddleware
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
-from poimen_memory.errors import (
-    PayloadTooLarge,
-    PoimenError,
-    RequestTimeout,
-    UnsupportedMediaType,
-    ValidationError,
-)
+from poimen_memory.errors import PoimenError, UnsupportedMediaType, ValidationError
 from poimen_memory.ingest.nodes import MAX_JSON_DEPTH, LineError, NodeRecord, loads
 from poimen_memory.services import Services, open_services
 from poimen_memory.settings import Settings
@@ -79,8 +74,9 @@ def _bounded(request: Request, body: Any, *, history: bool = False) -> Response:
 
 
 def _once(request: Request) -> dict[str, str]:
-    """The query string's parameters, each given once: a second value would be dropped in
-    silence, so it is refused by name."""
+    """The query string's parameters, each given once, for every route that reads them: a
+    second value would be dropped in silence (Starlette's ``get`` keeps the last), so it is
+    refused by name. ``dry_run=true&dry_run=false`` forgot for real before."""
     items = request.query_params.multi_items()
     params = dict(items)
     if len(params) < len(items):
@@ -97,32 +93,6 @@ async def memory_query(request: Request) -> Response:
     )  # fmt: skip
     metrics.observe_query(request, body)
     return _bounded(request, body)
-
-
-async def _body(request: Request, limit: int, timeout_s: float) -> bytes:
-    """The request body, refused (413) as soon as it passes ``limit`` bytes, and (408) when
-    it has not all arrived within ``timeout_s``."""
-    declared = request.headers.get("content-length", "")
-    too_large = PayloadTooLarge(
-        f"request body is over {limit} bytes",
-        hint="POIMEN_MAX_BODY_BYTES sets the limit; split the nodes over several requests",
-    )
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks, size = [], 0
-    try:
-        async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise too_large
-                chunks.append(chunk)
-    except TimeoutError:
-        raise RequestTimeout(
-            f"the request body did not arrive within {timeout_s:g} s ({size} bytes came)",
-            hint="POIMEN_HTTP_BODY_TIMEOUT_S sets the limit; send the body at once",
-        ) from None
-    return b"".join(chunks)
 
 
 def _parse_body(raw: bytes, project: str | None) -> tuple[list[NodeRecord], list[LineError]]:
@@ -169,15 +139,16 @@ async def post_nodes(request: Request) -> JSONResponse:
     # The key first: an unauthenticated body is never read, let alone parsed.
     await keys.write_projects(request.headers, ())
     _typed_body(request)
-    raw = await _body(request, state.settings.max_body_bytes, state.settings.http_body_timeout_s)
-    skip = request.query_params.getlist("skip_invalid")
-    if skip not in ([], ["true"], ["false"]):
-        raise ValidationError(f"skip_invalid must be true or false, got {skip!r}")
-    skip_invalid = skip == ["true"]
-    # Parsing 10 MB takes most of a second: not on the event loop.
-    records, invalid = await asyncio.to_thread(
-        _parse_body, raw, request.query_params.get("project")
+    params = _once(request)
+    raw = await read_body(
+        request, state.settings.max_body_bytes, state.settings.http_body_timeout_s
     )
+    skip = params.get("skip_invalid", "false")
+    if skip not in ("true", "false"):
+        raise ValidationError(f"skip_invalid must be true or false, got {skip!r}")
+    skip_invalid = skip == "true"
+    # Parsing 10 MB takes most of a second: not on the event loop.
+    records, invalid = await asyncio.to_thread(_parse_body, raw, params.get("project"))
     report = await write_nodes(
         state, keys, request.headers, records, invalid, skip_invalid=skip_invalid
     )
@@ -211,7 +182,7 @@ async def get_node(request: Request) -> Response:
         request.app.state.keys,
         request.headers,
         request.path_params["id"],
-        request.query_params,
+        _once(request),
     )
     return _bounded(request, body)
 
@@ -219,7 +190,7 @@ async def get_node(request: Request) -> Response:
 async def list_nodes(request: Request) -> Response:
     """A page of nodes (memory.list_nodes), keyset paged by an opaque cursor."""
     body = await nodes.list_nodes(
-        request.app.state.poimen, request.app.state.keys, request.headers, request.query_params
+        request.app.state.poimen, request.app.state.keys, request.headers, _once(request)
     )
     return _bounded(request, body)
 
@@ -239,7 +210,7 @@ async def _node_operation(
     """One of the node operations (api/operations.py) on this request's key and parameters."""
     body = await operation(
         request.app.state.poimen, request.app.state.keys, request.headers,
-        request.query_params, external_id,
+        _once(request), external_id,
     )  # fmt: skip
     return JSONResponse(body)
 
@@ -268,7 +239,7 @@ async def get_history(request: Request) -> Response:
     """Every version of one node, oldest first: memory.history, within the byte budget."""
     body = await node_history(
         request.app.state.poimen, request.app.state.keys, request.headers,
-        request.query_params, request.path_params["id"],
+        _once(request), request.path_params["id"],
     )  # fmt: skip
     return _bounded(request, body, history=True)
 
@@ -285,7 +256,7 @@ async def _json_params(request: Request, types: Mapping[str, type]) -> dict[str,
     CORS preflight, which this service never grants, so no web page can post one."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     state: Services = request.app.state.poimen
-    raw = await _body(request, MAX_PARAMS_BODY, state.settings.http_body_timeout_s)
+    raw = await read_body(request, MAX_PARAMS_BODY, state.settings.http_body_timeout_s)
     if not raw:
         return {}  # no body: every parameter takes its default
     if kind != "application/json":
@@ -314,7 +285,7 @@ async def _json_params(request: Request, types: Mapping[str, type]) -> dict[str,
 async def review_list(request: Request) -> Response:
     """The open review items, oldest first (memory.review_list)."""
     body = await review.list_items(
-        request.app.state.poimen, request.app.state.keys, request.headers, request.query_params
+        request.app.state.poimen, request.app.state.keys, request.headers, _once(request)
     )
     return _bounded(request, body)
 

@@ -78,6 +78,7 @@ from starlette.types import Receive, Scope, Send
 from poimen_core.vocabulary import FILTER_MAX_BYTES, LEVELS, PROJECT_NAME_RE
 from poimen_memory.api import metrics
 from poimen_memory.api.auth import KeyRing
+from poimen_memory.api.body import read_body, replay
 from poimen_memory.api.nodes import get_node, list_nodes
 from poimen_memory.api.openapi import openapi_spec, query_parameters
 from poimen_memory.api.operations import (
@@ -920,6 +921,7 @@ class McpEndpoint:
     behind the service's API keys. `run` is entered in the app's lifespan."""
 
     def __init__(self, settings: Settings) -> None:
+        self.settings = settings
         self.server = build_server(settings, _http_caller)
         hosts, origins = settings.mcp_allowed_hosts, settings.mcp_allowed_origins
         self.manager = StreamableHTTPSessionManager(
@@ -946,6 +948,15 @@ class McpEndpoint:
             # Refused here, before the SDK reads the body; each tool checks the key's
             # projects again for what it does.
             await request.app.state.keys.grant(request.headers)
+            if scope["method"] == "POST":
+                # The body within the service's size and time budget, as every route reads
+                # one: the SDK waits for a body as long as it takes, so a client trickling
+                # one held a work slot (and, a few of them, every tenant's) for minutes.
+                body = await read_body(
+                    request, self.settings.max_body_bytes, self.settings.http_body_timeout_s,
+                    hint="POIMEN_MAX_BODY_BYTES sets the limit",
+                )  # fmt: skip
+                receive = replay(body, receive)
         except (PoimenError, psycopg.Error) as exc:
             err = exc if isinstance(exc, PoimenError) else translate(exc)
             await JSONResponse(err.public_json(), status_code=err.http_status)(scope, receive, send)

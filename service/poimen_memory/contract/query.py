@@ -163,7 +163,15 @@ def _instant(value: Any) -> Any:
             f"must be an ISO 8601 timestamp, got {text[:40]!r}",
             "for example 2024-06-01T00:00:00Z",
         ) from None
-    return ts.astimezone(UTC) if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
+    try:
+        return ts.astimezone(UTC) if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
+    except OverflowError:
+        # 9999-12-31T23:59:59-14:00 parses, and its UTC instant is past year 9999
+        raise _fail(
+            "instant",
+            f"is out of range once in UTC, got {text[:40]!r}",
+            "an instant between 0001-01-01 and 9999-12-31 UTC",
+        ) from None
 
 
 def _bounded(name: str, integer: bool = True) -> Any:

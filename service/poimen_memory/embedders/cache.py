@@ -1,8 +1,11 @@
 """An LRU cache of query embeddings, so a repeated query skips the embedder.
 
-Keyed by ``(model_name, query text)``: the text is the caller's query before
-any model prefix, and the model name keeps vectors of different spaces apart.
-Only queries are cached; document embeddings are stored in Postgres anyway.
+Keyed by ``(model_name, caller, query text)``: the text is the caller's query before
+any model prefix, and the model name keeps vectors of different spaces apart. The caller
+(the API key, "" without one) keeps tenants apart: shared, the cache told a key, by the
+answer's ``embedding_cache_hit`` and by its speed, whether another tenant had just asked
+the same question. Only queries are cached; document embeddings are stored in Postgres
+anyway.
 """
 
 from __future__ import annotations
@@ -33,15 +36,15 @@ class QueryEmbeddingCache:
         if max_entries < 0:
             raise ValueError("max_entries must be >= 0")
         self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[str, str], Vector] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str, str], Vector] = OrderedDict()
         self._lock = threading.Lock()
         self._hits = 0
         self._misses = 0
         self._evictions = 0
 
-    def get(self, model_name: str, text: str) -> Vector | None:
+    def get(self, model_name: str, text: str, caller: str = "") -> Vector | None:
         """The cached vector (counted as a hit) or None (counted as a miss)."""
-        key = (model_name, text)
+        key = (model_name, caller, text)
         with self._lock:
             vector = self._entries.get(key)
             if vector is None:
@@ -51,13 +54,13 @@ class QueryEmbeddingCache:
             self._hits += 1
             return vector
 
-    def put(self, model_name: str, text: str, vector: Vector) -> Vector:
+    def put(self, model_name: str, text: str, vector: Vector, caller: str = "") -> Vector:
         """Store a read-only copy and return it."""
         frozen = np.array(vector, dtype=np.float32, copy=True)
         frozen.flags.writeable = False
         if self.max_entries == 0:
             return frozen
-        key = (model_name, text)
+        key = (model_name, caller, text)
         with self._lock:
             self._entries[key] = frozen
             self._entries.move_to_end(key)
@@ -67,17 +70,17 @@ class QueryEmbeddingCache:
         return frozen
 
     async def get_or_embed(
-        self, embedder: Embedder, text: str, timeout: float
+        self, embedder: Embedder, text: str, timeout: float, caller: str = ""
     ) -> tuple[Vector, bool]:
         """``(vector, hit)``; on a miss embeds within ``timeout`` and caches the result.
 
         Failures (`EmbeddingUnavailable`) propagate and are not cached.
         """
-        cached = self.get(embedder.model_name, text)
+        cached = self.get(embedder.model_name, text, caller)
         if cached is not None:
             return cached, True
         vector = await embedder.aembed_query(text, timeout)
-        return self.put(embedder.model_name, text, vector), False
+        return self.put(embedder.model_name, text, vector, caller), False
 
     def stats(self) -> dict[str, int | float]:
         with self._lock:

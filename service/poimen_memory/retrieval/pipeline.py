@@ -346,7 +346,10 @@ class Retriever:
         try:
             budget = deadline.budget(deadline.remaining(), self.settings.fallback_reserve_s)
             with deadline.stage("embed"):
-                vec, hit = await self.cache.get_or_embed(self.embedder, text, budget)
+                # per API key: a tenant learns nothing of another's questions from a hit
+                vec, hit = await self.cache.get_or_embed(
+                    self.embedder, text, budget, tenant.current().params()["key"]
+                )
         finally:
             trace.timed("embed_time_ms", t0)
         trace.metrics["embedding_cache_hit"] = hit

@@ -50,6 +50,49 @@ $$;
 COMMENT ON FUNCTION memory._writer() IS
     'Who is writing, as memory.nodes.written_by and ended_by record it: api_key:<id> when the HTTP service writes for an API key (poimen.api_key, honoured for members of @role.service@ only), role:<name> otherwise.';
 
+-- Who wrote or ended a version is the database's record, not the writer's say: a writer may
+-- INSERT and UPDATE memory.nodes directly (the column grants, sql/900_grants.sql), and once
+-- could set written_by or ended_by to an API key's id, so memory.history named another
+-- writer. The triggers fire only when the value is not memory._writer()'s (the writer and
+-- forget always set that, so they never fire there). The table's owner writes history as it
+-- was (a restore, a migration); anyone else leaving written_by NULL is recorded as who they
+-- are, and any other value is refused.
+CREATE OR REPLACE FUNCTION memory._writer_recorded()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    col text := CASE TG_OP WHEN 'INSERT' THEN 'written_by' ELSE 'ended_by' END;
+    given text := CASE TG_OP WHEN 'INSERT' THEN NEW.written_by ELSE NEW.ended_by END;
+BEGIN
+    IF pg_catalog.pg_has_role(current_user, (SELECT c.relowner FROM pg_catalog.pg_class c
+                                             WHERE c.oid = TG_RELID), 'MEMBER') THEN
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'INSERT' AND given IS NULL THEN
+        NEW.written_by := memory._writer();
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION '% is recorded by the database: this session writes as %', col, memory._writer()
+        USING ERRCODE = '42501',
+              DETAIL = pg_catalog.format('%s was set to %s', col, coalesce(pg_catalog.quote_literal(given), 'NULL')),
+              HINT = 'Leave it out (or set it to memory._writer()); memory.add_nodes and memory.forget record it.';
+END $$;
+COMMENT ON FUNCTION memory._writer_recorded() IS
+    'Row trigger on memory.nodes: a version''s written_by (INSERT) and ended_by (UPDATE) are memory._writer(), who is writing; NULL written_by is filled in, another value refused (42501), except for the table''s owner (a restore writes history as it was).';
+
+SELECT memory._ensure_trigger('memory.nodes', 'nodes_written_by',
+    'CREATE TRIGGER nodes_written_by BEFORE INSERT ON memory.nodes
+     FOR EACH ROW WHEN ((new.written_by IS DISTINCT FROM memory._writer())) EXECUTE FUNCTION memory._writer_recorded()')
+FROM pg_catalog.pg_attribute a  -- from migration 0012 on
+WHERE a.attrelid = 'memory.nodes'::regclass AND a.attname = 'ended_by' AND NOT a.attisdropped;
+SELECT memory._ensure_trigger('memory.nodes', 'nodes_ended_by',
+    'CREATE TRIGGER nodes_ended_by BEFORE UPDATE OF ended_by ON memory.nodes
+     FOR EACH ROW WHEN (((new.ended_by IS DISTINCT FROM old.ended_by) AND (new.ended_by IS DISTINCT FROM memory._writer()))) EXECUTE FUNCTION memory._writer_recorded()')
+FROM pg_catalog.pg_attribute a  -- from migration 0012 on
+WHERE a.attrelid = 'memory.nodes'::regclass AND a.attname = 'ended_by' AND NOT a.attisdropped;
+
 CREATE OR REPLACE FUNCTION memory._ensure_projects(names text[])
 RETURNS void
 LANGUAGE sql VOLATILE PARALLEL UNSAFE

@@ -150,7 +150,8 @@ DECLARE
         'memory.projects_partitions', 'memory.partition_by_project',
         'memory._ensure_trigger', 'memory._ensure_statement_triggers', 'memory._probe', 'memory._ensure_indexes', 'memory._is_project_graph', 'memory._declare_row',
         'memory._project_graph_defs', 'memory._index_state', 'memory._missing_project_graphs',
-        'memory._refresh_grant_sets', 'memory._grants_changed', 'memory._projects_changed'];
+        'memory._refresh_grant_sets', 'memory._grants_changed', 'memory._projects_changed',
+        'memory._writer_recorded'];
     reader_tables text[] := ARRAY[
         'memory.schema_migrations', 'memory.config', 'memory.projects',
         'memory.embedding_model', 'memory.nodes', 'memory.edges', 'memory.postings',
