@@ -84,6 +84,22 @@ def test_parse_plain_words_report_no_operators(conn: Conn) -> None:
     assert g["required"] == [] and g["exclude"] == []
 
 
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT memory.parse_query(repeat('#t ', 5000))",
+        "SELECT count(*) FROM memory.lexical_search(repeat('#t ', 5000), 'poimen')",
+    ],
+)
+def test_an_over_long_query_is_refused_before_it_is_parsed(conn: Conn, sql: str) -> None:
+    """As a reader calls them: 15 kB of tags was parsed whole first (18.7 s; 60 kB, 210 s),
+    and only then refused, if at all (a helper's attack)."""
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as exc:
+        conn.execute(sql)
+    assert str(exc.value).startswith("query is longer than 2000 characters")
+    assert exc.value.diag.message_detail == "It has 15000 characters."
+
+
 def test_parse_every_operator(conn: Conn) -> None:
     g = parse(conn, 'kong -nginx -"body buffer" +"Buffer  Body" #Networking OR @dev.ops')
     assert g["operators"] is True

@@ -64,15 +64,16 @@ def test_sigterm_stops_the_server_gracefully_with_status_0(
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 60
-            while True:
-                assert proc.poll() is None, log.read_text()
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.1)
+            with httpx.Client(timeout=2) as client:  # one client: each httpx.get makes one
+                while True:
+                    assert proc.poll() is None, log.read_text()
+                    try:
+                        if client.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    assert time.monotonic() < deadline, log.read_text()
+                    time.sleep(0.1)
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 0, log.read_text()
         finally:

@@ -605,6 +605,26 @@ def test_migrate_check_cli_exit_codes(fixture_url: str, conn: Conn, plpython_roo
     assert drift.returncode == 1 and "memory.policy()" in drift.stdout
 
 
+def test_commands_that_migrate_record_no_path_of_their_host(
+    fixture_url: str, tmp_path: Path
+) -> None:
+    """ingest and keys migrate first, as migrate does: for a database named by URL with no
+    directory of this host recorded (it imports poimen_core from memory._plpython_modules).
+    They recorded this host's, so --check found drift, and a server on another host would
+    have looked for poimen_core in a directory it does not have (a helper's attack)."""
+    import sys
+
+    env = dict(os.environ, POIMEN_DATABASE_URL=fixture_url)
+    cli = [sys.executable, "-m", "poimen_memory.cli.main"]
+    nodes = tmp_path / "one.jsonl"
+    nodes.write_text('{"id": "host:1", "level": "L0", "text": "a turn from another host"}\n')
+    for args in (["migrate"], ["ingest", str(nodes), "--project", "poimen"],
+                 ["keys", "create", "--project", "poimen"], ["migrate", "--check"]):  # fmt: skip
+        out = subprocess.run([*cli, *args], env=env, capture_output=True, text=True, check=False)
+        assert out.returncode == 0, (args, out.stdout + out.stderr)
+    assert "no drift" in out.stdout, out.stdout
+
+
 def test_migrate_and_check_print_the_scale_warnings(
     fixture_url: str, conn: Conn, plpython_root: Path
 ) -> None:

@@ -391,6 +391,15 @@ class Settings(FromEnv):
     def plpython_root(self) -> Path:
         return self.home / "plpython"
 
+    @property
+    def plpython_root_for_database(self) -> Path | None:
+        """Where this host installs poimen_core for the database server to read: the
+        embedded cluster's directory (its server runs on this host); None for a database
+        named by POIMEN_DATABASE_URL, which imports it from memory._plpython_modules, so
+        that no command run from another host records a path of that host (an ingest or
+        a key made from a laptop left the server looking in the laptop's directory)."""
+        return None if self.database_url else self.plpython_root
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         cfg = Config(os.environ if env is None else env)

@@ -9,13 +9,14 @@ on two cores. docs/benchmarks.md has the two side by side."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,47 @@ def summary(
     return row
 
 
+@contextlib.contextmanager
+def serving(database_url: str) -> Iterator[tuple[str, int]]:
+    """The service in a child process on ``database_url``: (base URL, pid)."""
+    drop = ("POIMEN_RERANK_URL", "POIMEN_OPENSEARCH_URL")
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        live_server_process(
+            {"POIMEN_DATABASE_URL": database_url}, Path(tmp) / "server.log", drop=drop
+        ) as served,
+    ):
+        yield served
+
+
+def loads(
+    served: tuple[str, int],
+    database_url: str,
+    texts: Sequence[str],
+    *,
+    concurrency: Sequence[int] = (1, 8),
+    requests: int = 200,
+    params: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """The loads of ``run`` against a server already running (``serving``): its texts must
+    be unseen by that server (no embedding-cache hits)."""
+    # No evidence list: the in-process reference (bench/inprocess.py) runs no L0 legs, and
+    # the ratio compares the same pipeline. What the list costs: eval/evidence_latency.py.
+    params = params or {"limit": "10", "evidence": "0"}
+    need = 5 + requests * len(concurrency)
+    if len(texts) < need:
+        raise ValueError(f"need {need} distinct query texts, got {len(texts)}")
+    base, pid = served
+    _load(base, texts[:5], 1, params, headers)  # warm-up
+    cpu = CPU(pid, database_url)
+    out, start = [], 5
+    for c in concurrency:
+        out.append(_load(base, texts[start : start + requests], c, params, headers, cpu))
+        start += requests
+    return out
+
+
 def run(
     database_url: str,
     texts: Sequence[str],
@@ -159,23 +201,8 @@ def run(
 ) -> list[dict[str, Any]]:
     """Each concurrency level gets its own unseen query texts (no embedding-cache hits); a
     server of its own per call, so another call may send the same texts."""
-    # No evidence list: the in-process reference (bench/inprocess.py) runs no L0 legs, and
-    # the ratio compares the same pipeline. What the list costs: eval/evidence_latency.py.
-    params = params or {"limit": "10", "evidence": "0"}
-    need = 5 + requests * len(concurrency)
-    if len(texts) < need:
-        raise ValueError(f"need {need} distinct query texts, got {len(texts)}")
-    drop = ("POIMEN_RERANK_URL", "POIMEN_OPENSEARCH_URL")
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        live_server_process(
-            {"POIMEN_DATABASE_URL": database_url}, Path(tmp) / "server.log", drop=drop
-        ) as (base, pid),
-    ):
-        _load(base, texts[:5], 1, params, headers)  # warm-up
-        cpu = CPU(pid, database_url)
-        out, start = [], 5
-        for c in concurrency:
-            out.append(_load(base, texts[start : start + requests], c, params, headers, cpu))
-            start += requests
-    return out
+    with serving(database_url) as served:
+        return loads(
+            served, database_url, texts, concurrency=concurrency, requests=requests,
+            params=params, headers=headers,
+        )  # fmt: skip

@@ -420,17 +420,21 @@ def http_rows(
     service's role (anonymous mode), with the embedder's own rate at eight threads beside
     it. Each request a question text not sent before (no embedding-cache hits)."""
     from poimen_lab.bench import inprocess
-    from poimen_lab.bench.http import run
+    from poimen_lab.bench.http import loads, serving
 
     need = 5 + 2 * requests
     texts = [f"{questions[i % len(questions)]} ({i})" for i in range(need * (len(scope_list) + 1))]
     rows: dict[str, Any] = {"scopes": []}
-    for n, (label, project, idx) in enumerate(scope_list):
-        params = {"limit": "10", "evidence": "0"} | ({"project": project} if project else {})
-        loads = run(service_url, texts[n * need : (n + 1) * need], requests=requests, params=params)
-        rows["scopes"].append(
-            {"scope": label, "project": project, "nodes": len(idx), "loads": loads}
-        )
+    # One server for every scope (each scope's texts its own, so no cache hits): a server
+    # started per scope cost the run more than its requests did.
+    with serving(service_url) as served:
+        for n, (label, project, idx) in enumerate(scope_list):
+            params = {"limit": "10", "evidence": "0"} | ({"project": project} if project else {})
+            rows["scopes"].append({
+                "scope": label, "project": project, "nodes": len(idx),
+                "loads": loads(served, service_url, texts[n * need : (n + 1) * need],
+                               requests=requests, params=params),
+            })  # fmt: skip
     rows["embed_only"] = inprocess.embed_throughput(
         embedder.embed_query, texts[len(scope_list) * need :], 8
     )

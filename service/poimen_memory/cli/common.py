@@ -50,6 +50,7 @@ def service_settings(s: Settings) -> Settings:
     url = started_url(s)
     if not s.database_url:
         with connect(url, autocommit=True) as conn:
-            migrate(conn, s.plpython_root, role_prefix=s.role_prefix)  # makes the service role
+            # makes the service role
+            migrate(conn, s.plpython_root_for_database, role_prefix=s.role_prefix)
             ensure_service_login(conn, s.service_role)
     return replace(s, database_url=service_database_url(s))

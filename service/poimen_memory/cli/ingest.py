@@ -36,7 +36,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         records, invalid = parse_lines(f, args.project)
     embedder = _embedder(s)
     with connect(started_url(s), autocommit=True) as conn:
-        migrate(conn, s.plpython_root, role_prefix=s.role_prefix)
+        migrate(conn, s.plpython_root_for_database, role_prefix=s.role_prefix)
         if s.opensearch.url is not None:
             from poimen_memory.ingest.outbox import enable_outbox
 

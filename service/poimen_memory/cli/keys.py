@@ -37,7 +37,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 2
-            migrate(conn, s.plpython_root, role_prefix=s.role_prefix)
+            migrate(conn, s.plpython_root_for_database, role_prefix=s.role_prefix)
             key = new_key()
             conn.execute(
                 q("key_insert"),

@@ -17,14 +17,13 @@ from poimen_memory.settings import Settings
 
 def _plpython_root(s: Settings, args: argparse.Namespace) -> Path | None:
     """Where this host installs poimen_core for the database server to read: only where a
-    path is asked for (--plpython-dir), or the embedded cluster's (its server runs on this
-    host). A database named by POIMEN_DATABASE_URL imports it from memory._plpython_modules,
-    so migrate and --check answer the same from any host and any POIMEN_HOME."""
+    path is asked for (--plpython-dir), else Settings.plpython_root_for_database, so migrate
+    and --check answer the same from any host and any POIMEN_HOME."""
     if args.no_plpython:
         return None
     if args.plpython_dir is not None:
         return Path(args.plpython_dir)
-    return None if s.database_url else s.plpython_root
+    return s.plpython_root_for_database
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

@@ -79,6 +79,12 @@ DECLARE
     n_or integer := 0;
     optional integer := 0;
 BEGIN
+    -- Bounded before it is read, as every entry point bounds a query (memory.check_query,
+    -- which raises here): the parse below grows its arrays a token at a time, and a reader
+    -- calling it (or memory.lexical_search) with 60 kB of "#t " held a backend 210 s.
+    IF length(q) > @vocabulary.query_max_chars@ THEN
+        PERFORM memory.check_query(q);
+    END IF;
     -- The common case costs one regex test: no quote, sigil, leading "-" or OR, no operators.
     IF q !~ '["#@]|(^|\s)-|(^|\s)OR(\s|$)' THEN
         RETURN jsonb_build_object('operators', false, 'text', q, 'required', '[]'::jsonb,
@@ -212,7 +218,7 @@ BEGIN
                    ELSE '{}' END;
 END $$;
 COMMENT ON FUNCTION memory.parse_query(text) IS
-    'How the query grammar reads a query (docs/sql-api.md, "Query grammar"): operators (false: plain words, every leg as before), text (what BM25 scores and the embedder reads: plain words, phrase words, tag and mention tokens), required (groups a result must satisfy, each by any of its items: strict phrases +"...", any phrase of a query without plain words, tags, mentions joined by OR), exclude (terms, phrases, tags, mentions no result may contain), boost (the soft phrases of a question: never required, the fused candidates containing them rank first), or (how many ORs joined operands), notes (malformed syntax read as plain words, ignored operators) and, with a soft phrase, routing_text (the query with its soft phrases unquoted: what the optimizer routes). Never raises.';
+    'How the query grammar reads a query (docs/sql-api.md, "Query grammar"): operators (false: plain words, every leg as before), text (what BM25 scores and the embedder reads: plain words, phrase words, tag and mention tokens), required (groups a result must satisfy, each by any of its items: strict phrases +"...", any phrase of a query without plain words, tags, mentions joined by OR), exclude (terms, phrases, tags, mentions no result may contain), boost (the soft phrases of a question: never required, the fused candidates containing them rank first), or (how many ORs joined operands), notes (malformed syntax read as plain words, ignored operators) and, with a soft phrase, routing_text (the query with its soft phrases unquoted: what the optimizer routes). Raises only for a query longer than QUERY_MAX_CHARS (@vocabulary.query_max_chars@, memory.check_query''s 22023), before reading it.';
 
 -- The text a node is tested on for tags, mentions and stop-word phrases: what BM25 indexes.
 CREATE OR REPLACE FUNCTION memory._grammar_doc(title text, breadcrumb text[], body text)
