@@ -225,6 +225,30 @@ def test_ingest_is_all_or_nothing_and_says_so(cli_env: dict[str, str]) -> None:
         psql("DELETE FROM memory.projects WHERE name = 'all193'")
 
 
+def test_ingest_of_bytes_that_are_not_utf8_or_of_a_directory_names_the_fault(
+    cli_env: dict[str, str],
+) -> None:
+    """A byte that is not UTF-8 was a UnicodeDecodeError traceback for the whole file, even
+    with --skip-invalid; a directory, IsADirectoryError (a helper's attack). Now the line is
+    invalid by the node rules (skipped with --skip-invalid), and a directory exits 2."""
+    ready(cli_env)
+    psql = _psql_on(run(cli_env, "db", "url").stdout.strip())
+    home = Path(cli_env["POIMEN_HOME"])
+    mixed = home / "mixed.jsonl"
+    good = json.dumps({"id": "u8:1", "level": "L0", "project": "utf8", "text": "fine"})
+    mixed.write_bytes(good.encode() + b'\n{"id": "u8:2", "level": "L0", "project": "utf8",'
+                      b' "text": "bad \xff byte"}\n')  # fmt: skip
+    refused = run(cli_env, "ingest", str(mixed), ok=False)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+    assert "line 2: field '<json>': contains an unpaired surrogate" in refused.stderr
+    assert "nothing was written" in refused.stderr
+    skipped = run(cli_env, "ingest", str(mixed), "--skip-invalid")
+    assert "inserted 1 " in skipped.stdout and "invalid lines 1" in skipped.stdout
+    folder = run(cli_env, "ingest", str(home), ok=False)
+    assert folder.returncode == 2 and "is a directory" in folder.stderr, folder.stderr
+    psql("DELETE FROM memory.projects WHERE name = 'utf8'")  # ready()'s 21 nodes again
+
+
 def test_reembed_rebuilds_every_vector(cli_env: dict[str, str]) -> None:
     ready(cli_env)
     psql = _psql_on(run(cli_env, "db", "url").stdout.strip())

@@ -583,6 +583,32 @@ def test_an_unknown_tool_is_a_protocol_error(reader: str) -> None:
         over_http(reader, None, _call("memory_forget_everything", {}))
 
 
+def test_an_invalid_argument_is_quoted_within_bounds(reader: str) -> None:
+    """jsonschema's message quotes the value whole: a 100 kB id made a 200 kB answer."""
+    body = _tool_error(over_http(reader, None, _call("memory_get", {"id": "x" * 100_000})))
+    assert body["error"] == "invalid_parameter"
+    assert body["detail"].startswith("id: 'xxx") and len(body["detail"]) < 400, body["detail"]
+    assert body["detail"].endswith(" characters)")
+
+
+def test_a_key_named_twice_in_one_object_is_an_invalid_request(reader: str) -> None:
+    """The SDK keeps a repeated key's last value: "name" twice ran the second tool (a write)
+    while whatever read the first (a gateway, a log) saw a read (a helper's attack)."""
+    call = (
+        '{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "memory_query",'
+        ' "arguments": {"query": "kong"}, "name": "memory_add", "arguments": {"nodes": []}}}'
+    )
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    r = httpx.post(f"{reader}/mcp", content=call, headers=headers, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == {
+        "code": -32600,
+        "message": "Invalid request: key 'name' is given more than once in an object",
+    }
+    once = call.replace(', "name": "memory_add", "arguments": {"nodes": []}', "")
+    assert httpx.post(f"{reader}/mcp", content=once, headers=headers, timeout=30).status_code == 200
+
+
 def test_api_keys_are_enforced(server: str, fixture_url: str) -> None:
     assert not over_http(server, None, _call("memory_query", {"query": KONG})).is_error
     reader = make_key(fixture_url, ["poimen"])

@@ -335,6 +335,13 @@ def test_post_nodes_empty_or_broken_body(client: TestClient, content: str, messa
     assert "sys." not in body["detail"]
 
 
+def test_post_node_naming_a_key_twice_is_refused(client: TestClient) -> None:
+    """json keeps the last of a repeated key: refused, as a repeated parameter is."""
+    twice = '{"level": "L0", "text": "x", "project": "atlas", "project": "poimen"}'
+    body = error(client.post("/memory/nodes", content=twice), 400, "invalid_node")
+    assert "key 'project' is given more than once in an object" in body["context"], body
+
+
 def test_post_node_without_project_names_the_field(client: TestClient) -> None:
     response = client.post("/memory/nodes", content=json.dumps({"level": "L0", "text": "orphan"}))
     body = error(response, 400, "invalid_node")

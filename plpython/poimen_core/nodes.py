@@ -183,7 +183,31 @@ def loads(raw: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
             level -= 1
     if depth > max_depth:
         raise ValueError(f"nested deeper than {max_depth} levels")
-    return json.loads(raw, parse_constant=_reject_constant, parse_float=_finite, parse_int=_whole)
+    return json.loads(
+        raw,
+        parse_constant=_reject_constant,
+        parse_float=_finite,
+        parse_int=_whole,
+        object_pairs_hook=unique_object,
+    )
+
+
+class RepeatedKey(ValueError):
+    """A JSON object names one key twice."""
+
+
+def unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: json keeps the last of a repeated key,
+    so {"project": "a", "project": "b"} was read as b by us and as a by anything that reads
+    the first (a gateway, an audit log). Refused, as a repeated query parameter is."""
+    out = dict(pairs)
+    if len(out) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise RepeatedKey(f"key {key!r} is given more than once in an object")
+            seen.add(key)
+    return out
 
 
 def _whole(text: str) -> int:

@@ -96,7 +96,7 @@ from poimen_memory.contract.query import filter_text
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.errors import PoimenError, ValidationError
-from poimen_memory.ingest.nodes import LineError, NodeRecord
+from poimen_memory.ingest.nodes import LineError, NodeRecord, RepeatedKey, unique_object
 from poimen_memory.services import Services, open_services
 from poimen_memory.settings import Settings
 
@@ -612,11 +612,18 @@ def tools(settings: Settings) -> list[Tool]:
     ]
 
 
+_MAX_ECHO = 300  # characters of an invalid argument's message
+
+
 def _check(validator: Draft202012Validator, args: Mapping[str, Any]) -> None:
     error = best_match(validator.iter_errors(dict(args)))
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "arguments"
-        raise ValidationError(f"{where}: {error.message}")
+        # jsonschema's message quotes the value whole: a 1 MB list was a 2 MB answer
+        said = error.message
+        if len(said) > _MAX_ECHO:
+            said = said[:_MAX_ECHO] + f"... ({len(said)} characters)"
+        raise ValidationError(f"{where}: {said}")
 
 
 def _as_param(value: Any) -> str:
@@ -916,6 +923,23 @@ def _http_caller(ctx: Any) -> Caller:
     )
 
 
+async def _repeated_key(body: bytes) -> str | None:
+    """What repeats a key in one of the body's JSON objects, if anything does (None also
+    for a body that is not JSON: the SDK answers that). A large body is read off the event
+    loop."""
+
+    def scan() -> str | None:
+        try:
+            json.loads(body, object_pairs_hook=unique_object)
+        except RepeatedKey as exc:
+            return str(exc)
+        except (ValueError, RecursionError):
+            pass  # not JSON, or nested past the parser: the SDK's to answer
+        return None
+
+    return await asyncio.to_thread(scan) if len(body) > 262144 else scan()
+
+
 class McpEndpoint:
     """``POST /mcp``: the SDK's streamable HTTP transport, stateless with JSON responses,
     behind the service's API keys. `run` is entered in the app's lifespan."""
@@ -957,6 +981,16 @@ class McpEndpoint:
                     hint="POIMEN_MAX_BODY_BYTES sets the limit",
                 )  # fmt: skip
                 receive = replay(body, receive)
+                twice = await _repeated_key(body)
+                if twice is not None:
+                    # The SDK, like json, keeps a repeated key's last value: a body naming
+                    # "name" twice ran the second tool while a gateway or a log that reads
+                    # the first saw another. Refused as JSON-RPC's invalid request.
+                    error = {"code": -32600, "message": f"Invalid request: {twice}"}
+                    await JSONResponse(
+                        {"jsonrpc": "2.0", "id": None, "error": error}, status_code=400
+                    )(scope, receive, send)
+                    return
         except (PoimenError, psycopg.Error) as exc:
             err = exc if isinstance(exc, PoimenError) else translate(exc)
             await JSONResponse(err.public_json(), status_code=err.http_status)(scope, receive, send)

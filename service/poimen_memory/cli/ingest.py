@@ -32,7 +32,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"error: {path} does not exist", file=sys.stderr)
         return 2
-    with path.open(encoding="utf-8") as f:
+    if path.is_dir():
+        print(f"error: {path} is a directory: name a JSONL file of nodes", file=sys.stderr)
+        return 2
+    # Bytes that are not UTF-8 stay in their line as lone surrogates, which the node rules
+    # refuse by line and field ("not valid Unicode"; --skip-invalid skips the line): strict
+    # decoding raised at the first one, a traceback for a whole file.
+    with path.open(encoding="utf-8", errors="surrogateescape") as f:
         records, invalid = parse_lines(f, args.project)
     embedder = _embedder(s)
     with connect(started_url(s), autocommit=True) as conn:

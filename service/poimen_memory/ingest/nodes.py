@@ -14,6 +14,7 @@ from poimen_core.nodes import (
     Key,
     LineError,
     NodeRecord,
+    RepeatedKey,
     Stored,
     adopt_stored_hashes,
     loads,
@@ -24,6 +25,7 @@ from poimen_core.nodes import (
     reference_keys,
     stale_revisions,
     timestamp_text,
+    unique_object,
     validate,
     write_row,
 )
@@ -36,6 +38,7 @@ __all__ = [
     "Key",
     "LineError",
     "NodeRecord",
+    "RepeatedKey",
     "Stored",
     "adopt_stored_hashes",
     "loads",
@@ -46,6 +49,7 @@ __all__ = [
     "reference_keys",
     "stale_revisions",
     "timestamp_text",
+    "unique_object",
     "validate",
     "write_row",
 ]
