@@ -14,7 +14,6 @@ import argparse
 import http.client
 import json
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -25,8 +24,8 @@ from psycopg.conninfo import make_conninfo
 
 from poimen_lab.bench import synthetic
 from poimen_lab.bench.command import _http_texts
+from poimen_lab.bench.http import serving
 from poimen_lab.bench.scratch import drop_database, fresh_database
-from poimen_lab.live_server import live_server
 from poimen_lab.measures import percentile
 from poimen_lab.report import table
 from poimen_memory.db.connect import connect, database_url, ensure_service_login
@@ -146,13 +145,7 @@ def cmd_bench_overload(args: argparse.Namespace) -> int:
             ensure_service_login(conn, s.service_role)
         texts = _http_texts(500, args.seed)
         service = make_conninfo(url, user=s.service_role)
-        drop = ("POIMEN_RERANK_URL", "POIMEN_OPENSEARCH_URL")
-        with (
-            tempfile.TemporaryDirectory() as tmp,
-            live_server(
-                {"POIMEN_DATABASE_URL": service}, Path(tmp) / "server.log", drop=drop
-            ) as base,
-        ):
+        with serving(service) as (base, _):
             extra = {} if args.evidence is None else {"evidence": str(args.evidence)}
             _clients(base, 2, 2.0, args.timeout, texts, extra)  # warm-up, discarded
             for c in counts:
