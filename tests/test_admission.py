@@ -24,7 +24,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from poimen_lab.live_server import live_server
-from poimen_memory.api.admission import Admission, Cost, arrived
+from poimen_memory.api.admission import Admission, Cost, arrived, client_of
 from poimen_memory.contract.query import parse_query
 from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.errors import ConfigError, DeadlineExceeded
@@ -262,8 +262,13 @@ def test_the_cost_of_a_request_is_what_it_declares() -> None:
     assert of(query="x", evidence="100") > of(query="x")
     # A malformed value costs nothing extra (the contract refuses it later).
     assert of(query="x", limit="\u0661\u0660\u0660") == of(query="x", limit="lots") == of(query="x")
-    # A body (a write, an MCP call) is charged by its length, as text.
-    assert of("POST", [(b"content-length", b"2000")]) > of("POST") == cost.base
+    # HEAD runs the GET route whole: charged as the GET (it was base alone).
+    assert of("HEAD", **DEAR) == dear
+    # A body (a write, an MCP call) is charged by its length, as text; one that declares
+    # none (chunked) as the longest, not as base alone.
+    empty = of("POST", [(b"content-length", b"0")])
+    assert of("POST", [(b"content-length", b"2000")]) > empty == cost.base
+    assert of("POST") == of("POST", [(b"content-length", b"9000000")]) > empty
     # ... at most as the longest query text: a bulk write is bounded by the ingest queue.
     assert of("POST", [(b"content-length", b"9000000")]) <= of(query="x" * 2000)
     assert Settings.from_env({"POIMEN_HTTP_COST": "char=0.002, base=0.5"}).http_cost == Cost(
@@ -272,6 +277,26 @@ def test_the_cost_of_a_request_is_what_it_declares() -> None:
     for bad in ("chars=1", "char", "char=-1", "char=inf"):
         with pytest.raises(ConfigError, match="POIMEN_HTTP_COST"):
             Settings.from_env({"POIMEN_HTTP_COST": bad})
+
+
+def test_a_client_is_its_key_however_the_header_spells_it() -> None:
+    """Admission counted the header's raw bytes: every spelling auth accepts of one key
+    (the scheme's case, extra spaces) was a client of its own, and in anonymous mode any
+    junk token was one more client (a helper's attack)."""
+
+    def who(auth: bytes | None, anonymous: bool | None = False, peer: str = "10.0.0.1") -> str:
+        headers = [] if auth is None else [(b"authorization", auth)]
+        return client_of({"headers": headers, "client": (peer, 5000)}, anonymous)
+
+    key = who(b"Bearer pmk_abc")
+    assert key.startswith("key:")
+    assert {who(b"bearer pmk_abc"), who(b"BEARER   pmk_abc"), who(b"Bearer pmk_abc  ")} == {key}
+    assert who(b"Bearer pmk_other") != key
+    # no key exists: a token names nobody, the address does
+    assert who(b"Bearer junk1", anonymous=True) == who(b"Bearer junk2", anonymous=True)
+    assert who(b"Bearer junk1", anonymous=True) == who(None) == "addr:10.0.0.1"
+    # a header that is no bearer token: the address
+    assert who(b"Basic dXNlcjpwdw==") == "addr:10.0.0.1"
 
 
 class Gate:

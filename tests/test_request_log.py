@@ -121,7 +121,15 @@ def test_real_server_writes_json_lines(fixture_url: str, tmp_path: Path) -> None
         )
         assert response.status_code == 200
         assert response.headers["x-request-id"] == "live-42"
+        # U+2028 and U+0085 in a path, raw in the log, split the record for readers that
+        # break lines as Unicode does (str.splitlines, JavaScript): a helper's attack
+        odd = httpx.get(
+            f"{url}/y%E2%80%A8%7B%22fake%22:1%7D%C2%85z", headers={"X-Request-ID": "odd-1"}
+        )
+        assert odd.status_code == 404
     logged = [json.loads(x) for x in output.read_text().splitlines() if x.startswith("{")]
     (line,) = [x for x in logged if x["request_id"] == "live-42"]
     assert line["status"] == 200 and line["strategy"] == "Hybrid"
+    (odd_line,) = [x for x in logged if x["request_id"] == "odd-1"]
+    assert odd_line["status"] == 404 and "fake" not in odd_line
     assert "kong" not in output.read_text().lower()

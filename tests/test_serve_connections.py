@@ -80,3 +80,31 @@ def test_sigterm_stops_the_server_gracefully_with_status_0(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=15)
+
+
+def test_forwarded_addresses_are_believed_only_from_the_proxies_named() -> None:
+    """uvicorn believed X-Forwarded-For from 127.0.0.1 by default, and every client of a
+    loopback server is 127.0.0.1: each request could name a new address, a new client of
+    the fair share in anonymous mode (a helper's attack). `serve`'s own config, run."""
+    import asyncio
+    from typing import Any
+
+    from poimen_memory.cli.serve import uvicorn_config
+    from poimen_memory.settings import Settings
+
+    def client_seen(env: dict[str, str]) -> Any:
+        seen: list[Any] = []
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            seen.append(scope["client"])
+
+        config = uvicorn_config(app, Settings.from_env(env), "127.0.0.1", 0, "warning")
+        config.load()
+        scope = {"type": "http", "client": ("127.0.0.1", 40000), "scheme": "http",
+                 "headers": [(b"x-forwarded-for", b"203.0.113.9")]}  # fmt: skip
+        asyncio.run(config.loaded_app(scope, None, None))
+        return seen[0]
+
+    assert tuple(client_seen({})) == ("127.0.0.1", 40000)
+    named = {"POIMEN_HTTP_FORWARDED_ALLOW_IPS": "127.0.0.1"}
+    assert client_seen(named)[0] == "203.0.113.9"  # behind the proxy named, its client

@@ -19,6 +19,7 @@ import urllib.request
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, NoReturn
+from urllib.parse import urlsplit, urlunsplit
 
 from poimen_core.plentry import PlpyLike
 from poimen_core.vocabulary import SQLSTATES
@@ -45,6 +46,17 @@ _CHUNK = 64 << 10
 _ENDPOINT_KEY = "poimen_embedding_endpoint"
 
 
+def shown_url(url: str) -> str:
+    """A URL as messages, /healthz and logs show it: without its user and password and its
+    query string, where a token may travel (an error body once carried both to anyone who
+    could reach /healthz)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc and not parts.query and not parts.fragment:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
 def endpoint_candidates(url: str, route: str) -> list[str]:
     """The endpoints to try for a configured URL, for ``route`` ("embeddings", "rerank"): a
     URL ending in ``/<route>`` as given; ``…/v1`` plus ``/<route>``; for a base URL the
@@ -53,7 +65,7 @@ def endpoint_candidates(url: str, route: str) -> list[str]:
     when it is not http(s)."""
     base = url.strip().rstrip("/")
     if not base.startswith(("http://", "https://")):
-        raise ValueError(f"{route} URL {url!r} must start with http:// or https://")
+        raise ValueError(f"{route} URL {shown_url(url)!r} must start with http:// or https://")
     if base.endswith("/" + route):
         return [base]
     if base.endswith("/v1"):
@@ -105,7 +117,8 @@ def _post(
         endpoint, data=body, method="POST",
         headers={"Content-Type": "application/json", "Accept": "application/json"},
     )  # fmt: skip
-    late = f"embedding server {endpoint} did not answer within {timeout_s:.3g}s"
+    server = f"embedding server {shown_url(endpoint)}"
+    late = f"{server} did not answer within {timeout_s:.3g}s"
     try:
         # urllib's timeout bounds each socket wait (here: by the time left), not the call;
         # the deadline check between chunks stops a server that trickles bytes, so a call
@@ -116,7 +129,7 @@ def _post(
             while chunk := r.read(_CHUNK):
                 size += len(chunk)
                 if size > _MAX_BODY:
-                    _unavailable(plpy, f"embedding server {endpoint} answered over 8 MiB",
+                    _unavailable(plpy, f"{server} answered over 8 MiB",
                                  f"{size} bytes read")  # fmt: skip
                 if time.monotonic() > deadline:
                     _unavailable(plpy, late, "the answer was still arriving at the deadline")
@@ -131,7 +144,7 @@ def _post(
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, TimeoutError):
             _unavailable(plpy, late, repr(reason))
-        _unavailable(plpy, f"embedding server {endpoint} unreachable", repr(reason))
+        _unavailable(plpy, f"{server} unreachable", repr(reason))
 
 
 def decode_embedding(embedding: object) -> list[float]:
@@ -173,7 +186,7 @@ def embed_remote(
     try:
         candidates = endpoint_candidates(url, "embeddings")
     except ValueError as exc:
-        _unavailable(plpy, f"embedding server URL {url} is not usable", str(exc))
+        _unavailable(plpy, f"embedding server URL {shown_url(url)} is not usable", str(exc))
     # After a 404 from the guessed /v1 path the endpoint that answered is kept for this
     # backend, as the service keeps it, so later calls make one request, not two.
     cached = gd.get(_ENDPOINT_KEY)
@@ -186,8 +199,9 @@ def embed_remote(
         if status == 404 and at + 1 < len(candidates):
             continue
         break
+    server = f"embedding server {shown_url(endpoint)}"
     if not 200 <= status < 300:
-        _unavailable(plpy, f"embedding server {endpoint} answered {status}",
+        _unavailable(plpy, f"{server} answered {status}",
                      raw[:200].decode("utf-8", "replace"))  # fmt: skip
     gd[_ENDPOINT_KEY] = (url, endpoint)
     try:
@@ -196,10 +210,10 @@ def embed_remote(
             raise ValueError(f"expected 1 embedding, got {len(items)}")
         vector = decode_embedding(items[0]["embedding"])
     except (ValueError, KeyError, TypeError, IndexError) as exc:
-        _unavailable(plpy, f"embedding server {endpoint} sent a malformed answer", str(exc))
+        _unavailable(plpy, f"{server} sent a malformed answer", str(exc))
     if len(vector) != dim:
         plpy.error(
-            f"embedding server {endpoint} returned {len(vector)} dims, the database stores {dim}",
+            f"{server} returned {len(vector)} dims, the database stores {dim}",
             detail=f"model {model}; memory.embedding_model records {dim} dimensions",
             hint="Configure a server that runs the database's model "
             "(memory.configure_embedding_server), or memory.clear_embedding_server().",
@@ -208,7 +222,7 @@ def embed_remote(
     vector = [_float32(x) for x in vector]
     norm = math.sqrt(math.fsum(x * x for x in vector))
     if not math.isfinite(norm) or norm == 0.0:
-        _unavailable(plpy, f"embedding server {endpoint} sent an unusable vector",
+        _unavailable(plpy, f"{server} sent an unusable vector",
                      f"its norm is {norm}")  # fmt: skip
     # repr of each float32 (widened to a Python float) reads back to the same float32.
     return "[" + ",".join(repr(_float32(x / norm)) for x in vector) + "]"

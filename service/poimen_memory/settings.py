@@ -286,6 +286,13 @@ class Settings(FromEnv):
     pool_timeout_s: float = setting("POIMEN_POOL_TIMEOUT_S", positive, 0.5)
     pool_check_idle_s: float = setting("POIMEN_POOL_CHECK_IDLE_S", at_least(0.0, float), 1.0)
     http_keep_alive_s: int = setting("POIMEN_HTTP_KEEP_ALIVE_S", at_least(1), 5)
+    # The proxies whose X-Forwarded-For / X-Forwarded-Proto `serve` believes (uvicorn's
+    # forwarded_allow_ips); none by default. uvicorn's own default believed 127.0.0.1, and
+    # every client of a loopback server is 127.0.0.1: any of them could name itself a new
+    # address per request, and so a new client of the fair share each time.
+    http_forwarded_allow_ips: tuple[str, ...] = setting(
+        "POIMEN_HTTP_FORWARDED_ALLOW_IPS", name_list, ()
+    )
     # uvicorn's own bound on connections and tasks (beyond it uvicorn answers a bare 503);
     # the service's admission (api/admission.py) refuses first, with Retry-After.
     http_max_concurrency: int = setting("POIMEN_HTTP_MAX_CONCURRENCY", at_least(1), 1024)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from doubles.embedding_server import run_embedding_server
+from poimen_core.openai_embed import shown_url
 from poimen_memory.embedders.base import (
     Embedder,
     EmbeddingUnavailable,
@@ -270,6 +271,31 @@ async def test_injected_clients_are_used_and_left_open() -> None:
 )
 def test_endpoint_accepts_url_with_or_without_suffix(given: str, endpoints: list[str]) -> None:
     assert endpoint_candidates(given, "embeddings") == endpoints
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://h:8080/v1/embeddings", "http://h:8080/v1/embeddings"),
+        ("http://u:p%40ss@h:8080/v1/embeddings", "http://h:8080/v1/embeddings"),
+        ("https://token@h/v1/embeddings?key=k#x", "https://h/v1/embeddings"),
+    ],
+)
+def test_a_url_is_shown_without_its_credentials(url: str, shown: str) -> None:
+    assert shown_url(url) == shown
+
+
+@pytest.mark.anyio
+async def test_an_unreachable_server_is_named_without_its_password() -> None:
+    port = unused_port()
+    embedder = RemoteEmbedder(f"http://u:EmbS3cret@127.0.0.1:{port}/", NOMIC, max_retries=0)
+    try:
+        with pytest.raises(EmbeddingUnavailable) as exc:
+            await embedder.aembed_query("x", timeout=2)
+    finally:
+        await embedder.aclose()
+    said = str(exc.value)
+    assert "EmbS3cret" not in said and f"127.0.0.1:{port}/v1/embeddings" in said, said
 
 
 def test_from_env_settings() -> None:

@@ -60,6 +60,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from poimen_core.vocabulary import QUERY_MAX_CHARS
 from poimen_memory.api.asgi import HttpMiddleware
+from poimen_memory.api.credentials import bearer_token
 from poimen_memory.errors import Busy, OverShare, PoimenError
 
 __all__ = ["ARRIVED", "Admission", "Cost", "arrived", "client_of", "parse_cost"]
@@ -75,12 +76,19 @@ def arrived(scope: Scope) -> float | None:
     return value if isinstance(value, float) else None
 
 
-def client_of(scope: Scope) -> str:
-    """Whose share a request counts against: its bearer token's hash (the key is never kept),
-    else the address it came from. A wrong key is a client of its own until auth refuses it."""
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            return "key:" + hashlib.sha256(value).hexdigest()[:32]
+def client_of(scope: Scope, anonymous: bool | None = None) -> str:
+    """Whose share a request counts against: its key's hash (the key is never kept), read
+    as auth reads it (auth.bearer_token: the header's raw bytes made every spelling of one
+    key a client of its own), else the address it came from. In anonymous mode (no key
+    exists) a token means nothing, so it names no client: one per junk token let one
+    caller pose as many. A wrong key is a client of its own until auth refuses it."""
+    if not anonymous:
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                token = bearer_token(value.decode("latin-1"))
+                if token is not None:
+                    return "key:" + hashlib.sha256(token.encode("latin-1")).hexdigest()[:32]
+                break  # the first Authorization header, as auth reads it
     peer = scope.get("client")
     return f"addr:{peer[0]}" if peer else "addr:?"
 
@@ -108,7 +116,8 @@ class Cost:
         query string and headers: a wrong or missing value costs nothing extra (the
         contract refuses it later)."""
         units = self.base
-        if scope.get("method") == "GET":
+        # HEAD too: Starlette answers it on every GET route, running the whole query
+        if scope.get("method") in ("GET", "HEAD"):
             for name, value in parse_qsl(scope.get("query_string", b"").decode("latin-1")):
                 if name == "query":
                     units += self.char * len(value)
@@ -120,9 +129,11 @@ class Cost:
             # A write's texts are embedded by the ingest workers, which POIMEN_INGEST_WORKERS
             # and _QUEUE bound on their own: a body is charged at most as the longest query
             # text, so a bulk write beside readers is not refused for its size alone.
-            for name, value in scope.get("headers", ()):
-                if name == b"content-length" and value.isdigit():
-                    units += self.char * min(int(value), QUERY_MAX_CHARS)
+            declared = [v for n, v in scope.get("headers", ()) if n == b"content-length"]
+            # A body without a length (chunked) is charged as the longest: it would
+            # otherwise cost base alone, whatever it holds.
+            length = int(declared[0]) if declared and declared[0].isdigit() else QUERY_MAX_CHARS
+            units += self.char * min(length, QUERY_MAX_CHARS)
         return units
 
 
@@ -208,7 +219,9 @@ class Admission(HttpMiddleware):
         if not str(scope.get("path", "")).startswith(_WORK):
             await self.app(scope, receive, send)
             return
-        client = client_of(scope)
+        # The app's key ring (api/auth.py): whether any key exists, as last read.
+        keys = getattr(getattr(scope.get("app"), "state", None), "keys", None)
+        client = client_of(scope, getattr(keys, "anonymous", None))
         cost = self.cost.of(scope)
         over = self._over_share(client) or self._over_fair(client, cost)
         if over is not None:

@@ -85,8 +85,10 @@ def host_allowed(host: str, allowed: Sequence[str]) -> bool:
         name = name.lower()
         if host == name:
             return True
+        port = host[len(name) - 1 :]
+        # a port of ASCII digits: isdigit() alone takes "²" and other scripts' digits
         if name.endswith(":*") and (
-            host == name[:-2] or (host.startswith(name[:-1]) and host[len(name) - 1 :].isdigit())
+            host == name[:-2] or (host.startswith(name[:-1]) and port.isascii() and port.isdigit())
         ):
             return True
     return False

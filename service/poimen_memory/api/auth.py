@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from poimen_memory.api.credentials import bearer_token
 from poimen_memory.db import tenant
 from poimen_memory.db.connect import Lender
 from poimen_memory.db.queries import q
@@ -78,6 +79,11 @@ class KeyRing:
                 self._at = time.monotonic()
             return self._keys
 
+    @property
+    def anonymous(self) -> bool | None:
+        """Whether no key exists, as last read (None: not read yet)."""
+        return None if self._at < 0 else not self._keys
+
     async def grant(self, headers: Mapping[str, str]) -> Grant | None:
         """None when no key was ever made (anonymous mode); otherwise the caller's grant,
         from the request's headers (an HTTP request's, or the MCP transport's). Revoking
@@ -86,10 +92,10 @@ class KeyRing:
         if not keys:
             tenant.assert_for_request(tenant.ALL_PROJECTS)
             return None
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = bearer_token(headers.get("authorization", ""))
+        if token is None:
             raise Unauthorized("an API key is required", hint="send Authorization: Bearer <key>")
-        digest = key_hash(token.strip())
+        digest = key_hash(token)
         for stored, grant in keys.items():
             if hmac.compare_digest(stored, digest) and grant is not None:
                 # Postgres enforces the key's projects too (RLS, sql/085_tenants.sql).

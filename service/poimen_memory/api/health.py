@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from poimen_core.openai_embed import shown_url
 from poimen_memory.db import tenant
 from poimen_memory.db.queries import q
 from poimen_memory.errors import UpstreamUnavailable, from_sqlstate
@@ -83,7 +84,7 @@ async def _reranker(svc: Services) -> dict[str, Any]:
     if svc.reranker is None:
         return {"ok": None, "status": "not_configured"}
     probe = svc.reranker.arerank("health check", ["health check"], timeout=PROBE_TIMEOUT_S)
-    return await _call({"endpoint": svc.reranker.endpoint}, probe)
+    return await _call({"endpoint": shown_url(svc.reranker.endpoint)}, probe)
 
 
 async def _opensearch(svc: Services) -> dict[str, Any]:

@@ -119,4 +119,6 @@ class RequestLogMiddleware(HttpMiddleware):
                     line["query"] = query[0]
             line.update(fields)
             level = logging.ERROR if status >= 500 else logging.INFO
-            log.log(level, json.dumps(line, default=str, ensure_ascii=False))
+            # ASCII: a path's U+2028 or U+0085, written raw, is a line break to readers
+            # that split on Unicode's (str.splitlines, JavaScript), and broke the record
+            log.log(level, json.dumps(line, default=str))

@@ -10,14 +10,11 @@ from typing import Any
 
 from poimen_memory.cli.common import load_settings, service_settings, started_url
 from poimen_memory.db.connect import connect
-from poimen_memory.settings import LOOPBACK_HOSTS
+from poimen_memory.settings import LOOPBACK_HOSTS, Settings
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from poimen_memory.api.app import create_app
-    from poimen_memory.api.http_protocol import FirstRequestDeadline
 
     s = load_settings()
     # Start the embedded cluster (when no URL is configured) before serving.
@@ -46,11 +43,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     # The superuser only migrates; the service runs as its own role, under row-level security.
     app = create_app(service_settings(s))
-    config = uvicorn.Config(
+    config = uvicorn_config(app, s, args.host, args.port, args.log_level)
+    _graceful_server(config).run()
+    return 0
+
+
+def uvicorn_config(app: Any, s: Settings, host: str, port: int, log_level: str) -> Any:
+    """uvicorn's Config for ``app`` as `serve` runs it."""
+    import uvicorn
+
+    from poimen_memory.api.http_protocol import FirstRequestDeadline
+
+    return uvicorn.Config(
         app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
+        host=host,
+        port=port,
+        log_level=log_level,
         # The JSON request log replaces the access log, which would print query text.
         access_log=False,
         # Also the time a new connection has to send its first request (http_protocol.py).
@@ -58,9 +66,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         timeout_keep_alive=s.http_keep_alive_s,
         limit_concurrency=s.http_max_concurrency,
         h11_max_incomplete_event_size=s.http_max_header_bytes,
+        # A client's address is the connection's unless a proxy it names forwards it.
+        proxy_headers=bool(s.http_forwarded_allow_ips),
+        forwarded_allow_ips=list(s.http_forwarded_allow_ips) or None,
     )
-    _graceful_server(config).run()
-    return 0
 
 
 def _graceful_server(config: Any) -> Any:

@@ -29,6 +29,7 @@ from poimen_core.openai_embed import (
     ModelPrefixes,
     decode_embedding,
     prefixes_for_model,
+    shown_url,
 )
 from poimen_memory.embedders.base import (
     WRITE_DEADLINE,
@@ -241,11 +242,11 @@ class RemoteEmbedder:
         """No HTTP answer at all: a timeout, or a refused/reset/unresolvable connection."""
         if isinstance(exc, TimeoutError | httpx.TimeoutException):
             return EmbeddingUnavailable(
-                f"embedding server {self.endpoint} did not answer within {timeout:.3g}s",
+                f"embedding server {shown_url(self.endpoint)} did not answer within {timeout:.3g}s",
                 reason="timeout",
             )
         return EmbeddingUnavailable(
-            f"embedding server {self.endpoint} unreachable: {exc!r}", reason="transport"
+            f"embedding server {shown_url(self.endpoint)} unreachable: {exc!r}", reason="transport"
         )
 
     def _post_with_retries(self, inputs: list[str]) -> Vectors:
@@ -258,7 +259,7 @@ class RemoteEmbedder:
                 timeout = min(timeout, deadline - time.monotonic())
                 if timeout <= 0:
                     raise EmbeddingUnavailable(
-                        f"embedding server {self.endpoint}: the write's time "
+                        f"embedding server {shown_url(self.endpoint)}: the write's time "
                         "(POIMEN_INGEST_TIMEOUT_S) ran out",
                         reason="timeout",
                     )

@@ -13,6 +13,7 @@ from typing import TypeVar
 import httpx
 
 from poimen_core.openai_embed import endpoint_candidates as core_endpoint_candidates
+from poimen_core.openai_embed import shown_url
 from poimen_memory.errors import ConfigError, UpstreamUnavailable
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,9 @@ def fallback_endpoint(
     at = candidates.index(current)
     if response.status_code != 404 or at + 1 >= len(candidates):
         return None
-    log.info("%s: %s answered 404, using %s", what, current, candidates[at + 1])
+    log.info(
+        "%s: %s answered 404, using %s", what, shown_url(current), shown_url(candidates[at + 1])
+    )
     return candidates[at + 1]
 
 
@@ -45,7 +48,8 @@ def raise_for_status(error: type[E], what: str, endpoint: str, response: httpx.R
     """An HTTP error status as the upstream's typed error, naming the URL it came from."""
     if response.status_code >= 400:
         raise error(
-            f"{what} {endpoint} answered {response.status_code}: {response.text[:200]!r}",
+            f"{what} {shown_url(endpoint)} answered {response.status_code}: "
+            f"{response.text[:200]!r}",
             reason="http_status",
             status=response.status_code,
         )

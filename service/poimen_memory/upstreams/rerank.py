@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import httpx
 
+from poimen_core.openai_embed import shown_url
 from poimen_memory.errors import ConfigError, RerankUnavailable
 from poimen_memory.settings import RerankSettings
 from poimen_memory.upstreams.clients import (
@@ -198,11 +199,12 @@ class RerankClient:
                     )
         except (TimeoutError, httpx.TimeoutException):
             raise RerankUnavailable(
-                f"reranker {self.endpoint} did not answer within {limit:.3g}s", reason="timeout"
+                f"reranker {shown_url(self.endpoint)} did not answer within {limit:.3g}s",
+                reason="timeout",
             ) from None
         except httpx.HTTPError as exc:
             raise RerankUnavailable(
-                f"reranker {self.endpoint} unreachable: {exc!r}", reason="transport"
+                f"reranker {shown_url(self.endpoint)} unreachable: {exc!r}", reason="transport"
             ) from exc
         raise_for_status(RerankUnavailable, "reranker", self.endpoint, response)
         try:
