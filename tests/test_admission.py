@@ -264,11 +264,12 @@ def test_the_cost_of_a_request_is_what_it_declares() -> None:
     assert of(query="x", limit="\u0661\u0660\u0660") == of(query="x", limit="lots") == of(query="x")
     # HEAD runs the GET route whole: charged as the GET (it was base alone).
     assert of("HEAD", **DEAR) == dear
-    # A body (a write, an MCP call) is charged by its length, as text; one that declares
-    # none (chunked) as the longest, not as base alone.
+    # A body (a write, an MCP call) is charged by its length, as text; a chunked one, which
+    # declares none, as the longest, not as base alone; none at all (a DELETE), base.
     empty = of("POST", [(b"content-length", b"0")])
-    assert of("POST", [(b"content-length", b"2000")]) > empty == cost.base
-    assert of("POST") == of("POST", [(b"content-length", b"9000000")]) > empty
+    assert of("POST", [(b"content-length", b"2000")]) > empty == of("DELETE") == cost.base
+    chunked = of("POST", [(b"transfer-encoding", b"chunked")])
+    assert chunked == of("POST", [(b"content-length", b"9000000")]) > empty
     # ... at most as the longest query text: a bulk write is bounded by the ingest queue.
     assert of("POST", [(b"content-length", b"9000000")]) <= of(query="x" * 2000)
     assert Settings.from_env({"POIMEN_HTTP_COST": "char=0.002, base=0.5"}).http_cost == Cost(

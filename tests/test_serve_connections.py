@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from conftest import free_port
 from poimen_lab.live_server import live_server
@@ -108,3 +109,9 @@ def test_forwarded_addresses_are_believed_only_from_the_proxies_named() -> None:
     assert tuple(client_seen({})) == ("127.0.0.1", 40000)
     named = {"POIMEN_HTTP_FORWARDED_ALLOW_IPS": "127.0.0.1"}
     assert client_seen(named)[0] == "203.0.113.9"  # behind the proxy named, its client
+    # a typo is refused: uvicorn would take it as a name no client matches
+    from poimen_memory.errors import ConfigError
+
+    for typo in ("not-an-ip", "10.0.0.1/33", "*,127.0.0.1"):
+        with pytest.raises(ConfigError, match="POIMEN_HTTP_FORWARDED_ALLOW_IPS"):
+            Settings.from_env({"POIMEN_HTTP_FORWARDED_ALLOW_IPS": typo})

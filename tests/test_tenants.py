@@ -214,6 +214,20 @@ def test_a_writer_is_recorded_as_who_it_is(conn: Conn) -> None:
     conn.execute("SELECT memory.forget('poimen', ARRAY['plain:1'], erase => true)")
     with pytest.raises(psycopg.errors.InsufficientPrivilege):  # nor cleared
         conn.execute("UPDATE memory.nodes SET ended_by = NULL WHERE id = %s", own)
+    # a version ended by hand, naming nobody: this session ended it
+    conn.execute(
+        "UPDATE memory.nodes SET expired_at = now(), end_reason = 'retired' WHERE id = %s", named
+    )
+    conn.execute("RESET ROLE")
+    # who ended a version is not rewritten, even to the writer's own name
+    make_role(conn, "tenant_other", "writer")
+    conn.execute("SELECT memory.grant_project('tenant_other', 'poimen', write => true)")
+    conn.execute("SET ROLE tenant_other")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege) as exc:
+        conn.execute("UPDATE memory.nodes SET ended_by = 'role:tenant_other' WHERE id = %s", own)
+    assert exc.value.diag.message_detail == (
+        "ended_by was set to 'role:tenant_other' (it was 'role:tenant_scribe')"
+    )
     conn.execute("RESET ROLE")
     rows = conn.execute(
         "SELECT external_id, written_by, ended_by FROM memory.nodes"
@@ -221,7 +235,7 @@ def test_a_writer_is_recorded_as_who_it_is(conn: Conn) -> None:
         ([own[0], named[0]],),
     ).fetchall()
     assert rows == [("plain:1", "role:tenant_scribe", "role:tenant_scribe"),
-                    ("plain:2", "role:tenant_scribe", None)]  # fmt: skip
+                    ("plain:2", "role:tenant_scribe", "role:tenant_scribe")]  # fmt: skip
     # the owner writes history as it was (pg_restore runs as the owner)
     kept = conn.execute(
         insert.format(", written_by", ", 'api_key:1'"), (b"f4", pid, "restored:1")

@@ -8,6 +8,7 @@ is not here: it lives in the database (``memory.policy()``), so SQL and HTTP sha
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -168,6 +169,17 @@ def name_list(raw: str) -> tuple[str, ...]:
     return names
 
 
+def network_list(raw: str) -> tuple[str, ...]:
+    """Addresses or networks (``10.0.0.0/8``), comma-separated, or ``*`` alone: a typo is
+    refused, where uvicorn would take it as a name that never matches (and every client
+    behind the proxy would be the proxy)."""
+    names = name_list(raw)
+    if names != ("*",):
+        for name in names:
+            ipaddress.ip_network(name, strict=False)  # ValueError names it
+    return names
+
+
 def origin_list(raw: str) -> tuple[str, ...]:
     names = name_list(raw)
     if names == ("*",):
@@ -291,7 +303,7 @@ class Settings(FromEnv):
     # every client of a loopback server is 127.0.0.1: any of them could name itself a new
     # address per request, and so a new client of the fair share each time.
     http_forwarded_allow_ips: tuple[str, ...] = setting(
-        "POIMEN_HTTP_FORWARDED_ALLOW_IPS", name_list, ()
+        "POIMEN_HTTP_FORWARDED_ALLOW_IPS", network_list, ()
     )
     # uvicorn's own bound on connections and tasks (beyond it uvicorn answers a bare 503);
     # the service's admission (api/admission.py) refuses first, with Retry-After.

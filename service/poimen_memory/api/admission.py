@@ -129,11 +129,14 @@ class Cost:
             # A write's texts are embedded by the ingest workers, which POIMEN_INGEST_WORKERS
             # and _QUEUE bound on their own: a body is charged at most as the longest query
             # text, so a bulk write beside readers is not refused for its size alone.
-            declared = [v for n, v in scope.get("headers", ()) if n == b"content-length"]
-            # A body without a length (chunked) is charged as the longest: it would
-            # otherwise cost base alone, whatever it holds.
-            length = int(declared[0]) if declared and declared[0].isdigit() else QUERY_MAX_CHARS
-            units += self.char * min(length, QUERY_MAX_CHARS)
+            headers = dict(scope.get("headers", ()))
+            declared = headers.get(b"content-length", b"")
+            if declared.isdigit():
+                units += self.char * min(int(declared), QUERY_MAX_CHARS)
+            elif b"transfer-encoding" in headers:
+                # A chunked body declares no length: charged as the longest, not as base
+                # alone whatever it holds. (No length and no chunks: no body, base.)
+                units += self.char * QUERY_MAX_CHARS
         return units
 
 
@@ -221,7 +224,7 @@ class Admission(HttpMiddleware):
             return
         # The app's key ring (api/auth.py): whether any key exists, as last read.
         keys = getattr(getattr(scope.get("app"), "state", None), "keys", None)
-        client = client_of(scope, getattr(keys, "anonymous", None))
+        client = client_of(scope, None if keys is None else keys.anonymous)
         cost = self.cost.of(scope)
         over = self._over_share(client) or self._over_fair(client, cost)
         if over is not None:

@@ -53,16 +53,18 @@ COMMENT ON FUNCTION memory._writer() IS
 -- Who wrote or ended a version is the database's record, not the writer's say: a writer may
 -- INSERT and UPDATE memory.nodes directly (the column grants, sql/900_grants.sql), and once
 -- could set written_by or ended_by to an API key's id, so memory.history named another
--- writer. The triggers fire only when the value is not memory._writer()'s (the writer and
--- forget always set that, so they never fire there). The table's owner writes history as it
--- was (a restore, a migration); anyone else leaving written_by NULL is recorded as who they
--- are, and any other value is refused.
+-- writer, or end a version (expired_at) naming nobody. The triggers fire only when the value
+-- is not memory._writer()'s (the writer and forget always set that, so they never fire
+-- there), or when who ended a version would change. The table's owner writes history as it
+-- was (a restore, a migration); anyone else leaving written_by (or, ending a version,
+-- ended_by) NULL is recorded as who they are, and any other value is refused.
 CREATE OR REPLACE FUNCTION memory._writer_recorded()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    who text := memory._writer();
     col text := CASE TG_OP WHEN 'INSERT' THEN 'written_by' ELSE 'ended_by' END;
     given text := CASE TG_OP WHEN 'INSERT' THEN NEW.written_by ELSE NEW.ended_by END;
 BEGIN
@@ -71,12 +73,23 @@ BEGIN
         RETURN NEW;
     END IF;
     IF TG_OP = 'INSERT' AND given IS NULL THEN
-        NEW.written_by := memory._writer();
+        NEW.written_by := who;
         RETURN NEW;
     END IF;
-    RAISE EXCEPTION '% is recorded by the database: this session writes as %', col, memory._writer()
+    -- A version ended here (expired_at set) without saying by whom: this session ended it.
+    IF TG_OP = 'UPDATE' AND OLD.expired_at IS NULL AND NEW.expired_at IS NOT NULL
+       AND OLD.ended_by IS NULL AND given IS NULL THEN
+        NEW.ended_by := who;
+        RETURN NEW;
+    END IF;
+    -- Anything else: naming another writer, or rewriting who ended a version.
+    RAISE EXCEPTION '% is recorded by the database: this session writes as %', col, who
         USING ERRCODE = '42501',
-              DETAIL = pg_catalog.format('%s was set to %s', col, coalesce(pg_catalog.quote_literal(given), 'NULL')),
+              DETAIL = pg_catalog.format('%s was set to %s%s', col,
+                                         coalesce(pg_catalog.quote_literal(given), 'NULL'),
+                                         CASE WHEN TG_OP = 'UPDATE' AND OLD.ended_by IS NOT NULL
+                                              THEN pg_catalog.format(' (it was %s)', pg_catalog.quote_literal(OLD.ended_by))
+                                              ELSE '' END),
               HINT = 'Leave it out (or set it to memory._writer()); memory.add_nodes and memory.forget record it.';
 END $$;
 COMMENT ON FUNCTION memory._writer_recorded() IS
@@ -88,8 +101,8 @@ SELECT memory._ensure_trigger('memory.nodes', 'nodes_written_by',
 FROM pg_catalog.pg_attribute a  -- from migration 0012 on
 WHERE a.attrelid = 'memory.nodes'::regclass AND a.attname = 'ended_by' AND NOT a.attisdropped;
 SELECT memory._ensure_trigger('memory.nodes', 'nodes_ended_by',
-    'CREATE TRIGGER nodes_ended_by BEFORE UPDATE OF ended_by ON memory.nodes
-     FOR EACH ROW WHEN (((new.ended_by IS DISTINCT FROM old.ended_by) AND (new.ended_by IS DISTINCT FROM memory._writer()))) EXECUTE FUNCTION memory._writer_recorded()')
+    'CREATE TRIGGER nodes_ended_by BEFORE UPDATE OF expired_at, ended_by ON memory.nodes
+     FOR EACH ROW WHEN ((((new.ended_by IS DISTINCT FROM old.ended_by) AND ((old.ended_by IS NOT NULL) OR (new.ended_by IS DISTINCT FROM memory._writer()))) OR ((old.expired_at IS NULL) AND (new.expired_at IS NOT NULL) AND (new.ended_by IS DISTINCT FROM memory._writer())))) EXECUTE FUNCTION memory._writer_recorded()')
 FROM pg_catalog.pg_attribute a  -- from migration 0012 on
 WHERE a.attrelid = 'memory.nodes'::regclass AND a.attname = 'ended_by' AND NOT a.attisdropped;
 
