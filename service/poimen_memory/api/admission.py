@@ -78,7 +78,7 @@ def arrived(scope: Scope) -> float | None:
 
 def client_of(scope: Scope, anonymous: bool | None = None) -> str:
     """Whose share a request counts against: its key's hash (the key is never kept), read
-    as auth reads it (auth.bearer_token: the header's raw bytes made every spelling of one
+    as auth reads it (credentials.bearer_token: the raw bytes made every spelling of one
     key a client of its own), else the address it came from. In anonymous mode (no key
     exists) a token means nothing, so it names no client: one per junk token let one
     caller pose as many. A wrong key is a client of its own until auth refuses it."""
