@@ -154,6 +154,30 @@ def test_doctor_reports_on_the_embedded_cluster(cli_env: dict[str, str]) -> None
     assert caps["plpython_module"]["detail"].startswith(f"imported from the directory {plpython}/")
 
 
+def test_a_product_command_loads_no_other_packages_commands() -> None:
+    """A command of the product's own parses without importing the lab's commands (their
+    modules import numpy, httpx and the retrieval stack); any other command line, `--help`
+    and the lab's commands, loads them."""
+    probe = (
+        "import sys\n"
+        "from poimen_memory.cli.main import build_parser\n"
+        "line = sys.argv[1:]\n"
+        "names = build_parser(line)._subparsers._group_actions[0].choices\n"
+        "print('bench-peers' in names, any(m.startswith('poimen_lab') for m in sys.modules))\n"
+    )
+    for line, expected in (
+        (["keys", "list"], "False False"),
+        (["migrate", "--check"], "False False"),
+        (["--help"], "True True"),
+        (["bench-peers", "--queries", "3"], "True True"),
+        ([], "True True"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-c", probe, *line], capture_output=True, text=True, check=True
+        ).stdout
+        assert out.split("\n")[0] == expected, (line, out)
+
+
 def test_errors_are_clear(cli_env: dict[str, str]) -> None:
     ready(cli_env)
     missing = run(cli_env, "ingest", "/nonexistent.jsonl", ok=False)

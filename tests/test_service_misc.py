@@ -543,6 +543,26 @@ def test_a_request_for_another_host_is_refused(
             assert "421" in operation["responses"], (path, method)
 
 
+def test_every_response_says_what_it_is_and_may_not_be_framed(client: TestClient) -> None:
+    """Every response forbids type sniffing and framing: answers, errors (a route's, a
+    middleware's) and the explorer's files, which keep the page's own policy."""
+    from poimen_memory.api.ui import CSP
+
+    api = "default-src 'none'; frame-ancestors 'none'"
+    for r, policy in (
+        (client.get("/memory/query", params={"query": KONG}), api),
+        (client.get("/memory/query"), api),  # 400 from the route
+        (client.get("/nope"), api),
+        (client.get("/healthz", headers={"Host": "evil.example"}), api),  # 421, a middleware's
+        (client.get("/openapi.json"), api),
+        (client.get("/ui"), CSP),
+        (client.get("/ui/static/explorer.js"), CSP),
+        (client.get("/ui/static/explorer.css"), CSP),
+    ):
+        assert r.headers["x-content-type-options"] == "nosniff", r.url
+        assert r.headers.get_list("content-security-policy") == [policy], r.url
+
+
 NODE = {"id": "cross-site", "level": "L1", "project": "poimen", "text": "planted"}
 
 

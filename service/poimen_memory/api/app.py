@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from poimen_memory.api import metrics, nodes, review, ui
 from poimen_memory.api.admission import Admission, arrived
-from poimen_memory.api.asgi import HostCheck, LastResort
+from poimen_memory.api.asgi import HostCheck, LastResort, SecurityHeaders
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.body import read_body
 from poimen_memory.api.health import HealthCache
@@ -369,6 +369,7 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
         middleware=[
             Middleware(RequestLogMiddleware, log_query_text=cfg.log_query_text),
             Middleware(metrics.MetricsMiddleware),
+            Middleware(SecurityHeaders),
             # Inside the log and the metrics, so they record the status it answers.
             Middleware(LastResort),
             # A request for another Host (DNS rebinding) is refused before it queues.

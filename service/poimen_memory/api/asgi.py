@@ -75,6 +75,29 @@ class LastResort(HttpMiddleware):
             await _json(send, 500, {"error": "internal_error", "detail": type(exc).__name__})
 
 
+# Every response: a browser must not guess another type than the one declared (a JSON
+# answer echoing stored text read as HTML), nor frame or run anything in what is not a
+# page. The explorer's page and files set their own, narrower policy (api/ui.py).
+SECURITY_HEADERS = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"content-security-policy", b"default-src 'none'; frame-ancestors 'none'"),
+)
+
+
+class SecurityHeaders(HttpMiddleware):
+    """Adds ``SECURITY_HEADERS`` to every response that does not set them itself, errors
+    from the middlewares inside it included."""
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        def add(message: Message) -> None:
+            headers = list(message.get("headers", []))
+            present = {bytes(name).lower() for name, _ in headers}
+            headers += [(name, value) for name, value in SECURITY_HEADERS if name not in present]
+            message["headers"] = headers
+
+        await self.app(scope, receive, StatusRecorder(send, add))
+
+
 def host_allowed(host: str, allowed: Sequence[str]) -> bool:
     """Whether a request's Host is one of ``allowed`` (POIMEN_HTTP_ALLOWED_HOSTS): a name
     as given, ``name:*`` that name on any port (or none), ``*`` alone any Host at all."""

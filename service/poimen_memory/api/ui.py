@@ -9,6 +9,7 @@ browser. The page reads its query from its own URL (``/ui?query=...&project=...`
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
@@ -36,7 +37,16 @@ async def explorer(request: Request) -> Response:
     return FileResponse(STATIC / "explorer.html", media_type="text/html", headers=HEADERS)
 
 
+class _Static(StaticFiles):
+    """The page's files, with the page's headers (the page's policy, not the JSON routes')."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers.update(HEADERS)
+        return response
+
+
 routes = [
     Route("/ui", explorer, methods=["GET"], include_in_schema=False),
-    Mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static"),
+    Mount("/ui/static", _Static(directory=STATIC), name="ui-static"),
 ]
