@@ -209,7 +209,9 @@ AS $$
 DECLARE
     floor double precision := CASE WHEN (plan -> 'floor' ->> 'applied')::boolean AND query_embedding IS NOT NULL
                                    THEN (plan -> 'floor' ->> 'min_cosine')::double precision END;
-    terms text[] := ARRAY(SELECT jsonb_array_elements_text(coalesce(plan -> 'floor' -> 'terms', '[]')));
+    -- distinct (ts_delete takes a lexeme out once), no NULL (ts_delete refuses one)
+    terms text[] := ARRAY(SELECT DISTINCT t FROM jsonb_array_elements_text(coalesce(plan -> 'floor' -> 'terms', '[]')) t
+                          WHERE t IS NOT NULL);
     need integer := (plan -> 'floor' ->> 'keep_with_terms')::integer;
     recent boolean := coalesce((plan -> 'recency' ->> 'applied')::boolean, false);
     boost jsonb := coalesce(plan -> 'grammar' -> 'boost', '[]');
@@ -240,18 +242,22 @@ BEGIN
                    -- keep_with_terms of the query's terms (memory._plan) or a phrase the
                    -- caller quoted (a node without a vector cannot be judged: kept).
                    f.below AND f.hits = 0
+                     -- (how many terms it holds: the lexemes ts_delete takes out of it, a
+                     -- binary search each, 6x cheaper than intersecting its whole array)
                      AND NOT coalesce(need IS NOT NULL
-                                      AND cardinality(ARRAY(SELECT unnest(terms)
-                                                            INTERSECT SELECT unnest(tsvector_to_array(f.tsv))))
-                                          >= need, false) AS low
+                                      AND length(f.tsv) - length(ts_delete(f.tsv, terms)) >= need,
+                                      false) AS low
             FROM (SELECT CASE WHEN recent THEN x.v || jsonb_build_object('fused_score', s.s) ELSE x.v END AS v,
                          x.o, n.tsv,
                          CASE WHEN recent THEN s.s END AS s,
                          coalesce(1 - (n.embedding <=> query_embedding) < floor, false) AS below,
                          -- A soft phrase raises what contains it: the candidates holding
                          -- more of them first, in their order (memory.parse_query's boost).
-                         (SELECT count(*) FROM jsonb_array_elements(boost) b(item)
-                          WHERE memory._grammar_has(n.tsv, memory._grammar_doc(n.title, n.breadcrumb, n.text), b.item)) AS hits
+                         -- (none, the usual case, without a subquery per candidate)
+                         CASE WHEN jsonb_array_length(boost) = 0 THEN 0
+                              ELSE (SELECT count(*) FROM jsonb_array_elements(boost) b(item)
+                                    WHERE memory._grammar_has(n.tsv, memory._grammar_doc(n.title, n.breadcrumb, n.text),
+                                                              b.item)) END AS hits
                   FROM ROWS FROM (jsonb_array_elements(candidates), jsonb_to_recordset(candidates) AS (node_id bigint))
                        WITH ORDINALITY AS x(v, node_id, o)
                   LEFT JOIN memory.nodes n ON n.id = x.node_id
