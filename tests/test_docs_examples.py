@@ -426,11 +426,25 @@ def test_http_example(
     _check(ex, outputs, subs)
 
 
+@pytest.fixture(scope="module")
+def shared_server(
+    shared_database: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[httpx.Client]:
+    """One server over the shared copy, for the blocks of URLs (they only read): a start is
+    several seconds of CPU, once per module rather than once per block."""
+    log = tmp_path_factory.mktemp("docs-urls") / "server.log"
+    with (
+        live_server({"POIMEN_DATABASE_URL": shared_database}, log) as base,
+        httpx.Client(base_url=base, timeout=30) as client,
+    ):
+        yield client
+
+
 @pytest.mark.parametrize("ex", _examples("http-urls"))
-def test_http_urls_example(ex: Example, shared_database: str, tmp_path: Path) -> None:
+def test_http_urls_example(ex: Example, shared_server: httpx.Client) -> None:
     urls = [b.strip() for b in ex.body if b.strip()]
-    with live_server({"POIMEN_DATABASE_URL": shared_database}, tmp_path / "server.log") as base:
-        statuses = {u: httpx.get(u.replace(DOC_SERVER, base), timeout=30).status_code for u in urls}
+    base = str(shared_server.base_url).rstrip("/")
+    statuses = {u: shared_server.get(u.replace(DOC_SERVER, base)).status_code for u in urls}
     assert statuses == dict.fromkeys(urls, 200), statuses
 
 
