@@ -253,11 +253,8 @@ BEGIN
                          coalesce(1 - (n.embedding <=> query_embedding) < floor, false) AS below,
                          -- A soft phrase raises what contains it: the candidates holding
                          -- more of them first, in their order (memory.parse_query's boost).
-                         -- (none, the usual case, without a subquery per candidate)
-                         CASE WHEN jsonb_array_length(boost) = 0 THEN 0
-                              ELSE (SELECT count(*) FROM jsonb_array_elements(boost) b(item)
-                                    WHERE memory._grammar_has(n.tsv, memory._grammar_doc(n.title, n.breadcrumb, n.text),
-                                                              b.item)) END AS hits
+                         (SELECT count(*) FROM jsonb_array_elements(boost) b(item)
+                          WHERE memory._grammar_has(n.tsv, memory._grammar_doc(n.title, n.breadcrumb, n.text), b.item)) AS hits
                   FROM ROWS FROM (jsonb_array_elements(candidates), jsonb_to_recordset(candidates) AS (node_id bigint))
                        WITH ORDINALITY AS x(v, node_id, o)
                   LEFT JOIN memory.nodes n ON n.id = x.node_id
