@@ -182,6 +182,44 @@ def test_every_route_refuses_a_parameter_given_twice(
     assert rows == [(ONE,)]
 
 
+BIG = "9" * 5000  # int() refuses to read past 4,300 digits: that was a 500
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "name", "value", "detail"),
+    [
+        ("GET", "/memory/nodes", "limit", "0", "limit must be within 1..100, got 0"),
+        ("GET", "/memory/nodes", "limit", "101", "limit must be within 1..100, got 101"),
+        ("GET", "/memory/nodes", "limit", "-3", "limit must be within 1..100, got -3"),
+        ("GET", "/memory/nodes", "limit", BIG, f"limit must be within 1..100, got {BIG[:40]}..."),
+        ("GET", "/memory/nodes", "limit", "1e2", "limit must be a whole number, got '1e2'"),
+        ("GET", "/memory/query", "limit", BIG, "limit must be a whole number"),
+        ("GET", "/memory/review", "limit", "101", "limit must be within 1..100, got 101"),
+        ("GET", "/memory/review", "after", BIG,
+         f"after must be within 0..{2**62}, got {BIG[:40]}..."),
+        ("POST", "/memory/review/claim", "visibility_timeout", "0",
+         "visibility_timeout must be within 1..86400, got 0"),
+        ("DELETE", "/memory/nodes", "max_nodes", BIG,
+         f"max_nodes must be within 1..{2**31 - 1}, got {BIG[:40]}..."),
+    ],
+)  # fmt: skip
+def test_a_number_out_of_bounds_is_refused_by_name_on_every_route(
+    client: TestClient, method: str, path: str, name: str, value: str, detail: str
+) -> None:
+    """Every route's whole numbers are read one way (api/operations.whole_number): beyond
+    their bounds refused with the bounds, never clamped (GET /memory/nodes clamped its limit
+    while memory.list_nodes refused it), and a number of thousands of digits is a 400."""
+    if method == "POST":  # the claim's numbers come in its JSON body
+        response = client.post(path, json={"project": "poimen", name: int(value)})
+    else:
+        scope = {"project": "poimen", "source": "nothing"} if method == "DELETE" else {}
+        if path == "/memory/query":
+            scope = {"query": KONG}
+        response = client.request(method, path, params={name: value, **scope})
+    got = error(response, 400, "invalid_parameter")["detail"]
+    assert got.startswith(detail) if path == "/memory/query" else got == detail, got
+
+
 @pytest.fixture(scope="module")
 def slow_embeddings() -> Iterator[EmbeddingServer]:
     with run_embedding_server(dim=384) as server:

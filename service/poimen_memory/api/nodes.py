@@ -5,7 +5,6 @@ parses the parameters, checks the key and runs the one statement under the key's
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +14,7 @@ from poimen_core import vocabulary
 from poimen_core.nodes import MAX_ID_CHARS
 from poimen_core.vocabulary import LEVELS
 from poimen_memory.api.auth import KeyRing
+from poimen_memory.api.operations import flag, whole_number
 from poimen_memory.contract.query import parse_filter
 from poimen_memory.db import tenant
 from poimen_memory.db.queries import q
@@ -43,13 +43,6 @@ def _no_nul(params: Mapping[str, str]) -> None:
     for name, value in params.items():
         if "\x00" in value:  # PostgreSQL text cannot hold NUL
             raise ValidationError(f"{name} contains a NUL character")
-
-
-def _flag(params: Mapping[str, str], name: str) -> bool:
-    raw = params.get(name, "false")
-    if raw not in ("true", "false"):
-        raise ValidationError(f"{name} must be true or false, got {raw!r}")
-    return raw == "true"
 
 
 async def _one(state: Services, name: str, args: dict[str, Any]) -> Any:
@@ -90,13 +83,10 @@ async def list_nodes(
     level = params.get("level")
     if level is not None and level not in LEVELS:
         raise ValidationError(f"level must be one of L0, L1, L2, got {level!r}")
-    raw = params.get("limit")
-    # ASCII digits only: int() also reads Arabic-Indic digits, " 5" and "1_0" (issue 43).
-    if raw is not None and not re.fullmatch(r"-?[0-9]+", raw):
-        raise ValidationError(f"limit must be an integer, got {raw!r}")
-    limit = LIST_DEFAULT if raw is None else int(raw)
-    limit = min(max(limit, 1), LIST_MAX)  # clamped, as GET /memory/query's
-    counted, newest = (_flag(params, "count"), _flag(params, "newest_first"))
+    # refused beyond memory.list_nodes' bound, as SQL refuses it (and as GET /memory/query
+    # refuses a limit past its own), where it was clamped
+    limit = whole_number(params, "limit", LIST_DEFAULT, 1, LIST_MAX)
+    counted, newest = (flag(params, "count"), flag(params, "newest_first"))
     flt = parse_filter(params.get("filter"))
     project, projects = await keys.read_scope(headers, project_param(params))
     args: dict[str, Any] = {

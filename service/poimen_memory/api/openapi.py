@@ -779,8 +779,13 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                             "name": "limit",
                             "in": "query",
                             "required": False,
-                            "schema": {"type": "integer", "default": 50},
-                            "description": "Any integer; clamped to [1, 100].",
+                            "schema": {
+                                "type": "integer",
+                                "default": 50,
+                                "minimum": 1,
+                                "maximum": 100,
+                            },
+                            "description": "How many nodes a page holds, 1..100 (400 beyond).",
                         },
                     ],
                     "responses": {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -171,11 +172,28 @@ _HISTORY_COLUMNS = (
 )  # fmt: skip
 
 
-def _flag(params: Mapping[str, str], name: str) -> bool:
+def flag(params: Mapping[str, str], name: str) -> bool:
+    """A query parameter that is true or false (false when absent)."""
     raw = params.get(name, "false")
     if raw not in ("true", "false"):
         raise ValidationError(f"{name} must be true or false, got {raw!r}")
     return raw == "true"
+
+
+def whole_number(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    """A query parameter that is a whole number within lo..hi (default when absent), in the
+    words GET /memory/query's contract uses; refused by name, never clamped. ASCII digits
+    only: int() also reads Arabic-Indic digits, " 5" and "1_0" (issue 43); and no int() of
+    a number longer than any bound (past 4,300 digits int() raises, which was a 500)."""
+    raw = params.get(name)
+    if raw is None:
+        return default
+    if re.fullmatch(r"-?[0-9]+", raw) is None:
+        raise ValidationError(f"{name} must be a whole number, got {raw[:40]!r}")
+    if len(raw.lstrip("-0")) > len(str(max(abs(lo), abs(hi)))) or not lo <= int(raw) <= hi:
+        shown = raw if len(raw) <= 40 else raw[:40] + "..."
+        raise ValidationError(f"{name} must be within {lo}..{hi}, got {shown}")
+    return int(raw)
 
 
 def text_params(params: Mapping[str, str], allowed: set[str]) -> None:
@@ -234,7 +252,7 @@ async def forget_nodes(
         raise ValidationError("name the nodes once: one id, or ids")
     project = await _project(keys, headers, params.get("project"))
     await keys.write_projects(headers, {project})
-    erase = _flag(params, "erase")
+    erase = flag(params, "erase")
     reason = params.get("reason")
     if reason is not None and len(reason) > NOTE_MAX_CHARS:
         # Kept in every version it ends: 9 MB of it made the node's history too large to
@@ -273,13 +291,10 @@ async def forget_nodes(
                 hint="to forget a whole project: since=0001-01-01",
             )
         # The bound: the service's (POIMEN_FORGET_MAX_NODES) unless the request names one.
-        raw = params.get("max_nodes")
-        if raw is not None and not (raw.isascii() and raw.isdigit()):
-            raise ValidationError(f"max_nodes must be a whole number, got {raw!r}")
-        bound = state.settings.forget_max_nodes if raw is None else int(raw)
         # memory.forget's max_nodes is an integer: a larger bound is no bound at all
-        if not 1 <= bound <= MAX_FORGET_BOUND:
-            raise ValidationError(f"max_nodes must be within 1..{MAX_FORGET_BOUND}, got {raw}")
+        bound = whole_number(
+            params, "max_nodes", state.settings.forget_max_nodes, 1, MAX_FORGET_BOUND
+        )
         sql = (
             "SELECT memory.forget(%(p)s, %(ids)s, %(source)s, %(since)s, %(until)s,"
             " %(erase)s, %(reason)s, filter => %(filter)s, level => %(level)s,"
@@ -290,7 +305,7 @@ async def forget_nodes(
             "since": params.get("since"), "until": params.get("until"),
             "erase": erase, "reason": reason,
             "filter": None if flt is None else Jsonb(flt), "level": level,
-            "dry_run": _flag(params, "dry_run"), "max_nodes": bound,
+            "dry_run": flag(params, "dry_run"), "max_nodes": bound,
         }  # fmt: skip
     with wrap_exceptions("forget"):
         rows = await in_thread(state, sql, args)

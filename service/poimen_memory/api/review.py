@@ -12,7 +12,7 @@ from typing import Any
 from poimen_core.vocabulary import NOTE_MAX_CHARS
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.nodes import project_param
-from poimen_memory.api.operations import in_thread, text_params
+from poimen_memory.api.operations import in_thread, text_params, whole_number
 from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.errors import ValidationError
 from poimen_memory.services import Services
@@ -25,15 +25,6 @@ _COLUMNS = (
 )  # fmt: skip
 # A claim's defaults, as memory.review_claim's: one item, hidden from other workers for 300 s.
 CLAIM_DEFAULTS = {"limit": 1, "visibility_timeout": 300}
-
-
-def _int(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
-    raw = params.get(name)
-    if raw is None:
-        return default
-    if not (raw.isascii() and raw.isdigit()) or not lo <= int(raw) <= hi:
-        raise ValidationError(f"{name} must be a whole number within {lo}..{hi}, got {raw!r}")
-    return int(raw)
 
 
 def _items(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
@@ -53,8 +44,8 @@ async def list_items(
     the last item_id of the previous page; ``next_after``: null on the last page)."""
     text_params(params, {"project", "limit", "after"})
     project, _ = await keys.read_scope(headers, project_param(params))
-    limit = _int(params, "limit", 50, 1, 100)
-    after = _int(params, "after", 0, 0, 2**62)
+    limit = whole_number(params, "limit", 50, 1, 100)
+    after = whole_number(params, "after", 0, 0, 2**62)
     with wrap_exceptions("review"):
         rows = await in_thread(
             state,
@@ -77,8 +68,10 @@ async def claim_items(
     text_params(params, {"project", "limit", "visibility_timeout"})
     project = await keys.read_project(headers, project_param(params))
     await keys.write_projects(headers, {project} if project else set())
-    limit = _int(params, "limit", CLAIM_DEFAULTS["limit"], 1, 100)
-    timeout = _int(params, "visibility_timeout", CLAIM_DEFAULTS["visibility_timeout"], 1, 86400)
+    limit = whole_number(params, "limit", CLAIM_DEFAULTS["limit"], 1, 100)
+    timeout = whole_number(
+        params, "visibility_timeout", CLAIM_DEFAULTS["visibility_timeout"], 1, 86400
+    )
     with wrap_exceptions("review"):
         rows = await in_thread(
             state,
