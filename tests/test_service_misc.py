@@ -3,6 +3,7 @@ POST /memory/nodes, GET /healthz and GET /openapi.json, through the real app."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -10,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from starlette.requests import Request
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
@@ -17,10 +19,11 @@ from doubles.embedding_server import EmbeddingServer, run_embedding_server
 from doubles.opensearch_server import run_opensearch_server
 from doubles.rerank_server import run_rerank_server
 from poimen_memory.api.app import create_app
+from poimen_memory.api.body import read_body
 from poimen_memory.api.openapi import openapi_spec
 from poimen_memory.embedders.base import Embedder
 from poimen_memory.embedders.local import LOCAL_MODEL_NAME, LocalEmbedder
-from poimen_memory.errors import ConfigError
+from poimen_memory.errors import ConfigError, PayloadTooLarge
 from poimen_memory.settings import Settings
 from service_client import LoopbackClient
 
@@ -218,6 +221,15 @@ def test_a_number_out_of_bounds_is_refused_by_name_on_every_route(
         response = client.request(method, path, params={name: value, **scope})
     got = error(response, 400, "invalid_parameter")["detail"]
     assert got.startswith(detail) if path == "/memory/query" else got == detail, got
+
+
+def test_a_path_or_length_of_thousands_of_digits_is_refused_not_a_500(client: TestClient) -> None:
+    """A review item id and a declared Content-Length are numbers the service reads too."""
+    r = client.post(f"/memory/review/{BIG}/confirm", json={})
+    assert error(r, 400, "invalid_parameter")["detail"].startswith("a review item id is")
+    scope = {"type": "http", "method": "POST", "headers": [(b"content-length", BIG.encode())]}
+    with pytest.raises(PayloadTooLarge, match="request body is over 10 bytes"):
+        asyncio.run(read_body(Request(scope), 10, 1.0))
 
 
 @pytest.fixture(scope="module")

@@ -91,7 +91,11 @@ async def confirm_item(
     """``POST /memory/review/{item}/confirm``: the node's claim still holds against its
     current parents (memory.review_confirm); ``note`` says why (at most 2000 characters)."""
     text_params(params, {"note"})
-    if not (item_id.isascii() and item_id.isdigit()) or not 0 < int(item_id) < 2**62:
+    if (
+        not (item_id.isascii() and item_id.isdigit())
+        or len(item_id) > 19  # past 2**62, unread (int() raises past 4,300 digits)
+        or not 0 < int(item_id) < 2**62
+    ):
         raise ValidationError(f"a review item id is a positive whole number, got {item_id!r}")
     note = params.get("note")
     if note is not None and len(note) > NOTE_MAX_CHARS:
