@@ -96,7 +96,7 @@ async def confirm_item(
         or len(item_id) > 19  # past 2**62, unread (int() raises past 4,300 digits)
         or not 0 < int(item_id) < 2**62
     ):
-        raise ValidationError(f"a review item id is a positive whole number, got {item_id!r}")
+        raise ValidationError(f"a review item id is a positive whole number, got {item_id[:40]!r}")
     note = params.get("note")
     if note is not None and len(note) > NOTE_MAX_CHARS:
         raise ValidationError(f"note is longer than {NOTE_MAX_CHARS} characters")
