@@ -53,8 +53,14 @@ LANGUAGE plpython3u STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 import sys
-row = plpy.execute("SELECT (SELECT value FROM memory.config WHERE key = 'plpython_path') AS p,"
-                   " (SELECT value FROM memory.config WHERE key = 'plpython_checksum') AS c")[0]
+# Prepared once a backend (a statement planned at every call was most of this function's
+# cost, which every PL/Python call pays); PostgreSQL plans it again if memory.config changes.
+config = GD.get("poimen_config_plan")
+if config is None:
+    config = GD["poimen_config_plan"] = plpy.prepare(
+        "SELECT (SELECT value FROM memory.config WHERE key = 'plpython_path') AS p,"
+        " (SELECT value FROM memory.config WHERE key = 'plpython_checksum') AS c")
+row = plpy.execute(config)[0]
 # Without a directory on this host, the package comes from memory._plpython_modules, which
 # migrate rewrites on every deploy: the checksum names the version a backend has imported.
 where = row["p"] if row["p"] is not None else "database:%s" % (row["c"] or "none")
@@ -117,7 +123,10 @@ SET search_path = pg_catalog, pg_temp
 SET DateStyle = 'ISO, YMD'
 SET TimeZone = 'UTC'
 AS $$
-plpy.execute("SELECT memory.plpython_load()")
+load = GD.get("poimen_load_plan")  # prepared once a backend, as memory.plpython_load's own
+if load is None:
+    load = GD["poimen_load_plan"] = plpy.prepare("SELECT memory.plpython_load() AS p")
+plpy.execute(load)
 plan_for_sql = GD["poimen_entry"](
     "plentry", "plan_for_sql", "optimizer",
     "Run `poimen-memory migrate` (from any host: it writes the module into the database); text-only queries "

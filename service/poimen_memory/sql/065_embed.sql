@@ -61,7 +61,10 @@ RETURNS vector
 LANGUAGE plpython3u STABLE STRICT PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
-code = plpy.execute("SELECT memory.plpython_load() AS p")[0]["p"]
+load = GD.get("poimen_load_plan")  # prepared once a backend, as memory.plpython_load's own
+if load is None:
+    load = GD["poimen_load_plan"] = plpy.prepare("SELECT memory.plpython_load() AS p")
+code = plpy.execute(load)[0]["p"]
 embed_for_sql = GD["poimen_entry"](
     "embedentry", "embed_for_sql", "embedding",
     "Run `poimen-memory migrate` (from any host: it writes the module into the database), or pass query_embedding.")

@@ -520,7 +520,10 @@ LANGUAGE plpython3u VOLATILE PARALLEL UNSAFE
 -- caller's schemas.
 SET search_path = pg_catalog, pg_temp
 AS $$
-plpy.execute("SELECT memory.plpython_load()")
+load = GD.get("poimen_load_plan")  # prepared once a backend, as memory.plpython_load's own
+if load is None:
+    load = GD["poimen_load_plan"] = plpy.prepare("SELECT memory.plpython_load() AS p")
+plpy.execute(load)
 add_nodes_for_sql = GD["poimen_entry"](
     "addnodes", "add_nodes_for_sql", "ingest",
     "Run `poimen-memory migrate` (from any host: it writes the module into the database), or write through the service.")
