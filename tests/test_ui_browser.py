@@ -25,6 +25,7 @@ from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwrig
 
 from poimen_lab.live_server import live_server
 from poimen_memory.db.cluster import Cluster
+from service_client import make_key
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -305,6 +306,62 @@ def test_errors_are_shown_plainly(page: Page, server: str) -> None:
     expect(page.locator("#error-text")).to_contain_text("404 unknown_project")
     expect(page.locator("#error-text")).to_contain_text('unknown project "no-such-project"')
     expect(page.locator("#results > li")).to_have_count(0)
+
+
+@pytest.fixture(scope="module")
+def keyed_server(
+    cluster: Cluster,
+    admin: psycopg.Connection[Any],
+    template_db: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, str]]:
+    """A server whose database has an API key (so every request needs one), and the key."""
+    name = f"ui_keyed_{uuid.uuid4().hex[:12]}"
+    admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    key = make_key(cluster.url(name), ["poimen"])
+    output = tmp_path_factory.mktemp("ui-keyed") / "server.log"
+    try:
+        with live_server({"POIMEN_DATABASE_URL": cluster.url(name)}, output) as url:
+            yield url, key
+    finally:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_an_api_key_is_sent_as_a_header_and_never_put_in_the_url(
+    browser: Browser, keyed_server: tuple[str, str]
+) -> None:
+    """With keys made, the page asks for one: typed into the API key field it goes in the
+    Authorization header of every call (the answer, a node's versions), never into the
+    page's URL, and the tab keeps it over a reload."""
+    server, key = keyed_server
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    sent: list[tuple[str, str | None]] = []
+    page.on("request", lambda r: sent.append((r.url, r.headers.get("authorization"))))
+    try:
+        with page.expect_response(lambda r: "/memory/query?" in r.url) as info:
+            page.goto(ui_url(server, query=QUESTION, project="poimen"))
+        assert info.value.status == 401
+        expect(page.locator("#error-text")).to_contain_text("401")
+        page.fill("#api-key", key)
+        page.dispatch_event("#api-key", "change")
+        with page.expect_response(lambda r: "/memory/query?" in r.url) as info:
+            page.click("button[type=submit]")
+        assert info.value.status == 200, info.value.text()
+        expect(page.locator("#results > li.result").first).to_be_visible()
+        page.locator("details.versions > summary").first.click()
+        expect(page.locator(".version-list li").first).to_be_visible()
+        assert key not in page.url
+        calls = [(u, a) for u, a in sent if "/memory/" in u]
+        assert calls[0][1] is None  # before the key was typed
+        assert all(a == f"Bearer {key}" for _, a in calls[1:]) and len(calls) >= 3, calls
+        assert not [u for u, _ in sent if key in u]
+        with page.expect_response(lambda r: "/memory/query?" in r.url) as info:
+            page.reload()
+        assert info.value.status == 200  # the tab kept the key
+    finally:
+        context.close()
 
 
 def test_readable_on_a_narrow_screen(browser: Browser, server: str) -> None:

@@ -10,6 +10,24 @@
   const $ = (id) => document.getElementById(id);
   const form = $("query-form");
 
+  // The API key (when the service has keys): sent as the Authorization header, never put
+  // in the page's URL; kept in this tab's sessionStorage, so a reload keeps it and closing
+  // the tab forgets it.
+  const KEY_ITEM = "poimen-memory-api-key";
+  const keyInput = $("api-key");
+  keyInput.value = sessionStorage.getItem(KEY_ITEM) || "";
+  keyInput.addEventListener("change", () => {
+    const key = keyInput.value.trim();
+    if (key) sessionStorage.setItem(KEY_ITEM, key);
+    else sessionStorage.removeItem(KEY_ITEM);
+  });
+  function requestHeaders() {
+    const headers = { Accept: "application/json" };
+    const key = keyInput.value.trim();
+    if (key) headers.Authorization = `Bearer ${key}`;
+    return headers;
+  }
+
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
     for (const [key, value] of Object.entries(attrs || {})) {
@@ -160,7 +178,7 @@
       if (!box.open || list.childElementCount) return;
       const url = `/memory/nodes/${encodeURIComponent(r.external_id)}/history?project=${encodeURIComponent(project)}`;
       try {
-        const response = await fetch(url, { headers: { Accept: "application/json" } });
+        const response = await fetch(url, { headers: requestHeaders() });
         const body = await response.json();
         if (!response.ok) {
           list.append(el("li", { class: "muted", text: `${response.status} ${body.error || ""}` }));
@@ -405,7 +423,7 @@
     const started = performance.now();
     try {
       const response = await fetch(`/memory/query?${searchString(p)}`, {
-        headers: { Accept: "application/json" },
+        headers: requestHeaders(),
         signal: controller.signal,
       });
       const roundTrip = performance.now() - started;
