@@ -221,12 +221,21 @@ def test_a_number_out_of_bounds_is_refused_by_name_on_every_route(
         response = client.request(method, path, params={name: value, **scope})
     got = error(response, 400, "invalid_parameter")["detail"]
     assert got.startswith(detail) if path == "/memory/query" else got == detail, got
+    if name == "max_nodes":  # the deployment's default is held to memory.forget's bound too
+        with pytest.raises(ConfigError, match="POIMEN_FORGET_MAX_NODES"):
+            Settings.from_env({"POIMEN_FORGET_MAX_NODES": str(2**31)})
 
 
 def test_a_path_or_length_of_thousands_of_digits_is_refused_not_a_500(client: TestClient) -> None:
     """A review item id and a declared Content-Length are numbers the service reads too."""
     r = client.post(f"/memory/review/{BIG}/confirm", json={})
     assert error(r, 400, "invalid_parameter")["detail"].startswith("a review item id is")
+    # leading zeros are no digits to read: 0...05 is 5, however many zeros
+    padded = "0" * 4301 + "5"
+    r = client.get("/memory/nodes", params={"limit": padded, "project": "poimen"})
+    assert r.status_code == 200 and 0 < len(r.json()["nodes"]) <= 5, r.text
+    r = client.get("/memory/review", params={"after": padded})
+    assert r.status_code == 200, r.text
     scope = {"type": "http", "method": "POST", "headers": [(b"content-length", BIG.encode())]}
     with pytest.raises(PayloadTooLarge, match="request body is over 10 bytes"):
         asyncio.run(read_body(Request(scope), 10, 1.0))

@@ -372,7 +372,8 @@ class Settings(FromEnv):
     # The most nodes one DELETE /memory/nodes (or memory_forget) ends unless the request
     # names its own max_nodes: a filter that matches more than its writer thought is refused
     # whole (422 too_many_nodes) instead of retiring a store (memory.forget's bound).
-    forget_max_nodes: int = setting("POIMEN_FORGET_MAX_NODES", at_least(1), 1000)
+    # (memory.forget's max_nodes is an integer: 2**31 - 1 at most)
+    forget_max_nodes: int = setting("POIMEN_FORGET_MAX_NODES", within(1, 2**31 - 1), 1000)
     max_body_bytes: int = setting("POIMEN_MAX_BODY_BYTES", at_least(1024), 10 * 1024 * 1024)
     # What one answer may weigh as JSON: provenance trees repeat shared ancestors, so a page
     # of them could reach hundreds of MB (their texts are cut at the policy's

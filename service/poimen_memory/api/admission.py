@@ -99,7 +99,8 @@ def _declared(value: str, cap: int) -> int:
     (which was a 500 before the route could refuse the value)."""
     if not (value.isascii() and value.isdigit()):
         return 0
-    return cap if len(value) > len(str(cap)) else min(int(value), cap)
+    digits = value.lstrip("0") or "0"  # as the routes read it: 0005 is 5
+    return cap if len(digits) > len(str(cap)) else min(int(digits), cap)
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,10 @@ async def read_body(
     declared = request.headers.get("content-length", "")
     too_large = PayloadTooLarge(f"request body is over {limit} bytes", hint=hint)
     # (a length longer than the limit's is over it, unread: int() raises past 4,300 digits)
-    digits = declared.isascii() and declared.isdigit()
-    if digits and (len(declared.lstrip("0")) > len(str(limit)) or int(declared) > limit):
-        raise too_large
+    if declared.isascii() and declared.isdigit():
+        digits = declared.lstrip("0") or "0"
+        if len(digits) > len(str(limit)) or int(digits) > limit:
+            raise too_large
     chunks, size = [], 0
     try:
         async with asyncio.timeout(timeout_s):

@@ -188,12 +188,15 @@ def whole_number(params: Mapping[str, str], name: str, default: int, lo: int, hi
     raw = params.get(name)
     if raw is None:
         return default
-    if re.fullmatch(r"-?[0-9]+", raw) is None:
+    number = re.fullmatch(r"(-?)0*([0-9]+)", raw)  # (leading zeros are no digits to read)
+    if number is None:
         raise ValidationError(f"{name} must be a whole number, got {raw[:40]!r}")
-    if len(raw.lstrip("-0")) > len(str(max(abs(lo), abs(hi)))) or not lo <= int(raw) <= hi:
+    sign, digits = number.groups()
+    value = None if len(digits) > len(str(max(abs(lo), abs(hi)))) else int(sign + digits)
+    if value is None or not lo <= value <= hi:
         shown = raw if len(raw) <= 40 else raw[:40] + "..."
         raise ValidationError(f"{name} must be within {lo}..{hi}, got {shown}")
-    return int(raw)
+    return value
 
 
 def text_params(params: Mapping[str, str], allowed: set[str]) -> None:

@@ -91,10 +91,11 @@ async def confirm_item(
     """``POST /memory/review/{item}/confirm``: the node's claim still holds against its
     current parents (memory.review_confirm); ``note`` says why (at most 2000 characters)."""
     text_params(params, {"note"})
+    digits = item_id.lstrip("0") or "0"
     if (
         not (item_id.isascii() and item_id.isdigit())
-        or len(item_id) > 19  # past 2**62, unread (int() raises past 4,300 digits)
-        or not 0 < int(item_id) < 2**62
+        or len(digits) > 19  # past 2**62, unread (int() raises past 4,300 digits)
+        or not 0 < int(digits) < 2**62
     ):
         raise ValidationError(f"a review item id is a positive whole number, got {item_id[:40]!r}")
     note = params.get("note")
@@ -107,7 +108,7 @@ async def confirm_item(
         rows = await in_thread(
             state,
             "SELECT memory.review_confirm(%(id)s, %(note)s)",
-            {"id": int(item_id), "note": note},
+            {"id": int(digits), "note": note},
         )
     out: dict[str, Any] = rows[0][0]
     return out

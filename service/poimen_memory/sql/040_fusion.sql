@@ -209,7 +209,7 @@ AS $$
 DECLARE
     floor double precision := CASE WHEN (plan -> 'floor' ->> 'applied')::boolean AND query_embedding IS NOT NULL
                                    THEN (plan -> 'floor' ->> 'min_cosine')::double precision END;
-    -- distinct (ts_delete takes a lexeme out once), no NULL (ts_delete refuses one)
+    -- distinct: ts_delete takes a lexeme out once (and the count is of distinct terms)
     terms text[] := ARRAY(SELECT DISTINCT t FROM jsonb_array_elements_text(coalesce(plan -> 'floor' -> 'terms', '[]')) t
                           WHERE t IS NOT NULL);
     need integer := (plan -> 'floor' ->> 'keep_with_terms')::integer;

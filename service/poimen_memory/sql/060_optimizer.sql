@@ -55,11 +55,12 @@ AS $$
 import sys
 # Prepared once a backend (a statement planned at every call was most of this function's
 # cost, which every PL/Python call pays); PostgreSQL plans it again if memory.config changes.
-config = GD.get("poimen_config_plan")
+# Keyed by its text: a deploy that changes the statement prepares the new one.
+key = ("SELECT (SELECT value FROM memory.config WHERE key = 'plpython_path') AS p,"
+       " (SELECT value FROM memory.config WHERE key = 'plpython_checksum') AS c")
+config = GD.get(key)
 if config is None:
-    config = GD["poimen_config_plan"] = plpy.prepare(
-        "SELECT (SELECT value FROM memory.config WHERE key = 'plpython_path') AS p,"
-        " (SELECT value FROM memory.config WHERE key = 'plpython_checksum') AS c")
+    config = GD[key] = plpy.prepare(key)
 row = plpy.execute(config)[0]
 # Without a directory on this host, the package comes from memory._plpython_modules, which
 # migrate rewrites on every deploy: the checksum names the version a backend has imported.
@@ -123,9 +124,12 @@ SET search_path = pg_catalog, pg_temp
 SET DateStyle = 'ISO, YMD'
 SET TimeZone = 'UTC'
 AS $$
-load = GD.get("poimen_load_plan")  # prepared once a backend, as memory.plpython_load's own
+# Prepared once a backend, keyed by its text and the search_path it is planned under (a
+# plan run under another one is parsed again; another text is a new deploy's)
+key = ("SELECT memory.plpython_load() AS p", "pg_catalog, pg_temp")
+load = GD.get(key)
 if load is None:
-    load = GD["poimen_load_plan"] = plpy.prepare("SELECT memory.plpython_load() AS p")
+    load = GD[key] = plpy.prepare(key[0])
 plpy.execute(load)
 plan_for_sql = GD["poimen_entry"](
     "plentry", "plan_for_sql", "optimizer",

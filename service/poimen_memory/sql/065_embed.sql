@@ -61,9 +61,12 @@ RETURNS vector
 LANGUAGE plpython3u STABLE STRICT PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
-load = GD.get("poimen_load_plan")  # prepared once a backend, as memory.plpython_load's own
+# Prepared once a backend, keyed by its text and the search_path it is planned under (a
+# plan run under another one is parsed again; another text is a new deploy's)
+key = ("SELECT memory.plpython_load() AS p", "pg_catalog, public, pg_temp")
+load = GD.get(key)
 if load is None:
-    load = GD["poimen_load_plan"] = plpy.prepare("SELECT memory.plpython_load() AS p")
+    load = GD[key] = plpy.prepare(key[0])
 code = plpy.execute(load)[0]["p"]
 embed_for_sql = GD["poimen_entry"](
     "embedentry", "embed_for_sql", "embedding",

@@ -520,9 +520,12 @@ LANGUAGE plpython3u VOLATILE PARALLEL UNSAFE
 -- caller's schemas.
 SET search_path = pg_catalog, pg_temp
 AS $$
-load = GD.get("poimen_load_plan")  # prepared once a backend, as memory.plpython_load's own
+# Prepared once a backend, keyed by its text and the search_path it is planned under (a
+# plan run under another one is parsed again; another text is a new deploy's)
+key = ("SELECT memory.plpython_load() AS p", "pg_catalog, pg_temp")
+load = GD.get(key)
 if load is None:
-    load = GD["poimen_load_plan"] = plpy.prepare("SELECT memory.plpython_load() AS p")
+    load = GD[key] = plpy.prepare(key[0])
 plpy.execute(load)
 add_nodes_for_sql = GD["poimen_entry"](
     "addnodes", "add_nodes_for_sql", "ingest",
