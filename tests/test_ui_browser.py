@@ -13,6 +13,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
@@ -46,12 +47,27 @@ def server(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[str]:
     """One server for the module, on its own copy of the fixture database."""
+    with served_copy(cluster, admin, template_db, tmp_path_factory) as (url, _):
+        yield url
+
+
+@contextmanager
+def served_copy(
+    cluster: Cluster,
+    admin: psycopg.Connection[Any],
+    template_db: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    keyed: bool = False,
+) -> Iterator[tuple[str, str | None]]:
+    """A server on a copy of the fixture database, and (keyed) an API key made in it first:
+    with a key in the database, every request needs one."""
     name = f"ui_{uuid.uuid4().hex[:12]}"
     admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    key = make_key(cluster.url(name), ["poimen"]) if keyed else None
     output = tmp_path_factory.mktemp("ui") / "server.log"
     try:
         with live_server({"POIMEN_DATABASE_URL": cluster.url(name)}, output) as url:
-            yield url
+            yield url, key
     finally:
         admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
@@ -316,15 +332,9 @@ def keyed_server(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[str, str]]:
     """A server whose database has an API key (so every request needs one), and the key."""
-    name = f"ui_keyed_{uuid.uuid4().hex[:12]}"
-    admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
-    key = make_key(cluster.url(name), ["poimen"])
-    output = tmp_path_factory.mktemp("ui-keyed") / "server.log"
-    try:
-        with live_server({"POIMEN_DATABASE_URL": cluster.url(name)}, output) as url:
-            yield url, key
-    finally:
-        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with served_copy(cluster, admin, template_db, tmp_path_factory, keyed=True) as (url, key):
+        assert key is not None
+        yield url, key
 
 
 def test_an_api_key_is_sent_as_a_header_and_never_put_in_the_url(

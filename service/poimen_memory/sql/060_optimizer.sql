@@ -55,13 +55,12 @@ AS $$
 import sys
 # Prepared once a backend (a statement planned at every call was most of this function's
 # cost, which every PL/Python call pays); PostgreSQL plans it again if memory.config changes.
-# Keyed by its text: a deploy that changes the statement prepares the new one.
-key = ("SELECT (SELECT value FROM memory.config WHERE key = 'plpython_path') AS p,"
-       " (SELECT value FROM memory.config WHERE key = 'plpython_checksum') AS c")
-config = GD.get(key)
-if config is None:
-    config = GD[key] = plpy.prepare(key)
-row = plpy.execute(config)[0]
+# (SD: this function's own, renewed when a deploy replaces the function.)
+if "config" not in SD:
+    SD["config"] = plpy.prepare(
+        "SELECT (SELECT value FROM memory.config WHERE key = 'plpython_path') AS p,"
+        " (SELECT value FROM memory.config WHERE key = 'plpython_checksum') AS c")
+row = plpy.execute(SD["config"])[0]
 # Without a directory on this host, the package comes from memory._plpython_modules, which
 # migrate rewrites on every deploy: the checksum names the version a backend has imported.
 where = row["p"] if row["p"] is not None else "database:%s" % (row["c"] or "none")
@@ -124,13 +123,11 @@ SET search_path = pg_catalog, pg_temp
 SET DateStyle = 'ISO, YMD'
 SET TimeZone = 'UTC'
 AS $$
-# Prepared once a backend, keyed by its text and the search_path it is planned under (a
-# plan run under another one is parsed again; another text is a new deploy's)
-key = ("SELECT memory.plpython_load() AS p", "pg_catalog, pg_temp")
-load = GD.get(key)
-if load is None:
-    load = GD[key] = plpy.prepare(key[0])
-plpy.execute(load)
+# Prepared once a backend: SD is this function's own (planned under its search_path) and
+# is renewed when a deploy replaces the function.
+if "load" not in SD:
+    SD["load"] = plpy.prepare("SELECT memory.plpython_load() AS p")
+plpy.execute(SD["load"])
 plan_for_sql = GD["poimen_entry"](
     "plentry", "plan_for_sql", "optimizer",
     "Run `poimen-memory migrate` (from any host: it writes the module into the database); text-only queries "

@@ -61,13 +61,11 @@ RETURNS vector
 LANGUAGE plpython3u STABLE STRICT PARALLEL UNSAFE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
-# Prepared once a backend, keyed by its text and the search_path it is planned under (a
-# plan run under another one is parsed again; another text is a new deploy's)
-key = ("SELECT memory.plpython_load() AS p", "pg_catalog, public, pg_temp")
-load = GD.get(key)
-if load is None:
-    load = GD[key] = plpy.prepare(key[0])
-code = plpy.execute(load)[0]["p"]
+# Prepared once a backend: SD is this function's own (planned under its search_path) and
+# is renewed when a deploy replaces the function.
+if "load" not in SD:
+    SD["load"] = plpy.prepare("SELECT memory.plpython_load() AS p")
+code = plpy.execute(SD["load"])[0]["p"]
 embed_for_sql = GD["poimen_entry"](
     "embedentry", "embed_for_sql", "embedding",
     "Run `poimen-memory migrate` (from any host: it writes the module into the database), or pass query_embedding.")

@@ -520,13 +520,11 @@ LANGUAGE plpython3u VOLATILE PARALLEL UNSAFE
 -- caller's schemas.
 SET search_path = pg_catalog, pg_temp
 AS $$
-# Prepared once a backend, keyed by its text and the search_path it is planned under (a
-# plan run under another one is parsed again; another text is a new deploy's)
-key = ("SELECT memory.plpython_load() AS p", "pg_catalog, pg_temp")
-load = GD.get(key)
-if load is None:
-    load = GD[key] = plpy.prepare(key[0])
-plpy.execute(load)
+# Prepared once a backend: SD is this function's own (planned under its search_path) and
+# is renewed when a deploy replaces the function.
+if "load" not in SD:
+    SD["load"] = plpy.prepare("SELECT memory.plpython_load() AS p")
+plpy.execute(SD["load"])
 add_nodes_for_sql = GD["poimen_entry"](
     "addnodes", "add_nodes_for_sql", "ingest",
     "Run `poimen-memory migrate` (from any host: it writes the module into the database), or write through the service.")
