@@ -61,6 +61,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from poimen_core.vocabulary import QUERY_MAX_CHARS
 from poimen_memory.api.asgi import HttpMiddleware
 from poimen_memory.api.credentials import bearer_token
+from poimen_memory.api.numbers import digits_value
 from poimen_memory.errors import Busy, OverShare, PoimenError
 
 __all__ = ["ARRIVED", "Admission", "Cost", "arrived", "client_of", "parse_cost"]
@@ -94,13 +95,10 @@ def client_of(scope: Scope, anonymous: bool | None = None) -> str:
 
 
 def _declared(value: str, cap: int) -> int:
-    """A number a request declares, at most ``cap``; 0 for what is not ASCII digits. A
-    longer string than the cap's is the cap, never read: int() raises past 4,300 digits
-    (which was a 500 before the route could refuse the value)."""
-    if not (value.isascii() and value.isdigit()):
-        return 0
-    digits = value.lstrip("0") or "0"  # as the routes read it: 0005 is 5
-    return cap if len(digits) > len(str(cap)) else min(int(digits), cap)
+    """A number a request declares, read as the routes read it, at most ``cap``; 0 for what
+    is no number (the contract refuses it later)."""
+    n = digits_value(value, cap)
+    return 0 if n is None else min(n, cap)
 
 
 @dataclass(frozen=True)
@@ -141,8 +139,9 @@ class Cost:
             # text, so a bulk write beside readers is not refused for its size alone.
             headers = dict(scope.get("headers", ()))
             declared = headers.get(b"content-length", b"").decode("latin-1")
-            if declared.isascii() and declared.isdigit():
-                units += self.char * _declared(declared, QUERY_MAX_CHARS)
+            length = digits_value(declared, QUERY_MAX_CHARS)
+            if length is not None:
+                units += self.char * min(length, QUERY_MAX_CHARS)
             elif b"transfer-encoding" in headers:
                 # A chunked body declares no length: charged as the longest, not as base
                 # alone whatever it holds. (No length and no chunks: no body, base.)

@@ -10,6 +10,7 @@ import asyncio
 from starlette.requests import Request
 from starlette.types import Message, Receive
 
+from poimen_memory.api.numbers import digits_value
 from poimen_memory.errors import PayloadTooLarge, RequestTimeout
 
 SPLIT_NODES = "POIMEN_MAX_BODY_BYTES sets the limit; split the nodes over several requests"
@@ -22,11 +23,9 @@ async def read_body(
     it has not all arrived within ``timeout_s``."""
     declared = request.headers.get("content-length", "")
     too_large = PayloadTooLarge(f"request body is over {limit} bytes", hint=hint)
-    # (a length longer than the limit's is over it, unread: int() raises past 4,300 digits)
-    if declared.isascii() and declared.isdigit():
-        digits = declared.lstrip("0") or "0"
-        if len(digits) > len(str(limit)) or int(digits) > limit:
-            raise too_large
+    length = digits_value(declared, limit)
+    if length is not None and length > limit:
+        raise too_large
     chunks, size = [], 0
     try:
         async with asyncio.timeout(timeout_s):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -19,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from poimen_core.vocabulary import LEVELS, NOTE_MAX_CHARS
 from poimen_memory.api.auth import KeyRing
+from poimen_memory.api.numbers import digits_value
 from poimen_memory.contract.query import parse_filter, parse_query
 from poimen_memory.db import tenant
 from poimen_memory.db.connect import connect
@@ -188,12 +188,12 @@ def whole_number(params: Mapping[str, str], name: str, default: int, lo: int, hi
     raw = params.get(name)
     if raw is None:
         return default
-    number = re.fullmatch(r"(-?)0*([0-9]+)", raw)  # (leading zeros are no digits to read)
-    if number is None:
+    negative = raw.startswith("-")
+    size = digits_value(raw[1:] if negative else raw, max(abs(lo), abs(hi)))
+    if size is None:
         raise ValidationError(f"{name} must be a whole number, got {raw[:40]!r}")
-    sign, digits = number.groups()
-    value = None if len(digits) > len(str(max(abs(lo), abs(hi)))) else int(sign + digits)
-    if value is None or not lo <= value <= hi:
+    value = -size if negative else size
+    if not lo <= value <= hi:
         shown = raw if len(raw) <= 40 else raw[:40] + "..."
         raise ValidationError(f"{name} must be within {lo}..{hi}, got {shown}")
     return value

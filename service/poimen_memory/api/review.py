@@ -12,6 +12,7 @@ from typing import Any
 from poimen_core.vocabulary import NOTE_MAX_CHARS
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.nodes import project_param
+from poimen_memory.api.numbers import digits_value
 from poimen_memory.api.operations import in_thread, text_params, whole_number
 from poimen_memory.db.wrap import wrap_exceptions
 from poimen_memory.errors import ValidationError
@@ -91,12 +92,8 @@ async def confirm_item(
     """``POST /memory/review/{item}/confirm``: the node's claim still holds against its
     current parents (memory.review_confirm); ``note`` says why (at most 2000 characters)."""
     text_params(params, {"note"})
-    digits = item_id.lstrip("0") or "0"
-    if (
-        not (item_id.isascii() and item_id.isdigit())
-        or len(digits) > 19  # past 2**62, unread (int() raises past 4,300 digits)
-        or not 0 < int(digits) < 2**62
-    ):
+    item = digits_value(item_id, 2**62)
+    if item is None or not 0 < item < 2**62:
         raise ValidationError(f"a review item id is a positive whole number, got {item_id[:40]!r}")
     note = params.get("note")
     if note is not None and len(note) > NOTE_MAX_CHARS:
@@ -108,7 +105,7 @@ async def confirm_item(
         rows = await in_thread(
             state,
             "SELECT memory.review_confirm(%(id)s, %(note)s)",
-            {"id": int(digits), "note": note},
+            {"id": item, "note": note},
         )
     out: dict[str, Any] = rows[0][0]
     return out
