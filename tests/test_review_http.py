@@ -10,7 +10,7 @@ import httpx
 from starlette.testclient import TestClient
 
 from poimen_memory.db.connect import connect
-from service_client import make_key
+from service_client import make_key, serve
 from test_api_keys import _as
 
 # The app as the service's own role, under row-level security (test_lifecycle's fixture).
@@ -111,6 +111,37 @@ def test_http_answers_demote_what_the_queue_lists_until_a_worker_confirms(
     ]
     assert body["demoted"] == 0
     assert client.get("/memory/review", headers=_as(reader)).json()["items"] == []
+
+
+def test_a_key_keeps_to_its_projects_in_the_queue_without_row_level_security(
+    fixture_url: str, embedder: Any
+) -> None:
+    """The service connected as a superuser (which `serve` allows, with a warning), so row-
+    level security does not apply: the review functions still keep to the key's projects
+    (memory._asserted_ids). Another project's key cannot confirm, claim or list an item;
+    a key of several projects lists those projects' items only."""
+    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_AUTH_CACHE_S": "0"}
+    writer = make_key(fixture_url, [P], write=True)
+    other = make_key(fixture_url, ["atlas"], write=True)
+    both_others = make_key(fixture_url, ["atlas", "poimen"])
+    both = make_key(fixture_url, [P, "poimen"])
+    with serve(env, embedder) as app:
+        _post(app, writer, _nodes(P))
+        _post(app, writer, [UPDATE])
+        (item,) = app.get("/memory/review", params={"project": P}, headers=_as(writer)).json()[
+            "items"
+        ]
+        r = app.get("/memory/review", headers=_as(both_others))
+        assert r.status_code == 200 and r.json()["items"] == [], r.text
+        r = app.get("/memory/review", headers=_as(both))
+        assert [i["item_id"] for i in r.json()["items"]] == [item["item_id"]], r.text
+        r = app.post("/memory/review/claim", json={}, headers=_as(other))
+        assert r.status_code == 200 and r.json()["items"] == [], r.text
+        path = f"/memory/review/{item['item_id']}/confirm"
+        r = app.post(path, json={"note": "not mine"}, headers=_as(other))
+        assert r.status_code == 404 and r.json()["error"] == "unknown_review_item", r.text
+        r = app.post(path, json={"note": "mine"}, headers=_as(writer))
+        assert r.status_code == 200 and r.json()["outcome"] == "confirmed", r.text
 
 
 def test_mcp_review_tools_with_the_official_client(

@@ -209,6 +209,7 @@ READER = {
     "granted_projects",
     "granted_project_ids",
     "_granted_ids",
+    "_asserted_ids",
     "time_bound",
     "time_range",
     "_visible",

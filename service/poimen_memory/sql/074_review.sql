@@ -122,11 +122,14 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     pid integer := memory.project_id(project);
+    -- beside row-level security, which a superuser connection skips
+    scope integer[] := memory._asserted_ids(false);
 BEGIN
     RETURN QUERY
     SELECT r.* FROM memory._review_rows(ARRAY(
         SELECT q.id FROM memory.review_queue q
         WHERE q.completed_at IS NULL AND (pid IS NULL OR q.project_id = pid)
+          AND (scope IS NULL OR q.project_id = ANY (scope))
           AND (after IS NULL OR q.id > after)
         ORDER BY q.id LIMIT memory._review_limit("limit"))) r;
 END $$;
@@ -143,6 +146,7 @@ AS $$
 DECLARE
     pid integer := memory.project_id(project);
     who text := memory._writer();
+    scope integer[] := memory._asserted_ids(true);
     got bigint[];
 BEGIN
     IF visibility_timeout IS NULL OR visibility_timeout NOT BETWEEN 1 AND 86400 THEN
@@ -157,6 +161,7 @@ BEGIN
         SELECT q.id FROM memory.review_queue q
         WHERE q.completed_at IS NULL AND q.vt <= clock_timestamp()
           AND (pid IS NULL OR q.project_id = pid)
+          AND (scope IS NULL OR q.project_id = ANY (scope))
         ORDER BY q.level, q.vt, q.id
         LIMIT memory._review_limit("limit")
         FOR UPDATE SKIP LOCKED
@@ -189,8 +194,11 @@ DECLARE
     resolved bigint[];
 BEGIN
     PERFORM memory.check_note('note', note);
+    -- Another project's item is as unknown as one that never was, with or without
+    -- row-level security (a superuser connection skips it): the asserted projects too.
     SELECT q.* INTO it FROM memory.review_queue q
     WHERE q.id = item_id AND q.completed_at IS NULL
+      AND (memory._asserted_ids(true) IS NULL OR q.project_id = ANY (memory._asserted_ids(true)))
     FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'no open review item %', coalesce(item_id::text, 'NULL')

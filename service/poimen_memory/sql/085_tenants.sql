@@ -192,6 +192,23 @@ END $$;
 COMMENT ON FUNCTION memory._asserted_all(boolean) IS
     'Whether the service (a member of @role.service@) asserts every project (''*'') in poimen.read_projects (write: poimen.write_projects): the first, cheap half of memory.granted_all, which memory.projects'' policy tests before reading the grants.';
 
+-- The service's asserted projects as ids, for the functions that keep to them beside
+-- row-level security: a service connected as a role that bypasses it (a superuser, which
+-- `serve` allows with a warning) would otherwise let a key see another project's rows.
+CREATE OR REPLACE FUNCTION memory._asserted_ids(write boolean DEFAULT false)
+RETURNS integer[]
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT memory._asserting(write) THEN
+        RETURN NULL;
+    END IF;
+    RETURN memory._granted_ids(write);
+END $$;
+COMMENT ON FUNCTION memory._asserted_ids(boolean) IS
+    'The ids of the projects the service asserts (poimen.read_projects; write => true: poimen.write_projects), or NULL when it asserts none or every one (''*''): what a function filters by beside row-level security, which a superuser or BYPASSRLS connection skips.';
+
 CREATE OR REPLACE FUNCTION memory.granted_all(write boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql STABLE PARALLEL SAFE

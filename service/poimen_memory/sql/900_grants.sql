@@ -119,7 +119,7 @@ DECLARE
         'memory.stage_sql', 'memory.explain_query', 'memory._explain', 'memory._explained', 'memory._explain_vector',
         'memory._without_counts', 'memory._answer', 'memory.query',
         'public.memory_query', 'public.memory_optimize_query', 'memory.granted_projects',
-        'memory.granted_project_ids', 'memory._granted_ids', 'memory.granted_all', 'memory._asserted_all',
+        'memory.granted_project_ids', 'memory._granted_ids', 'memory._asserted_ids', 'memory.granted_all', 'memory._asserted_all',
         'memory._asserting', 'memory._role_grants', 'memory.time_bound',
         'memory.time_range', 'memory.partitioned', 'memory.partition_tables',
         'memory.history', 'memory.support',
