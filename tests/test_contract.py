@@ -156,6 +156,20 @@ def test_the_node_schema_declares_what_the_parser_reads() -> None:
         assert getattr(record, attribute) != getattr(default, attribute), key
 
 
+def test_the_node_schema_and_the_parser_agree_on_an_ids_type() -> None:
+    """The schema said an id could be a JSON number, which the parser refuses (12345 and
+    12345.0 would not name one node): a client generated from it sent what the service
+    answers 400. Both take a string or null now, and neither a number."""
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(openapi_spec()["components"]["schemas"]["Node"])
+    base = {"level": "L0", "project": "p", "text": "t"}
+    for value, ok in (("n1", True), (None, True), (5, False), (5.0, False)):
+        node = {**base, "id": value}
+        assert validator.is_valid(node) is ok, value
+        assert isinstance(parse_line(json.dumps(node), 1, None), NodeRecord) is ok, value
+
+
 def test_an_object_filter_deeper_than_recursion_is_a_typed_error() -> None:
     """An MCP call's filter arrives as an object: 1,500 levels of it are measured without
     recursion (json.dumps of it was a RecursionError, a JSON-RPC error with code 0)."""

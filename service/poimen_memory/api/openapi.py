@@ -312,7 +312,9 @@ _NODE: dict[str, Any] = {
     "type": "object",
     "required": ["level", "text", "project"],
     "properties": {
-        "id": {"type": ["string", "integer", "null"]},
+        # A string (or null: the database makes one); a JSON number is refused, since 12345
+        # and 12345.0 would not name one node (poimen_core.nodes._id_problem).
+        "id": {"type": ["string", "null"], "maxLength": nodes.MAX_ID_CHARS},
         "level": {"type": "string", "enum": list(vocabulary.LEVELS)},
         "project": _PROJECT,
         # UTF-8 text without NUL: PostgreSQL text cannot hold NUL or lone surrogates.
