@@ -5,6 +5,7 @@ to a rebuild from the current rows, against real PostgreSQL and the real app."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -346,6 +347,42 @@ def client(fixture_url: str, embedder: LocalEmbedder) -> Iterator[TestClient]:
 def _post(client: TestClient, key: str | None, nodes: list[dict[str, Any]]) -> Any:
     body = "\n".join(json.dumps(n) for n in nodes)
     return client.post("/memory/nodes", content=body, headers=_as(key))
+
+
+def test_the_hint_for_forgetting_a_whole_project_matches_every_node(
+    client: TestClient, fixture_url: str
+) -> None:
+    """A forget that names nothing is refused with a hint; following it (a level at a time)
+    matches every current node of the project, those without a timestamp too, which the
+    hint it replaced (since=0001-01-01) left out."""
+    timed = _node("w:timed", "The office plant is a fern", timestamp="2024-05-01T10:00:00Z")
+    untimed = [_node("w:untimed", "The office plant needs water"), timed]
+    untimed.append(_node("w:summary", "Plants in the office", level="L1", parents=["w:timed"]))
+    r = _post(client, None, untimed)
+    assert r.status_code == 201, r.text
+    with connect(fixture_url) as conn:
+        row = conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE n.ts IS NULL) FROM memory.nodes n"
+            " JOIN memory.projects p ON p.id = n.project_id"
+            " WHERE p.name = %s AND n.expired_at IS NULL",
+            (P,),
+        ).fetchone()
+    assert row is not None
+    current, untimed = row
+    assert current > untimed > 0, row
+    base = {"project": P, "dry_run": "true", "max_nodes": "10000"}
+    r = client.delete("/memory/nodes", params=base)
+    assert r.status_code == 400, r.text
+    hint = r.json()["hint"]
+    levels = re.findall(r"\bL[012]\b", hint)
+    assert sorted(levels) == ["L0", "L1", "L2"], hint
+    matched = [
+        client.delete("/memory/nodes", params={**base, "level": level}).json()["matched"]
+        for level in levels
+    ]
+    assert sum(matched) == current, (matched, current)
+    old = client.delete("/memory/nodes", params={**base, "since": "0001-01-01"}).json()
+    assert old["matched"] == current - untimed
 
 
 def test_http_update_history_retire_erase_under_keys(client: TestClient, fixture_url: str) -> None:

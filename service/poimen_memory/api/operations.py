@@ -291,7 +291,10 @@ async def forget_nodes(
         if not ids and not ({k for k in params if k != "filter"} & _FORGET_FILTERS or flt):
             raise ValidationError(
                 "name nodes (id=a,b) or a filter (filter, source, level, since, until)",
-                hint="to forget a whole project: since=0001-01-01",
+                # since= matches only the nodes that have a timestamp; every node has a
+                # level (derived ones first: their sources' forget would flag them).
+                hint="to forget a whole project, forget it a level at a time:"
+                " level=L2, then L1, then L0",
             )
         # The bound: the service's (POIMEN_FORGET_MAX_NODES) unless the request names one.
         # memory.forget's max_nodes is an integer: a larger bound is no bound at all
