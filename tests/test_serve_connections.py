@@ -49,6 +49,26 @@ def test_silent_connections_are_closed_and_others_served(fixture_url: str, tmp_p
         assert r.status_code == 200 and r.json()["results"]
 
 
+def test_a_request_head_over_the_limit_is_431_however_it_arrives(
+    fixture_url: str, tmp_path: Path
+) -> None:
+    """POIMEN_HTTP_MAX_HEADER_BYTES bounds a request's head: h11 applied it only to a head
+    still arriving, so one sent in a single write passed whole (60 kB answered 200). Over
+    the limit it is 431 with a JSON body, under it the route answers."""
+    env = {"POIMEN_DATABASE_URL": fixture_url, "POIMEN_HTTP_MAX_HEADER_BYTES": "16384"}
+    with live_server(env, tmp_path / "server.log") as url, httpx.Client(timeout=30) as client:
+        r = client.get(f"{url}/healthz", headers={"X-Big": "a" * 60_000})
+        assert r.status_code == 431, r.text
+        body = r.json()
+        assert body["error"] == "request_header_fields_too_large"
+        assert "POIMEN_HTTP_MAX_HEADER_BYTES" in body["hint"]
+        assert r.headers["x-content-type-options"] == "nosniff"
+        r = client.get(f"{url}/memory/query", params={"query": "kong " + "x" * 20_000})
+        assert r.status_code == 431, r.text
+        r = client.get(f"{url}/healthz", headers={"X-Big": "a" * 8_000})
+        assert r.status_code == 200, r.text
+
+
 def test_sigterm_stops_the_server_gracefully_with_status_0(
     fixture_url: str, tmp_path: Path
 ) -> None:

@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from poimen_memory.api import metrics, nodes, review, ui
 from poimen_memory.api.admission import Admission, arrived
-from poimen_memory.api.asgi import HostCheck, LastResort, SecurityHeaders
+from poimen_memory.api.asgi import HeadLimit, HostCheck, LastResort, SecurityHeaders
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.body import read_body
 from poimen_memory.api.health import HealthCache
@@ -372,7 +372,9 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
             Middleware(SecurityHeaders),
             # Inside the log and the metrics, so they record the status it answers.
             Middleware(LastResort),
-            # A request for another Host (DNS rebinding) is refused before it queues.
+            # A head over the limit, then a request for another Host (DNS rebinding),
+            # are refused before they queue.
+            Middleware(HeadLimit, max_bytes=cfg.http_max_header_bytes),
             Middleware(
                 HostCheck,
                 lists=(cfg.http_allowed_hosts, cfg.http_allowed_origins + cfg.http_cors_origins),

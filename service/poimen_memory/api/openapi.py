@@ -456,6 +456,12 @@ _HOST_REFUSED = _err(
     "(loopback names by default; POIMEN_MCP_ALLOWED_HOSTS for /mcp)"
 )
 
+# And a request head over POIMEN_HTTP_MAX_HEADER_BYTES (api/asgi.py HeadLimit).
+_HEAD_REFUSED = _err(
+    "request_header_fields_too_large: the request's head (its target and headers) is over "
+    "POIMEN_HTTP_MAX_HEADER_BYTES"
+)
+
 
 # The review queue (issue 40, api/review.py): one item as memory.review_list and
 # memory.review_claim return it.
@@ -619,6 +625,7 @@ def openapi_spec(settings: Settings | None = None) -> dict[str, Any]:
     for item in spec["paths"].values():
         for operation in item.values():
             operation["responses"].setdefault("421", _HOST_REFUSED)
+            operation["responses"].setdefault("431", _HEAD_REFUSED)
     return spec
 
 
