@@ -235,6 +235,34 @@ def test_memory_evidence_checks_its_budget_before_searching(conn: Conn) -> None:
         assert searches() >= 2
 
 
+def test_an_answer_without_an_evidence_list_keeps_whole_trees_without_a_walk(conn: Conn) -> None:
+    """evidence => 0 keeps every result's whole tree, so memory._cited_only (which keeps a
+    tree to the cited turns) is not called at all; with a list it is (the control), and
+    the trees then differ only where the list cites fewer turns."""
+    conn.execute("SET track_functions = 'all'")
+
+    def cited_only_calls() -> int:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
+            " WHERE schemaname = 'memory' AND funcname = '_cited_only'"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    with conn.transaction():
+        whole = conn.execute("SELECT memory.answer(%s, k => 5, evidence => 0)", (KONG,)).fetchone()
+        assert cited_only_calls() == 0
+        listed = conn.execute("SELECT memory.answer(%s, k => 5)", (KONG,)).fetchone()
+        assert cited_only_calls() >= 1
+    assert whole is not None and listed is not None
+    assert whole[0]["results"] and whole[0]["evidence"] is None
+    ids = [r["node_id"] for r in listed[0]["results"]]
+    assert [r["node_id"] for r in whole[0]["results"]] == ids
+    assert all("provenance_l0_omitted" not in r for r in whole[0]["results"])
+    assert listed[0]["evidence"] and all("provenance_l0_omitted" in r for r in listed[0]["results"])
+
+
 @pytest.mark.parametrize(
     ("key", "value"),
     [

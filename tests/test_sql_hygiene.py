@@ -67,6 +67,7 @@ OWNER_ONLY = {
     "_project_graph_defs",
     "_index_state",
     "_missing_project_graphs",
+    "_asserted_project_ids",
 }
 # Functions that write content: granted to poimen_memory_writer (the service's role inherits them).
 WRITER = {
@@ -91,7 +92,7 @@ WRITER = {
     "expire",
 }
 # Owner-only functions the service's role may also run (sql/900_grants.sql, end).
-SERVICE = {"configure_embedding", "enable_outbox"}
+SERVICE = {"configure_embedding", "enable_outbox", "_asserted_project_ids"}
 READER = {
     "_asserting",
     "_role_grants",

@@ -337,6 +337,62 @@ def test_asserted_projects_replace_the_service_roles_own_grants(conn: Conn) -> N
     assert own == {pids["poimen"]}
 
 
+@pytest.mark.parametrize(
+    ("read", "write", "readable", "writable"),
+    [
+        ("atlas", "", ["atlas"], []),
+        ("atlas,nowhere,atlas", "", ["atlas"], []),  # a name without a project: no id
+        ("atlas,*", "", None, []),  # '*' among names is every project
+        ("*", "atlas", None, ["atlas"]),
+        ("atlas", "poimen", ["atlas"], []),  # writing needs reading
+        ("atlas,poimen", "atlas", ["atlas", "poimen"], ["atlas"]),
+        ("atlas", "*", ["atlas"], ["atlas"]),
+        ("", "atlas", [], []),  # no read asserted: the role's own grants (none)
+    ],
+)
+def test_the_service_s_asserted_names_resolve_to_exactly_their_ids(
+    conn: Conn, read: str, write: str, readable: list[str] | None, writable: list[str]
+) -> None:
+    """memory._granted_ids resolves the service's names past memory.projects' policy
+    (memory._asserted_project_ids, SECURITY DEFINER): the ids are those names' and no
+    others', writing stays within reading, and '*' still means every project (NULL)."""
+    make_role(conn, "tenant_service_ids", "service")
+    pids = _project_ids(conn)
+    conn.execute("SET ROLE tenant_service_ids")
+    try:
+        with conn.transaction():
+            conn.execute("SELECT set_config('poimen.read_projects', %s, true)", (read,))
+            conn.execute("SELECT set_config('poimen.write_projects', %s, true)", (write,))
+            got = conn.execute(
+                "SELECT memory._granted_ids(false), memory._granted_ids(true)"
+            ).fetchone()
+    finally:
+        conn.execute("RESET ROLE")
+    assert got is not None
+    assert got[0] == (None if readable is None else sorted(pids[n] for n in readable))
+    assert got[1] == sorted(pids[n] for n in writable)
+
+
+def test_only_the_service_may_resolve_project_names_past_row_level_security(conn: Conn) -> None:
+    """The lookup behind the service's names would tell any caller which project names
+    exist: a reader or writer may not run it, the service's role may."""
+    make_role(conn, "tenant_peeker", "writer")
+    make_role(conn, "tenant_service_lookup", "service")
+    pids = _project_ids(conn)
+    conn.execute("SET ROLE tenant_peeker")
+    try:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():
+            conn.execute("SELECT memory._asserted_project_ids('{atlas}')")
+    finally:
+        conn.execute("RESET ROLE")
+    conn.execute("SET ROLE tenant_service_lookup")
+    try:
+        got = conn.execute("SELECT memory._asserted_project_ids('{atlas,poimen}')").fetchone()
+    finally:
+        conn.execute("RESET ROLE")
+    assert got == (sorted([pids["atlas"], pids["poimen"]]),)
+
+
 def test_grants_follow_roles_by_name_quoted_and_dropped(conn: Conn) -> None:
     """memory.project_grants keeps roles by name; each name is resolved as an identifier
     (a name that needs quoting still grants), and a dropped role's grant grants nothing

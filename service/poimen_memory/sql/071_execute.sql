@@ -335,12 +335,18 @@ COMMENT ON FUNCTION memory._cited_only(jsonb, text[]) IS
 -- PostgreSQL compiles its expressions first, and an answer's statements are short: on
 -- SciFact the evidence's candidates statement, estimated at 131k, spent 66 ms of its 76 in
 -- JIT compilation (docs/benchmarks.md, "Planning an answer once").
+-- PL/pgSQL, not SQL: a SQL function with a SET clause is planned again at every call (125
+-- us; an answer makes three to five), where PL/pgSQL keeps its statement's plan.
 CREATE OR REPLACE FUNCTION memory._plan_cache_mode()
 RETURNS text
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-RETURN CASE WHEN (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = 'memory.nodes'::regclass) = 'p'
-            THEN 'auto' ELSE 'force_generic_plan' END;
+AS $$
+BEGIN
+    RETURN CASE WHEN (SELECT c.relkind FROM pg_catalog.pg_class c
+                      WHERE c.oid = pg_catalog.to_regclass('memory.nodes')) = 'p'
+                THEN 'auto' ELSE 'force_generic_plan' END;
+END $$;
 COMMENT ON FUNCTION memory._plan_cache_mode() IS
     'The plan_cache_mode memory._finish runs its statements with: force_generic_plan (plan once per session), or auto on the partitioned layout (custom plans prune to one partition).';
 
@@ -474,10 +480,14 @@ BEGIN
                                  (plan ->> 'as_of')::timestamptz,
                                  memory._support_valid_at(plan), supports) WITH ORDINALITY AS x) h
       JOIN fz ON fz.id = h.node_id
-      LEFT JOIN LATERAL memory._cited_only(
-                    h.provenance,
-                    ARRAY(SELECT e ->> 'sha256' FROM jsonb_array_elements(evidence) AS e
-                          WHERE e ->> 'project' = h.project)) c ON evidence IS NOT NULL;
+      -- Without an evidence list, no call: an outer join's ON clause filters the rows the
+      -- function made, where the subquery's WHERE is a one-time filter before it runs.
+      LEFT JOIN LATERAL (SELECT co.kept, co.omitted
+                         FROM memory._cited_only(
+                                  h.provenance,
+                                  ARRAY(SELECT e ->> 'sha256' FROM jsonb_array_elements(evidence) AS e
+                                        WHERE e ->> 'project' = h.project)) co
+                         WHERE evidence IS NOT NULL) c ON true;
     st := memory._stage_time(st, 'provenance_time_ms', t);
     RETURN jsonb_build_object(
         'search_strategy', strat,

@@ -151,7 +151,7 @@ DECLARE
         'memory._ensure_trigger', 'memory._ensure_statement_triggers', 'memory._probe', 'memory._ensure_indexes', 'memory._is_project_graph', 'memory._declare_row',
         'memory._project_graph_defs', 'memory._index_state', 'memory._missing_project_graphs',
         'memory._refresh_grant_sets', 'memory._grants_changed', 'memory._projects_changed',
-        'memory._writer_recorded'];
+        'memory._writer_recorded', 'memory._asserted_project_ids'];
     reader_tables text[] := ARRAY[
         'memory.schema_migrations', 'memory.config', 'memory.projects',
         'memory.embedding_model', 'memory.nodes', 'memory.edges', 'memory.postings',
@@ -255,3 +255,6 @@ BEGIN
 END $$;
 GRANT EXECUTE ON FUNCTION memory.configure_embedding(text, integer) TO @role.service@;
 GRANT EXECUTE ON FUNCTION memory.enable_outbox() TO @role.service@;
+-- memory._granted_ids runs it for the service asserting projects, and for no other caller:
+-- it reads project names past row-level security (sql/085_tenants.sql).
+GRANT EXECUTE ON FUNCTION memory._asserted_project_ids(text[]) TO @role.service@;
