@@ -202,6 +202,12 @@ def test_bench_peers_end_to_end(
     before = databases()
     out, png = tmp_path / "peers.json", tmp_path / "peers.png"
     mem, docs = sets
+    # A keyed run asks each question with its project's key: the one question of the
+    # fixture that names none is asked of its answer's project here.
+    queries = [json.loads(x) for x in (mem / "queries.jsonl").read_text().splitlines()]
+    (mem / "queries.jsonl").write_text(
+        "".join(json.dumps({**q, "project": q.get("project") or "poimen"}) + "\n" for q in queries)
+    )
     args = ["bench-peers", "--set", str(mem), "--set", str(docs), "--warmup", "1",
             "--systems", "supabase,poimen", "--cache", str(tmp_path / "cache"),
             "--json", str(out), "--plot", str(png),
@@ -210,6 +216,9 @@ def test_bench_peers_end_to_end(
     r = json.loads(out.read_text())
     assert r["sets"]["mem"]["measure"] == "evidence recall"
     assert r["sets"]["docs"]["measure"] == "nDCG@10"
+    # Asked as a keyed deployment is: each question with its project's key (a request
+    # without one would have been refused, 401, and the run would have failed).
+    assert r["keys"] == "one read-only key per project"
     for name, s in r["sets"].items():
         assert set(s["systems"]) == {"supabase", "poimen"}
         for system, row in s["systems"].items():
@@ -251,7 +260,7 @@ def test_bench_peers_runs_the_version_before_a_change_beside_this_one(
     out, cache = tmp_path / "peers.json", tmp_path / "cache"
     mem, _ = sets
     args = ["bench-peers", "--set", str(mem), "--warmup", "1", "--systems", "poimen",
-            "--base", "HEAD", "--cache", str(cache), "--json", str(out),
+            "--base", "HEAD", "--cache", str(cache), "--json", str(out), "--anonymous",
             "--clients", "1", "--seconds", "0.5", "--rounds", "1"]  # fmt: skip
     assert main(args) == 0
     r = json.loads(out.read_text())
@@ -259,6 +268,7 @@ def test_bench_peers_runs_the_version_before_a_change_beside_this_one(
         ["git", "-C", str(peers.REPO), "rev-parse", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     assert r["base"]["ref"] == "HEAD" and r["base"]["commit"] == head
+    assert r["keys"] == "anonymous"  # its set has a question that names no project
     # Both versions answer from copies of the loaded database, made the same way.
     assert r["base"]["database"] == f"{r['database']}_base"
     assert r["base"]["head_database"] == f"{r['database']}_head"
@@ -303,9 +313,25 @@ def test_a_failed_base_leaves_no_database_behind(
     before = databases()
     mem, _ = sets
     args = ["bench-peers", "--set", str(mem), "--systems", "poimen", "--base", "HEAD",
-            "--cache", str(tmp_path / "cache")]  # fmt: skip
+            "--cache", str(tmp_path / "cache"), "--anonymous"]  # fmt: skip
     with pytest.raises(SystemExit, match="this base does not import"):
         main(args)
+    assert databases() == before
+
+
+def test_a_keyed_run_refuses_a_question_without_a_project(
+    databases: Callable[[], set[str]],
+    sets: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each question is asked with its project's key, and a key must name its project: a
+    question without one is refused before anything is loaded, with the way out."""
+    before = databases()
+    mem, _ = sets
+    assert main(["bench-peers", "--set", str(mem), "--systems", "poimen"]) == 2
+    err = capsys.readouterr().err
+    assert "names no project" in err and "--anonymous" in err
     assert databases() == before
 
 

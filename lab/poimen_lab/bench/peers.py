@@ -114,6 +114,7 @@ from poimen_lab.measures import coverage, ndcg_at
 from poimen_lab.report import table
 from poimen_memory.db.connect import connect, database_url, ensure_service_login
 from poimen_memory.db.migrate import migrate
+from poimen_memory.db.queries import q as query_sql
 from poimen_memory.settings import Settings
 
 DATA_DEFAULT = Path(__file__).resolve().parents[3].parent / "shared" / "data"
@@ -234,6 +235,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--base",
         metavar="REF",
         help="also run a git commit's version of ours, side by side (<system>@base)",
+    )
+    p.add_argument(
+        "--anonymous",
+        action="store_true",
+        help="our servers without API keys (every project asserted, as runs 1-11 were); "
+        "default: one read-only key per project, each question asked with its project's",
     )
     p.add_argument("--json", type=Path, metavar="OUT")
     p.add_argument("--plot", type=Path, metavar="OUT.png")
@@ -639,8 +646,11 @@ class Systems:
         names: Sequence[str],
         servers: Mapping[str, str],
         langchain: LangchainPeer | None,
+        keys: Mapping[str | None, str] | None = None,
     ) -> None:
         self.embedder = embedder
+        # project -> the API key our servers are asked with (none: anonymous mode)
+        self.keys = dict(keys or {})
         self.names = list(names)
         self.url, self.servers = url, dict(servers)
         self.by_db_id: dict[int, str] = {}
@@ -707,10 +717,17 @@ class Systems:
             params["level"] = "L0"
         if request_kind(system) == "poimen-evidence0":
             params["evidence"] = "0"
-        return self._http(self.http[version(system)], params)
+        key = self.keys.get(q.project)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return self._http(self.http[version(system)], params, headers)
 
-    def _http(self, conn: http.client.HTTPConnection, params: Mapping[str, str]) -> Answer:
-        conn.request("GET", "/memory/query?" + urlencode(params))
+    def _http(
+        self,
+        conn: http.client.HTTPConnection,
+        params: Mapping[str, str],
+        headers: Mapping[str, str],
+    ) -> Answer:
+        conn.request("GET", "/memory/query?" + urlencode(params), headers=dict(headers))
         resp = conn.getresponse()
         body = resp.read()
         if resp.status != 200:
@@ -1178,6 +1195,34 @@ def _sets(args: argparse.Namespace) -> list[Path]:
     return found
 
 
+def tenant_keys(urls: Sequence[str]) -> dict[str | None, str]:
+    """A deployment's keys: one read-only API key per project, the same keys stored in
+    each database our servers read
+    (this version's and the base's), so that each request asserts its one project to
+    row-level security as a keyed deployment does. Anonymous mode asserts every project,
+    which the policies pass on a setting alone."""
+    from poimen_memory.api.auth import key_hash, new_key
+
+    with connect(urls[0], autocommit=True) as conn:
+        rows = conn.execute("SELECT name FROM memory.projects ORDER BY name").fetchall()
+    projects = [str(r[0]) for r in rows]
+    keys: dict[str | None, str] = {p: new_key() for p in projects}
+    for url in urls:
+        with connect(url, autocommit=True) as conn:
+            for project, key in keys.items():
+                conn.execute(
+                    query_sql("key_insert"),
+                    {
+                        "key_hash": key_hash(key),
+                        "prefix": key[:12],
+                        "projects": [project],
+                        "can_write": False,
+                        "note": "bench-peers",
+                    },
+                )
+    return keys
+
+
 @contextmanager
 def _server(
     service_url: str, clients: int = 0, code: Path | None = None
@@ -1213,6 +1258,7 @@ import sys
 import poimen_memory
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import migrate
+from poimen_memory.db.queries import q as query_sql
 with connect(sys.argv[1], autocommit=True) as conn:
     migrate(conn, None)
 print(poimen_memory.__file__)
@@ -1345,6 +1391,16 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
         names.remove("langchain")
     folders = _sets(args)
     sets = [load_set(folder, args.queries) for folder in folders]
+    unscoped = next((q.id for d in sets for q in d.judged if not q.project), None)
+    if ours and not args.anonymous and unscoped is not None:
+        # A key covering several projects must name one (403), as a deployment's would.
+        print(
+            f"error: question {unscoped!r} names no project: a keyed run asks each question "
+            "with its project's API key",
+            file=sys.stderr,
+        )
+        print("hint: pass --anonymous to ask every project without keys", file=sys.stderr)
+        return 2
     base: dict[str, Any] | None = None
     code: Path | None = None
     if args.base is not None:
@@ -1397,6 +1453,12 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
                 result["load"]["langchain"] = langchain.build(url)
             with connect(url, autocommit=True) as conn:
                 ensure_service_login(conn, s.service_role)
+            keys: dict[str | None, str] = {}
+            if ours and not args.anonymous:
+                keys = tenant_keys([ours_url] + ([base_url] if base is not None else []))
+                result["keys"] = "one read-only key per project"
+            else:
+                result["keys"] = "anonymous"
             addresses: dict[str, str] = {}
             servers: dict[str, int] = {}
             if ours:
@@ -1407,7 +1469,7 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
                 addresses[BASE], servers[BASE] = stack.enter_context(
                     _server(make_conninfo(base_url, user=s.service_role), args.clients, code)
                 )
-            systems = Systems(url, embedder, names, addresses, langchain)
+            systems = Systems(url, embedder, names, addresses, langchain, keys)
             stack.callback(systems.close)
             backends = Backends(url, s.service_role, databases)
             stack.callback(backends.close)

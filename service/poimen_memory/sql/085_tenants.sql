@@ -150,11 +150,9 @@ BEGIN
     -- once per statement and table it reads, 20 to 30 times, so it reads one row per role
     -- (memory.grant_sets), or the service's asserted names (which a request keeps to the
     -- projects it names: service/poimen_memory/db/tenant.py).
-    IF coalesce(asserted, '') <> ''
-       AND coalesce(pg_catalog.pg_has_role(current_user, pg_catalog.to_regrole('@role.service@'),
-                                           'MEMBER'), false) THEN
-        -- The service asserting projects (memory._asserting, tested here in line: this is
-        -- the service's every statement, and each nested call costs its own SET clause).
+    IF memory._asserting(write) THEN
+        -- The service asserting projects: its names, read once (this is the service's
+        -- every statement, and each nested call costs its own SET clause).
         names := string_to_array(asserted, ',');
         every := '*' = ANY (names);
     ELSE
@@ -181,8 +179,8 @@ BEGIN
         END IF;
         RETURN role_ids;
     END IF;
-    -- The service's names, looked up by name (memory.projects' unique index); for writing,
-    -- only where its reads reach (as memory.projects' read policy kept them before).
+    -- The service's names, looked up by name (memory.projects' unique index) past that
+    -- table's policy; for writing, only where its reads reach, as that policy would keep.
     ids := memory._asserted_project_ids(names);
     IF write AND read_ids IS NOT NULL THEN
         RETURN ARRAY(SELECT x FROM unnest(ids) AS i(x) WHERE x = ANY (read_ids) ORDER BY x);
