@@ -202,23 +202,16 @@ def test_bench_peers_end_to_end(
     before = databases()
     out, png = tmp_path / "peers.json", tmp_path / "peers.png"
     mem, docs = sets
-    # A keyed run asks each question with its project's key: the one question of the
-    # fixture that names none is asked of its answer's project here.
-    queries = [json.loads(x) for x in (mem / "queries.jsonl").read_text().splitlines()]
-    (mem / "queries.jsonl").write_text(
-        "".join(json.dumps({**q, "project": q.get("project") or "poimen"}) + "\n" for q in queries)
-    )
     args = ["bench-peers", "--set", str(mem), "--set", str(docs), "--warmup", "1",
             "--systems", "supabase,poimen", "--cache", str(tmp_path / "cache"),
-            "--json", str(out), "--plot", str(png),
+            "--json", str(out), "--plot", str(png), "--anonymous",
             "--clients", "2", "--seconds", "1", "--rounds", "1"]  # fmt: skip
     assert main(args) == 0
     r = json.loads(out.read_text())
     assert r["sets"]["mem"]["measure"] == "evidence recall"
     assert r["sets"]["docs"]["measure"] == "nDCG@10"
-    # Asked as a keyed deployment is: each question with its project's key (a request
-    # without one would have been refused, 401, and the run would have failed).
-    assert r["keys"] == "one read-only key per project"
+    # Anonymous mode: every project asserted (a question of the mem set names none).
+    assert r["keys"] == "anonymous"
     for name, s in r["sets"].items():
         assert set(s["systems"]) == {"supabase", "poimen"}
         for system, row in s["systems"].items():
@@ -259,8 +252,14 @@ def test_bench_peers_runs_the_version_before_a_change_beside_this_one(
     before = databases()
     out, cache = tmp_path / "peers.json", tmp_path / "cache"
     mem, _ = sets
+    # A keyed run asks each question with its project's key: the one question of the
+    # fixture that names none is asked of its answer's project here.
+    queries = [json.loads(x) for x in (mem / "queries.jsonl").read_text().splitlines()]
+    (mem / "queries.jsonl").write_text(
+        "".join(json.dumps({**q, "project": q.get("project") or "poimen"}) + "\n" for q in queries)
+    )
     args = ["bench-peers", "--set", str(mem), "--warmup", "1", "--systems", "poimen",
-            "--base", "HEAD", "--cache", str(cache), "--json", str(out), "--anonymous",
+            "--base", "HEAD", "--cache", str(cache), "--json", str(out),
             "--clients", "1", "--seconds", "0.5", "--rounds", "1"]  # fmt: skip
     assert main(args) == 0
     r = json.loads(out.read_text())
@@ -268,7 +267,9 @@ def test_bench_peers_runs_the_version_before_a_change_beside_this_one(
         ["git", "-C", str(peers.REPO), "rev-parse", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     assert r["base"]["ref"] == "HEAD" and r["base"]["commit"] == head
-    assert r["keys"] == "anonymous"  # its set has a question that names no project
+    # Asked as a keyed deployment is, both versions: each question with its project's key,
+    # stored in both copies (a request without one would be refused, 401, failing the run).
+    assert r["keys"] == "one read-only key per project"
     # Both versions answer from copies of the loaded database, made the same way.
     assert r["base"]["database"] == f"{r['database']}_base"
     assert r["base"]["head_database"] == f"{r['database']}_head"
@@ -317,6 +318,27 @@ def test_a_failed_base_leaves_no_database_behind(
     with pytest.raises(SystemExit, match="this base does not import"):
         main(args)
     assert databases() == before
+
+
+def test_the_runs_keys_are_one_per_project_and_leave_with_it(fixture_url: str) -> None:
+    """tenant_keys stores one read-only key per project; drop_tenant_keys takes them (and
+    no other key) away again, so a kept database answers without a key afterwards."""
+    with psycopg.connect(fixture_url, autocommit=True) as conn:
+        projects = [r[0] for r in conn.execute("SELECT name FROM memory.projects ORDER BY 1")]
+        conn.execute(
+            "INSERT INTO memory.api_keys (key_hash, prefix, projects, note)"
+            " VALUES (sha256('someone else'), 'pm_other', '{poimen}', 'not the bench''s')"
+        )
+    keys = peers.tenant_keys([fixture_url])
+    assert sorted(k for k in keys if k is not None) == projects
+    with psycopg.connect(fixture_url, autocommit=True) as conn:
+        stored = conn.execute(
+            "SELECT projects, can_write FROM memory.api_keys WHERE note = 'bench-peers'"
+        ).fetchall()
+        assert sorted(stored) == [([p], False) for p in projects]
+        peers.drop_tenant_keys([fixture_url])
+        left = conn.execute("SELECT note FROM memory.api_keys").fetchall()
+    assert left == [("not the bench's",)]
 
 
 def test_a_keyed_run_refuses_a_question_without_a_project(

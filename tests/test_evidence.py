@@ -237,8 +237,8 @@ def test_memory_evidence_checks_its_budget_before_searching(conn: Conn) -> None:
 
 def test_an_answer_without_an_evidence_list_keeps_whole_trees_without_a_walk(conn: Conn) -> None:
     """evidence => 0 keeps every result's whole tree, so memory._cited_only (which keeps a
-    tree to the cited turns) is not called at all; with a list it is (the control), and
-    the trees then differ only where the list cites fewer turns."""
+    tree to the cited turns) is not called at all; with a list it is (the control), for
+    the same results, each then saying how many turns its tree left out."""
     conn.execute("SET track_functions = 'all'")
 
     def cited_only_calls() -> int:

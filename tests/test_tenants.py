@@ -338,25 +338,37 @@ def test_asserted_projects_replace_the_service_roles_own_grants(conn: Conn) -> N
 
 
 @pytest.mark.parametrize(
-    ("read", "write", "readable", "writable"),
+    ("grant", "read", "write", "readable", "writable"),
     [
-        ("atlas", "", ["atlas"], []),
-        ("atlas,nowhere,atlas", "", ["atlas"], []),  # a name without a project: no id
-        ("atlas,*", "", None, []),  # '*' among names is every project
-        ("*", "atlas", None, ["atlas"]),
-        ("atlas", "poimen", ["atlas"], []),  # writing needs reading
-        ("atlas,poimen", "atlas", ["atlas", "poimen"], ["atlas"]),
-        ("atlas", "*", ["atlas"], ["atlas"]),
-        ("", "atlas", [], []),  # no read asserted: the role's own grants (none)
+        (None, "atlas", "", ["atlas"], []),
+        (None, "atlas,nowhere,atlas", "", ["atlas"], []),  # a name without a project: no id
+        (None, "atlas,*", "", None, []),  # '*' among names is every project
+        (None, "*", "atlas", None, ["atlas"]),
+        (None, "atlas", "poimen", ["atlas"], []),  # writing needs reading
+        (None, "atlas,poimen", "atlas", ["atlas", "poimen"], ["atlas"]),
+        (None, "atlas", "*", ["atlas"], ["atlas"]),
+        (None, "", "atlas", [], []),  # no read asserted: the role's own grants (none)
+        # nothing read asserted: the role's own read grants are what writing may reach
+        ("atlas", "", "atlas", ["atlas"], ["atlas"]),
+        ("atlas", "", "poimen", ["atlas"], []),
+        ("*", "", "poimen", None, ["poimen"]),
+        ("*", "atlas", "poimen", ["atlas"], []),  # asserted, its grants do not count
     ],
 )
 def test_the_service_s_asserted_names_resolve_to_exactly_their_ids(
-    conn: Conn, read: str, write: str, readable: list[str] | None, writable: list[str]
+    conn: Conn,
+    grant: str | None,
+    read: str,
+    write: str,
+    readable: list[str] | None,
+    writable: list[str],
 ) -> None:
     """memory._granted_ids resolves the service's names past memory.projects' policy
     (memory._asserted_project_ids, SECURITY DEFINER): the ids are those names' and no
     others', writing stays within reading, and '*' still means every project (NULL)."""
     make_role(conn, "tenant_service_ids", "service")
+    if grant is not None:
+        conn.execute("SELECT memory.grant_project('tenant_service_ids', %s)", (grant,))
     pids = _project_ids(conn)
     conn.execute("SET ROLE tenant_service_ids")
     try:

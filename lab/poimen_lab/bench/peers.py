@@ -239,7 +239,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument(
         "--anonymous",
         action="store_true",
-        help="our servers without API keys (every project asserted, as runs 1-11 were); "
+        help="our servers without API keys (every project asserted, as runs 1-12 were); "
         "default: one read-only key per project, each question asked with its project's",
     )
     p.add_argument("--json", type=Path, metavar="OUT")
@@ -1195,12 +1195,16 @@ def _sets(args: argparse.Namespace) -> list[Path]:
     return found
 
 
+KEY_NOTE = "bench-peers"
+
+
 def tenant_keys(urls: Sequence[str]) -> dict[str | None, str]:
     """A deployment's keys: one read-only API key per project, the same keys stored in
     each database our servers read
     (this version's and the base's), so that each request asserts its one project to
     row-level security as a keyed deployment does. Anonymous mode asserts every project,
-    which the policies pass on a setting alone."""
+    which the policies pass on a setting alone. Stored by this version's statement, in the
+    base's database too: the columns it writes are memory.api_keys' since migration 0005."""
     from poimen_memory.api.auth import key_hash, new_key
 
     with connect(urls[0], autocommit=True) as conn:
@@ -1217,10 +1221,19 @@ def tenant_keys(urls: Sequence[str]) -> dict[str | None, str]:
                         "prefix": key[:12],
                         "projects": [project],
                         "can_write": False,
-                        "note": "bench-peers",
+                        "note": KEY_NOTE,
                     },
                 )
     return keys
+
+
+def drop_tenant_keys(urls: Sequence[str]) -> None:
+    """The keys tenant_keys made (their note says so) out of each database: none left, a
+    database answers without a key again (deleted, not revoked: revoking every key would
+    lock the service instead)."""
+    for url in urls:
+        with connect(url, autocommit=True) as conn:
+            conn.execute("DELETE FROM memory.api_keys WHERE note = %s", (KEY_NOTE,))
 
 
 @contextmanager
@@ -1258,7 +1271,6 @@ import sys
 import poimen_memory
 from poimen_memory.db.connect import connect
 from poimen_memory.db.migrate import migrate
-from poimen_memory.db.queries import q as query_sql
 with connect(sys.argv[1], autocommit=True) as conn:
     migrate(conn, None)
 print(poimen_memory.__file__)
@@ -1454,8 +1466,13 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
             with connect(url, autocommit=True) as conn:
                 ensure_service_login(conn, s.service_role)
             keys: dict[str | None, str] = {}
+            ours_urls = [ours_url] + ([base_url] if base is not None else [])
+            # The keys of a run before this one's (a kept database, a run stopped midway)
+            # go first: a key left behind would refuse an anonymous run's every request.
+            drop_tenant_keys(ours_urls)
             if ours and not args.anonymous:
-                keys = tenant_keys([ours_url] + ([base_url] if base is not None else []))
+                stack.callback(drop_tenant_keys, ours_urls)
+                keys = tenant_keys(ours_urls)
                 result["keys"] = "one read-only key per project"
             else:
                 result["keys"] = "anonymous"

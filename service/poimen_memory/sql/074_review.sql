@@ -192,13 +192,14 @@ DECLARE
     there integer;
     sup text;
     resolved bigint[];
+    scope integer[] := memory._asserted_ids(true);
 BEGIN
     PERFORM memory.check_note('note', note);
     -- Another project's item is as unknown as one that never was, with or without
     -- row-level security (a superuser connection skips it): the asserted projects too.
     SELECT q.* INTO it FROM memory.review_queue q
     WHERE q.id = item_id AND q.completed_at IS NULL
-      AND (memory._asserted_ids(true) IS NULL OR q.project_id = ANY (memory._asserted_ids(true)))
+      AND (scope IS NULL OR q.project_id = ANY (scope))
     FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'no open review item %', coalesce(item_id::text, 'NULL')

@@ -159,8 +159,11 @@ BEGIN
         SELECT g.names, g.ids INTO names, role_ids FROM memory._role_grants(write) g;
         every := '*' = ANY (names);
     END IF;
-    -- Writing a project also needs reading it.
-    read_ids := CASE WHEN write THEN memory._granted_ids(false) END;
+    -- Writing a project also needs reading it: what the caller reads, where it can
+    -- narrow what it writes (not for a role's own grants, which hold it row by row).
+    IF write AND (every OR role_ids IS NULL OR memory._asserting(false)) THEN
+        read_ids := memory._granted_ids(false);
+    END IF;
     IF every AND (NOT write OR read_ids IS NULL) THEN
         RETURN NULL;
     END IF;
