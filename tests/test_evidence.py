@@ -207,19 +207,26 @@ def test_bad_arguments_are_22023(conn: Conn, args: str, message: str) -> None:
         conn.execute("SELECT * FROM memory.select_evidence(NULL, NULL, NULL)")
 
 
+def _calls(conn: Conn, *names: str) -> int:
+    """How often the transaction so far called these memory.* functions (the statistics
+    collector's count; the session needs track_functions = 'all')."""
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
+        " WHERE schemaname = 'memory' AND funcname = ANY (%s)",
+        (list(names),),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def test_memory_evidence_checks_its_budget_before_searching(conn: Conn) -> None:
     """A bad budget fails at once, before any embedding or search: counted by the
     statistics collector, which a good budget moves (the control)."""
     conn.execute("SET track_functions = 'all'")
 
     def searches() -> int:
-        conn.execute("SELECT pg_stat_clear_snapshot()")
-        row = conn.execute(
-            "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
-            " WHERE schemaname = 'memory' AND funcname IN ('embed', 'lexical_search')"
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
+        return _calls(conn, "embed", "lexical_search")
 
     with conn.transaction():
         with (
@@ -240,21 +247,11 @@ def test_an_answer_without_an_evidence_list_keeps_whole_trees_without_a_walk(con
     tree to the cited turns) is not called at all; with a list it is (the control), for
     the same results, each then saying how many turns its tree left out."""
     conn.execute("SET track_functions = 'all'")
-
-    def cited_only_calls() -> int:
-        conn.execute("SELECT pg_stat_clear_snapshot()")
-        row = conn.execute(
-            "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
-            " WHERE schemaname = 'memory' AND funcname = '_cited_only'"
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
-
     with conn.transaction():
         whole = conn.execute("SELECT memory.answer(%s, k => 5, evidence => 0)", (KONG,)).fetchone()
-        assert cited_only_calls() == 0
+        assert _calls(conn, "_cited_only") == 0
         listed = conn.execute("SELECT memory.answer(%s, k => 5)", (KONG,)).fetchone()
-        assert cited_only_calls() >= 1
+        assert _calls(conn, "_cited_only") >= 1
     assert whole is not None and listed is not None
     assert whole[0]["results"] and whole[0]["evidence"] is None
     ids = [r["node_id"] for r in listed[0]["results"]]
