@@ -1200,11 +1200,11 @@ KEY_NOTE = "bench-peers"
 
 def tenant_keys(urls: Sequence[str]) -> dict[str | None, str]:
     """A deployment's keys: one read-only API key per project, the same keys stored in
-    each database our servers read
-    (this version's and the base's), so that each request asserts its one project to
-    row-level security as a keyed deployment does. Anonymous mode asserts every project,
-    which the policies pass on a setting alone. Stored by this version's statement, in the
-    base's database too: the columns it writes are memory.api_keys' since migration 0005."""
+    each database our servers read (this version's and the base's), so that each request
+    asserts its one project to row-level security as a keyed deployment does. Anonymous
+    mode asserts every project, which the policies pass on a setting alone. Stored by this
+    version's statement, in the base's database too: the columns it writes are
+    memory.api_keys' since migration 0005."""
     from poimen_memory.api.auth import key_hash, new_key
 
     with connect(urls[0], autocommit=True) as conn:

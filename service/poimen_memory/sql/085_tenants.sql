@@ -154,11 +154,10 @@ BEGIN
         -- The service asserting projects: its names, read once (this is the service's
         -- every statement, and each nested call costs its own SET clause).
         names := string_to_array(asserted, ',');
-        every := '*' = ANY (names);
     ELSE
         SELECT g.names, g.ids INTO names, role_ids FROM memory._role_grants(write) g;
-        every := '*' = ANY (names);
     END IF;
+    every := '*' = ANY (names);
     -- Writing a project also needs reading it: what the caller reads, where it can
     -- narrow what it writes (not for a role's own grants, which hold it row by row).
     IF write AND (every OR role_ids IS NULL OR memory._asserting(false)) THEN
