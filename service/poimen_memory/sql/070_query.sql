@@ -33,6 +33,8 @@ AS $$
 DECLARE
     pid integer := memory.project_id(project_name);
 BEGIN
+    -- Checked once, not per row in the statement below (a call a row, with its SET clause).
+    query_embedding := memory.check_embedding(query_embedding);
     -- One way to the rows' support, whoever calls: the answer's, else computed here.
     support_rows := coalesce(support_rows, memory._support_rows(ids, as_of, support_valid_at));
     -- Static (as a dynamic statement the page was planned at every call: 0.3 of an answer's
@@ -60,7 +62,7 @@ BEGIN
                     (SELECT p.name FROM memory.projects p WHERE p.id = n.project_id)),
            n.title, n.text, n.source, n.breadcrumb, n.ts,
            CASE WHEN query_embedding IS NULL OR n.embedding IS NULL THEN NULL
-                ELSE 1 - (n.embedding <=> memory.check_embedding(query_embedding)) END,
+                ELSE 1 - (n.embedding <=> query_embedding) END,
            pv.tree, n.external_id, pv.truncated, n.metadata, su.support, su.changed_parents
     FROM page n
     JOIN memory.provenance_forest(

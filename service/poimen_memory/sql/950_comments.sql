@@ -45,6 +45,9 @@ COMMENT ON TYPE memory.evidence_row IS
 COMMENT ON TYPE memory.evidence_candidate IS
     'One candidate of memory.select_evidence between its statements (an array of them, not JSON: the scores stay double precision): the L0 turn id, its score s, its direct rank pos, the ranks of the results citing it (by_rank), the score its neighbours lent it (beside) and its session (project_id, title). Internal.';
 
+COMMENT ON TYPE memory.rested_parent IS
+    'One parent a node rests on, as memory._rested_parents returns it, held by memory._support_at between its statements (an array of them, not JSON): the child, the parent version it rests on (parent_id, external_id, level, revision, precedence), its state and the id''s current version (current_id, current_revision). Internal.';
+
 COMMENT ON TYPE memory.node_row IS
     'One node as memory.get_node returns it: its columns, its parents and children (at most memory._links_max() each, with the totals), parents_declared, support and versions.';
 
