@@ -200,8 +200,8 @@ COMMENT ON FUNCTION memory.fuse_legs(jsonb, jsonb, text, text, double precision,
 -- one place: the relevance floor holds candidates back, recency rescores them, the soft
 -- phrases of the query grammar raise the ones that contain them; then the final k.
 CREATE OR REPLACE FUNCTION memory._after_fusion(
-    candidates jsonb, plan jsonb, query_embedding vector, OUT fused jsonb, OUT withheld integer,
-    OUT held bigint[]
+    candidates memory.fused_row[], plan jsonb, query_embedding vector, OUT fused jsonb,
+    OUT withheld integer, OUT held bigint[]
 )
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, public, pg_temp
@@ -221,22 +221,30 @@ BEGIN
     withheld := 0;
     held := '{}';
     IF candidates IS NULL OR (floor IS NULL AND NOT recent AND jsonb_array_length(boost) = 0) THEN
-        fused := candidates;
+        fused := (SELECT jsonb_agg(to_jsonb(c) ORDER BY c.o)
+                  FROM unnest(candidates) WITH ORDINALITY AS c(node_id, ranks, scores, fused_score,
+                                                               fusion_method, o));
         RETURN;
     END IF;
     -- The fused list is every candidate when the floor applies (memory._run_legs), so that
     -- held names every one it holds back, whatever k (the evidence's deeper candidates,
     -- memory._deeper, leave them out for any k); without recency or a soft phrase the page
     -- is still cut from the first final_k: the floor never brings up one from below them.
-    SELECT coalesce(jsonb_agg(r.v ORDER BY r.hits DESC, r.s DESC NULLS LAST, r.o)
+    -- The candidates come typed (memory.fused_row) and only the kept ones become JSON: as a
+    -- JSON list both ways, every candidate's scores went float -> numeric -> float (issue 42).
+    -- Recency's score replaces the fused one in what it keeps.
+    SELECT coalesce(jsonb_agg(jsonb_build_object('node_id', r.node_id, 'ranks', r.ranks, 'scores', r.scores,
+                                                 'fused_score', CASE WHEN recent THEN r.s ELSE r.fused_score END,
+                                                 'fusion_method', r.fusion_method)
+                              ORDER BY r.hits DESC, r.s DESC NULLS LAST, r.o)
                         FILTER (WHERE NOT r.low AND r.pos <= (plan ->> 'final_k')::integer
                                       AND (reorders OR r.o <= (plan ->> 'final_k')::integer)), '[]'),
            count(*) FILTER (WHERE r.low AND (reorders OR r.o <= (plan ->> 'final_k')::integer)),
            -- what the floor held back: no evidence cites it either (memory._deeper)
-           coalesce(array_agg((r.v ->> 'node_id')::bigint) FILTER (WHERE r.low), '{}')
+           coalesce(array_agg(r.node_id) FILTER (WHERE r.low), '{}')
       INTO fused, withheld, held
       FROM (SELECT l.*, row_number() OVER (PARTITION BY l.low ORDER BY l.hits DESC, l.s DESC NULLS LAST, l.o) AS pos
-      FROM (SELECT f.v, f.o, f.s, f.hits,
+      FROM (SELECT f.node_id, f.ranks, f.scores, f.fused_score, f.fusion_method, f.o, f.s, f.hits,
                    -- The floor: a candidate whose cosine similarity to the query is below
                    -- it is held back, unless the query's words vouch for it: it holds
                    -- keep_with_terms of the query's terms (memory._plan) or a phrase the
@@ -247,7 +255,7 @@ BEGIN
                      AND NOT coalesce(need IS NOT NULL
                                       AND length(f.tsv) - length(ts_delete(f.tsv, terms)) >= need,
                                       false) AS low
-            FROM (SELECT CASE WHEN recent THEN x.v || jsonb_build_object('fused_score', s.s) ELSE x.v END AS v,
+            FROM (SELECT x.node_id, x.ranks, x.scores, x.fused_score, x.fusion_method,
                          x.o, n.tsv,
                          CASE WHEN recent THEN s.s END AS s,
                          coalesce(1 - (n.embedding <=> query_embedding) < floor, false) AS below,
@@ -255,8 +263,8 @@ BEGIN
                          -- more of them first, in their order (memory.parse_query's boost).
                          (SELECT count(*) FROM jsonb_array_elements(boost) b(item)
                           WHERE memory._grammar_has(n.tsv, memory._grammar_doc(n.title, n.breadcrumb, n.text), b.item)) AS hits
-                  FROM ROWS FROM (jsonb_array_elements(candidates), jsonb_to_recordset(candidates) AS (node_id bigint))
-                       WITH ORDINALITY AS x(v, node_id, o)
+                  FROM unnest(candidates) WITH ORDINALITY
+                       AS x(node_id, ranks, scores, fused_score, fusion_method, o)
                   LEFT JOIN memory.nodes n ON n.id = x.node_id
                   -- Recency: each score times 1 - w + w * 0.5 ^ (age / half-life), the age
                   -- counted from the plan's origin, and a node from after it by its distance
@@ -264,7 +272,7 @@ BEGIN
                   -- boost: issue 43); one without a timestamp gets no boost. Ties keep the
                   -- fused order.
                   LEFT JOIN LATERAL (
-                      SELECT (x.v ->> 'fused_score')::double precision
+                      SELECT x.fused_score
                                * (1 - w.w + w.w * CASE WHEN n.ts IS NULL THEN 0  -- (greatest skips NULLs)
                                      ELSE power(0.5::double precision, least(  -- 0.5 ^ 1000: no underflow
                                          abs(extract(epoch FROM w.origin - n.ts)) / 86400.0 / w.h,
@@ -275,5 +283,5 @@ BEGIN
                       WHERE recent
                   ) s ON true) f) l) r;
 END $$;
-COMMENT ON FUNCTION memory._after_fusion(jsonb, jsonb, vector) IS
-    'The fused candidates (memory.fuse_legs rows as JSON, best first) made into the final_k list the page is cut from, as the plan says: the relevance floor holds back those below min_cosine whose words do not vouch for them (withheld counts them, held names them; plan.floor), recency rescores them (plan.recency), the query''s soft phrases (plan.grammar.boost) rank the candidates containing more of them first.';
+COMMENT ON FUNCTION memory._after_fusion(memory.fused_row[], jsonb, vector) IS
+    'The fused candidates (memory.fuse_legs rows, best first) made into the final_k list the page is cut from (as JSON, the rows'' fields), as the plan says: the relevance floor holds back those below min_cosine whose words do not vouch for them (withheld counts them, held names them; plan.floor), recency rescores them (plan.recency), the query''s soft phrases (plan.grammar.boost) rank the candidates containing more of them first.';

@@ -179,6 +179,7 @@ DECLARE
     ev_sem jsonb := empty;
     legs integer := 0;
     fused jsonb;
+    cands memory.fused_row[];
     cut integer;  -- the fusion's final k
     fused_order bigint[];
     recent boolean := coalesce((plan -> 'recency' ->> 'applied')::boolean, false);
@@ -267,20 +268,19 @@ BEGIN
     cut := CASE WHEN recent OR jsonb_array_length(coalesce(plan -> 'grammar' -> 'boost', '[]')) > 0
                      OR coalesce((plan -> 'floor' ->> 'applied')::boolean, false)
                 THEN 1000 ELSE (plan ->> 'final_k')::integer END;
-    SELECT jsonb_agg(jsonb_build_object('node_id', f.node_id, 'ranks', f.ranks, 'scores', f.scores,
-                                        'fused_score', f.fused_score, 'fusion_method', f.fusion_method)
-                     ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]), f.node_id)
-      INTO fused
-      FROM memory.fuse_legs(sem, lex, strat, plan ->> 'fusion',
-                            (plan ->> 'dense_weight')::double precision,
-                            (plan ->> 'rrf_k')::integer, cut) f;
+    -- typed until the final k is known: only what the state keeps becomes JSON
+    cands := ARRAY(SELECT f::memory.fused_row
+                   FROM memory.fuse_legs(sem, lex, strat, plan ->> 'fusion',
+                                         (plan ->> 'dense_weight')::double precision,
+                                         (plan ->> 'rrf_k')::integer, cut) f
+                   ORDER BY f.fused_score DESC, least(f.ranks[1], f.ranks[2]), f.node_id);
     -- the fused order before the floor, recency and soft phrases, cut deep: memory._deeper
     -- reads the candidates after the results from it rather than fusing the legs again
-    fused_order := coalesce(ARRAY(SELECT (x.v ->> 'node_id')::bigint
-                                  FROM jsonb_array_elements(fused) WITH ORDINALITY AS x(v, o)
-                                  ORDER BY x.o), '{}');
+    fused_order := ARRAY(SELECT c.node_id FROM unnest(cands) WITH ORDINALITY AS c(node_id, ranks, scores,
+                                                                                  fused_score, fusion_method, o)
+                         ORDER BY c.o);
     -- the floor, recency and soft phrases (sql/040_fusion.sql), then the final k
-    SELECT a.fused, a.withheld, a.held INTO fused, withheld, held FROM memory._after_fusion(fused, plan, query_embedding) a;
+    SELECT a.fused, a.withheld, a.held INTO fused, withheld, held FROM memory._after_fusion(cands, plan, query_embedding) a;
     st := memory._stage_time(st, 'fusion_time_ms', t);
     RETURN jsonb_build_object('lexical', lex, 'semantic', sem, 'evidence_lexical', ev_lex,
                               'evidence_semantic', ev_sem, 'evidence_legs', legs,
