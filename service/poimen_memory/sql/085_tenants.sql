@@ -30,17 +30,20 @@ COMMENT ON FUNCTION memory.roles() IS
 -- name raises when the role does not exist (a restore without globals), and every policy
 -- would then fail. No role: no member. An empty setting asserts nothing: the service's
 -- grants then apply (none), so a path that forgets to assert sees nothing.
+-- Inlined (migrate.INLINED: no SET clause, everything named by schema): every row-level
+-- security check (memory._granted_ids, once per statement and table, 20 to 30 times an
+-- answer) asks it once or twice, and as a call with a SET clause each asking cost more
+-- than the test (issue 42).
 CREATE OR REPLACE FUNCTION memory._asserting(write boolean DEFAULT false)
 RETURNS boolean
-LANGUAGE plpgsql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
-BEGIN
-    RETURN coalesce(current_setting(CASE WHEN write THEN 'poimen.write_projects'
-                                         ELSE 'poimen.read_projects' END, true), '') <> ''
-           AND coalesce(pg_catalog.pg_has_role(current_user, pg_catalog.to_regrole('@role.service@'),
-                                               'MEMBER'), false);
-END $$;
+SELECT coalesce(pg_catalog.current_setting(CASE WHEN write THEN 'poimen.write_projects'
+                                                ELSE 'poimen.read_projects' END, true), '')
+           OPERATOR(pg_catalog.<>) ''
+       AND coalesce(pg_catalog.pg_has_role(CURRENT_USER, pg_catalog.to_regrole('@role.service@'),
+                                           'MEMBER'), false)
+$$;
 COMMENT ON FUNCTION memory._asserting(boolean) IS
     'Whether the current user is a member of @role.service@ asserting projects in poimen.read_projects (write => true: poimen.write_projects): then those projects alone apply, not the grants.';
 

@@ -49,8 +49,11 @@ def touched() -> sql.Composed:
 # sql/055_support.sql; tests/test_sql_hygiene.py). memory._bm25_score runs once per scored
 # document: called, it cost a lexical leg 1.7 ms of 3.4 on LoCoMo (docs/benchmarks.md).
 # memory._rests_on is the provenance walks' test of an edge and its parent version: inlined,
-# the edge's part filters the edge's scan.
-INLINED = frozenset({"memory._visible", "memory._bm25_score", "memory._rests_on"})
+# the edge's part filters the edge's scan. memory._asserting is the membership test of every
+# row-level security check (memory._granted_ids, 20 to 30 a query).
+INLINED = frozenset(
+    {"memory._visible", "memory._bm25_score", "memory._rests_on", "memory._asserting"}
+)
 
 
 def _pin_search_path(conn: psycopg.Connection[Any], schema: str) -> None:
