@@ -5,6 +5,7 @@ command runs end to end on a tiny corpus. No timing is asserted."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -14,9 +15,10 @@ import numpy as np
 import psycopg
 import pytest
 from pgvector.psycopg import register_vector
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from poimen_lab.bench import peers
+from poimen_lab.bench.scratch import drop_database
 from poimen_memory.cli.main import main
 from poimen_memory.db.connect import connect
 
@@ -295,6 +297,49 @@ def test_bench_peers_runs_the_version_before_a_change_beside_this_one(
     assert "this version over the base (HEAD, " in printed
     assert "poimen GET /memory/query (base)" in printed
     assert databases() == before  # the database and its base copy are gone
+
+
+def test_a_base_without_the_newest_migration_runs_on_a_database_it_migrated_last(
+    databases: Callable[[], set[str]],
+    sets: tuple[Path, Path],
+    tmp_path: Path,
+    empty_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--database and --base, where this version adds a run-once migration the base does
+    not have: the base's copy is made before this version migrates the reused database, so
+    the base's migrate finds no migration it does not know (it refuses a database that
+    holds one: a database is never migrated backwards)."""
+    # The base: this tree without its newest run-once migration.
+    base = tmp_path / "base"
+    for folder in ("service", "plpython"):
+        shutil.copytree(peers.REPO / folder, base / folder)
+    newest = max((base / "service" / "poimen_memory" / "migrations").glob("*.sql"))
+    newest.unlink()
+    monkeypatch.setattr(peers, "base_code", lambda ref, cache: ("0" * 40, base))
+    before = databases()
+    mem, _ = sets
+    cache, kept, out = tmp_path / "cache", tmp_path / "kept.json", tmp_path / "peers.json"
+    common = ["--set", str(mem), "--warmup", "1", "--systems", "poimen", "--cache", str(cache),
+              "--anonymous"]  # fmt: skip
+    assert main(["bench-peers", *common, "--keep-db", "--json", str(kept)]) == 0
+    name = json.loads(kept.read_text())["database"]
+    try:
+        # the kept database as the base's code left it: without the newest migration
+        with psycopg.connect(make_conninfo(empty_url, dbname=name), autocommit=True) as conn:
+            conn.execute("DELETE FROM memory.schema_migrations WHERE version = %s", (newest.stem,))
+        args = ["bench-peers", *common, "--database", name, "--base", "HEAD", "--json", str(out)]
+        assert main(args) == 0
+        o = json.loads(out.read_text())["sets"]["mem"]["systems"]["poimen"]["over_base"]
+        assert o["questions"] == 7 and o["same_answers"] == 7, o
+        # this version migrated the reused database again, its newest migration included
+        with psycopg.connect(make_conninfo(empty_url, dbname=name)) as conn:
+            assert conn.execute(
+                "SELECT count(*) FROM memory.schema_migrations WHERE version = %s", (newest.stem,)
+            ).fetchone() == (1,)
+    finally:
+        drop_database(empty_url, name)
+    assert databases() == before
 
 
 def test_a_failed_base_leaves_no_database_behind(

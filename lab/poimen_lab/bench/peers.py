@@ -68,9 +68,11 @@ against HEAD to see the noise: SciFact's database CPU measured 1.022x and 1.023x
 version on the original, 0.981x and 0.979x with both on copies (LoCoMo within 1.2%).
 Each poimen system then has a twin ``<name>@base``, asked the same questions in the same
 rotation, and the table adds this version over the base: CPU per question (the ratio of
-means and the median of the per-question ratios) and how many answers are identical. A
-base whose code lacks a run-once migration of this version's is refused by its own migrate
-(a database is never migrated backwards).
+means and the median of the per-question ratios) and how many answers are identical. The
+base's copy is made before this version migrates a reused database (``--database``), so a
+database last migrated by the base serves a change that adds a run-once migration; a base
+whose code lacks a migration the loaded database holds is refused by its own migrate (a
+database is never migrated backwards).
 """
 
 from __future__ import annotations
@@ -1437,19 +1439,23 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
                 result["load"]["poimen_ingest_s"] = load_poimen(
                     url, list(zip(folders, sets, strict=True)), embedder, args.cache
                 )
-            else:
-                # a database loaded by an earlier version: its functions made this version's
-                with connect(url, autocommit=True) as conn:
-                    migrate(conn, s.plpython_root)
             if base is not None and code is not None:
                 # Before the peers are built: a template may have no connections, and
-                # langchain's engine keeps some open.
+                # langchain's engine keeps some open. Before this version migrates the
+                # loaded database, too: a run-once migration the base does not know would
+                # make the base's copy one its code refuses (a database is never migrated
+                # backwards), so a database last migrated by the base measures both.
                 print(f"bench-peers: the base ({args.base}): copy, migrate", file=sys.stderr)
                 base["database"] = databases[BASE] = base_database(name)
                 if not args.keep_db:
                     stack.callback(drop_database, server, base["database"])
                 base_url = copy_for_base(server, name, code)
                 result["base"] = base
+            if args.database:
+                # a database loaded by an earlier version: its functions made this version's
+                with connect(url, autocommit=True) as conn:
+                    migrate(conn, s.plpython_root)
+            if base is not None and code is not None:
                 databases[""] = base["head_database"] = head_database(name)
                 if not args.keep_db:
                     stack.callback(drop_database, server, databases[""])
