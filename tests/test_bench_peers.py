@@ -17,10 +17,12 @@ import pytest
 from pgvector.psycopg import register_vector
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from conftest import stage_migrations
 from poimen_lab.bench import peers
 from poimen_lab.bench.scratch import drop_database
 from poimen_memory.cli.main import main
 from poimen_memory.db.connect import connect
+from poimen_memory.db.migrate import layout
 
 FIXTURES = Path(__file__).parent / "fixtures"
 QUERIES = [json.loads(x) for x in (FIXTURES / "eval_queries.jsonl").read_text().splitlines()]
@@ -310,32 +312,32 @@ def test_a_base_without_the_newest_migration_runs_on_a_database_it_migrated_last
     not have: the base's copy is made before this version migrates the reused database, so
     the base's migrate finds no migration it does not know (it refuses a database that
     holds one: a database is never migrated backwards)."""
+    newest = max(layout.MIGRATIONS_DIR.glob("*.sql")).stem
     # The base: this tree without its newest run-once migration.
     base = tmp_path / "base"
     for folder in ("service", "plpython"):
         shutil.copytree(peers.REPO / folder, base / folder)
-    newest = max((base / "service" / "poimen_memory" / "migrations").glob("*.sql"))
-    newest.unlink()
+    (base / "service" / "poimen_memory" / "migrations" / f"{newest}.sql").unlink()
     monkeypatch.setattr(peers, "base_code", lambda ref, cache: ("0" * 40, base))
     before = databases()
     mem, _ = sets
     cache, kept, out = tmp_path / "cache", tmp_path / "kept.json", tmp_path / "peers.json"
     common = ["--set", str(mem), "--warmup", "1", "--systems", "poimen", "--cache", str(cache),
               "--anonymous"]  # fmt: skip
+    # A database loaded and kept by the base's migrations (this version's without its newest).
+    add_migrations = stage_migrations(tmp_path, monkeypatch, below=newest)
     assert main(["bench-peers", *common, "--keep-db", "--json", str(kept)]) == 0
     name = json.loads(kept.read_text())["database"]
     try:
-        # the kept database as the base's code left it: without the newest migration
-        with psycopg.connect(make_conninfo(empty_url, dbname=name), autocommit=True) as conn:
-            conn.execute("DELETE FROM memory.schema_migrations WHERE version = %s", (newest.stem,))
+        add_migrations(newest)
         args = ["bench-peers", *common, "--database", name, "--base", "HEAD", "--json", str(out)]
         assert main(args) == 0
         o = json.loads(out.read_text())["sets"]["mem"]["systems"]["poimen"]["over_base"]
         assert o["questions"] == 7 and o["same_answers"] == 7, o
-        # this version migrated the reused database again, its newest migration included
+        # this version migrated the reused database, its newest migration included
         with psycopg.connect(make_conninfo(empty_url, dbname=name)) as conn:
             assert conn.execute(
-                "SELECT count(*) FROM memory.schema_migrations WHERE version = %s", (newest.stem,)
+                "SELECT count(*) FROM memory.schema_migrations WHERE version = %s", (newest,)
             ).fetchone() == (1,)
     finally:
         drop_database(empty_url, name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
@@ -284,3 +285,36 @@ def test_the_policy_reads_its_defaults_from_the_one_table_of_keys(conn: Conn) ->
         conn.execute("DELETE FROM memory.config WHERE key = 'not_a_policy_key'")
         conn.execute("SELECT memory.reset_policy()")
     assert conn.execute("SELECT evidence_budget FROM memory.policy()").fetchone() == (20,)
+
+
+@pytest.mark.parametrize("min_cosine", [-1, 0.2])
+def test_the_fused_state_holds_the_fused_rows_fields(
+    conn: Conn, embedder: LocalEmbedder, min_cosine: float
+) -> None:
+    """The state memory._run_legs hands memory._finish (and, through memory._serve's
+    candidates, the service's reranker) lists each fused candidate with exactly the fields of
+    memory.fused_row, in the fused order, whether the relevance floor runs (min_cosine 0.2:
+    memory._after_fusion judges every candidate) or not (-1: the first k handed on)."""
+    q = "how do I fix uploads over 10KB failing through the kong gateway"
+    plan = conn.execute(
+        "SELECT memory._plan(memory._request(%s, 'poimen', ARRAY['L0', 'L1', 'L2'], 5,"
+        " 'Hybrid', 'convex', NULL, NULL, NULL, NULL, NULL, NULL, 0)"
+        " || jsonb_build_object('min_cosine', %s::float8))",
+        (q, min_cosine),
+    ).fetchone()[0]
+    assert plan["floor"]["applied"] is (min_cosine > -1), plan["floor"]
+    state = conn.execute(
+        "SELECT memory._run_legs(%s::jsonb, %s)", (json.dumps(plan), embedder.embed_query(q))
+    ).fetchone()[0]
+    fused, order = state["fused"], state["fused_order"]
+    assert 0 < len(fused) <= 5
+    for row in fused:
+        assert set(row) == {"node_id", "ranks", "scores", "fused_score", "fusion_method"}, row
+        assert row["fusion_method"] == "convex" and len(row["ranks"]) == len(row["scores"]) == 2
+    ids = [r["node_id"] for r in fused]
+    # in the fused order: its first k without the floor, a subsequence with it
+    if min_cosine == -1:
+        assert ids == order[: len(ids)]
+    else:
+        at = [order.index(i) for i in ids]
+        assert at == sorted(at) and set(state["withheld_ids"]).isdisjoint(ids)

@@ -192,3 +192,31 @@ def test_0020_gives_every_id_less_node_an_id(
         assert (conn.execute(stats).fetchone(), conn.execute(hashes).fetchone()) == before
         got = conn.execute("SELECT text FROM memory.get_node(%s, 'old')", (ids[0],)).fetchone()
         assert got == ("an old note",)
+
+
+def test_0028_drops_the_jsonb_signature_of_after_fusion(
+    empty_url: str, plpython_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database from before 0028 holds memory._after_fusion(jsonb, jsonb, vector); 0028
+    drops it (sql/ makes the memory.fused_row[] one), so no stale overload is left."""
+    add_migrations = stage_migrations(tmp_path, monkeypatch, below="0028")
+    signature = "memory._after_fusion(jsonb, jsonb, vector)"
+    with connect(empty_url, autocommit=True) as conn:
+        migrate(conn, plpython_root)
+        # the old signature, as sql/ made it before 0028 (its body does not matter here)
+        conn.execute(
+            "CREATE FUNCTION memory._after_fusion(candidates jsonb, plan jsonb, q vector,"
+            " OUT fused jsonb, OUT withheld integer, OUT held bigint[])"
+            " LANGUAGE sql AS 'SELECT candidates, 0, ''{}''::bigint[]'"
+        )
+        add_migrations("0028")
+        report = migrate(conn, plpython_root)
+        assert "0028_typed_fusion_candidates" in report.applied
+        assert conn.execute("SELECT to_regprocedure(%s)", (signature,)).fetchone() == (None,)
+        kept = conn.execute(
+            "SELECT array_agg(oid::regprocedure::text) FROM pg_proc WHERE proname = '_after_fusion'"
+        ).fetchone()
+        assert kept is not None and kept[0] == [
+            "memory._after_fusion(memory.fused_row[],jsonb,vector)"
+        ]
+        assert migrate(conn, plpython_root).applied == []  # once

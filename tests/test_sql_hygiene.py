@@ -304,6 +304,21 @@ def test_the_visibility_predicate_is_inlined(conn: Conn) -> None:
     assert "expired_at IS NULL" in plan and "metadata @>" in plan, plan
 
 
+def test_the_membership_test_and_the_plan_mode_are_inlined(conn: Conn) -> None:
+    """memory._asserting (every row-level security check's) and memory._plan_cache_mode
+    fold into the expressions that call them: EXPLAIN VERBOSE shows what they test, never a
+    call to them."""
+    plan = "\n".join(
+        r[0]
+        for r in conn.execute(
+            "EXPLAIN VERBOSE SELECT memory._asserting(x), memory._plan_cache_mode()"
+            " FROM (VALUES (true), (false)) v(x)"
+        ).fetchall()
+    )
+    assert "_asserting" not in plan and "_plan_cache_mode" not in plan, plan
+    assert "pg_has_role" in plan and "pg_get_partkeydef" in plan, plan
+
+
 def test_the_provenance_rule_is_inlined(conn: Conn) -> None:
     """memory._rests_on folds into plain quals of the walks: the edge's test on the edge,
     the node's on the node, never a call to it."""

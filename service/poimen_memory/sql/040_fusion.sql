@@ -224,9 +224,8 @@ BEGIN
     withheld := 0;
     held := '{}';
     IF candidates IS NULL OR (floor IS NULL AND NOT recent AND jsonb_array_length(boost) = 0) THEN
-        fused := (SELECT jsonb_agg(to_jsonb(c) ORDER BY c.o)
-                  FROM unnest(candidates) WITH ORDINALITY AS c(node_id, ranks, scores, fused_score,
-                                                               fusion_method, o));
+        -- the rows' own fields, in order (NULL for none, as a jsonb_agg of no rows)
+        fused := CASE WHEN cardinality(candidates) > 0 THEN to_jsonb(candidates) END;
         RETURN;
     END IF;
     -- The fused list is every candidate when the floor applies (memory._run_legs), so that

@@ -76,9 +76,11 @@ RETURNS jsonb
 -- PARALLEL UNSAFE: it may route in PL/Python (memory.optimize_query runs subtransactions).
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
--- Lookups by key: one plan a session serves every request (PostgreSQL kept making a plan
--- per call for the count of the question's postings below, 0.13 ms for a 0.1 ms statement).
-SET plan_cache_mode = force_generic_plan
+-- The clause scopes the set_config below to this call. Lookups by key: one plan a session
+-- serves every request on one table (PostgreSQL kept making a plan per call for the count
+-- of the question's postings below, 0.13 ms for a 0.1 ms statement); on the partitioned
+-- layout the choice stays PostgreSQL's (memory._plan_cache_mode says why).
+SET plan_cache_mode = auto
 AS $$
 DECLARE
     pol record;
@@ -132,6 +134,7 @@ DECLARE
     -- the service embeds with another model than the database's vectors': no cosine means anything
     other_model boolean := false;
 BEGIN
+    PERFORM pg_catalog.set_config('plan_cache_mode', memory._plan_cache_mode(), true);
     IF jsonb_typeof(req) IS DISTINCT FROM 'object' THEN
         RAISE EXCEPTION 'a query request is a JSON object' USING ERRCODE = '22023';
     END IF;
@@ -339,7 +342,7 @@ BEGIN
     -- project, and a range there made the planner of a table not yet analyzed read the
     -- project's every term (docs/benchmarks.md, "poimen-memory bench on a quiet machine").
     -- One statement for each case, each with a plan fit for any project (the function's
-    -- generic plans); term_stats_lexeme_idx, (lexeme, project_id) since, serves both.
+    -- generic plans, on one table); term_stats_lexeme_idx, (lexeme, project_id), serves both.
     IF pid IS NULL THEN
         SELECT coalesce(sum(t.df), 0) INTO n_postings
           FROM memory.term_stats t

@@ -76,7 +76,7 @@ BEGIN
     ORDER BY n.pos;
 END $$;
 COMMENT ON FUNCTION memory._hydrate(bigint[], vector, integer, text, timestamptz, timestamptz, jsonb) IS
-    'memory.hydrate''s rows, with each node''s support and changed_parents taken from support_rows ({"node_id": {"support", "changed_parents"}}, memory._support_rows at the same as_of and support_valid_at; a node it has no entry for is left out) instead of computed again; support_rows NULL: computed here, as memory.hydrate does.';
+    'memory.hydrate''s rows (the query vector checked once, whatever the ids: memory.check_embedding), with each node''s support and changed_parents taken from support_rows ({"node_id": {"support", "changed_parents"}}, memory._support_rows at the same as_of and support_valid_at; a node it has no entry for is left out) instead of computed again; support_rows NULL: computed here, as memory.hydrate does.';
 
 -- Each node's support (memory._support_at) as memory._hydrate takes it: keyed by node id.
 CREATE OR REPLACE FUNCTION memory._support_rows(
@@ -118,7 +118,7 @@ BEGIN
                                                as_of, support_valid_at, NULL);
 END $$;
 COMMENT ON FUNCTION memory.hydrate(bigint[], vector, integer, text, timestamptz, timestamptz) IS
-    'Node rows for the given ids, in input order (with project_name: only ids of that project, PM404 when unknown), with query_score (if an embedding is given), provenance down to L0 as nested jsonb (capped: memory.provenance_forest, all trees in one pass; a parent version rewritten since is shown marked superseded), external_id, provenance_truncated when a cap left parents out, metadata, support and changed_parents (memory._support_at at as_of and support_valid_at: full, stale, partial, none, or NULL for a node written without parents). as_of: provenance through the versions visible then. One round trip for a whole result page.';
+    'Node rows for the given ids, in input order (with project_name: only ids of that project, PM404 when unknown), with query_score (if an embedding is given; it is checked whatever the ids, memory.check_embedding), provenance down to L0 as nested jsonb (capped: memory.provenance_forest, all trees in one pass; a parent version rewritten since is shown marked superseded), external_id, provenance_truncated when a cap left parents out, metadata, support and changed_parents (memory._support_at at as_of and support_valid_at: full, stale, partial, none, or NULL for a node written without parents). as_of: provenance through the versions visible then. One round trip for a whole result page.';
 
 CREATE OR REPLACE FUNCTION memory._answer(req jsonb, query_embedding vector, caller text)
 RETURNS jsonb

@@ -335,18 +335,19 @@ COMMENT ON FUNCTION memory._cited_only(jsonb, text[]) IS
 -- PostgreSQL compiles its expressions first, and an answer's statements are short: on
 -- SciFact the evidence's candidates statement, estimated at 131k, spent 66 ms of its 76 in
 -- JIT compilation (docs/benchmarks.md, "Planning an answer once").
--- PL/pgSQL, not SQL: a SQL function with a SET clause is planned again at every call (125
--- us; an answer makes three to five), where PL/pgSQL keeps its statement's plan.
+-- Inlined into its callers' expressions (migrate.INLINED: no SET clause, every name by its
+-- schema): as a call it cost 125 us (a SQL function with a SET clause, planned at every
+-- call) or 43 (PL/pgSQL), four to six an answer. pg_get_partkeydef, not a look at
+-- pg_class.relkind: a sub-select would keep the planner from inlining it. A table's
+-- partition key is there (not NULL) exactly when it is partitioned; to_regclass at each
+-- use, so a partition_by_project in the same session is followed.
 CREATE OR REPLACE FUNCTION memory._plan_cache_mode()
 RETURNS text
-LANGUAGE plpgsql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
-BEGIN
-    RETURN CASE WHEN (SELECT c.relkind FROM pg_catalog.pg_class c
-                      WHERE c.oid = pg_catalog.to_regclass('memory.nodes')) = 'p'
-                THEN 'auto' ELSE 'force_generic_plan' END;
-END $$;
+SELECT CASE WHEN pg_catalog.pg_get_partkeydef(pg_catalog.to_regclass('memory.nodes')) IS NULL
+            THEN 'force_generic_plan' ELSE 'auto' END
+$$;
 COMMENT ON FUNCTION memory._plan_cache_mode() IS
     'The plan_cache_mode memory._finish runs its statements with: force_generic_plan (plan once per session), or auto on the partitioned layout (custom plans prune to one partition).';
 

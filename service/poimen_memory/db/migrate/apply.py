@@ -50,9 +50,16 @@ def touched() -> sql.Composed:
 # document: called, it cost a lexical leg 1.7 ms of 3.4 on LoCoMo (docs/benchmarks.md).
 # memory._rests_on is the provenance walks' test of an edge and its parent version: inlined,
 # the edge's part filters the edge's scan. memory._asserting is the membership test of every
-# row-level security check (memory._granted_ids, 20 to 30 a query).
+# row-level security check (memory._granted_ids, 20 to 30 a query); memory._plan_cache_mode
+# the layout's plan_cache_mode, read by each stage that sets it.
 INLINED = frozenset(
-    {"memory._visible", "memory._bm25_score", "memory._rests_on", "memory._asserting"}
+    {
+        "memory._visible",
+        "memory._bm25_score",
+        "memory._rests_on",
+        "memory._asserting",
+        "memory._plan_cache_mode",
+    }
 )
 
 
