@@ -285,8 +285,10 @@ SELECT status FROM pg_stat_wal_receiver;
 
 -- name: serve_start
 -- The plan of a query (sql/066_plan.sql) under the tenant's projects, and its Postgres
--- lexical legs, run while the service embeds the query: one round trip.
-SELECT memory._serve_start(%(req)s::jsonb, %(caps)s::jsonb);
+-- lexical legs, run while the service embeds the query: one round trip. Its prefetched
+-- comes apart, as text: the service gives it back to memory._serve as it came, unread.
+SELECT s - 'prefetched', (s -> 'prefetched')::text
+FROM memory._serve_start(%(req)s::jsonb, %(caps)s::jsonb) AS s;
 
 -- name: serve_semantic
 -- With OpenSearch: the plan's semantic leg, run while OpenSearch answers; serve takes it back.
