@@ -234,10 +234,11 @@ BEGIN
     -- is still cut from the first final_k: the floor never brings up one from below them.
     -- The candidates come typed (memory.fused_row) and only the kept ones become JSON: as a
     -- JSON list both ways, every candidate's scores went float -> numeric -> float (issue 42).
-    -- Recency's score replaces the fused one in what it keeps.
-    SELECT coalesce(jsonb_agg(jsonb_build_object('node_id', r.node_id, 'ranks', r.ranks, 'scores', r.scores,
-                                                 'fused_score', CASE WHEN recent THEN r.s ELSE r.fused_score END,
-                                                 'fusion_method', r.fusion_method)
+    -- Recency's score replaces the fused one in what it keeps; the keys are the row type's,
+    -- as in the early return above.
+    SELECT coalesce(jsonb_agg(to_jsonb(ROW(r.node_id, r.ranks, r.scores,
+                                           CASE WHEN recent THEN r.s ELSE r.fused_score END,
+                                           r.fusion_method)::memory.fused_row)
                               ORDER BY r.hits DESC, r.s DESC NULLS LAST, r.o)
                         FILTER (WHERE NOT r.low AND r.pos <= (plan ->> 'final_k')::integer
                                       AND (reorders OR r.o <= (plan ->> 'final_k')::integer)), '[]'),
