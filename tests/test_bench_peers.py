@@ -105,6 +105,21 @@ def test_supabase_hybrid_search_returns_the_recipes_rows(fixture_url: str, embed
             "poimen:chat:2",
             "poimen:chat:3",
         }
+        # The project filter reaches the table's B-tree: the function is inlined into the
+        # call, where the project is a constant (a VOLATILE function's statement is planned
+        # without it, and "filter_project IS NULL OR project = ..." stays a filter). The
+        # fixture is small enough for a sequential scan: it is turned off to read the plan.
+        with conn.transaction():
+            conn.execute("SET LOCAL enable_seqscan = off")
+            plan = "\n".join(
+                str(r[0])
+                for r in conn.execute(
+                    "EXPLAIN " + peers.SUPABASE_QUERY.replace("%(k)s", "%(k)s::int"),
+                    {"text": q1["text"], "vec": vec, "k": 3, "project": "poimen"},
+                ).fetchall()
+            )
+        assert "Function Scan" not in plan, plan
+        assert plan.count("Index Cond: (project = 'poimen'::text)") == 2, plan
 
 
 def test_langchain_hybrid_returns_its_fusion_of_both_legs(fixture_url: str, embedder: Any) -> None:
@@ -242,6 +257,57 @@ def test_bench_peers_end_to_end(
     assert "Supabase hybrid_search" in printed and "poimen GET /memory/query" in printed
     assert "throughput: 2 clients" in printed
     assert databases() == before  # its scratch database is gone
+
+
+def test_bench_peers_on_the_realistic_corpus(
+    databases: Callable[[], set[str]],
+    empty_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--corpus real (issue 42's measure): the realistic corpus COPY-loaded, its questions
+    each asked of its own project with that project's key; no judgements, so no quality,
+    and cost for every system. Reused with --database, the same corpus is asked again; a
+    database of another corpus is refused."""
+    before = databases()
+    data = tmp_path / "data"
+    (data / "locomo-dev").mkdir(parents=True)
+    shutil.copy(FIXTURES / "memory_nodes.jsonl", data / "locomo-dev" / "nodes.jsonl")
+    shutil.copy(FIXTURES / "eval_queries.jsonl", data / "locomo-dev" / "queries.jsonl")
+    out, cache = tmp_path / "peers.json", tmp_path / "cache"
+    common = ["bench-peers", "--corpus", "real", "--data", str(data), "--cache", str(cache),
+              "--nodes", "600", "--projects", "6", "--queries", "6", "--warmup", "1",
+              "--systems", "supabase,poimen,poimen-evidence0", "--json", str(out)]  # fmt: skip
+    assert main([*common, "--keep-db"]) == 0
+    r = json.loads(out.read_text())
+    kept = r["database"]
+    try:
+        assert r["keys"] == "one read-only key per project"
+        assert r["load"]["poimen_copy"]["copy_seconds"] > 0
+        s = r["sets"]["realistic-600"]
+        assert s["measure"] is None and s["nodes"] == 600 and s["questions"] == 5
+        for system, row in s["systems"].items():
+            assert row["questions"] == 5 and row["quality"] != row["quality"], system  # NaN
+            assert row["p50_ms"] > 0 and row["database_cpu_ms"] > 0, system
+        assert s["systems"]["poimen"]["server_cpu_ms"] > 0
+        with connect(make_conninfo(empty_url, dbname=kept)) as conn:
+            row = conn.execute(
+                "SELECT count(*), count(DISTINCT project_id), count(*) FILTER (WHERE level = 'L0')"
+                " FROM memory.nodes"
+            ).fetchone()
+            peer = conn.execute("SELECT count(*) FROM peer_supabase.documents").fetchone()
+        assert row is not None and row[:2] == (600, 6)
+        assert peer == (row[2],)  # the peer holds the L0 nodes
+        assert "no judgements, cost only" in capsys.readouterr().out
+        # The kept database answers the same corpus again; another corpus is refused.
+        assert main([*common, "--database", kept]) == 0
+        assert json.loads(out.read_text())["sets"]["realistic-600"]["questions"] == 5
+        other = [x if x != "600" else "700" for x in common]
+        with pytest.raises(SystemExit, match="holds 600 nodes in 6 projects"):
+            main([*other, "--database", kept])
+    finally:
+        drop_database(empty_url, kept)
+    assert databases() == before
 
 
 def test_bench_peers_runs_the_version_before_a_change_beside_this_one(

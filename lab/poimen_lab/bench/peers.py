@@ -108,6 +108,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from poimen_lab.bench import synthetic
 from poimen_lab.bench.scratch import drop_database, fresh_database
 from poimen_lab.eval.data import EvalData
 from poimen_lab.eval.data import load as load_eval
@@ -137,11 +138,22 @@ CREATE TABLE peer_supabase.documents (
   node_id bigint NOT NULL
 )
 """
+PEER_PROJECT_INDEX = "CREATE INDEX ON {table} (project)"
+# The recipe's two indexes, and the tenant column's B-tree, as pgvector's README advises for
+# a filtered search (an index on the filter column: exact, and fast in many cases).
+# Without it each question read the whole table: at 100k nodes its semantic leg was a
+# sequential scan of every project's rows, 45 ms of CPU a question where the index takes
+# 1.5 (docs/benchmarks.md, "The peers at 100k nodes").
 SUPABASE_INDEXES = (
     "CREATE INDEX ON peer_supabase.documents USING gin (fts)",
     "CREATE INDEX ON peer_supabase.documents USING hnsw (embedding vector_ip_ops)",
+    PEER_PROJECT_INDEX.format(table="peer_supabase.documents"),
 )
-# Supabase's hybrid_search, word for word but for filter_project in both legs.
+# Supabase's hybrid_search, word for word but for filter_project in both legs and STABLE (it
+# only reads): PostgreSQL inlines a STABLE SQL function into the calling statement, where
+# the call's project is a constant and "filter_project IS NULL OR project = filter_project"
+# folds to an index condition. A VOLATILE one (the guide's default) runs its statement under
+# a plan made without the arguments' values, where the OR can only be a filter.
 SUPABASE_FUNCTION = """
 CREATE OR REPLACE FUNCTION peer_supabase.hybrid_search(
   query_text text,
@@ -153,7 +165,7 @@ CREATE OR REPLACE FUNCTION peer_supabase.hybrid_search(
   filter_project text = NULL
 )
 RETURNS SETOF peer_supabase.documents
-LANGUAGE sql
+LANGUAGE sql STABLE
 AS $$
 WITH full_text AS (
   SELECT id,
@@ -212,7 +224,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="a data folder (nodes.jsonl, queries*.jsonl, qrels*.jsonl); repeat for several "
         "(default: locomo-dev and scifact in ../shared/data beside the repository)",
     )
-    p.add_argument("--queries", type=int, default=None, help="first N questions of each set")
+    p.add_argument(
+        "--queries",
+        type=int,
+        default=None,
+        help="first N questions of each set (--corpus real: N questions, default 400)",
+    )
     p.add_argument("--warmup", type=int, default=5, help="first questions run, not counted")
     p.add_argument("--turns", type=int, default=20, help="L0 rows a peer cites on LoCoMo")
     p.add_argument(
@@ -223,7 +240,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--cache", type=Path, default=CACHE_DEFAULT, help="node vectors, kept here")
     p.add_argument("--database", help="reuse a database this command loaded (--keep-db)")
     p.add_argument("--keep-db", action="store_true")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap intervals' seed")
+    p.add_argument(
+        "--seed", type=int, default=0, help="bootstrap intervals' seed (and the realistic corpus')"
+    )
     p.add_argument(
         "--clients",
         type=int,
@@ -244,9 +263,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="our servers without API keys (every project asserted, as runs 1-12 were); "
         "default: one read-only key per project, each question asked with its project's",
     )
+    p.add_argument(
+        "--corpus",
+        choices=("sets", "real"),
+        default="sets",
+        help="sets: the --set folders, each system scored on their judgements; real: issue "
+        "42's measure, the realistic corpus (bench/realistic.py: real MiniLM vectors of the "
+        "LoCoMo and SciFact texts recombined into --nodes nodes in --projects Zipf-sized "
+        "projects, COPY-loaded), its real questions each asked of the project nearest it: "
+        "cost only, no judgements",
+    )
+    p.add_argument("--nodes", type=int, default=100_000, help="with --corpus real")
+    p.add_argument("--projects", type=int, default=1000, help="with --corpus real")
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=DATA_DEFAULT,
+        metavar="DIR",
+        help="with --corpus real: the folder holding locomo-dev/ and scifact/",
+    )
     p.add_argument("--json", type=Path, metavar="OUT")
     p.add_argument("--plot", type=Path, metavar="OUT.png")
-    p.set_defaults(func=cmd_bench_peers)
+    # recall.real_texts reads it (bench-recall's option; none here)
+    p.set_defaults(func=cmd_bench_peers, vectors_from=[])
 
 
 # -- CPU ---------------------------------------------------------------------------------
@@ -357,6 +396,35 @@ def evidence_set(data: EvalData) -> bool:
     return any(r.level != "L0" for r in data.records)
 
 
+@dataclass
+class QuestionSet:
+    """What one pass asks every system: its questions, whether ours answers at the default
+    levels with the evidence list (a store with memories above its turns) or at L0, and
+    the judgements an answer is scored on (None: cost only, the realistic corpus)."""
+
+    name: str
+    questions: list[Question]
+    nodes: int
+    evidence: bool
+    data: EvalData | None = None
+
+    @classmethod
+    def judged(cls, data: EvalData) -> QuestionSet:
+        return cls(
+            data.dataset,
+            [Question(q.id, q.text, q.project) for q in data.judged],
+            len(data.records),
+            evidence_set(data),
+            data,
+        )
+
+    @property
+    def measure(self) -> str | None:
+        if self.data is None:
+            return None
+        return "evidence recall" if self.evidence else "nDCG@10"
+
+
 class KnownVectors:
     """The embedder, but a document text already embedded (``--cache``) is not embedded
     again: every system gets the vectors of one embedding run."""
@@ -446,6 +514,63 @@ def load_poimen(
             took += time.perf_counter() - t0
         conn.execute("VACUUM ANALYZE")
     return took
+
+
+REAL_QUESTIONS = 400  # --corpus real without --queries
+
+
+def realistic_corpus(args: argparse.Namespace, s: Settings) -> synthetic.Corpus:
+    """Issue 42's corpus: bench-recall's realistic one (the same real vectors, cached under
+    --cache), its questions the real ones, each assigned to the project nearest it."""
+    from poimen_lab.bench import realistic
+    from poimen_lab.bench.recall import real_texts
+
+    return realistic.generate(
+        real_texts(args, s),
+        args.nodes,
+        args.queries or REAL_QUESTIONS,
+        seed=args.seed,
+        projects=args.projects,
+    )
+
+
+def realistic_set(corpus: synthetic.Corpus) -> QuestionSet:
+    """Its questions, each asked of its own project, ours at the default levels with the
+    evidence list (the store holds L1 and L2 nodes): no judgements, so cost only."""
+    questions = [
+        Question(f"q{i}", text, project)
+        for i, (text, project) in enumerate(
+            zip(corpus.query_texts, corpus.query_projects, strict=True)
+        )
+    ]
+    return QuestionSet(f"realistic-{len(corpus.texts)}", questions, len(corpus.texts), True)
+
+
+def load_realistic(url: str, corpus: synthetic.Corpus, model: str) -> dict[str, float]:
+    """The corpus COPY-loaded into the migrated database, graphs built after (synthetic.load,
+    as `poimen-memory bench` loads): seconds of each part."""
+    s = Settings.from_env()
+    with connect(url, autocommit=True) as conn:
+        migrate(conn, s.plpython_root)
+        load = synthetic.load(conn, corpus, model)
+    keys = ("copy_seconds", "hnsw_both_graphs_seconds", "project_graphs_seconds")
+    return {k: round(float(load[k]), 2) for k in keys} | {"project_graphs": load["project_graphs"]}
+
+
+def same_corpus(url: str, corpus: synthetic.Corpus) -> None:
+    """A reused database (--database) must hold the corpus its questions are generated for
+    (the same --nodes, --projects and --seed)."""
+    with connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*), count(DISTINCT project_id) FROM memory.nodes WHERE expired_at IS NULL"
+        ).fetchone()
+    want = (len(corpus.texts), len(set(corpus.projects)))
+    if row is None or (int(row[0]), int(row[1])) != want:
+        raise SystemExit(
+            f"error: the database holds {row and row[0]} nodes in {row and row[1]} projects, "
+            f"the corpus {want[0]} in {want[1]}: pass the --nodes, --projects and --seed it "
+            "was loaded with"
+        )
 
 
 def build_supabase(url: str, dim: int) -> dict[str, float]:
@@ -581,6 +706,8 @@ class LangchainPeer:
         index = importlib.import_module("langchain_postgres.v2.indexes")
         self.store.apply_vector_index(index.HNSWIndex())
         self.store.apply_hybrid_search_index()
+        with connect(url, autocommit=True) as conn:  # the filter's column (SUPABASE_INDEXES)
+            conn.execute(PEER_PROJECT_INDEX.format(table=f"{self.SCHEMA}.{self.TABLE}"))
         index_s = time.perf_counter() - t0
         with connect(url, autocommit=True) as conn:
             conn.execute(f"ANALYZE {self.SCHEMA}.{self.TABLE}")
@@ -794,15 +921,14 @@ def score(data: EvalData, qid: str, answer: Answer, evidence: bool) -> float:
 
 
 def run_set(
-    data: EvalData,
+    qs: QuestionSet,
     systems: Systems,
     backends: Backends,
     servers: Mapping[str, int],
     turns: int,
     warmup: int,
 ) -> dict[str, Tally]:
-    evidence = evidence_set(data)
-    questions = [Question(q.id, q.text, q.project) for q in data.judged]
+    evidence, questions = qs.evidence, qs.questions
     names = systems.names
     out = {name: Tally() for name in names}
     for i, q in enumerate(questions):
@@ -827,13 +953,14 @@ def run_set(
             t.client_ns.append(c1 - c0)
             t.server_ns.append(srv1 - srv0)
             t.database_ns.append(sum(v - db0.get(pid, 0) for pid, v in db1.items() if v))
-            value = score(data, q.id, answer, evidence)
-            t.quality.append(value)
+            if qs.data is not None:
+                value = score(qs.data, q.id, answer, evidence)
+                t.quality.append(value)
+                t.per_query[q.id] = value
             t.cited.append(len(answer.cited))
-            t.per_query[q.id] = value
             t.digests.append(answer.digest())
         if (i + 1) % 100 == 0:
-            print(f"bench-peers: {data.dataset}: {i + 1}/{len(questions)}", file=sys.stderr)
+            print(f"bench-peers: {qs.name}: {i + 1}/{len(questions)}", file=sys.stderr)
     return out
 
 
@@ -1043,7 +1170,7 @@ def load_window(
 
 
 def throughput(
-    data: EvalData,
+    qs: QuestionSet,
     systems: Systems,
     backends: Backends,
     servers: Mapping[str, int],
@@ -1054,8 +1181,7 @@ def throughput(
 ) -> dict[str, dict[str, Any]]:
     """Every system's windows, ``rounds`` times, the order rotating; per system the medians
     over rounds (errors: their sum), and ratios to the peer of most queries a second."""
-    evidence = evidence_set(data)
-    questions = [Question(q.id, q.text, q.project) for q in data.judged]
+    evidence, questions = qs.evidence, qs.questions
     if not questions:
         return {}
     names = systems.names
@@ -1069,7 +1195,7 @@ def throughput(
             one = w.row()
             runs[name].append(one)
             print(
-                f"bench-peers: {data.dataset}: round {r + 1}/{rounds}, {name}:"
+                f"bench-peers: {qs.name}: round {r + 1}/{rounds}, {name}:"
                 f" {one['qps']:.1f} q/s, {w.errors} errors",
                 file=sys.stderr,
             )
@@ -1117,13 +1243,15 @@ def label(system: str) -> str:
 
 def print_table(result: Mapping[str, Any]) -> None:
     for name, s in result["sets"].items():
-        measure = s["measure"]
-        print(f"\n{name}: {s['questions']} questions, {measure}; {s['nodes']} nodes")
+        measure = s["measure"] or "quality"
+        judged = s["measure"] or "no judgements, cost only"
+        print(f"\n{name}: {s['questions']} questions, {judged}; {s['nodes']} nodes")
         rows = []
         for system, r in s["systems"].items():
             lo, hi = r["quality_ci95"]
+            quality = f"{r['quality']:.3f} [{lo:.3f}, {hi:.3f}]" if s["measure"] else "-"
             rows.append([
-                label(system), f"{r['quality']:.3f} [{lo:.3f}, {hi:.3f}]",
+                label(system), quality,
                 round(r["cited"], 1), round(r["p50_ms"], 1), round(r["database_cpu_ms"], 1),
                 round(r["server_cpu_ms"], 1), round(r["client_cpu_ms"], 1), round(r["cpu_ms"], 1),
                 round(r.get("p50_over_supabase", float("nan")), 2),
@@ -1403,9 +1531,17 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         names.remove("langchain")
-    folders = _sets(args)
-    sets = [load_set(folder, args.queries) for folder in folders]
-    unscoped = next((q.id for d in sets for q in d.judged if not q.project), None)
+    real = args.corpus == "real"
+    if real and (args.nodes < 1 or args.projects < 1):
+        print("error: --nodes and --projects >= 1", file=sys.stderr)
+        return 2
+    folders = [] if real else _sets(args)
+    loaded = [load_set(folder, args.queries) for folder in folders]
+    corpus = realistic_corpus(args, s) if real else None
+    sets = [QuestionSet.judged(d) for d in loaded]
+    if corpus is not None:
+        sets.append(realistic_set(corpus))
+    unscoped = next((q.id for qs in sets for q in qs.questions if not q.project), None)
     if ours and not args.anonymous and unscoped is not None:
         # A key covering several projects must name one (403), as a deployment's would.
         print(
@@ -1434,11 +1570,16 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
     ours_url = url  # this version's database: a copy of it with --base (copy_for_head)
     try:
         with ExitStack() as stack:
-            if not args.database:
+            if not args.database and corpus is not None:
+                print(f"bench-peers: loading {args.nodes} nodes (COPY)", file=sys.stderr)
+                result["load"]["poimen_copy"] = load_realistic(url, corpus, embedder.model_name)
+            elif not args.database:
                 print("bench-peers: loading poimen-memory (ingest)", file=sys.stderr)
                 result["load"]["poimen_ingest_s"] = load_poimen(
-                    url, list(zip(folders, sets, strict=True)), embedder, args.cache
+                    url, list(zip(folders, loaded, strict=True)), embedder, args.cache
                 )
+            elif corpus is not None:
+                same_corpus(url, corpus)
             if base is not None and code is not None:
                 # Before the peers are built: a template may have no connections, and
                 # langchain's engine keeps some open. Before this version migrates the
@@ -1496,21 +1637,21 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
             stack.callback(systems.close)
             backends = Backends(url, s.service_role, databases)
             stack.callback(backends.close)
-            for data in sets:
-                evidence = evidence_set(data)
-                print(f"bench-peers: {data.dataset}, {len(data.judged)} questions", file=sys.stderr)
-                tallies = run_set(data, systems, backends, servers, args.turns, args.warmup)
-                result["sets"][data.dataset] = {
-                    "measure": "evidence recall" if evidence else "nDCG@10",
-                    "questions": len(data.judged) - min(args.warmup, len(data.judged)),
-                    "nodes": len(data.records),
-                    "peer_turns": args.turns if evidence else 10,
+            for qs in sets:
+                n = len(qs.questions)
+                print(f"bench-peers: {qs.name}, {n} questions", file=sys.stderr)
+                tallies = run_set(qs, systems, backends, servers, args.turns, args.warmup)
+                result["sets"][qs.name] = {
+                    "measure": qs.measure,
+                    "questions": n - min(args.warmup, n),
+                    "nodes": qs.nodes,
+                    "peer_turns": args.turns if qs.evidence else 10,
                     "systems": summarize(tallies, args.seed),
                     "per_query": {n: t.per_query for n, t in tallies.items()},
                 }
                 if args.clients:
-                    result["sets"][data.dataset]["throughput"] = throughput(
-                        data, systems, backends, servers, args.turns, args.clients, args.seconds,
+                    result["sets"][qs.name]["throughput"] = throughput(
+                        qs, systems, backends, servers, args.turns, args.clients, args.seconds,
                         args.rounds,
                     )  # fmt: skip
     finally:

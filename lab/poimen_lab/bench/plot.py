@@ -119,6 +119,9 @@ def peers_cost_quality(path: Path, result: Mapping[str, Any]) -> None:
     markers = {"supabase": "s", "langchain": "D", "poimen": "o", "poimen-evidence0": "^"}
     for ax, (name, s) in zip(axes, sets, strict=False):
         for system, r in s["systems"].items():
+            if s["measure"] is None:  # no judgements (the realistic corpus): cost and time
+                ax.plot([r["cpu_ms"]], [r["p50_ms"]], markers.get(system, "o"), label=system)
+                continue
             lo, hi = r["quality_ci95"]
             ax.errorbar(
                 [r["cpu_ms"]],
@@ -136,7 +139,7 @@ def peers_cost_quality(path: Path, result: Mapping[str, Any]) -> None:
                 xytext=(5, -10),
             )
         ax.set_xlabel("CPU per query, ms (database + server + client)")
-        ax.set_ylabel(s["measure"])
+        ax.set_ylabel(s["measure"] or "p50 ms")
         ax.set_title(f"{name}: {s['questions']} questions", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
