@@ -299,15 +299,50 @@ def test_bench_peers_on_the_realistic_corpus(
         assert row is not None and row[:2] == (600, 6)
         assert peer == (row[2],)  # the peer holds the L0 nodes
         assert "no judgements, cost only" in capsys.readouterr().out
-        # The kept database answers the same corpus again; another corpus is refused.
-        assert main([*common, "--database", kept]) == 0
-        assert json.loads(out.read_text())["sets"]["realistic-600"]["questions"] == 5
+        # The kept database answers the same corpus again, here its questions asked of
+        # projects drawn by size; another corpus is refused.
+        assert main([*common, "--database", kept, "--ask", "by-size"]) == 0
+        again = json.loads(out.read_text())["sets"]
+        assert list(again) == ["realistic-600-by-size"]
+        assert again["realistic-600-by-size"]["questions"] == 5
         other = [x if x != "600" else "700" for x in common]
         with pytest.raises(SystemExit, match="holds 600 nodes in 6 projects"):
             main([*other, "--database", kept])
     finally:
         drop_database(empty_url, kept)
     assert databases() == before
+
+
+def test_realistic_questions_asked_by_size_follow_the_projects_nodes() -> None:
+    """--ask by-size: a project is asked in proportion to its nodes, each question one of
+    the real ones nearest the project's nodes; --ask nearest keeps the corpus' own."""
+    from poimen_lab.bench import realistic, synthetic
+
+    rng = np.random.default_rng(3)
+
+    def unit(x: np.ndarray[Any, Any]) -> np.ndarray[Any, np.dtype[np.float32]]:
+        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+    real = realistic.RealTexts(
+        [f"t{i}" for i in range(50)], unit(rng.standard_normal((50, 8))),
+        [f"question {i}" for i in range(400)], unit(rng.standard_normal((400, 8))),
+    )  # fmt: skip
+    projects = ["big"] * 900 + ["mid"] * 90 + ["tiny"] * 10
+    corpus = synthetic.Corpus(
+        unit(rng.standard_normal((1000, 8))), ["x"] * 1000, ["L0"] * 1000, projects,
+        [[] for _ in range(1000)], real.question_vectors[:300], real.questions[:300],
+        ["tiny"] * 300,
+    )  # fmt: skip
+    nearest = peers.realistic_set(corpus, real, "nearest", 0)
+    assert {q.project for q in nearest.questions} == {"tiny"} and len(nearest.questions) == 300
+    asked = peers.realistic_set(corpus, real, "by-size", 0)
+    assert asked.name.endswith("-by-size") and len(asked.questions) == 300
+    by = {p: [q for q in asked.questions if q.project == p] for p in ("big", "mid", "tiny")}
+    assert 240 <= len(by["big"]) <= 300 and len(by["big"]) > len(by["mid"]) > len(by["tiny"])
+    for project, qs in by.items():
+        want = realistic.project_queries(real, corpus, project, len(qs))[1]
+        assert sorted(q.text for q in qs) == sorted(want), project
+    assert len({q.id for q in asked.questions}) == 300
 
 
 def test_bench_peers_runs_the_version_before_a_change_beside_this_one(

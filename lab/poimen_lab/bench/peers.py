@@ -96,6 +96,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -108,7 +109,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from poimen_lab.bench import synthetic
+from poimen_lab.bench import realistic, synthetic
 from poimen_lab.bench.scratch import drop_database, fresh_database
 from poimen_lab.eval.data import EvalData
 from poimen_lab.eval.data import load as load_eval
@@ -272,6 +273,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "LoCoMo and SciFact texts recombined into --nodes nodes in --projects Zipf-sized "
         "projects, COPY-loaded), its real questions each asked of the project nearest it: "
         "cost only, no judgements",
+    )
+    p.add_argument(
+        "--ask",
+        choices=("nearest", "by-size"),
+        default="nearest",
+        help="with --corpus real: which project a question is asked of: nearest, the one whose "
+        "topic is nearest it (most projects are small, so most questions go to small ones); "
+        "by-size, a project drawn with a chance in proportion to its nodes (traffic that "
+        "follows the data), asked the real questions nearest its nodes",
     )
     p.add_argument("--nodes", type=int, default=100_000, help="with --corpus real")
     p.add_argument("--projects", type=int, default=1000, help="with --corpus real")
@@ -519,31 +529,43 @@ def load_poimen(
 REAL_QUESTIONS = 400  # --corpus real without --queries
 
 
-def realistic_corpus(args: argparse.Namespace, s: Settings) -> synthetic.Corpus:
+def realistic_corpus(
+    args: argparse.Namespace, s: Settings
+) -> tuple[synthetic.Corpus, realistic.RealTexts]:
     """Issue 42's corpus: bench-recall's realistic one (the same real vectors, cached under
     --cache), its questions the real ones, each assigned to the project nearest it."""
-    from poimen_lab.bench import realistic
     from poimen_lab.bench.recall import real_texts
 
-    return realistic.generate(
-        real_texts(args, s),
-        args.nodes,
-        args.queries or REAL_QUESTIONS,
-        seed=args.seed,
-        projects=args.projects,
+    real = real_texts(args, s)
+    corpus = realistic.generate(
+        real, args.nodes, args.queries or REAL_QUESTIONS, seed=args.seed, projects=args.projects
     )
+    return corpus, real
 
 
-def realistic_set(corpus: synthetic.Corpus) -> QuestionSet:
-    """Its questions, each asked of its own project, ours at the default levels with the
-    evidence list (the store holds L1 and L2 nodes): no judgements, so cost only."""
-    questions = [
-        Question(f"q{i}", text, project)
-        for i, (text, project) in enumerate(
-            zip(corpus.query_texts, corpus.query_projects, strict=True)
-        )
-    ]
-    return QuestionSet(f"realistic-{len(corpus.texts)}", questions, len(corpus.texts), True)
+def realistic_set(
+    corpus: synthetic.Corpus, real: realistic.RealTexts, ask: str, seed: int
+) -> QuestionSet:
+    """Its questions, each asked of one project (``ask``: see --ask), ours at the default
+    levels with the evidence list (the store holds L1 and L2 nodes): no judgements, so cost
+    only."""
+    pairs = list(zip(corpus.query_texts, corpus.query_projects, strict=True))
+    if ask == "by-size":
+        sizes = Counter(corpus.projects)
+        names = sorted(sizes)
+        weights = np.array([sizes[n] for n in names], dtype=np.float64)
+        rng = np.random.default_rng(seed)
+        drawn = Counter(rng.choice(names, size=len(pairs), p=weights / weights.sum()).tolist())
+        pairs = [
+            (text, project)
+            for project, count in sorted(drawn.items())
+            for text in realistic.project_queries(real, corpus, project, count)[1]
+        ]
+        # the projects interleaved, as their tenants' questions arrive
+        pairs = [pairs[i] for i in rng.permutation(len(pairs))]
+    questions = [Question(f"q{i}", text, project) for i, (text, project) in enumerate(pairs)]
+    name = f"realistic-{len(corpus.texts)}" + ("-by-size" if ask == "by-size" else "")
+    return QuestionSet(name, questions, len(corpus.texts), True)
 
 
 def load_realistic(url: str, corpus: synthetic.Corpus, model: str) -> dict[str, float]:
@@ -1537,10 +1559,10 @@ def cmd_bench_peers(args: argparse.Namespace) -> int:
         return 2
     folders = [] if real else _sets(args)
     loaded = [load_set(folder, args.queries) for folder in folders]
-    corpus = realistic_corpus(args, s) if real else None
+    corpus, texts = realistic_corpus(args, s) if real else (None, None)
     sets = [QuestionSet.judged(d) for d in loaded]
-    if corpus is not None:
-        sets.append(realistic_set(corpus))
+    if corpus is not None and texts is not None:
+        sets.append(realistic_set(corpus, texts, args.ask, args.seed))
     unscoped = next((q.id for qs in sets for q in qs.questions if not q.project), None)
     if ours and not args.anonymous and unscoped is not None:
         # A key covering several projects must name one (403), as a deployment's would.
