@@ -1284,3 +1284,41 @@ def test_an_exhaustive_lexical_search_sorts_only_its_top_k(synthetic: Conn) -> N
     bounded = [n for n in limits if n["Plans"][0]["Node Type"] == "Sort"]
     assert len(bounded) == 1, root
     assert root["Node Type"] != "Limit", root  # no LIMIT above the numbering
+
+
+def test_the_services_project_names_are_looked_up_by_the_unique_index(fixture_url: str) -> None:
+    """memory._asserted_project_ids, behind every policy's InitPlan (10-20 an answer for the
+    service asserting the request's project), probes memory.projects' unique name index
+    under the generic plans an answer runs with, at a thousand projects: "name = ANY
+    (names)" planned without the names was a sequential scan comparing every project with
+    them. Its ids are the names' that exist, once each, ascending, for a request's few
+    names and for a key's long list."""
+    with connect(fixture_url, autocommit=True) as conn:
+        ensure_service_login(conn, "poimen_service")
+        conn.execute(
+            "INSERT INTO memory.projects (name)"
+            " SELECT 'plan-probe-' || g FROM generate_series(1, 1000) AS g"
+        )
+        conn.execute("ANALYZE memory.projects")
+        ids = {str(n): int(i) for n, i in conn.execute("SELECT name, id FROM memory.projects")}
+        few = ["plan-probe-7", "poimen", "plan-probe-7", "no-such-project"]
+        many = [f"plan-probe-{i}" for i in range(1, 101)] + ["no-such-project"]
+        for names in (few, many):
+            setup = (
+                "SET LOCAL ROLE poimen_service",
+                f"SELECT set_config('poimen.read_projects', '{','.join(names)}', true)",
+                "SET LOCAL plan_cache_mode = force_generic_plan",
+            )
+            plans = _nested_plans(conn, "SELECT memory._granted_ids(false)", (), setup)
+            lookups = [p for p in plans if "memory.projects p" in p]
+            assert lookups, plans
+            nodes = [n for p in lookups for n in _plan_nodes(json.loads(p[p.index("{") :])["Plan"])]
+            if names is few:
+                assert {n.get("Index Name") for n in nodes} >= {"projects_name_key"}, lookups
+                assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], lookups
+            with conn.transaction():
+                for statement in setup:
+                    conn.execute(statement)
+                got = conn.execute("SELECT memory._granted_ids(false)").fetchone()
+            want = sorted({ids[n] for n in names if n in ids})
+            assert got == (want,), names
