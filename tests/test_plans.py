@@ -1184,7 +1184,11 @@ def test_a_plain_lexical_search_keeps_one_plan_for_every_project(synthetic: Conn
         assert lookups["projects_name_key"] and lookups["nodes_valid_bounded"], lookups
         for index, found in lookups.items():
             assert all("$" in c for c in found), (index, found)
-        assert all("project_id >= COALESCE($" in c for c in lookups["nodes_valid_bounded"])
+        # the range's ends made by the function: parameters, leakproof under the policy
+        assert all(
+            "project_id >= $" in c and "project_id <= $" in c
+            for c in lookups["nodes_valid_bounded"]
+        ), lookups
     # the caller's setting comes back after the call (set_config's is_local would keep
     # the plain search's to the end of the transaction, were the SET clause not scoping it)
     with synthetic.transaction(force_rollback=True):
@@ -1286,6 +1290,51 @@ def test_an_exhaustive_lexical_search_sorts_only_its_top_k(synthetic: Conn) -> N
     assert root["Node Type"] != "Limit", root  # no LIMIT above the numbering
 
 
+def _a_thousand_projects(conn: Conn) -> dict[str, int]:
+    """1,000 more projects, each with its corpus statistics, analyzed (where the planner
+    prefers an index to reading them all); the service's login made. Name -> id."""
+    ensure_service_login(conn, "poimen_service")
+    conn.execute(
+        "INSERT INTO memory.projects (name)"
+        " SELECT 'plan-probe-' || g FROM generate_series(1, 1000) AS g"
+    )
+    conn.execute(
+        "INSERT INTO memory.corpus_stats (project_id, n_docs, total_len)"
+        " SELECT id, 10, 100 FROM memory.projects WHERE name LIKE 'plan-probe-%'"
+    )
+    conn.execute("ANALYZE memory.projects")
+    conn.execute("ANALYZE memory.corpus_stats")
+    return {str(n): int(i) for n, i in conn.execute("SELECT name, id FROM memory.projects")}
+
+
+def test_a_legs_corpus_size_is_read_by_the_projects_key_under_row_level_security(
+    fixture_url: str,
+) -> None:
+    """memory.lexical_query reads the project's corpus size (every lexical leg) by
+    corpus_stats' key as the service's role under generic plans: with the range's ends
+    written as coalesce() in the statement, which is not leakproof, the range waited
+    behind the policy and every project's row was read (1,000 here)."""
+    with connect(fixture_url, autocommit=True) as conn:
+        ids = _a_thousand_projects(conn)
+        setup = (
+            "SET LOCAL ROLE poimen_service",
+            "SELECT set_config('poimen.read_projects', 'plan-probe-7', true)",
+            "SET LOCAL plan_cache_mode = force_generic_plan",
+        )
+        plans = _nested_plans(
+            conn,
+            "SELECT * FROM memory.lexical_query('kong', %s, 10, 1.2, 0.75)",
+            (ids["plan-probe-7"],),
+            setup,
+        )
+    sizes = [p for p in plans if "FROM memory.corpus_stats c" in p]
+    assert len(sizes) == 1, plans
+    nodes = list(_plan_nodes(json.loads(sizes[0][sizes[0].index("{") :])["Plan"]))
+    scans = [n for n in nodes if n.get("Relation Name") == "corpus_stats"]
+    assert [n["Node Type"] for n in scans] == ["Index Scan"], sizes
+    assert "project_id >=" in scans[0]["Index Cond"], sizes
+
+
 def test_the_services_project_names_are_looked_up_by_the_unique_index(fixture_url: str) -> None:
     """memory._asserted_project_ids, behind every policy's InitPlan (10-20 an answer for the
     service asserting the request's project), probes memory.projects' unique name index
@@ -1294,13 +1343,7 @@ def test_the_services_project_names_are_looked_up_by_the_unique_index(fixture_ur
     them. Its ids are the names' that exist, once each, ascending, for a request's few
     names and for a key's long list."""
     with connect(fixture_url, autocommit=True) as conn:
-        ensure_service_login(conn, "poimen_service")
-        conn.execute(
-            "INSERT INTO memory.projects (name)"
-            " SELECT 'plan-probe-' || g FROM generate_series(1, 1000) AS g"
-        )
-        conn.execute("ANALYZE memory.projects")
-        ids = {str(n): int(i) for n, i in conn.execute("SELECT name, id FROM memory.projects")}
+        ids = _a_thousand_projects(conn)
         few = ["plan-probe-7", "poimen", "plan-probe-7", "no-such-project"]
         many = [f"plan-probe-{i}" for i in range(1, 101)] + ["no-such-project"]
         for names in (few, many):

@@ -59,6 +59,9 @@ RETURNS timestamptz
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    lo integer := coalesce(pid, -2147483648);
+    hi integer := coalesce(pid, 2147483647);
 BEGIN
     IF valid_at IS NOT NULL OR as_of IS NOT NULL THEN
         RETURN coalesce(valid_at, as_of);
@@ -66,9 +69,11 @@ BEGIN
     -- The project as a range of keys (every project for NULL): an index condition of
     -- nodes_valid_bounded in a plan made once for every project (memory.lexical_search
     -- looks this up under generic plans), where "pid IS NULL OR project_id = pid" would
-    -- read the bounded nodes of every project.
+    -- read the bounded nodes of every project. Its ends are made above: coalesce() in the
+    -- statement is not leakproof, and under row-level security would be a filter after
+    -- the policy, not an index condition (memory.lexical_query says what that cost).
     IF EXISTS (SELECT 1 FROM memory.nodes n
-               WHERE n.project_id BETWEEN coalesce(pid, -2147483648) AND coalesce(pid, 2147483647)
+               WHERE n.project_id BETWEEN lo AND hi
                  AND n.expired_at IS NULL
                  -- nodes_valid_bounded's predicate (migration 0021): an expiry is an
                  -- upper bound of valid time, tested at the same instant
