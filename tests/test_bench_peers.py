@@ -136,6 +136,12 @@ def test_langchain_hybrid_returns_its_fusion_of_both_legs(fixture_url: str, embe
                 "SELECT node_id, project, embedding FROM peer_langchain.documents"
             ).fetchall()
             docs = {int(i): (p, np.asarray(peers._floats(e))) for i, p, e in rows}
+            # its filter's column indexed, as the Supabase peer's (peers.PEER_PROJECT_INDEX)
+            indexed = conn.execute(
+                "SELECT count(*) FROM pg_indexes WHERE schemaname = 'peer_langchain'"
+                " AND indexdef LIKE '%%btree (project)'"
+            ).fetchone()
+            assert indexed == (1,)
             for qy in QUERIES:
                 project, k = qy.get("project"), 3
                 vec = np.asarray(embedder.embed_query(qy["text"]), dtype=np.float64)
@@ -308,6 +314,8 @@ def test_bench_peers_on_the_realistic_corpus(
         other = [x if x != "600" else "700" for x in common]
         with pytest.raises(SystemExit, match="holds 600 nodes in 6 projects"):
             main([*other, "--database", kept])
+        with pytest.raises(SystemExit, match="another corpus of this size"):
+            main([*common, "--database", kept, "--seed", "1"])
     finally:
         drop_database(empty_url, kept)
     assert databases() == before

@@ -1336,7 +1336,7 @@ def test_a_legs_corpus_size_is_read_by_the_projects_key_under_row_level_security
 
 
 def test_the_services_project_names_are_looked_up_by_the_unique_index(fixture_url: str) -> None:
-    """memory._asserted_project_ids, behind every policy's InitPlan (10-20 an answer for the
+    """memory._asserted_project_ids, behind every policy's InitPlan (10-19 an answer for the
     service asserting the request's project), probes memory.projects' unique name index
     under the generic plans an answer runs with, at a thousand projects: "name = ANY
     (names)" planned without the names was a sequential scan comparing every project with

@@ -538,7 +538,11 @@ def realistic_corpus(
 
     real = real_texts(args, s)
     corpus = realistic.generate(
-        real, args.nodes, args.queries or REAL_QUESTIONS, seed=args.seed, projects=args.projects
+        real,
+        args.nodes,
+        REAL_QUESTIONS if args.queries is None else args.queries,
+        seed=args.seed,
+        projects=args.projects,
     )
     return corpus, real
 
@@ -556,11 +560,12 @@ def realistic_set(
         weights = np.array([sizes[n] for n in names], dtype=np.float64)
         rng = np.random.default_rng(seed)
         drawn = Counter(rng.choice(names, size=len(pairs), p=weights / weights.sum()).tolist())
-        pairs = [
-            (text, project)
-            for project, count in sorted(drawn.items())
-            for text in realistic.project_queries(real, corpus, project, count)[1]
-        ]
+        pairs = []
+        for project, count in sorted(drawn.items()):
+            # asked more often than there are questions: they come round again, as the
+            # corpus' own questions do (realistic.generate)
+            texts = realistic.project_queries(real, corpus, project, count)[1]
+            pairs += [(texts[i % len(texts)], project) for i in range(count)]
         # the projects interleaved, as their tenants' questions arrive
         pairs = [pairs[i] for i in rng.permutation(len(pairs))]
     questions = [Question(f"q{i}", text, project) for i, (text, project) in enumerate(pairs)]
@@ -581,17 +586,31 @@ def load_realistic(url: str, corpus: synthetic.Corpus, model: str) -> dict[str, 
 
 def same_corpus(url: str, corpus: synthetic.Corpus) -> None:
     """A reused database (--database) must hold the corpus its questions are generated for
-    (the same --nodes, --projects and --seed)."""
+    (the same --nodes, --projects and --seed): its size, and its first nodes' texts and
+    projects, which the seed decides (synthetic.load names node i "n<i>")."""
+    first = min(len(corpus.texts), 32)
     with connect(url, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*), count(DISTINCT project_id) FROM memory.nodes WHERE expired_at IS NULL"
         ).fetchone()
+        held = dict(
+            conn.execute(
+                "SELECT n.external_id, (n.text, p.name::text) FROM memory.nodes n"
+                " JOIN memory.projects p ON p.id = n.project_id WHERE n.external_id = ANY (%s)",
+                ([f"n{i}" for i in range(first)],),
+            ).fetchall()
+        )
     want = (len(corpus.texts), len(set(corpus.projects)))
     if row is None or (int(row[0]), int(row[1])) != want:
         raise SystemExit(
             f"error: the database holds {row and row[0]} nodes in {row and row[1]} projects, "
             f"the corpus {want[0]} in {want[1]}: pass the --nodes, --projects and --seed it "
             "was loaded with"
+        )
+    if any(held.get(f"n{i}") != (corpus.texts[i], corpus.projects[i]) for i in range(first)):
+        raise SystemExit(
+            "error: the database holds another corpus of this size: pass the --seed it was "
+            "loaded with"
         )
 
 

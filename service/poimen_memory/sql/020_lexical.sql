@@ -203,7 +203,8 @@ DECLARE
     -- The project as a range of keys (every project for NULL), made here: written in the
     -- statement, coalesce() is not leakproof, so under row-level security the range waited
     -- behind the policy as a filter, and the service's every lexical leg read the sizes of
-    -- every project (a sequential scan, 169 us at 1,000 projects; one index probe now).
+    -- every project (a sequential scan, 169-181 us at 1,000 projects; one index probe now;
+    -- docs/benchmarks.md, "Two tenant checks that grew with the tenants").
     lo integer := coalesce(pid, -2147483648);
     hi integer := coalesce(pid, 2147483647);
 BEGIN

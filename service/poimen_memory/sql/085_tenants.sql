@@ -136,13 +136,16 @@ BEGIN
     -- The few names of a request: one probe of the unique index each. "name = ANY (names)"
     -- planned without the names (a generic plan) was a sequential scan that compared every
     -- project with them: 169 us a call at 1,000 projects, against 15 now, and 10-19 calls
-    -- an answer (every policy's InitPlan; docs/benchmarks.md, "The peers at 100k nodes").
+    -- an answer (every policy's InitPlan; docs/benchmarks.md, "Two tenant checks that grew
+    -- with the tenants").
     IF cardinality(names) <= 64 THEN
         RETURN array_remove(ARRAY(SELECT DISTINCT (SELECT p.id FROM memory.projects p
                                                    WHERE p.name::text = n.name)
                                   FROM unnest(names) AS n(name) ORDER BY 1), NULL);
     END IF;
-    -- A key's every name (what must span the key): one join of the names with the projects.
+    -- A key's every name (listing its projects, or its nodes without naming one, asserts
+    -- them all): past a few dozen names, one pass over the projects joined with the names
+    -- costs less than a probe a name.
     RETURN ARRAY(SELECT DISTINCT p.id FROM unnest(names) AS n(name)
                  JOIN memory.projects p ON p.name::text = n.name ORDER BY 1);
 END $$;
