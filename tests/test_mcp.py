@@ -31,15 +31,18 @@ from psycopg import sql as pgsql
 
 from poimen_core.nodes import MAX_ID_CHARS
 from poimen_lab.live_server import live_server
+from poimen_memory.api import mcp_route
+from poimen_memory.api.app import create_app
 from poimen_memory.api.mcp_server import PROJECT_URI, TOOLS
 from poimen_memory.api.openapi import openapi_spec, query_parameters
 from poimen_memory.cli.main import build_parser
 from poimen_memory.contract.query import surfaces
 from poimen_memory.db.cluster import Cluster
 from poimen_memory.db.connect import connect, ensure_service_login
+from poimen_memory.embedders.local import LocalEmbedder
 from poimen_memory.errors import ConfigError
 from poimen_memory.settings import Settings
-from service_client import KONG, make_key
+from service_client import KONG, make_key, query, serve
 
 DOCS = Path(__file__).parent.parent / "docs" / "mcp.md"
 
@@ -1188,3 +1191,78 @@ def test_resources_list_is_paged(
     assert got["second"].next_cursor is None
     code, data = got["bad"]
     assert code == -32602 and (data["error"], data["status"]) == ("invalid_parameter", 400), data
+
+
+def test_a_start_loads_no_mcp_sdk() -> None:
+    """The SDK (about a second of CPU to import) is loaded by the first POST /mcp, not by the
+    app: building the app imports none of it."""
+    code = (
+        "import sys\n"
+        "from poimen_memory.api.app import create_app\n"
+        "from poimen_memory.settings import Settings\n"
+        "create_app(Settings.from_env({}))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+_PING = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+_ACCEPT = {"Accept": "application/json, text/event-stream"}
+
+
+def test_concurrent_first_requests_load_the_server_once(
+    fixture_url: str, embedder: LocalEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests that arrive while the server loads wait for that one load; the app's other
+    routes answer meanwhile."""
+    built: list[int] = []
+    real = mcp_route._build
+
+    def counting(settings: Settings) -> Any:
+        built.append(1)
+        return real(settings)
+
+    monkeypatch.setattr(mcp_route, "_build", counting)
+    app = create_app(Settings.from_env({"POIMEN_DATABASE_URL": fixture_url}), embedder=embedder)
+
+    async def run() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as client,
+        ):
+            pings = [client.post("/mcp", json=_PING, headers=_ACCEPT) for _ in range(4)]
+            return await asyncio.gather(*pings, client.get("/healthz"))
+
+    answers = asyncio.run(run())
+    assert [r.status_code for r in answers] == [200] * 5, [r.text for r in answers]
+    assert all(r.json() == {"jsonrpc": "2.0", "id": 1, "result": {}} for r in answers[:4])
+    assert built == [1]
+
+
+def test_a_server_that_cannot_load_is_a_typed_500_and_the_rest_serves(
+    fixture_url: str,
+    embedder: LocalEmbedder,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its cause goes to the log once, not to the client."""
+
+    def broken(settings: Settings) -> Any:
+        raise ImportError("No module named 'mcp'")
+
+    monkeypatch.setattr(mcp_route, "_build", broken)
+    with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as client:
+        for _ in range(2):
+            r = client.post("/mcp", json=_PING, headers=_ACCEPT)
+            assert r.status_code == 500, r.text
+            body = r.json()
+            assert (body["error"], body["detail"]) == (
+                "internal_error",
+                "the MCP server could not start",
+            )
+            assert "mcp" not in body["hint"], body
+        assert query(client, query=KONG)["results"]
+    causes = [r for r in caplog.records if r.getMessage().startswith("the MCP server could not")]
+    assert len(causes) == 1 and "No module named 'mcp'" in causes[0].getMessage()

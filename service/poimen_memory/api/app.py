@@ -26,7 +26,7 @@ from poimen_memory.api.asgi import HeadLimit, HostCheck, LastResort, SecurityHea
 from poimen_memory.api.auth import KeyRing
 from poimen_memory.api.body import read_body
 from poimen_memory.api.health import HealthCache
-from poimen_memory.api.mcp_server import McpEndpoint
+from poimen_memory.api.mcp_route import McpRoute
 from poimen_memory.api.openapi import openapi_spec
 from poimen_memory.api.operations import (
     bounded_json,
@@ -330,7 +330,7 @@ async def openapi(request: Request) -> JSONResponse:
 
 def create_app(settings: Settings | None = None, *, embedder: Embedder | None = None) -> Starlette:
     cfg = settings or Settings.from_env()
-    mcp = McpEndpoint(cfg)
+    mcp = McpRoute(cfg)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -361,7 +361,8 @@ def create_app(settings: Settings | None = None, *, embedder: Embedder | None = 
             Route("/memory/review/{item}/confirm", review_confirm, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
-            # The MCP endpoint for agents (api/mcp_server.py, docs/mcp.md).
+            # The MCP endpoint for agents (api/mcp_server.py, loaded at its first request by
+            # api/mcp_route.py; docs/mcp.md).
             Route("/mcp", mcp, methods=["POST"]),
             *metrics.routes,
             *ui.routes,
