@@ -4,10 +4,13 @@ lock timeout, drift report, directory permissions and cleanup."""
 
 from __future__ import annotations
 
+import importlib.util
+import marshal
 import os
 import re
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -694,6 +697,40 @@ def test_migrate_removes_old_plpython_copies(conn: Conn, work_dir: Path) -> None
         [Path(report.plpython_path or "").name, "keep-me"]
     )
     assert one(conn, "SELECT public.memory_optimize_query('kong')")
+
+
+def test_migrate_installs_the_modules_bytecode_for_the_server(conn: Conn, work_dir: Path) -> None:
+    """Compiled where the server's OS user can read it, naming the installed files; a server
+    of this Python's X.Y finds it for every module it imports (the server cannot write it,
+    so without it each backend compiled them at its first PL/Python call)."""
+    root = work_dir / "plpython-bytecode"
+    report = migrate(conn, root)
+    pkg = Path(report.plpython_path or "") / "poimen_core"
+    modules = sorted(p for p in pkg.glob("*.py"))
+    assert modules
+    cache = pkg / "__pycache__"
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o755
+    for source in modules:
+        compiled = Path(importlib.util.cache_from_source(str(source)))
+        assert stat.S_IMODE(compiled.stat().st_mode) == 0o644, compiled
+        code = marshal.loads(compiled.read_bytes()[16:])  # after the pyc header
+        assert code.co_filename == str(source)
+    one(conn, "SELECT memory.plpython_load()")
+    notices: list[str] = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+    conn.execute(
+        """DO $$
+import importlib.util, os, sys
+import poimen_core, poimen_core.nodes
+found = os.path.exists(importlib.util.cache_from_source(poimen_core.nodes.__file__))
+plpy.notice("server %d.%d %s %s" % (*sys.version_info[:2], found, poimen_core.__file__))
+$$ LANGUAGE plpython3u"""
+    )
+    (notice,) = [n for n in notices if n.startswith("server ")]
+    _, version, found, imported = notice.split(" ")
+    assert imported == str(pkg / "__init__.py"), notice
+    if version == f"{sys.version_info[0]}.{sys.version_info[1]}":
+        assert found == "True", notice
 
 
 # --- dump and restore -------------------------------------------------------------------

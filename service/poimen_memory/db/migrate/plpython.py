@@ -5,6 +5,8 @@ and what memory.config records of both (Placement)."""
 
 from __future__ import annotations
 
+import compileall
+import contextlib
 import hashlib
 import os
 import re
@@ -130,7 +132,25 @@ def install_plpython(root: Path) -> Path:
             tmp.rename(target)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
+    _compile(pkg)
     return target
+
+
+def _compile(pkg: Path) -> None:
+    """Write the package's bytecode beside it. The server's OS user cannot write there, so
+    each backend compiled the modules again at its first PL/Python call: 90 ms of that
+    call's CPU against 50 ms with the bytecode. Compiled by this process's Python, which a
+    server of the same X.Y reads (3.11 here) and one of another version ignores; up-to-date
+    files are skipped, so an older install gets its bytecode at the next migrate. Where the
+    directory cannot be written, the server compiles as before."""
+    with contextlib.suppress(OSError):
+        # In place, after the rename: the bytecode names the installed files in tracebacks.
+        compileall.compile_dir(pkg, maxlevels=0, quiet=2)
+        cache = pkg / "__pycache__"
+        if cache.is_dir():
+            cache.chmod(0o755)
+            for f in cache.iterdir():
+                f.chmod(0o644)
 
 
 def remove_old_copies(root: Path, keep: Path) -> list[str]:
