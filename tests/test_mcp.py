@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -1195,12 +1196,19 @@ def test_resources_list_is_paged(
 
 def test_a_start_loads_no_mcp_sdk() -> None:
     """The SDK (about a second of CPU to import) is loaded by the first POST /mcp, not by the
-    app: building the app imports none of it."""
+    app nor by its lifespan: the endpoint's keeper, started and given the loop, imports none
+    of it."""
     code = (
-        "import sys\n"
+        "import asyncio, sys\n"
         "from poimen_memory.api.app import create_app\n"
+        "from poimen_memory.api.mcp_route import McpRoute\n"
         "from poimen_memory.settings import Settings\n"
         "create_app(Settings.from_env({}))\n"
+        "async def main():\n"
+        "    async with McpRoute(Settings.from_env({})).run():\n"
+        "        for _ in range(20):\n"
+        "            await asyncio.sleep(0.01)\n"
+        "asyncio.run(main())\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -1215,12 +1223,14 @@ def test_concurrent_first_requests_load_the_server_once(
     fixture_url: str, embedder: LocalEmbedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Requests that arrive while the server loads wait for that one load; the app's other
-    routes answer meanwhile."""
+    routes answer meanwhile (the load is held here until /healthz has answered)."""
     built: list[int] = []
     real = mcp_route._build
+    healthy = threading.Event()
 
     def counting(settings: Settings) -> Any:
         built.append(1)
+        assert healthy.wait(30), "GET /healthz did not answer while the MCP server loaded"
         return real(settings)
 
     monkeypatch.setattr(mcp_route, "_build", counting)
@@ -1232,13 +1242,34 @@ def test_concurrent_first_requests_load_the_server_once(
             app.router.lifespan_context(app),
             httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as client,
         ):
-            pings = [client.post("/mcp", json=_PING, headers=_ACCEPT) for _ in range(4)]
-            return await asyncio.gather(*pings, client.get("/healthz"))
+            pings = [
+                asyncio.create_task(client.post("/mcp", json=_PING, headers=_ACCEPT))
+                for _ in range(4)
+            ]
+            await asyncio.sleep(0.2)  # the pings are in, waiting for the load
+            health = await client.get("/healthz")
+            assert not any(p.done() for p in pings)
+            healthy.set()
+            return [health, *await asyncio.gather(*pings)]
 
     answers = asyncio.run(run())
     assert [r.status_code for r in answers] == [200] * 5, [r.text for r in answers]
-    assert all(r.json() == {"jsonrpc": "2.0", "id": 1, "result": {}} for r in answers[:4])
+    assert all(r.json() == {"jsonrpc": "2.0", "id": 1, "result": {}} for r in answers[1:])
     assert built == [1]
+
+
+def test_a_caller_without_a_key_loads_nothing(
+    fixture_url: str, embedder: LocalEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where keys are required, a POST /mcp without one is the 401 it always was, before the
+    server is loaded: an anonymous caller cannot make the service import the SDK."""
+    built: list[int] = []
+    monkeypatch.setattr(mcp_route, "_build", lambda settings: built.append(1))
+    make_key(fixture_url, ["poimen"])
+    with serve({"POIMEN_DATABASE_URL": fixture_url}, embedder) as client:
+        r = client.post("/mcp", json=_PING, headers=_ACCEPT)
+    assert (r.status_code, r.json()["error"]) == (401, "unauthorized"), r.text
+    assert built == []
 
 
 def test_a_server_that_cannot_load_is_a_typed_500_and_the_rest_serves(

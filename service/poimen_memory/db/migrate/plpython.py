@@ -5,10 +5,11 @@ and what memory.config records of both (Placement)."""
 
 from __future__ import annotations
 
-import compileall
 import contextlib
 import hashlib
+import importlib.util
 import os
+import py_compile
 import re
 import shutil
 import sys
@@ -140,17 +141,38 @@ def _compile(pkg: Path) -> None:
     """Write the package's bytecode beside it. The server's OS user cannot write there, so
     each backend compiled the modules again at its first PL/Python call: 90 ms of that
     call's CPU against 50 ms with the bytecode. Compiled by this process's Python, which a
-    server of the same X.Y reads (3.11 here) and one of another version ignores; up-to-date
-    files are skipped, so an older install gets its bytecode at the next migrate. Where the
+    server of the same X.Y reads (3.11 here) and one of another version ignores (its cache
+    tag differs). Named and checked as a plain `import` reads them whatever this process
+    runs with (PYTHONPYCACHEPREFIX, -O, SOURCE_DATE_EPOCH): beside the source, optimisation
+    level 0, checked by the source's mtime and size. Run on every install, not only on a
+    new copy, so an older install gets its bytecode at the next migrate; where the
     directory cannot be written, the server compiles as before."""
+    cache = pkg / "__pycache__"
     with contextlib.suppress(OSError):
-        # In place, after the rename: the bytecode names the installed files in tracebacks.
-        compileall.compile_dir(pkg, maxlevels=0, quiet=2)
-        cache = pkg / "__pycache__"
-        if cache.is_dir():
-            cache.chmod(0o755)
-            for f in cache.iterdir():
-                f.chmod(0o644)
+        cache.mkdir(exist_ok=True)
+        cache.chmod(0o755)
+        for source in sorted(pkg.glob("*.py")):
+            target = cache / f"{source.stem}.{sys.implementation.cache_tag}.pyc"
+            if _current_bytecode(source, target):
+                continue
+            py_compile.compile(
+                str(source), cfile=str(target), doraise=True, optimize=0,
+                invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP,
+            )  # fmt: skip
+            target.chmod(0o644)
+
+
+def _current_bytecode(source: Path, target: Path) -> bool:
+    """The bytecode at target is this Python's, for the source as it is now (its header:
+    magic, timestamp flags, the source's mtime and size)."""
+    try:
+        head = target.read_bytes()[:16]
+    except OSError:
+        return False
+    st = source.stat()
+    want = importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little")
+    want += (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
+    return head == want + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
 
 
 def remove_old_copies(root: Path, keep: Path) -> list[str]:
