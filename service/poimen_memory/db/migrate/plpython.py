@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import os
 import py_compile
 import re
@@ -145,34 +144,20 @@ def _compile(pkg: Path) -> None:
     tag differs). Named and checked as a plain `import` reads them whatever this process
     runs with (PYTHONPYCACHEPREFIX, -O, SOURCE_DATE_EPOCH): beside the source, optimisation
     level 0, checked by the source's mtime and size. Run on every install, not only on a
-    new copy, so an older install gets its bytecode at the next migrate; where the
-    directory cannot be written, the server compiles as before."""
+    new copy, so an older install gets its bytecode at the next migrate (a dozen files,
+    rewritten atomically: simpler than reading their headers first); where the directory
+    cannot be written, the server compiles as before."""
     cache = pkg / "__pycache__"
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, py_compile.PyCompileError):
         cache.mkdir(exist_ok=True)
         cache.chmod(0o755)
         for source in sorted(pkg.glob("*.py")):
             target = cache / f"{source.stem}.{sys.implementation.cache_tag}.pyc"
-            if _current_bytecode(source, target):
-                continue
             py_compile.compile(
                 str(source), cfile=str(target), doraise=True, optimize=0,
                 invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP,
             )  # fmt: skip
             target.chmod(0o644)
-
-
-def _current_bytecode(source: Path, target: Path) -> bool:
-    """The bytecode at target is this Python's, for the source as it is now (its header:
-    magic, timestamp flags, the source's mtime and size)."""
-    try:
-        head = target.read_bytes()[:16]
-    except OSError:
-        return False
-    st = source.stat()
-    want = importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little")
-    want += (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
-    return head == want + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
 
 
 def remove_old_copies(root: Path, keep: Path) -> list[str]:
