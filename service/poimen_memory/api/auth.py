@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import logging
 import secrets
 import time
@@ -95,15 +94,18 @@ class KeyRing:
         token = bearer_token(headers.get("authorization", ""))
         if token is None:
             raise Unauthorized("an API key is required", hint="send Authorization: Bearer <key>")
-        digest = key_hash(token)
-        for stored, grant in keys.items():
-            if hmac.compare_digest(stored, digest) and grant is not None:
-                # Postgres enforces the key's projects too (RLS, sql/085_tenants.sql).
-                tenant.assert_for_request(
-                    tenant.Tenant.of(grant.projects, can_write=grant.can_write, key_id=grant.key_id)
-                )
-                return grant
-        raise Unauthorized("unknown or revoked API key")
+        # One lookup by the key's SHA-256, whatever the number of keys (a loop comparing the
+        # digest with every stored one cost a request 43 us at 1,000 keys, 0.4 ms at 10,000).
+        # What a lookup's timing could tell is how a caller's digest compares with stored
+        # digests, and a digest leads to no key: finding one is a SHA-256 preimage.
+        grant = keys.get(key_hash(token))
+        if grant is None:
+            raise Unauthorized("unknown or revoked API key")
+        # Postgres enforces the key's projects too (RLS, sql/085_tenants.sql).
+        tenant.assert_for_request(
+            tenant.Tenant.of(grant.projects, can_write=grant.can_write, key_id=grant.key_id)
+        )
+        return grant
 
     async def read_project(self, headers: Mapping[str, str], project: str | None) -> str | None:
         """The project a query may search: the one it names, if the key covers it; without
