@@ -600,6 +600,8 @@ def test_a_request_for_another_host_is_refused(
     for path, item in spec["paths"].items():
         for method, operation in item.items():
             assert "421" in operation["responses"], (path, method)
+            # and a head that gives a header twice (api/asgi.py SINGLE_HEADERS)
+            assert "duplicate_header" in operation["responses"]["400"]["description"]
 
 
 def test_every_response_says_what_it_is_and_may_not_be_framed(client: TestClient) -> None:

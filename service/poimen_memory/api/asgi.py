@@ -172,11 +172,19 @@ class HostCheck(HttpMiddleware):
         await self.app(scope, receive, send)
 
 
+# Headers a request gives one value by. With two, which one counts depends on who reads
+# the head (Starlette's Headers.get takes the first, a dict of the head the last, a proxy
+# in front either), so a proxy and this service could disagree on whose key a request
+# carries or which page sent it. h11 already refuses two Host or Content-Length headers.
+SINGLE_HEADERS = (b"authorization", b"origin", b"content-type")
+
+
 class HeadLimit(HttpMiddleware):
     """Refuses a request whose head (its target and headers) is over ``max_bytes``
     (POIMEN_HTTP_MAX_HEADER_BYTES), 431 before any route runs. uvicorn's h11 applies the
     setting only to a head still arriving: one that came in a single read passed whole
-    (a 60 kB header was answered 200)."""
+    (a 60 kB header was answered 200). Refuses too, 400, a head that gives one of
+    ``SINGLE_HEADERS`` twice."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         super().__init__(app)
@@ -192,6 +200,17 @@ class HeadLimit(HttpMiddleware):
                 "detail": f"the request's head is about {size} bytes, over the "
                           f"{self.max_bytes}-byte limit",
                 "hint": "POIMEN_HTTP_MAX_HEADER_BYTES sets the limit",
+            })  # fmt: skip
+            return
+        # (ASGI servers give header names in lower case.)
+        seen = [name for name, _ in scope["headers"] if name in SINGLE_HEADERS]
+        twice = next((name for name in SINGLE_HEADERS if seen.count(name) > 1), None)
+        if twice is not None:
+            named = twice.decode().title()
+            await _json(send, 400, {
+                "error": "duplicate_header",
+                "detail": f"the request has {seen.count(twice)} {named} headers",
+                "hint": "send each of Authorization, Origin and Content-Type at most once",
             })  # fmt: skip
             return
         await self.app(scope, receive, send)

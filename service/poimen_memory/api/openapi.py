@@ -456,10 +456,14 @@ _HOST_REFUSED = _err(
     "(loopback names by default; POIMEN_MCP_ALLOWED_HOSTS for /mcp)"
 )
 
-# And a request head over POIMEN_HTTP_MAX_HEADER_BYTES (api/asgi.py HeadLimit).
+# And a request head over POIMEN_HTTP_MAX_HEADER_BYTES (api/asgi.py HeadLimit), or one that
+# gives a header twice that names one value (asgi.SINGLE_HEADERS): 400 beside a route's own.
 _HEAD_REFUSED = _err(
     "request_header_fields_too_large: the request's head (its target and headers) is over "
     "POIMEN_HTTP_MAX_HEADER_BYTES"
+)
+_DUPLICATE_HEADER = (
+    "duplicate_header: the request gives Authorization, Origin or Content-Type twice"
 )
 
 
@@ -626,6 +630,10 @@ def openapi_spec(settings: Settings | None = None) -> dict[str, Any]:
         for operation in item.values():
             operation["responses"].setdefault("421", _HOST_REFUSED)
             operation["responses"].setdefault("431", _HEAD_REFUSED)
+            own = operation["responses"].get("400")
+            operation["responses"]["400"] = _err(
+                _DUPLICATE_HEADER if own is None else f"{own['description']}; {_DUPLICATE_HEADER}"
+            )
     return spec
 
 
