@@ -148,6 +148,7 @@ class HostCheck(HttpMiddleware):
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         hosts, origins = self.by_path.get(scope.get("path", ""), self.lists)
+        # (A head with two Origins never gets here: HeadLimit, before this, refuses it.)
         headers = dict(scope["headers"])
         host = headers.get(b"host", b"").decode("latin-1")
         origin = headers.get(b"origin")
@@ -175,7 +176,8 @@ class HostCheck(HttpMiddleware):
 # Headers a request gives one value by. With two, which one counts depends on who reads
 # the head (Starlette's Headers.get takes the first, a dict of the head the last, a proxy
 # in front either), so a proxy and this service could disagree on whose key a request
-# carries or which page sent it. h11 already refuses two Host or Content-Length headers.
+# carries or which page sent it. h11 already refuses two Host headers, and two
+# Content-Length headers that differ.
 SINGLE_HEADERS = (b"authorization", b"origin", b"content-type")
 
 

@@ -631,8 +631,10 @@ def openapi_spec(settings: Settings | None = None) -> dict[str, Any]:
             operation["responses"].setdefault("421", _HOST_REFUSED)
             operation["responses"].setdefault("431", _HEAD_REFUSED)
             own = operation["responses"].get("400")
-            operation["responses"]["400"] = _err(
-                _DUPLICATE_HEADER if own is None else f"{own['description']}; {_DUPLICATE_HEADER}"
+            operation["responses"]["400"] = (
+                _err(_DUPLICATE_HEADER)
+                if own is None
+                else {**own, "description": f"{own['description']}; {_DUPLICATE_HEADER}"}
             )
     return spec
 
@@ -1016,6 +1018,12 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                             "content": {"application/json": {"schema": {"type": "object"}}},
                         },
                         "202": {"description": "A notification, accepted"},
+                        # no schema: two bodies, a JSON-RPC error object or, from the
+                        # middleware, the Error object (duplicate_header)
+                        "400": {
+                            "description": "a request JSON-RPC cannot take (JSON-RPC's invalid "
+                            "request, -32600: a JSON-RPC error object)",
+                        },
                         "401": _AUTH_ERRORS["401"],
                         "413": {"description": "body over POIMEN_MAX_BODY_BYTES"},
                     },
