@@ -613,6 +613,28 @@ def test_a_key_named_twice_in_one_object_is_an_invalid_request(reader: str) -> N
     assert httpx.post(f"{reader}/mcp", content=once, headers=headers, timeout=30).status_code == 200
 
 
+def test_a_body_that_is_not_json_is_415_with_the_error_body(reader: str) -> None:
+    """The SDK answered a body of another type with a 400 in bare text (no Content-Type);
+    the service refuses it as its node writes do: 415 and the JSON error body.
+    application/json with parameters is JSON."""
+    ping = '{"jsonrpc": "2.0", "id": 1, "method": "ping"}'
+    accept = "application/json, text/event-stream"
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data", None):
+        headers = {"accept": accept} | ({"content-type": kind} if kind else {})
+        r = httpx.post(f"{reader}/mcp", content=ping, headers=headers, timeout=30)
+        assert r.status_code == 415, (kind, r.text)
+        assert r.headers["content-type"] == "application/json"
+        body = r.json()
+        assert body["error"] == "unsupported_media_type"
+        assert body["detail"] == (
+            f"an MCP request's body must be application/json, got {kind or 'no content type'!r}"
+        )
+        assert "Content-Type: application/json" in body["hint"]
+    json_type = {"accept": accept, "content-type": "application/json; charset=utf-8"}
+    r = httpx.post(f"{reader}/mcp", content=ping, headers=json_type, timeout=30)
+    assert r.status_code == 200 and r.json()["result"] == {}, r.text
+
+
 def test_api_keys_are_enforced(server: str, fixture_url: str) -> None:
     assert not over_http(server, None, _call("memory_query", {"query": KONG})).is_error
     reader = make_key(fixture_url, ["poimen"])

@@ -95,7 +95,7 @@ from poimen_memory.api.review import claim_items, confirm_item, list_items
 from poimen_memory.contract.query import filter_text
 from poimen_memory.db.wrap import translate
 from poimen_memory.embedders.base import Embedder
-from poimen_memory.errors import PoimenError, ValidationError
+from poimen_memory.errors import PoimenError, UnsupportedMediaType, ValidationError
 from poimen_memory.ingest.nodes import LineError, NodeRecord, RepeatedKey, unique_object
 from poimen_memory.services import Services, open_services
 from poimen_memory.settings import Settings
@@ -974,6 +974,16 @@ class McpEndpoint:
             # projects again for what it does.
             await request.app.state.keys.grant(request.headers)
             if scope["method"] == "POST":
+                # JSON only, as MCP's HTTP transport sends it: the SDK answered any other type
+                # with a 400 in bare text, and a form or text/plain is what a page of another
+                # origin posts without a preflight (415 and the error body, as a node write).
+                kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+                if kind != "application/json":
+                    raise UnsupportedMediaType(
+                        "an MCP request's body must be application/json, got "
+                        f"{kind[:100] or 'no content type'!r}",
+                        hint="send the JSON-RPC message with Content-Type: application/json",
+                    )
                 # The body within the service's size and time budget, as every route reads
                 # one: the SDK waits for a body as long as it takes, so a client trickling
                 # one held a work slot (and, a few of them, every tenant's) for minutes.

@@ -1026,6 +1026,7 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                         },
                         "401": _AUTH_ERRORS["401"],
                         "413": {"description": "body over POIMEN_MAX_BODY_BYTES"},
+                        "415": _err("unsupported_media_type: the body is not application/json"),
                     },
                 }
             },
