@@ -613,6 +613,29 @@ def test_a_key_named_twice_in_one_object_is_an_invalid_request(reader: str) -> N
     assert httpx.post(f"{reader}/mcp", content=once, headers=headers, timeout=30).status_code == 200
 
 
+def test_a_request_whose_id_is_no_string_or_integer_is_an_invalid_request(reader: str) -> None:
+    """MCP's request ids are strings or integers, never null. The SDK took a request with
+    another id for a notification: 202, no answer and no tool run, so the client waited out
+    its timeout (a helper's attack). Now JSON-RPC's invalid request; a notification (no id)
+    and the ids MCP allows are answered as before."""
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    for ident, shown in ((1.5, "1.5"), (True, "true"), (None, "null"), ({"x": 1}, '{"x": 1}'),
+                         ([1], "[1]")):  # fmt: skip
+        call = json.dumps({"jsonrpc": "2.0", "id": ident, "method": "ping"})
+        r = httpx.post(f"{reader}/mcp", content=call, headers=headers, timeout=30)
+        assert r.status_code == 400, (ident, r.text)
+        assert r.json() == {"jsonrpc": "2.0", "id": None, "error": {
+            "code": -32600,
+            "message": f"Invalid request: a request's id is a string or an integer, not {shown}",
+        }}  # fmt: skip
+    for ident in (7, "seven", -1, 10**20):
+        call = json.dumps({"jsonrpc": "2.0", "id": ident, "method": "ping"})
+        r = httpx.post(f"{reader}/mcp", content=call, headers=headers, timeout=30)
+        assert r.status_code == 200 and r.json()["id"] == ident, r.text
+    note = json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    assert httpx.post(f"{reader}/mcp", content=note, headers=headers, timeout=30).status_code == 202
+
+
 def test_a_body_that_is_not_json_is_415_with_the_error_body(reader: str) -> None:
     """The SDK answered a body of another type with a 400 in bare text (no Content-Type);
     the service refuses it as its node writes do: 415 and the JSON error body.

@@ -923,18 +923,26 @@ def _http_caller(ctx: Any) -> Caller:
     )
 
 
-async def _repeated_key(body: bytes) -> str | None:
-    """What repeats a key in one of the body's JSON objects, if anything does (None also
-    for a body that is not JSON: the SDK answers that). A large body is read off the event
-    loop."""
+async def _invalid_request(body: bytes) -> str | None:
+    """Why the body is no request JSON-RPC may take, for the two cases the SDK gets wrong: a
+    key repeated in one of its objects, or a request (a method and an id) whose id is not a
+    string or an integer. None otherwise, a body that is not JSON included (the SDK answers
+    that). A large body is read off the event loop."""
 
     def scan() -> str | None:
         try:
-            json.loads(body, object_pairs_hook=unique_object)
+            doc = json.loads(body, object_pairs_hook=unique_object)
         except RepeatedKey as exc:
             return str(exc)
         except (ValueError, RecursionError):
-            pass  # not JSON, or nested past the parser: the SDK's to answer
+            return None  # not JSON, or nested past the parser: the SDK's to answer
+        if isinstance(doc, dict) and "method" in doc and "id" in doc:
+            ident = doc["id"]
+            # MCP's ids are strings or integers, never null. The SDK took a request with any
+            # other id for a notification: 202 and no answer (nor its tool run), so the
+            # client waited out its own timeout.
+            if isinstance(ident, bool) or not isinstance(ident, str | int):
+                return f"a request's id is a string or an integer, not {json.dumps(ident)[:40]}"
         return None
 
     # A Python hook per object: about 0.4 s a MB of small objects, so not on the loop
@@ -992,12 +1000,13 @@ class McpEndpoint:
                     hint="POIMEN_MAX_BODY_BYTES sets the limit",
                 )  # fmt: skip
                 receive = replay(body, receive)
-                twice = await _repeated_key(body)
-                if twice is not None:
+                invalid = await _invalid_request(body)
+                if invalid is not None:
                     # The SDK, like json, keeps a repeated key's last value: a body naming
                     # "name" twice ran the second tool while a gateway or a log that reads
-                    # the first saw another. Refused as JSON-RPC's invalid request.
-                    error = {"code": -32600, "message": f"Invalid request: {twice}"}
+                    # the first saw another. Refused as JSON-RPC's invalid request, as is an
+                    # id of another type (_invalid_request).
+                    error = {"code": -32600, "message": f"Invalid request: {invalid}"}
                     await JSONResponse(
                         {"jsonrpc": "2.0", "id": None, "error": error}, status_code=400
                     )(scope, receive, send)
