@@ -634,6 +634,10 @@ def test_a_request_whose_id_is_no_string_or_integer_is_an_invalid_request(reader
         assert r.status_code == 200 and r.json()["id"] == ident, r.text
     note = json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"})
     assert httpx.post(f"{reader}/mcp", content=note, headers=headers, timeout=30).status_code == 202
+    # a client's response (an id and no method) is no request: its id is not checked
+    answer = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -1, "message": "x"}})
+    r = httpx.post(f"{reader}/mcp", content=answer, headers=headers, timeout=30)
+    assert r.status_code == 202, r.text
 
 
 def test_a_body_that_is_not_json_is_415_with_the_error_body(reader: str) -> None:
@@ -653,9 +657,11 @@ def test_a_body_that_is_not_json_is_415_with_the_error_body(reader: str) -> None
             f"an MCP request's body must be application/json, got {kind or 'no content type'!r}"
         )
         assert "Content-Type: application/json" in body["hint"]
-    json_type = {"accept": accept, "content-type": "application/json; charset=utf-8"}
-    r = httpx.post(f"{reader}/mcp", content=ping, headers=json_type, timeout=30)
-    assert r.status_code == 200 and r.json()["result"] == {}, r.text
+    # a media type in any case, with parameters (the SDK itself compared it as written)
+    for kind in ("application/json; charset=utf-8", "Application/JSON", "APPLICATION/json ;x=y"):
+        json_type = {"accept": accept, "content-type": kind}
+        r = httpx.post(f"{reader}/mcp", content=ping, headers=json_type, timeout=30)
+        assert r.status_code == 200 and r.json()["result"] == {}, (kind, r.text)
 
 
 def test_api_keys_are_enforced(server: str, fixture_url: str) -> None:

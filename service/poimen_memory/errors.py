@@ -196,7 +196,8 @@ class StaleRevision(PoimenError, code="stale_revision", status=409):
 
 class UnsupportedMediaType(PoimenError, code="unsupported_media_type", status=415):
     """A write's body in a type a browser sends across origins without asking (text/plain,
-    a form): refused, so no web page can write (api/app.py)."""
+    a form): refused, so no web page can write (api/app.py); and a POST /mcp body that is
+    not application/json (api/mcp_server.py)."""
 
 
 class OverShare(PoimenError, code="too_many_requests", status=429):

@@ -992,6 +992,12 @@ class McpEndpoint:
                         f"{kind[:100] or 'no content type'!r}",
                         hint="send the JSON-RPC message with Content-Type: application/json",
                     )
+                # A media type's case means nothing (RFC 9110), but the SDK compares it with
+                # "application/json" as written: it gets the type so (JSON is UTF-8 anyway).
+                scope["headers"] = [
+                    (name, b"application/json" if name == b"content-type" else value)
+                    for name, value in scope["headers"]
+                ]
                 # The body within the service's size and time budget, as every route reads
                 # one: the SDK waits for a body as long as it takes, so a client trickling
                 # one held a work slot (and, a few of them, every tenant's) for minutes.
