@@ -24,7 +24,7 @@ from poimen_memory.api import metrics, nodes, review, ui
 from poimen_memory.api.admission import Admission, arrived
 from poimen_memory.api.asgi import HeadLimit, HostCheck, LastResort, SecurityHeaders
 from poimen_memory.api.auth import KeyRing
-from poimen_memory.api.body import read_body
+from poimen_memory.api.body import media_type, read_body
 from poimen_memory.api.health import HealthCache
 from poimen_memory.api.mcp_route import McpRoute
 from poimen_memory.api.openapi import openapi_spec
@@ -122,7 +122,7 @@ _SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/f
 
 
 def _typed_body(request: Request) -> None:
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    kind = media_type(request)
     if kind in _SIMPLE_TYPES:
         raise UnsupportedMediaType(
             f"a write's body must be application/json or application/x-ndjson, got {kind!r}",
@@ -254,7 +254,7 @@ async def _json_params(request: Request, types: Mapping[str, type]) -> dict[str,
     """The parameters of a POST that changes state and writes no nodes, as a JSON object of
     scalars. application/json only: a browser sends it from another origin only after a
     CORS preflight, which this service never grants, so no web page can post one."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    kind = media_type(request)
     state: Services = request.app.state.poimen
     raw = await read_body(request, MAX_PARAMS_BODY, state.settings.http_body_timeout_s)
     if not raw:

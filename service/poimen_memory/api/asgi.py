@@ -181,6 +181,12 @@ class HostCheck(HttpMiddleware):
 SINGLE_HEADERS = (b"authorization", b"origin", b"content-type")
 
 
+def single_header_names(conjunction: str) -> str:
+    """SINGLE_HEADERS as a sentence names them: "Authorization, Origin and Content-Type"."""
+    names = [name.decode().title() for name in SINGLE_HEADERS]
+    return f"{', '.join(names[:-1])} {conjunction} {names[-1]}"
+
+
 class HeadLimit(HttpMiddleware):
     """Refuses a request whose head (its target and headers) is over ``max_bytes``
     (POIMEN_HTTP_MAX_HEADER_BYTES), 431 before any route runs. uvicorn's h11 applies the
@@ -212,7 +218,7 @@ class HeadLimit(HttpMiddleware):
             await _json(send, 400, {
                 "error": "duplicate_header",
                 "detail": f"the request has {seen.count(twice)} {named} headers",
-                "hint": "send each of Authorization, Origin and Content-Type at most once",
+                "hint": f"send each of {single_header_names('and')} at most once",
             })  # fmt: skip
             return
         await self.app(scope, receive, send)

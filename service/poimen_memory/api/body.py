@@ -42,6 +42,12 @@ async def read_body(
     return b"".join(chunks)
 
 
+def media_type(request: Request) -> str:
+    """The body's media type as the request's Content-Type names it: lower case (a media
+    type's case means nothing), without parameters; "" for none."""
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
 def replay(body: bytes, receive: Receive) -> Receive:
     """An ASGI receive that gives ``body`` as the whole request once, then the connection's
     own messages (a disconnect): for an app that reads the body itself after it was read."""

@@ -78,7 +78,7 @@ from starlette.types import Receive, Scope, Send
 from poimen_core.vocabulary import FILTER_MAX_BYTES, LEVELS, PROJECT_NAME_RE
 from poimen_memory.api import metrics
 from poimen_memory.api.auth import KeyRing
-from poimen_memory.api.body import read_body, replay
+from poimen_memory.api.body import media_type, read_body, replay
 from poimen_memory.api.nodes import get_node, list_nodes
 from poimen_memory.api.openapi import openapi_spec, query_parameters
 from poimen_memory.api.operations import (
@@ -985,7 +985,7 @@ class McpEndpoint:
                 # JSON only, as MCP's HTTP transport sends it: the SDK answered any other type
                 # with a 400 in bare text, and a form or text/plain is what a page of another
                 # origin posts without a preflight (415 and the error body, as a node write).
-                kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+                kind = media_type(request)
                 if kind != "application/json":
                     raise UnsupportedMediaType(
                         "an MCP request's body must be application/json, got "

@@ -6,6 +6,7 @@ from typing import Any
 
 from poimen_core import nodes, vocabulary
 from poimen_core.nodes import MAX_ID_CHARS
+from poimen_memory.api.asgi import single_header_names
 from poimen_memory.contract.query import (
     FILTER_QUERY_STRING,
     ISO_DAY_OR_TIME,
@@ -462,9 +463,7 @@ _HEAD_REFUSED = _err(
     "request_header_fields_too_large: the request's head (its target and headers) is over "
     "POIMEN_HTTP_MAX_HEADER_BYTES"
 )
-_DUPLICATE_HEADER = (
-    "duplicate_header: the request gives Authorization, Origin or Content-Type twice"
-)
+_DUPLICATE_HEADER = f"duplicate_header: the request gives {single_header_names('or')} twice"
 
 
 # The review queue (issue 40, api/review.py): one item as memory.review_list and
