@@ -378,11 +378,13 @@ def test_opensearch_does_the_lexical_leg_with_the_seed_body(
 def test_the_semantic_leg_runs_while_opensearch_answers(
     fixture_url: str, embedder: LocalEmbedder, opensearch: OpenSearchServer
 ) -> None:
-    """The legs run side by side with OpenSearch too: the semantic leg (slowed to 0.5 s)
-    does not wait for OpenSearch's answer (delayed 1 s), and fusion waits for both. So the
-    request, fusion aside, lasts as long as the longer leg, not the two together (1.5 s),
-    and lexical_time_ms is the OpenSearch call's time (with the join of its hits)."""
-    slow_down(fixture_url, "semantic_search", 0.5)
+    """The legs run side by side with OpenSearch too: the semantic leg (slowed to 1 s) does
+    not wait for OpenSearch's answer (delayed 1 s), and fusion waits for both. So the legs'
+    share of the request (the request less its other stages) lasts about as long as the
+    longer leg, not the two together (2 s), and lexical_time_ms is the OpenSearch call's
+    time (with the join of its hits). The margin is half a leg either way, so a busy
+    machine's slower stages cannot pass for the legs one after the other, nor fail it."""
+    slow_down(fixture_url, "semantic_search", 1.0)
     opensearch.search_delay_s = 1.0
     with serve(opensearch_env(fixture_url, opensearch), embedder) as client:
         query(client, query=KONG, evidence=0)  # warm: connections, plans, the embedder
@@ -392,9 +394,11 @@ def test_the_semantic_leg_runs_while_opensearch_answers(
     assert body["plan"]["engines"]["lexical"] == "opensearch"
     assert not degraded(body, "lexical") and not degraded(body, "semantic")
     assert m["lexical_time_ms"] >= m["opensearch_time_ms"] >= 1000
-    assert m["semantic_time_ms"] >= 500
-    legs = m["total_time_ms"] - m["fusion_time_ms"]
-    assert legs == pytest.approx(max(m["semantic_time_ms"], m["lexical_time_ms"]), rel=0.15), m
+    assert m["semantic_time_ms"] >= 1000
+    others = ("embed_time_ms", "fusion_time_ms", "provenance_time_ms")
+    legs = m["total_time_ms"] - sum(m.get(k) or 0 for k in others)
+    longer, both = max(m["semantic_time_ms"], m["lexical_time_ms"]), 2000
+    assert longer <= legs < both - 500, m
     assert any(r["semantic_rank"] and r["lexical_rank"] for r in body["results"])
 
 
