@@ -4,6 +4,7 @@ POST /memory/nodes, GET /healthz and GET /openapi.json, through the real app."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -687,6 +688,51 @@ def test_a_write_in_a_form_type_is_415(client: TestClient, kind: str) -> None:
     body = error(r, 415, "unsupported_media_type")
     assert "application/json" in body["hint"]
     assert client.get("/memory/nodes/cross-site", params={"project": "poimen"}).status_code == 404
+
+
+@pytest.mark.parametrize("coding", ["gzip", "GZIP", "deflate", "br", "identity, gzip"])
+def test_a_compressed_body_is_415_on_every_route_that_reads_one(
+    client: TestClient, coding: str
+) -> None:
+    """No route decodes a Content-Encoding (api/body.read_body): a compressed body is refused
+    unread with 415 and Accept-Encoding: identity (RFC 9110 15.5.16), not parsed as its
+    compressed bytes, and nothing is written. Uncompressed, as "identity" or with no header,
+    the same write goes through."""
+    node = {**NODE, "id": "compressed"}
+    packed = gzip.compress(json.dumps([node]).encode())
+    posts = {
+        "/memory/nodes": packed,
+        "/memory/review/claim": gzip.compress(b'{"project": "poimen"}'),
+        "/memory/review/1/confirm": gzip.compress(b"{}"),
+        "/mcp": gzip.compress(b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}'),
+    }
+    for path, content in posts.items():
+        r = client.post(path, content=content, headers={
+            "Content-Type": "application/json", "Content-Encoding": coding,
+            "Accept": "application/json, text/event-stream",
+        })  # fmt: skip
+        body = error(r, 415, "unsupported_media_type")
+        assert r.headers["accept-encoding"] == "identity", path
+        assert body["detail"] == (
+            f"a request body with Content-Encoding {coding.split(', ')[-1].lower()!r} is not taken"
+        )
+        assert "uncompressed" in body["hint"]
+    assert client.get("/memory/nodes/compressed", params={"project": "poimen"}).status_code == 404
+    written = [
+        client.post(
+            "/memory/nodes",
+            content=json.dumps([node]),
+            headers={"Content-Type": "application/json", **plain},
+        ).json()
+        for plain in ({"Content-Encoding": "identity"}, {})
+    ]
+    assert [w["nodes"][0]["status"] for w in written] == ["created", "unchanged"], written
+    assert client.get("/memory/nodes/compressed", params={"project": "poimen"}).status_code == 200
+    # The spec says so for every operation that takes a body.
+    for item in client.get("/openapi.json").json()["paths"].values():
+        for operation in item.values():
+            if "requestBody" in operation:
+                assert "Content-Encoding" in operation["responses"]["415"]["description"]
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])

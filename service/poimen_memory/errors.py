@@ -72,6 +72,11 @@ class PoimenError(Exception):
         self.hint = hint
         self.sqlstate: str | None = None
 
+    def response_headers(self) -> dict[str, str]:
+        """Headers an HTTP answer of this error carries beside its JSON body (each front
+        that answers over HTTP sends them)."""
+        return {}
+
     def hint_for(self, front: str | None) -> str | None:
         """The hint in this front's words (FRONTS); None: the hint as raised."""
         if front is None or self.front_hint is None:
@@ -198,6 +203,14 @@ class UnsupportedMediaType(PoimenError, code="unsupported_media_type", status=41
     """A write's body in a type a browser sends across origins without asking (text/plain,
     a form): refused, so no web page can write (api/app.py); and a POST /mcp body that is
     not application/json (api/mcp_server.py)."""
+
+
+class UnsupportedEncoding(UnsupportedMediaType):
+    """A request body in a Content-Encoding (gzip, br, ...): no route decodes one
+    (api/body.py). The answer names the one coding taken, as RFC 9110 (15.5.16) asks."""
+
+    def response_headers(self) -> dict[str, str]:
+        return {"Accept-Encoding": "identity"}
 
 
 class OverShare(PoimenError, code="too_many_requests", status=429):

@@ -49,7 +49,9 @@ log = logging.getLogger("poimen_memory")
 
 def _error(err: PoimenError, retry_after_s: int) -> JSONResponse:
     # Every 503 (busy, a timeout, the database or an upstream down) says when to try again.
-    headers = {"Retry-After": str(retry_after_s)} if err.http_status == 503 else None
+    headers = err.response_headers()
+    if err.http_status == 503:
+        headers["Retry-After"] = str(retry_after_s)
     body = err.public_json("http")
     return JSONResponse(body, status_code=err.http_status, headers=headers)
 

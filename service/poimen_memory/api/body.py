@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.types import Message, Receive
 
 from poimen_memory.api.numbers import digits_value
-from poimen_memory.errors import PayloadTooLarge, RequestTimeout
+from poimen_memory.errors import PayloadTooLarge, RequestTimeout, UnsupportedEncoding
 
 SPLIT_NODES = "POIMEN_MAX_BODY_BYTES sets the limit; split the nodes over several requests"
 
@@ -20,7 +20,8 @@ async def read_body(
     request: Request, limit: int, timeout_s: float, *, hint: str = SPLIT_NODES
 ) -> bytes:
     """The request body, refused (413) as soon as it passes ``limit`` bytes, and (408) when
-    it has not all arrived within ``timeout_s``."""
+    it has not all arrived within ``timeout_s``; and (415) unread when it comes compressed."""
+    _uncompressed(request)
     declared = request.headers.get("content-length", "")
     too_large = PayloadTooLarge(f"request body is over {limit} bytes", hint=hint)
     length = digits_value(declared, limit)
@@ -40,6 +41,24 @@ async def read_body(
             hint="POIMEN_HTTP_BODY_TIMEOUT_S sets the limit; send the body at once",
         ) from None
     return b"".join(chunks)
+
+
+def _uncompressed(request: Request) -> None:
+    """No route decodes a Content-Encoding: a gzip body was read as its compressed bytes (a
+    JSON error about what the client never sent) or, as an empty or NDJSON body, taken for
+    something else. RFC 9110 (15.5.16) answers a coding the server does not take with 415;
+    "identity" (no coding) is the one it takes, as the header written out or not at all."""
+    codings = [
+        c.strip().lower()
+        for value in request.headers.getlist("content-encoding")
+        for c in value.split(",")
+    ]
+    unsupported = [c for c in codings if c not in ("", "identity")]
+    if unsupported:
+        raise UnsupportedEncoding(
+            f"a request body with Content-Encoding {unsupported[0][:40]!r} is not taken",
+            hint="send the body uncompressed, without a Content-Encoding header",
+        )
 
 
 def media_type(request: Request) -> str:

@@ -1019,7 +1019,9 @@ class McpEndpoint:
                     return
         except (PoimenError, psycopg.Error) as exc:
             err = exc if isinstance(exc, PoimenError) else translate(exc)
-            await JSONResponse(err.public_json(), status_code=err.http_status)(scope, receive, send)
+            await JSONResponse(
+                err.public_json(), status_code=err.http_status, headers=err.response_headers()
+            )(scope, receive, send)
             return
         await self.manager.handle_request(scope, receive, send)
 

@@ -464,6 +464,8 @@ _HEAD_REFUSED = _err(
     "POIMEN_HTTP_MAX_HEADER_BYTES"
 )
 _DUPLICATE_HEADER = f"duplicate_header: the request gives {single_header_names('or')} twice"
+# Every route that reads a body reads it through api/body.read_body, which decodes none.
+_ENCODED = "unsupported_media_type: a body in a Content-Encoding (gzip, br, ...): none is decoded"
 
 
 # The review queue (issue 40, api/review.py): one item as memory.review_list and
@@ -629,13 +631,20 @@ def openapi_spec(settings: Settings | None = None) -> dict[str, Any]:
         for operation in item.values():
             operation["responses"].setdefault("421", _HOST_REFUSED)
             operation["responses"].setdefault("431", _HEAD_REFUSED)
-            own = operation["responses"].get("400")
-            operation["responses"]["400"] = (
-                _err(_DUPLICATE_HEADER)
-                if own is None
-                else {**own, "description": f"{own['description']}; {_DUPLICATE_HEADER}"}
-            )
+            _also(operation, "400", _DUPLICATE_HEADER)
+            if "requestBody" in operation:
+                _also(operation, "415", _ENCODED)
     return spec
+
+
+def _also(operation: dict[str, Any], status: str, description: str) -> None:
+    """``description`` added to the operation's answer of ``status``, or that answer made."""
+    own = operation["responses"].get(status)
+    operation["responses"][status] = (
+        _err(description)
+        if own is None
+        else {**own, "description": f"{own['description']}; {description}"}
+    )
 
 
 def _spec(settings: Settings | None) -> dict[str, Any]:
