@@ -89,6 +89,17 @@ def test_http_answers_demote_what_the_queue_lists_until_a_worker_confirms(
         headers={**_as(writer), "Content-Type": "text/plain"},
     )  # fmt: skip
     assert r.status_code == 400 and "application/json" in r.json()["detail"]
+    # and its parameters in the body only: a project in the query string was ignored, and
+    # the claim took every project's items (an empty body, a body and a confirm alike)
+    for path, body in [("/memory/review/claim", None), ("/memory/review/claim", claim),
+                       (f"/memory/review/{item['item_id']}/confirm", {})]:  # fmt: skip
+        r = client.post(path, params={"project": P, "limit": "1"}, json=body,
+                        headers=_as(writer))  # fmt: skip
+        assert r.status_code == 400 and r.json()["error"] == "invalid_parameter", r.text
+        assert r.json()["detail"] == (
+            "limit, project given in the query string; this route reads its parameters "
+            "from the JSON body only"
+        )
     r = client.post("/memory/review/claim", json=claim, headers=_as(writer))
     assert r.status_code == 200, r.text
     assert [i["item_id"] for i in r.json()["items"]] == [item["item_id"]]

@@ -255,7 +255,19 @@ MAX_PARAMS_BODY = 32768
 async def _json_params(request: Request, types: Mapping[str, type]) -> dict[str, str]:
     """The parameters of a POST that changes state and writes no nodes, as a JSON object of
     scalars. application/json only: a browser sends it from another origin only after a
-    CORS preflight, which this service never grants, so no web page can post one."""
+    CORS preflight, which this service never grants, so no web page can post one.
+
+    A query string is refused by name, before the body is read: these routes read none, so
+    ``POST /memory/review/claim?project=a`` claimed the items of every project the key may
+    write, the project taken by no one."""
+    given = sorted({k for k, _ in request.query_params.multi_items()})
+    if given:
+        raise ValidationError(
+            f"{', '.join(given)[:200]} given in the query string; this route reads its "
+            "parameters from the JSON body only",
+            hint='send them as a JSON object, e.g. {"project": "p"}, with '
+            "Content-Type: application/json",
+        )
     kind = media_type(request)
     state: Services = request.app.state.poimen
     raw = await read_body(request, MAX_PARAMS_BODY, state.settings.http_body_timeout_s)
