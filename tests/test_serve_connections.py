@@ -70,6 +70,7 @@ def test_a_request_head_over_the_limit_is_431_and_a_header_twice_400(
         r = client.get(f"{url}/healthz", headers={"X-Big": "a" * 8_000})
         assert r.status_code == 200, r.text
         _a_header_twice_is_400(client, url, fixture_url)
+        _a_request_h11_cannot_parse_is_400_in_json(url)
 
 
 def _a_header_twice_is_400(client: httpx.Client, url: str, database_url: str) -> None:
@@ -102,6 +103,36 @@ def _a_header_twice_is_400(client: httpx.Client, url: str, database_url: str) ->
         assert row == (0,)
     r = client.get(query, headers={"Authorization": "Bearer x", "Origin": "http://127.0.0.1"})
     assert r.status_code == 200, r.text
+
+
+def _a_request_h11_cannot_parse_is_400_in_json(url: str) -> None:
+    """On the same server: a request h11 cannot parse (a header line without a colon, a
+    request line of no HTTP) never reaches the app; its 400 is the JSON error body with the
+    headers every answer carries (uvicorn's was bare text without them), and the server
+    closes that connection and serves the next."""
+    port = int(url.rsplit(":", 1)[1])
+    for raw in (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nno colon here\r\n\r\n",
+                b"\x16\x03\x01 not http at all\r\n\r\n"):  # fmt: skip
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(raw)
+            answer = b""
+            while chunk := sock.recv(65536):  # until the server closes
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        status, *lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
+        assert status == "HTTP/1.1 400 Bad Request", answer
+        assert headers["content-type"] == "application/json"
+        assert headers["connection"] == "close"
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["content-security-policy"] == "default-src 'none'; frame-ancestors 'none'"
+        assert int(headers["content-length"]) == len(body)
+        assert json.loads(body) == {
+            "error": "malformed_request",
+            "detail": "Invalid HTTP request received.",
+            "hint": "send an HTTP/1.1 request: this one's request line or headers are not",
+        }
+    assert httpx.get(f"{url}/healthz", timeout=30).status_code == 200
 
 
 def test_sigterm_stops_the_server_gracefully_with_status_0(

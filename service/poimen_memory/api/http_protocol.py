@@ -1,4 +1,5 @@
-"""uvicorn's h11 protocol with a deadline for the first request.
+"""uvicorn's h11 protocol with a deadline for the first request, and its answer to a
+request h11 cannot parse in the service's error shape.
 
 uvicorn closes an idle keep-alive connection only after a response, so a client that opens
 a connection and never sends a byte holds its socket (and one of limit_concurrency's
@@ -11,8 +12,12 @@ header size is capped (h11_max_incomplete_event_size) but its pace is not.
 from __future__ import annotations
 
 import asyncio
+import json
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from poimen_memory.api.asgi import SECURITY_HEADERS
 
 
 class FirstRequestDeadline(H11Protocol):
@@ -21,3 +26,27 @@ class FirstRequestDeadline(H11Protocol):
         self.timeout_keep_alive_task = self.loop.call_later(
             self.timeout_keep_alive, self.timeout_keep_alive_handler
         )
+
+    def send_400_response(self, msg: str) -> None:
+        """A request h11 cannot parse never reaches the app: uvicorn answered it in bare
+        text, without the headers every other answer carries (api/asgi.SECURITY_HEADERS).
+        Here it is the JSON error body and those headers; uvicorn's words, which echo
+        nothing of the request, are its detail. The connection closes, as uvicorn's did."""
+        body = json.dumps({
+            "error": "malformed_request",
+            "detail": msg,
+            "hint": "send an HTTP/1.1 request: this one's request line or headers are not",
+        }).encode()  # fmt: skip
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+            *SECURITY_HEADERS,
+        ]
+        for event in (
+            h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+            h11.Data(data=body),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(event) or b"")
+        self.transport.close()
