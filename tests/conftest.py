@@ -67,7 +67,8 @@ def _own_scratch() -> Path | None:
 OWN_SCRATCH = _own_scratch()
 
 # The SQL suite runs once more under each of these (tests/test_sql_modes.py sets it):
-#   parallel           force_parallel_mode = on with free parallel costs, cluster-wide;
+#   parallel           force_parallel_mode = on with free parallel costs (one worker a
+#                      Gather), cluster-wide;
 #   empty_search_path  every test connection runs with search_path = '';
 #   extensions         pgvector lives in schema "extensions" (as on Supabase), found through
 #                      the cluster's search_path, before migrate runs.
@@ -264,6 +265,9 @@ def cluster(work_dir: Path) -> Iterator[Cluster]:
             "parallel_tuple_cost": "0",
             "min_parallel_table_scan_size": "0",
             "min_parallel_index_scan_size": "0",
+            # One worker a Gather: it runs our functions in a worker as two do, and every
+            # worker is a fork (the session took 342 CPU-s with two, 277 with one).
+            "max_parallel_workers_per_gather": "1",
         }
     elif SQL_MODE == "extensions":
         settings = {"search_path": '"$user", public, extensions'}  # written unquoted
