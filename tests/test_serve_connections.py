@@ -70,7 +70,7 @@ def test_a_request_head_over_the_limit_is_431_and_a_header_twice_400(
         r = client.get(f"{url}/healthz", headers={"X-Big": "a" * 8_000})
         assert r.status_code == 200, r.text
         _a_header_twice_is_400(client, url, fixture_url)
-        _a_request_h11_cannot_parse_is_400_in_json(url)
+        _a_request_h11_cannot_parse_is_400_in_json(url, tmp_path / "server.log")
 
 
 def _a_header_twice_is_400(client: httpx.Client, url: str, database_url: str) -> None:
@@ -105,19 +105,26 @@ def _a_header_twice_is_400(client: httpx.Client, url: str, database_url: str) ->
     assert r.status_code == 200, r.text
 
 
-def _a_request_h11_cannot_parse_is_400_in_json(url: str) -> None:
+def _until_closed(sock: socket.socket) -> bytes:
+    answer = b""
+    while chunk := sock.recv(65536):  # until the server closes
+        answer += chunk
+    return answer
+
+
+def _a_request_h11_cannot_parse_is_400_in_json(url: str, log: Path) -> None:
     """On the same server: a request h11 cannot parse (a header line without a colon, a
     request line of no HTTP) never reaches the app; its 400 is the JSON error body with the
     headers every answer carries (uvicorn's was bare text without them), and the server
-    closes that connection and serves the next."""
+    closes that connection and serves the next. A body whose framing breaks after a route
+    refused the request unread (415) only closes the connection: uvicorn's answer raised
+    there, and asyncio logged a fatal error with a traceback."""
     port = int(url.rsplit(":", 1)[1])
     for raw in (b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nno colon here\r\n\r\n",
                 b"\x16\x03\x01 not http at all\r\n\r\n"):  # fmt: skip
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             sock.sendall(raw)
-            answer = b""
-            while chunk := sock.recv(65536):  # until the server closes
-                answer += chunk
+            answer = _until_closed(sock)
         head, _, body = answer.partition(b"\r\n\r\n")
         status, *lines = head.decode("latin-1").split("\r\n")
         headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
@@ -130,9 +137,23 @@ def _a_request_h11_cannot_parse_is_400_in_json(url: str) -> None:
         assert json.loads(body) == {
             "error": "malformed_request",
             "detail": "Invalid HTTP request received.",
-            "hint": "send an HTTP/1.1 request: this one's request line or headers are not",
+            "hint": "send a well-formed HTTP/1.1 request: its request line, headers or body "
+            "framing are not",
         }
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /memory/nodes HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+        answer = b""
+        while b'"unsupported_media_type"' not in answer:
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 415 "), answer
+        sock.sendall(b"not a chunk size\r\n\r\n")
+        assert _until_closed(sock) == b""  # closed, with no second answer
     assert httpx.get(f"{url}/healthz", timeout=30).status_code == 200
+    text = log.read_text()
+    assert "Traceback" not in text and "Fatal error" not in text, text[-3000:]
 
 
 def test_sigterm_stops_the_server_gracefully_with_status_0(

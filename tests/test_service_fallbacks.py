@@ -382,8 +382,9 @@ def test_the_semantic_leg_runs_while_opensearch_answers(
     not wait for OpenSearch's answer (delayed 1 s), and fusion waits for both. So the legs'
     share of the request (the request less its other stages) lasts about as long as the
     longer leg, not the two together (2 s), and lexical_time_ms is the OpenSearch call's
-    time (with the join of its hits). The margin is half a leg either way, so a busy
-    machine's slower stages cannot pass for the legs one after the other, nor fail it."""
+    time (with the join of its hits). The legs one after the other would last their sum;
+    side by side they stay half a leg under it, a margin a busy machine's slower statements
+    (each leg measured as it ran) do not use up."""
     slow_down(fixture_url, "semantic_search", 1.0)
     opensearch.search_delay_s = 1.0
     with serve(opensearch_env(fixture_url, opensearch), embedder) as client:
@@ -395,10 +396,12 @@ def test_the_semantic_leg_runs_while_opensearch_answers(
     assert not degraded(body, "lexical") and not degraded(body, "semantic")
     assert m["lexical_time_ms"] >= m["opensearch_time_ms"] >= 1000
     assert m["semantic_time_ms"] >= 1000
-    others = ("embed_time_ms", "fusion_time_ms", "provenance_time_ms")
-    legs = m["total_time_ms"] - sum(m.get(k) or 0 for k in others)
-    longer, both = max(m["semantic_time_ms"], m["lexical_time_ms"]), 2000
-    assert longer <= legs < both - 500, m
+    # The embedding runs beside the first statement, so it is no stage to take out: the
+    # warm-up made it a cache hit. Fusion and provenance run after both legs.
+    assert m["embedding_cache_hit"] is True
+    legs = m["total_time_ms"] - m["fusion_time_ms"] - (m.get("provenance_time_ms") or 0)
+    longer = max(m["semantic_time_ms"], m["lexical_time_ms"])
+    assert longer <= legs < m["semantic_time_ms"] + m["lexical_time_ms"] - 500, m
     assert any(r["semantic_rank"] and r["lexical_rank"] for r in body["results"])
 
 

@@ -28,25 +28,36 @@ class FirstRequestDeadline(H11Protocol):
         )
 
     def send_400_response(self, msg: str) -> None:
-        """A request h11 cannot parse never reaches the app: uvicorn answered it in bare
-        text, without the headers every other answer carries (api/asgi.SECURITY_HEADERS).
+        """A request h11 cannot parse (its request line, its headers or its body's framing)
+        never reaches the app, or a route reading it gets no more of it: uvicorn answered in
+        bare text, without the headers every other answer carries (api/asgi.SECURITY_HEADERS).
         Here it is the JSON error body and those headers; uvicorn's words, which echo
-        nothing of the request, are its detail. The connection closes, as uvicorn's did."""
-        body = json.dumps({
-            "error": "malformed_request",
-            "detail": msg,
-            "hint": "send an HTTP/1.1 request: this one's request line or headers are not",
-        }).encode()  # fmt: skip
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-            *SECURITY_HEADERS,
-        ]
-        for event in (
-            h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
-            h11.Data(data=body),
-            h11.EndOfMessage(),
-        ):
-            self.transport.write(self.conn.send(event) or b"")
+        nothing of the request, are its detail. The connection closes, as uvicorn's did.
+
+        Where this side has answered already (a route refused the request before reading its
+        body, whose framing then broke), h11 takes no second response: the connection only
+        closes. uvicorn's own raised there, out of data_received, and asyncio logged a fatal
+        error with its traceback for every such request."""
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            body = json.dumps({
+                "error": "malformed_request",
+                "detail": msg,
+                "hint": "send a well-formed HTTP/1.1 request: its request line, headers or "
+                        "body framing are not",
+            }).encode()  # fmt: skip
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+                *SECURITY_HEADERS,
+            ]
+            try:
+                for event in (
+                    h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                    h11.Data(data=body),
+                    h11.EndOfMessage(),
+                ):
+                    self.transport.write(self.conn.send(event) or b"")
+            except h11.LocalProtocolError:
+                pass  # h11 refused the answer midway: closing is all that is left
         self.transport.close()

@@ -729,6 +729,7 @@ def _spec(settings: Settings | None) -> dict[str, Any]:
                         "409": _err("embedding_model_mismatch, or conflict with stored data"),
                         "408": _err("request_timeout: body slower than POIMEN_HTTP_BODY_TIMEOUT_S"),
                         "413": _err("payload_too_large: body over POIMEN_MAX_BODY_BYTES"),
+                        "415": _err("unsupported_media_type: text/plain or a form's type"),
                         "503": _err("busy, database_unavailable or embedding_service_unavailable"),
                     },
                 },
